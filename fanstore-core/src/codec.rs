@@ -1,0 +1,189 @@
+//! Payload codecs: raw, lz4 (frame format) and zstd.
+//!
+//! A payload that does not shrink is stored raw: [`compress`] returns `None`
+//! as soon as the compressed output would be at least as large as the input.
+
+use std::io::{self, Read, Write};
+
+/// How a payload is stored. The numeric value is written to disk.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+#[repr(u8)]
+pub enum Codec {
+    None = 0,
+    Lz4 = 1,
+    Zstd = 2,
+}
+
+impl Codec {
+    pub fn from_u8(v: u8) -> Option<Codec> {
+        match v {
+            0 => Some(Codec::None),
+            1 => Some(Codec::Lz4),
+            2 => Some(Codec::Zstd),
+            _ => None,
+        }
+    }
+    pub fn name(self) -> &'static str {
+        match self {
+            Codec::None => "none",
+            Codec::Lz4 => "lz4",
+            Codec::Zstd => "zstd",
+        }
+    }
+}
+
+/// A codec choice for packing: the codec and, for zstd, its level.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Compression {
+    pub codec: Codec,
+    pub level: i32,
+}
+
+impl Compression {
+    pub const NONE: Compression = Compression { codec: Codec::None, level: 0 };
+
+    /// Parses `none`, `lz4`, `zstd` or `zstd:LEVEL` (1..=22, default 3).
+    pub fn parse(s: &str) -> Result<Compression, String> {
+        match s {
+            "none" => Ok(Compression::NONE),
+            "lz4" => Ok(Compression { codec: Codec::Lz4, level: 0 }),
+            "zstd" => Ok(Compression { codec: Codec::Zstd, level: 3 }),
+            _ => {
+                let lvl = s
+                    .strip_prefix("zstd:")
+                    .ok_or_else(|| format!("unknown compression '{s}' (expected none, lz4, zstd or zstd:LEVEL)"))?;
+                let level: i32 = lvl.parse().map_err(|_| format!("bad zstd level '{lvl}'"))?;
+                if !(1..=22).contains(&level) {
+                    return Err(format!("zstd level {level} out of range 1..=22"));
+                }
+                Ok(Compression { codec: Codec::Zstd, level })
+            }
+        }
+    }
+}
+
+/// A writer that fails once `limit` bytes would be reached, and says so in `overflow`.
+struct Bounded {
+    buf: Vec<u8>,
+    limit: u64,
+    overflow: std::rc::Rc<std::cell::Cell<bool>>,
+}
+
+impl Write for Bounded {
+    fn write(&mut self, data: &[u8]) -> io::Result<usize> {
+        if self.buf.len() as u64 + data.len() as u64 >= self.limit {
+            self.overflow.set(true);
+            // A payload-free error: lz4_flex re-wraps io errors and must not see a custom one.
+            return Err(io::ErrorKind::WriteZero.into());
+        }
+        self.buf.extend_from_slice(data);
+        Ok(data.len())
+    }
+    fn flush(&mut self) -> io::Result<()> {
+        Ok(())
+    }
+}
+
+/// Compresses everything `input` yields (`raw_len` bytes expected).
+/// Returns `Ok(None)` when the result would not be smaller than `raw_len`.
+pub fn compress(c: Compression, mut input: impl Read, raw_len: u64) -> io::Result<Option<Vec<u8>>> {
+    let overflow = std::rc::Rc::new(std::cell::Cell::new(false));
+    let out = Bounded {
+        buf: Vec::with_capacity((raw_len / 2).min(1 << 26) as usize),
+        limit: raw_len,
+        overflow: overflow.clone(),
+    };
+    let res = match c.codec {
+        Codec::None => return Ok(None),
+        Codec::Lz4 => {
+            let mut enc = lz4_flex::frame::FrameEncoder::new(out);
+            io::copy(&mut input, &mut enc).and_then(|_| enc.finish().map_err(io::Error::from))
+        }
+        Codec::Zstd => {
+            let mut enc = zstd::stream::Encoder::new(out, c.level)?;
+            io::copy(&mut input, &mut enc).and_then(|_| enc.finish())
+        }
+    };
+    match res {
+        _ if overflow.get() => Ok(None),
+        Ok(b) => Ok(Some(b.buf)),
+        Err(e) => Err(e),
+    }
+}
+
+/// Decompresses `stored` into `out`, which must receive exactly `raw_len` bytes.
+pub fn decompress_to(codec: Codec, stored: &[u8], raw_len: u64, out: &mut impl Write) -> io::Result<()> {
+    let n = match codec {
+        Codec::None => {
+            out.write_all(stored)?;
+            stored.len() as u64
+        }
+        Codec::Lz4 => io::copy(&mut lz4_flex::frame::FrameDecoder::new(stored), out)?,
+        Codec::Zstd => io::copy(&mut zstd::stream::Decoder::with_buffer(stored)?, out)?,
+    };
+    if n != raw_len {
+        return Err(io::Error::new(
+            io::ErrorKind::InvalidData,
+            format!("{} payload decoded to {n} bytes, expected {raw_len}", codec.name()),
+        ));
+    }
+    Ok(())
+}
+
+/// Decompresses `stored` into a new vector of exactly `raw_len` bytes.
+pub fn decompress(codec: Codec, stored: &[u8], raw_len: u64) -> io::Result<Vec<u8>> {
+    let mut v = Vec::with_capacity(raw_len as usize);
+    decompress_to(codec, stored, raw_len, &mut v)?;
+    Ok(v)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn round_trip_each_codec() {
+        let data: Vec<u8> = (0..200_000u32).map(|i| (i % 251) as u8).collect();
+        for c in ["lz4", "zstd", "zstd:19"] {
+            let c = Compression::parse(c).unwrap();
+            let z = compress(c, &data[..], data.len() as u64).unwrap().expect("shrinks");
+            assert!(z.len() < data.len());
+            assert_eq!(decompress(c.codec, &z, data.len() as u64).unwrap(), data);
+        }
+    }
+
+    #[test]
+    fn incompressible_is_stored_raw() {
+        let mut x = 0x9e3779b97f4a7c15u64;
+        let data: Vec<u8> = (0..65536)
+            .map(|_| {
+                x ^= x << 13;
+                x ^= x >> 7;
+                x ^= x << 17;
+                x as u8
+            })
+            .collect();
+        for c in ["lz4", "zstd"] {
+            let c = Compression::parse(c).unwrap();
+            assert!(compress(c, &data[..], data.len() as u64).unwrap().is_none());
+        }
+        assert!(compress(Compression::parse("lz4").unwrap(), &b""[..], 0).unwrap().is_none());
+    }
+
+    #[test]
+    fn wrong_length_is_refused() {
+        let data = vec![7u8; 10_000];
+        let c = Compression::parse("zstd").unwrap();
+        let z = compress(c, &data[..], 10_000).unwrap().unwrap();
+        assert!(decompress(Codec::Zstd, &z, 9_999).is_err());
+        assert!(decompress(Codec::Zstd, &z[..z.len() / 2], 10_000).is_err());
+    }
+
+    #[test]
+    fn parse_rejects_bad_levels() {
+        assert!(Compression::parse("zstd:0").is_err());
+        assert!(Compression::parse("zstd:x").is_err());
+        assert!(Compression::parse("gzip").is_err());
+        assert_eq!(Compression::parse("zstd:7").unwrap().level, 7);
+    }
+}

@@ -1,0 +1,54 @@
+//! Errors of the on-disk formats: every variant names the file, the entry and the offset.
+
+use std::path::PathBuf;
+
+/// A fault found while reading or writing a FanStore format.
+#[derive(Debug, thiserror::Error)]
+pub enum FormatError {
+    #[error("{file}: I/O error: {source}")]
+    Io {
+        file: PathBuf,
+        #[source]
+        source: std::io::Error,
+    },
+    #[error("{file}: not a FanStore {what} (bad magic at offset 0)")]
+    BadMagic { file: PathBuf, what: &'static str },
+    #[error("{file}: unsupported {what} format version {found} (this build reads version {supported})")]
+    UnsupportedVersion {
+        file: PathBuf,
+        what: &'static str,
+        found: u32,
+        supported: u32,
+    },
+    #[error("{file}: checksum mismatch in {entry} at offset {offset} (stored {stored:#018x}, computed {computed:#018x})")]
+    Checksum {
+        file: PathBuf,
+        entry: String,
+        offset: u64,
+        stored: u64,
+        computed: u64,
+    },
+    #[error("{file}: corrupt {entry} at offset {offset}: {problem}")]
+    Corrupt {
+        file: PathBuf,
+        entry: String,
+        offset: u64,
+        problem: String,
+    },
+    #[error("{file}: truncated: {entry} at offset {offset} needs {needed} bytes, file has {len}")]
+    Truncated {
+        file: PathBuf,
+        entry: String,
+        offset: u64,
+        needed: u64,
+        len: u64,
+    },
+}
+
+impl FormatError {
+    pub fn io(file: impl Into<PathBuf>, source: std::io::Error) -> Self {
+        FormatError::Io { file: file.into(), source }
+    }
+}
+
+pub type Result<T> = std::result::Result<T, FormatError>;

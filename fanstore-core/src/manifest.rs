@@ -1,0 +1,983 @@
+//! The manifest: the whole namespace in one file, laid out so that it *is*
+//! the read-only index. The daemon copies it into shared memory and every
+//! client maps it; lookups run on the mapped bytes with no parsing step and
+//! no per-file heap objects.
+//!
+//! All integers are little-endian. Sections are 8-byte aligned and each has
+//! its own xxh3 in the header, so a fault is named by section and offset.
+//!
+//! ```text
+//! header (HEADER_LEN = 184 bytes)
+//!   0..8     magic "FANSTMF\0"
+//!   8..12    version (1)
+//!  12..16    header length (184)
+//!  16..24    dataset id (also in every partition header)
+//!  24..32    node count N (node 0 is the root directory)
+//!  32..40    child count C (length of the children array)
+//!  40..44    partition count P
+//!  44..48    bucket count B (a power of two)
+//!  48..56    total logical bytes of all files
+//!  56..176   section table: 5 x { offset u64, length u64, xxh3 u64 }
+//!            in order: nodes, children, buckets, partitions, strings
+//! 176..184   xxh3 of header bytes 0..176
+//!
+//! nodes:      N x 96-byte node records, in depth-first order with the
+//!             entries of each directory sorted by name bytes
+//!   0 kind u8 (1 dir, 2 file, 3 symlink)   1 codec u8   2 flags u8 (bit 0 replicated)
+//!   3 reserved u8   4 mode u32 (st_mode with type bits)   8 parent u32
+//!  12 name_len u32 (the name is the last name_len bytes of the path)
+//!  16 path_off u64 (into strings)   24 path_len u32
+//!  28 dir: child count | file: partition id | symlink: 0
+//!  32 size u64 (file: logical bytes; symlink: target length; dir: 0)
+//!  40 dir: first child index | file: payload offset | symlink: target offset in strings
+//!  48 stored_len u64 (file)   56 payload xxh3 u64 (file)
+//!  64 mtime_ns i64   72 atime_ns i64   80 ctime_ns i64
+//!  88 nlink u32   92 reserved u32
+//! children:   C x u32 node ids; a directory's children are contiguous, sorted by name
+//! buckets:    B x u64, open addressing with linear probing on xxh3(path):
+//!             (hash >> 32) << 32 | (node id + 1); 0 is an empty bucket
+//! partitions: P x 64-byte records
+//!   0 id u32   4 flags u32   8 file length u64   16 entry count u64
+//!  24 logical bytes u64   32 partition header xxh3 u64   40..64 reserved
+//! strings:    node paths (relative to the dataset root, no leading '/',
+//!             the root's path is empty) and symlink targets, as raw bytes
+//! ```
+
+use crate::checksum::xxh3;
+use crate::codec::Codec;
+use crate::error::{FormatError, Result};
+use crate::le::*;
+use std::path::Path;
+
+pub const MAGIC: [u8; 8] = *b"FANSTMF\0";
+pub const VERSION: u32 = 1;
+/// The manifest's file name inside a dataset directory.
+pub const FILE_NAME: &str = "manifest.fsm";
+
+const MAGIC_OFF: usize = 0;
+const VERSION_OFF: usize = MAGIC_OFF + 8;
+const HEADER_LEN_OFF: usize = VERSION_OFF + 4;
+const DATASET_OFF: usize = HEADER_LEN_OFF + 4;
+const NODE_COUNT_OFF: usize = DATASET_OFF + 8;
+const CHILD_COUNT_OFF: usize = NODE_COUNT_OFF + 8;
+const PART_COUNT_OFF: usize = CHILD_COUNT_OFF + 8;
+const BUCKET_COUNT_OFF: usize = PART_COUNT_OFF + 4;
+const TOTAL_BYTES_OFF: usize = BUCKET_COUNT_OFF + 4;
+const SECTIONS_OFF: usize = TOTAL_BYTES_OFF + 8;
+const SECTION_ENTRY_LEN: usize = 24;
+const SECTION_COUNT: usize = 5;
+const HEADER_SUM_OFF: usize = SECTIONS_OFF + SECTION_COUNT * SECTION_ENTRY_LEN;
+/// Length of the manifest header.
+pub const HEADER_LEN: usize = HEADER_SUM_OFF + 8;
+
+const SECTION_NAMES: [&str; SECTION_COUNT] = ["nodes", "children", "buckets", "partitions", "strings"];
+const S_NODES: usize = 0;
+const S_CHILDREN: usize = 1;
+const S_BUCKETS: usize = 2;
+const S_PARTS: usize = 3;
+const S_STRINGS: usize = 4;
+
+const N_KIND: usize = 0;
+const N_CODEC: usize = N_KIND + 1;
+const N_FLAGS: usize = N_CODEC + 1;
+const N_MODE: usize = N_FLAGS + 2;
+const N_PARENT: usize = N_MODE + 4;
+const N_NAME_LEN: usize = N_PARENT + 4;
+const N_PATH_OFF: usize = N_NAME_LEN + 4;
+const N_PATH_LEN: usize = N_PATH_OFF + 8;
+const N_AUX32: usize = N_PATH_LEN + 4;
+const N_SIZE: usize = N_AUX32 + 4;
+const N_LOC: usize = N_SIZE + 8;
+const N_STORED: usize = N_LOC + 8;
+const N_SUM: usize = N_STORED + 8;
+const N_MTIME: usize = N_SUM + 8;
+const N_ATIME: usize = N_MTIME + 8;
+const N_CTIME: usize = N_ATIME + 8;
+const N_NLINK: usize = N_CTIME + 8;
+/// Length of one node record.
+pub const NODE_LEN: usize = N_NLINK + 8;
+
+const P_ID: usize = 0;
+const P_FLAGS: usize = P_ID + 4;
+const P_FILE_LEN: usize = P_FLAGS + 4;
+const P_ENTRIES: usize = P_FILE_LEN + 8;
+const P_BYTES: usize = P_ENTRIES + 8;
+const P_HEADER_SUM: usize = P_BYTES + 8;
+/// Length of one partition record.
+pub const PART_LEN: usize = 64;
+
+/// Node flag: the file lives in a partition that every node loads.
+pub const NODE_FLAG_REPLICATED: u8 = 1;
+
+/// What a node is.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum NodeKind {
+    Dir = 1,
+    File = 2,
+    Symlink = 3,
+}
+
+impl NodeKind {
+    fn from_u8(v: u8) -> Option<NodeKind> {
+        match v {
+            1 => Some(NodeKind::Dir),
+            2 => Some(NodeKind::File),
+            3 => Some(NodeKind::Symlink),
+            _ => None,
+        }
+    }
+}
+
+/// How much of a manifest to check when opening it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Verify {
+    /// Header checksum and section bounds only: for clients mapping an index
+    /// the daemon has already verified.
+    Header,
+    /// Every section checksum and every node's references.
+    Full,
+}
+
+/// A partition as the manifest records it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct PartitionInfo {
+    pub id: u32,
+    pub flags: u32,
+    pub file_len: u64,
+    pub entry_count: u64,
+    pub logical_bytes: u64,
+    pub header_checksum: u64,
+}
+
+impl PartitionInfo {
+    pub fn replicated(&self) -> bool {
+        self.flags & crate::partition::FLAG_REPLICATED != 0
+    }
+}
+
+/// A read-only view of a manifest's bytes (a file, or the shared-memory index).
+#[derive(Clone, Copy)]
+pub struct IndexView<'a> {
+    dataset_id: u64,
+    node_count: u32,
+    part_count: u32,
+    bucket_mask: u64,
+    total_bytes: u64,
+    nodes: &'a [u8],
+    children: &'a [u8],
+    buckets: &'a [u8],
+    parts: &'a [u8],
+    strings: &'a [u8],
+}
+
+/// One node of the index.
+#[derive(Clone, Copy)]
+pub struct NodeRef<'a> {
+    id: u32,
+    rec: &'a [u8],
+    strings: &'a [u8],
+}
+
+impl<'a> IndexView<'a> {
+    /// Opens a view over `bytes`, which came from `file` (named in errors).
+    pub fn parse(file: &Path, bytes: &'a [u8], verify: Verify) -> Result<IndexView<'a>> {
+        let corrupt = |entry: &str, offset: u64, problem: String| FormatError::Corrupt {
+            file: file.into(),
+            entry: entry.into(),
+            offset,
+            problem,
+        };
+        if bytes.len() < HEADER_LEN {
+            if bytes.len() >= 8 && bytes[..8] != MAGIC {
+                return Err(FormatError::BadMagic { file: file.into(), what: "manifest" });
+            }
+            return Err(FormatError::Truncated {
+                file: file.into(),
+                entry: "manifest header".into(),
+                offset: 0,
+                needed: HEADER_LEN as u64,
+                len: bytes.len() as u64,
+            });
+        }
+        if bytes[..8] != MAGIC {
+            return Err(FormatError::BadMagic { file: file.into(), what: "manifest" });
+        }
+        let version = u32_at(bytes, VERSION_OFF);
+        if version != VERSION {
+            return Err(FormatError::UnsupportedVersion {
+                file: file.into(),
+                what: "manifest",
+                found: version,
+                supported: VERSION,
+            });
+        }
+        let stored = u64_at(bytes, HEADER_SUM_OFF);
+        let computed = xxh3(&bytes[..HEADER_SUM_OFF]);
+        if stored != computed {
+            return Err(FormatError::Checksum {
+                file: file.into(),
+                entry: "manifest header".into(),
+                offset: 0,
+                stored,
+                computed,
+            });
+        }
+        if u32_at(bytes, HEADER_LEN_OFF) as usize != HEADER_LEN {
+            return Err(corrupt("manifest header", HEADER_LEN_OFF as u64, "unexpected header length".into()));
+        }
+        let node_count = u64_at(bytes, NODE_COUNT_OFF);
+        let child_count = u64_at(bytes, CHILD_COUNT_OFF);
+        let part_count = u32_at(bytes, PART_COUNT_OFF);
+        let bucket_count = u32_at(bytes, BUCKET_COUNT_OFF) as u64;
+        if node_count == 0 || node_count > u32::MAX as u64 - 1 || !bucket_count.is_power_of_two() || bucket_count < node_count
+        {
+            return Err(corrupt("manifest header", NODE_COUNT_OFF as u64, "inconsistent counts".into()));
+        }
+        let expected_len = [
+            node_count * NODE_LEN as u64,
+            child_count * 4,
+            bucket_count * 8,
+            part_count as u64 * PART_LEN as u64,
+            u64::MAX,
+        ];
+        let mut secs: [&[u8]; SECTION_COUNT] = [&[]; SECTION_COUNT];
+        for (i, sec) in secs.iter_mut().enumerate() {
+            let e = SECTIONS_OFF + i * SECTION_ENTRY_LEN;
+            let (off, len, sum) = (u64_at(bytes, e), u64_at(bytes, e + 8), u64_at(bytes, e + 16));
+            let name = SECTION_NAMES[i];
+            if expected_len[i] != u64::MAX && len != expected_len[i] {
+                return Err(corrupt(&format!("{name} section"), off, format!("length {len}, expected {}", expected_len[i])));
+            }
+            let end = off.checked_add(len).filter(|&end| end <= bytes.len() as u64 && off >= HEADER_LEN as u64);
+            let Some(end) = end else {
+                return Err(FormatError::Truncated {
+                    file: file.into(),
+                    entry: format!("{name} section"),
+                    offset: off,
+                    needed: len,
+                    len: bytes.len() as u64,
+                });
+            };
+            *sec = &bytes[off as usize..end as usize];
+            if verify == Verify::Full {
+                let computed = xxh3(sec);
+                if computed != sum {
+                    return Err(FormatError::Checksum {
+                        file: file.into(),
+                        entry: format!("{name} section"),
+                        offset: off,
+                        stored: sum,
+                        computed,
+                    });
+                }
+            }
+        }
+        let view = IndexView {
+            dataset_id: u64_at(bytes, DATASET_OFF),
+            node_count: node_count as u32,
+            part_count,
+            bucket_mask: bucket_count - 1,
+            total_bytes: u64_at(bytes, TOTAL_BYTES_OFF),
+            nodes: secs[S_NODES],
+            children: secs[S_CHILDREN],
+            buckets: secs[S_BUCKETS],
+            parts: secs[S_PARTS],
+            strings: secs[S_STRINGS],
+        };
+        if verify == Verify::Full {
+            view.check_structure(file)?;
+        }
+        Ok(view)
+    }
+
+    /// Checks every node's references so that no accessor can go astray.
+    fn check_structure(&self, file: &Path) -> Result<()> {
+        let nodes_off = HEADER_LEN as u64;
+        let bad = |id: u32, problem: String| FormatError::Corrupt {
+            file: file.into(),
+            entry: format!("node {id}"),
+            offset: nodes_off + id as u64 * NODE_LEN as u64,
+            problem,
+        };
+        for id in 0..self.node_count {
+            let n = self.node_unchecked(id);
+            let rec = n.rec;
+            let kind = NodeKind::from_u8(rec[N_KIND]).ok_or_else(|| bad(id, format!("unknown kind {}", rec[N_KIND])))?;
+            let (po, pl, nl) = (u64_at(rec, N_PATH_OFF), u32_at(rec, N_PATH_LEN) as u64, u32_at(rec, N_NAME_LEN) as u64);
+            if po.checked_add(pl).is_none_or(|e| e > self.strings.len() as u64) || nl > pl {
+                return Err(bad(id, "path outside the string table".into()));
+            }
+            if (id == 0) != (kind == NodeKind::Dir && pl == 0) {
+                return Err(bad(id, "node 0 must be the root directory, and only it has an empty path".into()));
+            }
+            if u32_at(rec, N_PARENT) >= self.node_count {
+                return Err(bad(id, "parent out of range".into()));
+            }
+            match kind {
+                NodeKind::Dir => {
+                    let (first, count) = (u64_at(rec, N_LOC), u32_at(rec, N_AUX32) as u64);
+                    if first.checked_add(count).is_none_or(|e| e > self.children.len() as u64 / 4) {
+                        return Err(bad(id, "children outside the children array".into()));
+                    }
+                    for i in first..first + count {
+                        if u32_at(self.children, i as usize * 4) >= self.node_count {
+                            return Err(bad(id, format!("child {i} out of range")));
+                        }
+                    }
+                }
+                NodeKind::File => {
+                    if Codec::from_u8(rec[N_CODEC]).is_none() {
+                        return Err(bad(id, format!("unknown codec {}", rec[N_CODEC])));
+                    }
+                    if u32_at(rec, N_AUX32) >= self.part_count {
+                        return Err(bad(id, "partition out of range".into()));
+                    }
+                }
+                NodeKind::Symlink => {
+                    let (to, tl) = (u64_at(rec, N_LOC), u64_at(rec, N_SIZE));
+                    if to.checked_add(tl).is_none_or(|e| e > self.strings.len() as u64) {
+                        return Err(bad(id, "symlink target outside the string table".into()));
+                    }
+                }
+            }
+        }
+        Ok(())
+    }
+
+    pub fn dataset_id(&self) -> u64 {
+        self.dataset_id
+    }
+    pub fn node_count(&self) -> u32 {
+        self.node_count
+    }
+    pub fn total_bytes(&self) -> u64 {
+        self.total_bytes
+    }
+    pub fn partition_count(&self) -> u32 {
+        self.part_count
+    }
+
+    fn node_unchecked(&self, id: u32) -> NodeRef<'a> {
+        let s = id as usize * NODE_LEN;
+        NodeRef { id, rec: &self.nodes[s..s + NODE_LEN], strings: self.strings }
+    }
+
+    /// The node with this id, if it exists.
+    #[inline]
+    pub fn node(&self, id: u32) -> Option<NodeRef<'a>> {
+        (id < self.node_count).then(|| self.node_unchecked(id))
+    }
+
+    /// The root directory (the mount point).
+    pub fn root(&self) -> NodeRef<'a> {
+        self.node_unchecked(0)
+    }
+
+    /// Looks up a normalised path relative to the dataset root (`""` is the root).
+    #[inline]
+    pub fn lookup(&self, path: &[u8]) -> Option<NodeRef<'a>> {
+        let h = xxh3(path);
+        let tag = h >> 32;
+        let mut i = h & self.bucket_mask;
+        loop {
+            let b = u64_at(self.buckets, i as usize * 8);
+            if b == 0 {
+                return None;
+            }
+            if b >> 32 == tag {
+                let id = (b & 0xffff_ffff) as u32;
+                if let Some(n) = id.checked_sub(1).and_then(|id| self.node(id)) {
+                    if n.path() == path {
+                        return Some(n);
+                    }
+                }
+            }
+            i = (i + 1) & self.bucket_mask;
+        }
+    }
+
+    /// The entries of a directory, sorted by name.
+    pub fn children(&self, dir: NodeRef<'a>) -> impl ExactSizeIterator<Item = NodeRef<'a>> + 'a {
+        let (first, count) = if dir.kind() == Some(NodeKind::Dir) {
+            (dir.loc() as usize, dir.aux32() as usize)
+        } else {
+            (0, 0)
+        };
+        let this = *self;
+        let ids = self.children.get(first * 4..(first + count) * 4).unwrap_or(&[]);
+        ids.chunks_exact(4).map(move |c| {
+            let id = u32::from_le_bytes([c[0], c[1], c[2], c[3]]);
+            this.node(id).unwrap_or_else(|| this.root())
+        })
+    }
+
+    /// The entry `name` of directory `dir` (binary search).
+    pub fn child(&self, dir: NodeRef<'a>, name: &[u8]) -> Option<NodeRef<'a>> {
+        let (first, count) = if dir.kind() == Some(NodeKind::Dir) {
+            (dir.loc() as usize, dir.aux32() as usize)
+        } else {
+            return None;
+        };
+        let (mut lo, mut hi) = (0usize, count);
+        while lo < hi {
+            let mid = (lo + hi) / 2;
+            let id = u32_at(self.children.get((first + mid) * 4..(first + mid + 1) * 4)?, 0);
+            let n = self.node(id)?;
+            match n.name().cmp(name) {
+                std::cmp::Ordering::Equal => return Some(n),
+                std::cmp::Ordering::Less => lo = mid + 1,
+                std::cmp::Ordering::Greater => hi = mid,
+            }
+        }
+        None
+    }
+
+    /// Partition `i` (0-based position in the table).
+    pub fn partition(&self, i: u32) -> Option<PartitionInfo> {
+        let s = i as usize * PART_LEN;
+        let r = self.parts.get(s..s + PART_LEN)?;
+        Some(PartitionInfo {
+            id: u32_at(r, P_ID),
+            flags: u32_at(r, P_FLAGS),
+            file_len: u64_at(r, P_FILE_LEN),
+            entry_count: u64_at(r, P_ENTRIES),
+            logical_bytes: u64_at(r, P_BYTES),
+            header_checksum: u64_at(r, P_HEADER_SUM),
+        })
+    }
+
+    pub fn partitions(&self) -> impl Iterator<Item = PartitionInfo> + 'a {
+        let this = *self;
+        (0..self.part_count).filter_map(move |i| this.partition(i))
+    }
+
+    /// Every node, in id order.
+    pub fn nodes(&self) -> impl Iterator<Item = NodeRef<'a>> + 'a {
+        let this = *self;
+        (0..self.node_count).map(move |i| this.node_unchecked(i))
+    }
+}
+
+impl<'a> NodeRef<'a> {
+    pub fn id(&self) -> u32 {
+        self.id
+    }
+    /// `None` only in a manifest that was opened without full verification and is corrupt.
+    pub fn kind(&self) -> Option<NodeKind> {
+        NodeKind::from_u8(self.rec[N_KIND])
+    }
+    pub fn is_dir(&self) -> bool {
+        self.rec[N_KIND] == NodeKind::Dir as u8
+    }
+    pub fn codec(&self) -> Codec {
+        Codec::from_u8(self.rec[N_CODEC]).unwrap_or(Codec::None)
+    }
+    pub fn flags(&self) -> u8 {
+        self.rec[N_FLAGS]
+    }
+    /// Full `st_mode`, type bits included.
+    pub fn mode(&self) -> u32 {
+        u32_at(self.rec, N_MODE)
+    }
+    pub fn parent(&self) -> u32 {
+        u32_at(self.rec, N_PARENT)
+    }
+    /// Path relative to the dataset root, no leading slash; empty for the root.
+    pub fn path(&self) -> &'a [u8] {
+        let (o, l) = (u64_at(self.rec, N_PATH_OFF) as usize, u32_at(self.rec, N_PATH_LEN) as usize);
+        self.strings.get(o..o.saturating_add(l)).unwrap_or(&[])
+    }
+    /// The last component of the path.
+    pub fn name(&self) -> &'a [u8] {
+        let p = self.path();
+        let nl = (u32_at(self.rec, N_NAME_LEN) as usize).min(p.len());
+        &p[p.len() - nl..]
+    }
+    fn aux32(&self) -> u32 {
+        u32_at(self.rec, N_AUX32)
+    }
+    fn loc(&self) -> u64 {
+        u64_at(self.rec, N_LOC)
+    }
+    /// Logical size (symlink: target length; directory: 0).
+    pub fn size(&self) -> u64 {
+        u64_at(self.rec, N_SIZE)
+    }
+    /// Number of entries of a directory.
+    pub fn child_count(&self) -> u32 {
+        if self.is_dir() {
+            self.aux32()
+        } else {
+            0
+        }
+    }
+    pub fn partition(&self) -> u32 {
+        self.aux32()
+    }
+    pub fn payload_offset(&self) -> u64 {
+        self.loc()
+    }
+    pub fn stored_len(&self) -> u64 {
+        u64_at(self.rec, N_STORED)
+    }
+    pub fn checksum(&self) -> u64 {
+        u64_at(self.rec, N_SUM)
+    }
+    pub fn mtime_ns(&self) -> i64 {
+        i64_at(self.rec, N_MTIME)
+    }
+    pub fn atime_ns(&self) -> i64 {
+        i64_at(self.rec, N_ATIME)
+    }
+    pub fn ctime_ns(&self) -> i64 {
+        i64_at(self.rec, N_CTIME)
+    }
+    pub fn nlink(&self) -> u32 {
+        u32_at(self.rec, N_NLINK)
+    }
+    /// Target of a symlink (empty for other kinds).
+    pub fn symlink_target(&self) -> &'a [u8] {
+        if self.rec[N_KIND] != NodeKind::Symlink as u8 {
+            return &[];
+        }
+        let (o, l) = (self.loc() as usize, self.size() as usize);
+        self.strings.get(o..o.saturating_add(l)).unwrap_or(&[])
+    }
+}
+
+/// What a node of a manifest under construction is.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum BuildKind {
+    Dir,
+    File { partition: u32, payload_offset: u64, stored_len: u64, codec: Codec, checksum: u64, replicated: bool },
+    Symlink { target: Vec<u8> },
+}
+
+/// One entry given to [`ManifestBuilder`].
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct BuildEntry {
+    /// Normalised path relative to the dataset root; `b""` is the root.
+    pub path: Vec<u8>,
+    /// Permission bits (type bits are derived from `kind`).
+    pub perm: u32,
+    pub size: u64,
+    pub mtime_ns: i64,
+    pub atime_ns: i64,
+    pub ctime_ns: i64,
+    pub kind: BuildKind,
+}
+
+/// A fault in the entries given to the builder.
+#[derive(Debug, thiserror::Error)]
+pub enum BuildError {
+    #[error("path '{}': {problem}", String::from_utf8_lossy(.path))]
+    BadPath { path: Vec<u8>, problem: &'static str },
+    #[error("path '{}' appears twice", String::from_utf8_lossy(.0))]
+    Duplicate(Vec<u8>),
+    #[error("path '{}' has no parent directory in the manifest", String::from_utf8_lossy(.0))]
+    MissingParent(Vec<u8>),
+    #[error("too many entries for one manifest")]
+    TooLarge,
+}
+
+/// Builds manifest bytes from entries given in any order.
+pub struct ManifestBuilder {
+    dataset_id: u64,
+    entries: Vec<BuildEntry>,
+    partitions: Vec<PartitionInfo>,
+}
+
+/// Longest file name (one component) a manifest accepts.
+pub const NAME_MAX: usize = 255;
+/// Longest relative path a manifest accepts.
+pub const PATH_MAX: usize = 4096;
+
+fn components(p: &[u8]) -> impl Iterator<Item = &[u8]> {
+    p.split(|&b| b == b'/').filter(|c| !c.is_empty())
+}
+
+impl ManifestBuilder {
+    pub fn new(dataset_id: u64) -> ManifestBuilder {
+        ManifestBuilder { dataset_id, entries: Vec::new(), partitions: Vec::new() }
+    }
+
+    pub fn add(&mut self, e: BuildEntry) {
+        self.entries.push(e);
+    }
+
+    pub fn add_partition(&mut self, p: PartitionInfo) {
+        self.partitions.push(p);
+    }
+
+    /// Sorts the entries depth-first by name and writes the manifest bytes.
+    pub fn finish(mut self) -> std::result::Result<Vec<u8>, BuildError> {
+        for e in &self.entries {
+            let bad = |problem| BuildError::BadPath { path: e.path.clone(), problem };
+            if e.path.len() > PATH_MAX {
+                return Err(bad("path longer than 4096 bytes"));
+            }
+            if e.path.first() == Some(&b'/') || e.path.last() == Some(&b'/') || e.path.windows(2).any(|w| w == b"//") {
+                return Err(bad("not a normalised relative path"));
+            }
+            for c in components(&e.path) {
+                if c.len() > NAME_MAX {
+                    return Err(bad("a name is longer than 255 bytes"));
+                }
+                if c == b"." || c == b".." || c.contains(&0) {
+                    return Err(bad("'.', '..' or NUL in a name"));
+                }
+            }
+            if e.path.is_empty() && e.kind != BuildKind::Dir {
+                return Err(bad("the root must be a directory"));
+            }
+        }
+        if !self.entries.iter().any(|e| e.path.is_empty()) {
+            self.entries.push(BuildEntry {
+                path: Vec::new(),
+                perm: 0o755,
+                size: 0,
+                mtime_ns: 0,
+                atime_ns: 0,
+                ctime_ns: 0,
+                kind: BuildKind::Dir,
+            });
+        }
+        self.entries.sort_by(|a, b| components(&a.path).cmp(components(&b.path)));
+        for w in self.entries.windows(2) {
+            if w[0].path == w[1].path {
+                return Err(BuildError::Duplicate(w[0].path.clone()));
+            }
+        }
+        let n = self.entries.len();
+        if n >= u32::MAX as usize - 1 {
+            return Err(BuildError::TooLarge);
+        }
+        // Parents: the nearest preceding directory whose path is our prefix.
+        let mut dir_ids: std::collections::HashMap<&[u8], u32> = std::collections::HashMap::new();
+        let mut parent = vec![0u32; n];
+        let mut kids: Vec<Vec<u32>> = vec![Vec::new(); n];
+        for (i, e) in self.entries.iter().enumerate() {
+            if i > 0 {
+                let pp = match e.path.iter().rposition(|&b| b == b'/') {
+                    Some(k) => &e.path[..k],
+                    None => &b""[..],
+                };
+                let p = *dir_ids.get(pp).ok_or_else(|| BuildError::MissingParent(e.path.clone()))?;
+                parent[i] = p;
+                kids[p as usize].push(i as u32);
+            }
+            if e.kind == BuildKind::Dir {
+                dir_ids.insert(&e.path, i as u32);
+            }
+        }
+        let mut strings = Vec::new();
+        let mut nodes = vec![0u8; n * NODE_LEN];
+        let mut children: Vec<u8> = Vec::new();
+        let mut total_bytes = 0u64;
+        for (i, e) in self.entries.iter().enumerate() {
+            let r = &mut nodes[i * NODE_LEN..(i + 1) * NODE_LEN];
+            let path_off = strings.len() as u64;
+            strings.extend_from_slice(&e.path);
+            let name_len = components(&e.path).last().map_or(0, |c| c.len());
+            put_u32(r, N_PARENT, parent[i]);
+            put_u32(r, N_NAME_LEN, name_len as u32);
+            put_u64(r, N_PATH_OFF, path_off);
+            put_u32(r, N_PATH_LEN, e.path.len() as u32);
+            put_i64(r, N_MTIME, e.mtime_ns);
+            put_i64(r, N_ATIME, e.atime_ns);
+            put_i64(r, N_CTIME, e.ctime_ns);
+            let perm = e.perm & 0o7777;
+            match &e.kind {
+                BuildKind::Dir => {
+                    r[N_KIND] = NodeKind::Dir as u8;
+                    put_u32(r, N_MODE, libc::S_IFDIR | perm);
+                    put_u32(r, N_AUX32, kids[i].len() as u32);
+                    put_u64(r, N_LOC, children.len() as u64 / 4);
+                    let subdirs = kids[i].iter().filter(|&&k| self.entries[k as usize].kind == BuildKind::Dir).count();
+                    put_u32(r, N_NLINK, 2 + subdirs as u32);
+                    for k in &kids[i] {
+                        children.extend_from_slice(&k.to_le_bytes());
+                    }
+                }
+                BuildKind::File { partition, payload_offset, stored_len, codec, checksum, replicated } => {
+                    r[N_KIND] = NodeKind::File as u8;
+                    r[N_CODEC] = *codec as u8;
+                    r[N_FLAGS] = if *replicated { NODE_FLAG_REPLICATED } else { 0 };
+                    put_u32(r, N_MODE, libc::S_IFREG | perm);
+                    put_u32(r, N_AUX32, *partition);
+                    put_u64(r, N_SIZE, e.size);
+                    put_u64(r, N_LOC, *payload_offset);
+                    put_u64(r, N_STORED, *stored_len);
+                    put_u64(r, N_SUM, *checksum);
+                    put_u32(r, N_NLINK, 1);
+                    total_bytes += e.size;
+                }
+                BuildKind::Symlink { target } => {
+                    r[N_KIND] = NodeKind::Symlink as u8;
+                    put_u32(r, N_MODE, libc::S_IFLNK | 0o777);
+                    put_u64(r, N_SIZE, target.len() as u64);
+                    put_u64(r, N_LOC, strings.len() as u64);
+                    strings.extend_from_slice(target);
+                    put_u32(r, N_NLINK, 1);
+                }
+            }
+        }
+        let bucket_count = (n * 2).next_power_of_two().max(16);
+        let mask = bucket_count as u64 - 1;
+        let mut buckets = vec![0u64; bucket_count];
+        for (i, e) in self.entries.iter().enumerate() {
+            let h = xxh3(&e.path);
+            let mut b = h & mask;
+            while buckets[b as usize] != 0 {
+                b = (b + 1) & mask;
+            }
+            buckets[b as usize] = ((h >> 32) << 32) | (i as u64 + 1);
+        }
+        let bucket_bytes: Vec<u8> = buckets.iter().flat_map(|b| b.to_le_bytes()).collect();
+        let mut parts = vec![0u8; self.partitions.len() * PART_LEN];
+        for (i, p) in self.partitions.iter().enumerate() {
+            let r = &mut parts[i * PART_LEN..(i + 1) * PART_LEN];
+            put_u32(r, P_ID, p.id);
+            put_u32(r, P_FLAGS, p.flags);
+            put_u64(r, P_FILE_LEN, p.file_len);
+            put_u64(r, P_ENTRIES, p.entry_count);
+            put_u64(r, P_BYTES, p.logical_bytes);
+            put_u64(r, P_HEADER_SUM, p.header_checksum);
+        }
+        let sections: [&[u8]; SECTION_COUNT] = [&nodes, &children, &bucket_bytes, &parts, &strings];
+        let mut out = vec![0u8; HEADER_LEN];
+        out[..8].copy_from_slice(&MAGIC);
+        put_u32(&mut out, VERSION_OFF, VERSION);
+        put_u32(&mut out, HEADER_LEN_OFF, HEADER_LEN as u32);
+        put_u64(&mut out, DATASET_OFF, self.dataset_id);
+        put_u64(&mut out, NODE_COUNT_OFF, n as u64);
+        put_u64(&mut out, CHILD_COUNT_OFF, children.len() as u64 / 4);
+        put_u32(&mut out, PART_COUNT_OFF, self.partitions.len() as u32);
+        put_u32(&mut out, BUCKET_COUNT_OFF, bucket_count as u32);
+        put_u64(&mut out, TOTAL_BYTES_OFF, total_bytes);
+        for (i, s) in sections.iter().enumerate() {
+            while out.len() % 8 != 0 {
+                out.push(0);
+            }
+            let e = SECTIONS_OFF + i * SECTION_ENTRY_LEN;
+            let off = out.len() as u64;
+            put_u64(&mut out, e, off);
+            put_u64(&mut out, e + 8, s.len() as u64);
+            put_u64(&mut out, e + 16, xxh3(s));
+            out.extend_from_slice(s);
+        }
+        let sum = xxh3(&out[..HEADER_SUM_OFF]);
+        put_u64(&mut out, HEADER_SUM_OFF, sum);
+        Ok(out)
+    }
+}
+
+/// A manifest file opened and mapped read-only.
+pub struct Manifest {
+    path: std::path::PathBuf,
+    map: memmap2::Mmap,
+}
+
+impl Manifest {
+    /// Maps and fully verifies the manifest at `path`.
+    pub fn open(path: &Path) -> Result<Manifest> {
+        let f = std::fs::File::open(path).map_err(|e| FormatError::io(path, e))?;
+        // SAFETY: the manifest is written once by prep and renamed into place;
+        // nothing modifies it while mapped. A concurrent truncation would only
+        // make later reads fault, which is the documented hazard of mmap.
+        let map = unsafe { memmap2::Mmap::map(&f) }.map_err(|e| FormatError::io(path, e))?;
+        IndexView::parse(path, &map, Verify::Full)?;
+        Ok(Manifest { path: path.into(), map })
+    }
+
+    /// The verified view. Re-parses only the header.
+    pub fn view(&self) -> IndexView<'_> {
+        IndexView::parse(&self.path, &self.map, Verify::Header).expect("verified at open")
+    }
+
+    pub fn bytes(&self) -> &[u8] {
+        &self.map
+    }
+
+    pub fn path(&self) -> &Path {
+        &self.path
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn file(path: &str, size: u64, part: u32) -> BuildEntry {
+        BuildEntry {
+            path: path.as_bytes().to_vec(),
+            perm: 0o644,
+            size,
+            mtime_ns: 1_700_000_000_123_456_789,
+            atime_ns: 5,
+            ctime_ns: 6,
+            kind: BuildKind::File {
+                partition: part,
+                payload_offset: 112,
+                stored_len: size,
+                codec: Codec::None,
+                checksum: 42,
+                replicated: false,
+            },
+        }
+    }
+    fn dir(path: &str) -> BuildEntry {
+        BuildEntry {
+            path: path.as_bytes().to_vec(),
+            perm: 0o750,
+            size: 0,
+            mtime_ns: 1,
+            atime_ns: 2,
+            ctime_ns: 3,
+            kind: BuildKind::Dir,
+        }
+    }
+
+    fn sample() -> Vec<u8> {
+        let mut b = ManifestBuilder::new(77);
+        b.add(file("train/b.png", 10, 0));
+        b.add(dir("train"));
+        b.add(file("train/a.png", 1 << 33, 0));
+        b.add(dir("val"));
+        b.add(dir("train/sub"));
+        b.add(file("a.b", 3, 0));
+        b.add(BuildEntry {
+            path: b"train/link".to_vec(),
+            perm: 0o777,
+            size: 5,
+            mtime_ns: 0,
+            atime_ns: 0,
+            ctime_ns: 0,
+            kind: BuildKind::Symlink { target: b"a.png".to_vec() },
+        });
+        b.add_partition(PartitionInfo { id: 0, flags: 0, file_len: 100, entry_count: 3, logical_bytes: 13, header_checksum: 9 });
+        b.finish().unwrap()
+    }
+
+    #[test]
+    fn lookup_children_and_stat_fields() {
+        let bytes = sample();
+        let v = IndexView::parse(Path::new("m"), &bytes, Verify::Full).unwrap();
+        assert_eq!(v.dataset_id(), 77);
+        assert_eq!(v.node_count(), 8);
+        let names: Vec<&[u8]> = v.children(v.root()).map(|n| n.name()).collect();
+        assert_eq!(names, vec![&b"a.b"[..], b"train", b"val"]);
+        let train = v.lookup(b"train").unwrap();
+        assert!(train.is_dir());
+        assert_eq!(train.nlink(), 3);
+        assert_eq!(train.mode(), libc::S_IFDIR | 0o750);
+        let names: Vec<&[u8]> = v.children(train).map(|n| n.name()).collect();
+        assert_eq!(names, vec![&b"a.png"[..], b"b.png", b"link", b"sub"]);
+        let a = v.lookup(b"train/a.png").unwrap();
+        assert_eq!(a.size(), 1 << 33);
+        assert_eq!(a.mtime_ns(), 1_700_000_000_123_456_789);
+        assert_eq!(a.parent(), train.id());
+        assert_eq!(v.child(train, b"b.png").unwrap().size(), 10);
+        assert!(v.child(train, b"zzz").is_none());
+        assert_eq!(v.lookup(b"train/link").unwrap().symlink_target(), b"a.png");
+        assert!(v.lookup(b"train/nope").is_none());
+        assert!(v.lookup(b"").unwrap().is_dir());
+        assert_eq!(v.partition(0).unwrap().entry_count, 3);
+        assert_eq!(v.total_bytes(), (1 << 33) + 13);
+    }
+
+    #[test]
+    fn names_are_bytes_and_long_names_work() {
+        let mut b = ManifestBuilder::new(1);
+        let long = "x".repeat(255);
+        b.add(dir(&long));
+        let mut deep = long.clone();
+        while deep.len() + 256 <= PATH_MAX {
+            deep.push('/');
+            deep.push_str(&long);
+            b.add(dir(&deep));
+        }
+        let mut raw = file("", 1, 0);
+        raw.path = b"\xff\xfe-latin1-\xe9".to_vec();
+        b.add(raw);
+        b.add_partition(PartitionInfo { id: 0, flags: 0, file_len: 0, entry_count: 0, logical_bytes: 0, header_checksum: 0 });
+        let bytes = b.finish().unwrap();
+        let v = IndexView::parse(Path::new("m"), &bytes, Verify::Full).unwrap();
+        assert!(v.lookup(deep.as_bytes()).unwrap().is_dir());
+        assert_eq!(v.lookup(b"\xff\xfe-latin1-\xe9").unwrap().size(), 1);
+        let mut b = ManifestBuilder::new(1);
+        b.add(dir(&"y".repeat(256)));
+        assert!(matches!(b.finish(), Err(BuildError::BadPath { .. })));
+    }
+
+    #[test]
+    fn builder_refuses_bad_trees() {
+        let mut b = ManifestBuilder::new(1);
+        b.add(file("missing/x", 1, 0));
+        assert!(matches!(b.finish(), Err(BuildError::MissingParent(_))));
+        let mut b = ManifestBuilder::new(1);
+        b.add(dir("a"));
+        b.add(dir("a"));
+        assert!(matches!(b.finish(), Err(BuildError::Duplicate(_))));
+        let mut b = ManifestBuilder::new(1);
+        b.add(dir("a/../b"));
+        assert!(b.finish().is_err());
+    }
+
+    #[test]
+    fn flipped_bytes_are_refused_with_the_section_named() {
+        let bytes = sample();
+        // header
+        let mut h = bytes.clone();
+        h[30] ^= 1;
+        let e = IndexView::parse(Path::new("ds/manifest.fsm"), &h, Verify::Full).err().unwrap().to_string();
+        assert!(e.contains("ds/manifest.fsm") && e.contains("manifest header") && e.contains("checksum"), "{e}");
+        // each section
+        for (i, name) in SECTION_NAMES.iter().enumerate() {
+            let off = u64_at(&bytes, SECTIONS_OFF + i * SECTION_ENTRY_LEN) as usize;
+            let len = u64_at(&bytes, SECTIONS_OFF + i * SECTION_ENTRY_LEN + 8) as usize;
+            if len == 0 {
+                continue;
+            }
+            let mut c = bytes.clone();
+            c[off + len / 2] ^= 0x10;
+            let e = IndexView::parse(Path::new("m"), &c, Verify::Full).err().unwrap().to_string();
+            assert!(e.contains(&format!("{name} section")) && e.contains(&format!("offset {off}")), "{e}");
+        }
+    }
+
+    #[test]
+    fn version_magic_and_truncation_are_refused() {
+        let mut bytes = sample();
+        put_u32(&mut bytes, VERSION_OFF, 2);
+        let sum = xxh3(&bytes[..HEADER_SUM_OFF]);
+        put_u64(&mut bytes, HEADER_SUM_OFF, sum);
+        let e = IndexView::parse(Path::new("m"), &bytes, Verify::Full).err().unwrap();
+        assert!(matches!(e, FormatError::UnsupportedVersion { found: 2, .. }));
+        let b = sample();
+        assert!(IndexView::parse(Path::new("m"), &b[..b.len() - 1], Verify::Full).is_err());
+        assert!(IndexView::parse(Path::new("m"), &b[..10], Verify::Full).is_err());
+        assert!(matches!(IndexView::parse(Path::new("m"), b"not a manifest at all", Verify::Full), Err(FormatError::BadMagic { .. })));
+    }
+
+    #[test]
+    fn million_node_manifest_opens_fast() {
+        // Correctness of a large table (timing is a benchmark, not a test).
+        let mut b = ManifestBuilder::new(5);
+        for d in 0..100 {
+            b.add(dir(&format!("d{d}")));
+            for f in 0..1000 {
+                b.add(file(&format!("d{d}/f{f}"), f, 0));
+            }
+        }
+        b.add_partition(PartitionInfo { id: 0, flags: 0, file_len: 0, entry_count: 0, logical_bytes: 0, header_checksum: 0 });
+        let bytes = b.finish().unwrap();
+        let v = IndexView::parse(Path::new("m"), &bytes, Verify::Full).unwrap();
+        for d in (0..100).step_by(7) {
+            for f in (0..1000).step_by(13) {
+                assert_eq!(v.lookup(format!("d{d}/f{f}").as_bytes()).unwrap().size(), f);
+            }
+        }
+        assert!(v.lookup(b"d5/f1000").is_none());
+    }
+}

@@ -1,0 +1,281 @@
+//! Client <-> daemon messages over a `SOCK_SEQPACKET` unix socket: one
+//! message per datagram, file contents travel as an attached fd (SCM_RIGHTS).
+//!
+//! ```text
+//! request                                reply
+//!  0..4   magic "FSRQ"                    0..4   magic "FSRP"
+//!  4..6   version (1)                     4..6   version (1)
+//!  6..8   op                              6..8   op (echoed)
+//!  8..16  request id                      8..16  request id (echoed)
+//! 16..24  arg0                           16..20  errno (0 = success), i32
+//! 24..32  arg1                           20..24  flags (bit 0: an fd is attached)
+//! 32..36  payload length                 24..32  value
+//! 36..40  reserved, zero                 32..36  payload length
+//! 40..    payload                        36..40  reserved, zero
+//!                                        40..    payload
+//! ```
+//!
+//! Ops: `PING`; `OPEN` (arg0 node id, arg1 dataset id; reply: an fd whose
+//! bytes are the file's); `STATUS` (reply payload: this rank's status text);
+//! `STOP` (shut the whole job down). All integers little-endian.
+
+use crate::le::*;
+use std::io;
+use std::os::fd::{FromRawFd, OwnedFd, RawFd};
+
+pub const REQ_MAGIC: [u8; 4] = *b"FSRQ";
+pub const REP_MAGIC: [u8; 4] = *b"FSRP";
+pub const VERSION: u16 = 1;
+pub const HEADER_LEN: usize = 40;
+/// Largest message either side sends.
+pub const MAX_MESSAGE: usize = 64 * 1024;
+
+pub mod op {
+    pub const PING: u16 = 1;
+    pub const OPEN: u16 = 2;
+    pub const STATUS: u16 = 3;
+    pub const STOP: u16 = 4;
+}
+
+/// Reply flag: an fd is attached.
+pub const FLAG_FD: u32 = 1;
+
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Request {
+    pub op: u16,
+    pub id: u64,
+    pub arg0: u64,
+    pub arg1: u64,
+    pub payload: Vec<u8>,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Reply {
+    pub op: u16,
+    pub id: u64,
+    pub errno: i32,
+    pub flags: u32,
+    pub value: u64,
+    pub payload: Vec<u8>,
+}
+
+/// A message that is not a valid request or reply.
+#[derive(Debug, thiserror::Error, PartialEq, Eq)]
+pub enum WireError {
+    #[error("message of {0} bytes is shorter than the {HEADER_LEN}-byte header")]
+    Short(usize),
+    #[error("bad magic")]
+    BadMagic,
+    #[error("unsupported protocol version {0}")]
+    Version(u16),
+    #[error("payload length {0} does not match the message")]
+    Length(u32),
+}
+
+fn check<'a>(b: &'a [u8], magic: &[u8; 4]) -> Result<&'a [u8], WireError> {
+    if b.len() < HEADER_LEN {
+        return Err(WireError::Short(b.len()));
+    }
+    if &b[..4] != magic {
+        return Err(WireError::BadMagic);
+    }
+    let v = u16_at(b, 4);
+    if v != VERSION {
+        return Err(WireError::Version(v));
+    }
+    let len = u32_at(b, 32);
+    if len as usize != b.len() - HEADER_LEN {
+        return Err(WireError::Length(len));
+    }
+    Ok(&b[HEADER_LEN..])
+}
+
+impl Request {
+    pub fn new(op: u16, id: u64, arg0: u64, arg1: u64) -> Request {
+        Request { op, id, arg0, arg1, payload: Vec::new() }
+    }
+    pub fn encode(&self) -> Vec<u8> {
+        let mut b = vec![0u8; HEADER_LEN];
+        b[..4].copy_from_slice(&REQ_MAGIC);
+        put_u16(&mut b, 4, VERSION);
+        put_u16(&mut b, 6, self.op);
+        put_u64(&mut b, 8, self.id);
+        put_u64(&mut b, 16, self.arg0);
+        put_u64(&mut b, 24, self.arg1);
+        put_u32(&mut b, 32, self.payload.len() as u32);
+        b.extend_from_slice(&self.payload);
+        b
+    }
+    pub fn decode(b: &[u8]) -> Result<Request, WireError> {
+        let payload = check(b, &REQ_MAGIC)?.to_vec();
+        Ok(Request { op: u16_at(b, 6), id: u64_at(b, 8), arg0: u64_at(b, 16), arg1: u64_at(b, 24), payload })
+    }
+}
+
+impl Reply {
+    pub fn ok(req: &Request, value: u64) -> Reply {
+        Reply { op: req.op, id: req.id, errno: 0, flags: 0, value, payload: Vec::new() }
+    }
+    pub fn err(req: &Request, errno: i32) -> Reply {
+        Reply { op: req.op, id: req.id, errno, flags: 0, value: 0, payload: Vec::new() }
+    }
+    pub fn encode(&self) -> Vec<u8> {
+        let mut b = vec![0u8; HEADER_LEN];
+        b[..4].copy_from_slice(&REP_MAGIC);
+        put_u16(&mut b, 4, VERSION);
+        put_u16(&mut b, 6, self.op);
+        put_u64(&mut b, 8, self.id);
+        put_u32(&mut b, 16, self.errno as u32);
+        put_u32(&mut b, 20, self.flags);
+        put_u64(&mut b, 24, self.value);
+        put_u32(&mut b, 32, self.payload.len() as u32);
+        b.extend_from_slice(&self.payload);
+        b
+    }
+    pub fn decode(b: &[u8]) -> Result<Reply, WireError> {
+        let payload = check(b, &REP_MAGIC)?.to_vec();
+        Ok(Reply {
+            op: u16_at(b, 6),
+            id: u64_at(b, 8),
+            errno: u32_at(b, 16) as i32,
+            flags: u32_at(b, 20),
+            value: u64_at(b, 24),
+            payload,
+        })
+    }
+}
+
+/// Sends one datagram on a connected SOCK_SEQPACKET socket, with `fd` attached if given.
+pub fn send_msg(sock: RawFd, bytes: &[u8], fd: Option<RawFd>) -> io::Result<()> {
+    let mut iov = libc::iovec { iov_base: bytes.as_ptr() as *mut _, iov_len: bytes.len() };
+    // Room for one cmsghdr carrying one int, 8-aligned.
+    let mut cbuf = [0u64; 4];
+    // SAFETY: msghdr is plain data; all-zero is a valid empty value.
+    let mut msg: libc::msghdr = unsafe { std::mem::zeroed() };
+    msg.msg_iov = &mut iov;
+    msg.msg_iovlen = 1;
+    if let Some(fd) = fd {
+        // SAFETY: CMSG_SPACE is a pure size computation.
+        let space = unsafe { libc::CMSG_SPACE(std::mem::size_of::<RawFd>() as u32) } as usize;
+        msg.msg_control = cbuf.as_mut_ptr().cast();
+        msg.msg_controllen = space;
+        // SAFETY: msg_control points at cbuf, which is larger than `space`,
+        // so CMSG_FIRSTHDR returns a valid, aligned header inside it and
+        // CMSG_DATA a pointer with room for one int.
+        unsafe {
+            let c = libc::CMSG_FIRSTHDR(&msg);
+            (*c).cmsg_level = libc::SOL_SOCKET;
+            (*c).cmsg_type = libc::SCM_RIGHTS;
+            (*c).cmsg_len = libc::CMSG_LEN(std::mem::size_of::<RawFd>() as u32) as usize;
+            std::ptr::write_unaligned(libc::CMSG_DATA(c) as *mut RawFd, fd);
+        }
+    }
+    loop {
+        // SAFETY: msg points at live buffers (iov over `bytes`, cbuf) for the call.
+        let r = unsafe { libc::sendmsg(sock, &msg, libc::MSG_NOSIGNAL) };
+        if r >= 0 {
+            return Ok(());
+        }
+        let e = io::Error::last_os_error();
+        if e.kind() != io::ErrorKind::Interrupted {
+            return Err(e);
+        }
+    }
+}
+
+/// Receives one datagram into `buf`; returns its length and the attached fd
+/// (close-on-exec), if any. A length of 0 means the peer closed.
+pub fn recv_msg(sock: RawFd, buf: &mut [u8]) -> io::Result<(usize, Option<OwnedFd>)> {
+    let mut iov = libc::iovec { iov_base: buf.as_mut_ptr().cast(), iov_len: buf.len() };
+    let mut cbuf = [0u64; 8];
+    // SAFETY: msghdr is plain data; all-zero is a valid empty value.
+    let mut msg: libc::msghdr = unsafe { std::mem::zeroed() };
+    msg.msg_iov = &mut iov;
+    msg.msg_iovlen = 1;
+    msg.msg_control = cbuf.as_mut_ptr().cast();
+    msg.msg_controllen = std::mem::size_of_val(&cbuf);
+    let n = loop {
+        // SAFETY: iov and cbuf are live, writable buffers of the given lengths.
+        let r = unsafe { libc::recvmsg(sock, &mut msg, libc::MSG_CMSG_CLOEXEC) };
+        if r >= 0 {
+            break r as usize;
+        }
+        let e = io::Error::last_os_error();
+        if e.kind() != io::ErrorKind::Interrupted {
+            return Err(e);
+        }
+    };
+    let mut fd = None;
+    // SAFETY: the kernel filled msg_control/msg_controllen; the CMSG macros
+    // walk only within that buffer.
+    unsafe {
+        let mut c = libc::CMSG_FIRSTHDR(&msg);
+        while !c.is_null() {
+            if (*c).cmsg_level == libc::SOL_SOCKET && (*c).cmsg_type == libc::SCM_RIGHTS {
+                let data = libc::CMSG_DATA(c) as *const RawFd;
+                let count = ((*c).cmsg_len - libc::CMSG_LEN(0) as usize) / std::mem::size_of::<RawFd>();
+                for i in 0..count {
+                    let raw = std::ptr::read_unaligned(data.add(i));
+                    let owned = OwnedFd::from_raw_fd(raw);
+                    if fd.is_none() {
+                        fd = Some(owned);
+                    } // extra fds are closed by drop
+                }
+            }
+            c = libc::CMSG_NXTHDR(&msg, c);
+        }
+    }
+    if msg.msg_flags & libc::MSG_TRUNC != 0 {
+        return Err(io::Error::new(io::ErrorKind::InvalidData, "message larger than the receive buffer"));
+    }
+    Ok((n, fd))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::io::{Read, Seek, Write};
+    use std::os::fd::AsRawFd;
+
+    #[test]
+    fn encode_decode() {
+        let mut r = Request::new(op::OPEN, 7, 42, 99);
+        r.payload = b"abc".to_vec();
+        assert_eq!(Request::decode(&r.encode()).unwrap(), r);
+        let mut p = Reply::err(&r, libc::ENOENT);
+        p.payload = b"x".to_vec();
+        assert_eq!(Reply::decode(&p.encode()).unwrap(), p);
+        let mut b = r.encode();
+        b[0] = b'X';
+        assert_eq!(Request::decode(&b), Err(WireError::BadMagic));
+        let mut b = r.encode();
+        b[4] = 9;
+        assert_eq!(Request::decode(&b), Err(WireError::Version(9)));
+        assert_eq!(Request::decode(&r.encode()[..41]), Err(WireError::Length(3)));
+        assert_eq!(Reply::decode(&[0u8; 5]), Err(WireError::Short(5)));
+    }
+
+    #[test]
+    fn fd_passing_over_seqpacket() {
+        let mut sv = [0; 2];
+        // SAFETY: sv has room for two fds.
+        assert_eq!(unsafe { libc::socketpair(libc::AF_UNIX, libc::SOCK_SEQPACKET | libc::SOCK_CLOEXEC, 0, sv.as_mut_ptr()) }, 0);
+        // SAFETY: socketpair returned two fresh fds that we now own.
+        let (a, b) = unsafe { (OwnedFd::from_raw_fd(sv[0]), OwnedFd::from_raw_fd(sv[1])) };
+        let mut f = tempfile::tempfile().unwrap();
+        f.write_all(b"payload bytes").unwrap();
+        f.rewind().unwrap();
+        send_msg(a.as_raw_fd(), b"hello", Some(f.as_raw_fd())).unwrap();
+        let mut buf = [0u8; 64];
+        let (n, fd) = recv_msg(b.as_raw_fd(), &mut buf).unwrap();
+        assert_eq!(&buf[..n], b"hello");
+        let mut got = String::new();
+        std::fs::File::from(fd.unwrap()).read_to_string(&mut got).unwrap();
+        assert_eq!(got, "payload bytes");
+        send_msg(a.as_raw_fd(), b"no fd", None).unwrap();
+        let (n, fd) = recv_msg(b.as_raw_fd(), &mut buf).unwrap();
+        assert_eq!((&buf[..n], fd.is_none()), (&b"no fd"[..], true));
+        drop(a);
+        assert_eq!(recv_msg(b.as_raw_fd(), &mut buf).unwrap().0, 0);
+    }
+}
