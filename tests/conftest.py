@@ -1,0 +1,41 @@
+"""Shared fixtures for FanStore's end-to-end tests.
+
+The suite runs the release binaries that `scripts/test.sh` builds. Each area
+keeps its helpers in its own module under tests/ (fs_prep.py, fs_daemon.py,
+...); only cross-cutting fixtures live here.
+"""
+import os
+import shutil
+import subprocess
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parent.parent
+BIN = ROOT / "target" / "release"
+
+
+def binary(name: str) -> str:
+    p = BIN / name
+    if not p.exists():
+        pytest.fail(f"{p} missing: run `cargo build --release` (scripts/test.sh does)")
+    return str(p)
+
+
+@pytest.fixture(scope="session")
+def bins():
+    """Paths to the release binaries and the preload library."""
+    return {
+        "prep": binary("fanstore-prep"),
+        "daemon": binary("fanstore-daemon"),
+        "cli": binary("fanstore"),
+        "preload": str(BIN / "libfanstore_preload.so"),
+    }
+
+
+def run(cmd, check=True, timeout=300, **kw):
+    """Runs a command, capturing text output; fails the test with both streams on error."""
+    r = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout, **kw)
+    if check and r.returncode != 0:
+        pytest.fail(f"{cmd} exited {r.returncode}\nstdout:\n{r.stdout}\nstderr:\n{r.stderr}")
+    return r
