@@ -756,7 +756,7 @@ impl ManifestBuilder {
         put_u32(&mut out, BUCKET_COUNT_OFF, bucket_count as u32);
         put_u64(&mut out, TOTAL_BYTES_OFF, total_bytes);
         for (i, s) in sections.iter().enumerate() {
-            while out.len() % 8 != 0 {
+            while !out.len().is_multiple_of(8) {
                 out.push(0);
             }
             let e = SECTIONS_OFF + i * SECTION_ENTRY_LEN;
