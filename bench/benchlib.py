@@ -1,0 +1,90 @@
+"""Shared helpers for FanStore benchmarks: building the C helpers, starting a
+daemon, medians, markdown tables. Benchmarks print ratios measured side by
+side in one run; nothing here asserts a time."""
+import os
+import platform
+import shutil
+import statistics
+import subprocess
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+BIN = ROOT / "target" / "release"
+OUT = ROOT / "bench" / "out"
+PRELOAD = BIN / "libfanstore_preload.so"
+
+
+def cc(src: str, out_dir: Path) -> str:
+    exe = out_dir / Path(src).stem
+    subprocess.run(["cc", "-O2", "-o", str(exe), str(ROOT / "bench" / src)], check=True)
+    return str(exe)
+
+
+def write_random_files(root: Path, size: int, count: int, seed: int = 1, per_dir: int = 100):
+    """`count` files of `size` incompressible bytes, `per_dir` per directory."""
+    rnd = __import__("random").Random(seed)
+    block = bytes(rnd.getrandbits(8) for _ in range(1 << 16))
+    paths = []
+    for i in range(count):
+        d = root / f"d{i // per_dir:04d}"
+        d.mkdir(parents=True, exist_ok=True)
+        p = d / f"f{i:06d}.bin"
+        with open(p, "wb") as f:
+            left, k = size, i
+            while left:
+                n = min(left, len(block))
+                off = (k * 7919) % (len(block) - n + 1)
+                f.write(block[off : off + n])
+                left -= n
+                k += 1
+        paths.append(p)
+    return paths
+
+
+class Daemon:
+    """A single-node daemon (MPI singleton, no launcher) serving `data`."""
+
+    def __init__(self, data: Path, work: Path, mount="/fanstore", extra=()):
+        self.runtime = work / "rt"
+        self.local = work / "local"
+        self.mount = mount
+        shutil.rmtree(self.runtime, ignore_errors=True)
+        shutil.rmtree(self.local, ignore_errors=True)
+        env = dict(os.environ, FANSTORE_RUNTIME_DIR=str(self.runtime))
+        self.log = open(work / "daemon.log", "w")
+        t = time.perf_counter()
+        self.proc = subprocess.Popen(
+            [str(BIN / "fanstore-daemon"), "--data", str(data), "--local", str(self.local),
+             "--mount", mount, "--runtime-dir", str(self.runtime), *extra],
+            stdout=self.log, stderr=subprocess.STDOUT, env=env)
+        subprocess.run([str(BIN / "fanstore"), "wait", "--runtime-dir", str(self.runtime), "--timeout", "600"],
+                       check=True, env=env)
+        self.load_seconds = time.perf_counter() - t
+
+    def env(self):
+        return dict(os.environ, FANSTORE_RUNTIME_DIR=str(self.runtime), FANSTORE_NODE="0",
+                    FANSTORE_MOUNT=self.mount, LD_PRELOAD=str(PRELOAD))
+
+    def stop(self):
+        subprocess.run([str(BIN / "fanstore"), "stop", "--runtime-dir", str(self.runtime)],
+                       env=dict(os.environ, FANSTORE_RUNTIME_DIR=str(self.runtime)), timeout=120)
+        self.proc.wait(timeout=120)
+        self.log.close()
+
+
+def median(xs):
+    return statistics.median(xs)
+
+
+def machine() -> str:
+    mem = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES") / 2**30
+    mpich = subprocess.run(["mpichversion"], capture_output=True, text=True).stdout.split("\n")[0:1]
+    return (f"{os.cpu_count()} cores, {mem:.0f} GiB RAM, Linux {platform.release()}, "
+            f"{' '.join(mpich).strip() or 'MPICH ?'}, {time.strftime('%Y-%m-%d')}")
+
+
+def table(headers, rows) -> str:
+    out = ["| " + " | ".join(headers) + " |", "|" + "---|" * len(headers)]
+    out += ["| " + " | ".join(str(c) for c in r) + " |" for r in rows]
+    return "\n".join(out)
