@@ -1,0 +1,762 @@
+//! `pack`: walks the input, plans partitions, reads and compresses files on
+//! every core, appends them to the partitions in a fixed order, and writes
+//! the manifest last.
+//!
+//! Pipeline: the files of all partitions form one job list in partition-id
+//! order. `threads` workers claim jobs in that order (bounded by a window
+//! of jobs and of bytes held in memory), read + check + compress + hash
+//! them, and send the result to the writer (the calling thread), which
+//! appends results strictly in job order. So the bytes written never depend
+//! on the thread count or on timing.
+//!
+//! Files larger than [`STREAM_THRESHOLD`] stored raw are never held in
+//! memory: the worker only opens them and the writer streams them into the
+//! partition with [`PartitionWriter::append_raw_stream`]. Compressed big
+//! files are compressed as a stream into memory (the result is smaller than
+//! the file, or the file is stored raw).
+//!
+//! Failure safety: partitions are written first, the manifest last (to a
+//! temporary name, fsync, rename, fsync of the directory). A failed run
+//! removes every file it wrote, so no output it leaves behind passes
+//! `verify`, and the output directory is refused if it already holds a
+//! dataset or partitions of an unfinished one.
+
+use crate::assign::{self, AssignError, FileWeight, PartitionCount, PlannedPartition};
+use crate::ident;
+use crate::progress::{Progress, ProgressMode, ScanProgress};
+use crate::sys;
+use crate::walk::{self, display_path, EntryKind, Tree, WalkError, WalkOptions};
+use fanstore_core::checksum::xxh3;
+use fanstore_core::codec::{self, Codec, Compression};
+use fanstore_core::manifest::{self, BuildEntry, BuildError, BuildKind, ManifestBuilder, PartitionInfo};
+use fanstore_core::partition::{self, PartitionWriter, FLAG_REPLICATED, HEADER_LEN};
+use fanstore_core::FormatError;
+use std::collections::HashMap;
+use std::fs::File;
+use std::io::{self, Read, Seek, SeekFrom, Write};
+use std::os::fd::{AsFd, BorrowedFd};
+use std::os::unix::ffi::OsStrExt;
+use std::path::{Path, PathBuf};
+use std::sync::mpsc;
+use std::sync::{Condvar, Mutex};
+use std::time::Instant;
+
+/// Files above this size stored raw are streamed, never held in memory.
+pub const STREAM_THRESHOLD: u64 = 64 << 20;
+/// Bytes of read or compressed payloads the workers may hold ahead of the writer.
+const IN_FLIGHT_BUDGET: u64 = 256 << 20;
+/// Name of the manifest while it is being written.
+const MANIFEST_TMP: &str = ".manifest.fsm.tmp";
+
+/// What to pack and how.
+#[derive(Debug, Clone)]
+pub struct PackOptions {
+    pub input: PathBuf,
+    pub output: PathBuf,
+    pub partitions: PartitionCount,
+    pub compression: Compression,
+    /// Directories (relative to the input) whose files every node loads.
+    pub replicate_dirs: Vec<PathBuf>,
+    /// Worker threads (at least 1).
+    pub threads: usize,
+    pub skip_unreadable: bool,
+    pub skip_special: bool,
+    pub progress: ProgressMode,
+}
+
+/// What a pack did.
+#[derive(Debug, Clone, PartialEq)]
+pub struct PackSummary {
+    pub files: u64,
+    pub directories: u64,
+    pub symlinks: u64,
+    /// Entries left out by `--skip-unreadable` / `--skip-special`.
+    pub skipped: u64,
+    /// Logical bytes of the packed files.
+    pub bytes_in: u64,
+    /// Payload bytes in the partitions (after compression).
+    pub bytes_stored: u64,
+    pub partitions: u32,
+    pub replicated_partitions: u32,
+    pub dataset_id: u64,
+    pub seconds: f64,
+}
+
+impl std::fmt::Display for PackSummary {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        let secs = self.seconds.max(1e-9);
+        let ratio = if self.bytes_stored == 0 { 1.0 } else { self.bytes_in as f64 / self.bytes_stored as f64 };
+        write!(
+            f,
+            "packed {} files, {} directories, {} symlinks ({} skipped) into {} partitions ({} replicated): \
+             {:.1} MB in, {:.1} MB stored, ratio {ratio:.2}, {:.2} s, {:.1} MB/s, {:.0} files/s, dataset id {:#018x}",
+            self.files,
+            self.directories,
+            self.symlinks,
+            self.skipped,
+            self.partitions,
+            self.replicated_partitions,
+            self.bytes_in as f64 / 1e6,
+            self.bytes_stored as f64 / 1e6,
+            self.seconds,
+            self.bytes_in as f64 / 1e6 / secs,
+            self.files as f64 / secs,
+            self.dataset_id
+        )
+    }
+}
+
+/// Why a pack failed. Each names the path at fault.
+#[derive(Debug, thiserror::Error)]
+pub enum PackError {
+    #[error("{}: already holds a dataset ({found}); choose another --output or remove it first", .dir.display())]
+    OutputHoldsDataset { dir: PathBuf, found: String },
+    #[error("output {} is inside the input tree {}", .output.display(), .input.display())]
+    OutputInsideInput { output: PathBuf, input: PathBuf },
+    #[error("output {}: {source}", .path.display())]
+    OutputDir { path: PathBuf, source: io::Error },
+    #[error(transparent)]
+    Walk(#[from] WalkError),
+    #[error("--replicate-dir {dir}: {problem}")]
+    ReplicateDir { dir: String, problem: String },
+    #[error(transparent)]
+    Assign(#[from] AssignError),
+    #[error("{}: unreadable file: {source} (use --skip-unreadable to leave it out)", .path.display())]
+    Unreadable { path: PathBuf, source: io::Error },
+    #[error("{}: read error while streaming it into a partition: {source}", .path.display())]
+    ReadMidStream { path: PathBuf, source: io::Error },
+    #[error("{}: changed size while being packed (listed with {listed} bytes, {found})", .path.display())]
+    ChangedSize { path: PathBuf, listed: u64, found: String },
+    #[error("{}: is no longer a regular file (it changed while being packed)", .path.display())]
+    Replaced { path: PathBuf },
+    #[error("{}: compression failed: {source}", .path.display())]
+    Compress { path: PathBuf, source: io::Error },
+    #[error(transparent)]
+    Format(#[from] FormatError),
+    #[error("cannot build the manifest: {0}")]
+    Manifest(#[from] BuildError),
+    #[error("{}: cannot write the manifest: {source}", .path.display())]
+    WriteManifest { path: PathBuf, source: io::Error },
+    #[error("internal error: {0}")]
+    Internal(String),
+}
+
+/// Packs `opts.input` into the dataset directory `opts.output`.
+pub fn pack(opts: &PackOptions) -> Result<PackSummary, PackError> {
+    let start = Instant::now();
+    let mut out = OutputDir::prepare(&opts.output)?;
+    refuse_output_inside_input(&opts.input, &opts.output)?;
+
+    let mut scan = ScanProgress::new(opts.progress);
+    let walk_opts = WalkOptions { skip_unreadable: opts.skip_unreadable, skip_special: opts.skip_special };
+    let tree = walk::walk(&opts.input, walk_opts, |n| scan.update(n))?;
+    scan.finish();
+
+    let replicate = replicate_prefixes(&opts.replicate_dirs, &tree)?;
+    let files: Vec<usize> = (0..tree.entries.len()).filter(|&i| matches!(tree.entries[i].kind, EntryKind::File { .. })).collect();
+    let weights: Vec<FileWeight> = files
+        .iter()
+        .map(|&i| {
+            let e = &tree.entries[i];
+            FileWeight { size: file_size(&e.kind), replicated: replicate.iter().any(|r| is_under(&e.path, r)) }
+        })
+        .collect();
+    let plan = assign::plan(&weights, opts.partitions)?;
+    let dataset_id = ident::dataset_id(&tree.entries, opts.compression, &plan);
+    log::debug!("{} files in {} partitions, dataset id {dataset_id:#018x}", files.len(), plan.len());
+
+    let written = write_partitions(opts, &tree, &files, &plan, dataset_id, &mut out)?;
+
+    let mut builder = ManifestBuilder::new(dataset_id);
+    let (mut directories, mut symlinks) = (0u64, 0u64);
+    let mut file_no = 0usize;
+    for e in &tree.entries {
+        let kind = match &e.kind {
+            EntryKind::Dir => {
+                directories += 1;
+                BuildKind::Dir
+            }
+            EntryKind::Symlink { target } => {
+                symlinks += 1;
+                BuildKind::Symlink { target: target.clone() }
+            }
+            EntryKind::File { .. } => {
+                let place = written.places[file_no];
+                file_no += 1;
+                let Some(p) = place else { continue };
+                BuildKind::File {
+                    partition: p.partition,
+                    payload_offset: p.payload_offset,
+                    stored_len: p.stored_len,
+                    codec: p.codec,
+                    checksum: p.checksum,
+                    replicated: p.replicated,
+                }
+            }
+        };
+        builder.add(BuildEntry {
+            path: e.path.clone(),
+            perm: e.perm,
+            size: file_size(&e.kind),
+            mtime_ns: e.mtime_ns,
+            atime_ns: e.atime_ns,
+            ctime_ns: e.ctime_ns,
+            kind,
+        });
+    }
+    for info in &written.infos {
+        builder.add_partition(*info);
+    }
+    let manifest_bytes = builder.finish()?;
+    out.write_manifest(&manifest_bytes)?;
+    out.commit();
+
+    let packed = written.places.iter().flatten();
+    Ok(PackSummary {
+        files: packed.clone().count() as u64,
+        directories: directories.saturating_sub(1), // the root is not counted
+        symlinks,
+        skipped: (tree.skipped.len() + written.skipped) as u64,
+        bytes_in: packed.clone().map(|p| p.raw_len).sum(),
+        bytes_stored: packed.map(|p| p.stored_len).sum(),
+        partitions: plan.len() as u32,
+        replicated_partitions: plan.iter().filter(|p| p.replicated).count() as u32,
+        dataset_id,
+        seconds: start.elapsed().as_secs_f64(),
+    })
+}
+
+fn file_size(kind: &EntryKind) -> u64 {
+    match kind {
+        EntryKind::File { size } => *size,
+        _ => 0,
+    }
+}
+
+/// `path` is `dir` or below it (`dir` empty: everything).
+fn is_under(path: &[u8], dir: &[u8]) -> bool {
+    dir.is_empty() || (path.starts_with(dir) && path.get(dir.len()) == Some(&b'/'))
+}
+
+/// Checks each `--replicate-dir` names a directory of the tree and returns
+/// them as normalised relative byte paths.
+fn replicate_prefixes(dirs: &[PathBuf], tree: &Tree) -> Result<Vec<Vec<u8>>, PackError> {
+    let mut out = Vec::new();
+    for d in dirs {
+        let shown = d.display().to_string();
+        let bad = |problem: &str| PackError::ReplicateDir { dir: shown.clone(), problem: problem.into() };
+        let raw = d.as_os_str().as_bytes();
+        if raw.first() == Some(&b'/') {
+            return Err(bad("must be relative to --input"));
+        }
+        let comps: Vec<&[u8]> = walk::components(raw).filter(|c| *c != b".").collect();
+        if comps.iter().any(|c| *c == b"..") {
+            return Err(bad("must not contain '..'"));
+        }
+        let rel = comps.join(&b'/');
+        let found = tree.entries.binary_search_by(|e| walk::tree_order(&e.path, &rel));
+        match found.map(|i| &tree.entries[i].kind) {
+            Ok(EntryKind::Dir) => out.push(rel),
+            Ok(_) => return Err(bad("is not a directory of the input")),
+            Err(_) => return Err(bad("no such directory in the input")),
+        }
+    }
+    Ok(out)
+}
+
+fn refuse_output_inside_input(input: &Path, output: &Path) -> Result<(), PackError> {
+    let (Ok(i), Ok(o)) = (std::fs::canonicalize(input), std::fs::canonicalize(output)) else {
+        return Ok(()); // the walk reports a missing input with its own message
+    };
+    if o.starts_with(&i) {
+        return Err(PackError::OutputInsideInput { output: output.into(), input: input.into() });
+    }
+    Ok(())
+}
+
+/// Where one file ended up.
+#[derive(Debug, Clone, Copy)]
+struct FilePlace {
+    partition: u32,
+    payload_offset: u64,
+    raw_len: u64,
+    stored_len: u64,
+    codec: Codec,
+    checksum: u64,
+    replicated: bool,
+}
+
+/// What the writer produced.
+struct Written {
+    /// One per file (indexing the packer's file list); `None` if skipped.
+    places: Vec<Option<FilePlace>>,
+    infos: Vec<PartitionInfo>,
+    skipped: usize,
+}
+
+/// A file read (and maybe compressed) by a worker.
+enum Loaded {
+    Memory { codec: Codec, bytes: Vec<u8>, checksum: u64 },
+    /// A big raw file: the writer streams it from this open file.
+    Stream(File),
+}
+
+/// Why a worker could not load a file (the writer adds the path).
+enum LoadError {
+    Unreadable(io::Error),
+    ChangedSize(String),
+    Replaced,
+    Compress(io::Error),
+}
+
+/// One unit of work: file `file` (index into the file list) goes to partition `part`.
+struct Job {
+    file: usize,
+    part: usize,
+}
+
+fn write_partitions(
+    opts: &PackOptions,
+    tree: &Tree,
+    files: &[usize],
+    plan: &[PlannedPartition],
+    dataset_id: u64,
+    out: &mut OutputDir,
+) -> Result<Written, PackError> {
+    let jobs: Vec<Job> = plan.iter().enumerate().flat_map(|(part, p)| p.files.iter().map(move |&file| Job { file, part })).collect();
+    let size_of = |job: &Job| file_size(&tree.entries[files[job.file]].kind);
+    let cost_of = |job: &Job| {
+        let size = size_of(job);
+        if size > STREAM_THRESHOLD && opts.compression.codec == Codec::None {
+            0
+        } else {
+            size
+        }
+    };
+    let threads = opts.threads.max(1);
+    let sched = Scheduler::new(jobs.len(), threads * 16 + 64, IN_FLIGHT_BUDGET);
+    let total_bytes: u64 = jobs.iter().map(size_of).sum();
+    let mut progress = Progress::new(opts.progress, "packing", jobs.len() as u64, total_bytes);
+    let (tx, rx) = mpsc::channel::<(usize, u64, Result<Loaded, LoadError>)>();
+    let root = tree.root_fd.as_fd();
+    let result = std::thread::scope(|s| {
+        for _ in 0..threads {
+            let tx = tx.clone();
+            let (sched, jobs) = (&sched, &jobs);
+            s.spawn(move || {
+                let _guard = AbortOnPanic(sched);
+                while let Some((i, cost)) = sched.claim(|i| cost_of(&jobs[i])) {
+                    let e = &tree.entries[files[jobs[i].file]];
+                    let loaded = load(root, &e.path, file_size(&e.kind), opts.compression);
+                    if tx.send((i, cost, loaded)).is_err() {
+                        break;
+                    }
+                }
+            });
+        }
+        drop(tx);
+        let mut writer = Writer { opts, tree, files, plan, jobs: &jobs, sched: &sched, rx, pending: HashMap::new(), next: 0 };
+        let r = writer.run(dataset_id, out, &mut progress);
+        if r.is_err() {
+            sched.abort();
+        }
+        r
+    });
+    progress.finish();
+    result
+}
+
+/// The writer half of the pipeline: appends results in job order.
+struct Writer<'a> {
+    opts: &'a PackOptions,
+    tree: &'a Tree,
+    files: &'a [usize],
+    plan: &'a [PlannedPartition],
+    jobs: &'a [Job],
+    sched: &'a Scheduler,
+    rx: mpsc::Receiver<(usize, u64, Result<Loaded, LoadError>)>,
+    pending: HashMap<usize, (u64, Result<Loaded, LoadError>)>,
+    next: usize,
+}
+
+impl Writer<'_> {
+    /// The result of job `self.next`, waiting for it if need be.
+    fn next_result(&mut self) -> Result<(u64, Result<Loaded, LoadError>), PackError> {
+        loop {
+            if let Some(r) = self.pending.remove(&self.next) {
+                return Ok(r);
+            }
+            match self.rx.recv() {
+                Ok((i, cost, r)) => {
+                    self.pending.insert(i, (cost, r));
+                }
+                Err(_) => return Err(PackError::Internal("the worker threads stopped early".into())),
+            }
+        }
+    }
+
+    fn run(&mut self, dataset_id: u64, out: &mut OutputDir, progress: &mut Progress) -> Result<Written, PackError> {
+        let mut places: Vec<Option<FilePlace>> = vec![None; self.files.len()];
+        let mut infos = Vec::with_capacity(self.plan.len());
+        let mut skipped = 0;
+        for (part_index, part) in self.plan.iter().enumerate() {
+            let path = out.dir.join(partition::file_name(part.id));
+            out.track(path.clone());
+            let flags = if part.replicated { FLAG_REPLICATED } else { 0 };
+            let mut w = PartitionWriter::create(&path, part.id, flags)?;
+            let mut logical_bytes = 0u64;
+            for _ in &part.files {
+                let job = &self.jobs[self.next];
+                debug_assert_eq!(job.part, part_index);
+                let entry = &self.tree.entries[self.files[job.file]];
+                let size = file_size(&entry.kind);
+                let shown = || display_path(&self.tree.root, &entry.path);
+                let (cost, loaded) = self.next_result()?;
+                let path_hash = xxh3(&entry.path);
+                let place = match loaded {
+                    Ok(Loaded::Memory { codec, bytes, checksum }) => {
+                        let off = w.append(path_hash, size, codec, &bytes)?;
+                        Some((off, bytes.len() as u64, codec, checksum))
+                    }
+                    Ok(Loaded::Stream(file)) => {
+                        let mut input = TrackingReader { inner: file, count: 0, error: None };
+                        match w.append_raw_stream(path_hash, size, &mut input) {
+                            Ok((off, checksum)) => Some((off, size, Codec::None, checksum)),
+                            Err(e) => {
+                                return Err(if let Some(source) = input.error {
+                                    PackError::ReadMidStream { path: shown(), source }
+                                } else if input.count != size {
+                                    PackError::ChangedSize { path: shown(), listed: size, found: describe_count(input.count, size) }
+                                } else {
+                                    PackError::Format(FormatError::io(&path, e))
+                                });
+                            }
+                        }
+                    }
+                    Err(LoadError::Unreadable(e)) if self.opts.skip_unreadable => {
+                        log::warn!("skipping unreadable file {}: {e}", shown().display());
+                        skipped += 1;
+                        None
+                    }
+                    Err(LoadError::Unreadable(source)) => return Err(PackError::Unreadable { path: shown(), source }),
+                    Err(LoadError::ChangedSize(found)) => return Err(PackError::ChangedSize { path: shown(), listed: size, found }),
+                    Err(LoadError::Replaced) => return Err(PackError::Replaced { path: shown() }),
+                    Err(LoadError::Compress(source)) => return Err(PackError::Compress { path: shown(), source }),
+                };
+                if let Some((payload_offset, stored_len, codec, checksum)) = place {
+                    logical_bytes += size;
+                    places[job.file] = Some(FilePlace {
+                        partition: part.id,
+                        payload_offset,
+                        raw_len: size,
+                        stored_len,
+                        codec,
+                        checksum,
+                        replicated: part.replicated,
+                    });
+                }
+                self.sched.written(cost);
+                self.next += 1;
+                progress.advance(1, size);
+            }
+            let header = w.finish(dataset_id)?;
+            infos.push(PartitionInfo {
+                id: part.id,
+                flags,
+                file_len: HEADER_LEN as u64 + header.data_len,
+                entry_count: header.entry_count,
+                logical_bytes,
+                header_checksum: header.checksum,
+            });
+        }
+        Ok(Written { places, infos, skipped })
+    }
+}
+
+fn describe_count(count: u64, listed: u64) -> String {
+    if count > listed {
+        format!("it now has more than {listed} bytes")
+    } else {
+        format!("only {count} bytes could be read")
+    }
+}
+
+/// Opens a file of the tree for reading without following symlinks,
+/// without blocking (should it have become a fifo), and without updating
+/// its access time where the kernel allows.
+fn open_input(root: BorrowedFd<'_>, rel: &[u8]) -> io::Result<File> {
+    let flags = libc::O_RDONLY | libc::O_NONBLOCK;
+    let fd = match sys::open_beneath(root, rel, flags | libc::O_NOATIME, 0) {
+        Err(e) if e.raw_os_error() == Some(libc::EPERM) => sys::open_beneath(root, rel, flags, 0)?,
+        other => other?,
+    };
+    Ok(File::from(fd))
+}
+
+/// Reads one file, checks it still has its listed size, and compresses it
+/// if that shrinks it.
+fn load(root: BorrowedFd<'_>, rel: &[u8], listed: u64, c: Compression) -> Result<Loaded, LoadError> {
+    let mut file = open_input(root, rel).map_err(|e| match e.raw_os_error() {
+        Some(libc::ELOOP) => LoadError::Replaced,
+        _ => LoadError::Unreadable(e),
+    })?;
+    let st = sys::fstat(file.as_fd()).map_err(LoadError::Unreadable)?;
+    if st.kind != sys::InodeKind::File {
+        return Err(LoadError::Replaced);
+    }
+    if st.size != listed {
+        return Err(LoadError::ChangedSize(format!("it now has {} bytes", st.size)));
+    }
+    if listed > STREAM_THRESHOLD {
+        if c.codec == Codec::None {
+            return Ok(Loaded::Stream(file));
+        }
+        let mut counting = TrackingReader { inner: (&mut file).take(listed + 1), count: 0, error: None };
+        return match codec::compress(c, &mut counting, listed) {
+            Ok(Some(bytes)) if counting.count == listed => Ok(Loaded::Memory { codec: c.codec, checksum: xxh3(&bytes), bytes }),
+            Ok(Some(_)) => Err(LoadError::ChangedSize(describe_count(counting.count, listed))),
+            Ok(None) => {
+                file.seek(SeekFrom::Start(0)).map_err(LoadError::Unreadable)?;
+                Ok(Loaded::Stream(file))
+            }
+            Err(e) => Err(match counting.error {
+                Some(read_error) => LoadError::Unreadable(read_error),
+                None => LoadError::Compress(e),
+            }),
+        };
+    }
+    let mut bytes = Vec::with_capacity(listed as usize);
+    file.take(listed + 1).read_to_end(&mut bytes).map_err(LoadError::Unreadable)?;
+    if bytes.len() as u64 != listed {
+        return Err(LoadError::ChangedSize(describe_count(bytes.len() as u64, listed)));
+    }
+    if c.codec != Codec::None && listed > 0 {
+        match codec::compress(c, &bytes[..], listed) {
+            Ok(Some(z)) => return Ok(Loaded::Memory { codec: c.codec, checksum: xxh3(&z), bytes: z }),
+            Ok(None) => {}
+            Err(e) => return Err(LoadError::Compress(e)),
+        }
+    }
+    Ok(Loaded::Memory { codec: Codec::None, checksum: xxh3(&bytes), bytes })
+}
+
+/// A reader that counts the bytes it yields and keeps its first error, so
+/// that a failed append can tell a read fault from a write fault.
+struct TrackingReader<R> {
+    inner: R,
+    count: u64,
+    error: Option<io::Error>,
+}
+
+impl<R: Read> Read for TrackingReader<R> {
+    fn read(&mut self, buf: &mut [u8]) -> io::Result<usize> {
+        match self.inner.read(buf) {
+            Ok(n) => {
+                self.count += n as u64;
+                Ok(n)
+            }
+            Err(e) => {
+                let copy = io::Error::new(e.kind(), e.to_string());
+                self.error.get_or_insert(e);
+                Err(copy)
+            }
+        }
+    }
+}
+
+/// Hands out jobs in order, keeping workers at most `max_ahead` jobs and
+/// `budget` bytes ahead of the writer. The job the writer waits for is
+/// always handed out, whatever its size.
+struct Scheduler {
+    state: Mutex<SchedState>,
+    changed: Condvar,
+    jobs: usize,
+    max_ahead: usize,
+    budget: u64,
+}
+
+struct SchedState {
+    next_claim: usize,
+    next_write: usize,
+    in_flight: u64,
+    aborted: bool,
+}
+
+impl Scheduler {
+    fn new(jobs: usize, max_ahead: usize, budget: u64) -> Scheduler {
+        Scheduler {
+            state: Mutex::new(SchedState { next_claim: 0, next_write: 0, in_flight: 0, aborted: false }),
+            changed: Condvar::new(),
+            jobs,
+            max_ahead,
+            budget,
+        }
+    }
+
+    fn lock(&self) -> std::sync::MutexGuard<'_, SchedState> {
+        self.state.lock().unwrap_or_else(|poisoned| poisoned.into_inner())
+    }
+
+    /// The next job and its cost, or `None` when all are claimed or the run aborted.
+    fn claim(&self, cost_of: impl Fn(usize) -> u64) -> Option<(usize, u64)> {
+        let mut s = self.lock();
+        loop {
+            if s.aborted || s.next_claim >= self.jobs {
+                return None;
+            }
+            let i = s.next_claim;
+            let cost = cost_of(i);
+            let fits = i == s.next_write || (i < s.next_write + self.max_ahead && s.in_flight + cost <= self.budget);
+            if fits {
+                s.next_claim += 1;
+                s.in_flight += cost;
+                return Some((i, cost));
+            }
+            s = self.changed.wait(s).unwrap_or_else(|poisoned| poisoned.into_inner());
+        }
+    }
+
+    /// The writer has appended the next job, which held `cost` bytes.
+    fn written(&self, cost: u64) {
+        let mut s = self.lock();
+        s.next_write += 1;
+        s.in_flight = s.in_flight.saturating_sub(cost);
+        self.changed.notify_all();
+    }
+
+    fn abort(&self) {
+        self.lock().aborted = true;
+        self.changed.notify_all();
+    }
+}
+
+/// Aborts the schedule if a worker panics, so that no thread waits forever.
+struct AbortOnPanic<'a>(&'a Scheduler);
+
+impl Drop for AbortOnPanic<'_> {
+    fn drop(&mut self) {
+        if std::thread::panicking() {
+            self.0.abort();
+        }
+    }
+}
+
+/// The output directory of a run: refuses an existing dataset, and removes
+/// everything this run wrote unless [`commit`](OutputDir::commit) is called.
+struct OutputDir {
+    dir: PathBuf,
+    created: bool,
+    written: Vec<PathBuf>,
+    committed: bool,
+}
+
+fn is_partition_file_name(name: &[u8]) -> bool {
+    name.starts_with(b"part-") && name.ends_with(b".fsp")
+}
+
+impl OutputDir {
+    fn prepare(dir: &Path) -> Result<OutputDir, PackError> {
+        let io_err = |source| PackError::OutputDir { path: dir.into(), source };
+        match std::fs::read_dir(dir) {
+            Ok(listing) => {
+                let mut partitions = Vec::new();
+                for entry in listing {
+                    let name = entry.map_err(io_err)?.file_name();
+                    let name = name.as_bytes();
+                    if name == manifest::FILE_NAME.as_bytes() {
+                        return Err(PackError::OutputHoldsDataset { dir: dir.into(), found: manifest::FILE_NAME.into() });
+                    }
+                    if is_partition_file_name(name) {
+                        partitions.push(String::from_utf8_lossy(name).into_owned());
+                    }
+                }
+                if let Some(first) = partitions.iter().min() {
+                    return Err(PackError::OutputHoldsDataset {
+                        dir: dir.into(),
+                        found: format!("{} partition files such as {first}, from an earlier or unfinished pack", partitions.len()),
+                    });
+                }
+                Ok(OutputDir { dir: dir.into(), created: false, written: Vec::new(), committed: false })
+            }
+            Err(e) if e.kind() == io::ErrorKind::NotFound => {
+                std::fs::create_dir_all(dir).map_err(io_err)?;
+                Ok(OutputDir { dir: dir.into(), created: true, written: Vec::new(), committed: false })
+            }
+            Err(e) => Err(io_err(e)),
+        }
+    }
+
+    fn track(&mut self, path: PathBuf) {
+        self.written.push(path);
+    }
+
+    /// Writes the manifest durably under a temporary name, then renames it into place.
+    fn write_manifest(&mut self, bytes: &[u8]) -> Result<(), PackError> {
+        let tmp = self.dir.join(MANIFEST_TMP);
+        let fin = self.dir.join(manifest::FILE_NAME);
+        self.track(tmp.clone());
+        let fail = |path: &Path| {
+            let path = path.to_path_buf();
+            move |source| PackError::WriteManifest { path, source }
+        };
+        let mut f = File::create(&tmp).map_err(fail(&tmp))?;
+        f.write_all(bytes).map_err(fail(&tmp))?;
+        f.sync_all().map_err(fail(&tmp))?;
+        drop(f);
+        self.track(fin.clone());
+        std::fs::rename(&tmp, &fin).map_err(fail(&fin))?;
+        sys::sync_dir(&self.dir).map_err(fail(&self.dir))?;
+        Ok(())
+    }
+
+    fn commit(&mut self) {
+        self.committed = true;
+    }
+}
+
+impl Drop for OutputDir {
+    fn drop(&mut self) {
+        if self.committed {
+            return;
+        }
+        // The manifest first: without it no partition can pass verify.
+        for p in self.written.iter().rev() {
+            let _ = std::fs::remove_file(p);
+        }
+        if self.created {
+            let _ = std::fs::remove_dir(&self.dir);
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn scheduler_keeps_the_window_and_always_serves_the_writer() {
+        let s = Scheduler::new(10, 3, 100);
+        let costs = [60u64, 60, 10, 0, 0, 0, 0, 0, 0, 0];
+        assert_eq!(s.claim(|i| costs[i]), Some((0, 60)));
+        // Job 1 would exceed the byte budget while job 0 is not written.
+        let s = std::sync::Arc::new(s);
+        let t = {
+            let s = s.clone();
+            std::thread::spawn(move || s.claim(|i| costs[i]))
+        };
+        std::thread::sleep(std::time::Duration::from_millis(50));
+        assert!(!t.is_finished());
+        s.written(60);
+        assert_eq!(t.join().unwrap(), Some((1, 60)));
+        s.abort();
+        assert_eq!(s.claim(|i| costs[i]), None);
+    }
+
+    #[test]
+    fn replicate_paths_match_whole_components() {
+        assert!(is_under(b"val/x", b"val"));
+        assert!(!is_under(b"validation/x", b"val"));
+        assert!(!is_under(b"val", b"val"));
+        assert!(is_under(b"anything", b""));
+    }
+}
