@@ -1,1 +1,284 @@
-fn main(){}
+//! `fanstore-daemon`: one per node. See the crate documentation (lib.rs).
+
+use anyhow::Context;
+use clap::Parser;
+use fanstore_daemon::args::DaemonArgs;
+use fanstore_daemon::comm::raw::Comm;
+use fanstore_daemon::comm::{Engine, StopCause};
+use fanstore_daemon::index_shm::IndexShm;
+use fanstore_daemon::node::{self, Identity, LocalStore, Node, Phase};
+use fanstore_daemon::placement::Placement;
+use fanstore_daemon::server::{self, Listener};
+use fanstore_daemon::{load, runtime_dir};
+use fanstore_core::manifest::{IndexView, Manifest, Verify};
+use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicBool, Ordering::Relaxed};
+use std::sync::Arc;
+use std::time::Duration;
+
+/// Set by SIGTERM / SIGINT; the communication loop turns it into a job-wide stop.
+static SIGNALLED: AtomicBool = AtomicBool::new(false);
+
+extern "C" fn on_signal(_: libc::c_int) {
+    SIGNALLED.store(true, Relaxed);
+}
+
+fn install_signal_handlers() {
+    for sig in [libc::SIGTERM, libc::SIGINT] {
+        // SAFETY: sigaction is plain data; the handler only stores to an
+        // atomic, which is async-signal-safe.
+        unsafe {
+            let mut sa: libc::sigaction = std::mem::zeroed();
+            sa.sa_sigaction = on_signal as *const () as usize;
+            sa.sa_flags = libc::SA_RESTART;
+            libc::sigemptyset(&mut sa.sa_mask);
+            libc::sigaction(sig, &sa, std::ptr::null_mut());
+        }
+    }
+}
+
+/// What a rank removes when it ends.
+#[derive(Default)]
+struct Cleanup {
+    socket: Option<PathBuf>,
+    shm: Option<IndexShm>,
+    local: Option<PathBuf>,
+    state: Option<PathBuf>,
+    runtime: Option<PathBuf>,
+}
+
+impl Cleanup {
+    fn run(&mut self) {
+        for p in [self.socket.take(), self.state.take()].into_iter().flatten() {
+            let _ = std::fs::remove_file(&p);
+        }
+        if let Some(s) = self.shm.take() {
+            s.remove();
+        }
+        if let Some(l) = self.local.take() {
+            if let Err(e) = std::fs::remove_dir_all(&l) {
+                if e.kind() != std::io::ErrorKind::NotFound {
+                    log::warn!("removing {}: {e}", l.display());
+                }
+            }
+            // The shared --local root goes when its last rank directory has gone.
+            if let Some(root) = l.parent() {
+                let _ = std::fs::remove_dir(root);
+            }
+        }
+        if let Some(rt) = self.runtime.take() {
+            let _ = std::fs::remove_dir(rt); // only once empty: the last rank removes it
+        }
+    }
+}
+
+/// A rank that is serving (or failed while getting there).
+struct Prepared {
+    node: Arc<Node>,
+    server: std::thread::JoinHandle<()>,
+    rx: crossbeam::channel::Receiver<fanstore_daemon::comm::Command>,
+}
+
+fn main() {
+    env_logger::Builder::from_env(env_logger::Env::default().default_filter_or("info")).format_timestamp_millis().init();
+    let args = DaemonArgs::parse();
+    let code = match run(&args) {
+        Ok(code) => code,
+        Err(e) => {
+            log::error!("{e:#}");
+            1
+        }
+    };
+    std::process::exit(code);
+}
+
+fn run(args: &DaemonArgs) -> anyhow::Result<i32> {
+    install_signal_handlers();
+    let (universe, granted) =
+        mpi::initialize_with_threading(mpi::Threading::Multiple).context("MPI was already initialised")?;
+    let comm = Comm::dup_world().map_err(|e| anyhow::anyhow!("duplicating MPI_COMM_WORLD: {e}"))?;
+    let (rank, nranks) = (comm.rank, comm.size);
+    let version = mpi::environment::library_version().unwrap_or_default();
+    log::info!(
+        "rank {rank}/{nranks}: {} ; asked MPI_THREAD_MULTIPLE, granted {granted:?} (all MPI calls stay on one thread either way)",
+        version.lines().next().unwrap_or("MPI").trim()
+    );
+    let runtime = args.runtime_dir.clone().unwrap_or_else(runtime_dir);
+    let id = Identity {
+        rank,
+        nranks,
+        host: String::from_utf8_lossy(&fanstore_core::runtime::hostname()).into_owned(),
+        threading: format!("{granted:?}").to_lowercase(),
+        runtime: runtime.clone(),
+        local_dir: args.local.join(format!("rank-{rank}")),
+        index_path: fanstore_core::runtime::index_shm_path(&runtime, rank),
+        mount: args.mount.clone(),
+    };
+    let mut cleanup = Cleanup::default();
+    let prepared = prepare(args, id, &comm, &mut cleanup);
+    let any_failed = comm
+        .allreduce_max(i32::from(prepared.is_err()), Duration::from_secs_f64(args.load_timeout), || {})
+        .unwrap_or(1);
+    let p = match prepared {
+        Err((e, id)) => {
+            log::error!("rank {rank}: {e:#}");
+            log::error!("rank {rank}: load failed; the whole job stops (no rank runs with missing partitions)");
+            publish_failed(&id, &runtime);
+            cleanup.state = None; // leave the Failed state for `fanstore wait`
+            cleanup.run();
+            drop(comm);
+            finalize(universe, false);
+            return Ok(1);
+        }
+        Ok(p) if any_failed != 0 => {
+            log::error!("rank {rank}: another rank failed to load; the whole job stops");
+            p.node.set_phase(Phase::Failed);
+            p.node.stopping.store(true, Relaxed);
+            let _ = p.server.join();
+            cleanup.state = None;
+            cleanup.run();
+            drop(comm);
+            finalize(universe, false);
+            return Ok(1);
+        }
+        Ok(p) => p,
+    };
+    let node = p.node.clone();
+    node.set_phase(Phase::Ready);
+    log::info!("rank {rank}: ready ({} ranks loaded)", nranks);
+    let store = LocalStore {
+        view: node.view,
+        local_dir: node.id.local_dir.clone(),
+        local: node.local.get().cloned().unwrap_or_default(),
+    };
+    let mut engine = Engine::new(&comm, &store, &node.counters, args.mpi_piece);
+    let cause = engine.run(&p.rx, &SIGNALLED);
+    log::info!("rank {rank}: stopping ({cause:?})");
+    node.set_phase(Phase::Stopping);
+    node.stopping.store(true, Relaxed);
+    let clean = engine.shutdown(if cause == StopCause::Orphaned { StopCause::Local } else { cause }, &p.rx);
+    drop(engine);
+    let _ = p.server.join();
+    let s = node.snapshot();
+    log::info!(
+        "rank {rank}: served {} opens ({} local), remote sent {} served {} failed {}, cache hits {} misses {} evictions {}",
+        s.opens,
+        s.opens_local,
+        s.remote_sent,
+        s.remote_served,
+        s.remote_failed,
+        s.cache_hits,
+        s.cache_misses,
+        s.cache_evictions
+    );
+    cleanup.run();
+    drop(comm);
+    finalize(universe, clean);
+    log::info!("rank {rank}: stopped");
+    Ok(0)
+}
+
+/// Finalises MPI under a watchdog: a peer that vanished must not hang us.
+fn finalize(universe: mpi::environment::Universe, clean: bool) {
+    std::thread::spawn(move || {
+        std::thread::sleep(Duration::from_secs(if clean { 30 } else { 10 }));
+        log::warn!("MPI_Finalize did not return; exiting anyway");
+        std::process::exit(if clean { 0 } else { 1 });
+    });
+    drop(universe);
+}
+
+fn publish_failed(id: &Identity, runtime: &Path) {
+    let st = node::state_for(id, 0, Phase::Failed, Vec::new());
+    let _ = st.publish(&fanstore_core::runtime::state_path(runtime, id.rank));
+}
+
+type PrepError = (anyhow::Error, Identity);
+
+/// Everything up to a loaded, serving rank. On error returns the identity
+/// back so the caller can publish the failure.
+fn prepare(args: &DaemonArgs, id: Identity, comm: &Comm, cleanup: &mut Cleanup) -> Result<Prepared, PrepError> {
+    macro_rules! tryp {
+        ($e:expr) => {
+            match $e {
+                Ok(v) => v,
+                Err(e) => return Err((anyhow::Error::from(e), id)),
+            }
+        };
+    }
+    let rank = id.rank;
+    tryp!(fanstore_daemon::prepare_runtime_dir(&id.runtime));
+    cleanup.runtime = Some(id.runtime.clone());
+    let state_path = fanstore_core::runtime::state_path(&id.runtime, rank);
+    tryp!(node::state_for(&id, 0, Phase::Loading, Vec::new())
+        .publish(&state_path)
+        .with_context(|| format!("publishing {}", state_path.display())));
+    cleanup.state = Some(state_path);
+    if rank == 0 {
+        fanstore_daemon::remove_stale_ranks(&id.runtime, id.nranks);
+    }
+    let mpath = args.data.join(fanstore_core::manifest::FILE_NAME);
+    let manifest = tryp!(Manifest::open(&mpath).context("loading the manifest"));
+    // The daemon keeps its own copy for the life of the process.
+    let bytes: &'static [u8] = Box::leak(manifest.bytes().to_vec().into_boxed_slice());
+    drop(manifest);
+    let view = tryp!(IndexView::parse(&mpath, bytes, Verify::Header));
+    tryp!(load::check_partition_table(&view));
+    cleanup.shm = Some(tryp!(IndexShm::publish(&id.index_path, bytes)));
+    let replicated: Vec<bool> = view.partitions().map(|p| p.replicated()).collect();
+    let placement = Placement::new(id.nranks, args.replication, replicated);
+    let listener = tryp!(Listener::bind(&fanstore_core::runtime::socket_path(&id.runtime, rank)));
+    cleanup.socket = Some(listener.path().to_path_buf());
+    // A stale local dir of a killed run is ours (rank-<r> under --local): replace it.
+    if id.local_dir.exists() {
+        log::warn!("rank {rank}: removing stale {}", id.local_dir.display());
+        let _ = std::fs::remove_dir_all(&id.local_dir);
+    }
+    let local_dir = id.local_dir.clone();
+    let (tx, rx) = crossbeam::channel::unbounded();
+    let remote_timeout = Duration::from_secs_f64(args.remote_timeout.max(0.1));
+    let node = Arc::new(Node::new(id, view, placement, args.cache_mem, tx, remote_timeout));
+    node.set_phase(Phase::Loading);
+    let server = {
+        let node = node.clone();
+        std::thread::Builder::new().name("fanstore-accept".into()).spawn(move || server::serve(listener, node))
+    };
+    let server = match server {
+        Ok(s) => s,
+        Err(e) => return Err((e.into(), node.id.clone())),
+    };
+    if !args.keep_local {
+        cleanup.local = Some(local_dir.clone());
+    }
+    let threads = args.load_threads.unwrap_or_else(|| std::thread::available_parallelism().map_or(2, |n| n.get()));
+    log::info!(
+        "rank {rank}: loading partitions {:?} of {} (replication {}) into {} with {threads} threads",
+        node.placement.partitions_of(rank),
+        node.view.partition_count(),
+        node.placement.replication(),
+        local_dir.display()
+    );
+    let _ = comm; // loading needs no MPI; the caller's collective check follows
+    match load::load(&args.data, &node.view, &node.placement, rank, &local_dir, threads) {
+        Ok(l) => {
+            let r = l.report;
+            log::info!(
+                "rank {rank}: loaded {} partitions, {} files, {:.1} MB read in {:.3} s ({:.1} MB/s), {:.1} MB local",
+                r.partitions,
+                r.files,
+                r.bytes_read as f64 / 1e6,
+                r.seconds,
+                r.mbps(),
+                r.bytes_local as f64 / 1e6
+            );
+            let _ = node.local.set(l.local);
+            let _ = node.load.set(r);
+            Ok(Prepared { node, server, rx })
+        }
+        Err(e) => {
+            node.stopping.store(true, Relaxed);
+            let _ = server.join();
+            Err((anyhow::Error::from(e).context(format!("rank {rank}: loading")), node.id.clone()))
+        }
+    }
+}

@@ -1,0 +1,84 @@
+//! Command-line arguments of `fanstore-daemon`, and size parsing.
+
+use std::path::PathBuf;
+
+/// `fanstore-daemon`: one per node, under any MPI launcher or alone (MPI singleton).
+#[derive(Debug, Clone, clap::Parser)]
+#[command(name = "fanstore-daemon", version, about)]
+pub struct DaemonArgs {
+    /// The dataset directory written by `fanstore-prep` (manifest.fsm + part-*.fsp).
+    #[arg(long)]
+    pub data: PathBuf,
+    /// Node-local directory (SSD). Rank r extracts into DIR/rank-<r>, created
+    /// by the daemon and removed at stop unless --keep-local.
+    #[arg(long)]
+    pub local: PathBuf,
+    /// Where the dataset appears to clients.
+    #[arg(long, default_value = "/fanstore")]
+    pub mount: String,
+    /// Copies of every (non-replicated) partition across ranks.
+    #[arg(long, default_value_t = 1)]
+    pub replication: u32,
+    /// Memory budget of the node's cache of decompressed / remote files (e.g. 512M, 2G).
+    #[arg(long, default_value = "1G", value_parser = parse_size)]
+    pub cache_mem: u64,
+    /// Runtime directory (sockets, state files). Default: $FANSTORE_RUNTIME_DIR,
+    /// else $TMPDIR/fanstore-<uid>-<job> (or under /tmp).
+    #[arg(long)]
+    pub runtime_dir: Option<PathBuf>,
+    /// Keep the extracted files in the local directory at stop.
+    #[arg(long)]
+    pub keep_local: bool,
+    /// Seconds before a remote read with no answer fails with EIO (a holder
+    /// that is gone or hung); larger payloads get 1 extra second per 64 MiB.
+    #[arg(long, default_value_t = 10.0)]
+    pub remote_timeout: f64,
+    /// Seconds to wait for every rank to finish loading.
+    #[arg(long, default_value_t = 3600.0)]
+    pub load_timeout: f64,
+    /// Loader threads (default: available cores).
+    #[arg(long)]
+    pub load_threads: Option<usize>,
+    /// Largest MPI message of a remote payload; larger payloads cross in
+    /// pieces. Must be equal on every rank (testing knob).
+    #[arg(long, default_value = "1G", value_parser = parse_size, hide = true)]
+    pub mpi_piece: u64,
+}
+
+/// Parses `123`, `64K`, `512M`, `2G`, `1T` (binary units; optional `iB`/`B` suffix).
+pub fn parse_size(s: &str) -> Result<u64, String> {
+    let t = s.trim();
+    let t = t.strip_suffix("iB").or_else(|| t.strip_suffix('B')).unwrap_or(t);
+    let (num, shift) = match t.char_indices().last() {
+        Some((i, c)) if c.is_ascii_alphabetic() => {
+            let shift = match c.to_ascii_uppercase() {
+                'K' => 10,
+                'M' => 20,
+                'G' => 30,
+                'T' => 40,
+                _ => return Err(format!("bad size unit in '{s}' (use K, M, G or T)")),
+            };
+            (&t[..i], shift)
+        }
+        _ => (t, 0),
+    };
+    let n: u64 = num.trim().parse().map_err(|_| format!("bad size '{s}'"))?;
+    n.checked_mul(1u64 << shift).ok_or_else(|| format!("size '{s}' is too large"))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::parse_size;
+
+    #[test]
+    fn sizes() {
+        assert_eq!(parse_size("123"), Ok(123));
+        assert_eq!(parse_size("128K"), Ok(128 << 10));
+        assert_eq!(parse_size("2MiB"), Ok(2 << 20));
+        assert_eq!(parse_size("1G"), Ok(1 << 30));
+        assert_eq!(parse_size("8m"), Ok(8 << 20));
+        assert!(parse_size("1X").is_err());
+        assert!(parse_size("").is_err());
+        assert!(parse_size("99999999999T").is_err());
+    }
+}

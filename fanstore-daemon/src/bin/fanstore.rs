@@ -1,0 +1,180 @@
+//! `fanstore`: the control CLI of a job's daemons.
+//!
+//! ```text
+//! fanstore [--runtime-dir DIR] wait [--timeout S]    until every rank is Ready
+//! fanstore [--runtime-dir DIR] status                one table row per rank
+//! fanstore [--runtime-dir DIR] stop [--timeout S]    stop every rank, wait until gone
+//! ```
+//! The runtime directory defaults to the daemons' own default
+//! (`$FANSTORE_RUNTIME_DIR`, else `$TMPDIR/fanstore-<uid>-<job>`).
+
+use anyhow::bail;
+use clap::{Parser, Subcommand};
+use fanstore_core::runtime::{self, NodeState, Status};
+use fanstore_core::wire::{op, Request};
+use fanstore_daemon::client::Client;
+use fanstore_daemon::status;
+use std::path::{Path, PathBuf};
+use std::time::{Duration, Instant};
+
+#[derive(Parser)]
+#[command(name = "fanstore", version, about = "Control a job's FanStore daemons")]
+struct Cli {
+    /// Runtime directory of the job (default: $FANSTORE_RUNTIME_DIR, else per user and job under $TMPDIR or /tmp).
+    #[arg(long, global = true)]
+    runtime_dir: Option<PathBuf>,
+    #[command(subcommand)]
+    cmd: Cmd,
+}
+
+#[derive(Subcommand)]
+enum Cmd {
+    /// Wait until every rank has loaded and is ready (exit 1 on failure or timeout).
+    Wait {
+        #[arg(long, default_value_t = 300.0)]
+        timeout: f64,
+    },
+    /// Print each rank's partitions, files, load time, remote reads, cache and errors.
+    Status,
+    /// Stop every rank and wait until their sockets and state files are gone.
+    Stop {
+        #[arg(long, default_value_t = 60.0)]
+        timeout: f64,
+    },
+}
+
+const TICK: Duration = Duration::from_millis(50);
+
+fn main() {
+    let cli = Cli::parse();
+    let rt = cli.runtime_dir.clone().unwrap_or_else(runtime::runtime_dir);
+    let res = match cli.cmd {
+        Cmd::Wait { timeout } => wait(&rt, Duration::from_secs_f64(timeout)),
+        Cmd::Status => show_status(&rt),
+        Cmd::Stop { timeout } => stop(&rt, Duration::from_secs_f64(timeout)),
+    };
+    if let Err(e) = res {
+        eprintln!("fanstore: {e:#}");
+        std::process::exit(1);
+    }
+}
+
+/// Is the process of a state on this host still there? (Unknown on other hosts: assume yes.)
+fn alive(s: &NodeState) -> bool {
+    if s.hostname != runtime::hostname() {
+        return true;
+    }
+    let Ok(pid) = libc::pid_t::try_from(s.pid) else { return false };
+    // SAFETY: kill with signal 0 only checks for existence.
+    let r = unsafe { libc::kill(pid, 0) };
+    r == 0 || std::io::Error::last_os_error().raw_os_error() == Some(libc::EPERM)
+}
+
+fn wait(rt: &Path, timeout: Duration) -> anyhow::Result<()> {
+    let deadline = Instant::now() + timeout;
+    let mut last = String::from("no daemon has published a state yet");
+    loop {
+        let states = runtime::list_states(rt);
+        if let Some(f) = states.iter().find(|s| s.status == Status::Failed) {
+            bail!("rank {} failed to start (see the daemon's log); the job is stopping", f.rank);
+        }
+        if let Some(n) = states.first().map(|s| s.nranks) {
+            let ready = states.iter().filter(|s| s.status == Status::Ready && s.nranks == n && alive(s)).count();
+            if ready == n as usize {
+                println!("fanstore: {n} rank(s) ready");
+                return Ok(());
+            }
+            let gone: Vec<u32> = states.iter().filter(|s| !alive(s)).map(|s| s.rank).collect();
+            last = format!("{ready} of {n} ranks ready");
+            if !gone.is_empty() {
+                last.push_str(&format!("; the process of rank(s) {gone:?} is gone"));
+            }
+        }
+        if Instant::now() >= deadline {
+            bail!("timed out after {:.0} s waiting in {}: {last}", timeout.as_secs_f64(), rt.display());
+        }
+        std::thread::sleep(TICK);
+    }
+}
+
+fn show_status(rt: &Path) -> anyhow::Result<()> {
+    let states = runtime::list_states(rt);
+    if states.is_empty() {
+        bail!("no FanStore daemon found in {}", rt.display());
+    }
+    let mut rows = Vec::new();
+    for s in &states {
+        let text = Client::connect(&runtime::socket_path(rt, s.rank), Duration::from_secs(5))
+            .and_then(|mut c| c.call(&Request::new(op::STATUS, 1, 0, 0)))
+            .ok()
+            .filter(|(r, _)| r.errno == 0)
+            .map(|(r, _)| status::parse(&String::from_utf8_lossy(&r.payload)));
+        rows.push((s.rank, text));
+    }
+    print!("{}", status::table(&rows));
+    Ok(())
+}
+
+/// Files of the job's daemons still in the runtime directory.
+fn leftovers(rt: &Path) -> Vec<PathBuf> {
+    std::fs::read_dir(rt)
+        .into_iter()
+        .flatten()
+        .flatten()
+        .map(|e| e.path())
+        .filter(|p| {
+            let n = p.file_name().map(|n| n.to_string_lossy().into_owned()).unwrap_or_default();
+            n.starts_with("node-") && (n.ends_with(".sock") || n.ends_with(".state"))
+        })
+        .collect()
+}
+
+fn stop(rt: &Path, timeout: Duration) -> anyhow::Result<()> {
+    let states = runtime::list_states(rt);
+    let live: Vec<&NodeState> = states.iter().filter(|s| s.status != Status::Failed && alive(s)).collect();
+    let mut asked = None;
+    for s in &live {
+        let res = Client::connect(&runtime::socket_path(rt, s.rank), Duration::from_secs(5))
+            .and_then(|mut c| c.call(&Request::new(op::STOP, 1, 0, 0)));
+        if let Ok((r, _)) = res {
+            if r.errno == 0 {
+                asked = Some(s.rank);
+                break;
+            }
+        }
+    }
+    if asked.is_none() && !live.is_empty() {
+        bail!("no daemon in {} answered STOP", rt.display());
+    }
+    let deadline = Instant::now() + timeout;
+    loop {
+        let running: Vec<u32> = runtime::list_states(rt)
+            .iter()
+            .filter(|s| s.status != Status::Failed && alive(s))
+            .map(|s| s.rank)
+            .collect();
+        if running.is_empty() {
+            break;
+        }
+        if Instant::now() >= deadline {
+            bail!("timed out after {:.0} s: rank(s) {running:?} still running; left: {:?}", timeout.as_secs_f64(), leftovers(rt));
+        }
+        std::thread::sleep(TICK);
+    }
+    // Whatever dead daemons left behind (a failed start, a kill -9): remove it.
+    for s in runtime::list_states(rt).iter().filter(|s| !alive(s)) {
+        let idx = PathBuf::from(String::from_utf8_lossy(&s.index_path).into_owned());
+        if idx.starts_with("/dev/shm") {
+            let _ = std::fs::remove_file(idx);
+        }
+        let _ = std::fs::remove_file(runtime::socket_path(rt, s.rank));
+        let _ = std::fs::remove_file(runtime::state_path(rt, s.rank));
+    }
+    let _ = std::fs::remove_dir(rt);
+    match asked {
+        Some(r) => println!("fanstore: stopped (via rank {r})"),
+        None => println!("fanstore: no running daemon in {}", rt.display()),
+    }
+    Ok(())
+}
+

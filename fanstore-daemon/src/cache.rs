@@ -1,0 +1,262 @@
+//! The node-level cache of file copies (sealed memfds) keyed by node id.
+//!
+//! Every client of a node shares one copy of a remote or decompressed file:
+//! the first request loads it, concurrent requests for the same id wait for
+//! that load instead of starting their own (counted as hits), later requests
+//! find it ready. Values are reference counted (`Arc`): evicting an entry only
+//! drops the cache's reference, so a reply being sent keeps its fd alive, and
+//! a client keeps the pages alive for as long as it holds its own fd.
+//! The cache holds at most `budget` bytes, evicting least recently used
+//! entries; a value larger than the whole budget is served but not kept.
+
+use std::collections::{BTreeMap, HashMap};
+use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
+use std::sync::{Arc, Condvar, Mutex, MutexGuard};
+use std::time::{Duration, Instant};
+
+/// Hit / miss / eviction counters.
+#[derive(Debug, Default)]
+pub struct CacheStats {
+    pub hits: AtomicU64,
+    pub misses: AtomicU64,
+    pub evictions: AtomicU64,
+    /// Hits that joined a load already in flight.
+    pub coalesced: AtomicU64,
+}
+
+struct Entry<V> {
+    value: V,
+    size: u64,
+    tick: u64,
+}
+
+struct Pending<V, E> {
+    slot: Mutex<Option<Result<V, E>>>,
+    cv: Condvar,
+}
+
+struct Inner<V, E> {
+    ready: HashMap<u32, Entry<V>>,
+    lru: BTreeMap<u64, u32>,
+    pending: HashMap<u32, Arc<Pending<V, E>>>,
+    bytes: u64,
+    tick: u64,
+}
+
+/// A byte-budgeted LRU cache with load coalescing.
+pub struct Cache<V, E> {
+    inner: Mutex<Inner<V, E>>,
+    budget: u64,
+    pub stats: CacheStats,
+}
+
+impl<V: Clone, E: Clone> Cache<V, E> {
+    pub fn new(budget: u64) -> Self {
+        Cache {
+            inner: Mutex::new(Inner {
+                ready: HashMap::new(),
+                lru: BTreeMap::new(),
+                pending: HashMap::new(),
+                bytes: 0,
+                tick: 0,
+            }),
+            budget,
+            stats: CacheStats::default(),
+        }
+    }
+
+    fn lock(&self) -> MutexGuard<'_, Inner<V, E>> {
+        // A panic while holding the lock leaves consistent maps (every update
+        // is a few non-panicking statements), so a poisoned lock is usable.
+        self.inner.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    /// Bytes currently held and number of entries.
+    pub fn usage(&self) -> (u64, usize) {
+        let g = self.lock();
+        (g.bytes, g.ready.len())
+    }
+
+    /// The value for `key`: cached, or being loaded by another caller (waits
+    /// at most `wait`, then `timeout_err`), or loaded now by `load`, which
+    /// returns the value and its size in bytes. Errors are not cached.
+    pub fn get_or_load(
+        &self,
+        key: u32,
+        wait: Duration,
+        timeout_err: E,
+        load: impl FnOnce() -> Result<(V, u64), E>,
+    ) -> Result<V, E> {
+        let pending = {
+            let mut g = self.lock();
+            g.tick += 1;
+            let tick = g.tick;
+            if let Some(e) = g.ready.get_mut(&key) {
+                let old = std::mem::replace(&mut e.tick, tick);
+                let v = e.value.clone();
+                g.lru.remove(&old);
+                g.lru.insert(tick, key);
+                self.stats.hits.fetch_add(1, Relaxed);
+                return Ok(v);
+            }
+            if let Some(p) = g.pending.get(&key) {
+                let p = p.clone();
+                drop(g);
+                self.stats.hits.fetch_add(1, Relaxed);
+                self.stats.coalesced.fetch_add(1, Relaxed);
+                return wait_for(&p, wait, timeout_err);
+            }
+            let p = Arc::new(Pending { slot: Mutex::new(None), cv: Condvar::new() });
+            g.pending.insert(key, p.clone());
+            self.stats.misses.fetch_add(1, Relaxed);
+            p
+        };
+        // Resolves the pending slot even if `load` panics, so waiters never hang.
+        let mut guard = PendingGuard { cache: self, key, pending: &pending, result: Some(Err(timeout_err)) };
+        let res = load();
+        let out = res.as_ref().map(|(v, _)| v.clone()).map_err(|e| e.clone());
+        let mut g = self.lock();
+        if let Ok((v, size)) = res {
+            if size <= self.budget {
+                g.tick += 1;
+                let tick = g.tick;
+                if let Some(old) = g.ready.insert(key, Entry { value: v, size, tick }) {
+                    g.lru.remove(&old.tick);
+                    g.bytes -= old.size;
+                }
+                g.lru.insert(tick, key);
+                g.bytes += size;
+                while g.bytes > self.budget {
+                    let Some((_, victim)) = g.lru.pop_first() else { break };
+                    if let Some(e) = g.ready.remove(&victim) {
+                        g.bytes -= e.size;
+                        self.stats.evictions.fetch_add(1, Relaxed);
+                    }
+                }
+            }
+        }
+        drop(g);
+        guard.result = Some(out.clone());
+        drop(guard);
+        out
+    }
+}
+
+fn wait_for<V: Clone, E: Clone>(p: &Pending<V, E>, wait: Duration, timeout_err: E) -> Result<V, E> {
+    let deadline = Instant::now() + wait;
+    let mut slot = p.slot.lock().unwrap_or_else(|e| e.into_inner());
+    loop {
+        if let Some(r) = slot.as_ref() {
+            return r.clone();
+        }
+        let now = Instant::now();
+        if now >= deadline {
+            return Err(timeout_err);
+        }
+        slot = p.cv.wait_timeout(slot, deadline - now).unwrap_or_else(|e| e.into_inner()).0;
+    }
+}
+
+struct PendingGuard<'a, V: Clone, E: Clone> {
+    cache: &'a Cache<V, E>,
+    key: u32,
+    pending: &'a Arc<Pending<V, E>>,
+    result: Option<Result<V, E>>,
+}
+
+impl<V: Clone, E: Clone> Drop for PendingGuard<'_, V, E> {
+    fn drop(&mut self) {
+        self.cache.lock().pending.remove(&self.key);
+        *self.pending.slot.lock().unwrap_or_else(|e| e.into_inner()) = self.result.take();
+        self.pending.cv.notify_all();
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::sync::atomic::AtomicUsize;
+
+    fn stats(c: &Cache<u32, i32>) -> (u64, u64, u64) {
+        (c.stats.hits.load(Relaxed), c.stats.misses.load(Relaxed), c.stats.evictions.load(Relaxed))
+    }
+
+    #[test]
+    fn hit_miss_and_lru_eviction() {
+        let c: Cache<u32, i32> = Cache::new(100);
+        let w = Duration::from_secs(1);
+        assert_eq!(c.get_or_load(1, w, -1, || Ok((10, 40))), Ok(10));
+        assert_eq!(c.get_or_load(2, w, -1, || Ok((20, 40))), Ok(20));
+        assert_eq!(c.get_or_load(1, w, -1, || panic!("cached")), Ok(10)); // 1 is now most recent
+        assert_eq!(c.get_or_load(3, w, -1, || Ok((30, 40))), Ok(30)); // evicts 2
+        assert_eq!(stats(&c), (1, 3, 1));
+        assert_eq!(c.usage(), (80, 2));
+        assert_eq!(c.get_or_load(2, w, -1, || Ok((21, 40))), Ok(21)); // reloaded, evicts 1
+        assert_eq!(c.get_or_load(3, w, -1, || panic!("cached")), Ok(30));
+        assert_eq!(stats(&c), (2, 4, 2));
+    }
+
+    #[test]
+    fn oversized_values_are_served_not_kept_and_errors_not_cached() {
+        let c: Cache<u32, i32> = Cache::new(100);
+        let w = Duration::from_secs(1);
+        assert_eq!(c.get_or_load(1, w, -1, || Ok((1, 500))), Ok(1));
+        assert_eq!(c.usage(), (0, 0));
+        assert_eq!(c.get_or_load(2, w, -1, || Err(5)), Err(5));
+        assert_eq!(c.get_or_load(2, w, -1, || Ok((2, 1))), Ok(2));
+        assert_eq!(stats(&c), (0, 3, 0));
+    }
+
+    #[test]
+    fn concurrent_requests_share_one_load() {
+        let c: Arc<Cache<u32, i32>> = Arc::new(Cache::new(1000));
+        let loads = Arc::new(AtomicUsize::new(0));
+        let threads: Vec<_> = (0..8)
+            .map(|_| {
+                let (c, loads) = (c.clone(), loads.clone());
+                std::thread::spawn(move || {
+                    c.get_or_load(7, Duration::from_secs(5), -1, || {
+                        loads.fetch_add(1, Relaxed);
+                        std::thread::sleep(Duration::from_millis(100));
+                        Ok((77, 10))
+                    })
+                })
+            })
+            .collect();
+        for t in threads {
+            assert_eq!(t.join().unwrap(), Ok(77));
+        }
+        assert_eq!(loads.load(Relaxed), 1);
+        assert_eq!(stats(&c), (7, 1, 0));
+        assert_eq!(c.stats.coalesced.load(Relaxed), 7);
+    }
+
+    #[test]
+    fn waiters_time_out_and_a_panicking_load_releases_them() {
+        let c: Arc<Cache<u32, i32>> = Arc::new(Cache::new(1000));
+        let c2 = c.clone();
+        let slow = std::thread::spawn(move || {
+            c2.get_or_load(1, Duration::from_secs(1), -1, || {
+                std::thread::sleep(Duration::from_millis(300));
+                Ok((1, 1))
+            })
+        });
+        std::thread::sleep(Duration::from_millis(50));
+        let t = Instant::now();
+        assert_eq!(c.get_or_load(1, Duration::from_millis(50), -9, || panic!("joins")), Err(-9));
+        assert!(t.elapsed() < Duration::from_millis(250));
+        assert_eq!(slow.join().unwrap(), Ok(1));
+
+        let c3 = c.clone();
+        let boom = std::thread::spawn(move || {
+            let _ = c3.get_or_load(2, Duration::from_secs(1), -1, || {
+                std::thread::sleep(Duration::from_millis(100));
+                panic!("load failed hard")
+            });
+        });
+        std::thread::sleep(Duration::from_millis(20));
+        assert_eq!(c.get_or_load(2, Duration::from_secs(5), -2, || panic!("joins")), Err(-1), "the loader's error value");
+        assert!(boom.join().is_err());
+        assert_eq!(c.get_or_load(2, Duration::from_secs(1), -1, || Ok((3, 1))), Ok(3));
+    }
+}

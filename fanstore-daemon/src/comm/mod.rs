@@ -1,0 +1,530 @@
+//! The communication thread: every MPI call of the daemon runs here.
+//!
+//! Other threads talk to it through a crossbeam channel of [`Command`]s;
+//! each fetch carries its own reply channel. The thread never blocks in
+//! MPI: it polls nonblocking operations (MPI_Iprobe for incoming requests
+//! and control messages, MPI_Testsome over a table of Isend/Irecv requests),
+//! so any number of remote reads are in flight at once, in both directions.
+//!
+//! Protocol on the daemon's communicator (a dup of MPI_COMM_WORLD):
+//!
+//! ```text
+//! tag 1 (TAG_REQUEST)  requester -> holder, 16 bytes, little-endian:
+//!                        0..4 node id | 4..8 reply tag | 8..16 stored length
+//! reply tag (16..32766) holder -> requester: the stored (possibly compressed)
+//!                        payload in pieces of at most `--mpi-piece` bytes
+//!                        (1 GiB), in order, on the tag the request named.
+//!                        The requester pre-posts one receive per piece
+//!                        straight into the destination buffer, so the bytes
+//!                        are never copied on arrival. A holder that cannot
+//!                        serve the file sends every piece empty.
+//! tag 2 (TAG_CTRL)     8 bytes: 0..4 op (1 = STOP) | 4..8 sender rank
+//! ```
+//!
+//! The requester verifies the payload's xxh3 against the manifest (end to
+//! end: a bad local copy on the holder is caught too). A fetch with no
+//! complete answer by its deadline is answered with [`FetchError::Timeout`];
+//! its receives stay posted (its tag stays reserved) until they complete, so
+//! a late reply can never land in another fetch's buffer.
+
+pub mod raw;
+pub mod table;
+
+use crate::memfd::MemfdBuilder;
+use crate::status::Counters;
+use crossbeam::channel::{Receiver, RecvTimeoutError, Sender, TryRecvError};
+use raw::{Comm, Done, Request};
+use std::collections::HashMap;
+use std::sync::atomic::{AtomicBool, Ordering::Relaxed};
+use std::time::{Duration, Instant};
+pub use table::FetchError;
+use table::{FetchState, ReqTable, Slot, Tags};
+
+pub const TAG_REQUEST: i32 = 1;
+pub const TAG_CTRL: i32 = 2;
+const CTRL_STOP: u32 = 1;
+
+/// How long the loop keeps polling flat out after the last activity.
+const HOT: Duration = Duration::from_millis(3);
+/// Longest nap when idle (bounds the latency of the first request after a pause).
+const MAX_NAP: Duration = Duration::from_micros(500);
+
+/// Where a fetched payload is received.
+pub enum RecvBuf {
+    /// Compressed payloads: decompressed after verification.
+    Heap(Vec<u8>),
+    /// Uncompressed files: received straight into the memfd the client gets.
+    Memfd(MemfdBuilder),
+}
+
+impl RecvBuf {
+    pub fn bytes(&self) -> &[u8] {
+        match self {
+            RecvBuf::Heap(v) => v,
+            RecvBuf::Memfd(m) => m.bytes(),
+        }
+    }
+    fn bytes_mut(&mut self) -> &mut [u8] {
+        match self {
+            RecvBuf::Heap(v) => v,
+            RecvBuf::Memfd(m) => m.bytes_mut(),
+        }
+    }
+}
+
+pub type FetchReply = Result<RecvBuf, FetchError>;
+
+/// One remote read: ask `holder` for the stored payload of `node_id`.
+pub struct Fetch {
+    pub node_id: u32,
+    pub holder: u32,
+    pub stored_len: u64,
+    /// Exactly `stored_len` bytes long.
+    pub buf: RecvBuf,
+    pub reply: Sender<FetchReply>,
+    pub timeout: Duration,
+}
+
+pub enum Command {
+    Fetch(Fetch),
+    /// Shut the whole job down (this rank tells the others).
+    Stop,
+}
+
+/// A payload this rank sends to a peer.
+pub enum SendBuf {
+    Heap(Vec<u8>),
+    Map(memmap2::Mmap),
+}
+
+impl SendBuf {
+    pub fn bytes(&self) -> &[u8] {
+        match self {
+            SendBuf::Heap(v) => v,
+            SendBuf::Map(m) => m,
+        }
+    }
+}
+
+/// What this rank can serve to peers.
+pub trait PeerSource {
+    /// The stored payload of `node_id`, if this rank holds it and its stored
+    /// length is `stored_len`.
+    fn payload(&self, node_id: u32, stored_len: u64) -> Option<SendBuf>;
+}
+
+/// Why the loop ended.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum StopCause {
+    /// A client asked this rank (STOP), or a signal arrived.
+    Local,
+    /// Another rank told us to stop.
+    Peer(u32),
+    /// Every sender of commands is gone.
+    Orphaned,
+}
+
+struct PendingFetch {
+    state: FetchState,
+    buf: RecvBuf,
+    reply: Option<Sender<FetchReply>>,
+    _request: Box<[u8; 16]>,
+}
+
+struct PendingSend {
+    _buf: Option<SendBuf>,
+    _small: Box<[u8]>,
+    outstanding: usize,
+}
+
+/// The state of the communication thread.
+pub struct Engine<'a> {
+    comm: &'a Comm,
+    source: &'a dyn PeerSource,
+    counters: &'a Counters,
+    piece: u64,
+    table: ReqTable<Request>,
+    tags: Tags,
+    fetches: HashMap<u64, PendingFetch>,
+    sends: HashMap<u64, PendingSend>,
+    next_id: u64,
+    done: Vec<Done>,
+}
+
+impl<'a> Engine<'a> {
+    pub fn new(comm: &'a Comm, source: &'a dyn PeerSource, counters: &'a Counters, piece: u64) -> Self {
+        Engine {
+            comm,
+            source,
+            counters,
+            piece: piece.clamp(1, 1 << 30),
+            table: ReqTable::default(),
+            tags: Tags::default(),
+            fetches: HashMap::new(),
+            sends: HashMap::new(),
+            next_id: 0,
+            done: Vec::new(),
+        }
+    }
+
+    /// Serves until a stop. `signal` is set by SIGTERM/SIGINT.
+    pub fn run(&mut self, rx: &Receiver<Command>, signal: &AtomicBool) -> StopCause {
+        let mut last_active = Instant::now();
+        let mut last_expiry = Instant::now();
+        let mut nap = Duration::from_micros(20);
+        loop {
+            let mut active = false;
+            loop {
+                match rx.try_recv() {
+                    Ok(Command::Fetch(f)) => {
+                        active = true;
+                        self.start_fetch(f);
+                    }
+                    Ok(Command::Stop) => return StopCause::Local,
+                    Err(TryRecvError::Empty) => break,
+                    Err(TryRecvError::Disconnected) => return StopCause::Orphaned,
+                }
+            }
+            match self.poll() {
+                Ok(a) => active |= a,
+                Err(cause) => return cause,
+            }
+            if signal.load(Relaxed) {
+                log::info!("rank {}: signal received, stopping the job", self.comm.rank);
+                return StopCause::Local;
+            }
+            let now = Instant::now();
+            if now.duration_since(last_expiry) >= Duration::from_millis(5) {
+                self.expire(now);
+                last_expiry = now;
+            }
+            if active {
+                last_active = now;
+                nap = Duration::from_micros(20);
+                continue;
+            }
+            if self.busy() || now.duration_since(last_active) < HOT {
+                std::thread::yield_now();
+                continue;
+            }
+            match rx.recv_timeout(nap) {
+                Ok(Command::Fetch(f)) => {
+                    last_active = Instant::now();
+                    self.start_fetch(f);
+                }
+                Ok(Command::Stop) => return StopCause::Local,
+                Err(RecvTimeoutError::Timeout) => nap = (nap * 2).min(MAX_NAP),
+                Err(RecvTimeoutError::Disconnected) => return StopCause::Orphaned,
+            }
+        }
+    }
+
+    /// Work that needs polling to progress: fetches someone waits for, and sends.
+    fn busy(&self) -> bool {
+        !self.sends.is_empty() || self.fetches.values().any(|f| !f.state.abandoned)
+    }
+
+    fn id(&mut self) -> u64 {
+        self.next_id += 1;
+        self.next_id
+    }
+
+    fn start_fetch(&mut self, mut f: Fetch) {
+        let Some(tag) = self.tags.alloc() else {
+            let _ = f.reply.send(Err(FetchError::Busy));
+            return;
+        };
+        let id = self.id();
+        let parts = table::pieces(f.stored_len, self.piece);
+        let request = Box::new(table::encode_request(f.node_id, tag, f.stored_len));
+        let mut state =
+            FetchState::new(f.holder, tag, Instant::now() + f.timeout, parts.iter().map(|p| p.1).collect());
+        let base = f.buf.bytes_mut().as_mut_ptr();
+        let mut posted = 0;
+        let mut err = None;
+        for (i, &(off, len)) in parts.iter().enumerate() {
+            // SAFETY: `buf` is exactly stored_len bytes and every piece lies
+            // inside it; the buffer moves into `fetches` below (moving a Vec
+            // or a mapping does not move its bytes) and stays there, untouched,
+            // until every posted receive completed.
+            match unsafe { self.comm.irecv(base.add(off as usize), len, f.holder, tag) } {
+                Ok(r) => {
+                    self.table.push(r, Slot::Piece { fetch: id, piece: i });
+                    posted += 1;
+                }
+                Err(e) => {
+                    err = Some(e);
+                    break;
+                }
+            }
+        }
+        if err.is_none() {
+            // SAFETY: `request` is boxed and kept in `fetches` until the send completes.
+            match unsafe { self.comm.isend(request.as_ptr(), request.len(), f.holder, TAG_REQUEST) } {
+                Ok(r) => self.table.push(r, Slot::RequestSent { fetch: id }),
+                Err(e) => err = Some(e),
+            }
+        }
+        if let Some(e) = err {
+            // Receives already posted stay posted: the fetch is abandoned and
+            // cleaned up when (if ever) they complete.
+            log::warn!("rank {}: posting a fetch from rank {}: {e}", self.comm.rank, f.holder);
+            let _ = f.reply.send(Err(FetchError::Mpi(f.holder, e.0)));
+            if posted == 0 {
+                self.tags.free(tag);
+                return;
+            }
+            state.abandoned = true;
+            state.fail();
+            for _ in posted..parts.len() {
+                state.piece_done(usize::MAX, 0);
+            }
+            state.request_done(false);
+            self.fetches.insert(id, PendingFetch { state, buf: f.buf, reply: None, _request: request });
+            return;
+        }
+        self.counters.remote_sent.fetch_add(1, Relaxed);
+        self.fetches.insert(id, PendingFetch { state, buf: f.buf, reply: Some(f.reply), _request: request });
+    }
+
+    /// One round of progress. Returns whether anything happened.
+    fn poll(&mut self) -> Result<bool, StopCause> {
+        let mut active = false;
+        // Incoming requests.
+        loop {
+            match self.comm.iprobe(TAG_REQUEST) {
+                Ok(Some((src, _))) => {
+                    active = true;
+                    let mut b = [0u8; 16];
+                    match self.comm.recv_probed(&mut b, src, TAG_REQUEST) {
+                        Ok(16) => self.serve(src, &b),
+                        Ok(n) => log::warn!("rank {}: {n}-byte request from rank {src} ignored", self.comm.rank),
+                        Err(e) => log::warn!("rank {}: receiving a request from rank {src}: {e}", self.comm.rank),
+                    }
+                }
+                Ok(None) => break,
+                Err(e) => {
+                    log::error!("rank {}: MPI_Iprobe: {e}", self.comm.rank);
+                    break;
+                }
+            }
+        }
+        // Control messages.
+        if let Ok(Some((src, _))) = self.comm.iprobe(TAG_CTRL) {
+            let mut b = [0u8; 8];
+            if let Ok(8) = self.comm.recv_probed(&mut b, src, TAG_CTRL) {
+                let op = u32::from_le_bytes([b[0], b[1], b[2], b[3]]);
+                if op == CTRL_STOP {
+                    log::info!("rank {}: rank {src} asks every rank to stop", self.comm.rank);
+                    return Err(StopCause::Peer(src));
+                }
+            }
+        }
+        // Completions.
+        if !self.table.is_empty() {
+            self.done.clear();
+            let mut done = std::mem::take(&mut self.done);
+            if let Err(e) = self.comm.testsome(self.table.requests_mut(), &mut done) {
+                log::error!("rank {}: MPI_Testsome: {e}", self.comm.rank);
+            }
+            if !done.is_empty() {
+                active = true;
+                let idx: Vec<usize> = done.iter().map(|d| d.index).collect();
+                let slots = self.table.take(&idx);
+                for (slot, d) in slots.into_iter().zip(done.iter()) {
+                    self.completed(slot, d);
+                }
+            }
+            self.done = done;
+        }
+        Ok(active)
+    }
+
+    /// Answers a peer's request for one payload.
+    fn serve(&mut self, src: u32, b: &[u8; 16]) {
+        let (node_id, tag, stored_len) = table::decode_request(b);
+        let parts = table::pieces(stored_len, self.piece);
+        let buf = self.source.payload(node_id, stored_len);
+        if buf.is_none() {
+            log::warn!("rank {}: rank {src} asked for node {node_id}, which this rank cannot serve", self.comm.rank);
+            self.counters.errors.fetch_add(1, Relaxed);
+        }
+        let id = self.id();
+        let mut outstanding = 0;
+        let base: *const u8 = buf.as_ref().map_or(std::ptr::NonNull::<u8>::dangling().as_ptr() as *const u8, |b| b.bytes().as_ptr());
+        for &(off, len) in &parts {
+            let (ptr, len) = match &buf {
+                // SAFETY: off + len <= stored_len == the buffer's length (checked by `payload`).
+                Some(_) => (unsafe { base.add(off as usize) }, len),
+                None => (base, 0), // empty pieces signal "cannot serve"
+            };
+            // SAFETY: the buffer moves into `sends` below and is dropped only
+            // after every send of it completed.
+            match unsafe { self.comm.isend(ptr, len, src, tag) } {
+                Ok(r) => {
+                    self.table.push(r, Slot::Sent { send: id });
+                    outstanding += 1;
+                }
+                Err(e) => {
+                    log::warn!("rank {}: replying to rank {src}: {e}", self.comm.rank);
+                    break;
+                }
+            }
+        }
+        if buf.is_some() {
+            self.counters.remote_served.fetch_add(1, Relaxed);
+            self.counters.remote_bytes_out.fetch_add(stored_len, Relaxed);
+        }
+        if outstanding > 0 {
+            self.sends.insert(id, PendingSend { _buf: buf, _small: Box::new([]), outstanding });
+        }
+    }
+
+    fn completed(&mut self, slot: Slot, d: &Done) {
+        match slot {
+            Slot::Sent { send } => {
+                if let Some(s) = self.sends.get_mut(&send) {
+                    s.outstanding -= 1;
+                    if s.outstanding == 0 {
+                        self.sends.remove(&send);
+                    }
+                }
+            }
+            Slot::Piece { fetch, piece } => {
+                if let Some(f) = self.fetches.get_mut(&fetch) {
+                    if d.error != 0 {
+                        f.state.fail();
+                    }
+                    f.state.piece_done(piece, d.count);
+                }
+                self.finish_if_complete(fetch);
+            }
+            Slot::RequestSent { fetch } => {
+                if let Some(f) = self.fetches.get_mut(&fetch) {
+                    f.state.request_done(d.error == 0);
+                }
+                self.finish_if_complete(fetch);
+            }
+        }
+    }
+
+    fn finish_if_complete(&mut self, fetch: u64) {
+        if !self.fetches.get(&fetch).is_some_and(|f| f.state.complete()) {
+            return;
+        }
+        let Some(f) = self.fetches.remove(&fetch) else { return };
+        self.tags.free(f.state.tag);
+        if let Some(reply) = f.reply {
+            let res = f.state.result().map(|()| f.buf);
+            if res.is_ok() {
+                self.counters.remote_bytes_in.fetch_add(res.as_ref().map_or(0, |b| b.bytes().len() as u64), Relaxed);
+            }
+            let _ = reply.send(res);
+        }
+    }
+
+    /// Answers fetches past their deadline; their receives stay posted.
+    fn expire(&mut self, now: Instant) {
+        for f in self.fetches.values_mut() {
+            if !f.state.abandoned && now >= f.state.deadline {
+                f.state.abandoned = true;
+                log::warn!("rank {}: rank {} did not answer within the deadline", self.comm.rank, f.state.holder);
+                if let Some(reply) = f.reply.take() {
+                    let _ = reply.send(Err(FetchError::Timeout(f.state.holder)));
+                }
+            }
+        }
+    }
+
+    /// Shuts the communication down: tells the other ranks when the stop is
+    /// ours, fails fetches in flight, lets sends finish (bounded), and meets
+    /// every rank in a barrier (bounded) so no rank finalises while others
+    /// still talk to it. Returns false if a bounded wait ran out.
+    pub fn shutdown(&mut self, cause: StopCause, rx: &Receiver<Command>) -> bool {
+        let me = self.comm.rank;
+        if cause == StopCause::Local {
+            for r in (0..self.comm.size).filter(|&r| r != me) {
+                let mut msg = Vec::with_capacity(8);
+                msg.extend_from_slice(&CTRL_STOP.to_le_bytes());
+                msg.extend_from_slice(&me.to_le_bytes());
+                let small = msg.into_boxed_slice();
+                let id = self.id();
+                // SAFETY: `small` is boxed and kept in `sends` until the send completes.
+                match unsafe { self.comm.isend(small.as_ptr(), small.len(), r, TAG_CTRL) } {
+                    Ok(req) => {
+                        self.table.push(req, Slot::Sent { send: id });
+                        self.sends.insert(id, PendingSend { _buf: None, _small: small, outstanding: 1 });
+                    }
+                    Err(e) => log::warn!("rank {me}: telling rank {r} to stop: {e}"),
+                }
+            }
+        }
+        // Nobody gets an answer from here on.
+        for f in self.fetches.values_mut() {
+            if let Some(reply) = f.reply.take() {
+                let _ = reply.send(Err(FetchError::ShuttingDown));
+            }
+            f.state.abandoned = true;
+        }
+        while let Ok(c) = rx.try_recv() {
+            if let Command::Fetch(f) = c {
+                let _ = f.reply.send(Err(FetchError::ShuttingDown));
+            }
+        }
+        // Cancel posted receives; they still complete (as cancelled).
+        let n = self.table.len();
+        for i in 0..n {
+            if matches!(self.table.slots()[i], Slot::Piece { .. }) {
+                let mut r = self.table.requests_mut()[i];
+                self.comm.cancel(&mut r);
+            }
+        }
+        let deadline = Instant::now() + Duration::from_secs(5);
+        while !self.table.is_empty() && Instant::now() < deadline {
+            let _ = self.drain_incoming();
+            let _ = self.poll_completions_only();
+            std::thread::sleep(Duration::from_micros(200));
+        }
+        let mut clean = self.table.is_empty();
+        if !clean {
+            log::warn!("rank {me}: {} MPI operations still pending at shutdown", self.table.len());
+        }
+        let comm = self.comm;
+        let met = comm.barrier(Duration::from_secs(10), || {
+            let _ = self.drain_incoming();
+            let _ = self.poll_completions_only();
+        });
+        if !met {
+            log::warn!("rank {me}: not every rank reached the shutdown barrier within 10 s");
+            clean = false;
+        }
+        clean
+    }
+
+    /// Receives and drops requests and control messages (used when stopping).
+    fn drain_incoming(&mut self) -> bool {
+        let mut any = false;
+        for tag in [TAG_REQUEST, TAG_CTRL] {
+            while let Ok(Some((src, n))) = self.comm.iprobe(tag) {
+                let mut b = vec![0u8; n.max(1)];
+                let _ = self.comm.recv_probed(&mut b, src, tag);
+                any = true;
+            }
+        }
+        any
+    }
+
+    fn poll_completions_only(&mut self) -> bool {
+        if self.table.is_empty() {
+            return false;
+        }
+        let mut done = Vec::new();
+        let _ = self.comm.testsome(self.table.requests_mut(), &mut done);
+        let idx: Vec<usize> = done.iter().map(|d| d.index).collect();
+        let slots = self.table.take(&idx);
+        for (slot, d) in slots.into_iter().zip(done.iter()) {
+            self.completed(slot, d);
+        }
+        !done.is_empty()
+    }
+}

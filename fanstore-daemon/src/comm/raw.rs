@@ -1,0 +1,243 @@
+//! Thin wrappers over the few MPI calls the communication thread makes.
+//!
+//! Everything here runs on one thread (the daemon's main thread, which also
+//! initialised MPI), so no MPI handle ever crosses threads: [`Comm`] is
+//! deliberately neither `Send` nor `Sync` under MPI implementations whose
+//! handles are pointers (OpenMPI), and nothing needs it to be.
+//! Errors are returned, not fatal: the communicator uses MPI_ERRORS_RETURN.
+
+use mpi::ffi;
+use std::os::raw::{c_int, c_void};
+use std::time::{Duration, Instant};
+
+pub type Request = ffi::MPI_Request;
+
+/// An MPI error code.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, thiserror::Error)]
+#[error("MPI error code {0}")]
+pub struct MpiError(pub i32);
+
+fn check(code: c_int) -> Result<(), MpiError> {
+    if code == 0 {
+        Ok(())
+    } else {
+        Err(MpiError(code))
+    }
+}
+
+/// The daemon's own communicator (a duplicate of MPI_COMM_WORLD, so no
+/// other library's traffic can match ours), with its rank and size.
+pub struct Comm {
+    comm: ffi::MPI_Comm,
+    pub rank: u32,
+    pub size: u32,
+}
+
+/// A completed request reported by [`Comm::testsome`].
+#[derive(Debug, Clone, Copy)]
+pub struct Done {
+    pub index: usize,
+    /// Bytes received (receives) or 0.
+    pub count: usize,
+    pub error: i32,
+}
+
+impl Comm {
+    /// Duplicates MPI_COMM_WORLD. MPI must be initialised.
+    pub fn dup_world() -> Result<Comm, MpiError> {
+        // SAFETY: an MPI_Comm is a plain handle (int or pointer); zero is a
+        // placeholder that MPI_Comm_dup overwrites.
+        let mut comm: ffi::MPI_Comm = unsafe { std::mem::zeroed() };
+        // SAFETY: MPI is initialised (caller's contract); `comm` is a valid out pointer.
+        check(unsafe { ffi::MPI_Comm_dup(ffi::RSMPI_COMM_WORLD, &mut comm) })?;
+        // SAFETY: comm is the valid communicator just created.
+        check(unsafe { ffi::MPI_Comm_set_errhandler(comm, ffi::RSMPI_ERRORS_RETURN) })?;
+        let (mut rank, mut size) = (0, 0);
+        // SAFETY: valid communicator and out pointers.
+        check(unsafe { ffi::MPI_Comm_rank(comm, &mut rank) })?;
+        // SAFETY: as above.
+        check(unsafe { ffi::MPI_Comm_size(comm, &mut size) })?;
+        Ok(Comm { comm, rank: rank as u32, size: size as u32 })
+    }
+
+    /// Starts sending `len` bytes at `buf` to `dest`.
+    ///
+    /// # Safety
+    /// `buf..buf+len` must stay valid and unchanged until the request completes.
+    pub unsafe fn isend(&self, buf: *const u8, len: usize, dest: u32, tag: i32) -> Result<Request, MpiError> {
+        let count = c_int::try_from(len).map_err(|_| MpiError(-1))?;
+        // SAFETY: a zeroed handle is a placeholder that MPI_Isend overwrites.
+        let mut req: Request = unsafe { std::mem::zeroed() };
+        // SAFETY: the caller keeps the buffer alive; the communicator is valid.
+        check(unsafe {
+            ffi::MPI_Isend(buf as *const c_void, count, ffi::RSMPI_UINT8_T, dest as c_int, tag, self.comm, &mut req)
+        })?;
+        Ok(req)
+    }
+
+    /// Starts receiving up to `len` bytes from `src` into `buf`.
+    ///
+    /// # Safety
+    /// `buf..buf+len` must stay valid, and not be otherwise accessed, until the
+    /// request completes.
+    pub unsafe fn irecv(&self, buf: *mut u8, len: usize, src: u32, tag: i32) -> Result<Request, MpiError> {
+        let count = c_int::try_from(len).map_err(|_| MpiError(-1))?;
+        // SAFETY: placeholder overwritten by MPI_Irecv.
+        let mut req: Request = unsafe { std::mem::zeroed() };
+        // SAFETY: the caller keeps the buffer alive and exclusive; valid communicator.
+        check(unsafe {
+            ffi::MPI_Irecv(buf as *mut c_void, count, ffi::RSMPI_UINT8_T, src as c_int, tag, self.comm, &mut req)
+        })?;
+        Ok(req)
+    }
+
+    /// A message with `tag` from any rank, if one has arrived: (source, bytes).
+    pub fn iprobe(&self, tag: i32) -> Result<Option<(u32, usize)>, MpiError> {
+        let mut flag: c_int = 0;
+        // SAFETY: MPI_Status is plain data; all-zero is a valid value to overwrite.
+        let mut st: ffi::MPI_Status = unsafe { std::mem::zeroed() };
+        // SAFETY: valid communicator and out pointers.
+        check(unsafe { ffi::MPI_Iprobe(ffi::RSMPI_ANY_SOURCE, tag, self.comm, &mut flag, &mut st) })?;
+        if flag == 0 {
+            return Ok(None);
+        }
+        let mut count: c_int = 0;
+        // SAFETY: st was filled by a successful probe.
+        check(unsafe { ffi::MPI_Get_count(&st, ffi::RSMPI_UINT8_T, &mut count) })?;
+        Ok(Some((st.MPI_SOURCE as u32, count.max(0) as usize)))
+    }
+
+    /// Receives a message already seen by [`iprobe`](Self::iprobe) (so this does not wait).
+    pub fn recv_probed(&self, buf: &mut [u8], src: u32, tag: i32) -> Result<usize, MpiError> {
+        // SAFETY: plain data placeholder.
+        let mut st: ffi::MPI_Status = unsafe { std::mem::zeroed() };
+        let count = c_int::try_from(buf.len()).map_err(|_| MpiError(-1))?;
+        // SAFETY: buf is a live, exclusive buffer of `count` bytes for the duration of the call.
+        check(unsafe {
+            ffi::MPI_Recv(buf.as_mut_ptr() as *mut c_void, count, ffi::RSMPI_UINT8_T, src as c_int, tag, self.comm, &mut st)
+        })?;
+        let mut got: c_int = 0;
+        // SAFETY: st was filled by a successful receive.
+        check(unsafe { ffi::MPI_Get_count(&st, ffi::RSMPI_UINT8_T, &mut got) })?;
+        Ok(got.max(0) as usize)
+    }
+
+    /// Tests every request; appends the completed ones to `done`.
+    /// Completed entries are set to MPI_REQUEST_NULL by MPI.
+    pub fn testsome(&self, reqs: &mut [Request], done: &mut Vec<Done>) -> Result<(), MpiError> {
+        if reqs.is_empty() {
+            return Ok(());
+        }
+        let n = reqs.len();
+        let mut outcount: c_int = 0;
+        let mut indices: Vec<c_int> = vec![0; n];
+        // SAFETY: plain data placeholders.
+        let mut statuses: Vec<ffi::MPI_Status> = (0..n).map(|_| unsafe { std::mem::zeroed() }).collect();
+        // SAFETY: the three arrays have n entries each, as MPI_Testsome requires.
+        let rc = unsafe {
+            ffi::MPI_Testsome(n as c_int, reqs.as_mut_ptr(), &mut outcount, indices.as_mut_ptr(), statuses.as_mut_ptr())
+        };
+        // MPI_ERR_IN_STATUS: per-request errors are in the statuses; handled below.
+        if rc != 0 && outcount <= 0 {
+            return Err(MpiError(rc));
+        }
+        // MPI_UNDEFINED (negative) when no request was active.
+        if outcount <= 0 {
+            return Ok(());
+        }
+        for k in 0..outcount as usize {
+            let st = &statuses[k];
+            let mut count: c_int = 0;
+            // SAFETY: st was filled by MPI_Testsome for a completed request.
+            unsafe { ffi::MPI_Get_count(st, ffi::RSMPI_UINT8_T, &mut count) };
+            let error = if rc == 0 { 0 } else { st.MPI_ERROR };
+            done.push(Done { index: indices[k] as usize, count: count.max(0) as usize, error });
+        }
+        Ok(())
+    }
+
+    /// Asks MPI to cancel a pending request (it still has to complete).
+    pub fn cancel(&self, req: &mut Request) {
+        // SAFETY: req is an active request handle of this process.
+        unsafe { ffi::MPI_Cancel(req) };
+    }
+
+    /// The maximum of `v` over all ranks, waiting at most `timeout`, calling
+    /// `idle` between polls. `None` on timeout or MPI error.
+    pub fn allreduce_max(&self, v: i32, timeout: Duration, mut idle: impl FnMut()) -> Option<i32> {
+        let send = v;
+        let mut recv: i32 = 0;
+        // SAFETY: placeholder overwritten by MPI_Iallreduce.
+        let mut req: Request = unsafe { std::mem::zeroed() };
+        // SAFETY: send and recv live on this frame until the request completes:
+        // we poll it to completion below, or abort the job on timeout.
+        let rc = unsafe {
+            ffi::MPI_Iallreduce(
+                &send as *const i32 as *const c_void,
+                &mut recv as *mut i32 as *mut c_void,
+                1,
+                ffi::RSMPI_INT32_T,
+                ffi::RSMPI_MAX,
+                self.comm,
+                &mut req,
+            )
+        };
+        if rc != 0 {
+            return None;
+        }
+        if self.wait(&mut req, timeout, &mut idle) {
+            Some(recv)
+        } else {
+            // The buffers must outlive the request: leave them to process exit.
+            log::error!("rank {}: collective check timed out after {:?}; aborting the job", self.rank, timeout);
+            self.abort(3)
+        }
+    }
+
+    /// A barrier that gives up after `timeout` (then returns false).
+    pub fn barrier(&self, timeout: Duration, mut idle: impl FnMut()) -> bool {
+        // SAFETY: placeholder overwritten by MPI_Ibarrier.
+        let mut req: Request = unsafe { std::mem::zeroed() };
+        // SAFETY: valid communicator and out pointer.
+        if unsafe { ffi::MPI_Ibarrier(self.comm, &mut req) } != 0 {
+            return false;
+        }
+        self.wait(&mut req, timeout, &mut idle)
+    }
+
+    fn wait(&self, req: &mut Request, timeout: Duration, idle: &mut dyn FnMut()) -> bool {
+        let deadline = Instant::now() + timeout;
+        let mut nap = Duration::from_micros(20);
+        loop {
+            let mut flag: c_int = 0;
+            // SAFETY: req is an active request; status is ignored.
+            let rc = unsafe { ffi::MPI_Test(req, &mut flag, ffi::RSMPI_STATUS_IGNORE) };
+            if rc != 0 {
+                return false;
+            }
+            if flag != 0 {
+                return true;
+            }
+            if Instant::now() >= deadline {
+                return false;
+            }
+            idle();
+            std::thread::sleep(nap);
+            nap = (nap * 2).min(Duration::from_millis(5));
+        }
+    }
+
+    /// Aborts every rank of the job.
+    pub fn abort(&self, code: i32) -> ! {
+        // SAFETY: valid communicator; MPI_Abort does not return on success.
+        unsafe { ffi::MPI_Abort(self.comm, code) };
+        std::process::exit(code)
+    }
+}
+
+impl Drop for Comm {
+    fn drop(&mut self) {
+        // SAFETY: self.comm is the communicator we duplicated and still own.
+        unsafe { ffi::MPI_Comm_free(&mut self.comm) };
+    }
+}

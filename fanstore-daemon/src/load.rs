@@ -1,0 +1,250 @@
+//! Loading: every partition this rank holds is read sequentially once from
+//! the dataset directory (every checksum verified) and each payload is
+//! written to the rank's local directory at
+//! [`fanstore_core::runtime::local_file_path`]`(local, node id)`:
+//! an uncompressed file as its exact bytes (clients `open` it directly),
+//! a compressed one as its stored (compressed) payload.
+//!
+//! Reader threads (one per partition in flight) decode and verify entries
+//! and hand them to writer threads over a bounded channel, so reading,
+//! hashing and writing overlap on every core. The first fault stops every
+//! thread and names the partition file; the caller never runs with holes.
+
+use crate::placement::Placement;
+use crate::status::LoadReport;
+use fanstore_core::manifest::{IndexView, NodeKind};
+use fanstore_core::partition::{self, PartitionReader};
+use fanstore_core::FormatError;
+use std::collections::HashMap;
+use std::io::Write;
+use std::os::unix::fs::OpenOptionsExt;
+use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering::Relaxed};
+use std::sync::Mutex;
+use std::time::Instant;
+
+/// Why loading failed. Every variant names the file at fault.
+#[derive(Debug, thiserror::Error)]
+pub enum LoadError {
+    #[error("partition {file}: {source}")]
+    Format {
+        file: PathBuf,
+        #[source]
+        source: FormatError,
+    },
+    #[error("partition {file} does not match the manifest: {problem}")]
+    Mismatch { file: PathBuf, problem: String },
+    #[error("writing {path}: {source}")]
+    Write {
+        path: PathBuf,
+        #[source]
+        source: std::io::Error,
+    },
+    #[error("manifest: {0}")]
+    Manifest(String),
+}
+
+/// What a finished load produced.
+#[derive(Debug, Clone)]
+pub struct Loaded {
+    pub report: LoadReport,
+    /// `local[p]`: partition p's files are in the local directory.
+    pub local: Vec<bool>,
+}
+
+/// Where the payloads of one partition belong: payload offset -> node id.
+type OffsetMap = HashMap<u64, u32>;
+
+/// Checks that partition ids are 0..P-1 in table order (the placement and
+/// the state bitmap index partitions by id).
+pub fn check_partition_table(view: &IndexView<'_>) -> Result<(), LoadError> {
+    for (i, p) in view.partitions().enumerate() {
+        if p.id as usize != i {
+            return Err(LoadError::Manifest(format!("partition record {i} has id {} (expected ids 0..P-1 in order)", p.id)));
+        }
+    }
+    Ok(())
+}
+
+fn offset_maps(view: &IndexView<'_>, wanted: &[u32]) -> HashMap<u32, OffsetMap> {
+    let mut maps: HashMap<u32, OffsetMap> = wanted.iter().map(|&p| (p, OffsetMap::new())).collect();
+    for n in view.nodes() {
+        if n.kind() == Some(NodeKind::File) {
+            if let Some(m) = maps.get_mut(&n.partition()) {
+                m.insert(n.payload_offset(), n.id());
+            }
+        }
+    }
+    maps
+}
+
+/// Creates `local/in/00` .. `local/in/ff` (the buckets of `local_file_path`).
+pub fn prepare_local_dir(local: &Path) -> std::io::Result<()> {
+    for b in 0..256 {
+        std::fs::create_dir_all(local.join("in").join(format!("{b:02x}")))?;
+    }
+    Ok(())
+}
+
+struct WriteJob {
+    node_id: u32,
+    payload: Vec<u8>,
+}
+
+/// Loads the partitions `placement` gives `rank` from `data` into `local`
+/// using `threads` threads. `view` must be a fully verified manifest.
+pub fn load(
+    data: &Path,
+    view: &IndexView<'_>,
+    placement: &Placement,
+    rank: u32,
+    local: &Path,
+    threads: usize,
+) -> Result<Loaded, LoadError> {
+    let start = Instant::now();
+    check_partition_table(view)?;
+    let parts = placement.partitions_of(rank);
+    prepare_local_dir(local).map_err(|source| LoadError::Write { path: local.to_path_buf(), source })?;
+    let maps = offset_maps(view, &parts);
+    let threads = threads.max(1);
+    let readers = threads.min(parts.len()).max(1);
+    let next = AtomicUsize::new(0);
+    let abort = AtomicBool::new(false);
+    let first_error: Mutex<Option<LoadError>> = Mutex::new(None);
+    let (files, bytes_read, bytes_local) = (AtomicU64::new(0), AtomicU64::new(0), AtomicU64::new(0));
+    let fail = |e: LoadError| {
+        abort.store(true, Relaxed);
+        let mut g = first_error.lock().unwrap_or_else(|p| p.into_inner());
+        if g.is_none() {
+            *g = Some(e);
+        }
+    };
+    std::thread::scope(|s| {
+        let (tx, rx) = crossbeam::channel::bounded::<WriteJob>(64);
+        for _ in 0..threads {
+            let rx = rx.clone();
+            let (abort, fail, files, bytes_local) = (&abort, &fail, &files, &bytes_local);
+            s.spawn(move || {
+                for job in rx.iter() {
+                    if abort.load(Relaxed) {
+                        continue; // drain so readers never block
+                    }
+                    let path = fanstore_core::runtime::local_file_path(local, job.node_id);
+                    match write_file(&path, &job.payload) {
+                        Ok(()) => {
+                            files.fetch_add(1, Relaxed);
+                            bytes_local.fetch_add(job.payload.len() as u64, Relaxed);
+                        }
+                        Err(source) => fail(LoadError::Write { path, source }),
+                    }
+                }
+            });
+        }
+        drop(rx);
+        for _ in 0..readers {
+            let tx = tx.clone();
+            let (next, abort, fail, parts, maps, bytes_read) = (&next, &abort, &fail, &parts, &maps, &bytes_read);
+            s.spawn(move || loop {
+                let i = next.fetch_add(1, Relaxed);
+                let Some(&p) = parts.get(i) else { break };
+                if abort.load(Relaxed) {
+                    break;
+                }
+                let file = data.join(partition::file_name(p));
+                let empty = OffsetMap::new();
+                match read_partition(&file, view, p, maps.get(&p).unwrap_or(&empty), &tx, abort) {
+                    Ok(n) => {
+                        bytes_read.fetch_add(n, Relaxed);
+                    }
+                    Err(e) => fail(e),
+                }
+            });
+        }
+    });
+    if let Some(e) = first_error.into_inner().unwrap_or_else(|p| p.into_inner()) {
+        return Err(e);
+    }
+    let mut local_parts = vec![false; view.partition_count() as usize];
+    for &p in &parts {
+        local_parts[p as usize] = true;
+    }
+    Ok(Loaded {
+        report: LoadReport {
+            partitions: parts.len() as u64,
+            files: files.load(Relaxed),
+            bytes_read: bytes_read.load(Relaxed),
+            bytes_local: bytes_local.load(Relaxed),
+            seconds: start.elapsed().as_secs_f64(),
+        },
+        local: local_parts,
+    })
+}
+
+fn write_file(path: &Path, bytes: &[u8]) -> std::io::Result<()> {
+    let mut f = std::fs::OpenOptions::new().write(true).create_new(true).mode(0o400).open(path)?;
+    f.write_all(bytes)
+}
+
+/// Reads partition `p` from `file`, checks it against the manifest and sends
+/// every payload to the writers. Returns the partition's length in bytes.
+fn read_partition(
+    file: &Path,
+    view: &IndexView<'_>,
+    p: u32,
+    offsets: &OffsetMap,
+    tx: &crossbeam::channel::Sender<WriteJob>,
+    abort: &AtomicBool,
+) -> Result<u64, LoadError> {
+    let mismatch = |problem: String| LoadError::Mismatch { file: file.to_path_buf(), problem };
+    let info = view.partition(p).ok_or_else(|| mismatch(format!("no partition {p} in the manifest")))?;
+    let mut r = PartitionReader::open(file).map_err(|source| LoadError::Format { file: file.to_path_buf(), source })?;
+    let h = *r.header();
+    if h.checksum != info.header_checksum {
+        return Err(mismatch(format!(
+            "header checksum {:#018x}, the manifest records {:#018x} (a partition of another packing?)",
+            h.checksum, info.header_checksum
+        )));
+    }
+    if h.dataset_id != view.dataset_id() || h.id != p || h.entry_count != info.entry_count || h.flags != info.flags {
+        return Err(mismatch(format!(
+            "header (id {}, dataset {:#x}, {} entries, flags {}) differs from the manifest (id {p}, dataset {:#x}, {} entries, flags {})",
+            h.id,
+            h.dataset_id,
+            h.entry_count,
+            h.flags,
+            view.dataset_id(),
+            info.entry_count,
+            info.flags
+        )));
+    }
+    if h.entry_count != offsets.len() as u64 {
+        return Err(mismatch(format!("{} entries, but the manifest has {} files in it", h.entry_count, offsets.len())));
+    }
+    loop {
+        if abort.load(Relaxed) {
+            return Ok(0);
+        }
+        let e = r.next_entry().map_err(|source| LoadError::Format { file: file.to_path_buf(), source })?;
+        let Some(e) = e else { break };
+        let node = offsets
+            .get(&e.payload_offset)
+            .and_then(|&id| view.node(id))
+            .ok_or_else(|| mismatch(format!("entry at offset {} belongs to no file of the manifest", e.payload_offset)))?;
+        let eh = &e.header;
+        if eh.stored_len != node.stored_len()
+            || eh.raw_len != node.size()
+            || eh.codec != node.codec()
+            || eh.payload_checksum != node.checksum()
+        {
+            return Err(mismatch(format!(
+                "entry at offset {} differs from '{}' in the manifest",
+                e.payload_offset,
+                String::from_utf8_lossy(node.path())
+            )));
+        }
+        if tx.send(WriteJob { node_id: node.id(), payload: e.payload }).is_err() {
+            break; // writers gone: only when aborting
+        }
+    }
+    Ok(info.file_len)
+}

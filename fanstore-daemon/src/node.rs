@@ -1,0 +1,223 @@
+//! The state one daemon rank shares between its threads, and the NodeState
+//! file it publishes for clients and the control CLI.
+
+use crate::cache::Cache;
+use crate::comm::{Command, PeerSource, SendBuf};
+use crate::placement::Placement;
+use crate::status::{Counters, LoadReport, Snapshot};
+use crossbeam::channel::Sender;
+use fanstore_core::manifest::{IndexView, NodeKind};
+use fanstore_core::runtime::{NodeState, Status};
+use std::os::fd::OwnedFd;
+use std::os::unix::ffi::OsStrExt;
+use std::path::PathBuf;
+use std::sync::atomic::{AtomicBool, Ordering::Relaxed};
+use std::sync::{Arc, Condvar, Mutex, OnceLock};
+use std::time::{Duration, Instant};
+
+/// Where the rank is in its life.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Phase {
+    Loading,
+    Ready,
+    Stopping,
+    Failed,
+}
+
+impl Phase {
+    pub fn name(self) -> &'static str {
+        match self {
+            Phase::Loading => "loading",
+            Phase::Ready => "ready",
+            Phase::Stopping => "stopping",
+            Phase::Failed => "failed",
+        }
+    }
+    fn status(self) -> Status {
+        match self {
+            Phase::Loading => Status::Loading,
+            Phase::Ready => Status::Ready,
+            Phase::Stopping => Status::Stopping,
+            Phase::Failed => Status::Failed,
+        }
+    }
+}
+
+/// Fixed facts about this rank, set at start.
+#[derive(Debug, Clone)]
+pub struct Identity {
+    pub rank: u32,
+    pub nranks: u32,
+    pub host: String,
+    pub threading: String,
+    pub runtime: PathBuf,
+    pub local_dir: PathBuf,
+    pub index_path: PathBuf,
+    pub mount: String,
+}
+
+/// Everything the threads of one rank share.
+pub struct Node {
+    pub id: Identity,
+    pub view: IndexView<'static>,
+    pub placement: Placement,
+    pub cache: Cache<Arc<OwnedFd>, i32>,
+    pub counters: Counters,
+    pub comm: Sender<Command>,
+    pub remote_timeout: Duration,
+    /// Set once loading succeeded: `local[p]` when partition p is extracted here.
+    pub local: OnceLock<Vec<bool>>,
+    pub load: OnceLock<LoadReport>,
+    /// Set when the rank stops: the server stops accepting and serving.
+    pub stopping: AtomicBool,
+    phase: Mutex<Phase>,
+    phase_cv: Condvar,
+}
+
+impl Node {
+    pub fn new(
+        id: Identity,
+        view: IndexView<'static>,
+        placement: Placement,
+        cache_mem: u64,
+        comm: Sender<Command>,
+        remote_timeout: Duration,
+    ) -> Node {
+        Node {
+            id,
+            view,
+            placement,
+            cache: Cache::new(cache_mem),
+            counters: Counters::default(),
+            comm,
+            remote_timeout,
+            local: OnceLock::new(),
+            load: OnceLock::new(),
+            stopping: AtomicBool::new(false),
+            phase: Mutex::new(Phase::Loading),
+            phase_cv: Condvar::new(),
+        }
+    }
+
+    pub fn phase(&self) -> Phase {
+        *self.phase.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    /// Moves to `phase` and publishes the state file.
+    pub fn set_phase(&self, phase: Phase) {
+        *self.phase.lock().unwrap_or_else(|p| p.into_inner()) = phase;
+        self.phase_cv.notify_all();
+        if let Err(e) = self.state(phase).publish(&self.state_path()) {
+            log::error!("rank {}: publishing {}: {e}", self.id.rank, self.state_path().display());
+        }
+    }
+
+    /// Waits until the rank is no longer loading (at most `timeout`).
+    pub fn wait_loaded(&self, timeout: Duration) -> Phase {
+        let deadline = Instant::now() + timeout;
+        let mut g = self.phase.lock().unwrap_or_else(|p| p.into_inner());
+        while *g == Phase::Loading {
+            let now = Instant::now();
+            if now >= deadline {
+                break;
+            }
+            g = self.phase_cv.wait_timeout(g, deadline - now).unwrap_or_else(|p| p.into_inner()).0;
+        }
+        *g
+    }
+
+    pub fn state_path(&self) -> PathBuf {
+        fanstore_core::runtime::state_path(&self.id.runtime, self.id.rank)
+    }
+
+    pub fn socket_path(&self) -> PathBuf {
+        fanstore_core::runtime::socket_path(&self.id.runtime, self.id.rank)
+    }
+
+    /// The NodeState this rank publishes in `phase`.
+    pub fn state(&self, phase: Phase) -> NodeState {
+        state_for(&self.id, self.view.dataset_id(), phase, self.local.get().cloned().unwrap_or_else(|| {
+            vec![false; self.view.partition_count() as usize]
+        }))
+    }
+
+    /// This rank's counters, for STATUS.
+    pub fn snapshot(&self) -> Snapshot {
+        let mut s = Snapshot {
+            rank: self.id.rank,
+            nranks: self.id.nranks,
+            host: self.id.host.clone(),
+            pid: std::process::id(),
+            status: self.phase().name().to_string(),
+            threading: self.id.threading.clone(),
+            load: self.load.get().copied().unwrap_or_default(),
+            ..Default::default()
+        };
+        self.counters.fill(&mut s);
+        let st = &self.cache.stats;
+        s.cache_hits = st.hits.load(Relaxed);
+        s.cache_misses = st.misses.load(Relaxed);
+        s.cache_evictions = st.evictions.load(Relaxed);
+        let (bytes, entries) = self.cache.usage();
+        s.cache_bytes = bytes;
+        s.cache_entries = entries as u64;
+        s
+    }
+}
+
+/// A NodeState from its parts (also used before a [`Node`] exists, to report a failure).
+pub fn state_for(id: &Identity, dataset_id: u64, phase: Phase, local: Vec<bool>) -> NodeState {
+    NodeState {
+        rank: id.rank,
+        nranks: id.nranks,
+        status: phase.status(),
+        dataset_id,
+        pid: std::process::id() as u64,
+        flags: 0,
+        local_dir: id.local_dir.as_os_str().as_bytes().to_vec(),
+        index_path: id.index_path.as_os_str().as_bytes().to_vec(),
+        hostname: id.host.as_bytes().to_vec(),
+        mount: id.mount.as_bytes().to_vec(),
+        local_partitions: local,
+    }
+}
+
+/// Serves peers from the local directory: the owner side of a remote read.
+pub struct LocalStore<'a> {
+    pub view: IndexView<'a>,
+    pub local_dir: PathBuf,
+    pub local: Vec<bool>,
+}
+
+/// Payloads from this size up are sent from a read-only mapping of the local
+/// file (no copy); smaller ones are read into a buffer.
+const MAP_FROM: u64 = 64 * 1024;
+
+impl PeerSource for LocalStore<'_> {
+    fn payload(&self, node_id: u32, stored_len: u64) -> Option<SendBuf> {
+        let n = self.view.node(node_id)?;
+        if n.kind() != Some(NodeKind::File) || n.stored_len() != stored_len {
+            return None;
+        }
+        if !self.local.get(n.partition() as usize).copied().unwrap_or(false) {
+            return None;
+        }
+        let path = fanstore_core::runtime::local_file_path(&self.local_dir, node_id);
+        let f = std::fs::File::open(&path).ok()?;
+        if f.metadata().ok()?.len() != stored_len {
+            log::error!("{}: local copy has the wrong length", path.display());
+            return None;
+        }
+        if stored_len >= MAP_FROM {
+            // SAFETY: the daemon wrote this file at load and never changes it
+            // while running; the mapping is read-only and private.
+            let m = unsafe { memmap2::MmapOptions::new().populate().map(&f) }.ok()?;
+            Some(SendBuf::Map(m))
+        } else {
+            use std::os::unix::fs::FileExt;
+            let mut v = vec![0u8; stored_len as usize];
+            f.read_exact_at(&mut v, 0).ok()?;
+            Some(SendBuf::Heap(v))
+        }
+    }
+}

@@ -1,0 +1,202 @@
+//! OPEN: turning a node id into an fd whose bytes are exactly the file's.
+//!
+//! - a local uncompressed file: the extracted file, opened O_RDONLY;
+//! - a local compressed file: its payload is read from the local directory,
+//!   verified, decompressed into a sealed memfd (cached);
+//! - a remote file: fetched over MPI from a holder (spread over replicas,
+//!   failing over to the next holder), verified, decompressed if needed,
+//!   in a sealed memfd (cached: every client of the node shares one copy).
+
+use crate::comm::{Command, Fetch, RecvBuf};
+use crate::memfd::MemfdBuilder;
+use crate::node::{Node, Phase};
+use fanstore_core::checksum::xxh3;
+use fanstore_core::codec::{self, Codec};
+use fanstore_core::manifest::{NodeKind, NodeRef};
+use std::os::fd::OwnedFd;
+use std::os::unix::fs::OpenOptionsExt;
+use std::sync::atomic::Ordering::Relaxed;
+use std::sync::Arc;
+use std::time::Duration;
+
+/// An fd to hand to the client.
+pub enum Opened {
+    /// Opened for this request (local raw file).
+    Own(OwnedFd),
+    /// A cached memfd shared by every client of the node.
+    Shared(Arc<OwnedFd>),
+}
+
+/// How long an OPEN that arrives while loading waits for the load.
+const LOAD_WAIT: Duration = Duration::from_secs(600);
+
+impl Node {
+    /// Resolves OPEN(node id, dataset id) to an fd, or an errno.
+    pub fn open(&self, node_id: u64, dataset_id: u64) -> Result<Opened, i32> {
+        if dataset_id != self.view.dataset_id() {
+            return Err(libc::ESTALE);
+        }
+        let n = u32::try_from(node_id).ok().and_then(|id| self.view.node(id)).ok_or(libc::ENOENT)?;
+        if n.kind() != Some(NodeKind::File) {
+            return Err(libc::ENOENT);
+        }
+        match self.wait_loaded(LOAD_WAIT) {
+            Phase::Ready => {}
+            Phase::Loading => return Err(libc::EAGAIN),
+            Phase::Stopping | Phase::Failed => return Err(libc::EIO),
+        }
+        let p = n.partition();
+        let local = self.local.get().and_then(|l| l.get(p as usize).copied()).unwrap_or(false);
+        let res = if local && n.codec() == Codec::None {
+            self.open_local_raw(n).map(Opened::Own)
+        } else {
+            let wait = self.fetch_budget(n);
+            self.cache
+                .get_or_load(n.id(), wait, libc::EIO, || {
+                    let fd = if local { self.load_local_compressed(n) } else { self.fetch_remote(n) }?;
+                    Ok((Arc::new(fd), n.size()))
+                })
+                .map(Opened::Shared)
+        };
+        match &res {
+            Ok(Opened::Own(_)) => {
+                self.counters.opens.fetch_add(1, Relaxed);
+                self.counters.opens_local.fetch_add(1, Relaxed);
+            }
+            Ok(Opened::Shared(_)) => {
+                self.counters.opens.fetch_add(1, Relaxed);
+            }
+            Err(e) if *e != libc::ENOENT && *e != libc::ESTALE => {
+                self.counters.errors.fetch_add(1, Relaxed);
+            }
+            Err(_) => {}
+        }
+        res
+    }
+
+    /// The longest one fetch of `n` may take: every holder's deadline.
+    fn fetch_budget(&self, n: NodeRef<'_>) -> Duration {
+        let holders = self.placement.holders_for(n.partition(), n.id()).len() as u32;
+        (self.fetch_timeout(n.stored_len()) + Duration::from_secs(2)) * holders.max(1)
+    }
+
+    /// The deadline of one remote request: `--remote-timeout` plus 1 s per 64 MiB.
+    fn fetch_timeout(&self, stored_len: u64) -> Duration {
+        self.remote_timeout + Duration::from_secs(stored_len / (64 << 20))
+    }
+
+    fn open_local_raw(&self, n: NodeRef<'_>) -> Result<OwnedFd, i32> {
+        let path = fanstore_core::runtime::local_file_path(&self.id.local_dir, n.id());
+        std::fs::OpenOptions::new()
+            .read(true)
+            .custom_flags(libc::O_CLOEXEC | libc::O_NOATIME)
+            .open(&path)
+            .or_else(|_| std::fs::OpenOptions::new().read(true).custom_flags(libc::O_CLOEXEC).open(&path))
+            .map(OwnedFd::from)
+            .map_err(|e| {
+                log::error!("rank {}: opening {}: {e}", self.id.rank, path.display());
+                libc::EIO
+            })
+    }
+
+    fn load_local_compressed(&self, n: NodeRef<'_>) -> Result<OwnedFd, i32> {
+        let path = fanstore_core::runtime::local_file_path(&self.id.local_dir, n.id());
+        let stored = std::fs::read(&path).map_err(|e| {
+            log::error!("rank {}: reading {}: {e}", self.id.rank, path.display());
+            libc::EIO
+        })?;
+        self.finish(n, &stored, None)
+    }
+
+    /// Verifies a stored payload and produces the sealed memfd. `received`
+    /// is the memfd the payload already sits in, for an uncompressed file.
+    fn finish(&self, n: NodeRef<'_>, stored: &[u8], received: Option<MemfdBuilder>) -> Result<OwnedFd, i32> {
+        let sum = xxh3(stored);
+        if sum != n.checksum() || stored.len() as u64 != n.stored_len() {
+            log::error!(
+                "rank {}: '{}' fails its checksum (stored {:#018x}, computed {sum:#018x})",
+                self.id.rank,
+                String::from_utf8_lossy(n.path()),
+                n.checksum()
+            );
+            return Err(libc::EIO);
+        }
+        let eio = |what: &str, e: &dyn std::fmt::Display| {
+            log::error!("rank {}: {what} '{}': {e}", self.id.rank, String::from_utf8_lossy(n.path()));
+            libc::EIO
+        };
+        let m = match received {
+            Some(m) => m,
+            None => {
+                let mut m = MemfdBuilder::new(&memfd_name(n), n.size()).map_err(|e| eio("memfd for", &e))?;
+                let mut out = m.bytes_mut();
+                codec::decompress_to(n.codec(), stored, n.size(), &mut out).map_err(|e| eio("decoding", &e))?;
+                m
+            }
+        };
+        m.seal().map_err(|e| eio("sealing", &e))
+    }
+
+    fn fetch_remote(&self, n: NodeRef<'_>) -> Result<OwnedFd, i32> {
+        if n.stored_len() == 0 {
+            return self.finish(n, &[], None);
+        }
+        let me = self.id.rank;
+        let mut last = libc::EIO;
+        for holder in self.placement.holders_for(n.partition(), n.id()).into_iter().filter(|&h| h != me) {
+            let buf = if n.codec() == Codec::None {
+                RecvBuf::Memfd(MemfdBuilder::new(&memfd_name(n), n.size()).map_err(|e| {
+                    log::error!("rank {me}: {e}");
+                    libc::ENOMEM
+                })?)
+            } else {
+                RecvBuf::Heap(vec![0u8; n.stored_len() as usize])
+            };
+            let (tx, rx) = crossbeam::channel::bounded(1);
+            let timeout = self.fetch_timeout(n.stored_len());
+            let cmd = Command::Fetch(Fetch { node_id: n.id(), holder, stored_len: n.stored_len(), buf, reply: tx, timeout });
+            if self.comm.send(cmd).is_err() {
+                return Err(libc::EIO);
+            }
+            let res = match rx.recv_timeout(timeout + Duration::from_secs(2)) {
+                Ok(Ok(RecvBuf::Memfd(m))) => {
+                    // The bytes are already in the memfd; verify them in place.
+                    let ok = xxh3(m.bytes()) == n.checksum();
+                    if ok {
+                        m.seal().map_err(|e| {
+                            log::error!("rank {me}: sealing: {e}");
+                            libc::EIO
+                        })
+                    } else {
+                        log::error!("rank {me}: node {} from rank {holder} fails its checksum", n.id());
+                        Err(libc::EIO)
+                    }
+                }
+                Ok(Ok(RecvBuf::Heap(v))) => self.finish(n, &v, None),
+                Ok(Err(e)) => {
+                    log::warn!("rank {me}: remote read of node {} from rank {holder}: {e}", n.id());
+                    Err(libc::EIO)
+                }
+                Err(_) => {
+                    log::warn!("rank {me}: remote read of node {} from rank {holder}: no answer", n.id());
+                    Err(libc::EIO)
+                }
+            };
+            match res {
+                Ok(fd) => return Ok(fd),
+                Err(e) => {
+                    self.counters.remote_failed.fetch_add(1, Relaxed);
+                    last = e;
+                }
+            }
+            if self.stopping.load(Relaxed) {
+                break;
+            }
+        }
+        Err(last)
+    }
+}
+
+fn memfd_name(n: NodeRef<'_>) -> String {
+    format!("fanstore:{}", n.id())
+}

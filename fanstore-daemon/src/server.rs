@@ -1,0 +1,211 @@
+//! The unix socket clients and the control CLI talk to: SOCK_SEQPACKET at
+//! `runtime/node-<rank>.sock`, mode 0600, peers checked with SO_PEERCRED
+//! (same uid only). One thread per connection; every blocking call is a
+//! poll with a short timeout so the threads notice a stop. A client that
+//! goes away mid-request only ends its own connection thread.
+
+use crate::comm::Command;
+use crate::node::Node;
+use crate::open::Opened;
+use fanstore_core::wire::{self, op, Reply, Request};
+use std::io;
+use std::os::fd::{AsRawFd, FromRawFd, OwnedFd, RawFd};
+use std::os::unix::ffi::OsStrExt;
+use std::path::{Path, PathBuf};
+use std::sync::atomic::Ordering::Relaxed;
+use std::sync::Arc;
+
+#[derive(Debug, thiserror::Error)]
+pub enum ServerError {
+    #[error("socket path {0} is too long for a unix socket ({1} bytes, limit 107): use a shorter --runtime-dir")]
+    PathTooLong(PathBuf, usize),
+    #[error("{what} {path}: {source}")]
+    Io {
+        what: &'static str,
+        path: PathBuf,
+        #[source]
+        source: io::Error,
+    },
+}
+
+/// How often blocked threads look at the stop flag.
+const POLL_MS: i32 = 200;
+
+/// A bound, listening socket.
+pub struct Listener {
+    fd: OwnedFd,
+    path: PathBuf,
+}
+
+impl Listener {
+    /// Binds `path` (replacing a stale socket of an earlier run) with mode 0600.
+    pub fn bind(path: &Path) -> Result<Listener, ServerError> {
+        let io = |what, source| ServerError::Io { what, path: path.to_path_buf(), source };
+        let bytes = path.as_os_str().as_bytes();
+        // SAFETY: sockaddr_un is plain data; zero is a valid initial value.
+        let mut addr: libc::sockaddr_un = unsafe { std::mem::zeroed() };
+        if bytes.len() >= addr.sun_path.len() {
+            return Err(ServerError::PathTooLong(path.to_path_buf(), bytes.len()));
+        }
+        addr.sun_family = libc::AF_UNIX as libc::sa_family_t;
+        for (d, s) in addr.sun_path.iter_mut().zip(bytes) {
+            *d = *s as libc::c_char;
+        }
+        // SAFETY: plain socket creation; the result is checked.
+        let raw = unsafe { libc::socket(libc::AF_UNIX, libc::SOCK_SEQPACKET | libc::SOCK_CLOEXEC, 0) };
+        if raw < 0 {
+            return Err(io("creating socket", io::Error::last_os_error()));
+        }
+        // SAFETY: raw is a new fd that we own.
+        let fd = unsafe { OwnedFd::from_raw_fd(raw) };
+        match std::fs::remove_file(path) {
+            Ok(()) => log::warn!("removed a stale socket at {}", path.display()),
+            Err(e) if e.kind() == io::ErrorKind::NotFound => {}
+            Err(e) => return Err(io("removing stale socket", e)),
+        }
+        let len = std::mem::size_of::<libc::sockaddr_un>() as libc::socklen_t;
+        // SAFETY: addr is a valid sockaddr_un of `len` bytes.
+        if unsafe { libc::bind(fd.as_raw_fd(), &addr as *const _ as *const libc::sockaddr, len) } != 0 {
+            return Err(io("binding", io::Error::last_os_error()));
+        }
+        std::fs::set_permissions(path, std::os::unix::fs::PermissionsExt::from_mode(0o600))
+            .map_err(|e| io("chmod", e))?;
+        // SAFETY: fd is a bound socket.
+        if unsafe { libc::listen(fd.as_raw_fd(), 128) } != 0 {
+            return Err(io("listening on", io::Error::last_os_error()));
+        }
+        Ok(Listener { fd, path: path.to_path_buf() })
+    }
+
+    pub fn path(&self) -> &Path {
+        &self.path
+    }
+}
+
+/// Waits up to POLL_MS for `fd` to be readable. Ok(false) on timeout.
+fn readable(fd: RawFd) -> io::Result<bool> {
+    let mut p = libc::pollfd { fd, events: libc::POLLIN, revents: 0 };
+    // SAFETY: p is one valid pollfd.
+    let r = unsafe { libc::poll(&mut p, 1, POLL_MS) };
+    if r < 0 {
+        let e = io::Error::last_os_error();
+        return if e.kind() == io::ErrorKind::Interrupted { Ok(false) } else { Err(e) };
+    }
+    Ok(r > 0)
+}
+
+/// The uid of the process at the other end of `fd`.
+fn peer_uid(fd: RawFd) -> io::Result<u32> {
+    // SAFETY: ucred is plain data.
+    let mut cred: libc::ucred = unsafe { std::mem::zeroed() };
+    let mut len = std::mem::size_of::<libc::ucred>() as libc::socklen_t;
+    // SAFETY: cred and len are valid out pointers of the right size.
+    let r = unsafe { libc::getsockopt(fd, libc::SOL_SOCKET, libc::SO_PEERCRED, &mut cred as *mut _ as *mut _, &mut len) };
+    if r != 0 {
+        return Err(io::Error::last_os_error());
+    }
+    Ok(cred.uid)
+}
+
+/// Accepts connections until the node stops; one thread per connection.
+pub fn serve(listener: Listener, node: Arc<Node>) {
+    // SAFETY: getuid cannot fail.
+    let me = unsafe { libc::getuid() };
+    while !node.stopping.load(Relaxed) {
+        match readable(listener.fd.as_raw_fd()) {
+            Ok(false) => continue,
+            Ok(true) => {}
+            Err(e) => {
+                log::error!("rank {}: polling the socket: {e}", node.id.rank);
+                std::thread::sleep(std::time::Duration::from_millis(POLL_MS as u64));
+                continue;
+            }
+        }
+        // SAFETY: accept4 on our listening socket; null address pointers are allowed.
+        let raw = unsafe { libc::accept4(listener.fd.as_raw_fd(), std::ptr::null_mut(), std::ptr::null_mut(), libc::SOCK_CLOEXEC) };
+        if raw < 0 {
+            continue; // EAGAIN/ECONNABORTED/EINTR: the next poll decides
+        }
+        // SAFETY: raw is a new connected socket that we own.
+        let conn = unsafe { OwnedFd::from_raw_fd(raw) };
+        match peer_uid(conn.as_raw_fd()) {
+            Ok(uid) if uid == me => {}
+            Ok(uid) => {
+                log::warn!("rank {}: refused a connection from uid {uid}", node.id.rank);
+                node.counters.errors.fetch_add(1, Relaxed);
+                continue;
+            }
+            Err(e) => {
+                log::warn!("rank {}: SO_PEERCRED: {e}", node.id.rank);
+                continue;
+            }
+        }
+        node.counters.clients.fetch_add(1, Relaxed);
+        let node = node.clone();
+        let spawned = std::thread::Builder::new().name("fanstore-conn".into()).spawn(move || connection(conn, &node));
+        if let Err(e) = spawned {
+            log::error!("spawning a connection thread: {e}");
+        }
+    }
+}
+
+fn connection(conn: OwnedFd, node: &Node) {
+    let fd = conn.as_raw_fd();
+    let mut buf = vec![0u8; wire::MAX_MESSAGE];
+    while !node.stopping.load(Relaxed) {
+        match readable(fd) {
+            Ok(false) => continue,
+            Ok(true) => {}
+            Err(_) => return,
+        }
+        let n = match wire::recv_msg(fd, &mut buf) {
+            Ok((0, _)) => return, // peer closed
+            Ok((n, _)) => n,
+            Err(e) => {
+                log::debug!("rank {}: client connection: {e}", node.id.rank);
+                return;
+            }
+        };
+        let req = match Request::decode(&buf[..n]) {
+            Ok(r) => r,
+            Err(e) => {
+                log::warn!("rank {}: dropping a client that sent a bad message: {e}", node.id.rank);
+                return;
+            }
+        };
+        if handle(node, fd, &req).is_err() {
+            return; // the client went away mid-request
+        }
+    }
+}
+
+fn handle(node: &Node, fd: RawFd, req: &Request) -> io::Result<()> {
+    match req.op {
+        op::PING => wire::send_msg(fd, &Reply::ok(req, node.id.rank as u64).encode(), None),
+        op::STATUS => {
+            let mut r = Reply::ok(req, 0);
+            r.payload = node.snapshot().render().into_bytes();
+            r.payload.truncate(wire::MAX_MESSAGE - wire::HEADER_LEN);
+            wire::send_msg(fd, &r.encode(), None)
+        }
+        op::STOP => {
+            log::info!("rank {}: STOP requested by a client", node.id.rank);
+            let errno = if node.comm.send(Command::Stop).is_ok() { 0 } else { libc::EIO };
+            let r = if errno == 0 { Reply::ok(req, 0) } else { Reply::err(req, errno) };
+            wire::send_msg(fd, &r.encode(), None)
+        }
+        op::OPEN => match node.open(req.arg0, req.arg1) {
+            Ok(opened) => {
+                let raw = match &opened {
+                    Opened::Own(f) => f.as_raw_fd(),
+                    Opened::Shared(f) => f.as_raw_fd(),
+                };
+                let mut r = Reply::ok(req, 0);
+                r.flags = wire::FLAG_FD;
+                wire::send_msg(fd, &r.encode(), Some(raw))
+            }
+            Err(errno) => wire::send_msg(fd, &Reply::err(req, errno).encode(), None),
+        },
+        _ => wire::send_msg(fd, &Reply::err(req, libc::EINVAL).encode(), None),
+    }
+}
