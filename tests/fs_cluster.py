@@ -1,0 +1,323 @@
+"""Starting and talking to FanStore daemons in tests (real MPICH, no mocks).
+
+    cluster = start_cluster(bins, dataset, tmp_path, nranks=4)   # mpiexec -n 4
+    cluster = start_cluster(bins, dataset, tmp_path, nranks=0)   # singleton, no launcher
+    env = cluster.env(node=2)          # FANSTORE_* (+ LD_PRELOAD) for a client of rank 2
+    with cluster.client(2) as c:       # the wire protocol, straight to rank 2's socket
+        data = c.read(node_id)
+    cluster.stop()                     # `fanstore stop`, asserts a clean exit (idempotent)
+    cluster.kill()                     # kill -9 every daemon (failure tests)
+
+Every rank gets its own local directory (``<tmp>/local/rank-<r>``, made by the
+daemon). The runtime directory is a short path under /tmp (unix socket paths
+are limited to 107 bytes), removed by the daemons at stop. MPI runs over TCP
+sockets (``UCX_TLS=tcp``), as between nodes.
+"""
+import contextlib
+import os
+import shutil
+import signal
+import socket
+import struct
+import subprocess
+import tempfile
+import time
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parent.parent
+MPIEXEC = shutil.which("mpiexec") or "/usr/bin/mpiexec"
+
+# --------------------------------------------------------------------------
+# wire protocol (fanstore-core/src/wire.rs)
+# --------------------------------------------------------------------------
+
+REQ = struct.Struct("<4sHHQQQII")    # magic, version, op, id, arg0, arg1, payload len, reserved
+REP = struct.Struct("<4sHHQiIQII")   # magic, version, op, id, errno, flags, value, payload len, reserved
+OP_PING, OP_OPEN, OP_STATUS, OP_STOP = 1, 2, 3, 4
+FLAG_FD = 1
+MAX_MESSAGE = 64 * 1024
+
+
+class WireError(OSError):
+    pass
+
+
+class Client:
+    """One SOCK_SEQPACKET connection to a daemon rank."""
+
+    def __init__(self, sock_path, timeout=30.0):
+        self.sock = socket.socket(socket.AF_UNIX, socket.SOCK_SEQPACKET)
+        self.sock.settimeout(timeout)
+        self.sock.connect(str(sock_path))
+        self.next_id = 1
+
+    def close(self):
+        self.sock.close()
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        self.close()
+
+    def send(self, op, arg0=0, arg1=0, payload=b""):
+        rid = self.next_id
+        self.next_id += 1
+        self.sock.send(REQ.pack(b"FSRQ", 1, op, rid, arg0, arg1, len(payload), 0) + payload)
+        return rid
+
+    def recv(self):
+        """Returns (errno, flags, value, payload, fd or None)."""
+        msg, fds, _flags, _addr = socket.recv_fds(self.sock, MAX_MESSAGE, 4)
+        if not msg:
+            raise WireError("daemon closed the connection")
+        magic, version, _op, _rid, errno, flags, value, plen, _ = REP.unpack_from(msg)
+        assert magic == b"FSRP" and version == 1, msg[:8]
+        for extra in fds[1:]:
+            os.close(extra)
+        return errno, flags, value, msg[REP.size:REP.size + plen], (fds[0] if fds else None)
+
+    def call(self, op, arg0=0, arg1=0):
+        self.send(op, arg0, arg1)
+        return self.recv()
+
+    def ping(self):
+        errno, _f, value, _p, _fd = self.call(OP_PING)
+        assert errno == 0
+        return value
+
+    def status(self) -> dict:
+        errno, _f, _v, payload, _fd = self.call(OP_STATUS)
+        assert errno == 0
+        return dict(line.split("=", 1) for line in payload.decode().splitlines() if "=" in line)
+
+    def open_fd(self, node_id, dataset_id):
+        """The fd of OPEN, or raises OSError(errno)."""
+        errno, flags, _v, _p, fd = self.call(OP_OPEN, node_id, dataset_id)
+        if errno:
+            if fd is not None:
+                os.close(fd)
+            raise OSError(errno, os.strerror(errno))
+        assert flags & FLAG_FD and fd is not None, "OPEN succeeded without an fd"
+        return fd
+
+    def read(self, node_id, dataset_id) -> bytes:
+        fd = self.open_fd(node_id, dataset_id)
+        try:
+            return read_fd(fd)
+        finally:
+            os.close(fd)
+
+
+def read_fd(fd) -> bytes:
+    """Every byte of fd from offset 0 (pread: shared memfds share their offset)."""
+    size = os.fstat(fd).st_size
+    out = bytearray()
+    while len(out) < size:
+        chunk = os.pread(fd, min(size - len(out), 8 << 20), len(out))
+        if not chunk:
+            break
+        out += chunk
+    assert not os.pread(fd, 1, len(out)), "fd holds more bytes than its size"
+    return bytes(out)
+
+
+# --------------------------------------------------------------------------
+# the index (fanstore-core/src/manifest.rs)
+# --------------------------------------------------------------------------
+
+KIND_DIR, KIND_FILE, KIND_SYMLINK = 1, 2, 3
+NODE = struct.Struct("<BBBBIIIQIIQQQQqqqII")  # 96 bytes
+
+
+def read_index(path) -> tuple:
+    """(dataset id, {path: node dict}) of a manifest or shared-memory index."""
+    b = Path(path).read_bytes()
+    assert b[:8] == b"FANSTMF\0", f"{path}: not a manifest"
+    dataset_id, nnodes = struct.unpack_from("<QQ", b, 16)
+    secs = [struct.unpack_from("<QQQ", b, 56 + 24 * i) for i in range(5)]
+    noff = secs[0][0]
+    soff = secs[4][0]
+    nodes = {}
+    for i in range(nnodes):
+        (kind, codec, flags, _r, mode, parent, name_len, path_off, path_len, aux32, size, loc, stored,
+         checksum, mtime, atime, ctime, nlink, _r2) = NODE.unpack_from(b, noff + i * NODE.size)
+        p = b[soff + path_off:soff + path_off + path_len].decode("utf-8", "surrogateescape")
+        nodes[p] = dict(id=i, kind=kind, codec=codec, flags=flags, mode=mode, size=size, partition=aux32,
+                        stored_len=stored, mtime_ns=mtime, nlink=nlink)
+    return dataset_id, nodes
+
+
+# --------------------------------------------------------------------------
+# clusters
+# --------------------------------------------------------------------------
+
+def base_env() -> dict:
+    env = dict(os.environ)
+    env.setdefault("UCX_TLS", "tcp")
+    env.setdefault("RUST_LOG", "info")
+    return env
+
+
+class Cluster:
+    """Started daemons. ``nranks`` counts ranks (a singleton is 1)."""
+
+    def __init__(self, bins, proc, runtime: Path, local: Path, nranks: int, mount: str, log_path: Path):
+        self.bins = bins
+        self.proc = proc
+        self.runtime = runtime
+        self.local = local
+        self.nranks = nranks
+        self.mount = mount
+        self.log_path = log_path
+        self._done = False
+
+    # --- clients -----------------------------------------------------------
+    def env(self, node: int = 0, preload: bool = True) -> dict:
+        env = base_env()
+        env["FANSTORE_RUNTIME_DIR"] = str(self.runtime)
+        env["FANSTORE_NODE"] = str(node)
+        env["FANSTORE_MOUNT"] = self.mount
+        if preload:
+            env["LD_PRELOAD"] = str(self.bins.get("preload", ROOT / "target/release/libfanstore_preload.so"))
+        else:
+            env.pop("LD_PRELOAD", None)
+        return env
+
+    def socket(self, rank: int) -> Path:
+        return self.runtime / f"node-{rank}.sock"
+
+    def client(self, rank: int = 0, timeout=30.0) -> Client:
+        return Client(self.socket(rank), timeout)
+
+    def index_path(self, rank: int = 0) -> Path:
+        return Path(node_state(self.runtime, rank)["index_path"])
+
+    def cli(self, *args, timeout=120, check=True):
+        r = subprocess.run([self.bins["cli"], "--runtime-dir", str(self.runtime), *args],
+                           capture_output=True, text=True, timeout=timeout, env=base_env())
+        if check and r.returncode != 0:
+            raise AssertionError(f"fanstore {' '.join(args)} exited {r.returncode}\n{r.stdout}\n{r.stderr}\n"
+                                 f"--- daemon log ---\n{self.log()}")
+        return r
+
+    def log(self) -> str:
+        try:
+            return self.log_path.read_text(errors="replace")[-20000:]
+        except OSError:
+            return ""
+
+    def pids(self) -> list:
+        out = []
+        for r in range(self.nranks):
+            with contextlib.suppress(Exception):
+                out.append(node_state(self.runtime, r)["pid"])
+        return out
+
+    # --- ending ------------------------------------------------------------
+    def stop(self, timeout=60) -> None:
+        """`fanstore stop`, waits for every daemon, asserts exit code 0. Idempotent."""
+        if self._done:
+            return
+        self._done = True
+        try:
+            self.cli("stop", "--timeout", str(timeout), timeout=timeout + 30)
+            rc = self.proc.wait(timeout=timeout)
+        except BaseException:
+            self._kill_all()
+            raise
+        assert rc == 0, f"daemons exited {rc}\n{self.log()}"
+
+    def kill(self) -> None:
+        """kill -9 every daemon (and the launcher), then remove what they left behind."""
+        if self._done:
+            return
+        self._done = True
+        self._kill_all()
+
+    def _kill_all(self):
+        shm = []
+        for r in range(self.nranks):
+            with contextlib.suppress(Exception):
+                st = node_state(self.runtime, r)
+                shm.append(st["index_path"])
+                os.kill(st["pid"], signal.SIGKILL)
+        with contextlib.suppress(ProcessLookupError, PermissionError):
+            os.killpg(self.proc.pid, signal.SIGKILL)
+        with contextlib.suppress(Exception):
+            self.proc.wait(timeout=30)
+        for p in shm:
+            if p.startswith("/dev/shm/"):
+                with contextlib.suppress(OSError):
+                    os.unlink(p)
+        shutil.rmtree(self.runtime, ignore_errors=True)
+        shutil.rmtree(self.local, ignore_errors=True)
+
+
+def node_state(runtime, rank: int) -> dict:
+    """Decodes `node-<rank>.state` (fanstore-core/src/runtime.rs)."""
+    b = (Path(runtime) / f"node-{rank}.state").read_bytes()
+    assert b[:8] == b"FANSTND\0", "bad magic"
+    _v, r, nranks, status, dataset, pid, nparts, flags = struct.unpack_from("<IIIIQQII", b, 8)
+    lens = struct.unpack_from("<IIII", b, 48)
+    off = 64
+    strs = []
+    for n in lens:
+        strs.append(b[off:off + n].decode("utf-8", "surrogateescape"))
+        off += n
+    bits = b[off:off + (nparts + 7) // 8]
+    return dict(rank=r, nranks=nranks, status=status, dataset_id=dataset, pid=pid, flags=flags,
+                local_dir=strs[0], index_path=strs[1], hostname=strs[2], mount=strs[3],
+                local=[p for p in range(nparts) if bits[p // 8] & (1 << (p % 8))])
+
+
+def launch(bins, dataset: Path, tmp_path: Path, nranks=4, mount="/fanstore", extra_args=()):
+    """Starts the daemons without waiting: returns (proc, runtime, local, log path)."""
+    tmp_path = Path(tmp_path)
+    tmp_path.mkdir(parents=True, exist_ok=True)
+    runtime = Path(tempfile.mkdtemp(prefix="fsrt-", dir="/tmp"))
+    local = tmp_path / "local"
+    log_path = tmp_path / f"daemons-{runtime.name}.log"
+    cmd = [bins["daemon"], "--data", str(dataset), "--local", str(local), "--runtime-dir", str(runtime),
+           "--mount", mount, *map(str, extra_args)]
+    if nranks:
+        cmd = [MPIEXEC, "-n", str(nranks), *cmd]
+    with open(log_path, "wb") as log:
+        proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
+                                env=base_env(), start_new_session=True)
+    return proc, runtime, local, log_path
+
+
+def start_cluster(bins, dataset: Path, tmp_path: Path, nranks=4, mount="/fanstore", extra_args=(),
+                  timeout=60) -> Cluster:
+    """`mpiexec -n nranks fanstore-daemon ...` (nranks == 0: a singleton with no launcher),
+    then `fanstore wait`. Fails with the daemons' log if they do not get ready."""
+    proc, runtime, local, log_path = launch(bins, dataset, tmp_path, nranks, mount, extra_args)
+    c = Cluster(bins, proc, runtime, local, max(nranks, 1), mount, log_path)
+    r = subprocess.run([bins["cli"], "--runtime-dir", str(runtime), "wait", "--timeout", str(timeout)],
+                       capture_output=True, text=True, timeout=timeout + 30, env=base_env())
+    if r.returncode != 0:
+        c.kill()
+        raise AssertionError(f"daemons did not get ready: {r.stderr.strip()}\n--- log ---\n{c.log()}")
+    return c
+
+
+@pytest.fixture
+def cluster_factory(bins, tmp_path):
+    """start(dataset, nranks=4, ...) -> Cluster; every cluster is stopped (or killed) at teardown."""
+    started = []
+
+    def start(dataset, nranks=4, mount="/fanstore", extra_args=(), timeout=60, subdir=None):
+        c = start_cluster(bins, dataset, tmp_path / (subdir or f"c{len(started)}"), nranks, mount, extra_args, timeout)
+        started.append(c)
+        return c
+
+    yield start
+    for c in started:
+        try:
+            c.stop()
+        except Exception:
+            c.kill()
+            raise
