@@ -1,1 +1,66 @@
+//! # fanstore-preload
+//!
+//! The `LD_PRELOAD` library through which unmodified programs read a
+//! FanStore dataset under `/fanstore` (or `FANSTORE_MOUNT`).
+//!
+//! One principle: **every fd handed to the program is a real kernel fd whose
+//! bytes are exactly the file's** (the daemon's extracted local copy, or a
+//! memfd from the daemon reopened privately). read, pread, mmap, dup,
+//! sendfile, fork, stdio and C++ streams then work natively. Metadata and
+//! directories are virtual: answered from the shared-memory index with no
+//! system call and no message.
+//!
+//! Layout (mirrord's layer crate as the model):
+//! - `hooks/<family>.rs`: the exported libc symbols; pointer conversion only;
+//! - `ops/<family>.rs`: safe implementations returning an [`ops::Outcome`];
+//! - `paths.rs` (prefix test, classification, virtual cwd), `fd_table.rs`
+//!   (lock-free fd -> node), `dirstream.rs` (virtual `DIR *`), `client.rs`
+//!   (daemon connection pool), `state.rs` (lazy init, index mapping),
+//!   `guard.rs` (re-entrancy), `debug.rs` (`FANSTORE_DEBUG=1`).
+//!
+//! The library links no MPI and does nothing at load time beyond
+//! registering its fork handlers.
 
+#![allow(clippy::missing_safety_doc)]
+
+pub mod debug;
+mod dirstream;
+mod fd_table;
+mod guard;
+pub mod hooks;
+mod lock;
+pub mod ops;
+mod paths;
+mod real;
+mod state;
+mod client;
+
+/// The constructor: only the fork handlers (other libraries' constructors
+/// may call fopen before this runs; everything else is lazy).
+extern "C" fn on_load() {
+    // SAFETY: registering plain extern "C" handlers.
+    unsafe { libc::pthread_atfork(Some(fork_prepare), Some(fork_parent), Some(fork_child)) };
+}
+
+#[used]
+#[link_section = ".init_array"]
+static ON_LOAD: extern "C" fn() = on_load;
+
+/// Before fork: take every lock of the library, so the child never inherits
+/// one held by a thread that does not exist there.
+extern "C" fn fork_prepare() {
+    state::fork_lock();
+    client::fork_prepare();
+}
+
+extern "C" fn fork_parent() {
+    client::fork_parent();
+    state::fork_unlock();
+}
+
+/// In the child: drop the parent's daemon connections (reconnect lazily);
+/// the fd table stays, since the fds are inherited.
+extern "C" fn fork_child() {
+    client::fork_child();
+    state::fork_unlock();
+}

@@ -1,0 +1,192 @@
+//! The connection to the node's daemon: a small pool of SOCK_SEQPACKET
+//! connections (one request in flight per connection, so threads do not
+//! serialise behind each other), every exchange bounded by socket timeouts.
+//!
+//! Fork: the prepare handler takes the pool lock; the child drops the
+//! inherited connections (they are the parent's) and reconnects lazily.
+
+use crate::lock::Locked;
+use crate::state::{self, State};
+use fanstore_core::wire::{self, op, Reply, Request};
+use libc::c_int;
+use std::sync::atomic::{AtomicU64, Ordering};
+
+const POOL_MAX: usize = 8;
+
+struct Pool {
+    fds: [c_int; POOL_MAX],
+    n: usize,
+}
+
+static POOL: Locked<Pool> = Locked::new(Pool { fds: [-1; POOL_MAX], n: 0 });
+static NEXT_ID: AtomicU64 = AtomicU64::new(1);
+
+pub fn fork_prepare() {
+    POOL.lock();
+}
+pub fn fork_parent() {
+    POOL.unlock();
+}
+/// In the child: forget the parent's connections without touching them
+/// beyond closing our copies (raw syscalls: nothing here may be hooked or lazily resolved).
+pub fn fork_child() {
+    // SAFETY: the prepare handler took the lock in this (now the only) thread.
+    let p = unsafe { POOL.force() };
+    for &fd in &p.fds[..p.n] {
+        // SAFETY: closing our inherited copy of a socket we created.
+        unsafe { libc::syscall(libc::SYS_close, fd) };
+    }
+    p.n = 0;
+    POOL.unlock();
+}
+
+fn close_fd(fd: c_int) {
+    // SAFETY: fd is a socket this module owns.
+    unsafe { crate::real::close(fd) };
+}
+
+fn connect(st: &State) -> Result<c_int, c_int> {
+    // SAFETY: plain socket creation.
+    let s = unsafe { libc::socket(libc::AF_UNIX, libc::SOCK_SEQPACKET | libc::SOCK_CLOEXEC, 0) };
+    if s < 0 {
+        return Err(libc::EIO);
+    }
+    let ms = state::config().map_or(5000, |c| c.timeout_ms);
+    let tv = libc::timeval { tv_sec: (ms / 1000) as _, tv_usec: ((ms % 1000) * 1000) as _ };
+    for opt in [libc::SO_RCVTIMEO, libc::SO_SNDTIMEO] {
+        // SAFETY: tv is a valid timeval of the size we pass.
+        unsafe {
+            libc::setsockopt(s, libc::SOL_SOCKET, opt, (&tv as *const libc::timeval).cast(), std::mem::size_of::<libc::timeval>() as u32)
+        };
+    }
+    // SAFETY: sockaddr_un is plain data; zero is a valid starting value.
+    let mut addr: libc::sockaddr_un = unsafe { std::mem::zeroed() };
+    addr.sun_family = libc::AF_UNIX as libc::sa_family_t;
+    if st.sock_path.len() >= addr.sun_path.len() {
+        close_fd(s);
+        return Err(libc::EIO);
+    }
+    for (d, &b) in addr.sun_path.iter_mut().zip(&st.sock_path) {
+        *d = b as libc::c_char;
+    }
+    let len = (std::mem::size_of::<libc::sa_family_t>() + st.sock_path.len() + 1) as libc::socklen_t;
+    loop {
+        // SAFETY: addr is a valid sockaddr_un of at least `len` bytes.
+        let r = unsafe { libc::connect(s, (&addr as *const libc::sockaddr_un).cast(), len) };
+        if r == 0 {
+            return Ok(s);
+        }
+        // SAFETY: reading this thread's errno.
+        if unsafe { *libc::__errno_location() } != libc::EINTR {
+            crate::dlog!("connect {} failed: daemon gone?", crate::debug::B(&st.sock_path));
+            close_fd(s);
+            return Err(libc::EIO);
+        }
+    }
+}
+
+fn daemon_alive(st: &State) -> bool {
+    if st.daemon_pid == 0 || st.daemon_pid > i32::MAX as u64 {
+        return true;
+    }
+    // SAFETY: signal 0 only checks for existence.
+    let r = unsafe { libc::kill(st.daemon_pid as libc::pid_t, 0) };
+    // SAFETY: reading this thread's errno.
+    r == 0 || unsafe { *libc::__errno_location() } == libc::EPERM
+}
+
+enum Fail {
+    /// The connection is unusable (closed, timed out, garbled): drop it.
+    Conn,
+    /// The daemon answered with an error.
+    Errno(c_int),
+}
+
+fn exchange(st: &State, s: c_int, req: &Request) -> Result<c_int, Fail> {
+    wire::send_msg(s, &req.encode(), None).map_err(|_| Fail::Conn)?;
+    let mut buf = [0u8; 4096];
+    // A slow remote fetch keeps us waiting while the daemon lives; a dead or
+    // hung one ends the wait: at most 12 timeouts (60 s by default).
+    let mut waits = 0;
+    let (n, fd) = loop {
+        match wire::recv_msg(s, &mut buf) {
+            Ok(r) => break r,
+            Err(e) if e.kind() == std::io::ErrorKind::WouldBlock && waits < 11 && daemon_alive(st) => waits += 1,
+            Err(_) => return Err(Fail::Conn),
+        }
+    };
+    if n == 0 {
+        return Err(Fail::Conn);
+    }
+    let rep = Reply::decode(&buf[..n]).map_err(|_| Fail::Conn)?;
+    if rep.id != req.id || rep.op != req.op {
+        return Err(Fail::Conn);
+    }
+    if rep.errno != 0 {
+        return Err(Fail::Errno(rep.errno));
+    }
+    use std::os::fd::IntoRawFd;
+    match fd {
+        Some(fd) if rep.flags & wire::FLAG_FD != 0 => Ok(fd.into_raw_fd()),
+        _ => Err(Fail::Errno(libc::EIO)),
+    }
+}
+
+/// Asks the daemon for an fd holding the bytes of `node`. The fd is the
+/// daemon's (shared) description, close-on-exec.
+pub fn fetch(st: &State, node: u32) -> Result<c_int, c_int> {
+    let req = Request::new(op::OPEN, NEXT_ID.fetch_add(1, Ordering::Relaxed), node as u64, st.dataset_id);
+    // A pooled connection may have died with a restarted daemon: one retry on a fresh one.
+    for attempt in 0..2 {
+        let pooled = if attempt == 0 {
+            POOL.with(|p| {
+                if p.n > 0 {
+                    p.n -= 1;
+                    Some(p.fds[p.n])
+                } else {
+                    None
+                }
+            })
+        } else {
+            None
+        };
+        let fresh = pooled.is_none();
+        let s = match pooled {
+            Some(s) => s,
+            None => connect(st)?,
+        };
+        match exchange(st, s, &req) {
+            Ok(fd) => {
+                put_back(s);
+                return Ok(fd);
+            }
+            Err(Fail::Errno(e)) => {
+                put_back(s);
+                return Err(e);
+            }
+            Err(Fail::Conn) => {
+                close_fd(s);
+                if fresh {
+                    crate::dlog!("daemon exchange failed for node {}: EIO", node);
+                    return Err(libc::EIO);
+                }
+            }
+        }
+    }
+    Err(libc::EIO)
+}
+
+fn put_back(s: c_int) {
+    let kept = POOL.with(|p| {
+        if p.n < POOL_MAX {
+            p.fds[p.n] = s;
+            p.n += 1;
+            true
+        } else {
+            false
+        }
+    });
+    if !kept {
+        close_fd(s);
+    }
+}

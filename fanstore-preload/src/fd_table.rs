@@ -1,0 +1,207 @@
+//! fd -> virtual node table, lock-free.
+//!
+//! A two-level array of atomics indexed by fd number: 4096 lazily allocated
+//! chunks of 1024 entries (4 Mi fds). Readers never lock; a fork copies it
+//! with the rest of memory, which matches the inherited fds. fds above the
+//! table's range are simply not tracked (their fstat shows the real file).
+//!
+//! Entry tag: bits 62..64 kind (1 file, 2 directory), bits 32..62 the
+//! getdents position of a directory fd, bits 0..32 the node id. `ino` holds
+//! the real inode seen by the first fstat (0: not seen yet) so that an entry
+//! left stale by a close we did not see is detected and dropped.
+
+use std::sync::atomic::{AtomicBool, AtomicPtr, AtomicU64, Ordering};
+
+const CHUNK: usize = 1024;
+const NCHUNKS: usize = 4096;
+const KIND_SHIFT: u32 = 62;
+const POS_MASK: u64 = (1 << 30) - 1;
+
+struct Entry {
+    tag: AtomicU64,
+    ino: AtomicU64,
+}
+
+static CHUNKS: [AtomicPtr<Entry>; NCHUNKS] = [const { AtomicPtr::new(std::ptr::null_mut()) }; NCHUNKS];
+static ANY: AtomicBool = AtomicBool::new(false);
+
+/// What a tracked fd refers to.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Tracked {
+    /// A real fd holding the bytes of file node `.0`.
+    File(u32),
+    /// A real fd on the empty directory standing for directory node `node`.
+    Dir { node: u32, pos: u32 },
+}
+
+impl Tracked {
+    pub fn node(self) -> u32 {
+        match self {
+            Tracked::File(n) => n,
+            Tracked::Dir { node, .. } => node,
+        }
+    }
+    fn encode(self) -> u64 {
+        match self {
+            Tracked::File(n) => (1u64 << KIND_SHIFT) | n as u64,
+            Tracked::Dir { node, pos } => (2u64 << KIND_SHIFT) | ((pos as u64 & POS_MASK) << 32) | node as u64,
+        }
+    }
+    fn decode(t: u64) -> Option<Tracked> {
+        let node = (t & 0xffff_ffff) as u32;
+        match t >> KIND_SHIFT {
+            1 => Some(Tracked::File(node)),
+            2 => Some(Tracked::Dir { node, pos: ((t >> 32) & POS_MASK) as u32 }),
+            _ => None,
+        }
+    }
+}
+
+fn slot(fd: i32, create: bool) -> Option<&'static Entry> {
+    if fd < 0 {
+        return None;
+    }
+    let (c, i) = (fd as usize / CHUNK, fd as usize % CHUNK);
+    let cell = CHUNKS.get(c)?;
+    let mut p = cell.load(Ordering::Acquire);
+    if p.is_null() {
+        if !create {
+            return None;
+        }
+        // SAFETY: calloc returns zeroed memory or null; an all-zero Entry is
+        // two zero atomics, a valid "untracked" value.
+        let fresh = unsafe { libc::calloc(CHUNK, std::mem::size_of::<Entry>()) } as *mut Entry;
+        if fresh.is_null() {
+            return None;
+        }
+        match cell.compare_exchange(std::ptr::null_mut(), fresh, Ordering::AcqRel, Ordering::Acquire) {
+            Ok(_) => p = fresh,
+            Err(existing) => {
+                // SAFETY: `fresh` came from calloc above and was never published.
+                unsafe { libc::free(fresh.cast()) };
+                p = existing;
+            }
+        }
+    }
+    // SAFETY: p points at CHUNK entries that are never freed; i < CHUNK.
+    Some(unsafe { &*p.add(i) })
+}
+
+/// True once any fd has been tracked in this process (cheap gate for close/dup).
+#[inline]
+pub fn any() -> bool {
+    ANY.load(Ordering::Relaxed)
+}
+
+#[inline]
+pub fn get(fd: i32) -> Option<Tracked> {
+    if !any() {
+        return None;
+    }
+    Tracked::decode(slot(fd, false)?.tag.load(Ordering::Acquire))
+}
+
+/// Starts tracking `fd`. Returns false if the table has no room for it.
+pub fn set(fd: i32, t: Tracked) -> bool {
+    ANY.store(true, Ordering::Relaxed);
+    match slot(fd, true) {
+        Some(e) => {
+            e.ino.store(0, Ordering::Relaxed);
+            e.tag.store(t.encode(), Ordering::Release);
+            true
+        }
+        None => false,
+    }
+}
+
+/// Stops tracking `fd` (before the real close, so a racing open that reuses
+/// the number cannot be clobbered).
+#[inline]
+pub fn clear(fd: i32) {
+    if let Some(e) = slot(fd, false) {
+        e.tag.store(0, Ordering::Release);
+    }
+}
+
+/// Copies the tracking of `from` to `to` (dup); clears `to` if `from` is untracked.
+pub fn copy(from: i32, to: i32) {
+    match get(from) {
+        Some(t) => {
+            set(to, t);
+            if let (Some(a), Some(b)) = (slot(from, false), slot(to, false)) {
+                b.ino.store(a.ino.load(Ordering::Relaxed), Ordering::Relaxed);
+            }
+        }
+        None => clear(to),
+    }
+}
+
+/// Updates the getdents position of a tracked directory fd.
+pub fn set_pos(fd: i32, node: u32, pos: u32) {
+    if let Some(e) = slot(fd, false) {
+        e.tag.store(Tracked::Dir { node, pos }.encode(), Ordering::Release);
+    }
+}
+
+/// Checks the real inode behind a tracked fd against the one first seen.
+/// Returns false (and forgets the fd) when they differ: the entry was stale.
+pub fn check_ino(fd: i32, real_ino: u64) -> bool {
+    let Some(e) = slot(fd, false) else { return false };
+    match e.ino.compare_exchange(0, real_ino, Ordering::AcqRel, Ordering::Acquire) {
+        Ok(_) => true,
+        Err(seen) if seen == real_ino => true,
+        Err(_) => {
+            e.tag.store(0, Ordering::Release);
+            false
+        }
+    }
+}
+
+/// Forgets every tracked fd in `lo..=hi` (close_range, closefrom).
+pub fn clear_range(lo: u32, hi: u32) {
+    if !any() {
+        return;
+    }
+    let hi = (hi as u64).min((CHUNK * NCHUNKS) as u64 - 1) as usize;
+    let mut fd = lo as usize;
+    while fd <= hi {
+        let (c, i) = (fd / CHUNK, fd % CHUNK);
+        let p = CHUNKS[c].load(Ordering::Acquire);
+        if p.is_null() {
+            fd = (c + 1) * CHUNK;
+            continue;
+        }
+        let end = hi.min((c + 1) * CHUNK - 1);
+        for j in i..=(end % CHUNK) {
+            // SAFETY: p points at CHUNK live entries and j < CHUNK.
+            unsafe { &*p.add(j) }.tag.store(0, Ordering::Release);
+        }
+        fd = end + 1;
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn track_copy_clear() {
+        assert!(set(5000, Tracked::File(7)));
+        assert_eq!(get(5000), Some(Tracked::File(7)));
+        copy(5000, 5001);
+        assert_eq!(get(5001), Some(Tracked::File(7)));
+        set(5002, Tracked::Dir { node: 3, pos: 0 });
+        set_pos(5002, 3, 12345);
+        assert_eq!(get(5002), Some(Tracked::Dir { node: 3, pos: 12345 }));
+        assert!(check_ino(5000, 99));
+        assert!(check_ino(5000, 99));
+        assert!(!check_ino(5000, 100));
+        assert_eq!(get(5000), None);
+        clear_range(4000, u32::MAX);
+        assert_eq!(get(5001), None);
+        assert_eq!(get(5002), None);
+        assert_eq!(get(-1), None);
+        assert_eq!(get(i32::MAX), None);
+        assert!(!set(i32::MAX, Tracked::File(1)));
+    }
+}

@@ -1,0 +1,196 @@
+//! access, readlink, realpath, xattrs, statfs/statvfs.
+
+use super::{cbytes, fd_hook, path_hook};
+use crate::ops::{meta, stat, Outcome};
+use crate::state;
+use fanstore_core::path::MAX_PATH;
+use libc::{c_char, c_int, c_void, size_t, ssize_t};
+
+unsafe fn access_common(name: &'static str, dirfd: c_int, path: *const c_char, mode: c_int, flags: c_int, real: impl FnOnce(*const c_char) -> c_int) -> c_int {
+    let follow = flags & libc::AT_SYMLINK_NOFOLLOW == 0;
+    // SAFETY: path is the caller's C string.
+    unsafe { path_hook(name, dirfd, path, -1, |vp| meta::access(vp, mode, follow), real) }
+}
+
+unsafe fn readlink_common(name: &'static str, dirfd: c_int, path: *const c_char, buf: *mut c_char, size: size_t, real: impl FnOnce(*const c_char) -> ssize_t) -> ssize_t {
+    let copy = |src: &[u8]| -> ssize_t {
+        let n = src.len().min(size);
+        // SAFETY: buf is writable for `size` bytes (readlink contract); n <= size.
+        unsafe { std::ptr::copy_nonoverlapping(src.as_ptr(), buf as *mut u8, n) };
+        n as ssize_t
+    };
+    // readlink("/proc/self/fd/N") of a virtual fd names the virtual file.
+    // SAFETY: path is the caller's C string.
+    if crate::fd_table::any() && dirfd == libc::AT_FDCWD {
+        if let Some(p) = unsafe { cbytes(path) } {
+            if p.starts_with(b"/proc/self/fd/") {
+                let mut out = [0u8; MAX_PATH];
+                if let Some(len) = meta::proc_fd_link(p, &mut out) {
+                    return copy(&out[..len]);
+                }
+            }
+        }
+    }
+    // SAFETY: path is the caller's C string.
+    unsafe {
+        path_hook(
+            name,
+            dirfd,
+            path,
+            -1,
+            |vp| match meta::readlink(vp) {
+                Outcome::Handled(t) => Outcome::Handled(copy(t)),
+                other => other.map_none(),
+            },
+            real,
+        )
+    }
+}
+
+unsafe fn realpath_common(name: &'static str, path: *const c_char, resolved: *mut c_char, real: impl FnOnce(*const c_char) -> *mut c_char) -> *mut c_char {
+    // SAFETY: path is the caller's C string.
+    unsafe {
+        path_hook(
+            name,
+            libc::AT_FDCWD,
+            path,
+            std::ptr::null_mut(),
+            |vp| {
+                let mut out = [0u8; MAX_PATH];
+                let len = match meta::realpath(vp, &mut out) {
+                    Outcome::Handled(l) => l,
+                    other => return other.map_none(),
+                };
+                if len >= libc::PATH_MAX as usize {
+                    return Outcome::Errno(libc::ENAMETOOLONG);
+                }
+                let dst = if resolved.is_null() { libc::malloc(len + 1) as *mut c_char } else { resolved };
+                if dst.is_null() {
+                    return Outcome::Errno(libc::ENOMEM);
+                }
+                // SAFETY: dst has room for PATH_MAX bytes (caller's buffer) or len + 1 (ours).
+                std::ptr::copy_nonoverlapping(out.as_ptr(), dst as *mut u8, len);
+                *dst.add(len) = 0;
+                Outcome::Handled(dst)
+            },
+            real,
+        )
+    }
+}
+
+unsafe fn statfs_common(name: &'static str, path: *const c_char, buf: *mut libc::statfs, real: impl FnOnce(*const c_char) -> c_int) -> c_int {
+    // SAFETY: path is the caller's C string; buf the caller's out-pointer.
+    unsafe {
+        path_hook(
+            name,
+            libc::AT_FDCWD,
+            path,
+            -1,
+            |vp| match meta::statfs_node(vp) {
+                Outcome::Handled(st) => {
+                    buf.write(stat::statfs_of(st));
+                    Outcome::Handled(0)
+                }
+                other => other.map_none(),
+            },
+            real,
+        )
+    }
+}
+
+unsafe fn statvfs_common(name: &'static str, path: *const c_char, buf: *mut libc::statvfs, real: impl FnOnce(*const c_char) -> c_int) -> c_int {
+    // SAFETY: path is the caller's C string; buf the caller's out-pointer.
+    unsafe {
+        path_hook(
+            name,
+            libc::AT_FDCWD,
+            path,
+            -1,
+            |vp| match meta::statfs_node(vp) {
+                Outcome::Handled(st) => {
+                    buf.write(stat::statvfs_of(st));
+                    Outcome::Handled(0)
+                }
+                other => other.map_none(),
+            },
+            real,
+        )
+    }
+}
+
+fn fd_state<T>(t: crate::fd_table::Tracked, f: impl FnOnce(&'static state::State) -> Outcome<T>) -> Outcome<T> {
+    let _ = t;
+    match state::current() {
+        Some(st) => f(st),
+        None => Outcome::Passthrough,
+    }
+}
+
+crate::hooks! {
+    fn access(path: *const c_char, mode: c_int) -> c_int {
+        access_common("access", libc::AT_FDCWD, path, mode, 0, |p| orig::access(p, mode))
+    }
+    fn faccessat(dirfd: c_int, path: *const c_char, mode: c_int, flags: c_int) -> c_int {
+        access_common("faccessat", dirfd, path, mode, flags, |p| orig::faccessat(dirfd, p, mode, flags))
+    }
+    fn euidaccess(path: *const c_char, mode: c_int) -> c_int {
+        access_common("euidaccess", libc::AT_FDCWD, path, mode, 0, |p| orig::euidaccess(p, mode))
+    }
+    fn eaccess(path: *const c_char, mode: c_int) -> c_int {
+        access_common("eaccess", libc::AT_FDCWD, path, mode, 0, |p| orig::eaccess(p, mode))
+    }
+    fn readlink(path: *const c_char, buf: *mut c_char, size: size_t) -> ssize_t {
+        readlink_common("readlink", libc::AT_FDCWD, path, buf, size, |p| orig::readlink(p, buf, size))
+    }
+    fn readlinkat(dirfd: c_int, path: *const c_char, buf: *mut c_char, size: size_t) -> ssize_t {
+        readlink_common("readlinkat", dirfd, path, buf, size, |p| orig::readlinkat(dirfd, p, buf, size))
+    }
+    fn realpath(path: *const c_char, resolved: *mut c_char) -> *mut c_char {
+        realpath_common("realpath", path, resolved, |p| orig::realpath(p, resolved))
+    }
+    fn canonicalize_file_name(path: *const c_char) -> *mut c_char {
+        realpath_common("canonicalize_file_name", path, std::ptr::null_mut(), |p| orig::canonicalize_file_name(p))
+    }
+    fn getxattr(path: *const c_char, name: *const c_char, value: *mut c_void, size: size_t) -> ssize_t {
+        path_hook("getxattr", libc::AT_FDCWD, path, -1, |vp| meta::getxattr(vp, true), |p| orig::getxattr(p, name, value, size))
+    }
+    fn lgetxattr(path: *const c_char, name: *const c_char, value: *mut c_void, size: size_t) -> ssize_t {
+        path_hook("lgetxattr", libc::AT_FDCWD, path, -1, |vp| meta::getxattr(vp, false), |p| orig::lgetxattr(p, name, value, size))
+    }
+    fn fgetxattr(fd: c_int, name: *const c_char, value: *mut c_void, size: size_t) -> ssize_t {
+        fd_hook("fgetxattr", fd, -1, |t| fd_state(t, |_| Outcome::Errno(libc::ENODATA)), || orig::fgetxattr(fd, name, value, size))
+    }
+    fn listxattr(path: *const c_char, list: *mut c_char, size: size_t) -> ssize_t {
+        path_hook("listxattr", libc::AT_FDCWD, path, -1, |vp| meta::listxattr(vp, true), |p| orig::listxattr(p, list, size))
+    }
+    fn llistxattr(path: *const c_char, list: *mut c_char, size: size_t) -> ssize_t {
+        path_hook("llistxattr", libc::AT_FDCWD, path, -1, |vp| meta::listxattr(vp, false), |p| orig::llistxattr(p, list, size))
+    }
+    fn flistxattr(fd: c_int, list: *mut c_char, size: size_t) -> ssize_t {
+        fd_hook("flistxattr", fd, -1, |t| fd_state(t, |_| Outcome::Handled(0)), || orig::flistxattr(fd, list, size))
+    }
+    fn statfs(path: *const c_char, buf: *mut libc::statfs) -> c_int {
+        statfs_common("statfs", path, buf, |p| orig::statfs(p, buf))
+    }
+    fn statfs64(path: *const c_char, buf: *mut libc::statfs) -> c_int {
+        statfs_common("statfs64", path, buf, |p| orig::statfs64(p, buf))
+    }
+    fn fstatfs(fd: c_int, buf: *mut libc::statfs) -> c_int {
+        fd_hook("fstatfs", fd, -1, |t| fd_state(t, |st| { buf.write(stat::statfs_of(st)); Outcome::Handled(0) }), || orig::fstatfs(fd, buf))
+    }
+    fn fstatfs64(fd: c_int, buf: *mut libc::statfs) -> c_int {
+        fd_hook("fstatfs64", fd, -1, |t| fd_state(t, |st| { buf.write(stat::statfs_of(st)); Outcome::Handled(0) }), || orig::fstatfs64(fd, buf))
+    }
+    fn statvfs(path: *const c_char, buf: *mut libc::statvfs) -> c_int {
+        statvfs_common("statvfs", path, buf, |p| orig::statvfs(p, buf))
+    }
+    fn statvfs64(path: *const c_char, buf: *mut libc::statvfs) -> c_int {
+        statvfs_common("statvfs64", path, buf, |p| orig::statvfs64(p, buf))
+    }
+    fn fstatvfs(fd: c_int, buf: *mut libc::statvfs) -> c_int {
+        fd_hook("fstatvfs", fd, -1, |t| fd_state(t, |st| { buf.write(stat::statvfs_of(st)); Outcome::Handled(0) }), || orig::fstatvfs(fd, buf))
+    }
+    fn fstatvfs64(fd: c_int, buf: *mut libc::statvfs) -> c_int {
+        fd_hook("fstatvfs64", fd, -1, |t| fd_state(t, |st| { buf.write(stat::statvfs_of(st)); Outcome::Handled(0) }), || orig::fstatvfs64(fd, buf))
+    }
+}

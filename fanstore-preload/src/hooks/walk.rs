@@ -1,0 +1,91 @@
+//! glob, ftw and nftw. glibc implements them with its internal opendir/stat,
+//! which bypass every preload hook, so:
+//! - glob of a pattern that may be under the mount runs glibc's glob with
+//!   GLOB_ALTDIRFUNC pointing at our own opendir/readdir/closedir/stat/lstat;
+//! - ftw/nftw from a start path under the mount walk the index (ops::walk).
+
+use super::{cbytes, path_hook};
+use crate::guard::Guard;
+use crate::ops::walk::{walk, Callback, FtwFn, NftwFn};
+use crate::paths::maybe_ours;
+use libc::{c_char, c_int, c_void, dirent, size_t};
+
+/// glibc's glob_t, including the GLOB_ALTDIRFUNC members.
+#[repr(C)]
+pub struct GlobT {
+    pub gl_pathc: size_t,
+    pub gl_pathv: *mut *mut c_char,
+    pub gl_offs: size_t,
+    pub gl_flags: c_int,
+    pub gl_closedir: Option<unsafe extern "C" fn(*mut c_void)>,
+    pub gl_readdir: Option<unsafe extern "C" fn(*mut c_void) -> *mut dirent>,
+    pub gl_opendir: Option<unsafe extern "C" fn(*const c_char) -> *mut c_void>,
+    pub gl_lstat: Option<unsafe extern "C" fn(*const c_char, *mut libc::stat) -> c_int>,
+    pub gl_stat: Option<unsafe extern "C" fn(*const c_char, *mut libc::stat) -> c_int>,
+}
+
+pub const GLOB_ALTDIRFUNC: c_int = 1 << 9;
+
+type ErrFunc = Option<unsafe extern "C" fn(*const c_char, c_int) -> c_int>;
+
+/// Points glob's directory functions at our hooks when `pattern` may be ours.
+unsafe fn prepare_glob(pattern: *const c_char, flags: c_int, g: *mut GlobT) -> c_int {
+    if flags & GLOB_ALTDIRFUNC != 0 || g.is_null() {
+        return flags;
+    }
+    let Some(guard) = Guard::enter() else { return flags };
+    // SAFETY: pattern is the caller's C string.
+    let ours = unsafe { maybe_ours(libc::AT_FDCWD, pattern) } && crate::state::state().is_some();
+    drop(guard);
+    if !ours {
+        return flags;
+    }
+    crate::dlog!("glob({}) through the virtual tree", crate::debug::B(unsafe { cbytes(pattern) }.unwrap_or(b"")));
+    // SAFETY: g is the caller's glob_t; the function pointers are our exported
+    // hooks, ABI-compatible with glob's callback types (DIR * is opaque; a
+    // closedir's int result is ignored by glob).
+    unsafe {
+        let g = &mut *g;
+        g.gl_opendir = Some(std::mem::transmute::<unsafe extern "C" fn(*const c_char) -> *mut libc::DIR, _>(super::dir::opendir));
+        g.gl_readdir = Some(std::mem::transmute::<unsafe extern "C" fn(*mut libc::DIR) -> *mut dirent, _>(super::dir::readdir));
+        g.gl_closedir = Some(std::mem::transmute::<unsafe extern "C" fn(*mut libc::DIR) -> c_int, _>(super::dir::closedir));
+        g.gl_stat = Some(super::stat::stat);
+        g.gl_lstat = Some(super::stat::lstat);
+    }
+    flags | GLOB_ALTDIRFUNC
+}
+
+crate::hooks! {
+    fn glob(pattern: *const c_char, flags: c_int, errfunc: ErrFunc, g: *mut GlobT) -> c_int {
+        let flags = prepare_glob(pattern, flags, g);
+        orig::glob(pattern, flags, errfunc, g)
+    }
+    fn glob64(pattern: *const c_char, flags: c_int, errfunc: ErrFunc, g: *mut GlobT) -> c_int {
+        let flags = prepare_glob(pattern, flags, g);
+        orig::glob64(pattern, flags, errfunc, g)
+    }
+    fn nftw(path: *const c_char, f: Option<NftwFn>, nopenfd: c_int, flags: c_int) -> c_int {
+        let Some(cb) = f else { return orig::nftw(path, f, nopenfd, flags) };
+        path_hook("nftw", libc::AT_FDCWD, path, -1,
+            |vp| walk(vp, cbytes(path).unwrap_or(b""), Callback::Nftw(cb), flags),
+            |p| orig::nftw(p, f, nopenfd, flags))
+    }
+    fn nftw64(path: *const c_char, f: Option<NftwFn>, nopenfd: c_int, flags: c_int) -> c_int {
+        let Some(cb) = f else { return orig::nftw64(path, f, nopenfd, flags) };
+        path_hook("nftw64", libc::AT_FDCWD, path, -1,
+            |vp| walk(vp, cbytes(path).unwrap_or(b""), Callback::Nftw(cb), flags),
+            |p| orig::nftw64(p, f, nopenfd, flags))
+    }
+    fn ftw(path: *const c_char, f: Option<FtwFn>, nopenfd: c_int) -> c_int {
+        let Some(cb) = f else { return orig::ftw(path, f, nopenfd) };
+        path_hook("ftw", libc::AT_FDCWD, path, -1,
+            |vp| walk(vp, cbytes(path).unwrap_or(b""), Callback::Ftw(cb), 0),
+            |p| orig::ftw(p, f, nopenfd))
+    }
+    fn ftw64(path: *const c_char, f: Option<FtwFn>, nopenfd: c_int) -> c_int {
+        let Some(cb) = f else { return orig::ftw64(path, f, nopenfd) };
+        path_hook("ftw64", libc::AT_FDCWD, path, -1,
+            |vp| walk(vp, cbytes(path).unwrap_or(b""), Callback::Ftw(cb), 0),
+            |p| orig::ftw64(p, f, nopenfd))
+    }
+}

@@ -1,0 +1,198 @@
+//! Writes and namespace changes under the mount fail like a read-only file
+//! system (EROFS, after the lookup errors Linux reports first). Outputs
+//! under the mount arrive with the write-path issue.
+
+use super::{catch, cbytes, fd_hook, path_hook, set_errno};
+use crate::guard::Guard;
+use crate::ops::{write, Outcome, VPath};
+use crate::paths::{classify, maybe_ours, Class, Scratch};
+use libc::{c_char, c_int, c_uint, c_void, dev_t, gid_t, mode_t, off_t, size_t, uid_t};
+
+/// Calls naming two paths (rename, link): `virt` gets whichever are under the mount.
+unsafe fn two_paths(
+    name: &'static str,
+    d1: c_int,
+    p1: *const c_char,
+    d2: c_int,
+    p2: *const c_char,
+    virt: impl FnOnce(Option<&VPath>, Option<&VPath>) -> Outcome<c_int>,
+    real: impl FnOnce(*const c_char, *const c_char) -> c_int,
+) -> c_int {
+    let Some(g) = Guard::enter() else { return real(p1, p2) };
+    // SAFETY: p1/p2 are the caller's C strings (or null).
+    let (m1, m2) = unsafe { (maybe_ours(d1, p1), maybe_ours(d2, p2)) };
+    if !m1 && !m2 {
+        drop(g);
+        return real(p1, p2);
+    }
+    let (mut s1, mut s2) = (Scratch::new(), Scratch::new());
+    // SAFETY: as above.
+    let (b1, b2) = unsafe { (cbytes(p1).unwrap_or(b""), cbytes(p2).unwrap_or(b"")) };
+    let step = catch(
+        || {
+            let c1 = if m1 { classify(d1, b1, &mut s1) } else { Class::Real };
+            let c2 = if m2 { classify(d2, b2, &mut s2) } else { Class::Real };
+            if let Class::Err(e) = c1 {
+                return Err(e);
+            }
+            if let Class::Err(e) = c2 {
+                return Err(e);
+            }
+            let r1 = matches!(c1, Class::Redirect);
+            let r2 = matches!(c2, Class::Redirect);
+            let v1 = if let Class::Virtual(v) = &c1 { Some(v) } else { None };
+            let v2 = if let Class::Virtual(v) = &c2 { Some(v) } else { None };
+            if v1.is_none() && v2.is_none() {
+                return Ok((r1, r2));
+            }
+            match virt(v1, v2) {
+                Outcome::Errno(e) => Err(e),
+                _ => Err(libc::EROFS),
+            }
+        },
+        Err(libc::EIO),
+    );
+    drop(g);
+    match step {
+        Ok((r1, r2)) => real(if r1 { s1.ptr() } else { p1 }, if r2 { s2.ptr() } else { p2 }),
+        Err(e) => {
+            crate::dlog!("{name}({}, {}) = {}", crate::debug::B(b1), crate::debug::B(b2), crate::debug::E(e));
+            set_errno(e);
+            -1
+        }
+    }
+}
+
+fn rename_like(a: Option<&VPath>, b: Option<&VPath>) -> Outcome<c_int> {
+    match (a, b) {
+        (Some(a), b) => write::source(a, b.is_some()),
+        (None, Some(_)) => Outcome::Errno(libc::EXDEV),
+        (None, None) => Outcome::Passthrough,
+    }
+}
+
+fn ro_fd(_t: crate::fd_table::Tracked) -> Outcome<c_int> {
+    Outcome::Errno(libc::EROFS)
+}
+
+crate::hooks! {
+    fn truncate(path: *const c_char, len: off_t) -> c_int {
+        path_hook("truncate", libc::AT_FDCWD, path, -1, write::truncate, |p| orig::truncate(p, len))
+    }
+    fn truncate64(path: *const c_char, len: off_t) -> c_int {
+        path_hook("truncate64", libc::AT_FDCWD, path, -1, write::truncate, |p| orig::truncate64(p, len))
+    }
+    fn chmod(path: *const c_char, mode: mode_t) -> c_int {
+        path_hook("chmod", libc::AT_FDCWD, path, -1, |vp| write::modify(vp, true), |p| orig::chmod(p, mode))
+    }
+    fn fchmod(fd: c_int, mode: mode_t) -> c_int {
+        fd_hook("fchmod", fd, -1, ro_fd, || orig::fchmod(fd, mode))
+    }
+    fn fchmodat(dirfd: c_int, path: *const c_char, mode: mode_t, flags: c_int) -> c_int {
+        let follow = flags & libc::AT_SYMLINK_NOFOLLOW == 0;
+        path_hook("fchmodat", dirfd, path, -1, |vp| write::modify(vp, follow), |p| orig::fchmodat(dirfd, p, mode, flags))
+    }
+    fn chown(path: *const c_char, uid: uid_t, gid: gid_t) -> c_int {
+        path_hook("chown", libc::AT_FDCWD, path, -1, |vp| write::modify(vp, true), |p| orig::chown(p, uid, gid))
+    }
+    fn lchown(path: *const c_char, uid: uid_t, gid: gid_t) -> c_int {
+        path_hook("lchown", libc::AT_FDCWD, path, -1, |vp| write::modify(vp, false), |p| orig::lchown(p, uid, gid))
+    }
+    fn fchown(fd: c_int, uid: uid_t, gid: gid_t) -> c_int {
+        fd_hook("fchown", fd, -1, ro_fd, || orig::fchown(fd, uid, gid))
+    }
+    fn fchownat(dirfd: c_int, path: *const c_char, uid: uid_t, gid: gid_t, flags: c_int) -> c_int {
+        let follow = flags & libc::AT_SYMLINK_NOFOLLOW == 0;
+        path_hook("fchownat", dirfd, path, -1, |vp| write::modify(vp, follow), |p| orig::fchownat(dirfd, p, uid, gid, flags))
+    }
+    fn unlink(path: *const c_char) -> c_int {
+        path_hook("unlink", libc::AT_FDCWD, path, -1, write::unlink, |p| orig::unlink(p))
+    }
+    fn unlinkat(dirfd: c_int, path: *const c_char, flags: c_int) -> c_int {
+        path_hook("unlinkat", dirfd, path, -1,
+            |vp| if flags & libc::AT_REMOVEDIR != 0 { write::rmdir(vp) } else { write::unlink(vp) },
+            |p| orig::unlinkat(dirfd, p, flags))
+    }
+    fn rmdir(path: *const c_char) -> c_int {
+        path_hook("rmdir", libc::AT_FDCWD, path, -1, write::rmdir, |p| orig::rmdir(p))
+    }
+    fn mkdir(path: *const c_char, mode: mode_t) -> c_int {
+        path_hook("mkdir", libc::AT_FDCWD, path, -1, write::create, |p| orig::mkdir(p, mode))
+    }
+    fn mkdirat(dirfd: c_int, path: *const c_char, mode: mode_t) -> c_int {
+        path_hook("mkdirat", dirfd, path, -1, write::create, |p| orig::mkdirat(dirfd, p, mode))
+    }
+    fn mknod(path: *const c_char, mode: mode_t, dev: dev_t) -> c_int {
+        path_hook("mknod", libc::AT_FDCWD, path, -1, write::create, |p| orig::mknod(p, mode, dev))
+    }
+    fn mknodat(dirfd: c_int, path: *const c_char, mode: mode_t, dev: dev_t) -> c_int {
+        path_hook("mknodat", dirfd, path, -1, write::create, |p| orig::mknodat(dirfd, p, mode, dev))
+    }
+    fn mkfifo(path: *const c_char, mode: mode_t) -> c_int {
+        path_hook("mkfifo", libc::AT_FDCWD, path, -1, write::create, |p| orig::mkfifo(p, mode))
+    }
+    fn mkfifoat(dirfd: c_int, path: *const c_char, mode: mode_t) -> c_int {
+        path_hook("mkfifoat", dirfd, path, -1, write::create, |p| orig::mkfifoat(dirfd, p, mode))
+    }
+    fn symlink(target: *const c_char, linkpath: *const c_char) -> c_int {
+        path_hook("symlink", libc::AT_FDCWD, linkpath, -1, write::create, |p| orig::symlink(target, p))
+    }
+    fn symlinkat(target: *const c_char, dirfd: c_int, linkpath: *const c_char) -> c_int {
+        path_hook("symlinkat", dirfd, linkpath, -1, write::create, |p| orig::symlinkat(target, dirfd, p))
+    }
+    fn rename(old: *const c_char, new: *const c_char) -> c_int {
+        two_paths("rename", libc::AT_FDCWD, old, libc::AT_FDCWD, new, rename_like, |a, b| orig::rename(a, b))
+    }
+    fn renameat(d1: c_int, old: *const c_char, d2: c_int, new: *const c_char) -> c_int {
+        two_paths("renameat", d1, old, d2, new, rename_like, |a, b| orig::renameat(d1, a, d2, b))
+    }
+    fn renameat2(d1: c_int, old: *const c_char, d2: c_int, new: *const c_char, flags: c_uint) -> c_int {
+        two_paths("renameat2", d1, old, d2, new, rename_like, |a, b| orig::renameat2(d1, a, d2, b, flags))
+    }
+    fn link(old: *const c_char, new: *const c_char) -> c_int {
+        two_paths("link", libc::AT_FDCWD, old, libc::AT_FDCWD, new, rename_like, |a, b| orig::link(a, b))
+    }
+    fn linkat(d1: c_int, old: *const c_char, d2: c_int, new: *const c_char, flags: c_int) -> c_int {
+        two_paths("linkat", d1, old, d2, new, rename_like, |a, b| orig::linkat(d1, a, d2, b, flags))
+    }
+    fn utime(path: *const c_char, times: *const libc::utimbuf) -> c_int {
+        path_hook("utime", libc::AT_FDCWD, path, -1, |vp| write::modify(vp, true), |p| orig::utime(p, times))
+    }
+    fn utimes(path: *const c_char, times: *const libc::timeval) -> c_int {
+        path_hook("utimes", libc::AT_FDCWD, path, -1, |vp| write::modify(vp, true), |p| orig::utimes(p, times))
+    }
+    fn lutimes(path: *const c_char, times: *const libc::timeval) -> c_int {
+        path_hook("lutimes", libc::AT_FDCWD, path, -1, |vp| write::modify(vp, false), |p| orig::lutimes(p, times))
+    }
+    fn futimesat(dirfd: c_int, path: *const c_char, times: *const libc::timeval) -> c_int {
+        path_hook("futimesat", dirfd, path, -1, |vp| write::modify(vp, true), |p| orig::futimesat(dirfd, p, times))
+    }
+    fn utimensat(dirfd: c_int, path: *const c_char, times: *const libc::timespec, flags: c_int) -> c_int {
+        if path.is_null() {
+            return fd_hook("utimensat", dirfd, -1, ro_fd, || orig::utimensat(dirfd, path, times, flags));
+        }
+        let follow = flags & libc::AT_SYMLINK_NOFOLLOW == 0;
+        path_hook("utimensat", dirfd, path, -1, |vp| write::modify(vp, follow), |p| orig::utimensat(dirfd, p, times, flags))
+    }
+    fn futimens(fd: c_int, times: *const libc::timespec) -> c_int {
+        fd_hook("futimens", fd, -1, ro_fd, || orig::futimens(fd, times))
+    }
+    fn setxattr(path: *const c_char, name: *const c_char, value: *const c_void, size: size_t, flags: c_int) -> c_int {
+        path_hook("setxattr", libc::AT_FDCWD, path, -1, |vp| write::modify(vp, true), |p| orig::setxattr(p, name, value, size, flags))
+    }
+    fn lsetxattr(path: *const c_char, name: *const c_char, value: *const c_void, size: size_t, flags: c_int) -> c_int {
+        path_hook("lsetxattr", libc::AT_FDCWD, path, -1, |vp| write::modify(vp, false), |p| orig::lsetxattr(p, name, value, size, flags))
+    }
+    fn fsetxattr(fd: c_int, name: *const c_char, value: *const c_void, size: size_t, flags: c_int) -> c_int {
+        fd_hook("fsetxattr", fd, -1, ro_fd, || orig::fsetxattr(fd, name, value, size, flags))
+    }
+    fn removexattr(path: *const c_char, name: *const c_char) -> c_int {
+        path_hook("removexattr", libc::AT_FDCWD, path, -1, |vp| write::modify(vp, true), |p| orig::removexattr(p, name))
+    }
+    fn lremovexattr(path: *const c_char, name: *const c_char) -> c_int {
+        path_hook("lremovexattr", libc::AT_FDCWD, path, -1, |vp| write::modify(vp, false), |p| orig::lremovexattr(p, name))
+    }
+    fn fremovexattr(fd: c_int, name: *const c_char) -> c_int {
+        fd_hook("fremovexattr", fd, -1, ro_fd, || orig::fremovexattr(fd, name))
+    }
+}

@@ -1,0 +1,80 @@
+//! access, readlink, realpath, xattrs and statfs under the mount.
+
+use super::{resolve, Node, Outcome, VPath};
+use crate::paths::node_abs_path;
+use crate::state::State;
+use libc::c_int;
+
+/// access/faccessat: the owner may read everything; writes are EROFS;
+/// execute needs an x bit on files.
+pub fn access(vp: &VPath, mode: c_int, follow: bool) -> Outcome<c_int> {
+    let n = match resolve(vp.st, vp.rel, vp.must_be_dir, follow) {
+        Ok(n) => n,
+        Err(e) => return Outcome::Errno(e),
+    };
+    if mode & libc::W_OK != 0 {
+        return Outcome::Errno(libc::EROFS);
+    }
+    if mode & libc::X_OK != 0 && !n.is_dir() && n.mode() & 0o111 == 0 {
+        return Outcome::Errno(libc::EACCES);
+    }
+    Outcome::Handled(0)
+}
+
+/// readlink: the target of a symlink, EINVAL for anything else.
+pub fn readlink(vp: &VPath) -> Outcome<&'static [u8]> {
+    match resolve(vp.st, vp.rel, vp.must_be_dir, false) {
+        Ok(n) if super::is_symlink(&n) => Outcome::Handled(n.symlink_target()),
+        Ok(_) => Outcome::Errno(libc::EINVAL),
+        Err(e) => Outcome::Errno(e),
+    }
+}
+
+/// readlink("/proc/self/fd/N") of a tracked fd: the virtual path.
+pub fn proc_fd_link(path: &[u8], out: &mut [u8]) -> Option<usize> {
+    let rest = path.strip_prefix(b"/proc/self/fd/")?;
+    let fd: c_int = std::str::from_utf8(rest).ok()?.parse().ok()?;
+    let t = crate::fd_table::get(fd)?;
+    let st = crate::state::current()?;
+    node_abs_path(st, t.node(), out)
+}
+
+/// realpath: the canonical absolute path of an existing node.
+pub fn realpath(vp: &VPath, out: &mut [u8]) -> Outcome<usize> {
+    match resolve(vp.st, vp.rel, vp.must_be_dir, true) {
+        Ok(n) => match node_abs_path(vp.st, n.id(), out) {
+            Some(len) => Outcome::Handled(len),
+            None => Outcome::Errno(libc::ENAMETOOLONG),
+        },
+        Err(e) => Outcome::Errno(e),
+    }
+}
+
+/// getxattr family: no attributes (ENODATA) on an existing node.
+pub fn getxattr(vp: &VPath, follow: bool) -> Outcome<isize> {
+    match resolve(vp.st, vp.rel, vp.must_be_dir, follow) {
+        Ok(_) => Outcome::Errno(libc::ENODATA),
+        Err(e) => Outcome::Errno(e),
+    }
+}
+
+/// listxattr family: an empty list.
+pub fn listxattr(vp: &VPath, follow: bool) -> Outcome<isize> {
+    match resolve(vp.st, vp.rel, vp.must_be_dir, follow) {
+        Ok(_) => Outcome::Handled(0),
+        Err(e) => Outcome::Errno(e),
+    }
+}
+
+/// statfs of anything under the mount (it must exist).
+pub fn statfs_node(vp: &VPath) -> Outcome<&'static State> {
+    match resolve(vp.st, vp.rel, vp.must_be_dir, true) {
+        Ok(_) => Outcome::Handled(vp.st),
+        Err(e) => Outcome::Errno(e),
+    }
+}
+
+/// Whether node `n` exists (for fd-based calls that only need the state).
+pub fn exists(_n: &Node) -> bool {
+    true
+}

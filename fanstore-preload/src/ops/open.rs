@@ -1,0 +1,201 @@
+//! open/openat/creat/fopen of paths under the mount: every fd returned is a
+//! real kernel fd whose bytes are the file's.
+//!
+//! - local raw file: a plain open of the daemon's extracted copy;
+//! - anything else: the daemon's memfd, reopened through /proc/self/fd so
+//!   that this open has its own offset, and moved onto the received fd's
+//!   number (the lowest free one, as open(2) promises);
+//! - directory: an fd on a real empty read-only directory, tracked as the
+//!   virtual directory (for fdopendir, fstat, fchdir, openat, getdents64).
+
+use super::{create_errno, is_symlink, resolve, Node, Outcome, VPath};
+use crate::client;
+use crate::fd_table::{self, Tracked};
+use crate::state::State;
+use fanstore_core::codec::Codec;
+use libc::c_int;
+
+/// Flags of the caller's open we carry over to the real open.
+const KEEP: c_int = libc::O_CLOEXEC | libc::O_NONBLOCK | libc::O_NOCTTY | libc::O_LARGEFILE;
+
+pub fn wants_write(flags: c_int) -> bool {
+    flags & libc::O_ACCMODE != libc::O_RDONLY || flags & (libc::O_CREAT | libc::O_TRUNC) != 0
+}
+
+/// open(2) of a path under the mount.
+pub fn open(vp: &VPath, flags: c_int) -> Outcome<c_int> {
+    if flags & libc::O_TMPFILE == libc::O_TMPFILE {
+        return Outcome::Errno(match resolve(vp.st, vp.rel, true, true) {
+            Ok(_) => libc::EROFS,
+            Err(e) => e,
+        });
+    }
+    let creat = flags & libc::O_CREAT != 0;
+    let excl = creat && flags & libc::O_EXCL != 0;
+    let follow = flags & libc::O_NOFOLLOW == 0 && !excl;
+    let n = match resolve(vp.st, vp.rel, vp.must_be_dir && !creat, follow) {
+        Ok(n) => n,
+        Err(libc::ENOENT) if creat => {
+            return Outcome::Errno(if vp.must_be_dir { libc::EISDIR } else { create_errno(vp) });
+        }
+        Err(e) => return Outcome::Errno(e),
+    };
+    if excl {
+        return Outcome::Errno(libc::EEXIST);
+    }
+    if is_symlink(&n) {
+        return Outcome::Errno(libc::ELOOP);
+    }
+    if n.is_dir() {
+        if wants_write(flags) {
+            return Outcome::Errno(libc::EISDIR);
+        }
+        return open_dir(vp.st, &n, flags).into();
+    }
+    if flags & libc::O_DIRECTORY != 0 || vp.must_be_dir {
+        return Outcome::Errno(libc::ENOTDIR);
+    }
+    if wants_write(flags) {
+        return Outcome::Errno(libc::EROFS);
+    }
+    open_file(vp.st, &n, flags).into()
+}
+
+/// A real fd standing for directory node `n`.
+pub fn open_dir(st: &State, n: &Node, flags: c_int) -> Result<c_int, c_int> {
+    let f = libc::O_RDONLY | libc::O_DIRECTORY | (flags & (libc::O_CLOEXEC | libc::O_PATH));
+    // SAFETY: empty_dir is a NUL-terminated path; plain open.
+    let fd = unsafe { crate::real::open(st.empty_dir.as_ptr(), f, 0) };
+    if fd < 0 {
+        // SAFETY: reading this thread's errno.
+        return Err(unsafe { *libc::__errno_location() });
+    }
+    if !fd_table::set(fd, Tracked::Dir { node: n.id(), pos: 0 }) {
+        // SAFETY: closing the fd we just opened.
+        unsafe { crate::real::close(fd) };
+        return Err(libc::EMFILE);
+    }
+    Ok(fd)
+}
+
+fn is_local_raw(st: &State, n: &Node) -> bool {
+    n.codec() == Codec::None && st.local_parts.get(n.partition() as usize).copied().unwrap_or(false)
+}
+
+/// A real fd holding the bytes of file node `n`, tracked.
+pub fn open_file(st: &State, n: &Node, flags: c_int) -> Result<c_int, c_int> {
+    let fd = if is_local_raw(st, n) {
+        match open_local(st, n, flags) {
+            Ok(fd) => fd,
+            // The extracted copy is missing (daemon cleaning up?): ask the daemon.
+            Err(_) => open_remote(st, n, flags)?,
+        }
+    } else {
+        open_remote(st, n, flags)?
+    };
+    if !fd_table::set(fd, Tracked::File(n.id())) {
+        // SAFETY: closing the fd we just opened.
+        unsafe { crate::real::close(fd) };
+        return Err(libc::EMFILE);
+    }
+    Ok(fd)
+}
+
+fn open_local(st: &State, n: &Node, flags: c_int) -> Result<c_int, c_int> {
+    let mut buf = [0u8; 4200];
+    let len = fanstore_core::runtime::local_file_path_into(&st.local_dir, n.id(), &mut buf).ok_or(libc::ENAMETOOLONG)?;
+    debug_assert_eq!(buf[len], 0);
+    let f = libc::O_RDONLY | (flags & (KEEP | libc::O_DIRECT | libc::O_PATH));
+    // SAFETY: buf holds a NUL-terminated path (local_file_path_into writes the NUL).
+    let fd = unsafe { crate::real::open(buf.as_ptr().cast(), f, 0) };
+    if fd < 0 {
+        // SAFETY: reading this thread's errno.
+        return Err(unsafe { *libc::__errno_location() });
+    }
+    Ok(fd)
+}
+
+fn errno() -> c_int {
+    // SAFETY: reading this thread's errno.
+    unsafe { *libc::__errno_location() }
+}
+
+fn open_remote(st: &State, n: &Node, flags: c_int) -> Result<c_int, c_int> {
+    let shared = client::fetch(st, n.id())?;
+    let cloexec = flags & libc::O_CLOEXEC != 0;
+    // "/proc/self/fd/" + up to 10 digits + NUL.
+    let mut path = *b"/proc/self/fd/\0\0\0\0\0\0\0\0\0\0\0";
+    let mut digits = [0u8; 10];
+    let (mut v, mut k) = (shared as u32, digits.len());
+    loop {
+        k -= 1;
+        digits[k] = b'0' + (v % 10) as u8;
+        v /= 10;
+        if v == 0 {
+            break;
+        }
+    }
+    path[14..14 + digits.len() - k].copy_from_slice(&digits[k..]);
+    let f = libc::O_RDONLY | libc::O_CLOEXEC | (flags & (libc::O_NONBLOCK | libc::O_NOCTTY));
+    // SAFETY: path is NUL-terminated.
+    let private = unsafe { crate::real::open(path.as_ptr().cast(), f, 0) };
+    if private < 0 {
+        let e = errno();
+        // SAFETY: closing the fd the daemon sent us.
+        unsafe { crate::real::close(shared) };
+        crate::dlog!("reopen of the daemon's fd failed ({}): EIO", crate::debug::E(e));
+        return Err(libc::EIO);
+    }
+    // Move the private description onto the received number: dup3 replaces
+    // it atomically, so no other thread can grab the number in between.
+    // SAFETY: both fds are ours.
+    let r = unsafe { crate::real::dup3(private, shared, if cloexec { libc::O_CLOEXEC } else { 0 }) };
+    if r < 0 {
+        // SAFETY: closing our own fd.
+        unsafe { crate::real::close(shared) };
+        if !cloexec {
+            // SAFETY: fcntl on our own fd.
+            unsafe { crate::real::fcntl(private, libc::F_SETFD, 0) };
+        }
+        return Ok(private);
+    }
+    // SAFETY: closing our own fd (its description lives on as `shared`).
+    unsafe { crate::real::close(private) };
+    Ok(shared)
+}
+
+/// fopen mode string -> open flags (None: invalid mode, EINVAL).
+pub fn fopen_flags(mode: &[u8]) -> Option<c_int> {
+    let mut f = match mode.first()? {
+        b'r' => libc::O_RDONLY,
+        b'w' => libc::O_WRONLY | libc::O_CREAT | libc::O_TRUNC,
+        b'a' => libc::O_WRONLY | libc::O_CREAT | libc::O_APPEND,
+        _ => return None,
+    };
+    for &c in &mode[1..] {
+        match c {
+            b'+' => f = (f & !libc::O_ACCMODE) | libc::O_RDWR,
+            b'e' => f |= libc::O_CLOEXEC,
+            b'x' => f |= libc::O_EXCL,
+            b',' => break,
+            _ => {}
+        }
+    }
+    Some(f)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn fopen_modes() {
+        assert_eq!(fopen_flags(b"r"), Some(libc::O_RDONLY));
+        assert_eq!(fopen_flags(b"rbe"), Some(libc::O_RDONLY | libc::O_CLOEXEC));
+        assert_eq!(fopen_flags(b"r+"), Some(libc::O_RDWR));
+        assert!(wants_write(fopen_flags(b"a").unwrap()));
+        assert!(wants_write(fopen_flags(b"wx").unwrap()));
+        assert_eq!(fopen_flags(b"q"), None);
+        assert_eq!(fopen_flags(b""), None);
+    }
+}

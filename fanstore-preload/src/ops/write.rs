@@ -1,0 +1,57 @@
+//! Namespace changes and writes on the dataset: the errno a read-only file
+//! system gives, chosen the way Linux chooses it (lookup errors first).
+
+use super::{create_errno, resolve, Outcome, VPath};
+use libc::c_int;
+
+/// unlink/unlinkat(0): ENOENT, EISDIR for directories, else EROFS.
+pub fn unlink(vp: &VPath) -> Outcome<c_int> {
+    Outcome::Errno(match resolve(vp.st, vp.rel, vp.must_be_dir, false) {
+        Ok(n) if n.is_dir() => libc::EISDIR,
+        Ok(_) if vp.must_be_dir => libc::ENOTDIR,
+        Ok(_) => libc::EROFS,
+        Err(e) => e,
+    })
+}
+
+/// rmdir/unlinkat(AT_REMOVEDIR): ENOENT, ENOTDIR, EBUSY for the mount, else EROFS.
+pub fn rmdir(vp: &VPath) -> Outcome<c_int> {
+    Outcome::Errno(match resolve(vp.st, vp.rel, false, false) {
+        Ok(n) if !n.is_dir() => libc::ENOTDIR,
+        Ok(_) if vp.rel.is_empty() => libc::EBUSY,
+        Ok(_) => libc::EROFS,
+        Err(e) => e,
+    })
+}
+
+/// mkdir, mknod, mkfifo, symlink (at the link path), link (at the new path).
+pub fn create(vp: &VPath) -> Outcome<c_int> {
+    Outcome::Errno(create_errno(vp))
+}
+
+/// chmod, chown, utimes, setxattr, removexattr: the node must exist, then EROFS.
+pub fn modify(vp: &VPath, follow: bool) -> Outcome<c_int> {
+    Outcome::Errno(match resolve(vp.st, vp.rel, vp.must_be_dir, follow) {
+        Ok(_) => libc::EROFS,
+        Err(e) => e,
+    })
+}
+
+/// truncate: EISDIR for directories, else EROFS.
+pub fn truncate(vp: &VPath) -> Outcome<c_int> {
+    Outcome::Errno(match resolve(vp.st, vp.rel, vp.must_be_dir, true) {
+        Ok(n) if n.is_dir() => libc::EISDIR,
+        Ok(_) => libc::EROFS,
+        Err(e) => e,
+    })
+}
+
+/// rename/link source side: ENOENT if missing, else EROFS (or EXDEV when
+/// the other side is outside the mount).
+pub fn source(vp: &VPath, other_virtual: bool) -> Outcome<c_int> {
+    Outcome::Errno(match resolve(vp.st, vp.rel, false, false) {
+        Ok(_) if other_virtual => libc::EROFS,
+        Ok(_) => libc::EXDEV,
+        Err(e) => e,
+    })
+}

@@ -1,0 +1,187 @@
+//! Which calls are ours: the cheap prefix test, full classification against
+//! the mount, the virtual cwd and virtual directory fds.
+//!
+//! The hot path (an absolute path outside the mount, or a relative path with
+//! no virtual cwd) costs one scan of the path's first bytes and never
+//! normalises: [`maybe_ours`] says no and the hook calls libc untouched.
+
+use crate::fd_table::{self, Tracked};
+use crate::state::{self, State};
+use fanstore_core::path::{normalize_into, under_mount, MAX_PATH};
+use libc::{c_char, c_int};
+use std::sync::atomic::{AtomicU64, Ordering};
+
+/// Working space for one hooked call: a normalised path, NUL-terminated
+/// when it is handed back to libc.
+pub struct Scratch {
+    pub buf: [u8; MAX_PATH + 1],
+}
+
+impl Scratch {
+    pub fn new() -> Scratch {
+        Scratch { buf: [0; MAX_PATH + 1] }
+    }
+    /// The redirected path left by [`classify`] returning [`Class::Redirect`].
+    pub fn ptr(&self) -> *const c_char {
+        self.buf.as_ptr().cast()
+    }
+}
+
+/// A path under the mount, relative to the dataset root.
+pub struct VPath<'a> {
+    pub st: &'static State,
+    pub rel: &'a [u8],
+    /// Written with a trailing '/', '.' or '..': must name a directory.
+    pub must_be_dir: bool,
+}
+
+pub enum Class<'a> {
+    /// Not ours: call libc with the caller's own path.
+    Real,
+    /// Not ours, but relative to a virtual directory: call libc with the
+    /// normalised absolute path now in the scratch buffer.
+    Redirect,
+    Virtual(VPath<'a>),
+    Err(c_int),
+}
+
+/// Virtual cwd: 0 when the cwd is real, else directory node id + 1.
+static VCWD: AtomicU64 = AtomicU64::new(0);
+
+#[inline]
+pub fn vcwd() -> Option<u32> {
+    match VCWD.load(Ordering::Acquire) {
+        0 => None,
+        v => Some((v - 1) as u32),
+    }
+}
+
+pub fn set_vcwd(node: Option<u32>) {
+    VCWD.store(node.map_or(0, |n| n as u64 + 1), Ordering::Release);
+}
+
+/// Cheap test: can `path` (relative to `dirfd`) possibly be under the mount?
+///
+/// # Safety
+/// `path` is null or a NUL-terminated string.
+#[inline]
+pub unsafe fn maybe_ours(dirfd: c_int, path: *const c_char) -> bool {
+    if path.is_null() {
+        return false;
+    }
+    // SAFETY: non-null and NUL-terminated per the contract: byte 0 exists.
+    let first = unsafe { *path } as u8;
+    if first == b'/' {
+        // SAFETY: as above.
+        unsafe { abs_maybe(path as *const u8) }
+    } else if first == 0 {
+        false
+    } else if dirfd == libc::AT_FDCWD {
+        vcwd().is_some()
+    } else {
+        matches!(fd_table::get(dirfd), Some(_))
+    }
+}
+
+/// An absolute path can be under the mount only if, after its leading
+/// slashes, it starts with the mount's own components, or if it contains a
+/// `.`/`..` component or a `//` that normalisation could fold.
+///
+/// # Safety
+/// `p` is a NUL-terminated string.
+unsafe fn abs_maybe(p: *const u8) -> bool {
+    let tail = state::mount().tail();
+    if tail.is_empty() {
+        return true;
+    }
+    // SAFETY (whole block): every read stops at the first NUL, and the
+    // comparison with `tail` (which has no NUL) stops at a mismatch, so no
+    // byte past the terminator is read.
+    unsafe {
+        let mut q = p;
+        while *q == b'/' {
+            q = q.add(1);
+        }
+        let mut i = 0;
+        while i < tail.len() && *q.add(i) == tail[i] {
+            i += 1;
+        }
+        if i == tail.len() && (*q.add(i) == 0 || *q.add(i) == b'/') {
+            return true;
+        }
+        let mut prev = 0u8;
+        let mut q = p;
+        loop {
+            let c = *q;
+            if c == 0 {
+                return false;
+            }
+            if prev == b'/' && (c == b'.' || c == b'/') {
+                return true;
+            }
+            prev = c;
+            q = q.add(1);
+        }
+    }
+}
+
+/// Writes the absolute path of `node` (mount + '/' + relative path) to `out`.
+pub fn node_abs_path(st: &State, node: u32, out: &mut [u8]) -> Option<usize> {
+    let m = &state::mount().path;
+    let rel = st.view.node(node)?.path();
+    let mut len = 0;
+    if m.as_slice() != b"/" || rel.is_empty() {
+        out.get_mut(..m.len())?.copy_from_slice(m);
+        len = m.len();
+    }
+    if !rel.is_empty() {
+        *out.get_mut(len)? = b'/';
+        out.get_mut(len + 1..len + 1 + rel.len())?.copy_from_slice(rel);
+        len += 1 + rel.len();
+    }
+    Some(len)
+}
+
+/// Full classification of `path` relative to `dirfd` (AT_FDCWD or an fd).
+pub fn classify<'s>(dirfd: c_int, path: &[u8], scratch: &'s mut Scratch) -> Class<'s> {
+    if path.is_empty() {
+        return Class::Real;
+    }
+    let mount = state::mount();
+    let out = &mut scratch.buf[..MAX_PATH];
+    if path[0] == b'/' {
+        let Some(n) = normalize_into(b"/", path, out) else { return Class::Real };
+        return match under_mount(&out[..n.len], &mount.path) {
+            None => Class::Real,
+            Some(_) => match state::state() {
+                None => Class::Err(libc::ENOENT),
+                Some(st) => {
+                    let rel = under_mount(&scratch.buf[..n.len], &mount.path).unwrap_or(b"");
+                    Class::Virtual(VPath { st, rel, must_be_dir: n.must_be_dir })
+                }
+            },
+        };
+    }
+    let base = if dirfd == libc::AT_FDCWD {
+        match vcwd() {
+            Some(n) => n,
+            None => return Class::Real,
+        }
+    } else {
+        match fd_table::get(dirfd) {
+            Some(Tracked::Dir { node, .. }) => node,
+            Some(Tracked::File(_)) => return Class::Err(libc::ENOTDIR),
+            None => return Class::Real,
+        }
+    };
+    let Some(st) = state::current() else { return Class::Real };
+    let mut cwd = [0u8; MAX_PATH];
+    let Some(cl) = node_abs_path(st, base, &mut cwd) else { return Class::Err(libc::ENAMETOOLONG) };
+    let Some(n) = normalize_into(&cwd[..cl], path, out) else { return Class::Err(libc::ENAMETOOLONG) };
+    if under_mount(&out[..n.len], &mount.path).is_none() {
+        scratch.buf[n.len] = 0;
+        return Class::Redirect;
+    }
+    let rel = under_mount(&scratch.buf[..n.len], &mount.path).unwrap_or(b"");
+    Class::Virtual(VPath { st, rel, must_be_dir: n.must_be_dir })
+}

@@ -1,0 +1,300 @@
+//! Lazy initialisation: configuration from the environment, the daemon's
+//! node state, and the shared-memory index mapped read-only.
+//!
+//! Nothing happens at load time. The first hooked call (with the thread's
+//! guard held, so our own file reads go straight to libc) reads the
+//! environment and tries to load the state; a process that starts before its
+//! daemon is ready retries at most once a second, and only when it touches a
+//! path under the mount. Everything built here is leaked: it lives as long
+//! as the process and is shared read-only by all threads (and by fork
+//! children, which inherit it).
+
+use crate::lock::Locked;
+use fanstore_core::manifest::{IndexView, Verify};
+use fanstore_core::runtime::{self, NodeState, Status};
+use std::ffi::{CStr, CString};
+use std::os::unix::ffi::OsStrExt;
+use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicBool, AtomicPtr, AtomicU64, Ordering};
+
+/// The default mount prefix.
+pub const DEFAULT_MOUNT: &[u8] = b"/fanstore";
+
+/// Settings read once from the environment.
+pub struct Config {
+    pub rt: PathBuf,
+    pub mount_env: Option<Vec<u8>>,
+    pub node: Option<u32>,
+    /// Socket send/receive timeout for each daemon exchange.
+    pub timeout_ms: u64,
+}
+
+/// The mount prefix, normalised (absolute, no trailing '/').
+pub struct Mount {
+    pub path: Vec<u8>,
+}
+
+impl Mount {
+    /// The mount without its leading '/' (empty for "/").
+    #[inline]
+    pub fn tail(&self) -> &[u8] {
+        &self.path[1..]
+    }
+}
+
+/// Everything a loaded client knows about its daemon and dataset.
+pub struct State {
+    pub view: IndexView<'static>,
+    pub rank: u32,
+    pub dataset_id: u64,
+    pub daemon_pid: u64,
+    pub local_dir: Vec<u8>,
+    pub local_parts: Vec<bool>,
+    pub sock_path: Vec<u8>,
+    /// A real, empty, read-only directory: the real fd behind every virtual directory fd.
+    pub empty_dir: CString,
+    pub empty_ino: u64,
+    pub uid: u32,
+    pub gid: u32,
+}
+
+static INIT: Locked<()> = Locked::new(());
+static INIT_DONE: AtomicBool = AtomicBool::new(false);
+static CONFIG: AtomicPtr<Config> = AtomicPtr::new(std::ptr::null_mut());
+static MOUNT: AtomicPtr<Mount> = AtomicPtr::new(std::ptr::null_mut());
+static STATE: AtomicPtr<State> = AtomicPtr::new(std::ptr::null_mut());
+static LAST_TRY_MS: AtomicU64 = AtomicU64::new(0);
+
+/// Fork prepare: no thread may be half-way through initialisation.
+pub fn fork_lock() {
+    INIT.lock();
+}
+pub fn fork_unlock() {
+    INIT.unlock();
+}
+
+fn now_ms() -> u64 {
+    let mut ts = libc::timespec { tv_sec: 0, tv_nsec: 0 };
+    // SAFETY: ts is a valid out-pointer; CLOCK_MONOTONIC always exists.
+    unsafe { libc::clock_gettime(libc::CLOCK_MONOTONIC, &mut ts) };
+    ts.tv_sec as u64 * 1000 + ts.tv_nsec as u64 / 1_000_000
+}
+
+fn env(name: &CStr) -> Option<Vec<u8>> {
+    // SAFETY: name is NUL-terminated; getenv returns null or a NUL-terminated
+    // string that we copy at once.
+    unsafe {
+        let p = libc::getenv(name.as_ptr());
+        (!p.is_null()).then(|| CStr::from_ptr(p).to_bytes().to_vec())
+    }
+}
+
+fn normalise_mount(m: &[u8]) -> Option<Vec<u8>> {
+    if m.first() != Some(&b'/') {
+        return None;
+    }
+    let mut buf = vec![0u8; m.len() + 2];
+    let n = fanstore_core::path::normalize_into(b"/", m, &mut buf)?;
+    buf.truncate(n.len);
+    Some(buf)
+}
+
+fn set_mount(path: Vec<u8>) {
+    let new = Box::into_raw(Box::new(Mount { path }));
+    // The old value is leaked on purpose: another thread may still read it.
+    MOUNT.store(new, Ordering::Release);
+}
+
+/// Reads the environment and makes the first attempt to load the state.
+#[inline]
+pub fn ensure_init() {
+    if !INIT_DONE.load(Ordering::Acquire) {
+        init_slow();
+    }
+}
+
+#[cold]
+fn init_slow() {
+    // SAFETY: errno is thread-local; we restore it so that the call that
+    // triggered initialisation sees the errno it would have seen.
+    let saved = unsafe { *libc::__errno_location() };
+    INIT.lock();
+    if !INIT_DONE.load(Ordering::Acquire) {
+        let debug = env(c"FANSTORE_DEBUG").is_some_and(|v| !v.is_empty() && v != b"0");
+        crate::debug::set_enabled(debug);
+        let mount_env = env(c"FANSTORE_MOUNT").and_then(|m| normalise_mount(&m));
+        let cfg = Config {
+            rt: env(c"FANSTORE_RUNTIME_DIR")
+                .map(|v| PathBuf::from(std::ffi::OsStr::from_bytes(&v)))
+                .unwrap_or_else(runtime::runtime_dir),
+            node: env(c"FANSTORE_NODE").and_then(|v| std::str::from_utf8(&v).ok()?.trim().parse().ok()),
+            timeout_ms: env(c"FANSTORE_TIMEOUT_MS")
+                .and_then(|v| std::str::from_utf8(&v).ok()?.trim().parse().ok())
+                .unwrap_or(5000),
+            mount_env: mount_env.clone(),
+        };
+        set_mount(mount_env.unwrap_or_else(|| DEFAULT_MOUNT.to_vec()));
+        CONFIG.store(Box::into_raw(Box::new(cfg)), Ordering::Release);
+        if debug {
+            crate::hooks::report_symbols();
+        }
+        load_locked();
+        INIT_DONE.store(true, Ordering::Release);
+    }
+    INIT.unlock();
+    // SAFETY: as above.
+    unsafe { *libc::__errno_location() = saved };
+}
+
+/// Called with INIT held: one attempt to find and map the daemon's index.
+fn load_locked() {
+    LAST_TRY_MS.store(now_ms(), Ordering::Relaxed);
+    // SAFETY: CONFIG is set before the first call and never freed.
+    let Some(cfg) = (unsafe { CONFIG.load(Ordering::Acquire).as_ref() }) else { return };
+    match load(cfg) {
+        Ok(st) => {
+            if cfg.mount_env.is_none() {
+                if let Some(m) = st.1 {
+                    set_mount(m);
+                }
+            }
+            let st = Box::into_raw(Box::new(st.0));
+            STATE.store(st, Ordering::Release);
+            // SAFETY: just stored, never freed.
+            let s = unsafe { &*st };
+            crate::dlog!(
+                "index mapped: rank {} dataset {:016x} nodes {} mount {} socket {}",
+                s.rank,
+                s.dataset_id,
+                s.view.node_count(),
+                crate::debug::B(&mount().path),
+                crate::debug::B(&s.sock_path)
+            );
+        }
+        Err(e) => crate::dlog!("no index yet ({}): paths under the mount give ENOENT", e),
+    }
+}
+
+fn load(cfg: &Config) -> Result<(State, Option<Vec<u8>>), String> {
+    let ns = match cfg.node {
+        Some(k) => {
+            let p = runtime::state_path(&cfg.rt, k);
+            NodeState::read(&p).map_err(|e| format!("FANSTORE_NODE={k}: {e}"))?
+        }
+        None => {
+            let host = runtime::hostname();
+            runtime::list_states(&cfg.rt)
+                .into_iter()
+                .find(|s| s.status == Status::Ready && s.hostname == host)
+                .ok_or_else(|| format!("no ready daemon for this host in {}", cfg.rt.display()))?
+        }
+    };
+    if ns.status != Status::Ready {
+        return Err(format!("daemon rank {} is {:?}", ns.rank, ns.status));
+    }
+    let ipath = Path::new(std::ffi::OsStr::from_bytes(&ns.index_path));
+    let f = std::fs::File::open(ipath).map_err(|e| format!("{}: {e}", ipath.display()))?;
+    let len = f.metadata().map_err(|e| format!("{}: {e}", ipath.display()))?.len() as usize;
+    if len == 0 {
+        return Err(format!("{}: empty index", ipath.display()));
+    }
+    use std::os::fd::AsRawFd;
+    // SAFETY: a fresh read-only shared mapping of a file we hold open; the
+    // daemon publishes the index once and never modifies it in place.
+    let p = unsafe { libc::mmap(std::ptr::null_mut(), len, libc::PROT_READ, libc::MAP_SHARED, f.as_raw_fd(), 0) };
+    if p == libc::MAP_FAILED {
+        return Err(format!("{}: mmap failed", ipath.display()));
+    }
+    // SAFETY: the mapping is `len` readable bytes and is never unmapped.
+    let bytes: &'static [u8] = unsafe { std::slice::from_raw_parts(p as *const u8, len) };
+    let view = IndexView::parse(ipath, bytes, Verify::Header).map_err(|e| e.to_string())?;
+    if view.dataset_id() != ns.dataset_id {
+        return Err(format!("index dataset {:x} differs from daemon's {:x}", view.dataset_id(), ns.dataset_id));
+    }
+    let (empty_dir, empty_ino) = make_empty_dir(&cfg.rt)?;
+    // SAFETY: getuid/getgid have no preconditions.
+    let (uid, gid) = unsafe { (libc::getuid(), libc::getgid()) };
+    let mount = if ns.mount.is_empty() { None } else { normalise_mount(&ns.mount) };
+    let sock = runtime::socket_path(&cfg.rt, ns.rank);
+    let st = State {
+        view,
+        rank: ns.rank,
+        dataset_id: ns.dataset_id,
+        daemon_pid: ns.pid,
+        local_dir: ns.local_dir,
+        local_parts: ns.local_partitions,
+        sock_path: sock.as_os_str().as_bytes().to_vec(),
+        empty_dir,
+        empty_ino,
+        uid,
+        gid,
+    };
+    Ok((st, mount))
+}
+
+fn make_empty_dir(rt: &Path) -> Result<(CString, u64), String> {
+    use std::os::unix::fs::{DirBuilderExt, MetadataExt};
+    // SAFETY: getuid has no preconditions.
+    let uid = unsafe { libc::getuid() };
+    let candidates = [rt.join("empty"), std::env::temp_dir().join(format!("fanstore-empty-{uid}"))];
+    for d in candidates {
+        let _ = std::fs::DirBuilder::new().mode(0o500).create(&d);
+        if let Ok(m) = std::fs::metadata(&d) {
+            if m.is_dir() {
+                let c = CString::new(d.as_os_str().as_bytes()).map_err(|e| e.to_string())?;
+                return Ok((c, m.ino()));
+            }
+        }
+    }
+    Err("cannot create an empty directory for virtual directory fds".into())
+}
+
+/// The mount prefix (initialising on first use).
+#[inline]
+pub fn mount() -> &'static Mount {
+    ensure_init();
+    // SAFETY: set during initialisation, never freed (replaced values leak).
+    unsafe { &*MOUNT.load(Ordering::Acquire) }
+}
+
+/// The loaded state, retrying the load at most once a second while absent.
+pub fn state() -> Option<&'static State> {
+    ensure_init();
+    let p = STATE.load(Ordering::Acquire);
+    if !p.is_null() {
+        // SAFETY: published once, never freed.
+        return Some(unsafe { &*p });
+    }
+    if now_ms().saturating_sub(LAST_TRY_MS.load(Ordering::Relaxed)) < 1000 {
+        return None;
+    }
+    INIT.lock();
+    if STATE.load(Ordering::Acquire).is_null() {
+        load_locked();
+    }
+    INIT.unlock();
+    // SAFETY: as above.
+    unsafe { STATE.load(Ordering::Acquire).as_ref() }
+}
+
+/// The state if already loaded (no initialisation, no retry).
+#[inline]
+pub fn current() -> Option<&'static State> {
+    // SAFETY: published once, never freed.
+    unsafe { STATE.load(Ordering::Acquire).as_ref() }
+}
+
+pub fn config() -> Option<&'static Config> {
+    // SAFETY: published once, never freed.
+    unsafe { CONFIG.load(Ordering::Acquire).as_ref() }
+}
+
+/// Installs a state directly (unit tests).
+#[cfg(test)]
+pub fn install_for_test(st: State, mount_path: &[u8]) {
+    INIT.lock();
+    INIT_DONE.store(true, Ordering::Release);
+    set_mount(mount_path.to_vec());
+    STATE.store(Box::into_raw(Box::new(st)), Ordering::Release);
+    INIT.unlock();
+}
