@@ -115,12 +115,12 @@ fn run(args: &DaemonArgs) -> anyhow::Result<i32> {
         mount: args.mount.clone(),
     };
     let mut cleanup = Cleanup::default();
-    let prepared = prepare(args, id, &comm, &mut cleanup);
+    let prepared = prepare(args, &id, &mut cleanup);
     let any_failed = comm
         .allreduce_max(i32::from(prepared.is_err()), Duration::from_secs_f64(args.load_timeout), || {})
         .unwrap_or(1);
     let p = match prepared {
-        Err((e, id)) => {
+        Err(e) => {
             log::error!("rank {rank}: {e:#}");
             log::error!("rank {rank}: load failed; the whole job stops (no rank runs with missing partitions)");
             publish_failed(&id, &runtime);
@@ -193,41 +193,30 @@ fn publish_failed(id: &Identity, runtime: &Path) {
     let _ = st.publish(&fanstore_core::runtime::state_path(runtime, id.rank));
 }
 
-type PrepError = (anyhow::Error, Identity);
-
-/// Everything up to a loaded, serving rank. On error returns the identity
-/// back so the caller can publish the failure.
-fn prepare(args: &DaemonArgs, id: Identity, comm: &Comm, cleanup: &mut Cleanup) -> Result<Prepared, PrepError> {
-    macro_rules! tryp {
-        ($e:expr) => {
-            match $e {
-                Ok(v) => v,
-                Err(e) => return Err((anyhow::Error::from(e), id)),
-            }
-        };
-    }
+/// Everything up to a loaded, serving rank.
+fn prepare(args: &DaemonArgs, id: &Identity, cleanup: &mut Cleanup) -> anyhow::Result<Prepared> {
     let rank = id.rank;
-    tryp!(fanstore_daemon::prepare_runtime_dir(&id.runtime));
+    fanstore_daemon::prepare_runtime_dir(&id.runtime)?;
     cleanup.runtime = Some(id.runtime.clone());
     let state_path = fanstore_core::runtime::state_path(&id.runtime, rank);
-    tryp!(node::state_for(&id, 0, Phase::Loading, Vec::new())
+    node::state_for(id, 0, Phase::Loading, Vec::new())
         .publish(&state_path)
-        .with_context(|| format!("publishing {}", state_path.display())));
+        .with_context(|| format!("publishing {}", state_path.display()))?;
     cleanup.state = Some(state_path);
     if rank == 0 {
         fanstore_daemon::remove_stale_ranks(&id.runtime, id.nranks);
     }
     let mpath = args.data.join(fanstore_core::manifest::FILE_NAME);
-    let manifest = tryp!(Manifest::open(&mpath).context("loading the manifest"));
+    let manifest = Manifest::open(&mpath).context("loading the manifest")?;
     // The daemon keeps its own copy for the life of the process.
     let bytes: &'static [u8] = Box::leak(manifest.bytes().to_vec().into_boxed_slice());
     drop(manifest);
-    let view = tryp!(IndexView::parse(&mpath, bytes, Verify::Header));
-    tryp!(load::check_partition_table(&view));
-    cleanup.shm = Some(tryp!(IndexShm::publish(&id.index_path, bytes)));
+    let view = IndexView::parse(&mpath, bytes, Verify::Header)?;
+    load::check_partition_table(&view)?;
+    cleanup.shm = Some(IndexShm::publish(&id.index_path, bytes)?);
     let replicated: Vec<bool> = view.partitions().map(|p| p.replicated()).collect();
     let placement = Placement::new(id.nranks, args.replication, replicated);
-    let listener = tryp!(Listener::bind(&fanstore_core::runtime::socket_path(&id.runtime, rank)));
+    let listener = Listener::bind(&fanstore_core::runtime::socket_path(&id.runtime, rank))?;
     cleanup.socket = Some(listener.path().to_path_buf());
     // A stale local dir of a killed run is ours (rank-<r> under --local): replace it.
     if id.local_dir.exists() {
@@ -237,16 +226,13 @@ fn prepare(args: &DaemonArgs, id: Identity, comm: &Comm, cleanup: &mut Cleanup) 
     let local_dir = id.local_dir.clone();
     let (tx, rx) = crossbeam::channel::unbounded();
     let remote_timeout = Duration::from_secs_f64(args.remote_timeout.max(0.1));
-    let node = Arc::new(Node::new(id, view, placement, args.cache_mem, tx, remote_timeout));
+    let node = Arc::new(Node::new(id.clone(), view, placement, args.cache_mem, tx, remote_timeout));
     node.set_phase(Phase::Loading);
     let server = {
         let node = node.clone();
         std::thread::Builder::new().name("fanstore-accept".into()).spawn(move || server::serve(listener, node))
     };
-    let server = match server {
-        Ok(s) => s,
-        Err(e) => return Err((e.into(), node.id.clone())),
-    };
+    let server = server.context("spawning the accept thread")?;
     if !args.keep_local {
         cleanup.local = Some(local_dir.clone());
     }
@@ -258,7 +244,6 @@ fn prepare(args: &DaemonArgs, id: Identity, comm: &Comm, cleanup: &mut Cleanup) 
         node.placement.replication(),
         local_dir.display()
     );
-    let _ = comm; // loading needs no MPI; the caller's collective check follows
     match load::load(&args.data, &node.view, &node.placement, rank, &local_dir, threads) {
         Ok(l) => {
             let r = l.report;
@@ -278,7 +263,7 @@ fn prepare(args: &DaemonArgs, id: Identity, comm: &Comm, cleanup: &mut Cleanup) 
         Err(e) => {
             node.stopping.store(true, Relaxed);
             let _ = server.join();
-            Err((anyhow::Error::from(e).context(format!("rank {rank}: loading")), node.id.clone()))
+            Err(anyhow::Error::from(e).context(format!("rank {rank}: loading")))
         }
     }
 }

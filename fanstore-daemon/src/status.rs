@@ -171,9 +171,12 @@ const COLUMNS: [(&str, &str); 15] = [
     ("errors", "errors"),
 ];
 
+/// One rank's parsed STATUS text, `None` when it did not answer.
+pub type StatusRow = (u32, Option<Vec<(String, String)>>);
+
 /// Renders one row per rank (parsed STATUS texts, or `None` for a rank that
 /// did not answer) as an aligned text table.
-pub fn table(rows: &[(u32, Option<Vec<(String, String)>>)]) -> String {
+pub fn table(rows: &[StatusRow]) -> String {
     let mut cells: Vec<Vec<String>> = vec![COLUMNS.iter().map(|c| c.0.to_string()).collect()];
     for (rank, kv) in rows {
         let row = match kv {

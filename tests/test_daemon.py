@@ -1,0 +1,325 @@
+"""End-to-end tests of fanstore-daemon and the fanstore CLI: real MPICH under
+`mpiexec -n 4` (UCX_TLS=tcp), real unix sockets, no preload library.
+
+A wire-protocol client (fs_cluster.Client) asks every rank's daemon for every
+file of a generated dataset and compares the bytes with the source tree; the
+stat fields are checked in the index the daemons publish."""
+import os
+import random
+import signal
+import stat
+import subprocess
+import time
+from pathlib import Path
+
+import pytest
+
+import fs_cluster
+import fs_prep
+from fs_cluster import read_index, node_state, start_cluster, launch
+
+NRANKS = 4
+SIZES = [0, 1, 100, 4096, 65536, 128 << 10, 1 << 20, 3 << 20, 5 << 20]
+
+
+def make_source(root: Path) -> Path:
+    """A small tree: many sizes, random and compressible, nested, plus val/ (the replicate dir)."""
+    rng = random.Random(7)
+    for i, size in enumerate(SIZES):
+        d = root / "train" / f"c{i % 3}"
+        d.mkdir(parents=True, exist_ok=True)
+        (d / f"rand{i}.bin").write_bytes(rng.randbytes(size))
+        (d / f"text{i}.txt").write_bytes((b"fanstore %d " % i) * (size // 11 + 1))
+    (root / "val").mkdir()
+    for i in range(6):
+        (root / "val" / f"v{i}.bin").write_bytes(rng.randbytes(1000 * (i + 1)))
+    (root / "top.txt").write_text("hello\n")
+    os.chmod(root / "top.txt", 0o600)
+    return root
+
+
+@pytest.fixture(scope="module")
+def source(tmp_path_factory) -> Path:
+    return make_source(tmp_path_factory.mktemp("daemon-src"))
+
+
+_packed = {}
+
+
+@pytest.fixture(scope="module")
+def pack(bins, source, tmp_path_factory):
+    def get(codec="none", replicate=True, partitions=8):
+        key = (codec, replicate, partitions)
+        if key not in _packed:
+            out = tmp_path_factory.mktemp("daemon-ds") / f"ds-{codec}".replace(":", "")
+            args = ["--partitions", str(partitions), "--compress", codec]
+            if replicate:
+                args += ["--replicate-dir", "val"]
+            fs_prep.pack(bins, source, out, *args)
+            _packed[key] = out
+        return _packed[key]
+    return get
+
+
+def files_of(dataset: Path):
+    ds_id, nodes = read_index(dataset / "manifest.fsm")
+    return ds_id, {p: n for p, n in nodes.items() if n["kind"] == fs_cluster.KIND_FILE}
+
+
+def shm_files_of(cluster) -> list:
+    return [node_state(cluster.runtime, r)["index_path"] for r in range(cluster.nranks)]
+
+
+def check_every_rank_serves_every_file(cluster, dataset: Path, source: Path):
+    ds_id, files = files_of(dataset)
+    manifest = (dataset / "manifest.fsm").read_bytes()
+    assert len(files) == 2 * len(SIZES) + 7
+    for r in range(cluster.nranks):
+        st = node_state(cluster.runtime, r)
+        assert st["status"] == 1 and st["nranks"] == cluster.nranks and st["dataset_id"] == ds_id
+        idx = Path(st["index_path"])
+        assert idx.parent == Path("/dev/shm")
+        assert stat.S_IMODE(idx.stat().st_mode) == 0o600
+        assert idx.read_bytes() == manifest, "the index is the verified manifest"
+        _, inodes = read_index(idx)
+        with cluster.client(r) as c:
+            assert c.ping() == r
+            for path, n in sorted(files.items()):
+                src = source / path
+                s = src.stat()
+                # stat fields as the index records them
+                assert (inodes[path]["size"], inodes[path]["mode"], inodes[path]["mtime_ns"]) == \
+                    (s.st_size, s.st_mode, s.st_mtime_ns), path
+                fd = c.open_fd(n["id"], ds_id)
+                try:
+                    assert os.fstat(fd).st_size == s.st_size, path
+                    assert fs_cluster.read_fd(fd) == src.read_bytes(), f"rank {r}: {path}"
+                finally:
+                    os.close(fd)
+            status = c.status()
+            assert status["status"] == "ready" and int(status["errors"]) == 0, status
+    return files
+
+
+@pytest.mark.parametrize("codec", ["none", "lz4", "zstd"])
+def test_every_rank_serves_every_file(bins, pack, source, tmp_path, codec):
+    ds = pack(codec)
+    c = start_cluster(bins, ds, tmp_path, nranks=NRANKS)
+    try:
+        check_every_rank_serves_every_file(c, ds, source)
+        # Second pass: remote and compressed files now come from each node's cache.
+        ds_id, files = files_of(ds)
+        with c.client(1) as cl:
+            before = cl.status()
+            for n in files.values():
+                cl.read(n["id"], ds_id)
+            after = cl.status()
+        assert int(after["cache_hits"]) > int(before["cache_hits"])
+        assert int(after["remote_sent"]) == int(before["remote_sent"]), "cached: no new remote reads"
+        table = c.cli("status").stdout
+        assert len(table.strip().splitlines()) == 1 + NRANKS and "ready" in table, table
+        served = []
+        for r in range(NRANKS):
+            with c.client(r) as cl:
+                served.append(int(cl.status()["remote_served"]))
+        assert all(s > 0 for s in served), served
+        shm = shm_files_of(c)
+        local = c.local
+    finally:
+        c.stop()
+    # stop leaves nothing behind
+    assert not any(os.path.exists(p) for p in shm), shm
+    assert not c.runtime.exists() or not any(c.runtime.iterdir())
+    assert not local.exists() or not any(local.iterdir())
+
+
+def test_replication_2_and_replicate_dir(bins, pack, source, tmp_path):
+    ds = pack("zstd")
+    ds_id, files = files_of(ds)
+    c = start_cluster(bins, ds, tmp_path, nranks=NRANKS, extra_args=["--replication", "2"])
+    try:
+        held = {r: set(node_state(c.runtime, r)["local"]) for r in range(NRANKS)}
+        replicated = {n["partition"] for p, n in files.items() if p.startswith("val/")}
+        assert len(replicated) == 1
+        for r in range(NRANKS):
+            assert replicated <= held[r], "the replicate-dir partition is on every rank"
+        for p in range(9):
+            holders = [r for r in range(NRANKS) if p in held[r]]
+            assert len(holders) == (NRANKS if p in replicated else 2), (p, holders)
+        check_every_rank_serves_every_file(c, ds, source)
+        # val/ files are local everywhere: rank 2 never asks another rank for them.
+        with c.client(2) as cl:
+            before = int(cl.status()["remote_sent"])
+            for path, n in files.items():
+                if path.startswith("val/"):
+                    assert cl.read(n["id"], ds_id) == (source / path).read_bytes()
+            assert int(cl.status()["remote_sent"]) == before
+        served = []
+        for r in range(NRANKS):
+            with c.client(r) as cl:
+                served.append(int(cl.status()["remote_served"]))
+        assert all(s > 0 for s in served), f"reads spread over the replicas: {served}"
+    finally:
+        c.stop()
+
+
+def test_local_raw_file_is_the_extracted_file(bins, pack, source, tmp_path):
+    ds = pack("none")
+    ds_id, files = files_of(ds)
+    c = start_cluster(bins, ds, tmp_path, nranks=2)
+    try:
+        st = node_state(c.runtime, 0)
+        local = [(p, n) for p, n in files.items() if n["partition"] in st["local"] and n["codec"] == 0]
+        remote = [(p, n) for p, n in files.items() if n["partition"] not in st["local"] and n["size"] > 0]
+        assert local and remote
+        with c.client(0) as cl:
+            fd = cl.open_fd(local[0][1]["id"], ds_id)
+            target = os.readlink(f"/proc/self/fd/{fd}")
+            os.close(fd)
+            assert target.startswith(st["local_dir"] + "/in/"), target
+            fd = cl.open_fd(remote[0][1]["id"], ds_id)
+            target = os.readlink(f"/proc/self/fd/{fd}")
+            import fcntl
+            seals = fcntl.fcntl(fd, 1034)  # F_GET_SEALS
+            os.close(fd)
+            assert target.startswith("/memfd:fanstore"), target
+            assert seals & 0xF == 0xF, "sealed: write, grow, shrink, seal"
+            # errors
+            for bad, errno in [((1 << 40, ds_id), 2), ((0, ds_id), 2), ((local[0][1]["id"], ds_id ^ 1), 116)]:
+                with pytest.raises(OSError) as e:
+                    cl.open_fd(*bad)
+                assert e.value.errno == errno
+    finally:
+        c.stop()
+
+
+def test_singleton_without_launcher(bins, pack, source, tmp_path):
+    ds = pack("lz4")
+    c = start_cluster(bins, ds, tmp_path, nranks=0)
+    try:
+        assert c.nranks == 1
+        st = node_state(c.runtime, 0)
+        assert st["nranks"] == 1 and len(st["local"]) == 9
+        check_every_rank_serves_every_file(c, ds, source)
+    finally:
+        c.stop()
+
+
+def test_corrupt_partition_aborts_the_job(bins, pack, tmp_path):
+    good = pack("none")
+    bad = tmp_path / "bad-ds"
+    bad.mkdir()
+    for f in good.iterdir():
+        (bad / f.name).write_bytes(f.read_bytes())
+    part = bad / "part-000002.fsp"
+    b = bytearray(part.read_bytes())
+    b[len(b) // 2] ^= 0x55  # inside a payload
+    part.write_bytes(bytes(b))
+    proc, runtime, local, log_path = launch(bins, bad, tmp_path, nranks=NRANKS)
+    try:
+        rc = proc.wait(timeout=60)
+    except subprocess.TimeoutExpired:
+        os.killpg(proc.pid, signal.SIGKILL)
+        pytest.fail("the job kept running with a corrupt partition")
+    log = log_path.read_text()
+    assert rc != 0, log
+    assert "part-000002.fsp" in log and "checksum" in log, log
+    w = subprocess.run([bins["cli"], "--runtime-dir", str(runtime), "wait", "--timeout", "5"],
+                       capture_output=True, text=True)
+    assert w.returncode == 1 and "failed" in w.stderr, w.stderr
+    states = [node_state(runtime, r) for r in range(NRANKS)]
+    assert all(s["status"] == 3 for s in states), "every rank reports Failed"
+    assert not any(os.path.exists(s["index_path"]) for s in states), "shm index removed"
+    assert not local.exists() or not any(local.iterdir())
+    # `fanstore stop` cleans what dead daemons left.
+    subprocess.run([bins["cli"], "--runtime-dir", str(runtime), "stop"], check=True, capture_output=True)
+    assert not runtime.exists()
+
+
+def test_missing_partition_names_it(bins, pack, tmp_path):
+    good = pack("lz4")
+    bad = tmp_path / "missing-ds"
+    bad.mkdir()
+    for f in good.iterdir():
+        if f.name != "part-000005.fsp":
+            (bad / f.name).write_bytes(f.read_bytes())
+    proc, runtime, local, log_path = launch(bins, bad, tmp_path, nranks=0)
+    rc = proc.wait(timeout=60)
+    log = log_path.read_text()
+    assert rc != 0 and "part-000005.fsp" in log, log
+    subprocess.run([bins["cli"], "--runtime-dir", str(runtime), "stop"], check=True, capture_output=True)
+
+
+def test_dead_client_and_hung_holder(bins, pack, source, tmp_path):
+    """A client killed mid-request, a client sending garbage, and a holder that
+    stops answering (SIGSTOP): the daemon answers EIO in bounded time and keeps serving."""
+    ds = pack("none")
+    ds_id, files = files_of(ds)
+    c = start_cluster(bins, ds, tmp_path, nranks=2, extra_args=["--remote-timeout", "2"])
+    try:
+        st0 = node_state(c.runtime, 0)
+        remote = sorted(((p, n) for p, n in files.items() if n["partition"] not in st0["local"] and n["size"] > 0),
+                        key=lambda x: -x[1]["size"])
+        assert len(remote) >= 3
+        # 1. a client process that dies right after asking for a big remote file
+        code = ("import sys; sys.path.insert(0, %r); import fs_cluster, os\n"
+                "c = fs_cluster.Client(%r); c.send(fs_cluster.OP_OPEN, %d, %d); os._exit(0)\n"
+                % (str(Path(__file__).parent), str(c.socket(0)), remote[0][1]["id"], ds_id))
+        for _ in range(3):
+            subprocess.run(["python3", "-c", code], check=True, timeout=30)
+        # 2. garbage and a half-closed connection
+        import socket
+        s = socket.socket(socket.AF_UNIX, socket.SOCK_SEQPACKET)
+        s.connect(str(c.socket(0)))
+        s.send(b"not a request")
+        s.close()
+        with c.client(0) as cl:
+            assert cl.read(remote[0][1]["id"], ds_id) == (source / remote[0][0]).read_bytes()
+        # 3. the holder hangs: a file not yet cached must fail with EIO, in bounded time
+        pid1 = node_state(c.runtime, 1)["pid"]
+        os.kill(pid1, signal.SIGSTOP)
+        try:
+            with c.client(0, timeout=60) as cl:
+                t = time.monotonic()
+                with pytest.raises(OSError) as e:
+                    cl.open_fd(remote[1][1]["id"], ds_id)
+                took = time.monotonic() - t
+                assert e.value.errno == 5, e.value
+                assert took < 15, took
+                assert cl.ping() == 0, "rank 0 still serves"
+                st = cl.status()
+                assert int(st["remote_failed"]) >= 1
+        finally:
+            os.kill(pid1, signal.SIGCONT)
+        with c.client(0) as cl:
+            for p, n in remote[1:4]:
+                assert cl.read(n["id"], ds_id) == (source / p).read_bytes()
+    finally:
+        c.stop()
+
+
+def test_pieces_and_small_cache(bins, pack, source, tmp_path):
+    """Payloads crossing in many MPI messages (--mpi-piece 64K, hidden testing knob),
+    and a cache smaller than the files (evictions, still correct)."""
+    ds = pack("zstd")
+    c = start_cluster(bins, ds, tmp_path, nranks=2,
+                      extra_args=["--mpi-piece", "64K", "--cache-mem", "1M"])
+    try:
+        check_every_rank_serves_every_file(c, ds, source)
+        ev = 0
+        for r in range(2):
+            with c.client(r) as cl:
+                ev += int(cl.status()["cache_evictions"])
+        assert ev > 0
+    finally:
+        c.stop()
+
+
+def test_cli_wait_times_out_without_daemons(bins, tmp_path):
+    rt = tmp_path / "rt"
+    rt.mkdir()
+    r = subprocess.run([bins["cli"], "--runtime-dir", str(rt), "wait", "--timeout", "0.5"],
+                       capture_output=True, text=True, timeout=30)
+    assert r.returncode == 1 and "timed out" in r.stderr
+    r = subprocess.run([bins["cli"], "--runtime-dir", str(rt), "status"], capture_output=True, text=True)
+    assert r.returncode == 1
