@@ -125,6 +125,15 @@ unsafe fn abs_maybe(p: *const u8) -> bool {
     }
 }
 
+/// Does absolute `path` begin with the mount's components (after any leading slashes)?
+fn starts_in_mount(path: &[u8], tail: &[u8]) -> bool {
+    let p = &path[path.iter().position(|&b| b != b'/').unwrap_or(path.len())..];
+    match p.strip_prefix(tail) {
+        Some(rest) => tail.is_empty() || rest.is_empty() || rest[0] == b'/',
+        None => false,
+    }
+}
+
 /// Writes the absolute path of `node` (mount + '/' + relative path) to `out`.
 pub fn node_abs_path(st: &State, node: u32, out: &mut [u8]) -> Option<usize> {
     let m = &state::mount().path;
@@ -152,6 +161,12 @@ pub fn classify<'s>(dirfd: c_int, path: &[u8], scratch: &'s mut Scratch) -> Clas
     if path[0] == b'/' {
         let Some(n) = normalize_into(b"/", path, out) else { return Class::Real };
         return match under_mount(&out[..n.len], &mount.path) {
+            // "/fanstore/..": the kernel cannot walk through the virtual
+            // mount, so hand libc the normalised path. Other paths go untouched.
+            None if starts_in_mount(path, mount.tail()) => {
+                scratch.buf[n.len] = 0;
+                Class::Redirect
+            }
             None => Class::Real,
             Some(_) => match state::state() {
                 None => Class::Err(libc::ENOENT),
