@@ -14,6 +14,7 @@
 //! - [`verify`]: checks every checksum and the manifest against the partitions;
 //! - [`ls`]: lists the namespace like `ls -l`;
 //! - [`extract`]: restores the tree exactly, sparse files included;
+//! - [`holes`]: reads sparse input files without paging their holes in;
 //! - [`progress`], [`units`], [`sys`]: progress output, size parsing, and
 //!   the `*at` system calls everything above uses.
 //!
@@ -32,6 +33,7 @@
 //!     skip_unreadable: false,
 //!     skip_special: false,
 //!     progress: ProgressMode::Auto,
+//!     progress_interval: fanstore_prep::progress::PLAIN_INTERVAL,
 //! })?;
 //! println!("{summary}");
 //! # Ok::<(), fanstore_prep::pack::PackError>(())
@@ -39,6 +41,7 @@
 
 pub mod assign;
 pub mod extract;
+pub mod holes;
 pub mod ident;
 pub mod ls;
 pub mod pack;

@@ -78,6 +78,16 @@ struct PackArgs {
     /// Progress output: auto (bar on a terminal, plain lines otherwise), bar, plain, off.
     #[arg(long, value_enum, default_value_t = ProgressMode::Auto)]
     progress: ProgressMode,
+    /// Seconds between plain progress lines.
+    #[arg(long, value_name = "SECS", default_value_t = 2.0, value_parser = parse_interval)]
+    progress_interval: f64,
+}
+
+fn parse_interval(s: &str) -> Result<f64, String> {
+    match s.parse::<f64>() {
+        Ok(v) if v > 0.0 && v.is_finite() => Ok(v),
+        _ => Err(format!("'{s}' is not a positive number of seconds")),
+    }
 }
 
 fn main() -> ExitCode {
@@ -119,6 +129,7 @@ fn run(cli: Cli) -> Result<ExitCode> {
                 skip_unreadable: a.skip_unreadable,
                 skip_special: a.skip_special,
                 progress: a.progress,
+                progress_interval: std::time::Duration::from_secs_f64(a.progress_interval),
             };
             let summary = pack(&opts).context("pack failed")?;
             println!("{summary}");

@@ -22,6 +22,7 @@
 //! dataset or partitions of an unfinished one.
 
 use crate::assign::{self, AssignError, FileWeight, PartitionCount, PlannedPartition};
+use crate::holes::HoleAwareReader;
 use crate::ident;
 use crate::progress::{Progress, ProgressMode, ScanProgress};
 use crate::sys;
@@ -33,7 +34,7 @@ use fanstore_core::partition::{self, PartitionWriter, FLAG_REPLICATED, HEADER_LE
 use fanstore_core::FormatError;
 use std::collections::HashMap;
 use std::fs::File;
-use std::io::{self, Read, Seek, SeekFrom, Write};
+use std::io::{self, Read, Write};
 use std::os::fd::{AsFd, BorrowedFd};
 use std::os::unix::ffi::OsStrExt;
 use std::path::{Path, PathBuf};
@@ -62,6 +63,8 @@ pub struct PackOptions {
     pub skip_unreadable: bool,
     pub skip_special: bool,
     pub progress: ProgressMode,
+    /// Time between plain progress lines.
+    pub progress_interval: std::time::Duration,
 }
 
 /// What a pack did.
@@ -147,7 +150,7 @@ pub fn pack(opts: &PackOptions) -> Result<PackSummary, PackError> {
     let mut out = OutputDir::prepare(&opts.output)?;
     refuse_output_inside_input(&opts.input, &opts.output)?;
 
-    let mut scan = ScanProgress::new(opts.progress);
+    let mut scan = ScanProgress::new(opts.progress, opts.progress_interval);
     let walk_opts = WalkOptions { skip_unreadable: opts.skip_unreadable, skip_special: opts.skip_special };
     let tree = walk::walk(&opts.input, walk_opts, |n| scan.update(n))?;
     scan.finish();
@@ -297,8 +300,8 @@ struct Written {
 /// A file read (and maybe compressed) by a worker.
 enum Loaded {
     Memory { codec: Codec, bytes: Vec<u8>, checksum: u64 },
-    /// A big raw file: the writer streams it from this open file.
-    Stream(File),
+    /// A big raw file: the writer streams it from this reader.
+    Stream(HoleAwareReader),
 }
 
 /// Why a worker could not load a file (the writer adds the path).
@@ -336,7 +339,7 @@ fn write_partitions(
     let threads = opts.threads.max(1);
     let sched = Scheduler::new(jobs.len(), threads * 16 + 64, IN_FLIGHT_BUDGET);
     let total_bytes: u64 = jobs.iter().map(size_of).sum();
-    let mut progress = Progress::new(opts.progress, "packing", jobs.len() as u64, total_bytes);
+    let mut progress = Progress::new(opts.progress, opts.progress_interval, "packing", jobs.len() as u64, total_bytes);
     let (tx, rx) = mpsc::channel::<(usize, u64, Result<Loaded, LoadError>)>();
     let root = tree.root_fd.as_fd();
     let result = std::thread::scope(|s| {
@@ -418,8 +421,8 @@ impl Writer<'_> {
                         let off = w.append(path_hash, size, codec, &bytes)?;
                         Some((off, bytes.len() as u64, codec, checksum))
                     }
-                    Ok(Loaded::Stream(file)) => {
-                        let mut input = TrackingReader { inner: file, count: 0, error: None };
+                    Ok(Loaded::Stream(reader)) => {
+                        let mut input = TrackingReader { inner: reader, count: 0, error: None };
                         match w.append_raw_stream(path_hash, size, &mut input) {
                             Ok((off, checksum)) => Some((off, size, Codec::None, checksum)),
                             Err(e) => {
@@ -509,16 +512,16 @@ fn load(root: BorrowedFd<'_>, rel: &[u8], listed: u64, c: Compression) -> Result
     }
     if listed > STREAM_THRESHOLD {
         if c.codec == Codec::None {
-            return Ok(Loaded::Stream(file));
+            return Ok(Loaded::Stream(HoleAwareReader::new(file, listed)));
         }
-        let mut counting = TrackingReader { inner: (&mut file).take(listed + 1), count: 0, error: None };
+        let mut counting = TrackingReader { inner: HoleAwareReader::new(file.try_clone().map_err(LoadError::Unreadable)?, listed).take(listed + 1), count: 0, error: None };
         return match codec::compress(c, &mut counting, listed) {
-            Ok(Some(bytes)) if counting.count == listed => Ok(Loaded::Memory { codec: c.codec, checksum: xxh3(&bytes), bytes }),
-            Ok(Some(_)) => Err(LoadError::ChangedSize(describe_count(counting.count, listed))),
-            Ok(None) => {
-                file.seek(SeekFrom::Start(0)).map_err(LoadError::Unreadable)?;
-                Ok(Loaded::Stream(file))
+            Ok(Some(bytes)) if counting.count == listed => {
+                check_size_unchanged(&file, listed)?;
+                Ok(Loaded::Memory { codec: c.codec, checksum: xxh3(&bytes), bytes })
             }
+            Ok(Some(_)) => Err(LoadError::ChangedSize(describe_count(counting.count, listed))),
+            Ok(None) => Ok(Loaded::Stream(HoleAwareReader::new(file, listed))),
             Err(e) => Err(match counting.error {
                 Some(read_error) => LoadError::Unreadable(read_error),
                 None => LoadError::Compress(e),
@@ -526,10 +529,11 @@ fn load(root: BorrowedFd<'_>, rel: &[u8], listed: u64, c: Compression) -> Result
         };
     }
     let mut bytes = Vec::with_capacity(listed as usize);
-    file.take(listed + 1).read_to_end(&mut bytes).map_err(LoadError::Unreadable)?;
+    (&mut file).take(listed + 1).read_to_end(&mut bytes).map_err(LoadError::Unreadable)?;
     if bytes.len() as u64 != listed {
         return Err(LoadError::ChangedSize(describe_count(bytes.len() as u64, listed)));
     }
+    check_size_unchanged(&file, listed)?;
     if c.codec != Codec::None && listed > 0 {
         match codec::compress(c, &bytes[..], listed) {
             Ok(Some(z)) => return Ok(Loaded::Memory { codec: c.codec, checksum: xxh3(&z), bytes: z }),
@@ -538,6 +542,16 @@ fn load(root: BorrowedFd<'_>, rel: &[u8], listed: u64, c: Compression) -> Result
         }
     }
     Ok(Loaded::Memory { codec: Codec::None, checksum: xxh3(&bytes), bytes })
+}
+
+/// A second look at the size after reading: catches a file truncated and
+/// rewritten while it was read.
+fn check_size_unchanged(file: &File, listed: u64) -> Result<(), LoadError> {
+    let st = sys::fstat(file.as_fd()).map_err(LoadError::Unreadable)?;
+    if st.size != listed {
+        return Err(LoadError::ChangedSize(format!("it has {} bytes after being read", st.size)));
+    }
+    Ok(())
 }
 
 /// A reader that counts the bytes it yields and keeps its first error, so

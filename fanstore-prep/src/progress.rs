@@ -3,9 +3,11 @@
 
 use indicatif::{ProgressBar, ProgressDrawTarget, ProgressStyle};
 use std::io::IsTerminal;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Condvar, Mutex};
 use std::time::{Duration, Instant};
 
-/// How often a plain progress line is printed.
+/// How often a plain progress line is printed by default.
 pub const PLAIN_INTERVAL: Duration = Duration::from_secs(2);
 
 /// Where progress goes.
@@ -32,21 +34,23 @@ impl ProgressMode {
     }
 }
 
+/// Counters shared with the plain-line ticker thread.
+struct Counters {
+    files: AtomicU64,
+    bytes: AtomicU64,
+    done: Mutex<bool>,
+    wake: Condvar,
+}
+
 /// Progress of one phase measured in files and bytes.
 pub struct Progress {
-    label: &'static str,
     bar: Option<ProgressBar>,
-    plain: bool,
-    start: Instant,
-    last_line: Instant,
-    total_files: u64,
-    total_bytes: u64,
-    files: u64,
-    bytes: u64,
+    counters: Arc<Counters>,
+    ticker: Option<std::thread::JoinHandle<()>>,
 }
 
 impl Progress {
-    pub fn new(mode: ProgressMode, label: &'static str, total_files: u64, total_bytes: u64) -> Progress {
+    pub fn new(mode: ProgressMode, interval: Duration, label: &'static str, total_files: u64, total_bytes: u64) -> Progress {
         let mode = mode.resolve();
         let bar = (mode == ProgressMode::Bar).then(|| {
             let b = ProgressBar::with_draw_target(Some(total_bytes), ProgressDrawTarget::stderr());
@@ -58,52 +62,63 @@ impl Progress {
             b.set_message(label);
             b
         });
-        let now = Instant::now();
-        Progress {
-            label,
-            bar,
-            plain: mode == ProgressMode::Plain,
-            start: now,
-            last_line: now,
-            total_files,
-            total_bytes,
-            files: 0,
-            bytes: 0,
-        }
+        let counters = Arc::new(Counters { files: AtomicU64::new(0), bytes: AtomicU64::new(0), done: Mutex::new(false), wake: Condvar::new() });
+        // Plain lines come from a ticker, so they keep coming while one huge file is packed.
+        let ticker = (mode == ProgressMode::Plain).then(|| {
+            let c = counters.clone();
+            std::thread::spawn(move || {
+                let start = Instant::now();
+                let mut done = c.done.lock().unwrap_or_else(|p| p.into_inner());
+                loop {
+                    let (guard, _) = c.wake.wait_timeout(done, interval).unwrap_or_else(|p| p.into_inner());
+                    done = guard;
+                    if *done {
+                        return;
+                    }
+                    let (files, bytes) = (c.files.load(Ordering::Relaxed), c.bytes.load(Ordering::Relaxed));
+                    let secs = start.elapsed().as_secs_f64().max(1e-9);
+                    let pct = if total_bytes == 0 { 100.0 } else { bytes as f64 * 100.0 / total_bytes as f64 };
+                    eprintln!(
+                        "fanstore-prep: {label}: {files}/{total_files} files, {:.1}/{:.1} MB ({pct:.0}%), {:.1} MB/s, {secs:.0} s",
+                        bytes as f64 / 1e6,
+                        total_bytes as f64 / 1e6,
+                        bytes as f64 / 1e6 / secs,
+                    );
+                }
+            })
+        });
+        Progress { bar, counters, ticker }
     }
 
     /// Records `files` more files and `bytes` more bytes done.
     pub fn advance(&mut self, files: u64, bytes: u64) {
-        self.files += files;
-        self.bytes += bytes;
+        self.counters.files.fetch_add(files, Ordering::Relaxed);
+        let now = self.counters.bytes.fetch_add(bytes, Ordering::Relaxed) + bytes;
         if let Some(b) = &self.bar {
-            b.set_position(self.bytes);
-        } else if self.plain && self.last_line.elapsed() >= PLAIN_INTERVAL {
-            self.last_line = Instant::now();
-            self.print_line();
+            b.set_position(now);
         }
     }
 
-    fn print_line(&self) {
-        let secs = self.start.elapsed().as_secs_f64().max(1e-9);
-        let pct = if self.total_bytes == 0 { 100.0 } else { self.bytes as f64 * 100.0 / self.total_bytes as f64 };
-        eprintln!(
-            "fanstore-prep: {}: {}/{} files, {:.1}/{:.1} MB ({pct:.0}%), {:.1} MB/s, {:.0} s",
-            self.label,
-            self.files,
-            self.total_files,
-            self.bytes as f64 / 1e6,
-            self.total_bytes as f64 / 1e6,
-            self.bytes as f64 / 1e6 / secs,
-            secs
-        );
+    /// Clears the bar, stops the ticker.
+    pub fn finish(mut self) {
+        self.stop();
     }
 
-    /// Clears the bar.
-    pub fn finish(self) {
-        if let Some(b) = self.bar {
+    fn stop(&mut self) {
+        if let Some(b) = self.bar.take() {
             b.finish_and_clear();
         }
+        if let Some(t) = self.ticker.take() {
+            *self.counters.done.lock().unwrap_or_else(|p| p.into_inner()) = true;
+            self.counters.wake.notify_all();
+            let _ = t.join();
+        }
+    }
+}
+
+impl Drop for Progress {
+    fn drop(&mut self) {
+        self.stop();
     }
 }
 
@@ -111,24 +126,25 @@ impl Progress {
 pub struct ScanProgress {
     spinner: Option<ProgressBar>,
     plain: bool,
+    interval: Duration,
     last_line: Instant,
 }
 
 impl ScanProgress {
-    pub fn new(mode: ProgressMode) -> ScanProgress {
+    pub fn new(mode: ProgressMode, interval: Duration) -> ScanProgress {
         let mode = mode.resolve();
         let spinner = (mode == ProgressMode::Bar).then(|| {
             let s = ProgressBar::with_draw_target(None, ProgressDrawTarget::stderr());
             s.set_style(ProgressStyle::with_template("{spinner} scanning: {pos} entries").unwrap_or_else(|_| ProgressStyle::default_spinner()));
             s
         });
-        ScanProgress { spinner, plain: mode == ProgressMode::Plain, last_line: Instant::now() }
+        ScanProgress { spinner, plain: mode == ProgressMode::Plain, interval, last_line: Instant::now() }
     }
 
     pub fn update(&mut self, entries: usize) {
         if let Some(s) = &self.spinner {
             s.set_position(entries as u64);
-        } else if self.plain && self.last_line.elapsed() >= PLAIN_INTERVAL {
+        } else if self.plain && self.last_line.elapsed() >= self.interval {
             self.last_line = Instant::now();
             eprintln!("fanstore-prep: scanning: {entries} entries");
         }
