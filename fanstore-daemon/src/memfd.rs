@@ -31,9 +31,21 @@ pub struct MemfdBuilder {
 }
 
 impl MemfdBuilder {
-    /// A memfd of exactly `size` bytes, mapped for writing (pages populated up
-    /// front: one fault-free pass when bytes arrive).
+    /// A memfd of exactly `size` bytes, mapped for writing, its pages
+    /// allocated up front (one fault-free pass when the bytes are written).
     pub fn new(name: &str, size: u64) -> Result<MemfdBuilder, MemfdError> {
+        Self::create(name, size, true)
+    }
+
+    /// Like [`new`](Self::new) but without allocating the pages: a
+    /// [`Preallocator`] can allocate them from another thread while the
+    /// bytes arrive (page allocation is as costly as the transfer on some
+    /// machines, so it should not be on the critical path).
+    pub fn new_lazy(name: &str, size: u64) -> Result<MemfdBuilder, MemfdError> {
+        Self::create(name, size, false)
+    }
+
+    fn create(name: &str, size: u64, populate: bool) -> Result<MemfdBuilder, MemfdError> {
         let cname = CString::new(name.replace('\0', "_")).unwrap_or_default();
         // SAFETY: cname is a valid NUL-terminated string; the flags are valid
         // memfd_create flags. The returned fd (if >= 0) is new and ours.
@@ -56,7 +68,12 @@ impl MemfdBuilder {
                 .map_err(|_| MemfdError::Map { size, source: io::Error::from(io::ErrorKind::InvalidInput) })?;
             // SAFETY: the memfd is private to this builder until sealed, so no
             // other process or thread can resize it under the mapping.
-            let m = unsafe { memmap2::MmapOptions::new().len(len).populate().map_mut(fd.as_raw_fd()) }
+            let mut opts = memmap2::MmapOptions::new();
+            opts.len(len);
+            if populate {
+                opts.populate();
+            }
+            let m = unsafe { opts.map_mut(fd.as_raw_fd()) }
                 .map_err(|source| MemfdError::Map { size, source })?;
             Some(m)
         };
@@ -65,6 +82,11 @@ impl MemfdBuilder {
 
     pub fn size(&self) -> u64 {
         self.size
+    }
+
+    /// A handle that allocates this memfd's pages through its own fd.
+    pub fn preallocator(&self) -> Option<Preallocator> {
+        self.fd.try_clone().ok().map(|fd| Preallocator { fd, size: self.size })
     }
 
     /// The file's bytes, writable until [`seal`](Self::seal).
@@ -89,6 +111,32 @@ impl MemfdBuilder {
     }
 }
 
+/// Allocates a memfd's pages with fallocate, last MiB first, so that it meets
+/// a writer going front to back in the middle. Touches no byte of the
+/// file (fallocate leaves existing pages alone), so it is safe while another
+/// thread or MPI writes into the memfd's mapping.
+pub struct Preallocator {
+    fd: OwnedFd,
+    size: u64,
+}
+
+impl Preallocator {
+    pub fn run(&self) {
+        const STEP: u64 = 1 << 20;
+        let mut end = self.size;
+        while end > 0 {
+            let start = end.saturating_sub(STEP);
+            // SAFETY: fd is a valid memfd; fallocate within its size only
+            // allocates missing pages (zeroed) and never changes data or size.
+            let r = unsafe { libc::fallocate(self.fd.as_raw_fd(), 0, start as libc::off_t, (end - start) as libc::off_t) };
+            if r != 0 {
+                return; // best effort: faults allocate whatever is left
+            }
+            end = start;
+        }
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -110,6 +158,21 @@ mod tests {
         // SAFETY: f is a valid fd.
         let seals = unsafe { libc::fcntl(f.as_raw_fd(), libc::F_GET_SEALS) };
         assert_ne!(seals & libc::F_SEAL_SEAL, 0);
+    }
+
+    #[test]
+    fn preallocation_keeps_written_bytes() {
+        let mut b = MemfdBuilder::new_lazy("lazy", 3 << 20).unwrap();
+        b.bytes_mut()[..4].copy_from_slice(b"head");
+        let p = b.preallocator().unwrap();
+        p.run();
+        let n = b.bytes().len();
+        b.bytes_mut()[n - 4..].copy_from_slice(b"tail");
+        assert_eq!(&b.bytes()[..4], b"head");
+        assert!(b.bytes()[4..n - 4].iter().all(|&x| x == 0));
+        drop(p);
+        let f = std::fs::File::from(b.seal().unwrap());
+        assert_eq!(f.metadata().unwrap().len(), 3 << 20);
     }
 
     #[test]

@@ -17,7 +17,7 @@ use std::os::fd::OwnedFd;
 use std::os::unix::fs::OpenOptionsExt;
 use std::sync::atomic::Ordering::Relaxed;
 use std::sync::Arc;
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 /// An fd to hand to the client.
 pub enum Opened {
@@ -101,16 +101,36 @@ impl Node {
 
     fn load_local_compressed(&self, n: NodeRef<'_>) -> Result<OwnedFd, i32> {
         let path = fanstore_core::runtime::local_file_path(&self.id.local_dir, n.id());
-        let stored = std::fs::read(&path).map_err(|e| {
-            log::error!("rank {}: reading {}: {e}", self.id.rank, path.display());
-            libc::EIO
-        })?;
-        self.finish(n, &stored, None)
+        let mut stored = scratch(n.stored_len() as usize);
+        let res = std::fs::File::open(&path)
+            .and_then(|f| std::os::unix::fs::FileExt::read_exact_at(&f, &mut stored, 0))
+            .map_err(|e| {
+                log::error!("rank {}: reading {}: {e}", self.id.rank, path.display());
+                libc::EIO
+            })
+            .and_then(|()| self.decode(n, &stored, None));
+        give_back(stored);
+        res
     }
 
-    /// Verifies a stored payload and produces the sealed memfd. `received`
-    /// is the memfd the payload already sits in, for an uncompressed file.
-    fn finish(&self, n: NodeRef<'_>, stored: &[u8], received: Option<MemfdBuilder>) -> Result<OwnedFd, i32> {
+    /// Verifies a stored (compressed) payload and decompresses it into a
+    /// sealed memfd: `target`, already allocated, or a new one.
+    fn decode(&self, n: NodeRef<'_>, stored: &[u8], target: Option<MemfdBuilder>) -> Result<OwnedFd, i32> {
+        self.verify(n, stored)?;
+        let eio = |what: &str, e: &dyn std::fmt::Display| {
+            log::error!("rank {}: {what} '{}': {e}", self.id.rank, String::from_utf8_lossy(n.path()));
+            libc::EIO
+        };
+        let mut m = match target {
+            Some(m) => m,
+            None => MemfdBuilder::new(&memfd_name(n), n.size()).map_err(|e| eio("memfd for", &e))?,
+        };
+        let mut out = m.bytes_mut();
+        codec::decompress_to(n.codec(), stored, n.size(), &mut out).map_err(|e| eio("decoding", &e))?;
+        m.seal().map_err(|e| eio("sealing", &e))
+    }
+
+    fn verify(&self, n: NodeRef<'_>, stored: &[u8]) -> Result<(), i32> {
         let sum = xxh3(stored);
         if sum != n.checksum() || stored.len() as u64 != n.stored_len() {
             log::error!(
@@ -121,67 +141,17 @@ impl Node {
             );
             return Err(libc::EIO);
         }
-        let eio = |what: &str, e: &dyn std::fmt::Display| {
-            log::error!("rank {}: {what} '{}': {e}", self.id.rank, String::from_utf8_lossy(n.path()));
-            libc::EIO
-        };
-        let m = match received {
-            Some(m) => m,
-            None => {
-                let mut m = MemfdBuilder::new(&memfd_name(n), n.size()).map_err(|e| eio("memfd for", &e))?;
-                let mut out = m.bytes_mut();
-                codec::decompress_to(n.codec(), stored, n.size(), &mut out).map_err(|e| eio("decoding", &e))?;
-                m
-            }
-        };
-        m.seal().map_err(|e| eio("sealing", &e))
+        Ok(())
     }
 
     fn fetch_remote(&self, n: NodeRef<'_>) -> Result<OwnedFd, i32> {
         if n.stored_len() == 0 {
-            return self.finish(n, &[], None);
+            return self.decode(n, &[], None);
         }
         let me = self.id.rank;
         let mut last = libc::EIO;
         for holder in self.placement.holders_for(n.partition(), n.id()).into_iter().filter(|&h| h != me) {
-            let buf = if n.codec() == Codec::None {
-                RecvBuf::Memfd(MemfdBuilder::new(&memfd_name(n), n.size()).map_err(|e| {
-                    log::error!("rank {me}: {e}");
-                    libc::ENOMEM
-                })?)
-            } else {
-                RecvBuf::Heap(vec![0u8; n.stored_len() as usize])
-            };
-            let (tx, rx) = crossbeam::channel::bounded(1);
-            let timeout = self.fetch_timeout(n.stored_len());
-            let cmd = Command::Fetch(Fetch { node_id: n.id(), holder, stored_len: n.stored_len(), buf, reply: tx, timeout });
-            if self.comm.send(cmd).is_err() {
-                return Err(libc::EIO);
-            }
-            let res = match rx.recv_timeout(timeout + Duration::from_secs(2)) {
-                Ok(Ok(RecvBuf::Memfd(m))) => {
-                    // The bytes are already in the memfd; verify them in place.
-                    let ok = xxh3(m.bytes()) == n.checksum();
-                    if ok {
-                        m.seal().map_err(|e| {
-                            log::error!("rank {me}: sealing: {e}");
-                            libc::EIO
-                        })
-                    } else {
-                        log::error!("rank {me}: node {} from rank {holder} fails its checksum", n.id());
-                        Err(libc::EIO)
-                    }
-                }
-                Ok(Ok(RecvBuf::Heap(v))) => self.finish(n, &v, None),
-                Ok(Err(e)) => {
-                    log::warn!("rank {me}: remote read of node {} from rank {holder}: {e}", n.id());
-                    Err(libc::EIO)
-                }
-                Err(_) => {
-                    log::warn!("rank {me}: remote read of node {} from rank {holder}: no answer", n.id());
-                    Err(libc::EIO)
-                }
-            };
+            let res = self.fetch_from(n, holder);
             match res {
                 Ok(fd) => return Ok(fd),
                 Err(e) => {
@@ -194,6 +164,100 @@ impl Node {
             }
         }
         Err(last)
+    }
+
+    /// One remote read of `n` from `holder`. Page allocation of the memfd
+    /// (costly on some machines) overlaps the transfer.
+    fn fetch_from(&self, n: NodeRef<'_>, holder: u32) -> Result<OwnedFd, i32> {
+        let me = self.id.rank;
+        let enomem = |e: crate::memfd::MemfdError| {
+            log::error!("rank {me}: {e}");
+            libc::ENOMEM
+        };
+        let t0 = Instant::now();
+        let raw = n.codec() == Codec::None;
+        let (buf, pre) = if raw {
+            let m = MemfdBuilder::new_lazy(&memfd_name(n), n.size()).map_err(enomem)?;
+            let pre = m.preallocator();
+            (RecvBuf::Memfd(m), pre)
+        } else {
+            let len = n.stored_len() as usize;
+            (RecvBuf::Heap { buf: scratch(len), len }, None)
+        };
+        let (tx, rx) = crossbeam::channel::bounded(1);
+        let timeout = self.fetch_timeout(n.stored_len());
+        let cmd = Command::Fetch(Fetch { node_id: n.id(), holder, stored_len: n.stored_len(), buf, reply: tx, timeout });
+        if self.comm.send(cmd).is_err() {
+            return Err(libc::EIO);
+        }
+        // While the bytes travel: allocate the pages they land in (raw), or
+        // the memfd they will be decompressed into.
+        let target = match pre {
+            Some(p) => {
+                p.run();
+                None
+            }
+            None => Some(MemfdBuilder::new(&memfd_name(n), n.size()).map_err(enomem)?),
+        };
+        let t1 = Instant::now();
+        let got = rx.recv_timeout(timeout + Duration::from_secs(2));
+        let t2 = Instant::now();
+        let res = match got {
+            Ok(Ok(RecvBuf::Memfd(m))) => self.verify(n, m.bytes()).and_then(|()| {
+                m.seal().map_err(|e| {
+                    log::error!("rank {me}: sealing: {e}");
+                    libc::EIO
+                })
+            }),
+            Ok(Ok(RecvBuf::Heap { buf, len })) => {
+                let r = self.decode(n, &buf[..len], target);
+                give_back(buf);
+                r
+            }
+            Ok(Err(e)) => {
+                log::warn!("rank {me}: remote read of node {} from rank {holder}: {e}", n.id());
+                Err(libc::EIO)
+            }
+            Err(_) => {
+                log::warn!("rank {me}: remote read of node {} from rank {holder}: no answer", n.id());
+                Err(libc::EIO)
+            }
+        };
+        log::debug!(
+            "rank {me}: fetch of node {} ({} B) from rank {holder}: setup {:?}, transfer {:?}, verify+seal {:?}",
+            n.id(),
+            n.stored_len(),
+            t1 - t0,
+            t2 - t1,
+            t2.elapsed()
+        );
+        res
+    }
+}
+
+/// Scratch buffers kept by each connection thread (warm pages: allocating
+/// fresh ones costs as much as the transfer on some machines).
+const SCRATCH_KEEP: usize = 64 << 20;
+
+thread_local! {
+    static SCRATCH: std::cell::RefCell<Vec<u8>> = const { std::cell::RefCell::new(Vec::new()) };
+}
+
+/// A buffer of at least `len` bytes (exactly `len` long), reused when possible.
+fn scratch(len: usize) -> Vec<u8> {
+    let mut v = SCRATCH.with(|s| std::mem::take(&mut *s.borrow_mut()));
+    v.resize(len, 0); // zeroing warm pages is cheap; shrinking keeps the capacity
+    v
+}
+
+fn give_back(v: Vec<u8>) {
+    if v.capacity() <= SCRATCH_KEEP {
+        SCRATCH.with(|s| {
+            let mut s = s.borrow_mut();
+            if s.capacity() < v.capacity() {
+                *s = v;
+            }
+        });
     }
 }
 

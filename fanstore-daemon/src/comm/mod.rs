@@ -44,15 +44,26 @@ pub const TAG_REQUEST: i32 = 1;
 pub const TAG_CTRL: i32 = 2;
 const CTRL_STOP: u32 = 1;
 
-/// How long the loop keeps polling flat out after the last activity.
-const HOT: Duration = Duration::from_millis(3);
-/// Longest nap when idle (bounds the latency of the first request after a pause).
-const MAX_NAP: Duration = Duration::from_micros(500);
+/// Naps while idle grow from FIRST_NAP, doubling, up to a cap that depends
+/// on how long the rank has been idle: a request arriving during a burst of
+/// reads waits at most ~50 µs to be seen, one after a long pause ~2 ms.
+const FIRST_NAP: Duration = Duration::from_micros(10);
+
+fn nap_cap(idle: Duration) -> Duration {
+    if idle < Duration::from_millis(20) {
+        Duration::from_micros(50)
+    } else if idle < Duration::from_secs(1) {
+        Duration::from_micros(500)
+    } else {
+        Duration::from_millis(2)
+    }
+}
 
 /// Where a fetched payload is received.
 pub enum RecvBuf {
-    /// Compressed payloads: decompressed after verification.
-    Heap(Vec<u8>),
+    /// Compressed payloads (decompressed after verification): the first
+    /// `len` bytes of a reusable buffer.
+    Heap { buf: Vec<u8>, len: usize },
     /// Uncompressed files: received straight into the memfd the client gets.
     Memfd(MemfdBuilder),
 }
@@ -60,13 +71,13 @@ pub enum RecvBuf {
 impl RecvBuf {
     pub fn bytes(&self) -> &[u8] {
         match self {
-            RecvBuf::Heap(v) => v,
+            RecvBuf::Heap { buf, len } => &buf[..*len],
             RecvBuf::Memfd(m) => m.bytes(),
         }
     }
     fn bytes_mut(&mut self) -> &mut [u8] {
         match self {
-            RecvBuf::Heap(v) => v,
+            RecvBuf::Heap { buf, len } => &mut buf[..*len],
             RecvBuf::Memfd(m) => m.bytes_mut(),
         }
     }
@@ -171,7 +182,10 @@ impl<'a> Engine<'a> {
     pub fn run(&mut self, rx: &Receiver<Command>, signal: &AtomicBool) -> StopCause {
         let mut last_active = Instant::now();
         let mut last_expiry = Instant::now();
-        let mut nap = Duration::from_micros(20);
+        let mut nap = FIRST_NAP;
+        // Short naps are only short with a small timer slack (default 50 µs).
+        // SAFETY: PR_SET_TIMERSLACK only changes this thread's timer slack.
+        unsafe { libc::prctl(libc::PR_SET_TIMERSLACK, 1000u64, 0u64, 0u64, 0u64) };
         loop {
             let mut active = false;
             loop {
@@ -200,10 +214,11 @@ impl<'a> Engine<'a> {
             }
             if active {
                 last_active = now;
-                nap = Duration::from_micros(20);
+                nap = FIRST_NAP;
                 continue;
             }
-            if self.busy() || now.duration_since(last_active) < HOT {
+            if self.busy() {
+                // Transfers in flight progress only while we poll.
                 std::thread::yield_now();
                 continue;
             }
@@ -213,7 +228,7 @@ impl<'a> Engine<'a> {
                     self.start_fetch(f);
                 }
                 Ok(Command::Stop) => return StopCause::Local,
-                Err(RecvTimeoutError::Timeout) => nap = (nap * 2).min(MAX_NAP),
+                Err(RecvTimeoutError::Timeout) => nap = (nap * 2).min(nap_cap(now.duration_since(last_active))),
                 Err(RecvTimeoutError::Disconnected) => return StopCause::Orphaned,
             }
         }

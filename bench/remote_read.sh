@@ -1,0 +1,144 @@
+#!/usr/bin/env bash
+# Remote read through the FanStore daemon vs raw MPI, and load time vs cat.
+#
+#   bash bench/remote_read.sh [ROUNDS] [ITERS]
+#
+# Under `mpiexec -n 2` with UCX_TLS=tcp (MPI over TCP sockets, as between
+# nodes), a client on rank 0's node OPENs files held only by rank 1 through
+# rank 0's daemon and reads every byte (the daemon runs with --cache-mem 0,
+# so every OPEN is a real remote read), against `fanstore-mpi-pingpong`: a
+# 16-byte request and a SIZE-byte reply between the same two ranks over raw
+# MPI (the same message pattern, nothing else in the way). Sizes 128 KiB,
+# 512 KiB, 2 MiB, 8 MiB; each run reports medians of ITERS reads; the table
+# shows the median of ROUNDS alternating runs. Then each rank's load time
+# (read + verify + extract its partitions) against `cat` of the same
+# partition files to /dev/null (page cache warm in both cases).
+# Writes bench/out/remote_read.md and prints it.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+ROUNDS=${1:-3}
+ITERS=${2:-40}
+export UCX_TLS=${UCX_TLS:-tcp}
+export RUST_LOG=${RUST_LOG:-warn}
+cargo build --release -q -p fanstore-daemon -p fanstore-prep
+mkdir -p bench/out
+WORK=$(mktemp -d /tmp/fsbench-XXXXXX)
+cleanup() {
+  for rt in "$WORK"/rt-*; do
+    [ -d "$rt" ] && target/release/fanstore --runtime-dir "$rt" stop --timeout 30 >/dev/null 2>&1 || true
+  done
+  rm -rf "$WORK"
+}
+trap cleanup EXIT
+python3 - "$WORK" "$ROUNDS" "$ITERS" <<'PY'
+import os, random, re, statistics, subprocess, sys, time
+from pathlib import Path
+sys.path.insert(0, "tests")
+import fs_cluster
+
+work, rounds, iters = Path(sys.argv[1]), int(sys.argv[2]), int(sys.argv[3])
+B = Path("target/release")
+SIZES = [128 << 10, 512 << 10, 2 << 20, 8 << 20]
+env = dict(os.environ)
+
+def sh(cmd, **kw):
+    return subprocess.run(cmd, check=True, capture_output=True, text=True, env=env, **kw).stdout
+
+def start(ds, name, *extra):
+    rt = work / f"rt-{name}"
+    log = open(work / f"{name}.log", "wb")
+    p = subprocess.Popen(["mpiexec", "-n", "2", str(B / "fanstore-daemon"), "--data", str(ds),
+                          "--local", str(work / f"local-{name}"), "--runtime-dir", str(rt), *extra],
+                         stdout=log, stderr=subprocess.STDOUT, env=env, start_new_session=True)
+    sh([str(B / "fanstore"), "--runtime-dir", str(rt), "wait", "--timeout", "300"])
+    return p, rt
+
+def stop(p, rt):
+    sh([str(B / "fanstore"), "--runtime-dir", str(rt), "stop"])
+    assert p.wait(timeout=60) == 0
+
+# --- remote reads -------------------------------------------------------------
+rng = random.Random(1)
+src = work / "src"
+src.mkdir()
+for i in range(16):                      # interleaved names: every partition gets every size
+    for s in SIZES:
+        (src / f"f{i:02d}-{s}").write_bytes(rng.randbytes(s))
+ds = work / "ds"
+sh([str(B / "fanstore-prep"), "pack", "--input", str(src), "--output", str(ds), "--partitions", "8",
+    "--compress", "none"])
+ds_id, nodes = fs_cluster.read_index(ds / "manifest.fsm")
+groups = []
+for s in SIZES:
+    ids = [n["id"] for p, n in nodes.items() if n["kind"] == 2 and n["size"] == s and n["partition"] % 2 == 1]
+    assert ids, f"no file of {s} bytes on rank 1"
+    groups.append(f"{s}=" + ",".join(map(str, ids)))
+p, rt = start(ds, "read", "--cache-mem", "0")
+daemon = {s: [] for s in SIZES}
+raw = {s: [] for s in SIZES}
+for r in range(rounds):
+    out = sh([str(B / "fanstore-bench-read"), "--socket", str(rt / "node-0.sock"), "--dataset", str(ds_id),
+              "--iters", str(iters), *groups])
+    for m in re.finditer(r"size=(\d+) .*open_us=([\d.]+) total_us=([\d.]+)", out):
+        daemon[int(m[1])].append((float(m[2]), float(m[3])))
+    out = sh(["mpiexec", "-n", "2", str(B / "fanstore-mpi-pingpong"), "--iters", str(iters),
+              *map(str, SIZES)])
+    for m in re.finditer(r"size=(\d+) .*median_us=([\d.]+)", out):
+        raw[int(m[1])].append(float(m[2]))
+st = fs_cluster.Client(rt / "node-0.sock").status()
+stop(p, rt)
+
+# --- load vs cat ------------------------------------------------------------------
+lsrc = work / "lsrc"
+for d in range(30):
+    (lsrc / f"d{d}").mkdir(parents=True)
+    for f in range(100):
+        (lsrc / f"d{d}" / f"{f}.bin").write_bytes(rng.randbytes(rng.randint(1 << 10, 64 << 10)))
+lds = work / "lds"
+sh([str(B / "fanstore-prep"), "pack", "--input", str(lsrc), "--output", str(lds), "--partitions", "4",
+    "--compress", "none"])
+parts = sorted(lds.glob("part-*.fsp"))
+loads = []
+for r in range(rounds):
+    p, rtl = start(lds, f"load{r}")
+    stats = [fs_cluster.Client(rtl / f"node-{k}.sock").status() for k in range(2)]
+    stop(p, rtl)
+    cats = []
+    for k in range(2):
+        mine = [str(q) for q in parts if int(q.stem.split("-")[1]) % 2 == k]
+        t = time.perf_counter()
+        subprocess.run(["cat", *mine], stdout=subprocess.DEVNULL, check=True)
+        cats.append(time.perf_counter() - t)
+    loads.append([(float(stats[k]["load_seconds"]), int(stats[k]["bytes_read"]), int(stats[k]["files"]), cats[k])
+                  for k in range(2)])
+
+# --- report -------------------------------------------------------------------------
+med = statistics.median
+L = []
+L.append("# Remote read through the daemon vs raw MPI (UCX_TLS=tcp, 2 ranks, one host)\n")
+L.append(f"{time.strftime('%Y-%m-%d %H:%M')} · {os.cpu_count()} cores · {rounds} rounds × {iters} reads per size, "
+         "medians · daemon with --cache-mem 0 (every OPEN crosses MPI)\n")
+L.append("`raw MPI`: 16-byte request + SIZE-byte reply between the same ranks (fanstore-mpi-pingpong). "
+         "`OPEN`: client -> rank 0 daemon -> rank 1 (MPI) -> sealed memfd -> fd in the client's hand. "
+         "`OPEN+read`: plus reading every byte from the fd.\n")
+L.append("| size | raw MPI µs | raw MB/s | OPEN µs | OPEN+read µs | OPEN+read MB/s | BW ratio (OPEN+read) | BW ratio (OPEN) | latency goal 1.5×raw+20 µs |")
+L.append("| ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: |")
+for s in SIZES:
+    rw = med(raw[s]); o = med(x[0] for x in daemon[s]); t = med(x[1] for x in daemon[s])
+    label = f"{s >> 10} KiB" if s < (1 << 20) else f"{s >> 20} MiB"
+    goal = f"{1.5 * rw + 20:.0f} µs ({'met' if t <= 1.5 * rw + 20 else 'missed'} by OPEN+read)" if s == SIZES[0] else ""
+    L.append(f"| {label} | {rw:.0f} | {s / rw:.0f} | {o:.0f} | {t:.0f} | {s / t:.0f} | {rw / t:.2f}× | {rw / o:.2f}× | {goal} |")
+L.append("")
+L.append(f"rank 0 counters after the run: remote_sent={st['remote_sent']} remote_failed={st['remote_failed']} "
+         f"cache_hits={st['cache_hits']} mpi_threading={st['mpi_threading']}\n")
+L.append("## Load time per rank vs `cat` of the same partitions\n")
+L.append(f"{len(parts)} partitions, 3000 files of 1–64 KiB, 2 ranks; medians of {rounds} runs.\n")
+L.append("| rank | files | MB | load s | load MB/s | cat s | cat MB/s | load / cat |")
+L.append("| ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: |")
+for k in range(2):
+    ls = med(x[k][0] for x in loads); b = loads[0][k][1]; nf = loads[0][k][2]; cs = med(x[k][3] for x in loads)
+    L.append(f"| {k} | {nf} | {b / 1e6:.1f} | {ls:.3f} | {b / 1e6 / ls:.0f} | {cs:.3f} | {b / 1e6 / cs:.0f} | {ls / cs:.1f}× |")
+text = "\n".join(L) + "\n"
+Path("bench/out/remote_read.md").write_text(text)
+print(text)
+PY
