@@ -184,6 +184,19 @@ def test_local_raw_file_is_the_extracted_file(bins, pack, source, tmp_path):
             os.close(fd)
             assert target.startswith("/memfd:fanstore"), target
             assert seals & 0xF == 0xF, "sealed: write, grow, shrink, seal"
+            # a holder whose local copy went bad: the requester's checksum catches it
+            victim_path, victim = remote[-1]
+            st1 = node_state(c.runtime, 1)
+            copy = Path(st1["local_dir"]) / "in" / f"{victim['id'] & 0xff:02x}" / str(victim["id"])
+            os.chmod(copy, 0o600)
+            with open(copy, "r+b") as f:
+                first = f.read(1)
+                f.seek(0)
+                f.write(bytes([first[0] ^ 0xFF]))
+            with pytest.raises(OSError) as e:
+                cl.open_fd(victim["id"], ds_id)
+            assert e.value.errno == 5
+            assert "fails its checksum" in c.log()
             # errors
             for bad, errno in [((1 << 40, ds_id), 2), ((0, ds_id), 2), ((local[0][1]["id"], ds_id ^ 1), 116)]:
                 with pytest.raises(OSError) as e:

@@ -116,7 +116,15 @@ impl Node {
     /// Verifies a stored (compressed) payload and decompresses it into a
     /// sealed memfd: `target`, already allocated, or a new one.
     fn decode(&self, n: NodeRef<'_>, stored: &[u8], target: Option<MemfdBuilder>) -> Result<OwnedFd, i32> {
-        self.verify(n, stored)?;
+        self.check_sum(n, xxh3(stored))?;
+        if stored.len() as u64 != n.stored_len() {
+            return Err(libc::EIO);
+        }
+        self.decode_verified(n, stored, target)
+    }
+
+    /// [`decode`](Self::decode) of a payload whose checksum was already checked.
+    fn decode_verified(&self, n: NodeRef<'_>, stored: &[u8], target: Option<MemfdBuilder>) -> Result<OwnedFd, i32> {
         let eio = |what: &str, e: &dyn std::fmt::Display| {
             log::error!("rank {}: {what} '{}': {e}", self.id.rank, String::from_utf8_lossy(n.path()));
             libc::EIO
@@ -130,9 +138,8 @@ impl Node {
         m.seal().map_err(|e| eio("sealing", &e))
     }
 
-    fn verify(&self, n: NodeRef<'_>, stored: &[u8]) -> Result<(), i32> {
-        let sum = xxh3(stored);
-        if sum != n.checksum() || stored.len() as u64 != n.stored_len() {
+    fn check_sum(&self, n: NodeRef<'_>, sum: u64) -> Result<(), i32> {
+        if sum != n.checksum() {
             log::error!(
                 "rank {}: '{}' fails its checksum (stored {:#018x}, computed {sum:#018x})",
                 self.id.rank,
@@ -203,14 +210,14 @@ impl Node {
         let got = rx.recv_timeout(timeout + Duration::from_secs(2));
         let t2 = Instant::now();
         let res = match got {
-            Ok(Ok(RecvBuf::Memfd(m))) => self.verify(n, m.bytes()).and_then(|()| {
+            Ok(Ok((RecvBuf::Memfd(m), sum))) => self.check_sum(n, sum).and_then(|()| {
                 m.seal().map_err(|e| {
                     log::error!("rank {me}: sealing: {e}");
                     libc::EIO
                 })
             }),
-            Ok(Ok(RecvBuf::Heap { buf, len })) => {
-                let r = self.decode(n, &buf[..len], target);
+            Ok(Ok((RecvBuf::Heap { buf, len }, sum))) => {
+                let r = self.check_sum(n, sum).and_then(|()| self.decode_verified(n, &buf[..len], target));
                 give_back(buf);
                 r
             }

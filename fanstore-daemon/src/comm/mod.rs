@@ -12,8 +12,10 @@
 //! tag 1 (TAG_REQUEST)  requester -> holder, 16 bytes, little-endian:
 //!                        0..4 node id | 4..8 reply tag | 8..16 stored length
 //! reply tag (16..32766) holder -> requester: the stored (possibly compressed)
-//!                        payload in pieces of at most `--mpi-piece` bytes
-//!                        (1 GiB), in order, on the tag the request named.
+//!                        payload, in order, on the tag the request named, in
+//!                        pieces: 1 MiB each from 2 MiB up (table::plan), never
+//!                        more than `--mpi-piece` bytes (default 1 GiB: larger
+//!                        payloads always cross in pieces).
 //!                        The requester pre-posts one receive per piece
 //!                        straight into the destination buffer, so the bytes
 //!                        are never copied on arrival. A holder that cannot
@@ -22,7 +24,9 @@
 //! ```
 //!
 //! The requester verifies the payload's xxh3 against the manifest (end to
-//! end: a bad local copy on the holder is caught too). A fetch with no
+//! end: a bad local copy on the holder is caught too); this thread hashes
+//! each piece as soon as it and every piece before it arrived, so the
+//! checksum of a large payload is ready when its last piece is. A fetch with no
 //! complete answer by its deadline is answered with [`FetchError::Timeout`];
 //! its receives stay posted (its tag stays reserved) until they complete, so
 //! a late reply can never land in another fetch's buffer.
@@ -83,7 +87,9 @@ impl RecvBuf {
     }
 }
 
-pub type FetchReply = Result<RecvBuf, FetchError>;
+/// The received payload and its xxh3, computed piece by piece as the pieces
+/// arrived (the requester compares it with the manifest).
+pub type FetchReply = Result<(RecvBuf, u64), FetchError>;
 
 /// One remote read: ask `holder` for the stored payload of `node_id`.
 pub struct Fetch {
@@ -138,8 +144,56 @@ pub enum StopCause {
 struct PendingFetch {
     state: FetchState,
     buf: RecvBuf,
+    /// Start of `buf`'s bytes (pieces are hashed through it, never the whole buffer).
+    base: *const u8,
+    parts: Vec<(u64, usize)>,
+    arrived: Vec<bool>,
+    /// Pieces hashed so far (a prefix of `parts`).
+    hashed: usize,
+    hasher: fanstore_core::checksum::StreamingChecksum,
     reply: Option<Sender<FetchReply>>,
     _request: Box<[u8; 16]>,
+}
+
+impl PendingFetch {
+    fn new(
+        state: FetchState,
+        buf: RecvBuf,
+        base: *const u8,
+        parts: Vec<(u64, usize)>,
+        reply: Option<Sender<FetchReply>>,
+        request: Box<[u8; 16]>,
+    ) -> Self {
+        let n = parts.len();
+        PendingFetch {
+            state,
+            buf,
+            base,
+            parts,
+            arrived: vec![false; n],
+            hashed: 0,
+            hasher: fanstore_core::checksum::StreamingChecksum::new(),
+            reply,
+            _request: request,
+        }
+    }
+
+    /// Piece `i` arrived whole: hash every piece of the completed prefix.
+    fn arrived(&mut self, i: usize) {
+        if let Some(a) = self.arrived.get_mut(i) {
+            *a = true;
+        }
+        while self.hashed < self.parts.len() && self.arrived[self.hashed] {
+            let (off, len) = self.parts[self.hashed];
+            // SAFETY: this piece's receive has completed, so MPI no longer
+            // writes these bytes; the slice covers only them (other pieces of
+            // the same buffer may still be written), inside the buffer that
+            // `self.buf` keeps alive.
+            let piece = unsafe { std::slice::from_raw_parts(self.base.add(off as usize), len) };
+            self.hasher.update(piece);
+            self.hashed += 1;
+        }
+    }
 }
 
 struct PendingSend {
@@ -250,7 +304,7 @@ impl<'a> Engine<'a> {
             return;
         };
         let id = self.id();
-        let parts = table::pieces(f.stored_len, self.piece);
+        let parts = table::plan(f.stored_len, self.piece);
         let request = Box::new(table::encode_request(f.node_id, tag, f.stored_len));
         let mut state =
             FetchState::new(f.holder, tag, Instant::now() + f.timeout, parts.iter().map(|p| p.1).collect());
@@ -295,11 +349,13 @@ impl<'a> Engine<'a> {
                 state.piece_done(usize::MAX, 0);
             }
             state.request_done(false);
-            self.fetches.insert(id, PendingFetch { state, buf: f.buf, reply: None, _request: request });
+            let p = PendingFetch::new(state, f.buf, base, parts, None, request);
+            self.fetches.insert(id, p);
             return;
         }
         self.counters.remote_sent.fetch_add(1, Relaxed);
-        self.fetches.insert(id, PendingFetch { state, buf: f.buf, reply: Some(f.reply), _request: request });
+        let p = PendingFetch::new(state, f.buf, base, parts, Some(f.reply), request);
+        self.fetches.insert(id, p);
     }
 
     /// One round of progress. Returns whether anything happened.
@@ -358,7 +414,7 @@ impl<'a> Engine<'a> {
     /// Answers a peer's request for one payload.
     fn serve(&mut self, src: u32, b: &[u8; 16]) {
         let (node_id, tag, stored_len) = table::decode_request(b);
-        let parts = table::pieces(stored_len, self.piece);
+        let parts = table::plan(stored_len, self.piece);
         let buf = self.source.payload(node_id, stored_len);
         if buf.is_none() {
             log::warn!("rank {}: rank {src} asked for node {node_id}, which this rank cannot serve", self.comm.rank);
@@ -411,6 +467,7 @@ impl<'a> Engine<'a> {
                         f.state.fail();
                     }
                     f.state.piece_done(piece, d.count);
+                    f.arrived(piece);
                 }
                 self.finish_if_complete(fetch);
             }
@@ -430,9 +487,16 @@ impl<'a> Engine<'a> {
         let Some(f) = self.fetches.remove(&fetch) else { return };
         self.tags.free(f.state.tag);
         if let Some(reply) = f.reply {
-            let res = f.state.result().map(|()| f.buf);
-            if res.is_ok() {
-                self.counters.remote_bytes_in.fetch_add(res.as_ref().map_or(0, |b| b.bytes().len() as u64), Relaxed);
+            let complete = f.hashed == f.parts.len();
+            let res = f.state.result().and_then(|()| {
+                if complete {
+                    Ok((f.buf, f.hasher.digest()))
+                } else {
+                    Err(FetchError::Holder(f.state.holder))
+                }
+            });
+            if let Ok((b, _)) = &res {
+                self.counters.remote_bytes_in.fetch_add(b.bytes().len() as u64, Relaxed);
             }
             let _ = reply.send(res);
         }

@@ -58,6 +58,19 @@ pub fn pieces(len: u64, piece: u64) -> Vec<(u64, usize)> {
     (0..len.div_ceil(piece)).map(|i| (i * piece, (len - i * piece).min(piece) as usize)).collect()
 }
 
+/// Payloads from this size up cross in pieces of [`PIPELINE_PIECE`] bytes,
+/// so the requester can verify the checksum of each piece while the next
+/// ones are still on the wire.
+pub const PIPELINE_FROM: u64 = 2 << 20;
+pub const PIPELINE_PIECE: u64 = 1 << 20;
+
+/// The pieces a payload of `len` bytes crosses in, given the largest
+/// message `max_piece`. Both sides compute it from the stored length alone.
+pub fn plan(len: u64, max_piece: u64) -> Vec<(u64, usize)> {
+    let piece = if len >= PIPELINE_FROM { PIPELINE_PIECE.min(max_piece) } else { max_piece };
+    pieces(len, piece)
+}
+
 /// What an outstanding MPI request belongs to.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Slot {
@@ -241,6 +254,14 @@ mod tests {
         assert_eq!(big.len(), 5);
         assert!(big.iter().all(|p| p.1 == 1 << 30));
         assert_eq!(pieces(3, u64::MAX), vec![(0, 3)], "pieces never exceed an MPI int count");
+    }
+
+    #[test]
+    fn plan_pipelines_large_payloads() {
+        assert_eq!(plan(100, 1 << 30), vec![(0, 100)]);
+        assert_eq!(plan((2 << 20) - 1, 1 << 30).len(), 1);
+        assert_eq!(plan(5 << 20, 1 << 30).len(), 5);
+        assert_eq!(plan(5 << 20, 64 << 10).len(), 80, "a smaller --mpi-piece wins");
     }
 
     #[test]
