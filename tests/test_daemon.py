@@ -184,6 +184,16 @@ def test_local_raw_file_is_the_extracted_file(bins, pack, source, tmp_path):
             os.close(fd)
             assert target.startswith("/memfd:fanstore"), target
             assert seals & 0xF == 0xF, "sealed: write, grow, shrink, seal"
+            # every OPEN is its own open file description (own offset), cached or not
+            want = (source / remote[0][0]).read_bytes()[:10]
+            a = cl.open_fd(remote[0][1]["id"], ds_id)
+            b = cl.open_fd(remote[0][1]["id"], ds_id)
+            try:
+                assert os.read(a, 10) == want
+                assert os.read(b, 10) == want, "a second OPEN must not share the first one's offset"
+            finally:
+                os.close(a)
+                os.close(b)
             # a holder whose local copy went bad: the requester's checksum catches it
             victim_path, victim = remote[-1]
             st1 = node_state(c.runtime, 1)

@@ -6,6 +6,10 @@
 //! - a remote file: fetched over MPI from a holder (spread over replicas,
 //!   failing over to the next holder), verified, decompressed if needed,
 //!   in a sealed memfd (cached: every client of the node shares one copy).
+//!
+//! Every reply carries a new open file description: cached memfds are
+//! reopened through `/proc/self/fd` for each OPEN, so two opens of one file
+//! never share a file offset (the pages are shared).
 
 use crate::comm::{Command, Fetch, RecvBuf};
 use crate::memfd::MemfdBuilder;
@@ -19,20 +23,29 @@ use std::sync::atomic::Ordering::Relaxed;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-/// An fd to hand to the client.
-pub enum Opened {
-    /// Opened for this request (local raw file).
-    Own(OwnedFd),
-    /// A cached memfd shared by every client of the node.
-    Shared(Arc<OwnedFd>),
+/// Opens a new description of a cached memfd (through /proc/self/fd), so
+/// every OPEN gets its own file offset while sharing the same pages.
+fn reopen(fd: &OwnedFd) -> Result<OwnedFd, i32> {
+    use std::os::fd::AsRawFd;
+    std::fs::OpenOptions::new()
+        .read(true)
+        .custom_flags(libc::O_CLOEXEC)
+        .open(format!("/proc/self/fd/{}", fd.as_raw_fd()))
+        .map(OwnedFd::from)
+        .map_err(|e| {
+            log::error!("reopening a cached memfd: {e}");
+            libc::EIO
+        })
 }
 
 /// How long an OPEN that arrives while loading waits for the load.
 const LOAD_WAIT: Duration = Duration::from_secs(600);
 
 impl Node {
-    /// Resolves OPEN(node id, dataset id) to an fd, or an errno.
-    pub fn open(&self, node_id: u64, dataset_id: u64) -> Result<Opened, i32> {
+    /// Resolves OPEN(node id, dataset id) to an fd, or an errno. The fd is
+    /// always a new open file description (its own offset): the extracted
+    /// file opened O_RDONLY, or a reopened cached memfd.
+    pub fn open(&self, node_id: u64, dataset_id: u64) -> Result<OwnedFd, i32> {
         if dataset_id != self.view.dataset_id() {
             return Err(libc::ESTALE);
         }
@@ -47,8 +60,9 @@ impl Node {
         }
         let p = n.partition();
         let local = self.local.get().and_then(|l| l.get(p as usize).copied()).unwrap_or(false);
-        let res = if local && n.codec() == Codec::None {
-            self.open_local_raw(n).map(Opened::Own)
+        let raw_local = local && n.codec() == Codec::None;
+        let res = if raw_local {
+            self.open_local_raw(n)
         } else {
             let wait = self.fetch_budget(n);
             self.cache
@@ -56,15 +70,14 @@ impl Node {
                     let fd = if local { self.load_local_compressed(n) } else { self.fetch_remote(n) }?;
                     Ok((Arc::new(fd), n.size()))
                 })
-                .map(Opened::Shared)
+                .and_then(|shared| reopen(&shared))
         };
         match &res {
-            Ok(Opened::Own(_)) => {
+            Ok(_) => {
                 self.counters.opens.fetch_add(1, Relaxed);
-                self.counters.opens_local.fetch_add(1, Relaxed);
-            }
-            Ok(Opened::Shared(_)) => {
-                self.counters.opens.fetch_add(1, Relaxed);
+                if raw_local {
+                    self.counters.opens_local.fetch_add(1, Relaxed);
+                }
             }
             Err(e) if *e != libc::ENOENT && *e != libc::ESTALE => {
                 self.counters.errors.fetch_add(1, Relaxed);

@@ -6,7 +6,6 @@
 
 use crate::comm::Command;
 use crate::node::Node;
-use crate::open::Opened;
 use fanstore_core::wire::{self, op, Reply, Request};
 use std::io;
 use std::os::fd::{AsRawFd, FromRawFd, OwnedFd, RawFd};
@@ -195,14 +194,10 @@ fn handle(node: &Node, fd: RawFd, req: &Request) -> io::Result<()> {
             wire::send_msg(fd, &r.encode(), None)
         }
         op::OPEN => match node.open(req.arg0, req.arg1) {
-            Ok(opened) => {
-                let raw = match &opened {
-                    Opened::Own(f) => f.as_raw_fd(),
-                    Opened::Shared(f) => f.as_raw_fd(),
-                };
+            Ok(file) => {
                 let mut r = Reply::ok(req, 0);
                 r.flags = wire::FLAG_FD;
-                wire::send_msg(fd, &r.encode(), Some(raw))
+                wire::send_msg(fd, &r.encode(), Some(file.as_raw_fd()))
             }
             Err(errno) => wire::send_msg(fd, &Reply::err(req, errno).encode(), None),
         },

@@ -103,7 +103,6 @@ fn singleton_serves_every_file_and_stops_clean() {
             assert_eq!(r.flags & wire::FLAG_FD, wire::FLAG_FD);
             let mut got = Vec::new();
             let mut file = std::fs::File::from(fd.unwrap());
-            // Each OPEN of a shared memfd shares its offset: read from 0 explicitly.
             use std::os::unix::fs::FileExt;
             got.resize(f.bytes.len() + 1, 0);
             let k = file.read_at(&mut got, 0).unwrap();
