@@ -39,6 +39,11 @@ impl HoleAwareReader {
         HoleAwareReader { file, size, pos: 0, data_start: 0, data_end: 0 }
     }
 
+    /// The file being read.
+    pub fn file(&self) -> &File {
+        &self.file
+    }
+
     /// Finds the data extent at or after `pos`.
     fn locate(&mut self) {
         let (start, end) = if self.pos >= self.size {

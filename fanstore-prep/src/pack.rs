@@ -428,7 +428,11 @@ impl Writer<'_> {
                     Ok(Loaded::Stream(reader)) => {
                         let mut input = TrackingReader { inner: reader, count: 0, error: None };
                         match w.append_raw_stream(path_hash, size, &mut input) {
-                            Ok((off, checksum)) => Some((off, size, Codec::None, checksum)),
+                            Ok((off, checksum)) => match check_size_unchanged(input.inner.file(), size) {
+                                Ok(()) => Some((off, size, Codec::None, checksum)),
+                                Err(LoadError::ChangedSize(found)) => return Err(PackError::ChangedSize { path: shown(), listed: size, found }),
+                                Err(_) => return Err(PackError::Replaced { path: shown() }),
+                            },
                             Err(e) => {
                                 return Err(if let Some(source) = input.error {
                                     PackError::ReadMidStream { path: shown(), source }

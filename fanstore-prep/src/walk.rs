@@ -12,6 +12,8 @@
 //! absolute target inside the input directory is rewritten to the relative
 //! path from the link's directory (so that the dataset can live anywhere);
 //! any other absolute target is outside.
+//!
+//! Hard links are not detected: each name is packed as its own file.
 
 use crate::sys::{self, InodeKind};
 use std::cmp::Ordering;

@@ -130,3 +130,43 @@ fn existing_dataset_is_refused_and_left_intact() {
     assert!(e.contains("already holds a dataset") && e.contains("manifest.fsm"), "{e}");
     assert!(before == dataset_bytes(&out));
 }
+
+#[test]
+fn big_files_stream_raw_and_incompressible_big_files_fall_back_to_raw() {
+    let d = tempfile::tempdir().unwrap();
+    let input = d.path().join("in");
+    std::fs::create_dir_all(&input).unwrap();
+    // 70 MiB, sparse with some data: above the 64 MiB streaming threshold.
+    let sparse = input.join("sparse.bin");
+    let f = std::fs::File::create(&sparse).unwrap();
+    f.set_len(70 << 20).unwrap();
+    std::os::unix::fs::FileExt::write_all_at(&f, b"data in the middle", 33 << 20).unwrap();
+    // 65 MiB of noise: lz4 cannot shrink it, so it must be stored raw.
+    let mut x = 0x9e37_79b9_7f4a_7c15u64;
+    let noise: Vec<u8> = (0..(65usize << 20) / 8)
+        .flat_map(|_| {
+            x ^= x << 13;
+            x ^= x >> 7;
+            x ^= x << 17;
+            x.to_le_bytes()
+        })
+        .collect();
+    std::fs::write(input.join("noise.bin"), &noise).unwrap();
+    for codec in ["none", "lz4"] {
+        let out = d.path().join(format!("out-{codec}"));
+        let mut opts = options(&input, out.clone(), 2, codec);
+        opts.replicate_dirs.clear();
+        pack(&opts).unwrap();
+        let report = fanstore_prep::verify::verify(&out);
+        assert!(report.faults.is_empty(), "{:?}", report.faults);
+        let m = Manifest::open(&out.join("manifest.fsm")).unwrap();
+        let v = m.view();
+        assert_eq!(v.lookup(b"noise.bin").unwrap().codec(), fanstore_core::codec::Codec::None);
+        let expected_sparse_codec = if codec == "lz4" { fanstore_core::codec::Codec::Lz4 } else { fanstore_core::codec::Codec::None };
+        assert_eq!(v.lookup(b"sparse.bin").unwrap().codec(), expected_sparse_codec);
+        let back = d.path().join(format!("back-{codec}"));
+        fanstore_prep::extract::extract(&out, &back).unwrap();
+        assert!(std::fs::read(back.join("noise.bin")).unwrap() == noise);
+        assert!(std::fs::read(back.join("sparse.bin")).unwrap() == std::fs::read(&sparse).unwrap());
+    }
+}
