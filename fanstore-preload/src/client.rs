@@ -9,17 +9,21 @@ use crate::lock::Locked;
 use crate::state::{self, State};
 use fanstore_core::wire::{self, op, Reply, Request};
 use libc::c_int;
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 
 const POOL_MAX: usize = 8;
 
+/// Idle connections: (fd, socket inode). The inode is checked before reuse,
+/// in case the program closed or replaced the fd behind our back.
 struct Pool {
-    fds: [c_int; POOL_MAX],
+    fds: [(c_int, u64); POOL_MAX],
     n: usize,
 }
 
-static POOL: Locked<Pool> = Locked::new(Pool { fds: [-1; POOL_MAX], n: 0 });
+static POOL: Locked<Pool> = Locked::new(Pool { fds: [(-1, 0); POOL_MAX], n: 0 });
 static NEXT_ID: AtomicU64 = AtomicU64::new(1);
+/// Set once this process has opened a connection (cheap gate for close hooks).
+static EVER: AtomicBool = AtomicBool::new(false);
 
 pub fn fork_prepare() {
     POOL.lock();
@@ -32,12 +36,58 @@ pub fn fork_parent() {
 pub fn fork_child() {
     // SAFETY: the prepare handler took the lock in this (now the only) thread.
     let p = unsafe { POOL.force() };
-    for &fd in &p.fds[..p.n] {
+    for &(fd, _) in &p.fds[..p.n] {
         // SAFETY: closing our inherited copy of a socket we created.
         unsafe { libc::syscall(libc::SYS_close, fd) };
     }
     p.n = 0;
     POOL.unlock();
+}
+
+/// The program is closing or replacing fds `lo..=hi`: drop pooled
+/// connections among them (the program owns those numbers now).
+#[inline]
+pub fn forget_range(lo: c_int, hi: c_int) {
+    if !EVER.load(Ordering::Relaxed) {
+        return;
+    }
+    POOL.with(|p| {
+        let mut i = 0;
+        while i < p.n {
+            if (lo..=hi).contains(&p.fds[i].0) {
+                p.n -= 1;
+                p.fds[i] = p.fds[p.n];
+            } else {
+                i += 1;
+            }
+        }
+    });
+}
+
+fn inode(fd: c_int) -> u64 {
+    // SAFETY: plain data, zero is valid; fstat on any int is safe.
+    let mut st: libc::stat = unsafe { std::mem::zeroed() };
+    // SAFETY: st is a valid out-pointer.
+    if unsafe { crate::real::fstat(fd, &mut st) } != 0 || st.st_mode & libc::S_IFMT != libc::S_IFSOCK {
+        return 0;
+    }
+    st.st_ino
+}
+
+/// Moves a library-internal fd far above the numbers programs use (shells
+/// assume fds 3..9 are theirs: `exec 3< file`).
+fn move_high(fd: c_int) -> c_int {
+    let mut lim = libc::rlimit { rlim_cur: 0, rlim_max: 0 };
+    // SAFETY: lim is a valid out-pointer.
+    unsafe { libc::getrlimit(libc::RLIMIT_NOFILE, &mut lim) };
+    let base = (lim.rlim_cur.min(1 << 20) as c_int - 64).max(100);
+    // SAFETY: duplicating our own fd.
+    let hi = unsafe { crate::real::fcntl(fd, libc::F_DUPFD_CLOEXEC, base as libc::c_ulong) };
+    if hi < 0 {
+        return fd;
+    }
+    close_fd(fd);
+    hi
 }
 
 fn close_fd(fd: c_int) {
@@ -51,6 +101,8 @@ fn connect(st: &State) -> Result<c_int, c_int> {
     if s < 0 {
         return Err(libc::EIO);
     }
+    let s = move_high(s);
+    EVER.store(true, Ordering::Relaxed);
     let ms = state::config().map_or(5000, |c| c.timeout_ms);
     let tv = libc::timeval { tv_sec: (ms / 1000) as _, tv_usec: ((ms % 1000) * 1000) as _ };
     for opt in [libc::SO_RCVTIMEO, libc::SO_SNDTIMEO] {
@@ -147,6 +199,8 @@ pub fn fetch(st: &State, node: u32) -> Result<c_int, c_int> {
                     None
                 }
             })
+            .filter(|&(fd, ino)| inode(fd) == ino)
+            .map(|(fd, _)| fd)
         } else {
             None
         };
@@ -177,9 +231,11 @@ pub fn fetch(st: &State, node: u32) -> Result<c_int, c_int> {
 }
 
 fn put_back(s: c_int) {
-    let kept = POOL.with(|p| {
+    let ino = inode(s);
+    let kept = ino != 0
+        && POOL.with(|p| {
         if p.n < POOL_MAX {
-            p.fds[p.n] = s;
+            p.fds[p.n] = (s, ino);
             p.n += 1;
             true
         } else {

@@ -10,6 +10,7 @@ pub fn before_close(fd: c_int) {
     if fd_table::any() {
         fd_table::clear(fd);
     }
+    crate::client::forget_range(fd, fd);
 }
 
 /// After `new = dup(old)` (or dup2/dup3/F_DUPFD) returned `r`.
@@ -23,13 +24,17 @@ pub fn after_dup(old: c_int, r: c_int) {
 /// Before dup2/dup3 replaces `new` (a no-op when old == new, which dup2 leaves alone).
 #[inline]
 pub fn before_dup2(old: c_int, new: c_int) {
-    if old != new && fd_table::any() {
-        fd_table::clear(new);
+    if old != new {
+        if fd_table::any() {
+            fd_table::clear(new);
+        }
+        crate::client::forget_range(new, new);
     }
 }
 
 pub fn before_close_range(lo: u32, hi: u32, flags: c_int) {
     if flags & (libc::CLOSE_RANGE_CLOEXEC as c_int) == 0 {
         fd_table::clear_range(lo, hi);
+        crate::client::forget_range(lo.min(i32::MAX as u32) as c_int, hi.min(i32::MAX as u32) as c_int);
     }
 }
