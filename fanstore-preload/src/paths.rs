@@ -79,7 +79,7 @@ pub unsafe fn maybe_ours(dirfd: c_int, path: *const c_char) -> bool {
     } else if dirfd == libc::AT_FDCWD {
         vcwd().is_some()
     } else {
-        matches!(fd_table::get(dirfd), Some(_))
+        fd_table::get(dirfd).is_some()
     }
 }
 
@@ -151,12 +151,36 @@ pub fn node_abs_path(st: &State, node: u32, out: &mut [u8]) -> Option<usize> {
     Some(len)
 }
 
+/// Would an over-long `path` have been ours? (Then it fails like the kernel would.)
+#[cold]
+fn classify_long(dirfd: c_int, path: &[u8]) -> bool {
+    if path[0] == b'/' {
+        return starts_in_mount(path, state::mount().tail());
+    }
+    if dirfd == libc::AT_FDCWD {
+        vcwd().is_some()
+    } else {
+        fd_table::get(dirfd).is_some()
+    }
+}
+
 /// Full classification of `path` relative to `dirfd` (AT_FDCWD or an fd).
 pub fn classify<'s>(dirfd: c_int, path: &[u8], scratch: &'s mut Scratch) -> Class<'s> {
     if path.is_empty() {
         return Class::Real;
     }
+    // The kernel refuses path strings of PATH_MAX bytes or more (NUL
+    // included), whatever they resolve to; so do we under the mount.
+    if path.len() >= libc::PATH_MAX as usize {
+        return match classify_long(dirfd, path) {
+            true => Class::Err(libc::ENAMETOOLONG),
+            false => Class::Real,
+        };
+    }
     let mount = state::mount();
+    if has_dotdot(path) {
+        return classify_dotdot(dirfd, path, scratch);
+    }
     let out = &mut scratch.buf[..MAX_PATH];
     if path[0] == b'/' {
         let Some(n) = normalize_into(b"/", path, out) else { return Class::Real };
@@ -199,4 +223,97 @@ pub fn classify<'s>(dirfd: c_int, path: &[u8], scratch: &'s mut Scratch) -> Clas
     }
     let rel = under_mount(&scratch.buf[..n.len], &mount.path).unwrap_or(b"");
     Class::Virtual(VPath { st, rel, must_be_dir: n.must_be_dir })
+}
+
+/// Does `path` have a ".." component?
+fn has_dotdot(path: &[u8]) -> bool {
+    path.split(|&b| b == b'/').any(|c| c == b"..")
+}
+
+/// Classification of a path with ".." components. The kernel resolves ".."
+/// physically: "file/.." is ENOTDIR, "missing/.." ENOENT, and "link/.."
+/// is the parent of the link's target. Under the mount we do the same,
+/// walking the components against the index; outside it, lexically (libc
+/// gets the original path then, unless it passed through the mount).
+#[cold]
+fn classify_dotdot<'s>(dirfd: c_int, path: &[u8], scratch: &'s mut Scratch) -> Class<'s> {
+    let mount = state::mount();
+    let mut base = [0u8; MAX_PATH];
+    let mut bl = 1;
+    base[0] = b'/';
+    let mut st = None;
+    if path[0] != b'/' {
+        let node = if dirfd == libc::AT_FDCWD {
+            vcwd()
+        } else {
+            match fd_table::get(dirfd) {
+                Some(Tracked::Dir { node, .. }) => Some(node),
+                Some(Tracked::File(_)) => return Class::Err(libc::ENOTDIR),
+                None => None,
+            }
+        };
+        let Some(node) = node else { return Class::Real };
+        let Some(s) = state::current() else { return Class::Real };
+        st = Some(s);
+        match node_abs_path(s, node, &mut base) {
+            Some(l) => bl = l,
+            None => return Class::Err(libc::ENAMETOOLONG),
+        }
+    }
+    let out = &mut scratch.buf[..MAX_PATH];
+    let mut len = 0usize;
+    for c in base[..bl].split(|&b| b == b'/').filter(|c| !c.is_empty()) {
+        out[len] = b'/';
+        out[len + 1..len + 1 + c.len()].copy_from_slice(c);
+        len += 1 + c.len();
+    }
+    let mut touched = path[0] != b'/';
+    for c in path.split(|&b| b == b'/') {
+        match c {
+            b"" | b"." => {}
+            b".." => {
+                let cur: &[u8] = if len == 0 { b"/" } else { &out[..len] };
+                if let Some(rel) = under_mount(cur, &mount.path) {
+                    touched = true;
+                    let Some(s) = st.or_else(state::state) else { return Class::Err(libc::ENOENT) };
+                    st = Some(s);
+                    let n = match crate::ops::resolve(s, rel, true, true) {
+                        Ok(n) => n,
+                        Err(e) => return Class::Err(e),
+                    };
+                    match node_abs_path(s, n.id(), out) {
+                        Some(l) => len = l,
+                        None => return Class::Err(libc::ENAMETOOLONG),
+                    }
+                }
+                while len > 0 && out[len - 1] != b'/' {
+                    len -= 1;
+                }
+                len = len.saturating_sub(1);
+            }
+            name => {
+                if len + 1 + name.len() > out.len() {
+                    return Class::Err(libc::ENAMETOOLONG);
+                }
+                out[len] = b'/';
+                out[len + 1..len + 1 + name.len()].copy_from_slice(name);
+                len += 1 + name.len();
+            }
+        }
+    }
+    if len == 0 {
+        out[0] = b'/';
+        len = 1;
+    }
+    let must_be_dir = path.ends_with(b"/") || path.ends_with(b"/.") || path.ends_with(b"/..") || path == b"..";
+    if under_mount(&out[..len], &mount.path).is_none() {
+        if !touched {
+            return Class::Real;
+        }
+        scratch.buf[len] = 0;
+        return Class::Redirect;
+    }
+    let Some(s) = st.or_else(state::state) else { return Class::Err(libc::ENOENT) };
+    let rel = under_mount(&scratch.buf[..len], &mount.path).unwrap_or(b"");
+    Class::Virtual(VPath { st: s, rel, must_be_dir })
 }

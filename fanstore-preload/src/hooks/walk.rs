@@ -46,9 +46,9 @@ unsafe fn prepare_glob(pattern: *const c_char, flags: c_int, g: *mut GlobT) -> c
     // closedir's int result is ignored by glob).
     unsafe {
         let g = &mut *g;
-        g.gl_opendir = Some(std::mem::transmute::<unsafe extern "C" fn(*const c_char) -> *mut libc::DIR, _>(super::dir::opendir));
-        g.gl_readdir = Some(std::mem::transmute::<unsafe extern "C" fn(*mut libc::DIR) -> *mut dirent, _>(super::dir::readdir));
-        g.gl_closedir = Some(std::mem::transmute::<unsafe extern "C" fn(*mut libc::DIR) -> c_int, _>(super::dir::closedir));
+        g.gl_opendir = Some(std::mem::transmute::<unsafe extern "C" fn(*const c_char) -> *mut libc::DIR, unsafe extern "C" fn(*const c_char) -> *mut c_void>(super::dir::opendir));
+        g.gl_readdir = Some(std::mem::transmute::<unsafe extern "C" fn(*mut libc::DIR) -> *mut dirent, unsafe extern "C" fn(*mut c_void) -> *mut dirent>(super::dir::readdir));
+        g.gl_closedir = Some(std::mem::transmute::<unsafe extern "C" fn(*mut libc::DIR) -> c_int, unsafe extern "C" fn(*mut c_void)>(super::dir::closedir));
         g.gl_stat = Some(super::stat::stat);
         g.gl_lstat = Some(super::stat::lstat);
     }

@@ -1,6 +1,6 @@
 //! access, readlink, realpath, xattrs and statfs under the mount.
 
-use super::{resolve, Node, Outcome, VPath};
+use super::{resolve, Outcome, VPath};
 use crate::paths::node_abs_path;
 use crate::state::State;
 use libc::c_int;
@@ -72,9 +72,4 @@ pub fn statfs_node(vp: &VPath) -> Outcome<&'static State> {
         Ok(_) => Outcome::Handled(vp.st),
         Err(e) => Outcome::Errno(e),
     }
-}
-
-/// Whether node `n` exists (for fd-based calls that only need the state).
-pub fn exists(_n: &Node) -> bool {
-    true
 }
