@@ -322,3 +322,20 @@ def test_daemon_killed_gives_eio(bins, tmp_path):
     assert lines[0] == "EIO", (out, err)
     assert float(lines[1]) < 10
     assert lines[2] == "6"
+
+
+def test_shell_cd_then_children(served):
+    """`cd /fanstore/x` in a shell, then child programs use relative paths."""
+    c, src = served
+    script = f"cd {MOUNT}/train/c1 && /bin/pwd && ls && cat ../link && md5sum img001.bin && cd ../.. && find . -type f | sort"
+    r = run(["bash", "-c", script], c.env(), text=True)
+    assert r.returncode == 0, r.stderr
+    lines = r.stdout.splitlines()
+    assert lines[0] == f"{MOUNT}/train/c1"
+    names = sorted(os.listdir(src / "train/c1"))
+    assert lines[1:1 + len(names)] == names
+    assert lines[1 + len(names)] == "hello"
+    import hashlib
+    assert lines[2 + len(names)].split()[0] == hashlib.md5((src / "train/c1/img001.bin").read_bytes()).hexdigest()
+    want = sorted("./" + k for k, p in files_of(src).items() if not p.is_symlink())
+    assert lines[3 + len(names):] == want

@@ -77,6 +77,8 @@ pub unsafe fn maybe_ours(dirfd: c_int, path: *const c_char) -> bool {
     } else if first == 0 {
         false
     } else if dirfd == libc::AT_FDCWD {
+        // Initialisation may restore a virtual cwd inherited through exec.
+        state::ensure_init();
         vcwd().is_some()
     } else {
         fd_table::get(dirfd).is_some()

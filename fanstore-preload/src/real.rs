@@ -5,3 +5,4 @@ pub use crate::hooks::fd::orig::*;
 pub use crate::hooks::open::orig::*;
 pub use crate::hooks::stat::orig::*;
 pub use crate::hooks::stdio::orig::*;
+pub use crate::hooks::write::orig::*;

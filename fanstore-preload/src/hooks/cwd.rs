@@ -41,6 +41,14 @@ unsafe fn put_cwd(buf: *mut c_char, size: size_t, path: &[u8]) -> *mut c_char {
     }
 }
 
+/// A virtual cwd inherited through exec is restored at initialisation.
+fn init_for_cwd() {
+    if let Some(g) = crate::guard::Guard::enter() {
+        crate::state::ensure_init();
+        drop(g);
+    }
+}
+
 crate::hooks! {
     fn chdir(path: *const c_char) -> c_int {
         path_hook("chdir", libc::AT_FDCWD, path, -1, cwd::chdir, |p| {
@@ -61,6 +69,7 @@ crate::hooks! {
         })
     }
     fn getcwd(buf: *mut c_char, size: size_t) -> *mut c_char {
+        init_for_cwd();
         if crate::paths::vcwd().is_some() {
             let mut out = [0u8; MAX_PATH];
             if let Some(len) = cwd::current(&mut out) {
@@ -70,6 +79,7 @@ crate::hooks! {
         orig::getcwd(buf, size)
     }
     fn get_current_dir_name() -> *mut c_char {
+        init_for_cwd();
         if crate::paths::vcwd().is_some() {
             let mut out = [0u8; MAX_PATH];
             if let Some(len) = cwd::current(&mut out) {

@@ -6,31 +6,82 @@
 use super::{resolve, Outcome, VPath};
 use crate::fd_table::Tracked;
 use crate::paths::{node_abs_path, set_vcwd, vcwd};
-use crate::state;
+use crate::state::{self, State};
 use fanstore_core::path::MAX_PATH;
 use libc::c_int;
+use std::ffi::CString;
+use std::os::unix::ffi::OsStrExt;
 
 pub fn chdir(vp: &VPath) -> Outcome<c_int> {
     match resolve(vp.st, vp.rel, true, true) {
         Ok(n) => {
-            // SAFETY: empty_dir is NUL-terminated.
-            unsafe { crate::real::chdir(vp.st.empty_dir.as_ptr()) };
-            set_vcwd(Some(n.id()));
+            enter(vp.st, n.id());
             Outcome::Handled(0)
         }
         Err(e) => Outcome::Errno(e),
     }
 }
 
-pub fn fchdir(fd: c_int, t: Tracked) -> Outcome<c_int> {
-    match t {
-        Tracked::Dir { node, .. } => {
-            // SAFETY: fd is a tracked fd on the empty directory.
-            unsafe { crate::real::fchdir(fd) };
-            set_vcwd(Some(node));
+pub fn fchdir(_fd: c_int, t: Tracked) -> Outcome<c_int> {
+    match (t, state::current()) {
+        (Tracked::Dir { node, .. }, Some(st)) => {
+            enter(st, node);
             Outcome::Handled(0)
         }
-        Tracked::File(_) => Outcome::Errno(libc::ENOTDIR),
+        (Tracked::Dir { .. }, None) => Outcome::Passthrough,
+        (Tracked::File(_), _) => Outcome::Errno(libc::ENOTDIR),
+    }
+}
+
+/// The real directory standing for virtual cwd `node`:
+/// `<runtime>/cwd/<dataset id>-<node>`, empty and read-only. A program
+/// exec'd from here (a shell's child after `cd /fanstore/x`) finds its
+/// virtual cwd again from its real one at initialisation.
+fn cwd_dir(st: &State, node: u32) -> Option<CString> {
+    let rt = state::config()?.rt.as_os_str().as_bytes();
+    let mut p = rt.to_vec();
+    p.extend_from_slice(b"/cwd");
+    let parent = CString::new(p.clone()).ok()?;
+    p.extend_from_slice(format!("/{:016x}-{node}", st.dataset_id).as_bytes());
+    let dir = CString::new(p).ok()?;
+    // SAFETY: NUL-terminated paths; EEXIST is fine.
+    unsafe {
+        crate::real::mkdir(parent.as_ptr(), 0o700);
+        crate::real::mkdir(dir.as_ptr(), 0o500);
+    }
+    Some(dir)
+}
+
+/// Makes `node` the virtual cwd and moves the real cwd to its stand-in
+/// (or to the empty directory if that cannot be made).
+fn enter(st: &State, node: u32) {
+    let dir = cwd_dir(st, node);
+    let p = dir.as_deref().unwrap_or(&st.empty_dir);
+    // SAFETY: NUL-terminated path.
+    if unsafe { crate::real::chdir(p.as_ptr()) } != 0 {
+        // SAFETY: as above.
+        unsafe { crate::real::chdir(st.empty_dir.as_ptr()) };
+    }
+    set_vcwd(Some(node));
+}
+
+/// At initialisation: a real cwd that is one of our stand-ins restores the virtual cwd.
+pub fn recover(st: &State) {
+    let Some(cfg) = state::config() else { return };
+    let mut buf = [0u8; MAX_PATH];
+    // SAFETY: buf is writable for its length.
+    if unsafe { crate::real::getcwd(buf.as_mut_ptr().cast(), buf.len()) }.is_null() {
+        return;
+    }
+    let cwd = &buf[..buf.iter().position(|&b| b == 0).unwrap_or(0)];
+    let mut prefix = cfg.rt.as_os_str().as_bytes().to_vec();
+    prefix.extend_from_slice(b"/cwd/");
+    let Some(name) = cwd.strip_prefix(prefix.as_slice()) else { return };
+    let Some((ds, node)) = std::str::from_utf8(name).ok().and_then(|s| s.split_once('-')) else { return };
+    let (Ok(ds), Ok(node)) = (u64::from_str_radix(ds, 16), node.parse::<u32>()) else { return };
+    if ds == st.dataset_id && st.view.node(node).is_some_and(|n| n.is_dir()) {
+        set_vcwd(Some(node));
+        crate::dlog!("virtual cwd restored from the real cwd: node {}", node);
     }
 }
 

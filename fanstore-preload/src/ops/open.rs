@@ -46,6 +46,8 @@ pub fn open(vp: &VPath, flags: c_int) -> Outcome<c_int> {
     if is_symlink(&n) {
         return Outcome::Errno(libc::ELOOP);
     }
+    // On an existing node O_CREAT alone asks for no write (open(2) on a
+    // read-only mount succeeds), except that directories refuse it.
     if n.is_dir() {
         if wants_write(flags) {
             return Outcome::Errno(libc::EISDIR);
@@ -55,7 +57,7 @@ pub fn open(vp: &VPath, flags: c_int) -> Outcome<c_int> {
     if flags & libc::O_DIRECTORY != 0 || vp.must_be_dir {
         return Outcome::Errno(libc::ENOTDIR);
     }
-    if wants_write(flags) {
+    if flags & libc::O_ACCMODE != libc::O_RDONLY || flags & libc::O_TRUNC != 0 {
         return Outcome::Errno(libc::EROFS);
     }
     open_file(vp.st, &n, flags).into()
