@@ -339,3 +339,19 @@ def test_shell_cd_then_children(served):
     assert lines[2 + len(names)].split()[0] == hashlib.md5((src / "train/c1/img001.bin").read_bytes()).hexdigest()
     want = sorted("./" + k for k, p in files_of(src).items() if not p.is_symlink())
     assert lines[3 + len(names):] == want
+
+
+def test_remote_reads_with_four_ranks(bins, tmp_path):
+    """mpiexec -n 4 daemons: every client node reads every file, most of them remote."""
+    src = make_src(tmp_path / "src")
+    data = tmp_path / "data"
+    pack(bins, src, data, "--partitions", "8", "--compress", "lz4")
+    c = start_cluster(bins, data, tmp_path / "cl", nranks=4, mount=MOUNT)
+    try:
+        files = {k: p for k, p in files_of(src).items() if not p.is_symlink()}
+        for node in range(4):
+            r = run(["cat", *[f"{MOUNT}/{k}" for k in sorted(files)]], c.env(node))
+            assert r.returncode == 0, r.stderr
+            assert r.stdout == b"".join(files[k].read_bytes() for k in sorted(files)), node
+    finally:
+        c.stop()
