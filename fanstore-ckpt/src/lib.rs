@@ -1,0 +1,89 @@
+//! # fanstore-ckpt
+//!
+//! Tensor-level deduplication of checkpoint files, with owner maps and
+//! lineage queries (the engine behind FanStore's checkpoint support; the
+//! daemon calls [`CheckpointStore::commit`] when an output file is closed and
+//! the `fanstore ckpt ...` commands call the queries).
+//!
+//! A committed file is recognised ([`split`]: safetensors, torch.save zip
+//! archives, .npy, .npz; anything else is cut into content-defined chunks)
+//! and split byte-exactly into *units* (tensor payloads) and *glue* (every
+//! other byte). Each unit is stored once, named by its blake3
+//! ([`unit`]); the file becomes a [`recipe`]: its glue inline, its units by
+//! hash, and its owner map (tensor name -> owner checkpoint, hash, dtype,
+//! shape, size). The owner of a unit is the checkpoint that first stored
+//! that exact content, so a checkpoint inherits its parent's owners for
+//! every unchanged tensor. Its parent is the earlier live checkpoint that
+//! shares the most unit bytes with it (ties: same directory, then the most
+//! recent). Reading rebuilds the exact bytes and checks them against the
+//! whole-file xxh3 kept in the recipe; a damaged unit is an error, never
+//! wrong bytes. Unlinking drops references; a unit is deleted when no live
+//! recipe refers to it.
+//!
+//! ```no_run
+//! use fanstore_ckpt::CheckpointStore;
+//! let mut store = CheckpointStore::open("/tmp/fanstore/ckpt".as_ref())?;
+//! let bytes = std::fs::read("epoch-3.safetensors").unwrap();
+//! let info = store.commit(b"run1/epoch-3.safetensors", &bytes)?;
+//! println!("{} new of {} bytes, parent {:?}", info.new_bytes, info.logical, info.parent);
+//! assert_eq!(store.read(b"run1/epoch-3.safetensors")?, bytes);
+//! print!("{}", store.log(b"run1/epoch-3.safetensors")?.to_table());
+//! print!("{}", store.du().to_json());
+//! # Ok::<(), fanstore_ckpt::CkptError>(())
+//! ```
+//!
+//! ## The store directory
+//!
+//! ```text
+//! <dir>/lock                       empty; flock'd by the one process that has the store open
+//! <dir>/catalog.fsc                path -> checkpoint id, tombstones, next id  (catalog)
+//! <dir>/recipes/<id:016x>.fsr      one recipe + owner map per live checkpoint (recipe)
+//! <dir>/units/<hh>/<blake3>.fsu    one file per stored unit                   (unit)
+//! <dir>/tmp/                       temp files, renamed into place; emptied at open
+//! ```
+//!
+//! Every file starts with a magic and a version, every integer is
+//! little-endian and every header and section carries an xxh3, as in
+//! `fanstore-core`. Checkpoint ids are a counter kept in the catalog; they
+//! never change, so a rename only changes the path -> id mapping and owner
+//! maps stay valid.
+//!
+//! **Crash safety.** Every file is written to `tmp/` and renamed into place.
+//! A commit writes its new units, then its recipe, then the catalog: the
+//! catalog rename is the commit point. An unlink writes the catalog first,
+//! then deletes the recipe and the freed units. Reference counts are not
+//! stored separately: they are recomputed at open from the live recipes, so
+//! they cannot disagree with them. Open also sweeps what an interrupted
+//! operation left (temp files, recipes the catalog does not list, units no
+//! live recipe refers to). So a crash of the process loses at most the
+//! commit, unlink or rename in flight. Without [`StoreOptions::fsync`]
+//! nothing is fsync'd: a power loss or kernel crash can also lose or tear
+//! files written shortly before, which open or `verify` then reports by
+//! their checksums; with it (or after [`CheckpointStore::sync`]) everything
+//! committed is on stable storage.
+//!
+//! **Persistence.** The directory is self-contained and position-independent.
+//! To drain it to `--persist`: call [`CheckpointStore::sync`], copy
+//! `catalog.fsc`, `recipes/` and `units/` (not `lock` or `tmp/`) while no
+//! mutation runs. A later job opens the copy with [`CheckpointStore::open`]
+//! and keeps deduplicating against it: checkpoint ids continue from the
+//! catalog's counter, and units already stored are reused by hash. A copy
+//! taken while mutations run may miss files the copied catalog names (open
+//! then fails naming the recipe, or read and `verify` name the unit): the
+//! daemon pauses commits and unlinks while it drains.
+
+pub mod catalog;
+pub mod error;
+pub mod json;
+mod le;
+pub mod query;
+pub mod recipe;
+pub mod render;
+pub mod split;
+pub mod store;
+pub mod unit;
+
+pub use error::{CkptError, Result};
+pub use query::{DiffReport, DiffStatus, DuReport, LogReport, LsReport, OwnersReport, VerifyReport};
+pub use split::{split, CdcParams, Format, Split};
+pub use store::{CheckpointStore, CommitInfo, StoreOptions, UnlinkInfo};

@@ -1,0 +1,727 @@
+//! The checkpoint store: commit, read, unlink and rename of checkpoint
+//! files, deduplicated at unit level (see the crate documentation for the
+//! directory layout and what a crash can lose).
+//!
+//! In memory the store keeps the catalog, the owner map of every live
+//! checkpoint and, per unit, its length, owner, reference count and the
+//! live checkpoints that refer to it. All of it is rebuilt at open from the
+//! catalog and the recipes: reference counts are not a second source of
+//! truth on disk that could drift from the recipes after a crash.
+
+use crate::catalog::{self, Catalog, CatalogEntry};
+use crate::error::{CkptError, Result};
+use crate::recipe::{self, Recipe, RecipePiece, TensorEntry};
+use crate::split::{self, CdcParams, Format, Piece};
+use crate::unit::{self, Hash};
+use fanstore_core::checksum::{xxh3, StreamingChecksum};
+use std::collections::{BTreeMap, HashMap, HashSet};
+use std::fs::File;
+use std::io::{Read, Write};
+use std::path::{Path, PathBuf};
+
+/// How a store behaves.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub struct StoreOptions {
+    /// Chunk sizes of the fallback for unrecognised files.
+    pub cdc: CdcParams,
+    /// fsync every unit, recipe and catalog before its rename (power-loss
+    /// safety at a large cost). Off by default: renames alone make the store
+    /// safe against a crash of the process; [`CheckpointStore::sync`]
+    /// flushes everything when the store is about to be drained.
+    pub fsync: bool,
+}
+
+/// What a commit did.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct CommitInfo {
+    pub id: u64,
+    /// The earlier live checkpoint sharing the most unit bytes, if any.
+    pub parent: Option<u64>,
+    pub format: Format,
+    /// Bytes of the file.
+    pub logical: u64,
+    /// Bytes this commit added to the store: new unit payloads plus glue.
+    pub new_bytes: u64,
+    pub units_total: usize,
+    /// Units (distinct contents) first stored by this commit.
+    pub units_new: usize,
+    /// The checkpoint previously at this path, now replaced.
+    pub replaced: Option<u64>,
+}
+
+/// What an unlink (or a replacing commit or rename) freed.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub struct UnlinkInfo {
+    pub id: u64,
+    pub units_freed: usize,
+    /// Unit payload bytes freed.
+    pub bytes_freed: u64,
+}
+
+/// One stored unit, as known in memory.
+#[derive(Debug, Clone)]
+pub(crate) struct UnitInfo {
+    pub len: u64,
+    pub owner: u64,
+    /// References from live recipes (one per tensor entry).
+    pub refs: u64,
+    /// The live checkpoints that refer to this unit, ascending.
+    pub ckpts: Vec<u64>,
+}
+
+/// A live checkpoint's owner map, as loaded from its recipe.
+#[derive(Debug, Clone)]
+pub(crate) struct LiveCkpt {
+    pub tensors: Vec<TensorEntry>,
+}
+
+/// A node-local, content-addressed checkpoint store in one directory.
+pub struct CheckpointStore {
+    pub(crate) dir: PathBuf,
+    _lock: File,
+    pub(crate) opts: StoreOptions,
+    pub(crate) catalog: Catalog,
+    pub(crate) catalog_len: u64,
+    pub(crate) live: BTreeMap<u64, LiveCkpt>,
+    pub(crate) by_path: HashMap<Vec<u8>, u64>,
+    pub(crate) units: HashMap<Hash, UnitInfo>,
+    tmp_seq: u64,
+}
+
+const LOCK_FILE: &str = "lock";
+const UNITS_DIR: &str = "units";
+const RECIPES_DIR: &str = "recipes";
+const TMP_DIR: &str = "tmp";
+
+/// A unit piece of a commit in progress.
+struct Hashed<'a> {
+    meta: split::UnitMeta,
+    bytes: &'a [u8],
+    hash: Hash,
+}
+
+impl CheckpointStore {
+    /// Opens (creating if needed) the store in `dir` with default options.
+    pub fn open(dir: &Path) -> Result<CheckpointStore> {
+        Self::open_with(dir, StoreOptions::default())
+    }
+
+    /// Opens (creating if needed) the store in `dir`. Takes an exclusive
+    /// lock on the directory, loads the catalog and every live recipe's owner
+    /// map, and sweeps what a crash may have left: temp files, recipes of
+    /// checkpoints the catalog does not list, units no live recipe refers to.
+    pub fn open_with(dir: &Path, opts: StoreOptions) -> Result<CheckpointStore> {
+        for d in [dir.to_path_buf(), dir.join(UNITS_DIR), dir.join(RECIPES_DIR), dir.join(TMP_DIR)] {
+            std::fs::create_dir_all(&d).map_err(|e| CkptError::io(&d, e))?;
+        }
+        let lock_path = dir.join(LOCK_FILE);
+        let lock = File::options()
+            .create(true)
+            .truncate(false)
+            .write(true)
+            .open(&lock_path)
+            .map_err(|e| CkptError::io(&lock_path, e))?;
+        {
+            use std::os::fd::AsRawFd;
+            // SAFETY: flock on a file descriptor we own; no memory is shared.
+            let r = unsafe { libc::flock(lock.as_raw_fd(), libc::LOCK_EX | libc::LOCK_NB) };
+            if r != 0 {
+                let e = std::io::Error::last_os_error();
+                if e.raw_os_error() == Some(libc::EWOULDBLOCK) {
+                    return Err(CkptError::Locked { dir: dir.into() });
+                }
+                return Err(CkptError::io(&lock_path, e));
+            }
+        }
+        let mut store = CheckpointStore {
+            dir: dir.into(),
+            _lock: lock,
+            opts,
+            catalog: Catalog::default(),
+            catalog_len: 0,
+            live: BTreeMap::new(),
+            by_path: HashMap::new(),
+            units: HashMap::new(),
+            tmp_seq: 0,
+        };
+        clear_dir(&dir.join(TMP_DIR))?;
+        let cat_path = dir.join(catalog::FILE_NAME);
+        match std::fs::read(&cat_path) {
+            Ok(b) => {
+                store.catalog = Catalog::decode(&cat_path, &b)?;
+                store.catalog_len = b.len() as u64;
+            }
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => {
+                // A new store, unless something is already there: then the
+                // catalog was lost and sweeping would delete everything.
+                if dir_has_entries(&dir.join(RECIPES_DIR))? {
+                    return Err(CkptError::Corrupt {
+                        file: cat_path,
+                        entry: "catalog".into(),
+                        offset: 0,
+                        problem: "missing, but the store holds recipes".into(),
+                    });
+                }
+                let c = Catalog::default();
+                store.write_catalog(&c)?;
+                store.catalog = c;
+            }
+            Err(e) => return Err(CkptError::io(&cat_path, e)),
+        }
+        let live: Vec<CatalogEntry> = store.catalog.entries.iter().filter(|e| e.live).cloned().collect();
+        for e in live {
+            let r = store.load_recipe(e.id, false)?;
+            if r.logical != e.logical {
+                let file = store.recipe_path(e.id);
+                return Err(CkptError::Corrupt {
+                    file,
+                    entry: "recipe header".into(),
+                    offset: 0,
+                    problem: format!("{} logical bytes, the catalog says {}", r.logical, e.logical),
+                });
+            }
+            store.check_lengths(e.id, &r.tensors)?;
+            store.add_refs(e.id, &r.tensors);
+            store.by_path.insert(e.path.clone(), e.id);
+            store.live.insert(e.id, LiveCkpt { tensors: r.tensors });
+        }
+        store.sweep()?;
+        Ok(store)
+    }
+
+    /// The store's directory.
+    pub fn dir(&self) -> &Path {
+        &self.dir
+    }
+
+    pub(crate) fn recipe_path(&self, id: u64) -> PathBuf {
+        self.dir.join(RECIPES_DIR).join(recipe::file_name(id))
+    }
+
+    pub(crate) fn unit_path(&self, h: &Hash) -> PathBuf {
+        unit::path(&self.dir.join(UNITS_DIR), h)
+    }
+
+    fn tmp_path(&mut self) -> PathBuf {
+        self.tmp_seq += 1;
+        self.dir.join(TMP_DIR).join(format!("{}.tmp", self.tmp_seq))
+    }
+
+    /// Loads recipe `id`: metadata only (header, owner map, pieces) or with glue.
+    pub(crate) fn load_recipe(&self, id: u64, with_glue: bool) -> Result<Recipe> {
+        let file = self.recipe_path(id);
+        let mut f = File::open(&file).map_err(|e| CkptError::io(&file, e))?;
+        let mut b = Vec::new();
+        if with_glue {
+            f.read_to_end(&mut b).map_err(|e| CkptError::io(&file, e))?;
+        } else {
+            let mut head = vec![0u8; recipe::HEADER_LEN];
+            let n = read_full(&mut f, &mut head).map_err(|e| CkptError::io(&file, e))?;
+            head.truncate(n);
+            let want = Recipe::meta_len(&file, &head)?;
+            b = head;
+            b.resize(want.max(b.len()), 0);
+            let n = read_full(&mut f, &mut b[recipe::HEADER_LEN..]).map_err(|e| CkptError::io(&file, e))?;
+            b.truncate(recipe::HEADER_LEN + n);
+        }
+        let r = Recipe::decode(&file, &b, with_glue)?;
+        if r.id != id {
+            return Err(CkptError::Corrupt {
+                file,
+                entry: "recipe header".into(),
+                offset: 16,
+                problem: format!("recipe of checkpoint {}, expected {id}", r.id),
+            });
+        }
+        Ok(r)
+    }
+
+    /// Checks that every unit of `tensors` has one length across recipes
+    /// (a unit's identity is its content).
+    fn check_lengths(&self, id: u64, tensors: &[TensorEntry]) -> Result<()> {
+        for t in tensors {
+            if let Some(u) = self.units.get(&t.hash).filter(|u| u.len != t.len) {
+                return Err(CkptError::Corrupt {
+                    file: self.recipe_path(id),
+                    entry: format!("tensor {}", String::from_utf8_lossy(&t.name)),
+                    offset: 0,
+                    problem: format!("unit {} is {} bytes here and {} bytes elsewhere", unit::hex(&t.hash), t.len, u.len),
+                });
+            }
+        }
+        Ok(())
+    }
+
+    fn add_refs(&mut self, id: u64, tensors: &[TensorEntry]) {
+        for t in tensors {
+            let u = self.units.entry(t.hash).or_insert(UnitInfo { len: t.len, owner: t.owner, refs: 0, ckpts: Vec::new() });
+            u.owner = u.owner.min(t.owner);
+            u.refs += 1;
+            if u.ckpts.last() != Some(&id) {
+                u.ckpts.push(id);
+            }
+        }
+    }
+
+    /// Drops checkpoint `id`'s references; returns the units that reached zero.
+    fn drop_refs(&mut self, id: u64, tensors: &[TensorEntry]) -> Vec<(Hash, u64)> {
+        let mut freed = Vec::new();
+        for t in tensors {
+            let Some(u) = self.units.get_mut(&t.hash) else { continue };
+            u.refs -= 1;
+            u.ckpts.retain(|&c| c != id);
+            if u.refs == 0 {
+                freed.push((t.hash, u.len));
+                self.units.remove(&t.hash);
+            }
+        }
+        freed
+    }
+
+    /// Deletes recipes the catalog does not list as live, and units no live
+    /// recipe refers to (what a crash between writing them and the catalog
+    /// leaves behind).
+    fn sweep(&mut self) -> Result<()> {
+        let rdir = self.dir.join(RECIPES_DIR);
+        for ent in std::fs::read_dir(&rdir).map_err(|e| CkptError::io(&rdir, e))? {
+            let ent = ent.map_err(|e| CkptError::io(&rdir, e))?;
+            let name = ent.file_name();
+            let id = name.to_str().and_then(|n| n.strip_suffix(".fsr")).and_then(|n| u64::from_str_radix(n, 16).ok());
+            if !id.is_some_and(|id| self.live.contains_key(&id)) {
+                remove_file(&ent.path())?;
+            }
+        }
+        let udir = self.dir.join(UNITS_DIR);
+        for sub in std::fs::read_dir(&udir).map_err(|e| CkptError::io(&udir, e))? {
+            let sub = sub.map_err(|e| CkptError::io(&udir, e))?.path();
+            if !sub.is_dir() {
+                remove_file(&sub)?;
+                continue;
+            }
+            for ent in std::fs::read_dir(&sub).map_err(|e| CkptError::io(&sub, e))? {
+                let ent = ent.map_err(|e| CkptError::io(&sub, e))?;
+                let name = ent.file_name();
+                let h = name.to_str().and_then(|n| n.strip_suffix(".fsu")).and_then(unit::parse_hex);
+                if !h.is_some_and(|h| self.units.contains_key(&h)) {
+                    remove_file(&ent.path())?;
+                }
+            }
+        }
+        Ok(())
+    }
+
+    fn write_atomic(&mut self, dest: &Path, bytes: &[u8]) -> Result<()> {
+        let tmp = self.tmp_path();
+        let mut f = File::create(&tmp).map_err(|e| CkptError::io(&tmp, e))?;
+        f.write_all(bytes).map_err(|e| CkptError::io(&tmp, e))?;
+        if self.opts.fsync {
+            f.sync_data().map_err(|e| CkptError::io(&tmp, e))?;
+        }
+        drop(f);
+        std::fs::rename(&tmp, dest).map_err(|e| CkptError::io(dest, e))
+    }
+
+    fn write_catalog(&mut self, c: &Catalog) -> Result<()> {
+        let b = c.encode();
+        let dest = self.dir.join(catalog::FILE_NAME);
+        self.write_atomic(&dest, &b)?;
+        if self.opts.fsync {
+            sync_dir(&self.dir)?;
+        }
+        self.catalog_len = b.len() as u64;
+        Ok(())
+    }
+
+    /// The live checkpoint at `path`.
+    pub fn id_of(&self, path: &[u8]) -> Option<u64> {
+        self.by_path.get(path).copied()
+    }
+
+    /// The catalog entry of checkpoint `id` (live or deleted).
+    pub fn entry(&self, id: u64) -> Option<&CatalogEntry> {
+        let i = self.catalog.entries.binary_search_by_key(&id, |e| e.id).ok()?;
+        Some(&self.catalog.entries[i])
+    }
+
+    /// Every checkpoint the catalog knows, live and deleted, in id order.
+    pub fn entries(&self) -> &[CatalogEntry] {
+        &self.catalog.entries
+    }
+
+    /// The owner map of live checkpoint `id`.
+    pub fn tensors(&self, id: u64) -> Option<&[TensorEntry]> {
+        self.live.get(&id).map(|l| l.tensors.as_slice())
+    }
+
+    /// Commits the bytes of the file memory-mapped from `file` (which nobody
+    /// may modify during the call) as the checkpoint at `path`.
+    pub fn commit_file(&mut self, path: &[u8], file: &File) -> Result<CommitInfo> {
+        let name = PathBuf::from(String::from_utf8_lossy(path).into_owned());
+        let len = file.metadata().map_err(|e| CkptError::io(&name, e))?.len();
+        if len == 0 {
+            return self.commit(path, &[]);
+        }
+        // SAFETY: the caller guarantees the file is not modified while the
+        // commit runs (the daemon commits a closed output file it owns).
+        let map = unsafe { memmap2::Mmap::map(file) }.map_err(|e| CkptError::io(&name, e))?;
+        self.commit(path, &map)
+    }
+
+    /// Commits `bytes` as the checkpoint at `path` (replacing any checkpoint
+    /// there). On error nothing is committed and the store is unchanged.
+    pub fn commit(&mut self, path: &[u8], bytes: &[u8]) -> Result<CommitInfo> {
+        check_path(path)?;
+        let split = split::split(bytes, &self.opts.cdc);
+        debug_assert!(split.check_cover(bytes.len()));
+        let id = self.catalog.next_id;
+        let file_xxh3 = xxh3(bytes);
+
+        // Hash every unit; glue goes to the recipe.
+        let mut hashed = Vec::with_capacity(split.unit_count());
+        let mut glue = Vec::new();
+        let mut rpieces = Vec::with_capacity(split.pieces.len());
+        for p in split.pieces {
+            match p {
+                Piece::Glue(r) => {
+                    rpieces.push(RecipePiece::Glue { off: glue.len() as u64, len: r.len() as u64 });
+                    glue.extend_from_slice(&bytes[r]);
+                }
+                Piece::Unit(r, meta) => {
+                    let b = &bytes[r];
+                    rpieces.push(RecipePiece::Unit { index: hashed.len() as u32 });
+                    hashed.push(Hashed { meta, bytes: b, hash: unit::hash(b) });
+                }
+            }
+        }
+
+        // Parent: the live checkpoint sharing the most unit bytes.
+        let mut shared: HashMap<u64, u64> = HashMap::new();
+        let mut seen = HashSet::with_capacity(hashed.len());
+        for u in &hashed {
+            if !seen.insert(u.hash) {
+                continue;
+            }
+            if let Some(info) = self.units.get(&u.hash) {
+                for &c in &info.ckpts {
+                    *shared.entry(c).or_default() += info.len;
+                }
+            }
+        }
+        let my_dir = parent_dir(path);
+        let parent = shared
+            .iter()
+            .filter(|(_, &b)| b > 0)
+            .max_by_key(|(&c, &b)| {
+                let same_dir = self.entry(c).is_some_and(|e| parent_dir(&e.path) == my_dir);
+                (b, same_dir, c)
+            })
+            .map(|(&c, _)| c);
+
+        // Store new units, assign owners.
+        let mut tensors = Vec::with_capacity(hashed.len());
+        let mut written: Vec<Hash> = Vec::new();
+        let mut new_here: HashSet<Hash> = HashSet::new();
+        let mut new_bytes = glue.len() as u64;
+        let mut failed = None;
+        for u in &hashed {
+            let owner = match self.units.get(&u.hash) {
+                Some(info) if info.len != u.bytes.len() as u64 => {
+                    failed = Some(CkptError::Corrupt {
+                        file: self.unit_path(&u.hash),
+                        entry: "unit".into(),
+                        offset: 0,
+                        problem: format!("blake3 collision: {} and {} bytes", info.len, u.bytes.len()),
+                    });
+                    break;
+                }
+                Some(info) => info.owner,
+                None => {
+                    if new_here.insert(u.hash) {
+                        let tmp = self.tmp_path();
+                        let dest = self.unit_path(&u.hash);
+                        if let Err(e) = unit::write(&tmp, &dest, &u.hash, u.bytes) {
+                            let _ = std::fs::remove_file(&tmp);
+                            failed = Some(e);
+                            break;
+                        }
+                        written.push(u.hash);
+                        new_bytes += u.bytes.len() as u64;
+                    }
+                    id
+                }
+            };
+            tensors.push(TensorEntry {
+                name: u.meta.name.clone(),
+                dtype: clip_dtype(&u.meta.dtype),
+                shape: u.meta.shape.iter().copied().take(u16::MAX as usize).collect(),
+                hash: u.hash,
+                len: u.bytes.len() as u64,
+                owner,
+            });
+        }
+        let units_new = written.len();
+        let rec = Recipe {
+            id,
+            parent: parent.unwrap_or(0),
+            format: split.format,
+            logical: bytes.len() as u64,
+            file_xxh3,
+            new_bytes,
+            tensors,
+            pieces: rpieces,
+            glue_len: glue.len() as u64,
+            glue,
+        };
+        let result = match failed {
+            Some(e) => Err(e),
+            None => self.finish_commit(path, rec, units_new),
+        };
+        if result.is_err() {
+            // Nothing was committed: remove what this attempt wrote.
+            for h in &written {
+                let _ = std::fs::remove_file(self.unit_path(h));
+            }
+            let _ = std::fs::remove_file(self.recipe_path(id));
+        }
+        result
+    }
+
+    fn finish_commit(&mut self, path: &[u8], rec: Recipe, units_new: usize) -> Result<CommitInfo> {
+        let id = rec.id;
+        let enc = rec.encode();
+        let rpath = self.recipe_path(id);
+        self.write_atomic(&rpath, &enc)?;
+        if self.opts.fsync {
+            self.sync()?;
+        }
+        let replaced = self.by_path.get(path).copied();
+        let mut cat = self.catalog.clone();
+        cat.next_id = id + 1;
+        cat.generation += 1;
+        if let Some(old) = replaced {
+            tombstone(&mut cat, old);
+        }
+        cat.entries.push(CatalogEntry {
+            id,
+            parent: rec.parent,
+            logical: rec.logical,
+            new_bytes: rec.new_bytes,
+            recipe_len: enc.len() as u64,
+            path: path.to_vec(),
+            live: true,
+            format: rec.format,
+            tensors: rec.tensors.len() as u64,
+        });
+        self.write_catalog(&cat)?;
+        // Committed. Update memory, then free what the replaced checkpoint held alone.
+        self.catalog = cat;
+        self.add_refs(id, &rec.tensors);
+        self.by_path.insert(path.to_vec(), id);
+        let info = CommitInfo {
+            id,
+            parent: (rec.parent != 0).then_some(rec.parent),
+            format: rec.format,
+            logical: rec.logical,
+            new_bytes: rec.new_bytes,
+            units_total: rec.tensors.len(),
+            units_new,
+            replaced,
+        };
+        self.live.insert(id, LiveCkpt { tensors: rec.tensors });
+        if let Some(old) = replaced {
+            self.release(old);
+        }
+        Ok(info)
+    }
+
+    /// Removes the checkpoint at `path`; units no other live checkpoint
+    /// refers to are deleted.
+    pub fn unlink(&mut self, path: &[u8]) -> Result<UnlinkInfo> {
+        let id = self.id_of(path).ok_or_else(|| CkptError::not_found(path))?;
+        let mut cat = self.catalog.clone();
+        cat.generation += 1;
+        tombstone(&mut cat, id);
+        self.write_catalog(&cat)?;
+        self.catalog = cat;
+        self.by_path.remove(path);
+        Ok(self.release(id))
+    }
+
+    /// Renames a checkpoint: only the path -> id mapping changes, so owner
+    /// maps naming it stay valid. A live checkpoint at `to` is replaced.
+    pub fn rename(&mut self, from: &[u8], to: &[u8]) -> Result<Option<UnlinkInfo>> {
+        check_path(to)?;
+        let id = self.id_of(from).ok_or_else(|| CkptError::not_found(from))?;
+        if from == to {
+            return Ok(None);
+        }
+        let replaced = self.id_of(to);
+        let mut cat = self.catalog.clone();
+        cat.generation += 1;
+        if let Some(old) = replaced {
+            tombstone(&mut cat, old);
+        }
+        if let Ok(i) = cat.entries.binary_search_by_key(&id, |e| e.id) {
+            cat.entries[i].path = to.to_vec();
+        }
+        self.write_catalog(&cat)?;
+        self.catalog = cat;
+        self.by_path.remove(from);
+        self.by_path.insert(to.to_vec(), id);
+        Ok(replaced.map(|old| self.release(old)))
+    }
+
+    /// After the catalog no longer lists `id` as live: drop its references,
+    /// delete its recipe and the units that reached zero. Deletion is best
+    /// effort: the catalog is already written, and a file that could not be
+    /// removed now is swept at the next open.
+    fn release(&mut self, id: u64) -> UnlinkInfo {
+        let Some(l) = self.live.remove(&id) else { return UnlinkInfo { id, ..UnlinkInfo::default() } };
+        let freed = self.drop_refs(id, &l.tensors);
+        let mut info = UnlinkInfo { id, units_freed: freed.len(), bytes_freed: 0 };
+        for (h, len) in freed {
+            info.bytes_freed += len;
+            let _ = remove_file(&self.unit_path(&h));
+        }
+        let _ = remove_file(&self.recipe_path(id));
+        info
+    }
+
+    /// Writes the exact bytes of the checkpoint at `path` to `out`. Every
+    /// unit is checked (header, length, xxh3) before any of its bytes are
+    /// written; the whole-file checksum is checked at the end. Returns the
+    /// byte count.
+    pub fn read_to<W: Write + ?Sized>(&self, path: &[u8], out: &mut W) -> Result<u64> {
+        let id = self.id_of(path).ok_or_else(|| CkptError::not_found(path))?;
+        let r = self.load_recipe(id, true)?;
+        let name = PathBuf::from(String::from_utf8_lossy(path).into_owned());
+        let mut sum = StreamingChecksum::new();
+        for p in &r.pieces {
+            match *p {
+                RecipePiece::Glue { off, len } => {
+                    let g = &r.glue[off as usize..(off + len) as usize];
+                    sum.update(g);
+                    out.write_all(g).map_err(|e| CkptError::io(&name, e))?;
+                }
+                RecipePiece::Unit { index } => {
+                    let t = &r.tensors[index as usize];
+                    let u = unit::open(&self.unit_path(&t.hash), &t.hash, t.len, false)?;
+                    sum.update(u.bytes());
+                    out.write_all(u.bytes()).map_err(|e| CkptError::io(&name, e))?;
+                }
+            }
+        }
+        check_file_sum(path, r.file_xxh3, sum.digest())?;
+        Ok(r.logical)
+    }
+
+    /// The exact bytes of the checkpoint at `path`, checked against the
+    /// whole-file checksum; a damaged unit is an error, never wrong bytes.
+    pub fn read(&self, path: &[u8]) -> Result<Vec<u8>> {
+        let id = self.id_of(path).ok_or_else(|| CkptError::not_found(path))?;
+        let r = self.load_recipe(id, true)?;
+        let len = usize::try_from(r.logical).map_err(|_| CkptError::Invalid("checkpoint larger than memory".into()))?;
+        let mut out = vec![0u8; len];
+        let mut at = 0usize;
+        for p in &r.pieces {
+            match *p {
+                RecipePiece::Glue { off, len } => {
+                    let g = &r.glue[off as usize..(off + len) as usize];
+                    out[at..at + g.len()].copy_from_slice(g);
+                    at += g.len();
+                }
+                RecipePiece::Unit { index } => {
+                    let t = &r.tensors[index as usize];
+                    let dst = &mut out[at..at + t.len as usize];
+                    unit::read_into(&self.unit_path(&t.hash), &t.hash, dst, false)?;
+                    at += t.len as usize;
+                }
+            }
+        }
+        check_file_sum(path, r.file_xxh3, xxh3(&out))?;
+        Ok(out)
+    }
+
+    /// Flushes every file of the store to stable storage (before a drain).
+    pub fn sync(&self) -> Result<()> {
+        use std::os::fd::AsRawFd;
+        let d = File::open(&self.dir).map_err(|e| CkptError::io(&self.dir, e))?;
+        // SAFETY: syncfs on a directory fd we own; no memory is shared.
+        if unsafe { libc::syncfs(d.as_raw_fd()) } != 0 {
+            return Err(CkptError::io(&self.dir, std::io::Error::last_os_error()));
+        }
+        Ok(())
+    }
+}
+
+fn check_file_sum(path: &[u8], stored: u64, computed: u64) -> Result<()> {
+    if stored != computed {
+        return Err(CkptError::FileChecksum { path: String::from_utf8_lossy(path).into_owned(), stored, computed });
+    }
+    Ok(())
+}
+
+fn tombstone(cat: &mut Catalog, id: u64) {
+    if let Ok(i) = cat.entries.binary_search_by_key(&id, |e| e.id) {
+        cat.entries[i].live = false;
+        cat.entries[i].recipe_len = 0;
+    }
+}
+
+fn check_path(path: &[u8]) -> Result<()> {
+    if path.is_empty() || path.contains(&0) || path.len() > u32::MAX as usize {
+        return Err(CkptError::Invalid(format!("bad checkpoint path {:?}", String::from_utf8_lossy(path))));
+    }
+    Ok(())
+}
+
+/// The directory part of a path (`a/b/c` -> `a/b`, `c` -> empty).
+pub(crate) fn parent_dir(path: &[u8]) -> &[u8] {
+    match path.iter().rposition(|&c| c == b'/') {
+        Some(i) => &path[..i],
+        None => &[],
+    }
+}
+
+fn clip_dtype(d: &str) -> String {
+    let mut end = d.len().min(u16::MAX as usize);
+    while !d.is_char_boundary(end) {
+        end -= 1;
+    }
+    d[..end].to_string()
+}
+
+fn read_full(r: &mut impl Read, buf: &mut [u8]) -> std::io::Result<usize> {
+    let mut n = 0;
+    while n < buf.len() {
+        match r.read(&mut buf[n..])? {
+            0 => break,
+            k => n += k,
+        }
+    }
+    Ok(n)
+}
+
+fn remove_file(p: &Path) -> Result<()> {
+    match std::fs::remove_file(p) {
+        Ok(()) => Ok(()),
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(()),
+        Err(e) => Err(CkptError::io(p, e)),
+    }
+}
+
+fn clear_dir(d: &Path) -> Result<()> {
+    for ent in std::fs::read_dir(d).map_err(|e| CkptError::io(d, e))? {
+        let p = ent.map_err(|e| CkptError::io(d, e))?.path();
+        remove_file(&p)?;
+    }
+    Ok(())
+}
+
+fn dir_has_entries(d: &Path) -> Result<bool> {
+    Ok(std::fs::read_dir(d).map_err(|e| CkptError::io(d, e))?.next().is_some())
+}
+
+fn sync_dir(d: &Path) -> Result<()> {
+    File::open(d).and_then(|f| f.sync_all()).map_err(|e| CkptError::io(d, e))
+}
