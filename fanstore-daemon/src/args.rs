@@ -43,6 +43,11 @@ pub struct DaemonArgs {
     /// pieces. Must be equal on every rank (testing knob).
     #[arg(long, default_value = "1G", value_parser = parse_size, hide = true)]
     pub mpi_piece: u64,
+    /// Payloads of at least twice this size cross in pieces of this size, so
+    /// their checksum is computed while they arrive (0: off). Must be equal
+    /// on every rank (tuning knob).
+    #[arg(long, default_value = "1M", value_parser = parse_size, hide = true)]
+    pub mpi_pipeline: u64,
 }
 
 /// Parses `123`, `64K`, `512M`, `2G`, `1T` (binary units; optional `iB`/`B` suffix).

@@ -151,7 +151,7 @@ fn run(args: &DaemonArgs) -> anyhow::Result<i32> {
         local_dir: node.id.local_dir.clone(),
         local: node.local.get().cloned().unwrap_or_default(),
     };
-    let mut engine = Engine::new(&comm, &store, &node.counters, args.mpi_piece);
+    let mut engine = Engine::new(&comm, &store, &node.counters, args.mpi_piece, args.mpi_pipeline);
     let cause = engine.run(&p.rx, &SIGNALLED);
     log::info!("rank {rank}: stopping ({cause:?})");
     node.set_phase(Phase::Stopping);
@@ -178,14 +178,11 @@ fn run(args: &DaemonArgs) -> anyhow::Result<i32> {
     Ok(0)
 }
 
-/// Finalises MPI under a watchdog: a peer that vanished must not hang us.
+/// Finalises MPI under a watchdog: a peer that vanished, or a finalize
+/// hang, must not keep the rank alive.
 fn finalize(universe: mpi::environment::Universe, clean: bool) {
-    std::thread::spawn(move || {
-        std::thread::sleep(Duration::from_secs(if clean { 30 } else { 10 }));
-        log::warn!("MPI_Finalize did not return; exiting anyway");
-        std::process::exit(if clean { 0 } else { 1 });
-    });
-    drop(universe);
+    let code = if clean { 0 } else { 1 };
+    fanstore_daemon::comm::raw::finalize(universe, Duration::from_secs(10), code);
 }
 
 fn publish_failed(id: &Identity, runtime: &Path) {

@@ -37,6 +37,53 @@ impl MemfdBuilder {
         Self::create(name, size, true)
     }
 
+    /// A memfd of exactly `size` bytes with no mapping: fill it with
+    /// [`write_at`](Self::write_at), after allocating its pages with a
+    /// [`Preallocator`] (possibly from another thread, ahead of the bytes).
+    pub fn unmapped(name: &str, size: u64) -> Result<MemfdBuilder, MemfdError> {
+        let mut b = Self::create(name, 0, false)?;
+        b.resize(size)?;
+        Ok(b)
+    }
+
+    fn resize(&mut self, size: u64) -> Result<(), MemfdError> {
+        let len = libc::off_t::try_from(size)
+            .map_err(|_| MemfdError::Size { size, source: io::Error::from(io::ErrorKind::InvalidInput) })?;
+        // SAFETY: fd is a valid memfd we own; it has no mapping.
+        if unsafe { libc::ftruncate(self.fd.as_raw_fd(), len) } != 0 {
+            return Err(MemfdError::Size { size, source: io::Error::last_os_error() });
+        }
+        self.size = size;
+        Ok(())
+    }
+
+    /// Writes `bytes` at `offset` through the fd (the memfd keeps its size).
+    pub fn write_at(&self, bytes: &[u8], offset: u64) -> io::Result<()> {
+        if offset.checked_add(bytes.len() as u64).is_none_or(|e| e > self.size) {
+            return Err(io::Error::new(io::ErrorKind::InvalidInput, "write past the end of the memfd"));
+        }
+        let mut done = 0usize;
+        while done < bytes.len() {
+            let rest = &bytes[done..];
+            // SAFETY: rest is a live buffer of rest.len() bytes; fd is our memfd.
+            let n = unsafe {
+                libc::pwrite(self.fd.as_raw_fd(), rest.as_ptr().cast(), rest.len(), (offset + done as u64) as libc::off_t)
+            };
+            if n < 0 {
+                let e = io::Error::last_os_error();
+                if e.kind() == io::ErrorKind::Interrupted {
+                    continue;
+                }
+                return Err(e);
+            }
+            if n == 0 {
+                return Err(io::ErrorKind::WriteZero.into());
+            }
+            done += n as usize;
+        }
+        Ok(())
+    }
+
     /// Like [`new`](Self::new) but without allocating the pages: a
     /// [`Preallocator`] can allocate them from another thread while the
     /// bytes arrive (page allocation is as costly as the transfer on some
@@ -173,6 +220,18 @@ mod tests {
         drop(p);
         let f = std::fs::File::from(b.seal().unwrap());
         assert_eq!(f.metadata().unwrap().len(), 3 << 20);
+    }
+
+    #[test]
+    fn unmapped_write_at() {
+        let b = MemfdBuilder::unmapped("u", 10).unwrap();
+        b.preallocator().unwrap().run();
+        b.write_at(b"abc", 2).unwrap();
+        assert!(b.write_at(b"abc", 8).is_err());
+        let f = std::fs::File::from(b.seal().unwrap());
+        let mut v = Vec::new();
+        (&f).read_to_end(&mut v).unwrap();
+        assert_eq!(v, b"\0\0abc\0\0\0\0\0");
     }
 
     #[test]

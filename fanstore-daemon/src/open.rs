@@ -7,6 +7,12 @@
 //!   failing over to the next holder), verified, decompressed if needed,
 //!   in a sealed memfd (cached: every client of the node shares one copy).
 //!
+//! Memory: payloads are received / read into per-thread scratch buffers
+//! that stay allocated (warm), and each memfd's pages are allocated with
+//! fallocate while the payload travels, then filled with one pwrite. On
+//! machines where fresh pages are expensive (VMs with free page reporting)
+//! this keeps page allocation off the transfer's critical path.
+//!
 //! Every reply carries a new open file description: cached memfds are
 //! reopened through `/proc/self/fd` for each OPEN, so two opens of one file
 //! never share a file offset (the pages are shared).
@@ -114,6 +120,10 @@ impl Node {
 
     fn load_local_compressed(&self, n: NodeRef<'_>) -> Result<OwnedFd, i32> {
         let path = fanstore_core::runtime::local_file_path(&self.id.local_dir, n.id());
+        let target = self.target(n)?;
+        if let Some(p) = target.preallocator() {
+            p.run();
+        }
         let mut stored = scratch(n.stored_len() as usize);
         let res = std::fs::File::open(&path)
             .and_then(|f| std::os::unix::fs::FileExt::read_exact_at(&f, &mut stored, 0))
@@ -121,34 +131,41 @@ impl Node {
                 log::error!("rank {}: reading {}: {e}", self.id.rank, path.display());
                 libc::EIO
             })
-            .and_then(|()| self.decode(n, &stored, None));
+            .and_then(|()| self.check_sum(n, xxh3(&stored)))
+            .and_then(|()| self.fill(n, &stored, target));
         give_back(stored);
         res
     }
 
-    /// Verifies a stored (compressed) payload and decompresses it into a
-    /// sealed memfd: `target`, already allocated, or a new one.
-    fn decode(&self, n: NodeRef<'_>, stored: &[u8], target: Option<MemfdBuilder>) -> Result<OwnedFd, i32> {
-        self.check_sum(n, xxh3(stored))?;
-        if stored.len() as u64 != n.stored_len() {
-            return Err(libc::EIO);
-        }
-        self.decode_verified(n, stored, target)
+    /// A memfd for `n`, not yet filled.
+    fn target(&self, n: NodeRef<'_>) -> Result<MemfdBuilder, i32> {
+        MemfdBuilder::unmapped(&memfd_name(n), n.size()).map_err(|e| {
+            log::error!("rank {}: {e}", self.id.rank);
+            libc::ENOMEM
+        })
     }
 
-    /// [`decode`](Self::decode) of a payload whose checksum was already checked.
-    fn decode_verified(&self, n: NodeRef<'_>, stored: &[u8], target: Option<MemfdBuilder>) -> Result<OwnedFd, i32> {
+    /// Fills `target` with the file's bytes from its verified stored payload
+    /// (decompressing if needed) and seals it.
+    fn fill(&self, n: NodeRef<'_>, stored: &[u8], target: MemfdBuilder) -> Result<OwnedFd, i32> {
         let eio = |what: &str, e: &dyn std::fmt::Display| {
             log::error!("rank {}: {what} '{}': {e}", self.id.rank, String::from_utf8_lossy(n.path()));
             libc::EIO
         };
-        let mut m = match target {
-            Some(m) => m,
-            None => MemfdBuilder::new(&memfd_name(n), n.size()).map_err(|e| eio("memfd for", &e))?,
-        };
-        let mut out = m.bytes_mut();
-        codec::decompress_to(n.codec(), stored, n.size(), &mut out).map_err(|e| eio("decoding", &e))?;
-        m.seal().map_err(|e| eio("sealing", &e))
+        if n.codec() == Codec::None {
+            if stored.len() as u64 != n.size() {
+                return Err(eio("size of", &"stored length differs from the size"));
+            }
+            target.write_at(stored, 0).map_err(|e| eio("writing", &e))?;
+        } else {
+            let mut raw = scratch2(n.size() as usize);
+            let res = codec::decompress_to(n.codec(), stored, n.size(), &mut &mut raw[..])
+                .map_err(|e| eio("decoding", &e))
+                .and_then(|()| target.write_at(&raw, 0).map_err(|e| eio("writing", &e)));
+            give_back2(raw);
+            res?;
+        }
+        target.seal().map_err(|e| eio("sealing", &e))
     }
 
     fn check_sum(&self, n: NodeRef<'_>, sum: u64) -> Result<(), i32> {
@@ -166,7 +183,8 @@ impl Node {
 
     fn fetch_remote(&self, n: NodeRef<'_>) -> Result<OwnedFd, i32> {
         if n.stored_len() == 0 {
-            return self.decode(n, &[], None);
+            self.check_sum(n, xxh3(&[]))?;
+            return self.fill(n, &[], self.target(n)?);
         }
         let me = self.id.rank;
         let mut last = libc::EIO;
@@ -186,51 +204,31 @@ impl Node {
         Err(last)
     }
 
-    /// One remote read of `n` from `holder`. Page allocation of the memfd
-    /// (costly on some machines) overlaps the transfer.
+    /// One remote read of `n` from `holder`. The payload lands in a warm
+    /// scratch buffer; the memfd's pages are allocated while it travels
+    /// (page allocation costs as much as the transfer on some machines), then
+    /// the bytes are copied in with one pwrite.
     fn fetch_from(&self, n: NodeRef<'_>, holder: u32) -> Result<OwnedFd, i32> {
         let me = self.id.rank;
-        let enomem = |e: crate::memfd::MemfdError| {
-            log::error!("rank {me}: {e}");
-            libc::ENOMEM
-        };
         let t0 = Instant::now();
-        let raw = n.codec() == Codec::None;
-        let (buf, pre) = if raw {
-            let m = MemfdBuilder::new_lazy(&memfd_name(n), n.size()).map_err(enomem)?;
-            let pre = m.preallocator();
-            (RecvBuf::Memfd(m), pre)
-        } else {
-            let len = n.stored_len() as usize;
-            (RecvBuf::Heap { buf: scratch(len), len }, None)
-        };
+        let len = n.stored_len() as usize;
+        let buf = RecvBuf { buf: scratch(len), len };
         let (tx, rx) = crossbeam::channel::bounded(1);
         let timeout = self.fetch_timeout(n.stored_len());
         let cmd = Command::Fetch(Fetch { node_id: n.id(), holder, stored_len: n.stored_len(), buf, reply: tx, timeout });
         if self.comm.send(cmd).is_err() {
             return Err(libc::EIO);
         }
-        // While the bytes travel: allocate the pages they land in (raw), or
-        // the memfd they will be decompressed into.
-        let target = match pre {
-            Some(p) => {
-                p.run();
-                None
-            }
-            None => Some(MemfdBuilder::new(&memfd_name(n), n.size()).map_err(enomem)?),
-        };
+        let target = self.target(n)?;
+        if let Some(p) = target.preallocator() {
+            p.run();
+        }
         let t1 = Instant::now();
         let got = rx.recv_timeout(timeout + Duration::from_secs(2));
         let t2 = Instant::now();
         let res = match got {
-            Ok(Ok((RecvBuf::Memfd(m), sum))) => self.check_sum(n, sum).and_then(|()| {
-                m.seal().map_err(|e| {
-                    log::error!("rank {me}: sealing: {e}");
-                    libc::EIO
-                })
-            }),
-            Ok(Ok((RecvBuf::Heap { buf, len }, sum))) => {
-                let r = self.check_sum(n, sum).and_then(|()| self.decode_verified(n, &buf[..len], target));
+            Ok(Ok((RecvBuf { buf, len }, sum))) => {
+                let r = self.check_sum(n, sum).and_then(|()| self.fill(n, &buf[..len], target));
                 give_back(buf);
                 r
             }
@@ -244,7 +242,7 @@ impl Node {
             }
         };
         log::debug!(
-            "rank {me}: fetch of node {} ({} B) from rank {holder}: setup {:?}, transfer {:?}, verify+seal {:?}",
+            "rank {me}: fetch of node {} ({} B) from rank {holder}: memfd {:?}, wait {:?}, fill+seal {:?}",
             n.id(),
             n.stored_len(),
             t1 - t0,
@@ -260,25 +258,43 @@ impl Node {
 const SCRATCH_KEEP: usize = 64 << 20;
 
 thread_local! {
+    /// Stored payloads (received or read).
     static SCRATCH: std::cell::RefCell<Vec<u8>> = const { std::cell::RefCell::new(Vec::new()) };
+    /// Decompressed bytes.
+    static SCRATCH2: std::cell::RefCell<Vec<u8>> = const { std::cell::RefCell::new(Vec::new()) };
 }
 
-/// A buffer of at least `len` bytes (exactly `len` long), reused when possible.
-fn scratch(len: usize) -> Vec<u8> {
-    let mut v = SCRATCH.with(|s| std::mem::take(&mut *s.borrow_mut()));
+type Scratch = std::thread::LocalKey<std::cell::RefCell<Vec<u8>>>;
+
+/// A buffer of exactly `len` bytes, reusing the thread's when possible.
+fn take(key: &'static Scratch, len: usize) -> Vec<u8> {
+    let mut v = key.with(|s| std::mem::take(&mut *s.borrow_mut()));
     v.resize(len, 0); // zeroing warm pages is cheap; shrinking keeps the capacity
     v
 }
 
-fn give_back(v: Vec<u8>) {
+fn put(key: &'static Scratch, v: Vec<u8>) {
     if v.capacity() <= SCRATCH_KEEP {
-        SCRATCH.with(|s| {
+        key.with(|s| {
             let mut s = s.borrow_mut();
             if s.capacity() < v.capacity() {
                 *s = v;
             }
         });
     }
+}
+
+fn scratch(len: usize) -> Vec<u8> {
+    take(&SCRATCH, len)
+}
+fn give_back(v: Vec<u8>) {
+    put(&SCRATCH, v)
+}
+fn scratch2(len: usize) -> Vec<u8> {
+    take(&SCRATCH2, len)
+}
+fn give_back2(v: Vec<u8>) {
+    put(&SCRATCH2, v)
 }
 
 fn memfd_name(n: NodeRef<'_>) -> String {

@@ -6,8 +6,11 @@
 //! prints one line: `pingpong size=<bytes> iters=<n> median_us=<t> mbps=<MB/s>`.
 //!
 //! ```text
-//! mpiexec -n 2 fanstore-mpi-pingpong [--iters N] [--warmup N] SIZE...
+//! mpiexec -n 2 fanstore-mpi-pingpong [--iters N] [--warmup N] [--fresh-memfd] SIZE...
 //! ```
+//! `--fresh-memfd`: rank 0 receives every reply into a new memfd (pages
+//! allocated while receiving, as the daemon does) instead of one reused
+//! buffer: shows what fresh memory costs on this machine.
 use mpi::traits::*;
 use std::time::Instant;
 
@@ -15,10 +18,12 @@ fn main() -> anyhow::Result<()> {
     let mut iters = 50usize;
     let mut warmup = 5usize;
     let mut sizes = Vec::new();
+    let mut fresh = false;
     let mut args = std::env::args().skip(1);
     while let Some(a) = args.next() {
         match a.as_str() {
             "--iters" => iters = args.next().ok_or_else(|| anyhow::anyhow!("--iters needs a value"))?.parse()?,
+            "--fresh-memfd" => fresh = true,
             "--warmup" => warmup = args.next().ok_or_else(|| anyhow::anyhow!("--warmup needs a value"))?.parse()?,
             s => sizes.push(fanstore_daemon::args::parse_size(s).map_err(anyhow::Error::msg)?),
         }
@@ -41,7 +46,13 @@ fn main() -> anyhow::Result<()> {
             if rank == 0 {
                 let t = Instant::now();
                 world.process_at_rank(1).send_with_tag(&req[..], 1);
-                world.process_at_rank(1).receive_into_with_tag(&mut reply[..], 2);
+                if fresh {
+                    let mut m = fanstore_daemon::memfd::MemfdBuilder::new_lazy("pingpong", size as u64)?;
+                    world.process_at_rank(1).receive_into_with_tag(m.bytes_mut(), 2);
+                    drop(m.seal()?);
+                } else {
+                    world.process_at_rank(1).receive_into_with_tag(&mut reply[..], 2);
+                }
                 if i >= warmup {
                     times.push(t.elapsed().as_secs_f64());
                 }
@@ -54,12 +65,16 @@ fn main() -> anyhow::Result<()> {
             times.sort_by(f64::total_cmp);
             let med = times[times.len() / 2];
             println!(
-                "pingpong size={size} iters={iters} median_us={:.1} mbps={:.1}",
+                "pingpong{} size={size} iters={iters} median_us={:.1} mbps={:.1}",
+                if fresh { "-fresh-memfd" } else { "" },
                 med * 1e6,
                 size as f64 / med / 1e6
             );
         }
         world.barrier();
     }
+    use std::io::Write;
+    std::io::stdout().flush()?;
+    fanstore_daemon::comm::raw::finalize(universe, std::time::Duration::from_secs(10), 0);
     Ok(())
 }

@@ -13,8 +13,9 @@
 //!                        0..4 node id | 4..8 reply tag | 8..16 stored length
 //! reply tag (16..32766) holder -> requester: the stored (possibly compressed)
 //!                        payload, in order, on the tag the request named, in
-//!                        pieces: 1 MiB each from 2 MiB up (table::plan), never
-//!                        more than `--mpi-piece` bytes (default 1 GiB: larger
+//!                        pieces (table::plan): `--mpi-pipeline` bytes each
+//!                        (default 1 MiB) from twice that size up, never more
+//!                        than `--mpi-piece` bytes (default 1 GiB: larger
 //!                        payloads always cross in pieces).
 //!                        The requester pre-posts one receive per piece
 //!                        straight into the destination buffer, so the bytes
@@ -34,7 +35,6 @@
 pub mod raw;
 pub mod table;
 
-use crate::memfd::MemfdBuilder;
 use crate::status::Counters;
 use crossbeam::channel::{Receiver, RecvTimeoutError, Sender, TryRecvError};
 use raw::{Comm, Done, Request};
@@ -63,27 +63,19 @@ fn nap_cap(idle: Duration) -> Duration {
     }
 }
 
-/// Where a fetched payload is received.
-pub enum RecvBuf {
-    /// Compressed payloads (decompressed after verification): the first
-    /// `len` bytes of a reusable buffer.
-    Heap { buf: Vec<u8>, len: usize },
-    /// Uncompressed files: received straight into the memfd the client gets.
-    Memfd(MemfdBuilder),
+/// Where a fetched payload is received: the first `len` bytes of a
+/// (reusable, already faulted-in) buffer.
+pub struct RecvBuf {
+    pub buf: Vec<u8>,
+    pub len: usize,
 }
 
 impl RecvBuf {
     pub fn bytes(&self) -> &[u8] {
-        match self {
-            RecvBuf::Heap { buf, len } => &buf[..*len],
-            RecvBuf::Memfd(m) => m.bytes(),
-        }
+        &self.buf[..self.len]
     }
     fn bytes_mut(&mut self) -> &mut [u8] {
-        match self {
-            RecvBuf::Heap { buf, len } => &mut buf[..*len],
-            RecvBuf::Memfd(m) => m.bytes_mut(),
-        }
+        &mut self.buf[..self.len]
     }
 }
 
@@ -208,6 +200,7 @@ pub struct Engine<'a> {
     source: &'a dyn PeerSource,
     counters: &'a Counters,
     piece: u64,
+    pipeline: u64,
     table: ReqTable<Request>,
     tags: Tags,
     fetches: HashMap<u64, PendingFetch>,
@@ -217,12 +210,15 @@ pub struct Engine<'a> {
 }
 
 impl<'a> Engine<'a> {
-    pub fn new(comm: &'a Comm, source: &'a dyn PeerSource, counters: &'a Counters, piece: u64) -> Self {
+    /// `piece`: largest MPI message (at most 1 GiB); `pipeline`: piece size
+    /// of large payloads (0: one message up to `piece`). Equal on every rank.
+    pub fn new(comm: &'a Comm, source: &'a dyn PeerSource, counters: &'a Counters, piece: u64, pipeline: u64) -> Self {
         Engine {
             comm,
             source,
             counters,
             piece: piece.clamp(1, 1 << 30),
+            pipeline,
             table: ReqTable::default(),
             tags: Tags::default(),
             fetches: HashMap::new(),
@@ -304,7 +300,7 @@ impl<'a> Engine<'a> {
             return;
         };
         let id = self.id();
-        let parts = table::plan(f.stored_len, self.piece);
+        let parts = table::plan(f.stored_len, self.piece, self.pipeline);
         let request = Box::new(table::encode_request(f.node_id, tag, f.stored_len));
         let mut state =
             FetchState::new(f.holder, tag, Instant::now() + f.timeout, parts.iter().map(|p| p.1).collect());
@@ -414,7 +410,7 @@ impl<'a> Engine<'a> {
     /// Answers a peer's request for one payload.
     fn serve(&mut self, src: u32, b: &[u8; 16]) {
         let (node_id, tag, stored_len) = table::decode_request(b);
-        let parts = table::plan(stored_len, self.piece);
+        let parts = table::plan(stored_len, self.piece, self.pipeline);
         let buf = self.source.payload(node_id, stored_len);
         if buf.is_none() {
             log::warn!("rank {}: rank {src} asked for node {node_id}, which this rank cannot serve", self.comm.rank);

@@ -58,16 +58,13 @@ pub fn pieces(len: u64, piece: u64) -> Vec<(u64, usize)> {
     (0..len.div_ceil(piece)).map(|i| (i * piece, (len - i * piece).min(piece) as usize)).collect()
 }
 
-/// Payloads from this size up cross in pieces of [`PIPELINE_PIECE`] bytes,
-/// so the requester can verify the checksum of each piece while the next
-/// ones are still on the wire.
-pub const PIPELINE_FROM: u64 = 2 << 20;
-pub const PIPELINE_PIECE: u64 = 1 << 20;
-
-/// The pieces a payload of `len` bytes crosses in, given the largest
-/// message `max_piece`. Both sides compute it from the stored length alone.
-pub fn plan(len: u64, max_piece: u64) -> Vec<(u64, usize)> {
-    let piece = if len >= PIPELINE_FROM { PIPELINE_PIECE.min(max_piece) } else { max_piece };
+/// The pieces a payload of `len` bytes crosses in: payloads of at least
+/// twice `pipeline` bytes cross in pieces of `pipeline` bytes (so the
+/// requester can checksum each piece while the next ones are on the wire;
+/// 0 disables this), and no piece exceeds `max_piece`. Both sides compute it
+/// from the stored length and the job-wide settings alone.
+pub fn plan(len: u64, max_piece: u64, pipeline: u64) -> Vec<(u64, usize)> {
+    let piece = if pipeline > 0 && len >= 2 * pipeline { pipeline.min(max_piece) } else { max_piece };
     pieces(len, piece)
 }
 
@@ -258,10 +255,11 @@ mod tests {
 
     #[test]
     fn plan_pipelines_large_payloads() {
-        assert_eq!(plan(100, 1 << 30), vec![(0, 100)]);
-        assert_eq!(plan((2 << 20) - 1, 1 << 30).len(), 1);
-        assert_eq!(plan(5 << 20, 1 << 30).len(), 5);
-        assert_eq!(plan(5 << 20, 64 << 10).len(), 80, "a smaller --mpi-piece wins");
+        assert_eq!(plan(100, 1 << 30, 1 << 20), vec![(0, 100)]);
+        assert_eq!(plan((2 << 20) - 1, 1 << 30, 1 << 20).len(), 1);
+        assert_eq!(plan(5 << 20, 1 << 30, 1 << 20).len(), 5);
+        assert_eq!(plan(5 << 20, 64 << 10, 1 << 20).len(), 80, "a smaller --mpi-piece wins");
+        assert_eq!(plan(5 << 20, 1 << 30, 0).len(), 1, "pipelining off");
     }
 
     #[test]
