@@ -113,13 +113,13 @@ impl MemfdBuilder {
         } else {
             let len = usize::try_from(size)
                 .map_err(|_| MemfdError::Map { size, source: io::Error::from(io::ErrorKind::InvalidInput) })?;
-            // SAFETY: the memfd is private to this builder until sealed, so no
-            // other process or thread can resize it under the mapping.
             let mut opts = memmap2::MmapOptions::new();
             opts.len(len);
             if populate {
                 opts.populate();
             }
+            // SAFETY: the memfd is private to this builder until sealed, so no
+            // other process or thread can resize it under the mapping.
             let m = unsafe { opts.map_mut(fd.as_raw_fd()) }
                 .map_err(|source| MemfdError::Map { size, source })?;
             Some(m)
