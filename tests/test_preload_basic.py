@@ -355,3 +355,16 @@ def test_remote_reads_with_four_ranks(bins, tmp_path):
             assert r.stdout == b"".join(files[k].read_bytes() for k in sorted(files)), node
     finally:
         c.stop()
+
+
+def test_debug_report(served):
+    """FANSTORE_DEBUG=1 lists the hooked symbols and each virtual call, and does not hang."""
+    c, src = served
+    env = dict(c.env(), FANSTORE_DEBUG="1")
+    r = run(["bash", "-c", f"cat {MOUNT}/text/small.txt; echo > {MOUNT}/new"], env, text=True)
+    assert r.stdout == "hello\n"
+    assert "hooked open [" in r.stderr and "0 missing" in r.stderr, r.stderr
+    assert f"open({MOUNT}/text/small.txt) ok" in r.stderr, r.stderr
+    assert f"open({MOUNT}/new) = EROFS" in r.stderr, r.stderr
+    quiet = run(["cat", f"{MOUNT}/text/small.txt"], c.env(), text=True)
+    assert quiet.stderr == ""

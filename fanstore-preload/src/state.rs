@@ -108,9 +108,14 @@ fn set_mount(path: Vec<u8>) {
 /// Reads the environment and makes the first attempt to load the state.
 #[inline]
 pub fn ensure_init() {
-    if !INIT_DONE.load(Ordering::Acquire) {
+    if !INIT_DONE.load(Ordering::Acquire) && !IN_INIT.with(|f| f.get()) {
         init_slow();
     }
+}
+
+thread_local! {
+    /// This thread is initialising: nested calls must not take INIT again.
+    static IN_INIT: std::cell::Cell<bool> = const { std::cell::Cell::new(false) };
 }
 
 #[cold]
@@ -119,6 +124,7 @@ fn init_slow() {
     // triggered initialisation sees the errno it would have seen.
     let saved = unsafe { *libc::__errno_location() };
     INIT.lock();
+    IN_INIT.with(|f| f.set(true));
     if !INIT_DONE.load(Ordering::Acquire) {
         let debug = env(c"FANSTORE_DEBUG").is_some_and(|v| !v.is_empty() && v != b"0");
         crate::debug::set_enabled(debug);
@@ -141,6 +147,7 @@ fn init_slow() {
         load_locked();
         INIT_DONE.store(true, Ordering::Release);
     }
+    IN_INIT.with(|f| f.set(false));
     INIT.unlock();
     // SAFETY: as above.
     unsafe { *libc::__errno_location() = saved };
@@ -168,7 +175,7 @@ fn load_locked() {
                 s.rank,
                 s.dataset_id,
                 s.view.node_count(),
-                crate::debug::B(&mount().path),
+                crate::debug::B(&mount_raw().path),
                 crate::debug::B(&s.sock_path)
             );
         }
@@ -250,6 +257,11 @@ fn make_empty_dir(rt: &Path) -> Result<(CString, u64), String> {
     Err("cannot create an empty directory for virtual directory fds".into())
 }
 
+fn mount_raw() -> &'static Mount {
+    // SAFETY: set before any state is loaded, never freed.
+    unsafe { &*MOUNT.load(Ordering::Acquire) }
+}
+
 /// The mount prefix (initialising on first use).
 #[inline]
 pub fn mount() -> &'static Mount {
@@ -269,10 +281,15 @@ pub fn state() -> Option<&'static State> {
     if now_ms().saturating_sub(LAST_TRY_MS.load(Ordering::Relaxed)) < 1000 {
         return None;
     }
+    if IN_INIT.with(|f| f.get()) {
+        return None;
+    }
     INIT.lock();
+    IN_INIT.with(|f| f.set(true));
     if STATE.load(Ordering::Acquire).is_null() {
         load_locked();
     }
+    IN_INIT.with(|f| f.set(false));
     INIT.unlock();
     // SAFETY: as above.
     unsafe { STATE.load(Ordering::Acquire).as_ref() }
