@@ -136,14 +136,16 @@ pub(crate) fn fill_glue(len: usize, units: Vec<(Range<usize>, UnitMeta)>) -> Vec
     pieces
 }
 
-/// Sorts unit ranges by start and refuses overlaps (empty ranges never overlap).
+/// Sorts unit ranges by start and refuses overlaps of non-empty ranges. An
+/// empty range inside another range holds no bytes: it is moved to the end
+/// of that range so the pieces stay in file order.
 pub(crate) fn sort_disjoint(units: &mut [(Range<usize>, UnitMeta)]) -> bool {
     units.sort_by_key(|(r, _)| (r.start, r.end));
     let mut end = 0;
-    for (r, _) in units.iter() {
-        if r.is_empty() {
+    for (r, _) in units.iter_mut() {
+        if r.end <= r.start {
             if r.start < end {
-                return false;
+                *r = end..end;
             }
             continue;
         }

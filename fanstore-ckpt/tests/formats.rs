@@ -1,0 +1,306 @@
+//! Byte-exact round trips of every recognised format through the store, and
+//! malformed inputs that must fall back to opaque chunks.
+
+mod common;
+
+use common::*;
+use fanstore_ckpt::split::{self, Piece};
+use fanstore_ckpt::{CdcParams, CheckpointStore, Format};
+use std::path::Path;
+use std::process::Command;
+
+/// Commits `bytes` at `path`, reads it back both ways, and returns the
+/// commit's format and the owner map's tensor names.
+fn round_trip(store: &mut CheckpointStore, path: &str, bytes: &[u8]) -> (Format, Vec<String>) {
+    let info = store.commit(path.as_bytes(), bytes).unwrap();
+    assert_eq!(info.logical, bytes.len() as u64);
+    let back = store.read(path.as_bytes()).unwrap();
+    assert!(back == bytes, "{path}: read() differs from the committed bytes");
+    let mut streamed = Vec::new();
+    assert_eq!(store.read_to(path.as_bytes(), &mut streamed).unwrap(), bytes.len() as u64);
+    assert!(streamed == bytes, "{path}: read_to() differs from the committed bytes");
+    let names = store.owners(path.as_bytes()).unwrap().rows.iter().map(|r| String::from_utf8_lossy(&r.name).into_owned()).collect();
+    (info.format, names)
+}
+
+/// The payload bytes of every unit of a split, by name.
+fn unit_bytes<'a>(bytes: &'a [u8], s: &split::Split) -> Vec<(String, &'a [u8])> {
+    s.pieces
+        .iter()
+        .filter_map(|p| match p {
+            Piece::Unit(r, m) => Some((String::from_utf8_lossy(&m.name).into_owned(), &bytes[r.clone()])),
+            Piece::Glue(_) => None,
+        })
+        .collect()
+}
+
+fn sample_tensors(rng: &mut Rng) -> Vec<T> {
+    vec![
+        t("embed.weight", "F32", &[64, 32], rng.bytes(64 * 32 * 4)),
+        t("layer.0.bias", "F16", &[32], rng.bytes(64)),
+        t("empty", "F32", &[0, 4], vec![]),
+        t("scalar", "I64", &[], rng.bytes(8)),
+        t("naïve \"quoted\" \\ name\t", "U8", &[5], rng.bytes(5)),
+    ]
+}
+
+#[test]
+fn safetensors_round_trip_in_any_layout() {
+    let d = tempfile::tempdir().unwrap();
+    let mut store = CheckpointStore::open(d.path()).unwrap();
+    let mut rng = Rng(11);
+    let tensors = sample_tensors(&mut rng);
+    for (i, o) in [
+        StOpts::default(),
+        StOpts { reverse_keys: true, gap: 0, metadata: true },
+        StOpts { reverse_keys: false, gap: 13, metadata: true },
+    ]
+    .into_iter()
+    .enumerate()
+    {
+        let f = safetensors(&tensors, o);
+        let s = split::split(&f, &CdcParams::default());
+        assert_eq!(s.format, Format::Safetensors);
+        let units = unit_bytes(&f, &s);
+        for t in &tensors {
+            let got = units.iter().find(|(n, _)| *n == t.name).unwrap_or_else(|| panic!("no unit {}", t.name));
+            assert_eq!(got.1, &t.data[..], "{}", t.name);
+        }
+        let (fmt, mut names) = round_trip(&mut store, &format!("st/{i}.safetensors"), &f);
+        assert_eq!(fmt, Format::Safetensors);
+        names.sort();
+        let mut want: Vec<_> = tensors.iter().map(|t| t.name.clone()).collect();
+        want.sort();
+        assert_eq!(names, want);
+    }
+    // The same tensors in three layouts: stored once.
+    let payload: u64 = tensors.iter().map(|t| t.data.len() as u64).sum();
+    assert_eq!(store.du().unit_payload, payload);
+    let o = store.owners(b"st/2.safetensors").unwrap();
+    let r = o.rows.iter().find(|r| r.name == b"embed.weight").unwrap();
+    assert_eq!((r.dtype.as_str(), r.shape.as_slice(), r.len, r.owner.id), ("F32", &[64u64, 32][..], 64 * 32 * 4, 1));
+}
+
+#[test]
+fn torch_zip_round_trip_in_every_writer_mode() {
+    let d = tempfile::tempdir().unwrap();
+    let mut store = CheckpointStore::open(d.path()).unwrap();
+    let mut rng = Rng(5);
+    let storages: Vec<Vec<u8>> = [4096usize, 12, 0, 70_000, 1].iter().map(|&n| rng.bytes(n)).collect();
+    let modes = [
+        ZipOpts::default(),
+        ZipOpts { crc: true, ..ZipOpts::default() },
+        ZipOpts { descriptors: true, ..ZipOpts::default() },
+        ZipOpts { zip64: true, ..ZipOpts::default() },
+        ZipOpts { zip64: true, descriptors: true, crc: true, align: 64 },
+        ZipOpts { align: 4096, ..ZipOpts::default() },
+        ZipOpts { align: 0, ..ZipOpts::default() },
+    ];
+    for (i, o) in modes.into_iter().enumerate() {
+        let f = torch_zip(&format!("ckpt_epoch{i}"), &storages, o);
+        let s = split::split(&f, &CdcParams::default());
+        assert_eq!(s.format, Format::TorchZip, "mode {i}");
+        let units = unit_bytes(&f, &s);
+        assert_eq!(units.len(), storages.len(), "mode {i}");
+        for (k, st) in storages.iter().enumerate() {
+            let u = units.iter().find(|(n, _)| *n == format!("data/{k}")).unwrap();
+            assert_eq!(u.1, &st[..], "mode {i} storage {k}");
+        }
+        let (fmt, names) = round_trip(&mut store, &format!("pt/{i}.pt"), &f);
+        assert_eq!(fmt, Format::TorchZip);
+        assert_eq!(names.len(), storages.len());
+    }
+    // Storages are shared across all seven archives; the diff by name sees them unchanged.
+    let payload: u64 = storages.iter().map(|s| s.len() as u64).sum();
+    assert_eq!(store.du().unit_payload, payload);
+    let diff = store.diff(b"pt/0.pt", b"pt/6.pt").unwrap();
+    assert_eq!(diff.total(fanstore_ckpt::DiffStatus::Unchanged).0, storages.len());
+}
+
+#[test]
+fn npy_and_npz_round_trip() {
+    let d = tempfile::tempdir().unwrap();
+    let mut store = CheckpointStore::open(d.path()).unwrap();
+    let mut rng = Rng(9);
+    let a = rng.bytes(4 * 60);
+    for major in [1u8, 2, 3] {
+        let f = npy("<f4", &[3, 4, 5], &a, major);
+        let (fmt, names) = round_trip(&mut store, &format!("n/{major}.npy"), &f);
+        assert_eq!((fmt, names), (Format::Npy, vec!["array".to_string()]));
+    }
+    let x = npy("<i8", &[7], &rng.bytes(56), 1);
+    let y = npy("|u1", &[3, 3], &rng.bytes(9), 1);
+    let deflated = rng.bytes(77); // a deflated member's bytes: a unit as is
+    let members = vec![
+        stored("x.npy", &x),
+        stored("y.npy", &y),
+        Member { name: "z.npy".into(), data: &deflated, method: 8, usize: 500 },
+    ];
+    let f = zip(&members, ZipOpts { align: 0, ..ZipOpts::default() });
+    let s = split::split(&f, &CdcParams::default());
+    assert_eq!(s.format, Format::Npz);
+    let units = unit_bytes(&f, &s);
+    assert_eq!(units.iter().find(|u| u.0 == "x.npy").unwrap().1, &x[x.len() - 56..]);
+    assert_eq!(units.iter().find(|u| u.0 == "z.npy").unwrap().1, &deflated[..]);
+    let (fmt, names) = round_trip(&mut store, "n/arrays.npz", &f);
+    assert_eq!((fmt, names.len()), (Format::Npz, 3));
+    let o = store.owners(b"n/arrays.npz").unwrap();
+    let xr = o.rows.iter().find(|r| r.name == b"x.npy").unwrap();
+    assert_eq!((xr.dtype.as_str(), xr.shape.as_slice()), ("<i8", &[7u64][..]));
+}
+
+#[test]
+fn unknown_binary_is_chunked_and_still_deduplicates() {
+    let d = tempfile::tempdir().unwrap();
+    let mut store = CheckpointStore::open(d.path()).unwrap();
+    let mut rng = Rng(3);
+    let payload = rng.bytes(2 << 20);
+    let f1 = unknown_binary(&payload);
+    let (fmt, names) = round_trip(&mut store, "h5/a.h5", &f1);
+    assert_eq!(fmt, Format::Opaque);
+    assert!(names.len() > 8 && names[0] == "chunk-0", "{names:?}");
+    // The same payload behind a longer header: chunks resynchronise.
+    let mut f2 = b"a longer superblock".to_vec();
+    f2.extend_from_slice(&f1);
+    let info = store.commit(b"h5/b.h5", &f2).unwrap();
+    assert!(info.new_bytes < f2.len() as u64 / 4, "{} new of {}", info.new_bytes, f2.len());
+    assert_eq!(info.parent, Some(1));
+    assert_eq!(store.read(b"h5/b.h5").unwrap(), f2);
+    // Small and empty files.
+    round_trip(&mut store, "h5/tiny", b"x");
+    let (fmt, names) = round_trip(&mut store, "h5/empty", b"");
+    assert_eq!((fmt, names.len()), (Format::Opaque, 0));
+}
+
+#[test]
+fn malformed_inputs_fall_back_to_opaque_chunks() {
+    let d = tempfile::tempdir().unwrap();
+    let mut store = CheckpointStore::open(d.path()).unwrap();
+    let mut rng = Rng(21);
+    let tensors = vec![t("a", "F32", &[1000], rng.bytes(4000)), t("b", "F32", &[1000], rng.bytes(4000))];
+    let good = safetensors(&tensors, StOpts::default());
+    let hlen = u64::from_le_bytes(good[..8].try_into().unwrap()) as usize;
+    let mut cases: Vec<(&str, Vec<u8>)> = Vec::new();
+    cases.push(("truncated safetensors header", good[..8 + hlen / 2].to_vec()));
+    let mut beyond = good.clone();
+    beyond[..8].copy_from_slice(&(good.len() as u64 * 2).to_le_bytes());
+    cases.push(("header length beyond EOF", beyond));
+    let text = String::from_utf8(good[8..8 + hlen].to_vec()).unwrap();
+    let overlapping = text.replacen("[4000,8000]", "[3000,7000]", 1);
+    assert_ne!(overlapping, text);
+    let mut ov = good.clone();
+    ov[8..8 + hlen].copy_from_slice(overlapping.as_bytes());
+    cases.push(("overlapping offsets", ov));
+    let past = text.replacen("[4000,8000]", "[4000,8001]", 1);
+    let mut pe = good.clone();
+    pe[8..8 + hlen].copy_from_slice(past.as_bytes());
+    cases.push(("offsets past the end", pe));
+    let zipf = torch_zip("archive", &[rng.bytes(3000)], ZipOpts::default());
+    let eocd = zipf.len() - 22;
+    let mut bad_cd = zipf.clone();
+    bad_cd[eocd + 16] ^= 0x5; // central directory offset
+    cases.push(("zip with a bad central directory offset", bad_cd));
+    let cd = u32::from_le_bytes(zipf[eocd + 16..eocd + 20].try_into().unwrap()) as usize;
+    let mut bad_sig = zipf.clone();
+    bad_sig[cd] = b'X';
+    cases.push(("zip with a bad central header", bad_sig));
+    let mut bad_local = zipf.clone();
+    bad_local[30] ^= 1; // the first local header's name no longer agrees
+    cases.push(("zip whose local header disagrees", bad_local));
+    cases.push(("truncated zip", zipf[..zipf.len() - 30].to_vec()));
+    let mut np = npy("<f4", &[10], &rng.bytes(40), 1);
+    np[12] = b'#';
+    cases.push(("npy with a bad header", np));
+    let mut npv = npy("<f4", &[10], &rng.bytes(40), 1);
+    npv[6] = 9;
+    cases.push(("npy with an unknown version", npv));
+    for (i, (what, bytes)) in cases.iter().enumerate() {
+        assert_eq!(split::split_structured(bytes), None, "{what} was recognised");
+        let (fmt, names) = round_trip(&mut store, &format!("bad/{i}"), bytes);
+        assert_eq!(fmt, Format::Opaque, "{what}");
+        assert!(names.iter().all(|n| n.starts_with("chunk-")), "{what}");
+    }
+}
+
+const PY_FIXTURES: &str = r#"
+import sys, numpy as np
+from safetensors.numpy import save_file
+out = sys.argv[1]
+rng = np.random.default_rng(0)
+t = {
+    "embed.weight": rng.standard_normal((64, 32), dtype=np.float32),
+    "layer.0.bias": np.zeros(32, np.float16),
+    "scalar": np.array(3, np.int64),
+    "empty": np.zeros((0, 4), np.float32),
+    "ids": np.arange(100, dtype=np.uint8),
+}
+save_file(t, out + "/model.safetensors", metadata={"epoch": "3"})
+save_file({"w": t["embed.weight"]}, out + "/plain.safetensors")
+np.save(out + "/arr.npy", t["embed.weight"])
+np.save(out + "/fortran.npy", np.asfortranarray(rng.standard_normal((5, 7))))
+np.save(out + "/struct.npy", np.zeros(4, dtype=[("a", "<i4"), ("b", "<f8", (2,))]))
+np.save(out + "/text.npy", np.array(["ab", "cde"]))
+for v in [(2, 0), (3, 0)]:
+    with open(out + "/v%d.npy" % v[0], "wb") as f:
+        np.lib.format.write_array(f, t["embed.weight"], version=v)
+np.savez(out + "/plain.npz", a=t["embed.weight"], b=t["ids"])
+np.savez_compressed(out + "/comp.npz", a=t["embed.weight"], b=t["ids"])
+"#;
+
+/// Real files from the `safetensors` and `numpy` Python packages. Skipped
+/// (loudly) when they are missing, except under CI, where they are installed.
+#[test]
+fn real_safetensors_and_numpy_files() {
+    let d = tempfile::tempdir().unwrap();
+    let fx = d.path().join("fixtures");
+    std::fs::create_dir(&fx).unwrap();
+    let ran = Command::new("python3").arg("-c").arg(PY_FIXTURES).arg(&fx).output();
+    match ran {
+        Ok(o) if o.status.success() => {}
+        other => {
+            let why = match other {
+                Ok(o) => String::from_utf8_lossy(&o.stderr).into_owned(),
+                Err(e) => e.to_string(),
+            };
+            assert!(std::env::var_os("CI").is_none(), "python3 with numpy and safetensors is required under CI: {why}");
+            eprintln!("SKIPPED real_safetensors_and_numpy_files: {why}");
+            return;
+        }
+    }
+    let mut store = CheckpointStore::open(&d.path().join("store")).unwrap();
+    let want = [
+        ("model.safetensors", Format::Safetensors, 5),
+        ("plain.safetensors", Format::Safetensors, 1),
+        ("arr.npy", Format::Npy, 1),
+        ("fortran.npy", Format::Npy, 1),
+        ("struct.npy", Format::Npy, 1),
+        ("text.npy", Format::Npy, 1),
+        ("v2.npy", Format::Npy, 1),
+        ("v3.npy", Format::Npy, 1),
+        ("plain.npz", Format::Npz, 2),
+        ("comp.npz", Format::Npz, 2),
+    ];
+    for (name, fmt, units) in want {
+        let bytes = std::fs::read(fx.join(name)).unwrap();
+        let (got, names) = round_trip(&mut store, &format!("real/{name}"), &bytes);
+        assert_eq!((got, names.len()), (fmt, units), "{name}: {names:?}");
+    }
+    // The same float32 matrix is one unit across model.safetensors, plain.safetensors,
+    // arr.npy, v2.npy, v3.npy and plain.npz.
+    let o = store.owners(b"real/plain.npz").unwrap();
+    let a = o.rows.iter().find(|r| r.name == b"a.npy").unwrap();
+    assert_eq!((a.dtype.as_str(), a.shape.as_slice()), ("<f4", &[64u64, 32][..]));
+    assert_eq!(a.owner.id, 1, "owner of the shared matrix");
+    let st = store.owners(b"real/model.safetensors").unwrap();
+    let dtypes: Vec<_> = st.rows.iter().map(|r| r.dtype.as_str()).collect();
+    for dt in ["F32", "F16", "I64", "U8"] {
+        assert!(dtypes.contains(&dt), "{dtypes:?}");
+    }
+    let f = File::open(fx.join("model.safetensors")).unwrap();
+    let info = store.commit_file(b"real/again.safetensors", &f).unwrap();
+    assert_eq!((info.units_new, info.parent), (0, Some(1)));
+    assert_eq!(store.read(b"real/again.safetensors").unwrap(), std::fs::read(fx.join("model.safetensors")).unwrap());
+    assert!(Path::new(&fx).exists());
+}
+
+use std::fs::File;
