@@ -14,12 +14,15 @@ the source directory (no LD_PRELOAD), with the root path replaced by ``<ROOT>``.
 """
 from __future__ import annotations
 
+import atexit
 import hashlib
 import json
 import os
+import shutil
 import stat as st
 import subprocess
 import sys
+import tempfile
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -54,6 +57,7 @@ class SourceTree:
     files: list = field(default_factory=list)   # sorted relative paths of regular files
     dirs: list = field(default_factory=list)    # sorted relative paths of directories (root excluded)
     links: list = field(default_factory=list)   # sorted relative paths of symlinks
+    link_files: list = field(default_factory=list)  # symlinks whose target is not a directory
 
     @classmethod
     def scan(cls, root: Path) -> "SourceTree":
@@ -73,6 +77,7 @@ class SourceTree:
         t.files.sort()
         t.dirs.sort()
         t.links.sort()
+        t.link_files = [l for l in t.links if not os.path.isdir(root / l)]
         return t
 
     def path(self, rel: str) -> Path:
@@ -210,15 +215,35 @@ def build_own_files(root: Path):
             _write(own / "many" / f"d{d}" / f"f{f:02d}.dat", data)
 
 
+def short_tmpdir() -> Path:
+    """A new directory directly under /tmp (13 bytes: "/tmp/XXXXXXXX"), removed at exit.
+
+    fs_prep.make_tree(kind="mixed") has a 4080-byte relative path (DEEP_FILE):
+    under /fanstore it is 4090 bytes, so the source tree and every copy must
+    live at a path this short for native tools to reach it by absolute path
+    (PATH_MAX is 4096 with the NUL) and for both sides to behave alike.
+    """
+    d = Path(tempfile.mkdtemp(prefix="", dir="/tmp"))
+    assert len(str(d)) <= 13, d
+    atexit.register(shutil.rmtree, d, True)
+    return d
+
+
+@pytest.fixture
+def short_tmp():
+    d = short_tmpdir()
+    yield d
+    shutil.rmtree(d, ignore_errors=True)
+
+
 def source_tree(tmp_path_factory) -> SourceTree:
-    """The session's source tree (built once)."""
+    """The session's source tree (built once): fs_prep's mixed tree at the root
+    (deep paths, a non-UTF-8 name, a 255-byte name, symlinks, modes, ns mtimes),
+    its image tree under images/, and our own files under own/."""
     if "src" not in _cache:
         import fs_prep
-        root = tmp_path_factory.mktemp("clients-src") / "src"
-        root.mkdir()
-        (root / "mixed").mkdir()
-        fs_prep.make_tree(root / "mixed", kind="mixed")
-        (root / "images").mkdir()
+        root = short_tmpdir()
+        fs_prep.make_tree(root, kind="mixed")
         fs_prep.make_tree(root / "images", kind="images")
         build_own_files(root)
         _cache["src"] = SourceTree.scan(root)
@@ -261,6 +286,7 @@ class FS:
     def env(self, node: int = 0, preload: bool = True) -> dict:
         e = dict(os.environ)
         e.update(self.cluster.env(node=node, preload=preload))
+        e.pop("RUST_LOG", None)  # fs_cluster's base_env sets it for the daemons, not for clients
         e.update(LOCALE)
         return e
 
@@ -273,9 +299,11 @@ class FS:
     # running
     def run(self, cmd, node: int = 0, check=True, timeout=CMD_TIMEOUT, **kw):
         """Runs cmd with the preload library and the cluster env of `node`."""
+        kw.setdefault("errors", "surrogateescape")  # a non-UTF-8 file name is in the tree
         return run(cmd, check=check, timeout=timeout, env=self.env(node), **kw)
 
     def run_native(self, cmd, check=True, timeout=CMD_TIMEOUT, **kw):
+        kw.setdefault("errors", "surrogateescape")
         return run(cmd, check=check, timeout=timeout, env=self.native_env(), **kw)
 
     def run_bytes(self, cmd, node: int = 0, timeout=CMD_TIMEOUT, **kw) -> bytes:
@@ -313,7 +341,8 @@ class FS:
         name = name or f"s_{hashlib.md5(code.encode()).hexdigest()[:10]}.py"
         path = self.script(name, code)
         env = self.env(node) if preload else self.native_env()
-        return run([sys.executable, path, self.mount, *map(str, args)], check=check, timeout=timeout, env=env)
+        return run([sys.executable, path, self.mount, *map(str, args)], check=check, timeout=timeout, env=env,
+                   errors="surrogateescape")
 
     def py_json(self, code: str, *args, node: int = 0, timeout=CMD_TIMEOUT):
         return json.loads(self.py(code, *args, node=node, timeout=timeout).stdout)
@@ -321,8 +350,8 @@ class FS:
     def file_list(self, files=None) -> str:
         """Writes a list of relative file paths (one a line) and returns its path."""
         files = self.src.files if files is None else files
-        p = self.workdir / f"list_{hashlib.md5(chr(0).join(files).encode()).hexdigest()[:10]}.txt"
-        p.write_text("".join(f + "\n" for f in files))
+        p = self.workdir / f"list_{hashlib.md5(os.fsencode(chr(0).join(files))).hexdigest()[:10]}.txt"
+        p.write_bytes(b"".join(os.fsencode(f) + b"\n" for f in files))
         return str(p)
 
 

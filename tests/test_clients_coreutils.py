@@ -11,7 +11,7 @@ import stat as st
 import pytest
 
 from conftest import run
-from fs_clients import start_fs
+from fs_clients import short_tmp, start_fs  # noqa: F401 (fixture)
 
 
 @pytest.fixture(scope="module")
@@ -187,24 +187,24 @@ def test_stat(fs):
         assert line == f"{fs.vpath(d)}|{st.S_IMODE(s.st_mode):o}|directory", f"stat {d}"
     # stat of a missing path and through a file: same message as natively
     for bad in ("does/not/exist", "own/edge/one/x"):
-        nat = fs.run_native(["stat", os.path.join(str(fs.src.root), bad)], check=False)
+        nat = fs.run_native(["stat", os.path.join(str(fs.src.root), bad)], check=False, errors="surrogateescape")
         vir = fs.run(["stat", fs.vpath(bad)], node=0, check=False)
         assert vir.returncode == nat.returncode != 0
         assert fs.normalize(vir.stderr) == fs.normalize(nat.stderr)
 
 
 @pytest.mark.parametrize("sub", ["own", "."])
-def test_cp_r_then_diff(fs, tmp_path, sub):
-    dest = tmp_path / "copy"
-    fs.run(["cp", "-r", fs.vpath(sub), str(dest)], node=3)
-    r = run(["diff", "-r", str(dest), str(fs.src.path(sub))], check=False)
+def test_cp_r_then_diff(fs, short_tmp, sub):
+    dest = short_tmp if sub == "." else short_tmp / "x"   # the deep file needs a short destination
+    fs.run(["cp", "-r", fs.vpath(sub) + ("/." if sub == "." else ""), str(dest)], node=3)
+    r = run(["diff", "-r", str(dest), str(fs.src.path(sub))], check=False, errors="surrogateescape")
     assert r.returncode == 0, f"diff -r after cp -r {sub}:\n{r.stdout[:3000]}{r.stderr[:2000]}"
 
 
 def test_cp_a_preserves_modes_and_mtimes(fs, tmp_path):
     dest = tmp_path / "edge"
     fs.run(["cp", "-a", fs.vpath("own/edge"), str(dest)], node=1)
-    r = run(["diff", "-r", str(dest), str(fs.src.path("own/edge"))], check=False)
+    r = run(["diff", "-r", str(dest), str(fs.src.path("own/edge"))], check=False, errors="surrogateescape")
     assert r.returncode == 0, r.stdout + r.stderr
     for f in [f for f in fs.src.files if f.startswith("own/edge/")]:
         a, b = os.lstat(dest / f[len("own/edge/"):]), os.lstat(fs.src.path(f))
@@ -219,14 +219,13 @@ def test_diff_r_virtual_against_source(fs):
     assert r.returncode == 0, r.stdout + r.stderr
 
 
-def test_tar_roundtrip(fs, tmp_path):
-    out = tmp_path / "x"
-    out.mkdir()
+def test_tar_roundtrip(fs, short_tmp):
+    out = short_tmp
     r = fs.run(["bash", "-c", f"set -o pipefail; tar -cf - -C {fs.mount} . | tar -xf - -C {shlex.quote(str(out))}"],
                node=2, check=False)
     assert r.returncode == 0, f"tar exited {r.returncode}: {r.stderr[:2000]}"  # tar warns when stat and read disagree
     assert "changed as we read it" not in r.stderr and "shrank" not in r.stderr, r.stderr
-    r = run(["diff", "-r", str(out), str(fs.src.root)], check=False)
+    r = run(["diff", "-r", str(out), str(fs.src.root)], check=False, errors="surrogateescape")
     assert r.returncode == 0, f"diff -r after tar:\n{r.stdout[:3000]}"
     for f in fs.src.files:
         a, b = os.lstat(out / f), os.lstat(fs.src.path(f))
@@ -257,3 +256,18 @@ def test_child_of_sh_inherits_preload(fs):
     got = dict(reversed(l.split("  ", 1)) for l in out.splitlines())
     want = {fs.vpath(f): fs.src.md5(f) for f in fs.src.files if f.startswith("own/many/")}
     assert got == want
+
+
+def test_dd_grep_sort(fs):
+    """dd with skip/count (lseek + read at offsets), grep -r (fts + openat), sort of a virtual file."""
+    f = "own/big/text_3m.txt"
+    data = fs.src.bytes(f)
+    for bs, skip, count in [(4096, 3, 5), (1, 12345, 100), (65536, 40, 100), (1000000, 2, 2)]:
+        got = fs.run_bytes(["dd", f"if={fs.vpath(f)}", f"bs={bs}", f"skip={skip}", f"count={count}", "status=none"], node=1)
+        assert got == data[bs * skip:bs * (skip + count)], f"dd bs={bs} skip={skip} count={count}"
+    nat, vir = fs.both(lambda root: ["bash", "-c", f"grep -rc -a -e alpha -e zzz {shlex.quote(root)}/own | LC_ALL=C sort"], node=1)
+    assert vir == nat and "text_3m.txt:" in nat
+    nat, vir = fs.both(lambda root: ["bash", "-c", f"grep -rl --include='*.txt' quick {shlex.quote(root)} | LC_ALL=C sort"], node=1)
+    assert vir == nat
+    nat, vir = fs.both(lambda root: ["bash", "-c", f"LC_ALL=C sort {shlex.quote(root)}/own/text/lines_04.txt | md5sum"], node=1)
+    assert vir == nat

@@ -151,7 +151,7 @@ READ_ALL = r'''
 import hashlib, json, os, sys
 root, listfile = sys.argv[1], sys.argv[2]
 out = {}
-for rel in open(listfile).read().splitlines():
+for rel in open(listfile, encoding='utf-8', errors='surrogateescape').read().splitlines():
     try:
         with open(os.path.join(root, rel), "rb") as f:
             out[rel] = hashlib.md5(f.read()).hexdigest()
@@ -250,7 +250,7 @@ def test_outside_prefix_unaffected(fs, tmp_path):
 KILLED = r'''
 import errno, hashlib, json, os, sys, time
 root, listfile, held_rel = sys.argv[1], sys.argv[2], sys.argv[3]
-files = open(listfile).read().splitlines()
+files = open(listfile, encoding='utf-8', errors='surrogateescape').read().splitlines()
 # before the kill: read one file, and hold one open
 first = hashlib.md5(open(os.path.join(root, held_rel), "rb").read()).hexdigest()
 held = open(os.path.join(root, held_rel), "rb")
@@ -284,7 +284,7 @@ import errno, hashlib, json, os, sys, time
 root, listfile = sys.argv[1], sys.argv[2]
 res = {}
 t0 = time.monotonic()
-for rel in open(listfile).read().splitlines():
+for rel in open(listfile, encoding='utf-8', errors='surrogateescape').read().splitlines():
     try:
         res[rel] = hashlib.md5(open(os.path.join(root, rel), "rb").read()).hexdigest()
     except OSError as e:

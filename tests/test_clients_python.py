@@ -11,7 +11,7 @@ import os
 import pytest
 
 from conftest import run
-from fs_clients import start_fs
+from fs_clients import short_tmp, start_fs  # noqa: F401 (fixture)
 
 
 @pytest.fixture(scope="module")
@@ -23,7 +23,7 @@ READ = r'''
 import hashlib, io, json, mmap, os, sys
 root, listfile = sys.argv[1], sys.argv[2]
 out = {}
-for rel in open(listfile).read().splitlines():
+for rel in open(listfile, encoding='utf-8', errors='surrogateescape').read().splitlines():
     p = os.path.join(root, rel)
     r = {}
     with open(p, "rb") as f:
@@ -118,11 +118,12 @@ def test_listdir_scandir_walk(fs):
     n, v = json.loads(nat), json.loads(vir)
     for key in ("listdir", "scandir", "walk", "walk_up", "fwalk"):
         assert v[key] == n[key], f"{key} differs from the source tree"
-    # and against the source tree computed here: names and st_size
+    # and against the source tree computed here: names and st_size (os.walk lists file symlinks as files)
+    want = sorted(fs.src.files + fs.src.link_files)
     files = sorted(os.path.normpath(os.path.join(d, f)) for d, _, fl, _ in v["walk"] for f in fl)
-    assert files == fs.src.files
+    assert files == want
     sizes = {os.path.normpath(os.path.join(d, f)): s for d, _, _, fs_ in v["walk"] for f, s in fs_}
-    assert sizes == {f: fs.src.size(f) for f in fs.src.files}
+    assert sizes == {f: os.stat(fs.src.path(f)).st_size for f in want}
     assert len(v["walk"]) == len(fs.src.dirs) + 1
 
 
@@ -149,7 +150,7 @@ def test_pathlib(fs):
     nat, vir = fs.py_both(PATHLIB, node=2)
     n, v = json.loads(nat), json.loads(vir)
     assert v == n
-    assert [r[0] for r in v["rglob"] if r[2]] == fs.src.files
+    assert [r[0] for r in v["rglob"] if r[2]] == sorted(fs.src.files + fs.src.link_files)
     assert v["resolve"] == "<ROOT>/own/edge/deep"
 
 
@@ -159,7 +160,8 @@ root = sys.argv[1]
 out = {}
 for rel in ["", "own", "own/edge", "own/edge/one", "own/edge/empty", "own/edge/emptydir", "own/big/random_2m.bin",
             "missing", "own/missing", "own/edge/one/x", "own/edge/./one", "own/edge/../edge/one", "own//edge///one",
-            "own/edge/deep/a/b/../../a/b/c", "own/edge/with space.txt", "own/edge/.hidden"]:
+            "own/edge/deep/a/b/../../a/b/c", "own/edge/with space.txt", "own/edge/.hidden", "own/edge/exec.sh", "own/edge/readonly.txt",
+            "own/edge/private.bin", "a/link_to_file", "link_to_dir", "link_to_dir/c"]:
     p = os.path.join(root, rel) if rel else root
     r = [os.path.exists(p), os.path.isdir(p), os.path.isfile(p), os.path.islink(p), os.path.lexists(p),
          os.access(p, os.R_OK), os.access(p, os.W_OK), os.access(p, os.X_OK)]
@@ -198,15 +200,15 @@ print("ok")
 '''
 
 
-def test_shutil_copy(fs, tmp_path):
-    dest = tmp_path / "dest"
+def test_shutil_copy(fs, short_tmp):
+    dest = short_tmp / "d"
     fs.py(SHUTIL, str(dest), node=3)
     for rel in ["own/big/random_2m.bin", "own/big/text_3m.txt", "own/pics/large.png", "own/edge/empty", "own/arrays/pair_c.npz"]:
         assert (dest / rel.replace("/", "__")).read_bytes() == fs.src.bytes(rel), f"shutil.copyfile {rel}"
     a, b = os.stat(dest / "exec.sh"), os.stat(fs.src.path("own/edge/exec.sh"))
     assert (dest / "exec.sh").read_bytes() == fs.src.bytes("own/edge/exec.sh")
     assert (a.st_mode, a.st_mtime_ns) == (b.st_mode, b.st_mtime_ns), "shutil.copy2 keeps mode and mtime"
-    r = run(["diff", "-r", str(dest / "tree"), str(fs.src.path("own"))], check=False)
+    r = run(["diff", "-r", str(dest / "tree"), str(fs.src.path("own"))], check=False, errors="surrogateescape")
     assert r.returncode == 0, f"shutil.copytree:\n{r.stdout[:3000]}"
     assert (dest / "fileobj").read_bytes() == fs.src.bytes("own/text/lines_05.txt")
 
@@ -355,3 +357,57 @@ print(json.dumps(out, sort_keys=True))
 '''
     nat, vir = fs.py_both(code, node=0)
     assert json.loads(vir) == json.loads(nat)
+
+
+SYMLINKS = r"""
+import errno, json, os, sys
+root = sys.argv[1]
+out = {}
+def attempt(name, fn):
+    try:
+        r = fn()
+        out[name] = ["OK", r if not isinstance(r, bytes) else "%d bytes" % len(r)]
+    except OSError as e:
+        out[name] = errno.errorcode.get(e.errno, str(e.errno))
+J = lambda p: os.path.join(root, p)
+for link in ["a/link_to_file", "link_to_dir", "d/e/up_link", "a/b/c/link_to_marker"]:
+    attempt("readlink " + link, lambda: os.readlink(J(link)))
+    attempt("lstat " + link, lambda: [oct(os.lstat(J(link)).st_mode)[:4], os.lstat(J(link)).st_size])
+    attempt("stat " + link, lambda: [oct(os.stat(J(link)).st_mode), os.stat(J(link)).st_size if os.path.isfile(J(link)) else "dir"])
+    attempt("realpath " + link, lambda: os.path.realpath(J(link)))
+    attempt("islink " + link, lambda: [os.path.islink(J(link)), os.path.isfile(J(link)), os.path.isdir(J(link))])
+    attempt("nofollow " + link, lambda: os.open(J(link), os.O_RDONLY | os.O_NOFOLLOW) and "opened")
+attempt("read through link", lambda: len(open(J("a/link_to_file"), "rb").read()))
+attempt("read through up_link", lambda: len(open(J("d/e/up_link"), "rb").read()))
+attempt("listdir through dir link", lambda: sorted(os.listdir(J("link_to_dir"))))
+attempt("read via dir link", lambda: len(open(J("link_to_dir/c/compressible.txt"), "rb").read()))
+attempt("dotdot after dir link", lambda: sorted(os.listdir(J("link_to_dir/.."))))
+attempt("walk followlinks", lambda: sorted([os.path.relpath(d, root), sorted(f)] for d, _, f in os.walk(root, followlinks=True)
+                                          if "deep-" not in d))
+attempt("readlink of a file", lambda: os.readlink(J("own/edge/one")))
+"""
+O_PATH_TAIL = r"""
+attempt("o_path fstat", lambda: os.fstat(os.open(J("own/edge/page_4096.bin"), os.O_PATH)).st_size)
+attempt("o_path nofollow lstat", lambda: oct(os.fstat(os.open(J("a/link_to_file"), os.O_PATH | os.O_NOFOLLOW)).st_mode)[:4])
+attempt("o_path read", lambda: os.read(os.open(J("own/edge/page_4096.bin"), os.O_PATH), 10))
+"""
+PRINT = """
+print(json.dumps(out, sort_keys=True))
+"""
+
+
+def test_symlinks(fs):
+    nat, vir = fs.py_both(SYMLINKS + PRINT, node=1)
+    n, v = json.loads(nat), json.loads(vir)
+    assert n["readlink a/link_to_file"] == ["OK", "b/c/compressible.txt"] and n["nofollow a/link_to_file"] == "ELOOP"
+    diffs = {k: (v.get(k), n[k]) for k in n if v.get(k) != n[k]}
+    assert not diffs, "symlinks differ from the source directory (fanstore, native): " + json.dumps(diffs)
+
+
+def test_o_path(fs):
+    """O_PATH: fstat works, read fails with EBADF, O_NOFOLLOW gives the link itself (as natively)."""
+    nat, vir = fs.py_both(SYMLINKS.split("for link in")[0] + O_PATH_TAIL + PRINT, node=2)
+    n, v = json.loads(nat), json.loads(vir)
+    assert n["o_path read"] == "EBADF"
+    diffs = {k: (v.get(k), n[k]) for k in n if v.get(k) != n[k]}
+    assert not diffs, "O_PATH differs from the source directory (fanstore, native): " + json.dumps(diffs)

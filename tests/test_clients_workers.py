@@ -101,7 +101,7 @@ def test_forked_pool_three_epochs(fs, node):
     held = "own/big/text_3m.txt"
     r = fs.py(LOADER, str(exp_path), held, node=node, timeout=240)
     out = json.loads(r.stdout)
-    assert out["listed"] == fs.src.files, "parent's os.walk listing differs from the source tree"
+    assert out["listed"] == sorted(fs.src.files + fs.src.link_files), "parent's os.walk listing differs from the source tree"
     assert out["nerrors"] == 0, f"{out['nerrors']} mismatching reads in workers, e.g. {out['errors']}"
     n_samples = len([f for f in fs.src.files if f.endswith((".png", ".npy"))])
     assert out["seen"] >= 3 * n_samples > 0
@@ -113,7 +113,7 @@ THREADS = r'''
 import hashlib, json, os, sys
 from concurrent.futures import ThreadPoolExecutor
 root, listfile = sys.argv[1], sys.argv[2]
-files = open(listfile).read().splitlines()
+files = open(listfile, encoding='utf-8', errors='surrogateescape').read().splitlines()
 def md5(rel):
     with open(os.path.join(root, rel), "rb") as f:
         return rel, hashlib.md5(f.read()).hexdigest(), os.stat(os.path.join(root, rel)).st_size
@@ -157,3 +157,44 @@ def test_fork_shares_offset_and_subprocess(fs):
     assert code == "0", "forked child read wrong bytes"
     assert left == "0", "fork: parent and child must share the file offset (real kernel fd)"
     assert child_md5 == md5 == fs.src.md5(rel)
+
+
+ALL_NODES = r"""
+import hashlib, json, os, sys
+root, listfile = sys.argv[1], sys.argv[2]
+files = open(listfile, encoding="utf-8", errors="surrogateescape").read().splitlines()
+node = int(os.environ["FANSTORE_NODE"])
+order = files[node::1] + files[:node]          # each node starts at a different place
+res = {}
+for rep in range(2):
+    for rel in order:
+        with open(os.path.join(root, rel), "rb") as f:
+            h = hashlib.md5(f.read()).hexdigest()
+        if res.setdefault(rel, h) != h:
+            res[rel] = "unstable"
+print(json.dumps(res))
+"""
+
+
+def test_all_nodes_read_concurrently(fs):
+    """One reader per node at the same time: remote requests cross in every direction."""
+    import subprocess
+    import sys
+    path = fs.script("all_nodes.py", ALL_NODES)
+    lst = fs.file_list()
+    procs = [subprocess.Popen([sys.executable, path, fs.mount, lst], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                              env=fs.env(node)) for node in range(fs.nranks)]
+    outs = []
+    try:
+        for p in procs:
+            out, err = p.communicate(timeout=180)
+            assert p.returncode == 0, f"reader exited {p.returncode}: {err.decode(errors='replace')[-2000:]}"
+            outs.append(json.loads(out))
+    finally:
+        for p in procs:
+            if p.poll() is None:
+                p.kill()
+    want = {f: fs.src.md5(f) for f in fs.src.files}
+    for node, res in enumerate(outs):
+        bad = {f: res.get(f) for f in want if res.get(f) != want[f]}
+        assert not bad, f"node {node}: {len(bad)} wrong files, e.g. {dict(list(bad.items())[:5])}"

@@ -41,14 +41,15 @@ static void walk(const char *path) {
     DIR *d = opendir(path);
     if (!d) { add("opendir %s -> %s", rel(path), errname(errno)); return; }
     int dfd = dirfd(d);
-    struct dirent *e; int dot = 0, dotdot = 0; long count = 0, pos_count = -1; long mark = -1; char mark_name[256] = "";
+    struct dirent *e; int dot = 0, dotdot = 0; long count = 0, real = 0; long mark = -1; char mark_name[256] = "";
     char **subs = NULL; size_t nsubs = 0;
-    while ((e = readdir(d))) {
+    long before = telldir(d);
+    /* the mark is the position of the 2nd real entry, whatever the order of the directory */
+    for (; (e = readdir(d)); before = telldir(d)) {
         count++;
         if (!strcmp(e->d_name, ".")) { dot++; continue; }
         if (!strcmp(e->d_name, "..")) { dotdot++; continue; }
-        if (count == 3) { mark = telldir(d); pos_count = count; }
-        if (pos_count == count - 1 && mark >= 0 && !mark_name[0]) snprintf(mark_name, sizeof mark_name, "%s", e->d_name);
+        if (++real == 2) { mark = before; snprintf(mark_name, sizeof mark_name, "%s", e->d_name); }
         struct stat s; int r = fstatat(dfd, e->d_name, &s, AT_SYMLINK_NOFOLLOW);
         char kind = r ? '!' : S_ISDIR(s.st_mode) ? 'd' : S_ISREG(s.st_mode) ? 'f' : S_ISLNK(s.st_mode) ? 'l' : 'o';
         char info[160] = "";
