@@ -206,6 +206,10 @@ def test_local_raw_file_is_the_extracted_file(bins, pack, source, tmp_path):
             with pytest.raises(OSError) as e:
                 cl.open_fd(victim["id"], ds_id)
             assert e.value.errno == 5
+            # (the launcher forwards the daemon's log asynchronously)
+            deadline = time.monotonic() + 10
+            while "fails its checksum" not in c.log() and time.monotonic() < deadline:
+                time.sleep(0.1)
             assert "fails its checksum" in c.log()
             # errors
             for bad, errno in [((1 << 40, ds_id), 2), ((0, ds_id), 2), ((local[0][1]["id"], ds_id ^ 1), 116)]:

@@ -190,11 +190,11 @@ pub struct LocalStore<'a> {
 }
 
 /// Payloads from this size up are sent from a read-only mapping of the local
-/// file (no copy); smaller ones are read into a buffer.
-const MAP_FROM: u64 = 64 * 1024;
+/// file (no copy); smaller ones are read into a (reused) buffer.
+const MAP_FROM: u64 = 1 << 20;
 
 impl PeerSource for LocalStore<'_> {
-    fn payload(&self, node_id: u32, stored_len: u64) -> Option<SendBuf> {
+    fn payload(&self, node_id: u32, stored_len: u64, spare: Option<Vec<u8>>) -> Option<SendBuf> {
         let n = self.view.node(node_id)?;
         if n.kind() != Some(NodeKind::File) || n.stored_len() != stored_len {
             return None;
@@ -215,7 +215,8 @@ impl PeerSource for LocalStore<'_> {
             Some(SendBuf::Map(m))
         } else {
             use std::os::unix::fs::FileExt;
-            let mut v = vec![0u8; stored_len as usize];
+            let mut v = spare.unwrap_or_default();
+            v.resize(stored_len as usize, 0);
             f.read_exact_at(&mut v, 0).ok()?;
             Some(SendBuf::Heap(v))
         }

@@ -122,7 +122,8 @@ impl SendBuf {
 pub trait PeerSource {
     /// The stored payload of `node_id`, if this rank holds it and its stored
     /// length is `stored_len`.
-    fn payload(&self, node_id: u32, stored_len: u64) -> Option<SendBuf>;
+    /// `spare` is a previously used buffer to read into, if the source wants one.
+    fn payload(&self, node_id: u32, stored_len: u64, spare: Option<Vec<u8>>) -> Option<SendBuf>;
 }
 
 /// Why the loop ended.
@@ -146,6 +147,7 @@ struct PendingFetch {
     /// Pieces hashed so far (a prefix of `parts`).
     hashed: usize,
     hasher: fanstore_core::checksum::StreamingChecksum,
+    started: Instant,
     reply: Option<Sender<FetchReply>>,
     _request: Box<[u8; 16]>,
 }
@@ -168,6 +170,7 @@ impl PendingFetch {
             arrived: vec![false; n],
             hashed: 0,
             hasher: fanstore_core::checksum::StreamingChecksum::new(),
+            started: Instant::now(),
             reply,
             _request: request,
         }
@@ -192,7 +195,7 @@ impl PendingFetch {
 }
 
 struct PendingSend {
-    _buf: Option<SendBuf>,
+    buf: Option<SendBuf>,
     _small: Box<[u8]>,
     outstanding: usize,
 }
@@ -210,7 +213,12 @@ pub struct Engine<'a> {
     sends: HashMap<u64, PendingSend>,
     next_id: u64,
     done: Vec<Done>,
+    /// Send buffers of completed replies, reused (fresh pages are costly).
+    spare: Vec<Vec<u8>>,
 }
+
+const SPARE_MAX: usize = 1 << 20;
+const SPARE_COUNT: usize = 8;
 
 impl<'a> Engine<'a> {
     /// `piece`: largest MPI message (at most 1 GiB); `pipeline`: piece size
@@ -228,6 +236,7 @@ impl<'a> Engine<'a> {
             sends: HashMap::new(),
             next_id: 0,
             done: Vec::new(),
+            spare: Vec::new(),
         }
     }
 
@@ -414,7 +423,10 @@ impl<'a> Engine<'a> {
     fn serve(&mut self, src: u32, b: &[u8; 16]) {
         let (node_id, tag, stored_len) = table::decode_request(b);
         let parts = table::plan(stored_len, self.piece, self.pipeline);
-        let buf = self.source.payload(node_id, stored_len);
+        let t = Instant::now();
+        let spare = self.spare.pop();
+        let buf = self.source.payload(node_id, stored_len, spare);
+        log::debug!("rank {}: payload of node {node_id} ({stored_len} B) for rank {src} ready in {:?}", self.comm.rank, t.elapsed());
         if buf.is_none() {
             log::warn!("rank {}: rank {src} asked for node {node_id}, which this rank cannot serve", self.comm.rank);
             self.counters.errors.fetch_add(1, Relaxed);
@@ -446,7 +458,7 @@ impl<'a> Engine<'a> {
             self.counters.remote_bytes_out.fetch_add(stored_len, Relaxed);
         }
         if outstanding > 0 {
-            self.sends.insert(id, PendingSend { _buf: buf, _small: Box::new([]), outstanding });
+            self.sends.insert(id, PendingSend { buf, _small: Box::new([]), outstanding });
         }
     }
 
@@ -456,7 +468,12 @@ impl<'a> Engine<'a> {
                 if let Some(s) = self.sends.get_mut(&send) {
                     s.outstanding -= 1;
                     if s.outstanding == 0 {
-                        self.sends.remove(&send);
+                        if let Some(PendingSend { buf: Some(SendBuf::Heap(v)), .. }) = self.sends.remove(&send) {
+                            // Keep a few small send buffers warm for the next replies.
+                            if v.capacity() <= SPARE_MAX && self.spare.len() < SPARE_COUNT {
+                                self.spare.push(v);
+                            }
+                        }
                     }
                 }
             }
@@ -497,6 +514,14 @@ impl<'a> Engine<'a> {
             if let Ok((b, _)) = &res {
                 self.counters.remote_bytes_in.fetch_add(b.bytes().len() as u64, Relaxed);
             }
+            log::debug!(
+                "rank {}: {} B from rank {} in {:?} ({} pieces)",
+                self.comm.rank,
+                f.state.bytes(),
+                f.state.holder,
+                f.started.elapsed(),
+                f.parts.len()
+            );
             let _ = reply.send(res);
         }
     }
@@ -531,7 +556,7 @@ impl<'a> Engine<'a> {
                 match unsafe { self.comm.isend(small.as_ptr(), small.len(), r, TAG_CTRL) } {
                     Ok(req) => {
                         self.table.push(req, Slot::Sent { send: id });
-                        self.sends.insert(id, PendingSend { _buf: None, _small: small, outstanding: 1 });
+                        self.sends.insert(id, PendingSend { buf: None, _small: small, outstanding: 1 });
                     }
                     Err(e) => log::warn!("rank {me}: telling rank {r} to stop: {e}"),
                 }
@@ -606,3 +631,4 @@ impl<'a> Engine<'a> {
         !done.is_empty()
     }
 }
+

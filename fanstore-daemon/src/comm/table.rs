@@ -186,6 +186,10 @@ impl FetchState {
         self.failed |= !ok;
         self.outstanding = self.outstanding.saturating_sub(1);
     }
+    /// Bytes expected in all.
+    pub fn bytes(&self) -> usize {
+        self.expected.iter().sum()
+    }
     pub fn fail(&mut self) {
         self.failed = true;
     }
