@@ -271,14 +271,27 @@ def packed(bins, tmp_path_factory, src: SourceTree, codec: str | None) -> Path:
 class FS:
     """A running cluster + its source tree, with helpers to run clients on both."""
 
-    def __init__(self, cluster, src: SourceTree, workdir: Path):
+    def __init__(self, cluster, src: SourceTree, workdir: Path, dataset: Path | None = None):
         self.cluster = cluster
+        self.dataset = dataset
         self.src = src
         self.mount = str(getattr(cluster, "mount", "/fanstore"))
         self.workdir = workdir
         self.nranks = getattr(cluster, "nranks", NRANKS)
 
     # paths
+    def coverage(self, node: int = 0) -> dict:
+        """How the files of the dataset reach `node`: {(local|remote, codec id): [paths]}."""
+        import fs_cluster
+        _, nodes = fs_cluster.read_index(Path(self.dataset) / "manifest.fsm")
+        local = set(node_state(self.cluster.runtime, node)["local"])
+        out: dict = {}
+        for p, n in nodes.items():
+            if n["kind"] == fs_cluster.KIND_FILE:
+                where = "local" if n["partition"] in local else "remote"
+                out.setdefault((where, n["codec"]), []).append(p)
+        return out
+
     def vpath(self, rel: str = "") -> str:
         return self.mount if rel in ("", ".") else f"{self.mount}/{rel}"
 
@@ -362,7 +375,7 @@ def launch_fs(bins, tmp_path_factory, name: str, codec: str | None = "lz4", extr
     import fs_cluster
     cdir = tmp_path_factory.mktemp(f"clients-cluster-{name}")
     cluster = fs_cluster.start_cluster(bins, ds, cdir, nranks=NRANKS, mount="/fanstore", extra_args=tuple(extra_args))
-    return FS(cluster, src, tmp_path_factory.mktemp(f"clients-work-{name}"))
+    return FS(cluster, src, tmp_path_factory.mktemp(f"clients-work-{name}"), ds)
 
 
 def start_fs(bins, tmp_path_factory, name: str, codec: str | None = "lz4"):

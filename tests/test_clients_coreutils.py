@@ -38,6 +38,17 @@ def test_cat_every_file(fs, node):
                     f"first bad file: {first_mismatch(fs, files, node)}")
 
 
+@pytest.mark.parametrize("node", [0, 3])
+def test_dataset_covers_every_read_path(fs, node):
+    """The matrix must exercise all four ways a file reaches a node: local raw (the
+    extracted file), local lz4 (local decompression), remote raw, remote lz4."""
+    cov = fs.coverage(node)
+    for where in ("local", "remote"):
+        for codec in (0, 1):
+            assert cov.get((where, codec)), f"node {node}: no {where} file with codec {codec}: {sorted((k, len(v)) for k, v in cov.items())}"
+    assert sum(len(v) for v in cov.values()) == len(fs.src.files)
+
+
 @pytest.mark.parametrize("node", [0, 1, 2, 3])
 def test_md5sum_every_file(fs, node):
     files = fs.src.files
@@ -270,4 +281,48 @@ def test_dd_grep_sort(fs):
     nat, vir = fs.both(lambda root: ["bash", "-c", f"grep -rl --include='*.txt' quick {shlex.quote(root)} | LC_ALL=C sort"], node=1)
     assert vir == nat
     nat, vir = fs.both(lambda root: ["bash", "-c", f"LC_ALL=C sort {shlex.quote(root)}/own/text/lines_04.txt | md5sum"], node=1)
+    assert vir == nat
+
+
+def test_shell_builtins_tests_and_globs(fs):
+    """bash's own test builtins (stat, faccessat/eaccess) and glob expansion (opendir/readdir)."""
+    script = r"""
+r=$1
+for p in own/edge/one own/edge/empty own/edge/exec.sh own/edge/readonly.txt own/edge own/edge/emptydir missing \
+         a/link_to_file link_to_dir own/edge/one/x; do
+  printf '%s:' "$p"
+  for t in -e -f -d -r -x -s -L -h; do if [ $t "$r/$p" ]; then printf ' %s' "$t"; fi; done
+  echo
+done
+[ "$r/own/edge/one" -nt "$r/own/edge/empty" ] && echo newer || echo not-newer
+[ "$r/own/edge/one" -ef "$r/own/edge/../edge/one" ] && echo same-file || echo other-file
+echo "$r"/own/pics/*.png
+echo "$r"/own/many/d[12]/f0?.dat
+echo "$r"/own/edge/.h*
+echo "$r"/nomatch/*
+shopt -s globstar; n=0; for f in "$r"/own/**; do n=$((n+1)); done; echo "globstar $n"
+"""
+    path = fs.script("shell_tests.sh", script)
+    nat, vir = fs.both(lambda root: ["bash", path, root], node=2)
+    assert "own/edge/exec.sh: -e -f -r -x -s" in nat and "<ROOT>/own/pics/alpha.png" in nat
+    assert vir == nat
+    # -w: an input is never writable on /fanstore
+    out = fs.run(["bash", "-c", f"[ -w {fs.vpath('own/edge/one')} ] && echo writable || echo read-only"], node=2).stdout
+    assert out.strip() == "read-only"
+
+
+def test_realpath_readlink_commands(fs):
+    paths = ["own/./edge//one", "link_to_dir/c", "a/link_to_file", "d/e/up_link", "own/edge/deep/a/../a/b"]
+    for cmd in (["realpath"], ["readlink", "-f"], ["stat", "-L", "-c", "%s %F"], ["stat", "-c", "%s %F %N"]):
+        nat, vir = fs.both(lambda root: [*cmd, *[os.path.join(root, p) for p in paths]], node=0)
+        assert vir == nat, f"{cmd}"
+
+
+def test_bash_cd_into_mount_then_children(fs):
+    """`cd /fanstore/...` in a shell, then programs started there use relative names
+    (a training script launched from inside the dataset). The children's kernel cwd
+    cannot be a virtual directory: the preload must carry the virtual cwd across exec."""
+    cmd = lambda root: ["bash", "-c", f"cd {shlex.quote(root)}/own/edge && pwd && cat one && ls && md5sum page_4097.bin "
+                        f"&& cd deep/a && pwd && ls -R . && /bin/pwd"]
+    nat, vir = fs.both(cmd, node=1)
     assert vir == nat

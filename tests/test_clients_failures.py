@@ -343,6 +343,8 @@ def test_daemon_killed_mid_run(doomed):
     assert res["held"] == fs.src.md5(held), "an fd opened before the kill must keep its bytes (real kernel fd)"
     check_after_death(fs.src, res["reads"])
     errors = [r for r, v in res["reads"].items() if v == "EIO"]
+    print(f"after the kill: {len(res['reads']) - len(errors)} reads ok, {len(errors)} EIO, {elapsed:.2f}s, "
+          f"stat={res['stat']} listdir={res['listdir']}")
     assert errors, "no read failed although node 0's daemon and every remote holder are dead"
     assert res["outside"][0] == "OK"
     assert res["stat"] == ["OK", fs.src.size(files[0])] or res["stat"] in ("EIO", "ENOENT")

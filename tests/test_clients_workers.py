@@ -198,3 +198,60 @@ def test_all_nodes_read_concurrently(fs):
     for node, res in enumerate(outs):
         bad = {f: res.get(f) for f in want if res.get(f) != want[f]}
         assert not bad, f"node {node}: {len(bad)} wrong files, e.g. {dict(list(bad.items())[:5])}"
+
+
+FORK_STORM = r"""
+import hashlib, json, os, sys, threading
+root, listfile = sys.argv[1], sys.argv[2]
+files = open(listfile, encoding="utf-8", errors="surrogateescape").read().splitlines()
+stop = False
+errors = []
+def reader(k):
+    i = k
+    while not stop:
+        rel = files[i % len(files)]
+        i += 7
+        try:
+            with open(os.path.join(root, rel), "rb") as f:
+                f.read()
+            os.stat(os.path.join(root, rel))
+            os.listdir(os.path.dirname(os.path.join(root, rel)))
+        except OSError as e:
+            errors.append([rel, e.errno])
+threads = [threading.Thread(target=reader, args=(k,), daemon=True) for k in range(3)]
+for t in threads:
+    t.start()
+codes = []
+for n in range(40):                       # fork while other threads are inside the library
+    pid = os.fork()
+    if pid == 0:
+        rel = files[(n * 13) % len(files)]
+        try:
+            data = open(os.path.join(root, rel), "rb").read()
+            os.write(1, (rel + " " + hashlib.md5(data).hexdigest() + "\n").encode("utf-8", "surrogateescape"))
+            os._exit(0)
+        except BaseException:
+            os._exit(5)
+    codes.append(os.waitpid(pid, 0)[1])
+stop = True
+for t in threads:
+    t.join()
+print("codes", json.dumps(codes), "errors", json.dumps(errors[:5]), flush=True)
+"""
+
+
+def test_fork_while_threads_read(fs):
+    """fork() while three threads are opening/reading/listing virtual files: the
+    pthread_atfork handlers must leave the child with usable locks (no hang)."""
+    files = [f for f in fs.src.files if fs.src.size(f) < 300_000]
+    r = fs.py(FORK_STORM, fs.file_list(files), node=3, timeout=120)
+    lines = r.stdout.splitlines()
+    summary = lines[-1]
+    codes = json.loads(summary.split("codes ", 1)[1].split(" errors ", 1)[0])
+    errors = json.loads(summary.split(" errors ", 1)[1])
+    assert codes == [0] * 40, f"forked children failed: {codes}"
+    assert errors == [], f"reader threads got errors: {errors}"
+    got = dict(l.rsplit(" ", 1) for l in lines[:-1])
+    assert len(got) > 10
+    for rel, md5 in got.items():
+        assert md5 == fs.src.md5(rel), f"child read {rel} wrong"
