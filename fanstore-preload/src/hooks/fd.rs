@@ -1,8 +1,25 @@
 //! close, close_range, closefrom, dup, dup2, dup3, fcntl(F_DUPFD*): the fd
 //! table follows the kernel's fd numbers.
 
+use crate::fd_table::{self, Tracked};
 use crate::ops::fd::{after_dup, before_close, before_close_range, before_dup2};
-use libc::{c_int, c_uint, c_ulong};
+use libc::{c_int, c_uint, c_ulong, off_t};
+
+/// lseek on a virtual directory fd moves its getdents64 position (d_off
+/// values are positions); on anything else it is libc's.
+fn dir_seek(fd: c_int, off: off_t, whence: c_int) -> Option<off_t> {
+    let Some(Tracked::Dir { node, pos }) = fd_table::get(fd) else { return None };
+    let new = match whence {
+        libc::SEEK_SET => off,
+        libc::SEEK_CUR => pos as off_t + off,
+        _ => return Some(-1),
+    };
+    if !(0..=u32::MAX as off_t).contains(&new) {
+        return Some(-1);
+    }
+    fd_table::set_pos(fd, node, new as u32);
+    Some(new)
+}
 
 crate::hooks! {
     fn close(fd: c_int) -> c_int {
@@ -42,6 +59,26 @@ crate::hooks! {
             after_dup(fd, r);
         }
         r
+    }
+    fn lseek(fd: c_int, off: off_t, whence: c_int) -> off_t {
+        match dir_seek(fd, off, whence) {
+            Some(-1) => {
+                super::set_errno(libc::EINVAL);
+                -1
+            }
+            Some(p) => p,
+            None => orig::lseek(fd, off, whence),
+        }
+    }
+    fn lseek64(fd: c_int, off: off_t, whence: c_int) -> off_t {
+        match dir_seek(fd, off, whence) {
+            Some(-1) => {
+                super::set_errno(libc::EINVAL);
+                -1
+            }
+            Some(p) => p,
+            None => orig::lseek64(fd, off, whence),
+        }
     }
     fn fcntl64(fd: c_int, cmd: c_int, arg: c_ulong) -> c_int {
         let r = orig::fcntl64(fd, cmd, arg);
