@@ -5,8 +5,9 @@ an image-like + mixed dataset from ``fs_prep.make_tree`` plus our own files
 covering every client format (.npy/.npz/.png/.jpg/.h5/.safetensors, text for
 stdio, 1-4 MiB files, empty files, page-boundary sizes, odd names, an empty
 directory). It is packed once per codec (``lz4`` gives a mix of lz4 and raw
-payloads: random bytes, PNG/JPEG and compressed npz do not shrink), and every
-test module starts ONE ``mpiexec -n 4`` cluster over it (``UCX_TLS=tcp``).
+payloads: random bytes, PNG/JPEG and compressed npz do not shrink; the workers
+module uses zstd, the failures module no compression), and every test module
+starts ONE ``mpiexec -n 4`` cluster over it (``UCX_TLS=tcp``).
 
 Every comparison is against the original source tree: either values computed
 here from the source files, or the output of the same program run natively on

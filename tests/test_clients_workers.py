@@ -17,7 +17,7 @@ from fs_clients import start_fs
 
 @pytest.fixture(scope="module")
 def fs(bins, tmp_path_factory):
-    yield from start_fs(bins, tmp_path_factory, "workers", codec="lz4")
+    yield from start_fs(bins, tmp_path_factory, "workers", codec="zstd:3")  # zstd here, lz4 elsewhere, raw in failures
 
 
 LOADER = r'''
