@@ -46,11 +46,16 @@ pub fn fork_child() {
 
 /// The program is closing or replacing fds `lo..=hi`: drop pooled
 /// connections among them (the program owns those numbers now).
+///
+/// Skipped while this thread is already inside the library (a signal
+/// handler interrupting us while we hold the pool lock must not wait for it;
+/// our own closes of pooled sockets keep the pool right themselves).
 #[inline]
 pub fn forget_range(lo: c_int, hi: c_int) {
     if !EVER.load(Ordering::Relaxed) {
         return;
     }
+    let Some(_g) = crate::guard::Guard::enter() else { return };
     POOL.with(|p| {
         let mut i = 0;
         while i < p.n {
