@@ -48,6 +48,10 @@ pub struct DaemonArgs {
     /// on every rank (tuning knob).
     #[arg(long, default_value = "1M", value_parser = parse_size, hide = true)]
     pub mpi_pipeline: u64,
+    /// Microseconds the communication thread keeps polling after activity
+    /// before it naps (lower latency in bursts, costs CPU). Tuning knob.
+    #[arg(long, default_value_t = 0, hide = true)]
+    pub comm_spin_us: u64,
 }
 
 /// Parses `123`, `64K`, `512M`, `2G`, `1T` (binary units; optional `iB`/`B` suffix).

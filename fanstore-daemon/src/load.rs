@@ -26,12 +26,9 @@ use std::time::Instant;
 /// Why loading failed. Every variant names the file at fault.
 #[derive(Debug, thiserror::Error)]
 pub enum LoadError {
-    #[error("partition {file}: {source}")]
-    Format {
-        file: PathBuf,
-        #[source]
-        source: FormatError,
-    },
+    /// (FormatError's message names the file and the offset.)
+    #[error("{error}")]
+    Format { file: PathBuf, error: FormatError },
     #[error("partition {file} does not match the manifest: {problem}")]
     Mismatch { file: PathBuf, problem: String },
     #[error("writing {path}: {source}")]
@@ -197,7 +194,7 @@ fn read_partition(
 ) -> Result<u64, LoadError> {
     let mismatch = |problem: String| LoadError::Mismatch { file: file.to_path_buf(), problem };
     let info = view.partition(p).ok_or_else(|| mismatch(format!("no partition {p} in the manifest")))?;
-    let mut r = PartitionReader::open(file).map_err(|source| LoadError::Format { file: file.to_path_buf(), source })?;
+    let mut r = PartitionReader::open(file).map_err(|source| LoadError::Format { file: file.to_path_buf(), error: source })?;
     let h = *r.header();
     if h.checksum != info.header_checksum {
         return Err(mismatch(format!(
@@ -224,7 +221,7 @@ fn read_partition(
         if abort.load(Relaxed) {
             return Ok(0);
         }
-        let e = r.next_entry().map_err(|source| LoadError::Format { file: file.to_path_buf(), source })?;
+        let e = r.next_entry().map_err(|source| LoadError::Format { file: file.to_path_buf(), error: source })?;
         let Some(e) = e else { break };
         let node = offsets
             .get(&e.payload_offset)

@@ -151,7 +151,8 @@ fn run(args: &DaemonArgs) -> anyhow::Result<i32> {
         local_dir: node.id.local_dir.clone(),
         local: node.local.get().cloned().unwrap_or_default(),
     };
-    let mut engine = Engine::new(&comm, &store, &node.counters, args.mpi_piece, args.mpi_pipeline);
+    let mut engine = Engine::new(&comm, &store, &node.counters, args.mpi_piece, args.mpi_pipeline)
+        .with_spin(Duration::from_micros(args.comm_spin_us));
     let cause = engine.run(&p.rx, &SIGNALLED);
     log::info!("rank {rank}: stopping ({cause:?})");
     node.set_phase(Phase::Stopping);
@@ -260,7 +261,7 @@ fn prepare(args: &DaemonArgs, id: &Identity, cleanup: &mut Cleanup) -> anyhow::R
         Err(e) => {
             node.stopping.store(true, Relaxed);
             let _ = server.join();
-            Err(anyhow::Error::from(e).context(format!("rank {rank}: loading")))
+            Err(anyhow::Error::from(e).context("loading"))
         }
     }
 }

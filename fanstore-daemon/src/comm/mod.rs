@@ -215,6 +215,8 @@ pub struct Engine<'a> {
     done: Vec<Done>,
     /// Send buffers of completed replies, reused (fresh pages are costly).
     spare: Vec<Vec<u8>>,
+    /// Keep polling (yielding) this long after the last activity before napping.
+    spin: Duration,
 }
 
 const SPARE_MAX: usize = 1 << 20;
@@ -237,7 +239,15 @@ impl<'a> Engine<'a> {
             next_id: 0,
             done: Vec::new(),
             spare: Vec::new(),
+            spin: Duration::ZERO,
         }
+    }
+
+    /// Polls without napping for `spin` after each activity: lower latency
+    /// for the next request of a burst, at the price of a busy core.
+    pub fn with_spin(mut self, spin: Duration) -> Self {
+        self.spin = spin;
+        self
     }
 
     /// Serves until a stop. `signal` is set by SIGTERM/SIGINT.
@@ -279,7 +289,7 @@ impl<'a> Engine<'a> {
                 nap = FIRST_NAP;
                 continue;
             }
-            if self.busy() {
+            if self.busy() || now.duration_since(last_active) < self.spin {
                 // Transfers in flight progress only while we poll.
                 std::thread::yield_now();
                 continue;
