@@ -390,6 +390,9 @@ def start_fs(bins, tmp_path_factory, name: str, codec: str | None = "lz4"):
         except Exception:
             fs.cluster.kill()
             raise
+        finally:
+            # `fanstore stop` leaves the runtime dir behind (with the preload's `empty/` in it)
+            shutil.rmtree(fs.cluster.runtime, ignore_errors=True)
 
 
 # --------------------------------------------------------------------------
