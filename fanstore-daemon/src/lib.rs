@@ -96,3 +96,27 @@ pub fn remove_stale_ranks(dir: &Path, nranks: u32) {
         }
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::os::unix::fs::PermissionsExt;
+
+    #[test]
+    fn runtime_dir_is_private_and_stale_ranks_go() {
+        let d = tempfile::tempdir().unwrap();
+        let rt = d.path().join("rt");
+        std::fs::create_dir(&rt).unwrap();
+        std::fs::set_permissions(&rt, std::fs::Permissions::from_mode(0o755)).unwrap();
+        prepare_runtime_dir(&rt).unwrap();
+        assert_eq!(std::fs::metadata(&rt).unwrap().permissions().mode() & 0o777, 0o700);
+        for f in ["node-0.state", "node-3.state", "node-3.sock", "node-12.state", "other.txt"] {
+            std::fs::write(rt.join(f), b"").unwrap();
+        }
+        remove_stale_ranks(&rt, 4);
+        let mut left: Vec<String> =
+            std::fs::read_dir(&rt).unwrap().map(|e| e.unwrap().file_name().to_string_lossy().into_owned()).collect();
+        left.sort();
+        assert_eq!(left, ["node-0.state", "node-3.sock", "node-3.state", "other.txt"]);
+    }
+}

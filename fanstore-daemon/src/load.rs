@@ -245,3 +245,96 @@ fn read_partition(
     }
     Ok(info.file_len)
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::comm::{PeerSource, SendBuf};
+    use crate::node::LocalStore;
+    use crate::testkit::{self, TestFile};
+    use fanstore_core::codec::Compression;
+    use fanstore_core::manifest::{Manifest, Verify};
+
+    fn dataset(dir: &Path) -> Vec<TestFile> {
+        let files: Vec<TestFile> = (0..12)
+            .map(|i| TestFile { path: format!("d{}/f{i}", i % 3), bytes: testkit::pattern(i * 70_000 + 3, i as u64) })
+            .chain(std::iter::once(TestFile { path: "rep/x".into(), bytes: b"everywhere".to_vec() }))
+            .collect();
+        testkit::build(dir, 9, &files, 4, Compression::parse("lz4").unwrap(), Some("rep"));
+        files
+    }
+
+    #[test]
+    fn loads_its_partitions_and_serves_peers() {
+        let d = tempfile::tempdir().unwrap();
+        let files = dataset(&d.path().join("ds"));
+        let m = Manifest::open(&d.path().join("ds/manifest.fsm")).unwrap();
+        let v = IndexView::parse(m.path(), m.bytes(), Verify::Header).unwrap();
+        let replicated: Vec<bool> = v.partitions().map(|p| p.replicated()).collect();
+        let placement = Placement::new(2, 1, replicated);
+        let local = d.path().join("local");
+        let l = load(&d.path().join("ds"), &v, &placement, 1, &local, 2).unwrap();
+        assert_eq!(l.local, vec![false, true, false, true, true]);
+        assert_eq!(l.report.partitions, 3);
+        let store = LocalStore { view: v, local_dir: local.clone(), local: l.local.clone() };
+        let mut held = 0;
+        for f in &files {
+            let n = v.lookup(f.path.as_bytes()).unwrap();
+            let on_disk = std::fs::read(fanstore_core::runtime::local_file_path(&local, n.id()));
+            if l.local[n.partition() as usize] {
+                held += 1;
+                let stored = on_disk.unwrap();
+                assert_eq!(stored.len() as u64, n.stored_len());
+                if n.codec() == fanstore_core::codec::Codec::None {
+                    assert_eq!(stored, f.bytes, "raw files are extracted as their exact bytes");
+                }
+                let sent = store.payload(n.id(), n.stored_len(), None).unwrap();
+                let b: &[u8] = match &sent {
+                    SendBuf::Heap(v) => v,
+                    SendBuf::Map(m) => m,
+                };
+                assert_eq!(b, &stored[..]);
+                assert!(store.payload(n.id(), n.stored_len() + 1, None).is_none(), "length must match the manifest");
+            } else {
+                assert!(on_disk.is_err());
+                assert!(store.payload(n.id(), n.stored_len(), None).is_none());
+            }
+        }
+        assert_eq!(held as u64, l.report.files);
+        assert!(store.payload(0, 0, None).is_none(), "the root is not a file");
+    }
+
+    #[test]
+    fn a_bad_partition_is_named() {
+        let d = tempfile::tempdir().unwrap();
+        let ds = d.path().join("ds");
+        dataset(&ds);
+        let m = Manifest::open(&ds.join("manifest.fsm")).unwrap();
+        let v = IndexView::parse(m.path(), m.bytes(), Verify::Header).unwrap();
+        let placement = Placement::new(1, 1, v.partitions().map(|p| p.replicated()).collect());
+        // A payload byte flipped.
+        let p2 = ds.join(partition::file_name(2));
+        let mut b = std::fs::read(&p2).unwrap();
+        let n = b.len();
+        b[n - 2] ^= 1;
+        std::fs::write(&p2, &b).unwrap();
+        let e = load(&ds, &v, &placement, 0, &d.path().join("l1"), 2).unwrap_err().to_string();
+        assert!(e.contains("part-000002.fsp") && e.contains("checksum"), "{e}");
+        // A partition from another packing (valid on its own, but not this manifest's).
+        b[n - 2] ^= 1;
+        std::fs::write(&p2, &b).unwrap();
+        let other = d.path().join("other");
+        testkit::build(&other, 10, &dataset_variant(), 4, Compression::NONE, None);
+        std::fs::copy(other.join(partition::file_name(3)), ds.join(partition::file_name(3))).unwrap();
+        let e = load(&ds, &v, &placement, 0, &d.path().join("l2"), 2).unwrap_err().to_string();
+        assert!(e.contains("part-000003.fsp") && e.contains("does not match the manifest"), "{e}");
+        // Missing.
+        std::fs::remove_file(ds.join(partition::file_name(0))).unwrap();
+        let e = load(&ds, &v, &placement, 0, &d.path().join("l3"), 1).unwrap_err().to_string();
+        assert!(e.contains("part-000000.fsp"), "{e}");
+    }
+
+    fn dataset_variant() -> Vec<TestFile> {
+        (0..5).map(|i| TestFile { path: format!("v{i}"), bytes: vec![i as u8; 100] }).collect()
+    }
+}
