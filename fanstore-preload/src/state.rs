@@ -219,7 +219,8 @@ fn load(cfg: &Config) -> Result<(State, Option<Vec<u8>>), String> {
     if view.dataset_id() != ns.dataset_id {
         return Err(format!("index dataset {:x} differs from daemon's {:x}", view.dataset_id(), ns.dataset_id));
     }
-    let (empty_dir, empty_ino) = make_empty_dir(&cfg.rt)?;
+    let client_dir = Path::new(std::ffi::OsStr::from_bytes(&ns.local_dir)).join(CLIENT_DIR);
+    let (empty_dir, empty_ino) = make_empty_dir(&client_dir)?;
     // SAFETY: getuid/getgid have no preconditions.
     let (uid, gid) = unsafe { (libc::getuid(), libc::getgid()) };
     let mount = if ns.mount.is_empty() { None } else { normalise_mount(&ns.mount) };
@@ -240,11 +241,16 @@ fn load(cfg: &Config) -> Result<(State, Option<Vec<u8>>), String> {
     Ok((st, mount))
 }
 
-fn make_empty_dir(rt: &Path) -> Result<(CString, u64), String> {
+/// Where clients keep their stand-in directories: inside the rank's local
+/// directory, which the daemon removes (recursively) when it stops.
+pub const CLIENT_DIR: &str = ".client";
+
+fn make_empty_dir(client_dir: &Path) -> Result<(CString, u64), String> {
     use std::os::unix::fs::{DirBuilderExt, MetadataExt};
     // SAFETY: getuid has no preconditions.
     let uid = unsafe { libc::getuid() };
-    let candidates = [rt.join("empty"), std::env::temp_dir().join(format!("fanstore-empty-{uid}"))];
+    let _ = std::fs::DirBuilder::new().mode(0o700).create(client_dir);
+    let candidates = [client_dir.join("empty"), std::env::temp_dir().join(format!("fanstore-empty-{uid}"))];
     for d in candidates {
         let _ = std::fs::DirBuilder::new().mode(0o500).create(&d);
         if let Ok(m) = std::fs::metadata(&d) {

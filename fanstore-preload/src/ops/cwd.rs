@@ -10,7 +10,6 @@ use crate::state::{self, State};
 use fanstore_core::path::MAX_PATH;
 use libc::c_int;
 use std::ffi::CString;
-use std::os::unix::ffi::OsStrExt;
 
 pub fn chdir(vp: &VPath) -> Outcome<c_int> {
     match resolve(vp.st, vp.rel, true, true) {
@@ -33,14 +32,21 @@ pub fn fchdir(_fd: c_int, t: Tracked) -> Outcome<c_int> {
     }
 }
 
+/// `<local dir>/.client/cwd`: the parent of the cwd stand-ins.
+fn cwd_root(st: &State) -> Vec<u8> {
+    let mut p = st.local_dir.clone();
+    p.push(b'/');
+    p.extend_from_slice(state::CLIENT_DIR.as_bytes());
+    p.extend_from_slice(b"/cwd");
+    p
+}
+
 /// The real directory standing for virtual cwd `node`:
-/// `<runtime>/cwd/<dataset id>-<node>`, empty and read-only. A program
+/// `<local dir>/.client/cwd/<dataset id>-<node>`, empty and read-only. A program
 /// exec'd from here (a shell's child after `cd /fanstore/x`) finds its
 /// virtual cwd again from its real one at initialisation.
 fn cwd_dir(st: &State, node: u32) -> Option<CString> {
-    let rt = state::config()?.rt.as_os_str().as_bytes();
-    let mut p = rt.to_vec();
-    p.extend_from_slice(b"/cwd");
+    let mut p = cwd_root(st);
     let parent = CString::new(p.clone()).ok()?;
     p.extend_from_slice(format!("/{:016x}-{node}", st.dataset_id).as_bytes());
     let dir = CString::new(p).ok()?;
@@ -67,15 +73,14 @@ fn enter(st: &State, node: u32) {
 
 /// At initialisation: a real cwd that is one of our stand-ins restores the virtual cwd.
 pub fn recover(st: &State) {
-    let Some(cfg) = state::config() else { return };
     let mut buf = [0u8; MAX_PATH];
     // SAFETY: buf is writable for its length.
     if unsafe { crate::real::getcwd(buf.as_mut_ptr().cast(), buf.len()) }.is_null() {
         return;
     }
     let cwd = &buf[..buf.iter().position(|&b| b == 0).unwrap_or(0)];
-    let mut prefix = cfg.rt.as_os_str().as_bytes().to_vec();
-    prefix.extend_from_slice(b"/cwd/");
+    let mut prefix = cwd_root(st);
+    prefix.push(b'/');
     let Some(name) = cwd.strip_prefix(prefix.as_slice()) else { return };
     let Some((ds, node)) = std::str::from_utf8(name).ok().and_then(|s| s.split_once('-')) else { return };
     let (Ok(ds), Ok(node)) = (u64::from_str_radix(ds, 16), node.parse::<u32>()) else { return };
