@@ -44,6 +44,10 @@ pub fn open(vp: &VPath, flags: c_int) -> Outcome<c_int> {
         return Outcome::Errno(libc::EEXIST);
     }
     if is_symlink(&n) {
+        // O_PATH|O_NOFOLLOW opens the link itself (fstat shows the link), as natively.
+        if flags & libc::O_PATH != 0 && !follow {
+            return open_link_path(vp.st, &n, flags).into();
+        }
         return Outcome::Errno(libc::ELOOP);
     }
     // On an existing node O_CREAT alone asks for no write (open(2) on a
@@ -73,6 +77,23 @@ pub fn open_dir(st: &State, n: &Node, flags: c_int) -> Result<c_int, c_int> {
         return Err(unsafe { *libc::__errno_location() });
     }
     if !fd_table::set(fd, Tracked::Dir { node: n.id(), pos: 0 }) {
+        // SAFETY: closing the fd we just opened.
+        unsafe { crate::real::close(fd) };
+        return Err(libc::EMFILE);
+    }
+    Ok(fd)
+}
+
+/// An `O_PATH` fd standing for symlink node `n`: a real O_PATH fd (reads
+/// fail with EBADF in the kernel) tracked as the link, so fstat reports it.
+fn open_link_path(st: &State, n: &Node, flags: c_int) -> Result<c_int, c_int> {
+    let f = libc::O_PATH | (flags & libc::O_CLOEXEC);
+    // SAFETY: empty_dir is a NUL-terminated path; plain open.
+    let fd = unsafe { crate::real::open(st.empty_dir.as_ptr(), f, 0) };
+    if fd < 0 {
+        return Err(errno());
+    }
+    if !fd_table::set(fd, Tracked::File(n.id())) {
         // SAFETY: closing the fd we just opened.
         unsafe { crate::real::close(fd) };
         return Err(libc::EMFILE);
