@@ -39,6 +39,7 @@
 //! shared by all clients of the node through the [`cache`].
 
 pub mod args;
+pub mod bufpool;
 pub mod cache;
 pub mod client;
 pub mod comm;

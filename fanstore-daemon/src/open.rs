@@ -7,8 +7,8 @@
 //!   failing over to the next holder), verified, decompressed if needed,
 //!   in a sealed memfd (cached: every client of the node shares one copy).
 //!
-//! Memory: payloads are received / read into per-thread scratch buffers
-//! that stay allocated (warm), and each memfd's pages are allocated with
+//! Memory: payloads are received / read into buffers of a bounded pool
+//! ([`crate::bufpool`]) that stay allocated (warm), and each memfd's pages are allocated with
 //! fallocate while the payload travels, then filled with one pwrite. On
 //! machines where fresh pages are expensive (VMs with free page reporting)
 //! this keeps page allocation off the transfer's critical path.
@@ -17,6 +17,7 @@
 //! reopened through `/proc/self/fd` for each OPEN, so two opens of one file
 //! never share a file offset (the pages are shared).
 
+use crate::bufpool::BufPool;
 use crate::comm::{Command, Fetch, RecvBuf};
 use crate::memfd::MemfdBuilder;
 use crate::node::{Node, Phase};
@@ -158,11 +159,11 @@ impl Node {
             }
             target.write_at(stored, 0).map_err(|e| eio("writing", &e))?;
         } else {
-            let mut raw = scratch2(n.size() as usize);
+            let mut raw = scratch(n.size() as usize);
             let res = codec::decompress_to(n.codec(), stored, n.size(), &mut &mut raw[..])
                 .map_err(|e| eio("decoding", &e))
                 .and_then(|()| target.write_at(&raw, 0).map_err(|e| eio("writing", &e)));
-            give_back2(raw);
+            give_back(raw);
             res?;
         }
         target.seal().map_err(|e| eio("sealing", &e))
@@ -253,48 +254,14 @@ impl Node {
     }
 }
 
-/// Scratch buffers kept by each connection thread (warm pages: allocating
-/// fresh ones costs as much as the transfer on some machines).
-const SCRATCH_KEEP: usize = 64 << 20;
-
-thread_local! {
-    /// Stored payloads (received or read).
-    static SCRATCH: std::cell::RefCell<Vec<u8>> = const { std::cell::RefCell::new(Vec::new()) };
-    /// Decompressed bytes.
-    static SCRATCH2: std::cell::RefCell<Vec<u8>> = const { std::cell::RefCell::new(Vec::new()) };
-}
-
-type Scratch = std::thread::LocalKey<std::cell::RefCell<Vec<u8>>>;
-
-/// A buffer of exactly `len` bytes, reusing the thread's when possible.
-fn take(key: &'static Scratch, len: usize) -> Vec<u8> {
-    let mut v = key.with(|s| std::mem::take(&mut *s.borrow_mut()));
-    v.resize(len, 0); // zeroing warm pages is cheap; shrinking keeps the capacity
-    v
-}
-
-fn put(key: &'static Scratch, v: Vec<u8>) {
-    if v.capacity() <= SCRATCH_KEEP {
-        key.with(|s| {
-            let mut s = s.borrow_mut();
-            if s.capacity() < v.capacity() {
-                *s = v;
-            }
-        });
-    }
-}
+/// Buffers for payloads and decoded bytes, shared by all connection threads.
+static POOL: BufPool = BufPool::new(64 << 20);
 
 fn scratch(len: usize) -> Vec<u8> {
-    take(&SCRATCH, len)
+    POOL.take(len)
 }
 fn give_back(v: Vec<u8>) {
-    put(&SCRATCH, v)
-}
-fn scratch2(len: usize) -> Vec<u8> {
-    take(&SCRATCH2, len)
-}
-fn give_back2(v: Vec<u8>) {
-    put(&SCRATCH2, v)
+    POOL.put(v)
 }
 
 fn memfd_name(n: NodeRef<'_>) -> String {
