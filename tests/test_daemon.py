@@ -350,3 +350,31 @@ def test_cli_wait_times_out_without_daemons(bins, tmp_path):
     assert r.returncode == 1 and "timed out" in r.stderr
     r = subprocess.run([bins["cli"], "--runtime-dir", str(rt), "status"], capture_output=True, text=True)
     assert r.returncode == 1
+
+
+def test_concurrent_clients(bins, pack, source, tmp_path):
+    """Eight clients at once on each rank, each reading every file in its own
+    order: many remote reads in flight in both directions, one cached copy."""
+    from concurrent.futures import ThreadPoolExecutor
+    ds = pack("lz4")
+    ds_id, files = files_of(ds)
+    want = {p: (source / p).read_bytes() for p in files}
+    c = start_cluster(bins, ds, tmp_path, nranks=2)
+    try:
+        def worker(k):
+            rank = k % 2
+            order = sorted(files, key=lambda p: hash((p, k)))
+            with c.client(rank) as cl:
+                for p in order:
+                    assert cl.read(files[p]["id"], ds_id) == want[p], (rank, p)
+            return k
+        with ThreadPoolExecutor(16) as ex:
+            assert sorted(ex.map(worker, range(16))) == list(range(16))
+        for r in range(2):
+            with c.client(r) as cl:
+                st = cl.status()
+            # every remote or compressed file was fetched/decoded once per node, then shared
+            assert int(st["cache_misses"]) <= len(files), st
+            assert int(st["errors"]) == 0 and int(st["remote_failed"]) == 0, st
+    finally:
+        c.stop()
