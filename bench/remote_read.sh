@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Remote read through the FanStore daemon vs raw MPI, and load time vs cat.
 #
-#   bash bench/remote_read.sh [ROUNDS] [ITERS]
+#   bash bench/remote_read.sh [--quick | ROUNDS [ITERS]]     (default 5 rounds x 40 reads)
 #
 # Under `mpiexec -n 2` with UCX_TLS=tcp (MPI over TCP sockets, as between
 # nodes), a client on rank 0's node OPENs files held only by rank 1 through
@@ -16,8 +16,11 @@
 # Writes bench/out/remote_read.md and prints it.
 set -euo pipefail
 cd "$(dirname "$0")/.."
-ROUNDS=${1:-3}
-ITERS=${2:-40}
+if [ "${1:-}" = "--quick" ]; then
+  ROUNDS=2; ITERS=15
+else
+  ROUNDS=${1:-5}; ITERS=${2:-40}
+fi
 export UCX_TLS=${UCX_TLS:-tcp}
 export RUST_LOG=${RUST_LOG:-warn}
 cargo build --release -q -p fanstore-daemon -p fanstore-prep
