@@ -38,8 +38,8 @@
 //! <dir>/lock                       empty; flock'd by the one process that has the store open
 //! <dir>/catalog.fsc                path -> checkpoint id, tombstones, next id  (catalog)
 //! <dir>/recipes/<id:016x>.fsr      one recipe + owner map per live checkpoint (recipe)
-//! <dir>/units/<hh>/<blake3>.fsu    one file per stored unit                   (unit)
-//! <dir>/tmp/                       temp files, renamed into place; emptied at open
+//! <dir>/units/<blake3>.fsu         one file per stored unit                   (unit)
+//! <dir>/tmp/                       recipe and catalog temp files, renamed into place; emptied at open
 //! ```
 //!
 //! Every file starts with a magic and a version, every integer is
@@ -48,9 +48,12 @@
 //! never change, so a rename only changes the path -> id mapping and owner
 //! maps stay valid.
 //!
-//! **Crash safety.** Every file is written to `tmp/` and renamed into place.
-//! A commit writes its new units, then its recipe, then the catalog: the
-//! catalog rename is the commit point. An unlink writes the catalog first,
+//! **Crash safety.** Recipes and the catalog are written to `tmp/` and
+//! renamed into place; a unit file is written in place under its content
+//! name (no recipe can refer to it before the commit point, so a partial one
+//! is unreferenced and swept). A commit writes its new units, then its
+//! recipe, then the catalog: the catalog rename is the commit point. An
+//! unlink writes the catalog first,
 //! then deletes the recipe and the freed units. Reference counts are not
 //! stored separately: they are recomputed at open from the live recipes, so
 //! they cannot disagree with them. Open also sweeps what an interrupted

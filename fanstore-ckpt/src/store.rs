@@ -24,10 +24,12 @@ use std::path::{Path, PathBuf};
 pub struct StoreOptions {
     /// Chunk sizes of the fallback for unrecognised files.
     pub cdc: CdcParams,
-    /// fsync every unit, recipe and catalog before its rename (power-loss
-    /// safety at a large cost). Off by default: renames alone make the store
-    /// safe against a crash of the process; [`CheckpointStore::sync`]
-    /// flushes everything when the store is about to be drained.
+    /// Flush the file system (syncfs) before every catalog write, so that
+    /// units and recipes are on stable storage before the commit point, and
+    /// fsync the catalog and its directory: power-loss safety at a large
+    /// cost. Off by default: renames alone make the store safe against a
+    /// crash of the process; [`CheckpointStore::sync`] flushes everything
+    /// when the store is about to be drained.
     pub fsync: bool,
 }
 
@@ -93,11 +95,29 @@ const UNITS_DIR: &str = "units";
 const RECIPES_DIR: &str = "recipes";
 const TMP_DIR: &str = "tmp";
 
-/// A unit piece of a commit in progress.
-struct Hashed<'a> {
-    meta: split::UnitMeta,
-    bytes: &'a [u8],
-    hash: Hash,
+/// Files at least this long get a helper thread for hashing.
+const PIPELINE_MIN: usize = 4 << 20;
+
+/// xxh3 of a unit and of the file so far, over the unit's bytes in
+/// cache-sized blocks (one pass from memory for both).
+fn xxh3_both(b: &[u8], whole: &mut StreamingChecksum) -> u64 {
+    let mut x = StreamingChecksum::new();
+    for block in b.chunks(128 << 10) {
+        x.update(block);
+        whole.update(block);
+    }
+    x.digest()
+}
+
+/// What hashing and storing the units of a commit produced.
+#[derive(Default)]
+struct Stored {
+    /// blake3 of every unit, in unit order.
+    hashes: Vec<Hash>,
+    file_xxh3: u64,
+    /// Units first stored by this commit (removed again if it fails).
+    written: Vec<Hash>,
+    new_bytes: u64,
 }
 
 impl CheckpointStore {
@@ -292,19 +312,12 @@ impl CheckpointStore {
             }
         }
         let udir = self.dir.join(UNITS_DIR);
-        for sub in std::fs::read_dir(&udir).map_err(|e| CkptError::io(&udir, e))? {
-            let sub = sub.map_err(|e| CkptError::io(&udir, e))?.path();
-            if !sub.is_dir() {
-                remove_file(&sub)?;
-                continue;
-            }
-            for ent in std::fs::read_dir(&sub).map_err(|e| CkptError::io(&sub, e))? {
-                let ent = ent.map_err(|e| CkptError::io(&sub, e))?;
-                let name = ent.file_name();
-                let h = name.to_str().and_then(|n| n.strip_suffix(".fsu")).and_then(unit::parse_hex);
-                if !h.is_some_and(|h| self.units.contains_key(&h)) {
-                    remove_file(&ent.path())?;
-                }
+        for ent in std::fs::read_dir(&udir).map_err(|e| CkptError::io(&udir, e))? {
+            let ent = ent.map_err(|e| CkptError::io(&udir, e))?;
+            let name = ent.file_name();
+            let h = name.to_str().and_then(|n| n.strip_suffix(".fsu")).and_then(unit::parse_hex);
+            if !h.is_some_and(|h| self.units.contains_key(&h)) {
+                remove_file(&ent.path())?;
             }
         }
         Ok(())
@@ -369,39 +382,41 @@ impl CheckpointStore {
 
     /// Commits `bytes` as the checkpoint at `path` (replacing any checkpoint
     /// there). On error nothing is committed and the store is unchanged.
+    ///
+    /// Hashing runs on a helper thread, in file order, while this thread
+    /// writes the units that turn out to be new, so a commit with nothing to
+    /// deduplicate costs about max(hashing, writing) rather than their sum.
     pub fn commit(&mut self, path: &[u8], bytes: &[u8]) -> Result<CommitInfo> {
         check_path(path)?;
         let split = split::split(bytes, &self.opts.cdc);
         debug_assert!(split.check_cover(bytes.len()));
         let id = self.catalog.next_id;
-        let file_xxh3 = xxh3(bytes);
+        let unit_ranges: Vec<std::ops::Range<usize>> = split
+            .pieces
+            .iter()
+            .filter_map(|p| match p {
+                Piece::Unit(r, _) => Some(r.clone()),
+                Piece::Glue(_) => None,
+            })
+            .collect();
 
-        // Hash every unit; glue goes to the recipe.
-        let mut hashed = Vec::with_capacity(split.unit_count());
-        let mut glue = Vec::new();
-        let mut rpieces = Vec::with_capacity(split.pieces.len());
-        for p in split.pieces {
-            match p {
-                Piece::Glue(r) => {
-                    rpieces.push(RecipePiece::Glue { off: glue.len() as u64, len: r.len() as u64 });
-                    glue.extend_from_slice(&bytes[r]);
-                }
-                Piece::Unit(r, meta) => {
-                    let b = &bytes[r];
-                    rpieces.push(RecipePiece::Unit { index: hashed.len() as u32 });
-                    hashed.push(Hashed { meta, bytes: b, hash: unit::hash(b) });
-                }
+        let mut st = Stored::default();
+        if let Err(e) = self.store_units(bytes, &split.pieces, &unit_ranges, &mut st) {
+            for h in &st.written {
+                let _ = std::fs::remove_file(self.unit_path(h));
             }
+            return Err(e);
         }
+        let Stored { hashes, file_xxh3, written, mut new_bytes } = st;
 
         // Parent: the live checkpoint sharing the most unit bytes.
         let mut shared: HashMap<u64, u64> = HashMap::new();
-        let mut seen = HashSet::with_capacity(hashed.len());
-        for u in &hashed {
-            if !seen.insert(u.hash) {
+        let mut seen = HashSet::with_capacity(hashes.len());
+        for h in &hashes {
+            if !seen.insert(*h) {
                 continue;
             }
-            if let Some(info) = self.units.get(&u.hash) {
+            if let Some(info) = self.units.get(h) {
                 for &c in &info.ckpts {
                     *shared.entry(c).or_default() += info.len;
                 }
@@ -417,48 +432,32 @@ impl CheckpointStore {
             })
             .map(|(&c, _)| c);
 
-        // Store new units, assign owners.
-        let mut tensors = Vec::with_capacity(hashed.len());
-        let mut written: Vec<Hash> = Vec::new();
-        let mut new_here: HashSet<Hash> = HashSet::new();
-        let mut new_bytes = glue.len() as u64;
-        let mut failed = None;
-        for u in &hashed {
-            let owner = match self.units.get(&u.hash) {
-                Some(info) if info.len != u.bytes.len() as u64 => {
-                    failed = Some(CkptError::Corrupt {
-                        file: self.unit_path(&u.hash),
-                        entry: "unit".into(),
-                        offset: 0,
-                        problem: format!("blake3 collision: {} and {} bytes", info.len, u.bytes.len()),
+        // The recipe: glue inline, units by hash, owners.
+        let mut glue = Vec::new();
+        let mut rpieces = Vec::with_capacity(split.pieces.len());
+        let mut tensors = Vec::with_capacity(hashes.len());
+        for p in split.pieces {
+            match p {
+                Piece::Glue(r) => {
+                    rpieces.push(RecipePiece::Glue { off: glue.len() as u64, len: r.len() as u64 });
+                    glue.extend_from_slice(&bytes[r]);
+                }
+                Piece::Unit(r, meta) => {
+                    let i = tensors.len();
+                    let h = hashes[i];
+                    rpieces.push(RecipePiece::Unit { index: i as u32 });
+                    tensors.push(TensorEntry {
+                        name: meta.name,
+                        dtype: clip_dtype(&meta.dtype),
+                        shape: meta.shape.into_iter().take(u16::MAX as usize).collect(),
+                        hash: h,
+                        len: r.len() as u64,
+                        owner: self.units.get(&h).map_or(id, |u| u.owner),
                     });
-                    break;
                 }
-                Some(info) => info.owner,
-                None => {
-                    if new_here.insert(u.hash) {
-                        let tmp = self.tmp_path();
-                        let dest = self.unit_path(&u.hash);
-                        if let Err(e) = unit::write(&tmp, &dest, &u.hash, u.bytes) {
-                            let _ = std::fs::remove_file(&tmp);
-                            failed = Some(e);
-                            break;
-                        }
-                        written.push(u.hash);
-                        new_bytes += u.bytes.len() as u64;
-                    }
-                    id
-                }
-            };
-            tensors.push(TensorEntry {
-                name: u.meta.name.clone(),
-                dtype: clip_dtype(&u.meta.dtype),
-                shape: u.meta.shape.iter().copied().take(u16::MAX as usize).collect(),
-                hash: u.hash,
-                len: u.bytes.len() as u64,
-                owner,
-            });
+            }
         }
+        new_bytes += glue.len() as u64;
         let units_new = written.len();
         let rec = Recipe {
             id,
@@ -472,10 +471,7 @@ impl CheckpointStore {
             glue_len: glue.len() as u64,
             glue,
         };
-        let result = match failed {
-            Some(e) => Err(e),
-            None => self.finish_commit(path, rec, units_new),
-        };
+        let result = self.finish_commit(path, rec, units_new);
         if result.is_err() {
             // Nothing was committed: remove what this attempt wrote.
             for h in &written {
@@ -484,6 +480,93 @@ impl CheckpointStore {
             let _ = std::fs::remove_file(self.recipe_path(id));
         }
         result
+    }
+
+    /// Hashes every unit (blake3) and stores the new ones, computing each
+    /// new unit's xxh3 and the whole file's xxh3 in file order. Units are
+    /// claimed one at a time by this thread and, for large files, a helper
+    /// thread, so that hashing is shared while this thread also does every
+    /// write: nothing to deduplicate costs little more than the writes.
+    fn store_units(&mut self, bytes: &[u8], pieces: &[Piece], units: &[std::ops::Range<usize>], st: &mut Stored) -> Result<()> {
+        use std::sync::atomic::{AtomicUsize, Ordering};
+        let n = units.len();
+        let claim = AtomicUsize::new(0);
+        let hash_one = |i: usize| unit::hash(&bytes[units[i].clone()]);
+        let mut ready: Vec<Option<Hash>> = vec![None; n];
+        let mut whole = StreamingChecksum::new();
+        let mut glue_iter = pieces.iter();
+        let mut written = HashSet::new();
+        std::thread::scope(|scope| -> Result<()> {
+            let (tx, rx) = std::sync::mpsc::channel::<(usize, Hash)>();
+            if bytes.len() >= PIPELINE_MIN && n > 1 {
+                let (claim, hash_one) = (&claim, &hash_one);
+                scope.spawn(move || loop {
+                    let i = claim.fetch_add(1, Ordering::Relaxed);
+                    if i >= n || tx.send((i, hash_one(i))).is_err() {
+                        break;
+                    }
+                });
+            } else {
+                drop(tx);
+            }
+            for done in 0..n {
+                // The next unit's hash: from the helper, or hash something ourselves meanwhile.
+                let h = loop {
+                    while let Ok((i, h)) = rx.try_recv() {
+                        ready[i] = Some(h);
+                    }
+                    if let Some(h) = ready[done] {
+                        break h;
+                    }
+                    let j = claim.fetch_add(1, Ordering::Relaxed);
+                    if j < n {
+                        ready[j] = Some(hash_one(j));
+                    } else {
+                        match rx.recv() {
+                            Ok((i, h)) => ready[i] = Some(h),
+                            // No helper (or it is gone): hash it here.
+                            Err(_) => ready[done] = Some(hash_one(done)),
+                        }
+                    }
+                };
+                // The file checksum runs in file order: glue up to this unit first.
+                for p in glue_iter.by_ref() {
+                    match p {
+                        Piece::Glue(r) => whole.update(&bytes[r.clone()]),
+                        Piece::Unit(..) => break,
+                    }
+                }
+                let b = &bytes[units[done].clone()];
+                match self.units.get(&h) {
+                    Some(info) if info.len != b.len() as u64 => {
+                        return Err(CkptError::Corrupt {
+                            file: self.unit_path(&h),
+                            entry: "unit".into(),
+                            offset: 0,
+                            problem: format!("blake3 collision: {} and {} bytes", info.len, b.len()),
+                        });
+                    }
+                    Some(_) => whole.update(b),
+                    None if written.contains(&h) => whole.update(b),
+                    None => {
+                        let x = xxh3_both(b, &mut whole);
+                        unit::write(&self.unit_path(&h), &h, x, b)?;
+                        written.insert(h);
+                        st.written.push(h);
+                        st.new_bytes += b.len() as u64;
+                    }
+                }
+                st.hashes.push(h);
+            }
+            Ok(())
+        })?;
+        for p in glue_iter {
+            if let Piece::Glue(r) = p {
+                whole.update(&bytes[r.clone()]);
+            }
+        }
+        st.file_xxh3 = whole.digest();
+        Ok(())
     }
 
     fn finish_commit(&mut self, path: &[u8], rec: Recipe, units_new: usize) -> Result<CommitInfo> {

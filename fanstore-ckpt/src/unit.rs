@@ -2,7 +2,10 @@
 //! blake3 of its payload. Written once (temp file + rename), never modified.
 //!
 //! ```text
-//! units/<first 2 hex digits>/<64 hex digits of blake3>.fsu
+//! units/<64 hex digits of blake3>.fsu   (one flat directory: ext4's hashed
+//!                                        directories need no sharding, and
+//!                                        a shard directory per first commit
+//!                                        cost more than the writes)
 //!  0..8    magic "FANSTUN\0"
 //!  8..12   version (1)
 //! 12..16   reserved, zero
@@ -67,7 +70,7 @@ pub fn parse_hex(s: &str) -> Option<Hash> {
 /// The path of unit `h` under the store's `units` directory.
 pub fn path(units_dir: &Path, h: &Hash) -> PathBuf {
     let x = hex(h);
-    units_dir.join(&x[..2]).join(format!("{x}.fsu"))
+    units_dir.join(format!("{x}.fsu"))
 }
 
 /// The decoded header of a unit file.
@@ -119,22 +122,22 @@ impl UnitHeader {
     }
 }
 
-/// Writes unit `h` with `payload` to `tmp`, then renames it to `dest`
-/// (creating `dest`'s directory). Returns the bytes written.
-pub fn write(tmp: &Path, dest: &Path, h: &Hash, payload: &[u8]) -> Result<u64> {
-    let head = UnitHeader { len: payload.len() as u64, blake3: *h, xxh3: xxh3(payload) }.encode();
-    let io = |e| CkptError::io(tmp, e);
-    let mut f = File::create(tmp).map_err(io)?;
-    f.write_all(&head).map_err(|e| CkptError::io(tmp, e))?;
-    f.write_all(payload).map_err(|e| CkptError::io(tmp, e))?;
-    drop(f);
-    if let Err(e) = std::fs::rename(tmp, dest) {
-        if e.kind() != std::io::ErrorKind::NotFound {
-            return Err(CkptError::io(dest, e));
-        }
-        let parent = dest.parent().unwrap_or(Path::new("."));
-        std::fs::create_dir_all(parent).map_err(|e| CkptError::io(parent, e))?;
-        std::fs::rename(tmp, dest).map_err(|e| CkptError::io(dest, e))?;
+/// Writes unit `h` (whose payload's xxh3 is `x`) at `dest`; on failure the
+/// partial file is removed. Returns the bytes written.
+///
+/// No temp file and rename: the file is named by its content and no recipe
+/// refers to it until the catalog that commits the recipe is renamed into
+/// place, so a partial file left by a crash is unreferenced, and the sweep
+/// at open deletes it before anything could use it.
+pub fn write(dest: &Path, h: &Hash, x: u64, payload: &[u8]) -> Result<u64> {
+    let head = UnitHeader { len: payload.len() as u64, blake3: *h, xxh3: x }.encode();
+    let r = File::create(dest).and_then(|mut f| {
+        f.write_all(&head)?;
+        f.write_all(payload)
+    });
+    if let Err(e) = r {
+        let _ = std::fs::remove_file(dest);
+        return Err(CkptError::io(dest, e));
     }
     Ok((HEADER_LEN + payload.len()) as u64)
 }
@@ -285,8 +288,9 @@ mod tests {
 
     fn sample(dir: &Path, payload: &[u8]) -> (PathBuf, Hash) {
         let h = hash(payload);
+        std::fs::create_dir_all(dir.join("units")).unwrap();
         let p = path(&dir.join("units"), &h);
-        write(&dir.join("tmp1"), &p, &h, payload).unwrap();
+        write(&p, &h, xxh3(payload), payload).unwrap();
         (p, h)
     }
 

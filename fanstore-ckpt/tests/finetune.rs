@@ -33,10 +33,8 @@ fn path(epoch: u64) -> Vec<u8> {
 
 fn unit_files(dir: &std::path::Path) -> HashSet<String> {
     let mut s = HashSet::new();
-    for sub in std::fs::read_dir(dir.join("units")).unwrap() {
-        for f in std::fs::read_dir(sub.unwrap().path()).unwrap() {
-            s.insert(f.unwrap().file_name().to_string_lossy().trim_end_matches(".fsu").to_string());
-        }
+    for f in std::fs::read_dir(dir.join("units")).unwrap() {
+        s.insert(f.unwrap().file_name().to_string_lossy().trim_end_matches(".fsu").to_string());
     }
     s
 }
