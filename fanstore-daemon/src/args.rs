@@ -9,7 +9,7 @@ pub struct DaemonArgs {
     /// The dataset directory written by `fanstore-prep` (manifest.fsm + part-*.fsp).
     #[arg(long)]
     pub data: PathBuf,
-    /// Node-local directory (SSD). Rank r extracts into DIR/rank-<r>, created
+    /// Node-local directory (SSD). Rank R extracts into DIR/rank-R, created
     /// by the daemon and removed at stop unless --keep-local.
     #[arg(long)]
     pub local: PathBuf,
@@ -23,7 +23,7 @@ pub struct DaemonArgs {
     #[arg(long, default_value = "1G", value_parser = parse_size)]
     pub cache_mem: u64,
     /// Runtime directory (sockets, state files). Default: $FANSTORE_RUNTIME_DIR,
-    /// else $TMPDIR/fanstore-<uid>-<job> (or under /tmp).
+    /// else $TMPDIR/fanstore-UID-JOB (or under /tmp).
     #[arg(long)]
     pub runtime_dir: Option<PathBuf>,
     /// Keep the extracted files in the local directory at stop.

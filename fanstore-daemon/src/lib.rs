@@ -32,11 +32,42 @@
 //!    socket, state file, shared-memory index and (unless `--keep-local`) its
 //!    local directory, and exits 0.
 //!
-//! ## Serving OPEN
+//! ## Serving clients (wire protocol: [`fanstore_core::wire`])
 //!
-//! See [`open`]: local uncompressed files are handed out as the extracted
-//! file itself; compressed and remote files as sealed memfds ([`memfd`])
-//! shared by all clients of the node through the [`cache`].
+//! - `PING` -> value = this rank.
+//! - `OPEN(arg0 node id, arg1 dataset id)` -> an fd (FLAG_FD) whose bytes are
+//!   exactly the file's, always a new open file description (own offset):
+//!   a local uncompressed file is the extracted file opened O_RDONLY; a
+//!   compressed or remote file is a memfd sealed with F_SEAL_WRITE |
+//!   F_SEAL_GROW | F_SEAL_SHRINK | F_SEAL_SEAL, shared by all clients of the
+//!   node through the [`cache`] (bounded by `--cache-mem`, LRU by bytes,
+//!   values reference counted). Errors: ENOENT (no such node, or not a
+//!   regular file), ESTALE (dataset id differs), EIO (holder gone or
+//!   timed out, checksum failure, daemon stopping), EAGAIN (still loading
+//!   after 600 s), ENOMEM (no memfd). See [`open`].
+//! - `STATUS` -> payload = `key=value` lines ([`status::Snapshot::render`]).
+//! - `STOP` -> every rank shuts down (the receiving rank tells the others).
+//!
+//! Peers are checked with SO_PEERCRED (same uid only); one thread per
+//! connection; a client that dies mid-request only ends its own thread.
+//!
+//! ## Remote reads
+//!
+//! [`comm`]: client -> local daemon (socket) -> holder (MPI, nonblocking,
+//! many in flight, compressed bytes cross compressed, payloads of 2 MiB and
+//! more in 1 MiB pieces checksummed as they arrive, anything over 1 GiB in
+//! pieces) -> sealed memfd -> client. Replicas are read in an order spread
+//! by node id, failing over to the next holder; each request has a deadline
+//! (`--remote-timeout`, default 10 s, + 1 s per 64 MiB) after which the
+//! client gets EIO.
+//!
+//! ## Local files
+//!
+//! Rank r extracts into `--local`/`rank-<r>`: the file of node `id` is at
+//! [`fanstore_core::runtime::local_file_path`]; uncompressed files hold their
+//! exact bytes (a client may open them directly when the state's bitmap says
+//! the partition is local and the node's codec is none), compressed ones
+//! their stored payload.
 
 pub mod args;
 pub mod bufpool;
