@@ -8,6 +8,9 @@
     cluster.stop()                     # `fanstore stop`, asserts a clean exit (idempotent)
     cluster.kill()                     # kill -9 every daemon (failure tests)
 
+    from fs_cluster import cluster_factory   # pytest fixture: start(dataset, nranks=4, ...) -> Cluster,
+                                             # every cluster stopped (or killed) at teardown
+
 Every rank gets its own local directory (``<tmp>/local/rank-<r>``, made by the
 daemon). The runtime directory is a short path under /tmp (unix socket paths
 are limited to 107 bytes), removed by the daemons at stop. MPI runs over TCP
