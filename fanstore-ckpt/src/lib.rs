@@ -5,11 +5,11 @@
 //! daemon calls [`CheckpointStore::commit`] when an output file is closed and
 //! the `fanstore ckpt ...` commands call the queries).
 //!
-//! A committed file is recognised ([`split`]: safetensors, torch.save zip
+//! A committed file is recognised ([`mod@split`]: safetensors, torch.save zip
 //! archives, .npy, .npz; anything else is cut into content-defined chunks)
 //! and split byte-exactly into *units* (tensor payloads) and *glue* (every
 //! other byte). Each unit is stored once, named by its blake3
-//! ([`unit`]); the file becomes a [`recipe`]: its glue inline, its units by
+//! ([`mod@unit`]); the file becomes a [`recipe`]: its glue inline, its units by
 //! hash, and its owner map (tensor name -> owner checkpoint, hash, dtype,
 //! shape, size). The owner of a unit is the checkpoint that first stored
 //! that exact content, so a checkpoint inherits its parent's owners for

@@ -20,7 +20,7 @@ use std::io::{Read, Write};
 use std::path::{Path, PathBuf};
 
 /// How a store behaves.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct StoreOptions {
     /// Chunk sizes of the fallback for unrecognised files.
     pub cdc: CdcParams,
@@ -31,6 +31,17 @@ pub struct StoreOptions {
     /// crash of the process; [`CheckpointStore::sync`] flushes everything
     /// when the store is about to be drained.
     pub fsync: bool,
+    /// Helper threads that hash units while the committing thread writes
+    /// (files of 4 MiB and more). Default: one less than the available
+    /// cores, at least 1, at most 3.
+    pub threads: usize,
+}
+
+impl Default for StoreOptions {
+    fn default() -> Self {
+        let cores = std::thread::available_parallelism().map_or(2, |n| n.get());
+        StoreOptions { cdc: CdcParams::default(), fsync: false, threads: cores.saturating_sub(1).clamp(1, 3) }
+    }
 }
 
 /// What a commit did.
@@ -98,15 +109,15 @@ const TMP_DIR: &str = "tmp";
 /// Files at least this long get a helper thread for hashing.
 const PIPELINE_MIN: usize = 4 << 20;
 
-/// xxh3 of a unit and of the file so far, over the unit's bytes in
-/// cache-sized blocks (one pass from memory for both).
-fn xxh3_both(b: &[u8], whole: &mut StreamingChecksum) -> u64 {
+/// A unit's blake3 and xxh3, in one pass over cache-sized blocks.
+fn unit_hashes(b: &[u8]) -> (Hash, u64) {
+    let mut b3 = blake3::Hasher::new();
     let mut x = StreamingChecksum::new();
     for block in b.chunks(128 << 10) {
+        b3.update(block);
         x.update(block);
-        whole.update(block);
     }
-    x.digest()
+    (*b3.finalize().as_bytes(), x.digest())
 }
 
 /// What hashing and storing the units of a commit produced.
@@ -383,9 +394,10 @@ impl CheckpointStore {
     /// Commits `bytes` as the checkpoint at `path` (replacing any checkpoint
     /// there). On error nothing is committed and the store is unchanged.
     ///
-    /// Hashing runs on a helper thread, in file order, while this thread
-    /// writes the units that turn out to be new, so a commit with nothing to
-    /// deduplicate costs about max(hashing, writing) rather than their sum.
+    /// For large files, helper threads ([`StoreOptions::threads`]) share the
+    /// hashing while this thread writes the units that turn out to be new,
+    /// so a commit with nothing to deduplicate costs little more than the
+    /// writes themselves.
     pub fn commit(&mut self, path: &[u8], bytes: &[u8]) -> Result<CommitInfo> {
         check_path(path)?;
         let split = split::split(bytes, &self.opts.cdc);
@@ -401,7 +413,7 @@ impl CheckpointStore {
             .collect();
 
         let mut st = Stored::default();
-        if let Err(e) = self.store_units(bytes, &split.pieces, &unit_ranges, &mut st) {
+        if let Err(e) = self.store_units(bytes, &unit_ranges, &mut st) {
             for h in &st.written {
                 let _ = std::fs::remove_file(self.unit_path(h));
             }
@@ -482,60 +494,63 @@ impl CheckpointStore {
         result
     }
 
-    /// Hashes every unit (blake3) and stores the new ones, computing each
-    /// new unit's xxh3 and the whole file's xxh3 in file order. Units are
-    /// claimed one at a time by this thread and, for large files, a helper
-    /// thread, so that hashing is shared while this thread also does every
-    /// write: nothing to deduplicate costs little more than the writes.
-    fn store_units(&mut self, bytes: &[u8], pieces: &[Piece], units: &[std::ops::Range<usize>], st: &mut Stored) -> Result<()> {
+    /// Hashes every unit (blake3 for identity, xxh3 for its file header)
+    /// and stores the new ones; also computes the whole file's xxh3. Units
+    /// are claimed one at a time by this thread and, for large files, by
+    /// helper threads; this thread does every write, in unit order. The first
+    /// helper computes the whole-file checksum before it starts claiming.
+    fn store_units(&mut self, bytes: &[u8], units: &[std::ops::Range<usize>], st: &mut Stored) -> Result<()> {
         use std::sync::atomic::{AtomicUsize, Ordering};
         let n = units.len();
         let claim = AtomicUsize::new(0);
-        let hash_one = |i: usize| unit::hash(&bytes[units[i].clone()]);
-        let mut ready: Vec<Option<Hash>> = vec![None; n];
-        let mut whole = StreamingChecksum::new();
-        let mut glue_iter = pieces.iter();
+        let hash_one = |i: usize| unit_hashes(&bytes[units[i].clone()]);
+        let helpers = if bytes.len() >= PIPELINE_MIN { self.opts.threads } else { 0 };
+        let mut ready: Vec<Option<(Hash, u64)>> = vec![None; n];
         let mut written = HashSet::new();
-        std::thread::scope(|scope| -> Result<()> {
-            let (tx, rx) = std::sync::mpsc::channel::<(usize, Hash)>();
-            if bytes.len() >= PIPELINE_MIN && n > 1 {
-                let (claim, hash_one) = (&claim, &hash_one);
-                scope.spawn(move || loop {
-                    let i = claim.fetch_add(1, Ordering::Relaxed);
-                    if i >= n || tx.send((i, hash_one(i))).is_err() {
-                        break;
+        let file_sum = std::thread::scope(|scope| -> Result<u64> {
+            let (tx, rx) = std::sync::mpsc::channel::<(usize, Hash, u64)>();
+            let mut first = None;
+            for k in 0..helpers {
+                let (claim, hash_one, tx) = (&claim, &hash_one, tx.clone());
+                let handle = scope.spawn(move || {
+                    let sum = (k == 0).then(|| xxh3(bytes));
+                    loop {
+                        let i = claim.fetch_add(1, Ordering::Relaxed);
+                        if i >= n {
+                            break;
+                        }
+                        let (h, x) = hash_one(i);
+                        if tx.send((i, h, x)).is_err() {
+                            break;
+                        }
                     }
+                    sum
                 });
-            } else {
-                drop(tx);
+                if k == 0 {
+                    first = Some(handle);
+                }
             }
+            drop(tx);
             for done in 0..n {
-                // The next unit's hash: from the helper, or hash something ourselves meanwhile.
-                let h = loop {
-                    while let Ok((i, h)) = rx.try_recv() {
-                        ready[i] = Some(h);
+                // The next unit's hashes: from a helper, or hash something ourselves meanwhile.
+                let (h, x) = loop {
+                    while let Ok((i, h, x)) = rx.try_recv() {
+                        ready[i] = Some((h, x));
                     }
-                    if let Some(h) = ready[done] {
-                        break h;
+                    if let Some(v) = ready[done] {
+                        break v;
                     }
                     let j = claim.fetch_add(1, Ordering::Relaxed);
                     if j < n {
                         ready[j] = Some(hash_one(j));
                     } else {
                         match rx.recv() {
-                            Ok((i, h)) => ready[i] = Some(h),
-                            // No helper (or it is gone): hash it here.
+                            Ok((i, h, x)) => ready[i] = Some((h, x)),
+                            // No helper is left: hash it here.
                             Err(_) => ready[done] = Some(hash_one(done)),
                         }
                     }
                 };
-                // The file checksum runs in file order: glue up to this unit first.
-                for p in glue_iter.by_ref() {
-                    match p {
-                        Piece::Glue(r) => whole.update(&bytes[r.clone()]),
-                        Piece::Unit(..) => break,
-                    }
-                }
                 let b = &bytes[units[done].clone()];
                 match self.units.get(&h) {
                     Some(info) if info.len != b.len() as u64 => {
@@ -546,10 +561,9 @@ impl CheckpointStore {
                             problem: format!("blake3 collision: {} and {} bytes", info.len, b.len()),
                         });
                     }
-                    Some(_) => whole.update(b),
-                    None if written.contains(&h) => whole.update(b),
+                    Some(_) => {}
+                    None if written.contains(&h) => {}
                     None => {
-                        let x = xxh3_both(b, &mut whole);
                         unit::write(&self.unit_path(&h), &h, x, b)?;
                         written.insert(h);
                         st.written.push(h);
@@ -558,14 +572,10 @@ impl CheckpointStore {
                 }
                 st.hashes.push(h);
             }
-            Ok(())
+            let sum = first.and_then(|h| h.join().unwrap_or_else(|p| std::panic::resume_unwind(p)));
+            Ok(sum.unwrap_or_else(|| xxh3(bytes)))
         })?;
-        for p in glue_iter {
-            if let Piece::Glue(r) = p {
-                whole.update(&bytes[r.clone()]);
-            }
-        }
-        st.file_xxh3 = whole.digest();
+        st.file_xxh3 = file_sum;
         Ok(())
     }
 
