@@ -377,18 +377,41 @@ impl CheckpointStore {
         self.live.get(&id).map(|l| l.tensors.as_slice())
     }
 
-    /// Commits the bytes of the file memory-mapped from `file` (which nobody
-    /// may modify during the call) as the checkpoint at `path`.
+    /// Commits the contents of `file` as the checkpoint at `path`. A file
+    /// sealed against writing and shrinking (a memfd with `F_SEAL_WRITE` and
+    /// `F_SEAL_SHRINK`, as the daemon seals a closed output) is committed
+    /// from a memory map with no copy; any other file is read first, since
+    /// its bytes could change under a mapping.
     pub fn commit_file(&mut self, path: &[u8], file: &File) -> Result<CommitInfo> {
+        use std::os::fd::AsRawFd;
         let name = PathBuf::from(String::from_utf8_lossy(path).into_owned());
         let len = file.metadata().map_err(|e| CkptError::io(&name, e))?.len();
-        if len == 0 {
-            return self.commit(path, &[]);
+        // SAFETY: fcntl(F_GET_SEALS) on a descriptor we borrow; it only reads flags.
+        let seals = unsafe { libc::fcntl(file.as_raw_fd(), libc::F_GET_SEALS) };
+        let need = libc::F_SEAL_WRITE | libc::F_SEAL_SHRINK;
+        if len > 0 && seals >= 0 && seals & need == need {
+            // SAFETY: the seals forbid every write and every shrink of the
+            // file from now on, so the mapped bytes cannot change or vanish.
+            let map = unsafe { memmap2::Mmap::map(file) }.map_err(|e| CkptError::io(&name, e))?;
+            return self.commit(path, &map);
         }
-        // SAFETY: the caller guarantees the file is not modified while the
-        // commit runs (the daemon commits a closed output file it owns).
-        let map = unsafe { memmap2::Mmap::map(file) }.map_err(|e| CkptError::io(&name, e))?;
-        self.commit(path, &map)
+        // pread from 0 to EOF: the descriptor's offset is left alone.
+        use std::os::unix::fs::FileExt;
+        let mut bytes = vec![0u8; len as usize];
+        let mut n = 0;
+        loop {
+            if n == bytes.len() {
+                bytes.resize(n + (1 << 20).max(n / 8), 0);
+            }
+            match file.read_at(&mut bytes[n..], n as u64) {
+                Ok(0) => break,
+                Ok(k) => n += k,
+                Err(e) if e.kind() == std::io::ErrorKind::Interrupted => {}
+                Err(e) => return Err(CkptError::io(&name, e)),
+            }
+        }
+        bytes.truncate(n);
+        self.commit(path, &bytes)
     }
 
     /// Commits `bytes` as the checkpoint at `path` (replacing any checkpoint

@@ -221,3 +221,35 @@ fn reports_render_valid_json_and_tables() {
     }
     assert!(diff.to_table().contains("added") && diff.to_table().contains("new"));
 }
+
+#[test]
+fn commit_file_maps_sealed_memfds_and_reads_other_files() {
+    use std::io::{Seek, SeekFrom, Write};
+    use std::os::fd::FromRawFd;
+    let d = tempfile::tempdir().unwrap();
+    let mut store = CheckpointStore::open(&d.path().join("s")).unwrap();
+    let f = st(&[("w", &Rng(12).bytes(300_000))]);
+    // A sealed memfd, as the daemon holds a closed output.
+    // SAFETY: memfd_create with a valid C string; the fd is owned by the File below.
+    let fd = unsafe { libc::memfd_create(c"ckpt".as_ptr(), libc::MFD_ALLOW_SEALING) };
+    assert!(fd >= 0);
+    // SAFETY: fd is a fresh descriptor that nothing else owns.
+    let mut m = unsafe { std::fs::File::from_raw_fd(fd) };
+    m.write_all(&f).unwrap();
+    // SAFETY: fcntl on our own descriptor.
+    let r = unsafe { libc::fcntl(fd, libc::F_ADD_SEALS, libc::F_SEAL_WRITE | libc::F_SEAL_SHRINK | libc::F_SEAL_GROW) };
+    assert_eq!(r, 0);
+    let info = store.commit_file(b"m/sealed", &m).unwrap();
+    assert_eq!(info.format, fanstore_ckpt::Format::Safetensors);
+    assert_eq!(store.read(b"m/sealed").unwrap(), f);
+    // A plain file whose offset is elsewhere: read from 0, offset untouched.
+    let p = d.path().join("plain");
+    let mut plain = std::fs::File::options().create(true).truncate(true).read(true).write(true).open(&p).unwrap();
+    plain.write_all(&f).unwrap();
+    plain.seek(SeekFrom::Start(7)).unwrap();
+    store.commit_file(b"m/plain", &plain).unwrap();
+    assert_eq!(plain.stream_position().unwrap(), 7);
+    assert_eq!(store.read(b"m/plain").unwrap(), f);
+    let empty = std::fs::File::options().create(true).truncate(true).read(true).write(true).open(d.path().join("empty")).unwrap();
+    assert_eq!(store.commit_file(b"m/empty", &empty).unwrap().logical, 0);
+}
