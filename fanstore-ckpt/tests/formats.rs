@@ -304,3 +304,103 @@ fn real_safetensors_and_numpy_files() {
 }
 
 use std::fs::File;
+
+/// Pickles made by Python's own pickler the way torch.save makes data.pkl
+/// (torch's reductions and persistent ids, emulated by stand-in `torch`
+/// modules: torch itself is not installed), with the storage -> tensor
+/// mapping Python computed, for protocols 2 (torch's default) and 4.
+const PY_TORCH_PICKLES: &str = r#"
+import sys, types, pickle, collections, json, os
+torch = types.ModuleType("torch"); utils = types.ModuleType("torch._utils")
+torch._utils = utils; sys.modules["torch"] = torch; sys.modules["torch._utils"] = utils
+def mkcls(name):
+    c = type(name, (), {}); c.__module__ = "torch"; c.__qualname__ = name; setattr(torch, name, c); return c
+Float, Half, Long = mkcls("FloatStorage"), mkcls("HalfStorage"), mkcls("LongStorage")
+def mkfn(name):
+    def f(*a): pass
+    f.__module__ = "torch._utils"; f.__qualname__ = f.__name__ = name; setattr(utils, name, f); return f
+rebuild, rebuild_param = mkfn("_rebuild_tensor_v2"), mkfn("_rebuild_parameter")
+class Storage:
+    def __init__(s, key, cls, numel): s.key, s.cls, s.numel = key, cls, numel
+class Tensor:
+    def __init__(s, st, size): s.st, s.size = st, size
+    def __reduce_ex__(s, proto):
+        stride = tuple(1 for _ in s.size)
+        return (rebuild, (s.st, 0, s.size, stride, False, collections.OrderedDict()))
+class Parameter:
+    def __init__(s, t): s.t = t
+    def __reduce_ex__(s, proto): return (rebuild_param, (s.t, True, collections.OrderedDict()))
+class P(pickle.Pickler):
+    def persistent_id(s, o):
+        return ("storage", o.cls, o.key, "cpu", o.numel) if isinstance(o, Storage) else None
+S = [Storage(str(i), c, n) for i, (c, n) in enumerate([(Float, 12), (Half, 3), (Float, 6), (Long, 1), (Float, 6)])]
+names = {}
+dtype = {Float: "F32", Half: "F16", Long: "I64"}
+def T(path, k, size):
+    if S[k].key not in names: names[S[k].key] = [path, dtype[S[k].cls], list(size)]
+    return Tensor(S[k], size)
+sd = collections.OrderedDict()
+sd["enc.weight"] = T("enc.weight", 0, (4, 3))
+sd["enc.bias"] = T("enc.bias", 1, (3,))
+sd["tied"] = Tensor(S[0], (12,))
+sd["dec.weight"] = Parameter(T("dec.weight", 2, (2, 3)))
+out = sys.argv[1]
+for proto in (2, 4):
+    with open(os.path.join(out, "sd%d.pkl" % proto), "wb") as f: P(f, protocol=proto).dump(sd)
+full_names = {k: ["state_dict." + v[0], v[1], v[2]] for k, v in names.items()}
+names.clear()
+opt = {"state": {0: {"step": T("optimizer.state.0.step", 3, ()), "exp_avg": T("optimizer.state.0.exp_avg", 4, (2, 3))}},
+       "param_groups": [{"lr": 0.1, "params": [0, 1]}]}
+opt_names = dict(names)
+ckpt = {"epoch": 3, "state_dict": sd, "optimizer": opt, "note": "x"}
+for proto in (2, 4):
+    with open(os.path.join(out, "ckpt%d.pkl" % proto), "wb") as f: P(f, protocol=proto).dump(ckpt)
+sd_names = {k: [v[0][len("state_dict."):], v[1], v[2]] for k, v in full_names.items()}
+full_names.update(opt_names)
+json.dump({"sd": sd_names, "ckpt": full_names}, open(os.path.join(out, "expected.json"), "w"))
+"#;
+
+#[test]
+fn torch_pickles_name_their_storages() {
+    let d = tempfile::tempdir().unwrap();
+    let ran = Command::new("python3").arg("-c").arg(PY_TORCH_PICKLES).arg(d.path()).output();
+    match ran {
+        Ok(o) if o.status.success() => {}
+        other => {
+            assert!(std::env::var_os("CI").is_none(), "python3 is required under CI: {other:?}");
+            eprintln!("SKIPPED torch_pickles_name_their_storages: {other:?}");
+            return;
+        }
+    }
+    let expected_text = std::fs::read(d.path().join("expected.json")).unwrap();
+    let expected = fanstore_ckpt::json::parse(&expected_text, fanstore_ckpt::json::Limits::default()).unwrap();
+    let mut store = CheckpointStore::open(&d.path().join("store")).unwrap();
+    let mut rng = Rng(31);
+    let storages: Vec<Vec<u8>> = [48usize, 6, 24, 8, 24].iter().map(|&n| rng.bytes(n)).collect();
+    for (file, which) in [("sd2.pkl", "sd"), ("sd4.pkl", "sd"), ("ckpt2.pkl", "ckpt"), ("ckpt4.pkl", "ckpt")] {
+        let pkl = std::fs::read(d.path().join(file)).unwrap();
+        let want = expected.get(which).unwrap().as_object().unwrap();
+        let got = split::torch_storages(&pkl).unwrap_or_else(|| panic!("{file} not understood"));
+        assert_eq!(got.len(), want.len(), "{file}: {got:?}");
+        for (key, v) in want {
+            let v = v.as_array().unwrap();
+            let g = &got[key.as_ref()];
+            assert_eq!(g.name, v[0].as_str().unwrap(), "{file} storage {key}");
+            assert_eq!(g.dtype, v[1].as_str().unwrap(), "{file} storage {key}");
+            let shape: Vec<u64> = v[2].as_array().unwrap().iter().map(|x| x.as_u64().unwrap()).collect();
+            assert_eq!(g.shape, shape, "{file} storage {key}");
+        }
+        // In an archive, the units carry those names; the bytes round-trip.
+        let n = want.len();
+        let f = torch_zip_with_pkl("model", &pkl, &storages[..n], ZipOpts::default());
+        let (fmt, mut names) = round_trip(&mut store, &format!("pt/{file}.pt"), &f);
+        assert_eq!(fmt, Format::TorchZip);
+        names.sort();
+        let mut want_names: Vec<String> = want.iter().map(|(_, v)| v.as_array().unwrap()[0].as_str().unwrap().to_string()).collect();
+        want_names.sort();
+        assert_eq!(names, want_names, "{file}");
+    }
+    // The state_dict's tensors keep their names and owners across the two archives.
+    let diff = store.diff(b"pt/sd2.pkl.pt", b"pt/sd4.pkl.pt").unwrap();
+    assert_eq!(diff.total(fanstore_ckpt::DiffStatus::Unchanged).0, 3);
+}

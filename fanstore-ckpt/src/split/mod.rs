@@ -4,23 +4,27 @@
 //!
 //! The pieces of a [`Split`] cover `0..len` in order with no gap and no
 //! overlap, so concatenating them gives back the file: [`Split::check_cover`]
-//! asserts exactly that and the store calls it on every commit.
+//! states exactly that (asserted on every commit in debug builds, and by the
+//! fuzz tests); the whole-file checksum in each recipe checks it again on
+//! every read.
 //!
 //! | format | recognised by | units |
 //! | --- | --- | --- |
 //! | safetensors | 8-byte header length + JSON header | each tensor's `data_offsets` range |
-//! | torch.save zip | central directory, an `X/data.pkl` entry | each `X/data/<key>` entry payload |
+//! | torch.save zip | central directory, an `X/data.pkl` entry | each `X/data/<key>` entry payload, named after the first tensor data.pkl says uses it (`state_dict.enc.weight`), else `data/<key>` |
 //! | .npy | `\x93NUMPY` v1/v2/v3 + header dict | the array data after the header |
 //! | .npz | zip whose members all end in `.npy` | each stored member's array data; a deflated member's payload as is |
 //! | anything else | (fallback, and every malformed input above) | content-defined chunks (fastcdc) |
 
 mod cdc;
 mod npy;
+mod pickle;
 mod safetensors;
 mod zip;
 
 pub use cdc::CdcParams;
 pub use npy::{parse_npy_header, NpyHeader};
+pub use pickle::{torch_storages, StorageInfo};
 pub use zip::{parse_zip, ZipEntry};
 
 use std::ops::Range;

@@ -188,6 +188,31 @@ fn central_entry(b: &[u8], at: &mut usize, cd_end: usize) -> Option<ZipEntry> {
     Some(ZipEntry { name, method, local_header: l, data: start..end })
 }
 
+/// Renames `data/<key>` units after the tensors data.pkl says use them
+/// (state_dict names, dtype, shape), when every name found is unique.
+fn name_storages(b: &[u8], entries: &[ZipEntry], dir: &[u8], units: &mut [(Range<usize>, UnitMeta)]) {
+    let mut pkl_name = dir.to_vec();
+    pkl_name.extend_from_slice(b"data.pkl");
+    let Some(pkl) = entries.iter().find(|e| e.name == pkl_name && e.method == 0) else { return };
+    let Some(map) = super::pickle::torch_storages(&b[pkl.data.clone()]) else { return };
+    let mut named: Vec<Option<&super::pickle::StorageInfo>> = Vec::with_capacity(units.len());
+    let mut seen = std::collections::HashSet::new();
+    for (_, m) in units.iter() {
+        let key = std::str::from_utf8(&m.name[b"data/".len()..]).ok();
+        let info = key.and_then(|k| map.get(k)).filter(|i| !i.name.is_empty());
+        let name = info.map_or(&m.name[..], |i| i.name.as_bytes());
+        if !seen.insert(name) {
+            return; // two units would share a name: keep the entry names
+        }
+        named.push(info);
+    }
+    for ((_, m), info) in units.iter_mut().zip(named) {
+        if let Some(i) = info {
+            *m = UnitMeta { name: i.name.as_bytes().to_vec(), dtype: i.dtype.clone(), shape: i.shape.clone() };
+        }
+    }
+}
+
 /// The archive directory (first path component) shared by every entry, as
 /// PyTorch's reader requires.
 fn archive_dir(entries: &[ZipEntry]) -> Option<&[u8]> {
@@ -218,6 +243,7 @@ pub(super) fn split(b: &[u8]) -> Option<Split> {
                 }
             }
         }
+        name_storages(b, &entries, dir, &mut units);
     } else if entries.iter().all(|e| e.name.ends_with(b".npy")) {
         format = Format::Npz;
         for e in &entries {

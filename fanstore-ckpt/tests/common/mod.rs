@@ -296,16 +296,20 @@ pub fn zip(members: &[Member], o: ZipOpts) -> Vec<u8> {
 
 /// A torch.save-like archive: `<dir>/data.pkl`, `<dir>/byteorder`,
 /// `<dir>/data/<i>` storages, `<dir>/version`, `<dir>/.data/serialization_id`.
+/// Its data.pkl is not a pickle, so storages keep their entry names.
 pub fn torch_zip(dir: &str, storages: &[Vec<u8>], o: ZipOpts) -> Vec<u8> {
-    // A stand-in pickle that names the storages like torch's persistent ids do.
-    let mut pkl = b"\x80\x02}q\x00(".to_vec();
-    for (i, s) in storages.iter().enumerate() {
-        pkl.extend_from_slice(format!("X\x05\x00\x00\x00layer{i}ctorch._utils\n_rebuild_tensor_v2\n(X\x07\x00\x00\x00storage{i}{}", s.len()).as_bytes());
+    let mut pkl = b"not a pickle: ".to_vec();
+    for s in storages {
+        pkl.extend_from_slice(format!("{} ", s.len()).as_bytes());
     }
-    pkl.extend_from_slice(b"u.");
+    torch_zip_with_pkl(dir, &pkl, storages, o)
+}
+
+/// As [`torch_zip`], with the given data.pkl.
+pub fn torch_zip_with_pkl(dir: &str, pkl: &[u8], storages: &[Vec<u8>], o: ZipOpts) -> Vec<u8> {
     let sid = b"00000000000000012345";
     let names: Vec<String> = (0..storages.len()).map(|i| format!("{dir}/data/{i}")).collect();
-    let mut members = vec![stored(&format!("{dir}/data.pkl"), &pkl), stored(&format!("{dir}/byteorder"), b"little")];
+    let mut members = vec![stored(&format!("{dir}/data.pkl"), pkl), stored(&format!("{dir}/byteorder"), b"little")];
     for (i, s) in storages.iter().enumerate() {
         members.push(stored(&names[i], s));
     }
