@@ -253,3 +253,27 @@ fn commit_file_maps_sealed_memfds_and_reads_other_files() {
     let empty = std::fs::File::options().create(true).truncate(true).read(true).write(true).open(d.path().join("empty")).unwrap();
     assert_eq!(store.commit_file(b"m/empty", &empty).unwrap().logical, 0);
 }
+
+#[test]
+fn the_store_can_be_shared_across_threads() {
+    fn send_sync<T: Send + Sync>() {}
+    send_sync::<CheckpointStore>();
+    let d = tempfile::tempdir().unwrap();
+    let mut store = CheckpointStore::open(d.path()).unwrap();
+    let files: Vec<Vec<u8>> = (0..4).map(|i| st(&[("w", &Rng(40 + i).bytes(50_000))])).collect();
+    for (i, f) in files.iter().enumerate() {
+        store.commit(format!("t/{i}").as_bytes(), f).unwrap();
+    }
+    // Reads take &self: concurrent readers (the daemon holds the store in an RwLock).
+    let store = std::sync::RwLock::new(store);
+    std::thread::scope(|s| {
+        for (i, f) in files.iter().enumerate() {
+            let store = &store;
+            s.spawn(move || {
+                for _ in 0..20 {
+                    assert!(store.read().unwrap().read(format!("t/{i}").as_bytes()).unwrap() == *f);
+                }
+            });
+        }
+    });
+}
