@@ -10,8 +10,8 @@ command -v pkg-config >/dev/null 2>&1 || need_apt+=(pkg-config)
 command -v g++ >/dev/null 2>&1 || need_apt+=(g++)
 if [ ${#need_apt[@]} -gt 0 ]; then
   SUDO=""; [ "$(id -u)" = 0 ] || SUDO="sudo"
-  $SUDO apt-get update -qq
-  DEBIAN_FRONTEND=noninteractive $SUDO apt-get install -y -qq "${need_apt[@]}" >/dev/null
+  $SUDO apt-get -o DPkg::Lock::Timeout=600 update -qq
+  DEBIAN_FRONTEND=noninteractive $SUDO apt-get -o DPkg::Lock::Timeout=600 install -y -qq "${need_apt[@]}" >/dev/null
 fi
 if ! python3 -c 'import numpy, PIL, h5py, safetensors, pytest' >/dev/null 2>&1; then
   python3 -m pip install -q --disable-pip-version-check numpy pillow h5py safetensors pytest
