@@ -26,7 +26,7 @@
 //! ```
 
 use crate::error::{CkptError, Result};
-use crate::le::*;
+use fanstore_core::le::*;
 use crate::split::Format;
 use fanstore_core::checksum::xxh3;
 use std::path::Path;

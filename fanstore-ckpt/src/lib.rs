@@ -78,7 +78,6 @@
 pub mod catalog;
 pub mod error;
 pub mod json;
-mod le;
 pub mod query;
 pub mod recipe;
 pub mod render;

@@ -40,7 +40,7 @@
 //! ```
 
 use crate::error::{CkptError, Result};
-use crate::le::*;
+use fanstore_core::le::*;
 use crate::split::Format;
 use crate::unit::Hash;
 use fanstore_core::checksum::xxh3;

@@ -20,7 +20,7 @@
 //! out; `verify` also recomputes the blake3.
 
 use crate::error::{CkptError, Result};
-use crate::le::*;
+use fanstore_core::le::*;
 use fanstore_core::checksum::xxh3;
 use std::fs::File;
 use std::io::{Read, Write};

@@ -23,7 +23,7 @@
 pub mod checksum;
 pub mod codec;
 pub mod error;
-mod le;
+pub mod le;
 pub mod manifest;
 pub mod partition;
 pub mod path;

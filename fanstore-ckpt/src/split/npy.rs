@@ -40,8 +40,8 @@ pub fn parse_npy_header(b: &[u8]) -> Option<NpyHeader> {
     }
     let (major, minor) = (*b.get(6)?, *b.get(7)?);
     let (hlen, hstart): (usize, usize) = match major {
-        1 => (crate::le::get_u16(b, 8)? as usize, 10),
-        2 | 3 => (usize::try_from(crate::le::get_u32(b, 8)?).ok()?, 12),
+        1 => (fanstore_core::le::get_u16(b, 8)? as usize, 10),
+        2 | 3 => (usize::try_from(fanstore_core::le::get_u32(b, 8)?).ok()?, 12),
         _ => return None,
     };
     let data_offset = hstart.checked_add(hlen)?;

@@ -21,7 +21,7 @@ use crate::json::{self, Limits, Value};
 pub const MAX_HEADER: u64 = 100_000_000;
 
 pub(super) fn split(bytes: &[u8]) -> Option<Split> {
-    let n = crate::le::get_u64(bytes, 0)?;
+    let n = fanstore_core::le::get_u64(bytes, 0)?;
     if !(2..=MAX_HEADER).contains(&n) {
         return None;
     }

@@ -27,7 +27,7 @@
 
 use super::npy::parse_npy_header;
 use super::{fill_glue, sort_disjoint, Format, Split, UnitMeta};
-use crate::le::{get_u16, get_u32, get_u64};
+use fanstore_core::le::{get_u16, get_u32, get_u64};
 use std::ops::Range;
 
 const LOCAL_SIG: u32 = 0x0403_4b50;
