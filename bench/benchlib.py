@@ -49,6 +49,7 @@ class Daemon:
         self.runtime = work / "rt"
         self.local = work / "local"
         self.mount = mount
+        work.mkdir(parents=True, exist_ok=True)
         shutil.rmtree(self.runtime, ignore_errors=True)
         shutil.rmtree(self.local, ignore_errors=True)
         env = dict(os.environ, FANSTORE_RUNTIME_DIR=str(self.runtime))
@@ -88,3 +89,36 @@ def table(headers, rows) -> str:
     out = ["| " + " | ".join(headers) + " |", "|" + "---|" * len(headers)]
     out += ["| " + " | ".join(str(c) for c in r) + " |" for r in rows]
     return "\n".join(out)
+
+
+def fmt_size(n: int) -> str:
+    return f"{n >> 20} MiB" if n >= 1 << 20 else f"{n >> 10} KiB"
+
+
+def plot_lines(path, title, xlabels, ylabel, series, log=False):
+    """One line per system (like the FanStore paper's figures); a PNG at `path`."""
+    try:
+        import matplotlib
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+    except ImportError:
+        print(f"matplotlib missing: {path} not drawn (python3 -m pip install matplotlib)")
+        return
+    fig, ax = plt.subplots(figsize=(7, 4.2), dpi=110)
+    styles = ["-", "--", ":", "-."]
+    colors = {}
+    for name, ys in series.items():
+        system = name.rsplit(" x", 1)[0]
+        c = colors.setdefault(system, f"C{len(colors)}")
+        k = len([n for n in series if n.rsplit(" x", 1)[0] == system and list(series).index(n) < list(series).index(name)])
+        ax.plot(xlabels, ys, styles[k % 4], color=c, marker="o", label=name)
+    ax.set_xlabel("file size")
+    ax.set_ylabel(ylabel)
+    if log:
+        ax.set_yscale("log")
+    ax.set_title(title, fontsize=10)
+    ax.grid(alpha=0.3)
+    ax.legend(fontsize=7, ncol=2)
+    fig.tight_layout()
+    fig.savefig(path)
+    plt.close(fig)

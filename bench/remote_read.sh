@@ -13,11 +13,15 @@
 # shows the median of ROUNDS alternating runs. Then each rank's load time
 # (read + verify + extract its partitions) against `cat` of the same
 # partition files to /dev/null (page cache warm in both cases).
+# Then the multi-node read (paper Fig. 5/6): `mpiexec -n 4` daemons, 4 readers
+# (bench/readfiles.c, one per simulated node, FANSTORE_NODE=k) each reading
+# every file (3/4 of them remote) of REMOTE_SET_MB [128] MiB per size, against
+# 4 readers of the native directory and the raw ping-pong, same run.
 # Writes bench/out/remote_read.md and prints it.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 if [ "${1:-}" = "--quick" ]; then
-  ROUNDS=2; ITERS=15
+  ROUNDS=2; ITERS=15; export REMOTE_SET_MB=${REMOTE_SET_MB:-24}
 else
   ROUNDS=${1:-5}; ITERS=${2:-40}
 fi
@@ -47,10 +51,10 @@ env = dict(os.environ)
 def sh(cmd, **kw):
     return subprocess.run(cmd, check=True, capture_output=True, text=True, env=env, **kw).stdout
 
-def start(ds, name, *extra):
+def start(ds, name, *extra, n=2):
     rt = work / f"rt-{name}"
     log = open(work / f"{name}.log", "wb")
-    p = subprocess.Popen(["mpiexec", "-n", "2", str(B / "fanstore-daemon"), "--data", str(ds),
+    p = subprocess.Popen(["mpiexec", "-n", str(n), str(B / "fanstore-daemon"), "--data", str(ds),
                           "--local", str(work / f"local-{name}"), "--runtime-dir", str(rt), *extra],
                          stdout=log, stderr=subprocess.STDOUT, env=env, start_new_session=True)
     sh([str(B / "fanstore"), "--runtime-dir", str(rt), "wait", "--timeout", "300"])
@@ -95,6 +99,51 @@ for r in range(rounds):
         fresh[int(m[1])].append(float(m[2]))
 st = fs_cluster.Client(rt / "node-0.sock").status()
 stop(p, rt)
+
+# --- multi-node read: 4 daemons, 4 readers ------------------------------------
+set_bytes = int(os.environ.get("REMOTE_SET_MB", "128")) << 20
+reader = work / "readfiles"
+subprocess.run(["cc", "-O2", "-o", str(reader), "bench/readfiles.c"], check=True)
+msrc = work / "msrc"
+for s in SIZES:
+    for i in range(max(8, set_bytes // s)):
+        d = msrc / f"s{s >> 10}k" / f"d{i // 64:03d}"
+        d.mkdir(parents=True, exist_ok=True)
+        (d / f"f{i:05d}.bin").write_bytes(rng.randbytes(s))
+mds = work / "mds"
+sh([str(B / "fanstore-prep"), "pack", "--input", str(msrc), "--output", str(mds), "--partitions", "16",
+    "--compress", "none"])
+def raw_pingpong():  # with no daemon running: ping-pong pairs compete with nothing of ours
+    for r in range(rounds):
+        out = sh(["mpiexec", "-n", "2", str(B / "fanstore-mpi-pingpong"), "--iters", str(iters), *map(str, SIZES)])
+        for m in re.finditer(r"size=(\d+) .*median_us=([\d.]+)", out):
+            multi.setdefault((int(m[1]), "raw"), []).append((int(m[1]) / float(m[2]), 0))
+multi = {}
+raw_pingpong()
+p4, rt4 = start(mds, "multi", "--cache-mem", "0", n=4)
+def readers4(lst, fanstore):
+    ps = []
+    for k in range(4):
+        e = dict(env, FANSTORE_RUNTIME_DIR=str(rt4), FANSTORE_NODE=str(k),
+                 LD_PRELOAD=str(B.resolve() / "libfanstore_preload.so")) if fanstore else env
+        ps.append(subprocess.Popen([str(reader), "1"], stdin=open(lst), stdout=subprocess.PIPE, text=True, env=e))
+    outs = [q.communicate()[0].split() for q in ps]
+    assert all(q.returncode == 0 for q in ps), outs
+    files = sum(int(o[0]) for o in outs); nbytes = sum(int(o[1]) for o in outs); secs = max(float(o[2]) for o in outs)
+    return nbytes / secs / 1e6, files / secs
+for s in SIZES:
+    names = sorted(str(q.relative_to(msrc)) for q in (msrc / f"s{s >> 10}k").rglob("*.bin"))
+    lf, ln = work / f"m{s}.fs", work / f"m{s}.nat"
+    lf.write_text("".join(f"/fanstore/{n}\n" for n in names))
+    ln.write_text("".join(f"{msrc}/{n}\n" for n in names))
+    readers4(lf, True); readers4(ln, False)  # warm-up
+    for r in range(rounds):
+        multi.setdefault((s, "FanStore"), []).append(readers4(lf, True))
+        multi.setdefault((s, "native"), []).append(readers4(ln, False))
+    print(f"multi {s}: " + ", ".join(f"{k}={statistics.median(x[0] for x in multi[(s, k)]):.0f}" for k in ("FanStore", "native", "raw")), file=sys.stderr)
+st4 = [fs_cluster.Client(rt4 / f"node-{k}.sock").status() for k in range(4)]
+stop(p4, rt4)
+raw_pingpong()
 
 # --- load vs cat ------------------------------------------------------------------
 def load_vs_cat(name, make):
@@ -153,9 +202,10 @@ for s in SIZES:
     L.append(f"| {label} | {rw:.0f} | {s / rw:.0f} | {fr:.0f} | {o:.0f} | {t:.0f} | {s / t:.0f} | {rw / o:.2f}× | {rw / t:.2f}× | {fr / o:.2f}× |")
 rw = med(raw[SIZES[0]]); t = med(x[1] for x in daemon[SIZES[0]])
 L.append("")
-L.append(f"Latency goal at 128 KiB (OPEN+read within 1.5 × raw + 20 µs = {1.5 * rw + 20:.0f} µs): "
-         f"{t:.0f} µs, {'met' if t <= 1.5 * rw + 20 else 'missed'}. "
-         "Bandwidth goal (>= 0.8× raw at 2 and 8 MiB): see the `vs raw` columns.")
+L.append("The raw ping-pong in this table runs while the 2 daemons are up (idle) on the 2 shared cores; both MPI "
+         "ranks busy-poll, so it swings by 10x or more from run to run. The goals above are judged against the "
+         "ping-pong measured with no daemon running (`raw MPI ping-pong` column of the multi-node table). "
+         "`OPEN vs raw fresh memfd` isolates the cost of landing the bytes in fresh pages: a remote file must.")
 L.append("")
 L.append(f"rank 0 counters after the run: remote_sent={st['remote_sent']} remote_failed={st['remote_failed']} "
          f"cache_hits={st['cache_hits']} mpi_threading={st['mpi_threading']}\n")
@@ -168,6 +218,55 @@ for name, runs in loads.items():
     for k in range(2):
         ls = med(x[k][0] for x in runs); b = runs[0][k][1]; nf = runs[0][k][2]; cs = med(x[k][3] for x in runs)
         L.append(f"| {name} | {k} | {nf} | {b / 1e6:.1f} | {ls:.3f} | {b / 1e6 / ls:.0f} | {cs:.3f} | {b / 1e6 / cs:.0f} | {ls / cs:.1f}× |")
+med = statistics.median
+L.append("")
+L.append("## Multi-node read: 4 daemons, 4 readers, each reading every file (paper Fig. 5/6)\n")
+L.append(f"`mpiexec -n 4` daemons on this host (UCX_TLS={os.environ.get('UCX_TLS')}, `--cache-mem 0` so every remote "
+         f"open crosses MPI), {set_bytes >> 20} MiB of random files per size in 16 partitions (4 per rank). "
+         "4 concurrent readers (bench/readfiles.c, 1 process each, FANSTORE_NODE=k) each read every file whole, "
+         "so 3/4 of the reads are remote. Aggregate = bytes read by all 4 / slowest reader's seconds. "
+         "`native`: the same 4 readers on the source directory (page cache). `raw MPI`: fanstore-mpi-pingpong "
+         f"(one 16-byte request + SIZE-byte reply, 2 ranks) of the same sizes, ROUNDS runs before the 4 daemons start and ROUNDS after they stop: the transport limit with nothing of ours competing (one sample taken alongside idle daemons was 40x slower at 128 KiB, not investigated). "
+         f"Median of {rounds} rounds. Everything shares 2 cores: 4 daemons + 4 readers + MPI progress.\n")
+L.append("| size | FanStore aggregate MB/s | FanStore files/s | FanStore min-max MB/s | native 4 readers MB/s | raw MPI ping-pong MB/s | FanStore / raw MPI | FanStore / native |")
+L.append("| ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: |")
+goals = []
+for s in SIZES:
+    f = med(x[0] for x in multi[(s, "FanStore")]); ff = med(x[1] for x in multi[(s, "FanStore")])
+    n = med(x[0] for x in multi[(s, "native")]); r = med(x[0] for x in multi[(s, "raw")])
+    lo = min(x[0] for x in multi[(s, "FanStore")]); hi = max(x[0] for x in multi[(s, "FanStore")])
+    label = f"{s >> 10} KiB" if s < (1 << 20) else f"{s >> 20} MiB"
+    L.append(f"| {label} | {f:.0f} | {ff:.0f} | {lo:.0f}-{hi:.0f} | {n:.0f} | {r:.0f} | **{f / r:.2f}×** | {f / n:.2f}× |")
+for s in (2 << 20, 8 << 20):
+    if (s, "FanStore") in multi:
+        f = med(x[0] for x in multi[(s, "FanStore")]); r = med(x[0] for x in multi[(s, "raw")])
+        goals.append(["multi-node read", f">= 0.8x raw MPI at {s >> 20} MiB (4 nodes, aggregate vs one ping-pong pair)",
+                      f"{f / r:.2f}x ({f:.0f} vs {r:.0f} MB/s)", f / r >= 0.8])
+        rw = s / r; t = med(x[1] for x in daemon[s])
+        goals.append(["remote read (2 ranks)", f">= 0.8x raw MPI at {s >> 20} MiB (one remote OPEN+read vs ping-pong with no daemon running)",
+                      f"{rw / t:.2f}x ({t:.0f} vs {rw:.0f} us)", rw / t >= 0.8])
+rw = SIZES[0] / med(x[0] for x in multi[(SIZES[0], "raw")]); t = med(x[1] for x in daemon[SIZES[0]])
+goals.append(["remote read (2 ranks)", "128 KiB OPEN+read latency <= 1.5x raw (no daemon running) + 20 us", f"{t:.0f} us vs {1.5 * rw + 20:.0f} us",
+              t <= 1.5 * rw + 20])
+L.append("")
+L.append("Counters after the 4-rank run (`fanstore status`): " + "; ".join(
+    f"rank {k}: remote_sent={x.get('remote_sent')} served={x.get('remote_served', x.get('served'))} "
+    f"failed={x.get('remote_failed')}" for k, x in enumerate(st4)))
+import json
+Path("bench/out/remote.json").write_text(json.dumps({"goals": goals, "multi": {f"{k[0]}|{k[1]}": v for k, v in multi.items()},
+    "raw2": raw, "daemon2": daemon}))
+try:
+    sys.path.insert(0, "bench")
+    from benchlib import plot_lines
+    xl = [f"{s >> 10} KiB" if s < (1 << 20) else f"{s >> 20} MiB" for s in SIZES]
+    plot_lines(Path("bench/multinode.png"), "Remote / multi-node read (MB/s, median)", xl, "MB/s", {
+        "FanStore 4 nodes aggregate": [med(x[0] for x in multi[(s, "FanStore")]) for s in SIZES],
+        "native 4 readers (page cache)": [med(x[0] for x in multi[(s, "native")]) for s in SIZES],
+        "raw MPI ping-pong": [med(x[0] for x in multi[(s, "raw")]) for s in SIZES],
+        "FanStore 1 remote OPEN+read (2 ranks)": [s / med(x[1] for x in daemon[s]) for s in SIZES]})
+    L.append("\n![multi-node](multinode.png)")
+except Exception as e:
+    L.append(f"\n(plot failed: {e})")
 text = "\n".join(L) + "\n"
 Path("bench/out/remote_read.md").write_text(text)
 print(text)
