@@ -96,7 +96,16 @@ def fmt_size(n: int) -> str:
 
 
 def plot_lines(path, title, xlabels, ylabel, series, log=False):
-    """One line per system (like the FanStore paper's figures); a PNG at `path`."""
+    """Like the FanStore paper's figures: one line per system; when series are
+    named "SYSTEM xN" (N readers), one panel per N. Never raises: a plot is
+    not worth losing the measurements for."""
+    try:
+        _plot_lines(path, title, xlabels, ylabel, series, log)
+    except Exception as e:  # noqa: BLE001
+        print(f"plot {path} failed: {e}")
+
+
+def _plot_lines(path, title, xlabels, ylabel, series, log):
     try:
         import matplotlib
         matplotlib.use("Agg")
@@ -104,21 +113,27 @@ def plot_lines(path, title, xlabels, ylabel, series, log=False):
     except ImportError:
         print(f"matplotlib missing: {path} not drawn (python3 -m pip install matplotlib)")
         return
-    fig, ax = plt.subplots(figsize=(7, 4.2), dpi=110)
-    styles = ["-", "--", ":", "-."]
-    colors = {}
+    panels = {}
     for name, ys in series.items():
-        system = name.rsplit(" x", 1)[0]
-        c = colors.setdefault(system, f"C{len(colors)}")
-        k = len([n for n in series if n.rsplit(" x", 1)[0] == system and list(series).index(n) < list(series).index(name)])
-        ax.plot(xlabels, ys, styles[k % 4], color=c, marker="o", label=name)
-    ax.set_xlabel("file size")
-    ax.set_ylabel(ylabel)
-    if log:
-        ax.set_yscale("log")
-    ax.set_title(title, fontsize=10)
-    ax.grid(alpha=0.3)
-    ax.legend(fontsize=7, ncol=2)
+        system, _, n = name.rpartition(" x")
+        if not system or not n.isdigit():
+            system, n = name, ""
+        panels.setdefault(n, {})[system] = ys
+    fig, axes = plt.subplots(1, len(panels), figsize=(4.2 * len(panels) + 0.6, 4.2), dpi=110, squeeze=False,
+                             sharey=True)
+    colors = {}
+    for ax, (n, lines) in zip(axes[0], panels.items()):
+        for system, ys in lines.items():
+            c = colors.setdefault(system, f"C{len(colors)}")
+            ax.plot(xlabels, ys, "-", color=c, marker="o", label=system)
+        ax.set_xlabel("file size")
+        ax.set_title(f"{n} reader{'s' if n != '1' else ''}" if n else "", fontsize=10)
+        if log:
+            ax.set_yscale("log")
+        ax.grid(alpha=0.3)
+    axes[0][0].set_ylabel(ylabel)
+    axes[0][0].legend(fontsize=8)
+    fig.suptitle(title, fontsize=11)
     fig.tight_layout()
     fig.savefig(path)
     plt.close(fig)
