@@ -68,6 +68,38 @@
 //! exact bytes (a client may open them directly when the state's bitmap says
 //! the partition is local and the node's codec is none), compressed ones
 //! their stored payload.
+//!
+//! ## Outputs (write path: [`outputs`], [`meta`])
+//!
+//! - `COMMIT(path, memfd, excl, mode)`: the bytes go to `rank-<r>/out/<id>`
+//!   (fsynced), then the record (size, mode, mtime, holder rank, id, xxh3)
+//!   is put at the metadata owner, rank xxh3(path) mod N (O_EXCL checked
+//!   there, atomically; otherwise the last commit replaces the record), then
+//!   the name is added to its parent directory's listing at the parent's
+//!   owner. The reply (and so the client's close) comes after both: the file
+//!   is then visible to every node. ENOSPC/EIO while storing: nothing is
+//!   registered, the client's close fails with that errno.
+//! - `OUT_STAT`/`OUT_OPEN`/`OUT_LIST`: asked of the owner; the bytes of a
+//!   remote output cross MPI like a remote input (node id with bit 31 set)
+//!   and are checked against the record's xxh3.
+//! - `MKDIR`, `RMDIR` (ENOTEMPTY from the owner's listing), `UNLINK`,
+//!   `RENAME` (file only: put at the destination owner, then removed at the
+//!   source owner if still the same output; in between both names show the
+//!   same bytes, never a partial file; directories: EXDEV).
+//! - Inputs are never shadowed: COMMIT of an input name is EEXIST (O_EXCL)
+//!   or EROFS.
+//!
+//! With `--persist DIR` ([`persist`]) every rank drains at stop (after its
+//! MPI loop ended, before it removes its socket, so `fanstore stop` returns
+//! once every rank drained) and loads the drained records at start.
+//!
+//! What is lost when: between a close and the stop, outputs live only in
+//! the ranks' local directories and the owners' memory. A rank that dies
+//! loses the records it owned (those files disappear from the namespace)
+//! and the bytes it held (their opens fail with EIO); the whole job then
+//! cannot drain those. Recovery of `out/` from a surviving `--local` at a
+//! restart is not implemented yet. After a successful stop with `--persist`
+//! nothing is lost: the bytes and checksummed indexes are in DIR.
 
 pub mod args;
 pub mod bufpool;
@@ -77,8 +109,11 @@ pub mod comm;
 pub mod index_shm;
 pub mod load;
 pub mod memfd;
+pub mod meta;
 pub mod node;
 pub mod open;
+pub mod outputs;
+pub mod persist;
 pub mod placement;
 pub mod server;
 pub mod status;

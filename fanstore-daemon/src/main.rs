@@ -152,7 +152,8 @@ fn run(args: &DaemonArgs) -> anyhow::Result<i32> {
         local: node.local.get().cloned().unwrap_or_default(),
     };
     let mut engine = Engine::new(&comm, &store, &node.counters, args.mpi_piece, args.mpi_pipeline)
-        .with_spin(Duration::from_micros(args.comm_spin_us));
+        .with_spin(Duration::from_micros(args.comm_spin_us))
+        .with_meta(&*node);
     let cause = engine.run(&p.rx, &SIGNALLED);
     log::info!("rank {rank}: stopping ({cause:?})");
     node.set_phase(Phase::Stopping);
@@ -160,6 +161,12 @@ fn run(args: &DaemonArgs) -> anyhow::Result<i32> {
     let clean = engine.shutdown(if cause == StopCause::Orphaned { StopCause::Local } else { cause }, &p.rx);
     drop(engine);
     let _ = p.server.join();
+    if let Some(dir) = node.persist.get() {
+        match node.drain(dir) {
+            Ok((files, recs)) => log::info!("rank {rank}: drained {files} output files and {recs} records to {}", dir.display()),
+            Err(e) => log::error!("rank {rank}: draining outputs to {}: {e}", dir.display()),
+        }
+    }
     let s = node.snapshot();
     log::info!(
         "rank {rank}: served {} opens ({} local), remote sent {} served {} failed {}, cache hits {} misses {} evictions {}",
@@ -225,6 +232,11 @@ fn prepare(args: &DaemonArgs, id: &Identity, cleanup: &mut Cleanup) -> anyhow::R
     let (tx, rx) = crossbeam::channel::unbounded();
     let remote_timeout = Duration::from_secs_f64(args.remote_timeout.max(0.1));
     let node = Arc::new(Node::new(id.clone(), view, placement, args.cache_mem, tx, remote_timeout));
+    if let Some(dir) = &args.persist {
+        let n = node.load_persisted(dir).with_context(|| format!("loading the outputs kept in {}", dir.display()))?;
+        log::info!("rank {rank}: {n} persisted output records from {}", dir.display());
+        let _ = node.persist.set(dir.clone());
+    }
     node.set_phase(Phase::Loading);
     let server = {
         let node = node.clone();

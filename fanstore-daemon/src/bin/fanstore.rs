@@ -4,6 +4,7 @@
 //! fanstore [--runtime-dir DIR] wait [--timeout S]    until every rank is Ready
 //! fanstore [--runtime-dir DIR] status                one table row per rank
 //! fanstore [--runtime-dir DIR] stop [--timeout S]    stop every rank, wait until gone
+//! fanstore export DIR --to PLAIN_DIR                 drained outputs -> plain files
 //! ```
 //! The runtime directory defaults to the daemons' own default
 //! (`$FANSTORE_RUNTIME_DIR`, else `$TMPDIR/fanstore-<uid>-<job>`).
@@ -41,6 +42,12 @@ enum Cmd {
         #[arg(long, default_value_t = 60.0)]
         timeout: f64,
     },
+    /// Write the outputs drained to a --persist DIR as plain files under --to.
+    Export {
+        dir: std::path::PathBuf,
+        #[arg(long)]
+        to: std::path::PathBuf,
+    },
 }
 
 const TICK: Duration = Duration::from_millis(50);
@@ -52,6 +59,9 @@ fn main() {
         Cmd::Wait { timeout } => wait(&rt, Duration::from_secs_f64(timeout)),
         Cmd::Status => show_status(&rt),
         Cmd::Stop { timeout } => stop(&rt, Duration::from_secs_f64(timeout)),
+        Cmd::Export { dir, to } => fanstore_daemon::persist::export(&dir, &to)
+            .map(|n| println!("fanstore: exported {n} files to {}", to.display()))
+            .map_err(anyhow::Error::from),
     };
     if let Err(e) = res {
         eprintln!("fanstore: {e:#}");
