@@ -390,6 +390,15 @@ def test_persist_stop_restart_export(bins, tmp_path):
             open('{MOUNT}/top.bin', 'wb').write(os.urandom(1 << 20))
         """)
         top = py(c, 2, f"import hashlib; print(hashlib.md5(open('{MOUNT}/top.bin', 'rb').read()).hexdigest())").stdout.strip()
+        # sync drains without stopping: export sees the outputs while the job runs
+        r = c.cli("sync")
+        assert "synced" in r.stdout, r.stdout
+        early = tmp_path / "early"
+        r = subprocess.run([bins["cli"], "export", str(persist), "--to", str(early)], capture_output=True, text=True)
+        assert r.returncode == 0, r.stderr
+        assert (early / "run/ckpt/epoch2.pt").read_bytes() == bytes([2]) * 100002
+        assert (early / "run/log.txt").read_text() == "done\n"
+        py(c, 0, f"open('{MOUNT}/run/after_sync.txt', 'w').write('late')")
     finally:
         c.stop()
     # a later job, with another number of ranks, sees them again
@@ -400,7 +409,7 @@ def test_persist_stop_restart_export(bins, tmp_path):
             for e in range(3):
                 assert open('{MOUNT}/run/ckpt/epoch%d.pt' % e, 'rb').read() == bytes([e]) * (100000 + e)
             assert sorted(os.listdir('{MOUNT}/run/ckpt')) == ['epoch0.pt', 'epoch1.pt', 'epoch2.pt']
-            assert sorted(os.listdir('{MOUNT}/run')) == ['ckpt', 'log.txt']
+            assert sorted(os.listdir('{MOUNT}/run')) == ['after_sync.txt', 'ckpt', 'log.txt']
             assert open('{MOUNT}/run/log.txt').read() == 'done\\n'
             import hashlib
             assert hashlib.md5(open('{MOUNT}/top.bin', 'rb').read()).hexdigest() == '{top}'

@@ -34,6 +34,9 @@
 //! RMDIR     payload path; reply errno (ENOTEMPTY, ENOTDIR ...)
 //! UNLINK    payload path; reply errno (EISDIR ...)
 //! RENAME    payload from NUL to; reply errno
+//! SYNC      arg0 1: copy the output bytes this rank holds to --persist,
+//!           arg0 2: write the records this rank owns (those whose bytes are
+//!           there); reply value = count (EINVAL without --persist)
 //!
 //! OutRecord  0..8 size | 8..12 mode | 12..16 holder rank | 16..24 mtime ns
 //!           (i64) | 24..32 output id | 32..40 xxh3 of the bytes
@@ -63,7 +66,12 @@ pub mod op {
     pub const RMDIR: u16 = 10;
     pub const UNLINK: u16 = 11;
     pub const RENAME: u16 = 12;
+    pub const SYNC: u16 = 13;
 }
+
+/// SYNC phases (arg0).
+pub const SYNC_DATA: u64 = 1;
+pub const SYNC_META: u64 = 2;
 
 /// COMMIT arg0 bit: fail with EEXIST if the path exists.
 pub const COMMIT_EXCL: u64 = 1;

@@ -341,6 +341,13 @@ impl Node {
     /// Drains to `dir`: the output bytes this rank holds, then the records it
     /// owns (files now held by `dir`). Returns (files copied, records).
     pub fn drain(&self, dir: &std::path::Path) -> Result<(usize, usize), crate::persist::PersistError> {
+        let files = self.drain_data(dir)?;
+        let recs = self.drain_meta(dir, false)?;
+        Ok((files, recs))
+    }
+
+    /// Copies every output file this rank holds into `dir` (content-addressed).
+    pub fn drain_data(&self, dir: &std::path::Path) -> Result<usize, crate::persist::PersistError> {
         let mut files = 0;
         if let Ok(rd) = std::fs::read_dir(self.out_dir()) {
             for e in rd.flatten() {
@@ -348,7 +355,16 @@ impl Node {
                 files += 1;
             }
         }
+        Ok(files)
+    }
+
+    /// Writes the records this rank owns to `dir`; with `only_present`, only
+    /// files whose bytes are already there (a sync racing with commits).
+    pub fn drain_meta(&self, dir: &std::path::Path, only_present: bool) -> Result<usize, crate::persist::PersistError> {
         let mut recs = self.meta.lock().unwrap_or_else(|p| p.into_inner()).all();
+        if only_present {
+            recs.retain(|(_, r)| r.is_dir() || crate::persist::data_path(dir, r).exists());
+        }
         for (_, r) in recs.iter_mut() {
             if !r.is_dir() {
                 r.holder = crate::persist::PERSISTED;
@@ -356,6 +372,6 @@ impl Node {
         }
         recs.sort_by(|a, b| a.0.cmp(&b.0));
         crate::persist::write_index(dir, self.id.rank, self.id.nranks, &recs)?;
-        Ok((files, recs.len()))
+        Ok(recs.len())
     }
 }

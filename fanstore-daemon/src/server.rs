@@ -223,6 +223,21 @@ fn handle(node: &Node, fd: RawFd, req: &Request, attached: Option<OwnedFd>) -> i
         op::MKDIR => done(fd, req, node.out_mkdir(path, req.arg1 as u32)),
         op::RMDIR => done(fd, req, node.out_rmdir(path)),
         op::UNLINK => done(fd, req, node.out_unlink(path)),
+        op::SYNC => {
+            let Some(dir) = node.persist.get() else { return done(fd, req, Err(libc::EINVAL)) };
+            let r = match req.arg0 {
+                wire::SYNC_DATA => node.drain_data(dir),
+                wire::SYNC_META => node.drain_meta(dir, true),
+                _ => return done(fd, req, Err(libc::EINVAL)),
+            };
+            match r {
+                Ok(n) => wire::send_msg(fd, &Reply::ok(req, n as u64).encode(), None),
+                Err(e) => {
+                    log::error!("rank {}: sync to {}: {e}", node.id.rank, dir.display());
+                    done(fd, req, Err(libc::EIO))
+                }
+            }
+        }
         op::RENAME => match path.iter().position(|&b| b == 0) {
             Some(i) => done(fd, req, node.out_rename(&path[..i], &path[i + 1..])),
             None => done(fd, req, Err(libc::EINVAL)),
