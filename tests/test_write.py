@@ -463,3 +463,25 @@ def test_local_ssd_full_close_fails_nothing_visible(bins, tmp_path):
             c.stop()
     finally:
         subprocess.run(["umount", "-l", str(local)], capture_output=True)
+
+
+def test_forked_child_never_commits_parents_output(cl):
+    c, _ = cl
+    py(c, 0, f"""
+        import os, subprocess, sys
+        f = open('{MOUNT}/forked.bin', 'wb')
+        f.write(b'a' * 1000)
+        f.flush()
+        subprocess.run(['true'], check=True)          # close_range in the child, then exec
+        pid = os.fork()
+        if pid == 0:
+            os.close(f.fileno())                       # the child's copy of the last fd
+            sys.exit(0)                                # atexit handlers run in the child
+        os.waitpid(pid, 0)
+        r = subprocess.run([sys.executable, '-c', "import os; print(os.path.exists('{MOUNT}/forked.bin'))"],
+                           env=dict(os.environ, FANSTORE_NODE='2'), capture_output=True, text=True)
+        assert r.stdout.strip() == 'False', ('visible before the parent closed', r.stdout, r.stderr)
+        f.write(b'b' * 1000)
+        f.close()
+    """)
+    py(c, 2, f"assert open('{MOUNT}/forked.bin', 'rb').read() == b'a' * 1000 + b'b' * 1000")

@@ -31,6 +31,14 @@ pub struct Slot {
     refs: u32,
     /// Unlinked while open: nothing is committed at the last close.
     unlinked: bool,
+    /// The process that created it: a forked child that closes (or exits
+    /// with) an inherited fd never commits the parent's unfinished file.
+    pid: i32,
+}
+
+fn pid() -> i32 {
+    // SAFETY: getpid cannot fail.
+    unsafe { libc::getpid() }
 }
 
 fn take_slot(slot: Box<Slot>) -> Option<usize> {
@@ -46,7 +54,7 @@ fn take_slot(slot: Box<Slot>) -> Option<usize> {
 
 /// A slot for output directory `path`: its node id (`OUT_DIR | slot`).
 pub fn track_dir(path: &[u8]) -> Option<u32> {
-    let idx = take_slot(Box::new(Slot { path: path.to_vec(), excl: false, mode: 0, refs: 1, unlinked: false }))?;
+    let idx = take_slot(Box::new(Slot { path: path.to_vec(), excl: false, mode: 0, refs: 1, unlinked: false, pid: 0 }))?;
     Some(OUT_DIR | idx as u32)
 }
 
@@ -83,7 +91,7 @@ pub fn fork_release() {
 
 /// Starts tracking memfd `fd` as output `path`. False if the table is full.
 pub fn track(fd: c_int, path: &[u8], excl: bool, mode: u32) -> bool {
-    let Some(idx) = take_slot(Box::new(Slot { path: path.to_vec(), excl, mode, refs: 1, unlinked: false })) else { return false };
+    let Some(idx) = take_slot(Box::new(Slot { path: path.to_vec(), excl, mode, refs: 1, unlinked: false, pid: pid() })) else { return false };
     if !fd_table::set(fd, Tracked::Output(idx as u32)) {
         let s = TABLE.with(|t| t.slots[idx].take());
         drop(s);
@@ -158,9 +166,39 @@ fn release(idx: u32) -> Option<Box<Slot>> {
     })
 }
 
+/// Was output slot `idx` created by another process? (A child after fork,
+/// or after vfork, where the memory is the parent's: nothing may change.)
+pub fn is_foreign(idx: u32) -> bool {
+    let me = pid();
+    TABLE.with(|t| matches!(t.slots.get(idx as usize), Some(Some(s)) if s.pid != me))
+}
+
+/// The fds in `lo..=hi` tracked as outputs of another process (at most 64),
+/// to be tracked again after a range clear.
+pub fn foreign_in_range(lo: u32, hi: u32) -> ([(c_int, u32); 64], usize) {
+    let mut out = [(0, 0); 64];
+    let mut n = 0;
+    let max = MAX_FD.load(Ordering::Relaxed);
+    if max < 0 || lo > max as u32 {
+        return (out, 0);
+    }
+    for fd in lo..=hi.min(max as u32) {
+        if let Some(Tracked::Output(idx)) = fd_table::get(fd as c_int) {
+            if n < out.len() && is_foreign(idx) {
+                out[n] = (fd as c_int, idx);
+                n += 1;
+            }
+        }
+    }
+    (out, n)
+}
+
 /// `fd` (tracked as output slot `idx`) is about to be closed: commits the
 /// output if this was its last fd. Returns the errno close must report.
 pub fn closing(fd: c_int, idx: u32) -> Option<c_int> {
+    if is_foreign(idx) {
+        return None;
+    }
     fd_table::clear(fd);
     let slot = release(idx)?;
     if slot.unlinked {

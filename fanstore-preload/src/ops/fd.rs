@@ -12,6 +12,11 @@ pub fn before_close(fd: c_int) -> Option<c_int> {
     let mut err = None;
     if fd_table::any() {
         match fd_table::get(fd) {
+            Some(Tracked::Output(idx)) if crate::outputs::is_foreign(idx) => {
+                // A (v)forked child closing the parent's output: not ours to touch.
+                crate::client::forget_range(fd, fd);
+                return None;
+            }
             Some(Tracked::Output(idx)) => {
                 let _g = crate::guard::Guard::enter();
                 err = crate::outputs::closing(fd, idx);
@@ -46,11 +51,15 @@ pub fn after_dup(old: c_int, r: c_int) {
 pub fn before_dup2(old: c_int, new: c_int) {
     if old != new {
         if fd_table::any() {
-            if let Some(Tracked::Output(idx)) = fd_table::get(new) {
-                let _g = crate::guard::Guard::enter();
-                let _ = crate::outputs::closing(new, idx);
+            match fd_table::get(new) {
+                Some(Tracked::Output(idx)) if crate::outputs::is_foreign(idx) => {}
+                Some(Tracked::Output(idx)) => {
+                    let _g = crate::guard::Guard::enter();
+                    let _ = crate::outputs::closing(new, idx);
+                    fd_table::clear(new);
+                }
+                _ => fd_table::clear(new),
             }
-            fd_table::clear(new);
         }
         crate::client::forget_range(new, new);
     }
@@ -58,11 +67,18 @@ pub fn before_dup2(old: c_int, new: c_int) {
 
 pub fn before_close_range(lo: u32, hi: u32, flags: c_int) {
     if flags & (libc::CLOSE_RANGE_CLOEXEC as c_int) == 0 {
-        if fd_table::any() {
+        let (foreign, n) = if fd_table::any() {
             let _g = crate::guard::Guard::enter();
             crate::outputs::closing_range(lo, hi);
-        }
+            crate::outputs::foreign_in_range(lo, hi)
+        } else {
+            ([(0, 0); 64], 0)
+        };
         fd_table::clear_range(lo, hi);
+        // After vfork the table is the parent's: its outputs stay tracked.
+        for &(fd, idx) in &foreign[..n] {
+            fd_table::set(fd, Tracked::Output(idx));
+        }
         crate::client::forget_range(lo.min(i32::MAX as u32) as c_int, hi.min(i32::MAX as u32) as c_int);
     }
 }
