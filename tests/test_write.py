@@ -485,3 +485,36 @@ def test_forked_child_never_commits_parents_output(cl):
         f.close()
     """)
     py(c, 2, f"assert open('{MOUNT}/forked.bin', 'rb').read() == b'a' * 1000 + b'b' * 1000")
+
+
+def test_killed_daemons_recover_outputs_from_local_dir(bins, tmp_path):
+    src = make_tree(tmp_path / "src", "mixed", n_files=6, seed=3)
+    data = tmp_path / "data"
+    pack(bins, src, data, "--partitions", "2")
+    c = start_cluster(bins, data, tmp_path / "c", nranks=2, mount=MOUNT)
+    try:
+        for node in (0, 1):
+            py(c, node, f"""
+                import os
+                os.makedirs('{MOUNT}/kept', exist_ok=True)
+                open('{MOUNT}/kept/tmp{node}', 'wb').write(b'%d' % {node} * 5000)
+                os.replace('{MOUNT}/kept/tmp{node}', '{MOUNT}/kept/n{node}.bin')
+            """)
+    finally:
+        local, c.local = c.local, tmp_path / "not-removed"
+        c.kill()  # kill -9: closes had returned, the local dir survives
+    assert (local / "rank-0" / "out").is_dir() or (local / "rank-1" / "out").is_dir()
+    c2 = start_cluster(bins, data, tmp_path / "c", nranks=2, mount=MOUNT)
+    try:
+        py(c2, 1, f"""
+            import os, time
+            deadline = time.time() + 20
+            while not all(os.path.exists('{MOUNT}/kept/n%d.bin' % n) for n in (0, 1)) and time.time() < deadline:
+                time.sleep(0.1)
+            for n in (0, 1):
+                assert open('{MOUNT}/kept/n%d.bin' % n, 'rb').read() == b'%d' % n * 5000
+                assert not os.path.exists('{MOUNT}/kept/tmp%d' % n)
+            assert sorted(os.listdir('{MOUNT}/kept')) == ['n0.bin', 'n1.bin']
+        """)
+    finally:
+        c2.stop()

@@ -93,13 +93,22 @@
 //! MPI loop ended, before it removes its socket, so `fanstore stop` returns
 //! once every rank drained) and loads the drained records at start.
 //!
-//! What is lost when: between a close and the stop, outputs live only in
-//! the ranks' local directories and the owners' memory. A rank that dies
-//! loses the records it owned (those files disappear from the namespace)
-//! and the bytes it held (their opens fail with EIO); the whole job then
-//! cannot drain those. Recovery of `out/` from a surviving `--local` at a
-//! restart is not implemented yet. After a successful stop with `--persist`
-//! nothing is lost: the bytes and checksummed indexes are in DIR.
+//! What is lost when (a close has returned, so the bytes are fsynced in
+//! `rank-<r>/out/<id>` with a checksummed sidecar `<id>.rec` naming the path):
+//! - the whole job is killed (or some ranks), and restarted with the same
+//!   `--local` on the same nodes: nothing. Each rank moves its old `out/`
+//!   aside at start and, once every rank is ready, registers those outputs
+//!   again (and their directories) with their owners ([`outputs`]'s
+//!   `Node::recover`; visible shortly after `fanstore wait` returns). A
+//!   rename done on the holder's node is in the sidecar; a rename or unlink
+//!   done from another node is not (the file comes back under the name its
+//!   holder last wrote; an unlinked one comes back).
+//! - a rank dies and the job goes on: the records that rank owned vanish from
+//!   the namespace and the bytes it held fail with EIO until a restart.
+//! - a node's local directory is lost: the outputs it held are lost unless
+//!   an earlier `fanstore sync` or stop drained them to `--persist`.
+//! - after a successful `fanstore stop` (or `sync`) with `--persist`: nothing;
+//!   the bytes and checksummed indexes are in DIR.
 
 pub mod args;
 pub mod bufpool;

@@ -151,6 +151,17 @@ fn run(args: &DaemonArgs) -> anyhow::Result<i32> {
         local_dir: node.id.local_dir.clone(),
         local: node.local.get().cloned().unwrap_or_default(),
     };
+    let aside = args.local.join(format!("recovered-rank-{rank}"));
+    if aside.is_dir() {
+        let node = node.clone();
+        let spawned = std::thread::Builder::new().name("fanstore-recover".into()).spawn(move || {
+            let n = node.recover(&aside);
+            log::info!("rank {}: recovered {n} outputs of a killed run", node.id.rank);
+        });
+        if let Err(e) = spawned {
+            log::error!("rank {rank}: spawning the recovery thread: {e}");
+        }
+    }
     let mut engine = Engine::new(&comm, &store, &node.counters, args.mpi_piece, args.mpi_pipeline)
         .with_spin(Duration::from_micros(args.comm_spin_us))
         .with_meta(&*node);
@@ -223,7 +234,18 @@ fn prepare(args: &DaemonArgs, id: &Identity, cleanup: &mut Cleanup) -> anyhow::R
     let placement = Placement::new(id.nranks, args.replication, replicated);
     let listener = Listener::bind(&fanstore_core::runtime::socket_path(&id.runtime, rank))?;
     cleanup.socket = Some(listener.path().to_path_buf());
-    // A stale local dir of a killed run is ours (rank-<r> under --local): replace it.
+    // A stale local dir of a killed run is ours (rank-<r> under --local):
+    // keep its outputs aside (registered again once every rank is ready),
+    // replace the rest.
+    let recovered = id.local_dir.join("out");
+    if recovered.is_dir() {
+        let aside = args.local.join(format!("recovered-rank-{rank}"));
+        let _ = std::fs::remove_dir_all(&aside);
+        match std::fs::rename(&recovered, &aside) {
+            Ok(()) => log::warn!("rank {rank}: outputs of a killed run kept at {}", aside.display()),
+            Err(e) => log::error!("rank {rank}: keeping the outputs of a killed run: {e}"),
+        }
+    }
     if id.local_dir.exists() {
         log::warn!("rank {rank}: removing stale {}", id.local_dir.display());
         let _ = std::fs::remove_dir_all(&id.local_dir);

@@ -72,6 +72,28 @@ impl Node {
         self.out_dir().join(id.to_string())
     }
 
+    /// `out/<id>.rec`: the path and record of a held output, so a restart
+    /// with the same `--local` can register it again ([`Node::recover`]).
+    fn sidecar(&self, id: u64) -> PathBuf {
+        self.out_dir().join(format!("{id}.rec"))
+    }
+
+    fn write_sidecar(&self, path: &[u8], rec: &OutRecord) -> Result<(), i32> {
+        let file = self.sidecar(rec.id);
+        let tmp = self.out_dir().join(format!("{}.rec.tmp", rec.id));
+        let res = (|| {
+            use std::io::Write;
+            let mut f = std::fs::File::create(&tmp)?;
+            f.write_all(&crate::persist::encode_index(&[(path.to_vec(), *rec)]))?;
+            f.sync_all()?;
+            std::fs::rename(&tmp, &file)
+        })();
+        res.map_err(|e| {
+            let _ = std::fs::remove_file(&tmp);
+            io_errno(&e)
+        })
+    }
+
     /// The metadata owner of `path`.
     pub fn owner(&self, path: &[u8]) -> u32 {
         (xxh3(path) % self.id.nranks.max(1) as u64) as u32
@@ -143,6 +165,7 @@ impl Node {
     fn drop_data(&self, old: &OutRecord) {
         if old.holder == self.id.rank && old.holder != crate::persist::PERSISTED && !old.is_dir() {
             let _ = std::fs::remove_file(self.out_file(old.id));
+            let _ = std::fs::remove_file(self.sidecar(old.id));
         }
     }
 
@@ -164,8 +187,13 @@ impl Node {
             let _ = std::fs::remove_file(&file);
         })?;
         let rec = OutRecord { size, mode: libc::S_IFREG | (mode & 0o7777), holder: self.id.rank, mtime_ns: now_ns(), id, sum };
+        if let Err(e) = self.write_sidecar(path, &rec) {
+            let _ = std::fs::remove_file(&file);
+            return Err(e);
+        }
         if let Err(e) = self.put(path, rec, excl) {
             let _ = std::fs::remove_file(&file);
+            let _ = std::fs::remove_file(self.sidecar(id));
             return Err(e);
         }
         self.link(path, wire::KIND_FILE, true)?;
@@ -301,6 +329,10 @@ impl Node {
             return Err(libc::EXDEV);
         }
         self.dir_exists(parent(to).0)?;
+        if rec.holder == self.id.rank {
+            // A restart with the same --local recovers it under the new name.
+            self.write_sidecar(to, &rec)?;
+        }
         self.put(to, rec, false)?;
         self.link(to, wire::KIND_FILE, true)?;
         match self.meta_at(from, mop::DEL, rec.id, from.to_vec()) {
@@ -351,6 +383,9 @@ impl Node {
         let mut files = 0;
         if let Ok(rd) = std::fs::read_dir(self.out_dir()) {
             for e in rd.flatten() {
+                if e.path().extension().is_some() {
+                    continue; // sidecars
+                }
                 crate::persist::drain_file(dir, &e.path())?;
                 files += 1;
             }
@@ -373,5 +408,62 @@ impl Node {
         recs.sort_by(|a, b| a.0.cmp(&b.0));
         crate::persist::write_index(dir, self.id.rank, self.id.nranks, &recs)?;
         Ok(recs.len())
+    }
+}
+
+impl Node {
+    /// Creates the output directories leading to `dir` that are missing
+    /// (recovered files whose directories lived in a dead rank's memory).
+    fn ensure_dirs(&self, dir: &[u8]) {
+        if dir.is_empty() || self.view.lookup(dir).is_some() {
+            return;
+        }
+        self.ensure_dirs(parent(dir).0);
+        match self.out_mkdir(dir, 0o755) {
+            Ok(()) | Err(libc::EEXIST) => {}
+            Err(e) => log::warn!("rank {}: recreating '{}': errno {e}", self.id.rank, String::from_utf8_lossy(dir)),
+        }
+    }
+
+    /// Registers again the outputs a killed earlier run of this rank held
+    /// (moved aside to `from` at start): each `<id>` with its `<id>.rec`
+    /// moves into this run's `out/` and is put at its owner (replacing
+    /// nothing newer: an existing record wins). Returns how many.
+    pub fn recover(&self, from: &std::path::Path) -> usize {
+        let mut n = 0;
+        let Ok(rd) = std::fs::read_dir(from) else { return 0 };
+        for e in rd.flatten() {
+            let p = e.path();
+            if p.extension().and_then(|x| x.to_str()) != Some("rec") {
+                continue;
+            }
+            let Ok(b) = std::fs::read(&p) else { continue };
+            let Ok(mut recs) = crate::persist::decode_index(&p, &b) else {
+                log::warn!("rank {}: ignoring damaged {}", self.id.rank, p.display());
+                continue;
+            };
+            let Some((path, mut rec)) = recs.pop() else { continue };
+            let data = from.join(rec.id.to_string());
+            let id = self.out_seq.fetch_add(1, Relaxed);
+            if std::fs::create_dir_all(self.out_dir()).is_err() || std::fs::rename(&data, self.out_file(id)).is_err() {
+                continue;
+            }
+            rec.id = id;
+            rec.holder = self.id.rank;
+            self.ensure_dirs(parent(&path).0);
+            let ok = self.write_sidecar(&path, &rec).is_ok()
+                && match self.put(&path, rec, true) {
+                    Ok(()) => self.link(&path, wire::KIND_FILE, true).is_ok(),
+                    Err(_) => false,
+                };
+            if ok {
+                n += 1;
+            } else {
+                let _ = std::fs::remove_file(self.out_file(id));
+                let _ = std::fs::remove_file(self.sidecar(id));
+            }
+        }
+        let _ = std::fs::remove_dir_all(from);
+        n
     }
 }
