@@ -518,3 +518,19 @@ def test_killed_daemons_recover_outputs_from_local_dir(bins, tmp_path):
         """)
     finally:
         c2.stop()
+
+
+def test_append_and_rdwr_on_existing_output(cl):
+    c, _ = cl
+    py(c, 0, f"""
+        open('{MOUNT}/app.txt', 'w').write('one\\n')
+        open('{MOUNT}/app.txt', 'a').write('two\\n')
+    """)
+    py(c, 3, f"""
+        with open('{MOUNT}/app.txt', 'a') as f:
+            f.write('three\\n')
+        assert open('{MOUNT}/app.txt').read() == 'one\\ntwo\\nthree\\n'
+        with open('{MOUNT}/app.txt', 'r+') as f:
+            f.write('ONE')
+    """)
+    py(c, 1, f"assert open('{MOUNT}/app.txt').read() == 'ONE\\ntwo\\nthree\\n'")
