@@ -18,6 +18,29 @@
 //! Ops: `PING`; `OPEN` (arg0 node id, arg1 dataset id; reply: an fd whose
 //! bytes are the file's); `STATUS` (reply payload: this rank's status text);
 //! `STOP` (shut the whole job down). All integers little-endian.
+//!
+//! Output (write path) ops; `path` payloads are normalised paths relative
+//! to the mount root, without a leading '/':
+//!
+//! ```text
+//! COMMIT    payload path, fd attached (the memfd), arg0 COMMIT_EXCL bit,
+//!           arg1 mode bits; reply errno once the owner rank registered it
+//! OUT_STAT  payload path; reply value = size, payload = OutRecord (40 bytes)
+//! OUT_OPEN  payload path; reply: an fd with the output's bytes
+//! OUT_LIST  payload directory path, arg0 = entries to skip; reply value =
+//!           entries in this reply (0: end), payload = entries, each
+//!           0 kind (1 file, 2 dir) | 1..3 name length u16 | name
+//! MKDIR     payload path, arg1 mode; reply errno (EEXIST ...)
+//! RMDIR     payload path; reply errno (ENOTEMPTY, ENOTDIR ...)
+//! UNLINK    payload path; reply errno (EISDIR ...)
+//! RENAME    payload from NUL to; reply errno
+//! SYNC      arg0 1: copy the output bytes this rank holds to --persist,
+//!           arg0 2: write the records this rank owns (those whose bytes are
+//!           there); reply value = count (EINVAL without --persist)
+//!
+//! OutRecord  0..8 size | 8..12 mode | 12..16 holder rank | 16..24 mtime ns
+//!           (i64) | 24..32 output id | 32..40 xxh3 of the bytes
+//! ```
 
 use crate::le::*;
 use std::io;
@@ -35,6 +58,97 @@ pub mod op {
     pub const OPEN: u16 = 2;
     pub const STATUS: u16 = 3;
     pub const STOP: u16 = 4;
+    pub const COMMIT: u16 = 5;
+    pub const OUT_STAT: u16 = 6;
+    pub const OUT_OPEN: u16 = 7;
+    pub const OUT_LIST: u16 = 8;
+    pub const MKDIR: u16 = 9;
+    pub const RMDIR: u16 = 10;
+    pub const UNLINK: u16 = 11;
+    pub const RENAME: u16 = 12;
+    pub const SYNC: u16 = 13;
+}
+
+/// SYNC phases (arg0).
+pub const SYNC_DATA: u64 = 1;
+pub const SYNC_META: u64 = 2;
+
+/// COMMIT arg0 bit: fail with EEXIST if the path exists.
+pub const COMMIT_EXCL: u64 = 1;
+
+/// Entry kinds of an OUT_LIST reply.
+pub const KIND_FILE: u8 = 1;
+pub const KIND_DIR: u8 = 2;
+
+/// Metadata of one output file or directory, as the owner rank keeps it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub struct OutRecord {
+    pub size: u64,
+    /// Full st_mode (S_IFREG or S_IFDIR plus permission bits).
+    pub mode: u32,
+    pub holder: u32,
+    pub mtime_ns: i64,
+    pub id: u64,
+    pub sum: u64,
+}
+
+impl OutRecord {
+    pub const LEN: usize = 40;
+    pub fn is_dir(&self) -> bool {
+        self.mode & libc::S_IFMT == libc::S_IFDIR
+    }
+    pub fn encode_into(&self, b: &mut Vec<u8>) {
+        let mut h = [0u8; Self::LEN];
+        put_u64(&mut h, 0, self.size);
+        put_u32(&mut h, 8, self.mode);
+        put_u32(&mut h, 12, self.holder);
+        put_u64(&mut h, 16, self.mtime_ns as u64);
+        put_u64(&mut h, 24, self.id);
+        put_u64(&mut h, 32, self.sum);
+        b.extend_from_slice(&h);
+    }
+    /// Decodes the first LEN bytes of `b` (None if shorter).
+    pub fn decode(b: &[u8]) -> Option<OutRecord> {
+        if b.len() < Self::LEN {
+            return None;
+        }
+        Some(OutRecord {
+            size: u64_at(b, 0),
+            mode: u32_at(b, 8),
+            holder: u32_at(b, 12),
+            mtime_ns: u64_at(b, 16) as i64,
+            id: u64_at(b, 24),
+            sum: u64_at(b, 32),
+        })
+    }
+}
+
+/// Appends one OUT_LIST entry; false (nothing appended) if it would make
+/// `b` longer than `limit`.
+pub fn push_entry(b: &mut Vec<u8>, kind: u8, name: &[u8], limit: usize) -> bool {
+    if name.len() > u16::MAX as usize || b.len() + 3 + name.len() > limit {
+        return false;
+    }
+    b.push(kind);
+    b.extend_from_slice(&(name.len() as u16).to_le_bytes());
+    b.extend_from_slice(name);
+    true
+}
+
+/// The entries of an OUT_LIST payload (stops at the first malformed one).
+pub fn entries(mut b: &[u8]) -> impl Iterator<Item = (u8, &[u8])> {
+    std::iter::from_fn(move || {
+        if b.len() < 3 {
+            return None;
+        }
+        let n = u16::from_le_bytes([b[1], b[2]]) as usize;
+        if b.len() < 3 + n {
+            return None;
+        }
+        let e = (b[0], &b[3..3 + n]);
+        b = &b[3 + n..];
+        Some(e)
+    })
 }
 
 /// Reply flag: an fd is attached.
@@ -253,6 +367,22 @@ mod tests {
         assert_eq!(Request::decode(&b), Err(WireError::Version(9)));
         assert_eq!(Request::decode(&r.encode()[..41]), Err(WireError::Length(3)));
         assert_eq!(Reply::decode(&[0u8; 5]), Err(WireError::Short(5)));
+    }
+
+    #[test]
+    fn out_record_and_entries() {
+        let r = OutRecord { size: 5, mode: libc::S_IFREG | 0o644, holder: 3, mtime_ns: -7, id: 9, sum: 11 };
+        let mut b = Vec::new();
+        r.encode_into(&mut b);
+        assert_eq!(OutRecord::decode(&b), Some(r));
+        assert_eq!(OutRecord::decode(&b[..39]), None);
+        let mut l = Vec::new();
+        assert!(push_entry(&mut l, KIND_FILE, b"a", 100));
+        assert!(push_entry(&mut l, KIND_DIR, b"bc", 100));
+        assert!(!push_entry(&mut l, KIND_DIR, b"toolong", 10));
+        let got: Vec<_> = entries(&l).collect();
+        assert_eq!(got, vec![(KIND_FILE, &b"a"[..]), (KIND_DIR, &b"bc"[..])]);
+        assert_eq!(entries(&l[..4]).count(), 1);
     }
 
     #[test]

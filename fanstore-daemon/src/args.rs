@@ -29,6 +29,10 @@ pub struct DaemonArgs {
     /// Keep the extracted files in the local directory at stop.
     #[arg(long)]
     pub keep_local: bool,
+    /// Directory (shared file system) that outputs are drained to at stop and
+    /// loaded from at start (see `fanstore_daemon::persist`).
+    #[arg(long)]
+    pub persist: Option<PathBuf>,
     /// Seconds before a remote read with no answer fails with EIO (a holder
     /// that is gone or hung); larger payloads get 1 extra second per 64 MiB.
     #[arg(long, default_value_t = 10.0)]

@@ -68,6 +68,47 @@
 //! exact bytes (a client may open them directly when the state's bitmap says
 //! the partition is local and the node's codec is none), compressed ones
 //! their stored payload.
+//!
+//! ## Outputs (write path: [`outputs`], [`meta`])
+//!
+//! - `COMMIT(path, memfd, excl, mode)`: the bytes go to `rank-<r>/out/<id>`
+//!   (fsynced), then the record (size, mode, mtime, holder rank, id, xxh3)
+//!   is put at the metadata owner, rank xxh3(path) mod N (O_EXCL checked
+//!   there, atomically; otherwise the last commit replaces the record), then
+//!   the name is added to its parent directory's listing at the parent's
+//!   owner. The reply (and so the client's close) comes after both: the file
+//!   is then visible to every node. ENOSPC/EIO while storing: nothing is
+//!   registered, the client's close fails with that errno.
+//! - `OUT_STAT`/`OUT_OPEN`/`OUT_LIST`: asked of the owner; the bytes of a
+//!   remote output cross MPI like a remote input (node id with bit 31 set)
+//!   and are checked against the record's xxh3.
+//! - `MKDIR`, `RMDIR` (ENOTEMPTY from the owner's listing), `UNLINK`,
+//!   `RENAME` (file only: put at the destination owner, then removed at the
+//!   source owner if still the same output; in between both names show the
+//!   same bytes, never a partial file; directories: EXDEV).
+//! - Inputs are never shadowed: COMMIT of an input name is EEXIST (O_EXCL)
+//!   or EROFS.
+//!
+//! With `--persist DIR` ([`persist`]) every rank drains at stop (after its
+//! MPI loop ended, before it removes its socket, so `fanstore stop` returns
+//! once every rank drained) and loads the drained records at start.
+//!
+//! What is lost when (a close has returned, so the bytes are fsynced in
+//! `rank-<r>/out/<id>` with a checksummed sidecar `<id>.rec` naming the path):
+//! - the whole job is killed (or some ranks), and restarted with the same
+//!   `--local` on the same nodes: nothing. Each rank moves its old `out/`
+//!   aside at start and, once every rank is ready, registers those outputs
+//!   again (and their directories) with their owners ([`outputs`]'s
+//!   `Node::recover`; visible shortly after `fanstore wait` returns). A
+//!   rename done on the holder's node is in the sidecar; a rename or unlink
+//!   done from another node is not (the file comes back under the name its
+//!   holder last wrote; an unlinked one comes back).
+//! - a rank dies and the job goes on: the records that rank owned vanish from
+//!   the namespace and the bytes it held fail with EIO until a restart.
+//! - a node's local directory is lost: the outputs it held are lost unless
+//!   an earlier `fanstore sync` or stop drained them to `--persist`.
+//! - after a successful `fanstore stop` (or `sync`) with `--persist`: nothing;
+//!   the bytes and checksummed indexes are in DIR.
 
 pub mod args;
 pub mod bufpool;
@@ -77,8 +118,11 @@ pub mod comm;
 pub mod index_shm;
 pub mod load;
 pub mod memfd;
+pub mod meta;
 pub mod node;
 pub mod open;
+pub mod outputs;
+pub mod persist;
 pub mod placement;
 pub mod server;
 pub mod status;

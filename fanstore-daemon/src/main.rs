@@ -151,8 +151,20 @@ fn run(args: &DaemonArgs) -> anyhow::Result<i32> {
         local_dir: node.id.local_dir.clone(),
         local: node.local.get().cloned().unwrap_or_default(),
     };
+    let aside = args.local.join(format!("recovered-rank-{rank}"));
+    if aside.is_dir() {
+        let node = node.clone();
+        let spawned = std::thread::Builder::new().name("fanstore-recover".into()).spawn(move || {
+            let n = node.recover(&aside);
+            log::info!("rank {}: recovered {n} outputs of a killed run", node.id.rank);
+        });
+        if let Err(e) = spawned {
+            log::error!("rank {rank}: spawning the recovery thread: {e}");
+        }
+    }
     let mut engine = Engine::new(&comm, &store, &node.counters, args.mpi_piece, args.mpi_pipeline)
-        .with_spin(Duration::from_micros(args.comm_spin_us));
+        .with_spin(Duration::from_micros(args.comm_spin_us))
+        .with_meta(&*node);
     let cause = engine.run(&p.rx, &SIGNALLED);
     log::info!("rank {rank}: stopping ({cause:?})");
     node.set_phase(Phase::Stopping);
@@ -160,6 +172,12 @@ fn run(args: &DaemonArgs) -> anyhow::Result<i32> {
     let clean = engine.shutdown(if cause == StopCause::Orphaned { StopCause::Local } else { cause }, &p.rx);
     drop(engine);
     let _ = p.server.join();
+    if let Some(dir) = node.persist.get() {
+        match node.drain(dir) {
+            Ok((files, recs)) => log::info!("rank {rank}: drained {files} output files and {recs} records to {}", dir.display()),
+            Err(e) => log::error!("rank {rank}: draining outputs to {}: {e}", dir.display()),
+        }
+    }
     let s = node.snapshot();
     log::info!(
         "rank {rank}: served {} opens ({} local), remote sent {} served {} failed {}, cache hits {} misses {} evictions {}",
@@ -216,7 +234,18 @@ fn prepare(args: &DaemonArgs, id: &Identity, cleanup: &mut Cleanup) -> anyhow::R
     let placement = Placement::new(id.nranks, args.replication, replicated);
     let listener = Listener::bind(&fanstore_core::runtime::socket_path(&id.runtime, rank))?;
     cleanup.socket = Some(listener.path().to_path_buf());
-    // A stale local dir of a killed run is ours (rank-<r> under --local): replace it.
+    // A stale local dir of a killed run is ours (rank-<r> under --local):
+    // keep its outputs aside (registered again once every rank is ready),
+    // replace the rest.
+    let recovered = id.local_dir.join("out");
+    if recovered.is_dir() {
+        let aside = args.local.join(format!("recovered-rank-{rank}"));
+        let _ = std::fs::remove_dir_all(&aside);
+        match std::fs::rename(&recovered, &aside) {
+            Ok(()) => log::warn!("rank {rank}: outputs of a killed run kept at {}", aside.display()),
+            Err(e) => log::error!("rank {rank}: keeping the outputs of a killed run: {e}"),
+        }
+    }
     if id.local_dir.exists() {
         log::warn!("rank {rank}: removing stale {}", id.local_dir.display());
         let _ = std::fs::remove_dir_all(&id.local_dir);
@@ -225,6 +254,11 @@ fn prepare(args: &DaemonArgs, id: &Identity, cleanup: &mut Cleanup) -> anyhow::R
     let (tx, rx) = crossbeam::channel::unbounded();
     let remote_timeout = Duration::from_secs_f64(args.remote_timeout.max(0.1));
     let node = Arc::new(Node::new(id.clone(), view, placement, args.cache_mem, tx, remote_timeout));
+    if let Some(dir) = &args.persist {
+        let n = node.load_persisted(dir).with_context(|| format!("loading the outputs kept in {}", dir.display()))?;
+        log::info!("rank {rank}: {n} persisted output records from {}", dir.display());
+        let _ = node.persist.set(dir.clone());
+    }
     node.set_phase(Phase::Loading);
     let server = {
         let node = node.clone();

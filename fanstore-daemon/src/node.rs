@@ -70,6 +70,12 @@ pub struct Node {
     pub load: OnceLock<LoadReport>,
     /// Set when the rank stops: the server stops accepting and serving.
     pub stopping: AtomicBool,
+    /// Output records and listings this rank owns ([`crate::meta`]).
+    pub meta: Mutex<crate::meta::MetaStore>,
+    /// Next output id (`out/<id>` in the local directory).
+    pub out_seq: std::sync::atomic::AtomicU64,
+    /// `--persist` directory, if any ([`crate::persist`]).
+    pub persist: OnceLock<PathBuf>,
     phase: Mutex<Phase>,
     phase_cv: Condvar,
 }
@@ -94,6 +100,9 @@ impl Node {
             local: OnceLock::new(),
             load: OnceLock::new(),
             stopping: AtomicBool::new(false),
+            meta: Mutex::new(crate::meta::MetaStore::default()),
+            out_seq: std::sync::atomic::AtomicU64::new(1),
+            persist: OnceLock::new(),
             phase: Mutex::new(Phase::Loading),
             phase_cv: Condvar::new(),
         }
@@ -195,6 +204,10 @@ const MAP_FROM: u64 = 1 << 20;
 
 impl PeerSource for LocalStore<'_> {
     fn payload(&self, node_id: u32, stored_len: u64, spare: Option<Vec<u8>>) -> Option<SendBuf> {
+        if node_id & crate::comm::OUT_BIT != 0 {
+            let path = self.local_dir.join("out").join((node_id & !crate::comm::OUT_BIT).to_string());
+            return read_payload(&path, stored_len, spare);
+        }
         let n = self.view.node(node_id)?;
         if n.kind() != Some(NodeKind::File) || n.stored_len() != stored_len {
             return None;
@@ -203,22 +216,28 @@ impl PeerSource for LocalStore<'_> {
             return None;
         }
         let path = fanstore_core::runtime::local_file_path(&self.local_dir, node_id);
-        let f = std::fs::File::open(&path).ok()?;
-        if f.metadata().ok()?.len() != stored_len {
-            log::error!("{}: local copy has the wrong length", path.display());
-            return None;
-        }
-        if stored_len >= MAP_FROM {
-            // SAFETY: the daemon wrote this file at load and never changes it
-            // while running; the mapping is read-only and private.
-            let m = unsafe { memmap2::MmapOptions::new().populate().map(&f) }.ok()?;
-            Some(SendBuf::Map(m))
-        } else {
-            use std::os::unix::fs::FileExt;
-            let mut v = spare.unwrap_or_default();
-            v.resize(stored_len as usize, 0);
-            f.read_exact_at(&mut v, 0).ok()?;
-            Some(SendBuf::Heap(v))
-        }
+        read_payload(&path, stored_len, spare)
+    }
+}
+
+/// The bytes of a local file of `stored_len` bytes: mapped when large, else
+/// read into `spare`.
+fn read_payload(path: &std::path::Path, stored_len: u64, spare: Option<Vec<u8>>) -> Option<SendBuf> {
+    let f = std::fs::File::open(path).ok()?;
+    if f.metadata().ok()?.len() != stored_len {
+        log::error!("{}: local copy has the wrong length", path.display());
+        return None;
+    }
+    if stored_len >= MAP_FROM {
+        // SAFETY: the daemon wrote this file once (at load, or an output at
+        // its commit) and never changes it; the mapping is read-only and private.
+        let m = unsafe { memmap2::MmapOptions::new().populate().map(&f) }.ok()?;
+        Some(SendBuf::Map(m))
+    } else {
+        use std::os::unix::fs::FileExt;
+        let mut v = spare.unwrap_or_default();
+        v.resize(stored_len as usize, 0);
+        f.read_exact_at(&mut v, 0).ok()?;
+        Some(SendBuf::Heap(v))
     }
 }

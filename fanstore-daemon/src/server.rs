@@ -157,9 +157,9 @@ fn connection(conn: OwnedFd, node: &Node) {
             Ok(true) => {}
             Err(_) => return,
         }
-        let n = match wire::recv_msg(fd, &mut buf) {
+        let (n, attached) = match wire::recv_msg(fd, &mut buf) {
             Ok((0, _)) => return, // peer closed
-            Ok((n, _)) => n,
+            Ok(r) => r,
             Err(e) => {
                 log::debug!("rank {}: client connection: {e}", node.id.rank);
                 return;
@@ -172,14 +172,76 @@ fn connection(conn: OwnedFd, node: &Node) {
                 return;
             }
         };
-        if handle(node, fd, &req).is_err() {
+        if handle(node, fd, &req, attached).is_err() {
             return; // the client went away mid-request
         }
     }
 }
 
-fn handle(node: &Node, fd: RawFd, req: &Request) -> io::Result<()> {
+fn done(fd: RawFd, req: &Request, r: Result<(), i32>) -> io::Result<()> {
+    let rep = match r {
+        Ok(()) => Reply::ok(req, 0),
+        Err(e) => Reply::err(req, e),
+    };
+    wire::send_msg(fd, &rep.encode(), None)
+}
+
+fn handle(node: &Node, fd: RawFd, req: &Request, attached: Option<OwnedFd>) -> io::Result<()> {
+    let path = &req.payload[..];
     match req.op {
+        op::COMMIT => {
+            let r = match attached {
+                Some(file) => node.commit(path, &file, req.arg0 & wire::COMMIT_EXCL != 0, req.arg1 as u32),
+                None => Err(libc::EINVAL),
+            };
+            done(fd, req, r)
+        }
+        op::OUT_STAT => match node.out_stat(path) {
+            Ok(rec) => {
+                let mut r = Reply::ok(req, rec.size);
+                rec.encode_into(&mut r.payload);
+                wire::send_msg(fd, &r.encode(), None)
+            }
+            Err(e) => done(fd, req, Err(e)),
+        },
+        op::OUT_OPEN => match node.out_open(path) {
+            Ok(file) => {
+                let mut r = Reply::ok(req, 0);
+                r.flags = wire::FLAG_FD;
+                wire::send_msg(fd, &r.encode(), Some(file.as_raw_fd()))
+            }
+            Err(e) => done(fd, req, Err(e)),
+        },
+        op::OUT_LIST => match node.out_list(path, req.arg0) {
+            Ok(mut r) => {
+                r.op = req.op;
+                r.id = req.id;
+                wire::send_msg(fd, &r.encode(), None)
+            }
+            Err(e) => done(fd, req, Err(e)),
+        },
+        op::MKDIR => done(fd, req, node.out_mkdir(path, req.arg1 as u32)),
+        op::RMDIR => done(fd, req, node.out_rmdir(path)),
+        op::UNLINK => done(fd, req, node.out_unlink(path)),
+        op::SYNC => {
+            let Some(dir) = node.persist.get() else { return done(fd, req, Err(libc::EINVAL)) };
+            let r = match req.arg0 {
+                wire::SYNC_DATA => node.drain_data(dir),
+                wire::SYNC_META => node.drain_meta(dir, true),
+                _ => return done(fd, req, Err(libc::EINVAL)),
+            };
+            match r {
+                Ok(n) => wire::send_msg(fd, &Reply::ok(req, n as u64).encode(), None),
+                Err(e) => {
+                    log::error!("rank {}: sync to {}: {e}", node.id.rank, dir.display());
+                    done(fd, req, Err(libc::EIO))
+                }
+            }
+        }
+        op::RENAME => match path.iter().position(|&b| b == 0) {
+            Some(i) => done(fd, req, node.out_rename(&path[..i], &path[i + 1..])),
+            None => done(fd, req, Err(libc::EINVAL)),
+        },
         op::PING => wire::send_msg(fd, &Reply::ok(req, node.id.rank as u64).encode(), None),
         op::STATUS => {
             let mut r = Reply::ok(req, 0);

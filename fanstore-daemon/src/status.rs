@@ -23,6 +23,8 @@ pub struct Counters {
     pub remote_bytes_out: AtomicU64,
     /// Requests answered with an error other than ENOENT/ESTALE, and refused peers.
     pub errors: AtomicU64,
+    /// Outputs committed through this rank.
+    pub outputs: AtomicU64,
     /// Client connections accepted.
     pub clients: AtomicU64,
 }

@@ -159,9 +159,15 @@ enum Fail {
     Errno(c_int),
 }
 
-fn exchange(st: &State, s: c_int, req: &Request) -> Result<c_int, Fail> {
-    wire::send_msg(s, &req.encode(), None).map_err(|_| Fail::Conn)?;
-    let mut buf = [0u8; 4096];
+/// A successful exchange: the reply and the fd it carried, if any.
+pub struct Answer {
+    pub reply: Reply,
+    pub fd: Option<c_int>,
+}
+
+fn exchange(st: &State, s: c_int, req: &Request, send_fd: Option<c_int>) -> Result<Answer, Fail> {
+    wire::send_msg(s, &req.encode(), send_fd).map_err(|_| Fail::Conn)?;
+    let mut buf = vec![0u8; wire::MAX_MESSAGE];
     // A slow remote fetch keeps us waiting while the daemon lives; a dead or
     // hung one ends the wait: at most 12 timeouts (60 s by default).
     let mut waits = 0;
@@ -183,16 +189,32 @@ fn exchange(st: &State, s: c_int, req: &Request) -> Result<c_int, Fail> {
         return Err(Fail::Errno(rep.errno));
     }
     use std::os::fd::IntoRawFd;
-    match fd {
-        Some(fd) if rep.flags & wire::FLAG_FD != 0 => Ok(fd.into_raw_fd()),
-        _ => Err(Fail::Errno(libc::EIO)),
-    }
+    let fd = match fd {
+        Some(fd) if rep.flags & wire::FLAG_FD != 0 => Some(fd.into_raw_fd()),
+        _ => None,
+    };
+    Ok(Answer { reply: rep, fd })
 }
 
 /// Asks the daemon for an fd holding the bytes of `node`. The fd is the
 /// daemon's (shared) description, close-on-exec.
 pub fn fetch(st: &State, node: u32) -> Result<c_int, c_int> {
     let req = Request::new(op::OPEN, NEXT_ID.fetch_add(1, Ordering::Relaxed), node as u64, st.dataset_id);
+    match call(st, &req, None)? {
+        Answer { fd: Some(fd), .. } => Ok(fd),
+        _ => Err(libc::EIO),
+    }
+}
+
+/// A new request of `op` with a fresh id and `path` as its payload.
+pub fn request(op: u16, arg0: u64, arg1: u64, path: &[u8]) -> Request {
+    let mut r = Request::new(op, NEXT_ID.fetch_add(1, Ordering::Relaxed), arg0, arg1);
+    r.payload = path.to_vec();
+    r
+}
+
+/// One request to the daemon (with `send_fd` attached, if given).
+pub fn call(st: &State, req: &Request, send_fd: Option<c_int>) -> Result<Answer, c_int> {
     // A pooled connection may have died with a restarted daemon: one retry on a fresh one.
     for attempt in 0..2 {
         let pooled = if attempt == 0 {
@@ -214,10 +236,10 @@ pub fn fetch(st: &State, node: u32) -> Result<c_int, c_int> {
             Some(s) => s,
             None => connect(st)?,
         };
-        match exchange(st, s, &req) {
-            Ok(fd) => {
+        match exchange(st, s, req, send_fd) {
+            Ok(a) => {
                 put_back(s);
-                return Ok(fd);
+                return Ok(a);
             }
             Err(Fail::Errno(e)) => {
                 put_back(s);
@@ -226,7 +248,7 @@ pub fn fetch(st: &State, node: u32) -> Result<c_int, c_int> {
             Err(Fail::Conn) => {
                 close_fd(s);
                 if fresh {
-                    crate::dlog!("daemon exchange failed for node {}: EIO", node);
+                    crate::dlog!("daemon exchange (op {}) failed: EIO", req.op);
                     return Err(libc::EIO);
                 }
             }

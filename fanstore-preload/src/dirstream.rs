@@ -1,7 +1,10 @@
 //! Virtual directory streams. A `DIR *` we hand out points at a [`VDir`],
 //! recognised by its magic (a glibc DIR starts with its fd, a non-negative
 //! int, so the magic's low half, negative as an int, can never match).
-//! Entries: ".", "..", then the children in index order (sorted by name).
+//! Entries: ".", "..", then the children in index order (sorted by name),
+//! then the outputs listed in that directory (asked of the daemon once per
+//! stream, when the input children are exhausted). An output directory's
+//! stream (node id with [`crate::outputs::OUT_DIR`]) has only outputs.
 
 use crate::ops::stat::ino;
 use crate::ops::Node;
@@ -20,7 +23,46 @@ pub struct VDir {
     /// Index of the next entry: 0 ".", 1 "..", 2.. children.
     pub pos: u64,
     iter: Option<Children>,
+    /// Input children count, once the input entries are exhausted.
+    nkids: Option<u64>,
+    /// Output entries (inode, d_type, name), loaded on first need.
+    outs: Option<Vec<(u64, u8, Vec<u8>)>>,
     ent: libc::dirent64,
+}
+
+/// The output entries of directory `node` (input node or output dir slot).
+fn load_outs(st: &State, node: u32) -> Vec<(u64, u8, Vec<u8>)> {
+    let mut buf = [0u8; fanstore_core::path::MAX_PATH];
+    let rel: &[u8] = if node & crate::outputs::OUT_DIR != 0 {
+        match crate::outputs::path_into(node, &mut buf) {
+            Some(n) => &buf[..n],
+            None => return Vec::new(),
+        }
+    } else {
+        match st.view.node(node) {
+            Some(n) => n.path(),
+            None => return Vec::new(),
+        }
+    };
+    let list = crate::ops::out::list(st, rel).unwrap_or_default();
+    list.into_iter()
+        .filter(|(_, name)| node & crate::outputs::OUT_DIR != 0 || st.view.lookup(&join(rel, name)).is_none())
+        .map(|(k, name)| {
+            let ino = crate::ops::out::ino(&join(rel, &name));
+            let t = if k == fanstore_core::wire::KIND_DIR { libc::DT_DIR } else { libc::DT_REG };
+            (ino, t, name)
+        })
+        .collect()
+}
+
+fn join(dir: &[u8], name: &[u8]) -> Vec<u8> {
+    let mut p = Vec::with_capacity(dir.len() + 1 + name.len());
+    if !dir.is_empty() {
+        p.extend_from_slice(dir);
+        p.push(b'/');
+    }
+    p.extend_from_slice(name);
+    p
 }
 
 /// One directory entry as readdir/getdents64 report it.
@@ -56,6 +98,8 @@ impl VDir {
             node,
             pos: 0,
             iter: None,
+            nkids: None,
+            outs: None,
             // SAFETY: dirent64 is plain data; zero is valid.
             ent: unsafe { std::mem::zeroed() },
         })
@@ -74,21 +118,44 @@ impl VDir {
     pub fn seek(&mut self, pos: u64) {
         self.pos = pos;
         self.iter = None;
+        self.nkids = None;
     }
 
     /// The next entry, written into the stream's own dirent (valid until the next call).
     pub fn next(&mut self, st: &State) -> Option<&mut libc::dirent64> {
-        let dir = st.view.node(self.node)?;
-        let e = if self.pos < 2 {
-            entry_at(st, &dir, self.pos)?
-        } else {
+        let out_dir = self.node & crate::outputs::OUT_DIR != 0;
+        if out_dir {
+            self.nkids = Some(0);
+        }
+        if self.pos < 2 {
+            let e = if out_dir {
+                DirEnt { ino: 1, dtype: libc::DT_DIR, name: if self.pos == 0 { b"." } else { b".." } }
+            } else {
+                entry_at(st, &st.view.node(self.node)?, self.pos)?
+            };
+            self.pos += 1;
+            fill_dirent(&mut self.ent, &e, self.pos);
+            return Some(&mut self.ent);
+        }
+        if self.nkids.is_none() {
+            let dir = st.view.node(self.node)?;
             let skip = (self.pos - 2) as usize;
             let it = self.iter.get_or_insert_with(|| Box::new(st.view.children(dir).skip(skip)));
-            let c = it.next()?;
-            DirEnt { ino: ino(c.id()), dtype: dtype(&c), name: c.name() }
-        };
+            if let Some(c) = it.next() {
+                let e = DirEnt { ino: ino(c.id()), dtype: dtype(&c), name: c.name() };
+                self.pos += 1;
+                fill_dirent(&mut self.ent, &e, self.pos);
+                return Some(&mut self.ent);
+            }
+            self.nkids = Some(st.view.children(dir).count() as u64);
+        }
+        let kids = self.nkids.unwrap_or(0);
+        let node = self.node;
+        let outs = self.outs.get_or_insert_with(|| load_outs(st, node));
+        let i = (self.pos - 2).checked_sub(kids)? as usize;
+        let (ino, dtype, name) = outs.get(i)?;
         self.pos += 1;
-        fill_dirent(&mut self.ent, &e, self.pos);
+        fill_dirent(&mut self.ent, &DirEnt { ino: *ino, dtype: *dtype, name }, self.pos);
         Some(&mut self.ent)
     }
 }

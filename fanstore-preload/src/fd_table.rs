@@ -5,7 +5,8 @@
 //! with the rest of memory, which matches the inherited fds. fds above the
 //! table's range are simply not tracked (their fstat shows the real file).
 //!
-//! Entry tag: bits 62..64 kind (1 file, 2 directory), bits 32..62 the
+//! Entry tag: bits 62..64 kind (1 file, 2 directory, 3 output being
+//! written: bits 0..32 its slot in [`crate::outputs`]), bits 32..62 the
 //! getdents position of a directory fd, bits 0..32 the node id. `ino` holds
 //! the real inode seen by the first fstat (0: not seen yet) so that an entry
 //! left stale by a close we did not see is detected and dropped.
@@ -32,6 +33,8 @@ pub enum Tracked {
     File(u32),
     /// A real fd on the empty directory standing for directory node `node`.
     Dir { node: u32, pos: u32 },
+    /// A memfd being written as an output (slot `.0` of [`crate::outputs`]).
+    Output(u32),
 }
 
 impl Tracked {
@@ -39,12 +42,14 @@ impl Tracked {
         match self {
             Tracked::File(n) => n,
             Tracked::Dir { node, .. } => node,
+            Tracked::Output(_) => u32::MAX,
         }
     }
     fn encode(self) -> u64 {
         match self {
             Tracked::File(n) => (1u64 << KIND_SHIFT) | n as u64,
             Tracked::Dir { node, pos } => (2u64 << KIND_SHIFT) | ((pos as u64 & POS_MASK) << 32) | node as u64,
+            Tracked::Output(slot) => (3u64 << KIND_SHIFT) | slot as u64,
         }
     }
     fn decode(t: u64) -> Option<Tracked> {
@@ -52,6 +57,7 @@ impl Tracked {
         match t >> KIND_SHIFT {
             1 => Some(Tracked::File(node)),
             2 => Some(Tracked::Dir { node, pos: ((t >> 32) & POS_MASK) as u32 }),
+            3 => Some(Tracked::Output(node)),
             _ => None,
         }
     }

@@ -15,7 +15,8 @@
 //! - `ops/<family>.rs`: safe implementations returning an [`ops::Outcome`];
 //! - `paths.rs` (prefix test, classification, virtual cwd), `fd_table.rs`
 //!   (lock-free fd -> node), `dirstream.rs` (virtual `DIR *`), `client.rs`
-//!   (daemon connection pool), `state.rs` (lazy init, index mapping),
+//!   (daemon connection pool), `outputs.rs` (outputs being written, their
+//!   commit on the last close), `state.rs` (lazy init, index mapping),
 //!   `guard.rs` (re-entrancy), `debug.rs` (`FANSTORE_DEBUG=1`).
 //!
 //! The library links no MPI and does nothing at load time beyond
@@ -34,6 +35,7 @@ mod paths;
 mod real;
 mod state;
 mod client;
+mod outputs;
 
 /// The constructor: only the fork handlers (other libraries' constructors
 /// may call fopen before this runs; everything else is lazy).
@@ -51,9 +53,11 @@ static ON_LOAD: extern "C" fn() = on_load;
 extern "C" fn fork_prepare() {
     state::fork_lock();
     client::fork_prepare();
+    outputs::fork_prepare();
 }
 
 extern "C" fn fork_parent() {
+    outputs::fork_release();
     client::fork_parent();
     state::fork_unlock();
 }
@@ -61,6 +65,7 @@ extern "C" fn fork_parent() {
 /// In the child: drop the parent's daemon connections (reconnect lazily);
 /// the fd table stays, since the fds are inherited.
 extern "C" fn fork_child() {
+    outputs::fork_release();
     client::fork_child();
     state::fork_unlock();
 }

@@ -139,7 +139,13 @@ fn starts_in_mount(path: &[u8], tail: &[u8]) -> bool {
 /// Writes the absolute path of `node` (mount + '/' + relative path) to `out`.
 pub fn node_abs_path(st: &State, node: u32, out: &mut [u8]) -> Option<usize> {
     let m = &state::mount().path;
-    let rel = st.view.node(node)?.path();
+    let mut tmp = [0u8; MAX_PATH];
+    let rel = if node & crate::outputs::OUT_DIR != 0 {
+        let n = crate::outputs::path_into(node, &mut tmp)?;
+        &tmp[..n]
+    } else {
+        st.view.node(node)?.path()
+    };
     let mut len = 0;
     if m.as_slice() != b"/" || rel.is_empty() {
         out.get_mut(..m.len())?.copy_from_slice(m);
@@ -211,7 +217,7 @@ pub fn classify<'s>(dirfd: c_int, path: &[u8], scratch: &'s mut Scratch) -> Clas
     } else {
         match fd_table::get(dirfd) {
             Some(Tracked::Dir { node, .. }) => node,
-            Some(Tracked::File(_)) => return Class::Err(libc::ENOTDIR),
+            Some(Tracked::File(_) | Tracked::Output(_)) => return Class::Err(libc::ENOTDIR),
             None => return Class::Real,
         }
     };
@@ -250,7 +256,7 @@ fn classify_dotdot<'s>(dirfd: c_int, path: &[u8], scratch: &'s mut Scratch) -> C
         } else {
             match fd_table::get(dirfd) {
                 Some(Tracked::Dir { node, .. }) => Some(node),
-                Some(Tracked::File(_)) => return Class::Err(libc::ENOTDIR),
+                Some(Tracked::File(_) | Tracked::Output(_)) => return Class::Err(libc::ENOTDIR),
                 None => None,
             }
         };

@@ -4,11 +4,13 @@
 //! fanstore [--runtime-dir DIR] wait [--timeout S]    until every rank is Ready
 //! fanstore [--runtime-dir DIR] status                one table row per rank
 //! fanstore [--runtime-dir DIR] stop [--timeout S]    stop every rank, wait until gone
+//! fanstore [--runtime-dir DIR] sync                 drain outputs to --persist, keep running
+//! fanstore export DIR --to PLAIN_DIR                 drained outputs -> plain files
 //! ```
 //! The runtime directory defaults to the daemons' own default
 //! (`$FANSTORE_RUNTIME_DIR`, else `$TMPDIR/fanstore-<uid>-<job>`).
 
-use anyhow::bail;
+use anyhow::{bail, Context};
 use clap::{Parser, Subcommand};
 use fanstore_core::runtime::{self, NodeState, Status};
 use fanstore_core::wire::{op, Request};
@@ -41,6 +43,17 @@ enum Cmd {
         #[arg(long, default_value_t = 60.0)]
         timeout: f64,
     },
+    /// Drain every output to the --persist directory without stopping.
+    Sync {
+        #[arg(long, default_value_t = 600.0)]
+        timeout: f64,
+    },
+    /// Write the outputs drained to a --persist DIR as plain files under --to.
+    Export {
+        dir: std::path::PathBuf,
+        #[arg(long)]
+        to: std::path::PathBuf,
+    },
 }
 
 const TICK: Duration = Duration::from_millis(50);
@@ -52,6 +65,10 @@ fn main() {
         Cmd::Wait { timeout } => wait(&rt, Duration::from_secs_f64(timeout)),
         Cmd::Status => show_status(&rt),
         Cmd::Stop { timeout } => stop(&rt, Duration::from_secs_f64(timeout)),
+        Cmd::Sync { timeout } => sync(&rt, Duration::from_secs_f64(timeout)),
+        Cmd::Export { dir, to } => fanstore_daemon::persist::export(&dir, &to)
+            .map(|n| println!("fanstore: exported {n} files to {}", to.display()))
+            .map_err(anyhow::Error::from),
     };
     if let Err(e) = res {
         eprintln!("fanstore: {e:#}");
@@ -127,6 +144,33 @@ fn leftovers(rt: &Path) -> Vec<PathBuf> {
             n.starts_with("node-") && (n.ends_with(".sock") || n.ends_with(".state"))
         })
         .collect()
+}
+
+/// SYNC on every rank: first every rank copies the bytes it holds, then
+/// every rank writes the records it owns (only those whose bytes arrived).
+fn sync(rt: &Path, timeout: Duration) -> anyhow::Result<()> {
+    let states = runtime::list_states(rt);
+    let live: Vec<&NodeState> = states.iter().filter(|s| s.status == Status::Ready && alive(s)).collect();
+    if live.is_empty() {
+        bail!("no running daemon in {}", rt.display());
+    }
+    let mut counts = [0u64; 2];
+    for (i, phase) in [fanstore_core::wire::SYNC_DATA, fanstore_core::wire::SYNC_META].into_iter().enumerate() {
+        for s in &live {
+            let mut c = Client::connect(&runtime::socket_path(rt, s.rank), timeout)
+                .with_context(|| format!("connecting to rank {}", s.rank))?;
+            let (r, _) = c.call(&Request::new(op::SYNC, 1, phase, 0)).with_context(|| format!("rank {}", s.rank))?;
+            if r.errno == libc::EINVAL {
+                bail!("rank {} has no --persist directory", s.rank);
+            }
+            if r.errno != 0 {
+                bail!("rank {} failed to sync (errno {}; see its log)", s.rank, r.errno);
+            }
+            counts[i] += r.value;
+        }
+    }
+    println!("fanstore: synced {} files, {} records", counts[0], counts[1]);
+    Ok(())
 }
 
 fn stop(rt: &Path, timeout: Duration) -> anyhow::Result<()> {

@@ -22,7 +22,16 @@
 //!                        are never copied on arrival. A holder that cannot
 //!                        serve the file sends every piece empty.
 //! tag 2 (TAG_CTRL)     8 bytes: 0..4 op (1 = STOP) | 4..8 sender rank
+//! tag 3 (TAG_META_REQ) any rank -> metadata owner of an output path: one
+//!                        [`fanstore_core::wire::Request`] (ops in
+//!                        [`crate::outputs::mop`]), answered at once by the
+//!                        owner's [`MetaServer`] on this thread
+//! tag 4 (TAG_META_REP) owner -> asker: one [`fanstore_core::wire::Reply`]
+//!                        echoing the request id
 //! ```
+//!
+//! Outputs reuse TAG_REQUEST for their bytes: node ids with bit 31 set
+//! ([`OUT_BIT`]) name output files (`out/<id>` in the holder's local dir).
 //!
 //! The requester verifies the payload's xxh3 against the manifest (end to
 //! end: a bad local copy on the holder is caught too); this thread hashes
@@ -46,6 +55,10 @@ use table::{FetchState, ReqTable, Slot, Tags};
 
 pub const TAG_REQUEST: i32 = 1;
 pub const TAG_CTRL: i32 = 2;
+pub const TAG_META_REQ: i32 = 3;
+pub const TAG_META_REP: i32 = 4;
+/// Node ids with this bit set are output files (the rest is the output id).
+pub const OUT_BIT: u32 = 1 << 31;
 const CTRL_STOP: u32 = 1;
 
 /// Naps while idle grow from FIRST_NAP, doubling, up to a cap that depends
@@ -97,8 +110,28 @@ pub struct Fetch {
     pub timeout: Duration,
 }
 
+/// One metadata request to another rank (never to this one: the caller
+/// answers those itself). `msg` is an encoded wire Request with id `id`.
+pub struct MetaCall {
+    pub dest: u32,
+    pub id: u64,
+    pub msg: Vec<u8>,
+    pub reply: Sender<Vec<u8>>,
+    pub timeout: Duration,
+}
+
+/// Who waits for a metadata reply, and until when.
+type MetaWaiter = (Sender<Vec<u8>>, Instant);
+
+/// Answers metadata requests of peers (the owner side).
+pub trait MetaServer {
+    /// `msg` is an encoded wire Request; the result an encoded Reply.
+    fn handle_meta(&self, msg: &[u8]) -> Vec<u8>;
+}
+
 pub enum Command {
     Fetch(Fetch),
+    Meta(MetaCall),
     /// Shut the whole job down (this rank tells the others).
     Stop,
 }
@@ -217,6 +250,9 @@ pub struct Engine<'a> {
     spare: Vec<Vec<u8>>,
     /// Keep polling (yielding) this long after the last activity before napping.
     spin: Duration,
+    meta: Option<&'a dyn MetaServer>,
+    /// Metadata requests sent, by (destination, request id).
+    meta_pending: HashMap<(u32, u64), MetaWaiter>,
 }
 
 const SPARE_MAX: usize = 1 << 20;
@@ -240,7 +276,73 @@ impl<'a> Engine<'a> {
             done: Vec::new(),
             spare: Vec::new(),
             spin: Duration::ZERO,
+            meta: None,
+            meta_pending: HashMap::new(),
         }
+    }
+
+    /// Answers peers' metadata requests with `m`.
+    pub fn with_meta(mut self, m: &'a dyn MetaServer) -> Self {
+        self.meta = Some(m);
+        self
+    }
+
+    fn start_meta(&mut self, m: MetaCall) {
+        let small = m.msg.into_boxed_slice();
+        let id = self.id();
+        // SAFETY: `small` is boxed and kept in `sends` until the send completes.
+        match unsafe { self.comm.isend(small.as_ptr(), small.len(), m.dest, TAG_META_REQ) } {
+            Ok(req) => {
+                self.table.push(req, Slot::Sent { send: id });
+                self.sends.insert(id, PendingSend { buf: None, _small: small, outstanding: 1 });
+                self.meta_pending.insert((m.dest, m.id), (m.reply, Instant::now() + m.timeout));
+            }
+            Err(e) => log::warn!("rank {}: metadata request to rank {}: {e}", self.comm.rank, m.dest),
+        }
+    }
+
+    /// Serves peers' metadata requests and routes replies to their askers.
+    fn poll_meta(&mut self) -> bool {
+        let mut active = false;
+        while let Ok(Some((src, n))) = self.comm.iprobe(TAG_META_REQ) {
+            active = true;
+            let mut b = vec![0u8; n];
+            if !matches!(self.comm.recv_probed(&mut b, src, TAG_META_REQ), Ok(k) if k == n) {
+                continue;
+            }
+            let Some(m) = self.meta else { continue };
+            let reply = m.handle_meta(&b).into_boxed_slice();
+            let id = self.id();
+            // SAFETY: `reply` is boxed and kept in `sends` until the send completes.
+            match unsafe { self.comm.isend(reply.as_ptr(), reply.len(), src, TAG_META_REP) } {
+                Ok(req) => {
+                    self.table.push(req, Slot::Sent { send: id });
+                    self.sends.insert(id, PendingSend { buf: None, _small: reply, outstanding: 1 });
+                }
+                Err(e) => log::warn!("rank {}: metadata reply to rank {src}: {e}", self.comm.rank),
+            }
+        }
+        while let Ok(Some((src, n))) = self.comm.iprobe(TAG_META_REP) {
+            active = true;
+            let mut b = vec![0u8; n];
+            if !matches!(self.comm.recv_probed(&mut b, src, TAG_META_REP), Ok(k) if k == n) {
+                continue;
+            }
+            let Ok(rep) = fanstore_core::wire::Reply::decode(&b) else { continue };
+            if let Some((tx, _)) = self.meta_pending.remove(&(src, rep.id)) {
+                let _ = tx.send(b);
+            }
+        }
+        active
+    }
+
+    fn command(&mut self, c: Command) -> bool {
+        match c {
+            Command::Fetch(f) => self.start_fetch(f),
+            Command::Meta(m) => self.start_meta(m),
+            Command::Stop => return false,
+        }
+        true
     }
 
     /// Polls without napping for `spin` after each activity: lower latency
@@ -262,11 +364,12 @@ impl<'a> Engine<'a> {
             let mut active = false;
             loop {
                 match rx.try_recv() {
-                    Ok(Command::Fetch(f)) => {
+                    Ok(c) => {
                         active = true;
-                        self.start_fetch(f);
+                        if !self.command(c) {
+                            return StopCause::Local;
+                        }
                     }
-                    Ok(Command::Stop) => return StopCause::Local,
                     Err(TryRecvError::Empty) => break,
                     Err(TryRecvError::Disconnected) => return StopCause::Orphaned,
                 }
@@ -295,11 +398,12 @@ impl<'a> Engine<'a> {
                 continue;
             }
             match rx.recv_timeout(nap) {
-                Ok(Command::Fetch(f)) => {
+                Ok(c) => {
                     last_active = Instant::now();
-                    self.start_fetch(f);
+                    if !self.command(c) {
+                        return StopCause::Local;
+                    }
                 }
-                Ok(Command::Stop) => return StopCause::Local,
                 Err(RecvTimeoutError::Timeout) => nap = (nap * 2).min(nap_cap(now.duration_since(last_active))),
                 Err(RecvTimeoutError::Disconnected) => return StopCause::Orphaned,
             }
@@ -308,7 +412,7 @@ impl<'a> Engine<'a> {
 
     /// Work that needs polling to progress: fetches someone waits for, and sends.
     fn busy(&self) -> bool {
-        !self.sends.is_empty() || self.fetches.values().any(|f| !f.state.abandoned)
+        !self.sends.is_empty() || !self.meta_pending.is_empty() || self.fetches.values().any(|f| !f.state.abandoned)
     }
 
     fn id(&mut self) -> u64 {
@@ -398,6 +502,7 @@ impl<'a> Engine<'a> {
                 }
             }
         }
+        active |= self.poll_meta();
         // Control messages.
         if let Ok(Some((src, _))) = self.comm.iprobe(TAG_CTRL) {
             let mut b = [0u8; 8];
@@ -538,6 +643,7 @@ impl<'a> Engine<'a> {
 
     /// Answers fetches past their deadline; their receives stay posted.
     fn expire(&mut self, now: Instant) {
+        self.meta_pending.retain(|_, (_, deadline)| *deadline > now);
         for f in self.fetches.values_mut() {
             if !f.state.abandoned && now >= f.state.deadline {
                 f.state.abandoned = true;
@@ -584,6 +690,7 @@ impl<'a> Engine<'a> {
                 let _ = f.reply.send(Err(FetchError::ShuttingDown));
             }
         }
+        self.meta_pending.clear();
         // Cancel posted receives; they still complete (as cancelled).
         let n = self.table.len();
         for i in 0..n {
@@ -617,7 +724,7 @@ impl<'a> Engine<'a> {
     /// Receives and drops requests and control messages (used when stopping).
     fn drain_incoming(&mut self) -> bool {
         let mut any = false;
-        for tag in [TAG_REQUEST, TAG_CTRL] {
+        for tag in [TAG_REQUEST, TAG_CTRL, TAG_META_REQ, TAG_META_REP] {
             while let Ok(Some((src, n))) = self.comm.iprobe(tag) {
                 let mut b = vec![0u8; n.max(1)];
                 let _ = self.comm.recv_probed(&mut b, src, tag);

@@ -23,8 +23,14 @@ fn dir_seek(fd: c_int, off: off_t, whence: c_int) -> Option<off_t> {
 
 crate::hooks! {
     fn close(fd: c_int) -> c_int {
-        before_close(fd);
-        orig::close(fd)
+        match before_close(fd) {
+            None => orig::close(fd),
+            Some(e) => {
+                orig::close(fd);
+                crate::hooks::set_errno(e);
+                -1
+            }
+        }
     }
     fn close_range(first: c_uint, last: c_uint, flags: c_int) -> c_int {
         before_close_range(first, last, flags);

@@ -17,6 +17,15 @@ fn put_stat(buf: *mut libc::stat, n: &Node) -> c_int {
     0
 }
 
+/// The stat of output `vp` (a name that is not an input).
+fn out_stat(vp: &crate::ops::VPath) -> Result<libc::stat, c_int> {
+    let r = crate::ops::out::stat(vp.st, vp.rel)?;
+    if vp.must_be_dir && !r.is_dir() {
+        return Err(libc::ENOTDIR);
+    }
+    Ok(crate::ops::out::stat_of(vp.st, vp.rel, &r))
+}
+
 unsafe fn stat_common(
     name: &'static str,
     dirfd: c_int,
@@ -38,6 +47,14 @@ unsafe fn stat_common(
             -1,
             |vp| match stat_path(vp, follow) {
                 Outcome::Handled(n) => Outcome::Handled(put_stat(buf, &n)),
+                Outcome::Errno(libc::ENOENT) => match out_stat(vp) {
+                    Ok(s) => {
+                        // (inside the hook's unsafe block) buf is the caller's out-pointer for a struct stat.
+                        buf.write(s);
+                        Outcome::Handled(0)
+                    }
+                    Err(e) => Outcome::Errno(e),
+                },
                 Outcome::Errno(e) => Outcome::Errno(e),
                 Outcome::Passthrough => Outcome::Passthrough,
             },
@@ -75,9 +92,21 @@ fn fstat_common(name: &'static str, fd: c_int, buf: *mut libc::stat, real: impl 
         name,
         fd,
         -1,
-        |t| match fd_node(fd, t) {
-            Outcome::Handled(n) => Outcome::Handled(put_stat(buf, &n)),
-            other => other.map_none(),
+        |t| {
+            if let Some(r) = crate::ops::out::fd_stat(t) {
+                return match r {
+                    Ok(s) => {
+                        // SAFETY: buf is the caller's out-pointer for a struct stat.
+                        unsafe { buf.write(s) };
+                        Outcome::Handled(0)
+                    }
+                    Err(e) => Outcome::Errno(e),
+                };
+            }
+            match fd_node(fd, t) {
+                Outcome::Handled(n) => Outcome::Handled(put_stat(buf, &n)),
+                other => other.map_none(),
+            }
         },
         real,
     )
@@ -123,6 +152,15 @@ unsafe fn statx_common(
             -1,
             |vp| match stat_path(vp, follow) {
                 Outcome::Handled(n) => Outcome::Handled(put(&n)),
+                Outcome::Errno(libc::ENOENT) => match crate::ops::out::stat(vp.st, vp.rel) {
+                    Ok(r) if vp.must_be_dir && !r.is_dir() => Outcome::Errno(libc::ENOTDIR),
+                    Ok(r) => {
+                        // (inside the hook's unsafe block) buf is the caller's out-pointer for a struct statx.
+                        buf.write(crate::ops::out::statx_of(vp.st, vp.rel, &r));
+                        Outcome::Handled(0)
+                    }
+                    Err(e) => Outcome::Errno(e),
+                },
                 other => other.map_none(),
             },
             real,

@@ -24,12 +24,13 @@ unsafe fn fopen_common(
                 let Some(flags) = cbytes(mode).and_then(ops::open::fopen_flags) else {
                     return Outcome::Errno(libc::EINVAL);
                 };
-                let fd = match ops::open::open(vp, flags) {
+                let fd = match ops::open::open(vp, flags, 0o666) {
                     Outcome::Handled(fd) => fd,
                     Outcome::Errno(e) => return Outcome::Errno(e),
                     Outcome::Passthrough => return Outcome::Passthrough,
                 };
-                let f = libc::fdopen(fd, c"r".as_ptr());
+                let m = if matches!(fd_table::get(fd), Some(fd_table::Tracked::Output(_))) { mode } else { c"r".as_ptr() };
+                let f = libc::fdopen(fd, m);
                 if f.is_null() {
                     let e = *libc::__errno_location();
                     fd_table::clear(fd);
@@ -71,7 +72,7 @@ unsafe fn freopen_common(
                 let Some(flags) = cbytes(mode).and_then(ops::open::fopen_flags) else {
                     return Outcome::Errno(libc::EINVAL);
                 };
-                let fd = match ops::open::open(vp, flags) {
+                let fd = match ops::open::open(vp, flags, 0o666) {
                     Outcome::Handled(fd) => fd,
                     Outcome::Errno(e) => return Outcome::Errno(e),
                     Outcome::Passthrough => return Outcome::Passthrough,
@@ -114,9 +115,22 @@ crate::hooks! {
         freopen_common("freopen64", path, mode, stream, |p| orig::freopen64(p, mode, stream))
     }
     fn fclose(stream: *mut FILE) -> c_int {
+        let mut err = None;
         if fd_table::any() && !stream.is_null() {
-            ops::fd::before_close(libc::fileno(stream));
+            let fd = libc::fileno(stream);
+            if matches!(fd_table::get(fd), Some(fd_table::Tracked::Output(_))) {
+                // The stream's buffer must reach the memfd before the commit.
+                libc::fflush(stream);
+            }
+            err = ops::fd::before_close(fd);
         }
-        orig::fclose(stream)
+        let r = orig::fclose(stream);
+        match err {
+            Some(e) => {
+                super::set_errno(e);
+                -1
+            }
+            None => r,
+        }
     }
 }

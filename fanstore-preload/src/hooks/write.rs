@@ -43,18 +43,20 @@ unsafe fn two_paths(
             let v1 = if let Class::Virtual(v) = &c1 { Some(v) } else { None };
             let v2 = if let Class::Virtual(v) = &c2 { Some(v) } else { None };
             if v1.is_none() && v2.is_none() {
-                return Ok((r1, r2));
+                return Ok(Some((r1, r2)));
             }
             match virt(v1, v2) {
                 Outcome::Errno(e) => Err(e),
-                _ => Err(libc::EROFS),
+                Outcome::Handled(_) => Ok(None),
+                Outcome::Passthrough => Err(libc::EROFS),
             }
         },
         Err(libc::EIO),
     );
     drop(g);
     match step {
-        Ok((r1, r2)) => real(if r1 { s1.ptr() } else { p1 }, if r2 { s2.ptr() } else { p2 }),
+        Ok(Some((r1, r2))) => real(if r1 { s1.ptr() } else { p1 }, if r2 { s2.ptr() } else { p2 }),
+        Ok(None) => 0,
         Err(e) => {
             crate::dlog!("{name}({}, {}) = {}", crate::debug::B(b1), crate::debug::B(b2), crate::debug::E(e));
             set_errno(e);
@@ -64,6 +66,13 @@ unsafe fn two_paths(
 }
 
 fn rename_like(a: Option<&VPath>, b: Option<&VPath>) -> Outcome<c_int> {
+    match (a, b) {
+        (Some(a), Some(b)) => write::rename(a, b),
+        (a, b) => link_like(a, b),
+    }
+}
+
+fn link_like(a: Option<&VPath>, b: Option<&VPath>) -> Outcome<c_int> {
     match (a, b) {
         (Some(a), b) => write::source(a, b.is_some()),
         (None, Some(_)) => Outcome::Errno(libc::EXDEV),
@@ -117,10 +126,10 @@ crate::hooks! {
         path_hook("rmdir", libc::AT_FDCWD, path, -1, write::rmdir, |p| orig::rmdir(p))
     }
     fn mkdir(path: *const c_char, mode: mode_t) -> c_int {
-        path_hook("mkdir", libc::AT_FDCWD, path, -1, write::create, |p| orig::mkdir(p, mode))
+        path_hook("mkdir", libc::AT_FDCWD, path, -1, |vp| write::mkdir(vp, mode as u32), |p| orig::mkdir(p, mode))
     }
     fn mkdirat(dirfd: c_int, path: *const c_char, mode: mode_t) -> c_int {
-        path_hook("mkdirat", dirfd, path, -1, write::create, |p| orig::mkdirat(dirfd, p, mode))
+        path_hook("mkdirat", dirfd, path, -1, |vp| write::mkdir(vp, mode as u32), |p| orig::mkdirat(dirfd, p, mode))
     }
     fn mknod(path: *const c_char, mode: mode_t, dev: dev_t) -> c_int {
         path_hook("mknod", libc::AT_FDCWD, path, -1, write::create, |p| orig::mknod(p, mode, dev))
@@ -150,10 +159,10 @@ crate::hooks! {
         two_paths("renameat2", d1, old, d2, new, rename_like, |a, b| orig::renameat2(d1, a, d2, b, flags))
     }
     fn link(old: *const c_char, new: *const c_char) -> c_int {
-        two_paths("link", libc::AT_FDCWD, old, libc::AT_FDCWD, new, rename_like, |a, b| orig::link(a, b))
+        two_paths("link", libc::AT_FDCWD, old, libc::AT_FDCWD, new, link_like, |a, b| orig::link(a, b))
     }
     fn linkat(d1: c_int, old: *const c_char, d2: c_int, new: *const c_char, flags: c_int) -> c_int {
-        two_paths("linkat", d1, old, d2, new, rename_like, |a, b| orig::linkat(d1, a, d2, b, flags))
+        two_paths("linkat", d1, old, d2, new, link_like, |a, b| orig::linkat(d1, a, d2, b, flags))
     }
     fn utime(path: *const c_char, times: *const libc::utimbuf) -> c_int {
         path_hook("utime", libc::AT_FDCWD, path, -1, |vp| write::modify(vp, true), |p| orig::utime(p, times))

@@ -23,12 +23,14 @@ pub fn chdir(vp: &VPath) -> Outcome<c_int> {
 
 pub fn fchdir(_fd: c_int, t: Tracked) -> Outcome<c_int> {
     match (t, state::current()) {
+        // Output directories are not a virtual cwd (known limit).
+        (Tracked::Dir { node, .. }, _) if node & crate::outputs::OUT_DIR != 0 => Outcome::Errno(libc::ENOTSUP),
         (Tracked::Dir { node, .. }, Some(st)) => {
             enter(st, node);
             Outcome::Handled(0)
         }
         (Tracked::Dir { .. }, None) => Outcome::Passthrough,
-        (Tracked::File(_), _) => Outcome::Errno(libc::ENOTDIR),
+        (Tracked::File(_) | Tracked::Output(_), _) => Outcome::Errno(libc::ENOTDIR),
     }
 }
 

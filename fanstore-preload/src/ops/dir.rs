@@ -11,6 +11,12 @@ use libc::c_int;
 pub fn opendir(vp: &VPath) -> Outcome<Box<VDir>> {
     let n = match resolve(vp.st, vp.rel, true, true) {
         Ok(n) => n,
+        Err(libc::ENOENT) => {
+            return match super::out::open_dir(vp, libc::O_CLOEXEC) {
+                Ok((fd, node)) => Outcome::Handled(VDir::new(fd, node)),
+                Err(e) => Outcome::Errno(e),
+            }
+        }
         Err(e) => return Outcome::Errno(e),
     };
     match open_dir(vp.st, &n, libc::O_CLOEXEC) {
@@ -23,12 +29,17 @@ pub fn opendir(vp: &VPath) -> Outcome<Box<VDir>> {
 pub fn fdopendir(fd: c_int, t: Tracked) -> Outcome<Box<VDir>> {
     match t {
         Tracked::Dir { node, .. } => Outcome::Handled(VDir::new(fd, node)),
-        Tracked::File(_) => Outcome::Errno(libc::ENOTDIR),
+        Tracked::File(_) | Tracked::Output(_) => Outcome::Errno(libc::ENOTDIR),
     }
 }
 
 /// closedir of one of our streams.
 pub fn closedir(d: Box<VDir>) -> c_int {
+    if let Some(Tracked::Dir { node, .. }) = fd_table::get(d.fd) {
+        if node & crate::outputs::OUT_DIR != 0 {
+            crate::outputs::release_dir(node);
+        }
+    }
     fd_table::clear(d.fd);
     // SAFETY: the stream owns its fd.
     unsafe { crate::real::close(d.fd) }

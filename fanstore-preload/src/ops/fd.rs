@@ -2,15 +2,35 @@
 //! updated before a real close (so a racing open reusing the number is never
 //! clobbered) and after a successful dup.
 
-use crate::fd_table;
+use crate::fd_table::{self, Tracked};
 use libc::c_int;
 
+/// Before a real close of `fd`. Returns the errno the close must report
+/// (the commit of an output whose last fd this was failed).
 #[inline]
-pub fn before_close(fd: c_int) {
+pub fn before_close(fd: c_int) -> Option<c_int> {
+    let mut err = None;
     if fd_table::any() {
+        match fd_table::get(fd) {
+            Some(Tracked::Output(idx)) if crate::outputs::is_foreign(idx) => {
+                // A (v)forked child closing the parent's output: not ours to touch.
+                crate::client::forget_range(fd, fd);
+                return None;
+            }
+            Some(Tracked::Output(idx)) => {
+                let _g = crate::guard::Guard::enter();
+                err = crate::outputs::closing(fd, idx);
+            }
+            Some(Tracked::Dir { node, .. }) if node & crate::outputs::OUT_DIR != 0 => {
+                fd_table::clear(fd);
+                crate::outputs::release_dir(node);
+            }
+            _ => {}
+        }
         fd_table::clear(fd);
     }
     crate::client::forget_range(fd, fd);
+    err
 }
 
 /// After `new = dup(old)` (or dup2/dup3/F_DUPFD) returned `r`.
@@ -18,6 +38,11 @@ pub fn before_close(fd: c_int) {
 pub fn after_dup(old: c_int, r: c_int) {
     if r >= 0 && fd_table::any() {
         fd_table::copy(old, r);
+        match fd_table::get(r) {
+            Some(Tracked::Output(idx)) => crate::outputs::add_ref(r, idx),
+            Some(Tracked::Dir { node, .. }) if node & crate::outputs::OUT_DIR != 0 => crate::outputs::add_ref(r, node),
+            _ => {}
+        }
     }
 }
 
@@ -26,7 +51,15 @@ pub fn after_dup(old: c_int, r: c_int) {
 pub fn before_dup2(old: c_int, new: c_int) {
     if old != new {
         if fd_table::any() {
-            fd_table::clear(new);
+            match fd_table::get(new) {
+                Some(Tracked::Output(idx)) if crate::outputs::is_foreign(idx) => {}
+                Some(Tracked::Output(idx)) => {
+                    let _g = crate::guard::Guard::enter();
+                    let _ = crate::outputs::closing(new, idx);
+                    fd_table::clear(new);
+                }
+                _ => fd_table::clear(new),
+            }
         }
         crate::client::forget_range(new, new);
     }
@@ -34,7 +67,18 @@ pub fn before_dup2(old: c_int, new: c_int) {
 
 pub fn before_close_range(lo: u32, hi: u32, flags: c_int) {
     if flags & (libc::CLOSE_RANGE_CLOEXEC as c_int) == 0 {
+        let (foreign, n) = if fd_table::any() {
+            let _g = crate::guard::Guard::enter();
+            crate::outputs::closing_range(lo, hi);
+            crate::outputs::foreign_in_range(lo, hi)
+        } else {
+            ([(0, 0); 64], 0)
+        };
         fd_table::clear_range(lo, hi);
+        // After vfork the table is the parent's: its outputs stay tracked.
+        for &(fd, idx) in &foreign[..n] {
+            fd_table::set(fd, Tracked::Output(idx));
+        }
         crate::client::forget_range(lo.min(i32::MAX as u32) as c_int, hi.min(i32::MAX as u32) as c_int);
     }
 }

@@ -10,6 +10,14 @@ use libc::c_int;
 pub fn access(vp: &VPath, mode: c_int, follow: bool) -> Outcome<c_int> {
     let n = match resolve(vp.st, vp.rel, vp.must_be_dir, follow) {
         Ok(n) => n,
+        Err(libc::ENOENT) => {
+            return match super::out::stat(vp.st, vp.rel) {
+                Ok(r) if mode & libc::X_OK != 0 && !r.is_dir() && r.mode & 0o111 == 0 => Outcome::Errno(libc::EACCES),
+                Ok(r) if vp.must_be_dir && !r.is_dir() => Outcome::Errno(libc::ENOTDIR),
+                Ok(_) => Outcome::Handled(0),
+                Err(e) => Outcome::Errno(e),
+            }
+        }
         Err(e) => return Outcome::Errno(e),
     };
     if mode & libc::W_OK != 0 {

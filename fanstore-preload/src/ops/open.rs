@@ -8,7 +8,7 @@
 //! - directory: an fd on a real empty read-only directory, tracked as the
 //!   virtual directory (for fdopendir, fstat, fchdir, openat, getdents64).
 
-use super::{create_errno, is_symlink, resolve, Node, Outcome, VPath};
+use super::{is_symlink, resolve, Node, Outcome, VPath};
 use crate::client;
 use crate::fd_table::{self, Tracked};
 use crate::state::State;
@@ -23,7 +23,11 @@ pub fn wants_write(flags: c_int) -> bool {
 }
 
 /// open(2) of a path under the mount.
-pub fn open(vp: &VPath, flags: c_int) -> Outcome<c_int> {
+///
+/// Names that are not inputs are outputs ([`super::out::open`]): O_CREAT of
+/// a new name, or writing an existing output, gives a memfd committed on the
+/// last close; reading an output gives an fd with its bytes.
+pub fn open(vp: &VPath, flags: c_int, mode: u32) -> Outcome<c_int> {
     if flags & libc::O_TMPFILE == libc::O_TMPFILE {
         return Outcome::Errno(match resolve(vp.st, vp.rel, true, true) {
             Ok(_) => libc::EROFS,
@@ -35,9 +39,7 @@ pub fn open(vp: &VPath, flags: c_int) -> Outcome<c_int> {
     let follow = flags & libc::O_NOFOLLOW == 0 && !excl;
     let n = match resolve(vp.st, vp.rel, vp.must_be_dir && !creat, follow) {
         Ok(n) => n,
-        Err(libc::ENOENT) if creat => {
-            return Outcome::Errno(if vp.must_be_dir { libc::EISDIR } else { create_errno(vp) });
-        }
+        Err(libc::ENOENT) => return super::out::open(vp, flags, mode),
         Err(e) => return Outcome::Errno(e),
     };
     if excl {

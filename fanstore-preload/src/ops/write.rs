@@ -1,5 +1,6 @@
-//! Namespace changes and writes on the dataset: the errno a read-only file
-//! system gives, chosen the way Linux chooses it (lookup errors first).
+//! Namespace changes and writes: inputs give the errno a read-only file
+//! system gives, chosen the way Linux chooses it (lookup errors first);
+//! names that are not inputs are outputs, handled by [`super::out`].
 
 use super::{create_errno, resolve, Outcome, VPath};
 use libc::c_int;
@@ -10,6 +11,7 @@ pub fn unlink(vp: &VPath) -> Outcome<c_int> {
         Ok(n) if n.is_dir() => libc::EISDIR,
         Ok(_) if vp.must_be_dir => libc::ENOTDIR,
         Ok(_) => libc::EROFS,
+        Err(libc::ENOENT) => return super::out::unlink(vp),
         Err(e) => e,
     })
 }
@@ -20,11 +22,17 @@ pub fn rmdir(vp: &VPath) -> Outcome<c_int> {
         Ok(n) if !n.is_dir() => libc::ENOTDIR,
         Ok(_) if vp.rel.is_empty() => libc::EBUSY,
         Ok(_) => libc::EROFS,
+        Err(libc::ENOENT) => return super::out::rmdir(vp),
         Err(e) => e,
     })
 }
 
-/// mkdir, mknod, mkfifo, symlink (at the link path), link (at the new path).
+/// mkdir: an output directory (EEXIST on an input name).
+pub fn mkdir(vp: &VPath, mode: u32) -> Outcome<c_int> {
+    super::out::mkdir(vp, mode)
+}
+
+/// mknod, mkfifo, symlink (at the link path), link (at the new path).
 pub fn create(vp: &VPath) -> Outcome<c_int> {
     Outcome::Errno(create_errno(vp))
 }
@@ -52,6 +60,19 @@ pub fn source(vp: &VPath, other_virtual: bool) -> Outcome<c_int> {
     Outcome::Errno(match resolve(vp.st, vp.rel, false, false) {
         Ok(_) if other_virtual => libc::EROFS,
         Ok(_) => libc::EXDEV,
+        Err(libc::ENOENT) if !other_virtual => match super::out::stat(vp.st, vp.rel) {
+            Ok(_) => libc::EXDEV,
+            Err(e) => e,
+        },
         Err(e) => e,
     })
+}
+
+/// rename/renameat/renameat2 inside the mount: outputs move (atomically
+/// replacing an output at the destination), inputs stay (EROFS).
+pub fn rename(a: &VPath, b: &VPath) -> Outcome<c_int> {
+    match resolve(a.st, a.rel, false, false) {
+        Err(libc::ENOENT) => super::out::rename(a, b),
+        _ => source(a, true),
+    }
 }

@@ -1,0 +1,469 @@
+//! The write path on the daemon side: COMMIT, OUT_STAT, OUT_OPEN, OUT_LIST,
+//! MKDIR, RMDIR, UNLINK, RENAME of outputs.
+//!
+//! COMMIT: the client's memfd is copied to `<local>/out/<id>` and fsynced,
+//! then the record (size, mode, mtime, holder = this rank, id, xxh3) is put
+//! at the metadata owner (rank xxh3(path) mod N, [`crate::meta`]), then the
+//! name is added to the listing of its parent at the parent's owner. The
+//! client's close returns after both acknowledgements: from then on any
+//! stat on any node (which asks the owner) sees the whole file. A failed
+//! write (ENOSPC, EIO) registers nothing. A replaced output's old bytes are
+//! deleted when they are on this rank (else left on their holder's SSD
+//! until the job ends).
+//!
+//! RENAME of a file: the record is put at the destination's owner (replacing
+//! any file there), then removed at the source's owner (only if it is still
+//! the same output), then the listings follow. Between the first and second
+//! step both names show the same bytes; a reader never sees a missing or
+//! partial destination. Directories are not renamed: EXDEV, which makes
+//! `mv` and `shutil.move` fall back to copy + delete.
+
+use crate::comm::{Command, Fetch, MetaCall, MetaServer, RecvBuf, OUT_BIT};
+use crate::memfd::MemfdBuilder;
+use crate::meta::mop;
+use crate::node::Node;
+use fanstore_core::checksum::xxh3;
+use fanstore_core::wire::{self, OutRecord, Reply, Request};
+use std::os::fd::{AsRawFd, OwnedFd};
+use std::os::unix::fs::OpenOptionsExt;
+use std::path::PathBuf;
+use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
+use std::time::Duration;
+
+/// How long a metadata request to another rank may take.
+const META_TIMEOUT: Duration = Duration::from_secs(10);
+
+static META_IDS: AtomicU64 = AtomicU64::new(1);
+
+fn parent(path: &[u8]) -> (&[u8], &[u8]) {
+    match path.iter().rposition(|&b| b == b'/') {
+        Some(i) => (&path[..i], &path[i + 1..]),
+        None => (&[], path),
+    }
+}
+
+fn io_errno(e: &std::io::Error) -> i32 {
+    match e.raw_os_error() {
+        Some(libc::ENOSPC) => libc::ENOSPC,
+        Some(libc::EDQUOT) => libc::EDQUOT,
+        _ => libc::EIO,
+    }
+}
+
+fn now_ns() -> i64 {
+    std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map_or(0, |d| d.as_nanos() as i64)
+}
+
+impl MetaServer for Node {
+    fn handle_meta(&self, msg: &[u8]) -> Vec<u8> {
+        match Request::decode(msg) {
+            Ok(req) => self.meta.lock().unwrap_or_else(|p| p.into_inner()).handle(&req).encode(),
+            Err(_) => Reply { op: 0, id: 0, errno: libc::EINVAL, flags: 0, value: 0, payload: Vec::new() }.encode(),
+        }
+    }
+}
+
+impl Node {
+    pub fn out_dir(&self) -> PathBuf {
+        self.id.local_dir.join("out")
+    }
+
+    fn out_file(&self, id: u64) -> PathBuf {
+        self.out_dir().join(id.to_string())
+    }
+
+    /// `out/<id>.rec`: the path and record of a held output, so a restart
+    /// with the same `--local` can register it again ([`Node::recover`]).
+    fn sidecar(&self, id: u64) -> PathBuf {
+        self.out_dir().join(format!("{id}.rec"))
+    }
+
+    fn write_sidecar(&self, path: &[u8], rec: &OutRecord) -> Result<(), i32> {
+        let file = self.sidecar(rec.id);
+        let tmp = self.out_dir().join(format!("{}.rec.tmp", rec.id));
+        let res = (|| {
+            use std::io::Write;
+            let mut f = std::fs::File::create(&tmp)?;
+            f.write_all(&crate::persist::encode_index(&[(path.to_vec(), *rec)]))?;
+            f.sync_all()?;
+            std::fs::rename(&tmp, &file)
+        })();
+        res.map_err(|e| {
+            let _ = std::fs::remove_file(&tmp);
+            io_errno(&e)
+        })
+    }
+
+    /// The metadata owner of `path`.
+    pub fn owner(&self, path: &[u8]) -> u32 {
+        (xxh3(path) % self.id.nranks.max(1) as u64) as u32
+    }
+
+    /// One metadata request at the owner of `key`: answered here when this
+    /// rank owns it, else over MPI (bounded wait).
+    fn meta_at(&self, key: &[u8], op: u16, arg0: u64, payload: Vec<u8>) -> Result<Reply, i32> {
+        let dest = self.owner(key);
+        let id = META_IDS.fetch_add(1, Relaxed);
+        let req = Request { op, id, arg0, arg1: 0, payload };
+        let rep = if dest == self.id.rank {
+            self.meta.lock().unwrap_or_else(|p| p.into_inner()).handle(&req)
+        } else {
+            let (tx, rx) = crossbeam::channel::bounded(1);
+            let call = MetaCall { dest, id, msg: req.encode(), reply: tx, timeout: META_TIMEOUT };
+            self.comm.send(Command::Meta(call)).map_err(|_| libc::EIO)?;
+            let b = rx.recv_timeout(META_TIMEOUT + Duration::from_secs(1)).map_err(|_| {
+                log::warn!("rank {}: metadata rank {dest} did not answer", self.id.rank);
+                libc::EIO
+            })?;
+            Reply::decode(&b).map_err(|_| libc::EIO)?
+        };
+        if rep.errno != 0 {
+            return Err(rep.errno);
+        }
+        Ok(rep)
+    }
+
+    fn link(&self, path: &[u8], kind: u8, add: bool) -> Result<(), i32> {
+        let (dir, name) = parent(path);
+        let mut p = dir.to_vec();
+        p.push(0);
+        p.extend_from_slice(name);
+        let op = if add { mop::ADD } else { mop::REMOVE };
+        self.meta_at(dir, op, kind as u64, p).map(|_| ())
+    }
+
+    /// The record of output `path` (file or directory).
+    pub fn out_stat(&self, path: &[u8]) -> Result<OutRecord, i32> {
+        let r = self.meta_at(path, mop::GET, 0, path.to_vec())?;
+        OutRecord::decode(&r.payload).ok_or(libc::EIO)
+    }
+
+    /// Ok if `dir` is an input or output directory.
+    fn dir_exists(&self, dir: &[u8]) -> Result<(), i32> {
+        if let Some(n) = self.view.lookup(dir) {
+            return if n.is_dir() { Ok(()) } else { Err(libc::ENOTDIR) };
+        }
+        match self.out_stat(dir) {
+            Ok(r) if r.is_dir() => Ok(()),
+            Ok(_) => Err(libc::ENOTDIR),
+            Err(e) => Err(e),
+        }
+    }
+
+    fn put(&self, path: &[u8], rec: OutRecord, excl: bool) -> Result<(), i32> {
+        let mut p = Vec::with_capacity(OutRecord::LEN + path.len());
+        rec.encode_into(&mut p);
+        p.extend_from_slice(path);
+        let r = self.meta_at(path, mop::PUT, if excl { wire::COMMIT_EXCL } else { 0 }, p)?;
+        if let Some(old) = OutRecord::decode(&r.payload) {
+            self.drop_data(&old);
+        }
+        Ok(())
+    }
+
+    /// Deletes the bytes of a replaced or unlinked output if this rank holds them.
+    fn drop_data(&self, old: &OutRecord) {
+        if old.holder == self.id.rank && old.holder != crate::persist::PERSISTED && !old.is_dir() {
+            let _ = std::fs::remove_file(self.out_file(old.id));
+            let _ = std::fs::remove_file(self.sidecar(old.id));
+        }
+    }
+
+    /// COMMIT: stores the bytes of `fd`, then registers `path` with its owner.
+    pub fn commit(&self, path: &[u8], fd: &OwnedFd, excl: bool, mode: u32) -> Result<(), i32> {
+        if path.is_empty() {
+            return Err(libc::EEXIST);
+        }
+        if self.view.lookup(path).is_some() {
+            return Err(if excl { libc::EEXIST } else { libc::EROFS });
+        }
+        self.dir_exists(parent(path).0)?;
+        let id = self.out_seq.fetch_add(1, Relaxed);
+        if id >= OUT_BIT as u64 {
+            return Err(libc::ENOSPC);
+        }
+        let file = self.out_file(id);
+        let (size, sum) = self.store(fd, &file).inspect_err(|_| {
+            let _ = std::fs::remove_file(&file);
+        })?;
+        let rec = OutRecord { size, mode: libc::S_IFREG | (mode & 0o7777), holder: self.id.rank, mtime_ns: now_ns(), id, sum };
+        if let Err(e) = self.write_sidecar(path, &rec) {
+            let _ = std::fs::remove_file(&file);
+            return Err(e);
+        }
+        if let Err(e) = self.put(path, rec, excl) {
+            let _ = std::fs::remove_file(&file);
+            let _ = std::fs::remove_file(self.sidecar(id));
+            return Err(e);
+        }
+        self.link(path, wire::KIND_FILE, true)?;
+        self.counters.outputs.fetch_add(1, Relaxed);
+        Ok(())
+    }
+
+    /// Copies the bytes of `fd` to `file` and fsyncs it: (size, xxh3).
+    fn store(&self, fd: &OwnedFd, file: &std::path::Path) -> Result<(u64, u64), i32> {
+        let src = std::fs::File::from(fd.try_clone().map_err(|_| libc::EMFILE)?);
+        let size = src.metadata().map_err(|_| libc::EIO)?.len();
+        let map = if size > 0 {
+            // SAFETY: the client handed us its memfd at close and no longer
+            // writes it; the mapping is read-only and private.
+            Some(unsafe { memmap2::MmapOptions::new().map(&src) }.map_err(|_| libc::EIO)?)
+        } else {
+            None
+        };
+        let bytes: &[u8] = map.as_deref().unwrap_or(&[]);
+        let sum = xxh3(bytes);
+        if let Err(e) = std::fs::create_dir_all(self.out_dir()) {
+            return Err(io_errno(&e));
+        }
+        let write = || -> std::io::Result<()> {
+            use std::io::Write;
+            let mut f = std::fs::OpenOptions::new().write(true).create_new(true).mode(0o600).open(file)?;
+            f.write_all(bytes)?;
+            f.sync_all()
+        };
+        write().map_err(|e| {
+            log::warn!("rank {}: storing an output at {}: {e}", self.id.rank, file.display());
+            io_errno(&e)
+        })?;
+        Ok((size, sum))
+    }
+
+    /// OUT_OPEN: an fd with the bytes of output `path`.
+    pub fn out_open(&self, path: &[u8]) -> Result<OwnedFd, i32> {
+        let rec = self.out_stat(path)?;
+        if rec.is_dir() {
+            return Err(libc::EISDIR);
+        }
+        if rec.holder == crate::persist::PERSISTED {
+            let dir = self.persist.get().ok_or(libc::EIO)?;
+            return std::fs::OpenOptions::new()
+                .read(true)
+                .custom_flags(libc::O_CLOEXEC)
+                .open(crate::persist::data_path(dir, &rec))
+                .map(OwnedFd::from)
+                .map_err(|e| {
+                    log::error!("rank {}: persisted output '{}': {e}", self.id.rank, String::from_utf8_lossy(path));
+                    libc::EIO
+                });
+        }
+        if rec.holder == self.id.rank {
+            return std::fs::OpenOptions::new()
+                .read(true)
+                .custom_flags(libc::O_CLOEXEC)
+                .open(self.out_file(rec.id))
+                .map(OwnedFd::from)
+                .map_err(|_| libc::ENOENT); // replaced or removed meanwhile
+        }
+        let target = MemfdBuilder::unmapped(&format!("fanstore:out:{}", rec.id), rec.size).map_err(|_| libc::ENOMEM)?;
+        if rec.size > 0 {
+            let len = usize::try_from(rec.size).map_err(|_| libc::EFBIG)?;
+            let buf = RecvBuf { buf: vec![0u8; len], len };
+            let (tx, rx) = crossbeam::channel::bounded(1);
+            let timeout = self.remote_timeout + Duration::from_secs(rec.size / (64 << 20));
+            let cmd = Command::Fetch(Fetch { node_id: OUT_BIT | rec.id as u32, holder: rec.holder, stored_len: rec.size, buf, reply: tx, timeout });
+            self.comm.send(cmd).map_err(|_| libc::EIO)?;
+            match rx.recv_timeout(timeout + Duration::from_secs(2)) {
+                Ok(Ok((b, sum))) if sum == rec.sum => target.write_at(b.bytes(), 0).map_err(|_| libc::EIO)?,
+                Ok(Ok(_)) => {
+                    log::warn!("rank {}: output '{}' fails its checksum", self.id.rank, String::from_utf8_lossy(path));
+                    return Err(libc::EIO);
+                }
+                _ => return Err(libc::EIO),
+            }
+        }
+        let fd = target.seal().map_err(|_| libc::EIO)?;
+        // A fresh description per open (own offset) is what a memfd from
+        // seal() already is.
+        let _ = fd.as_raw_fd();
+        Ok(fd)
+    }
+
+    /// OUT_LIST: entries of output listing `dir` after `skip`.
+    pub fn out_list(&self, dir: &[u8], skip: u64) -> Result<Reply, i32> {
+        self.meta_at(dir, mop::LIST, skip, dir.to_vec())
+    }
+
+    pub fn out_mkdir(&self, path: &[u8], mode: u32) -> Result<(), i32> {
+        if path.is_empty() || self.view.lookup(path).is_some() {
+            return Err(libc::EEXIST);
+        }
+        self.dir_exists(parent(path).0)?;
+        let rec = OutRecord { mode: libc::S_IFDIR | (mode & 0o7777), holder: self.id.rank, mtime_ns: now_ns(), ..Default::default() };
+        let mut p = Vec::new();
+        rec.encode_into(&mut p);
+        p.extend_from_slice(path);
+        self.meta_at(path, mop::MKDIR, 0, p)?;
+        self.link(path, wire::KIND_DIR, true)
+    }
+
+    pub fn out_rmdir(&self, path: &[u8]) -> Result<(), i32> {
+        if let Some(n) = self.view.lookup(path) {
+            return Err(if n.is_dir() { libc::EROFS } else { libc::ENOTDIR });
+        }
+        self.meta_at(path, mop::RMDIR, 0, path.to_vec())?;
+        self.link(path, wire::KIND_DIR, false)
+    }
+
+    pub fn out_unlink(&self, path: &[u8]) -> Result<(), i32> {
+        if let Some(n) = self.view.lookup(path) {
+            return Err(if n.is_dir() { libc::EISDIR } else { libc::EROFS });
+        }
+        let r = self.meta_at(path, mop::DEL, 0, path.to_vec())?;
+        if let Some(old) = OutRecord::decode(&r.payload) {
+            self.drop_data(&old);
+        }
+        self.link(path, wire::KIND_FILE, false)
+    }
+
+    pub fn out_rename(&self, from: &[u8], to: &[u8]) -> Result<(), i32> {
+        if self.view.lookup(from).is_some() || self.view.lookup(to).is_some() {
+            return Err(libc::EROFS);
+        }
+        let rec = self.out_stat(from)?;
+        if from == to {
+            return Ok(());
+        }
+        if rec.is_dir() {
+            return Err(libc::EXDEV);
+        }
+        self.dir_exists(parent(to).0)?;
+        if rec.holder == self.id.rank {
+            // A restart with the same --local recovers it under the new name.
+            self.write_sidecar(to, &rec)?;
+        }
+        self.put(to, rec, false)?;
+        self.link(to, wire::KIND_FILE, true)?;
+        match self.meta_at(from, mop::DEL, rec.id, from.to_vec()) {
+            Ok(_) | Err(libc::ENOENT) => {}
+            Err(e) => return Err(e),
+        }
+        self.link(from, wire::KIND_FILE, false)
+    }
+}
+
+impl Node {
+    /// Loads the records drained to `dir` by an earlier job: those this rank
+    /// owns now, and the listings of the directories it owns. Returns how
+    /// many records it keeps.
+    pub fn load_persisted(&self, dir: &std::path::Path) -> Result<usize, crate::persist::PersistError> {
+        let all = crate::persist::read_all(dir)?;
+        let mut m = self.meta.lock().unwrap_or_else(|p| p.into_inner());
+        let mut n = 0;
+        for (path, mut rec) in all {
+            if self.view.lookup(&path).is_some() {
+                continue; // an input of this dataset now: inputs win
+            }
+            if self.owner(&path) == self.id.rank {
+                if !rec.is_dir() {
+                    rec.holder = crate::persist::PERSISTED;
+                }
+                m.insert(&path, rec);
+                n += 1;
+            }
+            let (d, name) = parent(&path);
+            if self.owner(d) == self.id.rank {
+                m.add_child(d, name, if rec.is_dir() { wire::KIND_DIR } else { wire::KIND_FILE });
+            }
+        }
+        Ok(n)
+    }
+
+    /// Drains to `dir`: the output bytes this rank holds, then the records it
+    /// owns (files now held by `dir`). Returns (files copied, records).
+    pub fn drain(&self, dir: &std::path::Path) -> Result<(usize, usize), crate::persist::PersistError> {
+        let files = self.drain_data(dir)?;
+        let recs = self.drain_meta(dir, false)?;
+        Ok((files, recs))
+    }
+
+    /// Copies every output file this rank holds into `dir` (content-addressed).
+    pub fn drain_data(&self, dir: &std::path::Path) -> Result<usize, crate::persist::PersistError> {
+        let mut files = 0;
+        if let Ok(rd) = std::fs::read_dir(self.out_dir()) {
+            for e in rd.flatten() {
+                if e.path().extension().is_some() {
+                    continue; // sidecars
+                }
+                crate::persist::drain_file(dir, &e.path())?;
+                files += 1;
+            }
+        }
+        Ok(files)
+    }
+
+    /// Writes the records this rank owns to `dir`; with `only_present`, only
+    /// files whose bytes are already there (a sync racing with commits).
+    pub fn drain_meta(&self, dir: &std::path::Path, only_present: bool) -> Result<usize, crate::persist::PersistError> {
+        let mut recs = self.meta.lock().unwrap_or_else(|p| p.into_inner()).all();
+        if only_present {
+            recs.retain(|(_, r)| r.is_dir() || crate::persist::data_path(dir, r).exists());
+        }
+        for (_, r) in recs.iter_mut() {
+            if !r.is_dir() {
+                r.holder = crate::persist::PERSISTED;
+            }
+        }
+        recs.sort_by(|a, b| a.0.cmp(&b.0));
+        crate::persist::write_index(dir, self.id.rank, self.id.nranks, &recs)?;
+        Ok(recs.len())
+    }
+}
+
+impl Node {
+    /// Creates the output directories leading to `dir` that are missing
+    /// (recovered files whose directories lived in a dead rank's memory).
+    fn ensure_dirs(&self, dir: &[u8]) {
+        if dir.is_empty() || self.view.lookup(dir).is_some() {
+            return;
+        }
+        self.ensure_dirs(parent(dir).0);
+        match self.out_mkdir(dir, 0o755) {
+            Ok(()) | Err(libc::EEXIST) => {}
+            Err(e) => log::warn!("rank {}: recreating '{}': errno {e}", self.id.rank, String::from_utf8_lossy(dir)),
+        }
+    }
+
+    /// Registers again the outputs a killed earlier run of this rank held
+    /// (moved aside to `from` at start): each `<id>` with its `<id>.rec`
+    /// moves into this run's `out/` and is put at its owner (replacing
+    /// nothing newer: an existing record wins). Returns how many.
+    pub fn recover(&self, from: &std::path::Path) -> usize {
+        let mut n = 0;
+        let Ok(rd) = std::fs::read_dir(from) else { return 0 };
+        for e in rd.flatten() {
+            let p = e.path();
+            if p.extension().and_then(|x| x.to_str()) != Some("rec") {
+                continue;
+            }
+            let Ok(b) = std::fs::read(&p) else { continue };
+            let Ok(mut recs) = crate::persist::decode_index(&p, &b) else {
+                log::warn!("rank {}: ignoring damaged {}", self.id.rank, p.display());
+                continue;
+            };
+            let Some((path, mut rec)) = recs.pop() else { continue };
+            let data = from.join(rec.id.to_string());
+            let id = self.out_seq.fetch_add(1, Relaxed);
+            if std::fs::create_dir_all(self.out_dir()).is_err() || std::fs::rename(&data, self.out_file(id)).is_err() {
+                continue;
+            }
+            rec.id = id;
+            rec.holder = self.id.rank;
+            self.ensure_dirs(parent(&path).0);
+            let ok = self.write_sidecar(&path, &rec).is_ok()
+                && match self.put(&path, rec, true) {
+                    Ok(()) => self.link(&path, wire::KIND_FILE, true).is_ok(),
+                    Err(_) => false,
+                };
+            if ok {
+                n += 1;
+            } else {
+                let _ = std::fs::remove_file(self.out_file(id));
+                let _ = std::fs::remove_file(self.sidecar(id));
+            }
+        }
+        let _ = std::fs::remove_dir_all(from);
+        n
+    }
+}

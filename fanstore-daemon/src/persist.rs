@@ -1,0 +1,261 @@
+//! Outputs kept beyond the job: `--persist DIR` (on the shared file system).
+//!
+//! ```text
+//! DIR/data/<xxh3 16 hex>-<size>   the bytes of one output, content-addressed
+//!                                 (the name is its checksum and length, so a
+//!                                 later drain of the same bytes is a no-op)
+//! DIR/meta/nranks                 decimal N of the job that drained last
+//! DIR/meta/rank-<r>.idx           the records rank r owned, format below
+//!
+//! rank-<r>.idx   0..8 magic "FSOUTIX\0" | 8..10 version (1) | 10..12 zero
+//!                12..16 count | entries | last 8 bytes: xxh3 of all before
+//! entry          0..4 path length | path | OutRecord (wire.rs, 40 bytes)
+//! ```
+//!
+//! Drain (at stop): every rank copies the output bytes it holds into
+//! `data/` (temp file, fsync, rename), then writes the records it owns
+//! (temp file, fsync, rename); rank 0 writes `nranks` last. The daemon exits
+//! after its drain, so `fanstore stop` returns when every rank drained.
+//! Load (at start, same `--persist`): every rank reads every index and keeps
+//! the records it owns under the new N (holder [`PERSISTED`]: opens read
+//! `data/` directly) and the listings of the directories it owns.
+//! Plain files are not kept in DIR directly: content addressing makes the
+//! drain idempotent and lets a rename or a replaced output cost no copy;
+//! `fanstore export DIR --to PLAIN` writes the plain tree (checksums checked).
+
+use fanstore_core::checksum::{xxh3, StreamingChecksum};
+use fanstore_core::wire::OutRecord;
+use std::io::{self, Read, Write};
+use std::os::unix::ffi::OsStrExt;
+use std::path::{Path, PathBuf};
+
+/// Holder rank of a record whose bytes are in `DIR/data`.
+pub const PERSISTED: u32 = u32::MAX;
+const MAGIC: [u8; 8] = *b"FSOUTIX\0";
+const VERSION: u16 = 1;
+
+#[derive(Debug, thiserror::Error)]
+pub enum PersistError {
+    #[error("{0}: {1}")]
+    Io(PathBuf, io::Error),
+    #[error("{0}: not a FanStore output index (bad magic)")]
+    Magic(PathBuf),
+    #[error("{0}: unsupported output index version {1}")]
+    Version(PathBuf, u16),
+    #[error("{0}: checksum mismatch (damaged index)")]
+    Checksum(PathBuf),
+    #[error("{0}: truncated entry")]
+    Truncated(PathBuf),
+    #[error("{0}: the bytes of '{1}' fail their checksum")]
+    Data(PathBuf, String),
+}
+
+fn io_err(p: &Path) -> impl FnOnce(io::Error) -> PersistError + '_ {
+    move |e| PersistError::Io(p.to_path_buf(), e)
+}
+
+pub fn data_name(r: &OutRecord) -> String {
+    format!("{:016x}-{}", r.sum, r.size)
+}
+
+pub fn data_path(dir: &Path, r: &OutRecord) -> PathBuf {
+    dir.join("data").join(data_name(r))
+}
+
+/// Writes `bytes` to `path` atomically (temp file, fsync, rename).
+fn write_atomic(path: &Path, bytes: &[u8]) -> Result<(), PersistError> {
+    let tmp = path.with_extension(format!("tmp.{}", std::process::id()));
+    let res = (|| {
+        let mut f = std::fs::File::create(&tmp)?;
+        f.write_all(bytes)?;
+        f.sync_all()?;
+        std::fs::rename(&tmp, path)
+    })();
+    if res.is_err() {
+        let _ = std::fs::remove_file(&tmp);
+    }
+    res.map_err(io_err(path))
+}
+
+/// Copies the output file `src` into `DIR/data` under its content name
+/// (skipped when present). Returns the (size, xxh3) read.
+pub fn drain_file(dir: &Path, src: &Path) -> Result<(u64, u64), PersistError> {
+    let data = dir.join("data");
+    std::fs::create_dir_all(&data).map_err(io_err(&data))?;
+    let mut f = std::fs::File::open(src).map_err(io_err(src))?;
+    let mut h = StreamingChecksum::new();
+    let mut buf = vec![0u8; 1 << 20];
+    let mut size = 0u64;
+    loop {
+        let n = f.read(&mut buf).map_err(io_err(src))?;
+        if n == 0 {
+            break;
+        }
+        h.update(&buf[..n]);
+        size += n as u64;
+    }
+    let sum = h.digest();
+    let dst = data.join(format!("{sum:016x}-{size}"));
+    if !dst.exists() {
+        let tmp = dst.with_extension(format!("tmp.{}", std::process::id()));
+        let res = (|| {
+            std::fs::copy(src, &tmp)?;
+            std::fs::File::open(&tmp)?.sync_all()?;
+            std::fs::rename(&tmp, &dst)
+        })();
+        if res.is_err() {
+            let _ = std::fs::remove_file(&tmp);
+        }
+        res.map_err(io_err(&dst))?;
+    }
+    Ok((size, sum))
+}
+
+/// Encodes an index of records.
+pub fn encode_index(recs: &[(Vec<u8>, OutRecord)]) -> Vec<u8> {
+    let mut b = Vec::new();
+    b.extend_from_slice(&MAGIC);
+    b.extend_from_slice(&VERSION.to_le_bytes());
+    b.extend_from_slice(&0u16.to_le_bytes());
+    b.extend_from_slice(&(recs.len() as u32).to_le_bytes());
+    for (p, r) in recs {
+        b.extend_from_slice(&(p.len() as u32).to_le_bytes());
+        b.extend_from_slice(p);
+        r.encode_into(&mut b);
+    }
+    let sum = xxh3(&b);
+    b.extend_from_slice(&sum.to_le_bytes());
+    b
+}
+
+pub fn decode_index(path: &Path, b: &[u8]) -> Result<Vec<(Vec<u8>, OutRecord)>, PersistError> {
+    let p = || path.to_path_buf();
+    if b.len() < 24 || b[..8] != MAGIC {
+        return Err(PersistError::Magic(p()));
+    }
+    let v = u16::from_le_bytes([b[8], b[9]]);
+    if v != VERSION {
+        return Err(PersistError::Version(p(), v));
+    }
+    let (body, tail) = b.split_at(b.len() - 8);
+    let mut s = [0u8; 8];
+    s.copy_from_slice(tail);
+    if xxh3(body) != u64::from_le_bytes(s) {
+        return Err(PersistError::Checksum(p()));
+    }
+    let count = u32::from_le_bytes([b[12], b[13], b[14], b[15]]) as usize;
+    let mut out = Vec::with_capacity(count.min(1 << 20));
+    let mut off = 16;
+    for _ in 0..count {
+        let len_b = body.get(off..off + 4).ok_or_else(|| PersistError::Truncated(p()))?;
+        let len = u32::from_le_bytes([len_b[0], len_b[1], len_b[2], len_b[3]]) as usize;
+        off += 4;
+        let path_b = body.get(off..off + len).ok_or_else(|| PersistError::Truncated(p()))?;
+        off += len;
+        let rec = body.get(off..).and_then(OutRecord::decode).ok_or_else(|| PersistError::Truncated(p()))?;
+        off += OutRecord::LEN;
+        out.push((path_b.to_vec(), rec));
+    }
+    Ok(out)
+}
+
+/// Writes rank `rank`'s index (and, for rank 0, `nranks`).
+pub fn write_index(dir: &Path, rank: u32, nranks: u32, recs: &[(Vec<u8>, OutRecord)]) -> Result<(), PersistError> {
+    let meta = dir.join("meta");
+    std::fs::create_dir_all(&meta).map_err(io_err(&meta))?;
+    write_atomic(&meta.join(format!("rank-{rank}.idx")), &encode_index(recs))?;
+    if rank == 0 {
+        write_atomic(&meta.join("nranks"), format!("{nranks}\n").as_bytes())?;
+    }
+    Ok(())
+}
+
+/// Every record of the last drained job (empty if DIR holds none yet).
+pub fn read_all(dir: &Path) -> Result<Vec<(Vec<u8>, OutRecord)>, PersistError> {
+    let np = dir.join("meta").join("nranks");
+    let n = match std::fs::read_to_string(&np) {
+        Ok(s) => s.trim().parse::<u32>().map_err(|e| PersistError::Io(np.clone(), io::Error::new(io::ErrorKind::InvalidData, e)))?,
+        Err(e) if e.kind() == io::ErrorKind::NotFound => return Ok(Vec::new()),
+        Err(e) => return Err(PersistError::Io(np, e)),
+    };
+    let mut all = Vec::new();
+    for r in 0..n {
+        let p = dir.join("meta").join(format!("rank-{r}.idx"));
+        let b = match std::fs::read(&p) {
+            Ok(b) => b,
+            Err(e) if e.kind() == io::ErrorKind::NotFound => continue, // that rank owned nothing
+            Err(e) => return Err(PersistError::Io(p, e)),
+        };
+        all.extend(decode_index(&p, &b)?);
+    }
+    Ok(all)
+}
+
+/// `fanstore export`: writes every drained output as a plain file under
+/// `to` (directories too), checking each file's checksum. Returns the count.
+pub fn export(dir: &Path, to: &Path) -> Result<usize, PersistError> {
+    let mut recs = read_all(dir)?;
+    recs.sort_by(|a, b| a.0.cmp(&b.0));
+    std::fs::create_dir_all(to).map_err(io_err(to))?;
+    let mut n = 0;
+    for (p, r) in &recs {
+        let rel = Path::new(std::ffi::OsStr::from_bytes(p));
+        let dst = to.join(rel);
+        if r.is_dir() {
+            std::fs::create_dir_all(&dst).map_err(io_err(&dst))?;
+            continue;
+        }
+        if let Some(parent) = dst.parent() {
+            std::fs::create_dir_all(parent).map_err(io_err(parent))?;
+        }
+        let src = data_path(dir, r);
+        let bytes = std::fs::read(&src).map_err(io_err(&src))?;
+        if bytes.len() as u64 != r.size || xxh3(&bytes) != r.sum {
+            return Err(PersistError::Data(src, String::from_utf8_lossy(p).into_owned()));
+        }
+        std::fs::write(&dst, &bytes).map_err(io_err(&dst))?;
+        n += 1;
+    }
+    Ok(n)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn index_roundtrip_and_corruption() {
+        let r = OutRecord { size: 3, mode: libc::S_IFREG | 0o644, holder: PERSISTED, mtime_ns: 5, id: 0, sum: 9 };
+        let recs = vec![(b"a/b".to_vec(), r), (b"d".to_vec(), OutRecord { mode: libc::S_IFDIR | 0o755, ..r })];
+        let b = encode_index(&recs);
+        let p = Path::new("x.idx");
+        assert_eq!(decode_index(p, &b).unwrap(), recs);
+        let mut bad = b.clone();
+        bad[20] ^= 1;
+        assert!(matches!(decode_index(p, &bad), Err(PersistError::Checksum(_))));
+        let mut bad = b.clone();
+        bad[8] = 7;
+        assert!(matches!(decode_index(p, &bad), Err(PersistError::Version(_, 7))));
+        assert!(matches!(decode_index(p, b"nope"), Err(PersistError::Magic(_))));
+    }
+
+    #[test]
+    fn drain_and_export() {
+        let d = tempfile::tempdir().unwrap();
+        let src = d.path().join("o");
+        std::fs::write(&src, b"hello").unwrap();
+        let dir = d.path().join("persist");
+        let (size, sum) = drain_file(&dir, &src).unwrap();
+        assert_eq!((size, sum), (5, xxh3(b"hello")));
+        let r = OutRecord { size, sum, mode: libc::S_IFREG | 0o644, holder: PERSISTED, ..Default::default() };
+        let dr = OutRecord { mode: libc::S_IFDIR | 0o755, ..Default::default() };
+        write_index(&dir, 0, 2, &[(b"ck/x".to_vec(), r)]).unwrap();
+        write_index(&dir, 1, 2, &[(b"ck".to_vec(), dr)]).unwrap();
+        assert_eq!(read_all(&dir).unwrap().len(), 2);
+        let plain = d.path().join("plain");
+        assert_eq!(export(&dir, &plain).unwrap(), 1);
+        assert_eq!(std::fs::read(plain.join("ck/x")).unwrap(), b"hello");
+        std::fs::write(data_path(&dir, &r), b"HELLO").unwrap();
+        assert!(matches!(export(&dir, &d.path().join("p2")), Err(PersistError::Data(..))));
+    }
+}

@@ -1,0 +1,291 @@
+//! Outputs: names that are not in the input index are asked of the local
+//! daemon (which asks the path's metadata owner rank). Creating, reading,
+//! stat, listing and namespace changes of output files and directories.
+
+use super::{parent_of, resolve, Outcome, VPath};
+use crate::client;
+use crate::fd_table::{self, Tracked};
+use crate::state::State;
+use fanstore_core::wire::{op, OutRecord};
+use libc::c_int;
+
+/// The record of output `rel` (ENOENT if there is none).
+pub fn stat(st: &State, rel: &[u8]) -> Result<OutRecord, c_int> {
+    if let Some(fd) = crate::outputs::open_fd_of(rel) {
+        // SAFETY: plain data, zero is valid.
+        let mut s: libc::stat = unsafe { std::mem::zeroed() };
+        // SAFETY: s is a valid out-pointer.
+        if unsafe { crate::real::fstat(fd, &mut s) } == 0 {
+            let mtime_ns = s.st_mtime * 1_000_000_000 + s.st_mtime_nsec;
+            return Ok(OutRecord { size: s.st_size as u64, mode: libc::S_IFREG | 0o644, holder: 0, mtime_ns, id: 0, sum: 0 });
+        }
+    }
+    let a = client::call(st, &client::request(op::OUT_STAT, 0, 0, rel), None)?;
+    OutRecord::decode(&a.reply.payload).ok_or(libc::EIO)
+}
+
+/// Inode numbers of outputs: a hash of the path with the top bit set (input
+/// inodes are small node ids).
+pub fn ino(rel: &[u8]) -> u64 {
+    fanstore_core::checksum::xxh3(rel) | (1 << 63)
+}
+
+fn split_ns(ns: i64) -> (i64, i64) {
+    (ns.div_euclid(1_000_000_000), ns.rem_euclid(1_000_000_000))
+}
+
+pub fn stat_of(st: &State, rel: &[u8], r: &OutRecord) -> libc::stat {
+    // SAFETY: libc::stat is plain data; all-zero is valid.
+    let mut s: libc::stat = unsafe { std::mem::zeroed() };
+    let size = if r.is_dir() { 4096 } else { r.size.min(i64::MAX as u64) as i64 };
+    s.st_dev = libc::makedev(super::stat::DEV_MAJOR, super::stat::DEV_MINOR);
+    s.st_ino = ino(rel);
+    s.st_mode = r.mode;
+    s.st_nlink = if r.is_dir() { 2 } else { 1 };
+    s.st_uid = st.uid;
+    s.st_gid = st.gid;
+    s.st_size = size;
+    s.st_blksize = 4096;
+    s.st_blocks = (size + 511) / 512;
+    let (sec, nsec) = split_ns(r.mtime_ns);
+    (s.st_atime, s.st_atime_nsec, s.st_mtime, s.st_mtime_nsec, s.st_ctime, s.st_ctime_nsec) = (sec, nsec, sec, nsec, sec, nsec);
+    s
+}
+
+pub fn statx_of(st: &State, rel: &[u8], r: &OutRecord) -> libc::statx {
+    let s = stat_of(st, rel, r);
+    // SAFETY: plain data, zero is valid.
+    let mut x: libc::statx = unsafe { std::mem::zeroed() };
+    x.stx_mask = libc::STATX_BASIC_STATS;
+    x.stx_blksize = s.st_blksize as u32;
+    x.stx_nlink = s.st_nlink as u32;
+    x.stx_uid = s.st_uid;
+    x.stx_gid = s.st_gid;
+    x.stx_mode = s.st_mode as u16;
+    x.stx_ino = s.st_ino;
+    x.stx_size = s.st_size as u64;
+    x.stx_blocks = s.st_blocks as u64;
+    for t in [&mut x.stx_atime, &mut x.stx_mtime, &mut x.stx_ctime] {
+        t.tv_sec = s.st_mtime;
+        t.tv_nsec = s.st_mtime_nsec as u32;
+    }
+    x.stx_dev_major = super::stat::DEV_MAJOR;
+    x.stx_dev_minor = super::stat::DEV_MINOR;
+    x
+}
+
+/// Ok if `dir` (relative) is an input or output directory.
+pub fn dir_exists(st: &State, dir: &[u8]) -> Result<(), c_int> {
+    match resolve(st, dir, true, true) {
+        Ok(_) => Ok(()),
+        Err(libc::ENOENT) => match stat(st, dir) {
+            Ok(r) if r.is_dir() => Ok(()),
+            Ok(_) => Err(libc::ENOTDIR),
+            Err(e) => Err(e),
+        },
+        Err(e) => Err(e),
+    }
+}
+
+fn errno() -> c_int {
+    // SAFETY: reading this thread's errno.
+    unsafe { *libc::__errno_location() }
+}
+
+/// A read-only fd with the bytes of output `rel` (`flags`' O_CLOEXEC kept).
+pub fn open_read(st: &State, rel: &[u8], flags: c_int) -> Result<c_int, c_int> {
+    let a = client::call(st, &client::request(op::OUT_OPEN, 0, 0, rel), None)?;
+    let fd = a.fd.ok_or(libc::EIO)?;
+    if flags & libc::O_CLOEXEC == 0 {
+        // SAFETY: fcntl on the fd we just received.
+        unsafe { crate::real::fcntl(fd, libc::F_SETFD, 0) };
+    }
+    Ok(fd)
+}
+
+/// open(2) of a name that is not an input: an output (existing or new).
+pub fn open(vp: &VPath, flags: c_int, mode: u32) -> Outcome<c_int> {
+    let st = vp.st;
+    let creat = flags & libc::O_CREAT != 0;
+    let write = super::open::wants_write(flags);
+    let existing = match stat(st, vp.rel) {
+        Ok(r) => Some(r),
+        Err(libc::ENOENT) => None,
+        Err(e) => return Outcome::Errno(e),
+    };
+    match existing {
+        Some(_) if creat && flags & libc::O_EXCL != 0 => Outcome::Errno(libc::EEXIST),
+        Some(r) if r.is_dir() => {
+            if write {
+                return Outcome::Errno(libc::EISDIR);
+            }
+            open_dir(vp, flags).map(|(fd, _)| fd).into()
+        }
+        Some(_) if vp.must_be_dir || flags & libc::O_DIRECTORY != 0 => Outcome::Errno(libc::ENOTDIR),
+        Some(r) if write => {
+            let keep = flags & libc::O_TRUNC == 0;
+            create(vp, flags, r.mode, keep).into()
+        }
+        Some(_) => open_read(st, vp.rel, flags).into(),
+        None if !creat => Outcome::Errno(libc::ENOENT),
+        None if vp.must_be_dir => Outcome::Errno(libc::EISDIR),
+        None => match dir_exists(st, parent_of(vp.rel)) {
+            Ok(()) => create(vp, flags, libc::S_IFREG | (mode & 0o7777 & !0o022), false).into(),
+            Err(e) => Outcome::Errno(e),
+        },
+    }
+}
+
+/// A new memfd tracked as output `vp.rel`; with `keep`, it starts with the
+/// output's current bytes ("a", "r+" of an existing output).
+fn create(vp: &VPath, flags: c_int, mode: u32, keep: bool) -> Result<c_int, c_int> {
+    let mfd_flags = if flags & libc::O_CLOEXEC != 0 { libc::MFD_CLOEXEC } else { 0 };
+    // SAFETY: the name is a NUL-terminated literal.
+    let fd = unsafe { libc::memfd_create(c"fanstore-output".as_ptr(), mfd_flags) };
+    if fd < 0 {
+        return Err(errno());
+    }
+    let fail = |e: c_int| {
+        // SAFETY: closing the memfd we created.
+        unsafe { crate::real::close(fd) };
+        Err(e)
+    };
+    if keep {
+        let src = match open_read(vp.st, vp.rel, libc::O_CLOEXEC) {
+            Ok(s) => s,
+            Err(e) => return fail(e),
+        };
+        let mut buf = vec![0u8; 1 << 20];
+        let mut off: i64 = 0;
+        loop {
+            // SAFETY: buf is a live buffer of its length.
+            let n = unsafe { libc::pread(src, buf.as_mut_ptr().cast(), buf.len(), off) };
+            if n < 0 {
+                // SAFETY: closing our own fd.
+                unsafe { crate::real::close(src) };
+                return fail(libc::EIO);
+            }
+            if n == 0 {
+                break;
+            }
+            // SAFETY: writing the n bytes just read.
+            if unsafe { libc::pwrite(fd, buf.as_ptr().cast(), n as usize, off) } != n {
+                // SAFETY: closing our own fd.
+                unsafe { crate::real::close(src) };
+                return fail(libc::EIO);
+            }
+            off += n as i64;
+        }
+        // SAFETY: closing our own fd.
+        unsafe { crate::real::close(src) };
+    }
+    if flags & libc::O_APPEND != 0 {
+        // SAFETY: fcntl on our memfd.
+        unsafe { crate::real::fcntl(fd, libc::F_SETFL, libc::O_APPEND as libc::c_ulong) };
+    }
+    if !crate::outputs::track(fd, vp.rel, flags & libc::O_EXCL != 0, mode) {
+        return fail(libc::EMFILE);
+    }
+    Ok(fd)
+}
+
+/// An fd standing for output directory `vp` (a real fd on the empty
+/// directory, tracked as `OUT_DIR | slot`): (fd, node id). ENOENT/ENOTDIR
+/// if `vp` is not an output directory.
+pub fn open_dir(vp: &VPath, flags: c_int) -> Result<(c_int, u32), c_int> {
+    let r = stat(vp.st, vp.rel)?;
+    if !r.is_dir() {
+        return Err(libc::ENOTDIR);
+    }
+    let node = crate::outputs::track_dir(vp.rel).ok_or(libc::EMFILE)?;
+    let f = libc::O_RDONLY | libc::O_DIRECTORY | (flags & (libc::O_CLOEXEC | libc::O_PATH));
+    // SAFETY: empty_dir is a NUL-terminated path; plain open.
+    let fd = unsafe { crate::real::open(vp.st.empty_dir.as_ptr(), f, 0) };
+    if fd < 0 {
+        let e = errno();
+        crate::outputs::release_dir(node);
+        return Err(e);
+    }
+    if !fd_table::set(fd, Tracked::Dir { node, pos: 0 }) {
+        // SAFETY: closing the fd we just opened.
+        unsafe { crate::real::close(fd) };
+        crate::outputs::release_dir(node);
+        return Err(libc::EMFILE);
+    }
+    Ok((fd, node))
+}
+
+/// Is `t` an output being written?
+pub fn is_output(t: Tracked) -> bool {
+    matches!(t, Tracked::Output(_))
+}
+
+fn simple(st: &State, op: u16, arg1: u64, payload: &[u8]) -> Outcome<c_int> {
+    match client::call(st, &client::request(op, 0, arg1, payload), None) {
+        Ok(_) => Outcome::Handled(0),
+        Err(e) => Outcome::Errno(e),
+    }
+}
+
+pub fn mkdir(vp: &VPath, mode: u32) -> Outcome<c_int> {
+    match resolve(vp.st, vp.rel, false, false) {
+        Ok(_) => return Outcome::Errno(libc::EEXIST),
+        Err(libc::ENOENT) => {}
+        Err(e) => return Outcome::Errno(e),
+    }
+    simple(vp.st, op::MKDIR, (mode & 0o7777 & !0o022) as u64, vp.rel)
+}
+
+pub fn rmdir(vp: &VPath) -> Outcome<c_int> {
+    simple(vp.st, op::RMDIR, 0, vp.rel)
+}
+
+pub fn unlink(vp: &VPath) -> Outcome<c_int> {
+    if crate::outputs::retarget(vp.rel, None) {
+        return Outcome::Handled(0);
+    }
+    simple(vp.st, op::UNLINK, 0, vp.rel)
+}
+
+pub fn rename(from: &VPath, to: &VPath) -> Outcome<c_int> {
+    if crate::outputs::retarget(from.rel, Some(to.rel)) {
+        // Still being written here: it is committed under the new name.
+        return Outcome::Handled(0);
+    }
+    let mut p = Vec::with_capacity(from.rel.len() + 1 + to.rel.len());
+    p.extend_from_slice(from.rel);
+    p.push(0);
+    p.extend_from_slice(to.rel);
+    simple(from.st, op::RENAME, 0, &p)
+}
+
+/// Names and kinds of the outputs listed under directory `rel`.
+pub fn list(st: &State, rel: &[u8]) -> Result<Vec<(u8, Vec<u8>)>, c_int> {
+    let mut out = Vec::new();
+    loop {
+        let a = client::call(st, &client::request(op::OUT_LIST, out.len() as u64, 0, rel), None)?;
+        if a.reply.value == 0 {
+            return Ok(out);
+        }
+        out.extend(fanstore_core::wire::entries(&a.reply.payload).map(|(k, n)| (k, n.to_vec())));
+    }
+}
+
+/// Forget `fd` if it is an output (used where an fd is replaced internally).
+pub fn untrack(fd: c_int) {
+    if let Some(Tracked::Output(_)) = fd_table::get(fd) {
+        fd_table::clear(fd);
+    }
+}
+
+/// fstat of an fd standing for an output directory (None: not one).
+pub fn fd_stat(t: Tracked) -> Option<Result<libc::stat, c_int>> {
+    let Tracked::Dir { node, .. } = t else { return None };
+    if node & crate::outputs::OUT_DIR == 0 {
+        return None;
+    }
+    let st = crate::state::current()?;
+    let mut buf = [0u8; fanstore_core::path::MAX_PATH];
+    let n = crate::outputs::path_into(node, &mut buf)?;
+    Some(stat(st, &buf[..n]).map(|r| stat_of(st, &buf[..n], &r)))
+}

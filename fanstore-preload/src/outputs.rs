@@ -1,0 +1,238 @@
+//! Output files being written. Each is a memfd the program writes natively;
+//! its fds are tracked in the fd table as [`Tracked::Output`] with the index
+//! of a slot here (path, O_EXCL, mode, number of tracked fds). When the last
+//! tracked fd goes (close, fclose, dup2 over it, close_range, exit), the
+//! memfd is handed to the daemon with COMMIT (SCM_RIGHTS, no copy) and the
+//! reply's errno becomes close's.
+//!
+//! Output directories opened as fds or streams use the same slots: their
+//! fds are tracked as [`Tracked::Dir`] with node id `OUT_DIR | slot`
+//! (input node ids never have that bit), released when the last fd closes.
+//!
+//! The slot table is behind a small lock; paths are allocated before taking
+//! it and freed after releasing it.
+
+use crate::fd_table::{self, Tracked};
+use crate::lock::Locked;
+use crate::state::State;
+use fanstore_core::wire::{self, op};
+use libc::c_int;
+use std::sync::atomic::{AtomicBool, AtomicI32, Ordering};
+
+const SLOTS: usize = 4096;
+
+/// Bit of a [`Tracked::Dir`] node id that marks an output directory slot.
+pub const OUT_DIR: u32 = 1 << 31;
+
+pub struct Slot {
+    pub path: Vec<u8>,
+    pub excl: bool,
+    pub mode: u32,
+    refs: u32,
+    /// Unlinked while open: nothing is committed at the last close.
+    unlinked: bool,
+    /// The process that created it: a forked child that closes (or exits
+    /// with) an inherited fd never commits the parent's unfinished file.
+    pid: i32,
+}
+
+fn pid() -> i32 {
+    // SAFETY: getpid cannot fail.
+    unsafe { libc::getpid() }
+}
+
+fn take_slot(slot: Box<Slot>) -> Option<usize> {
+    let mut slot = Some(slot);
+    let idx = TABLE.with(|t| {
+        let i = t.slots.iter().position(|s| s.is_none())?;
+        t.slots[i] = slot.take();
+        Some(i)
+    });
+    drop(slot);
+    idx
+}
+
+/// A slot for output directory `path`: its node id (`OUT_DIR | slot`).
+pub fn track_dir(path: &[u8]) -> Option<u32> {
+    let idx = take_slot(Box::new(Slot { path: path.to_vec(), excl: false, mode: 0, refs: 1, unlinked: false, pid: 0 }))?;
+    Some(OUT_DIR | idx as u32)
+}
+
+/// Copies the path of slot `idx` into `out`; its length.
+pub fn path_into(idx: u32, out: &mut [u8]) -> Option<usize> {
+    TABLE.with(|t| {
+        let s = t.slots.get((idx & !OUT_DIR) as usize)?.as_ref()?;
+        out.get_mut(..s.path.len())?.copy_from_slice(&s.path);
+        Some(s.path.len())
+    })
+}
+
+/// One fd (or stream) of output directory node `node` goes away.
+pub fn release_dir(node: u32) {
+    let s = release(node & !OUT_DIR);
+    drop(s);
+}
+
+struct Table {
+    slots: [Option<Box<Slot>>; SLOTS],
+}
+
+static TABLE: Locked<Table> = Locked::new(Table { slots: [const { None }; SLOTS] });
+/// Highest fd ever tracked as an output (bounds the scans of close_range and exit).
+static MAX_FD: AtomicI32 = AtomicI32::new(-1);
+static EXIT_HOOK: AtomicBool = AtomicBool::new(false);
+
+pub fn fork_prepare() {
+    TABLE.lock();
+}
+pub fn fork_release() {
+    TABLE.unlock();
+}
+
+/// Starts tracking memfd `fd` as output `path`. False if the table is full.
+pub fn track(fd: c_int, path: &[u8], excl: bool, mode: u32) -> bool {
+    let Some(idx) = take_slot(Box::new(Slot { path: path.to_vec(), excl, mode, refs: 1, unlinked: false, pid: pid() })) else { return false };
+    if !fd_table::set(fd, Tracked::Output(idx as u32)) {
+        let s = TABLE.with(|t| t.slots[idx].take());
+        drop(s);
+        return false;
+    }
+    MAX_FD.fetch_max(fd, Ordering::Relaxed);
+    if !EXIT_HOOK.swap(true, Ordering::Relaxed) {
+        // SAFETY: registering a plain extern "C" fn with no arguments.
+        unsafe { libc::atexit(at_exit) };
+    }
+    true
+}
+
+/// Another fd (dup) now refers to output slot `idx`.
+pub fn add_ref(fd: c_int, idx: u32) {
+    TABLE.with(|t| {
+        if let Some(Some(s)) = t.slots.get_mut((idx & !OUT_DIR) as usize) {
+            s.refs += 1;
+        }
+    });
+    MAX_FD.fetch_max(fd, Ordering::Relaxed);
+}
+
+/// An fd of this process on the output being written at `path`, if any
+/// (the writer sees its own file before the commit, as POSIX wants).
+pub fn open_fd_of(path: &[u8]) -> Option<c_int> {
+    let max = MAX_FD.load(Ordering::Relaxed);
+    if max < 0 {
+        return None;
+    }
+    let idx = TABLE.with(|t| {
+        t.slots.iter().position(|s| s.as_ref().is_some_and(|s| s.refs > 0 && !s.unlinked && s.mode & libc::S_IFMT == libc::S_IFREG && s.path == path))
+    })?;
+    (0..=max).find(|&fd| fd_table::get(fd) == Some(Tracked::Output(idx as u32)))
+}
+
+/// rename (`to` = Some) or unlink (None) of an output this process is still
+/// writing: the pending commit goes to the new name, or is dropped. False if
+/// no output of this process is open at `from`.
+pub fn retarget(from: &[u8], to: Option<&[u8]>) -> bool {
+    let mut new = to.map(|t| t.to_vec());
+    let found = TABLE.with(|t| {
+        let Some(s) = t.slots.iter_mut().flatten().find(|s| s.mode & libc::S_IFMT == libc::S_IFREG && s.path == from) else {
+            return false;
+        };
+        match new.as_mut() {
+            Some(n) => std::mem::swap(&mut s.path, n),
+            None => s.unlinked = true,
+        }
+        true
+    });
+    drop(new);
+    found
+}
+
+/// One tracked fd of output slot `idx` goes away; the slot if it was the last.
+fn release(idx: u32) -> Option<Box<Slot>> {
+    TABLE.with(|t| {
+        let s = t.slots.get_mut(idx as usize)?;
+        let last = match s {
+            Some(x) => {
+                x.refs = x.refs.saturating_sub(1);
+                x.refs == 0
+            }
+            None => false,
+        };
+        if last {
+            s.take()
+        } else {
+            None
+        }
+    })
+}
+
+/// Was output slot `idx` created by another process? (A child after fork,
+/// or after vfork, where the memory is the parent's: nothing may change.)
+pub fn is_foreign(idx: u32) -> bool {
+    let me = pid();
+    TABLE.with(|t| matches!(t.slots.get(idx as usize), Some(Some(s)) if s.pid != me))
+}
+
+/// The fds in `lo..=hi` tracked as outputs of another process (at most 64),
+/// to be tracked again after a range clear.
+pub fn foreign_in_range(lo: u32, hi: u32) -> ([(c_int, u32); 64], usize) {
+    let mut out = [(0, 0); 64];
+    let mut n = 0;
+    let max = MAX_FD.load(Ordering::Relaxed);
+    if max < 0 || lo > max as u32 {
+        return (out, 0);
+    }
+    for fd in lo..=hi.min(max as u32) {
+        if let Some(Tracked::Output(idx)) = fd_table::get(fd as c_int) {
+            if n < out.len() && is_foreign(idx) {
+                out[n] = (fd as c_int, idx);
+                n += 1;
+            }
+        }
+    }
+    (out, n)
+}
+
+/// `fd` (tracked as output slot `idx`) is about to be closed: commits the
+/// output if this was its last fd. Returns the errno close must report.
+pub fn closing(fd: c_int, idx: u32) -> Option<c_int> {
+    if is_foreign(idx) {
+        return None;
+    }
+    fd_table::clear(fd);
+    let slot = release(idx)?;
+    if slot.unlinked {
+        return None;
+    }
+    let st = crate::state::current()?;
+    commit(st, fd, &slot).err()
+}
+
+/// COMMIT: hands the memfd to the daemon and waits for the owner's answer.
+pub fn commit(st: &State, fd: c_int, s: &Slot) -> Result<(), c_int> {
+    let req = crate::client::request(op::COMMIT, if s.excl { wire::COMMIT_EXCL } else { 0 }, s.mode as u64, &s.path);
+    let r = crate::client::call(st, &req, Some(fd)).map(|_| ());
+    crate::dlog!("commit of {} = {:?}", crate::debug::B(&s.path), r);
+    r
+}
+
+/// Closing `lo..=hi`: commits the outputs whose last fd is among them.
+pub fn closing_range(lo: u32, hi: u32) {
+    let max = MAX_FD.load(Ordering::Relaxed);
+    if max < 0 || lo > max as u32 {
+        return;
+    }
+    for fd in lo..=hi.min(max as u32) {
+        if let Some(Tracked::Output(idx)) = fd_table::get(fd as c_int) {
+            let _ = closing(fd as c_int, idx);
+        }
+    }
+}
+
+/// Exit handler: flush stdio, then commit every output still open.
+extern "C" fn at_exit() {
+    // SAFETY: fflush(NULL) flushes every open output stream.
+    unsafe { libc::fflush(std::ptr::null_mut()) };
+    let Some(_g) = crate::guard::Guard::enter() else { return };
+    closing_range(0, u32::MAX);
+}
