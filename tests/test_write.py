@@ -534,3 +534,43 @@ def test_append_and_rdwr_on_existing_output(cl):
             f.write('ONE')
     """)
     py(c, 1, f"assert open('{MOUNT}/app.txt').read() == 'ONE\\ntwo\\nthree\\n'")
+
+
+def test_coreutils_metadata_of_outputs(cl):
+    """ls -l, realpath, stat -f and xattr lookups (ls checks ACLs) on an output
+    directory and file, from another node: no error, the right names and sizes."""
+    c, _ = cl
+    py(c, 1, """
+        import os
+        os.makedirs('/fanstore/meta_out/sub', exist_ok=True)
+        with open('/fanstore/meta_out/a.bin', 'wb') as f:
+            f.write(b'x' * 1234)
+    """)
+    env = c.env(3)
+    r = subprocess.run(["ls", "-l", "/fanstore/meta_out"], env=env, capture_output=True, text=True, timeout=TIMEOUT)
+    assert r.returncode == 0 and r.stderr == "", r.stderr
+    lines = [ln.split() for ln in r.stdout.splitlines()[1:]]
+    assert {(ln[-1], ln[0][0]) for ln in lines} == {("a.bin", "-"), ("sub", "d")}, r.stdout
+    assert [ln[4] for ln in lines if ln[-1] == "a.bin"] == ["1234"], r.stdout
+    r = subprocess.run(["realpath", "/fanstore/meta_out/../meta_out/a.bin"], env=env, capture_output=True,
+                       text=True, timeout=TIMEOUT)
+    assert (r.returncode, r.stdout.strip(), r.stderr) == (0, "/fanstore/meta_out/a.bin", ""), r
+    r = subprocess.run(["stat", "-f", "-c", "%b", "/fanstore/meta_out/a.bin"], env=env, capture_output=True,
+                       text=True, timeout=TIMEOUT)
+    assert r.returncode == 0 and r.stderr == "", r.stderr
+    out = py(c, 2, """
+        import errno, os
+        res = []
+        for p in ('/fanstore/meta_out', '/fanstore/meta_out/a.bin', '/fanstore/meta_out/nope'):
+            try:
+                res.append(len(os.listxattr(p)))
+            except OSError as e:
+                res.append(errno.errorcode[e.errno])
+            try:
+                os.getxattr(p, 'user.x')
+                res.append('has')
+            except OSError as e:
+                res.append(errno.errorcode[e.errno])
+        print(res)
+    """).stdout.strip()
+    assert out == "[0, 'ENODATA', 0, 'ENODATA', 'ENOENT', 'ENOENT']", out

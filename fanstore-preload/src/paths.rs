@@ -138,7 +138,6 @@ fn starts_in_mount(path: &[u8], tail: &[u8]) -> bool {
 
 /// Writes the absolute path of `node` (mount + '/' + relative path) to `out`.
 pub fn node_abs_path(st: &State, node: u32, out: &mut [u8]) -> Option<usize> {
-    let m = &state::mount().path;
     let mut tmp = [0u8; MAX_PATH];
     let rel = if node & crate::outputs::OUT_DIR != 0 {
         let n = crate::outputs::path_into(node, &mut tmp)?;
@@ -146,6 +145,12 @@ pub fn node_abs_path(st: &State, node: u32, out: &mut [u8]) -> Option<usize> {
     } else {
         st.view.node(node)?.path()
     };
+    rel_abs_path(rel, out)
+}
+
+/// The absolute path of `rel` (relative to the dataset root) under the mount.
+pub fn rel_abs_path(rel: &[u8], out: &mut [u8]) -> Option<usize> {
+    let m = &state::mount().path;
     let mut len = 0;
     if m.as_slice() != b"/" || rel.is_empty() {
         out.get_mut(..m.len())?.copy_from_slice(m);

@@ -29,11 +29,26 @@ pub fn access(vp: &VPath, mode: c_int, follow: bool) -> Outcome<c_int> {
     Outcome::Handled(0)
 }
 
+/// Whether `vp` names something: an input node, else an output (asked of the daemon).
+fn exists(vp: &VPath, follow: bool) -> Result<(), c_int> {
+    match resolve(vp.st, vp.rel, vp.must_be_dir, follow) {
+        Ok(_) => Ok(()),
+        Err(libc::ENOENT) => match super::out::stat(vp.st, vp.rel) {
+            Ok(r) if vp.must_be_dir && !r.is_dir() => Err(libc::ENOTDIR),
+            Ok(_) => Ok(()),
+            Err(e) => Err(e),
+        },
+        Err(e) => Err(e),
+    }
+}
+
 /// readlink: the target of a symlink, EINVAL for anything else.
 pub fn readlink(vp: &VPath) -> Outcome<&'static [u8]> {
     match resolve(vp.st, vp.rel, vp.must_be_dir, false) {
         Ok(n) if super::is_symlink(&n) => Outcome::Handled(n.symlink_target()),
         Ok(_) => Outcome::Errno(libc::EINVAL),
+        // Outputs are never symlinks.
+        Err(libc::ENOENT) => Outcome::Errno(exists(vp, false).map_or_else(|e| e, |_| libc::EINVAL)),
         Err(e) => Outcome::Errno(e),
     }
 }
@@ -54,30 +69,38 @@ pub fn realpath(vp: &VPath, out: &mut [u8]) -> Outcome<usize> {
             Some(len) => Outcome::Handled(len),
             None => Outcome::Errno(libc::ENAMETOOLONG),
         },
+        // An output: its normalised path is already canonical (outputs are never symlinks).
+        Err(libc::ENOENT) => match exists(vp, true) {
+            Ok(()) => match crate::paths::rel_abs_path(vp.rel, out) {
+                Some(len) => Outcome::Handled(len),
+                None => Outcome::Errno(libc::ENAMETOOLONG),
+            },
+            Err(e) => Outcome::Errno(e),
+        },
         Err(e) => Outcome::Errno(e),
     }
 }
 
 /// getxattr family: no attributes (ENODATA) on an existing node.
 pub fn getxattr(vp: &VPath, follow: bool) -> Outcome<isize> {
-    match resolve(vp.st, vp.rel, vp.must_be_dir, follow) {
-        Ok(_) => Outcome::Errno(libc::ENODATA),
+    match exists(vp, follow) {
+        Ok(()) => Outcome::Errno(libc::ENODATA),
         Err(e) => Outcome::Errno(e),
     }
 }
 
 /// listxattr family: an empty list.
 pub fn listxattr(vp: &VPath, follow: bool) -> Outcome<isize> {
-    match resolve(vp.st, vp.rel, vp.must_be_dir, follow) {
-        Ok(_) => Outcome::Handled(0),
+    match exists(vp, follow) {
+        Ok(()) => Outcome::Handled(0),
         Err(e) => Outcome::Errno(e),
     }
 }
 
 /// statfs of anything under the mount (it must exist).
 pub fn statfs_node(vp: &VPath) -> Outcome<&'static State> {
-    match resolve(vp.st, vp.rel, vp.must_be_dir, true) {
-        Ok(_) => Outcome::Handled(vp.st),
+    match exists(vp, true) {
+        Ok(()) => Outcome::Handled(vp.st),
         Err(e) => Outcome::Errno(e),
     }
 }
