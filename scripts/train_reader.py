@@ -5,7 +5,11 @@ random order for several epochs. Prints files/s, MB/s and an
 order-independent digest (sum of per-file md5 prefixes) of every byte read, so a run on /fanstore can be
 compared with a run on the original directory.
 
-    train_reader.py ROOT [--workers 4] [--epochs 2] [--seed 0]
+    train_reader.py ROOT [--workers 4] [--epochs 2] [--seed 0] [--ckpt-dir DIR]
+
+With --ckpt-dir the parent writes a checkpoint after every epoch, the way
+training frameworks do: a temporary file, then os.replace onto
+DIR/epoch-N.npz. Half of the "model" is frozen after the first epoch.
 """
 import argparse
 import hashlib
@@ -37,6 +41,7 @@ def main():
     ap.add_argument("--workers", type=int, default=4)
     ap.add_argument("--epochs", type=int, default=2)
     ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--ckpt-dir")
     a = ap.parse_args()
     files = sorted(os.path.join(r, f) for r, _, fs in os.walk(a.root) for f in fs
                    if f.endswith((".png", ".npz")))
@@ -45,6 +50,10 @@ def main():
     ctx = mp.get_context("fork")
     t0 = time.perf_counter()
     total_bytes, digest = 0, 0
+    rng = np.random.default_rng(a.seed)
+    model = {f"layer{i}.weight": rng.standard_normal((256, 256)).astype(np.float32) for i in range(8)}
+    if a.ckpt_dir:
+        os.makedirs(a.ckpt_dir, exist_ok=True)
     with ctx.Pool(a.workers) as pool:
         for epoch in range(a.epochs):
             order = files[:]
@@ -52,6 +61,14 @@ def main():
             for n, h in pool.imap_unordered(load, order, chunksize=8):
                 total_bytes += n
                 digest = (digest + h) % (1 << 64)
+            if a.ckpt_dir:
+                for i, name in enumerate(sorted(model)):
+                    if epoch == 0 or i >= len(model) // 2:  # the first half is frozen after epoch 0
+                        model[name] = model[name] + np.float32(0.01)
+                tmp = os.path.join(a.ckpt_dir, f".epoch-{epoch}.npz.tmp")
+                with open(tmp, "wb") as f:
+                    np.savez(f, **model)
+                os.replace(tmp, os.path.join(a.ckpt_dir, f"epoch-{epoch}.npz"))
     secs = time.perf_counter() - t0
     nfiles = len(files) * a.epochs
     print(f"read {nfiles} files ({len(files)} x {a.epochs} epochs, {a.workers} forked workers) "
