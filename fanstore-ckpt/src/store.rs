@@ -60,6 +60,8 @@ pub struct CommitInfo {
     pub units_new: usize,
     /// The checkpoint previously at this path, now replaced.
     pub replaced: Option<u64>,
+    /// xxh3 of the whole file (kept in the recipe and checked on every read).
+    pub file_xxh3: u64,
 }
 
 /// What an unlink (or a replacing commit or rename) freed.
@@ -102,8 +104,8 @@ pub struct CheckpointStore {
 }
 
 const LOCK_FILE: &str = "lock";
-const UNITS_DIR: &str = "units";
-const RECIPES_DIR: &str = "recipes";
+pub const UNITS_DIR: &str = "units";
+pub const RECIPES_DIR: &str = "recipes";
 const TMP_DIR: &str = "tmp";
 
 /// Files at least this long get a helper thread for hashing.
@@ -642,6 +644,7 @@ impl CheckpointStore {
             units_total: rec.tensors.len(),
             units_new,
             replaced,
+            file_xxh3: rec.file_xxh3,
         };
         self.live.insert(id, LiveCkpt { tensors: rec.tensors });
         if let Some(old) = replaced {

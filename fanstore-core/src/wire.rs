@@ -37,6 +37,12 @@
 //! SYNC      arg0 1: copy the output bytes this rank holds to --persist,
 //!           arg0 2: write the records this rank owns (those whose bytes are
 //!           there); reply value = count (EINVAL without --persist)
+//! CKPT      a checkpoint query answered from this rank's checkpoint store
+//!           (`fanstore ckpt`): arg0 kind (1 ls, 2 log, 3 owners, 4 diff,
+//!           5 du, 6 verify), arg1 bit 0 JSON, payload paths NUL-separated;
+//!           reply: an fd (memfd) holding the report text, value 1 when
+//!           verify found damage; ENOENT when this store has no such
+//!           checkpoint, ENOTSUP when the rank has no store
 //!
 //! OutRecord  0..8 size | 8..12 mode | 12..16 holder rank | 16..24 mtime ns
 //!           (i64) | 24..32 output id | 32..40 xxh3 of the bytes
@@ -67,6 +73,7 @@ pub mod op {
     pub const UNLINK: u16 = 11;
     pub const RENAME: u16 = 12;
     pub const SYNC: u16 = 13;
+    pub const CKPT: u16 = 14;
 }
 
 /// SYNC phases (arg0).

@@ -33,6 +33,20 @@ pub struct DaemonArgs {
     /// loaded from at start (see `fanstore_daemon::persist`).
     #[arg(long)]
     pub persist: Option<PathBuf>,
+    /// Tensor-level dedup of outputs: `on` commits every output of at least
+    /// --dedup-min bytes into the node's checkpoint store (safetensors,
+    /// torch.save zips, .npy/.npz split into tensors; anything else into
+    /// content-defined chunks); `off` keeps every output a plain file.
+    #[arg(long, default_value = "on", value_parser = ["on", "off"])]
+    pub dedup: String,
+    /// Outputs smaller than this stay plain files (logs, small samples).
+    #[arg(long, default_value = "64K", value_parser = parse_size)]
+    pub dedup_min: u64,
+    /// fsync every output before its close returns (power-loss safety of the
+    /// local copy; without it a closed output survives a killed daemon or
+    /// program, not a crash of the node's kernel).
+    #[arg(long)]
+    pub fsync_outputs: bool,
     /// Seconds before a remote read with no answer fails with EIO (a holder
     /// that is gone or hung); larger payloads get 1 extra second per 64 MiB.
     #[arg(long, default_value_t = 10.0)]

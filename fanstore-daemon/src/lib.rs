@@ -113,8 +113,10 @@
 pub mod args;
 pub mod bufpool;
 pub mod cache;
+pub mod ckpt_query;
 pub mod client;
 pub mod comm;
+pub mod dedup;
 pub mod index_shm;
 pub mod load;
 pub mod memfd;

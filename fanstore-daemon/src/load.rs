@@ -276,7 +276,7 @@ mod tests {
         let l = load(&d.path().join("ds"), &v, &placement, 1, &local, 2).unwrap();
         assert_eq!(l.local, vec![false, true, false, true, true]);
         assert_eq!(l.report.partitions, 3);
-        let store = LocalStore { view: v, local_dir: local.clone(), local: l.local.clone() };
+        let store = LocalStore { view: v, local_dir: local.clone(), local: l.local.clone(), dedup: None };
         let mut held = 0;
         for f in &files {
             let n = v.lookup(f.path.as_bytes()).unwrap();

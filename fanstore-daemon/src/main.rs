@@ -150,6 +150,7 @@ fn run(args: &DaemonArgs) -> anyhow::Result<i32> {
         view: node.view,
         local_dir: node.id.local_dir.clone(),
         local: node.local.get().cloned().unwrap_or_default(),
+        dedup: node.dedup.get().cloned(),
     };
     let aside = args.local.join(format!("recovered-rank-{rank}"));
     if aside.is_dir() {
@@ -195,6 +196,34 @@ fn run(args: &DaemonArgs) -> anyhow::Result<i32> {
     finalize(universe, clean);
     log::info!("rank {rank}: stopped");
     Ok(0)
+}
+
+/// Opens the rank's checkpoint store at `rank-<r>/out/ckpt`: the store of a
+/// killed run (kept aside with its outputs), else the one an earlier job
+/// drained to `--persist`, else a new one (none with `--dedup off` and
+/// nothing to serve). Returns true when a killed run's store was taken
+/// back (its outputs are registered again by the recovery thread).
+fn open_checkpoint_store(args: &DaemonArgs, id: &Identity, node: &Node) -> anyhow::Result<bool> {
+    use fanstore_daemon::dedup::{self, Dedup};
+    let dir = id.local_dir.join("out").join(dedup::STORE_DIR);
+    let kept = args.local.join(format!("recovered-rank-{}", id.rank)).join(dedup::STORE_DIR);
+    let mut recovering = false;
+    let mut exists = false;
+    if kept.is_dir() {
+        std::fs::create_dir_all(id.local_dir.join("out")).with_context(|| format!("creating {}", id.local_dir.display()))?;
+        std::fs::rename(&kept, &dir).with_context(|| format!("taking back the checkpoint store {}", kept.display()))?;
+        (recovering, exists) = (true, true);
+    } else if let Some(p) = &args.persist {
+        let src = dedup::drained_dir(p, id.rank);
+        exists = dedup::adopt_drained(&src, &dir).with_context(|| format!("copying the checkpoint store {}", src.display()))?;
+    }
+    let on = args.dedup == "on";
+    if on || exists {
+        let min = if on { args.dedup_min } else { u64::MAX };
+        let d = Dedup::open(&dir, min, args.fsync_outputs).with_context(|| format!("opening the checkpoint store {}", dir.display()))?;
+        let _ = node.dedup.set(Arc::new(d));
+    }
+    Ok(recovering)
 }
 
 /// Finalises MPI under a watchdog: a peer that vanished, or a finalize
@@ -254,10 +283,18 @@ fn prepare(args: &DaemonArgs, id: &Identity, cleanup: &mut Cleanup) -> anyhow::R
     let (tx, rx) = crossbeam::channel::unbounded();
     let remote_timeout = Duration::from_secs_f64(args.remote_timeout.max(0.1));
     let node = Arc::new(Node::new(id.clone(), view, placement, args.cache_mem, tx, remote_timeout));
+    node.fsync_outputs.store(args.fsync_outputs, Relaxed);
+    let recovering = open_checkpoint_store(args, id, &node)?;
     if let Some(dir) = &args.persist {
         let n = node.load_persisted(dir).with_context(|| format!("loading the outputs kept in {}", dir.display()))?;
         log::info!("rank {rank}: {n} persisted output records from {}", dir.display());
         let _ = node.persist.set(dir.clone());
+    }
+    if let Some(d) = node.dedup.get().filter(|_| !recovering) {
+        let n = d.sweep_unclaimed();
+        if n > 0 {
+            log::info!("rank {rank}: released {n} drained checkpoints that no output record names");
+        }
     }
     node.set_phase(Phase::Loading);
     let server = {

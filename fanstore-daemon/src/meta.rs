@@ -29,6 +29,10 @@ pub mod mop {
     pub const REMOVE: u16 = 107;
     /// dir, arg0 skip -> OUT_LIST entries.
     pub const LIST: u16 = 108;
+    /// To the holder of output arg0: delete its bytes (unlinked or replaced).
+    pub const HOLDER_DROP: u16 = 109;
+    /// To the holder of output arg0: it is now named by the payload path.
+    pub const HOLDER_RENAME: u16 = 110;
 }
 
 /// Largest OUT_LIST payload (fits a client message with its header).

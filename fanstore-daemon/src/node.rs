@@ -76,6 +76,10 @@ pub struct Node {
     pub out_seq: std::sync::atomic::AtomicU64,
     /// `--persist` directory, if any ([`crate::persist`]).
     pub persist: OnceLock<PathBuf>,
+    /// The checkpoint store ([`crate::dedup`]), set at start.
+    pub dedup: OnceLock<Arc<crate::dedup::Dedup>>,
+    /// `--fsync-outputs`: fsync each output (and its sidecar) before close returns.
+    pub fsync_outputs: AtomicBool,
     phase: Mutex<Phase>,
     phase_cv: Condvar,
 }
@@ -103,6 +107,8 @@ impl Node {
             meta: Mutex::new(crate::meta::MetaStore::default()),
             out_seq: std::sync::atomic::AtomicU64::new(1),
             persist: OnceLock::new(),
+            dedup: OnceLock::new(),
+            fsync_outputs: AtomicBool::new(false),
             phase: Mutex::new(Phase::Loading),
             phase_cv: Condvar::new(),
         }
@@ -196,6 +202,8 @@ pub struct LocalStore<'a> {
     pub view: IndexView<'a>,
     pub local_dir: PathBuf,
     pub local: Vec<bool>,
+    /// Outputs held in the checkpoint store are served from it.
+    pub dedup: Option<Arc<crate::dedup::Dedup>>,
 }
 
 /// Payloads from this size up are sent from a read-only mapping of the local
@@ -205,8 +213,19 @@ const MAP_FROM: u64 = 1 << 20;
 impl PeerSource for LocalStore<'_> {
     fn payload(&self, node_id: u32, stored_len: u64, spare: Option<Vec<u8>>) -> Option<SendBuf> {
         if node_id & crate::comm::OUT_BIT != 0 {
-            let path = self.local_dir.join("out").join((node_id & !crate::comm::OUT_BIT).to_string());
-            return read_payload(&path, stored_len, spare);
+            let id = u64::from(node_id & !crate::comm::OUT_BIT);
+            let path = self.local_dir.join("out").join(id.to_string());
+            return match &self.dedup {
+                Some(d) if !path.exists() && d.holds(id) => {
+                    let mut v = spare.unwrap_or_default();
+                    v.clear();
+                    match d.read_output(id, &mut v) {
+                        Ok(n) if n == stored_len => Some(SendBuf::Heap(v)),
+                        _ => None,
+                    }
+                }
+                _ => read_payload(&path, stored_len, spare),
+            };
         }
         let n = self.view.node(node_id)?;
         if n.kind() != Some(NodeKind::File) || n.stored_len() != stored_len {

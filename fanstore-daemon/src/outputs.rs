@@ -1,15 +1,15 @@
 //! The write path on the daemon side: COMMIT, OUT_STAT, OUT_OPEN, OUT_LIST,
 //! MKDIR, RMDIR, UNLINK, RENAME of outputs.
 //!
-//! COMMIT: the client's memfd is copied to `<local>/out/<id>` and fsynced,
-//! then the record (size, mode, mtime, holder = this rank, id, xxh3) is put
+//! COMMIT: the client's memfd is copied to `<local>/out/<id>` (fsynced with
+//! `--fsync-outputs`), or committed into the checkpoint store
+//! ([`crate::dedup`]) when it is at least `--dedup-min` bytes, then the record (size, mode, mtime, holder = this rank, id, xxh3) is put
 //! at the metadata owner (rank xxh3(path) mod N, [`crate::meta`]), then the
 //! name is added to the listing of its parent at the parent's owner. The
 //! client's close returns after both acknowledgements: from then on any
 //! stat on any node (which asks the owner) sees the whole file. A failed
 //! write (ENOSPC, EIO) registers nothing. A replaced output's old bytes are
-//! deleted when they are on this rank (else left on their holder's SSD
-//! until the job ends).
+//! deleted: here, or by the holder when asked (HOLDER_DROP over MPI).
 //!
 //! RENAME of a file: the record is put at the destination's owner (replacing
 //! any file there), then removed at the source's owner (only if it is still
@@ -35,7 +35,7 @@ const META_TIMEOUT: Duration = Duration::from_secs(10);
 
 static META_IDS: AtomicU64 = AtomicU64::new(1);
 
-fn parent(path: &[u8]) -> (&[u8], &[u8]) {
+pub(crate) fn parent(path: &[u8]) -> (&[u8], &[u8]) {
     match path.iter().rposition(|&b| b == b'/') {
         Some(i) => (&path[..i], &path[i + 1..]),
         None => (&[], path),
@@ -57,10 +57,32 @@ fn now_ns() -> i64 {
 impl MetaServer for Node {
     fn handle_meta(&self, msg: &[u8]) -> Vec<u8> {
         match Request::decode(msg) {
+            Ok(req) if req.op == mop::HOLDER_DROP || req.op == mop::HOLDER_RENAME => {
+                // Store work does not belong on the communication thread.
+                let (dedup, out) = (self.dedup.get().cloned(), self.out_dir());
+                let spawned = std::thread::Builder::new().name("fanstore-held".into()).spawn(move || {
+                    if req.op == mop::HOLDER_DROP {
+                        drop_held(dedup.as_deref(), &out, req.arg0);
+                    } else if let Some(d) = dedup {
+                        d.rename_output(req.arg0, &req.payload);
+                    }
+                });
+                let errno = if spawned.is_ok() { 0 } else { libc::EAGAIN };
+                Reply { op: req.op, id: req.id, errno, flags: 0, value: 0, payload: Vec::new() }.encode()
+            }
             Ok(req) => self.meta.lock().unwrap_or_else(|p| p.into_inner()).handle(&req).encode(),
             Err(_) => Reply { op: 0, id: 0, errno: libc::EINVAL, flags: 0, value: 0, payload: Vec::new() }.encode(),
         }
     }
+}
+
+/// Deletes what this rank holds of output `id`: its plain file and sidecar,
+/// or its checkpoint.
+fn drop_held(dedup: Option<&crate::dedup::Dedup>, out: &std::path::Path, id: u64) {
+    if !dedup.is_some_and(|d| d.drop_output(id)) {
+        let _ = std::fs::remove_file(out.join(id.to_string()));
+    }
+    let _ = std::fs::remove_file(out.join(format!("{id}.rec")));
 }
 
 impl Node {
@@ -85,7 +107,9 @@ impl Node {
             use std::io::Write;
             let mut f = std::fs::File::create(&tmp)?;
             f.write_all(&crate::persist::encode_index(&[(path.to_vec(), *rec)]))?;
-            f.sync_all()?;
+            if self.fsync_outputs.load(Relaxed) {
+                f.sync_all()?;
+            }
             std::fs::rename(&tmp, &file)
         })();
         res.map_err(|e| {
@@ -102,11 +126,15 @@ impl Node {
     /// One metadata request at the owner of `key`: answered here when this
     /// rank owns it, else over MPI (bounded wait).
     fn meta_at(&self, key: &[u8], op: u16, arg0: u64, payload: Vec<u8>) -> Result<Reply, i32> {
-        let dest = self.owner(key);
+        self.meta_to(self.owner(key), op, arg0, payload)
+    }
+
+    /// One metadata request at rank `dest`.
+    fn meta_to(&self, dest: u32, op: u16, arg0: u64, payload: Vec<u8>) -> Result<Reply, i32> {
         let id = META_IDS.fetch_add(1, Relaxed);
         let req = Request { op, id, arg0, arg1: 0, payload };
         let rep = if dest == self.id.rank {
-            self.meta.lock().unwrap_or_else(|p| p.into_inner()).handle(&req)
+            Reply::decode(&self.handle_meta(&req.encode())).map_err(|_| libc::EIO)?
         } else {
             let (tx, rx) = crossbeam::channel::bounded(1);
             let call = MetaCall { dest, id, msg: req.encode(), reply: tx, timeout: META_TIMEOUT };
@@ -161,11 +189,17 @@ impl Node {
         Ok(())
     }
 
-    /// Deletes the bytes of a replaced or unlinked output if this rank holds them.
+    /// Deletes the bytes of a replaced or unlinked output: here, or at its
+    /// holder (asked over MPI; a holder that is gone keeps them until its
+    /// local directory is removed). Persisted bytes stay in `--persist`.
     fn drop_data(&self, old: &OutRecord) {
-        if old.holder == self.id.rank && old.holder != crate::persist::PERSISTED && !old.is_dir() {
-            let _ = std::fs::remove_file(self.out_file(old.id));
-            let _ = std::fs::remove_file(self.sidecar(old.id));
+        if old.is_dir() || old.holder >= self.id.nranks {
+            return;
+        }
+        if old.holder == self.id.rank {
+            drop_held(self.dedup.get().map(|d| &**d), &self.out_dir(), old.id);
+        } else if let Err(e) = self.meta_to(old.holder, mop::HOLDER_DROP, old.id, Vec::new()) {
+            log::warn!("rank {}: rank {} did not drop output {}: errno {e}", self.id.rank, old.holder, old.id);
         }
     }
 
@@ -182,27 +216,6 @@ impl Node {
         if id >= OUT_BIT as u64 {
             return Err(libc::ENOSPC);
         }
-        let file = self.out_file(id);
-        let (size, sum) = self.store(fd, &file).inspect_err(|_| {
-            let _ = std::fs::remove_file(&file);
-        })?;
-        let rec = OutRecord { size, mode: libc::S_IFREG | (mode & 0o7777), holder: self.id.rank, mtime_ns: now_ns(), id, sum };
-        if let Err(e) = self.write_sidecar(path, &rec) {
-            let _ = std::fs::remove_file(&file);
-            return Err(e);
-        }
-        if let Err(e) = self.put(path, rec, excl) {
-            let _ = std::fs::remove_file(&file);
-            let _ = std::fs::remove_file(self.sidecar(id));
-            return Err(e);
-        }
-        self.link(path, wire::KIND_FILE, true)?;
-        self.counters.outputs.fetch_add(1, Relaxed);
-        Ok(())
-    }
-
-    /// Copies the bytes of `fd` to `file` and fsyncs it: (size, xxh3).
-    fn store(&self, fd: &OwnedFd, file: &std::path::Path) -> Result<(u64, u64), i32> {
         let src = std::fs::File::from(fd.try_clone().map_err(|_| libc::EMFILE)?);
         let size = src.metadata().map_err(|_| libc::EIO)?.len();
         let map = if size > 0 {
@@ -213,7 +226,40 @@ impl Node {
             None
         };
         let bytes: &[u8] = map.as_deref().unwrap_or(&[]);
-        let sum = xxh3(bytes);
+        let dedup = self.dedup.get().filter(|d| size >= d.min);
+        let file = self.out_file(id);
+        let undo = || match dedup {
+            Some(d) => {
+                d.drop_output(id);
+            }
+            None => {
+                let _ = std::fs::remove_file(&file);
+            }
+        };
+        let sum = match dedup {
+            Some(d) => d.stage(path, id, bytes)?.file_xxh3,
+            None => self.store_plain(bytes, &file).inspect_err(|_| undo())?,
+        };
+        let rec = OutRecord { size, mode: libc::S_IFREG | (mode & 0o7777), holder: self.id.rank, mtime_ns: now_ns(), id, sum };
+        if let Err(e) = self.write_sidecar(path, &rec) {
+            undo();
+            return Err(e);
+        }
+        if let Err(e) = self.put(path, rec, excl) {
+            undo();
+            let _ = std::fs::remove_file(self.sidecar(id));
+            return Err(e);
+        }
+        if let Some(d) = dedup {
+            d.settle(id, path);
+        }
+        self.link(path, wire::KIND_FILE, true)?;
+        self.counters.outputs.fetch_add(1, Relaxed);
+        Ok(())
+    }
+
+    /// Writes `bytes` to `file` (fsynced with `--fsync-outputs`): their xxh3.
+    fn store_plain(&self, bytes: &[u8], file: &std::path::Path) -> Result<u64, i32> {
         if let Err(e) = std::fs::create_dir_all(self.out_dir()) {
             return Err(io_errno(&e));
         }
@@ -221,13 +267,16 @@ impl Node {
             use std::io::Write;
             let mut f = std::fs::OpenOptions::new().write(true).create_new(true).mode(0o600).open(file)?;
             f.write_all(bytes)?;
-            f.sync_all()
+            if self.fsync_outputs.load(Relaxed) {
+                f.sync_all()?;
+            }
+            Ok(())
         };
         write().map_err(|e| {
             log::warn!("rank {}: storing an output at {}: {e}", self.id.rank, file.display());
             io_errno(&e)
         })?;
-        Ok((size, sum))
+        Ok(xxh3(bytes))
     }
 
     /// OUT_OPEN: an fd with the bytes of output `path`.
@@ -238,6 +287,9 @@ impl Node {
         }
         if rec.holder == crate::persist::PERSISTED {
             let dir = self.persist.get().ok_or(libc::EIO)?;
+            if !crate::persist::data_path(dir, &rec).exists() {
+                return self.open_drained_checkpoint(dir, path, &rec);
+            }
             return std::fs::OpenOptions::new()
                 .read(true)
                 .custom_flags(libc::O_CLOEXEC)
@@ -249,12 +301,12 @@ impl Node {
                 });
         }
         if rec.holder == self.id.rank {
-            return std::fs::OpenOptions::new()
-                .read(true)
-                .custom_flags(libc::O_CLOEXEC)
-                .open(self.out_file(rec.id))
-                .map(OwnedFd::from)
-                .map_err(|_| libc::ENOENT); // replaced or removed meanwhile
+            let plain = std::fs::OpenOptions::new().read(true).custom_flags(libc::O_CLOEXEC).open(self.out_file(rec.id));
+            return match (plain, self.dedup.get()) {
+                (Ok(f), _) => Ok(OwnedFd::from(f)),
+                (Err(_), Some(d)) if d.holds(rec.id) => d.open_output(rec.id, rec.size, rec.sum),
+                (Err(_), _) => Err(libc::ENOENT), // replaced or removed meanwhile
+            };
         }
         let target = MemfdBuilder::unmapped(&format!("fanstore:out:{}", rec.id), rec.size).map_err(|_| libc::ENOMEM)?;
         if rec.size > 0 {
@@ -278,6 +330,31 @@ impl Node {
         // seal() already is.
         let _ = fd.as_raw_fd();
         Ok(fd)
+    }
+
+    /// A checkpoint drained by a rank this job does not have (it ran with
+    /// fewer ranks), read in place from `--persist`.
+    fn open_drained_checkpoint(&self, dir: &std::path::Path, path: &[u8], rec: &OutRecord) -> Result<OwnedFd, i32> {
+        let name = String::from_utf8_lossy(path);
+        let cats = crate::dedup::persisted_catalogs(dir).map_err(|e| {
+            log::error!("rank {}: persisted output '{name}': {e}", self.id.rank);
+            libc::EIO
+        })?;
+        let rank = *cats.get(path).ok_or_else(|| {
+            log::error!("rank {}: persisted output '{name}': its bytes are in no drained store", self.id.rank);
+            libc::EIO
+        })?;
+        let bytes = crate::dedup::open_drained(dir, rank).and_then(|s| s.read(path)).map_err(|e| {
+            log::error!("rank {}: persisted output '{name}': {e}", self.id.rank);
+            crate::dedup::errno_of(&e)
+        })?;
+        if bytes.len() as u64 != rec.size || xxh3(&bytes) != rec.sum {
+            log::error!("rank {}: persisted output '{name}' differs from its record", self.id.rank);
+            return Err(libc::EIO);
+        }
+        let m = MemfdBuilder::unmapped(&format!("fanstore:out:{}", rec.id), rec.size).map_err(|_| libc::ENOMEM)?;
+        m.write_at(&bytes, 0).map_err(|_| libc::EIO)?;
+        m.seal().map_err(|_| libc::EIO)
     }
 
     /// OUT_LIST: entries of output listing `dir` after `skip`.
@@ -339,6 +416,16 @@ impl Node {
             Ok(_) | Err(libc::ENOENT) => {}
             Err(e) => return Err(e),
         }
+        // The holder's checkpoint store shows the new name (reads go by id).
+        if rec.holder == self.id.rank {
+            if let Some(d) = self.dedup.get() {
+                d.rename_output(rec.id, to);
+            }
+        } else if rec.holder < self.id.nranks {
+            if let Err(e) = self.meta_to(rec.holder, mop::HOLDER_RENAME, rec.id, to.to_vec()) {
+                log::warn!("rank {}: rank {} did not rename output {}: errno {e}", self.id.rank, rec.holder, rec.id);
+            }
+        }
         self.link(from, wire::KIND_FILE, false)
     }
 }
@@ -349,16 +436,37 @@ impl Node {
     /// many records it keeps.
     pub fn load_persisted(&self, dir: &std::path::Path) -> Result<usize, crate::persist::PersistError> {
         let all = crate::persist::read_all(dir)?;
+        let stores = crate::dedup::persisted_catalogs(dir)
+            .map_err(|e| crate::persist::PersistError::Io(dir.join(crate::dedup::STORE_DIR), std::io::Error::other(e.to_string())))?;
         let mut m = self.meta.lock().unwrap_or_else(|p| p.into_inner());
         let mut n = 0;
         for (path, mut rec) in all {
             if self.view.lookup(&path).is_some() {
                 continue; // an input of this dataset now: inputs win
             }
-            if self.owner(&path) == self.id.rank {
-                if !rec.is_dir() {
-                    rec.holder = crate::persist::PERSISTED;
+            if !rec.is_dir() {
+                rec.holder = crate::persist::PERSISTED;
+                // A checkpoint drained with rank s's store is held by rank s
+                // again (which copied that store back at start).
+                if let Some(&s) = stores.get(&path).filter(|_| !crate::persist::data_path(dir, &rec).exists()) {
+                    if s >= self.id.nranks {
+                        log::warn!(
+                            "rank {}: '{}' was drained by rank {s} of a larger job: only `fanstore export` can read it",
+                            self.id.rank,
+                            String::from_utf8_lossy(&path)
+                        );
+                    } else {
+                        rec.holder = s;
+                        if s == self.id.rank && !self.dedup.get().is_some_and(|d| d.claim(rec.id, &path)) {
+                            log::warn!("rank {}: the drained store has no checkpoint '{}'", self.id.rank, String::from_utf8_lossy(&path));
+                        }
+                        if s == self.id.rank {
+                            self.out_seq.fetch_max(rec.id + 1, Relaxed);
+                        }
+                    }
                 }
+            }
+            if self.owner(&path) == self.id.rank {
                 m.insert(&path, rec);
                 n += 1;
             }
@@ -383,12 +491,16 @@ impl Node {
         let mut files = 0;
         if let Ok(rd) = std::fs::read_dir(self.out_dir()) {
             for e in rd.flatten() {
-                if e.path().extension().is_some() {
-                    continue; // sidecars
+                if e.path().extension().is_some() || e.file_type().map_or(true, |t| t.is_dir()) {
+                    continue; // sidecars, the checkpoint store
                 }
                 crate::persist::drain_file(dir, &e.path())?;
                 files += 1;
             }
+        }
+        if let Some(d) = self.dedup.get() {
+            let dst = crate::dedup::drained_dir(dir, self.id.rank);
+            d.drain_to(&dst).map_err(|e| crate::persist::PersistError::Io(dst, e))?;
         }
         Ok(files)
     }
@@ -398,7 +510,8 @@ impl Node {
     pub fn drain_meta(&self, dir: &std::path::Path, only_present: bool) -> Result<usize, crate::persist::PersistError> {
         let mut recs = self.meta.lock().unwrap_or_else(|p| p.into_inner()).all();
         if only_present {
-            recs.retain(|(_, r)| r.is_dir() || crate::persist::data_path(dir, r).exists());
+            let drained = crate::dedup::persisted_catalogs(dir).unwrap_or_default();
+            recs.retain(|(p, r)| r.is_dir() || crate::persist::data_path(dir, r).exists() || drained.contains_key(p));
         }
         for (_, r) in recs.iter_mut() {
             if !r.is_dir() {
@@ -445,7 +558,12 @@ impl Node {
             let Some((path, mut rec)) = recs.pop() else { continue };
             let data = from.join(rec.id.to_string());
             let id = self.out_seq.fetch_add(1, Relaxed);
-            if std::fs::create_dir_all(self.out_dir()).is_err() || std::fs::rename(&data, self.out_file(id)).is_err() {
+            let dedup = self.dedup.get();
+            let in_store = match dedup.and_then(|d| d.find_recovered(&path, rec.id)) {
+                Some(key) if !data.exists() => dedup.is_some_and(|d| d.claim(id, &key)),
+                _ => false,
+            };
+            if !in_store && (std::fs::create_dir_all(self.out_dir()).is_err() || std::fs::rename(&data, self.out_file(id)).is_err()) {
                 continue;
             }
             rec.id = id;
@@ -457,13 +575,21 @@ impl Node {
                     Err(_) => false,
                 };
             if ok {
+                if let Some(d) = dedup.filter(|_| in_store) {
+                    d.settle(id, &path);
+                }
                 n += 1;
             } else {
-                let _ = std::fs::remove_file(self.out_file(id));
-                let _ = std::fs::remove_file(self.sidecar(id));
+                drop_held(dedup.map(|d| &**d), &self.out_dir(), id);
             }
         }
         let _ = std::fs::remove_dir_all(from);
+        if let Some(d) = self.dedup.get() {
+            let swept = d.sweep_unclaimed();
+            if swept > 0 {
+                log::info!("rank {}: {swept} checkpoints of a killed run were never registered: released", self.id.rank);
+            }
+        }
         n
     }
 }

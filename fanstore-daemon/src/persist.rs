@@ -197,6 +197,7 @@ pub fn export(dir: &Path, to: &Path) -> Result<usize, PersistError> {
     let mut recs = read_all(dir)?;
     recs.sort_by(|a, b| a.0.cmp(&b.0));
     std::fs::create_dir_all(to).map_err(io_err(to))?;
+    let mut drained = DrainedStores::default();
     let mut n = 0;
     for (p, r) in &recs {
         let rel = Path::new(std::ffi::OsStr::from_bytes(p));
@@ -209,7 +210,11 @@ pub fn export(dir: &Path, to: &Path) -> Result<usize, PersistError> {
             std::fs::create_dir_all(parent).map_err(io_err(parent))?;
         }
         let src = data_path(dir, r);
-        let bytes = std::fs::read(&src).map_err(io_err(&src))?;
+        let bytes = if src.exists() {
+            std::fs::read(&src).map_err(io_err(&src))?
+        } else {
+            drained.read(dir, p).map_err(|e| PersistError::Data(src.clone(), format!("{}: {e}", String::from_utf8_lossy(p))))?
+        };
         if bytes.len() as u64 != r.size || xxh3(&bytes) != r.sum {
             return Err(PersistError::Data(src, String::from_utf8_lossy(p).into_owned()));
         }
@@ -217,6 +222,31 @@ pub fn export(dir: &Path, to: &Path) -> Result<usize, PersistError> {
         n += 1;
     }
     Ok(n)
+}
+
+/// The checkpoint stores drained to a persist directory, opened on demand
+/// (outputs that were committed as checkpoints have no `data/` file).
+#[derive(Default)]
+struct DrainedStores {
+    catalogs: Option<std::collections::HashMap<Vec<u8>, u32>>,
+    open: std::collections::HashMap<u32, fanstore_ckpt::CheckpointStore>,
+}
+
+impl DrainedStores {
+    fn read(&mut self, dir: &Path, path: &[u8]) -> Result<Vec<u8>, fanstore_ckpt::CkptError> {
+        if self.catalogs.is_none() {
+            self.catalogs = Some(crate::dedup::persisted_catalogs(dir)?);
+        }
+        let rank = self
+            .catalogs
+            .as_ref()
+            .and_then(|c| c.get(path).copied())
+            .ok_or_else(|| fanstore_ckpt::CkptError::NotFound { path: "no drained checkpoint store holds it".into() })?;
+        if let std::collections::hash_map::Entry::Vacant(e) = self.open.entry(rank) {
+            e.insert(crate::dedup::open_drained(dir, rank)?);
+        }
+        self.open[&rank].read(path)
+    }
 }
 
 #[cfg(test)]

@@ -242,6 +242,26 @@ fn handle(node: &Node, fd: RawFd, req: &Request, attached: Option<OwnedFd>) -> i
             Some(i) => done(fd, req, node.out_rename(&path[..i], &path[i + 1..])),
             None => done(fd, req, Err(libc::EINVAL)),
         },
+        op::CKPT => {
+            let answer = match (node.dedup.get(), crate::dedup::Query::decode(req.arg0, req.arg1, path)) {
+                (_, None) => Err(libc::EINVAL),
+                (None, Some(_)) => Err(libc::ENOTSUP),
+                (Some(d), Some(q)) => d.query(&q),
+            };
+            let sent = answer.and_then(|a| {
+                let m = crate::memfd::MemfdBuilder::unmapped("fanstore:report", a.text.len() as u64).map_err(|_| libc::ENOMEM)?;
+                m.write_at(a.text.as_bytes(), 0).map_err(|_| libc::EIO)?;
+                Ok((m.seal().map_err(|_| libc::EIO)?, a.ok))
+            });
+            match sent {
+                Ok((file, ok)) => {
+                    let mut r = Reply::ok(req, u64::from(!ok));
+                    r.flags = wire::FLAG_FD;
+                    wire::send_msg(fd, &r.encode(), Some(file.as_raw_fd()))
+                }
+                Err(e) => done(fd, req, Err(e)),
+            }
+        }
         op::PING => wire::send_msg(fd, &Reply::ok(req, node.id.rank as u64).encode(), None),
         op::STATUS => {
             let mut r = Reply::ok(req, 0);

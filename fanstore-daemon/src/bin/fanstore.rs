@@ -6,7 +6,9 @@
 //! fanstore [--runtime-dir DIR] stop [--timeout S]    stop every rank, wait until gone
 //! fanstore [--runtime-dir DIR] sync                 drain outputs to --persist, keep running
 //! fanstore export DIR --to PLAIN_DIR                 drained outputs -> plain files
+//! fanstore [--runtime-dir DIR] ckpt ls|log|owners|diff|du|verify ...   checkpoint queries
 //! ```
+//! The checkpoint queries are described in `fanstore_daemon::ckpt_query`.
 //! The runtime directory defaults to the daemons' own default
 //! (`$FANSTORE_RUNTIME_DIR`, else `$TMPDIR/fanstore-<uid>-<job>`).
 
@@ -54,6 +56,51 @@ enum Cmd {
         #[arg(long)]
         to: std::path::PathBuf,
     },
+    /// Checkpoint queries, answered from recipes and owner maps.
+    Ckpt {
+        #[command(subcommand)]
+        cmd: CkptCmd,
+    },
+}
+
+#[derive(Subcommand)]
+enum CkptCmd {
+    /// Checkpoints under DIR (all by default): logical size, new bytes stored, dedup ratio, parent.
+    Ls {
+        dir: Option<String>,
+        #[arg(long)]
+        json: bool,
+    },
+    /// The chain of ancestors of PATH, nearest first.
+    Log {
+        path: String,
+        #[arg(long)]
+        json: bool,
+    },
+    /// Per tensor of PATH: the checkpoint that first stored its bytes.
+    Owners {
+        path: String,
+        #[arg(long)]
+        json: bool,
+    },
+    /// Tensors added, removed, changed and unchanged from A to B.
+    Diff {
+        a: String,
+        b: String,
+        #[arg(long)]
+        json: bool,
+    },
+    /// Logical vs physical bytes of the checkpoint stores, in all and per rank.
+    Du {
+        #[arg(long)]
+        json: bool,
+    },
+    /// Recompute every unit hash and whole-file checksum (of PATH, or all); exit 1 on damage.
+    Verify {
+        path: Option<String>,
+        #[arg(long)]
+        json: bool,
+    },
 }
 
 const TICK: Duration = Duration::from_millis(50);
@@ -69,6 +116,7 @@ fn main() {
         Cmd::Export { dir, to } => fanstore_daemon::persist::export(&dir, &to)
             .map(|n| println!("fanstore: exported {n} files to {}", to.display()))
             .map_err(anyhow::Error::from),
+        Cmd::Ckpt { cmd } => ckpt(&rt, cmd),
     };
     if let Err(e) = res {
         eprintln!("fanstore: {e:#}");
@@ -170,6 +218,37 @@ fn sync(rt: &Path, timeout: Duration) -> anyhow::Result<()> {
         }
     }
     println!("fanstore: synced {} files, {} records", counts[0], counts[1]);
+    Ok(())
+}
+
+fn ckpt(rt: &Path, cmd: CkptCmd) -> anyhow::Result<()> {
+    use fanstore_daemon::ckpt_query::{self, relative};
+    use fanstore_daemon::dedup::Query;
+    let mount = runtime::list_states(rt)
+        .first()
+        .map(|s| String::from_utf8_lossy(&s.mount).into_owned())
+        .unwrap_or_else(|| "/fanstore".into());
+    let rel = |p: &str| relative(p, &mount);
+    let (q, du_json) = match cmd {
+        CkptCmd::Ls { dir, json } => (Query::Ls { dir: dir.as_deref().map(rel).unwrap_or_default(), json }, false),
+        CkptCmd::Log { path, json } => (Query::Log { path: rel(&path), json }, false),
+        CkptCmd::Owners { path, json } => (Query::Owners { path: rel(&path), json }, false),
+        CkptCmd::Diff { a, b, json } => (Query::Diff { a: rel(&a), b: rel(&b), json }, false),
+        CkptCmd::Du { json } => (Query::Du, json),
+        CkptCmd::Verify { path, json } => (Query::Verify { path: path.as_deref().map(rel), json }, false),
+    };
+    let report = ckpt_query::run(rt, &q)?;
+    if q == Query::Du && !du_json {
+        print!("{}", ckpt_query::du_table(&report.text)?);
+    } else {
+        print!("{}", report.text);
+        if !report.text.ends_with('\n') {
+            println!();
+        }
+    }
+    if !report.ok {
+        bail!("verify found damaged checkpoints (listed above)");
+    }
     Ok(())
 }
 

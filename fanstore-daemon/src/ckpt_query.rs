@@ -1,0 +1,327 @@
+//! `fanstore ckpt ...`: asks every rank's checkpoint store (wire op CKPT)
+//! and merges the answers.
+//!
+//! Each node keeps its own store (the writer's node holds a checkpoint), so
+//! a query about one path is answered by the rank whose store has it, and
+//! `ls`, `du` and `verify` add up every rank:
+//!
+//! ```text
+//! fanstore ckpt ls [DIR] [--json]     checkpoints under DIR: size, new bytes, dedup ratio, parent
+//! fanstore ckpt log PATH [--json]     the chain of ancestors, nearest first
+//! fanstore ckpt owners PATH [--json]  per tensor: the checkpoint that first stored its bytes
+//! fanstore ckpt diff A B [--json]     tensors added, removed, changed, unchanged
+//! fanstore ckpt du [--json]           logical vs physical bytes, per rank and in all
+//! fanstore ckpt verify [PATH] [--json]  recompute every unit hash and file checksum (exit 1 on damage)
+//! ```
+//!
+//! Paths may carry the mount prefix (`/fanstore/run/ck.pt`) or be relative
+//! to it (`run/ck.pt`); reports show them relative to the mount.
+
+use crate::client::Client;
+use crate::dedup::Query;
+use fanstore_ckpt::json::{self, Value};
+use fanstore_ckpt::render;
+use fanstore_core::runtime::{self, NodeState, Status};
+use fanstore_core::wire::{op, Request};
+use std::io::Read;
+use std::path::Path;
+use std::time::Duration;
+
+#[derive(Debug, thiserror::Error)]
+pub enum QueryError {
+    #[error("no running daemon in {0}")]
+    NoDaemon(String),
+    #[error("rank {rank}: {problem}")]
+    Rank { rank: u32, problem: String },
+    #[error("no checkpoint store on any rank (the daemons run with --dedup off)")]
+    NoStore,
+    #[error("no checkpoint at '{0}' (not an output committed to a checkpoint store)")]
+    NotFound(String),
+    #[error("'{0}' and '{1}' are not checkpoints of the same node's store")]
+    NotTogether(String, String),
+    #[error("rank {rank} answered with a malformed report: {problem}")]
+    Malformed { rank: u32, problem: String },
+}
+
+/// A merged report, and false when verify found damage.
+pub struct Report {
+    pub text: String,
+    pub ok: bool,
+}
+
+/// One rank's answer: Ok(text, ok) or the errno.
+type RankAnswer = (u32, Result<(String, bool), i32>);
+
+/// `path` relative to the mount root, without leading or trailing '/'.
+pub fn relative(path: &str, mount: &str) -> Vec<u8> {
+    let m = mount.trim_end_matches('/');
+    let rest = if !m.is_empty() && (path == m || path.starts_with(&format!("{m}/"))) { &path[m.len()..] } else { path };
+    let parts: Vec<&str> = rest.split('/').filter(|c| !c.is_empty() && *c != ".").collect();
+    parts.join("/").into_bytes()
+}
+
+/// The live daemons of the job in `rt`.
+fn live_states(rt: &Path) -> Result<Vec<NodeState>, QueryError> {
+    let states: Vec<NodeState> = runtime::list_states(rt).into_iter().filter(|s| s.status == Status::Ready).collect();
+    if states.is_empty() {
+        return Err(QueryError::NoDaemon(rt.display().to_string()));
+    }
+    Ok(states)
+}
+
+fn ask(rt: &Path, rank: u32, q: &Query) -> Result<RankAnswer, QueryError> {
+    let fail = |problem: String| QueryError::Rank { rank, problem };
+    let (arg0, arg1, payload) = q.encode();
+    let mut c = Client::connect(&runtime::socket_path(rt, rank), Duration::from_secs(10)).map_err(|e| fail(e.to_string()))?;
+    let mut req = Request::new(op::CKPT, 1, arg0, arg1);
+    req.payload = payload;
+    let (rep, fd) = c.call(&req).map_err(|e| fail(e.to_string()))?;
+    if rep.errno != 0 {
+        return Ok((rank, Err(rep.errno)));
+    }
+    let fd = fd.ok_or_else(|| fail("the report came without its fd".into()))?;
+    let mut text = String::new();
+    std::fs::File::from(fd).read_to_string(&mut text).map_err(|e| fail(format!("reading the report: {e}")))?;
+    Ok((rank, Ok((text, rep.value == 0))))
+}
+
+fn ask_all(rt: &Path, q: &Query) -> Result<Vec<RankAnswer>, QueryError> {
+    let states = live_states(rt)?;
+    let mut out = Vec::with_capacity(states.len());
+    for s in &states {
+        out.push(ask(rt, s.rank, q)?);
+    }
+    if out.iter().all(|(_, a)| *a == Err(libc::ENOTSUP)) {
+        return Err(QueryError::NoStore);
+    }
+    for (rank, a) in &out {
+        if let Err(e) = a {
+            if *e != libc::ENOENT && *e != libc::ENOTSUP {
+                return Err(QueryError::Rank { rank: *rank, problem: std::io::Error::from_raw_os_error(*e).to_string() });
+            }
+        }
+    }
+    Ok(out)
+}
+
+fn parsed(rank: u32, text: &str) -> Result<Value<'_>, QueryError> {
+    json::parse(text.as_bytes(), json::Limits::default()).map_err(|e| QueryError::Malformed { rank, problem: e.to_string() })
+}
+
+/// A JSON value as text (the reports' own syntax: numbers verbatim).
+fn to_json(v: &Value) -> String {
+    match v {
+        Value::Null => "null".into(),
+        Value::Bool(b) => b.to_string(),
+        Value::Number(n) => (*n).to_string(),
+        Value::String(s) => render::json_str(s.as_bytes()),
+        Value::Array(a) => render::array(a.iter().map(to_json)),
+        Value::Object(members) => {
+            let inner: Vec<String> = members.iter().map(|(k, v)| format!("{}:{}", render::json_str(k.as_bytes()), to_json(v))).collect();
+            format!("{{{}}}", inner.join(","))
+        }
+    }
+}
+
+/// Runs `q` against the job in `rt` and merges the ranks' answers.
+pub fn run(rt: &Path, q: &Query) -> Result<Report, QueryError> {
+    match q {
+        Query::Ls { json, .. } => ls(rt, q, *json),
+        Query::Du => du(rt, q),
+        Query::Verify { path: None, json } => verify_all(rt, *json),
+        Query::Log { path, .. } | Query::Owners { path, .. } | Query::Verify { path: Some(path), .. } => {
+            one(rt, q).map_err(|e| match e {
+                QueryError::NotFound(_) => QueryError::NotFound(String::from_utf8_lossy(path).into_owned()),
+                e => e,
+            })
+        }
+        Query::Diff { a, b, .. } => one(rt, q).map_err(|e| match e {
+            QueryError::NotFound(_) => QueryError::NotTogether(String::from_utf8_lossy(a).into_owned(), String::from_utf8_lossy(b).into_owned()),
+            e => e,
+        }),
+    }
+}
+
+/// A query about given checkpoints: the rank whose store has them answers.
+fn one(rt: &Path, q: &Query) -> Result<Report, QueryError> {
+    let found = ask_all(rt, q)?.into_iter().find_map(|(_, a)| a.ok());
+    let (text, ok) = found.ok_or_else(|| QueryError::NotFound(String::new()))?;
+    Ok(Report { text, ok })
+}
+
+fn ls(rt: &Path, q: &Query, as_json: bool) -> Result<Report, QueryError> {
+    let Query::Ls { dir, .. } = q else { unreachable!("ls") };
+    let json_q = Query::Ls { dir: dir.clone(), json: true };
+    let mut rows = Vec::new();
+    let mut ranks_with_rows = Vec::new();
+    for (rank, a) in ask_all(rt, &json_q)? {
+        let Ok((text, _)) = a else { continue };
+        let v = parsed(rank, &text)?;
+        let arr = v.as_array().ok_or_else(|| QueryError::Malformed { rank, problem: "ls is not an array".into() })?;
+        if !arr.is_empty() {
+            ranks_with_rows.push(rank);
+        }
+        rows.extend(arr.iter().map(to_json));
+    }
+    if as_json {
+        return Ok(Report { text: format!("[{}]\n", rows.join(",")), ok: true });
+    }
+    let mut text = String::new();
+    for &rank in &ranks_with_rows {
+        if let (_, Ok((t, _))) = ask(rt, rank, q)? {
+            if ranks_with_rows.len() > 1 {
+                text.push_str(&format!("rank {rank}:\n"));
+            }
+            text.push_str(&t);
+        }
+    }
+    if ranks_with_rows.is_empty() {
+        text.push_str("no checkpoints\n");
+    }
+    Ok(Report { text, ok: true })
+}
+
+const DU_FIELDS: [&str; 8] =
+    ["checkpoints", "deleted", "logical_bytes", "units", "unit_payload_bytes", "unit_file_bytes", "recipe_bytes", "catalog_bytes"];
+
+fn du_report(n: &[u64; 8]) -> fanstore_ckpt::DuReport {
+    fanstore_ckpt::DuReport {
+        checkpoints: n[0],
+        deleted: n[1],
+        logical: n[2],
+        units: n[3],
+        unit_payload: n[4],
+        unit_files: n[5],
+        recipes: n[6],
+        catalog: n[7],
+    }
+}
+
+fn du(rt: &Path, q: &Query) -> Result<Report, QueryError> {
+    let mut total = [0u64; 8];
+    let mut per_rank = Vec::new();
+    for (rank, a) in ask_all(rt, q)? {
+        let Ok((text, _)) = a else { continue };
+        let v = parsed(rank, &text)?;
+        let mut n = [0u64; 8];
+        for (i, f) in DU_FIELDS.iter().enumerate() {
+            n[i] = v.get(f).and_then(Value::as_u64).ok_or_else(|| QueryError::Malformed { rank, problem: format!("du has no {f}") })?;
+            total[i] += n[i];
+        }
+        per_rank.push((rank, n));
+    }
+    Ok(Report { text: du_text(&total, &per_rank), ok: true })
+}
+
+fn du_text(total: &[u64; 8], per_rank: &[(u32, [u64; 8])]) -> String {
+    let t = du_report(total);
+    let ranks: Vec<String> = per_rank
+        .iter()
+        .map(|(r, n)| {
+            let j = du_report(n).to_json();
+            format!("{{\"rank\":{r},{}", &j[1..])
+        })
+        .collect();
+    let j = t.to_json();
+    format!("{},\"ranks\":{}}}\n", &j[..j.len() - 1], render::array(ranks))
+}
+
+/// The table form of `du`: the whole job, then one row per rank.
+pub fn du_table(json_text: &str) -> Result<String, QueryError> {
+    let v = parsed(0, json_text)?;
+    let nums = |o: &Value| -> [u64; 8] {
+        let mut n = [0u64; 8];
+        for (i, f) in DU_FIELDS.iter().enumerate() {
+            n[i] = o.get(f).and_then(Value::as_u64).unwrap_or(0);
+        }
+        n
+    };
+    let mut out = du_report(&nums(&v)).to_table();
+    if let Some(ranks) = v.get("ranks").and_then(Value::as_array).filter(|r| r.len() > 1) {
+        let rows: Vec<Vec<String>> = ranks
+            .iter()
+            .map(|r| {
+                let d = du_report(&nums(r));
+                vec![
+                    r.get("rank").and_then(Value::as_u64).unwrap_or(0).to_string(),
+                    d.checkpoints.to_string(),
+                    render::bytes(d.logical),
+                    render::bytes(d.physical()),
+                    render::ratio(d.logical, d.physical()),
+                ]
+            })
+            .collect();
+        out.push('\n');
+        out.push_str(&render::table(&["rank", "checkpoints", "logical", "physical", "dedup"], &rows, &[0, 1, 2, 3, 4]));
+    }
+    Ok(out)
+}
+
+fn verify_all(rt: &Path, as_json: bool) -> Result<Report, QueryError> {
+    let answers = ask_all(rt, &Query::Verify { path: None, json: true })?;
+    let mut ok = true;
+    let mut sums = [0u64; 3];
+    let mut problems = Vec::new();
+    let mut tables = String::new();
+    for (rank, a) in answers {
+        let Ok((text, rank_ok)) = a else { continue };
+        ok &= rank_ok;
+        let v = parsed(rank, &text)?;
+        for (i, f) in ["checkpoints", "units", "unit_bytes"].iter().enumerate() {
+            sums[i] += v.get(f).and_then(Value::as_u64).unwrap_or(0);
+        }
+        if let Some(p) = v.get("problems").and_then(Value::as_array) {
+            problems.extend(p.iter().map(to_json));
+        }
+        if !as_json {
+            if let (_, Ok((t, _))) = ask(rt, rank, &Query::Verify { path: None, json: false })? {
+                tables.push_str(&format!("rank {rank}: {t}"));
+            }
+        }
+    }
+    let text = if as_json {
+        format!(
+            "{{\"ok\":{ok},\"checkpoints\":{},\"units\":{},\"unit_bytes\":{},\"problems\":[{}]}}\n",
+            sums[0],
+            sums[1],
+            sums[2],
+            problems.join(",")
+        )
+    } else {
+        tables
+    };
+    Ok(Report { text, ok })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn paths_are_relative_to_the_mount() {
+        assert_eq!(relative("/fanstore/run/ck.pt", "/fanstore"), b"run/ck.pt");
+        assert_eq!(relative("/fanstore", "/fanstore"), b"");
+        assert_eq!(relative("run//./ck.pt/", "/fanstore"), b"run/ck.pt");
+        assert_eq!(relative("/fanstorex/a", "/fanstore"), b"fanstorex/a");
+        assert_eq!(relative("/data/a", "/data/"), b"a");
+    }
+
+    #[test]
+    fn du_totals_and_ranks() {
+        let text = du_text(&[2, 0, 100, 3, 60, 90, 10, 5], &[(0, [1, 0, 50, 2, 40, 60, 5, 3]), (1, [1, 0, 50, 1, 20, 30, 5, 2])]);
+        let v = json::parse(text.as_bytes(), json::Limits::default()).unwrap();
+        assert_eq!(v.get("physical_bytes").and_then(Value::as_u64), Some(105));
+        let ranks = v.get("ranks").and_then(Value::as_array).unwrap();
+        assert_eq!(ranks[1].get("rank").and_then(Value::as_u64), Some(1));
+        assert_eq!(ranks[1].get("physical_bytes").and_then(Value::as_u64), Some(37));
+        let table = du_table(&text).unwrap();
+        assert!(table.contains("physical") && table.contains("rank"), "{table}");
+    }
+
+    #[test]
+    fn json_values_print_back() {
+        let src = r#"{"a":[1,2.5,null,true],"b":"x\"y","c":{}}"#;
+        let v = json::parse(src.as_bytes(), json::Limits::default()).unwrap();
+        assert_eq!(to_json(&v), src);
+    }
+}

@@ -1,0 +1,549 @@
+//! Checkpoint dedup on the holder side: the node's [`CheckpointStore`].
+//!
+//! With `--dedup on` (the default) every output of at least `--dedup-min`
+//! bytes is committed into the store at `rank-<r>/out/ckpt/` instead of a
+//! plain file `out/<id>`: safetensors, torch.save zips, .npy and .npz are
+//! split into tensors, anything else into content-defined chunks, and each
+//! unit is stored once on the node (see `fanstore-ckpt`). Readers get the
+//! exact bytes back in a sealed memfd; a damaged unit is EIO.
+//!
+//! ## Store keys
+//!
+//! ```text
+//! stage   commit under  <dir>/.fanstore-pending-<id>   (same directory: the
+//!                                                        engine's parent choice
+//!                                                        sees the siblings)
+//! put     the record at the metadata owner (O_EXCL checked there)
+//! settle  rename the key to <path>           (what `fanstore ckpt` shows)
+//! ```
+//!
+//! Staging under a pending key means an O_EXCL refused at the owner, or a
+//! commit that loses a race, never replaced what the store held at that
+//! path. [`Dedup`] maps every output id this rank holds to its current key
+//! and reads go by id, so a rename done on another node (forwarded here as
+//! `HOLDER_RENAME`, applied in the background) only changes what the
+//! queries show. Unlinks and replacements anywhere reach the holder as
+//! `HOLDER_DROP` and release the checkpoint's units.
+//!
+//! ## Persistence
+//!
+//! [`Dedup::drain_to`] copies the store to `--persist`/`ckpt/rank-<r>/`
+//! (units and recipes first, content-named and immutable, then the catalog
+//! atomically; files the local store no longer has are deleted after).
+//! A later job's rank r copies that directory back to its local disk at
+//! start; the output records that name a path of that catalog are held by
+//! rank r again ([`persisted_catalogs`]), and new checkpoints deduplicate
+//! against the old ones.
+
+use fanstore_ckpt::catalog::{self, Catalog};
+use fanstore_ckpt::store::{RECIPES_DIR, UNITS_DIR};
+use fanstore_ckpt::{CheckpointStore, CkptError, CommitInfo, StoreOptions};
+use fanstore_core::checksum::StreamingChecksum;
+use std::collections::{HashMap, HashSet};
+use std::io::{self, Write};
+use std::os::fd::OwnedFd;
+use std::path::{Path, PathBuf};
+use std::sync::{RwLock, RwLockReadGuard, RwLockWriteGuard};
+
+/// The store's directory under the rank's `out/`.
+pub const STORE_DIR: &str = "ckpt";
+/// Name prefix of a staged (not yet registered) output's key.
+const PENDING: &[u8] = b".fanstore-pending-";
+
+/// The key an output is staged under before its record is registered.
+pub fn pending_key(path: &[u8], id: u64) -> Vec<u8> {
+    let (dir, _) = crate::outputs::parent(path);
+    let mut k = Vec::with_capacity(dir.len() + PENDING.len() + 21);
+    if !dir.is_empty() {
+        k.extend_from_slice(dir);
+        k.push(b'/');
+    }
+    k.extend_from_slice(PENDING);
+    k.extend_from_slice(id.to_string().as_bytes());
+    k
+}
+
+/// True for a staged key (hidden from the queries).
+pub fn is_pending(key: &[u8]) -> bool {
+    crate::outputs::parent(key).1.starts_with(PENDING)
+}
+
+/// The errno a store failure gives the client.
+pub fn errno_of(e: &CkptError) -> i32 {
+    match e {
+        CkptError::Io { source, .. } => match source.raw_os_error() {
+            Some(libc::ENOSPC) => libc::ENOSPC,
+            Some(libc::EDQUOT) => libc::EDQUOT,
+            _ => libc::EIO,
+        },
+        CkptError::NotFound { .. } => libc::ENOENT,
+        _ => libc::EIO,
+    }
+}
+
+struct Held {
+    store: CheckpointStore,
+    /// Output id -> current store key.
+    keys: HashMap<u64, Vec<u8>>,
+}
+
+impl Held {
+    fn rename_key(&mut self, id: u64, to: &[u8]) {
+        let Some(from) = self.keys.get(&id).cloned() else { return }; // dropped meanwhile
+        if from == to {
+            return;
+        }
+        // Another output settled at `to` was replaced at the owner; the
+        // store's rename replaces (releases) it too.
+        self.keys.retain(|&other, k| other == id || k != to);
+        match self.store.rename(&from, to) {
+            Ok(_) => {
+                self.keys.insert(id, to.to_vec());
+            }
+            Err(e) => log::warn!("checkpoint store: renaming '{}': {e}", String::from_utf8_lossy(&from)),
+        }
+    }
+}
+
+/// The node's checkpoint store and the outputs it holds.
+pub struct Dedup {
+    /// Outputs of at least this many bytes are committed here (u64::MAX:
+    /// dedup off, the store only serves what an earlier run put in it).
+    pub min: u64,
+    dir: PathBuf,
+    held: RwLock<Held>,
+}
+
+impl Dedup {
+    /// Opens (creating) the store in `dir`.
+    pub fn open(dir: &Path, min: u64, fsync: bool) -> Result<Dedup, CkptError> {
+        let store = CheckpointStore::open_with(dir, StoreOptions { fsync, ..StoreOptions::default() })?;
+        Ok(Dedup { min, dir: dir.to_path_buf(), held: RwLock::new(Held { store, keys: HashMap::new() }) })
+    }
+
+    fn write(&self) -> RwLockWriteGuard<'_, Held> {
+        self.held.write().unwrap_or_else(|p| p.into_inner())
+    }
+
+    fn read(&self) -> RwLockReadGuard<'_, Held> {
+        self.held.read().unwrap_or_else(|p| p.into_inner())
+    }
+
+    /// Stores `bytes` as output `id` of `path`, under its pending key.
+    pub fn stage(&self, path: &[u8], id: u64, bytes: &[u8]) -> Result<CommitInfo, i32> {
+        let key = pending_key(path, id);
+        let mut h = self.write();
+        let info = h.store.commit(&key, bytes).map_err(|e| {
+            log::warn!("checkpoint store: committing '{}': {e}", String::from_utf8_lossy(path));
+            errno_of(&e)
+        })?;
+        h.keys.insert(id, key);
+        Ok(info)
+    }
+
+    /// Output `id` is registered as `path`: its key becomes the path
+    /// (unless it was dropped meanwhile).
+    pub fn settle(&self, id: u64, path: &[u8]) {
+        self.write().rename_key(id, path);
+    }
+
+    /// Output `id` was renamed to `to` (on this node or another).
+    pub fn rename_output(&self, id: u64, to: &[u8]) {
+        self.write().rename_key(id, to);
+    }
+
+    /// Output `id` is unlinked or replaced: releases its units. False if
+    /// this store does not hold it.
+    pub fn drop_output(&self, id: u64) -> bool {
+        let mut h = self.write();
+        let Some(key) = h.keys.remove(&id) else { return false };
+        if let Err(e) = h.store.unlink(&key) {
+            log::warn!("checkpoint store: unlinking '{}': {e}", String::from_utf8_lossy(&key));
+        }
+        true
+    }
+
+    pub fn holds(&self, id: u64) -> bool {
+        self.read().keys.contains_key(&id)
+    }
+
+    /// Output `id` is the store's checkpoint `key` (recovered or reloaded).
+    /// False if the store has no such checkpoint or another id claimed it.
+    pub fn claim(&self, id: u64, key: &[u8]) -> bool {
+        let mut h = self.write();
+        if h.store.id_of(key).is_none() || h.keys.values().any(|k| k == key) {
+            return false;
+        }
+        h.keys.insert(id, key.to_vec());
+        true
+    }
+
+    /// The store key of a recovered output: its pending key under its old
+    /// id, else its path.
+    pub fn find_recovered(&self, path: &[u8], old_id: u64) -> Option<Vec<u8>> {
+        let h = self.read();
+        [pending_key(path, old_id), path.to_vec()]
+            .into_iter()
+            .find(|k| h.store.id_of(k).is_some() && !h.keys.values().any(|v| v == k))
+    }
+
+    /// Unlinks every checkpoint no output id claims (staged commits of a
+    /// killed run, entries of a drained store no record names).
+    pub fn sweep_unclaimed(&self) -> usize {
+        let mut h = self.write();
+        let claimed: HashSet<Vec<u8>> = h.keys.values().cloned().collect();
+        let stale: Vec<Vec<u8>> =
+            h.store.entries().iter().filter(|e| e.live && !claimed.contains(&e.path)).map(|e| e.path.clone()).collect();
+        for k in &stale {
+            if let Err(e) = h.store.unlink(k) {
+                log::warn!("checkpoint store: sweeping '{}': {e}", String::from_utf8_lossy(k));
+            }
+        }
+        stale.len()
+    }
+
+    /// Writes the exact bytes of output `id` to `out`.
+    pub fn read_output<W: Write + ?Sized>(&self, id: u64, out: &mut W) -> Result<u64, i32> {
+        let h = self.read();
+        let key = h.keys.get(&id).ok_or(libc::ENOENT)?;
+        h.store.read_to(key, out).map_err(|e| {
+            log::error!("checkpoint store: reading '{}': {e}", String::from_utf8_lossy(key));
+            errno_of(&e)
+        })
+    }
+
+    /// Output `id` of `size` bytes and xxh3 `sum` (its record's) in a new
+    /// sealed memfd; EIO if the store's bytes are another version.
+    pub fn open_output(&self, id: u64, size: u64, sum: u64) -> Result<OwnedFd, i32> {
+        let m = crate::memfd::MemfdBuilder::unmapped(&format!("fanstore:ckpt:{id}"), size).map_err(|_| libc::ENOMEM)?;
+        let mut w = MemfdWriter { m: &m, off: 0, sum: StreamingChecksum::new() };
+        let n = self.read_output(id, &mut w)?;
+        if n != size || w.sum.digest() != sum {
+            log::error!("checkpoint store: output {id} ({n} bytes) differs from its record ({size} bytes)");
+            return Err(libc::EIO);
+        }
+        m.seal().map_err(|_| libc::EIO)
+    }
+
+    /// Runs a query (`fanstore ckpt ...`) against this store.
+    pub fn query(&self, q: &Query) -> Result<Answer, i32> {
+        let h = self.read();
+        let s = &h.store;
+        let nf = |e: CkptError| errno_of(&e);
+        let (text, ok) = match q {
+            Query::Ls { dir, json } => {
+                let mut r = s.ls(dir);
+                r.rows.retain(|row| !is_pending(&row.ckpt.path));
+                (if *json { r.to_json() } else { r.to_table() }, true)
+            }
+            Query::Log { path, json } => {
+                let r = s.log(path).map_err(nf)?;
+                (if *json { r.to_json() } else { r.to_table() }, true)
+            }
+            Query::Owners { path, json } => {
+                let r = s.owners(path).map_err(nf)?;
+                (if *json { r.to_json() } else { r.to_table() }, true)
+            }
+            Query::Diff { a, b, json } => {
+                let r = s.diff(a, b).map_err(nf)?;
+                (if *json { r.to_json() } else { r.to_table() }, true)
+            }
+            Query::Du => (s.du().to_json(), true),
+            Query::Verify { path, json } => {
+                let r = s.verify(path.as_deref()).map_err(nf)?;
+                (if *json { r.to_json() } else { r.to_table() }, r.ok())
+            }
+        };
+        Ok(Answer { text, ok })
+    }
+
+    /// Copies the store to `dst` (`--persist`/ckpt/rank-<r>), pausing
+    /// commits and unlinks meanwhile. Returns the unit files copied.
+    pub fn drain_to(&self, dst: &Path) -> io::Result<usize> {
+        let h = self.write();
+        h.store.sync().map_err(|e| io::Error::other(e.to_string()))?;
+        let mut copied = 0;
+        for sub in [UNITS_DIR, RECIPES_DIR] {
+            let (from, to) = (self.dir.join(sub), dst.join(sub));
+            std::fs::create_dir_all(&to)?;
+            for e in std::fs::read_dir(&from)? {
+                let e = e?;
+                let target = to.join(e.file_name());
+                if !target.exists() {
+                    copy_synced(&e.path(), &target)?;
+                    copied += usize::from(sub == UNITS_DIR);
+                }
+            }
+        }
+        // The catalog is the commit point; what the store released since the
+        // last drain goes once the new catalog is in place.
+        copy_synced(&self.dir.join(catalog::FILE_NAME), &dst.join(catalog::FILE_NAME))?;
+        for sub in [UNITS_DIR, RECIPES_DIR] {
+            let local = self.dir.join(sub);
+            for e in std::fs::read_dir(dst.join(sub))?.flatten() {
+                if !local.join(e.file_name()).exists() {
+                    let _ = std::fs::remove_file(e.path());
+                }
+            }
+        }
+        drop(h);
+        Ok(copied)
+    }
+}
+
+/// Copies `from` to `to` through a temp file, fsynced, renamed into place.
+fn copy_synced(from: &Path, to: &Path) -> io::Result<()> {
+    let tmp = to.with_extension(format!("tmp.{}", std::process::id()));
+    let res = (|| {
+        std::fs::copy(from, &tmp)?;
+        std::fs::File::open(&tmp)?.sync_all()?;
+        std::fs::rename(&tmp, to)
+    })();
+    if res.is_err() {
+        let _ = std::fs::remove_file(&tmp);
+    }
+    res
+}
+
+/// Copies a drained store (`--persist`/ckpt/rank-<r>) to the local `dst`
+/// (a later job adopting it). Returns false when there is none.
+pub fn adopt_drained(src: &Path, dst: &Path) -> io::Result<bool> {
+    if !src.join(catalog::FILE_NAME).is_file() {
+        return Ok(false);
+    }
+    for sub in [UNITS_DIR, RECIPES_DIR] {
+        std::fs::create_dir_all(dst.join(sub))?;
+        if let Ok(rd) = std::fs::read_dir(src.join(sub)) {
+            for e in rd {
+                let e = e?;
+                let name = e.file_name();
+                if name.to_string_lossy().contains(".tmp.") {
+                    continue;
+                }
+                std::fs::copy(e.path(), dst.join(sub).join(name))?;
+            }
+        }
+    }
+    std::fs::copy(src.join(catalog::FILE_NAME), dst.join(catalog::FILE_NAME))?;
+    Ok(true)
+}
+
+/// The directory rank `rank`'s store is drained to.
+pub fn drained_dir(persist: &Path, rank: u32) -> PathBuf {
+    persist.join(STORE_DIR).join(format!("rank-{rank}"))
+}
+
+/// Path -> rank, for every live checkpoint of every store drained to
+/// `persist` (an earlier job's ranks).
+pub fn persisted_catalogs(persist: &Path) -> Result<HashMap<Vec<u8>, u32>, CkptError> {
+    let mut out = HashMap::new();
+    let Ok(rd) = std::fs::read_dir(persist.join(STORE_DIR)) else { return Ok(out) };
+    for e in rd.flatten() {
+        let name = e.file_name().to_string_lossy().into_owned();
+        let Some(rank) = name.strip_prefix("rank-").and_then(|r| r.parse::<u32>().ok()) else { continue };
+        let file = e.path().join(catalog::FILE_NAME);
+        let b = match std::fs::read(&file) {
+            Ok(b) => b,
+            Err(e) if e.kind() == io::ErrorKind::NotFound => continue,
+            Err(e) => return Err(CkptError::io(&file, e)),
+        };
+        for c in Catalog::decode(&file, &b)?.entries.into_iter().filter(|c| c.live) {
+            out.insert(c.path, rank);
+        }
+    }
+    Ok(out)
+}
+
+/// Opens the store rank `rank` drained to `persist` (waiting while another
+/// process has it open): a job with fewer ranks reading it in place, and
+/// `fanstore export`.
+pub fn open_drained(persist: &Path, rank: u32) -> Result<CheckpointStore, CkptError> {
+    let dir = drained_dir(persist, rank);
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(10);
+    loop {
+        match CheckpointStore::open(&dir) {
+            Err(CkptError::Locked { .. }) if std::time::Instant::now() < deadline => {
+                std::thread::sleep(std::time::Duration::from_millis(20));
+            }
+            r => return r,
+        }
+    }
+}
+
+/// Writes into a memfd at increasing offsets.
+struct MemfdWriter<'a> {
+    m: &'a crate::memfd::MemfdBuilder,
+    off: u64,
+    sum: StreamingChecksum,
+}
+
+impl Write for MemfdWriter<'_> {
+    fn write(&mut self, buf: &[u8]) -> io::Result<usize> {
+        self.m.write_at(buf, self.off)?;
+        self.sum.update(buf);
+        self.off += buf.len() as u64;
+        Ok(buf.len())
+    }
+
+    fn flush(&mut self) -> io::Result<()> {
+        Ok(())
+    }
+}
+
+/// A `fanstore ckpt` query (wire op CKPT).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Query {
+    Ls { dir: Vec<u8>, json: bool },
+    Log { path: Vec<u8>, json: bool },
+    Owners { path: Vec<u8>, json: bool },
+    Diff { a: Vec<u8>, b: Vec<u8>, json: bool },
+    /// Always JSON: the CLI adds the ranks up.
+    Du,
+    Verify { path: Option<Vec<u8>>, json: bool },
+}
+
+/// A query's answer: the report, and false when verify found damage.
+pub struct Answer {
+    pub text: String,
+    pub ok: bool,
+}
+
+/// Query kinds on the wire (CKPT's arg0); arg1 bit 0 asks for JSON; the
+/// payload holds the paths, NUL-separated.
+pub mod kind {
+    pub const LS: u64 = 1;
+    pub const LOG: u64 = 2;
+    pub const OWNERS: u64 = 3;
+    pub const DIFF: u64 = 4;
+    pub const DU: u64 = 5;
+    pub const VERIFY: u64 = 6;
+}
+
+impl Query {
+    /// (arg0, arg1, payload) of the CKPT request.
+    pub fn encode(&self) -> (u64, u64, Vec<u8>) {
+        let j = |json: &bool| u64::from(*json);
+        match self {
+            Query::Ls { dir, json } => (kind::LS, j(json), dir.clone()),
+            Query::Log { path, json } => (kind::LOG, j(json), path.clone()),
+            Query::Owners { path, json } => (kind::OWNERS, j(json), path.clone()),
+            Query::Diff { a, b, json } => (kind::DIFF, j(json), [&a[..], b"\0", &b[..]].concat()),
+            Query::Du => (kind::DU, 1, Vec::new()),
+            Query::Verify { path, json } => (kind::VERIFY, j(json), path.clone().unwrap_or_default()),
+        }
+    }
+
+    pub fn decode(arg0: u64, arg1: u64, payload: &[u8]) -> Option<Query> {
+        let json = arg1 & 1 != 0;
+        let p = payload.to_vec();
+        Some(match arg0 {
+            kind::LS => Query::Ls { dir: p, json },
+            kind::LOG => Query::Log { path: p, json },
+            kind::OWNERS => Query::Owners { path: p, json },
+            kind::DIFF => {
+                let i = payload.iter().position(|&b| b == 0)?;
+                Query::Diff { a: payload[..i].to_vec(), b: payload[i + 1..].to_vec(), json }
+            }
+            kind::DU => Query::Du,
+            kind::VERIFY => Query::Verify { path: (!p.is_empty()).then_some(p), json },
+            _ => return None,
+        })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn pending_keys_stay_in_the_directory_and_are_hidden() {
+        assert_eq!(pending_key(b"run/a/ck.pt", 7), b"run/a/.fanstore-pending-7".to_vec());
+        assert_eq!(pending_key(b"ck.pt", 12), b".fanstore-pending-12".to_vec());
+        assert!(is_pending(&pending_key(b"x/y", 3)));
+        assert!(!is_pending(b"x/y"));
+    }
+
+    #[test]
+    fn queries_roundtrip_on_the_wire() {
+        for q in [
+            Query::Ls { dir: b"run".to_vec(), json: true },
+            Query::Log { path: b"a/b".to_vec(), json: false },
+            Query::Owners { path: b"a".to_vec(), json: true },
+            Query::Diff { a: b"a".to_vec(), b: b"b/c".to_vec(), json: false },
+            Query::Du,
+            Query::Verify { path: None, json: true },
+            Query::Verify { path: Some(b"p".to_vec()), json: false },
+        ] {
+            let (a0, a1, p) = q.encode();
+            assert_eq!(Query::decode(a0, a1, &p), Some(q));
+        }
+        assert_eq!(Query::decode(99, 0, b""), None);
+        assert_eq!(Query::decode(kind::DIFF, 0, b"no-separator"), None);
+    }
+
+    #[test]
+    fn staged_outputs_settle_rename_drop_and_read_back() {
+        let d = tempfile::tempdir().unwrap();
+        let dd = Dedup::open(&d.path().join("ckpt"), 0, false).unwrap();
+        let bytes: Vec<u8> = (0..200_000u32).map(|i| (i % 251) as u8).collect();
+        let info = dd.stage(b"run/ck1", 1, &bytes).unwrap();
+        assert_eq!(info.file_xxh3, fanstore_core::checksum::xxh3(&bytes));
+        // Staged: hidden from ls, readable by id.
+        let ls = dd.query(&Query::Ls { dir: Vec::new(), json: true }).unwrap();
+        assert_eq!(ls.text, "[]");
+        let mut out = Vec::new();
+        assert_eq!(dd.read_output(1, &mut out), Ok(bytes.len() as u64));
+        assert_eq!(out, bytes);
+        dd.settle(1, b"run/ck1");
+        assert!(dd.query(&Query::Ls { dir: b"run".to_vec(), json: true }).unwrap().text.contains("run/ck1"));
+        // A second version staged, then settled at the same path, replaces the first.
+        dd.stage(b"run/ck1", 2, &bytes[..100_000]).unwrap();
+        dd.settle(2, b"run/ck1");
+        assert!(!dd.holds(1));
+        assert_eq!(dd.read_output(1, &mut Vec::new()), Err(libc::ENOENT));
+        dd.rename_output(2, b"run/final");
+        let ls = dd.query(&Query::Ls { dir: Vec::new(), json: true }).unwrap().text;
+        assert!(ls.contains("run/final") && !ls.contains("run/ck1"), "{ls}");
+        assert!(dd.drop_output(2));
+        assert!(!dd.drop_output(2));
+        assert_eq!(dd.query(&Query::Log { path: b"run/final".to_vec(), json: true }).err(), Some(libc::ENOENT));
+    }
+
+    #[test]
+    fn drain_adopt_and_sweep() {
+        let d = tempfile::tempdir().unwrap();
+        let bytes: Vec<u8> = (0..300_000u32).map(|i| (i * 7 % 253) as u8).collect();
+        let persist = d.path().join("persist");
+        {
+            let dd = Dedup::open(&d.path().join("a"), 0, false).unwrap();
+            dd.stage(b"c/1", 5, &bytes).unwrap();
+            dd.settle(5, b"c/1");
+            dd.stage(b"c/2", 6, &bytes[..1000]).unwrap(); // staged only: swept after adoption
+            dd.drain_to(&drained_dir(&persist, 3)).unwrap();
+        }
+        let cats = persisted_catalogs(&persist).unwrap();
+        assert_eq!(cats.get(&b"c/1"[..]), Some(&3));
+        let local = d.path().join("b");
+        assert!(adopt_drained(&drained_dir(&persist, 3), &local).unwrap());
+        assert!(!adopt_drained(&drained_dir(&persist, 4), &d.path().join("x")).unwrap());
+        let dd = Dedup::open(&local, 0, false).unwrap();
+        assert!(dd.claim(9, b"c/1"));
+        assert!(!dd.claim(10, b"c/1"), "one id per checkpoint");
+        assert!(!dd.claim(10, b"c/nope"));
+        assert_eq!(dd.sweep_unclaimed(), 1);
+        let mut out = Vec::new();
+        dd.read_output(9, &mut out).unwrap();
+        assert_eq!(out, bytes);
+        // A damaged unit is EIO, never wrong bytes.
+        let units: Vec<_> = std::fs::read_dir(local.join(UNITS_DIR)).unwrap().flatten().map(|e| e.path()).collect();
+        for u in &units {
+            let mut b = std::fs::read(u).unwrap();
+            let n = b.len();
+            b[n - 1] ^= 0xff;
+            std::fs::write(u, b).unwrap();
+        }
+        assert_eq!(dd.read_output(9, &mut Vec::new()), Err(libc::EIO));
+        let v = dd.query(&Query::Verify { path: None, json: false }).unwrap();
+        assert!(!v.ok);
+    }
+}
