@@ -3,7 +3,10 @@
 # Installs what is missing, builds in release mode, then:
 #   generate -> pack -> verify -> start 4 daemons under mpiexec (4 simulated
 #   nodes on this host) -> a training-shaped Python reader with forked
-#   workers reads the dataset through /fanstore -> stop.
+#   workers reads the dataset through /fanstore, writing a checkpoint per
+#   epoch (half of its tensors frozen after the first) -> the checkpoints,
+#   stored deduplicated at tensor level, read from another node, listed with
+#   their lineage -> stop.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 bash scripts/setup.sh
@@ -35,10 +38,10 @@ trap '"$BIN/fanstore" stop >/dev/null 2>&1 || kill $DAEMONS 2>/dev/null || true'
 "$BIN/fanstore" status
 
 echo "== 6. train: the same reader on the original tree, then through /fanstore from node 0 and node 2"
-python3 scripts/train_reader.py "$WORK/src/train" | tee "$WORK/native.txt"
+python3 scripts/train_reader.py "$WORK/src/train" --epochs 3 | tee "$WORK/native.txt"
 for node in 0 2; do
   FANSTORE_NODE=$node LD_PRELOAD=$BIN/libfanstore_preload.so \
-    python3 scripts/train_reader.py /fanstore/train --ckpt-dir /fanstore/ckpt/node$node | tee "$WORK/fanstore-$node.txt"
+    python3 scripts/train_reader.py /fanstore/train --epochs 3 --ckpt-dir /fanstore/ckpt/node$node | tee "$WORK/fanstore-$node.txt"
   [ "$(grep -o 'digest.*' "$WORK/native.txt")" = "$(grep -o 'digest.*' "$WORK/fanstore-$node.txt")" ] \
     || { echo "quickstart: bytes read through /fanstore differ from the original" >&2; exit 1; }
 done
@@ -48,11 +51,16 @@ echo "== 7. the checkpoints written on node 0 (one per epoch), seen from node 3"
 FANSTORE_NODE=3 LD_PRELOAD=$BIN/libfanstore_preload.so ls -l /fanstore/ckpt/node0
 FANSTORE_NODE=3 LD_PRELOAD=$BIN/libfanstore_preload.so python3 -c '
 import numpy as np
-z = np.load("/fanstore/ckpt/node0/epoch-1.npz")
-print("node 3 loaded epoch-1.npz:", len(z.files), "tensors,", sum(z[k].nbytes for k in z.files), "bytes")'
+z = np.load("/fanstore/ckpt/node0/epoch-2.npz")
+print("node 3 loaded epoch-2.npz:", len(z.files), "tensors,", sum(z[k].nbytes for k in z.files), "bytes")'
 
-echo "== 8. stop"
+echo "== 8. the checkpoints are stored deduplicated at tensor level: new bytes per epoch, lineage, space"
+"$BIN/fanstore" ckpt ls /fanstore/ckpt/node0
+"$BIN/fanstore" ckpt log /fanstore/ckpt/node0/epoch-2.npz
+"$BIN/fanstore" ckpt du
+
+echo "== 9. stop"
 "$BIN/fanstore" stop
 wait $DAEMONS
 trap - EXIT
-echo "quickstart: OK (every byte read through /fanstore on nodes 0 and 2 matches the original tree; checkpoints written on node 0 read on node 3)"
+echo "quickstart: OK (every byte read through /fanstore on nodes 0 and 2 matches the original tree; checkpoints written on node 0 read on node 3 and listed with their lineage)"
