@@ -257,7 +257,7 @@ impl Dedup {
         Ok(Answer { text, ok })
     }
 
-    /// Copies the store to `dst` (`--persist`/ckpt/rank-<r>), pausing
+    /// Copies the store to `dst` (`--persist/ckpt/rank-<r>`), pausing
     /// commits and unlinks meanwhile. Returns the unit files copied.
     pub fn drain_to(&self, dst: &Path) -> io::Result<usize> {
         let h = self.write();
@@ -305,7 +305,7 @@ fn copy_synced(from: &Path, to: &Path) -> io::Result<()> {
     res
 }
 
-/// Copies a drained store (`--persist`/ckpt/rank-<r>) to the local `dst`
+/// Copies a drained store (`--persist/ckpt/rank-<r>`) to the local `dst`
 /// (a later job adopting it). Returns false when there is none.
 pub fn adopt_drained(src: &Path, dst: &Path) -> io::Result<bool> {
     if !src.join(catalog::FILE_NAME).is_file() {

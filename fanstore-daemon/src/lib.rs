@@ -72,7 +72,8 @@
 //! ## Outputs (write path: [`outputs`], [`meta`])
 //!
 //! - `COMMIT(path, memfd, excl, mode)`: the bytes go to `rank-<r>/out/<id>`
-//!   (fsynced), then the record (size, mode, mtime, holder rank, id, xxh3)
+//!   (fsynced with `--fsync-outputs`), or into the checkpoint store
+//!   ([`dedup`]) when they are at least `--dedup-min` bytes, then the record (size, mode, mtime, holder rank, id, xxh3)
 //!   is put at the metadata owner, rank xxh3(path) mod N (O_EXCL checked
 //!   there, atomically; otherwise the last commit replaces the record), then
 //!   the name is added to its parent directory's listing at the parent's
@@ -93,8 +94,11 @@
 //! MPI loop ended, before it removes its socket, so `fanstore stop` returns
 //! once every rank drained) and loads the drained records at start.
 //!
-//! What is lost when (a close has returned, so the bytes are fsynced in
-//! `rank-<r>/out/<id>` with a checksummed sidecar `<id>.rec` naming the path):
+//! What is lost when (a close has returned, so the bytes are in
+//! `rank-<r>/out/<id>` or its checkpoint store, with a checksummed sidecar
+//! `<id>.rec` naming the path; on stable storage only with
+//! `--fsync-outputs`, so a kernel crash or power loss of the node can lose
+//! what was closed since the last drain):
 //! - the whole job is killed (or some ranks), and restarted with the same
 //!   `--local` on the same nodes: nothing. Each rank moves its old `out/`
 //!   aside at start and, once every rank is ready, registers those outputs
