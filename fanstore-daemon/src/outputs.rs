@@ -183,7 +183,9 @@ impl Node {
         rec.encode_into(&mut p);
         p.extend_from_slice(path);
         let r = self.meta_at(path, mop::PUT, if excl { wire::COMMIT_EXCL } else { 0 }, p)?;
-        if let Some(old) = OutRecord::decode(&r.payload) {
+        // A record of the same output (a rename retried after a failure
+        // between its steps) is not a replaced one.
+        if let Some(old) = OutRecord::decode(&r.payload).filter(|o| (o.id, o.holder) != (rec.id, rec.holder)) {
             self.drop_data(&old);
         }
         Ok(())
