@@ -32,7 +32,7 @@ use std::time::{Duration, Instant};
 
 /// Opens a new description of a cached memfd (through /proc/self/fd), so
 /// every OPEN gets its own file offset while sharing the same pages.
-fn reopen(fd: &OwnedFd) -> Result<OwnedFd, i32> {
+pub(crate) fn reopen(fd: &OwnedFd) -> Result<OwnedFd, i32> {
     use std::os::fd::AsRawFd;
     std::fs::OpenOptions::new()
         .read(true)

@@ -30,6 +30,9 @@ use std::path::PathBuf;
 use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
 use std::time::Duration;
 
+/// Free bytes under which the local disk counts as full at a commit.
+const FULL_DISK: u64 = 64 << 10;
+
 /// How long a metadata request to another rank may take.
 const META_TIMEOUT: Duration = Duration::from_secs(10);
 
@@ -223,11 +226,16 @@ impl Node {
         let map = if size > 0 {
             // SAFETY: the client handed us its memfd at close and no longer
             // writes it; the mapping is read-only and private.
-            Some(unsafe { memmap2::MmapOptions::new().map(&src) }.map_err(|_| libc::EIO)?)
+            Some(unsafe { memmap2::MmapOptions::new().populate().map(&src) }.map_err(|_| libc::EIO)?)
         } else {
             None
         };
         let bytes: &[u8] = map.as_deref().unwrap_or(&[]);
+        let _ = std::fs::create_dir_all(self.out_dir());
+        let unnamed = self.unnamed_local(&src);
+        if unnamed && self.local_disk_full() {
+            return Err(libc::ENOSPC);
+        }
         let dedup = self.dedup.get().filter(|d| size >= d.min);
         let file = self.out_file(id);
         let undo = || match dedup {
@@ -240,7 +248,7 @@ impl Node {
         };
         let sum = match dedup {
             Some(d) => d.stage(path, id, bytes)?.file_xxh3,
-            None => self.store_plain(bytes, &file).inspect_err(|_| undo())?,
+            None => self.store_plain(&src, unnamed, bytes, &file).inspect_err(|_| undo())?,
         };
         let rec = OutRecord { size, mode: libc::S_IFREG | (mode & 0o7777), holder: self.id.rank, mtime_ns: now_ns(), id, sum };
         if let Err(e) = self.write_sidecar(path, &rec) {
@@ -260,10 +268,19 @@ impl Node {
         Ok(())
     }
 
-    /// Writes `bytes` to `file` (fsynced with `--fsync-outputs`): their xxh3.
-    fn store_plain(&self, bytes: &[u8], file: &std::path::Path) -> Result<u64, i32> {
+    /// Keeps the bytes of `src` at `file` (fsynced with `--fsync-outputs`):
+    /// their xxh3. An unnamed file on the local disk (the client's
+    /// O_TMPFILE) is linked there; anything else (a memfd) is copied.
+    fn store_plain(&self, src: &std::fs::File, unnamed: bool, bytes: &[u8], file: &std::path::Path) -> Result<u64, i32> {
         if let Err(e) = std::fs::create_dir_all(self.out_dir()) {
             return Err(io_errno(&e));
+        }
+        if unnamed {
+            self.link_unnamed(src, file)?;
+            if self.fsync_outputs.load(Relaxed) {
+                src.sync_all().map_err(|e| io_errno(&e))?;
+            }
+            return Ok(xxh3(bytes));
         }
         let write = || -> std::io::Result<()> {
             use std::io::Write;
@@ -279,6 +296,40 @@ impl Node {
             io_errno(&e)
         })?;
         Ok(xxh3(bytes))
+    }
+
+    /// Is `src` the client's unnamed file (O_TMPFILE) on the local disk?
+    fn unnamed_local(&self, src: &std::fs::File) -> bool {
+        use std::os::unix::fs::MetadataExt;
+        let (Ok(m), Ok(out)) = (src.metadata(), std::fs::metadata(self.out_dir())) else { return false };
+        m.file_type().is_file() && m.nlink() == 0 && m.dev() == out.dev()
+    }
+
+    /// Is the local disk (nearly) full? A program's write into its unnamed
+    /// local file may then have failed, and a file cut short must not
+    /// become visible: its commit is ENOSPC.
+    fn local_disk_full(&self) -> bool {
+        let Ok(dir) = std::ffi::CString::new(self.out_dir().as_os_str().as_encoded_bytes()) else { return false };
+        // SAFETY: statvfs is plain data; all-zero is a valid value.
+        let mut vfs: libc::statvfs = unsafe { std::mem::zeroed() };
+        // SAFETY: dir is NUL-terminated and vfs a valid out-pointer.
+        let r = unsafe { libc::statvfs(dir.as_ptr(), &mut vfs) };
+        r == 0 && (vfs.f_bfree as u64).saturating_mul(vfs.f_frsize as u64) < FULL_DISK
+    }
+
+    /// Links the client's unnamed local file `src` at `file` (no copy).
+    fn link_unnamed(&self, src: &std::fs::File, file: &std::path::Path) -> Result<(), i32> {
+        let proc = std::ffi::CString::new(format!("/proc/self/fd/{}", src.as_raw_fd())).map_err(|_| libc::EINVAL)?;
+        let dst = std::ffi::CString::new(file.as_os_str().as_encoded_bytes()).map_err(|_| libc::EINVAL)?;
+        // SAFETY: both paths are NUL-terminated; linkat of /proc/self/fd/N with
+        // AT_SYMLINK_FOLLOW gives an O_TMPFILE file its name (open(2)).
+        let r = unsafe { libc::linkat(libc::AT_FDCWD, proc.as_ptr(), libc::AT_FDCWD, dst.as_ptr(), libc::AT_SYMLINK_FOLLOW) };
+        if r != 0 {
+            let e = std::io::Error::last_os_error();
+            log::warn!("rank {}: linking an output at {}: {e}", self.id.rank, file.display());
+            return Err(io_errno(&e));
+        }
+        Ok(())
     }
 
     /// OUT_OPEN: an fd with the bytes of output `path`.
@@ -306,7 +357,16 @@ impl Node {
             let plain = std::fs::OpenOptions::new().read(true).custom_flags(libc::O_CLOEXEC).open(self.out_file(rec.id));
             return match (plain, self.dedup.get()) {
                 (Ok(f), _) => Ok(OwnedFd::from(f)),
-                (Err(_), Some(d)) if d.holds(rec.id) => d.open_output(rec.id, rec.size, rec.sum),
+                // One rebuilt copy per node, shared by every process that
+                // opens it (all the ranks of a node loading the checkpoint to
+                // resume); a new version is a new output id, so a cached copy
+                // is never served for it.
+                (Err(_), Some(d)) if d.holds(rec.id) => self
+                    .cache
+                    .get_or_load(OUT_BIT | rec.id as u32, self.remote_timeout, libc::EIO, || {
+                        d.open_output(rec.id, rec.size, rec.sum).map(|fd| (std::sync::Arc::new(fd), rec.size))
+                    })
+                    .and_then(|shared| crate::open::reopen(&shared)),
                 (Err(_), _) => Err(libc::ENOENT), // replaced or removed meanwhile
             };
         }
@@ -488,7 +548,8 @@ impl Node {
         Ok((files, recs))
     }
 
-    /// Copies every output file this rank holds into `dir` (content-addressed).
+    /// Copies every output file this rank holds into `dir` (content-addressed),
+    /// and its checkpoint store; returns the outputs drained.
     pub fn drain_data(&self, dir: &std::path::Path) -> Result<usize, crate::persist::PersistError> {
         let mut files = 0;
         if let Ok(rd) = std::fs::read_dir(self.out_dir()) {
@@ -502,7 +563,7 @@ impl Node {
         }
         if let Some(d) = self.dedup.get() {
             let dst = crate::dedup::drained_dir(dir, self.id.rank);
-            d.drain_to(&dst).map_err(|e| crate::persist::PersistError::Io(dst, e))?;
+            files += d.drain_to(&dst).map_err(|e| crate::persist::PersistError::Io(dst, e))?;
         }
         Ok(files)
     }

@@ -1,8 +1,10 @@
-//! Output files being written. Each is a memfd the program writes natively;
+//! Output files being written. Each is an unnamed file in the rank's local
+//! directory (O_TMPFILE; a memfd where that is not possible) that the
+//! program writes natively;
 //! its fds are tracked in the fd table as [`Tracked::Output`] with the index
 //! of a slot here (path, O_EXCL, mode, number of tracked fds). When the last
 //! tracked fd goes (close, fclose, dup2 over it, close_range, exit), the
-//! memfd is handed to the daemon with COMMIT (SCM_RIGHTS, no copy) and the
+//! file is handed to the daemon with COMMIT (SCM_RIGHTS, no copy) and the
 //! reply's errno becomes close's.
 //!
 //! Output directories opened as fds or streams use the same slots: their
@@ -89,7 +91,7 @@ pub fn fork_release() {
     TABLE.unlock();
 }
 
-/// Starts tracking memfd `fd` as output `path`. False if the table is full.
+/// Starts tracking output file `fd` as output `path`. False if the table is full.
 pub fn track(fd: c_int, path: &[u8], excl: bool, mode: u32) -> bool {
     let Some(idx) = take_slot(Box::new(Slot { path: path.to_vec(), excl, mode, refs: 1, unlinked: false, pid: pid() })) else { return false };
     if !fd_table::set(fd, Tracked::Output(idx as u32)) {
@@ -208,7 +210,7 @@ pub fn closing(fd: c_int, idx: u32) -> Option<c_int> {
     commit(st, fd, &slot).err()
 }
 
-/// COMMIT: hands the memfd to the daemon and waits for the owner's answer.
+/// COMMIT: hands the output file to the daemon and waits for the owner's answer.
 pub fn commit(st: &State, fd: c_int, s: &Slot) -> Result<(), c_int> {
     let req = crate::client::request(op::COMMIT, if s.excl { wire::COMMIT_EXCL } else { 0 }, s.mode as u64, &s.path);
     let r = crate::client::call(st, &req, Some(fd)).map(|_| ());

@@ -119,7 +119,7 @@ crate::hooks! {
         if fd_table::any() && !stream.is_null() {
             let fd = libc::fileno(stream);
             if matches!(fd_table::get(fd), Some(fd_table::Tracked::Output(_))) {
-                // The stream's buffer must reach the memfd before the commit.
+                // The stream's buffer must reach the output file before the commit.
                 libc::fflush(stream);
             }
             err = ops::fd::before_close(fd);

@@ -136,17 +136,32 @@ pub fn open(vp: &VPath, flags: c_int, mode: u32) -> Outcome<c_int> {
     }
 }
 
-/// A new memfd tracked as output `vp.rel`; with `keep`, it starts with the
-/// output's current bytes ("a", "r+" of an existing output).
-fn create(vp: &VPath, flags: c_int, mode: u32, keep: bool) -> Result<c_int, c_int> {
-    let mfd_flags = if flags & libc::O_CLOEXEC != 0 { libc::MFD_CLOEXEC } else { 0 };
+/// A new file for the bytes of an output: an unnamed file (O_TMPFILE) in
+/// the rank's local directory, so the program writes straight into the page
+/// cache of the disk the daemon keeps outputs on and the commit links it
+/// there with no copy; a memfd where that file system has no O_TMPFILE.
+fn new_output_file(st: &State, flags: c_int) -> c_int {
+    let cloexec = flags & libc::O_CLOEXEC;
+    // SAFETY: empty_dir is a NUL-terminated path; the result is checked.
+    let fd = unsafe { crate::real::open(st.empty_dir.as_ptr(), libc::O_TMPFILE | libc::O_RDWR | cloexec, 0o600) };
+    if fd >= 0 {
+        return fd;
+    }
+    let mfd_flags = if cloexec != 0 { libc::MFD_CLOEXEC } else { 0 };
     // SAFETY: the name is a NUL-terminated literal.
-    let fd = unsafe { libc::memfd_create(c"fanstore-output".as_ptr(), mfd_flags) };
+    unsafe { libc::memfd_create(c"fanstore-output".as_ptr(), mfd_flags) }
+}
+
+/// A new output file ([`new_output_file`]) tracked as output `vp.rel`;
+/// with `keep`, it starts with the output's current bytes ("a", "r+" of an
+/// existing output).
+fn create(vp: &VPath, flags: c_int, mode: u32, keep: bool) -> Result<c_int, c_int> {
+    let fd = new_output_file(vp.st, flags);
     if fd < 0 {
         return Err(errno());
     }
     let fail = |e: c_int| {
-        // SAFETY: closing the memfd we created.
+        // SAFETY: closing the file we created.
         unsafe { crate::real::close(fd) };
         Err(e)
     };
@@ -180,7 +195,7 @@ fn create(vp: &VPath, flags: c_int, mode: u32, keep: bool) -> Result<c_int, c_in
         unsafe { crate::real::close(src) };
     }
     if flags & libc::O_APPEND != 0 {
-        // SAFETY: fcntl on our memfd.
+        // SAFETY: fcntl on our own output file.
         unsafe { crate::real::fcntl(fd, libc::F_SETFL, libc::O_APPEND as libc::c_ulong) };
     }
     if !crate::outputs::track(fd, vp.rel, flags & libc::O_EXCL != 0, mode) {
