@@ -258,11 +258,10 @@ impl Dedup {
     }
 
     /// Copies the store to `dst` (`--persist/ckpt/rank-<r>`), pausing
-    /// commits and unlinks meanwhile. Returns the unit files copied.
+    /// commits and unlinks meanwhile. Returns the checkpoints it holds.
     pub fn drain_to(&self, dst: &Path) -> io::Result<usize> {
         let h = self.write();
         h.store.sync().map_err(|e| io::Error::other(e.to_string()))?;
-        let mut copied = 0;
         for sub in [UNITS_DIR, RECIPES_DIR] {
             let (from, to) = (self.dir.join(sub), dst.join(sub));
             std::fs::create_dir_all(&to)?;
@@ -271,7 +270,6 @@ impl Dedup {
                 let target = to.join(e.file_name());
                 if !target.exists() {
                     copy_synced(&e.path(), &target)?;
-                    copied += usize::from(sub == UNITS_DIR);
                 }
             }
         }
@@ -286,8 +284,7 @@ impl Dedup {
                 }
             }
         }
-        drop(h);
-        Ok(copied)
+        Ok(h.store.entries().iter().filter(|e| e.live).count())
     }
 }
 
