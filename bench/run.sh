@@ -1,34 +1,68 @@
 #!/usr/bin/env bash
 # Runs every FanStore benchmark side by side with its baseline and writes
 # bench/RESULTS.md and the PNG plots next to it (regenerated, never edited by hand).
-#   bash bench/run.sh [--quick]        (default < 15 min on 2 cores, --quick < 3 min)
+#   bash bench/run.sh [--quick]        (default ~ 20 min on 2 cores, --quick ~ 5 min)
 #   bash bench/run.sh --report-only    re-assemble RESULTS.md from bench/out (no measurement)
+#   bash bench/run.sh [--quick] --only write,ckpt [--no-build]
+#                                      run only these pieces (prep, read, remote, dlio, write, ckpt);
+#                                      the others keep their earlier output in bench/out.
+#                                      --no-build uses target/release as it is (no cargo build).
 # Pieces (each runnable alone, each writes bench/out/*.md):
 #   bench/read_bench.py   single-node read vs native vs squashfuse, compression,
 #                         metadata walk, training-shaped reader, preload overhead
 #   bench/remote_read.sh  remote read vs raw MPI ping-pong, load vs cat, 4-node read
 #   bench/prep.sh         fanstore-prep pack none/lz4/zstd vs tar
 #   bench/dlio.sh         DLIO (time-boxed install attempt)
+#   bench/write_bench.py  write + close until visible vs native write (with and without fsync),
+#                         drain to --persist (`fanstore sync`) vs cp -r + sync
+#   bench/ckpt_bench.py   checkpoint series with frozen tensors: dedup vs --dedup off vs native
+#                         (write, storage, read-back), plot bench/ckpt.png
 # Sizes are environment variables of each piece (see their headers), so a
 # cluster run can scale them.
 set -euo pipefail
 cd "$(dirname "$0")/.."
-QUICK=""; [ "${1:-}" = "--quick" ] && QUICK="--quick"
-REPORT_ONLY=0; [ "${1:-}" = "--report-only" ] && REPORT_ONLY=1
+QUICK=""; REPORT_ONLY=0; ONLY=""; BUILD=1
+while [ $# -gt 0 ]; do
+  case "$1" in
+    --quick) QUICK="--quick" ;;
+    --report-only) REPORT_ONLY=1 ;;
+    --only) ONLY="${2:?--only needs a list: prep,read,remote,dlio,write,ckpt}"; shift ;;
+    --only=*) ONLY="${1#--only=}" ;;
+    --no-build) BUILD=0 ;;
+    *) echo "usage: bash bench/run.sh [--quick] [--only PIECES] [--no-build] | --report-only" >&2; exit 2 ;;
+  esac
+  shift
+done
+want() { [ -z "$ONLY" ] || [[ ",$ONLY," == *",$1,"* ]]; }
 T0=$(date +%s)
 if [ $REPORT_ONLY = 0 ]; then
 bash scripts/setup.sh
 # squashfuse (the FUSE baseline) and matplotlib (the plots), installed when missing
-if ! command -v squashfuse >/dev/null || ! command -v mksquashfs >/dev/null || ! command -v fusermount3 >/dev/null; then
+if want read && { ! command -v squashfuse >/dev/null || ! command -v mksquashfs >/dev/null || ! command -v fusermount3 >/dev/null; }; then
   SUDO=""; [ "$(id -u)" = 0 ] || SUDO="sudo"
   { $SUDO apt-get update -qq && DEBIAN_FRONTEND=noninteractive $SUDO apt-get install -y -qq squashfuse squashfs-tools fuse3 >/dev/null; } \
     || echo "warning: could not install squashfuse squashfs-tools fuse3; the FUSE baseline will be reported as missing" >&2
 fi
 python3 -c 'import matplotlib' 2>/dev/null || python3 -m pip install -q --disable-pip-version-check matplotlib \
   || echo "warning: matplotlib not installed; no plots" >&2
-cargo build --release --workspace
+[ $BUILD = 0 ] || cargo build --release --workspace
 mkdir -p bench/out
-rm -f bench/out/*.md bench/out/*.json
+if [ -z "$ONLY" ]; then
+  rm -f bench/out/*.md bench/out/*.json bench/out/header.txt
+else  # keep the other pieces' output; forget only the selected pieces' earlier results and failures
+  declare -A FILES=([prep]="prep.md" [read]="read.md read.json" [remote]="remote_read.md remote.json"
+                    [dlio]="dlio.md" [write]="write.md write.json" [ckpt]="ckpt.md ckpt.json")
+  declare -A SCRIPT=([prep]="prep.sh" [read]="read_bench.py" [remote]="remote_read.sh" [dlio]="dlio.sh"
+                     [write]="write_bench.py" [ckpt]="ckpt_bench.py")
+  for p in ${ONLY//,/ }; do
+    [ -n "${FILES[$p]:-}" ] || { echo "unknown piece '$p' (prep, read, remote, dlio, write, ckpt)" >&2; exit 2; }
+    for f in ${FILES[$p]}; do rm -f "bench/out/$f"; done
+    if [ -f bench/out/failures.md ]; then
+      grep -v -F "bench/${SCRIPT[$p]}" bench/out/failures.md > bench/out/failures.tmp || true
+      mv bench/out/failures.tmp bench/out/failures.md
+    fi
+  done
+fi
 declare -A SECS
 step() {  # a failing piece is reported in RESULTS.md, the others still run
   local t=$(date +%s) rc=0
@@ -37,15 +71,23 @@ step() {  # a failing piece is reported in RESULTS.md, the others still run
   [ $rc = 0 ] || printf '**`%s` failed (exit %s)**; see its output in the run log. Its section is missing or partial.\n\n' "$*" $rc >> bench/out/failures.md
 }
 [ -n "$QUICK" ] && export PREP_BENCH_FILES=${PREP_BENCH_FILES:-1000} PREP_BENCH_DIRS=${PREP_BENCH_DIRS:-10}
-step bash bench/prep.sh $QUICK
-step python3 bench/read_bench.py $QUICK
-step bash bench/remote_read.sh $QUICK
-if [ -n "$QUICK" ]; then DLIO_TIMEOUT=${DLIO_TIMEOUT:-60} step bash bench/dlio.sh; else step bash bench/dlio.sh; fi
+if want prep; then step bash bench/prep.sh $QUICK; fi
+if want read; then step python3 bench/read_bench.py $QUICK; fi
+if want remote; then step bash bench/remote_read.sh $QUICK; fi
+if want dlio; then
+  if [ -n "$QUICK" ]; then DLIO_TIMEOUT=${DLIO_TIMEOUT:-60} step bash bench/dlio.sh; else step bash bench/dlio.sh; fi
+fi
+if want write; then step python3 bench/write_bench.py $QUICK; fi
+if want ckpt; then step python3 bench/ckpt_bench.py $QUICK; fi
 TOTAL=$(( $(date +%s) - T0 ))
-{
-  echo "Generated by \`bash bench/run.sh $QUICK\` on $(date -u '+%Y-%m-%d %H:%M UTC') in ${TOTAL} s"
-  echo "($(for k in "${!SECS[@]}"; do printf '%s %ss; ' "$k" "${SECS[$k]}"; done | sed 's/; $//'))."
-} > bench/out/header.txt
+ARGS="$QUICK${ONLY:+ --only $ONLY}"
+LINE="Generated by \`bash bench/run.sh $ARGS\` on $(date -u '+%Y-%m-%d %H:%M UTC') in ${TOTAL} s"
+LINE="$LINE ($(for k in "${!SECS[@]}"; do printf '%s %ss; ' "$k" "${SECS[$k]}"; done | sed 's/; $//'))."
+if [ -n "$ONLY" ] && [ -f bench/out/header.txt ]; then
+  { grep -v '^Then: ' bench/out/header.txt; echo "Then: $LINE"; } > bench/out/header.tmp && mv bench/out/header.tmp bench/out/header.txt
+else
+  echo "$LINE" > bench/out/header.txt
+fi
 fi
 python3 bench/notes.py > /dev/null
 {
@@ -61,14 +103,15 @@ python3 bench/notes.py > /dev/null
   echo "machine is shared with other engineers compiling, so compare ratios, not absolute rates across runs."
   echo
   echo "Commands: \`bash bench/run.sh [--quick]\` runs \`bench/prep.sh\`, \`bench/read_bench.py\`,"
-  echo "\`bench/remote_read.sh\` (each with the same flag) and \`bench/dlio.sh\`; sizes are environment variables"
-  echo "listed at the top of each script. \`bench/notes.py\` computes the per-file breakdowns at the end."
+  echo "\`bench/remote_read.sh\`, \`bench/write_bench.py\`, \`bench/ckpt_bench.py\` (each with the same flag) and"
+  echo "\`bench/dlio.sh\`; sizes are environment variables listed at the top of each script."
+  echo "\`bench/notes.py\` computes the per-file read breakdowns at the end."
   echo
   python3 - <<'EOF'
 import json
 from pathlib import Path
 goals = []
-for f in ("bench/out/read.json", "bench/out/remote.json"):
+for f in ("bench/out/read.json", "bench/out/remote.json", "bench/out/write.json", "bench/out/ckpt.json"):
     p = Path(f)
     if p.exists():
         goals += json.loads(p.read_text())["goals"]
@@ -79,7 +122,8 @@ for exp, goal, measured, met in goals:
     print(f"| {exp} | {goal} | {measured} | {'**yes**' if met else ('n/a' if met is None else '**NO**')} |")
 print()
 EOF
-  for f in bench/out/failures.md bench/out/read.md bench/out/remote_read.md bench/out/prep.md bench/out/dlio.md bench/out/notes.md; do
+  for f in bench/out/failures.md bench/out/read.md bench/out/remote_read.md bench/out/write.md bench/out/ckpt.md \
+           bench/out/prep.md bench/out/dlio.md bench/out/notes.md; do
     [ -f "$f" ] && { cat "$f"; echo; }
   done
 } > bench/RESULTS.md

@@ -1,87 +1,332 @@
-"""Write benchmark (issue 5): write + close until visible, FanStore vs native.
+"""Write benchmark (issue 5 and the "write path" leftovers): write + close until
+visible, and drain to --persist, FanStore vs native.
 
-Side by side in one run, medians of REPS runs, for files of 1 MiB, 64 MiB
-and 1 GiB (1 MiB files are written 32 per run):
-  - fanstore: open(O_CREAT|O_TRUNC) under /fanstore, write, close (the close
-    returns once the daemon stored the bytes on its local dir, fsynced, and
-    the metadata owner registered the file: visible to every node);
-  - native:   the same into a plain directory on the same disk, then fsync,
-    then close (the same durability as FanStore's local copy).
-One daemon (MPI singleton) with its local dir next to the native dir.
-Writes bench/out/write.md.   Usage: python3 bench/write_bench.py [--quick]
+Side by side in one run, medians of REPS interleaved runs (schemes in a
+rotating order each run):
+  1. write: files of 1 MiB (32 per run), 64 MiB (2 per run) and 1 GiB (1 per
+     run; 256 MiB with --quick), every file distinct incompressible bytes
+     (a random pool XORed with a per-file, per-64-MiB-segment key, so no
+     dedup, chunking or content addressing can skip any of them), prepared in
+     memory before the clock starts:
+       - fanstore: open(O_CREAT|O_TRUNC) under the mount, write 1 MiB at a
+         time, close (the close returns once the daemon stored the bytes on
+         its local dir, fsynced only with `--fsync-outputs`, and the metadata
+         owner registered the file: visible to every node). With a daemon that
+         has `--dedup`: the default (`--dedup on`: outputs >= 64 KiB go to the
+         checkpoint store, content-defined chunks for non-checkpoint files),
+         `--dedup off`, and `--dedup off --fsync-outputs` when it has that flag
+         (the durability of native+fsync);
+       - native+fsync: the same into a plain directory on the same disk, then
+         fsync, then close (the durability of FanStore's local copy);
+       - native: the same without fsync (page cache only).
+     The writer times its write calls, fsync and close separately: that is
+     the "where the time goes" table. `sync` runs (untimed) before each run
+     of each scheme, so no scheme is throttled by another's dirty pages.
+  2. drain: DRAIN_FILES x 16 MiB + 1 x DRAIN_BIG written through the mount of a
+     daemon started with `--persist DIR`, then `fanstore sync` (copies every
+     output into DIR/data, content-addressed, fsync per file; or the
+     checkpoint store into DIR/ckpt) timed, vs `cp -r` of a native copy of the
+     same bytes into another directory of the same file system + `sync`.
+     Each run writes new bytes (so the content-addressed drain cannot skip
+     them) and removes them afterwards; `sync` is run before each timing so
+     neither side pays for the other's dirty pages.
+One daemon (MPI singleton) per configuration, local dir next to the native dirs.
+Writes bench/out/write.md and bench/out/write.json (goals).
+Usage: python3 bench/write_bench.py [--quick]
+Environment: BENCH_REPS [3/3], BENCH_DRAIN_REPS [3/3], BENCH_DRAIN_FILES [64/16],
+  BENCH_DRAIN_BIG_MB [1024/128], BENCH_DIR [/tmp]
 """
+import json
 import os
 import subprocess
 import sys
 import tempfile
+import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).parent))
-from benchlib import OUT, Daemon, machine, median, table  # noqa: E402
+from benchlib import BIN, OUT, Daemon, machine, median, table  # noqa: E402
 
 QUICK = "--quick" in sys.argv
-REPS = 3 if QUICK else 5
+E = os.environ.get
+REPS = int(E("BENCH_REPS", "3"))
 SIZES = [(1 << 20, 32), (64 << 20, 2), ((256 if QUICK else 1024) << 20, 1)]
+DRAIN_REPS = int(E("BENCH_DRAIN_REPS", "3"))
+DRAIN_FILES = int(E("BENCH_DRAIN_FILES", "16" if QUICK else "64"))
+DRAIN_BIG = int(E("BENCH_DRAIN_BIG_MB", "128" if QUICK else "1024")) << 20
 
+# Writes `count` files of `size` distinct bytes into directory argv[1] (made
+# if missing); prints JSON {total, write, fsync, close} seconds (sums).
 WRITER = r"""
-import os, sys, time
-d, size, count, sync = sys.argv[1], int(sys.argv[2]), int(sys.argv[3]), sys.argv[4] == "1"
-buf = os.urandom(1 << 20)
-t = time.perf_counter()
+import json, os, sys, time
+import numpy as np
+d, size, count, sync, seed = sys.argv[1], int(sys.argv[2]), int(sys.argv[3]), sys.argv[4] == "1", int(sys.argv[5])
+SEG = 64 << 20
+pool = np.frombuffer(os.urandom(min(size, SEG)), dtype=np.uint64)
+files = []
 for i in range(count):
+    a = np.empty(size // 8, dtype=np.uint64)
+    for s, off in enumerate(range(0, size // 8, SEG // 8)):
+        n = min(SEG // 8, size // 8 - off)
+        key = np.uint64((((seed * 1000003 + i) * 65537 + s + 1) * 0x9E3779B97F4A7C15) % 2**64 | 1)
+        np.bitwise_xor(pool[:n], key, out=a[off:off + n])
+    files.append(memoryview(a).cast("B"))
+os.makedirs(d, exist_ok=True)
+tw = tf = tc = 0.0
+t = time.perf_counter()
+for i, b in enumerate(files):
+    t0 = time.perf_counter()
     fd = os.open(f"{d}/f{i}.bin", os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
-    left = size
-    while left:
-        left -= os.write(fd, buf[: min(left, len(buf))])
+    off = 0
+    while off < size:
+        off += os.write(fd, b[off: off + (1 << 20)])
+    t1 = time.perf_counter()
     if sync:
         os.fsync(fd)
+    t2 = time.perf_counter()
     os.close(fd)
-print(time.perf_counter() - t)
+    t3 = time.perf_counter()
+    tw, tf, tc = tw + t1 - t0, tf + t2 - t1, tc + t3 - t2
+print(json.dumps({"total": time.perf_counter() - t, "write": tw, "fsync": tf, "close": tc}))
 """
 
 
-def run(env, d, size, count, sync):
-    r = subprocess.run([sys.executable, "-c", WRITER, d, str(size), str(count), "1" if sync else "0"],
-                       env=env, capture_output=True, text=True, check=True)
-    return float(r.stdout)
+def write(env, d, size, count, sync, seed):
+    r = subprocess.run([sys.executable, "-c", WRITER, d, str(size), str(count), "1" if sync else "0", str(seed)],
+                       env=env, capture_output=True, text=True)
+    if r.returncode:
+        raise RuntimeError(f"writer into {d} failed (exit {r.returncode}): {r.stderr.strip()[-800:]}")
+    return json.loads(r.stdout)
+
+
+def daemon_flags() -> str:
+    r = subprocess.run([str(BIN / "fanstore-daemon"), "--help"], capture_output=True, text=True)
+    return r.stdout
+
+
+def du(p: Path) -> int:
+    """Bytes allocated on disk under p (du -s -B1)."""
+    if not p.exists():
+        return 0
+    r = subprocess.run(["du", "-s", "-B1", str(p)], capture_output=True, text=True)
+    return int(r.stdout.split()[0]) if r.returncode == 0 and r.stdout else 0
+
+
+def rm(path, env=None):
+    subprocess.run(["rm", "-rf", str(path)], env=env, check=False)
+
+
+def timed(cmd, env=None):
+    t = time.perf_counter()
+    r = subprocess.run(cmd, env=env, capture_output=True, text=True)
+    secs = time.perf_counter() - t
+    if r.returncode:
+        raise RuntimeError(f"`{' '.join(map(str, cmd))}` failed (exit {r.returncode}): "
+                           f"{(r.stdout + r.stderr).strip()[-800:]}")
+    return secs, (r.stdout + r.stderr).strip()
 
 
 def main():
     OUT.mkdir(parents=True, exist_ok=True)
-    work = Path(tempfile.mkdtemp(prefix="fs-bench-write-", dir=os.environ.get("BENCH_DIR", "/tmp")))
+    work = Path(tempfile.mkdtemp(prefix="fs-bench-write-", dir=E("BENCH_DIR", "/tmp")))
     src = work / "src"
     src.mkdir()
     (src / "x").write_bytes(b"x")
-    subprocess.run([str(Path(__file__).resolve().parent.parent / "target/release/fanstore-prep"), "pack",
-                    "--input", str(src), "--output", str(work / "ds"), "--partitions", "1"],
-                   check=True, stdout=subprocess.DEVNULL)
-    d = Daemon(work / "ds", work)
+    subprocess.run([str(BIN / "fanstore-prep"), "pack", "--input", str(src), "--output", str(work / "ds"),
+                    "--partitions", "1"], check=True, stdout=subprocess.DEVNULL)
+    flags = daemon_flags()
+    dedup, fsync_flag = "--dedup" in flags, "--fsync-outputs" in flags
+    # (label, daemon extra flags); the first is the default configuration
+    off = ("--dedup", "off") if dedup else ()
+    cfgs = [("fanstore", ())] + ([("fanstore --dedup off", off)] if dedup else [])
+    if fsync_flag:
+        cfgs.append((" ".join(("fanstore",) + off + ("--fsync-outputs",)), off + ("--fsync-outputs",)))
+    dcfgs = [c for c in cfgs if "--fsync-outputs" not in c[0]]  # drained: fsync at commit does not matter
+    daemons = {}
     native = work / "native"
     native.mkdir()
-    rows = []
+    rows, goals, js = [], [], {"dedup_flag": dedup}
+    odd = []
     try:
+        for i, (label, extra) in enumerate(cfgs):
+            daemons[label] = Daemon(work / "ds", work / f"d{i}", f"/fanstore-w{i}",
+                                    extra=("--persist", str(work / f"persist{i}"), *extra))
+        schemes = [(label, daemons[label].env(), None, False) for label, _ in cfgs]
+        schemes += [("native+fsync", None, native, True), ("native", None, native, False)]
+        names = [s[0] for s in schemes]
+        # ---------------- 1. write + close
+        res = {}
+        seed = 1
         for size, count in SIZES:
-            fs_t, nat_t = [], []
             for rep in range(REPS):
-                sub = f"w{size >> 20}m-{rep}"
-                subprocess.run(["mkdir", f"{d.mount}/{sub}"], env=d.env(), check=True)
-                fs_t.append(run(d.env(), f"{d.mount}/{sub}", size, count, False))
-                (native / sub).mkdir()
-                nat_t.append(run(None, str(native / sub), size, count, True))
-                subprocess.run(["rm", "-rf", str(native / sub)], check=True)
-                subprocess.run(["rm", "-rf", f"{d.mount}/{sub}"], env=d.env(), check=False)
+                rot = rep % len(schemes)
+                for name, env, root, sync in schemes[rot:] + schemes[:rot]:
+                    sub = f"w{size >> 20}m-{rep}"
+                    d = f"{daemons[name].mount}/{sub}" if root is None else str(root / sub)
+                    seed += 1
+                    os.sync()
+                    res.setdefault((size, name), []).append(write(env, d, size, count, sync, seed))
+                    rm(d, env)
+            row = [f"{size >> 20} MiB x {count}"]
             mb = size * count / 2**20
-            f, n = median(fs_t), median(nat_t)
-            rows.append([f"{size >> 20} MiB x {count}", f"{mb / f:.0f}", f"{mb / n:.0f}", f"{n / f:.2f}x"])
-            print(rows[-1], flush=True)
+            m = {n: median([x["total"] for x in res[(size, n)]]) for n in names}
+            row += [f"{mb / m[n]:.0f}" for n in names]
+            for label, _ in cfgs:
+                row += [f"**{m['native+fsync'] / m[label]:.2f}x**", f"{m['native'] / m[label]:.2f}x"]
+            js.setdefault("write", {})[str(size)] = {n: res[(size, n)] for n in names}
+            print(row, flush=True)
+            rows.append(row)
+        hdr = ["files"] + [f"{n} MB/s" for n in names]
+        for label, _ in cfgs:
+            hdr += [f"{label} / native+fsync", f"{label} / native (no fsync)"]
+        big = SIZES[-1][0]
+        mbig = {n: median([x["total"] for x in res[(big, n)]]) for n in names}
+        goals.append(("write + close until visible", f"no goal set: FanStore vs native write ({big >> 20} MiB "
+                      "file; vs write+fsync / vs write without fsync)",
+                      "; ".join(f"{label}: {mbig['native+fsync'] / mbig[label]:.2f}x / "
+                                f"{mbig['native'] / mbig[label]:.2f}x" for label, _ in cfgs), None))
+        # where the time goes: per-file ms of each phase (medians)
+        phases = []
+        for size, count in SIZES:
+            for n in names:
+                xs = res[(size, n)]
+                phases.append([f"{size >> 20} MiB", n] + [
+                    f"{median([x[k] for x in xs]) / count * 1e3:.1f}" for k in ("write", "fsync", "close", "total")])
+        # ---------------- 2. drain to --persist
+        drain_set = [(16 << 20, DRAIN_FILES), (DRAIN_BIG, 1)]
+        drain_mb = sum(s * c for s, c in drain_set) / 2**20
+        nsrc = work / "drain-src"
+        for j, (size, count) in enumerate(drain_set):
+            write(None, str(nsrc / f"s{j}"), size, count, True, 10_000 + j)
+        drains = {}
+        for rep in range(DRAIN_REPS):
+            order = dcfgs + [("cp -r + sync", None)]
+            rot = rep % len(order)
+            for label, _ in order[rot:] + order[:rot]:
+                if label == "cp -r + sync":
+                    dst = work / f"cp-{rep}"
+                    os.sync()
+                    t = time.perf_counter()
+                    secs_cp, _ = timed(["cp", "-r", str(nsrc), str(dst)])
+                    secs_sync, _ = timed(["sync"])
+                    drains.setdefault(label, []).append({"total": time.perf_counter() - t, "cp": secs_cp,
+                                                         "sync": secs_sync, "disk": du(dst)})
+                    rm(dst)
+                    continue
+                dm = daemons[label]
+                pdir = work / f"persist{[c[0] for c in cfgs].index(label)}"
+                for j, (size, count) in enumerate(drain_set):
+                    write(dm.env(), f"{dm.mount}/drain-{rep}/s{j}", size, count, False, 1000 * (rep + 1) + j)
+                os.sync()
+                secs, out = timed([str(BIN / "fanstore"), "--runtime-dir", str(dm.runtime), "sync"],
+                                  env=dict(os.environ, FANSTORE_RUNTIME_DIR=str(dm.runtime)))
+                nfiles = sum(1 for f in pdir.rglob("*") if f.is_file()) if pdir.exists() else 0
+                drains.setdefault(label, []).append({"total": secs, "disk": du(pdir), "files": nfiles, "out": out})
+                rm(f"{dm.mount}/drain-{rep}", dm.env())
+                # the next run drains into an empty DIR again (no record refers to these bytes any more)
+                for p in pdir.iterdir() if pdir.exists() else ():
+                    rm(p)
+        js["drain"] = drains
+        cp_t = median([x["total"] for x in drains["cp -r + sync"]])
+        drows = []
+        for label, _ in dcfgs:
+            t = median([x["total"] for x in drains[label]])
+            disk = median([x["disk"] for x in drains[label]]) / 2**20
+            nf = median([x["files"] for x in drains[label]])
+            drows.append([label + " `fanstore sync`", f"{t:.2f}", f"{drain_mb / t:.0f}", f"{disk:.0f}", f"{nf:.0f}",
+                          f"**{cp_t / t:.2f}x**"])
+        cpx = drains["cp -r + sync"]
+        drows.append(["`cp -r` + `sync`", f"{cp_t:.2f} (cp {median([x['cp'] for x in cpx]):.2f} + sync "
+                      f"{median([x['sync'] for x in cpx]):.2f})", f"{drain_mb / cp_t:.0f}",
+                      f"{median([x['disk'] for x in cpx]) / 2**20:.0f}", f"{DRAIN_FILES + 1}", "1.00x"])
+        goals.append(("drain to --persist", "no goal set: `fanstore sync` vs `cp -r` + `sync` of the same bytes",
+                      "; ".join(f"{label}: {cp_t / median([x['total'] for x in drains[label]]):.2f}x "
+                                f"({drain_mb / median([x['total'] for x in drains[label]]):.0f} vs "
+                                f"{drain_mb / cp_t:.0f} MB/s)" for label, _ in dcfgs), None))
+        sync_out = "; ".join(f"{label}: `{drains[label][-1]['out']}`" for label, _ in dcfgs)
     finally:
-        d.stop()
-        subprocess.run(["rm", "-rf", str(work)])
-    text = "# Write + close until visible: FanStore vs native (fsync)\n\n" + machine() + "\n\n"
-    text += f"Medians of {REPS} runs. MB/s = MiB written / seconds from the first open to the last close.\n\n"
-    text += table(["files", "fanstore MB/s", "native+fsync MB/s", "fanstore / native"], rows) + "\n"
-    (OUT / "write.md").write_text(text)
-    print(text)
+        for label, d in daemons.items():
+            try:
+                d.stop()
+            except Exception as e:  # noqa: BLE001  keep what was measured
+                odd.append(f"stop of the {label} daemon failed: {e}")
+                print("stop failed:", e, file=sys.stderr)
+        logs = {label: (work / f"d{i}" / "daemon.log") for i, (label, _) in enumerate(cfgs)}
+        for label, p in logs.items():
+            if p.exists():
+                bad = [ln for ln in p.read_text(errors="replace").splitlines()
+                       if " ERROR " in ln or " WARN " in ln or "panick" in ln]
+                if bad:
+                    odd.append(f"{label} daemon log: " + " | ".join(bad[:5]))
+        rm(work)
+    md = ["## Write + close until visible: FanStore vs native (issue 5)", "",
+          machine() + ". " + f"Medians of {REPS} interleaved runs (schemes in a rotating order). MB/s = MiB written "
+          "/ seconds from the first open to the last close, every file distinct random bytes prepared in memory "
+          "before the clock starts; `sync` (untimed) before each run of each scheme. `native+fsync` is the "
+          "durability of FanStore's `--fsync-outputs` (the bytes fsynced on the node's local disk), `native` is "
+          "page cache only, like FanStore's default close (the local copy survives a killed daemon or program, "
+          "not a crash of the node's kernel). Daemon: MPI singleton, local dir on the same disk."
+          + (" `fanstore` is the default configuration (`--dedup on`: every output >= 64 KiB is committed "
+             "to the node's checkpoint store; these files are not checkpoints, so they are cut into "
+             "content-defined chunks), `--dedup off` stores plain files." if dedup else
+             " (This daemon build has no `--dedup` flag: outputs are plain files.)"), "",
+          table(hdr, rows), "",
+          "Where the time goes: per-file milliseconds of each phase as the writer timed it (medians). FanStore's "
+          "`write` is the copy into the client's memfd; its `close` is the commit: the memfd handed to the daemon "
+          "(SCM_RIGHTS), the bytes copied to its local dir (fsynced with `--fsync-outputs`; with dedup: cut into "
+          "chunks, hashed, stored in the checkpoint store), the record registered at the metadata owner. Native "
+          "`fsync` is the disk write; without fsync the bytes stay in the page cache.", "",
+          table(["size", "scheme", "write ms", "fsync ms", "close ms", "total ms"], phases), "",
+          f"## Drain to `--persist`: `fanstore sync` vs `cp -r` + `sync` ({DRAIN_FILES} x 16 MiB + 1 x "
+          f"{DRAIN_BIG >> 20} MiB = {drain_mb:.0f} MiB)", "",
+          f"Medians of {DRAIN_REPS} interleaved runs. Each run writes new outputs through the mount of a daemon "
+          "started with `--persist DIR` (same file system), runs `sync`, then times `fanstore sync` (every held "
+          "output read once for its xxh3, copied into DIR/data under its content name, fsynced, renamed; then the "
+          "checksummed per-rank index; with dedup the checkpoint store's new units and recipes, each fsynced, "
+          "then its catalog). Baseline: `cp -r` of a native copy of the same sizes into a new directory of the "
+          "same file system, then `sync`. DIR is emptied after each run (the outputs are removed first), so every "
+          "drain starts from an empty DIR; `disk MiB` = DIR (or the copy) on disk after the drain (du).", "",
+          table(["drain", "seconds", "MB/s", "disk MiB", "files", "vs cp -r + sync"], drows), "",
+          f"Output of the last `fanstore sync`: {sync_out}.", ""]
+    md += ["- " + x for x in where_writes(res, names, cfgs, dcfgs, drains, drain_mb)] + [""]
+    if odd:
+        md += ["Odd things seen in this run:", ""] + ["- " + x for x in odd] + [""]
+    js["goals"] = goals
+    (OUT / "write.json").write_text(json.dumps(js))
+    (OUT / "write.md").write_text("\n".join(md))
+    print("\n".join(md))
+
+
+def where_writes(res, names, cfgs, dcfgs, drains, drain_mb):
+    """Notes computed from the medians: what each scheme's time is made of."""
+    notes = []
+    size, count = SIZES[-1]
+    ph = {n: {k: median([x[k] for x in res[(size, n)]]) for k in ("write", "fsync", "close", "total")}
+          for n in names}
+    n, nf = ph["native"], ph["native+fsync"]
+    notes.append(f"{size >> 20} MiB file, native: {n['total']:.2f} s into the page cache; native+fsync "
+                 f"{nf['write']:.2f} s into the page cache + {nf['fsync']:.2f} s fsync.")
+    for label, _ in cfgs:
+        f = ph[label]
+        what = ("cutting the bytes into content-defined chunks, hashing each (blake3) and writing one unit file "
+                "per chunk" if label == "fanstore" and "--dedup off" in " ".join(c[0] for c in cfgs) else
+                "copying the memfd into the local file" + (" and fsyncing it" if "--fsync-outputs" in label else ""))
+        notes.append(f"{label}: {f['total']:.2f} s = {f['write']:.2f} s writing into the client's memfd + "
+                     f"{f['close']:.2f} s commit at close ({what}, then registering the record).")
+    notes.append("The client's memfd write is a memory copy, like native's write into the page cache, so even "
+                 "without fsync FanStore pays its whole commit on top of about what native pays.")
+    cp = drains["cp -r + sync"]
+    for label, _ in dcfgs:
+        d0 = median([x["total"] for x in drains[label]])
+        notes.append(f"drain, {label}: `fanstore sync` {d0:.2f} s for {drain_mb:.0f} MiB vs cp "
+                     f"{median([x['cp'] for x in cp]):.2f} s + sync {median([x['sync'] for x in cp]):.2f} s. "
+                     + (f"The checkpoint store drains unit by unit: one file copy + fsync per content-defined chunk "
+                        f"({median([x['files'] for x in drains[label]]):.0f} files in DIR after the drain, FastCDC "
+                        "chunks of 16-256 KiB), then the recipes and the catalog."
+                        if label == "fanstore" and len(dcfgs) > 1 else
+                        "`fanstore sync` reads each output twice (xxh3, then `std::fs::copy`) and fsyncs every "
+                        "file before renaming it; `cp` copies once and one `sync` flushes everything."))
+    return notes
 
 
 if __name__ == "__main__":
