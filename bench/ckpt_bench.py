@@ -463,13 +463,13 @@ def report(runs, odd, secs):
             n_w = phase(hi, "native", "write")
             nf_w, nf_f = phase(hi, "native+fsync", "write"), phase(hi, "native+fsync", "fsync")
             notes.append(f"75% frozen, per checkpoint ({mb:.0f} MiB logical, {new:.0f} MiB new): FanStore dedup = "
-                         f"{fd_w:.0f} ms writing into the client's memfd ({mb / fd_w * 1e3:.0f} MB/s) + {fd_c:.0f} ms "
-                         f"commit at close (the daemon reads the memfd, splits it, hashes all {mb:.0f} MiB with "
+                         f"{fd_w:.0f} ms writing into the client's output file ({mb / fd_w * 1e3:.0f} MB/s) + {fd_c:.0f} ms "
+                         f"commit at close (the daemon maps the file, splits it, hashes all {mb:.0f} MiB with "
                          "blake3, writes only the new tensors, the recipe and the catalog, registers the record). "
                          f"Native without fsync = {n_w:.0f} ms ({mb / n_w * 1e3:.0f} MB/s into the page cache); "
-                         f"native+fsync = {nf_w:.0f} ms write + {nf_f:.0f} ms fsync. The client's memfd copy is a "
-                         "memory copy like native's page-cache write, so FanStore beats native without fsync by 3x "
-                         "only where that write costs more than 3x (memfd copy + commit).")
+                         f"native+fsync = {nf_w:.0f} ms write + {nf_f:.0f} ms fsync. The client's write is a "
+                         "page-cache write like native's, so FanStore beats native without fsync by 3x "
+                         "only where native's write costs more than 3x (client write + commit).")
             n1 = thr(hi, "native")[0]
             if n1 > 2 * T["native"]:
                 notes.append(f"Native's page-cache write rate is not stable on this machine: its first checkpoint "
@@ -478,7 +478,7 @@ def report(runs, odd, secs):
                              "count=200` into new files shows the same on this VM (5 GB/s for the first ~1 GB, then "
                              "~390 MB/s, also right after `sync`). The likely cause: this guest hands its free "
                              "memory back to the host (virtio-balloon free page reporting is active, order 9), so "
-                             "growing the page cache costs a host page fault per page. FanStore's memfd writes ran "
+                             "growing the page cache costs a host page fault per page. FanStore's client writes ran "
                              f"at {mb / fd_w * 1e3:.0f} MB/s in the same run. Where buffered writes run at memory "
                              "speed, the ratio to native without fsync would be lower.")
             if have_fsync:
@@ -503,12 +503,12 @@ def report(runs, odd, secs):
                       f"{r:.2f}x ({T['FanStore dedup']:.0f} vs {T['FanStore --dedup off']:.0f} MB/s)", r >= 0.9))
         if r < 0.9:
             notes.append(f"0% frozen, per checkpoint: dedup commit {phase(lo, 'FanStore dedup', 'close'):.0f} ms vs "
-                         f"plain commit {phase(lo, 'FanStore --dedup off', 'close'):.0f} ms (client memfd writes "
+                         f"plain commit {phase(lo, 'FanStore --dedup off', 'close'):.0f} ms (client writes "
                          f"{phase(lo, 'FanStore dedup', 'write'):.0f} vs "
                          f"{phase(lo, 'FanStore --dedup off', 'write'):.0f} ms): with nothing to deduplicate "
                          "the store still hashes every tensor (blake3) and writes "
-                         "one unit file per tensor plus a recipe and the catalog, where the plain path copies the "
-                         "memfd into one file.")
+                         "one unit file per tensor plus a recipe and the catalog, where the plain path links the "
+                         "client's file with no copy.")
     rf = FROZEN[-1]
     dr, nr = rd(rf, "FanStore dedup"), rd(rf, "native")
     if dr < 0.5 * nr:
@@ -551,7 +551,7 @@ def report(runs, odd, secs):
           table(["frozen", "native MB/s", "FanStore --dedup off MB/s", "vs native", "FanStore dedup MB/s",
                  "vs native", "native open ms", "--dedup off open ms", "dedup open ms"], trows), "",
           "Where the time goes: milliseconds per checkpoint of each phase as the writer timed it (median over "
-          f"checkpoints 2-{CKPTS}). FanStore `write` = copy into the client's memfd, `close` = the commit in the "
+          f"checkpoints 2-{CKPTS}). FanStore `write` = copy into the client's output file (an unnamed O_TMPFILE file on the local disk), `close` = the commit in the "
           "daemon (plain: copy into out/; dedup: split, blake3 of every tensor, new units, recipe, catalog; then the "
           "record at the metadata owner).", "",
           table(["frozen", "scheme", "write ms", "fsync ms", "close ms", "total ms"], prow), "",

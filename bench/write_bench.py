@@ -272,9 +272,10 @@ def main():
              " (This daemon build has no `--dedup` flag: outputs are plain files.)"), "",
           table(hdr, rows), "",
           "Where the time goes: per-file milliseconds of each phase as the writer timed it (medians). FanStore's "
-          "`write` is the copy into the client's memfd; its `close` is the commit: the memfd handed to the daemon "
-          "(SCM_RIGHTS), the bytes copied to its local dir (fsynced with `--fsync-outputs`; with dedup: cut into "
-          "chunks, hashed, stored in the checkpoint store), the record registered at the metadata owner. Native "
+          "`write` is the copy into the client's output file (an unnamed O_TMPFILE file on the local disk: page "
+          "cache, like native); its `close` is the commit: the fd handed to the daemon (SCM_RIGHTS), the file "
+          "linked into its local dir with no copy (fsynced with `--fsync-outputs`; with dedup: cut into chunks, "
+          "hashed, stored in the checkpoint store), the record registered at the metadata owner. Native "
           "`fsync` is the disk write; without fsync the bytes stay in the page cache.", "",
           table(["size", "scheme", "write ms", "fsync ms", "close ms", "total ms"], phases), "",
           f"## Drain to `--persist`: `fanstore sync` vs `cp -r` + `sync` ({DRAIN_FILES} x 16 MiB + 1 x "
@@ -310,11 +311,11 @@ def where_writes(res, names, cfgs, dcfgs, drains, drain_mb):
         f = ph[label]
         what = ("cutting the bytes into content-defined chunks, hashing each (blake3) and writing one unit file "
                 "per chunk" if label == "fanstore" and "--dedup off" in " ".join(c[0] for c in cfgs) else
-                "copying the memfd into the local file" + (" and fsyncing it" if "--fsync-outputs" in label else ""))
-        notes.append(f"{label}: {f['total']:.2f} s = {f['write']:.2f} s writing into the client's memfd + "
+                "linking the client's unnamed file into the local dir" + (" and fsyncing it" if "--fsync-outputs" in label else ""))
+        notes.append(f"{label}: {f['total']:.2f} s = {f['write']:.2f} s writing into the client's output file + "
                      f"{f['close']:.2f} s commit at close ({what}, then registering the record).")
-    notes.append("The client's memfd write is a memory copy, like native's write into the page cache, so even "
-                 "without fsync FanStore pays its whole commit on top of about what native pays.")
+    notes.append("The client's write goes into the page cache of the local disk, as native's does; the commit "
+                 "adds a socket round trip, a link, an xxh3 pass over the bytes and the metadata registration.")
     cp = drains["cp -r + sync"]
     for label, _ in dcfgs:
         d0 = median([x["total"] for x in drains[label]])

@@ -23,7 +23,8 @@
 //! to the mount root, without a leading '/':
 //!
 //! ```text
-//! COMMIT    payload path, fd attached (the memfd), arg0 COMMIT_EXCL bit,
+//! COMMIT    payload path, fd attached (the output file: an unnamed local
+//!           file or a memfd), arg0 COMMIT_EXCL bit,
 //!           arg1 mode bits; reply errno once the owner rank registered it
 //! OUT_STAT  payload path; reply value = size, payload = OutRecord (40 bytes)
 //! OUT_OPEN  payload path; reply: an fd with the output's bytes

@@ -71,8 +71,9 @@
 //!
 //! ## Outputs (write path: [`outputs`], [`meta`])
 //!
-//! - `COMMIT(path, memfd, excl, mode)`: the bytes go to `rank-<r>/out/<id>`
-//!   (fsynced with `--fsync-outputs`), or into the checkpoint store
+//! - `COMMIT(path, fd, excl, mode)`: the client's unnamed local file
+//!   (O_TMPFILE) is linked at `rank-<r>/out/<id>` (a memfd is copied there;
+//!   fsynced with `--fsync-outputs`), or its bytes go into the checkpoint store
 //!   ([`dedup`]) when they are at least `--dedup-min` bytes, then the record (size, mode, mtime, holder rank, id, xxh3)
 //!   is put at the metadata owner, rank xxh3(path) mod N (O_EXCL checked
 //!   there, atomically; otherwise the last commit replaces the record), then

@@ -1,8 +1,8 @@
 //! The write path on the daemon side: COMMIT, OUT_STAT, OUT_OPEN, OUT_LIST,
 //! MKDIR, RMDIR, UNLINK, RENAME of outputs.
 //!
-//! COMMIT: the client's memfd is copied to `<local>/out/<id>` (fsynced with
-//! `--fsync-outputs`), or committed into the checkpoint store
+//! COMMIT: the client's unnamed local file is linked at `<local>/out/<id>`
+//! (a memfd is copied there; fsynced with `--fsync-outputs`), or committed into the checkpoint store
 //! ([`crate::dedup`]) when it is at least `--dedup-min` bytes, then the record (size, mode, mtime, holder = this rank, id, xxh3) is put
 //! at the metadata owner (rank xxh3(path) mod N, [`crate::meta`]), then the
 //! name is added to the listing of its parent at the parent's owner. The
@@ -224,8 +224,8 @@ impl Node {
         let src = std::fs::File::from(fd.try_clone().map_err(|_| libc::EMFILE)?);
         let size = src.metadata().map_err(|_| libc::EIO)?.len();
         let map = if size > 0 {
-            // SAFETY: the client handed us its memfd at close and no longer
-            // writes it; the mapping is read-only and private.
+            // SAFETY: the client handed us its output file at its last close
+            // and no longer writes it; the mapping is read-only and private.
             Some(unsafe { memmap2::MmapOptions::new().populate().map(&src) }.map_err(|_| libc::EIO)?)
         } else {
             None
