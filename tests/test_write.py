@@ -427,7 +427,10 @@ def test_persist_stop_restart_export(bins, tmp_path):
     assert sorted(p.name for p in (plain / "run/ckpt").iterdir()) == ["epoch0.pt", "epoch1.pt", "epoch2.pt", "epoch3.pt"]
 
 
-def test_local_ssd_full_close_fails_nothing_visible(bins, tmp_path):
+# Default: outputs are memfds, the commit fails. --dedup off: outputs are
+# unnamed files on the local disk, the write itself fails, and the commit too.
+@pytest.mark.parametrize("extra", [(), ("--dedup", "off")], ids=["dedup", "plain"])
+def test_local_ssd_full_close_fails_nothing_visible(bins, tmp_path, extra):
     src = tmp_path / "src"
     (src / "d").mkdir(parents=True)
     (src / "d" / "a.txt").write_text("input\n")
@@ -439,7 +442,7 @@ def test_local_ssd_full_close_fails_nothing_visible(bins, tmp_path):
     if m.returncode != 0:
         pytest.skip(f"cannot mount a small tmpfs as the local SSD: {m.stderr.strip()}")
     try:
-        c = start_cluster(bins, data, tmp_path / "c", nranks=2, mount=MOUNT)
+        c = start_cluster(bins, data, tmp_path / "c", nranks=2, mount=MOUNT, extra_args=extra)
         try:
             py(c, 0, f"""
                 import errno, os

@@ -10,7 +10,9 @@
 //!  12..16   rank                     16..20  rank count
 //!  20..24   status (0 loading, 1 ready, 2 stopping, 3 failed)
 //!  24..32   dataset id               32..40  daemon pid
-//!  40..44   partition count P        44..48  flags (bit 0: writes enabled)
+//!  40..44   partition count P        44..48  flags (bit 0: writes enabled,
+//!                                            bit 1: outputs go through the
+//!                                            checkpoint store, FLAG_DEDUP)
 //!  48..52   local dir length         52..56  index path length
 //!  56..60   hostname length          60..64  mount length
 //!  64..     local dir, index path, hostname, mount (raw bytes, in that order)
@@ -19,6 +21,13 @@
 //! ```
 
 use crate::checksum::xxh3;
+
+/// NodeState flag: the daemon commits outputs of `--dedup-min` bytes and
+/// more into its checkpoint store, so clients write outputs into memfds
+/// (whose pages the kernel's dirty-page limits do not throttle: the store
+/// writes only the new tensors) rather than into unnamed files on the local
+/// disk (which save a copy only when the daemon keeps the file as it is).
+pub const FLAG_DEDUP: u32 = 1 << 1;
 use crate::le::*;
 use std::path::{Path, PathBuf};
 

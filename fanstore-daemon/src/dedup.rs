@@ -258,7 +258,9 @@ impl Dedup {
     }
 
     /// Copies the store to `dst` (`--persist/ckpt/rank-<r>`), pausing
-    /// commits and unlinks meanwhile. Returns the checkpoints it holds.
+    /// commits and unlinks meanwhile: units and recipes not there yet
+    /// (content-named, immutable), one syncfs, then the catalog (fsynced,
+    /// renamed into place: the commit point). Returns the checkpoints it holds.
     pub fn drain_to(&self, dst: &Path) -> io::Result<usize> {
         let h = self.write();
         h.store.sync().map_err(|e| io::Error::other(e.to_string()))?;
@@ -269,10 +271,14 @@ impl Dedup {
                 let e = e?;
                 let target = to.join(e.file_name());
                 if !target.exists() {
-                    copy_synced(&e.path(), &target)?;
+                    let tmp = to.join(format!(".tmp.{}", std::process::id()));
+                    std::fs::copy(e.path(), &tmp).and_then(|_| std::fs::rename(&tmp, &target)).inspect_err(|_| {
+                        let _ = std::fs::remove_file(&tmp);
+                    })?;
                 }
             }
         }
+        crate::persist::flush(dst).map_err(|e| io::Error::other(e.to_string()))?;
         // The catalog is the commit point; what the store released since the
         // last drain goes once the new catalog is in place.
         copy_synced(&self.dir.join(catalog::FILE_NAME), &dst.join(catalog::FILE_NAME))?;

@@ -151,9 +151,13 @@ impl Node {
 
     /// The NodeState this rank publishes in `phase`.
     pub fn state(&self, phase: Phase) -> NodeState {
-        state_for(&self.id, self.view.dataset_id(), phase, self.local.get().cloned().unwrap_or_else(|| {
+        let mut st = state_for(&self.id, self.view.dataset_id(), phase, self.local.get().cloned().unwrap_or_else(|| {
             vec![false; self.view.partition_count() as usize]
-        }))
+        }));
+        if self.dedup.get().is_some_and(|d| d.min != u64::MAX) {
+            st.flags |= fanstore_core::runtime::FLAG_DEDUP;
+        }
+        st
     }
 
     /// This rank's counters, for STATUS.

@@ -557,13 +557,21 @@ impl Node {
                 if e.path().extension().is_some() || e.file_type().map_or(true, |t| t.is_dir()) {
                     continue; // sidecars, the checkpoint store
                 }
-                crate::persist::drain_file(dir, &e.path())?;
+                let known = std::fs::read(self.out_dir().join(format!("{}.rec", e.file_name().to_string_lossy())))
+                    .ok()
+                    .and_then(|b| crate::persist::decode_index(&e.path(), &b).ok())
+                    .and_then(|mut r| r.pop())
+                    .map(|(_, rec)| (rec.size, rec.sum));
+                crate::persist::drain_file(dir, &e.path(), known)?;
                 files += 1;
             }
         }
         if let Some(d) = self.dedup.get() {
             let dst = crate::dedup::drained_dir(dir, self.id.rank);
             files += d.drain_to(&dst).map_err(|e| crate::persist::PersistError::Io(dst, e))?;
+        }
+        if files > 0 {
+            crate::persist::flush(dir)?;
         }
         Ok(files)
     }

@@ -13,7 +13,9 @@
 //! ```
 //!
 //! Drain (at stop): every rank copies the output bytes it holds into
-//! `data/` (temp file, fsync, rename), then writes the records it owns
+//! `data/` (temp file hashed while copied, renamed; a file its sidecar says
+//! is already there is skipped) and its checkpoint store into `ckpt/`, then
+//! flushes the file system once (syncfs), then writes the records it owns
 //! (temp file, fsync, rename); rank 0 writes `nranks` last. The daemon exits
 //! after its drain, so `fanstore stop` returns when every rank drained.
 //! Load (at start, same `--persist`): every rank reads every index and keeps
@@ -79,36 +81,61 @@ fn write_atomic(path: &Path, bytes: &[u8]) -> Result<(), PersistError> {
 
 /// Copies the output file `src` into `DIR/data` under its content name
 /// (skipped when present). Returns the (size, xxh3) read.
-pub fn drain_file(dir: &Path, src: &Path) -> Result<(u64, u64), PersistError> {
+///
+/// With `known` (the record's size and xxh3), a file already there costs
+/// nothing; otherwise the bytes are read once, hashed while they are
+/// copied, and the copy is renamed under its content name. Nothing is
+/// fsynced here: the caller flushes the whole directory once ([`flush`])
+/// before it writes the index that names these files.
+pub fn drain_file(dir: &Path, src: &Path, known: Option<(u64, u64)>) -> Result<(u64, u64), PersistError> {
     let data = dir.join("data");
     std::fs::create_dir_all(&data).map_err(io_err(&data))?;
-    let mut f = std::fs::File::open(src).map_err(io_err(src))?;
-    let mut h = StreamingChecksum::new();
-    let mut buf = vec![0u8; 1 << 20];
-    let mut size = 0u64;
-    loop {
-        let n = f.read(&mut buf).map_err(io_err(src))?;
-        if n == 0 {
-            break;
+    let name = |size: u64, sum: u64| data.join(format!("{sum:016x}-{size}"));
+    if let Some((size, sum)) = known {
+        if name(size, sum).exists() {
+            return Ok((size, sum));
         }
-        h.update(&buf[..n]);
-        size += n as u64;
     }
-    let sum = h.digest();
-    let dst = data.join(format!("{sum:016x}-{size}"));
-    if !dst.exists() {
-        let tmp = dst.with_extension(format!("tmp.{}", std::process::id()));
-        let res = (|| {
-            std::fs::copy(src, &tmp)?;
-            std::fs::File::open(&tmp)?.sync_all()?;
-            std::fs::rename(&tmp, &dst)
-        })();
-        if res.is_err() {
-            let _ = std::fs::remove_file(&tmp);
+    let tmp = data.join(format!("drain.tmp.{}.{}", std::process::id(), src.file_name().map_or_else(String::new, |n| n.to_string_lossy().into_owned())));
+    let copy = || -> io::Result<(u64, u64)> {
+        let mut f = std::fs::File::open(src)?;
+        let mut out = std::fs::File::create(&tmp)?;
+        let mut h = StreamingChecksum::new();
+        let mut buf = vec![0u8; 1 << 20];
+        let mut size = 0u64;
+        loop {
+            let n = f.read(&mut buf)?;
+            if n == 0 {
+                break;
+            }
+            h.update(&buf[..n]);
+            out.write_all(&buf[..n])?;
+            size += n as u64;
         }
-        res.map_err(io_err(&dst))?;
+        Ok((size, h.digest()))
+    };
+    let res = copy().map_err(io_err(src)).and_then(|(size, sum)| {
+        if known.is_some_and(|k| k != (size, sum)) {
+            return Err(PersistError::Data(src.to_path_buf(), "its held copy".into()));
+        }
+        std::fs::rename(&tmp, name(size, sum)).map_err(io_err(&name(size, sum)))?;
+        Ok((size, sum))
+    });
+    if res.is_err() {
+        let _ = std::fs::remove_file(&tmp);
     }
-    Ok((size, sum))
+    res
+}
+
+/// Flushes the file system holding `dir` (syncfs): every drained file is on
+/// stable storage before an index names it.
+pub fn flush(dir: &Path) -> Result<(), PersistError> {
+    let d = std::fs::File::open(dir).map_err(io_err(dir))?;
+    // SAFETY: syncfs on a directory fd we own; no memory is shared.
+    if unsafe { libc::syncfs(std::os::fd::AsRawFd::as_raw_fd(&d)) } != 0 {
+        return Err(PersistError::Io(dir.to_path_buf(), io::Error::last_os_error()));
+    }
+    Ok(())
 }
 
 /// Encodes an index of records.
@@ -275,7 +302,9 @@ mod tests {
         let src = d.path().join("o");
         std::fs::write(&src, b"hello").unwrap();
         let dir = d.path().join("persist");
-        let (size, sum) = drain_file(&dir, &src).unwrap();
+        let (size, sum) = drain_file(&dir, &src, None).unwrap();
+        assert_eq!(drain_file(&dir, &src, Some((size, sum))).unwrap(), (size, sum));
+        assert!(matches!(drain_file(&dir.join("other"), &src, Some((size, sum ^ 1))), Err(PersistError::Data(..))));
         assert_eq!((size, sum), (5, xxh3(b"hello")));
         let r = OutRecord { size, sum, mode: libc::S_IFREG | 0o644, holder: PERSISTED, ..Default::default() };
         let dr = OutRecord { mode: libc::S_IFDIR | 0o755, ..Default::default() };

@@ -50,6 +50,8 @@ pub struct State {
     pub daemon_pid: u64,
     pub local_dir: Vec<u8>,
     pub local_parts: Vec<bool>,
+    /// The daemon's NodeState flags (`fanstore_core::runtime::FLAG_DEDUP`).
+    pub flags: u32,
     pub sock_path: Vec<u8>,
     /// A real, empty, read-only directory: the real fd behind every virtual directory fd.
     pub empty_dir: CString,
@@ -232,6 +234,7 @@ fn load(cfg: &Config) -> Result<(State, Option<Vec<u8>>), String> {
         daemon_pid: ns.pid,
         local_dir: ns.local_dir,
         local_parts: ns.local_partitions,
+        flags: ns.flags,
         sock_path: sock.as_os_str().as_bytes().to_vec(),
         empty_dir,
         empty_ino,

@@ -136,16 +136,22 @@ pub fn open(vp: &VPath, flags: c_int, mode: u32) -> Outcome<c_int> {
     }
 }
 
-/// A new file for the bytes of an output: an unnamed file (O_TMPFILE) in
-/// the rank's local directory, so the program writes straight into the page
-/// cache of the disk the daemon keeps outputs on and the commit links it
-/// there with no copy; a memfd where that file system has no O_TMPFILE.
+/// A new file for the bytes of an output. Without dedup: an unnamed file
+/// (O_TMPFILE) in the rank's local directory, so the program writes
+/// straight into the page cache of the disk the daemon keeps outputs on and
+/// the commit links it there with no copy. With dedup (the daemon's
+/// FLAG_DEDUP), or where the file system has no O_TMPFILE: a memfd, whose
+/// pages the kernel's dirty-page limits do not throttle; the store then
+/// writes only the new tensors to disk (measured: 10 x 200 MiB checkpoints,
+/// 75% frozen, 964 MB/s through memfds vs 303 MB/s through unnamed files).
 fn new_output_file(st: &State, flags: c_int) -> c_int {
     let cloexec = flags & libc::O_CLOEXEC;
-    // SAFETY: empty_dir is a NUL-terminated path; the result is checked.
-    let fd = unsafe { crate::real::open(st.empty_dir.as_ptr(), libc::O_TMPFILE | libc::O_RDWR | cloexec, 0o600) };
-    if fd >= 0 {
-        return fd;
+    if st.flags & fanstore_core::runtime::FLAG_DEDUP == 0 {
+        // SAFETY: empty_dir is a NUL-terminated path; the result is checked.
+        let fd = unsafe { crate::real::open(st.empty_dir.as_ptr(), libc::O_TMPFILE | libc::O_RDWR | cloexec, 0o600) };
+        if fd >= 0 {
+            return fd;
+        }
     }
     let mfd_flags = if cloexec != 0 { libc::MFD_CLOEXEC } else { 0 };
     // SAFETY: the name is a NUL-terminated literal.

@@ -49,6 +49,7 @@ pub fn install() {
             daemon_pid: 0,
             local_dir: b"/nonexistent".to_vec(),
             local_parts: vec![false],
+            flags: 0,
             sock_path: b"/nonexistent/sock".to_vec(),
             empty_dir: c"/".into(),
             empty_ino: 2,
