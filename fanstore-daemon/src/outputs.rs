@@ -1,11 +1,13 @@
 //! The write path on the daemon side: COMMIT, OUT_STAT, OUT_OPEN, OUT_LIST,
 //! MKDIR, RMDIR, UNLINK, RENAME of outputs.
 //!
-//! COMMIT: the client's unnamed local file is linked at `<local>/out/<id>`
-//! (a memfd is copied there; fsynced with `--fsync-outputs`), or committed into the checkpoint store
-//! ([`crate::dedup`]) when it is at least `--dedup-min` bytes, then the record (size, mode, mtime, holder = this rank, id, xxh3) is put
-//! at the metadata owner (rank xxh3(path) mod N, [`crate::meta`]), then the
-//! name is added to the listing of its parent at the parent's owner. The
+//! COMMIT: the bytes go into the checkpoint store ([`crate::dedup`]) when
+//! they are at least `--dedup-min` bytes; otherwise the client's unnamed
+//! local file is linked at `<local>/out/<id>` (a memfd is copied there;
+//! fsynced with `--fsync-outputs`). Then the record (size, mode, mtime,
+//! holder = this rank, id, xxh3) is put at the metadata owner (rank
+//! xxh3(path) mod N, [`crate::meta`]), then the name is added to the
+//! listing of its parent at the parent's owner. The
 //! client's close returns after both acknowledgements: from then on any
 //! stat on any node (which asks the owner) sees the whole file. A failed
 //! write (ENOSPC, EIO) registers nothing. A replaced output's old bytes are
