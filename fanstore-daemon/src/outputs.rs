@@ -572,9 +572,6 @@ impl Node {
             let dst = crate::dedup::drained_dir(dir, self.id.rank);
             files += d.drain_to(&dst).map_err(|e| crate::persist::PersistError::Io(dst, e))?;
         }
-        if files > 0 {
-            crate::persist::flush(dir)?;
-        }
         Ok(files)
     }
 

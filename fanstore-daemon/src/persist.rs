@@ -13,9 +13,10 @@
 //! ```
 //!
 //! Drain (at stop): every rank copies the output bytes it holds into
-//! `data/` (temp file hashed while copied, renamed; a file its sidecar says
-//! is already there is skipped) and its checkpoint store into `ckpt/`, then
-//! flushes the file system once (syncfs), then writes the records it owns
+//! `data/` (temp file, fsync, hash check, rename; a file its sidecar says
+//! is already there is skipped) and its checkpoint store into `ckpt/`
+//! (units and recipes, one syncfs, then the catalog), then writes the
+//! records it owns
 //! (temp file, fsync, rename); rank 0 writes `nranks` last. The daemon exits
 //! after its drain, so `fanstore stop` returns when every rank drained.
 //! Load (at start, same `--persist`): every rank reads every index and keeps
@@ -83,10 +84,12 @@ fn write_atomic(path: &Path, bytes: &[u8]) -> Result<(), PersistError> {
 /// (skipped when present). Returns the (size, xxh3) read.
 ///
 /// With `known` (the record's size and xxh3), a file already there costs
-/// nothing; otherwise the bytes are read once, hashed while they are
-/// copied, and the copy is renamed under its content name. Nothing is
-/// fsynced here: the caller flushes the whole directory once ([`flush`])
-/// before it writes the index that names these files.
+/// nothing. Otherwise it is copied (copy_file_range) to a temp file,
+/// fsynced, checked against `known` while its xxh3 is computed from the
+/// page cache, and renamed under its content name. Each file is fsynced on
+/// its own: one syncfs after 2 GiB of copies drained at 0.33x `cp -r` +
+/// `sync` on this VM, an fsync per file at 0.76x (the kernel throttles a
+/// writer that leaves that many dirty pages).
 pub fn drain_file(dir: &Path, src: &Path, known: Option<(u64, u64)>) -> Result<(u64, u64), PersistError> {
     let data = dir.join("data");
     std::fs::create_dir_all(&data).map_err(io_err(&data))?;
@@ -98,8 +101,9 @@ pub fn drain_file(dir: &Path, src: &Path, known: Option<(u64, u64)>) -> Result<(
     }
     let tmp = data.join(format!("drain.tmp.{}.{}", std::process::id(), src.file_name().map_or_else(String::new, |n| n.to_string_lossy().into_owned())));
     let copy = || -> io::Result<(u64, u64)> {
-        let mut f = std::fs::File::open(src)?;
-        let mut out = std::fs::File::create(&tmp)?;
+        std::fs::copy(src, &tmp)?;
+        let mut f = std::fs::File::open(&tmp)?;
+        f.sync_all()?;
         let mut h = StreamingChecksum::new();
         let mut buf = vec![0u8; 1 << 20];
         let mut size = 0u64;
@@ -109,7 +113,6 @@ pub fn drain_file(dir: &Path, src: &Path, known: Option<(u64, u64)>) -> Result<(
                 break;
             }
             h.update(&buf[..n]);
-            out.write_all(&buf[..n])?;
             size += n as u64;
         }
         Ok((size, h.digest()))
@@ -127,8 +130,8 @@ pub fn drain_file(dir: &Path, src: &Path, known: Option<(u64, u64)>) -> Result<(
     res
 }
 
-/// Flushes the file system holding `dir` (syncfs): every drained file is on
-/// stable storage before an index names it.
+/// Flushes the file system holding `dir` (syncfs): every unit of a drained
+/// checkpoint store is on stable storage before its catalog names it.
 pub fn flush(dir: &Path) -> Result<(), PersistError> {
     let d = std::fs::File::open(dir).map_err(io_err(dir))?;
     // SAFETY: syncfs on a directory fd we own; no memory is shared.
