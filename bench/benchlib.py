@@ -74,6 +74,20 @@ class Daemon:
         self.log.close()
 
 
+def daemon_flags() -> str:
+    """`fanstore-daemon --help` (which flags this build has)."""
+    r = subprocess.run([str(BIN / "fanstore-daemon"), "--help"], capture_output=True, text=True)
+    return r.stdout
+
+
+def du(p: Path) -> int:
+    """Bytes allocated on disk under p (du -s -B1)."""
+    if not p.exists():
+        return 0
+    r = subprocess.run(["du", "-s", "-B1", str(p)], capture_output=True, text=True)
+    return int(r.stdout.split()[0]) if r.returncode == 0 and r.stdout else 0
+
+
 def median(xs):
     return statistics.median(xs)
 

@@ -49,7 +49,7 @@ import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).parent))
-from benchlib import BIN, OUT, ROOT, Daemon, machine, median, table  # noqa: E402
+from benchlib import BIN, OUT, ROOT, Daemon, daemon_flags, du, machine, median, table  # noqa: E402
 
 QUICK = "--quick" in sys.argv
 E = os.environ.get
@@ -177,19 +177,6 @@ class Server:
         except Exception:  # noqa: BLE001
             self.p.kill()
         self.err.close()
-
-
-def daemon_flags():
-    r = subprocess.run([str(BIN / "fanstore-daemon"), "--help"], capture_output=True, text=True)
-    return r.stdout
-
-
-def du(p: Path) -> int:
-    """Bytes allocated on disk under p (du -s -B1)."""
-    if not p.exists():
-        return 0
-    r = subprocess.run(["du", "-s", "-B1", str(p)], capture_output=True, text=True)
-    return int(r.stdout.split()[0]) if r.returncode == 0 and r.stdout else 0
 
 
 def ckpt_cli(d: Daemon, *args):

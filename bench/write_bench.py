@@ -45,7 +45,7 @@ import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).parent))
-from benchlib import BIN, OUT, Daemon, machine, median, table  # noqa: E402
+from benchlib import BIN, OUT, Daemon, daemon_flags, du, machine, median, table  # noqa: E402
 
 QUICK = "--quick" in sys.argv
 E = os.environ.get
@@ -97,19 +97,6 @@ def write(env, d, size, count, sync, seed):
     if r.returncode:
         raise RuntimeError(f"writer into {d} failed (exit {r.returncode}): {r.stderr.strip()[-800:]}")
     return json.loads(r.stdout)
-
-
-def daemon_flags() -> str:
-    r = subprocess.run([str(BIN / "fanstore-daemon"), "--help"], capture_output=True, text=True)
-    return r.stdout
-
-
-def du(p: Path) -> int:
-    """Bytes allocated on disk under p (du -s -B1)."""
-    if not p.exists():
-        return 0
-    r = subprocess.run(["du", "-s", "-B1", str(p)], capture_output=True, text=True)
-    return int(r.stdout.split()[0]) if r.returncode == 0 and r.stdout else 0
 
 
 def rm(path, env=None):
