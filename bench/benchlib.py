@@ -88,6 +88,17 @@ def du(p: Path) -> int:
     return int(r.stdout.split()[0]) if r.returncode == 0 and r.stdout else 0
 
 
+def tiny_dataset(work: Path) -> Path:
+    """A one-file dataset packed at work/ds: the daemon of a benchmark that
+    only writes outputs still needs something to load."""
+    src = work / "src"
+    src.mkdir()
+    (src / "x").write_bytes(b"x")
+    subprocess.run([str(BIN / "fanstore-prep"), "pack", "--input", str(src), "--output", str(work / "ds"),
+                    "--partitions", "1"], check=True, stdout=subprocess.DEVNULL)
+    return work / "ds"
+
+
 def median(xs):
     return statistics.median(xs)
 

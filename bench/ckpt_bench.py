@@ -49,7 +49,7 @@ import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).parent))
-from benchlib import BIN, OUT, ROOT, Daemon, daemon_flags, du, machine, median, table  # noqa: E402
+from benchlib import BIN, OUT, ROOT, Daemon, daemon_flags, du, machine, tiny_dataset, median, table  # noqa: E402
 
 QUICK = "--quick" in sys.argv
 E = os.environ.get
@@ -340,11 +340,7 @@ def main():
         print("fanstore-daemon has no --dedup flag; not run", file=sys.stderr)
         sys.exit(1)
     work = Path(tempfile.mkdtemp(prefix="fs-bench-ckpt-", dir=E("BENCH_DIR", "/tmp")))
-    src = work / "src"
-    src.mkdir()
-    (src / "x").write_bytes(b"x")
-    subprocess.run([str(BIN / "fanstore-prep"), "pack", "--input", str(src), "--output", str(work / "ds"),
-                    "--partitions", "1"], check=True, stdout=subprocess.DEVNULL)
+    tiny_dataset(work)
     odd, runs = [], {}
     t0 = time.perf_counter()
     try:

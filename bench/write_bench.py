@@ -45,7 +45,7 @@ import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).parent))
-from benchlib import BIN, OUT, Daemon, daemon_flags, du, machine, median, table  # noqa: E402
+from benchlib import BIN, OUT, Daemon, daemon_flags, du, machine, tiny_dataset, median, table  # noqa: E402
 
 QUICK = "--quick" in sys.argv
 E = os.environ.get
@@ -116,11 +116,7 @@ def timed(cmd, env=None):
 def main():
     OUT.mkdir(parents=True, exist_ok=True)
     work = Path(tempfile.mkdtemp(prefix="fs-bench-write-", dir=E("BENCH_DIR", "/tmp")))
-    src = work / "src"
-    src.mkdir()
-    (src / "x").write_bytes(b"x")
-    subprocess.run([str(BIN / "fanstore-prep"), "pack", "--input", str(src), "--output", str(work / "ds"),
-                    "--partitions", "1"], check=True, stdout=subprocess.DEVNULL)
+    tiny_dataset(work)
     flags = daemon_flags()
     dedup, fsync_flag = "--dedup" in flags, "--fsync-outputs" in flags
     # (label, daemon extra flags); the first is the default configuration

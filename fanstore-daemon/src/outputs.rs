@@ -233,7 +233,7 @@ impl Node {
             None
         };
         let bytes: &[u8] = map.as_deref().unwrap_or(&[]);
-        let _ = std::fs::create_dir_all(self.out_dir());
+        std::fs::create_dir_all(self.out_dir()).map_err(|e| io_errno(&e))?;
         let unnamed = self.unnamed_local(&src);
         if unnamed && self.local_disk_full() {
             return Err(libc::ENOSPC);
@@ -274,9 +274,6 @@ impl Node {
     /// their xxh3. An unnamed file on the local disk (the client's
     /// O_TMPFILE) is linked there; anything else (a memfd) is copied.
     fn store_plain(&self, src: &std::fs::File, unnamed: bool, bytes: &[u8], file: &std::path::Path) -> Result<u64, i32> {
-        if let Err(e) = std::fs::create_dir_all(self.out_dir()) {
-            return Err(io_errno(&e));
-        }
         if unnamed {
             self.link_unnamed(src, file)?;
             if self.fsync_outputs.load(Relaxed) {
