@@ -149,7 +149,7 @@ def read_index(path) -> tuple:
          checksum, mtime, atime, ctime, nlink, _r2) = NODE.unpack_from(b, noff + i * NODE.size)
         p = b[soff + path_off:soff + path_off + path_len].decode("utf-8", "surrogateescape")
         nodes[p] = dict(id=i, kind=kind, codec=codec, flags=flags, mode=mode, size=size, partition=aux32,
-                        stored_len=stored, mtime_ns=mtime, nlink=nlink)
+                        payload_offset=loc, stored_len=stored, mtime_ns=mtime, nlink=nlink)
     return dataset_id, nodes
 
 
@@ -252,9 +252,12 @@ class Cluster:
         with contextlib.suppress(Exception):
             self.proc.wait(timeout=30)
         for p in shm:
-            if p.startswith("/dev/shm/"):
-                with contextlib.suppress(OSError):
-                    os.unlink(p)
+            if p.startswith("/dev/shm/") and p.endswith(".index"):
+                stem = p[:-len(".index")]
+                for leftover in (p, stem + ".tiers"):
+                    with contextlib.suppress(OSError):
+                        os.unlink(leftover)
+                shutil.rmtree(stem + ".copies", ignore_errors=True)
         shutil.rmtree(self.runtime, ignore_errors=True)
         shutil.rmtree(self.local, ignore_errors=True)
 
@@ -276,8 +279,20 @@ def node_state(runtime, rank: int) -> dict:
                 local=[p for p in range(nparts) if bits[p // 8] & (1 << (p % 8))])
 
 
-def launch(bins, dataset: Path, tmp_path: Path, nranks=4, mount="/fanstore", extra_args=()):
-    """Starts the daemons without waiting: returns (proc, runtime, local, log path)."""
+def limit_fds(n):
+    """A preexec_fn that sets RLIMIT_NOFILE in the child: ``n`` for soft and hard (as
+    `ulimit -n n`), or a (soft, hard) pair."""
+    import resource
+    soft, hard = n if isinstance(n, tuple) else (n, n)
+
+    def set_limit():
+        resource.setrlimit(resource.RLIMIT_NOFILE, (soft, hard))
+    return set_limit
+
+
+def launch(bins, dataset: Path, tmp_path: Path, nranks=4, mount="/fanstore", extra_args=(), nofile=None):
+    """Starts the daemons without waiting: returns (proc, runtime, local, log path).
+    ``nofile``: the launcher and the daemons run under `ulimit -n nofile`."""
     tmp_path = Path(tmp_path)
     tmp_path.mkdir(parents=True, exist_ok=True)
     runtime = Path(tempfile.mkdtemp(prefix="fsrt-", dir="/tmp"))
@@ -289,15 +304,16 @@ def launch(bins, dataset: Path, tmp_path: Path, nranks=4, mount="/fanstore", ext
         cmd = [MPIEXEC, "-n", str(nranks), *cmd]
     with open(log_path, "wb") as log:
         proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
-                                env=base_env(), start_new_session=True)
+                                env=base_env(), start_new_session=True,
+                                preexec_fn=limit_fds(nofile) if nofile else None)
     return proc, runtime, local, log_path
 
 
 def start_cluster(bins, dataset: Path, tmp_path: Path, nranks=4, mount="/fanstore", extra_args=(),
-                  timeout=60) -> Cluster:
+                  timeout=60, nofile=None) -> Cluster:
     """`mpiexec -n nranks fanstore-daemon ...` (nranks == 0: a singleton with no launcher),
     then `fanstore wait`. Fails with the daemons' log if they do not get ready."""
-    proc, runtime, local, log_path = launch(bins, dataset, tmp_path, nranks, mount, extra_args)
+    proc, runtime, local, log_path = launch(bins, dataset, tmp_path, nranks, mount, extra_args, nofile)
     c = Cluster(bins, proc, runtime, local, max(nranks, 1), mount, log_path)
     r = subprocess.run([bins["cli"], "--runtime-dir", str(runtime), "wait", "--timeout", str(timeout)],
                        capture_output=True, text=True, timeout=timeout + 30, env=base_env())
@@ -312,8 +328,9 @@ def cluster_factory(bins, tmp_path):
     """start(dataset, nranks=4, ...) -> Cluster; every cluster is stopped (or killed) at teardown."""
     started = []
 
-    def start(dataset, nranks=4, mount="/fanstore", extra_args=(), timeout=60, subdir=None):
-        c = start_cluster(bins, dataset, tmp_path / (subdir or f"c{len(started)}"), nranks, mount, extra_args, timeout)
+    def start(dataset, nranks=4, mount="/fanstore", extra_args=(), timeout=60, subdir=None, nofile=None):
+        c = start_cluster(bins, dataset, tmp_path / (subdir or f"c{len(started)}"), nranks, mount, extra_args, timeout,
+                          nofile)
         started.append(c)
         return c
 

@@ -16,7 +16,7 @@ import pytest
 
 import fs_cluster
 import fs_prep
-from fs_cluster import read_index, node_state, start_cluster, launch
+from fs_cluster import read_fd, read_index, node_state, start_cluster, launch
 
 NRANKS = 4
 SIZES = [0, 1, 100, 4096, 65536, 128 << 10, 1 << 20, 3 << 20, 5 << 20]
@@ -163,27 +163,34 @@ def test_replication_2_and_replicate_dir(bins, pack, source, tmp_path):
         c.stop()
 
 
-def test_local_raw_file_is_the_extracted_file(bins, pack, source, tmp_path):
+def test_files_are_served_from_extracted_files_and_copies(bins, pack, source, tmp_path):
+    """Local uncompressed files of 64 KiB and more are extracted to the local dir; smaller and
+    remote files become read-only copies in the rank's copy directory; the tier map says which."""
     ds = pack("none")
     ds_id, files = files_of(ds)
     c = start_cluster(bins, ds, tmp_path, nranks=2)
     try:
         st = node_state(c.runtime, 0)
+        copies = st["index_path"][:-len(".index")] + ".copies/"
         local = [(p, n) for p, n in files.items() if n["partition"] in st["local"] and n["codec"] == 0]
+        big = [(p, n) for p, n in local if n["size"] >= 65536]
+        small = [(p, n) for p, n in local if 0 < n["size"] < 65536]
         remote = [(p, n) for p, n in files.items() if n["partition"] not in st["local"] and n["size"] > 0]
-        assert local and remote
+        assert big and small and remote
         with c.client(0) as cl:
-            fd = cl.open_fd(local[0][1]["id"], ds_id)
-            target = os.readlink(f"/proc/self/fd/{fd}")
-            os.close(fd)
-            assert target.startswith(st["local_dir"] + "/in/"), target
-            fd = cl.open_fd(remote[0][1]["id"], ds_id)
-            target = os.readlink(f"/proc/self/fd/{fd}")
-            import fcntl
-            seals = fcntl.fcntl(fd, 1034)  # F_GET_SEALS
-            os.close(fd)
-            assert target.startswith("/memfd:fanstore"), target
-            assert seals & 0xF == 0xF, "sealed: write, grow, shrink, seal"
+            for (rel, n), where in [(big[0], st["local_dir"] + "/in/"), (small[0], copies), (remote[0], copies)]:
+                fd = cl.open_fd(n["id"], ds_id)
+                target = os.readlink(f"/proc/self/fd/{fd}")
+                assert target.startswith(where), (rel, target)
+                assert read_fd(fd) == (source / rel).read_bytes()
+                with pytest.raises(OSError):
+                    os.write(fd, b"x")  # read-only
+                os.close(fd)
+            # The tier map (after the 64-byte header, one byte per node id: 1 extracted, 2 copy).
+            tiers = Path(st["index_path"][:-len(".index")] + ".tiers").read_bytes()
+            assert tiers[:8] == b"FANSTTM\0"
+            assert (tiers[64 + big[0][1]["id"]], tiers[64 + small[0][1]["id"]], tiers[64 + remote[0][1]["id"]]) == (1, 2, 2)
+            assert tiers[64 + small[1][1]["id"]] == 0, "not opened yet"
             # every OPEN is its own open file description (own offset), cached or not
             want = (source / remote[0][0]).read_bytes()[:10]
             a = cl.open_fd(remote[0][1]["id"], ds_id)
@@ -197,11 +204,12 @@ def test_local_raw_file_is_the_extracted_file(bins, pack, source, tmp_path):
             # a holder whose local copy went bad: the requester's checksum catches it
             victim_path, victim = remote[-1]
             st1 = node_state(c.runtime, 1)
-            copy = Path(st1["local_dir"]) / "in" / f"{victim['id'] & 0xff:02x}" / str(victim["id"])
+            copy = Path(st1["local_dir"]) / "parts" / f"part-{victim['partition']:06d}.fsp"
             os.chmod(copy, 0o600)
-            with open(copy, "r+b") as f:
+            with open(copy, "r+b") as f:  # the holder serves from its mapped partition copy
+                f.seek(victim["payload_offset"])
                 first = f.read(1)
-                f.seek(0)
+                f.seek(victim["payload_offset"])
                 f.write(bytes([first[0] ^ 0xFF]))
             with pytest.raises(OSError) as e:
                 cl.open_fd(victim["id"], ds_id)

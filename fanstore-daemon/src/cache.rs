@@ -1,4 +1,6 @@
-//! The node-level cache of file copies (sealed memfds) keyed by node id.
+//! The node-level caches, keyed by node id: copies of dataset files (named
+//! files in the copy directory, [`crate::copies`]) and read-back outputs
+//! (sealed memfds).
 //!
 //! Every client of a node shares one copy of a remote or decompressed file:
 //! the first request loads it, concurrent requests for the same id wait for
@@ -6,8 +8,12 @@
 //! find it ready. Values are reference counted (`Arc`): evicting an entry only
 //! drops the cache's reference, so a reply being sent keeps its fd alive, and
 //! a client keeps the pages alive for as long as it holds its own fd.
-//! The cache holds at most `budget` bytes, evicting least recently used
-//! entries; a value larger than the whole budget is served but not kept.
+//! The cache holds at most `budget` bytes and `max_entries` entries, evicting
+//! least recently used entries; a value larger than the whole budget is
+//! served but not kept. An eviction hook runs under the cache's lock for each
+//! entry evicted, so "in the cache" and "its file exists" change together.
+//! [`Cache::shed`] evicts the older half on demand (the daemon calls it when
+//! it runs out of file descriptors or space).
 
 use std::collections::{BTreeMap, HashMap};
 use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
@@ -43,15 +49,25 @@ struct Inner<V, E> {
     tick: u64,
 }
 
-/// A byte-budgeted LRU cache with load coalescing.
+/// Called with each evicted key and value, under the cache's lock.
+pub type EvictHook<V> = Box<dyn Fn(u32, &V) + Send + Sync>;
+
+/// A byte- and count-budgeted LRU cache with load coalescing.
 pub struct Cache<V, E> {
     inner: Mutex<Inner<V, E>>,
     budget: u64,
+    max_entries: usize,
+    on_evict: Option<EvictHook<V>>,
     pub stats: CacheStats,
 }
 
 impl<V: Clone, E: Clone> Cache<V, E> {
     pub fn new(budget: u64) -> Self {
+        Self::with_limits(budget, usize::MAX, None)
+    }
+
+    /// At most `budget` bytes and `max_entries` entries; `on_evict` sees every evicted entry.
+    pub fn with_limits(budget: u64, max_entries: usize, on_evict: Option<EvictHook<V>>) -> Self {
         Cache {
             inner: Mutex::new(Inner {
                 ready: HashMap::new(),
@@ -61,7 +77,67 @@ impl<V: Clone, E: Clone> Cache<V, E> {
                 tick: 0,
             }),
             budget,
+            max_entries: max_entries.max(1),
+            on_evict,
             stats: CacheStats::default(),
+        }
+    }
+
+    fn evict_one(&self, g: &mut Inner<V, E>) -> bool {
+        let Some((_, victim)) = g.lru.pop_first() else { return false };
+        if let Some(e) = g.ready.remove(&victim) {
+            g.bytes -= e.size;
+            self.stats.evictions.fetch_add(1, Relaxed);
+            if let Some(hook) = &self.on_evict {
+                hook(victim, &e.value);
+            }
+        }
+        true
+    }
+
+    /// Evicts the least recently used half of the entries (at least one, if
+    /// any): what the daemon does when it runs out of fds or space. Returns
+    /// how many were evicted.
+    pub fn shed(&self) -> usize {
+        let mut g = self.lock();
+        let n = g.ready.len().div_ceil(2);
+        let mut done = 0;
+        while done < n && self.evict_one(&mut g) {
+            done += 1;
+        }
+        done
+    }
+
+    /// Evicts every entry.
+    pub fn clear(&self) {
+        let mut g = self.lock();
+        while self.evict_one(&mut g) {}
+    }
+
+    /// Drops `key`'s entry if it is the one holding `value` (found stale by its user).
+    pub fn invalidate(&self, key: u32, is_it: impl Fn(&V) -> bool) {
+        let mut g = self.lock();
+        let stale = g.ready.get(&key).is_some_and(|e| is_it(&e.value));
+        if stale {
+            if let Some(e) = g.ready.remove(&key) {
+                g.lru.remove(&e.tick);
+                g.bytes -= e.size;
+                if let Some(hook) = &self.on_evict {
+                    hook(key, &e.value);
+                }
+            }
+        }
+    }
+
+    /// Marks `key` as just used, if it is cached (a hit served without a load).
+    pub fn touch(&self, key: u32) {
+        let mut g = self.lock();
+        g.tick += 1;
+        let tick = g.tick;
+        if let Some(e) = g.ready.get_mut(&key) {
+            let old = std::mem::replace(&mut e.tick, tick);
+            g.lru.remove(&old);
+            g.lru.insert(tick, key);
         }
     }
 
@@ -126,13 +202,7 @@ impl<V: Clone, E: Clone> Cache<V, E> {
                 }
                 g.lru.insert(tick, key);
                 g.bytes += size;
-                while g.bytes > self.budget {
-                    let Some((_, victim)) = g.lru.pop_first() else { break };
-                    if let Some(e) = g.ready.remove(&victim) {
-                        g.bytes -= e.size;
-                        self.stats.evictions.fetch_add(1, Relaxed);
-                    }
-                }
+                while (g.bytes > self.budget || g.ready.len() > self.max_entries) && self.evict_one(&mut g) {}
             }
         }
         drop(g);
@@ -194,6 +264,32 @@ mod tests {
         assert_eq!(c.get_or_load(2, w, -1, || Ok((21, 40))), Ok(21)); // reloaded, evicts 1
         assert_eq!(c.get_or_load(3, w, -1, || panic!("cached")), Ok(30));
         assert_eq!(stats(&c), (2, 4, 2));
+    }
+
+    #[test]
+    fn count_bound_shed_invalidate_and_the_eviction_hook() {
+        let seen = Arc::new(Mutex::new(Vec::new()));
+        let s2 = seen.clone();
+        let c: Cache<u32, i32> =
+            Cache::with_limits(1000, 3, Some(Box::new(move |k, v: &u32| s2.lock().unwrap().push((k, *v)))));
+        let w = Duration::from_secs(1);
+        for k in 1..=5u32 {
+            assert_eq!(c.get_or_load(k, w, -1, || Ok((k * 10, 1))), Ok(k * 10));
+        }
+        assert_eq!(c.usage(), (3, 3), "three entries at most");
+        assert_eq!(*seen.lock().unwrap(), vec![(1, 10), (2, 20)]);
+        c.touch(3); // 3 becomes the most recent: 4 and 5 are older
+        assert_eq!(c.shed(), 2);
+        assert_eq!(*seen.lock().unwrap(), vec![(1, 10), (2, 20), (4, 40), (5, 50)]);
+        c.invalidate(3, |v| *v == 99); // not that value: kept
+        assert_eq!(c.usage(), (1, 1));
+        c.invalidate(3, |v| *v == 30);
+        assert_eq!(c.usage(), (0, 0));
+        assert_eq!(seen.lock().unwrap().last(), Some(&(3, 30)));
+        c.get_or_load(6, w, -1, || Ok((60, 1))).unwrap();
+        c.clear();
+        assert_eq!(c.usage(), (0, 0));
+        assert_eq!(seen.lock().unwrap().len(), 6);
     }
 
     #[test]

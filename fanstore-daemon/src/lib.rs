@@ -63,11 +63,16 @@
 //!
 //! ## Local files
 //!
-//! Rank r extracts into `--local`/`rank-<r>`: the file of node `id` is at
-//! [`fanstore_core::runtime::local_file_path`]; uncompressed files hold their
-//! exact bytes (a client may open them directly when the state's bitmap says
-//! the partition is local and the node's codec is none), compressed ones
-//! their stored payload.
+//! Rank r copies each partition it holds, verified, to
+//! `--local`/`rank-<r>/parts/` ([`load`]) and maps the copies read-only.
+//! A file's own bytes appear on its first open ([`open`], [`copies`]): an
+//! uncompressed file of 64 KiB or more is extracted to
+//! [`fanstore_core::runtime::local_file_path`] and kept; anything else
+//! (smaller, compressed, or remote) becomes a copy in the rank's copy
+//! directory in shared memory, within `--cache-mem`. The shared tier map
+//! ([`fanstore_core::tiers`]) tells clients which files they can open
+//! directly with no message. The daemon keeps no fd per file, so the file
+//! count a job can read does not depend on RLIMIT_NOFILE ([`fdlimit`]).
 //!
 //! ## Outputs (write path: [`outputs`], [`meta`])
 //!
@@ -121,7 +126,9 @@ pub mod cache;
 pub mod ckpt_query;
 pub mod client;
 pub mod comm;
+pub mod copies;
 pub mod dedup;
+pub mod fdlimit;
 pub mod index_shm;
 pub mod load;
 pub mod memfd;

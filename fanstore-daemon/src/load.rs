@@ -1,14 +1,15 @@
 //! Loading: every partition this rank holds is read sequentially once from
-//! the dataset directory (every checksum verified) and each payload is
-//! written to the rank's local directory at
-//! [`fanstore_core::runtime::local_file_path`]`(local, node id)`:
-//! an uncompressed file as its exact bytes (clients `open` it directly),
-//! a compressed one as its stored (compressed) payload.
+//! the dataset directory, every checksum verified against the manifest, and
+//! written as it is read to the rank's local directory as one file,
+//! [`local_partition_path`] (a sequential copy: the time to ready is bound
+//! by bytes, not by the number of files). The copies are then mapped
+//! read-only (no fd is kept) and serve every local file: a file's own bytes
+//! appear on its first open, extracted or copied (see [`crate::copies`] and
+//! [`fanstore_core::tiers`]).
 //!
-//! Reader threads (one per partition in flight) decode and verify entries
-//! and hand them to writer threads over a bounded channel, so reading,
-//! hashing and writing overlap on every core. The first fault stops every
-//! thread and names the partition file; the caller never runs with holes.
+//! One thread per partition in flight reads, verifies and writes; the first
+//! fault stops every thread and names the partition file; the caller never
+//! runs with holes.
 
 use crate::placement::Placement;
 use crate::status::LoadReport;
@@ -20,7 +21,7 @@ use std::io::Write;
 use std::os::unix::fs::OpenOptionsExt;
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering::Relaxed};
-use std::sync::Mutex;
+use std::sync::{Arc, Mutex};
 use std::time::Instant;
 
 /// Why loading failed. Every variant names the file at fault.
@@ -41,16 +42,26 @@ pub enum LoadError {
     Manifest(String),
 }
 
+/// A partition's local copy, mapped read-only (the whole partition file).
+pub type PartMap = Arc<memmap2::Mmap>;
+
 /// What a finished load produced.
 #[derive(Debug, Clone)]
 pub struct Loaded {
     pub report: LoadReport,
-    /// `local[p]`: partition p's files are in the local directory.
+    /// `local[p]`: partition p is held here.
     pub local: Vec<bool>,
+    /// `parts[p]`: the mapped local copy of partition p, if held here.
+    pub parts: Vec<Option<PartMap>>,
 }
 
 /// Where the payloads of one partition belong: payload offset -> node id.
 type OffsetMap = HashMap<u64, u32>;
+
+/// The local copy of partition `p`: `local/parts/part-NNNNNN.fsp`.
+pub fn local_partition_path(local: &Path, p: u32) -> PathBuf {
+    local.join("parts").join(partition::file_name(p))
+}
 
 /// Checks that partition ids are 0..P-1 in table order (the placement and
 /// the state bitmap index partitions by id).
@@ -75,17 +86,14 @@ fn offset_maps(view: &IndexView<'_>, wanted: &[u32]) -> HashMap<u32, OffsetMap> 
     maps
 }
 
-/// Creates `local/in/00` .. `local/in/ff` (the buckets of `local_file_path`).
+/// Creates `local/parts` and `local/in/00` .. `local/in/ff` (the buckets of
+/// `local_file_path`, where large uncompressed files are extracted on first open).
 pub fn prepare_local_dir(local: &Path) -> std::io::Result<()> {
+    std::fs::create_dir_all(local.join("parts"))?;
     for b in 0..256 {
         std::fs::create_dir_all(local.join("in").join(format!("{b:02x}")))?;
     }
     Ok(())
-}
-
-struct WriteJob {
-    node_id: u32,
-    payload: Vec<u8>,
 }
 
 /// Loads the partitions `placement` gives `rank` from `data` into `local`
@@ -103,12 +111,11 @@ pub fn load(
     let parts = placement.partitions_of(rank);
     prepare_local_dir(local).map_err(|source| LoadError::Write { path: local.to_path_buf(), source })?;
     let maps = offset_maps(view, &parts);
-    let threads = threads.max(1);
-    let readers = threads.min(parts.len()).max(1);
+    let workers = threads.max(1).min(parts.len()).max(1);
     let next = AtomicUsize::new(0);
     let abort = AtomicBool::new(false);
     let first_error: Mutex<Option<LoadError>> = Mutex::new(None);
-    let (files, bytes_read, bytes_local) = (AtomicU64::new(0), AtomicU64::new(0), AtomicU64::new(0));
+    let (files, bytes_read) = (AtomicU64::new(0), AtomicU64::new(0));
     let fail = |e: LoadError| {
         abort.store(true, Relaxed);
         let mut g = first_error.lock().unwrap_or_else(|p| p.into_inner());
@@ -117,30 +124,8 @@ pub fn load(
         }
     };
     std::thread::scope(|s| {
-        let (tx, rx) = crossbeam::channel::bounded::<WriteJob>(64);
-        for _ in 0..threads {
-            let rx = rx.clone();
-            let (abort, fail, files, bytes_local) = (&abort, &fail, &files, &bytes_local);
-            s.spawn(move || {
-                for job in rx.iter() {
-                    if abort.load(Relaxed) {
-                        continue; // drain so readers never block
-                    }
-                    let path = fanstore_core::runtime::local_file_path(local, job.node_id);
-                    match write_file(&path, &job.payload) {
-                        Ok(()) => {
-                            files.fetch_add(1, Relaxed);
-                            bytes_local.fetch_add(job.payload.len() as u64, Relaxed);
-                        }
-                        Err(source) => fail(LoadError::Write { path, source }),
-                    }
-                }
-            });
-        }
-        drop(rx);
-        for _ in 0..readers {
-            let tx = tx.clone();
-            let (next, abort, fail, parts, maps, bytes_read) = (&next, &abort, &fail, &parts, &maps, &bytes_read);
+        for _ in 0..workers {
+            let (next, abort, fail, parts, maps, bytes_read, files) = (&next, &abort, &fail, &parts, &maps, &bytes_read, &files);
             s.spawn(move || loop {
                 let i = next.fetch_add(1, Relaxed);
                 let Some(&p) = parts.get(i) else { break };
@@ -149,9 +134,11 @@ pub fn load(
                 }
                 let file = data.join(partition::file_name(p));
                 let empty = OffsetMap::new();
-                match read_partition(&file, view, p, maps.get(&p).unwrap_or(&empty), &tx, abort) {
+                let offsets = maps.get(&p).unwrap_or(&empty);
+                match copy_partition(&file, &local_partition_path(local, p), view, p, offsets, abort) {
                     Ok(n) => {
                         bytes_read.fetch_add(n, Relaxed);
+                        files.fetch_add(offsets.len() as u64, Relaxed);
                     }
                     Err(e) => fail(e),
                 }
@@ -162,34 +149,40 @@ pub fn load(
         return Err(e);
     }
     let mut local_parts = vec![false; view.partition_count() as usize];
+    let mut part_maps = vec![None; view.partition_count() as usize];
     for &p in &parts {
         local_parts[p as usize] = true;
+        let path = local_partition_path(local, p);
+        let f = std::fs::File::open(&path).map_err(|source| LoadError::Write { path: path.clone(), source })?;
+        // SAFETY: the daemon wrote this file just now and never changes or
+        // truncates it while the job runs; the mapping is read-only.
+        let m = unsafe { memmap2::Mmap::map(&f) }.map_err(|source| LoadError::Write { path, source })?;
+        part_maps[p as usize] = Some(Arc::new(m));
     }
+    let bytes = bytes_read.load(Relaxed);
     Ok(Loaded {
         report: LoadReport {
             partitions: parts.len() as u64,
             files: files.load(Relaxed),
-            bytes_read: bytes_read.load(Relaxed),
-            bytes_local: bytes_local.load(Relaxed),
+            bytes_read: bytes,
+            bytes_local: bytes,
             seconds: start.elapsed().as_secs_f64(),
         },
         local: local_parts,
+        parts: part_maps,
     })
 }
 
-fn write_file(path: &Path, bytes: &[u8]) -> std::io::Result<()> {
-    let mut f = std::fs::OpenOptions::new().write(true).create_new(true).mode(0o400).open(path)?;
-    f.write_all(bytes)
-}
-
-/// Reads partition `p` from `file`, checks it against the manifest and sends
-/// every payload to the writers. Returns the partition's length in bytes.
-fn read_partition(
+/// Copies partition `p` from `file` to `dest` entry by entry, checking every
+/// entry against the manifest (the reader verifies every checksum). The copy
+/// is byte-identical, so manifest payload offsets address it. Returns the
+/// partition's length in bytes.
+fn copy_partition(
     file: &Path,
+    dest: &Path,
     view: &IndexView<'_>,
     p: u32,
     offsets: &OffsetMap,
-    tx: &crossbeam::channel::Sender<WriteJob>,
     abort: &AtomicBool,
 ) -> Result<u64, LoadError> {
     let mismatch = |problem: String| LoadError::Mismatch { file: file.to_path_buf(), problem };
@@ -217,6 +210,10 @@ fn read_partition(
     if h.entry_count != offsets.len() as u64 {
         return Err(mismatch(format!("{} entries, but the manifest has {} files in it", h.entry_count, offsets.len())));
     }
+    let werr = |source| LoadError::Write { path: dest.to_path_buf(), source };
+    let out = std::fs::OpenOptions::new().write(true).create_new(true).mode(0o400).open(dest).map_err(werr)?;
+    let mut out = std::io::BufWriter::with_capacity(4 << 20, out);
+    out.write_all(&h.encode()).map_err(werr)?;
     loop {
         if abort.load(Relaxed) {
             return Ok(0);
@@ -239,17 +236,17 @@ fn read_partition(
                 String::from_utf8_lossy(node.path())
             )));
         }
-        if tx.send(WriteJob { node_id: node.id(), payload: e.payload }).is_err() {
-            break; // writers gone: only when aborting
-        }
+        out.write_all(&eh.encode()).map_err(werr)?;
+        out.write_all(&e.payload).map_err(werr)?;
     }
+    out.flush().map_err(werr)?;
     Ok(info.file_len)
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::comm::{PeerSource, SendBuf};
+    use crate::comm::PeerSource;
     use crate::node::LocalStore;
     use crate::testkit::{self, TestFile};
     use fanstore_core::codec::Compression;
@@ -276,32 +273,49 @@ mod tests {
         let l = load(&d.path().join("ds"), &v, &placement, 1, &local, 2).unwrap();
         assert_eq!(l.local, vec![false, true, false, true, true]);
         assert_eq!(l.report.partitions, 3);
-        let store = LocalStore { view: v, local_dir: local.clone(), local: l.local.clone(), dedup: None };
+        // Each held partition is copied whole and byte-identical; nothing is extracted per file.
+        for p in 0..5u32 {
+            let copy = std::fs::read(local_partition_path(&local, p));
+            if l.local[p as usize] {
+                assert_eq!(copy.unwrap(), std::fs::read(d.path().join("ds").join(partition::file_name(p))).unwrap());
+                assert_eq!(l.parts[p as usize].as_ref().unwrap().len() as u64, v.partition(p).unwrap().file_len);
+            } else {
+                assert!(copy.is_err() && l.parts[p as usize].is_none());
+            }
+        }
+        assert!(walk_files(&local.join("in")).is_empty());
+        let store = LocalStore { view: v, local_dir: local.clone(), parts: l.parts.clone(), dedup: None };
         let mut held = 0;
         for f in &files {
             let n = v.lookup(f.path.as_bytes()).unwrap();
-            let on_disk = std::fs::read(fanstore_core::runtime::local_file_path(&local, n.id()));
             if l.local[n.partition() as usize] {
                 held += 1;
-                let stored = on_disk.unwrap();
-                assert_eq!(stored.len() as u64, n.stored_len());
-                if n.codec() == fanstore_core::codec::Codec::None {
-                    assert_eq!(stored, f.bytes, "raw files are extracted as their exact bytes");
-                }
                 let sent = store.payload(n.id(), n.stored_len(), None).unwrap();
-                let b: &[u8] = match &sent {
-                    SendBuf::Heap(v) => v,
-                    SendBuf::Map(m) => m,
-                };
-                assert_eq!(b, &stored[..]);
+                let b = sent.bytes();
+                assert_eq!(b.len() as u64, n.stored_len());
+                assert_eq!(fanstore_core::checksum::xxh3(b), n.checksum());
+                if n.codec() == fanstore_core::codec::Codec::None {
+                    assert_eq!(b, &f.bytes[..], "raw payloads are the file's exact bytes");
+                }
                 assert!(store.payload(n.id(), n.stored_len() + 1, None).is_none(), "length must match the manifest");
             } else {
-                assert!(on_disk.is_err());
                 assert!(store.payload(n.id(), n.stored_len(), None).is_none());
             }
         }
         assert_eq!(held as u64, l.report.files);
         assert!(store.payload(0, 0, None).is_none(), "the root is not a file");
+    }
+
+    fn walk_files(dir: &Path) -> Vec<PathBuf> {
+        let mut out = Vec::new();
+        for e in std::fs::read_dir(dir).unwrap().flatten() {
+            if e.path().is_dir() {
+                out.extend(walk_files(&e.path()));
+            } else {
+                out.push(e.path());
+            }
+        }
+        out
     }
 
     #[test]

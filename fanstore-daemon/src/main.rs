@@ -11,6 +11,7 @@ use fanstore_daemon::placement::Placement;
 use fanstore_daemon::server::{self, Listener};
 use fanstore_daemon::{load, runtime_dir};
 use fanstore_core::manifest::{IndexView, Manifest, Verify};
+use std::os::unix::ffi::OsStrExt;
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicBool, Ordering::Relaxed};
 use std::sync::Arc;
@@ -42,6 +43,9 @@ fn install_signal_handlers() {
 struct Cleanup {
     socket: Option<PathBuf>,
     shm: Option<IndexShm>,
+    /// The tier map and the copy directory (shared memory, removed whatever `--keep-local` says).
+    tiers: Option<PathBuf>,
+    copies: Option<PathBuf>,
     local: Option<PathBuf>,
     state: Option<PathBuf>,
     runtime: Option<PathBuf>,
@@ -55,12 +59,14 @@ impl Cleanup {
         if let Some(s) = self.shm.take() {
             s.remove();
         }
+        if let Some(t) = self.tiers.take() {
+            let _ = std::fs::remove_file(t);
+        }
+        if let Some(c) = self.copies.take() {
+            remove_tree(&c);
+        }
         if let Some(l) = self.local.take() {
-            if let Err(e) = std::fs::remove_dir_all(&l) {
-                if e.kind() != std::io::ErrorKind::NotFound {
-                    log::warn!("removing {}: {e}", l.display());
-                }
-            }
+            remove_tree(&l);
             // The shared --local root goes when its last rank directory has gone.
             if let Some(root) = l.parent() {
                 let _ = std::fs::remove_dir(root);
@@ -68,6 +74,19 @@ impl Cleanup {
         }
         if let Some(rt) = self.runtime.take() {
             let _ = std::fs::remove_dir(rt); // only once empty: the last rank removes it
+        }
+    }
+}
+
+/// Removes `dir` and everything below it; a failure (out of fds, say) is
+/// retried a few times before it is logged.
+fn remove_tree(dir: &Path) {
+    for attempt in 0..4 {
+        match std::fs::remove_dir_all(dir) {
+            Ok(()) => return,
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => return,
+            Err(e) if attempt == 3 => log::warn!("removing {}: {e}", dir.display()),
+            Err(_) => std::thread::sleep(Duration::from_millis(50 << attempt)),
         }
     }
 }
@@ -94,6 +113,9 @@ fn main() {
 
 fn run(args: &DaemonArgs) -> anyhow::Result<i32> {
     install_signal_handlers();
+    // Before MPI opens anything: the daemon's fds are bounded (no fd per
+    // file), but connections and requests in flight want room.
+    let (soft, hard, nofile) = fanstore_daemon::fdlimit::raise_nofile();
     let (universe, granted) =
         mpi::initialize_with_threading(mpi::Threading::Multiple).context("MPI was already initialised")?;
     let comm = Comm::dup_world().map_err(|e| anyhow::anyhow!("duplicating MPI_COMM_WORLD: {e}"))?;
@@ -103,6 +125,11 @@ fn run(args: &DaemonArgs) -> anyhow::Result<i32> {
         "rank {rank}/{nranks}: {} ; asked MPI_THREAD_MULTIPLE, granted {granted:?} (all MPI calls stay on one thread either way)",
         version.lines().next().unwrap_or("MPI").trim()
     );
+    if nofile > soft {
+        log::info!("rank {rank}: RLIMIT_NOFILE soft {soft} hard {hard}: raised the soft limit to {nofile}");
+    } else {
+        log::info!("rank {rank}: RLIMIT_NOFILE soft {soft} hard {hard}");
+    }
     let runtime = args.runtime_dir.clone().unwrap_or_else(runtime_dir);
     let id = Identity {
         rank,
@@ -149,7 +176,7 @@ fn run(args: &DaemonArgs) -> anyhow::Result<i32> {
     let store = LocalStore {
         view: node.view,
         local_dir: node.id.local_dir.clone(),
-        local: node.local.get().cloned().unwrap_or_default(),
+        parts: node.parts.get().cloned().unwrap_or_default(),
         dedup: node.dedup.get().cloned(),
     };
     let aside = args.local.join(format!("recovered-rank-{rank}"));
@@ -191,6 +218,7 @@ fn run(args: &DaemonArgs) -> anyhow::Result<i32> {
         s.cache_misses,
         s.cache_evictions
     );
+    node.cache.clear(); // closes the cached memfds: removing the tree needs fds too
     cleanup.run();
     drop(comm);
     finalize(universe, clean);
@@ -284,6 +312,18 @@ fn prepare(args: &DaemonArgs, id: &Identity, cleanup: &mut Cleanup) -> anyhow::R
     let remote_timeout = Duration::from_secs_f64(args.remote_timeout.max(0.1));
     let node = Arc::new(Node::new(id.clone(), view, placement, args.cache_mem, tx, remote_timeout));
     node.fsync_outputs.store(args.fsync_outputs, Relaxed);
+    let ipath = id.index_path.as_os_str().as_bytes();
+    let tiers_path = PathBuf::from(std::ffi::OsStr::from_bytes(&fanstore_core::tiers::tier_map_path(ipath)));
+    let tiers = fanstore_daemon::copies::TierMap::create(&tiers_path, view.dataset_id(), u64::from(view.node_count()))
+        .with_context(|| format!("creating the tier map {}", tiers_path.display()))?;
+    cleanup.tiers = Some(tiers_path);
+    let tiers = Arc::new(tiers);
+    let copies_dir = PathBuf::from(std::ffi::OsStr::from_bytes(&fanstore_core::tiers::copy_dir(ipath)));
+    let copies = fanstore_daemon::copies::Copies::create(&copies_dir, tiers.clone(), args.cache_mem)
+        .with_context(|| format!("creating the copy directory {}", copies_dir.display()))?;
+    cleanup.copies = Some(copies_dir);
+    let _ = node.tiers.set(tiers);
+    let _ = node.copies.set(copies);
     let recovering = open_checkpoint_store(args, id, &node)?;
     if let Some(dir) = &args.persist {
         let n = node.load_persisted(dir).with_context(|| format!("loading the outputs kept in {}", dir.display()))?;
@@ -326,6 +366,7 @@ fn prepare(args: &DaemonArgs, id: &Identity, cleanup: &mut Cleanup) -> anyhow::R
                 r.bytes_local as f64 / 1e6
             );
             let _ = node.local.set(l.local);
+            let _ = node.parts.set(l.parts);
             let _ = node.load.set(r);
             Ok(Prepared { node, server, rx })
         }

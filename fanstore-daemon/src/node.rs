@@ -61,7 +61,15 @@ pub struct Node {
     pub id: Identity,
     pub view: IndexView<'static>,
     pub placement: Placement,
+    /// Read-back outputs (sealed memfds), bounded by bytes and by count
+    /// ([`crate::fdlimit::memfd_cache_entries`]).
     pub cache: Cache<Arc<OwnedFd>, i32>,
+    /// Copies of dataset files in shared memory ([`crate::copies`]), set at start.
+    pub copies: OnceLock<crate::copies::Copies>,
+    /// Where each file's bytes can be opened directly, set at start.
+    pub tiers: OnceLock<Arc<crate::copies::TierMap>>,
+    /// `parts[p]`: the mapped local copy of partition p, set once loaded.
+    pub parts: OnceLock<Vec<Option<crate::load::PartMap>>>,
     pub counters: Counters,
     pub comm: Sender<Command>,
     pub remote_timeout: Duration,
@@ -97,7 +105,10 @@ impl Node {
             id,
             view,
             placement,
-            cache: Cache::new(cache_mem),
+            cache: Cache::with_limits(cache_mem, crate::fdlimit::memfd_cache_entries(crate::fdlimit::nofile()), None),
+            copies: OnceLock::new(),
+            tiers: OnceLock::new(),
+            parts: OnceLock::new(),
             counters: Counters::default(),
             comm,
             remote_timeout,
@@ -160,6 +171,14 @@ impl Node {
         st
     }
 
+    /// Frees what fds the rank can spare (the output cache's memfds); called
+    /// when a call fails with EMFILE/ENFILE, before it is tried again.
+    pub fn relieve_fds(&self) {
+        let n = self.cache.shed();
+        self.counters.fd_pressure.fetch_add(1, Relaxed);
+        log::debug!("rank {}: out of file descriptors: released {n} cached memfds", self.id.rank);
+    }
+
     /// This rank's counters, for STATUS.
     pub fn snapshot(&self) -> Snapshot {
         let mut s = Snapshot {
@@ -173,13 +192,16 @@ impl Node {
             ..Default::default()
         };
         self.counters.fill(&mut s);
-        let st = &self.cache.stats;
-        s.cache_hits = st.hits.load(Relaxed);
-        s.cache_misses = st.misses.load(Relaxed);
-        s.cache_evictions = st.evictions.load(Relaxed);
+        let caches = std::iter::once(&self.cache.stats).chain(self.copies.get().map(|c| &c.cache.stats));
+        for st in caches {
+            s.cache_hits += st.hits.load(Relaxed);
+            s.cache_misses += st.misses.load(Relaxed);
+            s.cache_evictions += st.evictions.load(Relaxed);
+        }
         let (bytes, entries) = self.cache.usage();
-        s.cache_bytes = bytes;
-        s.cache_entries = entries as u64;
+        let (cbytes, centries) = self.copies.get().map(|c| c.usage()).unwrap_or_default();
+        s.cache_bytes = bytes + cbytes;
+        s.cache_entries = (entries + centries) as u64;
         s
     }
 }
@@ -205,13 +227,14 @@ pub fn state_for(id: &Identity, dataset_id: u64, phase: Phase, local: Vec<bool>)
 pub struct LocalStore<'a> {
     pub view: IndexView<'a>,
     pub local_dir: PathBuf,
-    pub local: Vec<bool>,
+    /// `parts[p]`: the mapped local copy of partition p, if held here.
+    pub parts: Vec<Option<crate::load::PartMap>>,
     /// Outputs held in the checkpoint store are served from it.
     pub dedup: Option<Arc<crate::dedup::Dedup>>,
 }
 
-/// Payloads from this size up are sent from a read-only mapping of the local
-/// file (no copy); smaller ones are read into a (reused) buffer.
+/// Payloads from this size up are sent straight from a mapping (no copy);
+/// smaller ones are copied into a (reused) buffer.
 const MAP_FROM: u64 = 1 << 20;
 
 impl PeerSource for LocalStore<'_> {
@@ -235,11 +258,20 @@ impl PeerSource for LocalStore<'_> {
         if n.kind() != Some(NodeKind::File) || n.stored_len() != stored_len {
             return None;
         }
-        if !self.local.get(n.partition() as usize).copied().unwrap_or(false) {
+        let map = self.parts.get(n.partition() as usize)?.as_ref()?;
+        let start = usize::try_from(n.payload_offset()).ok()?;
+        let end = start.checked_add(usize::try_from(stored_len).ok()?)?;
+        if end > map.len() {
+            log::error!("node {node_id}: payload past the end of its local partition copy");
             return None;
         }
-        let path = fanstore_core::runtime::local_file_path(&self.local_dir, node_id);
-        read_payload(&path, stored_len, spare)
+        if stored_len >= MAP_FROM {
+            return Some(SendBuf::Part(map.clone(), start..end));
+        }
+        let mut v = spare.unwrap_or_default();
+        v.clear();
+        v.extend_from_slice(&map[start..end]);
+        Some(SendBuf::Heap(v))
     }
 }
 
@@ -252,8 +284,8 @@ fn read_payload(path: &std::path::Path, stored_len: u64, spare: Option<Vec<u8>>)
         return None;
     }
     if stored_len >= MAP_FROM {
-        // SAFETY: the daemon wrote this file once (at load, or an output at
-        // its commit) and never changes it; the mapping is read-only and private.
+        // SAFETY: the daemon wrote this file once (an output at its commit)
+        // and never changes it; the mapping is read-only and private.
         let m = unsafe { memmap2::MmapOptions::new().populate().map(&f) }.ok()?;
         Some(SendBuf::Map(m))
     } else {

@@ -1,39 +1,40 @@
 //! OPEN: turning a node id into an fd whose bytes are exactly the file's.
 //!
-//! - a local uncompressed file: the extracted file, opened O_RDONLY;
-//! - a local compressed file: its payload is read from the local directory,
-//!   verified, decompressed into a sealed memfd (cached);
-//! - a remote file: fetched over MPI from a holder (spread over replicas,
-//!   failing over to the next holder), verified, decompressed if needed,
-//!   in a sealed memfd (cached: every client of the node shares one copy).
+//! Every local file is served from its partition's mapped local copy
+//! ([`crate::load`]); its own bytes appear on the first open:
+//! - a local uncompressed file of [`EXTRACT_MIN`] bytes or more: extracted
+//!   to `local_file_path` (verified, written under a temporary name and
+//!   renamed), kept until the job ends;
+//! - anything else (a smaller or compressed local file, a remote file): a
+//!   copy in the copy directory ([`crate::copies`]), verified and
+//!   decompressed, within `--cache-mem`. Remote payloads come over MPI from a
+//!   holder (spread over replicas, failing over to the next holder) into a
+//!   warm buffer of a bounded pool ([`crate::bufpool`]), while the copy's
+//!   pages are allocated.
 //!
-//! Memory: payloads are received / read into buffers of a bounded pool
-//! ([`crate::bufpool`]) that stay allocated (warm), and each memfd's pages are allocated with
-//! fallocate while the payload travels, then filled with one pwrite. On
-//! machines where fresh pages are expensive (VMs with free page reporting)
-//! this keeps page allocation off the transfer's critical path.
-//!
-//! Every reply carries a new open file description: cached memfds are
-//! reopened through `/proc/self/fd` for each OPEN, so two opens of one file
-//! never share a file offset (the pages are shared).
+//! The tier map records both, so clients open these files directly next
+//! time, with no message. Every reply carries a new read-only open file
+//! description (its own offset). No fd is kept per file.
 
 use crate::bufpool::BufPool;
 use crate::comm::{Command, Fetch, RecvBuf};
-use crate::memfd::MemfdBuilder;
+use crate::copies::{open_ro, write_all_at};
+use crate::fdlimit;
+use crate::load::PartMap;
 use crate::node::{Node, Phase};
 use fanstore_core::checksum::xxh3;
 use fanstore_core::codec::{self, Codec};
 use fanstore_core::manifest::{NodeKind, NodeRef};
-use std::os::fd::OwnedFd;
+use fanstore_core::tiers::{EXTRACT_MIN, TIER_EXTRACTED};
+use std::fs::File;
+use std::os::fd::{AsRawFd, OwnedFd};
 use std::os::unix::fs::OpenOptionsExt;
-use std::sync::atomic::Ordering::Relaxed;
-use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
 use std::time::{Duration, Instant};
 
 /// Opens a new description of a cached memfd (through /proc/self/fd), so
 /// every OPEN gets its own file offset while sharing the same pages.
 pub(crate) fn reopen(fd: &OwnedFd) -> Result<OwnedFd, i32> {
-    use std::os::fd::AsRawFd;
     std::fs::OpenOptions::new()
         .read(true)
         .custom_flags(libc::O_CLOEXEC)
@@ -48,10 +49,11 @@ pub(crate) fn reopen(fd: &OwnedFd) -> Result<OwnedFd, i32> {
 /// How long an OPEN that arrives while loading waits for the load.
 const LOAD_WAIT: Duration = Duration::from_secs(600);
 
+/// Distinguishes the temporary names of concurrent extractions.
+static EXTRACT_SEQ: AtomicU64 = AtomicU64::new(0);
+
 impl Node {
-    /// Resolves OPEN(node id, dataset id) to an fd, or an errno. The fd is
-    /// always a new open file description (its own offset): the extracted
-    /// file opened O_RDONLY, or a reopened cached memfd.
+    /// Resolves OPEN(node id, dataset id) to a new read-only fd, or an errno.
     pub fn open(&self, node_id: u64, dataset_id: u64) -> Result<OwnedFd, i32> {
         if dataset_id != self.view.dataset_id() {
             return Err(libc::ESTALE);
@@ -65,24 +67,23 @@ impl Node {
             Phase::Loading => return Err(libc::EAGAIN),
             Phase::Stopping | Phase::Failed => return Err(libc::EIO),
         }
-        let p = n.partition();
-        let local = self.local.get().and_then(|l| l.get(p as usize).copied()).unwrap_or(false);
-        let raw_local = local && n.codec() == Codec::None;
-        let res = if raw_local {
-            self.open_local_raw(n)
-        } else {
-            let wait = self.fetch_budget(n);
-            self.cache
-                .get_or_load(n.id(), wait, libc::EIO, || {
-                    let fd = if local { self.load_local_compressed(n) } else { self.fetch_remote(n) }?;
-                    Ok((Arc::new(fd), n.size()))
+        let local: Option<&PartMap> = self.parts.get().and_then(|v| v.get(n.partition() as usize)).and_then(Option::as_ref);
+        let extracted = local.is_some() && n.codec() == Codec::None && n.size() >= EXTRACT_MIN;
+        let res = match (local, self.copies.get()) {
+            (Some(map), _) if extracted => self.open_extracted(n, map),
+            (_, Some(copies)) => {
+                let wait = self.fetch_budget(n);
+                copies.open(n.id(), n.size(), wait, &|| self.relieve_fds(), &|f| match local {
+                    Some(map) => self.fill_local(n, map, f),
+                    None => self.fill_remote(n, f),
                 })
-                .and_then(|shared| reopen(&shared))
+            }
+            _ => Err(libc::EIO),
         };
         match &res {
             Ok(_) => {
                 self.counters.opens.fetch_add(1, Relaxed);
-                if raw_local {
+                if local.is_some() {
                     self.counters.opens_local.fetch_add(1, Relaxed);
                 }
             }
@@ -105,68 +106,89 @@ impl Node {
         self.remote_timeout + Duration::from_secs(stored_len / (64 << 20))
     }
 
-    fn open_local_raw(&self, n: NodeRef<'_>) -> Result<OwnedFd, i32> {
-        let path = fanstore_core::runtime::local_file_path(&self.id.local_dir, n.id());
-        std::fs::OpenOptions::new()
-            .read(true)
-            .custom_flags(libc::O_CLOEXEC | libc::O_NOATIME)
-            .open(&path)
-            .or_else(|_| std::fs::OpenOptions::new().read(true).custom_flags(libc::O_CLOEXEC).open(&path))
-            .map(OwnedFd::from)
-            .map_err(|e| {
-                log::error!("rank {}: opening {}: {e}", self.id.rank, path.display());
-                libc::EIO
-            })
-    }
-
-    fn load_local_compressed(&self, n: NodeRef<'_>) -> Result<OwnedFd, i32> {
-        let path = fanstore_core::runtime::local_file_path(&self.id.local_dir, n.id());
-        let target = self.target(n)?;
-        if let Some(p) = target.preallocator() {
-            p.run();
-        }
-        let mut stored = scratch(n.stored_len() as usize);
-        let res = std::fs::File::open(&path)
-            .and_then(|f| std::os::unix::fs::FileExt::read_exact_at(&f, &mut stored, 0))
-            .map_err(|e| {
-                log::error!("rank {}: reading {}: {e}", self.id.rank, path.display());
-                libc::EIO
-            })
-            .and_then(|()| self.check_sum(n, xxh3(&stored)))
-            .and_then(|()| self.fill(n, &stored, target));
-        give_back(stored);
-        res
-    }
-
-    /// A memfd for `n`, not yet filled.
-    fn target(&self, n: NodeRef<'_>) -> Result<MemfdBuilder, i32> {
-        MemfdBuilder::unmapped(&memfd_name(n), n.size()).map_err(|e| {
-            log::error!("rank {}: {e}", self.id.rank);
-            libc::ENOMEM
+    /// The stored payload of local file `n` in its partition's copy.
+    fn stored<'m>(&self, n: NodeRef<'_>, map: &'m PartMap) -> Result<&'m [u8], i32> {
+        let start = usize::try_from(n.payload_offset()).map_err(|_| libc::EIO)?;
+        let end = start.checked_add(usize::try_from(n.stored_len()).map_err(|_| libc::EIO)?).ok_or(libc::EIO)?;
+        map.get(start..end).ok_or_else(|| {
+            log::error!("rank {}: '{}' lies past the end of its partition copy", self.id.rank, String::from_utf8_lossy(n.path()));
+            libc::EIO
         })
     }
 
-    /// Fills `target` with the file's bytes from its verified stored payload
-    /// (decompressing if needed) and seals it.
-    fn fill(&self, n: NodeRef<'_>, stored: &[u8], target: MemfdBuilder) -> Result<OwnedFd, i32> {
+    /// An fd on the extracted copy of the local uncompressed file `n`,
+    /// extracting it first if needed (concurrent extractions write the same
+    /// bytes under their own temporary names; the last rename wins).
+    fn open_extracted(&self, n: NodeRef<'_>, map: &PartMap) -> Result<OwnedFd, i32> {
+        let path = fanstore_core::runtime::local_file_path(&self.id.local_dir, n.id());
+        let tiers = self.tiers.get().ok_or(libc::EIO)?;
+        if tiers.get(n.id()) != TIER_EXTRACTED {
+            let bytes = self.stored(n, map)?;
+            self.check_sum(n, xxh3(bytes))?;
+            let mut tmp = path.clone().into_os_string();
+            tmp.push(format!(".tmp{}", EXTRACT_SEQ.fetch_add(1, Relaxed)));
+            let written = fdlimit::retry(
+                || self.relieve_fds(),
+                || {
+                    let mut f = std::fs::OpenOptions::new()
+                        .write(true)
+                        .create_new(true)
+                        .mode(0o400)
+                        .custom_flags(libc::O_CLOEXEC)
+                        .open(&tmp)
+                        .map_err(|e| fdlimit::errno_of(&e))?;
+                    std::io::Write::write_all(&mut f, bytes).map_err(|e| fdlimit::errno_of(&e))
+                },
+            )
+            .and_then(|()| std::fs::rename(&tmp, &path).map_err(|e| fdlimit::errno_of(&e)));
+            if let Err(e) = written {
+                let _ = std::fs::remove_file(&tmp);
+                log::error!("rank {}: extracting {}: errno {e}", self.id.rank, path.display());
+                return Err(libc::EIO);
+            }
+            tiers.set(n.id(), TIER_EXTRACTED);
+        }
+        fdlimit::retry(|| self.relieve_fds(), || open_ro(&path)).map_err(|e| {
+            log::error!("rank {}: opening {}: errno {e}", self.id.rank, path.display());
+            libc::EIO
+        })
+    }
+
+    /// Writes local file `n`'s bytes (verified, decompressed) into `f`.
+    fn fill_local(&self, n: NodeRef<'_>, map: &PartMap, f: &File) -> Result<(), i32> {
+        let stored = self.stored(n, map)?;
+        self.check_sum(n, xxh3(stored))?;
+        self.decode_into(n, stored, f)
+    }
+
+    /// Writes the file's bytes from its verified stored payload
+    /// (decompressing if needed) into `f`.
+    fn decode_into(&self, n: NodeRef<'_>, stored: &[u8], f: &File) -> Result<(), i32> {
         let eio = |what: &str, e: &dyn std::fmt::Display| {
             log::error!("rank {}: {what} '{}': {e}", self.id.rank, String::from_utf8_lossy(n.path()));
             libc::EIO
+        };
+        let write = |bytes: &[u8]| {
+            write_all_at(f, bytes, 0).map_err(|e| {
+                if e == libc::ENOSPC {
+                    return e; // the copy directory is full: the caller makes room
+                }
+                eio("writing the copy of", &format!("errno {e}"))
+            })
         };
         if n.codec() == Codec::None {
             if stored.len() as u64 != n.size() {
                 return Err(eio("size of", &"stored length differs from the size"));
             }
-            target.write_at(stored, 0).map_err(|e| eio("writing", &e))?;
+            write(stored)
         } else {
             let mut raw = scratch(n.size() as usize);
             let res = codec::decompress_to(n.codec(), stored, n.size(), &mut &mut raw[..])
                 .map_err(|e| eio("decoding", &e))
-                .and_then(|()| target.write_at(&raw, 0).map_err(|e| eio("writing", &e)));
+                .and_then(|()| write(&raw));
             give_back(raw);
-            res?;
+            res
         }
-        target.seal().map_err(|e| eio("sealing", &e))
     }
 
     fn check_sum(&self, n: NodeRef<'_>, sum: u64) -> Result<(), i32> {
@@ -182,17 +204,16 @@ impl Node {
         Ok(())
     }
 
-    fn fetch_remote(&self, n: NodeRef<'_>) -> Result<OwnedFd, i32> {
+    /// Writes remote file `n`'s bytes into `f`, from the first holder that answers.
+    fn fill_remote(&self, n: NodeRef<'_>, f: &File) -> Result<(), i32> {
         if n.stored_len() == 0 {
-            self.check_sum(n, xxh3(&[]))?;
-            return self.fill(n, &[], self.target(n)?);
+            return self.check_sum(n, xxh3(&[]));
         }
         let me = self.id.rank;
         let mut last = libc::EIO;
         for holder in self.placement.holders_for(n.partition(), n.id()).into_iter().filter(|&h| h != me) {
-            let res = self.fetch_from(n, holder);
-            match res {
-                Ok(fd) => return Ok(fd),
+            match self.fetch_from(n, holder, f) {
+                Ok(()) => return Ok(()),
                 Err(e) => {
                     self.counters.remote_failed.fetch_add(1, Relaxed);
                     last = e;
@@ -205,11 +226,11 @@ impl Node {
         Err(last)
     }
 
-    /// One remote read of `n` from `holder`. The payload lands in a warm
-    /// scratch buffer; the memfd's pages are allocated while it travels
+    /// One remote read of `n` from `holder` into `f`. The payload lands in a
+    /// warm scratch buffer; the file's pages are allocated while it travels
     /// (page allocation costs as much as the transfer on some machines), then
-    /// the bytes are copied in with one pwrite.
-    fn fetch_from(&self, n: NodeRef<'_>, holder: u32) -> Result<OwnedFd, i32> {
+    /// the bytes are written in with one pwrite.
+    fn fetch_from(&self, n: NodeRef<'_>, holder: u32, f: &File) -> Result<(), i32> {
         let me = self.id.rank;
         let t0 = Instant::now();
         let len = n.stored_len() as usize;
@@ -220,16 +241,16 @@ impl Node {
         if self.comm.send(cmd).is_err() {
             return Err(libc::EIO);
         }
-        let target = self.target(n)?;
-        if let Some(p) = target.preallocator() {
-            p.run();
+        if let Ok(size) = libc::off_t::try_from(n.size()) {
+            // SAFETY: fallocate on our own file; best effort (faults allocate what is left).
+            unsafe { libc::fallocate(f.as_raw_fd(), 0, 0, size) };
         }
         let t1 = Instant::now();
         let got = rx.recv_timeout(timeout + Duration::from_secs(2));
         let t2 = Instant::now();
         let res = match got {
             Ok(Ok((RecvBuf { buf, len }, sum))) => {
-                let r = self.check_sum(n, sum).and_then(|()| self.fill(n, &buf[..len], target));
+                let r = self.check_sum(n, sum).and_then(|()| self.decode_into(n, &buf[..len], f));
                 give_back(buf);
                 r
             }
@@ -243,7 +264,7 @@ impl Node {
             }
         };
         log::debug!(
-            "rank {me}: fetch of node {} ({} B) from rank {holder}: memfd {:?}, wait {:?}, fill+seal {:?}",
+            "rank {me}: fetch of node {} ({} B) from rank {holder}: send+fallocate {:?}, wait {:?}, fill {:?}",
             n.id(),
             n.stored_len(),
             t1 - t0,
@@ -262,8 +283,4 @@ fn scratch(len: usize) -> Vec<u8> {
 }
 fn give_back(v: Vec<u8>) {
     POOL.put(v)
-}
-
-fn memfd_name(n: NodeRef<'_>) -> String {
-    format!("fanstore:{}", n.id())
 }

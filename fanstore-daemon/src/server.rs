@@ -110,6 +110,7 @@ fn peer_uid(fd: RawFd) -> io::Result<u32> {
 pub fn serve(listener: Listener, node: Arc<Node>) {
     // SAFETY: getuid cannot fail.
     let me = unsafe { libc::getuid() };
+    let mut out_of_fds = false;
     while !node.stopping.load(Relaxed) {
         match readable(listener.fd.as_raw_fd()) {
             Ok(false) => continue,
@@ -123,8 +124,20 @@ pub fn serve(listener: Listener, node: Arc<Node>) {
         // SAFETY: accept4 on our listening socket; null address pointers are allowed.
         let raw = unsafe { libc::accept4(listener.fd.as_raw_fd(), std::ptr::null_mut(), std::ptr::null_mut(), libc::SOCK_CLOEXEC) };
         if raw < 0 {
+            let e = std::io::Error::last_os_error();
+            if e.raw_os_error().is_some_and(crate::fdlimit::exhausted) {
+                // The connection waits in the backlog: free what we can and
+                // try again shortly instead of spinning on a readable socket.
+                if !out_of_fds {
+                    log::warn!("rank {}: accepting a connection: {e} (retrying)", node.id.rank);
+                    out_of_fds = true;
+                }
+                node.relieve_fds();
+                std::thread::sleep(std::time::Duration::from_millis(10));
+            }
             continue; // EAGAIN/ECONNABORTED/EINTR: the next poll decides
         }
+        out_of_fds = false;
         // SAFETY: raw is a new connected socket that we own.
         let conn = unsafe { OwnedFd::from_raw_fd(raw) };
         match peer_uid(conn.as_raw_fd()) {

@@ -27,6 +27,8 @@ pub struct Counters {
     pub outputs: AtomicU64,
     /// Client connections accepted.
     pub clients: AtomicU64,
+    /// Times the rank ran out of file descriptors (EMFILE/ENFILE) and shed cached fds.
+    pub fd_pressure: AtomicU64,
 }
 
 /// What loading this rank's partitions did.
@@ -75,6 +77,7 @@ pub struct Snapshot {
     pub cache_entries: u64,
     pub errors: u64,
     pub clients: u64,
+    pub fd_pressure: u64,
 }
 
 impl Counters {
@@ -88,6 +91,7 @@ impl Counters {
         s.remote_bytes_out = self.remote_bytes_out.load(Relaxed);
         s.errors = self.errors.load(Relaxed);
         s.clients = self.clients.load(Relaxed);
+        s.fd_pressure = self.fd_pressure.load(Relaxed);
     }
 }
 
@@ -99,7 +103,7 @@ impl Snapshot {
             "rank={}\nnranks={}\nhost={}\npid={}\nstatus={}\nmpi_threading={}\npartitions={}\nfiles={}\n\
              bytes_local={}\nbytes_read={}\nload_seconds={:.3}\nload_mbps={:.1}\nopens={}\nopens_local={}\n\
              remote_sent={}\nremote_failed={}\nremote_served={}\nremote_bytes_in={}\nremote_bytes_out={}\n\
-             cache_hits={}\ncache_misses={}\ncache_evictions={}\ncache_bytes={}\ncache_entries={}\nerrors={}\nclients={}\n",
+             cache_hits={}\ncache_misses={}\ncache_evictions={}\ncache_bytes={}\ncache_entries={}\nerrors={}\nclients={}\nfd_pressure={}\n",
             self.rank,
             self.nranks,
             self.host,
@@ -126,6 +130,7 @@ impl Snapshot {
             self.cache_entries,
             self.errors,
             self.clients,
+            self.fd_pressure,
         )
     }
 }

@@ -202,6 +202,9 @@ pub fn fetch(st: &State, node: u32) -> Result<c_int, c_int> {
     let req = Request::new(op::OPEN, NEXT_ID.fetch_add(1, Ordering::Relaxed), node as u64, st.dataset_id);
     match call(st, &req, None)? {
         Answer { fd: Some(fd), .. } => Ok(fd),
+        // The daemon sent an fd the kernel could not install: this process
+        // is at its fd limit (recvmsg drops it, MSG_CTRUNC), as open(2) would be.
+        Answer { reply, fd: None } if reply.flags & wire::FLAG_FD != 0 => Err(libc::EMFILE),
         _ => Err(libc::EIO),
     }
 }

@@ -12,6 +12,7 @@
 use crate::lock::Locked;
 use fanstore_core::manifest::{IndexView, Verify};
 use fanstore_core::runtime::{self, NodeState, Status};
+use fanstore_core::tiers::{self, TierView};
 use std::ffi::{CStr, CString};
 use std::os::unix::ffi::OsStrExt;
 use std::path::{Path, PathBuf};
@@ -50,6 +51,11 @@ pub struct State {
     pub daemon_pid: u64,
     pub local_dir: Vec<u8>,
     pub local_parts: Vec<bool>,
+    /// Which files this node can open directly ([`fanstore_core::tiers`]);
+    /// None if the map could not be used (every open then asks the daemon).
+    pub tiers: Option<TierView<'static>>,
+    /// The daemon's copy directory (files of tier `TIER_COPY`).
+    pub copy_dir: Vec<u8>,
     /// The daemon's NodeState flags (`fanstore_core::runtime::FLAG_DEDUP`).
     pub flags: u32,
     pub sock_path: Vec<u8>,
@@ -221,6 +227,7 @@ fn load(cfg: &Config) -> Result<(State, Option<Vec<u8>>), String> {
     if view.dataset_id() != ns.dataset_id {
         return Err(format!("index dataset {:x} differs from daemon's {:x}", view.dataset_id(), ns.dataset_id));
     }
+    let tiers = map_tiers(&ns.index_path, view.dataset_id(), u64::from(view.node_count()));
     let client_dir = Path::new(std::ffi::OsStr::from_bytes(&ns.local_dir)).join(CLIENT_DIR);
     let (empty_dir, empty_ino) = make_empty_dir(&client_dir)?;
     // SAFETY: getuid/getgid have no preconditions.
@@ -234,6 +241,8 @@ fn load(cfg: &Config) -> Result<(State, Option<Vec<u8>>), String> {
         daemon_pid: ns.pid,
         local_dir: ns.local_dir,
         local_parts: ns.local_partitions,
+        tiers,
+        copy_dir: tiers::copy_dir(&ns.index_path),
         flags: ns.flags,
         sock_path: sock.as_os_str().as_bytes().to_vec(),
         empty_dir,
@@ -242,6 +251,40 @@ fn load(cfg: &Config) -> Result<(State, Option<Vec<u8>>), String> {
         gid,
     };
     Ok((st, mount))
+}
+
+/// Maps the daemon's tier map read-only (never unmapped); None, with a debug
+/// line, if it is missing or does not match the index.
+fn map_tiers(index_path: &[u8], dataset_id: u64, nodes: u64) -> Option<TierView<'static>> {
+    use std::os::fd::AsRawFd;
+    let p = tiers::tier_map_path(index_path);
+    let path = Path::new(std::ffi::OsStr::from_bytes(&p));
+    let f = match std::fs::File::open(path) {
+        Ok(f) => f,
+        Err(e) => {
+            crate::dlog!("no tier map {} ({}): every open asks the daemon", path.display(), e);
+            return None;
+        }
+    };
+    let len = f.metadata().ok()?.len() as usize;
+    if len == 0 {
+        return None;
+    }
+    // SAFETY: a fresh read-only shared mapping of a file we hold open; the
+    // daemon never resizes it and changes its bytes only atomically.
+    let m = unsafe { libc::mmap(std::ptr::null_mut(), len, libc::PROT_READ, libc::MAP_SHARED, f.as_raw_fd(), 0) };
+    if m == libc::MAP_FAILED {
+        return None;
+    }
+    // SAFETY: the mapping is `len` readable bytes and is never unmapped.
+    let bytes: &'static [u8] = unsafe { std::slice::from_raw_parts(m as *const u8, len) };
+    match TierView::parse(bytes, dataset_id, nodes) {
+        Ok(v) => Some(v),
+        Err(e) => {
+            crate::dlog!("{}: {}: every open asks the daemon", path.display(), e);
+            None
+        }
+    }
 }
 
 /// Where clients keep their stand-in directories: inside the rank's local

@@ -140,6 +140,8 @@ pub enum Command {
 pub enum SendBuf {
     Heap(Vec<u8>),
     Map(memmap2::Mmap),
+    /// A range of a mapped local partition copy.
+    Part(crate::load::PartMap, std::ops::Range<usize>),
 }
 
 impl SendBuf {
@@ -147,6 +149,7 @@ impl SendBuf {
         match self {
             SendBuf::Heap(v) => v,
             SendBuf::Map(m) => m,
+            SendBuf::Part(m, r) => &m[r.clone()],
         }
     }
 }

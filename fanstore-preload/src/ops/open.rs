@@ -1,10 +1,12 @@
 //! open/openat/creat/fopen of paths under the mount: every fd returned is a
 //! real kernel fd whose bytes are the file's.
 //!
-//! - local raw file: a plain open of the daemon's extracted copy;
-//! - anything else: the daemon's memfd, reopened through /proc/self/fd so
-//!   that this open has its own offset, and moved onto the received fd's
-//!   number (the lowest free one, as open(2) promises);
+//! - a file the tier map says this node holds as a named file (extracted
+//!   to the local disk, or a copy in the daemon's copy directory): a plain
+//!   open of that file, no message;
+//! - anything else: the daemon makes it one and sends an fd, reopened
+//!   through /proc/self/fd so that this open has its own offset, and moved
+//!   onto the received fd's number (the lowest free one, as open(2) promises);
 //! - directory: an fd on a real empty read-only directory, tracked as the
 //!   virtual directory (for fdopendir, fstat, fchdir, openat, getdents64).
 
@@ -12,7 +14,7 @@ use super::{is_symlink, resolve, Node, Outcome, VPath};
 use crate::client;
 use crate::fd_table::{self, Tracked};
 use crate::state::State;
-use fanstore_core::codec::Codec;
+use fanstore_core::tiers::{TIER_COPY, TIER_EXTRACTED};
 use libc::c_int;
 
 /// Flags of the caller's open we carry over to the real open.
@@ -103,20 +105,14 @@ fn open_link_path(st: &State, n: &Node, flags: c_int) -> Result<c_int, c_int> {
     Ok(fd)
 }
 
-fn is_local_raw(st: &State, n: &Node) -> bool {
-    n.codec() == Codec::None && st.local_parts.get(n.partition() as usize).copied().unwrap_or(false)
-}
-
 /// A real fd holding the bytes of file node `n`, tracked.
 pub fn open_file(st: &State, n: &Node, flags: c_int) -> Result<c_int, c_int> {
-    let fd = if is_local_raw(st, n) {
-        match open_local(st, n, flags) {
-            Ok(fd) => fd,
-            // The extracted copy is missing (daemon cleaning up?): ask the daemon.
-            Err(_) => open_remote(st, n, flags)?,
-        }
-    } else {
-        open_remote(st, n, flags)?
+    // A named file may vanish between the map's answer and the open
+    // (evicted copy, daemon cleaning up): then ask the daemon.
+    let fd = match open_direct(st, n, flags) {
+        Some(Ok(fd)) => fd,
+        Some(Err(libc::EMFILE)) => return Err(libc::EMFILE),
+        _ => open_remote(st, n, flags)?,
     };
     if !fd_table::set(fd, Tracked::File(n.id())) {
         // SAFETY: closing the fd we just opened.
@@ -126,18 +122,22 @@ pub fn open_file(st: &State, n: &Node, flags: c_int) -> Result<c_int, c_int> {
     Ok(fd)
 }
 
-fn open_local(st: &State, n: &Node, flags: c_int) -> Result<c_int, c_int> {
+/// Opens the named file the tier map gives for `n`, if any.
+fn open_direct(st: &State, n: &Node, flags: c_int) -> Option<Result<c_int, c_int>> {
     let mut buf = [0u8; 4200];
-    let len = fanstore_core::runtime::local_file_path_into(&st.local_dir, n.id(), &mut buf).ok_or(libc::ENAMETOOLONG)?;
+    let len = match st.tiers?.get(n.id()) {
+        TIER_EXTRACTED => fanstore_core::runtime::local_file_path_into(&st.local_dir, n.id(), &mut buf),
+        TIER_COPY => fanstore_core::tiers::copy_file_path_into(&st.copy_dir, n.id(), &mut buf),
+        _ => return None,
+    }?;
     debug_assert_eq!(buf[len], 0);
     let f = libc::O_RDONLY | (flags & (KEEP | libc::O_DIRECT | libc::O_PATH));
-    // SAFETY: buf holds a NUL-terminated path (local_file_path_into writes the NUL).
+    // SAFETY: buf holds a NUL-terminated path (the *_path_into helpers write the NUL).
     let fd = unsafe { crate::real::open(buf.as_ptr().cast(), f, 0) };
     if fd < 0 {
-        // SAFETY: reading this thread's errno.
-        return Err(unsafe { *libc::__errno_location() });
+        return Some(Err(errno()));
     }
-    Ok(fd)
+    Some(Ok(fd))
 }
 
 fn errno() -> c_int {

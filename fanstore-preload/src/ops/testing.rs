@@ -49,6 +49,8 @@ pub fn install() {
             daemon_pid: 0,
             local_dir: b"/nonexistent".to_vec(),
             local_parts: vec![false],
+            tiers: None,
+            copy_dir: Vec::new(),
             flags: 0,
             sock_path: b"/nonexistent/sock".to_vec(),
             empty_dir: c"/".into(),

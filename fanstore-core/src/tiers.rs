@@ -1,0 +1,214 @@
+//! The tier map: where the bytes of each dataset file can be opened directly
+//! on this node, without a message to the daemon.
+//!
+//! Loading copies each partition whole to the node-local directory (one
+//! sequential file per partition, so a job is ready as fast as the bytes can
+//! be copied, whatever the file count). A file's own bytes appear on first
+//! open, in one of two places, and the daemon records which in this map, a
+//! shared-memory file next to the index that every client maps read-only:
+//!
+//! - [`TIER_EXTRACTED`]: an uncompressed local file of [`EXTRACT_MIN`] bytes
+//!   or more, extracted to `local/in/<bucket>/<id>`
+//!   ([`crate::runtime::local_file_path`]) and kept until the job ends;
+//! - [`TIER_COPY`]: a decompressed, remote, or small file, copied into the
+//!   copy directory ([`copy_dir`], in shared memory), bounded by the daemon's
+//!   `--cache-mem` and unlinked when evicted (open fds stay valid).
+//!
+//! A client reads the byte, opens the named file if there is one, and asks
+//! the daemon when the byte is 0 or the open fails (evicted in between). The
+//! daemon publishes a file before it sets the byte and clears the byte before
+//! it unlinks the file. No fd is held per file by anyone but the program.
+//!
+//! ```text
+//! tier map file (/dev/shm, mode 0600; the header is written once)
+//!   0..8    magic "FANSTTM\0"          8..12   version (1)
+//!  12..16   reserved, zero             16..24  dataset id
+//!  24..32   node count N               32..56  reserved, zero
+//!  56..64   xxh3 of bytes 0..56
+//!  64..64+N one byte per node id: 0 none, 1 extracted, 2 copy
+//! ```
+
+use crate::checksum::xxh3;
+use crate::le::*;
+use std::sync::atomic::{AtomicU8, Ordering};
+
+pub const MAGIC: [u8; 8] = *b"FANSTTM\0";
+pub const VERSION: u32 = 1;
+const VERSION_OFF: usize = 8;
+const RESERVED_OFF: usize = VERSION_OFF + 4;
+const DATASET_OFF: usize = RESERVED_OFF + 4;
+const COUNT_OFF: usize = DATASET_OFF + 8;
+const RESERVED2_OFF: usize = COUNT_OFF + 8;
+const CHECKSUM_OFF: usize = RESERVED2_OFF + 24;
+/// Length of the header; the per-node bytes follow it.
+pub const HEADER_LEN: usize = CHECKSUM_OFF + 8;
+
+/// Nothing to open directly: ask the daemon.
+pub const TIER_NONE: u8 = 0;
+/// Extracted to the local directory at `local_file_path`.
+pub const TIER_EXTRACTED: u8 = 1;
+/// A copy in the copy directory at `copy_file_path_into`.
+pub const TIER_COPY: u8 = 2;
+
+/// Uncompressed local files of at least this size are extracted to the local
+/// disk (one file creation is small next to their bytes); smaller ones are
+/// copied into the budgeted copy directory (a file creation each on the
+/// local disk would dominate, and millions of them would make start and stop
+/// slow).
+pub const EXTRACT_MIN: u64 = 64 << 10;
+
+/// The header of a tier map for `nodes` nodes of dataset `dataset_id`.
+pub fn encode_header(dataset_id: u64, nodes: u64) -> [u8; HEADER_LEN] {
+    let mut b = [0u8; HEADER_LEN];
+    b[..8].copy_from_slice(&MAGIC);
+    put_u32(&mut b, VERSION_OFF, VERSION);
+    put_u64(&mut b, DATASET_OFF, dataset_id);
+    put_u64(&mut b, COUNT_OFF, nodes);
+    let sum = xxh3(&b[..CHECKSUM_OFF]);
+    put_u64(&mut b, CHECKSUM_OFF, sum);
+    b
+}
+
+/// Why a mapped tier map cannot be used.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum TierMapError {
+    #[error("tier map: {0} bytes, shorter than its header")]
+    Short(usize),
+    #[error("tier map: bad magic")]
+    Magic,
+    #[error("tier map: version {0}, this build reads version {VERSION}")]
+    Version(u32),
+    #[error("tier map: header checksum mismatch")]
+    Checksum,
+    #[error("tier map: dataset {found:#x} and {nodes} nodes, the index has dataset {dataset:#x} and {index_nodes} nodes")]
+    Mismatch { found: u64, nodes: u64, dataset: u64, index_nodes: u64 },
+}
+
+/// A read-only view of a mapped tier map (the clients' side).
+#[derive(Clone, Copy)]
+pub struct TierView<'a> {
+    bytes: &'a [AtomicU8],
+}
+
+impl<'a> TierView<'a> {
+    /// Checks the header of `map` against the index's dataset id and node count.
+    pub fn parse(map: &'a [u8], dataset_id: u64, nodes: u64) -> Result<TierView<'a>, TierMapError> {
+        if map.len() < HEADER_LEN {
+            return Err(TierMapError::Short(map.len()));
+        }
+        if map[..8] != MAGIC {
+            return Err(TierMapError::Magic);
+        }
+        let v = u32_at(map, VERSION_OFF);
+        if v != VERSION {
+            return Err(TierMapError::Version(v));
+        }
+        if u64_at(map, CHECKSUM_OFF) != xxh3(&map[..CHECKSUM_OFF]) {
+            return Err(TierMapError::Checksum);
+        }
+        let (found, n) = (u64_at(map, DATASET_OFF), u64_at(map, COUNT_OFF));
+        if found != dataset_id || n != nodes || (map.len() as u64) < HEADER_LEN as u64 + n {
+            return Err(TierMapError::Mismatch { found, nodes: n, dataset: dataset_id, index_nodes: nodes });
+        }
+        let body = &map[HEADER_LEN..HEADER_LEN + n as usize];
+        // SAFETY: AtomicU8 has the size and alignment of u8. The bytes live in
+        // a shared mapping that the daemon updates concurrently, so they are
+        // only ever read through atomics.
+        let bytes = unsafe { std::slice::from_raw_parts(body.as_ptr().cast::<AtomicU8>(), body.len()) };
+        Ok(TierView { bytes })
+    }
+
+    /// The tier of node `id` (out of range: [`TIER_NONE`]).
+    pub fn get(&self, id: u32) -> u8 {
+        self.bytes.get(id as usize).map_or(TIER_NONE, |b| b.load(Ordering::Acquire))
+    }
+}
+
+/// The tier map's path for the index at `index_path` (`….index` -> `….tiers`).
+pub fn tier_map_path(index_path: &[u8]) -> Vec<u8> {
+    with_suffix(index_path, b".tiers")
+}
+
+/// The copy directory for the index at `index_path` (`….index` -> `….copies`).
+pub fn copy_dir(index_path: &[u8]) -> Vec<u8> {
+    with_suffix(index_path, b".copies")
+}
+
+fn with_suffix(index_path: &[u8], suffix: &[u8]) -> Vec<u8> {
+    let stem = index_path.strip_suffix(b".index").unwrap_or(index_path);
+    [stem, suffix].concat()
+}
+
+/// `copy_dir/<id>` into `out`, NUL-terminated (no allocation); the length without the NUL.
+pub fn copy_file_path_into(copy_dir: &[u8], node_id: u32, out: &mut [u8]) -> Option<usize> {
+    let mut digits = [0u8; 10];
+    let mut n = node_id;
+    let mut d = digits.len();
+    loop {
+        d -= 1;
+        digits[d] = b'0' + (n % 10) as u8;
+        n /= 10;
+        if n == 0 {
+            break;
+        }
+    }
+    let num = &digits[d..];
+    let len = copy_dir.len() + 1 + num.len();
+    if len + 1 > out.len() {
+        return None;
+    }
+    out[..copy_dir.len()].copy_from_slice(copy_dir);
+    out[copy_dir.len()] = b'/';
+    out[copy_dir.len() + 1..len].copy_from_slice(num);
+    out[len] = 0;
+    Some(len)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn map(dataset: u64, nodes: u64) -> Vec<u8> {
+        let mut m = encode_header(dataset, nodes).to_vec();
+        m.resize(HEADER_LEN + nodes as usize, 0);
+        m
+    }
+
+    #[test]
+    fn round_trip_and_values() {
+        let mut m = map(7, 5);
+        m[HEADER_LEN + 3] = TIER_COPY;
+        let v = TierView::parse(&m, 7, 5).unwrap();
+        assert_eq!((v.get(0), v.get(3), v.get(5), v.get(u32::MAX)), (TIER_NONE, TIER_COPY, TIER_NONE, TIER_NONE));
+    }
+
+    #[test]
+    fn every_corruption_is_refused() {
+        let m = map(7, 5);
+        assert_eq!(TierView::parse(&m[..10], 7, 5).err(), Some(TierMapError::Short(10)));
+        let mut bad = m.clone();
+        bad[0] ^= 1;
+        assert_eq!(TierView::parse(&bad, 7, 5).err(), Some(TierMapError::Magic));
+        let mut bad = m.clone();
+        bad[VERSION_OFF] = 2;
+        assert_eq!(TierView::parse(&bad, 7, 5).err(), Some(TierMapError::Version(2)));
+        for off in [RESERVED_OFF, DATASET_OFF, COUNT_OFF, RESERVED2_OFF + 3, CHECKSUM_OFF] {
+            let mut bad = m.clone();
+            bad[off] ^= 0x10;
+            assert_eq!(TierView::parse(&bad, 7, 5).err(), Some(TierMapError::Checksum), "byte {off}");
+        }
+        assert!(matches!(TierView::parse(&m, 8, 5), Err(TierMapError::Mismatch { .. })));
+        assert!(matches!(TierView::parse(&m, 7, 6), Err(TierMapError::Mismatch { .. })));
+        assert!(matches!(TierView::parse(&m[..HEADER_LEN + 4], 7, 5), Err(TierMapError::Mismatch { .. })));
+    }
+
+    #[test]
+    fn paths() {
+        assert_eq!(tier_map_path(b"/dev/shm/fanstore-0-j-r1.index"), b"/dev/shm/fanstore-0-j-r1.tiers");
+        assert_eq!(copy_dir(b"/dev/shm/x-r0.index"), b"/dev/shm/x-r0.copies");
+        let mut out = [0u8; 32];
+        let n = copy_file_path_into(b"/c", 1234, &mut out).unwrap();
+        assert_eq!(&out[..=n], b"/c/1234\0");
+        assert!(copy_file_path_into(b"/c", 1234, &mut [0u8; 7]).is_none());
+    }
+}
