@@ -31,6 +31,7 @@ mod guard;
 pub mod hooks;
 mod lock;
 pub mod ops;
+mod parts;
 mod paths;
 mod real;
 mod state;

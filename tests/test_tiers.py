@@ -1,0 +1,82 @@
+"""Where a dataset file's bytes come from on a node (fanstore-core/src/tiers.rs):
+small local files are decoded by the client from the mapped partition copy, other
+files become named files (extracted or copied) that later opens use directly.
+"""
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+from fs_cluster import cluster_factory, node_state, read_index  # noqa: F401 (fixture)
+from fs_prep import pack
+
+READ = "import sys\nfor p in sys.argv[1:]:\n    open(p, 'rb').read()\n"
+
+
+def read_all(c, node, paths):
+    return subprocess.run([sys.executable, "-c", READ, *paths], env=c.env(node=node),
+                          capture_output=True, text=True, timeout=120)
+
+
+def make(tmp_path, bins):
+    src = tmp_path / "src"
+    src.mkdir()
+    for i in range(40):
+        (src / f"s{i}.txt").write_bytes((f"small {i} " * 30).encode())       # lz4, small
+        (src / f"b{i}.txt").write_bytes((f"compressible {i} " * 9000).encode())  # lz4, 150 KB
+    ds = tmp_path / "ds"
+    pack(bins, src, ds, "--partitions", "4", "--compress", "lz4")
+    return src, ds
+
+
+def opens(c, rank):
+    with c.client(rank) as cl:
+        return int(cl.status()["opens"])
+
+
+def test_warm_opens_need_no_message(cluster_factory, bins, tmp_path):
+    """Every file read once on node 0 (remote or large compressed: the daemon makes a copy;
+    small local: decoded in the client); a second process then reads them all with no OPEN."""
+    src, ds = make(tmp_path, bins)
+    c = cluster_factory(ds, nranks=2)
+    _, nodes = read_index(ds / "manifest.fsm")
+    node = next(r for r in (0, 1) if nodes["s0.txt"]["partition"] in node_state(c.runtime, r)["local"])
+    local = node_state(c.runtime, node)["local"]
+    names = sorted(p.name for p in src.iterdir())
+    decoded = [n for n in names if nodes[n]["size"] < 65536 and nodes[n]["partition"] in local]
+    assert decoded and len(decoded) < len(names)
+    paths = [f"{c.mount}/{n}" for n in names]
+    r = read_all(c, node, paths)
+    assert r.returncode == 0, r.stderr
+    assert opens(c, node) == len(names) - len(decoded), "small local files are decoded by the client"
+    r = read_all(c, node, paths)
+    assert r.returncode == 0, r.stderr
+    assert opens(c, node) == len(names) - len(decoded), "warm files are opened directly"
+    # And the bytes are the files' own.
+    check = "import sys\nfor p, n in zip(sys.argv[1::2], sys.argv[2::2]):\n" \
+            "    assert open(p, 'rb').read() == open(n, 'rb').read(), p\n"
+    args = [a for p in sorted(src.iterdir()) for a in (f"{c.mount}/{p.name}", str(p))]
+    r = subprocess.run([sys.executable, "-c", check, *args], env=c.env(node=node), capture_output=True, text=True)
+    assert r.returncode == 0, r.stderr
+
+
+def test_a_damaged_partition_copy_is_eio_not_wrong_bytes(cluster_factory, bins, tmp_path):
+    src, ds = make(tmp_path, bins)
+    c = cluster_factory(ds, nranks=1)
+    _, nodes = read_index(ds / "manifest.fsm")
+    victim = nodes["s7.txt"]
+    copy = Path(node_state(c.runtime, 0)["local_dir"]) / "parts" / f"part-{victim['partition']:06d}.fsp"
+    os.chmod(copy, 0o600)
+    with open(copy, "r+b") as f:
+        f.seek(victim["payload_offset"] + 2)
+        b = f.read(1)
+        f.seek(victim["payload_offset"] + 2)
+        f.write(bytes([b[0] ^ 0x40]))
+    probe = "import errno, sys\ntry:\n    open(sys.argv[1], 'rb').read()\n    print('read')\n" \
+            "except OSError as e:\n    print(errno.errorcode[e.errno])\n"
+    r = subprocess.run([sys.executable, "-c", probe, f"{c.mount}/s7.txt"], env=c.env(node=0),
+                       capture_output=True, text=True, timeout=60)
+    assert r.stdout.strip() == "EIO", (r.stdout, r.stderr)
+    r = subprocess.run([sys.executable, "-c", probe, f"{c.mount}/s8.txt"], env=c.env(node=0),
+                       capture_output=True, text=True, timeout=60)
+    assert r.stdout.strip() == "read", (r.stdout, r.stderr)
