@@ -233,8 +233,8 @@ pub struct LocalStore<'a> {
     pub dedup: Option<Arc<crate::dedup::Dedup>>,
 }
 
-/// Payloads from this size up are sent straight from a mapping (no copy);
-/// smaller ones are copied into a (reused) buffer.
+/// Output payloads from this size up are sent from a mapping of their file
+/// (no copy); smaller ones are read into a (reused) buffer.
 const MAP_FROM: u64 = 1 << 20;
 
 impl PeerSource for LocalStore<'_> {
@@ -265,13 +265,8 @@ impl PeerSource for LocalStore<'_> {
             log::error!("node {node_id}: payload past the end of its local partition copy");
             return None;
         }
-        if stored_len >= MAP_FROM {
-            return Some(SendBuf::Part(map.clone(), start..end));
-        }
-        let mut v = spare.unwrap_or_default();
-        v.clear();
-        v.extend_from_slice(&map[start..end]);
-        Some(SendBuf::Heap(v))
+        // Sent straight from the mapping, whatever the size: no copy.
+        Some(SendBuf::Part(map.clone(), start..end))
     }
 }
 
