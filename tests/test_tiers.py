@@ -52,6 +52,12 @@ def test_warm_opens_need_no_message(cluster_factory, bins, tmp_path):
     r = read_all(c, node, paths)
     assert r.returncode == 0, r.stderr
     assert opens(c, node) == len(names) - len(decoded), "warm files are opened directly"
+    with c.client(node) as cl:
+        st = cl.status()
+    assert int(st["remote_sent"]) > 0 and 0 < int(st["remote_p50_us"]) <= int(st["remote_p99_us"]), st
+    assert float(st["remote_mbps"]) > 0, st
+    table = c.cli("status").stdout
+    assert "remote p50 us" in table and "remote MB/s" in table, table
     # And the bytes are the files' own.
     check = "import sys\nfor p, n in zip(sys.argv[1::2], sys.argv[2::2]):\n" \
             "    assert open(p, 'rb').read() == open(n, 'rb').read(), p\n"

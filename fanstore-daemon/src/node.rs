@@ -88,6 +88,8 @@ pub struct Node {
     pub dedup: OnceLock<Arc<crate::dedup::Dedup>>,
     /// `--fsync-outputs`: fsync each output (and its sidecar) before close returns.
     pub fsync_outputs: AtomicBool,
+    /// When the rank became ready (remote MB/s in STATUS is since then).
+    pub ready_at: OnceLock<Instant>,
     phase: Mutex<Phase>,
     phase_cv: Condvar,
 }
@@ -120,6 +122,7 @@ impl Node {
             persist: OnceLock::new(),
             dedup: OnceLock::new(),
             fsync_outputs: AtomicBool::new(false),
+            ready_at: OnceLock::new(),
             phase: Mutex::new(Phase::Loading),
             phase_cv: Condvar::new(),
         }
@@ -131,6 +134,9 @@ impl Node {
 
     /// Moves to `phase` and publishes the state file.
     pub fn set_phase(&self, phase: Phase) {
+        if phase == Phase::Ready {
+            let _ = self.ready_at.set(Instant::now());
+        }
         *self.phase.lock().unwrap_or_else(|p| p.into_inner()) = phase;
         self.phase_cv.notify_all();
         if let Err(e) = self.state(phase).publish(&self.state_path()) {
@@ -192,6 +198,12 @@ impl Node {
             ..Default::default()
         };
         self.counters.fill(&mut s);
+        if let Some(t) = self.ready_at.get() {
+            let secs = t.elapsed().as_secs_f64();
+            if secs > 0.0 {
+                s.remote_mbps = s.remote_bytes_in as f64 / secs / 1e6;
+            }
+        }
         let caches = std::iter::once(&self.cache.stats).chain(self.copies.get().map(|c| &c.cache.stats));
         for st in caches {
             s.cache_hits += st.hits.load(Relaxed);

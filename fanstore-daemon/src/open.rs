@@ -250,6 +250,7 @@ impl Node {
         let t2 = Instant::now();
         let res = match got {
             Ok(Ok((RecvBuf { buf, len }, sum))) => {
+                self.counters.remote_latency.record(t2 - t0);
                 let r = self.check_sum(n, sum).and_then(|()| self.decode_into(n, &buf[..len], f));
                 give_back(buf);
                 r

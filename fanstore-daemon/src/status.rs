@@ -29,6 +29,72 @@ pub struct Counters {
     pub clients: AtomicU64,
     /// Times the rank ran out of file descriptors (EMFILE/ENFILE) and shed cached fds.
     pub fd_pressure: AtomicU64,
+    /// Round trips of this rank's remote reads (request sent -> payload verified).
+    pub remote_latency: LatencyHistogram,
+}
+
+/// Quarter-octave buckets of microseconds: bucket i < 4 holds i µs; above,
+/// bucket 4*(k-1) + j holds values whose top bit is k and next two bits are
+/// j (within 25% of each other). Lock-free; percentiles are bucket upper bounds.
+pub struct LatencyHistogram {
+    buckets: [AtomicU64; 256],
+}
+
+impl Default for LatencyHistogram {
+    fn default() -> Self {
+        LatencyHistogram { buckets: [const { AtomicU64::new(0) }; 256] }
+    }
+}
+
+impl std::fmt::Debug for LatencyHistogram {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "LatencyHistogram(p50 {} us)", self.percentile(0.5))
+    }
+}
+
+fn bucket_of(us: u64) -> usize {
+    if us < 4 {
+        return us as usize;
+    }
+    let top = 63 - us.leading_zeros() as u64; // >= 2
+    ((top - 1) * 4 + ((us >> (top - 2)) & 3)) as usize
+}
+
+fn bucket_upper(i: usize) -> u64 {
+    if i < 4 {
+        return i as u64;
+    }
+    let (top, sub) = ((i / 4) as u64 + 1, (i % 4) as u64);
+    ((5 + sub) << (top - 2)) - 1
+}
+
+impl LatencyHistogram {
+    pub fn record(&self, d: std::time::Duration) {
+        let us = u64::try_from(d.as_micros()).unwrap_or(u64::MAX);
+        self.buckets[bucket_of(us).min(255)].fetch_add(1, Relaxed);
+    }
+
+    pub fn count(&self) -> u64 {
+        self.buckets.iter().map(|b| b.load(Relaxed)).sum()
+    }
+
+    /// The upper bound (µs) of the bucket holding the `q` quantile; 0 when empty.
+    pub fn percentile(&self, q: f64) -> u64 {
+        let counts: Vec<u64> = self.buckets.iter().map(|b| b.load(Relaxed)).collect();
+        let total: u64 = counts.iter().sum();
+        if total == 0 {
+            return 0;
+        }
+        let want = ((total as f64 * q).ceil() as u64).clamp(1, total);
+        let mut seen = 0;
+        for (i, c) in counts.iter().enumerate() {
+            seen += c;
+            if seen >= want {
+                return bucket_upper(i);
+            }
+        }
+        bucket_upper(255)
+    }
 }
 
 /// What loading this rank's partitions did.
@@ -78,6 +144,11 @@ pub struct Snapshot {
     pub errors: u64,
     pub clients: u64,
     pub fd_pressure: u64,
+    /// Remote read round trips: p50 / p99 in µs (bucket upper bounds).
+    pub remote_p50_us: u64,
+    pub remote_p99_us: u64,
+    /// Remote bytes received per second since the rank became ready.
+    pub remote_mbps: f64,
 }
 
 impl Counters {
@@ -92,6 +163,8 @@ impl Counters {
         s.errors = self.errors.load(Relaxed);
         s.clients = self.clients.load(Relaxed);
         s.fd_pressure = self.fd_pressure.load(Relaxed);
+        s.remote_p50_us = self.remote_latency.percentile(0.5);
+        s.remote_p99_us = self.remote_latency.percentile(0.99);
     }
 }
 
@@ -103,7 +176,8 @@ impl Snapshot {
             "rank={}\nnranks={}\nhost={}\npid={}\nstatus={}\nmpi_threading={}\npartitions={}\nfiles={}\n\
              bytes_local={}\nbytes_read={}\nload_seconds={:.3}\nload_mbps={:.1}\nopens={}\nopens_local={}\n\
              remote_sent={}\nremote_failed={}\nremote_served={}\nremote_bytes_in={}\nremote_bytes_out={}\n\
-             cache_hits={}\ncache_misses={}\ncache_evictions={}\ncache_bytes={}\ncache_entries={}\nerrors={}\nclients={}\nfd_pressure={}\n",
+             cache_hits={}\ncache_misses={}\ncache_evictions={}\ncache_bytes={}\ncache_entries={}\nerrors={}\nclients={}\nfd_pressure={}\n\
+             remote_p50_us={}\nremote_p99_us={}\nremote_mbps={:.1}\n",
             self.rank,
             self.nranks,
             self.host,
@@ -131,6 +205,9 @@ impl Snapshot {
             self.errors,
             self.clients,
             self.fd_pressure,
+            self.remote_p50_us,
+            self.remote_p99_us,
+            self.remote_mbps,
         )
     }
 }
@@ -160,7 +237,7 @@ pub fn human_bytes(v: u64) -> String {
 }
 
 /// The columns of `fanstore status`: header and the STATUS key each shows.
-const COLUMNS: [(&str, &str); 15] = [
+const COLUMNS: [(&str, &str); 18] = [
     ("rank", "rank"),
     ("host", "host"),
     ("status", "status"),
@@ -172,6 +249,9 @@ const COLUMNS: [(&str, &str); 15] = [
     ("opens", "opens"),
     ("remote sent", "remote_sent"),
     ("served", "remote_served"),
+    ("remote p50 us", "remote_p50_us"),
+    ("p99 us", "remote_p99_us"),
+    ("remote MB/s", "remote_mbps"),
     ("hits", "cache_hits"),
     ("misses", "cache_misses"),
     ("evictions", "cache_evictions"),
@@ -239,6 +319,27 @@ mod tests {
         let lines: Vec<&str> = t.lines().collect();
         assert_eq!(lines.len(), 3);
         assert!(lines[0].contains("load MB/s") && lines[1].contains("3.0 MiB") && lines[2].contains("unreachable"), "{t}");
+    }
+
+    #[test]
+    fn latency_buckets_and_percentiles() {
+        for us in [0u64, 1, 3, 4, 5, 7, 8, 100, 1000, 123_456, 10_000_000] {
+            let b = bucket_of(us);
+            assert!(bucket_upper(b) >= us, "{us} in bucket {b} ending {}", bucket_upper(b));
+            assert!(b == 0 || bucket_upper(b - 1) < us, "{us}: bucket {b} is not the first that holds it");
+            assert!(bucket_upper(b) as f64 <= (us as f64 * 1.25).max(3.0), "{us}: bucket too wide");
+        }
+        let h = LatencyHistogram::default();
+        assert_eq!(h.percentile(0.5), 0);
+        for _ in 0..98 {
+            h.record(std::time::Duration::from_micros(100));
+        }
+        h.record(std::time::Duration::from_millis(5));
+        h.record(std::time::Duration::from_millis(5));
+        assert_eq!(h.count(), 100);
+        let (p50, p99) = (h.percentile(0.5), h.percentile(0.99));
+        assert!((100..=111).contains(&p50), "{p50}");
+        assert!((5000..=6143).contains(&p99), "{p99}");
     }
 
     #[test]
