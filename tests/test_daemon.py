@@ -168,7 +168,7 @@ def test_files_are_served_from_extracted_files_and_copies(bins, pack, source, tm
     remote files become read-only copies in the rank's copy directory; the tier map says which."""
     ds = pack("none")
     ds_id, files = files_of(ds)
-    c = start_cluster(bins, ds, tmp_path, nranks=2)
+    c = start_cluster(bins, ds, tmp_path, nranks=2, extra_args=["--prefill-mem", "0"])
     try:
         st = node_state(c.runtime, 0)
         copies = st["index_path"][:-len(".index")] + ".copies/"

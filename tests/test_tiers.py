@@ -3,6 +3,7 @@ small local files are decoded by the client from the mapped partition copy, othe
 files become named files (extracted or copied) that later opens use directly.
 """
 import os
+import time
 import subprocess
 import sys
 from pathlib import Path
@@ -52,6 +53,13 @@ def test_warm_opens_need_no_message(cluster_factory, bins, tmp_path):
     r = read_all(c, node, paths)
     assert r.returncode == 0, r.stderr
     assert opens(c, node) == len(names) - len(decoded), "warm files are opened directly"
+    # The prefill copies small local files in the background: then even their first open is direct.
+    tiers = Path(node_state(c.runtime, node)["index_path"][:-len(".index")] + ".tiers").read_bytes()
+    deadline = time.monotonic() + 20
+    while any(tiers[64 + nodes[n]["id"]] != 2 for n in decoded) and time.monotonic() < deadline:
+        time.sleep(0.1)
+        tiers = Path(node_state(c.runtime, node)["index_path"][:-len(".index")] + ".tiers").read_bytes()
+    assert all(tiers[64 + nodes[n]["id"]] == 2 for n in decoded), c.log()
     with c.client(node) as cl:
         st = cl.status()
     assert int(st["remote_sent"]) > 0 and 0 < int(st["remote_p50_us"]) <= int(st["remote_p99_us"]), st
@@ -68,7 +76,7 @@ def test_warm_opens_need_no_message(cluster_factory, bins, tmp_path):
 
 def test_a_damaged_partition_copy_is_eio_not_wrong_bytes(cluster_factory, bins, tmp_path):
     src, ds = make(tmp_path, bins)
-    c = cluster_factory(ds, nranks=1)
+    c = cluster_factory(ds, nranks=1, extra_args=["--prefill-mem", "0"])  # nothing copied before the damage
     _, nodes = read_index(ds / "manifest.fsm")
     victim = nodes["s7.txt"]
     copy = Path(node_state(c.runtime, 0)["local_dir"]) / "parts" / f"part-{victim['partition']:06d}.fsp"

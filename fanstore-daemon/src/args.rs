@@ -54,6 +54,12 @@ pub struct DaemonArgs {
     /// Seconds to wait for every rank to finish loading.
     #[arg(long, default_value_t = 3600.0)]
     pub load_timeout: f64,
+    /// After ready, copy small local files (under 64 KiB) into the copy
+    /// directory in the background, at low priority, up to this many bytes
+    /// (default: half of --cache-mem), so that their first open by any
+    /// process is already a plain open; 0 turns it off.
+    #[arg(long, value_parser = parse_size)]
+    pub prefill_mem: Option<u64>,
     /// Loader threads (default: available cores).
     #[arg(long)]
     pub load_threads: Option<usize>,

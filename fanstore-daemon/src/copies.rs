@@ -218,6 +218,20 @@ impl Copies {
         Ok(f)
     }
 
+    /// Makes the copy of node `id` now unless it exists (no fd for anyone):
+    /// the background prefill. Returns false when the copy could not be made.
+    pub fn prefill(&self, id: u32, size: u64, relieve: &dyn Fn(), fill: &dyn Fn(&File) -> Result<(), i32>) -> bool {
+        if self.tiers.get(id) == TIER_COPY {
+            return true;
+        }
+        self.cache.get_or_load(id, Duration::from_secs(10), libc::EIO, || {
+            let f = self.make(id, size, relieve, fill)?;
+            let ino = f.metadata().map_err(|e| fdlimit::errno_of(&e))?.ino();
+            Ok((CopyEntry { ino }, charge(size)))
+        })
+        .is_ok()
+    }
+
     /// (bytes, entries) held.
     pub fn usage(&self) -> (u64, usize) {
         self.cache.usage()
@@ -312,6 +326,23 @@ mod tests {
         let fd = c.open(5, 10, w, &|| {}, &|f| write_all_at(f, b"abcdefghij", 0)).unwrap();
         assert_eq!(read(fd), b"abcdefghij");
         assert!(c.dir().join("5").exists());
+    }
+
+    #[test]
+    fn prefill_publishes_without_an_fd_and_is_idempotent() {
+        let (_d, tiers, c) = setup(1 << 20);
+        let loads = AtomicUsize::new(0);
+        let fill = |f: &File| {
+            loads.fetch_add(1, Ordering::Relaxed);
+            write_all_at(f, b"pre", 0)
+        };
+        assert!(c.prefill(7, 3, &|| {}, &fill));
+        assert!(c.prefill(7, 3, &|| {}, &fill));
+        assert_eq!(loads.load(Ordering::Relaxed), 1);
+        assert_eq!(tiers.get(7), TIER_COPY);
+        assert_eq!(std::fs::read(c.dir().join("7")).unwrap(), b"pre");
+        assert!(!c.prefill(8, 3, &|| {}, &|_| Err(libc::EIO)));
+        assert_eq!(tiers.get(8), TIER_NONE);
     }
 
     #[test]

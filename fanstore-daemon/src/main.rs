@@ -190,6 +190,18 @@ fn run(args: &DaemonArgs) -> anyhow::Result<i32> {
             log::error!("rank {rank}: spawning the recovery thread: {e}");
         }
     }
+    let prefill = args.prefill_mem.unwrap_or(args.cache_mem / 2).min(args.cache_mem);
+    if prefill > 0 {
+        let node = node.clone();
+        let spawned = std::thread::Builder::new().name("fanstore-prefill".into()).spawn(move || {
+            let t = std::time::Instant::now();
+            let n = node.prefill(prefill);
+            log::info!("rank {}: prefilled {n} small files into the copy directory in {:.2} s", node.id.rank, t.elapsed().as_secs_f64());
+        });
+        if let Err(e) = spawned {
+            log::error!("rank {rank}: spawning the prefill thread: {e}");
+        }
+    }
     let mut engine = Engine::new(&comm, &store, &node.counters, args.mpi_piece, args.mpi_pipeline)
         .with_spin(Duration::from_micros(args.comm_spin_us))
         .with_meta(&*node);

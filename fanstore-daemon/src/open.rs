@@ -95,6 +95,30 @@ impl Node {
         res
     }
 
+    /// Copies the small local files of this rank into the copy directory, in
+    /// partition order, until `limit` bytes of copies are held or the rank
+    /// stops. Runs on its own low-priority thread after ready. Returns the
+    /// number of files copied.
+    pub fn prefill(&self, limit: u64) -> u64 {
+        // SAFETY: lowers this thread's own scheduling priority (Linux: per thread).
+        unsafe { libc::setpriority(libc::PRIO_PROCESS, libc::gettid() as libc::id_t, 19) };
+        let (Some(copies), Some(parts)) = (self.copies.get(), self.parts.get()) else { return 0 };
+        let mut done = 0;
+        for n in self.view.nodes() {
+            if self.stopping.load(Relaxed) || copies.usage().0 >= limit {
+                break;
+            }
+            if n.kind() != Some(NodeKind::File) || n.size() >= EXTRACT_MIN {
+                continue;
+            }
+            let Some(Some(map)) = parts.get(n.partition() as usize) else { continue };
+            if copies.prefill(n.id(), n.size(), &|| self.relieve_fds(), &|f| self.fill_local(n, map, f)) {
+                done += 1;
+            }
+        }
+        done
+    }
+
     /// The longest one fetch of `n` may take: every holder's deadline.
     fn fetch_budget(&self, n: NodeRef<'_>) -> Duration {
         let holders = self.placement.holders_for(n.partition(), n.id()).len() as u32;
