@@ -209,17 +209,7 @@ pub fn index_shm_path(runtime: &Path, rank: u32) -> PathBuf {
 pub fn local_file_path_into(local_dir: &[u8], node_id: u32, out: &mut [u8]) -> Option<usize> {
     const HEX: &[u8; 16] = b"0123456789abcdef";
     let mut digits = [0u8; 10];
-    let mut n = node_id;
-    let mut d = digits.len();
-    loop {
-        d -= 1;
-        digits[d] = b'0' + (n % 10) as u8;
-        n /= 10;
-        if n == 0 {
-            break;
-        }
-    }
-    let num = &digits[d..];
+    let num = decimal(node_id, &mut digits);
     let bucket = (node_id & 0xff) as usize;
     let need = local_dir.len() + 4 + 3 + num.len() + 1;
     if need > out.len() {
@@ -232,6 +222,21 @@ pub fn local_file_path_into(local_dir: &[u8], node_id: u32, out: &mut [u8]) -> O
     }
     out[i] = 0;
     Some(i)
+}
+
+/// The decimal digits of `n`, written at the end of `buf` (no allocation:
+/// usable inside the preload library's hooks).
+pub fn decimal(mut n: u32, buf: &mut [u8; 10]) -> &[u8] {
+    let mut d = buf.len();
+    loop {
+        d -= 1;
+        buf[d] = b'0' + (n % 10) as u8;
+        n /= 10;
+        if n == 0 {
+            break;
+        }
+    }
+    &buf[d..]
 }
 
 /// [`local_file_path_into`] as a `PathBuf`.
@@ -296,6 +301,13 @@ mod tests {
             assert!(NodeState::decode(&c).is_none(), "byte {i}");
         }
         assert!(NodeState::decode(&b[..b.len() - 1]).is_none());
+    }
+
+    #[test]
+    fn decimals() {
+        let mut b = [0u8; 10];
+        assert_eq!(decimal(0, &mut b), b"0");
+        assert_eq!(decimal(4_294_967_295, &mut b), b"4294967295");
     }
 
     #[test]

@@ -142,17 +142,7 @@ fn with_suffix(index_path: &[u8], suffix: &[u8]) -> Vec<u8> {
 /// `copy_dir/<id>` into `out`, NUL-terminated (no allocation); the length without the NUL.
 pub fn copy_file_path_into(copy_dir: &[u8], node_id: u32, out: &mut [u8]) -> Option<usize> {
     let mut digits = [0u8; 10];
-    let mut n = node_id;
-    let mut d = digits.len();
-    loop {
-        d -= 1;
-        digits[d] = b'0' + (n % 10) as u8;
-        n /= 10;
-        if n == 0 {
-            break;
-        }
-    }
-    let num = &digits[d..];
+    let num = crate::runtime::decimal(node_id, &mut digits);
     let len = copy_dir.len() + 1 + num.len();
     if len + 1 > out.len() {
         return None;

@@ -215,16 +215,8 @@ fn private_onto(shared: c_int, flags: c_int) -> Result<c_int, c_int> {
     // "/proc/self/fd/" + up to 10 digits + NUL.
     let mut path = *b"/proc/self/fd/\0\0\0\0\0\0\0\0\0\0\0";
     let mut digits = [0u8; 10];
-    let (mut v, mut k) = (shared as u32, digits.len());
-    loop {
-        k -= 1;
-        digits[k] = b'0' + (v % 10) as u8;
-        v /= 10;
-        if v == 0 {
-            break;
-        }
-    }
-    path[14..14 + digits.len() - k].copy_from_slice(&digits[k..]);
+    let num = fanstore_core::runtime::decimal(shared as u32, &mut digits);
+    path[14..14 + num.len()].copy_from_slice(num);
     let f = libc::O_RDONLY | libc::O_CLOEXEC | (flags & (libc::O_NONBLOCK | libc::O_NOCTTY | libc::O_PATH));
     // SAFETY: path is NUL-terminated.
     let private = unsafe { crate::real::open(path.as_ptr().cast(), f, 0) };
