@@ -44,6 +44,9 @@
 //!           reply: an fd (memfd) holding the report text, value 1 when
 //!           verify found damage; ENOENT when this store has no such
 //!           checkpoint, ENOTSUP when the rank has no store
+//! SETATTR   payload path, arg0 SETATTR_MODE (arg1 = permission bits) or
+//!           SETATTR_MTIME (arg1 = mtime ns, i64); reply errno (ENOENT,
+//!           EROFS for an input)
 //!
 //! OutRecord  0..8 size | 8..12 mode | 12..16 holder rank | 16..24 mtime ns
 //!           (i64) | 24..32 output id | 32..40 xxh3 of the bytes
@@ -75,6 +78,7 @@ pub mod op {
     pub const RENAME: u16 = 12;
     pub const SYNC: u16 = 13;
     pub const CKPT: u16 = 14;
+    pub const SETATTR: u16 = 15;
 }
 
 /// SYNC phases (arg0).
@@ -83,6 +87,11 @@ pub const SYNC_META: u64 = 2;
 
 /// COMMIT arg0 bit: fail with EEXIST if the path exists.
 pub const COMMIT_EXCL: u64 = 1;
+
+/// SETATTR arg0: set the permission bits to arg1.
+pub const SETATTR_MODE: u64 = 1;
+/// SETATTR arg0: set the modification time to arg1 (ns since the epoch, i64).
+pub const SETATTR_MTIME: u64 = 2;
 
 /// Entry kinds of an OUT_LIST reply.
 pub const KIND_FILE: u8 = 1;

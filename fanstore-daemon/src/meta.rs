@@ -33,6 +33,9 @@ pub mod mop {
     pub const HOLDER_DROP: u16 = 109;
     /// To the holder of output arg0: it is now named by the payload path.
     pub const HOLDER_RENAME: u16 = 110;
+    /// value (u64 LE) + path, arg0 `wire::SETATTR_*`: sets the record's
+    /// permission bits or mtime -> ENOENT if there is no record.
+    pub const SETATTR: u16 = 111;
 }
 
 /// Largest OUT_LIST payload (fits a client message with its header).
@@ -102,6 +105,23 @@ impl MetaStore {
                         };
                         self.recs.insert(path.to_vec(), rec);
                         reply
+                    }
+                }
+            }
+            mop::SETATTR => {
+                let (Some(v), Some(path)) = (p.get(..8), p.get(8..)) else {
+                    return Reply::err(req, libc::EINVAL);
+                };
+                let value = u64::from_le_bytes(v.try_into().unwrap_or([0; 8]));
+                match self.recs.get_mut(path) {
+                    None => Reply::err(req, libc::ENOENT),
+                    Some(r) => {
+                        match req.arg0 {
+                            wire::SETATTR_MODE => r.mode = (r.mode & libc::S_IFMT) | (value as u32 & 0o7777),
+                            wire::SETATTR_MTIME => r.mtime_ns = value as i64,
+                            _ => return Reply::err(req, libc::EINVAL),
+                        }
+                        with_record(req, r)
                     }
                 }
             }
@@ -190,6 +210,25 @@ mod tests {
         assert_eq!(m.handle(&req(mop::DEL, 1, b"x/f")).errno, libc::ENOENT);
         assert_eq!(m.handle(&req(mop::DEL, 2, b"x/f")).errno, 0);
         assert_eq!(m.handle(&req(mop::GET, 0, b"x/f")).errno, libc::ENOENT);
+    }
+
+    #[test]
+    fn setattr_changes_mode_bits_and_mtime_only() {
+        let mut m = MetaStore::default();
+        let a = OutRecord { size: 3, mode: libc::S_IFREG | 0o644, id: 1, mtime_ns: 5, ..Default::default() };
+        m.handle(&req(mop::PUT, 0, &rec_path(a, b"f")));
+        let set = |m: &mut MetaStore, what, v: u64, path: &[u8]| {
+            let mut p = v.to_le_bytes().to_vec();
+            p.extend_from_slice(path);
+            m.handle(&req(mop::SETATTR, what, &p)).errno
+        };
+        assert_eq!(set(&mut m, wire::SETATTR_MODE, (libc::S_IFDIR | 0o4755) as u64, b"f"), 0);
+        assert_eq!(set(&mut m, wire::SETATTR_MTIME, (-7i64) as u64, b"f"), 0);
+        let g = OutRecord::decode(&m.handle(&req(mop::GET, 0, b"f")).payload).unwrap();
+        assert_eq!((g.mode, g.mtime_ns, g.size, g.id), (libc::S_IFREG | 0o4755, -7, 3, 1), "type bits kept");
+        assert_eq!(set(&mut m, wire::SETATTR_MODE, 0o600, b"nope"), libc::ENOENT);
+        assert_eq!(set(&mut m, 9, 0, b"f"), libc::EINVAL);
+        assert_eq!(m.handle(&req(mop::SETATTR, wire::SETATTR_MODE, b"short")).errno, libc::EINVAL);
     }
 
     #[test]

@@ -455,6 +455,16 @@ impl Node {
         self.link(path, wire::KIND_FILE, false)
     }
 
+    /// chmod / utime of an output: the record at its owner changes (EROFS on an input).
+    pub fn out_setattr(&self, path: &[u8], what: u64, value: u64) -> Result<(), i32> {
+        if self.view.lookup(path).is_some() {
+            return Err(libc::EROFS);
+        }
+        let mut payload = value.to_le_bytes().to_vec();
+        payload.extend_from_slice(path);
+        self.meta_at(path, mop::SETATTR, what, payload).map(|_| ())
+    }
+
     pub fn out_rename(&self, from: &[u8], to: &[u8]) -> Result<(), i32> {
         if self.view.lookup(from).is_some() || self.view.lookup(to).is_some() {
             return Err(libc::EROFS);

@@ -236,6 +236,7 @@ fn handle(node: &Node, fd: RawFd, req: &Request, attached: Option<OwnedFd>) -> i
         op::MKDIR => done(fd, req, node.out_mkdir(path, req.arg1 as u32)),
         op::RMDIR => done(fd, req, node.out_rmdir(path)),
         op::UNLINK => done(fd, req, node.out_unlink(path)),
+        op::SETATTR => done(fd, req, node.out_setattr(path, req.arg0, req.arg1)),
         op::SYNC => {
             let Some(dir) = node.persist.get() else { return done(fd, req, Err(libc::EINVAL)) };
             let r = match req.arg0 {

@@ -290,13 +290,19 @@ fn classify_dotdot<'s>(dirfd: c_int, path: &[u8], scratch: &'s mut Scratch) -> C
                     touched = true;
                     let Some(s) = st.or_else(state::state) else { return Class::Err(libc::ENOENT) };
                     st = Some(s);
-                    let n = match crate::ops::resolve(s, rel, true, true) {
-                        Ok(n) => n,
+                    match crate::ops::resolve(s, rel, true, true) {
+                        Ok(n) => match node_abs_path(s, n.id(), out) {
+                            Some(l) => len = l,
+                            None => return Class::Err(libc::ENAMETOOLONG),
+                        },
+                        // Not an input: an output directory (outputs have no
+                        // symlinks, so its parent is the lexical one).
+                        Err(libc::ENOENT) => match crate::ops::out::stat(s, rel) {
+                            Ok(r) if r.is_dir() => {}
+                            Ok(_) => return Class::Err(libc::ENOTDIR),
+                            Err(e) => return Class::Err(e),
+                        },
                         Err(e) => return Class::Err(e),
-                    };
-                    match node_abs_path(s, n.id(), out) {
-                        Some(l) => len = l,
-                        None => return Class::Err(libc::ENAMETOOLONG),
                     }
                 }
                 while len > 0 && out[len - 1] != b'/' {

@@ -4,7 +4,8 @@
 
 use super::{catch, cbytes, fd_hook, path_hook, set_errno};
 use crate::guard::Guard;
-use crate::ops::{write, Outcome, VPath};
+use crate::ops::write::{self, Attr};
+use crate::ops::{Outcome, VPath};
 use crate::paths::{classify, maybe_ours, Class, Scratch};
 use libc::{c_char, c_int, c_uint, c_void, dev_t, gid_t, mode_t, off_t, size_t, uid_t};
 
@@ -80,6 +81,44 @@ fn link_like(a: Option<&VPath>, b: Option<&VPath>) -> Outcome<c_int> {
     }
 }
 
+/// The current time as an [`Attr::Mtime`].
+fn now() -> Attr {
+    let mut ts = libc::timespec { tv_sec: 0, tv_nsec: 0 };
+    // SAFETY: ts is a valid out-pointer; CLOCK_REALTIME always exists.
+    unsafe { libc::clock_gettime(libc::CLOCK_REALTIME, &mut ts) };
+    Attr::Mtime(ts.tv_sec as i64 * 1_000_000_000 + ts.tv_nsec as i64)
+}
+
+/// utimes' argument (null: now; else [atime, mtime]) as the mtime to set.
+///
+/// # Safety
+/// `times` is null or points at two readable timevals.
+unsafe fn timeval_attr(times: *const libc::timeval) -> Attr {
+    if times.is_null() {
+        return now();
+    }
+    // SAFETY: the caller passes two timevals; [1] is the modification time.
+    let m = unsafe { *times.add(1) };
+    Attr::Mtime(m.tv_sec as i64 * 1_000_000_000 + m.tv_usec as i64 * 1000)
+}
+
+/// utimensat's argument (null or UTIME_NOW: now; UTIME_OMIT: unchanged).
+///
+/// # Safety
+/// `times` is null or points at two readable timespecs.
+unsafe fn timespec_attr(times: *const libc::timespec) -> Attr {
+    if times.is_null() {
+        return now();
+    }
+    // SAFETY: the caller passes two timespecs; [1] is the modification time.
+    let m = unsafe { *times.add(1) };
+    match m.tv_nsec {
+        libc::UTIME_NOW => now(),
+        libc::UTIME_OMIT => Attr::Nothing,
+        ns => Attr::Mtime(m.tv_sec as i64 * 1_000_000_000 + ns as i64),
+    }
+}
+
 fn ro_fd(_t: crate::fd_table::Tracked) -> Outcome<c_int> {
     Outcome::Errno(libc::EROFS)
 }
@@ -92,27 +131,27 @@ crate::hooks! {
         path_hook("truncate64", libc::AT_FDCWD, path, -1, write::truncate, |p| orig::truncate64(p, len))
     }
     fn chmod(path: *const c_char, mode: mode_t) -> c_int {
-        path_hook("chmod", libc::AT_FDCWD, path, -1, |vp| write::modify(vp, true), |p| orig::chmod(p, mode))
+        path_hook("chmod", libc::AT_FDCWD, path, -1, |vp| write::setattr(vp, true, Attr::Mode(mode)), |p| orig::chmod(p, mode))
     }
     fn fchmod(fd: c_int, mode: mode_t) -> c_int {
         fd_hook("fchmod", fd, -1, ro_fd, || orig::fchmod(fd, mode))
     }
     fn fchmodat(dirfd: c_int, path: *const c_char, mode: mode_t, flags: c_int) -> c_int {
         let follow = flags & libc::AT_SYMLINK_NOFOLLOW == 0;
-        path_hook("fchmodat", dirfd, path, -1, |vp| write::modify(vp, follow), |p| orig::fchmodat(dirfd, p, mode, flags))
+        path_hook("fchmodat", dirfd, path, -1, |vp| write::setattr(vp, follow, Attr::Mode(mode)), |p| orig::fchmodat(dirfd, p, mode, flags))
     }
     fn chown(path: *const c_char, uid: uid_t, gid: gid_t) -> c_int {
-        path_hook("chown", libc::AT_FDCWD, path, -1, |vp| write::modify(vp, true), |p| orig::chown(p, uid, gid))
+        path_hook("chown", libc::AT_FDCWD, path, -1, |vp| write::setattr(vp, true, Attr::Owner { uid, gid }), |p| orig::chown(p, uid, gid))
     }
     fn lchown(path: *const c_char, uid: uid_t, gid: gid_t) -> c_int {
-        path_hook("lchown", libc::AT_FDCWD, path, -1, |vp| write::modify(vp, false), |p| orig::lchown(p, uid, gid))
+        path_hook("lchown", libc::AT_FDCWD, path, -1, |vp| write::setattr(vp, false, Attr::Owner { uid, gid }), |p| orig::lchown(p, uid, gid))
     }
     fn fchown(fd: c_int, uid: uid_t, gid: gid_t) -> c_int {
         fd_hook("fchown", fd, -1, ro_fd, || orig::fchown(fd, uid, gid))
     }
     fn fchownat(dirfd: c_int, path: *const c_char, uid: uid_t, gid: gid_t, flags: c_int) -> c_int {
         let follow = flags & libc::AT_SYMLINK_NOFOLLOW == 0;
-        path_hook("fchownat", dirfd, path, -1, |vp| write::modify(vp, follow), |p| orig::fchownat(dirfd, p, uid, gid, flags))
+        path_hook("fchownat", dirfd, path, -1, |vp| write::setattr(vp, follow, Attr::Owner { uid, gid }), |p| orig::fchownat(dirfd, p, uid, gid, flags))
     }
     fn unlink(path: *const c_char) -> c_int {
         path_hook("unlink", libc::AT_FDCWD, path, -1, write::unlink, |p| orig::unlink(p))
@@ -165,23 +204,33 @@ crate::hooks! {
         two_paths("linkat", d1, old, d2, new, link_like, |a, b| orig::linkat(d1, a, d2, b, flags))
     }
     fn utime(path: *const c_char, times: *const libc::utimbuf) -> c_int {
-        path_hook("utime", libc::AT_FDCWD, path, -1, |vp| write::modify(vp, true), |p| orig::utime(p, times))
+        // SAFETY: times is null or points at the caller's utimbuf.
+        let attr = unsafe { times.as_ref() }.map_or_else(now, |t| Attr::Mtime(t.modtime as i64 * 1_000_000_000));
+        path_hook("utime", libc::AT_FDCWD, path, -1, |vp| write::setattr(vp, true, attr), |p| orig::utime(p, times))
     }
     fn utimes(path: *const c_char, times: *const libc::timeval) -> c_int {
-        path_hook("utimes", libc::AT_FDCWD, path, -1, |vp| write::modify(vp, true), |p| orig::utimes(p, times))
+        // SAFETY: times is null or points at the caller's two timevals.
+        let attr = unsafe { timeval_attr(times) };
+        path_hook("utimes", libc::AT_FDCWD, path, -1, |vp| write::setattr(vp, true, attr), |p| orig::utimes(p, times))
     }
     fn lutimes(path: *const c_char, times: *const libc::timeval) -> c_int {
-        path_hook("lutimes", libc::AT_FDCWD, path, -1, |vp| write::modify(vp, false), |p| orig::lutimes(p, times))
+        // SAFETY: times is null or points at the caller's two timevals.
+        let attr = unsafe { timeval_attr(times) };
+        path_hook("lutimes", libc::AT_FDCWD, path, -1, |vp| write::setattr(vp, false, attr), |p| orig::lutimes(p, times))
     }
     fn futimesat(dirfd: c_int, path: *const c_char, times: *const libc::timeval) -> c_int {
-        path_hook("futimesat", dirfd, path, -1, |vp| write::modify(vp, true), |p| orig::futimesat(dirfd, p, times))
+        // SAFETY: times is null or points at the caller's two timevals.
+        let attr = unsafe { timeval_attr(times) };
+        path_hook("futimesat", dirfd, path, -1, |vp| write::setattr(vp, true, attr), |p| orig::futimesat(dirfd, p, times))
     }
     fn utimensat(dirfd: c_int, path: *const c_char, times: *const libc::timespec, flags: c_int) -> c_int {
         if path.is_null() {
             return fd_hook("utimensat", dirfd, -1, ro_fd, || orig::utimensat(dirfd, path, times, flags));
         }
         let follow = flags & libc::AT_SYMLINK_NOFOLLOW == 0;
-        path_hook("utimensat", dirfd, path, -1, |vp| write::modify(vp, follow), |p| orig::utimensat(dirfd, p, times, flags))
+        // SAFETY: times is null or points at the caller's two timespecs.
+        let attr = unsafe { timespec_attr(times) };
+        path_hook("utimensat", dirfd, path, -1, |vp| write::setattr(vp, follow, attr), |p| orig::utimensat(dirfd, p, times, flags))
     }
     fn futimens(fd: c_int, times: *const libc::timespec) -> c_int {
         fd_hook("futimens", fd, -1, ro_fd, || orig::futimens(fd, times))

@@ -6,7 +6,7 @@ use super::{parent_of, resolve, Outcome, VPath};
 use crate::client;
 use crate::fd_table::{self, Tracked};
 use crate::state::State;
-use fanstore_core::wire::{op, OutRecord};
+use fanstore_core::wire::{self, op, OutRecord};
 use libc::c_int;
 
 /// The record of output `rel` (ENOENT if there is none).
@@ -243,6 +243,30 @@ pub fn is_output(t: Tracked) -> bool {
 
 fn simple(st: &State, op: u16, arg1: u64, payload: &[u8]) -> Outcome<c_int> {
     match client::call(st, &client::request(op, 0, arg1, payload), None) {
+        Ok(_) => Outcome::Handled(0),
+        Err(e) => Outcome::Errno(e),
+    }
+}
+
+/// chmod / utime / chown of an output (committed: one still being written
+/// here has no record yet and gives ENOENT). Ownership cannot change: an
+/// output belongs to the job's user; chown to that user is a no-op, any
+/// other owner EPERM.
+pub fn setattr(vp: &VPath, attr: super::write::Attr) -> Outcome<c_int> {
+    use super::write::Attr;
+    let (what, value) = match attr {
+        Attr::Mode(m) => (wire::SETATTR_MODE, u64::from(m & 0o7777)),
+        Attr::Mtime(ns) => (wire::SETATTR_MTIME, ns as u64),
+        Attr::Owner { uid, gid } => {
+            return match stat(vp.st, vp.rel) {
+                Err(e) => Outcome::Errno(e),
+                Ok(_) if (uid == u32::MAX || uid == vp.st.uid) && (gid == u32::MAX || gid == vp.st.gid) => Outcome::Handled(0),
+                Ok(_) => Outcome::Errno(libc::EPERM),
+            };
+        }
+        Attr::Nothing => return stat(vp.st, vp.rel).map(|_| 0).into(),
+    };
+    match client::call(vp.st, &client::request(op::SETATTR, what, value, vp.rel), None) {
         Ok(_) => Outcome::Handled(0),
         Err(e) => Outcome::Errno(e),
     }

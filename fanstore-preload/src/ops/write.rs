@@ -45,6 +45,28 @@ pub fn modify(vp: &VPath, follow: bool) -> Outcome<c_int> {
     })
 }
 
+/// What chmod, utime and chown change.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Attr {
+    /// chmod: the permission bits.
+    Mode(u32),
+    /// utime family: the modification time, ns since the epoch.
+    Mtime(i64),
+    /// chown family (`u32::MAX`: unchanged).
+    Owner { uid: u32, gid: u32 },
+    /// A call that changes nothing (utimensat with UTIME_OMIT): only checks the name.
+    Nothing,
+}
+
+/// chmod, chown, utime family: EROFS on an input; an output's record changes.
+pub fn setattr(vp: &VPath, follow: bool, attr: Attr) -> Outcome<c_int> {
+    match resolve(vp.st, vp.rel, vp.must_be_dir, follow) {
+        Ok(_) => Outcome::Errno(libc::EROFS),
+        Err(libc::ENOENT) => super::out::setattr(vp, attr),
+        Err(e) => Outcome::Errno(e),
+    }
+}
+
 /// truncate: EISDIR for directories, else EROFS.
 pub fn truncate(vp: &VPath) -> Outcome<c_int> {
     Outcome::Errno(match resolve(vp.st, vp.rel, vp.must_be_dir, true) {

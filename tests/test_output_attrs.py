@@ -1,0 +1,120 @@
+"""chmod, utime and chown of outputs, `..` of output directories, and the shutil
+calls built on them (copy2, copytree, move: what PyTorch Lightning's atomic save
+does), each run against a native directory and through /fanstore on 4 nodes."""
+import json
+import subprocess
+import sys
+import textwrap
+
+import pytest
+
+from fs_cluster import start_cluster
+from fs_prep import make_tree, pack
+
+MOUNT = "/fanstore"
+
+SCRIPT = r"""
+import errno, json, os, shutil, sys, tempfile
+root = sys.argv[1]
+out = {}
+def attempt(key, f):
+    try:
+        out[key] = ["OK", f()]
+    except OSError as e:
+        out[key] = errno.errorcode[e.errno]
+J = lambda *p: os.path.join(root, *p)
+os.makedirs(J("run", "ckpts"))
+with open(J("run", "ckpts", "a.bin"), "wb") as f:
+    f.write(b"x" * 1000)
+attempt("chmod", lambda: os.chmod(J("run", "ckpts", "a.bin"), 0o600))
+attempt("mode after chmod", lambda: oct(os.stat(J("run", "ckpts", "a.bin")).st_mode))
+attempt("utime ns", lambda: os.utime(J("run", "ckpts", "a.bin"), ns=(1_600_000_000_123_456_789, 1_600_000_000_987_654_321)))
+attempt("mtime after utime", lambda: os.stat(J("run", "ckpts", "a.bin")).st_mtime_ns)
+attempt("utime now is recent", lambda: (os.utime(J("run", "ckpts", "a.bin")), abs(os.stat(J("run", "ckpts", "a.bin")).st_mtime - __import__("time").time()) < 60)[1])
+attempt("utime seconds", lambda: os.utime(J("run", "ckpts", "a.bin"), (1_500_000_000, 1_500_000_001)))
+attempt("mtime after utime s", lambda: os.stat(J("run", "ckpts", "a.bin")).st_mtime_ns)
+attempt("chmod dir", lambda: os.chmod(J("run", "ckpts"), 0o700))
+attempt("dir mode", lambda: oct(os.stat(J("run", "ckpts")).st_mode))
+attempt("chown to self", lambda: os.chown(J("run", "ckpts", "a.bin"), os.getuid(), os.getgid()))
+attempt("chown -1", lambda: os.chown(J("run", "ckpts", "a.bin"), -1, -1))
+attempt("chmod missing", lambda: os.chmod(J("run", "nope"), 0o600))
+attempt("utime missing", lambda: os.utime(J("run", "nope")))
+attempt("dotdot", lambda: os.path.isdir(J("run", "ckpts", "..")) and sorted(os.listdir(J("run", "ckpts", ".."))))
+attempt("dotdot dotdot", lambda: os.stat(J("run", "ckpts", "..", "ckpts", "a.bin")).st_size)
+attempt("file dotdot", lambda: os.stat(J("run", "ckpts", "a.bin", "..")))
+# shutil on top of them: a temp file elsewhere moved in (fsspec / Lightning), copy2, copytree
+tmp = tempfile.mkdtemp()
+with open(os.path.join(tmp, "t.ckpt"), "wb") as f:
+    f.write(b"checkpoint" * 100)
+os.utime(os.path.join(tmp, "t.ckpt"), ns=(1_400_000_000_000_000_000, 1_400_000_000_000_000_000))
+os.chmod(os.path.join(tmp, "t.ckpt"), 0o640)
+attempt("move in", lambda: shutil.move(os.path.join(tmp, "t.ckpt"), J("run", "ckpts", "last.ckpt")) and None)
+attempt("moved stat", lambda: (os.stat(J("run", "ckpts", "last.ckpt")).st_mtime_ns, oct(os.stat(J("run", "ckpts", "last.ckpt")).st_mode)))
+attempt("copy2 within", lambda: shutil.copy2(J("run", "ckpts", "last.ckpt"), J("run", "ckpts", "copy.ckpt")) and None)
+attempt("copy2 stat", lambda: os.stat(J("run", "ckpts", "copy.ckpt")).st_mtime_ns)
+attempt("copytree", lambda: shutil.copytree(J("run", "ckpts"), J("run", "ckpts-copy")) and None)
+attempt("copytree listing", lambda: sorted(os.listdir(J("run", "ckpts-copy"))))
+attempt("copytree mtime", lambda: os.stat(J("run", "ckpts-copy", "last.ckpt")).st_mtime_ns)
+shutil.rmtree(tmp)
+print(json.dumps(out, sort_keys=True))
+"""
+
+READBACK = r"""
+import json, os, sys
+root = sys.argv[1]
+p = os.path.join(root, "run", "ckpts", "a.bin")
+print(json.dumps([oct(os.stat(p).st_mode), os.stat(p).st_mtime_ns, oct(os.stat(os.path.join(root, "run", "ckpts")).st_mode)]))
+"""
+
+
+@pytest.fixture(scope="module")
+def cl(bins, tmp_path_factory):
+    tmp = tmp_path_factory.mktemp("attrs")
+    src = make_tree(tmp / "src", "mixed", n_files=10, seed=3)
+    pack(bins, src, tmp / "data", "--partitions", "4")
+    c = start_cluster(bins, tmp / "data", tmp / "cl", nranks=4, mount=MOUNT)
+    yield c
+    c.stop()
+
+
+def run(c, node, code, root, **kw):
+    env = c.env(node) if c else None
+    r = subprocess.run([sys.executable, "-c", textwrap.dedent(code), root], env=env, capture_output=True,
+                       text=True, timeout=120, **kw)
+    assert r.returncode == 0, r.stderr + (c.log()[-3000:] if c else "")
+    return json.loads(r.stdout)
+
+
+def test_attributes_and_shutil_match_a_native_directory(cl, tmp_path):
+    native = run(None, 0, SCRIPT, str(tmp_path / "native"))
+    ours = run(cl, 0, SCRIPT, f"{MOUNT}/attrs")
+    assert native["mtime after utime"] == ["OK", 1_600_000_000_987_654_321]
+    assert native["move in"] == ["OK", None] and native["file dotdot"] == "ENOTDIR"
+    diffs = {k: (ours.get(k), native[k]) for k in native if ours.get(k) != native[k]}
+    assert not diffs, "fanstore differs from a native directory (fanstore, native): " + json.dumps(diffs)
+    # Another node sees the new mode and times.
+    assert run(cl, 2, READBACK, f"{MOUNT}/attrs") == run(None, 0, READBACK, str(tmp_path / "native"))
+
+
+def test_inputs_stay_read_only_and_ownership_stays(cl):
+    code = r"""
+    import errno, json, os, sys
+    root = sys.argv[1]
+    first = next(os.path.join(d, f) for d, _, fs in os.walk(root) for f in fs)
+    res = {}
+    for name, f in [("chmod", lambda: os.chmod(first, 0o600)), ("utime", lambda: os.utime(first)),
+                    ("chown", lambda: os.chown(first, os.getuid(), -1))]:
+        try:
+            f(); res[name] = "OK"
+        except OSError as e:
+            res[name] = errno.errorcode[e.errno]
+    os.makedirs(os.path.join(root, "own"), exist_ok=True)
+    open(os.path.join(root, "own", "f"), "w").close()
+    try:
+        os.chown(os.path.join(root, "own", "f"), os.getuid() + 1, -1); res["chown other"] = "OK"
+    except OSError as e:
+        res["chown other"] = errno.errorcode[e.errno]
+    print(json.dumps(res))
+    """
+    # Inputs: EROFS; an output cannot be given away (documented: outputs belong to the job's user).
+    assert run(cl, 1, code, MOUNT) == {"chmod": "EROFS", "utime": "EROFS", "chown": "EROFS", "chown other": "EPERM"}
