@@ -37,6 +37,15 @@ attempt("chmod dir", lambda: os.chmod(J("run", "ckpts"), 0o700))
 attempt("dir mode", lambda: oct(os.stat(J("run", "ckpts")).st_mode))
 attempt("chown to self", lambda: os.chown(J("run", "ckpts", "a.bin"), os.getuid(), os.getgid()))
 attempt("chown -1", lambda: os.chown(J("run", "ckpts", "a.bin"), -1, -1))
+def fd_ops():
+    fd = os.open(J("run", "w.bin"), os.O_CREAT | os.O_WRONLY, 0o644)
+    try:
+        os.fchmod(fd, 0o640)
+        os.utime(fd, ns=(5, 6))
+        return os.write(fd, b"abc")
+    finally:
+        os.close(fd)
+attempt("fchmod futimens while writing", fd_ops)
 attempt("chmod missing", lambda: os.chmod(J("run", "nope"), 0o600))
 attempt("utime missing", lambda: os.utime(J("run", "nope")))
 attempt("dotdot", lambda: os.path.isdir(J("run", "ckpts", "..")) and sorted(os.listdir(J("run", "ckpts", ".."))))

@@ -119,7 +119,13 @@ unsafe fn timespec_attr(times: *const libc::timespec) -> Attr {
     }
 }
 
-fn ro_fd(_t: crate::fd_table::Tracked) -> Outcome<c_int> {
+/// fchmod, fchown, futimens, fsetxattr of a tracked fd: an input (or a
+/// directory) is read-only; an output being written is a real file of ours,
+/// changed natively (its record takes the mode of its creating open).
+fn ro_fd(t: crate::fd_table::Tracked) -> Outcome<c_int> {
+    if crate::ops::out::is_output(t) {
+        return Outcome::Passthrough;
+    }
     Outcome::Errno(libc::EROFS)
 }
 
