@@ -7,6 +7,30 @@
 //! `OutRecord` (40 bytes) then a path, or a path, or `dir NUL name`); the
 //! answer is a wire [`Reply`]. Every operation is one step under the store's
 //! lock, so O_EXCL and "last close wins" are atomic at the owner.
+//!
+//! ## Directory rename: a two-phase move with fences
+//!
+//! Records are placed by the hash of their path, so renaming a directory
+//! moves every record and listing below it to new owners. The coordinator
+//! (the daemon a client asked) sends [`mop::MOVE_PREP`] to every rank: each
+//! one fences `from` and `to` (any request that touches a path at or below
+//! them answers EBUSY, which the asking daemon retries), takes out its
+//! records and listings at or below `from`, and returns them. The
+//! coordinator then updates the two parent listings, rewrites the paths and
+//! sends every rank [`mop::MOVE_COMMIT`] with the entries it owns under the
+//! new names; the rank installs them and lifts its fence. Every request
+//! is answered from before the first fence or after the last commit that
+//! concerns it, so no node sees half a tree. If a rank fails to prepare, the
+//! coordinator commits the entries back under their old names (an abort).
+//!
+//! ```text
+//! moved entries (MOVE_PREP reply, MOVE_COMMIT payload), repeated:
+//!   0      kind (1 record, 2 listing)
+//!   1..5   path length u32 LE, then the path
+//!   record:  OutRecord (40 bytes)
+//!   listing: child count u32 LE, then per child: kind u8 | name length u16 LE | name
+//! MOVE_PREP payload: from NUL to, arg0 transaction id
+//! ```
 
 use fanstore_core::wire::{self, OutRecord, Reply, Request};
 use std::collections::{BTreeMap, HashMap};
@@ -33,6 +57,11 @@ pub mod mop {
     pub const HOLDER_DROP: u16 = 109;
     /// To the holder of output arg0: it is now named by the payload path.
     pub const HOLDER_RENAME: u16 = 110;
+    /// from NUL to, arg0 transaction id: fence both, take out and return
+    /// every record and listing at or below `from` (module doc).
+    pub const MOVE_PREP: u16 = 112;
+    /// moved entries, arg0 transaction id: install them, lift the fence.
+    pub const MOVE_COMMIT: u16 = 113;
     /// value (u64 LE) + path, arg0 `wire::SETATTR_*`: sets the record's
     /// permission bits or mtime -> ENOENT if there is no record.
     pub const SETATTR: u16 = 111;
@@ -45,6 +74,107 @@ pub const LIST_LIMIT: usize = wire::MAX_MESSAGE - wire::HEADER_LEN - 64;
 pub struct MetaStore {
     recs: HashMap<Vec<u8>, OutRecord>,
     children: HashMap<Vec<u8>, BTreeMap<Vec<u8>, u8>>,
+    /// Directory moves in flight: (transaction id, from, to).
+    fences: Vec<(u64, Vec<u8>, Vec<u8>)>,
+}
+
+/// Is `path` `dir` itself or below it?
+pub fn at_or_below(path: &[u8], dir: &[u8]) -> bool {
+    path.starts_with(dir) && (path.len() == dir.len() || path[dir.len()] == b'/')
+}
+
+/// An entry taken out by MOVE_PREP: a record or a directory listing.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Moved {
+    Record(Vec<u8>, OutRecord),
+    Listing(Vec<u8>, Vec<(Vec<u8>, u8)>),
+}
+
+impl Moved {
+    pub fn path(&self) -> &[u8] {
+        match self {
+            Moved::Record(p, _) | Moved::Listing(p, _) => p,
+        }
+    }
+
+    /// The same entry with its path's `from` prefix replaced by `to`.
+    pub fn renamed(self, from: &[u8], to: &[u8]) -> Moved {
+        let re = |p: Vec<u8>| if at_or_below(&p, from) { [to, &p[from.len()..]].concat() } else { p };
+        match self {
+            Moved::Record(p, r) => Moved::Record(re(p), r),
+            Moved::Listing(p, c) => Moved::Listing(re(p), c),
+        }
+    }
+
+    pub fn encode_into(&self, b: &mut Vec<u8>) {
+        let (kind, path) = match self {
+            Moved::Record(p, _) => (1u8, p),
+            Moved::Listing(p, _) => (2u8, p),
+        };
+        b.push(kind);
+        b.extend_from_slice(&(path.len() as u32).to_le_bytes());
+        b.extend_from_slice(path);
+        match self {
+            Moved::Record(_, r) => r.encode_into(b),
+            Moved::Listing(_, c) => {
+                b.extend_from_slice(&(c.len() as u32).to_le_bytes());
+                for (name, k) in c {
+                    b.push(*k);
+                    b.extend_from_slice(&(name.len() as u16).to_le_bytes());
+                    b.extend_from_slice(name);
+                }
+            }
+        }
+    }
+
+    /// Decodes a sequence of entries; None if any is malformed.
+    pub fn decode_all(mut b: &[u8]) -> Option<Vec<Moved>> {
+        fn take<'a>(b: &mut &'a [u8], n: usize) -> Option<&'a [u8]> {
+            let (h, t) = (b.get(..n)?, b.get(n..)?);
+            *b = t;
+            Some(h)
+        }
+        fn u32_of(b: &mut &[u8]) -> Option<usize> {
+            Some(u32::from_le_bytes(take(b, 4)?.try_into().ok()?) as usize)
+        }
+        let mut out = Vec::new();
+        while !b.is_empty() {
+            let kind = take(&mut b, 1)?[0];
+            let n = u32_of(&mut b)?;
+            let path = take(&mut b, n)?.to_vec();
+            match kind {
+                1 => {
+                    let r = OutRecord::decode(take(&mut b, OutRecord::LEN)?)?;
+                    out.push(Moved::Record(path, r));
+                }
+                2 => {
+                    let count = u32_of(&mut b)?;
+                    let mut c = Vec::with_capacity(count.min(1 << 16));
+                    for _ in 0..count {
+                        let k = take(&mut b, 1)?[0];
+                        let len = u16::from_le_bytes(take(&mut b, 2)?.try_into().ok()?) as usize;
+                        c.push((take(&mut b, len)?.to_vec(), k));
+                    }
+                    out.push(Moved::Listing(path, c));
+                }
+                _ => return None,
+            }
+        }
+        Some(out)
+    }
+}
+
+/// The path a request touches (for the fence check): the record's path, or
+/// the directory of a listing change.
+fn touched(req: &Request) -> Option<&[u8]> {
+    let p = &req.payload[..];
+    match req.op {
+        mop::PUT | mop::MKDIR => p.get(OutRecord::LEN..),
+        mop::GET | mop::DEL | mop::RMDIR | mop::LIST => Some(p),
+        mop::SETATTR => p.get(8..),
+        mop::ADD | mop::REMOVE => split_nul(p).map(|(dir, _)| dir),
+        _ => None,
+    }
 }
 
 fn split_nul(b: &[u8]) -> Option<(&[u8], &[u8])> {
@@ -87,9 +217,56 @@ impl MetaStore {
         self.children.entry(dir.to_vec()).or_default().insert(name.to_vec(), kind);
     }
 
+    fn fenced(&self, path: &[u8]) -> bool {
+        self.fences.iter().any(|(_, from, to)| at_or_below(path, from) || at_or_below(path, to))
+    }
+
+    /// MOVE_PREP: fence, then take out everything at or below `from`.
+    fn move_prep(&mut self, req: &Request) -> Reply {
+        let Some((from, to)) = split_nul(&req.payload) else { return Reply::err(req, libc::EINVAL) };
+        if from.is_empty() || to.is_empty() || self.fenced(from) || self.fenced(to) {
+            return Reply::err(req, if from.is_empty() || to.is_empty() { libc::EINVAL } else { libc::EBUSY });
+        }
+        self.fences.push((req.arg0, from.to_vec(), to.to_vec()));
+        let mut r = Reply::ok(req, 0);
+        let paths: Vec<Vec<u8>> = self.recs.keys().filter(|k| at_or_below(k, from)).cloned().collect();
+        for k in paths {
+            if let Some(rec) = self.recs.remove(&k) {
+                Moved::Record(k, rec).encode_into(&mut r.payload);
+            }
+        }
+        let dirs: Vec<Vec<u8>> = self.children.keys().filter(|k| at_or_below(k, from)).cloned().collect();
+        for k in dirs {
+            if let Some(c) = self.children.remove(&k) {
+                Moved::Listing(k, c.into_iter().collect()).encode_into(&mut r.payload);
+            }
+        }
+        r
+    }
+
+    /// MOVE_COMMIT: install the entries, lift the transaction's fence.
+    fn move_commit(&mut self, req: &Request) -> Reply {
+        let Some(entries) = Moved::decode_all(&req.payload) else { return Reply::err(req, libc::EINVAL) };
+        for e in entries {
+            match e {
+                Moved::Record(p, r) => {
+                    self.recs.insert(p, r);
+                }
+                Moved::Listing(p, c) => self.children.entry(p).or_default().extend(c),
+            }
+        }
+        self.fences.retain(|(tx, _, _)| *tx != req.arg0);
+        Reply::ok(req, 0)
+    }
+
     pub fn handle(&mut self, req: &Request) -> Reply {
+        if touched(req).is_some_and(|t| self.fenced(t)) {
+            return Reply::err(req, libc::EBUSY);
+        }
         let p = &req.payload[..];
         match req.op {
+            mop::MOVE_PREP => self.move_prep(req),
+            mop::MOVE_COMMIT => self.move_commit(req),
             mop::PUT | mop::MKDIR => {
                 let (Some(rec), Some(path)) = (OutRecord::decode(p), p.get(OutRecord::LEN..)) else {
                     return Reply::err(req, libc::EINVAL);
@@ -229,6 +406,43 @@ mod tests {
         assert_eq!(set(&mut m, wire::SETATTR_MODE, 0o600, b"nope"), libc::ENOENT);
         assert_eq!(set(&mut m, 9, 0, b"f"), libc::EINVAL);
         assert_eq!(m.handle(&req(mop::SETATTR, wire::SETATTR_MODE, b"short")).errno, libc::EINVAL);
+    }
+
+    #[test]
+    fn a_directory_move_fences_takes_out_and_installs() {
+        let mut m = MetaStore::default();
+        let d = OutRecord { mode: libc::S_IFDIR | 0o755, ..Default::default() };
+        let f = OutRecord { size: 3, mode: libc::S_IFREG | 0o644, id: 1, ..Default::default() };
+        m.handle(&req(mop::MKDIR, 0, &rec_path(d, b"tmp")));
+        m.handle(&req(mop::PUT, 0, &rec_path(f, b"tmp/a")));
+        m.handle(&req(mop::PUT, 0, &rec_path(f, b"tmpx"))); // a sibling with the same prefix: stays
+        m.handle(&req(mop::ADD, wire::KIND_FILE as u64, b"tmp\0a"));
+        let mut prep = req(mop::MOVE_PREP, 77, b"tmp\0ck");
+        prep.arg0 = 77;
+        let r = m.handle(&prep);
+        assert_eq!(r.errno, 0);
+        let moved = Moved::decode_all(&r.payload).unwrap();
+        assert_eq!(moved.len(), 3, "{moved:?}");
+        assert!(moved.contains(&Moved::Listing(b"tmp".to_vec(), vec![(b"a".to_vec(), wire::KIND_FILE)])));
+        assert!(moved.contains(&Moved::Record(b"tmp/a".to_vec(), f)));
+        // Fenced: both names and everything below them; not the sibling.
+        for (op, payload) in [(mop::GET, &b"tmp/a"[..]), (mop::GET, b"ck"), (mop::LIST, b"ck/sub"), (mop::ADD, b"tmp\0b")] {
+            assert_eq!(m.handle(&req(op, 0, payload)).errno, libc::EBUSY, "{}", String::from_utf8_lossy(payload));
+        }
+        assert_eq!(m.handle(&req(mop::GET, 0, b"tmpx")).errno, 0);
+        assert_eq!(m.handle(&req(mop::MOVE_PREP, 78, b"ck/x\0y")).errno, libc::EBUSY, "no second move over a fenced name");
+        let mut payload = Vec::new();
+        for e in moved {
+            e.renamed(b"tmp", b"ck").encode_into(&mut payload);
+        }
+        let mut commit = req(mop::MOVE_COMMIT, 0, &payload);
+        commit.arg0 = 77;
+        assert_eq!(m.handle(&commit).errno, 0);
+        assert_eq!(m.handle(&req(mop::GET, 0, b"ck/a")).value, 3);
+        assert!(OutRecord::decode(&m.handle(&req(mop::GET, 0, b"ck")).payload).unwrap().is_dir());
+        assert_eq!(m.handle(&req(mop::GET, 0, b"tmp/a")).errno, libc::ENOENT);
+        assert_eq!(m.handle(&req(mop::LIST, 0, b"ck")).value, 1);
+        assert_eq!(Moved::decode_all(&[1, 9, 0, 0, 0, b'x']), None, "truncated entry");
     }
 
     #[test]

@@ -17,8 +17,8 @@
 //! any file there), then removed at the source's owner (only if it is still
 //! the same output), then the listings follow. Between the first and second
 //! step both names show the same bytes; a reader never sees a missing or
-//! partial destination. Directories are not renamed: EXDEV, which makes
-//! `mv` and `shutil.move` fall back to copy + delete.
+//! partial destination. RENAME of a directory moves its whole tree with the
+//! two-phase fenced move of [`crate::meta`].
 
 use crate::comm::{Command, Fetch, MetaCall, MetaServer, RecvBuf, OUT_BIT};
 use crate::memfd::MemfdBuilder;
@@ -135,7 +135,23 @@ impl Node {
     }
 
     /// One metadata request at rank `dest`.
+    /// EBUSY (a path fenced by a directory move in flight) is retried until
+    /// the move ends, at most [`META_TIMEOUT`].
     fn meta_to(&self, dest: u32, op: u16, arg0: u64, payload: Vec<u8>) -> Result<Reply, i32> {
+        let deadline = std::time::Instant::now() + META_TIMEOUT;
+        let mut pause = Duration::from_millis(1);
+        loop {
+            match self.meta_once(dest, op, arg0, payload.clone()) {
+                Err(libc::EBUSY) if std::time::Instant::now() < deadline => {
+                    std::thread::sleep(pause);
+                    pause = (pause * 2).min(Duration::from_millis(32));
+                }
+                other => return other,
+            }
+        }
+    }
+
+    fn meta_once(&self, dest: u32, op: u16, arg0: u64, payload: Vec<u8>) -> Result<Reply, i32> {
         let id = META_IDS.fetch_add(1, Relaxed);
         let req = Request { op, id, arg0, arg1: 0, payload };
         let rep = if dest == self.id.rank {
@@ -455,6 +471,102 @@ impl Node {
         self.link(path, wire::KIND_FILE, false)
     }
 
+    /// Renames output directory `from` (and everything below it) to `to`:
+    /// the two-phase move of [`crate::meta`] (module doc). `to` may be an
+    /// empty directory (replaced); a non-empty one is ENOTEMPTY, a file
+    /// ENOTDIR, a path below `from` EINVAL.
+    fn rename_dir(&self, from: &[u8], to: &[u8]) -> Result<(), i32> {
+        use crate::meta::{at_or_below, Moved};
+        if at_or_below(to, from) {
+            return Err(libc::EINVAL);
+        }
+        self.dir_exists(parent(to).0)?;
+        match self.out_stat(to) {
+            Ok(r) if !r.is_dir() => return Err(libc::ENOTDIR),
+            Ok(_) => {
+                self.meta_at(to, mop::RMDIR, 0, to.to_vec())?; // ENOTEMPTY unless empty
+                self.link(to, wire::KIND_DIR, false)?;
+            }
+            Err(libc::ENOENT) => {}
+            Err(e) => return Err(e),
+        }
+        let tx = META_IDS.fetch_add(1, Relaxed) | (u64::from(self.id.rank) << 48);
+        let mut names = from.to_vec();
+        names.push(0);
+        names.extend_from_slice(to);
+        let mut moved = Vec::new();
+        let mut prepared = Vec::new();
+        let mut failed = None;
+        for r in 0..self.id.nranks {
+            match self.meta_once(r, mop::MOVE_PREP, tx, names.clone()) {
+                Ok(rep) => {
+                    prepared.push(r);
+                    match Moved::decode_all(&rep.payload) {
+                        Some(m) => moved.extend(m),
+                        None => failed = Some(libc::EIO),
+                    }
+                }
+                Err(e) => failed = Some(e),
+            }
+            if failed.is_some() {
+                break;
+            }
+        }
+        let (entries, result) = match failed {
+            // Abort: everything goes back under its old name.
+            Some(e) => (moved, Err(e)),
+            None => {
+                // Never return before the commit: the fences must be lifted.
+                for (path, add) in [(from, false), (to, true)] {
+                    if let Err(e) = self.link(path, wire::KIND_DIR, add) {
+                        log::error!("rank {}: listing of the parent of '{}': errno {e}", self.id.rank, String::from_utf8_lossy(path));
+                    }
+                }
+                (moved.into_iter().map(|m| m.renamed(from, to)).collect::<Vec<_>>(), Ok(()))
+            }
+        };
+        let mut per_rank = vec![Vec::new(); self.id.nranks as usize];
+        let mut files = Vec::new();
+        for e in &entries {
+            if let Moved::Record(p, r) = e {
+                if !r.is_dir() {
+                    files.push((p.clone(), *r));
+                }
+            }
+            e.encode_into(&mut per_rank[self.owner(e.path()) as usize]);
+        }
+        for (r, payload) in per_rank.into_iter().enumerate() {
+            let r = r as u32;
+            if !prepared.contains(&r) && payload.is_empty() {
+                continue;
+            }
+            if let Err(e) = self.meta_once(r, mop::MOVE_COMMIT, tx, payload) {
+                log::error!("rank {}: moving '{}': rank {r} did not commit: errno {e}", self.id.rank, String::from_utf8_lossy(from));
+            }
+        }
+        if result.is_ok() {
+            for (path, rec) in files {
+                self.renamed_at_holder(&path, &rec);
+            }
+        }
+        result
+    }
+
+    /// Tells the holder of output `rec` that it is now named `path` (its
+    /// sidecar here, or its checkpoint store's name there).
+    fn renamed_at_holder(&self, path: &[u8], rec: &OutRecord) {
+        if rec.holder == self.id.rank {
+            let _ = self.write_sidecar(path, rec);
+            if let Some(d) = self.dedup.get() {
+                d.rename_output(rec.id, path);
+            }
+        } else if rec.holder < self.id.nranks {
+            if let Err(e) = self.meta_to(rec.holder, mop::HOLDER_RENAME, rec.id, path.to_vec()) {
+                log::warn!("rank {}: rank {} did not rename output {}: errno {e}", self.id.rank, rec.holder, rec.id);
+            }
+        }
+    }
+
     /// chmod / utime of an output: the record at its owner changes (EROFS on an input).
     pub fn out_setattr(&self, path: &[u8], what: u64, value: u64) -> Result<(), i32> {
         if self.view.lookup(path).is_some() {
@@ -474,7 +586,7 @@ impl Node {
             return Ok(());
         }
         if rec.is_dir() {
-            return Err(libc::EXDEV);
+            return self.rename_dir(from, to);
         }
         self.dir_exists(parent(to).0)?;
         if rec.holder == self.id.rank {

@@ -1,0 +1,202 @@
+"""Renaming a directory of outputs (what Orbax and many trainers do to publish a
+checkpoint: write `step.tmp/`, then rename it to `step/`), on 4 nodes: the
+results and errnos of a native directory, and a reader on another node that
+never sees half a tree."""
+import json
+import subprocess
+import sys
+import textwrap
+
+import pytest
+
+from fs_cluster import start_cluster
+from fs_prep import make_tree, pack
+
+MOUNT = "/fanstore"
+
+SEMANTICS = r"""
+import errno, json, os, sys
+root = sys.argv[1]
+J = lambda *p: os.path.join(root, *p)
+out = {}
+def attempt(key, f):
+    try:
+        out[key] = ["OK", f()]
+    except OSError as e:
+        out[key] = errno.errorcode[e.errno]
+def tree(p):
+    res = []
+    for d, dirs, files in os.walk(p):
+        dirs.sort()
+        for f in sorted(files):
+            with open(os.path.join(d, f), "rb") as fh:
+                res.append([os.path.relpath(os.path.join(d, f), p), len(fh.read())])
+    return res
+os.makedirs(J("step.tmp", "sub", "deeper"))
+for i in range(30):
+    d = J("step.tmp", "sub", "deeper") if i % 5 == 0 else J("step.tmp", "sub") if i % 3 else J("step.tmp")
+    with open(os.path.join(d, f"t{i}.bin"), "wb") as f:
+        f.write(bytes([i]) * (i * 100 + 1))
+os.makedirs(J("empty"))
+os.makedirs(J("full", "x"))
+with open(J("afile"), "wb") as f:
+    f.write(b"1")
+attempt("rename to new name", lambda: os.rename(J("step.tmp"), J("step")))
+attempt("old gone", lambda: os.stat(J("step.tmp")))
+attempt("tree", lambda: tree(J("step")))
+attempt("root listing", lambda: sorted(os.listdir(root)))
+attempt("onto empty dir", lambda: os.rename(J("step"), J("empty")))
+attempt("tree after replace", lambda: len(tree(J("empty"))))
+attempt("onto non-empty", lambda: os.rename(J("empty"), J("full")))
+attempt("into itself", lambda: os.rename(J("empty"), J("empty", "sub", "inner")))
+attempt("dir onto file", lambda: os.rename(J("empty"), J("afile")))
+attempt("missing", lambda: os.rename(J("nope"), J("nope2")))
+attempt("into missing parent", lambda: os.rename(J("empty"), J("no", "where")))
+attempt("deep move", lambda: os.rename(J("empty", "sub"), J("full", "x", "moved")))
+attempt("deep tree", lambda: tree(J("full")))
+attempt("write in moved dir", lambda: open(J("full", "x", "moved", "new.bin"), "wb").write(b"abc"))
+attempt("rmtree moved", lambda: __import__("shutil").rmtree(J("full")))
+attempt("final listing", lambda: sorted(os.listdir(root)))
+print(json.dumps(out, sort_keys=True))
+"""
+
+
+@pytest.fixture(scope="module")
+def cl(bins, tmp_path_factory):
+    tmp = tmp_path_factory.mktemp("dirrename")
+    src = make_tree(tmp / "src", "mixed", n_files=10, seed=2)
+    pack(bins, src, tmp / "data", "--partitions", "4")
+    c = start_cluster(bins, tmp / "data", tmp / "cl", nranks=4, mount=MOUNT)
+    yield c
+    c.stop()
+
+
+def py(c, node, code, *args, **kw):
+    return subprocess.run([sys.executable, "-c", textwrap.dedent(code), *args], env=c.env(node) if c else None,
+                          capture_output=True, text=True, timeout=180, **kw)
+
+
+def test_directory_rename_matches_a_native_directory(cl, tmp_path):
+    n = py(None, 0, SEMANTICS, str(tmp_path / "native"))
+    assert n.returncode == 0, n.stderr
+    v = py(cl, 0, SEMANTICS, f"{MOUNT}/sem")
+    assert v.returncode == 0, v.stderr + cl.log()[-3000:]
+    native, ours = json.loads(n.stdout), json.loads(v.stdout)
+    assert native["rename to new name"] == ["OK", None] and native["onto non-empty"] == "ENOTEMPTY"
+    diffs = {k: (ours.get(k), native[k]) for k in native if ours.get(k) != native[k]}
+    assert not diffs, "fanstore differs from a native directory (fanstore, native): " + json.dumps(diffs)
+
+
+WRITER = r"""
+import os, sys
+root = sys.argv[1]
+os.makedirs(os.path.join(root, "ck.tmp"))
+for i in range(120):
+    with open(os.path.join(root, "ck.tmp", f"shard{i:03d}"), "wb") as f:
+        f.write(bytes([i % 251]) * 4096)
+open(os.path.join(root, "written"), "w").close()
+sys.stdin.readline()
+os.rename(os.path.join(root, "ck.tmp"), os.path.join(root, "ck"))
+print("renamed", flush=True)
+"""
+
+WATCHER = r"""
+import os, sys, time
+root = sys.argv[1]
+seen_partial = []
+states = set()
+t = time.time()
+while time.time() - t < 60:
+    try:
+        names = os.listdir(os.path.join(root, "ck"))
+    except FileNotFoundError:
+        states.add("absent")
+        # Old name gone means the new one must be complete.
+        if not os.path.exists(os.path.join(root, "ck.tmp")):
+            try:
+                n2 = os.listdir(os.path.join(root, "ck"))
+            except FileNotFoundError:
+                seen_partial.append("neither name")
+                break
+            if len(n2) != 120:
+                seen_partial.append(len(n2))
+        continue
+    states.add("present")
+    if len(names) != 120:
+        seen_partial.append(len(names))
+    for k in (0, 57, 119):
+        with open(os.path.join(root, "ck", f"shard{k:03d}"), "rb") as f:
+            if f.read() != bytes([k % 251]) * 4096:
+                seen_partial.append(f"bytes {k}")
+    if os.path.exists(os.path.join(root, "ck.tmp")):
+        seen_partial.append("both names")
+    break
+print(sorted(states), seen_partial)
+"""
+
+
+def test_another_node_never_sees_half_a_tree(cl):
+    root = f"{MOUNT}/atomic"
+    w = subprocess.Popen([sys.executable, "-c", textwrap.dedent(WRITER), root], env=cl.env(0),
+                         stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        for _ in range(600):
+            if py(cl, 1, "import os,sys; print(os.path.exists(sys.argv[1]))", f"{root}/written").stdout.strip() == "True":
+                break
+            __import__("time").sleep(0.1)
+        watch = subprocess.Popen([sys.executable, "-c", textwrap.dedent(WATCHER), root], env=cl.env(3),
+                                 stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+        __import__("time").sleep(0.3)
+        w.stdin.write("go\n")
+        w.stdin.flush()
+        assert w.stdout.readline().strip() == "renamed", w.stderr.read()
+        out, err = watch.communicate(timeout=120)
+    finally:
+        w.kill()
+    assert watch.returncode == 0, err
+    assert out.strip() == "['absent', 'present'] []", out
+
+
+def test_renamed_trees_and_attributes_persist_and_export(bins, tmp_path):
+    """A renamed directory, chmod and utime survive `fanstore stop` + a new job with the
+    same --persist (another rank count), and `fanstore export`."""
+    src = make_tree(tmp_path / "src", "mixed", n_files=6, seed=4)
+    pack(bins, src, tmp_path / "data", "--partitions", "4")
+    persist = tmp_path / "persist"
+    c = start_cluster(bins, tmp_path / "data", tmp_path / "c1", nranks=4, mount=MOUNT,
+                      extra_args=["--persist", persist])
+    try:
+        r = py(c, 1, f"""
+            import os
+            os.makedirs('{MOUNT}/run/step1.tmp/shards')
+            for i in range(12):
+                open('{MOUNT}/run/step1.tmp/shards/s%d' % i, 'wb').write(bytes([i]) * (70000 + i))
+            open('{MOUNT}/run/step1.tmp/meta.json', 'w').write('{{"step": 1}}')
+            os.rename('{MOUNT}/run/step1.tmp', '{MOUNT}/run/step1')
+            os.chmod('{MOUNT}/run/step1/meta.json', 0o600)
+            os.utime('{MOUNT}/run/step1/meta.json', ns=(1_500_000_000_000_000_000, 1_500_000_000_000_000_000))
+        """)
+        assert r.returncode == 0, r.stderr + c.log()[-3000:]
+    finally:
+        c.stop()
+    c2 = start_cluster(bins, tmp_path / "data", tmp_path / "c2", nranks=2, mount=MOUNT,
+                       extra_args=["--persist", persist])
+    try:
+        r = py(c2, 1, f"""
+            import os
+            assert sorted(os.listdir('{MOUNT}/run')) == ['step1'], os.listdir('{MOUNT}/run')
+            assert sorted(os.listdir('{MOUNT}/run/step1/shards')) == sorted('s%d' % i for i in range(12))
+            for i in range(12):
+                assert open('{MOUNT}/run/step1/shards/s%d' % i, 'rb').read() == bytes([i]) * (70000 + i)
+            st = os.stat('{MOUNT}/run/step1/meta.json')
+            assert (oct(st.st_mode), st.st_mtime_ns) == ('0o100600', 1_500_000_000_000_000_000), (oct(st.st_mode), st.st_mtime_ns)
+        """)
+        assert r.returncode == 0, r.stderr + c2.log()[-3000:]
+    finally:
+        c2.stop()
+    plain = tmp_path / "plain"
+    r = subprocess.run([bins["cli"], "export", str(persist), "--to", str(plain)], capture_output=True, text=True)
+    assert r.returncode == 0, r.stderr
+    assert sorted(p.name for p in (plain / "run/step1/shards").iterdir()) == sorted(f"s{i}" for i in range(12))
+    assert (plain / "run/step1/meta.json").read_text() == '{"step": 1}'
+    assert not (plain / "run/step1.tmp").exists()
