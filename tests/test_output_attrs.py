@@ -127,3 +127,45 @@ def test_inputs_stay_read_only_and_ownership_stays(cl):
     """
     # Inputs: EROFS; an output cannot be given away (documented: outputs belong to the job's user).
     assert run(cl, 1, code, MOUNT) == {"chmod": "EROFS", "utime": "EROFS", "chown": "EROFS", "chown other": "EPERM"}
+
+
+REOPEN = r"""
+import errno, fcntl, json, os, sys
+root = sys.argv[1]
+os.makedirs(root, exist_ok=True)
+p = os.path.join(root, "data.__lock")
+out = {}
+a = os.open(p, os.O_CREAT | os.O_RDWR, 0o644)      # tensorstore: create the lock file,
+fcntl.lockf(a, fcntl.LOCK_EX)                        # lock it,
+b = os.open(p, os.O_RDWR)                            # open it again while the first fd is open
+out["stat while open"] = os.stat(p).st_size
+os.write(b, b"payload")
+out["read through first"] = os.pread(a, 100, 0).decode()
+try:
+    os.open(p, os.O_CREAT | os.O_EXCL | os.O_WRONLY)
+    out["excl"] = "OK"
+except OSError as e:
+    out["excl"] = errno.errorcode[e.errno]
+c = os.open(p, os.O_WRONLY | os.O_APPEND)
+os.write(c, b"+tail")
+os.close(c)
+os.rename(p, os.path.join(root, "data"))             # then publish it under its name
+os.close(b)
+os.close(a)
+out["final"] = open(os.path.join(root, "data"), "rb").read().decode()
+out["lock gone"] = os.path.exists(p)
+print(json.dumps(out, sort_keys=True))
+"""
+
+
+def test_a_writer_reopens_its_own_unclosed_output(cl, tmp_path):
+    """Open, lock, open again, write, rename, close (tensorstore's lock-file pattern, which
+    Orbax uses): as natively, and another node reads the result."""
+    native = run(None, 0, REOPEN, str(tmp_path / "native"))
+    ours = run(cl, 1, REOPEN, f"{MOUNT}/reopen")
+    assert native == {"excl": "EEXIST", "final": "payload+tail", "lock gone": False, "read through first": "payload",
+                      "stat while open": 0}
+    assert ours == native
+    r = subprocess.run([sys.executable, "-c", f"print(open('{MOUNT}/reopen/data').read())"], env=cl.env(3),
+                       capture_output=True, text=True, timeout=60)
+    assert r.stdout.strip() == "payload+tail", r.stderr

@@ -120,6 +120,11 @@ pub fn add_ref(fd: c_int, idx: u32) {
 /// An fd of this process on the output being written at `path`, if any
 /// (the writer sees its own file before the commit, as POSIX wants).
 pub fn open_fd_of(path: &[u8]) -> Option<c_int> {
+    open_slot_of(path).map(|(fd, _)| fd)
+}
+
+/// [`open_fd_of`] with the output's slot index.
+pub fn open_slot_of(path: &[u8]) -> Option<(c_int, u32)> {
     let max = MAX_FD.load(Ordering::Relaxed);
     if max < 0 {
         return None;
@@ -127,7 +132,8 @@ pub fn open_fd_of(path: &[u8]) -> Option<c_int> {
     let idx = TABLE.with(|t| {
         t.slots.iter().position(|s| s.as_ref().is_some_and(|s| s.refs > 0 && !s.unlinked && s.mode & libc::S_IFMT == libc::S_IFREG && s.path == path))
     })?;
-    (0..=max).find(|&fd| fd_table::get(fd) == Some(Tracked::Output(idx as u32)))
+    let fd = (0..=max).find(|&fd| fd_table::get(fd) == Some(Tracked::Output(idx as u32)))?;
+    Some((fd, idx as u32))
 }
 
 /// rename (`to` = Some) or unlink (None) of an output this process is still

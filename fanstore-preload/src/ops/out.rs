@@ -105,6 +105,15 @@ pub fn open_read(st: &State, rel: &[u8], flags: c_int) -> Result<c_int, c_int> {
 
 /// open(2) of a name that is not an input: an output (existing or new).
 pub fn open(vp: &VPath, flags: c_int, mode: u32) -> Outcome<c_int> {
+    if let Some((fd, idx)) = crate::outputs::open_slot_of(vp.rel) {
+        if flags & libc::O_CREAT != 0 && flags & libc::O_EXCL != 0 {
+            return Outcome::Errno(libc::EEXIST);
+        }
+        if vp.must_be_dir || flags & libc::O_DIRECTORY != 0 {
+            return Outcome::Errno(libc::ENOTDIR);
+        }
+        return reopen_own(fd, idx, flags).into();
+    }
     let st = vp.st;
     let creat = flags & libc::O_CREAT != 0;
     let write = super::open::wants_write(flags);
@@ -134,6 +143,30 @@ pub fn open(vp: &VPath, flags: c_int, mode: u32) -> Outcome<c_int> {
             Err(e) => Outcome::Errno(e),
         },
     }
+}
+
+/// Another open of an output this process is still writing (a lock file
+/// opened twice, a writer reopening its file): a new description of the
+/// same file (through /proc/self/fd, with the caller's access mode, O_APPEND
+/// and O_TRUNC), tracked on the same slot, so the commit waits for its close.
+fn reopen_own(fd: c_int, idx: u32, flags: c_int) -> Result<c_int, c_int> {
+    let mut path = *b"/proc/self/fd/\0\0\0\0\0\0\0\0\0\0\0";
+    let mut digits = [0u8; 10];
+    let num = fanstore_core::runtime::decimal(fd as u32, &mut digits);
+    path[14..14 + num.len()].copy_from_slice(num);
+    let f = flags & (libc::O_ACCMODE | libc::O_APPEND | libc::O_TRUNC | libc::O_CLOEXEC | libc::O_NONBLOCK);
+    // SAFETY: path is NUL-terminated.
+    let nfd = unsafe { crate::real::open(path.as_ptr().cast(), f, 0) };
+    if nfd < 0 {
+        return Err(errno());
+    }
+    if !fd_table::set(nfd, Tracked::Output(idx)) {
+        // SAFETY: closing the fd we just opened.
+        unsafe { crate::real::close(nfd) };
+        return Err(libc::EMFILE);
+    }
+    crate::outputs::add_ref(nfd, idx);
+    Ok(nfd)
 }
 
 /// A new file for the bytes of an output. Without dedup: an unnamed file
