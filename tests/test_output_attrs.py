@@ -169,3 +169,37 @@ def test_a_writer_reopens_its_own_unclosed_output(cl, tmp_path):
     r = subprocess.run([sys.executable, "-c", f"print(open('{MOUNT}/reopen/data').read())"], env=cl.env(3),
                        capture_output=True, text=True, timeout=60)
     assert r.stdout.strip() == "payload+tail", r.stderr
+
+
+CHDIR = r"""
+import json, os, subprocess, sys
+root = sys.argv[1]
+os.makedirs(os.path.join(root, "cw", "sub"))
+out = {}
+os.chdir(os.path.join(root, "cw"))
+out["getcwd"] = os.path.relpath(os.getcwd(), root)
+with open("rel.txt", "w") as f:
+    f.write("hello")
+out["listdir ."] = sorted(os.listdir("."))
+os.chdir("sub")
+out["sub"] = os.path.relpath(os.getcwd(), root)
+out["up read"] = open("../rel.txt").read()
+os.chdir("..")
+out["child cat"] = subprocess.run(["cat", "rel.txt"], capture_output=True, text=True).stdout
+out["child pwd"] = os.path.relpath(subprocess.run(["pwd"], capture_output=True, text=True).stdout.strip(), root)
+fd = os.open("sub", os.O_RDONLY | os.O_DIRECTORY)
+os.fchdir(fd)
+os.close(fd)
+out["fchdir"] = os.path.relpath(os.getcwd(), root)
+try:
+    os.chdir(os.path.join(root, "cw", "rel.txt"))
+except OSError as e:
+    out["chdir file"] = e.errno
+print(json.dumps(out, sort_keys=True))
+"""
+
+
+def test_chdir_into_output_directories(cl, tmp_path):
+    native = run(None, 0, CHDIR, str(tmp_path / "native"))
+    assert native["child cat"] == "hello" and native["chdir file"] == 20  # ENOTDIR
+    assert run(cl, 2, CHDIR, f"{MOUNT}/chdir") == native

@@ -17,14 +17,31 @@ pub fn chdir(vp: &VPath) -> Outcome<c_int> {
             enter(vp.st, n.id());
             Outcome::Handled(0)
         }
+        Err(libc::ENOENT) => enter_output(vp.st, vp.rel).into(),
         Err(e) => Outcome::Errno(e),
     }
 }
 
+/// chdir into output directory `rel`: the virtual cwd holds a slot of its own
+/// for the path (released when the cwd moves on).
+fn enter_output(st: &State, rel: &[u8]) -> Result<c_int, c_int> {
+    if !super::out::stat(st, rel)?.is_dir() {
+        return Err(libc::ENOTDIR);
+    }
+    let node = crate::outputs::track_dir(rel).ok_or(libc::EMFILE)?;
+    enter(st, node);
+    Ok(0)
+}
+
 pub fn fchdir(_fd: c_int, t: Tracked) -> Outcome<c_int> {
     match (t, state::current()) {
-        // Output directories are not a virtual cwd (known limit).
-        (Tracked::Dir { node, .. }, _) if node & crate::outputs::OUT_DIR != 0 => Outcome::Errno(libc::ENOTSUP),
+        (Tracked::Dir { node, .. }, Some(st)) if node & crate::outputs::OUT_DIR != 0 => {
+            let mut p = [0u8; MAX_PATH];
+            match crate::outputs::path_into(node, &mut p) {
+                Some(n) => enter_output(st, &p[..n]).into(),
+                None => Outcome::Errno(libc::EBADF),
+            }
+        }
         (Tracked::Dir { node, .. }, Some(st)) => {
             enter(st, node);
             Outcome::Handled(0)
@@ -47,10 +64,24 @@ fn cwd_root(st: &State) -> Vec<u8> {
 /// `<local dir>/.client/cwd/<dataset id>-<node>`, empty and read-only. A program
 /// exec'd from here (a shell's child after `cd /fanstore/x`) finds its
 /// virtual cwd again from its real one at initialisation.
+/// For an output directory (`OUT_DIR` slot) the name is `<dataset id>-o<path in
+/// hex>`, when that fits a file name (paths up to 120 bytes).
 fn cwd_dir(st: &State, node: u32) -> Option<CString> {
     let mut p = cwd_root(st);
     let parent = CString::new(p.clone()).ok()?;
-    p.extend_from_slice(format!("/{:016x}-{node}", st.dataset_id).as_bytes());
+    if node & crate::outputs::OUT_DIR != 0 {
+        let mut rel = [0u8; MAX_PATH];
+        let n = crate::outputs::path_into(node, &mut rel)?;
+        if n > 120 {
+            return None;
+        }
+        p.extend_from_slice(format!("/{:016x}-o", st.dataset_id).as_bytes());
+        for b in &rel[..n] {
+            p.extend_from_slice(format!("{b:02x}").as_bytes());
+        }
+    } else {
+        p.extend_from_slice(format!("/{:016x}-{node}", st.dataset_id).as_bytes());
+    }
     let dir = CString::new(p).ok()?;
     // SAFETY: NUL-terminated paths; EEXIST is fine.
     unsafe {
@@ -70,7 +101,16 @@ fn enter(st: &State, node: u32) {
         // SAFETY: as above.
         unsafe { crate::real::chdir(st.empty_dir.as_ptr()) };
     }
-    set_vcwd(Some(node));
+    replace_vcwd(Some(node));
+}
+
+/// Sets the virtual cwd, releasing the output-directory slot of the old one.
+fn replace_vcwd(node: Option<u32>) {
+    let old = vcwd();
+    set_vcwd(node);
+    if let Some(o) = old.filter(|&o| o & crate::outputs::OUT_DIR != 0 && Some(o) != node) {
+        crate::outputs::release_dir(o);
+    }
 }
 
 /// At initialisation: a real cwd that is one of our stand-ins restores the virtual cwd.
@@ -85,9 +125,19 @@ pub fn recover(st: &State) {
     prefix.push(b'/');
     let Some(name) = cwd.strip_prefix(prefix.as_slice()) else { return };
     let Some((ds, node)) = std::str::from_utf8(name).ok().and_then(|s| s.split_once('-')) else { return };
+    if let (Ok(ds), Some(hex)) = (u64::from_str_radix(ds, 16), node.strip_prefix('o')) {
+        let rel: Option<Vec<u8>> =
+            (0..hex.len() / 2).map(|i| hex.get(2 * i..2 * i + 2).and_then(|h| u8::from_str_radix(h, 16).ok())).collect();
+        if let Some(rel) = rel.filter(|_| ds == st.dataset_id) {
+            if enter_output(st, &rel).is_ok() {
+                crate::dlog!("virtual cwd restored from the real cwd: output directory {}", crate::debug::B(&rel));
+            }
+        }
+        return;
+    }
     let (Ok(ds), Ok(node)) = (u64::from_str_radix(ds, 16), node.parse::<u32>()) else { return };
     if ds == st.dataset_id && st.view.node(node).is_some_and(|n| n.is_dir()) {
-        set_vcwd(Some(node));
+        replace_vcwd(Some(node));
         crate::dlog!("virtual cwd restored from the real cwd: node {}", node);
     }
 }
@@ -101,5 +151,5 @@ pub fn current(out: &mut [u8; MAX_PATH]) -> Option<usize> {
 
 /// A successful real chdir/fchdir leaves the virtual cwd.
 pub fn left_virtual() {
-    set_vcwd(None);
+    replace_vcwd(None);
 }
