@@ -203,3 +203,43 @@ def test_chdir_into_output_directories(cl, tmp_path):
     native = run(None, 0, CHDIR, str(tmp_path / "native"))
     assert native["child cat"] == "hello" and native["chdir file"] == 20  # ENOTDIR
     assert run(cl, 2, CHDIR, f"{MOUNT}/chdir") == native
+
+
+TRUNCATE = r"""
+import errno, json, os, sys
+root = sys.argv[1]
+os.makedirs(os.path.join(root, "t"))
+p = os.path.join(root, "t", "f.bin")
+with open(p, "wb") as f:
+    f.write(bytes(range(256)) * 4)
+out = {}
+def attempt(key, f):
+    try:
+        out[key] = ["OK", f()]
+    except OSError as e:
+        out[key] = errno.errorcode[e.errno]
+attempt("cut", lambda: os.truncate(p, 10))
+attempt("after cut", lambda: list(open(p, "rb").read()))
+attempt("grow", lambda: os.truncate(p, 16))
+attempt("after grow", lambda: list(open(p, "rb").read()))
+attempt("dir", lambda: os.truncate(os.path.join(root, "t"), 0))
+attempt("missing", lambda: os.truncate(os.path.join(root, "t", "nope"), 0))
+attempt("negative", lambda: os.truncate(p, -1))
+def while_open():
+    with open(os.path.join(root, "t", "w.bin"), "wb") as f:
+        f.write(b"0123456789")
+        f.flush()
+        os.truncate(os.path.join(root, "t", "w.bin"), 4)
+    return open(os.path.join(root, "t", "w.bin"), "rb").read().decode()
+attempt("while writing", while_open)
+print(json.dumps(out, sort_keys=True))
+"""
+
+
+def test_truncate_by_path(cl, tmp_path):
+    native = run(None, 0, TRUNCATE, str(tmp_path / "native"))
+    assert native["after cut"] == ["OK", list(range(10))] and native["dir"] == "EISDIR"
+    assert run(cl, 0, TRUNCATE, f"{MOUNT}/trunc") == native
+    r = subprocess.run([sys.executable, "-c", f"print(list(open('{MOUNT}/trunc/t/f.bin', 'rb').read()))"],
+                       env=cl.env(3), capture_output=True, text=True, timeout=60)
+    assert r.stdout.strip() == str(list(range(10)) + [0] * 6), r.stderr

@@ -131,10 +131,10 @@ fn ro_fd(t: crate::fd_table::Tracked) -> Outcome<c_int> {
 
 crate::hooks! {
     fn truncate(path: *const c_char, len: off_t) -> c_int {
-        path_hook("truncate", libc::AT_FDCWD, path, -1, write::truncate, |p| orig::truncate(p, len))
+        path_hook("truncate", libc::AT_FDCWD, path, -1, |vp| write::truncate(vp, len as i64), |p| orig::truncate(p, len))
     }
     fn truncate64(path: *const c_char, len: off_t) -> c_int {
-        path_hook("truncate64", libc::AT_FDCWD, path, -1, write::truncate, |p| orig::truncate64(p, len))
+        path_hook("truncate64", libc::AT_FDCWD, path, -1, |vp| write::truncate(vp, len as i64), |p| orig::truncate64(p, len))
     }
     fn chmod(path: *const c_char, mode: mode_t) -> c_int {
         path_hook("chmod", libc::AT_FDCWD, path, -1, |vp| write::setattr(vp, true, Attr::Mode(mode)), |p| orig::chmod(p, mode))

@@ -145,6 +145,46 @@ pub fn open(vp: &VPath, flags: c_int, mode: u32) -> Outcome<c_int> {
     }
 }
 
+/// truncate(2) of an output: an output this process is writing is cut in
+/// place; a closed one is opened for writing with its bytes, cut, and closed
+/// (committed as a new version: every node sees the new length).
+pub fn truncate(vp: &VPath, len: i64) -> Outcome<c_int> {
+    if len < 0 {
+        return Outcome::Errno(libc::EINVAL);
+    }
+    if let Some(fd) = crate::outputs::open_fd_of(vp.rel) {
+        // SAFETY: ftruncate of our own output file.
+        return if unsafe { libc::ftruncate(fd, len) } == 0 { Outcome::Handled(0) } else { Outcome::Errno(errno()) };
+    }
+    match stat(vp.st, vp.rel) {
+        Ok(r) if r.is_dir() => return Outcome::Errno(libc::EISDIR),
+        Ok(_) => {}
+        Err(e) => return Outcome::Errno(e),
+    }
+    let fd = match open(vp, libc::O_WRONLY | libc::O_CLOEXEC, 0) {
+        Outcome::Handled(fd) => fd,
+        Outcome::Errno(e) => return Outcome::Errno(e),
+        Outcome::Passthrough => return Outcome::Errno(libc::EIO),
+    };
+    // SAFETY: ftruncate of the output file we just opened.
+    let cut = if unsafe { libc::ftruncate(fd, len) } == 0 { None } else { Some(errno()) };
+    let committed = match fd_table::get(fd) {
+        Some(Tracked::Output(idx)) if cut.is_none() => crate::outputs::closing(fd, idx),
+        Some(Tracked::Output(idx)) => {
+            // A failed cut changes nothing: drop the pending commit.
+            let _ = crate::outputs::retarget(vp.rel, None);
+            crate::outputs::closing(fd, idx)
+        }
+        _ => None,
+    };
+    // SAFETY: closing the fd we opened (its commit is done).
+    unsafe { crate::real::close(fd) };
+    match cut.or(committed) {
+        None => Outcome::Handled(0),
+        Some(e) => Outcome::Errno(e),
+    }
+}
+
 /// Another open of an output this process is still writing (a lock file
 /// opened twice, a writer reopening its file): a new description of the
 /// same file (through /proc/self/fd, with the caller's access mode, O_APPEND

@@ -67,11 +67,13 @@ pub fn setattr(vp: &VPath, follow: bool, attr: Attr) -> Outcome<c_int> {
     }
 }
 
-/// truncate: EISDIR for directories, else EROFS.
-pub fn truncate(vp: &VPath) -> Outcome<c_int> {
+/// truncate: EISDIR for directories, EROFS for inputs; an output is
+/// rewritten at its new length ([`super::out::truncate`]).
+pub fn truncate(vp: &VPath, len: i64) -> Outcome<c_int> {
     Outcome::Errno(match resolve(vp.st, vp.rel, vp.must_be_dir, true) {
         Ok(n) if n.is_dir() => libc::EISDIR,
         Ok(_) => libc::EROFS,
+        Err(libc::ENOENT) => return super::out::truncate(vp, len),
         Err(e) => e,
     })
 }
