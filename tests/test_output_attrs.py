@@ -243,3 +243,35 @@ def test_truncate_by_path(cl, tmp_path):
     r = subprocess.run([sys.executable, "-c", f"print(list(open('{MOUNT}/trunc/t/f.bin', 'rb').read()))"],
                        env=cl.env(3), capture_output=True, text=True, timeout=60)
     assert r.stdout.strip() == str(list(range(10)) + [0] * 6), r.stderr
+
+
+SQLITE = r"""
+import json, os, sqlite3, sys
+root = sys.argv[1]
+os.makedirs(root, exist_ok=True)
+p = os.path.join(root, "metrics.db")
+db = sqlite3.connect(p)
+db.execute("create table m(step int, loss real)")
+for i in range(50):
+    db.execute("insert into m values (?, ?)", (i, 1.0 / (i + 1)))
+    if i % 10 == 9:
+        db.commit()
+db.close()
+db = sqlite3.connect(p)
+db.execute("update m set loss = loss * 2 where step < 5")
+db.execute("insert into m values (99, 0.5)")
+db.commit()
+print(json.dumps(db.execute("select count(*), round(sum(loss), 6) from m").fetchone()))
+db.close()
+"""
+
+
+def test_sqlite_metrics_database(cl, tmp_path):
+    """A metrics DB written and updated in two connections (journal, fcntl locks, fstat vs stat
+    identity checks), then read on another node."""
+    native = run(None, 0, SQLITE, str(tmp_path / "native"))
+    assert run(cl, 0, SQLITE, f"{MOUNT}/sql") == native
+    r = subprocess.run([sys.executable, "-c", "import sqlite3, json; db = sqlite3.connect('/fanstore/sql/metrics.db'); "
+                        "print(json.dumps(db.execute('select count(*), round(sum(loss), 6) from m').fetchone()))"],
+                       env=cl.env(2), capture_output=True, text=True, timeout=60)
+    assert json.loads(r.stdout) == native, r.stderr

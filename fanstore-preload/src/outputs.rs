@@ -123,6 +123,11 @@ pub fn open_fd_of(path: &[u8]) -> Option<c_int> {
     open_slot_of(path).map(|(fd, _)| fd)
 }
 
+/// The mode (type and permission bits) output slot `idx` will be committed with.
+pub fn mode_of(idx: u32) -> Option<u32> {
+    TABLE.with(|t| t.slots.get((idx & !OUT_DIR) as usize)?.as_ref().map(|s| s.mode))
+}
+
 /// [`open_fd_of`] with the output's slot index.
 pub fn open_slot_of(path: &[u8]) -> Option<(c_int, u32)> {
     let max = MAX_FD.load(Ordering::Relaxed);

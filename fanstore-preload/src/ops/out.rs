@@ -11,13 +11,14 @@ use libc::c_int;
 
 /// The record of output `rel` (ENOENT if there is none).
 pub fn stat(st: &State, rel: &[u8]) -> Result<OutRecord, c_int> {
-    if let Some(fd) = crate::outputs::open_fd_of(rel) {
+    if let Some((fd, idx)) = crate::outputs::open_slot_of(rel) {
         // SAFETY: plain data, zero is valid.
         let mut s: libc::stat = unsafe { std::mem::zeroed() };
         // SAFETY: s is a valid out-pointer.
         if unsafe { crate::real::fstat(fd, &mut s) } == 0 {
             let mtime_ns = s.st_mtime * 1_000_000_000 + s.st_mtime_nsec;
-            return Ok(OutRecord { size: s.st_size as u64, mode: libc::S_IFREG | 0o644, holder: 0, mtime_ns, id: 0, sum: 0 });
+            let mode = crate::outputs::mode_of(idx).unwrap_or(libc::S_IFREG | 0o644);
+            return Ok(OutRecord { size: s.st_size as u64, mode, holder: 0, mtime_ns, id: 0, sum: 0 });
         }
     }
     let a = client::call(st, &client::request(op::OUT_STAT, 0, 0, rel), None)?;
@@ -398,12 +399,16 @@ pub fn untrack(fd: c_int) {
 
 /// fstat of an fd standing for an output directory (None: not one).
 pub fn fd_stat(t: Tracked) -> Option<Result<libc::stat, c_int>> {
-    let Tracked::Dir { node, .. } = t else { return None };
-    if node & crate::outputs::OUT_DIR == 0 {
-        return None;
-    }
+    let slot = match t {
+        Tracked::Dir { node, .. } if node & crate::outputs::OUT_DIR != 0 => node,
+        // An output being written: the identity (device, inode, mode) that
+        // stat of its path gives, size and times of the real file, so that
+        // programs comparing the two (sqlite: "was the database moved?") agree.
+        Tracked::Output(idx) => idx,
+        _ => return None,
+    };
     let st = crate::state::current()?;
     let mut buf = [0u8; fanstore_core::path::MAX_PATH];
-    let n = crate::outputs::path_into(node, &mut buf)?;
+    let n = crate::outputs::path_into(slot, &mut buf)?;
     Some(stat(st, &buf[..n]).map(|r| stat_of(st, &buf[..n], &r)))
 }
