@@ -183,8 +183,33 @@ impl Node {
 
     /// The record of output `path` (file or directory).
     pub fn out_stat(&self, path: &[u8]) -> Result<OutRecord, i32> {
-        let r = self.meta_at(path, mop::GET, 0, path.to_vec())?;
-        OutRecord::decode(&r.payload).ok_or(libc::EIO)
+        match self.meta_at(path, mop::GET, 0, path.to_vec()) {
+            Ok(r) => OutRecord::decode(&r.payload).ok_or(libc::EIO),
+            Err(libc::ENOENT) => Err(self.missing_errno(path)),
+            Err(e) => Err(e),
+        }
+    }
+
+    /// Why `path` has no record, as the kernel's path walk says it: ENOTDIR
+    /// when its deepest existing ancestor is a file, else ENOENT.
+    fn missing_errno(&self, path: &[u8]) -> i32 {
+        let mut p = parent(path).0;
+        while !p.is_empty() {
+            if let Some(n) = self.view.lookup(p) {
+                return if n.is_dir() { libc::ENOENT } else { libc::ENOTDIR };
+            }
+            match self.meta_at(p, mop::GET, 0, p.to_vec()) {
+                Ok(r) => {
+                    return match OutRecord::decode(&r.payload) {
+                        Some(rec) if !rec.is_dir() => libc::ENOTDIR,
+                        _ => libc::ENOENT,
+                    }
+                }
+                Err(libc::ENOENT) => p = parent(p).0,
+                Err(e) => return e,
+            }
+        }
+        libc::ENOENT
     }
 
     /// Ok if `dir` is an input or output directory.
