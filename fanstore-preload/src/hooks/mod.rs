@@ -23,8 +23,10 @@ pub mod dir;
 pub mod fd;
 pub mod meta;
 pub mod open;
+pub mod signal;
 pub mod stat;
 pub mod stdio;
+pub mod thread;
 pub mod walk;
 pub mod write;
 
@@ -109,6 +111,14 @@ macro_rules! missing_int {
 }
 missing_int!(i32, i64, isize);
 
+/// `sighandler_t`: SIG_ERR.
+impl Missing for usize {
+    fn missing() -> usize {
+        enosys();
+        libc::SIG_ERR
+    }
+}
+
 impl<T> Missing for *mut T {
     fn missing() -> *mut T {
         enosys();
@@ -173,7 +183,7 @@ macro_rules! hooks {
 
 /// FANSTORE_DEBUG=1: which symbols this library hooks and whether each original resolved.
 pub fn report_symbols() {
-    let families: [(&str, &[&Slot]); 9] = [
+    let families: [(&str, &[&Slot]); 11] = [
         ("open", open::symbols()),
         ("stdio", stdio::symbols()),
         ("stat", stat::symbols()),
@@ -183,6 +193,8 @@ pub fn report_symbols() {
         ("fd", fd::symbols()),
         ("write", write::symbols()),
         ("walk", walk::symbols()),
+        ("thread", thread::symbols()),
+        ("signal", signal::symbols()),
     ];
     for (fam, slots) in families {
         let mut line = [0u8; 900];
@@ -201,6 +213,7 @@ pub fn report_symbols() {
         }
         crate::debug::emit(format_args!("hooked {fam} [{} symbols, {missing} missing]: {}", slots.len(), B(&line[..len])));
     }
+    crate::sud::report();
 }
 
 #[inline]
