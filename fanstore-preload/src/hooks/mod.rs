@@ -213,7 +213,6 @@ pub fn report_symbols() {
         }
         crate::debug::emit(format_args!("hooked {fam} [{} symbols, {missing} missing]: {}", slots.len(), B(&line[..len])));
     }
-    crate::sud::report();
 }
 
 #[inline]

@@ -115,8 +115,22 @@ pub fn libc_range() -> (usize, usize) {
 }
 
 /// The constructor's part: decide, find libc's text, install the SIGSYS
-/// handler, arm the main thread.
+/// handler, arm the main thread; with FANSTORE_DEBUG, say what happens to
+/// raw syscalls (here, not at the lazy initialisation: a program that only
+/// makes raw calls never initialises).
 pub fn init() {
+    init_inner();
+    // SAFETY: getenv with a NUL-terminated name; the result is read at once.
+    let debug = unsafe {
+        let p = libc::getenv(c"FANSTORE_DEBUG".as_ptr());
+        !p.is_null() && *p != 0 && !(*p == b'0' as libc::c_char && *p.add(1) == 0)
+    };
+    if debug {
+        report();
+    }
+}
+
+fn init_inner() {
     // SAFETY: getenv with a NUL-terminated name; the result is read at once.
     let off = unsafe {
         let p = libc::getenv(c"FANSTORE_SUD".as_ptr());
