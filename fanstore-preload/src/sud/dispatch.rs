@@ -154,7 +154,7 @@ unsafe fn fork_like(nr: i64, a: [u64; 6]) -> i64 {
     // handler on its copy of the stack, exactly like the parent.
     let r = unsafe { raw::syscall6(nr, a) };
     if r == 0 {
-        super::arm_thread();
+        // Arms the child too (the kernel did not).
         crate::fork_child();
     } else {
         crate::fork_parent();

@@ -4,10 +4,10 @@
 //! SECCOMP_RET_TRAP, a kill) goes to the program's own SIGSYS handler
 //! (see signals.rs).
 //!
-//! The selector is ALLOW for the whole handler, so every syscall the
+//! The selector is ALLOW while a trap is served, so every syscall the
 //! handler makes (ours, libc's, the re-issued one) runs natively; it is put
-//! back before returning (and before the program's handler runs, so that
-//! its raw syscalls are caught too).
+//! back before returning. A chained program handler runs with the selector
+//! untouched, so its raw syscalls are caught too.
 
 use super::{dispatch, get_selector, set_selector, signals, ALLOW};
 use libc::{c_int, c_void, siginfo_t};
@@ -46,16 +46,17 @@ fn set_errno(e: c_int) {
 }
 
 extern "C" fn on_sigsys(sig: c_int, info: *mut siginfo_t, ctx: *mut c_void) {
-    let prev = get_selector();
-    set_selector(ALLOW);
     // SAFETY: the kernel passes a valid siginfo (SA_SIGINFO).
     let code = unsafe { info.as_ref() }.map_or(0, |i| i.si_code);
     if code != SYS_USER_DISPATCH || ctx.is_null() {
-        set_selector(prev);
+        // Not a trap: the program's handler runs with the selector as it
+        // is (BLOCK on an armed thread), so its raw syscalls are caught.
         // SAFETY: the kernel's arguments, handed on unchanged.
         unsafe { signals::chain(sig, info, ctx) };
         return;
     }
+    let prev = get_selector();
+    set_selector(ALLOW);
     let saved = errno();
     // SAFETY: with SA_SIGINFO the third argument is the interrupted
     // context, which this handler owns until it returns.
