@@ -3,6 +3,8 @@
  * (safetensors) and Go do. Run once on a plain directory and once on
  * /fanstore with the preload library: the transcripts must be equal.
  *
+ * A few calls also go through libc's generic syscall() (hooked by symbol).
+ *
  * usage: c_rawsys ROOT INPUT_FILE INPUT_DIR
  *   ROOT        the tree (a plain copy of the dataset, or the mount)
  *   INPUT_FILE  an input file, relative to ROOT
@@ -61,14 +63,16 @@ static void slurp(struct out *o, const char *what, long fd) {
 
 static int cmp(const void *a, const void *b) { return strcmp(*(char *const *)a, *(char *const *)b); }
 
-/* getdents64 on a raw-opened directory: sorted names. */
-static void list(struct out *o, const char *what, const char *dir) {
+/* getdents64 on a raw-opened directory (with libc's generic syscall()
+ * when via_libc: it runs inside libc, where dispatch does not trap, and is
+ * hooked by symbol): sorted names. */
+static void list(struct out *o, const char *what, const char *dir, int via_libc) {
     long fd = R(SYS_openat, AT_FDCWD, dir, O_RDONLY | O_DIRECTORY | O_CLOEXEC);
     say(o, "%s open=%s\n", what, fd >= 0 ? "fd" : "err");
     if (fd < 0) { say(o, "%s errno=%ld\n", what, -fd); return; }
     static __thread char buf[32768];
     char *names[512]; int n = 0; long k;
-    while ((k = R(SYS_getdents64, fd, buf, sizeof buf)) > 0) {
+    while ((k = via_libc ? syscall(SYS_getdents64, fd, buf, sizeof buf) : R(SYS_getdents64, fd, buf, sizeof buf)) > 0) {
         for (long off = 0; off < k;) {
             unsigned short reclen = *(unsigned short *)(buf + off + 16);
             char *name = buf + off + 19;
@@ -77,7 +81,7 @@ static void list(struct out *o, const char *what, const char *dir) {
         }
     }
     qsort(names, n, sizeof *names, cmp);
-    say(o, "%s getdents64 last=%ld n=%d:", what, k, n);
+    say(o, "%s getdents64%s last=%ld n=%d:", what, via_libc ? "(libc syscall)" : "", k < 0 && via_libc ? -errno : k, n);
     for (int i = 0; i < n; i++) { say(o, " %s", names[i]); free(names[i]); }
     say(o, "\n%s close=%ld\n", what, R(SYS_close, fd));
 }
@@ -106,7 +110,8 @@ static void actor(struct out *o, const char *name) {
     path(q, "missing-file", NULL, NULL);
     say(o, "%s stat-missing=%ld\n", name, R(SYS_stat, q, &st));
     path(d, IN_DIR, NULL, NULL);
-    list(o, name, d);
+    list(o, name, d, 0);
+    list(o, name, d, 1);
 
     /* outputs: mkdir, create through a temp name, rename (as safetensors),
      * stat, read back, renameat2, unlink, rmdir */
@@ -131,9 +136,16 @@ static void actor(struct out *o, const char *name) {
     char q2[4096];
     path(q2, "rawsys", name, "g.bin");
     say(o, "%s renameat2=%ld\n", name, R(SYS_renameat2, AT_FDCWD, q, AT_FDCWD, q2, 0));
-    say(o, "%s unlink-old=%ld\n", name, R(SYS_unlink, q));
-    say(o, "%s unlinkat=%ld\n", name, R(SYS_unlinkat, AT_FDCWD, q2, 0));
-    say(o, "%s stat-gone=%ld\n", name, R(SYS_stat, q2, &st));
+    /* libc's generic syscall() for the same calls */
+    r = syscall(SYS_renameat2, AT_FDCWD, q2, AT_FDCWD, q, 0);
+    say(o, "%s libc-syscall renameat2=%ld\n", name, r < 0 ? (long)-errno : r);
+    r = syscall(SYS_newfstatat, AT_FDCWD, q, &st, 0);
+    say(o, "%s libc-syscall newfstatat=%ld size=%ld\n", name, r < 0 ? (long)-errno : r, r ? -1L : (long)st.st_size);
+    say(o, "%s unlink-old=%ld\n", name, R(SYS_unlink, q2));
+    say(o, "%s unlinkat=%ld\n", name, R(SYS_unlinkat, AT_FDCWD, q, 0));
+    say(o, "%s stat-gone=%ld\n", name, R(SYS_stat, q, &st));
+    r = syscall(SYS_unlink, q);
+    say(o, "%s libc-syscall unlink-gone=%ld\n", name, r < 0 ? (long)-errno : r);
     say(o, "%s rmdir=%ld\n", name, R(SYS_rmdir, d));
 }
 
@@ -207,7 +219,8 @@ int main(int argc, char **argv) {
 
     /* the directory is empty again */
     mo.len = 0;
-    list(&mo, "end", d);
+    list(&mo, "end", d, 0);
+    list(&mo, "end", d, 1);
     fwrite(mo.buf, 1, mo.len, stdout);
     printf("rmdir rawsys=%ld\n", R(SYS_rmdir, d));
 

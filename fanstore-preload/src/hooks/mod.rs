@@ -26,6 +26,7 @@ pub mod open;
 pub mod signal;
 pub mod stat;
 pub mod stdio;
+pub mod syscall;
 pub mod thread;
 pub mod walk;
 pub mod write;
@@ -183,7 +184,7 @@ macro_rules! hooks {
 
 /// FANSTORE_DEBUG=1: which symbols this library hooks and whether each original resolved.
 pub fn report_symbols() {
-    let families: [(&str, &[&Slot]); 11] = [
+    let families: [(&str, &[&Slot]); 12] = [
         ("open", open::symbols()),
         ("stdio", stdio::symbols()),
         ("stat", stat::symbols()),
@@ -195,6 +196,7 @@ pub fn report_symbols() {
         ("walk", walk::symbols()),
         ("thread", thread::symbols()),
         ("signal", signal::symbols()),
+        ("syscall", syscall::symbols()),
     ];
     for (fam, slots) in families {
         let mut line = [0u8; 900];

@@ -37,6 +37,37 @@ pub unsafe fn call(nr: i64, a: [u64; 6], ip: usize, uc: &mut libc::ucontext_t) -
         // SAFETY: the program's call, re-issued with the selector at ALLOW.
         return Some(unsafe { raw::syscall6(nr, a) });
     }
+    // SAFETY (whole block): the program's own call and arguments; re-issued
+    // with the selector at ALLOW, or adapted as each function says.
+    let r = unsafe {
+        match nr {
+            libc::SYS_rt_sigaction => signals::raw_sigaction(a),
+            libc::SYS_rt_sigprocmask => signals::raw_sigprocmask(a),
+            libc::SYS_rt_sigreturn => {
+                sigreturn(uc);
+                return None;
+            }
+            libc::SYS_fork | libc::SYS_vfork => fork_like(libc::SYS_fork, [0; 6]),
+            libc::SYS_clone => clone(a),
+            libc::SYS_clone3 => clone3(a),
+            _ => match file_call(nr, a) {
+                Some(r) => r,
+                None => raw::syscall6(nr, a),
+            },
+        }
+    };
+    Some(r)
+}
+
+/// A file system call served by the hook of the same name: its result (a
+/// value or -errno), or `None` when `nr` is not one of them (or is openat2
+/// outside the mount): the caller issues it itself. Also used by the
+/// `syscall()` symbol hook (hooks/syscall.rs).
+///
+/// # Safety
+/// `nr` and `a` are a system call and its arguments as the program passed
+/// them, with the kernel's contract.
+pub unsafe fn file_call(nr: i64, a: [u64; 6]) -> Option<i64> {
     let p = |k: usize| a[k] as *const c_char;
     let i = |k: usize| a[k] as c_int;
     // SAFETY (whole block): each hook gets the arguments of the system call
@@ -48,7 +79,7 @@ pub unsafe fn call(nr: i64, a: [u64; 6], ip: usize, uc: &mut libc::ucontext_t) -
             libc::SYS_open => sys(open::open(p(0), i(1), a[2] as mode_t) as i64),
             libc::SYS_creat => sys(open::creat(p(0), a[1] as mode_t) as i64),
             libc::SYS_openat => sys(open::openat(i(0), p(1), i(2), a[3] as mode_t) as i64),
-            libc::SYS_openat2 => openat2(a),
+            libc::SYS_openat2 => return openat2(a),
             libc::SYS_close => sys(fd::close(i(0)) as i64),
             libc::SYS_close_range => sys(fd::close_range(a[0] as c_uint, a[1] as c_uint, i(2)) as i64),
             libc::SYS_dup => sys(fd::dup(i(0)) as i64),
@@ -99,16 +130,7 @@ pub unsafe fn call(nr: i64, a: [u64; 6], ip: usize, uc: &mut libc::ucontext_t) -
             libc::SYS_fchown => sys(write::fchown(i(0), a[1] as libc::uid_t, a[2] as libc::gid_t) as i64),
             libc::SYS_fchownat => sys(write::fchownat(i(0), p(1), a[2] as libc::uid_t, a[3] as libc::gid_t, i(4)) as i64),
             libc::SYS_utimensat => sys(write::utimensat(i(0), p(1), a[2] as *const libc::timespec, i(3)) as i64),
-            libc::SYS_rt_sigaction => signals::raw_sigaction(a),
-            libc::SYS_rt_sigprocmask => signals::raw_sigprocmask(a),
-            libc::SYS_rt_sigreturn => {
-                sigreturn(uc);
-                return None;
-            }
-            libc::SYS_fork | libc::SYS_vfork => fork_like(libc::SYS_fork, [0; 6]),
-            libc::SYS_clone => clone(a),
-            libc::SYS_clone3 => clone3(a),
-            _ => raw::syscall6(nr, a),
+            _ => return None,
         }
     };
     Some(r)
@@ -117,18 +139,17 @@ pub unsafe fn call(nr: i64, a: [u64; 6], ip: usize, uc: &mut libc::ucontext_t) -
 /// openat2: under the mount it is openat with how.flags and how.mode
 /// (`resolve` restrictions are not applied to virtual paths); elsewhere the
 /// kernel's own call, unchanged.
-unsafe fn openat2(a: [u64; 6]) -> i64 {
+unsafe fn openat2(a: [u64; 6]) -> Option<i64> {
     let (dirfd, path, how, size) = (a[0] as c_int, a[1] as *const c_char, a[2] as *const u64, a[3] as usize);
     // SAFETY: path is the program's string (or null: maybe_ours says no).
     let ours = unsafe { crate::paths::maybe_ours(dirfd, path) };
     if !ours || how.is_null() || size < 24 {
-        // SAFETY: the program's call, unchanged.
-        return unsafe { raw::syscall6(libc::SYS_openat2, a) };
+        return None;
     }
     // SAFETY: struct open_how starts with u64 flags, u64 mode (size >= 24).
     let (flags, mode) = unsafe { (how.read_unaligned(), how.add(1).read_unaligned()) };
     // SAFETY: the openat hook with the program's own arguments.
-    sys(unsafe { open::openat(dirfd, path, flags as c_int, mode as mode_t) } as i64)
+    Some(sys(unsafe { open::openat(dirfd, path, flags as c_int, mode as mode_t) } as i64))
 }
 
 /// getcwd(2) returns the length including the NUL, not the buffer.

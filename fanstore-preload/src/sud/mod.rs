@@ -25,7 +25,7 @@
 //! `dl_iterate_phdr`, one `sigaction` and one `prctl`.
 
 pub mod handler;
-mod dispatch;
+pub mod dispatch;
 mod raw;
 pub mod signals;
 pub mod thread;
@@ -102,6 +102,21 @@ pub fn set_selector(v: u8) {
 pub fn get_selector() -> u8 {
     // SAFETY: as in set_selector.
     unsafe { std::ptr::read_volatile(selector()) }
+}
+
+/// A system call that no hook sees (neither a libc symbol nor a dispatch
+/// trap: the selector is ALLOW around it), for library code that must not
+/// re-enter itself (the fork child closing the parent's sockets). Returns
+/// the kernel's value or -errno. `libc::syscall` is hooked (hooks/syscall.rs)
+/// and must not be called from inside the library.
+pub fn syscall_unhooked(nr: i64, a: [u64; 6]) -> i64 {
+    let prev = get_selector();
+    set_selector(ALLOW);
+    // SAFETY: the caller's own system call; with the selector at ALLOW this
+    // `syscall` instruction runs natively.
+    let r = unsafe { raw::syscall6(nr, a) };
+    set_selector(prev);
+    r
 }
 
 /// Is `ip` inside the dynamic loader's text (dlopen's own mmap/openat)?
@@ -217,9 +232,11 @@ unsafe extern "C" fn phdr_cb(info: *mut libc::dl_phdr_info, _size: libc::size_t,
     0
 }
 
-/// libc's executable segment (the object holding `syscall`), and ld.so's.
+/// libc's executable segment (the object holding `gnu_get_libc_version`,
+/// a glibc-only function this library never exports: a hooked name such as
+/// `syscall` would resolve to our own definition), and ld.so's.
 fn find_ranges() -> Option<(usize, usize)> {
-    let target = libc::syscall as *const () as usize;
+    let target = libc::gnu_get_libc_version as *const () as usize;
     // SAFETY: getauxval has no preconditions (0 when absent).
     let ldso_base = unsafe { libc::getauxval(libc::AT_BASE) } as usize;
     let mut r = Ranges { target, ldso_base, libc: None, ldso: None };
@@ -247,5 +264,86 @@ pub fn report() {
         Status::NoLibcRange => crate::debug::emit(format_args!("raw syscalls are not caught: libc's text segment not found")),
         Status::NoHandler => crate::debug::emit(format_args!("raw syscalls are not caught: cannot install the SIGSYS handler")),
         Status::NotTried => crate::debug::emit(format_args!("raw syscalls are not caught: the library's constructor did not run")),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn raw_getppid() -> i64 {
+        let r: i64;
+        // SAFETY: getppid takes no arguments; rcx/r11 are clobbered by syscall.
+        unsafe {
+            std::arch::asm!("syscall", inlateout("rax") libc::SYS_getppid => r, lateout("rcx") _, lateout("r11") _,
+                            options(nostack))
+        };
+        r
+    }
+
+    /// The kernel's answer, asked independently of the library: turning
+    /// dispatch off is accepted exactly where it exists.
+    fn kernel_has_sud() -> bool {
+        // SAFETY: PR_SYS_DISPATCH_OFF on this thread takes no pointer; the
+        // test thread is armed again right after.
+        let r = unsafe { libc::prctl(PR_SET_SYSCALL_USER_DISPATCH, PR_SYS_DISPATCH_OFF, 0usize, 0usize, 0usize) };
+        arm_thread();
+        r == 0
+    }
+
+    /// The constructor ran in this test binary too: where the kernel has
+    /// syscall user dispatch (>= 5.11) raw syscalls are caught with libc's
+    /// text as the allowed range; elsewhere the library says so and runs as
+    /// before.
+    #[test]
+    fn armed_with_libc_text() {
+        if !kernel_has_sud() {
+            assert_eq!(status(), Status::Unsupported);
+            return;
+        }
+        assert_eq!(status(), Status::On, "syscall user dispatch not armed");
+        let (lo, hi) = libc_range();
+        let getpid = libc::getpid as *const () as usize;
+        assert!(lo < hi && (lo..hi).contains(&getpid), "{lo:#x}-{hi:#x} lacks getpid {getpid:#x}");
+        let ours = raw_getppid as *const () as usize;
+        assert!(!(lo..hi).contains(&ours));
+    }
+
+    /// A raw syscall from this crate's text traps and is re-issued, in the
+    /// main thread and in a new thread (armed by the pthread_create wrapper).
+    #[test]
+    fn raw_syscall_trapped_and_reissued() {
+        if !on() {
+            return; // armed_with_libc_text checks why
+        }
+        // SAFETY: getppid has no preconditions.
+        let want = unsafe { libc::getppid() } as i64;
+        assert_eq!(raw_getppid(), want);
+        assert_eq!(std::thread::spawn(raw_getppid).join().ok(), Some(want));
+        assert_eq!(syscall_unhooked(libc::SYS_getppid, [0; 6]), want);
+        assert_eq!(get_selector(), BLOCK);
+    }
+
+    /// Library code must not call `libc::syscall` (it is our own hook now):
+    /// the fork child deadlocked on the client pool that way.
+    #[test]
+    fn library_never_calls_libc_syscall() {
+        fn walk(d: &std::path::Path, bad: &mut Vec<String>) {
+            for e in std::fs::read_dir(d).into_iter().flatten().flatten() {
+                let p = e.path();
+                if p.is_dir() {
+                    walk(&p, bad);
+                } else if p.extension().is_some_and(|x| x == "rs") {
+                    let text = std::fs::read_to_string(&p).unwrap_or_default();
+                    let needle = ["libc", "::syscall("].concat();
+                    if text.contains(&needle) {
+                        bad.push(p.display().to_string());
+                    }
+                }
+            }
+        }
+        let mut bad = Vec::new();
+        walk(&std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("src"), &mut bad);
+        assert!(bad.is_empty(), "libc::syscall called in {bad:?}: use crate::sud::syscall_unhooked");
     }
 }
