@@ -5,7 +5,8 @@ tests/clients/c_rawsys.c issues inline-asm syscalls (open/openat, read,
 write, close, stat/newfstatat/statx, access, getdents64, mkdir, rename,
 renameat2, unlink(at), rmdir) from the main thread, four threads, a fork()
 child and a raw-fork child, plus a signal handler returning through its own
-restorer and a program SIGSYS handler; a few calls also go through libc's
+restorer, a program SIGSYS handler (kill, and a seccomp SECCOMP_RET_TRAP
+filter's SIGSYS for a libc and a raw call); a few calls also go through libc's
 generic syscall() (hooked by symbol: dispatch never sees it). Its transcript on a plain copy of
 the dataset must equal its transcript on /fanstore.
 """
@@ -83,7 +84,7 @@ def test_raw_syscalls_match_native(cl, rawsys):
     # The native transcript is a success story, not two identical failures.
     for line in ("main input openat=fd", "main rename=0", "main stat-new=0 size=5000", "forked rename=0",
                  "rawfork rename=0", "t3 unlinkat=0", "main libc-syscall renameat2=0", "usr1 handled=1",
-                 "sigsys handled=1 code=0", "done"):
+                 "sigsys handled=1 code=0", "raw getpriority=42 seen=1 code=1", "done"):
         assert line in want, f"native transcript lacks {line!r}:\n{want}"
     for node in (1, 2):
         rc, got, err = run_client(rawsys, MOUNT, f, d, c.env(node))

@@ -17,9 +17,15 @@
 #include <pthread.h>
 #include <signal.h>
 #include <stdarg.h>
+#include <linux/filter.h>
+#include <linux/seccomp.h>
+#include <stddef.h>
+#include <sys/prctl.h>
 #include <sys/stat.h>
 #include <sys/syscall.h>
+#include <ucontext.h>
 #include <sys/wait.h>
+#include <sys/resource.h>
 #include <unistd.h>
 
 static long raw6(long nr, long a, long b, long c, long d, long e, long f) {
@@ -182,7 +188,27 @@ __asm__(".text\n.globl my_restorer\nmy_restorer:\n mov $15, %eax\n syscall\n hlt
 void my_restorer(void);
 
 static volatile int sys_seen, sys_code;
-static void on_sys(int sig, siginfo_t *si, void *uc) { (void)sig; (void)uc; sys_seen++; sys_code = si->si_code; }
+/* The program's own SIGSYS handler: a seccomp SECCOMP_RET_TRAP answer
+ * (si_code SYS_SECCOMP) gets 42 as the syscall's result. */
+static void on_sys(int sig, siginfo_t *si, void *uc) {
+    (void)sig;
+    sys_seen++;
+    sys_code = si->si_code;
+    if (si->si_code == 1 /* SYS_SECCOMP */) ((ucontext_t *)uc)->uc_mcontext.gregs[REG_RAX] = 42;
+}
+
+/* A seccomp filter (no privilege: no_new_privs) trapping getpriority. */
+static int trap_getpriority(void) {
+    struct sock_filter f[] = {
+        BPF_STMT(BPF_LD | BPF_W | BPF_ABS, offsetof(struct seccomp_data, nr)),
+        BPF_JUMP(BPF_JMP | BPF_JEQ | BPF_K, SYS_getpriority, 0, 1),
+        BPF_STMT(BPF_RET | BPF_K, SECCOMP_RET_TRAP),
+        BPF_STMT(BPF_RET | BPF_K, SECCOMP_RET_ALLOW),
+    };
+    struct sock_fprog prog = {.len = sizeof f / sizeof f[0], .filter = f};
+    if (prctl(PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0)) return -errno;
+    return prctl(PR_SET_SECCOMP, SECCOMP_MODE_FILTER, &prog, 0, 0) ? -errno : 0;
+}
 
 int main(int argc, char **argv) {
     if (argc != 4) { fprintf(stderr, "usage: %s ROOT INPUT_FILE INPUT_DIR\n", argv[0]); return 2; }
@@ -251,6 +277,19 @@ int main(int argc, char **argv) {
     struct stat st;
     long r = R(SYS_stat, p, &st);
     printf("blocked stat=%ld size=%ld\n", r, r ? -1L : (long)st.st_size);
+    sigprocmask(SIG_UNBLOCK, &s, NULL);
+
+    /* a seccomp sandbox's SIGSYS reaches the program's handler, for a libc
+     * call and for a raw one (which dispatch traps first; the re-issued call
+     * then gets the seccomp SIGSYS inside our handler) */
+    printf("seccomp filter=%d\n", trap_getpriority());
+    sys_seen = 0;
+    errno = 0;
+    int prio = getpriority(PRIO_PROCESS, 0);
+    printf("libc getpriority=%d seen=%d code=%d\n", prio, sys_seen, sys_code);
+    sys_seen = 0;
+    r = R(SYS_getpriority, PRIO_PROCESS, 0);
+    printf("raw getpriority=%ld seen=%d code=%d\n", r, sys_seen, sys_code);
     printf("done\n");
     return 0;
 }

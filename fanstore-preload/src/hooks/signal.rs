@@ -15,7 +15,9 @@ unsafe fn signal_common(sig: c_int, handler: sighandler_t, flags: c_int, real: i
 crate::hooks! {
     fn sigaction(sig: c_int, act: *const libc::sigaction, oact: *mut libc::sigaction) -> c_int {
         if sig == libc::SIGSYS && sud::on() {
-            signals::sigaction_sys(act.as_ref(), oact.as_mut());
+            // A copy: act and oact may be the same struct.
+            let new = act.as_ref().copied();
+            signals::sigaction_sys(new.as_ref(), oact.as_mut());
             return 0;
         }
         match act.as_ref().and_then(|a| signals::strip(Some(&a.sa_mask)).map(|m| (a, m))) {
