@@ -150,3 +150,22 @@ def test_debug_log_says_raw_syscalls_are_caught(cl):
     r = subprocess.run(["cat", f"{MOUNT}/{an_input(src)[0]}"], env=env, capture_output=True, timeout=TIMEOUT)
     assert r.returncode == 0
     assert b"raw syscalls caught (syscall user dispatch)" in r.stderr, r.stderr[-2000:]
+
+
+def test_kernel_without_sud_runs_as_before(cl, rawsys, tmp_path):
+    """A kernel without syscall user dispatch (simulated: seccomp makes the
+    prctl fail with EINVAL, as before 5.11): the library says raw syscalls
+    are not caught, libc calls under the mount work as before, raw ones do
+    not see the mount."""
+    c, src, _ = cl
+    f, d = an_input(src)
+    nosud = compile_client(tmp_path, "c_nosud_exec.c")
+    env = c.env(1)
+    env["FANSTORE_DEBUG"] = "1"
+    r = subprocess.run([nosud, "cat", f"{MOUNT}/{f}"], env=env, capture_output=True, timeout=TIMEOUT)
+    assert r.returncode == 0, r.stderr[-2000:]
+    assert r.stdout == (src / f).read_bytes()
+    assert b"raw syscalls are not caught: this kernel has no syscall user dispatch (prctl errno 22)" in r.stderr, \
+        r.stderr[-2000:]
+    r = subprocess.run([nosud, rawsys, MOUNT, f, d], env=c.env(1), capture_output=True, text=True, timeout=TIMEOUT)
+    assert "main input openat=err" in r.stdout and "main errno=2" in r.stdout, r.stdout
