@@ -11,9 +11,18 @@
 
 use super::{dispatch, get_selector, set_selector, signals, ALLOW};
 use libc::{c_int, c_void, siginfo_t};
+use std::sync::atomic::{AtomicU64, Ordering};
 
 /// `si_code` of a syscall user dispatch SIGSYS.
 const SYS_USER_DISPATCH: c_int = 2;
+
+/// Trapped syscalls served so far in this process (tests, debugging).
+static TRAPS: AtomicU64 = AtomicU64::new(0);
+
+#[cfg_attr(not(test), allow(dead_code))]
+pub fn traps() -> u64 {
+    TRAPS.load(Ordering::Relaxed)
+}
 
 /// Installs the handler, recording what it replaces as the program's.
 pub fn install() -> bool {
@@ -57,6 +66,7 @@ extern "C" fn on_sigsys(sig: c_int, info: *mut siginfo_t, ctx: *mut c_void) {
     }
     let prev = get_selector();
     set_selector(ALLOW);
+    TRAPS.fetch_add(1, Ordering::Relaxed);
     let saved = errno();
     // SAFETY: with SA_SIGINFO the third argument is the interrupted
     // context, which this handler owns until it returns.
