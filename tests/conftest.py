@@ -39,3 +39,26 @@ def run(cmd, check=True, timeout=300, **kw):
     if check and r.returncode != 0:
         pytest.fail(f"{cmd} exited {r.returncode}\nstdout:\n{r.stdout}\nstderr:\n{r.stderr}")
     return r
+
+
+@pytest.fixture(scope="session")
+def framework_python():
+    """The python of the ML-framework venv that scripts/setup.sh fills
+    (${FANSTORE_VENV:-/opt/fanstore-venv}: torch, transformers, accelerate,
+    safetensors). Missing or broken: a failure under CI=true (CI must not
+    pass without these tests), a skip with the reason elsewhere."""
+    venv = Path(os.environ.get("FANSTORE_VENV", "/opt/fanstore-venv"))
+    py = venv / "bin" / "python"
+    why = None
+    if not py.exists():
+        why = f"{py} missing: run scripts/setup.sh (it creates the venv and installs the frameworks)"
+    else:
+        r = subprocess.run([str(py), "-c", "import torch, transformers, accelerate, safetensors, numpy"],
+                           capture_output=True, text=True, timeout=300)
+        if r.returncode != 0:
+            why = f"{py} cannot import the frameworks (scripts/setup.sh installs them):\n{r.stderr[-2000:]}"
+    if why:
+        if os.environ.get("CI", "").lower() in ("true", "1", "yes"):
+            pytest.fail(why)
+        pytest.skip(why)
+    return str(py)

@@ -148,14 +148,21 @@ def test_numpy_h5py_safetensors_pillow(cl):
     """)
 
 
-@pytest.mark.xfail(strict=True, reason="safetensors 0.8 save_file persists its temp file with a raw renameat2 "
-                   "syscall (rustix linux_raw): invisible to LD_PRELOAD")
 def test_safetensors_save_file_raw_rename(cl):
+    """safetensors 0.8 save_file persists its temp file with a raw renameat2
+    syscall (rustix linux_raw): caught by syscall user dispatch."""
     c, _ = cl
     py(c, 1, f"""
+        import os
         import numpy as np
         from safetensors.numpy import save_file, load_file
         save_file({{'t': np.arange(10)}}, '{MOUNT}/st_direct.safetensors')
+        assert (load_file('{MOUNT}/st_direct.safetensors')['t'] == np.arange(10)).all()
+        assert [n for n in os.listdir('{MOUNT}') if n.startswith('.tmp')] == []
+    """)
+    py(c, 3, f"""
+        import numpy as np
+        from safetensors.numpy import load_file
         assert (load_file('{MOUNT}/st_direct.safetensors')['t'] == np.arange(10)).all()
     """)
 

@@ -37,8 +37,9 @@ pub fn fork_child() {
     // SAFETY: the prepare handler took the lock in this (now the only) thread.
     let p = unsafe { POOL.force() };
     for &(fd, _) in &p.fds[..p.n] {
-        // SAFETY: closing our inherited copy of a socket we created.
-        unsafe { libc::syscall(libc::SYS_close, fd) };
+        // Closing our inherited copy of a socket we created, with no hook
+        // (libc's `syscall` is hooked too).
+        crate::sud::syscall_unhooked(libc::SYS_close, [fd as u64, 0, 0, 0, 0, 0]);
     }
     p.n = 0;
     POOL.unlock();

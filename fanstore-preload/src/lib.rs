@@ -19,8 +19,11 @@
 //!   commit on the last close), `state.rs` (lazy init, index mapping),
 //!   `guard.rs` (re-entrancy), `debug.rs` (`FANSTORE_DEBUG=1`).
 //!
+//! `sud/` catches system calls made outside libc (syscall user dispatch)
+//! and serves them through the same hooks.
+//!
 //! The library links no MPI and does nothing at load time beyond
-//! registering its fork handlers.
+//! registering its fork handlers and arming syscall user dispatch.
 
 #![allow(clippy::missing_safety_doc)]
 
@@ -37,12 +40,16 @@ mod real;
 mod state;
 mod client;
 mod outputs;
+mod sud;
 
-/// The constructor: only the fork handlers (other libraries' constructors
-/// may call fopen before this runs; everything else is lazy).
+/// The constructor: the fork handlers, and raw-syscall catching for this
+/// thread (other libraries' constructors may call fopen before this runs;
+/// everything else is lazy). Arming must happen here, not lazily: a raw
+/// syscall can precede every hooked call (see sud/mod.rs for what it does).
 extern "C" fn on_load() {
     // SAFETY: registering plain extern "C" handlers.
     unsafe { libc::pthread_atfork(Some(fork_prepare), Some(fork_parent), Some(fork_child)) };
+    sud::init();
 }
 
 #[used]
@@ -51,13 +58,13 @@ static ON_LOAD: extern "C" fn() = on_load;
 
 /// Before fork: take every lock of the library, so the child never inherits
 /// one held by a thread that does not exist there.
-extern "C" fn fork_prepare() {
+pub(crate) extern "C" fn fork_prepare() {
     state::fork_lock();
     client::fork_prepare();
     outputs::fork_prepare();
 }
 
-extern "C" fn fork_parent() {
+pub(crate) extern "C" fn fork_parent() {
     outputs::fork_release();
     client::fork_parent();
     state::fork_unlock();
@@ -65,7 +72,8 @@ extern "C" fn fork_parent() {
 
 /// In the child: drop the parent's daemon connections (reconnect lazily);
 /// the fd table stays, since the fds are inherited.
-extern "C" fn fork_child() {
+pub(crate) extern "C" fn fork_child() {
+    sud::arm_thread();
     outputs::fork_release();
     client::fork_child();
     state::fork_unlock();

@@ -3,6 +3,7 @@
 pub use crate::hooks::cwd::orig::*;
 pub use crate::hooks::fd::orig::*;
 pub use crate::hooks::open::orig::*;
+pub use crate::hooks::signal::orig::*;
 pub use crate::hooks::stat::orig::*;
 pub use crate::hooks::stdio::orig::*;
 pub use crate::hooks::write::orig::*;

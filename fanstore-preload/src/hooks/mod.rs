@@ -23,8 +23,11 @@ pub mod dir;
 pub mod fd;
 pub mod meta;
 pub mod open;
+pub mod signal;
 pub mod stat;
 pub mod stdio;
+pub mod syscall;
+pub mod thread;
 pub mod walk;
 pub mod write;
 
@@ -109,6 +112,14 @@ macro_rules! missing_int {
 }
 missing_int!(i32, i64, isize);
 
+/// `sighandler_t`: SIG_ERR.
+impl Missing for usize {
+    fn missing() -> usize {
+        enosys();
+        libc::SIG_ERR
+    }
+}
+
 impl<T> Missing for *mut T {
     fn missing() -> *mut T {
         enosys();
@@ -173,7 +184,7 @@ macro_rules! hooks {
 
 /// FANSTORE_DEBUG=1: which symbols this library hooks and whether each original resolved.
 pub fn report_symbols() {
-    let families: [(&str, &[&Slot]); 9] = [
+    let families: [(&str, &[&Slot]); 12] = [
         ("open", open::symbols()),
         ("stdio", stdio::symbols()),
         ("stat", stat::symbols()),
@@ -183,6 +194,9 @@ pub fn report_symbols() {
         ("fd", fd::symbols()),
         ("write", write::symbols()),
         ("walk", walk::symbols()),
+        ("thread", thread::symbols()),
+        ("signal", signal::symbols()),
+        ("syscall", syscall::symbols()),
     ];
     for (fam, slots) in families {
         let mut line = [0u8; 900];

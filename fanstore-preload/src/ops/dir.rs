@@ -1,7 +1,7 @@
 //! opendir/fdopendir/readdir/closedir/scandir/getdents64 on virtual directories.
 
 use super::{resolve, Outcome, VPath};
-use crate::dirstream::{entry_at, reclen, VDir};
+use crate::dirstream::{reclen, VDir};
 use crate::fd_table::{self, Tracked};
 use crate::ops::open::open_dir;
 use crate::state;
@@ -46,29 +46,24 @@ pub fn closedir(d: Box<VDir>) -> c_int {
 }
 
 /// getdents64 on a tracked directory fd: linux_dirent64 records from the
-/// fd's position. Returns the bytes written (0 at the end).
+/// fd's position, in readdir's order (".", "..", the inputs, then the
+/// outputs listed in that directory; an output directory has only
+/// outputs). Returns the bytes written (0 at the end). Raw getdents64
+/// callers (rustix's `Dir`, caught by syscall user dispatch) see what
+/// readdir sees.
 pub fn getdents64(fd: c_int, t: Tracked, buf: &mut [u8]) -> Outcome<isize> {
     let Tracked::Dir { node, pos } = t else { return Outcome::Errno(libc::ENOTDIR) };
     let Some(st) = state::current() else { return Outcome::Errno(libc::EBADF) };
-    let Some(dir) = st.view.node(node) else { return Outcome::Errno(libc::EBADF) };
+    if node & crate::outputs::OUT_DIR == 0 && st.view.node(node).is_none() {
+        return Outcome::Errno(libc::EBADF);
+    }
+    let mut d = VDir::new(-1, node);
+    d.seek(pos as u64);
     let mut off = 0usize;
     let mut p = pos as u64;
-    // Positions 0 and 1 are "." and ".."; from 2 on, walk the children once.
-    let children = st.view.children(dir).skip((p.max(2) - 2) as usize);
-    let mut children = children.peekable();
-    loop {
-        let e = if p < 2 {
-            entry_at(st, &dir, p)
-        } else {
-            children.peek().map(|c| crate::dirstream::DirEnt {
-                ino: super::stat::ino(c.id()),
-                dtype: crate::dirstream::dtype(c),
-                name: c.name(),
-            })
-        };
-        let Some(e) = e else { break };
-        let name = &e.name[..e.name.len().min(255)];
-        let rl = reclen(name.len());
+    while let Some(e) = d.next(st) {
+        let name_len = e.d_name.iter().position(|&c| c == 0).unwrap_or(e.d_name.len());
+        let rl = reclen(name_len);
         if off + rl > buf.len() {
             if off == 0 {
                 return Outcome::Errno(libc::EINVAL);
@@ -77,16 +72,15 @@ pub fn getdents64(fd: c_int, t: Tracked, buf: &mut [u8]) -> Outcome<isize> {
         }
         let r = &mut buf[off..off + rl];
         r.fill(0);
-        r[0..8].copy_from_slice(&e.ino.to_ne_bytes());
-        r[8..16].copy_from_slice(&((p + 1) as i64).to_ne_bytes());
+        r[0..8].copy_from_slice(&e.d_ino.to_ne_bytes());
+        r[8..16].copy_from_slice(&e.d_off.to_ne_bytes());
         r[16..18].copy_from_slice(&(rl as u16).to_ne_bytes());
-        r[18] = e.dtype;
-        r[19..19 + name.len()].copy_from_slice(name);
-        off += rl;
-        if p >= 2 {
-            children.next();
+        r[18] = e.d_type;
+        for (dst, &c) in r[19..19 + name_len].iter_mut().zip(&e.d_name[..name_len]) {
+            *dst = c as u8;
         }
-        p += 1;
+        off += rl;
+        p = e.d_off as u64;
     }
     fd_table::set_pos(fd, node, p.min(u32::MAX as u64) as u32);
     Outcome::Handled(off as isize)
