@@ -183,11 +183,8 @@ impl Node {
 
     /// The record of output `path` (file or directory).
     pub fn out_stat(&self, path: &[u8]) -> Result<OutRecord, i32> {
-        match self.meta_at(path, mop::GET, 0, path.to_vec()) {
-            Ok(r) => OutRecord::decode(&r.payload).ok_or(libc::EIO),
-            Err(libc::ENOENT) => Err(self.missing_errno(path)),
-            Err(e) => Err(e),
-        }
+        let r = self.on_record(path, mop::GET, 0, path.to_vec())?;
+        OutRecord::decode(&r.payload).ok_or(libc::EIO)
     }
 
     /// Why `path` has no record, as the kernel's path walk says it: ENOTDIR
@@ -481,15 +478,24 @@ impl Node {
         if let Some(n) = self.view.lookup(path) {
             return Err(if n.is_dir() { libc::EROFS } else { libc::ENOTDIR });
         }
-        self.meta_at(path, mop::RMDIR, 0, path.to_vec())?;
+        self.on_record(path, mop::RMDIR, 0, path.to_vec())?;
         self.link(path, wire::KIND_DIR, false)
+    }
+
+    /// A request about the record of `path` at its owner; a missing record
+    /// is ENOENT or ENOTDIR as [`Self::missing_errno`] says.
+    fn on_record(&self, path: &[u8], op: u16, arg0: u64, payload: Vec<u8>) -> Result<Reply, i32> {
+        match self.meta_at(path, op, arg0, payload) {
+            Err(libc::ENOENT) => Err(self.missing_errno(path)),
+            other => other,
+        }
     }
 
     pub fn out_unlink(&self, path: &[u8]) -> Result<(), i32> {
         if let Some(n) = self.view.lookup(path) {
             return Err(if n.is_dir() { libc::EISDIR } else { libc::EROFS });
         }
-        let r = self.meta_at(path, mop::DEL, 0, path.to_vec())?;
+        let r = self.on_record(path, mop::DEL, 0, path.to_vec())?;
         if let Some(old) = OutRecord::decode(&r.payload) {
             self.drop_data(&old);
         }
@@ -502,10 +508,11 @@ impl Node {
     /// ENOTDIR, a path below `from` EINVAL.
     fn rename_dir(&self, from: &[u8], to: &[u8]) -> Result<(), i32> {
         use crate::meta::{at_or_below, Moved};
+        // The kernel resolves the destination's parent first (ENOENT, ENOTDIR).
+        self.dir_exists(parent(to).0)?;
         if at_or_below(to, from) {
             return Err(libc::EINVAL);
         }
-        self.dir_exists(parent(to).0)?;
         match self.out_stat(to) {
             Ok(r) if !r.is_dir() => return Err(libc::ENOTDIR),
             Ok(_) => {
@@ -599,16 +606,26 @@ impl Node {
         }
         let mut payload = value.to_le_bytes().to_vec();
         payload.extend_from_slice(path);
-        self.meta_at(path, mop::SETATTR, what, payload).map(|_| ())
+        self.on_record(path, mop::SETATTR, what, payload).map(|_| ())
     }
 
     pub fn out_rename(&self, from: &[u8], to: &[u8]) -> Result<(), i32> {
         if self.view.lookup(from).is_some() || self.view.lookup(to).is_some() {
             return Err(libc::EROFS);
         }
+        // As the kernel: both parents are resolved (old, then new) before the entry.
+        self.dir_exists(parent(from).0)?;
+        self.dir_exists(parent(to).0)?;
         let rec = self.out_stat(from)?;
         if from == to {
             return Ok(());
+        }
+        // Then the ancestor checks, before any type check (as lock_rename's trap).
+        if crate::meta::at_or_below(to, from) {
+            return Err(libc::EINVAL);
+        }
+        if crate::meta::at_or_below(from, to) {
+            return Err(libc::ENOTEMPTY);
         }
         if rec.is_dir() {
             return self.rename_dir(from, to);
