@@ -207,7 +207,18 @@ PartitionName=test Nodes=ALL Default=YES MaxTime=INFINITE State=UP
 
     # --- teardown --------------------------------------------------------------
     def close(self):
-        """Stops slurmd, slurmctld, then munged (which they need until they are gone)."""
+        """Cancels what is still queued or running, stops slurmd, slurmctld, then
+        munged (which they need until they are gone), and kills by pid any process
+        of this cluster still left (a slurmstepd whose job outlived its slurmd)."""
+        if any(name == "slurmctld" and p.poll() is None for name, p in self.procs):
+            deadline = time.monotonic() + self.kill_wait + 30
+            while time.monotonic() < deadline:
+                r = self.run(["squeue", "-h", "-o", "%i"], check=False)
+                jobs = r.stdout.split()
+                if r.returncode != 0 or not jobs:
+                    break
+                self.run(["scancel", *jobs], check=False)
+                time.sleep(0.5)
         for _name, p in reversed(self.procs):
             if p.poll() is None:
                 p.send_signal(signal.SIGTERM)
@@ -217,3 +228,10 @@ PartitionName=test Nodes=ALL Default=YES MaxTime=INFINITE State=UP
                 p.kill()
                 p.wait(timeout=10)
         self.procs = []
+        mark = f"SLURM_CONF={self.conf}".encode()
+        for d in Path("/proc").glob("[0-9]*"):
+            try:
+                if mark in d.joinpath("environ").read_bytes().split(b"\0"):
+                    os.kill(int(d.name), signal.SIGKILL)
+            except (OSError, ValueError):
+                pass
