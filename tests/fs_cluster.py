@@ -373,13 +373,16 @@ def check_mpi_library(c: Cluster) -> None:
     ``nranks`` (a daemon built against the other MPI runs as N singletons, or not at
     all). Ranks' lines may interleave in the log (OpenMPI forwards output in pieces)."""
     import re
+    with open(c.log_path, "rb") as f:
+        head = f.read(1 << 20).decode(errors="replace")  # the version lines come first
     seen = {(int(r), int(n), lib.startswith(MPI_LIBRARY))
-            for r, n, lib in re.findall(r"rank (\d+)/(\d+): (.{0,12})", c.log())}
+            for r, n, lib in re.findall(r"rank (\d+)/(\d+): (.{0,12})", head)}
     want = {(r, c.nranks, True) for r in range(c.nranks)}
     if seen != want:
         c.kill()
         raise AssertionError(f"FANSTORE_TEST_MPI={MPI}: expected ranks 0..{c.nranks - 1} of {c.nranks} on "
-                             f"{MPI_LIBRARY}, the daemons logged (rank, size, right library): {sorted(seen)}\n"
+                             f"{MPI_LIBRARY}, the daemons logged (rank, size, right library): {sorted(seen)} "
+                             f"(the check reads their info lines: RUST_LOG={base_env()['RUST_LOG']})\n"
                              f"--- log ---\n{c.log()}")
 
 
