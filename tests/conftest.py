@@ -15,20 +15,29 @@ ROOT = Path(__file__).resolve().parent.parent
 BIN = ROOT / "target" / "release"
 
 
-def binary(name: str) -> str:
-    p = BIN / name
+# FANSTORE_TEST_MPI=openmpi (tests/fs_cluster.py): the daemon and CLI built
+# against OpenMPI, in their own target directory (the MPI a build links is
+# decided once, when mpi-sys is built).
+OMPI_BIN = Path(os.environ.get("FANSTORE_OMPI_BIN", ROOT / "target-ompi" / "release"))
+
+
+def binary(name: str, where: Path = BIN) -> str:
+    p = where / name
     if not p.exists():
-        pytest.fail(f"{p} missing: run `cargo build --release` (scripts/test.sh does)")
+        how = ("`MPICC=mpicc.openmpi CARGO_TARGET_DIR=target-ompi cargo build --release -p fanstore-daemon`"
+               if where == OMPI_BIN else "`cargo build --release`")
+        pytest.fail(f"{p} missing: run {how} (scripts/test.sh does)")
     return str(p)
 
 
 @pytest.fixture(scope="session")
 def bins():
     """Paths to the release binaries and the preload library."""
+    mpi_bin = OMPI_BIN if os.environ.get("FANSTORE_TEST_MPI") == "openmpi" else BIN
     return {
         "prep": binary("fanstore-prep"),
-        "daemon": binary("fanstore-daemon"),
-        "cli": binary("fanstore"),
+        "daemon": binary("fanstore-daemon", mpi_bin),
+        "cli": binary("fanstore", mpi_bin),
         "preload": str(BIN / "libfanstore_preload.so"),
     }
 

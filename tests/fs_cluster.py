@@ -1,4 +1,4 @@
-"""Starting and talking to FanStore daemons in tests (real MPICH, no mocks).
+"""Starting and talking to FanStore daemons in tests (real MPICH or OpenMPI, no mocks).
 
     cluster = start_cluster(bins, dataset, tmp_path, nranks=4)   # mpiexec -n 4
     cluster = start_cluster(bins, dataset, tmp_path, nranks=0)   # singleton, no launcher
@@ -15,6 +15,16 @@ Every rank gets its own local directory (``<tmp>/local/rank-<r>``, made by the
 daemon). The runtime directory is a short path under /tmp (unix socket paths
 are limited to 107 bytes), removed by the daemons at stop. MPI runs over TCP
 sockets (``UCX_TLS=tcp``), as between nodes.
+
+The MPI is pinned, never whatever plain ``mpiexec`` means (Debian's
+update-alternatives switches it when OpenMPI is installed next to MPICH):
+``FANSTORE_TEST_MPI=mpich`` (default) runs ``/usr/bin/mpiexec.mpich`` with the
+daemon of ``target/release``; ``FANSTORE_TEST_MPI=openmpi`` runs
+``/usr/bin/mpiexec.openmpi`` with the daemon and CLI of ``target-ompi/release``
+(``FANSTORE_OMPI_BIN`` overrides; scripts/test.sh builds it with
+``MPICC=mpicc.openmpi``), over TCP (``btl=tcp,self``), and allows what OpenMPI
+refuses by default in a test box (running as root, more ranks than cores).
+Each cluster checks in its log that the daemons run the MPI library asked for.
 """
 import contextlib
 import os
@@ -30,7 +40,18 @@ from pathlib import Path
 import pytest
 
 ROOT = Path(__file__).resolve().parent.parent
-MPIEXEC = shutil.which("mpiexec") or "/usr/bin/mpiexec"
+
+MPIS = {
+    # name: (launcher, its extra arguments, environment, what the daemon logs as its library)
+    "mpich": ("/usr/bin/mpiexec.mpich", [], {"UCX_TLS": "tcp"}, "MPICH"),
+    "openmpi": ("/usr/bin/mpiexec.openmpi", ["--oversubscribe"],
+                {"OMPI_ALLOW_RUN_AS_ROOT": "1", "OMPI_ALLOW_RUN_AS_ROOT_CONFIRM": "1",
+                 "OMPI_MCA_pml": "ob1", "OMPI_MCA_btl": "tcp,self"}, "Open MPI"),
+}
+MPI = os.environ.get("FANSTORE_TEST_MPI", "mpich")
+if MPI not in MPIS:
+    raise RuntimeError(f"FANSTORE_TEST_MPI={MPI!r}: expected one of {', '.join(MPIS)}")
+MPIEXEC, MPIEXEC_ARGS, MPI_ENV, MPI_LIBRARY = MPIS[MPI]
 
 # --------------------------------------------------------------------------
 # wire protocol (fanstore-core/src/wire.rs)
@@ -159,7 +180,8 @@ def read_index(path) -> tuple:
 
 def base_env() -> dict:
     env = dict(os.environ)
-    env.setdefault("UCX_TLS", "tcp")
+    for k, v in MPI_ENV.items():
+        env.setdefault(k, v)
     env.setdefault("RUST_LOG", "info")
     return env
 
@@ -279,6 +301,26 @@ def node_state(runtime, rank: int) -> dict:
                 local=[p for p in range(nparts) if bits[p // 8] & (1 << (p % 8))])
 
 
+def wait_ranks_gone(runtime, nranks: int, timeout=30) -> None:
+    """Waits until no rank's process (from its state file) exists. OpenMPI's
+    mpiexec can exit after a failed rank while the others are still exiting
+    (MPICH's waits for all of them), and they then linger as zombies until
+    init reaps them."""
+    deadline = time.monotonic() + timeout
+    for r in range(nranks):
+        try:
+            pid = node_state(runtime, r)["pid"]
+        except Exception:
+            continue
+        while time.monotonic() < deadline:
+            # Gone, not a zombie: `fanstore stop` tells a live rank with kill(pid, 0).
+            if not os.path.exists(f"/proc/{pid}"):
+                break
+            time.sleep(0.1)
+        else:
+            raise AssertionError(f"rank {r} (pid {pid}) still running {timeout} s after its launcher exited")
+
+
 def limit_fds(n):
     """A preexec_fn that sets RLIMIT_NOFILE in the child: ``n`` for soft and hard (as
     `ulimit -n n`), or a (soft, hard) pair."""
@@ -301,7 +343,9 @@ def launch(bins, dataset: Path, tmp_path: Path, nranks=4, mount="/fanstore", ext
     cmd = [bins["daemon"], "--data", str(dataset), "--local", str(local), "--runtime-dir", str(runtime),
            "--mount", mount, *map(str, extra_args)]
     if nranks:
-        cmd = [MPIEXEC, "-n", str(nranks), *cmd]
+        if not os.access(MPIEXEC, os.X_OK):
+            pytest.fail(f"{MPIEXEC} missing (FANSTORE_TEST_MPI={MPI}): run scripts/setup.sh")
+        cmd = [MPIEXEC, *MPIEXEC_ARGS, "-n", str(nranks), *cmd]
     with open(log_path, "wb") as log:
         proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
                                 env=base_env(), start_new_session=True,
@@ -320,7 +364,26 @@ def start_cluster(bins, dataset: Path, tmp_path: Path, nranks=4, mount="/fanstor
     if r.returncode != 0:
         c.kill()
         raise AssertionError(f"daemons did not get ready: {r.stderr.strip()}\n--- log ---\n{c.log()}")
+    check_mpi_library(c)
     return c
+
+
+def check_mpi_library(c: Cluster) -> None:
+    """Every rank logged the MPI library FANSTORE_TEST_MPI asked for, in a world of
+    ``nranks`` (a daemon built against the other MPI runs as N singletons, or not at
+    all). Ranks' lines may interleave in the log (OpenMPI forwards output in pieces)."""
+    import re
+    with open(c.log_path, "rb") as f:
+        head = f.read(1 << 20).decode(errors="replace")  # the version lines come first
+    seen = {(int(r), int(n), lib.startswith(MPI_LIBRARY))
+            for r, n, lib in re.findall(r"rank (\d+)/(\d+): (.{0,12})", head)}
+    want = {(r, c.nranks, True) for r in range(c.nranks)}
+    if seen != want:
+        c.kill()
+        raise AssertionError(f"FANSTORE_TEST_MPI={MPI}: expected ranks 0..{c.nranks - 1} of {c.nranks} on "
+                             f"{MPI_LIBRARY}, the daemons logged (rank, size, right library): {sorted(seen)} "
+                             f"(the check reads their info lines: RUST_LOG={base_env()['RUST_LOG']})\n"
+                             f"--- log ---\n{c.log()}")
 
 
 @pytest.fixture

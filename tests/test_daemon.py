@@ -264,6 +264,7 @@ def test_corrupt_partition_aborts_the_job(bins, pack, tmp_path):
     assert w.returncode == 1 and "failed" in w.stderr, w.stderr
     states = [node_state(runtime, r) for r in range(NRANKS)]
     assert all(s["status"] == 3 for s in states), "every rank reports Failed"
+    fs_cluster.wait_ranks_gone(runtime, NRANKS)
     assert not any(os.path.exists(s["index_path"]) for s in states), "shm index removed"
     assert not local.exists() or not any(local.iterdir())
     # `fanstore stop` cleans what dead daemons left.
