@@ -1,7 +1,7 @@
 //! `fanstore`: the control CLI of a job's daemons.
 //!
 //! ```text
-//! fanstore [--runtime-dir DIR] wait [--timeout S]    until every rank is Ready
+//! fanstore [--runtime-dir DIR] wait [--timeout S]    until the job is Ready (any rank says so)
 //! fanstore [--runtime-dir DIR] status                one table row per rank
 //! fanstore [--runtime-dir DIR] stop [--timeout S]    stop every rank, wait until gone
 //! fanstore [--runtime-dir DIR] sync                 drain outputs to --persist, keep running
@@ -144,8 +144,14 @@ fn wait(rt: &Path, timeout: Duration) -> anyhow::Result<()> {
             bail!("rank {} failed to start (see the daemon's log); the job is stopping", f.rank);
         }
         if let Some(n) = states.first().map(|s| s.nranks) {
+            // A rank reports Ready only after every rank of the job loaded
+            // (the daemons agree over MPI first). With a node-local runtime
+            // directory a node sees only its own ranks: one live Ready rank
+            // is then enough; when every rank's state is here, all of them
+            // (so that every socket answers as Ready once this returns).
             let ready = states.iter().filter(|s| s.status == Status::Ready && s.nranks == n && alive(s)).count();
-            if ready == n as usize {
+            let visible = states.iter().filter(|s| s.nranks == n).count();
+            if ready == n as usize || (visible < n as usize && ready > 0) {
                 println!("fanstore: {n} rank(s) ready");
                 return Ok(());
             }
