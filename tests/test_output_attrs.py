@@ -123,10 +123,21 @@ def test_inputs_stay_read_only_and_ownership_stays(cl):
         os.chown(os.path.join(root, "own", "f"), os.getuid() + 1, -1); res["chown other"] = "OK"
     except OSError as e:
         res["chown other"] = errno.errorcode[e.errno]
+    for name, f in [("symlink", lambda: os.symlink("f", os.path.join(root, "own", "l"))),
+                    ("link", lambda: os.link(os.path.join(root, "own", "f"), os.path.join(root, "own", "h"))),
+                    ("symlink over f", lambda: os.symlink("x", os.path.join(root, "own", "f"))),
+                    ("symlink under f", lambda: os.symlink("x", os.path.join(root, "own", "f", "l")))]:
+        try:
+            f(); res[name] = "OK"
+        except OSError as e:
+            res[name] = errno.errorcode[e.errno]
     print(json.dumps(res))
     """
-    # Inputs: EROFS; an output cannot be given away (documented: outputs belong to the job's user).
-    assert run(cl, 1, code, MOUNT) == {"chmod": "EROFS", "utime": "EROFS", "chown": "EROFS", "chown other": "EPERM"}
+    # Inputs: EROFS; an output cannot be given away (documented: outputs belong to the job's user);
+    # no symlinks or hard links among outputs yet: EPERM, as a file system without them says.
+    assert run(cl, 1, code, MOUNT) == {"chmod": "EROFS", "utime": "EROFS", "chown": "EROFS", "chown other": "EPERM",
+                                       "symlink": "EPERM", "link": "EPERM", "symlink over f": "EEXIST",
+                                       "symlink under f": "ENOTDIR"}
 
 
 REOPEN = r"""

@@ -300,7 +300,9 @@ fn classify_dotdot<'s>(dirfd: c_int, path: &[u8], scratch: &'s mut Scratch) -> C
                         Err(libc::ENOENT) => match crate::ops::out::stat(s, rel) {
                             Ok(r) if r.is_dir() => {}
                             Ok(_) => return Class::Err(libc::ENOTDIR),
-                            Err(e) => return Class::Err(e),
+                            Err(libc::ENOTDIR) => return Class::Err(libc::ENOTDIR),
+                            // No such output (or no daemon to ask): the index's answer.
+                            Err(_) => return Class::Err(libc::ENOENT),
                         },
                         Err(e) => return Class::Err(e),
                     }

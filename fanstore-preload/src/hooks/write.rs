@@ -75,6 +75,7 @@ fn rename_like(a: Option<&VPath>, b: Option<&VPath>) -> Outcome<c_int> {
 
 fn link_like(a: Option<&VPath>, b: Option<&VPath>) -> Outcome<c_int> {
     match (a, b) {
+        (Some(a), Some(b)) => write::link(a, b),
         (Some(a), b) => write::source(a, b.is_some()),
         (None, Some(_)) => Outcome::Errno(libc::EXDEV),
         (None, None) => Outcome::Passthrough,

@@ -92,6 +92,19 @@ pub fn source(vp: &VPath, other_virtual: bool) -> Outcome<c_int> {
     })
 }
 
+/// link inside the mount: an input source is EROFS; an output source gives
+/// what creating the new name gives (EEXIST, ENOENT, ENOTDIR, EPERM: no
+/// hard links among outputs yet).
+pub fn link(a: &VPath, b: &VPath) -> Outcome<c_int> {
+    match resolve(a.st, a.rel, false, false) {
+        Err(libc::ENOENT) => match super::out::stat(a.st, a.rel) {
+            Ok(_) => Outcome::Errno(create_errno(b)),
+            Err(e) => Outcome::Errno(e),
+        },
+        _ => source(a, true),
+    }
+}
+
 /// rename/renameat/renameat2 inside the mount: outputs move (atomically
 /// replacing an output at the destination), inputs stay (EROFS).
 pub fn rename(a: &VPath, b: &VPath) -> Outcome<c_int> {
