@@ -147,6 +147,7 @@ pub enum PackError {
 /// Packs `opts.input` into the dataset directory `opts.output`.
 pub fn pack(opts: &PackOptions) -> Result<PackSummary, PackError> {
     let start = Instant::now();
+    let mut phase = PhaseTimer::new();
     let mut out = OutputDir::prepare(&opts.output)?;
     refuse_output_inside_input(&opts.input, &opts.output)?;
 
@@ -154,6 +155,7 @@ pub fn pack(opts: &PackOptions) -> Result<PackSummary, PackError> {
     let walk_opts = WalkOptions { skip_unreadable: opts.skip_unreadable, skip_special: opts.skip_special };
     let tree = walk::walk(&opts.input, walk_opts, |n| scan.update(n))?;
     scan.finish();
+    phase.done("walk");
 
     let replicate = replicate_prefixes(&opts.replicate_dirs, &tree)?;
     let files: Vec<usize> = (0..tree.entries.len()).filter(|&i| matches!(tree.entries[i].kind, EntryKind::File { .. })).collect();
@@ -167,8 +169,10 @@ pub fn pack(opts: &PackOptions) -> Result<PackSummary, PackError> {
     let plan = assign::plan(&weights, opts.partitions)?;
     let dataset_id = ident::dataset_id(&tree.entries, opts.compression, &plan);
     log::debug!("{} files in {} partitions, dataset id {dataset_id:#018x}", files.len(), plan.len());
+    phase.done("plan and dataset id");
 
     let written = write_partitions(opts, &tree, &files, &plan, dataset_id, &mut out)?;
+    phase.done("partitions");
 
     let mut builder = ManifestBuilder::new(dataset_id);
     let (mut directories, mut symlinks) = (0u64, 0u64);
@@ -211,8 +215,10 @@ pub fn pack(opts: &PackOptions) -> Result<PackSummary, PackError> {
         builder.add_partition(*info);
     }
     let manifest_bytes = builder.finish()?;
+    phase.done("manifest build");
     out.write_manifest(&manifest_bytes)?;
     out.commit();
+    phase.done("manifest write");
 
     let packed = written.places.iter().flatten();
     Ok(PackSummary {
@@ -227,6 +233,21 @@ pub fn pack(opts: &PackOptions) -> Result<PackSummary, PackError> {
         dataset_id,
         seconds: start.elapsed().as_secs_f64(),
     })
+}
+
+/// Logs (at debug level) how long each phase of a pack took.
+struct PhaseTimer(Instant);
+
+impl PhaseTimer {
+    fn new() -> PhaseTimer {
+        PhaseTimer(Instant::now())
+    }
+
+    fn done(&mut self, phase: &str) {
+        let now = Instant::now();
+        log::debug!("{phase}: {:.3} s", (now - self.0).as_secs_f64());
+        self.0 = now;
+    }
 }
 
 fn file_size(kind: &EntryKind) -> u64 {
