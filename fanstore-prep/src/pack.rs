@@ -153,7 +153,7 @@ pub fn pack(opts: &PackOptions) -> Result<PackSummary, PackError> {
     refuse_output_inside_input(&opts.input, &opts.output)?;
 
     let mut scan = ScanProgress::new(opts.progress, opts.progress_interval);
-    let walk_opts = WalkOptions { skip_unreadable: opts.skip_unreadable, skip_special: opts.skip_special };
+    let walk_opts = WalkOptions { skip_unreadable: opts.skip_unreadable, skip_special: opts.skip_special, threads: opts.threads };
     let tree = walk::walk(&opts.input, walk_opts, |n| scan.update(n))?;
     scan.finish();
     phase.done("walk");
