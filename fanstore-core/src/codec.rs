@@ -137,8 +137,21 @@ impl Compressor {
 
     /// `compress(c, input, input.len())`.
     pub fn compress(&mut self, c: Compression, input: &[u8]) -> io::Result<Option<Vec<u8>>> {
+        let mut out = Vec::new();
+        Ok(self.compress_into(c, input, &mut out)?.then_some(out))
+    }
+
+    /// Appends `compress(c, input, input.len())` to `out` and returns true
+    /// if that is `Some`; leaves `out` as it was and returns false if not.
+    pub fn compress_into(&mut self, c: Compression, input: &[u8], out: &mut Vec<u8>) -> io::Result<bool> {
         if c.codec != Codec::Lz4 || input.is_empty() || input.len() > REUSE_MAX {
-            return compress(c, input, input.len() as u64);
+            return Ok(match compress(c, input, input.len() as u64)? {
+                Some(z) => {
+                    out.extend_from_slice(&z);
+                    true
+                }
+                None => false,
+            });
         }
         let enc = self.lz4.get_or_insert_with(|| lz4_flex::frame::FrameEncoder::new(Vec::new()));
         enc.get_mut().clear();
@@ -148,11 +161,12 @@ impl Compressor {
             self.lz4 = None; // its state is unknown: start afresh next time
             return Err(e);
         }
-        let out = enc.get_mut();
-        if out.len() >= input.len() {
-            return Ok(None);
+        let z = enc.get_ref();
+        if z.len() >= input.len() {
+            return Ok(false);
         }
-        Ok(Some(out.clone()))
+        out.extend_from_slice(z);
+        Ok(true)
     }
 }
 

@@ -322,6 +322,8 @@ struct Written {
 /// A file read (and maybe compressed) by a worker.
 enum Loaded {
     Memory { codec: Codec, bytes: Vec<u8>, checksum: u64 },
+    /// A small file: its payload is the next `len` bytes of its batch's data.
+    Small { codec: Codec, len: usize, checksum: u64 },
     /// A big raw file: the writer streams it from this reader.
     Stream(HoleAwareReader),
 }
@@ -363,7 +365,7 @@ fn write_partitions(
     let pool = BufferPool::new(IN_FLIGHT_BUDGET as usize);
     let total_bytes: u64 = jobs.iter().map(size_of).sum();
     let mut progress = Progress::new(opts.progress, opts.progress_interval, "packing", jobs.len() as u64, total_bytes);
-    let (tx, rx) = mpsc::channel::<(usize, Vec<JobResult>)>();
+    let (tx, rx) = mpsc::channel::<Batch>();
     let root = tree.root_fd.as_fd();
     let result = std::thread::scope(|s| {
         for _ in 0..threads {
@@ -371,14 +373,20 @@ fn write_partitions(
             let (sched, jobs, pool) = (&sched, &jobs, &pool);
             s.spawn(move || {
                 let _guard = AbortOnPanic(sched);
-                let mut compressor = codec::Compressor::new();
+                let mut bufs = WorkerBuffers { z: codec::Compressor::new(), scratch: Vec::new(), data: Vec::new() };
                 while let Some(claim) = sched.claim(|i| size_of(&jobs[i]), |i| cost_of(&jobs[i])) {
                     let mut results = Vec::with_capacity(claim.costs.len());
+                    let small: u64 = (claim.start..claim.start + claim.costs.len())
+                        .map(|i| size_of(&jobs[i]))
+                        .filter(|&n| n <= SMALL_MAX)
+                        .sum();
+                    bufs.data = pool.take(small as usize);
                     for (k, &cost) in claim.costs.iter().enumerate() {
                         let e = &tree.entries[files[jobs[claim.start + k].file]];
-                        results.push((cost, load(root, &e.path, file_size(&e.kind), opts.compression, pool, &mut compressor)));
+                        results.push((cost, load(root, &e.path, file_size(&e.kind), opts.compression, pool, &mut bufs)));
                     }
-                    if tx.send((claim.start, results)).is_err() {
+                    let data = std::mem::take(&mut bufs.data);
+                    if tx.send(Batch { start: claim.start, results, data }).is_err() {
                         break;
                     }
                 }
@@ -397,6 +405,8 @@ fn write_partitions(
             pending: HashMap::new(),
             next: 0,
             batch: Vec::new().into_iter(),
+            batch_data: Vec::new(),
+            batch_pos: 0,
             batch_jobs: 0,
             batch_cost: 0,
         };
@@ -419,13 +429,16 @@ struct Writer<'a> {
     jobs: &'a [Job],
     sched: &'a Scheduler,
     pool: &'a BufferPool,
-    rx: mpsc::Receiver<(usize, Vec<JobResult>)>,
+    rx: mpsc::Receiver<Batch>,
     /// Batches received ahead of their turn, by first job.
-    pending: HashMap<usize, Vec<JobResult>>,
+    pending: HashMap<usize, Batch>,
     /// The job to append next.
     next: usize,
     /// What is left of the batch being appended, its job count and cost.
     batch: std::vec::IntoIter<JobResult>,
+    /// The batch's small payloads, and how far the writer got in them.
+    batch_data: Vec<u8>,
+    batch_pos: usize,
     batch_jobs: usize,
     batch_cost: u64,
 }
@@ -433,23 +446,47 @@ struct Writer<'a> {
 /// A worker's result for one job: its cost against the byte budget, and the loaded file.
 type JobResult = (u64, Result<Loaded, LoadError>);
 
+/// A worker's results for the jobs `start..start + results.len()`; the
+/// payloads of the small files among them, one after the other, in `data`
+/// (one allocation per batch instead of two or three per file).
+struct Batch {
+    start: usize,
+    results: Vec<JobResult>,
+    data: Vec<u8>,
+}
+
+/// Files up to this size are read into the worker's scratch buffer and
+/// their payloads appended to the batch's data.
+const SMALL_MAX: u64 = codec::REUSE_MAX as u64;
+
+/// What a worker reuses from file to file.
+struct WorkerBuffers {
+    z: codec::Compressor,
+    /// The raw bytes of the small file being loaded.
+    scratch: Vec<u8>,
+    /// The current batch's small payloads.
+    data: Vec<u8>,
+}
+
 impl Writer<'_> {
     /// The result of job `self.next`, waiting for its batch if need be.
     fn next_result(&mut self) -> Result<Result<Loaded, LoadError>, PackError> {
         if let Some((_, r)) = self.batch.next() {
             return Ok(r);
         }
-        let results = loop {
-            if let Some(r) = self.pending.remove(&self.next) {
-                break r;
+        let Batch { results, data, .. } = loop {
+            if let Some(b) = self.pending.remove(&self.next) {
+                break b;
             }
             match self.rx.recv() {
-                Ok((start, results)) => {
-                    self.pending.insert(start, results);
+                Ok(b) => {
+                    self.pending.insert(b.start, b);
                 }
                 Err(_) => return Err(PackError::Internal("the worker threads stopped early".into())),
             }
         };
+        self.pool.give(std::mem::replace(&mut self.batch_data, data));
+        self.batch_pos = 0;
         self.batch_jobs = results.len();
         self.batch_cost = results.iter().map(|(cost, _)| cost).sum();
         self.batch = results.into_iter();
@@ -488,6 +525,15 @@ impl Writer<'_> {
                 let loaded = self.next_result()?;
                 let path_hash = xxh3(&entry.path);
                 let place = match loaded {
+                    Ok(Loaded::Small { codec, len, checksum }) => {
+                        let end = self.batch_pos + len;
+                        let Some(bytes) = self.batch_data.get(self.batch_pos..end) else {
+                            return Err(PackError::Internal(format!("batch data too short for job {}", self.next)));
+                        };
+                        let off = w.append(path_hash, size, codec, bytes)?;
+                        self.batch_pos = end;
+                        Some((off, len as u64, codec, checksum))
+                    }
                     Ok(Loaded::Memory { codec, bytes, checksum }) => {
                         let off = w.append(path_hash, size, codec, &bytes)?;
                         let stored_len = bytes.len() as u64;
@@ -574,7 +620,7 @@ fn open_input(root: BorrowedFd<'_>, rel: &[u8]) -> io::Result<File> {
 
 /// Reads one file, checks it still has its listed size, and compresses it
 /// if that shrinks it.
-fn load(root: BorrowedFd<'_>, rel: &[u8], listed: u64, c: Compression, pool: &BufferPool, z: &mut codec::Compressor) -> Result<Loaded, LoadError> {
+fn load(root: BorrowedFd<'_>, rel: &[u8], listed: u64, c: Compression, pool: &BufferPool, bufs: &mut WorkerBuffers) -> Result<Loaded, LoadError> {
     let mut file = open_input(root, rel).map_err(|e| match e.raw_os_error() {
         Some(libc::ELOOP) => LoadError::Replaced,
         _ => LoadError::Unreadable(e),
@@ -604,6 +650,24 @@ fn load(root: BorrowedFd<'_>, rel: &[u8], listed: u64, c: Compression, pool: &Bu
             }),
         };
     }
+    if listed <= SMALL_MAX {
+        let raw = &mut bufs.scratch;
+        raw.clear();
+        raw.reserve(listed as usize + 1);
+        read_listed(&mut file, listed, raw).map_err(LoadError::Unreadable)?;
+        if raw.len() as u64 != listed {
+            return Err(LoadError::ChangedSize(describe_count(raw.len() as u64, listed)));
+        }
+        check_size_unchanged(&file, listed)?;
+        let start = bufs.data.len();
+        let compressed = c.codec != Codec::None && listed > 0 && bufs.z.compress_into(c, raw, &mut bufs.data).map_err(LoadError::Compress)?;
+        if !compressed {
+            bufs.data.extend_from_slice(raw);
+        }
+        let payload = &bufs.data[start..];
+        let codec = if compressed { c.codec } else { Codec::None };
+        return Ok(Loaded::Small { codec, len: payload.len(), checksum: xxh3(payload) });
+    }
     let mut bytes = pool.take(listed as usize + 1);
     read_listed(&mut file, listed, &mut bytes).map_err(LoadError::Unreadable)?;
     if bytes.len() as u64 != listed {
@@ -611,7 +675,7 @@ fn load(root: BorrowedFd<'_>, rel: &[u8], listed: u64, c: Compression, pool: &Bu
     }
     check_size_unchanged(&file, listed)?;
     if c.codec != Codec::None && listed > 0 {
-        match z.compress(c, &bytes) {
+        match bufs.z.compress(c, &bytes) {
             Ok(Some(z)) => {
                 pool.give(bytes);
                 return Ok(Loaded::Memory { codec: c.codec, checksum: xxh3(&z), bytes: z });
