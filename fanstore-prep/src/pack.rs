@@ -175,18 +175,22 @@ pub fn pack(opts: &PackOptions) -> Result<PackSummary, PackError> {
     let written = write_partitions(opts, &tree, &files, &plan, dataset_id, &mut out)?;
     phase.done("partitions");
 
+    // The tree is not needed any more: its paths move into the manifest
+    // builder (1.28M copies of paths were a tenth of the manifest phase).
+    let walk_skipped = tree.skipped.len();
     let mut builder = ManifestBuilder::new(dataset_id);
     let (mut directories, mut symlinks) = (0u64, 0u64);
     let mut file_no = 0usize;
-    for e in &tree.entries {
-        let kind = match &e.kind {
+    for e in tree.entries {
+        let size = file_size(&e.kind);
+        let kind = match e.kind {
             EntryKind::Dir => {
                 directories += 1;
                 BuildKind::Dir
             }
             EntryKind::Symlink { target } => {
                 symlinks += 1;
-                BuildKind::Symlink { target: target.clone() }
+                BuildKind::Symlink { target }
             }
             EntryKind::File { .. } => {
                 let place = written.places[file_no];
@@ -203,9 +207,9 @@ pub fn pack(opts: &PackOptions) -> Result<PackSummary, PackError> {
             }
         };
         builder.add(BuildEntry {
-            path: e.path.clone(),
+            path: e.path,
             perm: e.perm,
-            size: file_size(&e.kind),
+            size,
             mtime_ns: e.mtime_ns,
             atime_ns: e.atime_ns,
             ctime_ns: e.ctime_ns,
@@ -226,7 +230,7 @@ pub fn pack(opts: &PackOptions) -> Result<PackSummary, PackError> {
         files: packed.clone().count() as u64,
         directories: directories.saturating_sub(1), // the root is not counted
         symlinks,
-        skipped: (tree.skipped.len() + written.skipped) as u64,
+        skipped: (walk_skipped + written.skipped) as u64,
         bytes_in: packed.clone().map(|p| p.raw_len).sum(),
         bytes_stored: packed.map(|p| p.stored_len).sum(),
         partitions: plan.len() as u32,
