@@ -2,10 +2,11 @@
  * line; reader p takes lines p, p+P, ...) and each opens, reads whole and
  * closes its files. Unlike readfiles.c a failed open or read does not stop
  * a reader: it is counted. Prints one line:
- *   files bytes seconds errors eio
+ *   files bytes seconds errors eio emfile
  * (files = opens that read to the end; errors = failed opens or reads, of
- * which eio had errno EIO). The first failure of each reader is reported
- * on stderr with its path. Used by bench/scale_bench.py. */
+ * which eio had errno EIO and emfile EMFILE or ENFILE). The first failure
+ * of each reader, and its first one with another errno, are reported on
+ * stderr with their paths. Used by bench/scale_bench.py. */
 #define _GNU_SOURCE
 #include <errno.h>
 #include <fcntl.h>
@@ -42,8 +43,8 @@ int main(int argc, char **argv) {
         if (pid < 0) return 2;
         if (pid == 0) {
             static char buf[1 << 16];
-            long long v[4] = {0, 0, 0, 0}; /* files, bytes, errors, eio */
-            int reported = 0;
+            long long v[5] = {0, 0, 0, 0, 0}; /* files, bytes, errors, eio, emfile */
+            int first_err = 0;
             for (size_t i = p; i < n; i += procs) {
                 int fd = open(paths[i], O_RDONLY);
                 int err = 0;
@@ -58,7 +59,11 @@ int main(int argc, char **argv) {
                 if (err) {
                     v[2]++;
                     if (err == EIO) v[3]++;
-                    if (!reported++) fprintf(stderr, "scale_readers: %s: %s\n", paths[i], strerror(err));
+                    if (err == EMFILE || err == ENFILE) v[4]++;
+                    if (!first_err || (first_err > 0 && err != first_err)) {
+                        fprintf(stderr, "scale_readers: %s: %s\n", paths[i], strerror(err));
+                        first_err = first_err ? -1 : err;
+                    }
                 } else {
                     v[0]++;
                 }
@@ -68,12 +73,12 @@ int main(int argc, char **argv) {
         }
     }
     close(pipefd[1]);
-    long long tot[4] = {0, 0, 0, 0}, v[4];
+    long long tot[5] = {0, 0, 0, 0, 0}, v[5];
     while (read(pipefd[0], v, sizeof v) == sizeof v)
-        for (int k = 0; k < 4; k++) tot[k] += v[k];
+        for (int k = 0; k < 5; k++) tot[k] += v[k];
     int status, bad = 0;
     while (wait(&status) > 0)
         if (!WIFEXITED(status) || WEXITSTATUS(status)) bad = 1;
-    printf("%lld %lld %.6f %lld %lld\n", tot[0], tot[1], now() - t0, tot[2], tot[3]);
+    printf("%lld %lld %.6f %lld %lld %lld\n", tot[0], tot[1], now() - t0, tot[2], tot[3], tot[4]);
     return bad;
 }
