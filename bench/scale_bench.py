@@ -7,8 +7,9 @@ random bytes, odd files a repeated text line that lz4 shrinks; written by
 bench/gensmall.c and kept under the cache directory for the next run):
   1. `tar -cf` of the tree vs `fanstore-prep pack --compress lz4 --threads 2
      --partitions 8`, interleaved, REPS runs each, medians (page cache warm:
-     one untimed tar first). Pack's time per file at N vs at the smallest N
-     is the linearity ratio;
+     one untimed tar first; `sync` before each run, so that pack's fsyncs do
+     not wait for tar's dirty archive). Pack's time per file at N vs at the
+     smallest N is the linearity ratio;
   2. time to ready: `mpiexec -n 1 fanstore-daemon --data DS --local L` started
      in the background, from launch until `fanstore wait` returns;
   3. `tar -xf` of the archive into a fresh directory (same disk);
@@ -236,9 +237,14 @@ def measure(n: int, gen: str, reader: str) -> dict:
     timed(["tar", "-cf", str(tar), "-C", str(src), "."])
     tars, packs = [], []
     for rep in range(REPS):
+        # `sync` (untimed) before each: pack fsyncs its partitions and
+        # manifest, and on ext4 that can wait for the previous tar's dirty
+        # 1.3 GB archive (one pack at 1.28M took 31 s instead of 10 s).
         rm(tar)
+        subprocess.run(["sync"], check=True)
         tars.append(timed_cpu(["tar", "-cf", str(tar), "-C", str(src), "."]))
         rm(ds)
+        subprocess.run(["sync"], check=True)
         packs.append(timed_cpu([PREP, "pack", "--input", str(src), "--output", str(ds), "--compress", "lz4",
                                 "--threads", "2", "--partitions", "8", "--progress", "off"], stdout=subprocess.DEVNULL))
         log(f"N={n} rep {rep + 1}/{REPS}: tar -cf {tars[-1][0]:.2f} s (CPU {tars[-1][1]:.2f} s), "
@@ -253,6 +259,7 @@ def measure(n: int, gen: str, reader: str) -> dict:
     untar = work / "untar"
     rm(untar)
     untar.mkdir()
+    subprocess.run(["sync"], check=True)
     row["tar_x"] = timed(["tar", "-xf", str(tar), "-C", str(untar)])
     log(f"N={n}: tar -xf {row['tar_x']:.2f} s")
     rm(untar)
