@@ -84,7 +84,7 @@ def timed_cpu(cmd, **kw) -> tuple:
 
 def rm(p: Path):
     if p.is_dir() and not p.is_symlink():
-        shutil.rmtree(p)
+        subprocess.run(["rm", "-rf", "--", str(p)], check=True)  # shutil.rmtree is minutes slower at 1.28M files
     elif p.exists() or p.is_symlink():
         p.unlink()
 
@@ -212,7 +212,7 @@ def read_pass(reader: str, listing: Path, env=None) -> dict:
         files, nbytes, secs, errors, eio, emfile = r.stdout.split()
     except ValueError:
         raise RuntimeError(f"reader failed (exit {r.returncode}): {r.stdout} {r.stderr[-2000:]}")
-    for line in r.stderr.strip().splitlines()[:2]:
+    for line in r.stderr.strip().splitlines():  # at most 2 per reader
         log(line)
     return dict(files=int(files), bytes=int(nbytes), seconds=float(secs), errors=int(errors), eio=int(eio),
                 emfile=int(emfile))
