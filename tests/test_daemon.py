@@ -387,3 +387,18 @@ def test_concurrent_clients(bins, pack, source, tmp_path):
             assert int(st["errors"]) == 0 and int(st["remote_failed"]) == 0, st
     finally:
         c.stop()
+
+
+def test_cli_output_into_a_closed_pipe_ends_quietly(bins, tmp_path):
+    """`fanstore stop | head` prints no "Broken pipe" and no panic: like
+    coreutils, the CLI is killed by SIGPIPE, silently."""
+    rt = tmp_path / "rt"
+    rt.mkdir()
+    r, w = os.pipe()
+    os.close(r)
+    try:
+        res = subprocess.run([bins["cli"], "--runtime-dir", str(rt), "stop"], stdout=w, stderr=subprocess.PIPE,
+                             text=True, timeout=60)
+    finally:
+        os.close(w)
+    assert (res.returncode, res.stderr) == (-13, ""), res

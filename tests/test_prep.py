@@ -204,6 +204,43 @@ def test_ls_lists_like_ls_l(prep, mixed_tree, tmp_path):
     assert missing.returncode != 0 and "nope" in missing.stderr
 
 
+def run_into_closed_pipe(cmd) -> subprocess.CompletedProcess:
+    """Runs cmd with its stdout a pipe whose reader is already gone, as after
+    `cmd | head` once head has exited: every write meets EPIPE."""
+    r, w = os.pipe()
+    os.close(r)
+    try:
+        return subprocess.run(cmd, stdout=w, stderr=subprocess.PIPE, text=True, timeout=120)
+    finally:
+        os.close(w)
+
+
+def test_output_into_a_closed_pipe_ends_quietly_like_coreutils(prep, tmp_path):
+    """`fanstore-prep ls DS | head -1` prints no "Broken pipe": like coreutils'
+    ls, the process is killed by SIGPIPE (bash reports 141), silently."""
+    src = tmp_path / "src"
+    src.mkdir()
+    for i in range(3000):  # a listing of ~500 KB: far more than a pipe holds
+        (src / f"{'n' * 120}{i:05d}").write_bytes(b"")
+    out = tmp_path / "ds"
+    pack(prep, src, out)
+    r = subprocess.run(["bash", "-c", 'set +o pipefail; "$0" ls "$1" | head -1; echo "ls-status=${PIPESTATUS[0]}" >&2',
+                        prep["prep"], str(out)], capture_output=True, text=True, timeout=120)
+    assert r.stdout.count("\n") == 1 and "n" * 120 in r.stdout, r.stdout[:300]
+    assert r.stderr == "ls-status=141\n", r.stderr
+    r = run_into_closed_pipe([prep["prep"], "ls", str(out)])
+    assert (r.returncode, r.stderr) == (-13, ""), r
+    # pack, verify and extract print one summary line: quiet too, and the
+    # dataset is complete (the summary is printed after the manifest).
+    out2 = tmp_path / "ds2"
+    r = run_into_closed_pipe([prep["prep"], "pack", "--input", str(src), "--output", str(out2), "--progress", "off"])
+    assert (r.returncode, r.stderr) == (-13, ""), r
+    for cmd in (["verify", str(out2)], ["extract", str(out2), "--to", str(tmp_path / "x")]):
+        r = run_into_closed_pipe([prep["prep"], *cmd])
+        assert (r.returncode, r.stderr) == (-13, ""), (cmd, r)
+    assert len(os.listdir(tmp_path / "x")) == 3000
+
+
 # ---------------------------------------------------------------- bad input
 
 

@@ -111,6 +111,65 @@ pub fn compress(c: Compression, mut input: impl Read, raw_len: u64) -> io::Resul
     }
 }
 
+/// Inputs up to this size are compressed by [`Compressor`] with a reused
+/// encoder; a fresh lz4 frame encoder picks this block size for them too.
+pub const REUSE_MAX: usize = 64 << 10;
+
+/// Compresses many in-memory inputs one after the other (one per thread),
+/// with the same result as [`compress`], byte for byte.
+///
+/// A fresh lz4 frame encoder allocates about 270 KB of buffers and a 16 KB
+/// table; for a 100-byte file that is most of the work, and glibc maps and
+/// unmaps (or trims) the buffers on every file. For lz4 inputs of at most
+/// [`REUSE_MAX`] bytes one encoder is kept and reused: lz4_flex resets its
+/// state at the start of each frame, and its block size, fixed by the first
+/// frame, is 64 KiB for every such input, as a fresh encoder would choose.
+/// Other inputs go to [`compress`].
+#[derive(Default)]
+pub struct Compressor {
+    lz4: Option<lz4_flex::frame::FrameEncoder<Vec<u8>>>,
+}
+
+impl Compressor {
+    pub fn new() -> Compressor {
+        Compressor::default()
+    }
+
+    /// `compress(c, input, input.len())`.
+    pub fn compress(&mut self, c: Compression, input: &[u8]) -> io::Result<Option<Vec<u8>>> {
+        let mut out = Vec::new();
+        Ok(self.compress_into(c, input, &mut out)?.then_some(out))
+    }
+
+    /// Appends `compress(c, input, input.len())` to `out` and returns true
+    /// if that is `Some`; leaves `out` as it was and returns false if not.
+    pub fn compress_into(&mut self, c: Compression, input: &[u8], out: &mut Vec<u8>) -> io::Result<bool> {
+        if c.codec != Codec::Lz4 || input.is_empty() || input.len() > REUSE_MAX {
+            return Ok(match compress(c, input, input.len() as u64)? {
+                Some(z) => {
+                    out.extend_from_slice(&z);
+                    true
+                }
+                None => false,
+            });
+        }
+        let enc = self.lz4.get_or_insert_with(|| lz4_flex::frame::FrameEncoder::new(Vec::new()));
+        enc.get_mut().clear();
+        let mut reader = input;
+        let res = io::copy(&mut reader, enc).and_then(|_| enc.try_finish().map_err(io::Error::from));
+        if let Err(e) = res {
+            self.lz4 = None; // its state is unknown: start afresh next time
+            return Err(e);
+        }
+        let z = enc.get_ref();
+        if z.len() >= input.len() {
+            return Ok(false);
+        }
+        out.extend_from_slice(z);
+        Ok(true)
+    }
+}
+
 /// Decompresses `stored` into `out`, which must receive exactly `raw_len` bytes.
 pub fn decompress_to(codec: Codec, stored: &[u8], raw_len: u64, out: &mut impl Write) -> io::Result<()> {
     let n = match codec {
@@ -139,6 +198,39 @@ pub fn decompress(codec: Codec, stored: &[u8], raw_len: u64) -> io::Result<Vec<u
 
 #[cfg(test)]
 mod tests {
+
+    #[test]
+    fn reused_compressor_gives_the_bytes_of_a_fresh_encoder() {
+        let mut x = 7u64;
+        let mut rnd = move || {
+            x ^= x << 13;
+            x ^= x >> 7;
+            x ^= x << 17;
+            x
+        };
+        let mut reused = Compressor::new();
+        let lz4 = Compression { codec: Codec::Lz4, level: 0 };
+        let sizes = [1usize, 2, 15, 16, 100, 101, 4095, 4096, 8191, 8192, 8193, 65535, 65536, 65537, 70000, 200_000, 100];
+        for (i, &n) in sizes.iter().enumerate() {
+            for compressible in [false, true] {
+                let data: Vec<u8> = (0..n)
+                    .map(|k| if compressible { b"label 0123 sample\n"[(k + i) % 18] } else { rnd() as u8 })
+                    .collect();
+                let fresh = compress(lz4, &data[..], n as u64).unwrap();
+                let again = reused.compress(lz4, &data).unwrap();
+                assert_eq!(again, fresh, "{n} bytes, compressible {compressible}");
+                if n >= 4096 {
+                    assert_eq!(fresh.is_some(), compressible, "{n} bytes");
+                }
+                if let Some(z) = again {
+                    assert_eq!(decompress(Codec::Lz4, &z, n as u64).unwrap(), data);
+                }
+            }
+        }
+        let zstd = Compression { codec: Codec::Zstd, level: 3 };
+        let text = b"abcabcabcabcabcabcabcabcabcabc".repeat(10);
+        assert_eq!(reused.compress(zstd, &text).unwrap(), compress(zstd, &text[..], text.len() as u64).unwrap());
+    }
     use super::*;
 
     #[test]

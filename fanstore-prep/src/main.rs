@@ -132,13 +132,14 @@ fn run(cli: Cli) -> Result<ExitCode> {
                 progress_interval: std::time::Duration::from_secs_f64(a.progress_interval),
             };
             let summary = pack(&opts).context("pack failed")?;
-            println!("{summary}");
+            writeln!(Stdout, "{summary}")?;
             Ok(ExitCode::SUCCESS)
         }
         Command::Verify { dataset } => {
             let r = verify::verify(&dataset);
             if r.faults.is_empty() {
-                println!(
+                writeln!(
+                    Stdout,
                     "OK {}: {} files ({:.1} MB), {} directories, {} symlinks, {} partitions ({} replicated), {:.1} MB read, dataset id {:#018x}",
                     dataset.display(),
                     r.files,
@@ -149,7 +150,7 @@ fn run(cli: Cli) -> Result<ExitCode> {
                     r.replicated_partitions,
                     r.bytes_read as f64 / 1e6,
                     r.dataset_id
-                );
+                )?;
                 Ok(ExitCode::SUCCESS)
             } else {
                 for f in &r.faults {
@@ -161,15 +162,52 @@ fn run(cli: Cli) -> Result<ExitCode> {
         }
         Command::Ls { dataset, path } => {
             let path = path.unwrap_or_default();
-            let stdout = std::io::stdout();
-            let mut out = std::io::BufWriter::new(stdout.lock());
+            let mut out = std::io::BufWriter::with_capacity(64 << 10, Stdout);
             ls::ls(&dataset, path.as_bytes(), &mut out)?;
+            out.flush()?;
             Ok(ExitCode::SUCCESS)
         }
         Command::Extract { dataset, to } => {
             let summary = extract::extract(&dataset, &to)?;
-            println!("{summary}");
+            writeln!(Stdout, "{summary}")?;
             Ok(ExitCode::SUCCESS)
         }
     }
+}
+
+/// Standard output that behaves like coreutils when its reader goes away
+/// (`fanstore-prep ls DS | head`): the process ends quietly, killed by
+/// SIGPIPE as `ls` would be, instead of reporting "Broken pipe". Rust
+/// ignores SIGPIPE, so a closed pipe shows up here as EPIPE. Only standard
+/// output gets this treatment: a broken pipe anywhere else is an error.
+struct Stdout;
+
+impl Write for Stdout {
+    fn write(&mut self, buf: &[u8]) -> std::io::Result<usize> {
+        quiet_if_reader_gone(std::io::stdout().lock().write(buf))
+    }
+
+    fn flush(&mut self) -> std::io::Result<()> {
+        quiet_if_reader_gone(std::io::stdout().lock().flush())
+    }
+}
+
+fn quiet_if_reader_gone<T>(r: std::io::Result<T>) -> std::io::Result<T> {
+    match r {
+        Err(e) if e.kind() == std::io::ErrorKind::BrokenPipe => die_of_sigpipe(),
+        other => other,
+    }
+}
+
+/// Ends the process the way a program that does not ignore SIGPIPE ends
+/// when it writes to a closed pipe: killed by the signal, no message.
+fn die_of_sigpipe() -> ! {
+    // SAFETY: signal() and raise() are async-signal-safe libc calls with
+    // valid constant arguments; resetting SIGPIPE to its default action
+    // affects only this process, which is about to end.
+    unsafe {
+        libc::signal(libc::SIGPIPE, libc::SIG_DFL);
+        libc::raise(libc::SIGPIPE);
+    }
+    std::process::exit(128 + libc::SIGPIPE)
 }

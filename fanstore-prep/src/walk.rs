@@ -21,6 +21,8 @@ use std::ffi::OsStr;
 use std::os::fd::{AsFd, OwnedFd};
 use std::os::unix::ffi::OsStrExt;
 use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicUsize, Ordering as AtomicOrdering};
+use std::sync::{Condvar, Mutex};
 
 /// Longest name (one component) FanStore packs.
 pub const NAME_MAX: usize = fanstore_core::manifest::NAME_MAX;
@@ -61,6 +63,8 @@ pub struct WalkOptions {
     pub skip_unreadable: bool,
     /// Warn about and leave out fifos, sockets and devices.
     pub skip_special: bool,
+    /// Threads that list directories (0 means 1).
+    pub threads: usize,
 }
 
 /// The walked tree: the open root and its entries in depth-first order.
@@ -126,6 +130,13 @@ fn join(dir: &[u8], name: &[u8]) -> Vec<u8> {
 }
 
 /// Walks `root` and returns its entries, depth-first and sorted.
+///
+/// `opts.threads` threads list directories in parallel (the calling thread
+/// is one of them and reports progress). Each directory's listing is sorted
+/// by name on its own; the manifest's order is then a depth-first walk over
+/// the listings, in linear time, so neither the result nor its order
+/// depends on the thread count or on timing. If several entries are bad,
+/// which one is reported may depend on timing; each error names its path.
 pub fn walk(root: &Path, opts: WalkOptions, mut on_progress: impl FnMut(usize)) -> Result<Tree, WalkError> {
     let root_file = std::fs::File::open(root).map_err(|e| WalkError::Root { path: root.into(), source: e })?;
     let root_fd: OwnedFd = root_file.into();
@@ -133,95 +144,231 @@ pub fn walk(root: &Path, opts: WalkOptions, mut on_progress: impl FnMut(usize)) 
     if root_stat.kind != InodeKind::Dir {
         return Err(WalkError::RootNotDir(root.into()));
     }
-    let anchors = RootAnchors::new(root);
-    let mut entries = vec![TreeEntry::new(Vec::new(), EntryKind::Dir, &root_stat)];
-    let mut skipped = Vec::new();
-    let mut unreadable_dirs: Vec<Vec<u8>> = Vec::new();
-    // Directories still to list: (relative path, index in `entries`).
-    let mut pending: Vec<(Vec<u8>, usize)> = vec![(Vec::new(), 0)];
-    while let Some((dir_rel, dir_index)) = pending.pop() {
-        let listing = sys::open_dir_beneath(root_fd.as_fd(), &dir_rel)
-            .and_then(|fd| sys::read_dir_names(fd.as_fd()).map(|names| (fd, names)));
-        let (dir_fd, names) = match listing {
-            Ok(x) => x,
-            Err(e) => {
-                let path = display_path(root, &dir_rel);
-                if opts.skip_unreadable && !dir_rel.is_empty() {
-                    log::warn!("skipping unreadable directory {}: {e}", path.display());
-                    skipped.push(format!("{} (unreadable directory)", path.display()));
-                    unreadable_dirs.push(dir_rel);
-                    continue;
-                }
-                return Err(WalkError::UnreadableDir { path, source: e });
-            }
-        };
-        // Record the directory's times after listing it: reading a directory
-        // may update its atime once, and a later pack then sees the same value.
-        if let Ok(st) = sys::fstat(dir_fd.as_fd()) {
-            let e = &mut entries[dir_index];
-            (e.perm, e.mtime_ns, e.atime_ns, e.ctime_ns) = (st.perm, st.mtime_ns, st.atime_ns, st.ctime_ns);
+    let ctx = WalkContext { root, root_fd: root_fd.as_fd(), opts, anchors: RootAnchors::new(root) };
+    let shared = WalkQueue {
+        state: Mutex::new(QueueState { pending: vec![(0, Vec::new())], listings: vec![None], busy: 0, error: None }),
+        changed: Condvar::new(),
+        listed: AtomicUsize::new(1),
+    };
+    let threads = opts.threads.max(1);
+    std::thread::scope(|s| {
+        for _ in 1..threads {
+            s.spawn(|| shared.work(&ctx, &mut |_| {}));
         }
-        for name in names {
-            let rel = join(&dir_rel, &name);
-            let path = || display_path(root, &rel);
-            if name.len() > NAME_MAX {
-                return Err(WalkError::TooLong { path: path(), problem: format!("name is {} bytes, the limit is {NAME_MAX}", name.len()) });
-            }
-            if rel.len() > PATH_MAX {
-                return Err(WalkError::TooLong {
-                    path: path(),
-                    problem: format!("path is {} bytes below the input, the limit is {PATH_MAX}", rel.len()),
-                });
-            }
-            let st = match sys::lstat_at(dir_fd.as_fd(), &name) {
-                Ok(st) => st,
-                Err(e) if e.kind() == std::io::ErrorKind::NotFound => {
-                    log::warn!("{} vanished while the tree was walked; leaving it out", path().display());
-                    continue;
-                }
-                Err(e) => return Err(WalkError::Stat { path: path(), source: e }),
-            };
-            match st.kind {
-                InodeKind::Dir => {
-                    entries.push(TreeEntry::new(rel.clone(), EntryKind::Dir, &st));
-                    pending.push((rel, entries.len() - 1));
-                }
-                InodeKind::File => entries.push(TreeEntry::new(rel, EntryKind::File { size: st.size }, &st)),
-                InodeKind::Symlink => {
-                    let target = sys::readlink_at(dir_fd.as_fd(), &name).map_err(|e| WalkError::ReadLink { path: path(), source: e })?;
-                    // readlink may have updated the link's atime: record the
-                    // stat taken after it, which the next pack sees again.
-                    let st = sys::lstat_at(dir_fd.as_fd(), &name).unwrap_or(st);
-                    let kept = anchors
-                        .check_symlink(&rel, &target)
-                        .ok_or_else(|| WalkError::SymlinkOutside { path: path(), target: target.clone() })?;
-                    if kept != target {
-                        log::info!(
-                            "{}: absolute target '{}' is inside the tree: stored as '{}'",
-                            path().display(),
-                            String::from_utf8_lossy(&target),
-                            String::from_utf8_lossy(&kept)
-                        );
-                    }
-                    entries.push(TreeEntry::new(rel, EntryKind::Symlink { target: kept }, &st));
-                }
-                InodeKind::Special(kind) => {
-                    if opts.skip_special {
-                        log::warn!("skipping special file ({kind}) {}", path().display());
-                        skipped.push(format!("{} ({kind})", path().display()));
-                    } else {
-                        return Err(WalkError::Special { path: path(), kind });
-                    }
-                }
-            }
-        }
-        on_progress(entries.len());
+        shared.work(&ctx, &mut on_progress);
+    });
+    let state = shared.state.into_inner().unwrap_or_else(|p| p.into_inner());
+    if let Some(e) = state.error {
+        return Err(e);
     }
-    if !unreadable_dirs.is_empty() {
-        entries.retain(|e| !unreadable_dirs.contains(&e.path));
-    }
-    entries.sort_by(|a, b| tree_order(&a.path, &b.path));
+    let (entries, skipped) = depth_first(TreeEntry::new(Vec::new(), EntryKind::Dir, &root_stat), state.listings);
+    debug_assert!(entries.windows(2).all(|w| tree_order(&w[0].path, &w[1].path).is_lt()));
     Ok(Tree { root: root.into(), root_fd, entries, skipped })
+}
+
+/// What every walking thread reads.
+struct WalkContext<'a> {
+    root: &'a Path,
+    root_fd: std::os::fd::BorrowedFd<'a>,
+    opts: WalkOptions,
+    anchors: RootAnchors,
+}
+
+/// One directory, listed: its own times (taken after listing it) and its
+/// entries sorted by name, each subdirectory with the id of its listing.
+/// `None` entries: an unreadable directory left out.
+struct Listing {
+    stat: Option<sys::Stat>,
+    entries: Option<Vec<(TreeEntry, Option<usize>)>>,
+    skipped: Vec<String>,
+}
+
+/// Directories still to list, by listing id, and the listings done.
+struct WalkQueue {
+    state: Mutex<QueueState>,
+    changed: Condvar,
+    /// Entries listed so far (for progress).
+    listed: AtomicUsize,
+}
+
+struct QueueState {
+    /// (listing id, relative path) of directories to list.
+    pending: Vec<(usize, Vec<u8>)>,
+    /// One slot per directory found, filled when it is listed.
+    listings: Vec<Option<Listing>>,
+    /// Threads listing a directory now (more may be found while any is).
+    busy: usize,
+    error: Option<WalkError>,
+}
+
+impl WalkQueue {
+    fn lock(&self) -> std::sync::MutexGuard<'_, QueueState> {
+        self.state.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    /// Lists directories until none is left (or one failed).
+    fn work(&self, ctx: &WalkContext<'_>, on_progress: &mut dyn FnMut(usize)) {
+        let mut st = self.lock();
+        loop {
+            if st.error.is_some() {
+                break;
+            }
+            let Some((id, rel)) = st.pending.pop() else {
+                if st.busy == 0 {
+                    break;
+                }
+                st = self.changed.wait(st).unwrap_or_else(|p| p.into_inner());
+                continue;
+            };
+            st.busy += 1;
+            drop(st);
+            let result = list_dir(ctx, &rel);
+            st = self.lock();
+            st.busy -= 1;
+            match result {
+                Ok((mut listing, subdirs)) => {
+                    let n = listing.entries.as_ref().map_or(0, Vec::len);
+                    if let Some(entries) = listing.entries.as_mut() {
+                        for k in subdirs {
+                            let child = st.listings.len();
+                            st.listings.push(None);
+                            entries[k].1 = Some(child);
+                            let path = entries[k].0.path.clone();
+                            st.pending.push((child, path));
+                        }
+                    }
+                    st.listings[id] = Some(listing);
+                    let total = self.listed.fetch_add(n, AtomicOrdering::Relaxed) + n;
+                    self.changed.notify_all();
+                    drop(st);
+                    on_progress(total);
+                    st = self.lock();
+                }
+                Err(e) => {
+                    st.error.get_or_insert(e);
+                    self.changed.notify_all();
+                }
+            }
+        }
+        drop(st);
+        self.changed.notify_all();
+    }
+}
+
+/// Lists the directory `dir_rel`: its entries sorted by name, and the
+/// positions of its subdirectories among them.
+fn list_dir(ctx: &WalkContext<'_>, dir_rel: &[u8]) -> Result<(Listing, Vec<usize>), WalkError> {
+    let (root, opts) = (ctx.root, ctx.opts);
+    let listing = sys::open_dir_beneath(ctx.root_fd, dir_rel).and_then(|fd| sys::read_dir_names(fd.as_fd()).map(|names| (fd, names)));
+    let (dir_fd, mut names) = match listing {
+        Ok(x) => x,
+        Err(e) => {
+            let path = display_path(root, dir_rel);
+            if opts.skip_unreadable && !dir_rel.is_empty() {
+                log::warn!("skipping unreadable directory {}: {e}", path.display());
+                let skipped = vec![format!("{} (unreadable directory)", path.display())];
+                return Ok((Listing { stat: None, entries: None, skipped }, Vec::new()));
+            }
+            return Err(WalkError::UnreadableDir { path, source: e });
+        }
+    };
+    // Record the directory's times after listing it: reading a directory
+    // may update its atime once, and a later pack then sees the same value.
+    let stat = sys::fstat(dir_fd.as_fd()).ok();
+    names.sort_unstable();
+    let mut entries = Vec::with_capacity(names.len());
+    let mut subdirs = Vec::new();
+    let mut skipped = Vec::new();
+    for name in names {
+        let rel = join(dir_rel, &name);
+        let path = || display_path(root, &rel);
+        if name.len() > NAME_MAX {
+            return Err(WalkError::TooLong { path: path(), problem: format!("name is {} bytes, the limit is {NAME_MAX}", name.len()) });
+        }
+        if rel.len() > PATH_MAX {
+            return Err(WalkError::TooLong {
+                path: path(),
+                problem: format!("path is {} bytes below the input, the limit is {PATH_MAX}", rel.len()),
+            });
+        }
+        let st = match sys::lstat_at(dir_fd.as_fd(), &name) {
+            Ok(st) => st,
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => {
+                log::warn!("{} vanished while the tree was walked; leaving it out", path().display());
+                continue;
+            }
+            Err(e) => return Err(WalkError::Stat { path: path(), source: e }),
+        };
+        match st.kind {
+            InodeKind::Dir => {
+                subdirs.push(entries.len());
+                entries.push((TreeEntry::new(rel, EntryKind::Dir, &st), None));
+            }
+            InodeKind::File => entries.push((TreeEntry::new(rel, EntryKind::File { size: st.size }, &st), None)),
+            InodeKind::Symlink => {
+                let target = sys::readlink_at(dir_fd.as_fd(), &name).map_err(|e| WalkError::ReadLink { path: path(), source: e })?;
+                // readlink may have updated the link's atime: record the
+                // stat taken after it, which the next pack sees again.
+                let st = sys::lstat_at(dir_fd.as_fd(), &name).unwrap_or(st);
+                let kept = ctx
+                    .anchors
+                    .check_symlink(&rel, &target)
+                    .ok_or_else(|| WalkError::SymlinkOutside { path: path(), target: target.clone() })?;
+                if kept != target {
+                    log::info!(
+                        "{}: absolute target '{}' is inside the tree: stored as '{}'",
+                        path().display(),
+                        String::from_utf8_lossy(&target),
+                        String::from_utf8_lossy(&kept)
+                    );
+                }
+                entries.push((TreeEntry::new(rel, EntryKind::Symlink { target: kept }, &st), None));
+            }
+            InodeKind::Special(kind) => {
+                if opts.skip_special {
+                    log::warn!("skipping special file ({kind}) {}", path().display());
+                    skipped.push(format!("{} ({kind})", path().display()));
+                } else {
+                    return Err(WalkError::Special { path: path(), kind });
+                }
+            }
+        }
+    }
+    Ok((Listing { stat, entries: Some(entries), skipped }, subdirs))
+}
+
+/// The entries in the manifest's order (depth-first from listing 0, the
+/// root, whose entry is `root`), unreadable directories left out, and the
+/// skipped entries in the same order.
+fn depth_first(root: TreeEntry, mut listings: Vec<Option<Listing>>) -> (Vec<TreeEntry>, Vec<String>) {
+    let mut out = Vec::new();
+    let mut skipped = Vec::new();
+    // The listings being emitted, each with the entries it has left.
+    let mut stack: Vec<std::vec::IntoIter<(TreeEntry, Option<usize>)>> = Vec::new();
+    let mut visit = |mut dir: TreeEntry, id: usize, out: &mut Vec<TreeEntry>, stack: &mut Vec<_>| {
+        let Some(listing) = listings.get_mut(id).and_then(Option::take) else {
+            out.push(dir);
+            return;
+        };
+        skipped.extend(listing.skipped);
+        let Some(entries) = listing.entries else { return }; // unreadable: left out
+        if let Some(st) = listing.stat {
+            (dir.perm, dir.mtime_ns, dir.atime_ns, dir.ctime_ns) = (st.perm, st.mtime_ns, st.atime_ns, st.ctime_ns);
+        }
+        out.push(dir);
+        stack.push(entries.into_iter());
+    };
+    visit(root, 0, &mut out, &mut stack);
+    while let Some(top) = stack.last_mut() {
+        match top.next() {
+            None => {
+                stack.pop();
+            }
+            Some((entry, None)) => out.push(entry),
+            Some((entry, Some(id))) => visit(entry, id, &mut out, &mut stack),
+        }
+    }
+    (out, skipped)
 }
 
 /// The absolute spellings of the input root, for absolute symlink targets.
@@ -370,6 +517,32 @@ mod tests {
         let mut v: Vec<&[u8]> = vec![b"a.b", b"a/z", b"a", b"", b"b", b"a/b/c", b"\xff"];
         v.sort_by(|a, b| tree_order(a, b));
         assert_eq!(v, vec![&b""[..], b"a", b"a/b/c", b"a/z", b"a.b", b"b", b"\xff"]);
+    }
+
+    #[test]
+    fn walk_order_does_not_depend_on_the_thread_count() {
+        let d = tempfile::tempdir().unwrap();
+        let r = d.path();
+        // Names whose byte order differs from the order of whole paths
+        // ("a.b" sorts after "a/z") and from creation order.
+        for (i, dir) in ["b", "a", "a/z", "a/z/y", "a.b", "c/d/e/f", "\u{e9}"].iter().enumerate() {
+            std::fs::create_dir_all(r.join(dir)).unwrap();
+            for k in [3, 1, 20, 2] {
+                std::fs::write(r.join(dir).join(format!("f{k}")), vec![b'x'; i * k]).unwrap();
+            }
+        }
+        std::os::unix::fs::symlink("../b/f1", r.join("a/l")).unwrap();
+        let one = walk(r, WalkOptions { threads: 1, ..Default::default() }, |_| {}).unwrap();
+        let paths: Vec<&[u8]> = one.entries.iter().map(|e| e.path.as_slice()).collect();
+        let mut sorted = paths.clone();
+        sorted.sort_by(|a, b| tree_order(a, b));
+        sorted.dedup();
+        assert_eq!(paths, sorted, "depth-first, by name, no duplicates");
+        assert_eq!(paths.len(), 1 + 10 + 7 * 4 + 1);
+        for threads in [2, 3, 8] {
+            let many = walk(r, WalkOptions { threads, ..Default::default() }, |_| {}).unwrap();
+            assert_eq!(many.entries, one.entries, "{threads} threads");
+        }
     }
 
     #[test]

@@ -103,6 +103,45 @@ enum CkptCmd {
     },
 }
 
+/// `print!` that behaves like coreutils when the reader of standard output
+/// goes away (`fanstore status | head -1`): the process ends quietly, killed
+/// by SIGPIPE as `ls` would be, instead of printing "Broken pipe" or
+/// panicking. Rust ignores SIGPIPE, so a closed pipe shows up as EPIPE here.
+macro_rules! out {
+    ($($arg:tt)*) => { emit(format_args!($($arg)*)) };
+}
+
+/// `println!` with the behaviour of [`out!`].
+macro_rules! outln {
+    () => { emit(format_args!("\n")) };
+    ($($arg:tt)*) => { emit(format_args!("{}\n", format_args!($($arg)*))) };
+}
+
+fn emit(args: std::fmt::Arguments<'_>) {
+    use std::io::Write;
+    let mut o = std::io::stdout().lock();
+    if let Err(e) = o.write_fmt(args).and_then(|()| o.flush()) {
+        if e.kind() == std::io::ErrorKind::BrokenPipe {
+            die_of_sigpipe();
+        }
+        eprintln!("fanstore: cannot write to standard output: {e}");
+        std::process::exit(1);
+    }
+}
+
+/// Ends the process the way a program that does not ignore SIGPIPE ends
+/// when it writes to a closed pipe: killed by the signal, no message.
+fn die_of_sigpipe() -> ! {
+    // SAFETY: signal() and raise() are async-signal-safe libc calls with
+    // valid constant arguments; resetting SIGPIPE to its default action
+    // affects only this process, which is about to end.
+    unsafe {
+        libc::signal(libc::SIGPIPE, libc::SIG_DFL);
+        libc::raise(libc::SIGPIPE);
+    }
+    std::process::exit(128 + libc::SIGPIPE)
+}
+
 const TICK: Duration = Duration::from_millis(50);
 
 fn main() {
@@ -114,7 +153,7 @@ fn main() {
         Cmd::Stop { timeout } => stop(&rt, Duration::from_secs_f64(timeout)),
         Cmd::Sync { timeout } => sync(&rt, Duration::from_secs_f64(timeout)),
         Cmd::Export { dir, to } => fanstore_daemon::persist::export(&dir, &to)
-            .map(|n| println!("fanstore: exported {n} files to {}", to.display()))
+            .map(|n| outln!("fanstore: exported {n} files to {}", to.display()))
             .map_err(anyhow::Error::from),
         Cmd::Ckpt { cmd } => ckpt(&rt, cmd),
     };
@@ -152,7 +191,7 @@ fn wait(rt: &Path, timeout: Duration) -> anyhow::Result<()> {
             let ready = states.iter().filter(|s| s.status == Status::Ready && s.nranks == n && alive(s)).count();
             let visible = states.iter().filter(|s| s.nranks == n).count();
             if ready == n as usize || (visible < n as usize && ready > 0) {
-                println!("fanstore: {n} rank(s) ready");
+                outln!("fanstore: {n} rank(s) ready");
                 return Ok(());
             }
             let gone: Vec<u32> = states.iter().filter(|s| !alive(s)).map(|s| s.rank).collect();
@@ -182,7 +221,7 @@ fn show_status(rt: &Path) -> anyhow::Result<()> {
             .map(|(r, _)| status::parse(&String::from_utf8_lossy(&r.payload)));
         rows.push((s.rank, text));
     }
-    print!("{}", status::table(&rows));
+    out!("{}", status::table(&rows));
     Ok(())
 }
 
@@ -223,7 +262,7 @@ fn sync(rt: &Path, timeout: Duration) -> anyhow::Result<()> {
             counts[i] += r.value;
         }
     }
-    println!("fanstore: synced {} files, {} records", counts[0], counts[1]);
+    outln!("fanstore: synced {} files, {} records", counts[0], counts[1]);
     Ok(())
 }
 
@@ -245,11 +284,11 @@ fn ckpt(rt: &Path, cmd: CkptCmd) -> anyhow::Result<()> {
     };
     let report = ckpt_query::run(rt, &q)?;
     if q == Query::Du && !du_json {
-        print!("{}", ckpt_query::du_table(&report.text)?);
+        out!("{}", ckpt_query::du_table(&report.text)?);
     } else {
-        print!("{}", report.text);
+        out!("{}", report.text);
         if !report.text.ends_with('\n') {
-            println!();
+            outln!();
         }
     }
     if !report.ok {
@@ -301,8 +340,8 @@ fn stop(rt: &Path, timeout: Duration) -> anyhow::Result<()> {
     }
     let _ = std::fs::remove_dir(rt);
     match asked {
-        Some(r) => println!("fanstore: stopped (via rank {r})"),
-        None => println!("fanstore: no running daemon in {}", rt.display()),
+        Some(r) => outln!("fanstore: stopped (via rank {r})"),
+        None => outln!("fanstore: no running daemon in {}", rt.display()),
     }
     Ok(())
 }
