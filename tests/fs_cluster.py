@@ -386,6 +386,16 @@ def check_mpi_library(c: Cluster) -> None:
                              f"--- log ---\n{c.log()}")
 
 
+def small_cluster(bins, tmp: Path, seed: int, n_files=8, nranks=4, mount="/fanstore", extra_args=()) -> Cluster:
+    """A cluster of `nranks` daemons over a small mixed dataset (fs_prep.make_tree
+    with `seed`, 4 partitions) made under `tmp`: the usual module fixture of the
+    output tests."""
+    from fs_prep import make_tree, pack
+    src = make_tree(Path(tmp) / "src", "mixed", n_files=n_files, seed=seed)
+    pack(bins, src, Path(tmp) / "data", "--partitions", "4")
+    return start_cluster(bins, Path(tmp) / "data", Path(tmp) / "cl", nranks=nranks, mount=mount, extra_args=extra_args)
+
+
 @pytest.fixture
 def cluster_factory(bins, tmp_path):
     """start(dataset, nranks=4, ...) -> Cluster; every cluster is stopped (or killed) at teardown."""

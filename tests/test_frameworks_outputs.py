@@ -12,8 +12,7 @@ import textwrap
 
 import pytest
 
-from fs_cluster import start_cluster
-from fs_prep import make_tree, pack
+from fs_cluster import small_cluster
 
 MOUNT = "/fanstore"
 
@@ -75,10 +74,7 @@ else:
 
 @pytest.fixture(scope="module")
 def cl(bins, tmp_path_factory):
-    tmp = tmp_path_factory.mktemp("fw")
-    src = make_tree(tmp / "src", "mixed", n_files=8, seed=8)
-    pack(bins, src, tmp / "data", "--partitions", "4")
-    c = start_cluster(bins, tmp / "data", tmp / "cl", nranks=4, mount=MOUNT)
+    c = small_cluster(bins, tmp_path_factory.mktemp("fw"), seed=8, n_files=8, mount=MOUNT)
     yield c
     c.stop()
 

@@ -8,8 +8,7 @@ import textwrap
 
 import pytest
 
-from fs_cluster import start_cluster
-from fs_prep import make_tree, pack
+from fs_cluster import small_cluster
 
 MOUNT = "/fanstore"
 
@@ -78,10 +77,7 @@ print(json.dumps([oct(os.stat(p).st_mode), os.stat(p).st_mtime_ns, oct(os.stat(o
 
 @pytest.fixture(scope="module")
 def cl(bins, tmp_path_factory):
-    tmp = tmp_path_factory.mktemp("attrs")
-    src = make_tree(tmp / "src", "mixed", n_files=10, seed=3)
-    pack(bins, src, tmp / "data", "--partitions", "4")
-    c = start_cluster(bins, tmp / "data", tmp / "cl", nranks=4, mount=MOUNT)
+    c = small_cluster(bins, tmp_path_factory.mktemp("attrs"), seed=3, n_files=10, mount=MOUNT)
     yield c
     c.stop()
 

@@ -22,8 +22,7 @@ import textwrap
 
 import pytest
 
-from fs_cluster import start_cluster
-from fs_prep import make_tree, pack
+from fs_cluster import small_cluster
 
 MOUNT = "/fanstore"
 NODES = 4
@@ -179,10 +178,7 @@ class Worker:
 
 @pytest.fixture(scope="module")
 def cl(bins, tmp_path_factory):
-    tmp = tmp_path_factory.mktemp("diff")
-    src = make_tree(tmp / "src", "mixed", n_files=8, seed=1)
-    pack(bins, src, tmp / "data", "--partitions", "4")
-    c = start_cluster(bins, tmp / "data", tmp / "cl", nranks=NODES, mount=MOUNT)
+    c = small_cluster(bins, tmp_path_factory.mktemp("diff"), seed=1, n_files=8, mount=MOUNT)
     yield c
     c.stop()
 

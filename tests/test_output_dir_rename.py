@@ -9,7 +9,7 @@ import textwrap
 
 import pytest
 
-from fs_cluster import start_cluster
+from fs_cluster import small_cluster, start_cluster
 from fs_prep import make_tree, pack
 
 MOUNT = "/fanstore"
@@ -63,10 +63,7 @@ print(json.dumps(out, sort_keys=True))
 
 @pytest.fixture(scope="module")
 def cl(bins, tmp_path_factory):
-    tmp = tmp_path_factory.mktemp("dirrename")
-    src = make_tree(tmp / "src", "mixed", n_files=10, seed=2)
-    pack(bins, src, tmp / "data", "--partitions", "4")
-    c = start_cluster(bins, tmp / "data", tmp / "cl", nranks=4, mount=MOUNT)
+    c = small_cluster(bins, tmp_path_factory.mktemp("dirrename"), seed=2, n_files=10, mount=MOUNT)
     yield c
     c.stop()
 

@@ -239,6 +239,16 @@ pub fn decimal(mut n: u32, buf: &mut [u8; 10]) -> &[u8] {
     &buf[d..]
 }
 
+/// `/proc/self/fd/<fd>`, NUL-terminated, in a stack buffer (no allocation:
+/// usable inside the preload library's hooks).
+pub fn proc_fd_path(fd: u32) -> [u8; 25] {
+    let mut path = *b"/proc/self/fd/\0\0\0\0\0\0\0\0\0\0\0";
+    let mut digits = [0u8; 10];
+    let num = decimal(fd, &mut digits);
+    path[14..14 + num.len()].copy_from_slice(num);
+    path
+}
+
 /// [`local_file_path_into`] as a `PathBuf`.
 pub fn local_file_path(local_dir: &Path, node_id: u32) -> PathBuf {
     use std::os::unix::ffi::OsStrExt;
@@ -308,6 +318,8 @@ mod tests {
         let mut b = [0u8; 10];
         assert_eq!(decimal(0, &mut b), b"0");
         assert_eq!(decimal(4_294_967_295, &mut b), b"4294967295");
+        assert_eq!(&proc_fd_path(4_294_967_295)[..], b"/proc/self/fd/4294967295\0");
+        assert!(proc_fd_path(7).starts_with(b"/proc/self/fd/7\0"));
     }
 
     #[test]

@@ -212,11 +212,7 @@ fn open_remote(st: &State, n: &Node, flags: c_int) -> Result<c_int, c_int> {
 /// description), moved onto `shared`'s number: the fd an open(2) returns.
 fn private_onto(shared: c_int, flags: c_int) -> Result<c_int, c_int> {
     let cloexec = flags & libc::O_CLOEXEC != 0;
-    // "/proc/self/fd/" + up to 10 digits + NUL.
-    let mut path = *b"/proc/self/fd/\0\0\0\0\0\0\0\0\0\0\0";
-    let mut digits = [0u8; 10];
-    let num = fanstore_core::runtime::decimal(shared as u32, &mut digits);
-    path[14..14 + num.len()].copy_from_slice(num);
+    let path = fanstore_core::runtime::proc_fd_path(shared as u32);
     let f = libc::O_RDONLY | libc::O_CLOEXEC | (flags & (libc::O_NONBLOCK | libc::O_NOCTTY | libc::O_PATH));
     // SAFETY: path is NUL-terminated.
     let private = unsafe { crate::real::open(path.as_ptr().cast(), f, 0) };

@@ -191,10 +191,7 @@ pub fn truncate(vp: &VPath, len: i64) -> Outcome<c_int> {
 /// same file (through /proc/self/fd, with the caller's access mode, O_APPEND
 /// and O_TRUNC), tracked on the same slot, so the commit waits for its close.
 fn reopen_own(fd: c_int, idx: u32, flags: c_int) -> Result<c_int, c_int> {
-    let mut path = *b"/proc/self/fd/\0\0\0\0\0\0\0\0\0\0\0";
-    let mut digits = [0u8; 10];
-    let num = fanstore_core::runtime::decimal(fd as u32, &mut digits);
-    path[14..14 + num.len()].copy_from_slice(num);
+    let path = fanstore_core::runtime::proc_fd_path(fd as u32);
     let f = flags & (libc::O_ACCMODE | libc::O_APPEND | libc::O_TRUNC | libc::O_CLOEXEC | libc::O_NONBLOCK);
     // SAFETY: path is NUL-terminated.
     let nfd = unsafe { crate::real::open(path.as_ptr().cast(), f, 0) };
