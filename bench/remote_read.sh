@@ -11,7 +11,7 @@
 # MPI (the same message pattern, nothing else in the way). Sizes 128 KiB,
 # 512 KiB, 2 MiB, 8 MiB; each run reports medians of ITERS reads; the table
 # shows the median of ROUNDS alternating runs. Then each rank's load time
-# (read + verify + extract its partitions) against `cat` of the same
+# (read + verify + copy its partitions to the local disk) against `cat` of the same
 # partition files to /dev/null (page cache warm in both cases).
 # Then the multi-node read (paper Fig. 5/6): `mpiexec -n 4` daemons, 4 readers
 # (bench/readfiles.c, one per simulated node, FANSTORE_NODE=k) each reading
@@ -218,7 +218,7 @@ L.append(f"rank 0 counters after the run: remote_sent={st['remote_sent']} remote
          f"cache_hits={st['cache_hits']} mpi_threading={st['mpi_threading']}\n")
 L.append("## Load time per rank vs `cat` of the same partitions\n")
 L.append(f"4 partitions, 2 ranks (2 partitions each), medians of {rounds} runs; partitions in the page cache for both. "
-         "Load = read + verify every checksum + write each file to the rank's local directory (ext4 here).\n")
+         "Load = read + verify every checksum + write each partition whole to the rank's local directory (ext4 here; files are extracted or copied on first open, not at load).\n")
 L.append("| dataset | rank | files | MB | load s | load MB/s | cat s | cat MB/s | load / cat |")
 L.append("| --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: |")
 for name, runs in loads.items():
