@@ -197,3 +197,49 @@ def test_renamed_trees_and_attributes_persist_and_export(bins, tmp_path):
     assert sorted(p.name for p in (plain / "run/step1/shards").iterdir()) == sorted(f"s{i}" for i in range(12))
     assert (plain / "run/step1/meta.json").read_text() == '{"step": 1}'
     assert not (plain / "run/step1.tmp").exists()
+
+
+def test_renames_from_another_node_survive_a_kill(bins, tmp_path):
+    """Outputs held on node 0, renamed from node 1 (a file, then their directory), then every
+    daemon killed with -9: a restart with the same --local registers them under the new names."""
+    src = make_tree(tmp_path / "src", "mixed", n_files=6, seed=3)
+    pack(bins, src, tmp_path / "data", "--partitions", "2")
+    c = start_cluster(bins, tmp_path / "data", tmp_path / "c", nranks=2, mount=MOUNT)
+    try:
+        r = py(c, 0, f"""
+            import os
+            os.makedirs('{MOUNT}/run/ck.tmp')
+            for i in range(6):
+                open('{MOUNT}/run/ck.tmp/s%d' % i, 'wb').write(bytes([i]) * 5000)
+        """)
+        assert r.returncode == 0, r.stderr
+        r = py(c, 1, f"""
+            import os
+            os.rename('{MOUNT}/run/ck.tmp/s0', '{MOUNT}/run/ck.tmp/first')
+            os.rename('{MOUNT}/run/ck.tmp', '{MOUNT}/run/ck')
+        """)
+        assert r.returncode == 0, r.stderr + c.log()[-2000:]
+        # The holder rewrites its sidecars asynchronously: wait until none names the old paths.
+        import time
+        deadline = time.monotonic() + 20
+        out = c.local / "rank-0" / "out"
+        while time.monotonic() < deadline and any(b"ck.tmp" in p.read_bytes() for p in out.glob("*.rec")):
+            time.sleep(0.1)
+    finally:
+        local, c.local = c.local, tmp_path / "not-removed"
+        c.kill()
+    assert any((local / f"rank-{r}" / "out").is_dir() for r in (0, 1))
+    c2 = start_cluster(bins, tmp_path / "data", tmp_path / "c", nranks=2, mount=MOUNT)
+    try:
+        r = py(c2, 1, f"""
+            import os, time
+            deadline = time.time() + 20
+            while not os.path.exists('{MOUNT}/run/ck/first') and time.time() < deadline:
+                time.sleep(0.1)
+            assert sorted(os.listdir('{MOUNT}/run/ck')) == ['first', 's1', 's2', 's3', 's4', 's5'], os.listdir('{MOUNT}/run/ck')
+            assert open('{MOUNT}/run/ck/first', 'rb').read() == bytes([0]) * 5000
+            assert not os.path.exists('{MOUNT}/run/ck.tmp')
+        """)
+        assert r.returncode == 0, r.stderr + c2.log()[-3000:]
+    finally:
+        c2.stop()

@@ -64,12 +64,12 @@ impl MetaServer for Node {
         match Request::decode(msg) {
             Ok(req) if req.op == mop::HOLDER_DROP || req.op == mop::HOLDER_RENAME => {
                 // Store work does not belong on the communication thread.
-                let (dedup, out) = (self.dedup.get().cloned(), self.out_dir());
+                let (dedup, out, fsync) = (self.dedup.get().cloned(), self.out_dir(), self.fsync_outputs.load(Relaxed));
                 let spawned = std::thread::Builder::new().name("fanstore-held".into()).spawn(move || {
                     if req.op == mop::HOLDER_DROP {
                         drop_held(dedup.as_deref(), &out, req.arg0);
-                    } else if let Some(d) = dedup {
-                        d.rename_output(req.arg0, &req.payload);
+                    } else {
+                        rename_held(dedup.as_deref(), &out, req.arg0, &req.payload, fsync);
                     }
                 });
                 let errno = if spawned.is_ok() { 0 } else { libc::EAGAIN };
@@ -83,6 +83,41 @@ impl MetaServer for Node {
 
 /// Deletes what this rank holds of output `id`: its plain file and sidecar,
 /// or its checkpoint.
+/// Writes `out/<id>.rec`, the sidecar naming a held output for recovery
+/// after a kill (a temporary file renamed into place; fsynced with `fsync`).
+fn write_sidecar_in(out: &std::path::Path, path: &[u8], rec: &OutRecord, fsync: bool) -> Result<(), i32> {
+    let file = out.join(format!("{}.rec", rec.id));
+    let tmp = out.join(format!("{}.rec.tmp", rec.id));
+    let res = (|| {
+        use std::io::Write;
+        let mut f = std::fs::File::create(&tmp)?;
+        f.write_all(&crate::persist::encode_index(&[(path.to_vec(), *rec)]))?;
+        if fsync {
+            f.sync_all()?;
+        }
+        std::fs::rename(&tmp, &file)
+    })();
+    res.map_err(|e| {
+        let _ = std::fs::remove_file(&tmp);
+        io_errno(&e)
+    })
+}
+
+/// HOLDER_RENAME at the holder: output `id` is now named `path`, in its
+/// checkpoint store (if there) and in its sidecar, so a restart after a
+/// kill registers it under the new name.
+fn rename_held(dedup: Option<&crate::dedup::Dedup>, out: &std::path::Path, id: u64, path: &[u8], fsync: bool) {
+    if let Some(d) = dedup {
+        d.rename_output(id, path);
+    }
+    let file = out.join(format!("{id}.rec"));
+    let Ok(bytes) = std::fs::read(&file) else { return };
+    let Some(rec) = crate::persist::decode_index(&file, &bytes).ok().and_then(|v| v.first().map(|(_, r)| *r)) else { return };
+    if let Err(e) = write_sidecar_in(out, path, &rec, fsync) {
+        log::warn!("rewriting {}: errno {e}", file.display());
+    }
+}
+
 fn drop_held(dedup: Option<&crate::dedup::Dedup>, out: &std::path::Path, id: u64) {
     if !dedup.is_some_and(|d| d.drop_output(id)) {
         let _ = std::fs::remove_file(out.join(id.to_string()));
@@ -106,21 +141,7 @@ impl Node {
     }
 
     fn write_sidecar(&self, path: &[u8], rec: &OutRecord) -> Result<(), i32> {
-        let file = self.sidecar(rec.id);
-        let tmp = self.out_dir().join(format!("{}.rec.tmp", rec.id));
-        let res = (|| {
-            use std::io::Write;
-            let mut f = std::fs::File::create(&tmp)?;
-            f.write_all(&crate::persist::encode_index(&[(path.to_vec(), *rec)]))?;
-            if self.fsync_outputs.load(Relaxed) {
-                f.sync_all()?;
-            }
-            std::fs::rename(&tmp, &file)
-        })();
-        res.map_err(|e| {
-            let _ = std::fs::remove_file(&tmp);
-            io_errno(&e)
-        })
+        write_sidecar_in(&self.out_dir(), path, rec, self.fsync_outputs.load(Relaxed))
     }
 
     /// The metadata owner of `path`.
