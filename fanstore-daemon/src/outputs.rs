@@ -526,14 +526,10 @@ impl Node {
     /// Renames output directory `from` (and everything below it) to `to`:
     /// the two-phase move of [`crate::meta`] (module doc). `to` may be an
     /// empty directory (replaced); a non-empty one is ENOTEMPTY, a file
-    /// ENOTDIR, a path below `from` EINVAL.
+    /// ENOTDIR. Called by [`Self::out_rename`] after the parent and ancestor checks.
     fn rename_dir(&self, from: &[u8], to: &[u8]) -> Result<(), i32> {
-        use crate::meta::{at_or_below, Moved};
-        // The kernel resolves the destination's parent first (ENOENT, ENOTDIR).
-        self.dir_exists(parent(to).0)?;
-        if at_or_below(to, from) {
-            return Err(libc::EINVAL);
-        }
+        use crate::meta::Moved;
+        // (Both parents and the ancestor relation were checked by out_rename.)
         match self.out_stat(to) {
             Ok(r) if !r.is_dir() => return Err(libc::ENOTDIR),
             Ok(_) => {
@@ -651,7 +647,6 @@ impl Node {
         if rec.is_dir() {
             return self.rename_dir(from, to);
         }
-        self.dir_exists(parent(to).0)?;
         if rec.holder == self.id.rank {
             // A restart with the same --local recovers it under the new name.
             self.write_sidecar(to, &rec)?;
