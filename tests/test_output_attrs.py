@@ -130,9 +130,10 @@ def test_inputs_stay_read_only_and_ownership_stays(cl):
     print(json.dumps(res))
     """
     # Inputs: EROFS; an output cannot be given away (documented: outputs belong to the job's user);
-    # no symlinks or hard links among outputs yet: EPERM, as a file system without them says.
+    # symlinks among outputs work (tests/test_output_symlinks.py); no hard links (EPERM, as a file
+    # system without them says).
     assert run(cl, 1, code, MOUNT) == {"chmod": "EROFS", "utime": "EROFS", "chown": "EROFS", "chown other": "EPERM",
-                                       "symlink": "EPERM", "link": "EPERM", "symlink over f": "EEXIST",
+                                       "symlink": "OK", "link": "EPERM", "symlink over f": "EEXIST",
                                        "symlink under f": "ENOTDIR"}
 
 

@@ -1,6 +1,7 @@
 """Randomized differential test of the output tree: one seeded stream of
 operations (create, write, append, pwrite, truncate, rename of files and
-directories, mkdir, rmdir, unlink, chmod, utime, readdir, stat, chdir) runs
+directories, mkdir, rmdir, unlink, symlink, readlink, lstat, chmod, utime,
+readdir, stat, chdir) runs
 at the same time against a native temporary directory and against /fanstore,
 issued from the clients of all 4 nodes in turn. After every step the results
 (value or errno, bytes, the stat fields that must match) are compared; at the
@@ -9,8 +10,8 @@ seed, the step and both results, so it can be replayed:
 
     FANSTORE_DIFF_SEED=123 FANSTORE_DIFF_OPS=20000 python3 -m pytest tests/test_output_differential.py
 
-Not generated (not supported yet, see the README): symlinks and hard links,
-locks across processes.
+Not generated (not supported, see the README): hard links, locks across
+nodes.
 """
 import hashlib
 import json
@@ -74,6 +75,13 @@ def run(op):
     elif k == "utime":
         os.utime(J(a[0]), ns=(a[1], a[1]))
         return os.stat(J(a[0])).st_mtime_ns
+    elif k == "symlink":
+        os.symlink(a[0], J(a[1]))
+    elif k == "readlink":
+        return os.readlink(J(a[0]))
+    elif k == "lstat":
+        s = os.lstat(J(a[0]))
+        return ["l", s.st_size] if stat.S_ISLNK(s.st_mode) else st(a[0])
     elif k == "listdir":
         return sorted(os.listdir(J(a[0])))
     elif k == "chdir_read":
@@ -89,9 +97,13 @@ def run(op):
             dirs.sort()
             rel = os.path.relpath(d, root)
             for name in sorted(dirs):
-                out.append([os.path.normpath(os.path.join(rel, name))] + st(os.path.join(rel, name)))
+                p = os.path.normpath(os.path.join(rel, name))
+                out.append([p, "l", os.readlink(J(p))] if os.path.islink(J(p)) else [p] + st(p))
             for name in sorted(files):
                 p = os.path.normpath(os.path.join(rel, name))
+                if os.path.islink(J(p)):
+                    out.append([p, "l", os.readlink(J(p))])
+                    continue
                 with open(J(p), "rb") as f:
                     out.append([p] + st(p) + [hashlib.md5(f.read()).hexdigest()])
         return out
@@ -123,6 +135,8 @@ def random_op(rng: random.Random, known: list) -> list:
     op = make_op(rng, known)
     if op[0] in ("create", "mkdir"):
         known.append(op[1])
+    elif op[0] == "symlink":
+        known.append(op[2])
     elif op[0] == "rename":
         known.append(op[2])
     return op
@@ -134,8 +148,8 @@ def make_op(rng: random.Random, known: list) -> list:
     data = lambda: rng.randbytes(rng.choice([0, 1, 7, 100, 4096, 70_000])).hex()  # noqa: E731
     k = rng.choices(
         ["create", "append", "pwrite", "truncate", "read", "stat", "mkdir", "rmdir", "unlink", "rename",
-         "chmod", "utime", "listdir", "chdir_read"],
-        weights=[12, 5, 4, 3, 10, 10, 12, 5, 6, 10, 3, 2, 6, 2])[0]
+         "chmod", "utime", "listdir", "chdir_read", "symlink", "readlink", "lstat"],
+        weights=[12, 5, 4, 3, 10, 10, 12, 5, 6, 10, 3, 2, 6, 2, 4, 2, 3])[0]
     if k in ("create", "append"):
         return [k, p, data()]
     if k == "pwrite":
@@ -153,6 +167,12 @@ def make_op(rng: random.Random, known: list) -> list:
         return [k, p if rng.random() < 0.8 else "."]
     if k == "chdir_read":
         return [k, p, rng.choice(NAMES)]
+    if k == "symlink":
+        # Relative targets that stay under the root (the native root and
+        # /fanstore/diff-N have different parents).
+        n = rng.choice(NAMES)
+        up = ["../" + n] if "/" in p else []
+        return [k, rng.choice([n, n, n + "/" + rng.choice(NAMES), "nowhere", random_path_()] + up), p]
     return [k, p]
 
 
@@ -218,7 +238,7 @@ def test_random_operations_match_a_native_directory(cl, tmp_path):
         native.close()
         for w in ours:
             w.close()
-    assert sum(counts.values()) == n_ops and len(counts) == 14, counts
+    assert sum(counts.values()) == n_ops and len(counts) == 17, counts
     # The stream must exercise both sides: enough operations succeed, enough fail.
     assert 0.2 * n_ops < succeeded < 0.9 * n_ops, (succeeded, n_ops)
     print(f"seed {seed}: {n_ops} operations ({succeeded} succeeded), 0 divergences, final tree "

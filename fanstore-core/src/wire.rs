@@ -79,6 +79,48 @@ pub mod op {
     pub const SYNC: u16 = 13;
     pub const CKPT: u16 = 14;
     pub const SETATTR: u16 = 15;
+    /// Payload `link path NUL target`: creates an output symlink (EEXIST if
+    /// the name exists).
+    pub const SYMLINK: u16 = 16;
+}
+
+/// OUT_STAT arg0 bit: do not follow a symlink in the last component
+/// (lstat, readlink). Symlinks in the directories of the path are always
+/// followed.
+pub const STAT_NOFOLLOW: u64 = 1;
+
+/// The OUT_STAT reply payload after the record: the path the daemon
+/// resolved (relative to the mount; empty if it is the asked path), then a
+/// symlink's target.
+///
+/// ```text
+/// 0..40    OutRecord
+/// 40..44   resolved path length n (u32 LE)
+/// 44..44+n resolved path
+/// 44+n..   symlink target (only for a symlink not followed)
+/// ```
+pub struct StatAnswer<'a> {
+    pub rec: OutRecord,
+    pub resolved: &'a [u8],
+    pub target: &'a [u8],
+}
+
+impl<'a> StatAnswer<'a> {
+    pub fn encode(rec: &OutRecord, resolved: &[u8], target: &[u8]) -> Vec<u8> {
+        let mut b = Vec::with_capacity(OutRecord::LEN + 4 + resolved.len() + target.len());
+        rec.encode_into(&mut b);
+        b.extend_from_slice(&(resolved.len() as u32).to_le_bytes());
+        b.extend_from_slice(resolved);
+        b.extend_from_slice(target);
+        b
+    }
+    /// None if `b` is malformed.
+    pub fn decode(b: &'a [u8]) -> Option<StatAnswer<'a>> {
+        let rec = OutRecord::decode(b)?;
+        let n = u32::from_le_bytes(b.get(OutRecord::LEN..OutRecord::LEN + 4)?.try_into().ok()?) as usize;
+        let rest = b.get(OutRecord::LEN + 4..)?;
+        Some(StatAnswer { rec, resolved: rest.get(..n)?, target: rest.get(n..)? })
+    }
 }
 
 /// SYNC phases (arg0).
@@ -96,12 +138,15 @@ pub const SETATTR_MTIME: u64 = 2;
 /// Entry kinds of an OUT_LIST reply.
 pub const KIND_FILE: u8 = 1;
 pub const KIND_DIR: u8 = 2;
+pub const KIND_LINK: u8 = 3;
 
 /// Metadata of one output file or directory, as the owner rank keeps it.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
 pub struct OutRecord {
     pub size: u64,
-    /// Full st_mode (S_IFREG or S_IFDIR plus permission bits).
+    /// Full st_mode (S_IFREG, S_IFDIR or S_IFLNK plus permission bits). A
+    /// symlink's `size` is its target's length and `sum` the target's xxh3;
+    /// its holder keeps the target as the output's bytes.
     pub mode: u32,
     pub holder: u32,
     pub mtime_ns: i64,
@@ -113,6 +158,19 @@ impl OutRecord {
     pub const LEN: usize = 40;
     pub fn is_dir(&self) -> bool {
         self.mode & libc::S_IFMT == libc::S_IFDIR
+    }
+    pub fn is_link(&self) -> bool {
+        self.mode & libc::S_IFMT == libc::S_IFLNK
+    }
+    /// The listing kind of this record.
+    pub fn kind(&self) -> u8 {
+        if self.is_dir() {
+            KIND_DIR
+        } else if self.is_link() {
+            KIND_LINK
+        } else {
+            KIND_FILE
+        }
     }
     pub fn encode_into(&self, b: &mut Vec<u8>) {
         let mut h = [0u8; Self::LEN];

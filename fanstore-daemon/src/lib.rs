@@ -130,6 +130,7 @@ pub mod copies;
 pub mod dedup;
 pub mod fdlimit;
 pub mod index_shm;
+pub mod links;
 pub mod load;
 pub mod memfd;
 pub mod meta;

@@ -23,11 +23,21 @@
 //! concerns it, so no node sees half a tree. If a rank fails to prepare, the
 //! coordinator commits the entries back under their old names (an abort).
 //!
+//! ## Symlinks
+//!
+//! A symlink is a record with `S_IFLNK`; the owner keeps its target beside
+//! the record (PUT payload `record | path NUL target`; GET and DEL answer
+//! `record | target`), so following a link costs no message to its holder.
+//! A PUT never silently replaces a symlink: it answers ELOOP (the asking
+//! daemon follows the link and commits to its target) unless arg0 has
+//! [`PUT_OVER_LINK`] (rename over a link replaces the link itself).
+//!
 //! ```text
 //! moved entries (MOVE_PREP reply, MOVE_COMMIT payload), repeated:
-//!   0      kind (1 record, 2 listing)
+//!   0      kind (1 record, 2 listing, 3 symlink)
 //!   1..5   path length u32 LE, then the path
 //!   record:  OutRecord (40 bytes)
+//!   symlink: OutRecord (40 bytes), target length u32 LE, target
 //!   listing: child count u32 LE, then per child: kind u8 | name length u16 LE | name
 //! MOVE_PREP payload: from NUL to, arg0 transaction id
 //! ```
@@ -67,12 +77,18 @@ pub mod mop {
     pub const SETATTR: u16 = 111;
 }
 
+/// PUT arg0 bit: replace a symlink at the path (rename); without it a
+/// symlink there answers ELOOP.
+pub const PUT_OVER_LINK: u64 = 2;
+
 /// Largest OUT_LIST payload (fits a client message with its header).
 pub const LIST_LIMIT: usize = wire::MAX_MESSAGE - wire::HEADER_LEN - 64;
 
 #[derive(Default)]
 pub struct MetaStore {
     recs: HashMap<Vec<u8>, OutRecord>,
+    /// The target of every symlink record.
+    targets: HashMap<Vec<u8>, Vec<u8>>,
     children: HashMap<Vec<u8>, BTreeMap<Vec<u8>, u8>>,
     /// Directory moves in flight: (transaction id, from, to).
     fences: Vec<(u64, Vec<u8>, Vec<u8>)>,
@@ -87,13 +103,14 @@ pub fn at_or_below(path: &[u8], dir: &[u8]) -> bool {
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum Moved {
     Record(Vec<u8>, OutRecord),
+    Link(Vec<u8>, OutRecord, Vec<u8>),
     Listing(Vec<u8>, Vec<(Vec<u8>, u8)>),
 }
 
 impl Moved {
     pub fn path(&self) -> &[u8] {
         match self {
-            Moved::Record(p, _) | Moved::Listing(p, _) => p,
+            Moved::Record(p, _) | Moved::Link(p, _, _) | Moved::Listing(p, _) => p,
         }
     }
 
@@ -102,6 +119,7 @@ impl Moved {
         let re = |p: Vec<u8>| if at_or_below(&p, from) { [to, &p[from.len()..]].concat() } else { p };
         match self {
             Moved::Record(p, r) => Moved::Record(re(p), r),
+            Moved::Link(p, r, t) => Moved::Link(re(p), r, t),
             Moved::Listing(p, c) => Moved::Listing(re(p), c),
         }
     }
@@ -110,12 +128,18 @@ impl Moved {
         let (kind, path) = match self {
             Moved::Record(p, _) => (1u8, p),
             Moved::Listing(p, _) => (2u8, p),
+            Moved::Link(p, _, _) => (3u8, p),
         };
         b.push(kind);
         b.extend_from_slice(&(path.len() as u32).to_le_bytes());
         b.extend_from_slice(path);
         match self {
             Moved::Record(_, r) => r.encode_into(b),
+            Moved::Link(_, r, t) => {
+                r.encode_into(b);
+                b.extend_from_slice(&(t.len() as u32).to_le_bytes());
+                b.extend_from_slice(t);
+            }
             Moved::Listing(_, c) => {
                 b.extend_from_slice(&(c.len() as u32).to_le_bytes());
                 for (name, k) in c {
@@ -147,6 +171,11 @@ impl Moved {
                     let r = OutRecord::decode(take(&mut b, OutRecord::LEN)?)?;
                     out.push(Moved::Record(path, r));
                 }
+                3 => {
+                    let r = OutRecord::decode(take(&mut b, OutRecord::LEN)?)?;
+                    let n = u32_of(&mut b)?;
+                    out.push(Moved::Link(path, r, take(&mut b, n)?.to_vec()));
+                }
                 2 => {
                     let count = u32_of(&mut b)?;
                     let mut c = Vec::with_capacity(count.min(1 << 16));
@@ -169,7 +198,7 @@ impl Moved {
 fn touched(req: &Request) -> Option<&[u8]> {
     let p = &req.payload[..];
     match req.op {
-        mop::PUT | mop::MKDIR => p.get(OutRecord::LEN..),
+        mop::PUT | mop::MKDIR => p.get(OutRecord::LEN..).map(|r| split_nul(r).map_or(r, |(path, _)| path)),
         mop::GET | mop::DEL | mop::RMDIR | mop::LIST => Some(p),
         mop::SETATTR => p.get(8..),
         mop::ADD | mop::REMOVE => split_nul(p).map(|(dir, _)| dir),
@@ -182,9 +211,13 @@ fn split_nul(b: &[u8]) -> Option<(&[u8], &[u8])> {
     Some((&b[..i], &b[i + 1..]))
 }
 
-fn with_record(req: &Request, rec: &OutRecord) -> Reply {
+/// A reply carrying `rec` (and a symlink's target after it).
+fn with_record(req: &Request, rec: &OutRecord, target: Option<&Vec<u8>>) -> Reply {
     let mut r = Reply::ok(req, rec.size);
     rec.encode_into(&mut r.payload);
+    if let Some(t) = target.filter(|_| rec.is_link()) {
+        r.payload.extend_from_slice(t);
+    }
     r
 }
 
@@ -212,6 +245,12 @@ impl MetaStore {
         self.recs.insert(path.to_vec(), rec);
     }
 
+    /// Adds a symlink record with its target (loading persisted outputs).
+    pub fn insert_link(&mut self, path: &[u8], rec: OutRecord, target: &[u8]) {
+        self.recs.insert(path.to_vec(), rec);
+        self.targets.insert(path.to_vec(), target.to_vec());
+    }
+
     /// Adds `name` (of `kind`) to the listing of `dir`.
     pub fn add_child(&mut self, dir: &[u8], name: &[u8], kind: u8) {
         self.children.entry(dir.to_vec()).or_default().insert(name.to_vec(), kind);
@@ -232,7 +271,11 @@ impl MetaStore {
         let paths: Vec<Vec<u8>> = self.recs.keys().filter(|k| at_or_below(k, from)).cloned().collect();
         for k in paths {
             if let Some(rec) = self.recs.remove(&k) {
-                Moved::Record(k, rec).encode_into(&mut r.payload);
+                match self.targets.remove(&k) {
+                    Some(t) => Moved::Link(k, rec, t),
+                    None => Moved::Record(k, rec),
+                }
+                .encode_into(&mut r.payload);
             }
         }
         let dirs: Vec<Vec<u8>> = self.children.keys().filter(|k| at_or_below(k, from)).cloned().collect();
@@ -252,6 +295,7 @@ impl MetaStore {
                 Moved::Record(p, r) => {
                     self.recs.insert(p, r);
                 }
+                Moved::Link(p, r, t) => self.insert_link(&p, r, &t),
                 Moved::Listing(p, c) => self.children.entry(p).or_default().extend(c),
             }
         }
@@ -268,19 +312,34 @@ impl MetaStore {
             mop::MOVE_PREP => self.move_prep(req),
             mop::MOVE_COMMIT => self.move_commit(req),
             mop::PUT | mop::MKDIR => {
-                let (Some(rec), Some(path)) = (OutRecord::decode(p), p.get(OutRecord::LEN..)) else {
+                let (Some(rec), Some(rest)) = (OutRecord::decode(p), p.get(OutRecord::LEN..)) else {
                     return Reply::err(req, libc::EINVAL);
+                };
+                let (path, target) = match split_nul(rest) {
+                    Some((path, t)) if rec.is_link() => (path, Some(t)),
+                    None if !rec.is_link() => (rest, None),
+                    _ => return Reply::err(req, libc::EINVAL),
                 };
                 match self.recs.get(path) {
                     Some(_) if req.op == mop::MKDIR => Reply::err(req, libc::EEXIST),
                     Some(_) if req.arg0 & wire::COMMIT_EXCL != 0 => Reply::err(req, libc::EEXIST),
                     Some(old) if old.is_dir() => Reply::err(req, libc::EISDIR),
+                    Some(old) if old.is_link() && req.arg0 & PUT_OVER_LINK == 0 => {
+                        let t = self.targets.get(path);
+                        let mut r = with_record(req, old, t);
+                        r.errno = libc::ELOOP;
+                        r
+                    }
                     old => {
                         let reply = match old {
-                            Some(o) => with_record(req, o),
+                            Some(o) => with_record(req, o, self.targets.get(path)),
                             None => Reply::ok(req, 0),
                         };
                         self.recs.insert(path.to_vec(), rec);
+                        match target {
+                            Some(t) => self.targets.insert(path.to_vec(), t.to_vec()),
+                            None => self.targets.remove(path),
+                        };
                         reply
                     }
                 }
@@ -298,12 +357,12 @@ impl MetaStore {
                             wire::SETATTR_MTIME => r.mtime_ns = value as i64,
                             _ => return Reply::err(req, libc::EINVAL),
                         }
-                        with_record(req, r)
+                        with_record(req, r, None)
                     }
                 }
             }
             mop::GET => match self.recs.get(p) {
-                Some(r) => with_record(req, r),
+                Some(r) => with_record(req, r, self.targets.get(p)),
                 None => Reply::err(req, libc::ENOENT),
             },
             mop::DEL => match self.recs.get(p) {
@@ -311,7 +370,7 @@ impl MetaStore {
                 Some(r) if r.is_dir() => Reply::err(req, libc::EISDIR),
                 Some(r) if req.arg0 != 0 && r.id != req.arg0 => Reply::err(req, libc::ENOENT),
                 Some(_) => match self.recs.remove(p) {
-                    Some(r) => with_record(req, &r),
+                    Some(r) => with_record(req, &r, self.targets.remove(p).as_ref()),
                     None => Reply::err(req, libc::ENOENT),
                 },
             },

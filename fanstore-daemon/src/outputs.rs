@@ -55,7 +55,7 @@ fn io_errno(e: &std::io::Error) -> i32 {
     }
 }
 
-fn now_ns() -> i64 {
+pub(crate) fn now_ns() -> i64 {
     std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map_or(0, |d| d.as_nanos() as i64)
 }
 
@@ -140,7 +140,7 @@ impl Node {
         self.out_dir().join(format!("{id}.rec"))
     }
 
-    fn write_sidecar(&self, path: &[u8], rec: &OutRecord) -> Result<(), i32> {
+    pub(crate) fn write_sidecar(&self, path: &[u8], rec: &OutRecord) -> Result<(), i32> {
         write_sidecar_in(&self.out_dir(), path, rec, self.fsync_outputs.load(Relaxed))
     }
 
@@ -151,7 +151,7 @@ impl Node {
 
     /// One metadata request at the owner of `key`: answered here when this
     /// rank owns it, else over MPI (bounded wait).
-    fn meta_at(&self, key: &[u8], op: u16, arg0: u64, payload: Vec<u8>) -> Result<Reply, i32> {
+    pub(crate) fn meta_at(&self, key: &[u8], op: u16, arg0: u64, payload: Vec<u8>) -> Result<Reply, i32> {
         self.meta_to(self.owner(key), op, arg0, payload)
     }
 
@@ -193,7 +193,7 @@ impl Node {
         Ok(rep)
     }
 
-    fn link(&self, path: &[u8], kind: u8, add: bool) -> Result<(), i32> {
+    pub(crate) fn link(&self, path: &[u8], kind: u8, add: bool) -> Result<(), i32> {
         let (dir, name) = parent(path);
         let mut p = dir.to_vec();
         p.push(0);
@@ -202,10 +202,31 @@ impl Node {
         self.meta_at(dir, op, kind as u64, p).map(|_| ())
     }
 
-    /// The record of output `path` (file or directory).
+    /// Deletes what this rank holds of output `id`.
+    pub(crate) fn drop_held_here(&self, id: u64) {
+        drop_held(self.dedup.get().map(|d| &**d), &self.out_dir(), id);
+    }
+
+    /// The record of output `path` (file, directory or symlink itself):
+    /// no symlink is followed.
     pub fn out_stat(&self, path: &[u8]) -> Result<OutRecord, i32> {
         let r = self.on_record(path, mop::GET, 0, path.to_vec())?;
         OutRecord::decode(&r.payload).ok_or(libc::EIO)
+    }
+
+    /// OUT_STAT: the [`wire::StatAnswer`] of `path`, through symlinks (the
+    /// last one too unless `wire::STAT_NOFOLLOW`). A path that leads out of
+    /// the mount is EXDEV with the absolute path as the payload.
+    pub fn out_stat_answer(&self, path: &[u8], flags: u64) -> Result<Vec<u8>, (i32, Vec<u8>)> {
+        use crate::links::Looked;
+        let follow = flags & wire::STAT_NOFOLLOW == 0;
+        let resolved = |p: &[u8]| if p == path { Vec::new() } else { p.to_vec() };
+        match self.lookup(path, follow) {
+            Ok(Looked::Output { path: p, rec, target }) => Ok(wire::StatAnswer::encode(&rec, &resolved(&p), &target)),
+            Ok(Looked::Input { path: p, node }) => Ok(wire::StatAnswer::encode(&self.input_record(node), &resolved(&p), b"")),
+            Ok(Looked::Outside(abs)) => Err((libc::EXDEV, abs)),
+            Err(e) => Err((e, Vec::new())),
+        }
     }
 
     /// Why `path` has no record, as the kernel's path walk says it: ENOTDIR
@@ -230,23 +251,30 @@ impl Node {
         libc::ENOENT
     }
 
-    /// Ok if `dir` is an input or output directory.
-    fn dir_exists(&self, dir: &[u8]) -> Result<(), i32> {
-        if let Some(n) = self.view.lookup(dir) {
-            return if n.is_dir() { Ok(()) } else { Err(libc::ENOTDIR) };
-        }
-        match self.out_stat(dir) {
-            Ok(r) if r.is_dir() => Ok(()),
-            Ok(_) => Err(libc::ENOTDIR),
-            Err(e) => Err(e),
-        }
+
+    /// Registers held output `rec` under `path`: its sidecar here, then
+    /// its record at the owner (ELOOP: a symlink is there).
+    fn put_record(&self, path: &[u8], rec: OutRecord, excl: bool) -> Result<(), i32> {
+        self.write_sidecar(path, &rec)?;
+        self.put(path, rec, excl).inspect_err(|_| {
+            let _ = std::fs::remove_file(self.sidecar(rec.id));
+        })
     }
 
     fn put(&self, path: &[u8], rec: OutRecord, excl: bool) -> Result<(), i32> {
+        self.put_with(path, rec, if excl { wire::COMMIT_EXCL } else { 0 })
+    }
+
+    /// PUT that replaces a symlink at `path` too (rename's destination).
+    fn put_over_link(&self, path: &[u8], rec: OutRecord) -> Result<(), i32> {
+        self.put_with(path, rec, crate::meta::PUT_OVER_LINK)
+    }
+
+    fn put_with(&self, path: &[u8], rec: OutRecord, arg0: u64) -> Result<(), i32> {
         let mut p = Vec::with_capacity(OutRecord::LEN + path.len());
         rec.encode_into(&mut p);
         p.extend_from_slice(path);
-        let r = self.meta_at(path, mop::PUT, if excl { wire::COMMIT_EXCL } else { 0 }, p)?;
+        let r = self.meta_at(path, mop::PUT, arg0, p)?;
         // A record of the same output (a rename retried after a failure
         // between its steps) is not a replaced one.
         if let Some(old) = OutRecord::decode(&r.payload).filter(|o| (o.id, o.holder) != (rec.id, rec.holder)) {
@@ -258,12 +286,12 @@ impl Node {
     /// Deletes the bytes of a replaced or unlinked output: here, or at its
     /// holder (asked over MPI; a holder that is gone keeps them until its
     /// local directory is removed). Persisted bytes stay in `--persist`.
-    fn drop_data(&self, old: &OutRecord) {
+    pub(crate) fn drop_data(&self, old: &OutRecord) {
         if old.is_dir() || old.holder >= self.id.nranks {
             return;
         }
         if old.holder == self.id.rank {
-            drop_held(self.dedup.get().map(|d| &**d), &self.out_dir(), old.id);
+            self.drop_held_here(old.id);
         } else if let Err(e) = self.meta_to(old.holder, mop::HOLDER_DROP, old.id, Vec::new()) {
             log::warn!("rank {}: rank {} did not drop output {}: errno {e}", self.id.rank, old.holder, old.id);
         }
@@ -277,7 +305,10 @@ impl Node {
         if self.view.lookup(path).is_some() {
             return Err(if excl { libc::EEXIST } else { libc::EROFS });
         }
-        self.dir_exists(parent(path).0)?;
+        let path = &self.real_entry(path)?;
+        if self.view.lookup(path).is_some() {
+            return Err(if excl { libc::EEXIST } else { libc::EROFS });
+        }
         let id = self.out_seq.fetch_add(1, Relaxed);
         if id >= OUT_BIT as u64 {
             return Err(libc::ENOSPC);
@@ -312,15 +343,21 @@ impl Node {
             None => self.store_plain(&src, unnamed, bytes, &file).inspect_err(|_| undo())?,
         };
         let rec = OutRecord { size, mode: libc::S_IFREG | (mode & 0o7777), holder: self.id.rank, mtime_ns: now_ns(), id, sum };
-        if let Err(e) = self.write_sidecar(path, &rec) {
-            undo();
-            return Err(e);
+        // A symlink at the name: the bytes go to its target (as open(2)
+        // follows it), which must then be a file or nothing in a directory.
+        let path = &match self.put_record(path, rec, excl) {
+            Err(libc::ELOOP) if !excl => match self.lookup(path, true) {
+                Ok(crate::links::Looked::Output { rec: r, .. }) if r.is_dir() => Err(libc::EISDIR),
+                Ok(crate::links::Looked::Output { path: p, .. }) => Ok(p),
+                Ok(crate::links::Looked::Input { .. }) => Err(libc::EROFS),
+                Ok(crate::links::Looked::Outside(_)) => Err(libc::EXDEV),
+                Err(libc::ENOENT) => self.real_dangling(path),
+                Err(e) => Err(e),
+            }
+            .and_then(|p| self.put_record(&p, rec, excl).map(|()| p)),
+            other => other.map(|()| path.clone()),
         }
-        if let Err(e) = self.put(path, rec, excl) {
-            undo();
-            let _ = std::fs::remove_file(self.sidecar(id));
-            return Err(e);
-        }
+        .inspect_err(|_| undo())?;
         if let Some(d) = dedup {
             d.settle(id, path);
         }
@@ -392,7 +429,12 @@ impl Node {
 
     /// OUT_OPEN: an fd with the bytes of output `path`.
     pub fn out_open(&self, path: &[u8]) -> Result<OwnedFd, i32> {
-        let rec = self.out_stat(path)?;
+        let (path, rec) = match self.lookup(path, true)? {
+            crate::links::Looked::Output { path, rec, .. } => (path, rec),
+            crate::links::Looked::Input { node, .. } => return self.open(u64::from(node), self.view.dataset_id()),
+            crate::links::Looked::Outside(_) => return Err(libc::EXDEV),
+        };
+        let path = &path[..];
         if rec.is_dir() {
             return Err(libc::EISDIR);
         }
@@ -478,15 +520,28 @@ impl Node {
     }
 
     /// OUT_LIST: entries of output listing `dir` after `skip`.
+    /// A directory reached through a symlink is listed under its real
+    /// path (clients list the path they resolved at opendir; this is for
+    /// one that lists the link's path).
     pub fn out_list(&self, dir: &[u8], skip: u64) -> Result<Reply, i32> {
-        self.meta_at(dir, mop::LIST, skip, dir.to_vec())
+        let r = self.meta_at(dir, mop::LIST, skip, dir.to_vec())?;
+        if r.value > 0 || skip > 0 {
+            return Ok(r);
+        }
+        match self.real_dir(dir) {
+            Ok(real) if real != dir => self.meta_at(&real, mop::LIST, skip, real.clone()),
+            _ => Ok(r),
+        }
     }
 
     pub fn out_mkdir(&self, path: &[u8], mode: u32) -> Result<(), i32> {
         if path.is_empty() || self.view.lookup(path).is_some() {
             return Err(libc::EEXIST);
         }
-        self.dir_exists(parent(path).0)?;
+        let path = &self.real_entry(path)?;
+        if self.view.lookup(path).is_some() {
+            return Err(libc::EEXIST);
+        }
         let rec = OutRecord { mode: libc::S_IFDIR | (mode & 0o7777), holder: self.id.rank, mtime_ns: now_ns(), ..Default::default() };
         let mut p = Vec::new();
         rec.encode_into(&mut p);
@@ -496,6 +551,10 @@ impl Node {
     }
 
     pub fn out_rmdir(&self, path: &[u8]) -> Result<(), i32> {
+        if let Some(n) = self.view.lookup(path) {
+            return Err(if n.is_dir() { libc::EROFS } else { libc::ENOTDIR });
+        }
+        let path = &self.real_entry(path)?;
         if let Some(n) = self.view.lookup(path) {
             return Err(if n.is_dir() { libc::EROFS } else { libc::ENOTDIR });
         }
@@ -513,6 +572,10 @@ impl Node {
     }
 
     pub fn out_unlink(&self, path: &[u8]) -> Result<(), i32> {
+        if let Some(n) = self.view.lookup(path) {
+            return Err(if n.is_dir() { libc::EISDIR } else { libc::EROFS });
+        }
+        let path = &self.real_entry(path)?;
         if let Some(n) = self.view.lookup(path) {
             return Err(if n.is_dir() { libc::EISDIR } else { libc::EROFS });
         }
@@ -577,10 +640,9 @@ impl Node {
         let mut per_rank = vec![Vec::new(); self.id.nranks as usize];
         let mut files = Vec::new();
         for e in &entries {
-            if let Moved::Record(p, r) = e {
-                if !r.is_dir() {
-                    files.push((p.clone(), *r));
-                }
+            match e {
+                Moved::Record(p, r) | Moved::Link(p, r, _) if !r.is_dir() => files.push((p.clone(), *r)),
+                _ => {}
             }
             e.encode_into(&mut per_rank[self.owner(e.path()) as usize]);
         }
@@ -621,6 +683,12 @@ impl Node {
         if self.view.lookup(path).is_some() {
             return Err(libc::EROFS);
         }
+        // chmod and utime follow a symlink (symlinks have no mode of their own).
+        let path = &match self.lookup(path, true)? {
+            crate::links::Looked::Output { path, .. } => path,
+            crate::links::Looked::Input { .. } => return Err(libc::EROFS),
+            crate::links::Looked::Outside(_) => return Err(libc::EXDEV),
+        };
         let mut payload = value.to_le_bytes().to_vec();
         payload.extend_from_slice(path);
         self.on_record(path, mop::SETATTR, what, payload).map(|_| ())
@@ -631,9 +699,16 @@ impl Node {
             return Err(libc::EROFS);
         }
         // As the kernel: both parents are resolved (old, then new) before the entry.
-        self.dir_exists(parent(from).0)?;
-        self.dir_exists(parent(to).0)?;
-        let rec = self.out_stat(from)?;
+        let from = &self.real_entry(from)?;
+        let to = &self.real_entry(to)?;
+        if self.view.lookup(from).is_some() || self.view.lookup(to).is_some() {
+            return Err(libc::EROFS);
+        }
+        let (rec, target) = match self.meta_at(from, mop::GET, 0, from.to_vec()) {
+            Ok(r) => (OutRecord::decode(&r.payload).ok_or(libc::EIO)?, r.payload[OutRecord::LEN..].to_vec()),
+            Err(libc::ENOENT) => return Err(self.missing_errno(from)),
+            Err(e) => return Err(e),
+        };
         if from == to {
             return Ok(());
         }
@@ -651,8 +726,12 @@ impl Node {
             // A restart with the same --local recovers it under the new name.
             self.write_sidecar(to, &rec)?;
         }
-        self.put(to, rec, false)?;
-        self.link(to, wire::KIND_FILE, true)?;
+        if rec.is_link() {
+            self.put_link(to, rec, &target, crate::meta::PUT_OVER_LINK)?;
+        } else {
+            self.put_over_link(to, rec)?;
+        }
+        self.link(to, rec.kind(), true)?;
         match self.meta_at(from, mop::DEL, rec.id, from.to_vec()) {
             Ok(_) | Err(libc::ENOENT) => {}
             Err(e) => return Err(e),
@@ -708,12 +787,22 @@ impl Node {
                 }
             }
             if self.owner(&path) == self.id.rank {
-                m.insert(&path, rec);
+                if rec.is_link() {
+                    // The owner keeps a symlink's target beside its record.
+                    let file = crate::persist::data_path(dir, &rec);
+                    let target = std::fs::read(&file).map_err(|e| crate::persist::PersistError::Io(file.clone(), e))?;
+                    if target.len() as u64 != rec.size || xxh3(&target) != rec.sum {
+                        return Err(crate::persist::PersistError::Data(file, String::from_utf8_lossy(&path).into_owned()));
+                    }
+                    m.insert_link(&path, rec, &target);
+                } else {
+                    m.insert(&path, rec);
+                }
                 n += 1;
             }
             let (d, name) = parent(&path);
             if self.owner(d) == self.id.rank {
-                m.add_child(d, name, if rec.is_dir() { wire::KIND_DIR } else { wire::KIND_FILE });
+                m.add_child(d, name, rec.kind());
             }
         }
         Ok(n)
@@ -816,9 +905,17 @@ impl Node {
             rec.id = id;
             rec.holder = self.id.rank;
             self.ensure_dirs(parent(&path).0);
+            let put = || if rec.is_link() {
+                match std::fs::read(self.out_file(id)) {
+                    Ok(target) if xxh3(&target) == rec.sum => self.put_link(&path, rec, &target, wire::COMMIT_EXCL),
+                    _ => Err(libc::EIO),
+                }
+            } else {
+                self.put(&path, rec, true)
+            };
             let ok = self.write_sidecar(&path, &rec).is_ok()
-                && match self.put(&path, rec, true) {
-                    Ok(()) => self.link(&path, wire::KIND_FILE, true).is_ok(),
+                && match put() {
+                    Ok(()) => self.link(&path, rec.kind(), true).is_ok(),
                     Err(_) => false,
                 };
             if ok {

@@ -221,8 +221,26 @@ pub fn read_all(dir: &Path) -> Result<Vec<(Vec<u8>, OutRecord)>, PersistError> {
     Ok(all)
 }
 
-/// `fanstore export`: writes every drained output as a plain file under
-/// `to` (directories too), checking each file's checksum. Returns the count.
+/// Sets the permission bits and modification time of `dst` (not following
+/// a symlink) as its record says.
+fn apply_attrs(dst: &Path, r: &OutRecord) -> Result<(), PersistError> {
+    use std::os::unix::fs::PermissionsExt;
+    if !r.is_link() {
+        std::fs::set_permissions(dst, std::fs::Permissions::from_mode(r.mode & 0o7777)).map_err(io_err(dst))?;
+    }
+    let t = libc::timespec { tv_sec: r.mtime_ns.div_euclid(1_000_000_000), tv_nsec: r.mtime_ns.rem_euclid(1_000_000_000) };
+    let c = std::ffi::CString::new(dst.as_os_str().as_bytes()).map_err(|e| PersistError::Io(dst.to_path_buf(), io::Error::other(e)))?;
+    let times = [t, t];
+    // SAFETY: c is a NUL-terminated path and times two valid timespecs.
+    if unsafe { libc::utimensat(libc::AT_FDCWD, c.as_ptr(), times.as_ptr(), libc::AT_SYMLINK_NOFOLLOW) } != 0 {
+        return Err(PersistError::Io(dst.to_path_buf(), io::Error::last_os_error()));
+    }
+    Ok(())
+}
+
+/// `fanstore export`: writes every drained output under `to` as what it
+/// is (file, directory, symlink) with its mode and modification time,
+/// checking each file's checksum. Returns the count of files and symlinks.
 pub fn export(dir: &Path, to: &Path) -> Result<usize, PersistError> {
     let mut recs = read_all(dir)?;
     recs.sort_by(|a, b| a.0.cmp(&b.0));
@@ -230,10 +248,15 @@ pub fn export(dir: &Path, to: &Path) -> Result<usize, PersistError> {
     let mut drained = DrainedStores::default();
     let mut n = 0;
     for (p, r) in &recs {
+        let dst = to.join(Path::new(std::ffi::OsStr::from_bytes(p)));
+        if r.is_dir() {
+            std::fs::create_dir_all(&dst).map_err(io_err(&dst))?;
+        }
+    }
+    for (p, r) in &recs {
         let rel = Path::new(std::ffi::OsStr::from_bytes(p));
         let dst = to.join(rel);
         if r.is_dir() {
-            std::fs::create_dir_all(&dst).map_err(io_err(&dst))?;
             continue;
         }
         if let Some(parent) = dst.parent() {
@@ -248,8 +271,22 @@ pub fn export(dir: &Path, to: &Path) -> Result<usize, PersistError> {
         if bytes.len() as u64 != r.size || xxh3(&bytes) != r.sum {
             return Err(PersistError::Data(src, String::from_utf8_lossy(p).into_owned()));
         }
-        std::fs::write(&dst, &bytes).map_err(io_err(&dst))?;
+        if r.is_link() {
+            match std::fs::symlink_metadata(&dst) {
+                Ok(_) => std::fs::remove_file(&dst).map_err(io_err(&dst))?,
+                Err(e) if e.kind() == io::ErrorKind::NotFound => {}
+                Err(e) => return Err(PersistError::Io(dst, e)),
+            }
+            std::os::unix::fs::symlink(std::ffi::OsStr::from_bytes(&bytes), &dst).map_err(io_err(&dst))?;
+        } else {
+            std::fs::write(&dst, &bytes).map_err(io_err(&dst))?;
+        }
+        apply_attrs(&dst, r)?;
         n += 1;
+    }
+    // Directories last, deepest first: writing their entries changed their times.
+    for (p, r) in recs.iter().rev().filter(|(_, r)| r.is_dir()) {
+        apply_attrs(&to.join(Path::new(std::ffi::OsStr::from_bytes(p))), r)?;
     }
     Ok(n)
 }

@@ -209,13 +209,16 @@ fn handle(node: &Node, fd: RawFd, req: &Request, attached: Option<OwnedFd>) -> i
             };
             done(fd, req, r)
         }
-        op::OUT_STAT => match node.out_stat(path) {
-            Ok(rec) => {
-                let mut r = Reply::ok(req, rec.size);
-                rec.encode_into(&mut r.payload);
-                wire::send_msg(fd, &r.encode(), None)
-            }
-            Err(e) => done(fd, req, Err(e)),
+        op::OUT_STAT => {
+            let r = match node.out_stat_answer(path, req.arg0) {
+                Ok(payload) => Reply { payload, ..Reply::ok(req, 0) },
+                Err((errno, payload)) => Reply { payload, ..Reply::err(req, errno) },
+            };
+            wire::send_msg(fd, &r.encode(), None)
+        }
+        op::SYMLINK => match path.iter().position(|&b| b == 0) {
+            Some(i) => done(fd, req, node.out_symlink(&path[..i], &path[i + 1..])),
+            None => done(fd, req, Err(libc::EINVAL)),
         },
         op::OUT_OPEN => match node.out_open(path) {
             Ok(file) => {

@@ -157,7 +157,8 @@ enum Fail {
     /// The connection is unusable (closed, timed out, garbled): drop it.
     Conn,
     /// The daemon answered with an error.
-    Errno(c_int),
+    /// The daemon's errno, with the reply's payload (some errors carry one).
+    Errno(c_int, Vec<u8>),
 }
 
 /// A successful exchange: the reply and the fd it carried, if any.
@@ -187,7 +188,7 @@ fn exchange(st: &State, s: c_int, req: &Request, send_fd: Option<c_int>) -> Resu
         return Err(Fail::Conn);
     }
     if rep.errno != 0 {
-        return Err(Fail::Errno(rep.errno));
+        return Err(Fail::Errno(rep.errno, rep.payload));
     }
     use std::os::fd::IntoRawFd;
     let fd = match fd {
@@ -219,6 +220,16 @@ pub fn request(op: u16, arg0: u64, arg1: u64, path: &[u8]) -> Request {
 
 /// One request to the daemon (with `send_fd` attached, if given).
 pub fn call(st: &State, req: &Request, send_fd: Option<c_int>) -> Result<Answer, c_int> {
+    call_full(st, req, send_fd).map_err(|(e, _)| e)
+}
+
+/// One request with no fd either way: the reply, or the errno with the
+/// payload the daemon sent with it.
+pub fn call_reply(st: &State, req: &Request) -> Result<Reply, (c_int, Vec<u8>)> {
+    call_full(st, req, None).map(|a| a.reply)
+}
+
+fn call_full(st: &State, req: &Request, send_fd: Option<c_int>) -> Result<Answer, (c_int, Vec<u8>)> {
     // A pooled connection may have died with a restarted daemon: one retry on a fresh one.
     for attempt in 0..2 {
         let pooled = if attempt == 0 {
@@ -238,27 +249,27 @@ pub fn call(st: &State, req: &Request, send_fd: Option<c_int>) -> Result<Answer,
         let fresh = pooled.is_none();
         let s = match pooled {
             Some(s) => s,
-            None => connect(st)?,
+            None => connect(st).map_err(|e| (e, Vec::new()))?,
         };
         match exchange(st, s, req, send_fd) {
             Ok(a) => {
                 put_back(s);
                 return Ok(a);
             }
-            Err(Fail::Errno(e)) => {
+            Err(Fail::Errno(e, payload)) => {
                 put_back(s);
-                return Err(e);
+                return Err((e, payload));
             }
             Err(Fail::Conn) => {
                 close_fd(s);
                 if fresh {
                     crate::dlog!("daemon exchange (op {}) failed: EIO", req.op);
-                    return Err(libc::EIO);
+                    return Err((libc::EIO, Vec::new()));
                 }
             }
         }
     }
-    Err(libc::EIO)
+    Err((libc::EIO, Vec::new()))
 }
 
 fn put_back(s: c_int) {

@@ -49,7 +49,11 @@ fn load_outs(st: &State, node: u32) -> Vec<(u64, u8, Vec<u8>)> {
         .filter(|(_, name)| node & crate::outputs::OUT_DIR != 0 || st.view.lookup(&join(rel, name)).is_none())
         .map(|(k, name)| {
             let ino = crate::ops::out::ino(&join(rel, &name));
-            let t = if k == fanstore_core::wire::KIND_DIR { libc::DT_DIR } else { libc::DT_REG };
+            let t = match k {
+                fanstore_core::wire::KIND_DIR => libc::DT_DIR,
+                fanstore_core::wire::KIND_LINK => libc::DT_LNK,
+                _ => libc::DT_REG,
+            };
             (ino, t, name)
         })
         .collect()

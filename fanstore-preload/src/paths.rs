@@ -295,11 +295,25 @@ fn classify_dotdot<'s>(dirfd: c_int, path: &[u8], scratch: &'s mut Scratch) -> C
                             Some(l) => len = l,
                             None => return Class::Err(libc::ENAMETOOLONG),
                         },
-                        // Not an input: an output directory (outputs have no
-                        // symlinks, so its parent is the lexical one).
-                        Err(libc::ENOENT) => match crate::ops::out::stat(s, rel) {
-                            Ok(r) if r.is_dir() => {}
-                            Ok(_) => return Class::Err(libc::ENOTDIR),
+                        // Not an input: an output directory, whose parent is
+                        // the one of its real path (symlinks followed).
+                        Err(libc::ENOENT) => match crate::ops::out::real_dir(s, rel) {
+                            Ok(crate::ops::out::RealDir::Output(real)) => {
+                                if real != rel {
+                                    let m = &crate::state::mount().path;
+                                    if m.len() + 1 + real.len() > out.len() {
+                                        return Class::Err(libc::ENAMETOOLONG);
+                                    }
+                                    out[..m.len()].copy_from_slice(m);
+                                    out[m.len()] = b'/';
+                                    out[m.len() + 1..m.len() + 1 + real.len()].copy_from_slice(&real);
+                                    len = m.len() + 1 + real.len();
+                                }
+                            }
+                            Ok(crate::ops::out::RealDir::Input(n)) => match node_abs_path(s, n.id(), out) {
+                                Some(l) => len = l,
+                                None => return Class::Err(libc::ENAMETOOLONG),
+                            },
                             Err(libc::ENOTDIR) => return Class::Err(libc::ENOTDIR),
                             // No such output (or no daemon to ask): the index's answer.
                             Err(_) => return Class::Err(libc::ENOENT),

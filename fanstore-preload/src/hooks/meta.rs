@@ -39,7 +39,7 @@ unsafe fn readlink_common(name: &'static str, dirfd: c_int, path: *const c_char,
             path,
             -1,
             |vp| match meta::readlink(vp) {
-                Outcome::Handled(t) => Outcome::Handled(copy(t)),
+                Outcome::Handled(t) => Outcome::Handled(copy(&t)),
                 other => other.map_none(),
             },
             real,

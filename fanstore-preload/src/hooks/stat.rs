@@ -18,8 +18,8 @@ fn put_stat(buf: *mut libc::stat, n: &Node) -> c_int {
 }
 
 /// The stat of output `vp` (a name that is not an input).
-fn out_stat(vp: &crate::ops::VPath) -> Result<libc::stat, c_int> {
-    let r = crate::ops::out::stat(vp.st, vp.rel)?;
+fn out_stat(vp: &crate::ops::VPath, follow: bool) -> Result<libc::stat, c_int> {
+    let r = if follow || vp.must_be_dir { crate::ops::out::stat(vp.st, vp.rel)? } else { crate::ops::out::lstat(vp.st, vp.rel)? };
     if vp.must_be_dir && !r.is_dir() {
         return Err(libc::ENOTDIR);
     }
@@ -47,7 +47,7 @@ unsafe fn stat_common(
             -1,
             |vp| match stat_path(vp, follow) {
                 Outcome::Handled(n) => Outcome::Handled(put_stat(buf, &n)),
-                Outcome::Errno(libc::ENOENT) => match out_stat(vp) {
+                Outcome::Errno(libc::ENOENT) => match out_stat(vp, follow) {
                     Ok(s) => {
                         // (inside the hook's unsafe block) buf is the caller's out-pointer for a struct stat.
                         buf.write(s);
@@ -152,7 +152,7 @@ unsafe fn statx_common(
             -1,
             |vp| match stat_path(vp, follow) {
                 Outcome::Handled(n) => Outcome::Handled(put(&n)),
-                Outcome::Errno(libc::ENOENT) => match crate::ops::out::stat(vp.st, vp.rel) {
+                Outcome::Errno(libc::ENOENT) => match if follow || vp.must_be_dir { crate::ops::out::stat(vp.st, vp.rel) } else { crate::ops::out::lstat(vp.st, vp.rel) } {
                     Ok(r) if vp.must_be_dir && !r.is_dir() => Outcome::Errno(libc::ENOTDIR),
                     Ok(r) => {
                         // (inside the hook's unsafe block) buf is the caller's out-pointer for a struct statx.

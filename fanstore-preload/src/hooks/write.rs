@@ -190,10 +190,10 @@ crate::hooks! {
         path_hook("mkfifoat", dirfd, path, -1, write::create, |p| orig::mkfifoat(dirfd, p, mode))
     }
     fn symlink(target: *const c_char, linkpath: *const c_char) -> c_int {
-        path_hook("symlink", libc::AT_FDCWD, linkpath, -1, write::create, |p| orig::symlink(target, p))
+        path_hook("symlink", libc::AT_FDCWD, linkpath, -1, |vp| write::symlink(vp, cbytes(target)), |p| orig::symlink(target, p))
     }
     fn symlinkat(target: *const c_char, dirfd: c_int, linkpath: *const c_char) -> c_int {
-        path_hook("symlinkat", dirfd, linkpath, -1, write::create, |p| orig::symlinkat(target, dirfd, p))
+        path_hook("symlinkat", dirfd, linkpath, -1, |vp| write::symlink(vp, cbytes(target)), |p| orig::symlinkat(target, dirfd, p))
     }
     fn rename(old: *const c_char, new: *const c_char) -> c_int {
         two_paths("rename", libc::AT_FDCWD, old, libc::AT_FDCWD, new, rename_like, |a, b| orig::rename(a, b))

@@ -24,11 +24,16 @@ pub fn chdir(vp: &VPath) -> Outcome<c_int> {
 
 /// chdir into output directory `rel`: the virtual cwd holds a slot of its own
 /// for the path (released when the cwd moves on).
+/// Through symlinks: the cwd is the real directory (getcwd shows it).
 fn enter_output(st: &State, rel: &[u8]) -> Result<c_int, c_int> {
-    if !super::out::stat(st, rel)?.is_dir() {
-        return Err(libc::ENOTDIR);
-    }
-    let node = crate::outputs::track_dir(rel).ok_or(libc::EMFILE)?;
+    let real = match super::out::real_dir(st, rel)? {
+        super::out::RealDir::Output(p) => p,
+        super::out::RealDir::Input(n) => {
+            enter(st, n.id());
+            return Ok(0);
+        }
+    };
+    let node = crate::outputs::track_dir(&real).ok_or(libc::EMFILE)?;
     enter(st, node);
     Ok(0)
 }

@@ -43,12 +43,12 @@ fn exists(vp: &VPath, follow: bool) -> Result<(), c_int> {
 }
 
 /// readlink: the target of a symlink, EINVAL for anything else.
-pub fn readlink(vp: &VPath) -> Outcome<&'static [u8]> {
+pub fn readlink(vp: &VPath) -> Outcome<std::borrow::Cow<'static, [u8]>> {
     match resolve(vp.st, vp.rel, vp.must_be_dir, false) {
-        Ok(n) if super::is_symlink(&n) => Outcome::Handled(n.symlink_target()),
+        Ok(n) if super::is_symlink(&n) => Outcome::Handled(n.symlink_target().into()),
         Ok(_) => Outcome::Errno(libc::EINVAL),
-        // Outputs are never symlinks.
-        Err(libc::ENOENT) => Outcome::Errno(exists(vp, false).map_or_else(|e| e, |_| libc::EINVAL)),
+        Err(libc::ENOENT) if vp.must_be_dir => Outcome::Errno(exists(vp, false).map_or_else(|e| e, |_| libc::EINVAL)),
+        Err(libc::ENOENT) => super::out::readlink(vp.st, vp.rel).map(std::borrow::Cow::Owned).into(),
         Err(e) => Outcome::Errno(e),
     }
 }

@@ -155,11 +155,12 @@ pub fn create_errno(vp: &VPath) -> c_int {
         Err(libc::ENOENT) => match resolve(vp.st, parent_of(vp.rel), true, true) {
             Ok(_) if vp.rel.is_empty() => libc::EEXIST,
             Ok(_) => libc::EROFS,
-            // Not an input directory: an output one takes no symlinks, hard
-            // links or special files yet (EPERM, as a file system without
-            // them says); an existing output name is EEXIST.
+            // Not an input directory: a new name in an output one is EPERM
+            // here (no hard links or special files; callers that create
+            // outputs there, as symlink(2), take EPERM as their go-ahead);
+            // an existing output name (a dangling symlink too) is EEXIST.
             // (No daemon to ask: the index's answer, ENOENT.)
-            Err(libc::ENOENT) => match out::stat(vp.st, vp.rel) {
+            Err(libc::ENOENT) => match out::lstat(vp.st, vp.rel) {
                 Ok(_) => libc::EEXIST,
                 Err(libc::ENOENT) => match out::stat(vp.st, parent_of(vp.rel)) {
                     Ok(r) if r.is_dir() => libc::EPERM,

@@ -9,20 +9,109 @@ use crate::state::State;
 use fanstore_core::wire::{self, op, OutRecord};
 use libc::c_int;
 
-/// The record of output `rel` (ENOENT if there is none).
-pub fn stat(st: &State, rel: &[u8]) -> Result<OutRecord, c_int> {
-    if let Some((fd, idx)) = crate::outputs::open_slot_of(rel) {
-        // SAFETY: plain data, zero is valid.
-        let mut s: libc::stat = unsafe { std::mem::zeroed() };
-        // SAFETY: s is a valid out-pointer.
-        if unsafe { crate::real::fstat(fd, &mut s) } == 0 {
-            let mtime_ns = s.st_mtime * 1_000_000_000 + s.st_mtime_nsec;
-            let mode = crate::outputs::mode_of(idx).unwrap_or(libc::S_IFREG | 0o644);
-            return Ok(OutRecord { size: s.st_size as u64, mode, holder: 0, mtime_ns, id: 0, sum: 0 });
+/// Where an output path leads, as the daemon resolved it.
+#[derive(Debug)]
+pub enum Found {
+    /// A record: of `rel` itself, or of `real` (relative to the mount) that
+    /// symlinks led to; an input there has a record the daemon made up
+    /// ([`INPUT_HOLDER`]). `target`: a symlink's, when not followed.
+    Here { rec: OutRecord, real: Vec<u8>, target: Vec<u8> },
+    /// A symlink led out of the mount, to this absolute path.
+    Outside(Vec<u8>),
+}
+
+/// The holder of a record the daemon made for an input reached through an
+/// output symlink (its `id` is the input's node id).
+pub const INPUT_HOLDER: u32 = u32::MAX - 1;
+
+/// OUT_STAT: `rel` through symlinks (the last one too when `follow`).
+pub fn lookup(st: &State, rel: &[u8], follow: bool) -> Result<Found, c_int> {
+    let flags = if follow { 0 } else { wire::STAT_NOFOLLOW };
+    match client::call_reply(st, &client::request(op::OUT_STAT, flags, 0, rel)) {
+        Ok(a) => {
+            let s = wire::StatAnswer::decode(&a.payload).ok_or(libc::EIO)?;
+            Ok(Found::Here { rec: s.rec, real: s.resolved.to_vec(), target: s.target.to_vec() })
         }
+        Err((libc::EXDEV, payload)) if !payload.is_empty() => Ok(Found::Outside(payload)),
+        Err((e, _)) => Err(e),
     }
-    let a = client::call(st, &client::request(op::OUT_STAT, 0, 0, rel), None)?;
-    OutRecord::decode(&a.reply.payload).ok_or(libc::EIO)
+}
+
+/// The record of an output this process is still writing.
+fn own_record(rel: &[u8]) -> Option<OutRecord> {
+    let (fd, idx) = crate::outputs::open_slot_of(rel)?;
+    // SAFETY: plain data, zero is valid.
+    let mut s: libc::stat = unsafe { std::mem::zeroed() };
+    // SAFETY: s is a valid out-pointer.
+    if unsafe { crate::real::fstat(fd, &mut s) } != 0 {
+        return None;
+    }
+    let mtime_ns = s.st_mtime * 1_000_000_000 + s.st_mtime_nsec;
+    let mode = crate::outputs::mode_of(idx).unwrap_or(libc::S_IFREG | 0o644);
+    Some(OutRecord { size: s.st_size as u64, mode, holder: 0, mtime_ns, id: 0, sum: 0 })
+}
+
+/// The record of what a symlink outside the mount points at (the kernel's stat).
+fn outside_record(abs: &[u8]) -> Result<OutRecord, c_int> {
+    let c = std::ffi::CString::new(abs).map_err(|_| libc::ENOENT)?;
+    // SAFETY: plain data, zero is valid.
+    let mut s: libc::stat = unsafe { std::mem::zeroed() };
+    // SAFETY: c is NUL-terminated, s a valid out-pointer.
+    if unsafe { crate::real::stat(c.as_ptr(), &mut s) } != 0 {
+        return Err(errno());
+    }
+    Ok(OutRecord {
+        size: s.st_size as u64,
+        mode: s.st_mode,
+        holder: INPUT_HOLDER,
+        mtime_ns: s.st_mtime * 1_000_000_000 + s.st_mtime_nsec,
+        id: 0,
+        sum: 0,
+    })
+}
+
+/// lstat of output `rel`: a symlink's own record (ENOENT if there is none).
+pub fn lstat(st: &State, rel: &[u8]) -> Result<OutRecord, c_int> {
+    if let Some(r) = own_record(rel) {
+        return Ok(r);
+    }
+    match lookup(st, rel, false)? {
+        Found::Here { rec, .. } => Ok(rec),
+        Found::Outside(abs) => outside_record(&abs),
+    }
+}
+
+/// The record of output `rel`, symlinks followed (ENOENT if there is none).
+pub fn stat(st: &State, rel: &[u8]) -> Result<OutRecord, c_int> {
+    if let Some(r) = own_record(rel) {
+        return Ok(r);
+    }
+    match lookup(st, rel, true)? {
+        Found::Here { rec, .. } => Ok(rec),
+        Found::Outside(abs) => outside_record(&abs),
+    }
+}
+
+/// A directory reached by an output path.
+pub enum RealDir {
+    /// An output directory at this path (relative to the mount).
+    Output(Vec<u8>),
+    /// An input directory (a symlink among outputs led into the dataset).
+    Input(super::Node),
+}
+
+/// The directory `rel` names, through symlinks: ENOTDIR for anything
+/// else; a directory outside the mount is EXDEV (not followed).
+pub fn real_dir(st: &State, rel: &[u8]) -> Result<RealDir, c_int> {
+    match lookup(st, rel, true)? {
+        Found::Here { rec, .. } if !rec.is_dir() => Err(libc::ENOTDIR),
+        Found::Here { rec, real, .. } if rec.holder == INPUT_HOLDER => {
+            resolve(st, &real, true, true).map(RealDir::Input)
+        }
+        Found::Here { real, .. } if real.is_empty() => Ok(RealDir::Output(rel.to_vec())),
+        Found::Here { real, .. } => Ok(RealDir::Output(real)),
+        Found::Outside(_) => Err(libc::EXDEV),
+    }
 }
 
 /// Inode numbers of outputs: a hash of the path with the top bit set (input
@@ -118,11 +207,16 @@ pub fn open(vp: &VPath, flags: c_int, mode: u32) -> Outcome<c_int> {
     let st = vp.st;
     let creat = flags & libc::O_CREAT != 0;
     let write = super::open::wants_write(flags);
-    let existing = match stat(st, vp.rel) {
-        Ok(r) => Some(r),
+    let existing = match lookup(st, vp.rel, true) {
+        Ok(Found::Here { rec, .. }) => Some(rec),
+        // A symlink to a file outside the mount: the kernel opens it.
+        Ok(Found::Outside(abs)) => return open_outside(&abs, flags, mode),
         Err(libc::ENOENT) => None,
         Err(e) => return Outcome::Errno(e),
     };
+    if write && existing.is_some_and(|r| r.holder == INPUT_HOLDER) {
+        return Outcome::Errno(libc::EROFS); // an input, through a symlink
+    }
     match existing {
         Some(_) if creat && flags & libc::O_EXCL != 0 => Outcome::Errno(libc::EEXIST),
         Some(r) if r.is_dir() => {
@@ -143,6 +237,17 @@ pub fn open(vp: &VPath, flags: c_int, mode: u32) -> Outcome<c_int> {
             Ok(()) => create(vp, flags, libc::S_IFREG | (mode & 0o7777 & !0o022), false).into(),
             Err(e) => Outcome::Errno(e),
         },
+    }
+}
+
+fn open_outside(abs: &[u8], flags: c_int, mode: u32) -> Outcome<c_int> {
+    let Ok(c) = std::ffi::CString::new(abs) else { return Outcome::Errno(libc::ENOENT) };
+    // SAFETY: c is NUL-terminated; a plain open of a path outside the mount.
+    let fd = unsafe { crate::real::open(c.as_ptr(), flags, mode) };
+    if fd < 0 {
+        Outcome::Errno(errno())
+    } else {
+        Outcome::Handled(fd)
     }
 }
 
@@ -285,11 +390,11 @@ fn create(vp: &VPath, flags: c_int, mode: u32, keep: bool) -> Result<c_int, c_in
 /// directory, tracked as `OUT_DIR | slot`): (fd, node id). ENOENT/ENOTDIR
 /// if `vp` is not an output directory.
 pub fn open_dir(vp: &VPath, flags: c_int) -> Result<(c_int, u32), c_int> {
-    let r = stat(vp.st, vp.rel)?;
-    if !r.is_dir() {
-        return Err(libc::ENOTDIR);
-    }
-    let node = crate::outputs::track_dir(vp.rel).ok_or(libc::EMFILE)?;
+    let real = match real_dir(vp.st, vp.rel)? {
+        RealDir::Output(p) => p,
+        RealDir::Input(n) => return super::open::open_dir(vp.st, &n, flags).map(|fd| (fd, n.id())),
+    };
+    let node = crate::outputs::track_dir(&real).ok_or(libc::EMFILE)?;
     let f = libc::O_RDONLY | libc::O_DIRECTORY | (flags & (libc::O_CLOEXEC | libc::O_PATH));
     // SAFETY: empty_dir is a NUL-terminated path; plain open.
     let fd = unsafe { crate::real::open(vp.st.empty_dir.as_ptr(), f, 0) };
@@ -340,6 +445,30 @@ pub fn setattr(vp: &VPath, attr: super::write::Attr) -> Outcome<c_int> {
     match client::call(vp.st, &client::request(op::SETATTR, what, value, vp.rel), None) {
         Ok(_) => Outcome::Handled(0),
         Err(e) => Outcome::Errno(e),
+    }
+}
+
+/// symlink(2) of output `vp` to `target` (stored as given, never checked,
+/// as the kernel does).
+pub fn symlink(vp: &VPath, target: &[u8]) -> Outcome<c_int> {
+    if crate::outputs::open_slot_of(vp.rel).is_some() {
+        return Outcome::Errno(libc::EEXIST);
+    }
+    let mut p = Vec::with_capacity(vp.rel.len() + 1 + target.len());
+    p.extend_from_slice(vp.rel);
+    p.push(0);
+    p.extend_from_slice(target);
+    simple(vp.st, op::SYMLINK, 0, &p)
+}
+
+/// readlink(2) of output `rel`: its target, EINVAL if it is no symlink.
+pub fn readlink(st: &State, rel: &[u8]) -> Result<Vec<u8>, c_int> {
+    if crate::outputs::open_slot_of(rel).is_some() {
+        return Err(libc::EINVAL);
+    }
+    match lookup(st, rel, false)? {
+        Found::Here { rec, target, .. } if rec.is_link() => Ok(target),
+        _ => Err(libc::EINVAL),
     }
 }
 

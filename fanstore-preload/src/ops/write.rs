@@ -37,6 +37,16 @@ pub fn create(vp: &VPath) -> Outcome<c_int> {
     Outcome::Errno(create_errno(vp))
 }
 
+/// symlink/symlinkat: a new output symlink where a new output could be
+/// created; elsewhere what creating the name gives (EEXIST, EROFS...).
+pub fn symlink(vp: &VPath, target: Option<&[u8]>) -> Outcome<c_int> {
+    let Some(target) = target else { return Outcome::Errno(libc::EFAULT) };
+    match create_errno(vp) {
+        libc::EPERM => super::out::symlink(vp, target),
+        e => Outcome::Errno(e),
+    }
+}
+
 /// chmod, chown, utimes, setxattr, removexattr: the node must exist, then EROFS.
 pub fn modify(vp: &VPath, follow: bool) -> Outcome<c_int> {
     Outcome::Errno(match resolve(vp.st, vp.rel, vp.must_be_dir, follow) {

@@ -1,0 +1,267 @@
+//! Path resolution through output symlinks, on the daemon a client asked.
+//!
+//! Records are keyed by their path, so a record found under the path a
+//! client asked needs no resolution: every directory above it was a real
+//! directory when it was created, and stays one (a non-empty directory can
+//! only be renamed, which moves its records). A symlink can therefore only
+//! matter when a lookup misses, or when it finds a symlink in the last
+//! component. [`Node::lookup`] costs exactly what it cost before symlinks
+//! existed on the hit path (one GET at the owner); on a miss it walks the
+//! ancestors (as the errno of a miss always needed), and an ancestor that
+//! is a symlink is spliced in and the walk restarts, at most
+//! [`MAX_SYMLINKS`] times (then ELOOP).
+//!
+//! Targets are resolved as the kernel does: relative to the link's
+//! directory, `..` lexically on the already-resolved directory. An absolute
+//! target under the mount is a path of this tree; one elsewhere leaves the
+//! tree ([`Looked::Outside`]: the client re-runs the call on the kernel).
+
+use crate::meta::mop;
+use crate::node::Node;
+use crate::outputs::parent;
+use fanstore_core::checksum::xxh3;
+use fanstore_core::manifest::NodeKind;
+use fanstore_core::wire::{self, OutRecord};
+use std::sync::atomic::Ordering::Relaxed;
+
+/// Linux's limit on symlinks followed in one lookup.
+pub const MAX_SYMLINKS: u32 = 40;
+
+/// Where a path leads.
+#[derive(Debug)]
+pub enum Looked {
+    /// An output record at `path` (a symlink's target in `target`).
+    Output { path: Vec<u8>, rec: OutRecord, target: Vec<u8> },
+    /// An input node of the dataset at `path`.
+    Input { path: Vec<u8>, node: u32 },
+    /// An absolute path outside the mount (a symlink's target led there).
+    Outside(Vec<u8>),
+}
+
+enum Spliced {
+    Inside(Vec<u8>),
+    Outside(Vec<u8>),
+}
+
+impl Node {
+    /// GET at the owner: the record of `path` and a symlink's target.
+    fn get_record(&self, path: &[u8]) -> Result<(OutRecord, Vec<u8>), i32> {
+        let r = self.meta_at(path, mop::GET, 0, path.to_vec())?;
+        let rec = OutRecord::decode(&r.payload).ok_or(libc::EIO)?;
+        Ok((rec, r.payload[OutRecord::LEN..].to_vec()))
+    }
+
+    /// Resolves `path` (relative to the mount) through output symlinks; the
+    /// last component is followed when `follow`. Errors: ENOENT, ENOTDIR,
+    /// ELOOP, or the owner's errno.
+    pub fn lookup(&self, path: &[u8], follow: bool) -> Result<Looked, i32> {
+        let mut cur = path.to_vec();
+        let mut hops = 0;
+        let hop = |hops: &mut u32| {
+            *hops += 1;
+            if *hops > MAX_SYMLINKS {
+                Err(libc::ELOOP)
+            } else {
+                Ok(())
+            }
+        };
+        'walk: loop {
+            if let Some(n) = self.view.lookup(&cur) {
+                return Ok(Looked::Input { path: cur, node: n.id() });
+            }
+            match self.get_record(&cur) {
+                Ok((rec, target)) if rec.is_link() && follow => {
+                    hop(&mut hops)?;
+                    match self.splice(parent(&cur).0, &target, b"") {
+                        Spliced::Inside(p) => cur = p,
+                        Spliced::Outside(p) => return Ok(Looked::Outside(p)),
+                    }
+                }
+                Ok((rec, target)) => return Ok(Looked::Output { path: cur, rec, target }),
+                Err(libc::ENOENT) => {
+                    // Why is it missing? The deepest existing ancestor says:
+                    // a directory (ENOENT), a file (ENOTDIR), or a symlink
+                    // (follow it and look again).
+                    let mut p = parent(&cur).0;
+                    while !p.is_empty() {
+                        if let Some(n) = self.view.lookup(p) {
+                            return Err(if n.is_dir() { libc::ENOENT } else { libc::ENOTDIR });
+                        }
+                        match self.get_record(p) {
+                            Ok((rec, target)) if rec.is_link() => {
+                                hop(&mut hops)?;
+                                let rest = cur[p.len()..].to_vec();
+                                match self.splice(parent(p).0, &target, &rest) {
+                                    Spliced::Inside(next) => cur = next,
+                                    Spliced::Outside(next) => return Ok(Looked::Outside(next)),
+                                }
+                                continue 'walk;
+                            }
+                            Ok((rec, _)) => return Err(if rec.is_dir() { libc::ENOENT } else { libc::ENOTDIR }),
+                            Err(libc::ENOENT) => p = parent(p).0,
+                            Err(e) => return Err(e),
+                        }
+                    }
+                    return Err(libc::ENOENT);
+                }
+                Err(e) => return Err(e),
+            }
+        }
+    }
+
+    /// The real path of directory `dir` (an input or output directory,
+    /// through symlinks). A directory outside the mount is EXDEV.
+    pub fn real_dir(&self, dir: &[u8]) -> Result<Vec<u8>, i32> {
+        if dir.is_empty() {
+            return Ok(Vec::new());
+        }
+        match self.lookup(dir, true)? {
+            Looked::Input { path, node } => match self.view.node(node) {
+                Some(n) if n.is_dir() => Ok(path),
+                _ => Err(libc::ENOTDIR),
+            },
+            Looked::Output { path, rec, .. } if rec.is_dir() => Ok(path),
+            Looked::Output { .. } => Err(libc::ENOTDIR),
+            Looked::Outside(_) => Err(libc::EXDEV),
+        }
+    }
+
+    /// `path` with its directory resolved through symlinks (the entry
+    /// itself is not followed: what unlink, rename, mkdir act on).
+    pub fn real_entry(&self, path: &[u8]) -> Result<Vec<u8>, i32> {
+        let (dir, name) = parent(path);
+        if dir.is_empty() {
+            return Ok(path.to_vec());
+        }
+        let mut p = self.real_dir(dir)?;
+        if !p.is_empty() {
+            p.push(b'/');
+        }
+        p.extend_from_slice(name);
+        Ok(p)
+    }
+
+    /// The path a create through dangling symlink `path` makes (open(2)
+    /// with O_CREAT creates the last link's missing target).
+    pub fn real_dangling(&self, path: &[u8]) -> Result<Vec<u8>, i32> {
+        let mut cur = path.to_vec();
+        for _ in 0..MAX_SYMLINKS {
+            match self.get_record(&cur) {
+                Ok((rec, target)) if rec.is_link() => match self.splice(parent(&cur).0, &target, b"") {
+                    Spliced::Inside(p) => cur = self.real_entry(&p)?,
+                    Spliced::Outside(_) => return Err(libc::EXDEV),
+                },
+                Ok(_) => return Ok(cur),
+                Err(libc::ENOENT) => return if self.view.lookup(&cur).is_some() { Err(libc::EROFS) } else { Ok(cur) },
+                Err(e) => return Err(e),
+            }
+        }
+        Err(libc::ELOOP)
+    }
+
+    /// Symlink `target` placed in directory `dir`, followed by `rest`
+    /// (empty or starting with '/'), relative to the mount.
+    fn splice(&self, dir: &[u8], target: &[u8], rest: &[u8]) -> Spliced {
+        let mount = self.id.mount.as_bytes();
+        let mut buf = vec![0u8; fanstore_core::path::MAX_PATH];
+        let mut cwd = mount.to_vec();
+        if !dir.is_empty() {
+            cwd.push(b'/');
+            cwd.extend_from_slice(dir);
+        }
+        let joined = [target, rest].concat();
+        let Some(n) = fanstore_core::path::normalize_into(&cwd, &joined, &mut buf) else {
+            return Spliced::Outside(joined);
+        };
+        let abs = &buf[..n.len];
+        match fanstore_core::path::under_mount(abs, mount) {
+            Some(rel) => Spliced::Inside(rel.to_vec()),
+            None => Spliced::Outside(abs.to_vec()),
+        }
+    }
+
+    /// SYMLINK: output `path` becomes a symlink to `target` (stored as
+    /// given). Its holder (this rank) keeps the target as the output's
+    /// bytes with a sidecar, so drain, export and kill -9 recovery treat it
+    /// as any output; its owner keeps the target beside the record.
+    pub fn out_symlink(&self, path: &[u8], target: &[u8]) -> Result<(), i32> {
+        if target.is_empty() {
+            return Err(libc::ENOENT);
+        }
+        if target.contains(&0) || target.len() > libc::PATH_MAX as usize {
+            return Err(libc::ENAMETOOLONG);
+        }
+        if path.is_empty() || self.view.lookup(path).is_some() {
+            return Err(libc::EEXIST);
+        }
+        let path = self.real_entry(path)?;
+        if self.view.lookup(&path).is_some() {
+            return Err(libc::EEXIST);
+        }
+        let id = self.out_seq.fetch_add(1, Relaxed);
+        if id >= crate::comm::OUT_BIT as u64 {
+            return Err(libc::ENOSPC);
+        }
+        let rec = OutRecord {
+            size: target.len() as u64,
+            mode: libc::S_IFLNK | 0o777,
+            holder: self.id.rank,
+            mtime_ns: crate::outputs::now_ns(),
+            id,
+            sum: xxh3(target),
+        };
+        self.hold_link(&path, &rec, target)?;
+        if let Err(e) = self.put_link(&path, rec, target, wire::COMMIT_EXCL) {
+            self.drop_held_here(id);
+            return Err(e);
+        }
+        self.counters.outputs.fetch_add(1, Relaxed);
+        self.link(&path, wire::KIND_LINK, true)
+    }
+
+    /// Writes a symlink's target as held output `rec.id`, with its sidecar.
+    pub(crate) fn hold_link(&self, path: &[u8], rec: &OutRecord, target: &[u8]) -> Result<(), i32> {
+        let dir = self.out_dir();
+        std::fs::create_dir_all(&dir).map_err(|_| libc::EIO)?;
+        let file = dir.join(rec.id.to_string());
+        if let Err(e) = std::fs::write(&file, target) {
+            let _ = std::fs::remove_file(&file);
+            return Err(if e.raw_os_error() == Some(libc::ENOSPC) { libc::ENOSPC } else { libc::EIO });
+        }
+        if let Err(e) = self.write_sidecar(path, rec) {
+            let _ = std::fs::remove_file(&file);
+            return Err(e);
+        }
+        Ok(())
+    }
+
+    /// PUT of a symlink record (payload `record | path NUL target`).
+    pub(crate) fn put_link(&self, path: &[u8], rec: OutRecord, target: &[u8], arg0: u64) -> Result<(), i32> {
+        let mut p = Vec::with_capacity(OutRecord::LEN + path.len() + 1 + target.len());
+        rec.encode_into(&mut p);
+        p.extend_from_slice(path);
+        p.push(0);
+        p.extend_from_slice(target);
+        let r = self.meta_at(path, mop::PUT, arg0, p)?;
+        if let Some(old) = OutRecord::decode(&r.payload).filter(|o| (o.id, o.holder) != (rec.id, rec.holder)) {
+            self.drop_data(&old);
+        }
+        Ok(())
+    }
+
+    /// A synthetic record for input node `node` (an OUT_STAT through a
+    /// symlink that leads into the dataset).
+    pub fn input_record(&self, node: u32) -> OutRecord {
+        match self.view.node(node) {
+            Some(n) => OutRecord {
+                size: if n.kind() == Some(NodeKind::File) { n.size() } else { 0 },
+                mode: n.mode(),
+                holder: u32::MAX - 1,
+                mtime_ns: n.mtime_ns(),
+                id: u64::from(node),
+                sum: 0,
+            },
+            None => OutRecord::default(),
+        }
+    }
+}
