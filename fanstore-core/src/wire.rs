@@ -423,6 +423,19 @@ pub fn recv_msg(sock: RawFd, buf: &mut [u8]) -> io::Result<(usize, Option<OwnedF
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn stat_answer_round_trip_and_malformed() {
+        let rec = OutRecord { size: 4, mode: libc::S_IFLNK | 0o777, holder: 1, mtime_ns: -3, id: 9, sum: 7 };
+        let b = StatAnswer::encode(&rec, b"run/ck-9", b"ck-9");
+        let a = StatAnswer::decode(&b).unwrap();
+        assert_eq!((a.rec, a.resolved, a.target), (rec, &b"run/ck-9"[..], &b"ck-9"[..]));
+        assert!(a.rec.is_link() && a.rec.kind() == KIND_LINK);
+        assert!(StatAnswer::decode(&b[..OutRecord::LEN + 2]).is_none(), "cut in the length");
+        let mut long = b[..OutRecord::LEN].to_vec();
+        long.extend_from_slice(&100u32.to_le_bytes());
+        assert!(StatAnswer::decode(&long).is_none(), "a resolved path longer than the message");
+    }
     use std::io::{Read, Seek, Write};
     use std::os::fd::AsRawFd;
 

@@ -505,6 +505,39 @@ mod tests {
     }
 
     #[test]
+    fn symlinks_keep_their_target_refuse_a_silent_replace_and_move() {
+        let mut m = MetaStore::default();
+        let l = OutRecord { size: 4, mode: libc::S_IFLNK | 0o777, id: 5, ..Default::default() };
+        let f = OutRecord { size: 1, mode: libc::S_IFREG | 0o644, id: 6, ..Default::default() };
+        assert_eq!(m.handle(&req(mop::PUT, 0, &rec_path(l, b"d/latest"))).errno, libc::EINVAL, "a link needs its target");
+        assert_eq!(m.handle(&req(mop::PUT, 0, &rec_path(f, b"d/x\0t"))).errno, libc::EINVAL, "a file has none");
+        assert_eq!(m.handle(&req(mop::PUT, wire::COMMIT_EXCL, &rec_path(l, b"d/latest\0ck-9"))).errno, 0);
+        let g = m.handle(&req(mop::GET, 0, b"d/latest"));
+        assert_eq!((OutRecord::decode(&g.payload), &g.payload[OutRecord::LEN..]), (Some(l), &b"ck-9"[..]));
+        // A commit over a link is ELOOP (the daemon follows it); excl is EEXIST; rename replaces it.
+        assert_eq!(m.handle(&req(mop::PUT, 0, &rec_path(f, b"d/latest"))).errno, libc::ELOOP);
+        assert_eq!(m.handle(&req(mop::PUT, wire::COMMIT_EXCL, &rec_path(f, b"d/latest"))).errno, libc::EEXIST);
+        // The target moves with its record.
+        let mut prep = req(mop::MOVE_PREP, 0, b"d\0e");
+        prep.arg0 = 9;
+        let moved = Moved::decode_all(&m.handle(&prep).payload).unwrap();
+        assert_eq!(moved, vec![Moved::Link(b"d/latest".to_vec(), l, b"ck-9".to_vec())]);
+        let mut payload = Vec::new();
+        moved.into_iter().for_each(|e| e.renamed(b"d", b"e").encode_into(&mut payload));
+        let mut commit = req(mop::MOVE_COMMIT, 0, &payload);
+        commit.arg0 = 9;
+        assert_eq!(m.handle(&commit).errno, 0);
+        assert_eq!(&m.handle(&req(mop::GET, 0, b"e/latest")).payload[OutRecord::LEN..], b"ck-9");
+        let r = m.handle(&req(mop::PUT, PUT_OVER_LINK, &rec_path(f, b"e/latest")));
+        assert_eq!((r.errno, OutRecord::decode(&r.payload)), (0, Some(l)), "the replaced link is answered");
+        assert_eq!(m.handle(&req(mop::GET, 0, b"e/latest")).payload.len(), OutRecord::LEN, "its target is gone");
+        // DEL answers a link's target, and forgets it.
+        m.handle(&req(mop::PUT, 0, &rec_path(l, b"k\0t1")));
+        assert_eq!(&m.handle(&req(mop::DEL, 0, b"k")).payload[OutRecord::LEN..], b"t1");
+        assert!(m.targets.is_empty());
+    }
+
+    #[test]
     fn dirs_and_listings() {
         let mut m = MetaStore::default();
         let d = OutRecord { mode: libc::S_IFDIR | 0o755, ..Default::default() };
