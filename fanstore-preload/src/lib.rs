@@ -33,6 +33,7 @@ mod fd_table;
 mod guard;
 pub mod hooks;
 mod lock;
+mod locks;
 pub mod ops;
 mod parts;
 mod paths;
@@ -62,9 +63,11 @@ pub(crate) extern "C" fn fork_prepare() {
     state::fork_lock();
     client::fork_prepare();
     outputs::fork_prepare();
+    locks::fork_prepare();
 }
 
 pub(crate) extern "C" fn fork_parent() {
+    locks::fork_release();
     outputs::fork_release();
     client::fork_parent();
     state::fork_unlock();
@@ -74,6 +77,7 @@ pub(crate) extern "C" fn fork_parent() {
 /// the fd table stays, since the fds are inherited.
 pub(crate) extern "C" fn fork_child() {
     sud::arm_thread();
+    locks::fork_release();
     outputs::fork_release();
     client::fork_child();
     state::fork_unlock();

@@ -1,5 +1,6 @@
 //! close, close_range, closefrom, dup, dup2, dup3, fcntl(F_DUPFD*): the fd
-//! table follows the kernel's fd numbers.
+//! table follows the kernel's fd numbers. fcntl's lock commands act on a
+//! lock file for outputs ([`crate::locks`]).
 
 use crate::fd_table::{self, Tracked};
 use crate::ops::fd::{after_dup, before_close, before_close_range, before_dup2};
@@ -60,6 +61,9 @@ crate::hooks! {
         r
     }
     fn fcntl(fd: c_int, cmd: c_int, arg: c_ulong) -> c_int {
+        if crate::locks::is_lock_cmd(cmd) {
+            return orig::fcntl(crate::locks::target(fd), cmd, arg);
+        }
         let r = orig::fcntl(fd, cmd, arg);
         if cmd == libc::F_DUPFD || cmd == libc::F_DUPFD_CLOEXEC {
             after_dup(fd, r);
@@ -87,6 +91,9 @@ crate::hooks! {
         }
     }
     fn fcntl64(fd: c_int, cmd: c_int, arg: c_ulong) -> c_int {
+        if crate::locks::is_lock_cmd(cmd) {
+            return orig::fcntl64(crate::locks::target(fd), cmd, arg);
+        }
         let r = orig::fcntl64(fd, cmd, arg);
         if cmd == libc::F_DUPFD || cmd == libc::F_DUPFD_CLOEXEC {
             after_dup(fd, r);

@@ -21,6 +21,7 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 pub mod cwd;
 pub mod dir;
 pub mod fd;
+pub mod lock;
 pub mod meta;
 pub mod open;
 pub mod signal;
@@ -184,7 +185,7 @@ macro_rules! hooks {
 
 /// FANSTORE_DEBUG=1: which symbols this library hooks and whether each original resolved.
 pub fn report_symbols() {
-    let families: [(&str, &[&Slot]); 12] = [
+    let families: [(&str, &[&Slot]); 13] = [
         ("open", open::symbols()),
         ("stdio", stdio::symbols()),
         ("stat", stat::symbols()),
@@ -192,6 +193,7 @@ pub fn report_symbols() {
         ("dir", dir::symbols()),
         ("cwd", cwd::symbols()),
         ("fd", fd::symbols()),
+        ("lock", lock::symbols()),
         ("write", write::symbols()),
         ("walk", walk::symbols()),
         ("thread", thread::symbols()),

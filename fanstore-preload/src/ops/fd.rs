@@ -9,6 +9,7 @@ use libc::c_int;
 /// (the commit of an output whose last fd this was failed).
 #[inline]
 pub fn before_close(fd: c_int) -> Option<c_int> {
+    crate::locks::forget(fd);
     let mut err = None;
     if fd_table::any() {
         match fd_table::get(fd) {
@@ -36,6 +37,7 @@ pub fn before_close(fd: c_int) -> Option<c_int> {
 /// After `new = dup(old)` (or dup2/dup3/F_DUPFD) returned `r`.
 #[inline]
 pub fn after_dup(old: c_int, r: c_int) {
+    crate::locks::after_dup(old, r);
     if r >= 0 && fd_table::any() {
         fd_table::copy(old, r);
         match fd_table::get(r) {
@@ -50,6 +52,7 @@ pub fn after_dup(old: c_int, r: c_int) {
 #[inline]
 pub fn before_dup2(old: c_int, new: c_int) {
     if old != new {
+        crate::locks::forget(new);
         if fd_table::any() {
             match fd_table::get(new) {
                 Some(Tracked::Output(idx)) if crate::outputs::is_foreign(idx) => {}
@@ -67,6 +70,7 @@ pub fn before_dup2(old: c_int, new: c_int) {
 
 pub fn before_close_range(lo: u32, hi: u32, flags: c_int) {
     if flags & (libc::CLOSE_RANGE_CLOEXEC as c_int) == 0 {
+        crate::locks::forget_range(lo.min(i32::MAX as u32) as c_int, hi.min(i32::MAX as u32) as c_int);
         let (foreign, n) = if fd_table::any() {
             let _g = crate::guard::Guard::enter();
             crate::outputs::closing_range(lo, hi);

@@ -86,6 +86,7 @@ pub unsafe fn file_call(nr: i64, a: [u64; 6]) -> Option<i64> {
             libc::SYS_dup2 => sys(fd::dup2(i(0), i(1)) as i64),
             libc::SYS_dup3 => sys(fd::dup3(i(0), i(1), i(2)) as i64),
             libc::SYS_fcntl => sys(fd::fcntl(i(0), i(1), a[2] as c_ulong) as i64),
+            libc::SYS_flock => sys(crate::hooks::lock::flock(i(0), i(1)) as i64),
             libc::SYS_lseek => sys(fd::lseek(i(0), a[1] as off_t, i(2))),
             libc::SYS_stat => sys(stat::stat(p(0), a[1] as *mut libc::stat) as i64),
             libc::SYS_lstat => sys(stat::lstat(p(0), a[1] as *mut libc::stat) as i64),
