@@ -134,6 +134,10 @@ pub const COMMIT_EXCL: u64 = 1;
 pub const SETATTR_MODE: u64 = 1;
 /// SETATTR arg0: set the modification time to arg1 (ns since the epoch, i64).
 pub const SETATTR_MTIME: u64 = 2;
+/// SETATTR arg0 bit (with one of the above): do not follow a symlink in the
+/// last component (lutimes, fchmodat/utimensat with AT_SYMLINK_NOFOLLOW);
+/// a symlink's mode cannot change (EOPNOTSUPP, as Linux says).
+pub const SETATTR_NOFOLLOW: u64 = 0x100;
 
 /// Entry kinds of an OUT_LIST reply.
 pub const KIND_FILE: u8 = 1;

@@ -32,6 +32,20 @@ use std::path::PathBuf;
 use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
 use std::time::Duration;
 
+/// Gives an output's fd the mode and modification time of its record, so
+/// fstat of it agrees with stat of the path (tar -c, rsync and cp -p read
+/// them from the fd). Best effort: the bytes are what matters.
+fn stamp(fd: &OwnedFd, rec: &OutRecord) {
+    let t = libc::timespec { tv_sec: rec.mtime_ns.div_euclid(1_000_000_000), tv_nsec: rec.mtime_ns.rem_euclid(1_000_000_000) };
+    let times = [t, t];
+    // SAFETY: fchmod/futimens on an fd we own; times is two valid timespecs.
+    unsafe {
+        // (Owner read stays: the holder must still open its file to serve it.)
+        libc::fchmod(fd.as_raw_fd(), (rec.mode & 0o7777) | 0o400);
+        libc::futimens(fd.as_raw_fd(), times.as_ptr());
+    }
+}
+
 /// Free bytes under which the local disk counts as full at a commit.
 const FULL_DISK: u64 = 64 << 10;
 
@@ -314,7 +328,14 @@ impl Node {
             return Err(libc::ENOSPC);
         }
         let src = std::fs::File::from(fd.try_clone().map_err(|_| libc::EMFILE)?);
-        let size = src.metadata().map_err(|_| libc::EIO)?.len();
+        let meta = src.metadata().map_err(|_| libc::EIO)?;
+        let size = meta.len();
+        // The file's own modification time: its last write, or what the
+        // program set with futimens before closing (tar, cp -p, rsync).
+        let mtime_ns = {
+            use std::os::unix::fs::MetadataExt;
+            meta.mtime() * 1_000_000_000 + meta.mtime_nsec()
+        };
         let map = if size > 0 {
             // SAFETY: the client handed us its output file at its last close
             // and no longer writes it; the mapping is read-only and private.
@@ -342,7 +363,7 @@ impl Node {
             Some(d) => d.stage(path, id, bytes)?.file_xxh3,
             None => self.store_plain(&src, unnamed, bytes, &file).inspect_err(|_| undo())?,
         };
-        let rec = OutRecord { size, mode: libc::S_IFREG | (mode & 0o7777), holder: self.id.rank, mtime_ns: now_ns(), id, sum };
+        let rec = OutRecord { size, mode: libc::S_IFREG | (mode & 0o7777), holder: self.id.rank, mtime_ns, id, sum };
         // A symlink at the name: the bytes go to its target (as open(2)
         // follows it), which must then be a file or nothing in a directory.
         let path = &match self.put_record(path, rec, excl) {
@@ -429,12 +450,37 @@ impl Node {
 
     /// OUT_OPEN: an fd with the bytes of output `path`.
     pub fn out_open(&self, path: &[u8]) -> Result<OwnedFd, i32> {
-        let (path, rec) = match self.lookup(path, true)? {
-            crate::links::Looked::Output { path, rec, .. } => (path, rec),
-            crate::links::Looked::Input { node, .. } => return self.open(u64::from(node), self.view.dataset_id()),
-            crate::links::Looked::Outside(_) => return Err(libc::EXDEV),
-        };
-        let path = &path[..];
+        let (fd, rec) = self.out_open_bytes(path)?;
+        if rec.holder != crate::persist::PERSISTED {
+            stamp(&fd, &rec);
+        }
+        Ok(fd)
+    }
+
+    /// The fd with the bytes of output `path`, and its record. A version
+    /// replaced between the lookup and the open (its bytes already dropped)
+    /// is looked up again: the open gets the newer one.
+    fn out_open_bytes(&self, path: &[u8]) -> Result<(OwnedFd, OutRecord), i32> {
+        let mut tries = 0;
+        loop {
+            let (path, rec) = match self.lookup(path, true)? {
+                crate::links::Looked::Output { path, rec, .. } => (path, rec),
+                crate::links::Looked::Input { node, .. } => {
+                    return Ok((self.open(u64::from(node), self.view.dataset_id())?, OutRecord { holder: crate::persist::PERSISTED, ..Default::default() }))
+                }
+                crate::links::Looked::Outside(_) => return Err(libc::EXDEV),
+            };
+            match self.open_held(&path, &rec) {
+                Err(libc::ENOENT) if tries < 8 => tries += 1,
+                other => return other.map(|fd| (fd, rec)),
+            }
+        }
+    }
+
+    /// The bytes of output `rec` (named `path`): from --persist, this
+    /// rank's files or store, or fetched from its holder.
+    fn open_held(&self, path: &[u8], rec: &OutRecord) -> Result<OwnedFd, i32> {
+        let rec = *rec;
         if rec.is_dir() {
             return Err(libc::EISDIR);
         }
@@ -683,8 +729,12 @@ impl Node {
         if self.view.lookup(path).is_some() {
             return Err(libc::EROFS);
         }
-        // chmod and utime follow a symlink (symlinks have no mode of their own).
-        let path = &match self.lookup(path, true)? {
+        // chmod and utime follow a symlink unless told not to; a symlink's
+        // own mode cannot change (Linux: EOPNOTSUPP), its time can.
+        let follow = what & wire::SETATTR_NOFOLLOW == 0;
+        let what = what & !wire::SETATTR_NOFOLLOW;
+        let path = &match self.lookup(path, follow)? {
+            crate::links::Looked::Output { rec, .. } if rec.is_link() && what == wire::SETATTR_MODE => return Err(libc::EOPNOTSUPP),
             crate::links::Looked::Output { path, .. } => path,
             crate::links::Looked::Input { .. } => return Err(libc::EROFS),
             crate::links::Looked::Outside(_) => return Err(libc::EXDEV),

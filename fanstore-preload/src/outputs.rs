@@ -128,6 +128,15 @@ pub fn mode_of(idx: u32) -> Option<u32> {
     TABLE.with(|t| t.slots.get((idx & !OUT_DIR) as usize)?.as_ref().map(|s| s.mode))
 }
 
+/// fchmod of an output being written: the mode its commit registers.
+pub fn set_mode(idx: u32, perm: u32) {
+    TABLE.with(|t| {
+        if let Some(Some(s)) = t.slots.get_mut((idx & !OUT_DIR) as usize) {
+            s.mode = (s.mode & libc::S_IFMT) | (perm & 0o7777);
+        }
+    });
+}
+
 /// [`open_fd_of`] with the output's slot index.
 pub fn open_slot_of(path: &[u8]) -> Option<(c_int, u32)> {
     let max = MAX_FD.load(Ordering::Relaxed);

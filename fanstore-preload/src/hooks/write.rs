@@ -141,7 +141,14 @@ crate::hooks! {
         path_hook("chmod", libc::AT_FDCWD, path, -1, |vp| write::setattr(vp, true, Attr::Mode(mode)), |p| orig::chmod(p, mode))
     }
     fn fchmod(fd: c_int, mode: mode_t) -> c_int {
-        fd_hook("fchmod", fd, -1, ro_fd, || orig::fchmod(fd, mode))
+        fd_hook("fchmod", fd, -1, |t| match t {
+            // The file's own mode changes too (fstat shows it); the commit registers it.
+            crate::fd_table::Tracked::Output(idx) => {
+                crate::outputs::set_mode(idx, mode);
+                Outcome::Passthrough
+            }
+            other => ro_fd(other),
+        }, || orig::fchmod(fd, mode))
     }
     fn fchmodat(dirfd: c_int, path: *const c_char, mode: mode_t, flags: c_int) -> c_int {
         let follow = flags & libc::AT_SYMLINK_NOFOLLOW == 0;

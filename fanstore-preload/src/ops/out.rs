@@ -428,8 +428,9 @@ fn simple(st: &State, op: u16, arg1: u64, payload: &[u8]) -> Outcome<c_int> {
 /// here has no record yet and gives ENOENT). Ownership cannot change: an
 /// output belongs to the job's user; chown to that user is a no-op, any
 /// other owner EPERM.
-pub fn setattr(vp: &VPath, attr: super::write::Attr) -> Outcome<c_int> {
+pub fn setattr(vp: &VPath, attr: super::write::Attr, follow: bool) -> Outcome<c_int> {
     use super::write::Attr;
+    let stat = |st: &State, rel: &[u8]| if follow { stat(st, rel) } else { lstat(st, rel) };
     let (what, value) = match attr {
         Attr::Mode(m) => (wire::SETATTR_MODE, u64::from(m & 0o7777)),
         Attr::Mtime(ns) => (wire::SETATTR_MTIME, ns as u64),
@@ -442,6 +443,7 @@ pub fn setattr(vp: &VPath, attr: super::write::Attr) -> Outcome<c_int> {
         }
         Attr::Nothing => return stat(vp.st, vp.rel).map(|_| 0).into(),
     };
+    let what = if follow { what } else { what | wire::SETATTR_NOFOLLOW };
     match client::call(vp.st, &client::request(op::SETATTR, what, value, vp.rel), None) {
         Ok(_) => Outcome::Handled(0),
         Err(e) => Outcome::Errno(e),

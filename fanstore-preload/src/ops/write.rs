@@ -72,7 +72,7 @@ pub enum Attr {
 pub fn setattr(vp: &VPath, follow: bool, attr: Attr) -> Outcome<c_int> {
     match resolve(vp.st, vp.rel, vp.must_be_dir, follow) {
         Ok(_) => Outcome::Errno(libc::EROFS),
-        Err(libc::ENOENT) => super::out::setattr(vp, attr),
+        Err(libc::ENOENT) => super::out::setattr(vp, attr, follow),
         Err(e) => Outcome::Errno(e),
     }
 }
