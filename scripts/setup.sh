@@ -52,7 +52,8 @@ fi
 # The ML frameworks of the raw-syscall tests (tests/test_sud_frameworks.py)
 # live in a venv OUTSIDE the repository that later runs reuse: torch (the
 # default PyPI wheel, ~2.5 min to install), transformers, accelerate,
-# safetensors. Installed only when missing; a failure here (no network) does
+# safetensors, lightning, jax[cpu], orbax-checkpoint, tensorflow-cpu (33 s
+# more here), filelock. Installed only when missing; a failure here (no network) does
 # not stop the set-up: those tests then fail loudly under CI=true.
 FANSTORE_VENV="${FANSTORE_VENV:-/opt/fanstore-venv}"
 if [ ! -x "$FANSTORE_VENV/bin/python" ]; then
@@ -66,10 +67,10 @@ if [ ! -x "$FANSTORE_VENV/bin/python" ]; then
   fi
 fi
 if [ -x "$FANSTORE_VENV/bin/python" ] && \
-   ! "$FANSTORE_VENV/bin/python" -c 'import torch, transformers, accelerate, safetensors, numpy, pytest, lightning, jax, orbax.checkpoint' >/dev/null 2>&1; then
+   ! "$FANSTORE_VENV/bin/python" -c 'import torch, transformers, accelerate, safetensors, numpy, pytest, lightning, jax, orbax.checkpoint, tensorflow, filelock' >/dev/null 2>&1; then
   t0=$(date +%s)
   "$FANSTORE_VENV/bin/python" -m pip install -q --disable-pip-version-check \
-      torch transformers accelerate safetensors numpy pytest lightning "jax[cpu]" orbax-checkpoint \
+      torch transformers accelerate safetensors numpy pytest lightning "jax[cpu]" orbax-checkpoint tensorflow-cpu filelock \
     && echo "setup: frameworks installed into $FANSTORE_VENV in $(( $(date +%s) - t0 )) s" >&2 \
     || echo "setup: installing the frameworks into $FANSTORE_VENV failed" >&2
 fi

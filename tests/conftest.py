@@ -62,7 +62,7 @@ def framework_python():
     if not py.exists():
         why = f"{py} missing: run scripts/setup.sh (it creates the venv and installs the frameworks)"
     else:
-        r = subprocess.run([str(py), "-c", "import torch, transformers, accelerate, safetensors, numpy, lightning, jax, orbax.checkpoint"],
+        r = subprocess.run([str(py), "-c", "import torch, transformers, accelerate, safetensors, numpy, lightning, jax, orbax.checkpoint, tensorflow, filelock"],
                            capture_output=True, text=True, timeout=300)
         if r.returncode != 0:
             why = f"{py} cannot import the frameworks (scripts/setup.sh installs them):\n{r.stderr[-2000:]}"

@@ -4,8 +4,12 @@ save_last, then a resume from ckpt_path: fsspec writes to /tmp and
 shutil.move falls back to copy2, whose copystat sets the output's times and
 mode) and JAX Orbax (StandardCheckpointer, CheckpointManager(max_to_keep=2):
 tensorstore lock files opened twice, `*.orbax-checkpoint-tmp` directories
-renamed into place, old steps removed). The frameworks come from the venv of
-scripts/setup.sh (fixture framework_python)."""
+renamed into place, old steps removed), HF transformers' Trainer
+(save_total_limit=2: checkpoint-N directories rotated with rmtree, then
+resume_from_checkpoint on another node) and TensorFlow/Keras (model.save of a
+.keras zip, tf.train.CheckpointManager(max_to_keep=2), save_weights to
+HDF5). The frameworks come from the venv of scripts/setup.sh (fixture
+framework_python)."""
 import json
 import subprocess
 import textwrap
@@ -72,6 +76,62 @@ else:
 """
 
 
+HF_TRAINER = r"""
+import json, os, sys, warnings
+warnings.filterwarnings("ignore")
+import torch
+from transformers import BertConfig, BertForSequenceClassification, Trainer, TrainingArguments
+from transformers.utils import logging
+logging.set_verbosity_error()
+root, mode = sys.argv[1], sys.argv[2]
+torch.manual_seed(0)
+class Data(torch.utils.data.Dataset):
+    def __len__(self):
+        return 64
+    def __getitem__(self, i):
+        g = torch.Generator().manual_seed(i)
+        return {"input_ids": torch.randint(0, 100, (8,), generator=g), "labels": i % 2}
+model = BertForSequenceClassification(BertConfig(vocab_size=100, hidden_size=16, num_hidden_layers=1,
+                                                 num_attention_heads=2, intermediate_size=32, num_labels=2))
+args = TrainingArguments(output_dir=root, save_strategy="steps", save_steps=2, save_total_limit=2,
+                         max_steps=8 if mode == "train" else 12, per_device_train_batch_size=4, report_to=[],
+                         use_cpu=True, logging_steps=1000, dataloader_num_workers=0, seed=0)
+trainer = Trainer(model=model, args=args, train_dataset=Data())
+out = trainer.train(resume_from_checkpoint=(mode == "resume") or None)
+ck = sorted(d for d in os.listdir(root) if d.startswith("checkpoint-"))
+files = sorted(f for f in os.listdir(os.path.join(root, ck[-1])) if not f.startswith("rng_state"))
+print(json.dumps({"step": out.global_step, "checkpoints": ck, "files": files}))
+"""
+
+TENSORFLOW = r"""
+import json, os, sys
+os.environ["TF_CPP_MIN_LOG_LEVEL"] = "3"
+import numpy as np
+import tensorflow as tf
+root, mode = sys.argv[1], sys.argv[2]
+tf.keras.utils.set_random_seed(0)
+model = tf.keras.Sequential([tf.keras.Input((4,)), tf.keras.layers.Dense(3)])
+ckpt = tf.train.Checkpoint(model=model)
+mgr = tf.train.CheckpointManager(ckpt, os.path.join(root, "tf"), max_to_keep=2)
+if mode == "save":
+    os.makedirs(root, exist_ok=True)
+    for step in range(3):
+        model.layers[0].kernel.assign(np.full((4, 3), step, np.float32))
+        mgr.save()
+    model.save(os.path.join(root, "m.keras"))
+    model.save_weights(os.path.join(root, "w.weights.h5"))
+    print(json.dumps({"tf": sorted(os.listdir(os.path.join(root, "tf"))), "root": sorted(os.listdir(root))}))
+else:
+    ckpt.restore(mgr.latest_checkpoint).expect_partial()
+    restored = float(model.layers[0].kernel.numpy()[0, 0])
+    loaded = tf.keras.models.load_model(os.path.join(root, "m.keras"))
+    other = tf.keras.Sequential([tf.keras.Input((4,)), tf.keras.layers.Dense(3)])
+    other.load_weights(os.path.join(root, "w.weights.h5"))
+    print(json.dumps({"latest": os.path.basename(mgr.latest_checkpoint), "kernel": restored,
+                      "keras": float(loaded.layers[0].kernel.numpy()[0, 0]), "h5": float(other.layers[0].kernel.numpy()[0, 0])}))
+"""
+
+
 @pytest.fixture(scope="module")
 def cl(bins, tmp_path_factory):
     c = small_cluster(bins, tmp_path_factory.mktemp("fw"), seed=8, n_files=8, mount=MOUNT)
@@ -104,3 +164,20 @@ def test_orbax_standard_checkpointer_and_manager(framework_python, cl, tmp_path)
     assert run(framework_python, cl, 0, ORBAX, f"{MOUNT}/ox", "save") == native
     back = run(framework_python, cl, 3, ORBAX, f"{MOUNT}/ox", "load")
     assert back == {"std": True, "steps": [2, 3], "latest_w_ok": True}
+
+
+def test_hf_trainer_rotates_checkpoints_and_resumes_on_another_node(framework_python, cl, tmp_path):
+    native = run(framework_python, None, 0, HF_TRAINER, str(tmp_path / "native"), "train")
+    assert native["step"] == 8 and native["checkpoints"] == ["checkpoint-6", "checkpoint-8"], native
+    assert run(framework_python, cl, 1, HF_TRAINER, f"{MOUNT}/hf", "train") == native
+    resumed = run(framework_python, None, 0, HF_TRAINER, str(tmp_path / "native"), "resume")
+    assert resumed["checkpoints"] == ["checkpoint-10", "checkpoint-12"], resumed
+    assert run(framework_python, cl, 3, HF_TRAINER, f"{MOUNT}/hf", "resume") == resumed
+
+
+def test_tensorflow_and_keras_checkpoints(framework_python, cl, tmp_path):
+    native = run(framework_python, None, 0, TENSORFLOW, str(tmp_path / "native"), "save")
+    assert "checkpoint" in native["tf"] and len([f for f in native["tf"] if f.endswith(".index")]) == 2, native
+    assert run(framework_python, cl, 2, TENSORFLOW, f"{MOUNT}/tf", "save") == native
+    back = run(framework_python, cl, 0, TENSORFLOW, f"{MOUNT}/tf", "load")
+    assert back == {"latest": "ckpt-3", "kernel": 2.0, "keras": 2.0, "h5": 2.0}, back
