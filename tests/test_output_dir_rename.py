@@ -57,6 +57,21 @@ attempt("deep tree", lambda: tree(J("full")))
 attempt("write in moved dir", lambda: open(J("full", "x", "moved", "new.bin"), "wb").write(b"abc"))
 attempt("rmtree moved", lambda: __import__("shutil").rmtree(J("full")))
 attempt("final listing", lambda: sorted(os.listdir(root)))
+def open_across_rename():
+    # This process keeps a file open (being written) and its cwd inside a
+    # directory it renames: the file is committed under the new name.
+    os.makedirs(J("ck.tmp", "in"))
+    f = open(J("ck.tmp", "in", "open.bin"), "wb")
+    f.write(b"before ")
+    here = os.getcwd()
+    os.chdir(J("ck.tmp", "in"))
+    os.rename(J("ck.tmp"), J("ck"))
+    cwd = os.path.relpath(os.getcwd(), root)
+    f.write(b"after")
+    f.close()
+    os.chdir(here)
+    return [cwd, open(J("ck", "in", "open.bin"), "rb").read().decode(), os.path.exists(J("ck.tmp"))]
+attempt("open file and cwd across a rename", open_across_rename)
 print(json.dumps(out, sort_keys=True))
 """
 

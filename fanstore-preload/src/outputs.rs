@@ -169,6 +169,37 @@ pub fn retarget(from: &[u8], to: Option<&[u8]>) -> bool {
     found
 }
 
+/// A directory renamed by this process: the outputs it is still writing
+/// below `from` are committed below `to`, and its open output directories
+/// (fds, cwd) there are named by their new path, as a native rename leaves
+/// open files and a cwd inside the moved tree.
+pub fn moved_dir(from: &[u8], to: &[u8]) {
+    let below = |p: &[u8]| p.starts_with(from) && p.get(from.len()) == Some(&b'/');
+    let mut start = 0;
+    loop {
+        // Find the next slot below `from` (its path copied to the stack: no
+        // allocation under the lock), then build its new path outside.
+        let mut old = [0u8; fanstore_core::path::MAX_PATH];
+        let found = TABLE.with(|t| {
+            let (i, s) = t.slots.iter().enumerate().skip(start).find_map(|(i, s)| s.as_ref().filter(|s| below(&s.path)).map(|s| (i, s)))?;
+            let n = s.path.len().min(old.len());
+            old[..n].copy_from_slice(&s.path[..n]);
+            Some((i, n))
+        });
+        let Some((i, n)) = found else { return };
+        let mut new = [to, &old[from.len()..n]].concat();
+        TABLE.with(|t| {
+            if let Some(Some(s)) = t.slots.get_mut(i) {
+                if s.path[..] == old[..n] {
+                    std::mem::swap(&mut s.path, &mut new);
+                }
+            }
+        });
+        drop(new);
+        start = i + 1;
+    }
+}
+
 /// One tracked fd of output slot `idx` goes away; the slot if it was the last.
 fn release(idx: u32) -> Option<Box<Slot>> {
     TABLE.with(|t| {

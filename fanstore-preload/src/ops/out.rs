@@ -503,7 +503,11 @@ pub fn rename(from: &VPath, to: &VPath) -> Outcome<c_int> {
     p.extend_from_slice(from.rel);
     p.push(0);
     p.extend_from_slice(to.rel);
-    simple(from.st, op::RENAME, 0, &p)
+    let r = simple(from.st, op::RENAME, 0, &p);
+    if r == Outcome::Handled(0) {
+        crate::outputs::moved_dir(from.rel, to.rel);
+    }
+    r
 }
 
 /// Names and kinds of the outputs listed under directory `rel`.
