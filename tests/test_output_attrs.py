@@ -283,3 +283,21 @@ def test_sqlite_metrics_database(cl, tmp_path):
                         "print(json.dumps(db.execute('select count(*), round(sum(loss), 6) from m').fetchone()))"],
                        env=cl.env(2), capture_output=True, text=True, timeout=60)
     assert json.loads(r.stdout) == native, r.stderr
+
+
+def test_dot_and_dotdot_entries_carry_the_inodes_stat_gives(cl):
+    """readdir of an output directory: `.` and `..` have the inode numbers of
+    stat of the directory and of its parent (an output or an input one)."""
+    code = r"""
+    import json, os, subprocess, sys
+    root = sys.argv[1]
+    os.makedirs(os.path.join(root, "a", "b"), exist_ok=True)
+    out = []
+    for d in (root, os.path.join(root, "a"), os.path.join(root, "a", "b")):
+        ls = subprocess.run(["ls", "-ai", d], capture_output=True, text=True, check=True).stdout.split("\n")
+        inos = {line.split()[1]: int(line.split()[0]) for line in ls if line.strip()}
+        out.append([inos["."] == os.stat(d).st_ino, inos[".."] == os.stat(os.path.join(d, "..")).st_ino,
+                    inos["."] != inos[".."]])
+    print(json.dumps(out))
+    """
+    assert run(cl, 2, code, f"{MOUNT}/dots") == [[True, True, True]] * 3

@@ -133,7 +133,7 @@ impl VDir {
         }
         if self.pos < 2 {
             let e = if out_dir {
-                DirEnt { ino: 1, dtype: libc::DT_DIR, name: if self.pos == 0 { b"." } else { b".." } }
+                DirEnt { ino: out_dir_ino(st, self.node, self.pos == 1), dtype: libc::DT_DIR, name: if self.pos == 0 { b"." } else { b".." } }
             } else {
                 entry_at(st, &st.view.node(self.node)?, self.pos)?
             };
@@ -162,6 +162,21 @@ impl VDir {
         fill_dirent(&mut self.ent, &DirEnt { ino: *ino, dtype: *dtype, name }, self.pos);
         Some(&mut self.ent)
     }
+}
+
+/// The inode number `stat` gives output directory slot `node` (or its
+/// parent, an input or output directory), for its `.` and `..` entries.
+fn out_dir_ino(st: &State, node: u32, parent: bool) -> u64 {
+    let mut buf = [0u8; fanstore_core::path::MAX_PATH];
+    let Some(n) = crate::outputs::path_into(node, &mut buf) else { return 1 };
+    let mut rel = &buf[..n];
+    if parent {
+        rel = &rel[..rel.iter().rposition(|&b| b == b'/').unwrap_or(0)];
+        if let Ok(d) = crate::ops::resolve(st, rel, true, true) {
+            return ino(d.id());
+        }
+    }
+    crate::ops::out::ino(rel)
 }
 
 /// Fills a dirent64 (d_name truncated to 255 bytes, NUL-terminated).
