@@ -86,13 +86,14 @@
 //!   owner. The reply (and so the client's close) comes after both: the file
 //!   is then visible to every node. ENOSPC/EIO while storing: nothing is
 //!   registered, the client's close fails with that errno.
-//! - `OUT_STAT`/`OUT_OPEN`/`OUT_LIST`: asked of the owner; the bytes of a
-//!   remote output cross MPI like a remote input (node id with bit 31 set)
-//!   and are checked against the record's xxh3.
+//! - `OUT_STAT`/`OUT_OPEN`/`OUT_LIST`: asked of the owner (through
+//!   symlinks); the bytes of a remote output cross MPI like a remote input
+//!   (node id with bit 31 set) and are checked against the record's xxh3.
 //! - `MKDIR`, `RMDIR` (ENOTEMPTY from the owner's listing), `UNLINK`,
-//!   `RENAME` (file only: put at the destination owner, then removed at the
-//!   source owner if still the same output; in between both names show the
-//!   same bytes, never a partial file; directories: EXDEV).
+//!   `SETATTR`, `SYMLINK`, `RENAME` (a file: put at the destination owner,
+//!   then removed at the source owner if still the same output; in between
+//!   both names show the same bytes, never a partial file; a directory: the
+//!   two-phase fenced move). All of them live in [`namespace`].
 //! - Inputs are never shadowed: COMMIT of an input name is EEXIST (O_EXCL)
 //!   or EROFS.
 //!
@@ -110,9 +111,9 @@
 //!   aside at start and, once every rank is ready, registers those outputs
 //!   again (and their directories) with their owners ([`outputs`]'s
 //!   `Node::recover`; visible shortly after `fanstore wait` returns). A
-//!   rename done on the holder's node is in the sidecar; a rename or unlink
-//!   done from another node is not (the file comes back under the name its
-//!   holder last wrote; an unlinked one comes back).
+//!   rename is in the holder's sidecar (the holder is told, HOLDER_RENAME);
+//!   an unlink done from another node between the drop request and its
+//!   handling may come back.
 //! - a rank dies and the job goes on: the records that rank owned vanish from
 //!   the namespace and the bytes it held fail with EIO until a restart.
 //! - a node's local directory is lost: the outputs it held are lost unless
@@ -130,10 +131,9 @@ pub mod copies;
 pub mod dedup;
 pub mod fdlimit;
 pub mod index_shm;
-pub mod links;
 pub mod load;
 pub mod memfd;
-pub mod meta;
+pub mod namespace;
 pub mod node;
 pub mod open;
 pub mod outputs;

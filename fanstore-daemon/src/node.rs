@@ -78,8 +78,8 @@ pub struct Node {
     pub load: OnceLock<LoadReport>,
     /// Set when the rank stops: the server stops accepting and serving.
     pub stopping: AtomicBool,
-    /// Output records and listings this rank owns ([`crate::meta`]).
-    pub meta: Mutex<crate::meta::MetaStore>,
+    /// Output records and listings this rank owns ([`crate::namespace::owner`]).
+    pub meta: Mutex<crate::namespace::owner::MetaStore>,
     /// Next output id (`out/<id>` in the local directory).
     pub out_seq: std::sync::atomic::AtomicU64,
     /// `--persist` directory, if any ([`crate::persist`]).
@@ -117,7 +117,7 @@ impl Node {
             local: OnceLock::new(),
             load: OnceLock::new(),
             stopping: AtomicBool::new(false),
-            meta: Mutex::new(crate::meta::MetaStore::default()),
+            meta: Mutex::new(crate::namespace::owner::MetaStore::default()),
             out_seq: std::sync::atomic::AtomicU64::new(1),
             persist: OnceLock::new(),
             dedup: OnceLock::new(),

@@ -1,37 +1,32 @@
-//! The write path on the daemon side: COMMIT, OUT_STAT, OUT_OPEN, OUT_LIST,
-//! MKDIR, RMDIR, UNLINK, RENAME of outputs.
+//! The bytes of outputs on the daemon side: COMMIT and OUT_OPEN, the files
+//! and sidecars this rank holds, their drain to `--persist` and their
+//! recovery after a kill. Names, records, directories and renames are
+//! [`crate::namespace`]'s: this module stores bytes, then registers them
+//! there ([`Node::put_record`]), and asks it where a path leads before it
+//! opens one ([`Node::lookup`]).
 //!
 //! COMMIT: the bytes go into the checkpoint store ([`crate::dedup`]) when
 //! they are at least `--dedup-min` bytes; otherwise the client's unnamed
 //! local file is linked at `<local>/out/<id>` (a memfd is copied there;
 //! fsynced with `--fsync-outputs`). Then the record (size, mode, mtime,
-//! holder = this rank, id, xxh3) is put at the metadata owner (rank
-//! xxh3(path) mod N, [`crate::meta`]), then the name is added to the
-//! listing of its parent at the parent's owner. The
-//! client's close returns after both acknowledgements: from then on any
-//! stat on any node (which asks the owner) sees the whole file. A failed
-//! write (ENOSPC, EIO) registers nothing. A replaced output's old bytes are
-//! deleted: here, or by the holder when asked (HOLDER_DROP over MPI).
-//!
-//! RENAME of a file: the record is put at the destination's owner (replacing
-//! any file there), then removed at the source's owner (only if it is still
-//! the same output), then the listings follow. Between the first and second
-//! step both names show the same bytes; a reader never sees a missing or
-//! partial destination. RENAME of a directory moves its whole tree with the
-//! two-phase fenced move of [`crate::meta`].
+//! holder = this rank, id, xxh3) is put at the metadata owner, then the name
+//! is added to the listing of its parent at the parent's owner. The client's
+//! close returns after both acknowledgements: from then on any stat on any
+//! node (which asks the owner) sees the whole file. A failed write (ENOSPC,
+//! EIO) registers nothing. A replaced output's old bytes are deleted: here,
+//! or by the holder when asked (HOLDER_DROP over MPI).
 
-use crate::comm::{Command, Fetch, MetaCall, MetaServer, RecvBuf, OUT_BIT};
+use crate::comm::{Command, Fetch, RecvBuf, OUT_BIT};
 use crate::memfd::MemfdBuilder;
-use crate::meta::mop;
+use crate::namespace::parent;
 use crate::node::Node;
 use fanstore_core::checksum::xxh3;
-use fanstore_core::wire::{self, OutRecord, Reply, Request};
+use fanstore_core::wire::{self, OutRecord};
 use std::os::fd::{AsRawFd, OwnedFd};
 use std::os::unix::fs::OpenOptionsExt;
 use std::path::PathBuf;
-use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
+use std::sync::atomic::Ordering::Relaxed;
 use std::time::Duration;
-
 /// Gives an output's fd the mode and modification time of its record, so
 /// fstat of it agrees with stat of the path (tar -c, rsync and cp -p read
 /// them from the fd). Best effort: the bytes are what matters.
@@ -45,22 +40,8 @@ fn stamp(fd: &OwnedFd, rec: &OutRecord) {
         libc::futimens(fd.as_raw_fd(), times.as_ptr());
     }
 }
-
 /// Free bytes under which the local disk counts as full at a commit.
 const FULL_DISK: u64 = 64 << 10;
-
-/// How long a metadata request to another rank may take.
-const META_TIMEOUT: Duration = Duration::from_secs(10);
-
-static META_IDS: AtomicU64 = AtomicU64::new(1);
-
-pub(crate) fn parent(path: &[u8]) -> (&[u8], &[u8]) {
-    match path.iter().rposition(|&b| b == b'/') {
-        Some(i) => (&path[..i], &path[i + 1..]),
-        None => (&[], path),
-    }
-}
-
 fn io_errno(e: &std::io::Error) -> i32 {
     match e.raw_os_error() {
         Some(libc::ENOSPC) => libc::ENOSPC,
@@ -68,35 +49,6 @@ fn io_errno(e: &std::io::Error) -> i32 {
         _ => libc::EIO,
     }
 }
-
-pub(crate) fn now_ns() -> i64 {
-    std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map_or(0, |d| d.as_nanos() as i64)
-}
-
-impl MetaServer for Node {
-    fn handle_meta(&self, msg: &[u8]) -> Vec<u8> {
-        match Request::decode(msg) {
-            Ok(req) if req.op == mop::HOLDER_DROP || req.op == mop::HOLDER_RENAME => {
-                // Store work does not belong on the communication thread.
-                let (dedup, out, fsync) = (self.dedup.get().cloned(), self.out_dir(), self.fsync_outputs.load(Relaxed));
-                let spawned = std::thread::Builder::new().name("fanstore-held".into()).spawn(move || {
-                    if req.op == mop::HOLDER_DROP {
-                        drop_held(dedup.as_deref(), &out, req.arg0);
-                    } else {
-                        rename_held(dedup.as_deref(), &out, req.arg0, &req.payload, fsync);
-                    }
-                });
-                let errno = if spawned.is_ok() { 0 } else { libc::EAGAIN };
-                Reply { op: req.op, id: req.id, errno, flags: 0, value: 0, payload: Vec::new() }.encode()
-            }
-            Ok(req) => self.meta.lock().unwrap_or_else(|p| p.into_inner()).handle(&req).encode(),
-            Err(_) => Reply { op: 0, id: 0, errno: libc::EINVAL, flags: 0, value: 0, payload: Vec::new() }.encode(),
-        }
-    }
-}
-
-/// Deletes what this rank holds of output `id`: its plain file and sidecar,
-/// or its checkpoint.
 /// Writes `out/<id>.rec`, the sidecar naming a held output for recovery
 /// after a kill (a temporary file renamed into place; fsynced with `fsync`).
 fn write_sidecar_in(out: &std::path::Path, path: &[u8], rec: &OutRecord, fsync: bool) -> Result<(), i32> {
@@ -120,7 +72,7 @@ fn write_sidecar_in(out: &std::path::Path, path: &[u8], rec: &OutRecord, fsync: 
 /// HOLDER_RENAME at the holder: output `id` is now named `path`, in its
 /// checkpoint store (if there) and in its sidecar, so a restart after a
 /// kill registers it under the new name.
-fn rename_held(dedup: Option<&crate::dedup::Dedup>, out: &std::path::Path, id: u64, path: &[u8], fsync: bool) {
+pub(crate) fn rename_held(dedup: Option<&crate::dedup::Dedup>, out: &std::path::Path, id: u64, path: &[u8], fsync: bool) {
     if let Some(d) = dedup {
         d.rename_output(id, path);
     }
@@ -132,7 +84,10 @@ fn rename_held(dedup: Option<&crate::dedup::Dedup>, out: &std::path::Path, id: u
     }
 }
 
-fn drop_held(dedup: Option<&crate::dedup::Dedup>, out: &std::path::Path, id: u64) {
+/// HOLDER_DROP at the holder (or a replaced output held here): deletes
+/// what this rank holds of output `id`, its plain file and sidecar, or its
+/// checkpoint.
+pub(crate) fn drop_held(dedup: Option<&crate::dedup::Dedup>, out: &std::path::Path, id: u64) {
     if !dedup.is_some_and(|d| d.drop_output(id)) {
         let _ = std::fs::remove_file(out.join(id.to_string()));
     }
@@ -158,113 +113,10 @@ impl Node {
         write_sidecar_in(&self.out_dir(), path, rec, self.fsync_outputs.load(Relaxed))
     }
 
-    /// The metadata owner of `path`.
-    pub fn owner(&self, path: &[u8]) -> u32 {
-        (xxh3(path) % self.id.nranks.max(1) as u64) as u32
-    }
-
-    /// One metadata request at the owner of `key`: answered here when this
-    /// rank owns it, else over MPI (bounded wait).
-    pub(crate) fn meta_at(&self, key: &[u8], op: u16, arg0: u64, payload: Vec<u8>) -> Result<Reply, i32> {
-        self.meta_to(self.owner(key), op, arg0, payload)
-    }
-
-    /// One metadata request at rank `dest`.
-    /// EBUSY (a path fenced by a directory move in flight) is retried until
-    /// the move ends, at most [`META_TIMEOUT`].
-    fn meta_to(&self, dest: u32, op: u16, arg0: u64, payload: Vec<u8>) -> Result<Reply, i32> {
-        let deadline = std::time::Instant::now() + META_TIMEOUT;
-        let mut pause = Duration::from_millis(1);
-        loop {
-            match self.meta_once(dest, op, arg0, payload.clone()) {
-                Err(libc::EBUSY) if std::time::Instant::now() < deadline => {
-                    std::thread::sleep(pause);
-                    pause = (pause * 2).min(Duration::from_millis(32));
-                }
-                other => return other,
-            }
-        }
-    }
-
-    fn meta_once(&self, dest: u32, op: u16, arg0: u64, payload: Vec<u8>) -> Result<Reply, i32> {
-        let id = META_IDS.fetch_add(1, Relaxed);
-        let req = Request { op, id, arg0, arg1: 0, payload };
-        let rep = if dest == self.id.rank {
-            Reply::decode(&self.handle_meta(&req.encode())).map_err(|_| libc::EIO)?
-        } else {
-            let (tx, rx) = crossbeam::channel::bounded(1);
-            let call = MetaCall { dest, id, msg: req.encode(), reply: tx, timeout: META_TIMEOUT };
-            self.comm.send(Command::Meta(call)).map_err(|_| libc::EIO)?;
-            let b = rx.recv_timeout(META_TIMEOUT + Duration::from_secs(1)).map_err(|_| {
-                log::warn!("rank {}: metadata rank {dest} did not answer", self.id.rank);
-                libc::EIO
-            })?;
-            Reply::decode(&b).map_err(|_| libc::EIO)?
-        };
-        if rep.errno != 0 {
-            return Err(rep.errno);
-        }
-        Ok(rep)
-    }
-
-    pub(crate) fn link(&self, path: &[u8], kind: u8, add: bool) -> Result<(), i32> {
-        let (dir, name) = parent(path);
-        let mut p = dir.to_vec();
-        p.push(0);
-        p.extend_from_slice(name);
-        let op = if add { mop::ADD } else { mop::REMOVE };
-        self.meta_at(dir, op, kind as u64, p).map(|_| ())
-    }
-
     /// Deletes what this rank holds of output `id`.
     pub(crate) fn drop_held_here(&self, id: u64) {
         drop_held(self.dedup.get().map(|d| &**d), &self.out_dir(), id);
     }
-
-    /// The record of output `path` (file, directory or symlink itself):
-    /// no symlink is followed.
-    pub fn out_stat(&self, path: &[u8]) -> Result<OutRecord, i32> {
-        let r = self.on_record(path, mop::GET, 0, path.to_vec())?;
-        OutRecord::decode(&r.payload).ok_or(libc::EIO)
-    }
-
-    /// OUT_STAT: the [`wire::StatAnswer`] of `path`, through symlinks (the
-    /// last one too unless `wire::STAT_NOFOLLOW`). A path that leads out of
-    /// the mount is EXDEV with the absolute path as the payload.
-    pub fn out_stat_answer(&self, path: &[u8], flags: u64) -> Result<Vec<u8>, (i32, Vec<u8>)> {
-        use crate::links::Looked;
-        let follow = flags & wire::STAT_NOFOLLOW == 0;
-        let resolved = |p: &[u8]| if p == path { Vec::new() } else { p.to_vec() };
-        match self.lookup(path, follow) {
-            Ok(Looked::Output { path: p, rec, target }) => Ok(wire::StatAnswer::encode(&rec, &resolved(&p), &target)),
-            Ok(Looked::Input { path: p, node }) => Ok(wire::StatAnswer::encode(&self.input_record(node), &resolved(&p), b"")),
-            Ok(Looked::Outside(abs)) => Err((libc::EXDEV, abs)),
-            Err(e) => Err((e, Vec::new())),
-        }
-    }
-
-    /// Why `path` has no record, as the kernel's path walk says it: ENOTDIR
-    /// when its deepest existing ancestor is a file, else ENOENT.
-    fn missing_errno(&self, path: &[u8]) -> i32 {
-        let mut p = parent(path).0;
-        while !p.is_empty() {
-            if let Some(n) = self.view.lookup(p) {
-                return if n.is_dir() { libc::ENOENT } else { libc::ENOTDIR };
-            }
-            match self.meta_at(p, mop::GET, 0, p.to_vec()) {
-                Ok(r) => {
-                    return match OutRecord::decode(&r.payload) {
-                        Some(rec) if !rec.is_dir() => libc::ENOTDIR,
-                        _ => libc::ENOENT,
-                    }
-                }
-                Err(libc::ENOENT) => p = parent(p).0,
-                Err(e) => return e,
-            }
-        }
-        libc::ENOENT
-    }
-
 
     /// Registers held output `rec` under `path`: its sidecar here, then
     /// its record at the owner (ELOOP: a symlink is there).
@@ -274,43 +126,6 @@ impl Node {
             let _ = std::fs::remove_file(self.sidecar(rec.id));
         })
     }
-
-    fn put(&self, path: &[u8], rec: OutRecord, excl: bool) -> Result<(), i32> {
-        self.put_with(path, rec, if excl { wire::COMMIT_EXCL } else { 0 })
-    }
-
-    /// PUT that replaces a symlink at `path` too (rename's destination).
-    fn put_over_link(&self, path: &[u8], rec: OutRecord) -> Result<(), i32> {
-        self.put_with(path, rec, crate::meta::PUT_OVER_LINK)
-    }
-
-    fn put_with(&self, path: &[u8], rec: OutRecord, arg0: u64) -> Result<(), i32> {
-        let mut p = Vec::with_capacity(OutRecord::LEN + path.len());
-        rec.encode_into(&mut p);
-        p.extend_from_slice(path);
-        let r = self.meta_at(path, mop::PUT, arg0, p)?;
-        // A record of the same output (a rename retried after a failure
-        // between its steps) is not a replaced one.
-        if let Some(old) = OutRecord::decode(&r.payload).filter(|o| (o.id, o.holder) != (rec.id, rec.holder)) {
-            self.drop_data(&old);
-        }
-        Ok(())
-    }
-
-    /// Deletes the bytes of a replaced or unlinked output: here, or at its
-    /// holder (asked over MPI; a holder that is gone keeps them until its
-    /// local directory is removed). Persisted bytes stay in `--persist`.
-    pub(crate) fn drop_data(&self, old: &OutRecord) {
-        if old.is_dir() || old.holder >= self.id.nranks {
-            return;
-        }
-        if old.holder == self.id.rank {
-            self.drop_held_here(old.id);
-        } else if let Err(e) = self.meta_to(old.holder, mop::HOLDER_DROP, old.id, Vec::new()) {
-            log::warn!("rank {}: rank {} did not drop output {}: errno {e}", self.id.rank, old.holder, old.id);
-        }
-    }
-
     /// COMMIT: stores the bytes of `fd`, then registers `path` with its owner.
     pub fn commit(&self, path: &[u8], fd: &OwnedFd, excl: bool, mode: u32) -> Result<(), i32> {
         if path.is_empty() {
@@ -368,10 +183,10 @@ impl Node {
         // follows it), which must then be a file or nothing in a directory.
         let path = &match self.put_record(path, rec, excl) {
             Err(libc::ELOOP) if !excl => match self.lookup(path, true) {
-                Ok(crate::links::Looked::Output { rec: r, .. }) if r.is_dir() => Err(libc::EISDIR),
-                Ok(crate::links::Looked::Output { path: p, .. }) => Ok(p),
-                Ok(crate::links::Looked::Input { .. }) => Err(libc::EROFS),
-                Ok(crate::links::Looked::Outside(_)) => Err(libc::EXDEV),
+                Ok(crate::namespace::links::Looked::Output { rec: r, .. }) if r.is_dir() => Err(libc::EISDIR),
+                Ok(crate::namespace::links::Looked::Output { path: p, .. }) => Ok(p),
+                Ok(crate::namespace::links::Looked::Input { .. }) => Err(libc::EROFS),
+                Ok(crate::namespace::links::Looked::Outside(_)) => Err(libc::EXDEV),
                 Err(libc::ENOENT) => self.real_dangling(path),
                 Err(e) => Err(e),
             }
@@ -464,11 +279,11 @@ impl Node {
         let mut tries = 0;
         loop {
             let (path, rec) = match self.lookup(path, true)? {
-                crate::links::Looked::Output { path, rec, .. } => (path, rec),
-                crate::links::Looked::Input { node, .. } => {
+                crate::namespace::links::Looked::Output { path, rec, .. } => (path, rec),
+                crate::namespace::links::Looked::Input { node, .. } => {
                     return Ok((self.open(u64::from(node), self.view.dataset_id())?, OutRecord { holder: crate::persist::PERSISTED, ..Default::default() }))
                 }
-                crate::links::Looked::Outside(_) => return Err(libc::EXDEV),
+                crate::namespace::links::Looked::Outside(_) => return Err(libc::EXDEV),
             };
             match self.open_held(&path, &rec) {
                 Err(libc::ENOENT) if tries < 8 => tries += 1,
@@ -565,239 +380,6 @@ impl Node {
         m.seal().map_err(|_| libc::EIO)
     }
 
-    /// OUT_LIST: entries of output listing `dir` after `skip`.
-    /// A directory reached through a symlink is listed under its real
-    /// path (clients list the path they resolved at opendir; this is for
-    /// one that lists the link's path).
-    pub fn out_list(&self, dir: &[u8], skip: u64) -> Result<Reply, i32> {
-        let r = self.meta_at(dir, mop::LIST, skip, dir.to_vec())?;
-        if r.value > 0 || skip > 0 {
-            return Ok(r);
-        }
-        match self.real_dir(dir) {
-            Ok(real) if real != dir => self.meta_at(&real, mop::LIST, skip, real.clone()),
-            _ => Ok(r),
-        }
-    }
-
-    pub fn out_mkdir(&self, path: &[u8], mode: u32) -> Result<(), i32> {
-        if path.is_empty() || self.view.lookup(path).is_some() {
-            return Err(libc::EEXIST);
-        }
-        let path = &self.real_entry(path)?;
-        if self.view.lookup(path).is_some() {
-            return Err(libc::EEXIST);
-        }
-        let rec = OutRecord { mode: libc::S_IFDIR | (mode & 0o7777), holder: self.id.rank, mtime_ns: now_ns(), ..Default::default() };
-        let mut p = Vec::new();
-        rec.encode_into(&mut p);
-        p.extend_from_slice(path);
-        self.meta_at(path, mop::MKDIR, 0, p)?;
-        self.link(path, wire::KIND_DIR, true)
-    }
-
-    pub fn out_rmdir(&self, path: &[u8]) -> Result<(), i32> {
-        if let Some(n) = self.view.lookup(path) {
-            return Err(if n.is_dir() { libc::EROFS } else { libc::ENOTDIR });
-        }
-        let path = &self.real_entry(path)?;
-        if let Some(n) = self.view.lookup(path) {
-            return Err(if n.is_dir() { libc::EROFS } else { libc::ENOTDIR });
-        }
-        self.on_record(path, mop::RMDIR, 0, path.to_vec())?;
-        self.link(path, wire::KIND_DIR, false)
-    }
-
-    /// A request about the record of `path` at its owner; a missing record
-    /// is ENOENT or ENOTDIR as [`Self::missing_errno`] says.
-    fn on_record(&self, path: &[u8], op: u16, arg0: u64, payload: Vec<u8>) -> Result<Reply, i32> {
-        match self.meta_at(path, op, arg0, payload) {
-            Err(libc::ENOENT) => Err(self.missing_errno(path)),
-            other => other,
-        }
-    }
-
-    pub fn out_unlink(&self, path: &[u8]) -> Result<(), i32> {
-        if let Some(n) = self.view.lookup(path) {
-            return Err(if n.is_dir() { libc::EISDIR } else { libc::EROFS });
-        }
-        let path = &self.real_entry(path)?;
-        if let Some(n) = self.view.lookup(path) {
-            return Err(if n.is_dir() { libc::EISDIR } else { libc::EROFS });
-        }
-        let r = self.on_record(path, mop::DEL, 0, path.to_vec())?;
-        if let Some(old) = OutRecord::decode(&r.payload) {
-            self.drop_data(&old);
-        }
-        self.link(path, wire::KIND_FILE, false)
-    }
-
-    /// Renames output directory `from` (and everything below it) to `to`:
-    /// the two-phase move of [`crate::meta`] (module doc). `to` may be an
-    /// empty directory (replaced); a non-empty one is ENOTEMPTY, a file
-    /// ENOTDIR. Called by [`Self::out_rename`] after the parent and ancestor checks.
-    fn rename_dir(&self, from: &[u8], to: &[u8]) -> Result<(), i32> {
-        use crate::meta::Moved;
-        // (Both parents and the ancestor relation were checked by out_rename.)
-        match self.out_stat(to) {
-            Ok(r) if !r.is_dir() => return Err(libc::ENOTDIR),
-            Ok(_) => {
-                self.meta_at(to, mop::RMDIR, 0, to.to_vec())?; // ENOTEMPTY unless empty
-                self.link(to, wire::KIND_DIR, false)?;
-            }
-            Err(libc::ENOENT) => {}
-            Err(e) => return Err(e),
-        }
-        let tx = META_IDS.fetch_add(1, Relaxed) | (u64::from(self.id.rank) << 48);
-        let mut names = from.to_vec();
-        names.push(0);
-        names.extend_from_slice(to);
-        let mut moved = Vec::new();
-        let mut prepared = Vec::new();
-        let mut failed = None;
-        for r in 0..self.id.nranks {
-            match self.meta_once(r, mop::MOVE_PREP, tx, names.clone()) {
-                Ok(rep) => {
-                    prepared.push(r);
-                    match Moved::decode_all(&rep.payload) {
-                        Some(m) => moved.extend(m),
-                        None => failed = Some(libc::EIO),
-                    }
-                }
-                Err(e) => failed = Some(e),
-            }
-            if failed.is_some() {
-                break;
-            }
-        }
-        let (entries, result) = match failed {
-            // Abort: everything goes back under its old name.
-            Some(e) => (moved, Err(e)),
-            None => {
-                // Never return before the commit: the fences must be lifted.
-                for (path, add) in [(from, false), (to, true)] {
-                    if let Err(e) = self.link(path, wire::KIND_DIR, add) {
-                        log::error!("rank {}: listing of the parent of '{}': errno {e}", self.id.rank, String::from_utf8_lossy(path));
-                    }
-                }
-                (moved.into_iter().map(|m| m.renamed(from, to)).collect::<Vec<_>>(), Ok(()))
-            }
-        };
-        let mut per_rank = vec![Vec::new(); self.id.nranks as usize];
-        let mut files = Vec::new();
-        for e in &entries {
-            match e {
-                Moved::Record(p, r) | Moved::Link(p, r, _) if !r.is_dir() => files.push((p.clone(), *r)),
-                _ => {}
-            }
-            e.encode_into(&mut per_rank[self.owner(e.path()) as usize]);
-        }
-        for (r, payload) in per_rank.into_iter().enumerate() {
-            let r = r as u32;
-            if !prepared.contains(&r) && payload.is_empty() {
-                continue;
-            }
-            if let Err(e) = self.meta_once(r, mop::MOVE_COMMIT, tx, payload) {
-                log::error!("rank {}: moving '{}': rank {r} did not commit: errno {e}", self.id.rank, String::from_utf8_lossy(from));
-            }
-        }
-        if result.is_ok() {
-            for (path, rec) in files {
-                self.renamed_at_holder(&path, &rec);
-            }
-        }
-        result
-    }
-
-    /// Tells the holder of output `rec` that it is now named `path` (its
-    /// sidecar here, or its checkpoint store's name there).
-    fn renamed_at_holder(&self, path: &[u8], rec: &OutRecord) {
-        if rec.holder == self.id.rank {
-            let _ = self.write_sidecar(path, rec);
-            if let Some(d) = self.dedup.get() {
-                d.rename_output(rec.id, path);
-            }
-        } else if rec.holder < self.id.nranks {
-            if let Err(e) = self.meta_to(rec.holder, mop::HOLDER_RENAME, rec.id, path.to_vec()) {
-                log::warn!("rank {}: rank {} did not rename output {}: errno {e}", self.id.rank, rec.holder, rec.id);
-            }
-        }
-    }
-
-    /// chmod / utime of an output: the record at its owner changes (EROFS on an input).
-    pub fn out_setattr(&self, path: &[u8], what: u64, value: u64) -> Result<(), i32> {
-        if self.view.lookup(path).is_some() {
-            return Err(libc::EROFS);
-        }
-        // chmod and utime follow a symlink unless told not to; a symlink's
-        // own mode cannot change (Linux: EOPNOTSUPP), its time can.
-        let follow = what & wire::SETATTR_NOFOLLOW == 0;
-        let what = what & !wire::SETATTR_NOFOLLOW;
-        let path = &match self.lookup(path, follow)? {
-            crate::links::Looked::Output { rec, .. } if rec.is_link() && what == wire::SETATTR_MODE => return Err(libc::EOPNOTSUPP),
-            crate::links::Looked::Output { path, .. } => path,
-            crate::links::Looked::Input { .. } => return Err(libc::EROFS),
-            crate::links::Looked::Outside(_) => return Err(libc::EXDEV),
-        };
-        let mut payload = value.to_le_bytes().to_vec();
-        payload.extend_from_slice(path);
-        self.on_record(path, mop::SETATTR, what, payload).map(|_| ())
-    }
-
-    pub fn out_rename(&self, from: &[u8], to: &[u8]) -> Result<(), i32> {
-        if self.view.lookup(from).is_some() || self.view.lookup(to).is_some() {
-            return Err(libc::EROFS);
-        }
-        // As the kernel: both parents are resolved (old, then new) before the entry.
-        let from = &self.real_entry(from)?;
-        let to = &self.real_entry(to)?;
-        if self.view.lookup(from).is_some() || self.view.lookup(to).is_some() {
-            return Err(libc::EROFS);
-        }
-        let (rec, target) = match self.meta_at(from, mop::GET, 0, from.to_vec()) {
-            Ok(r) => (OutRecord::decode(&r.payload).ok_or(libc::EIO)?, r.payload[OutRecord::LEN..].to_vec()),
-            Err(libc::ENOENT) => return Err(self.missing_errno(from)),
-            Err(e) => return Err(e),
-        };
-        if from == to {
-            return Ok(());
-        }
-        // Then the ancestor checks, before any type check (as lock_rename's trap).
-        if crate::meta::at_or_below(to, from) {
-            return Err(libc::EINVAL);
-        }
-        if crate::meta::at_or_below(from, to) {
-            return Err(libc::ENOTEMPTY);
-        }
-        if rec.is_dir() {
-            return self.rename_dir(from, to);
-        }
-        if rec.holder == self.id.rank {
-            // A restart with the same --local recovers it under the new name.
-            self.write_sidecar(to, &rec)?;
-        }
-        if rec.is_link() {
-            self.put_link(to, rec, &target, crate::meta::PUT_OVER_LINK)?;
-        } else {
-            self.put_over_link(to, rec)?;
-        }
-        self.link(to, rec.kind(), true)?;
-        match self.meta_at(from, mop::DEL, rec.id, from.to_vec()) {
-            Ok(_) | Err(libc::ENOENT) => {}
-            Err(e) => return Err(e),
-        }
-        // The holder's checkpoint store shows the new name (reads go by id).
-        if rec.holder == self.id.rank {
-            if let Some(d) = self.dedup.get() {
-                d.rename_output(rec.id, to);
-            }
-        } else if rec.holder < self.id.nranks {
-            if let Err(e) = self.meta_to(rec.holder, mop::HOLDER_RENAME, rec.id, to.to_vec()) {
-                log::warn!("rank {}: rank {} did not rename output {}: errno {e}", self.id.rank, rec.holder, rec.id);
-            }
-        }
-        self.link(from, wire::KIND_FILE, false)
-    }
 }
 
 impl Node {

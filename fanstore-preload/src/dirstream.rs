@@ -44,11 +44,11 @@ fn load_outs(st: &State, node: u32) -> Vec<(u64, u8, Vec<u8>)> {
             None => return Vec::new(),
         }
     };
-    let list = crate::ops::out::list(st, rel).unwrap_or_default();
+    let list = crate::ops::namespace::list(st, rel).unwrap_or_default();
     list.into_iter()
         .filter(|(_, name)| node & crate::outputs::OUT_DIR != 0 || st.view.lookup(&join(rel, name)).is_none())
         .map(|(k, name)| {
-            let ino = crate::ops::out::ino(&join(rel, &name));
+            let ino = crate::ops::namespace::ino(&join(rel, &name));
             let t = match k {
                 fanstore_core::wire::KIND_DIR => libc::DT_DIR,
                 fanstore_core::wire::KIND_LINK => libc::DT_LNK,
@@ -176,7 +176,7 @@ fn out_dir_ino(st: &State, node: u32, parent: bool) -> u64 {
             return ino(d.id());
         }
     }
-    crate::ops::out::ino(rel)
+    crate::ops::namespace::ino(rel)
 }
 
 /// Fills a dirent64 (d_name truncated to 255 bytes, NUL-terminated).

@@ -297,8 +297,8 @@ fn classify_dotdot<'s>(dirfd: c_int, path: &[u8], scratch: &'s mut Scratch) -> C
                         },
                         // Not an input: an output directory, whose parent is
                         // the one of its real path (symlinks followed).
-                        Err(libc::ENOENT) => match crate::ops::out::real_dir(s, rel) {
-                            Ok(crate::ops::out::RealDir::Output(real)) => {
+                        Err(libc::ENOENT) => match crate::ops::namespace::real_dir(s, rel) {
+                            Ok(crate::ops::namespace::RealDir::Output(real)) => {
                                 if real != rel {
                                     let m = &crate::state::mount().path;
                                     if m.len() + 1 + real.len() > out.len() {
@@ -310,7 +310,7 @@ fn classify_dotdot<'s>(dirfd: c_int, path: &[u8], scratch: &'s mut Scratch) -> C
                                     len = m.len() + 1 + real.len();
                                 }
                             }
-                            Ok(crate::ops::out::RealDir::Input(n)) => match node_abs_path(s, n.id(), out) {
+                            Ok(crate::ops::namespace::RealDir::Input(n)) => match node_abs_path(s, n.id(), out) {
                                 Some(l) => len = l,
                                 None => return Class::Err(libc::ENAMETOOLONG),
                             },

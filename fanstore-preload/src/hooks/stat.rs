@@ -19,11 +19,11 @@ fn put_stat(buf: *mut libc::stat, n: &Node) -> c_int {
 
 /// The stat of output `vp` (a name that is not an input).
 fn out_stat(vp: &crate::ops::VPath, follow: bool) -> Result<libc::stat, c_int> {
-    let r = if follow || vp.must_be_dir { crate::ops::out::stat(vp.st, vp.rel)? } else { crate::ops::out::lstat(vp.st, vp.rel)? };
+    let r = if follow || vp.must_be_dir { crate::ops::namespace::stat(vp.st, vp.rel)? } else { crate::ops::namespace::lstat(vp.st, vp.rel)? };
     if vp.must_be_dir && !r.is_dir() {
         return Err(libc::ENOTDIR);
     }
-    Ok(crate::ops::out::stat_of(vp.st, vp.rel, &r))
+    Ok(crate::ops::namespace::stat_of(vp.st, vp.rel, &r))
 }
 
 unsafe fn stat_common(
@@ -152,11 +152,11 @@ unsafe fn statx_common(
             -1,
             |vp| match stat_path(vp, follow) {
                 Outcome::Handled(n) => Outcome::Handled(put(&n)),
-                Outcome::Errno(libc::ENOENT) => match if follow || vp.must_be_dir { crate::ops::out::stat(vp.st, vp.rel) } else { crate::ops::out::lstat(vp.st, vp.rel) } {
+                Outcome::Errno(libc::ENOENT) => match if follow || vp.must_be_dir { crate::ops::namespace::stat(vp.st, vp.rel) } else { crate::ops::namespace::lstat(vp.st, vp.rel) } {
                     Ok(r) if vp.must_be_dir && !r.is_dir() => Outcome::Errno(libc::ENOTDIR),
                     Ok(r) => {
                         // (inside the hook's unsafe block) buf is the caller's out-pointer for a struct statx.
-                        buf.write(crate::ops::out::statx_of(vp.st, vp.rel, &r));
+                        buf.write(crate::ops::namespace::statx_of(vp.st, vp.rel, &r));
                         Outcome::Handled(0)
                     }
                     Err(e) => Outcome::Errno(e),

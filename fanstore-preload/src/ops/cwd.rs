@@ -26,9 +26,9 @@ pub fn chdir(vp: &VPath) -> Outcome<c_int> {
 /// for the path (released when the cwd moves on).
 /// Through symlinks: the cwd is the real directory (getcwd shows it).
 fn enter_output(st: &State, rel: &[u8]) -> Result<c_int, c_int> {
-    let real = match super::out::real_dir(st, rel)? {
-        super::out::RealDir::Output(p) => p,
-        super::out::RealDir::Input(n) => {
+    let real = match super::namespace::real_dir(st, rel)? {
+        super::namespace::RealDir::Output(p) => p,
+        super::namespace::RealDir::Input(n) => {
             enter(st, n.id());
             return Ok(0);
         }

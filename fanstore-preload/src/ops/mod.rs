@@ -11,6 +11,7 @@ pub mod cwd;
 pub mod dir;
 pub mod fd;
 pub mod meta;
+pub mod namespace;
 pub mod open;
 pub mod out;
 pub mod stat;
@@ -160,9 +161,9 @@ pub fn create_errno(vp: &VPath) -> c_int {
             // outputs there, as symlink(2), take EPERM as their go-ahead);
             // an existing output name (a dangling symlink too) is EEXIST.
             // (No daemon to ask: the index's answer, ENOENT.)
-            Err(libc::ENOENT) => match out::lstat(vp.st, vp.rel) {
+            Err(libc::ENOENT) => match namespace::lstat(vp.st, vp.rel) {
                 Ok(_) => libc::EEXIST,
-                Err(libc::ENOENT) => match out::stat(vp.st, parent_of(vp.rel)) {
+                Err(libc::ENOENT) => match namespace::stat(vp.st, parent_of(vp.rel)) {
                     Ok(r) if r.is_dir() => libc::EPERM,
                     Ok(_) => libc::ENOTDIR,
                     Err(libc::ENOTDIR) => libc::ENOTDIR,
@@ -235,7 +236,7 @@ mod tests {
         assert_eq!(meta::access(&vp(b"c"), libc::W_OK, true), Outcome::Errno(libc::EROFS));
         assert_eq!(meta::access(&vp(b"c"), libc::X_OK, true), Outcome::Errno(libc::EACCES));
         assert_eq!(meta::access(&vp(b"a"), libc::X_OK | libc::R_OK, true), Outcome::Handled(0));
-        assert_eq!(meta::readlink(&vp(b"a/link")), Outcome::Handled(&b"b.txt"[..]));
+        assert_eq!(meta::readlink(&vp(b"a/link")), Outcome::Handled(std::borrow::Cow::Borrowed(&b"b.txt"[..])));
         assert_eq!(meta::readlink(&vp(b"c")), Outcome::Errno(libc::EINVAL));
     }
 

@@ -11,7 +11,7 @@ pub fn unlink(vp: &VPath) -> Outcome<c_int> {
         Ok(n) if n.is_dir() => libc::EISDIR,
         Ok(_) if vp.must_be_dir => libc::ENOTDIR,
         Ok(_) => libc::EROFS,
-        Err(libc::ENOENT) => return super::out::unlink(vp),
+        Err(libc::ENOENT) => return super::namespace::unlink(vp),
         Err(e) => e,
     })
 }
@@ -22,14 +22,14 @@ pub fn rmdir(vp: &VPath) -> Outcome<c_int> {
         Ok(n) if !n.is_dir() => libc::ENOTDIR,
         Ok(_) if vp.rel.is_empty() => libc::EBUSY,
         Ok(_) => libc::EROFS,
-        Err(libc::ENOENT) => return super::out::rmdir(vp),
+        Err(libc::ENOENT) => return super::namespace::rmdir(vp),
         Err(e) => e,
     })
 }
 
 /// mkdir: an output directory (EEXIST on an input name).
 pub fn mkdir(vp: &VPath, mode: u32) -> Outcome<c_int> {
-    super::out::mkdir(vp, mode)
+    super::namespace::mkdir(vp, mode)
 }
 
 /// mknod, mkfifo, symlink (at the link path), link (at the new path).
@@ -42,7 +42,7 @@ pub fn create(vp: &VPath) -> Outcome<c_int> {
 pub fn symlink(vp: &VPath, target: Option<&[u8]>) -> Outcome<c_int> {
     let Some(target) = target else { return Outcome::Errno(libc::EFAULT) };
     match create_errno(vp) {
-        libc::EPERM => super::out::symlink(vp, target),
+        libc::EPERM => super::namespace::symlink(vp, target),
         e => Outcome::Errno(e),
     }
 }
@@ -72,7 +72,7 @@ pub enum Attr {
 pub fn setattr(vp: &VPath, follow: bool, attr: Attr) -> Outcome<c_int> {
     match resolve(vp.st, vp.rel, vp.must_be_dir, follow) {
         Ok(_) => Outcome::Errno(libc::EROFS),
-        Err(libc::ENOENT) => super::out::setattr(vp, attr, follow),
+        Err(libc::ENOENT) => super::namespace::setattr(vp, attr, follow),
         Err(e) => Outcome::Errno(e),
     }
 }
@@ -94,7 +94,7 @@ pub fn source(vp: &VPath, other_virtual: bool) -> Outcome<c_int> {
     Outcome::Errno(match resolve(vp.st, vp.rel, false, false) {
         Ok(_) if other_virtual => libc::EROFS,
         Ok(_) => libc::EXDEV,
-        Err(libc::ENOENT) if !other_virtual => match super::out::stat(vp.st, vp.rel) {
+        Err(libc::ENOENT) if !other_virtual => match super::namespace::stat(vp.st, vp.rel) {
             Ok(_) => libc::EXDEV,
             Err(e) => e,
         },
@@ -107,7 +107,7 @@ pub fn source(vp: &VPath, other_virtual: bool) -> Outcome<c_int> {
 /// hard links among outputs yet).
 pub fn link(a: &VPath, b: &VPath) -> Outcome<c_int> {
     match resolve(a.st, a.rel, false, false) {
-        Err(libc::ENOENT) => match super::out::stat(a.st, a.rel) {
+        Err(libc::ENOENT) => match super::namespace::stat(a.st, a.rel) {
             Ok(_) => Outcome::Errno(create_errno(b)),
             Err(e) => Outcome::Errno(e),
         },
@@ -119,7 +119,7 @@ pub fn link(a: &VPath, b: &VPath) -> Outcome<c_int> {
 /// replacing an output at the destination), inputs stay (EROFS).
 pub fn rename(a: &VPath, b: &VPath) -> Outcome<c_int> {
     match resolve(a.st, a.rel, false, false) {
-        Err(libc::ENOENT) => super::out::rename(a, b),
+        Err(libc::ENOENT) => super::namespace::rename(a, b),
         _ => source(a, true),
     }
 }

@@ -16,9 +16,9 @@
 //! target under the mount is a path of this tree; one elsewhere leaves the
 //! tree ([`Looked::Outside`]: the client re-runs the call on the kernel).
 
-use crate::meta::mop;
+use super::owner::mop;
 use crate::node::Node;
-use crate::outputs::parent;
+use super::parent;
 use fanstore_core::checksum::xxh3;
 use fanstore_core::manifest::NodeKind;
 use fanstore_core::wire::{self, OutRecord};
@@ -206,7 +206,7 @@ impl Node {
             size: target.len() as u64,
             mode: libc::S_IFLNK | 0o777,
             holder: self.id.rank,
-            mtime_ns: crate::outputs::now_ns(),
+            mtime_ns: crate::namespace::now_ns(),
             id,
             sum: xxh3(target),
         };

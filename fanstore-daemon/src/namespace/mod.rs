@@ -1,0 +1,235 @@
+//! The output namespace: one home for the names of outputs (records,
+//! directories, symlinks, listings, renames) and the MPI operations that
+//! keep them, on every rank. [`crate::outputs`] (the bytes: COMMIT, OUT_OPEN,
+//! held files, drain, recovery), [`crate::dedup`] (checkpoints) and
+//! [`crate::persist`] use it through [`Node::lookup`], [`Node::put_record`]
+//! and the calls below; nothing else talks to an owner rank.
+//!
+//! ```text
+//!  client call ──> daemon it asked (coordinator) ──MPI──> owner rank of the path
+//!                  namespace::{tree, links}               namespace::owner::MetaStore
+//!                  resolve symlinks on a miss             records + listings + symlink targets
+//!                  rename: two-phase fenced move          fences during a directory move
+//! ```
+//!
+//! - Placement: the record of path P lives at rank xxh3(P) mod N
+//!   ([`Node::owner`]); the listing of directory D at D's owner, so a
+//!   readdir costs one message and O(entries).
+//! - Identity is the path: renaming a directory moves its records and
+//!   listings to their new owners ([`owner`] module doc: MOVE_PREP /
+//!   MOVE_COMMIT), atomically as any node sees it.
+//! - Symlinks ([`links`]): a record with S_IFLNK whose target the owner keeps;
+//!   resolved by the coordinator only when a lookup misses or finds one.
+//! - Holders: the bytes of a file (or a symlink's target) stay on the rank
+//!   that committed it (`holder` in the record); the owner asks it to drop
+//!   or rename them (HOLDER_DROP, HOLDER_RENAME), served here on the
+//!   communication thread's behalf.
+//!
+//! Submodules: [`owner`] (the owner side), [`links`] (resolution and
+//! SYMLINK), `tree` (MKDIR, RMDIR, UNLINK, SETATTR, OUT_LIST, RENAME).
+
+pub mod links;
+pub mod owner;
+mod tree;
+
+use crate::comm::{Command, MetaCall, MetaServer};
+use crate::node::Node;
+use crate::outputs::{drop_held, rename_held};
+use fanstore_core::checksum::xxh3;
+use fanstore_core::wire::{self, OutRecord, Reply, Request};
+use owner::mop;
+use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
+use std::time::Duration;
+
+/// How long a metadata request to another rank may take.
+const META_TIMEOUT: Duration = Duration::from_secs(10);
+
+pub(super) static META_IDS: AtomicU64 = AtomicU64::new(1);
+
+/// `(directory, name)` of a path relative to the mount.
+pub(crate) fn parent(path: &[u8]) -> (&[u8], &[u8]) {
+    match path.iter().rposition(|&b| b == b'/') {
+        Some(i) => (&path[..i], &path[i + 1..]),
+        None => (&[], path),
+    }
+}
+
+/// Now, in ns since the epoch (a new record's mtime).
+pub(crate) fn now_ns() -> i64 {
+    std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map_or(0, |d| d.as_nanos() as i64)
+}
+
+impl MetaServer for Node {
+    fn handle_meta(&self, msg: &[u8]) -> Vec<u8> {
+        match Request::decode(msg) {
+            Ok(req) if req.op == mop::HOLDER_DROP || req.op == mop::HOLDER_RENAME => {
+                // Store work does not belong on the communication thread.
+                let (dedup, out, fsync) = (self.dedup.get().cloned(), self.out_dir(), self.fsync_outputs.load(Relaxed));
+                let spawned = std::thread::Builder::new().name("fanstore-held".into()).spawn(move || {
+                    if req.op == mop::HOLDER_DROP {
+                        drop_held(dedup.as_deref(), &out, req.arg0);
+                    } else {
+                        rename_held(dedup.as_deref(), &out, req.arg0, &req.payload, fsync);
+                    }
+                });
+                let errno = if spawned.is_ok() { 0 } else { libc::EAGAIN };
+                Reply { op: req.op, id: req.id, errno, flags: 0, value: 0, payload: Vec::new() }.encode()
+            }
+            Ok(req) => self.meta.lock().unwrap_or_else(|p| p.into_inner()).handle(&req).encode(),
+            Err(_) => Reply { op: 0, id: 0, errno: libc::EINVAL, flags: 0, value: 0, payload: Vec::new() }.encode(),
+        }
+    }
+}
+
+impl Node {
+    /// The metadata owner of `path`.
+    pub fn owner(&self, path: &[u8]) -> u32 {
+        (xxh3(path) % self.id.nranks.max(1) as u64) as u32
+    }
+
+    /// One metadata request at the owner of `key`: answered here when this
+    /// rank owns it, else over MPI (bounded wait).
+    pub(crate) fn meta_at(&self, key: &[u8], op: u16, arg0: u64, payload: Vec<u8>) -> Result<Reply, i32> {
+        self.meta_to(self.owner(key), op, arg0, payload)
+    }
+
+    /// One metadata request at rank `dest`.
+    /// EBUSY (a path fenced by a directory move in flight) is retried until
+    /// the move ends, at most [`META_TIMEOUT`].
+    pub(crate) fn meta_to(&self, dest: u32, op: u16, arg0: u64, payload: Vec<u8>) -> Result<Reply, i32> {
+        let deadline = std::time::Instant::now() + META_TIMEOUT;
+        let mut pause = Duration::from_millis(1);
+        loop {
+            match self.meta_once(dest, op, arg0, payload.clone()) {
+                Err(libc::EBUSY) if std::time::Instant::now() < deadline => {
+                    std::thread::sleep(pause);
+                    pause = (pause * 2).min(Duration::from_millis(32));
+                }
+                other => return other,
+            }
+        }
+    }
+
+    pub(crate) fn meta_once(&self, dest: u32, op: u16, arg0: u64, payload: Vec<u8>) -> Result<Reply, i32> {
+        let id = META_IDS.fetch_add(1, Relaxed);
+        let req = Request { op, id, arg0, arg1: 0, payload };
+        let rep = if dest == self.id.rank {
+            Reply::decode(&self.handle_meta(&req.encode())).map_err(|_| libc::EIO)?
+        } else {
+            let (tx, rx) = crossbeam::channel::bounded(1);
+            let call = MetaCall { dest, id, msg: req.encode(), reply: tx, timeout: META_TIMEOUT };
+            self.comm.send(Command::Meta(call)).map_err(|_| libc::EIO)?;
+            let b = rx.recv_timeout(META_TIMEOUT + Duration::from_secs(1)).map_err(|_| {
+                log::warn!("rank {}: metadata rank {dest} did not answer", self.id.rank);
+                libc::EIO
+            })?;
+            Reply::decode(&b).map_err(|_| libc::EIO)?
+        };
+        if rep.errno != 0 {
+            return Err(rep.errno);
+        }
+        Ok(rep)
+    }
+
+    pub(crate) fn link(&self, path: &[u8], kind: u8, add: bool) -> Result<(), i32> {
+        let (dir, name) = parent(path);
+        let mut p = dir.to_vec();
+        p.push(0);
+        p.extend_from_slice(name);
+        let op = if add { mop::ADD } else { mop::REMOVE };
+        self.meta_at(dir, op, kind as u64, p).map(|_| ())
+    }
+
+
+    /// The record of output `path` (file, directory or symlink itself):
+    /// no symlink is followed.
+    pub fn out_stat(&self, path: &[u8]) -> Result<OutRecord, i32> {
+        let r = self.on_record(path, mop::GET, 0, path.to_vec())?;
+        OutRecord::decode(&r.payload).ok_or(libc::EIO)
+    }
+
+    /// OUT_STAT: the [`wire::StatAnswer`] of `path`, through symlinks (the
+    /// last one too unless `wire::STAT_NOFOLLOW`). A path that leads out of
+    /// the mount is EXDEV with the absolute path as the payload.
+    pub fn out_stat_answer(&self, path: &[u8], flags: u64) -> Result<Vec<u8>, (i32, Vec<u8>)> {
+        use crate::namespace::links::Looked;
+        let follow = flags & wire::STAT_NOFOLLOW == 0;
+        let resolved = |p: &[u8]| if p == path { Vec::new() } else { p.to_vec() };
+        match self.lookup(path, follow) {
+            Ok(Looked::Output { path: p, rec, target }) => Ok(wire::StatAnswer::encode(&rec, &resolved(&p), &target)),
+            Ok(Looked::Input { path: p, node }) => Ok(wire::StatAnswer::encode(&self.input_record(node), &resolved(&p), b"")),
+            Ok(Looked::Outside(abs)) => Err((libc::EXDEV, abs)),
+            Err(e) => Err((e, Vec::new())),
+        }
+    }
+
+    /// Why `path` has no record, as the kernel's path walk says it: ENOTDIR
+    /// when its deepest existing ancestor is a file, else ENOENT.
+    pub(crate) fn missing_errno(&self, path: &[u8]) -> i32 {
+        let mut p = parent(path).0;
+        while !p.is_empty() {
+            if let Some(n) = self.view.lookup(p) {
+                return if n.is_dir() { libc::ENOENT } else { libc::ENOTDIR };
+            }
+            match self.meta_at(p, mop::GET, 0, p.to_vec()) {
+                Ok(r) => {
+                    return match OutRecord::decode(&r.payload) {
+                        Some(rec) if !rec.is_dir() => libc::ENOTDIR,
+                        _ => libc::ENOENT,
+                    }
+                }
+                Err(libc::ENOENT) => p = parent(p).0,
+                Err(e) => return e,
+            }
+        }
+        libc::ENOENT
+    }
+
+
+    pub(crate) fn put(&self, path: &[u8], rec: OutRecord, excl: bool) -> Result<(), i32> {
+        self.put_with(path, rec, if excl { wire::COMMIT_EXCL } else { 0 })
+    }
+
+    /// PUT that replaces a symlink at `path` too (rename's destination).
+    pub(crate) fn put_over_link(&self, path: &[u8], rec: OutRecord) -> Result<(), i32> {
+        self.put_with(path, rec, crate::namespace::owner::PUT_OVER_LINK)
+    }
+
+    pub(crate) fn put_with(&self, path: &[u8], rec: OutRecord, arg0: u64) -> Result<(), i32> {
+        let mut p = Vec::with_capacity(OutRecord::LEN + path.len());
+        rec.encode_into(&mut p);
+        p.extend_from_slice(path);
+        let r = self.meta_at(path, mop::PUT, arg0, p)?;
+        // A record of the same output (a rename retried after a failure
+        // between its steps) is not a replaced one.
+        if let Some(old) = OutRecord::decode(&r.payload).filter(|o| (o.id, o.holder) != (rec.id, rec.holder)) {
+            self.drop_data(&old);
+        }
+        Ok(())
+    }
+
+    /// Deletes the bytes of a replaced or unlinked output: here, or at its
+    /// holder (asked over MPI; a holder that is gone keeps them until its
+    /// local directory is removed). Persisted bytes stay in `--persist`.
+    pub(crate) fn drop_data(&self, old: &OutRecord) {
+        if old.is_dir() || old.holder >= self.id.nranks {
+            return;
+        }
+        if old.holder == self.id.rank {
+            self.drop_held_here(old.id);
+        } else if let Err(e) = self.meta_to(old.holder, mop::HOLDER_DROP, old.id, Vec::new()) {
+            log::warn!("rank {}: rank {} did not drop output {}: errno {e}", self.id.rank, old.holder, old.id);
+        }
+    }
+
+
+    /// A request about the record of `path` at its owner; a missing record
+    /// is ENOENT or ENOTDIR as [`Self::missing_errno`] says.
+    pub(crate) fn on_record(&self, path: &[u8], op: u16, arg0: u64, payload: Vec<u8>) -> Result<Reply, i32> {
+        match self.meta_at(path, op, arg0, payload) {
+            Err(libc::ENOENT) => Err(self.missing_errno(path)),
+            other => other,
+        }
+    }
+
+}

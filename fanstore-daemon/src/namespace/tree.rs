@@ -1,0 +1,238 @@
+//! Namespace calls that change or list the tree: OUT_LIST, MKDIR, RMDIR,
+//! UNLINK, SETATTR and RENAME (of a file: put at the new name's owner, then
+//! removed at the old one's, so a reader never sees a missing or partial
+//! destination; of a directory: the two-phase fenced move of [`super::owner`]).
+
+use super::owner::mop;
+use super::{now_ns, META_IDS};
+use crate::node::Node;
+use fanstore_core::wire::{self, OutRecord, Reply};
+use std::sync::atomic::Ordering::Relaxed;
+
+impl Node {
+    /// OUT_LIST: entries of output listing `dir` after `skip`.
+    /// A directory reached through a symlink is listed under its real
+    /// path (clients list the path they resolved at opendir; this is for
+    /// one that lists the link's path).
+    pub fn out_list(&self, dir: &[u8], skip: u64) -> Result<Reply, i32> {
+        let r = self.meta_at(dir, mop::LIST, skip, dir.to_vec())?;
+        if r.value > 0 || skip > 0 {
+            return Ok(r);
+        }
+        match self.real_dir(dir) {
+            Ok(real) if real != dir => self.meta_at(&real, mop::LIST, skip, real.clone()),
+            _ => Ok(r),
+        }
+    }
+
+    pub fn out_mkdir(&self, path: &[u8], mode: u32) -> Result<(), i32> {
+        if path.is_empty() || self.view.lookup(path).is_some() {
+            return Err(libc::EEXIST);
+        }
+        let path = &self.real_entry(path)?;
+        if self.view.lookup(path).is_some() {
+            return Err(libc::EEXIST);
+        }
+        let rec = OutRecord { mode: libc::S_IFDIR | (mode & 0o7777), holder: self.id.rank, mtime_ns: now_ns(), ..Default::default() };
+        let mut p = Vec::new();
+        rec.encode_into(&mut p);
+        p.extend_from_slice(path);
+        self.meta_at(path, mop::MKDIR, 0, p)?;
+        self.link(path, wire::KIND_DIR, true)
+    }
+
+    pub fn out_rmdir(&self, path: &[u8]) -> Result<(), i32> {
+        if let Some(n) = self.view.lookup(path) {
+            return Err(if n.is_dir() { libc::EROFS } else { libc::ENOTDIR });
+        }
+        let path = &self.real_entry(path)?;
+        if let Some(n) = self.view.lookup(path) {
+            return Err(if n.is_dir() { libc::EROFS } else { libc::ENOTDIR });
+        }
+        self.on_record(path, mop::RMDIR, 0, path.to_vec())?;
+        self.link(path, wire::KIND_DIR, false)
+    }
+
+
+    pub fn out_unlink(&self, path: &[u8]) -> Result<(), i32> {
+        if let Some(n) = self.view.lookup(path) {
+            return Err(if n.is_dir() { libc::EISDIR } else { libc::EROFS });
+        }
+        let path = &self.real_entry(path)?;
+        if let Some(n) = self.view.lookup(path) {
+            return Err(if n.is_dir() { libc::EISDIR } else { libc::EROFS });
+        }
+        let r = self.on_record(path, mop::DEL, 0, path.to_vec())?;
+        if let Some(old) = OutRecord::decode(&r.payload) {
+            self.drop_data(&old);
+        }
+        self.link(path, wire::KIND_FILE, false)
+    }
+
+    /// Renames output directory `from` (and everything below it) to `to`:
+    /// the two-phase move of [`crate::namespace::owner`] (module doc). `to` may be an
+    /// empty directory (replaced); a non-empty one is ENOTEMPTY, a file
+    /// ENOTDIR. Called by [`Self::out_rename`] after the parent and ancestor checks.
+    fn rename_dir(&self, from: &[u8], to: &[u8]) -> Result<(), i32> {
+        use crate::namespace::owner::Moved;
+        // (Both parents and the ancestor relation were checked by out_rename.)
+        match self.out_stat(to) {
+            Ok(r) if !r.is_dir() => return Err(libc::ENOTDIR),
+            Ok(_) => {
+                self.meta_at(to, mop::RMDIR, 0, to.to_vec())?; // ENOTEMPTY unless empty
+                self.link(to, wire::KIND_DIR, false)?;
+            }
+            Err(libc::ENOENT) => {}
+            Err(e) => return Err(e),
+        }
+        let tx = META_IDS.fetch_add(1, Relaxed) | (u64::from(self.id.rank) << 48);
+        let mut names = from.to_vec();
+        names.push(0);
+        names.extend_from_slice(to);
+        let mut moved = Vec::new();
+        let mut prepared = Vec::new();
+        let mut failed = None;
+        for r in 0..self.id.nranks {
+            match self.meta_once(r, mop::MOVE_PREP, tx, names.clone()) {
+                Ok(rep) => {
+                    prepared.push(r);
+                    match Moved::decode_all(&rep.payload) {
+                        Some(m) => moved.extend(m),
+                        None => failed = Some(libc::EIO),
+                    }
+                }
+                Err(e) => failed = Some(e),
+            }
+            if failed.is_some() {
+                break;
+            }
+        }
+        let (entries, result) = match failed {
+            // Abort: everything goes back under its old name.
+            Some(e) => (moved, Err(e)),
+            None => {
+                // Never return before the commit: the fences must be lifted.
+                for (path, add) in [(from, false), (to, true)] {
+                    if let Err(e) = self.link(path, wire::KIND_DIR, add) {
+                        log::error!("rank {}: listing of the parent of '{}': errno {e}", self.id.rank, String::from_utf8_lossy(path));
+                    }
+                }
+                (moved.into_iter().map(|m| m.renamed(from, to)).collect::<Vec<_>>(), Ok(()))
+            }
+        };
+        let mut per_rank = vec![Vec::new(); self.id.nranks as usize];
+        let mut files = Vec::new();
+        for e in &entries {
+            match e {
+                Moved::Record(p, r) | Moved::Link(p, r, _) if !r.is_dir() => files.push((p.clone(), *r)),
+                _ => {}
+            }
+            e.encode_into(&mut per_rank[self.owner(e.path()) as usize]);
+        }
+        for (r, payload) in per_rank.into_iter().enumerate() {
+            let r = r as u32;
+            if !prepared.contains(&r) && payload.is_empty() {
+                continue;
+            }
+            if let Err(e) = self.meta_once(r, mop::MOVE_COMMIT, tx, payload) {
+                log::error!("rank {}: moving '{}': rank {r} did not commit: errno {e}", self.id.rank, String::from_utf8_lossy(from));
+            }
+        }
+        if result.is_ok() {
+            for (path, rec) in files {
+                self.renamed_at_holder(&path, &rec);
+            }
+        }
+        result
+    }
+
+    /// Tells the holder of output `rec` that it is now named `path` (its
+    /// sidecar here, or its checkpoint store's name there).
+    fn renamed_at_holder(&self, path: &[u8], rec: &OutRecord) {
+        if rec.holder == self.id.rank {
+            let _ = self.write_sidecar(path, rec);
+            if let Some(d) = self.dedup.get() {
+                d.rename_output(rec.id, path);
+            }
+        } else if rec.holder < self.id.nranks {
+            if let Err(e) = self.meta_to(rec.holder, mop::HOLDER_RENAME, rec.id, path.to_vec()) {
+                log::warn!("rank {}: rank {} did not rename output {}: errno {e}", self.id.rank, rec.holder, rec.id);
+            }
+        }
+    }
+
+    /// chmod / utime of an output: the record at its owner changes (EROFS on an input).
+    pub fn out_setattr(&self, path: &[u8], what: u64, value: u64) -> Result<(), i32> {
+        if self.view.lookup(path).is_some() {
+            return Err(libc::EROFS);
+        }
+        // chmod and utime follow a symlink unless told not to; a symlink's
+        // own mode cannot change (Linux: EOPNOTSUPP), its time can.
+        let follow = what & wire::SETATTR_NOFOLLOW == 0;
+        let what = what & !wire::SETATTR_NOFOLLOW;
+        let path = &match self.lookup(path, follow)? {
+            crate::namespace::links::Looked::Output { rec, .. } if rec.is_link() && what == wire::SETATTR_MODE => return Err(libc::EOPNOTSUPP),
+            crate::namespace::links::Looked::Output { path, .. } => path,
+            crate::namespace::links::Looked::Input { .. } => return Err(libc::EROFS),
+            crate::namespace::links::Looked::Outside(_) => return Err(libc::EXDEV),
+        };
+        let mut payload = value.to_le_bytes().to_vec();
+        payload.extend_from_slice(path);
+        self.on_record(path, mop::SETATTR, what, payload).map(|_| ())
+    }
+
+    pub fn out_rename(&self, from: &[u8], to: &[u8]) -> Result<(), i32> {
+        if self.view.lookup(from).is_some() || self.view.lookup(to).is_some() {
+            return Err(libc::EROFS);
+        }
+        // As the kernel: both parents are resolved (old, then new) before the entry.
+        let from = &self.real_entry(from)?;
+        let to = &self.real_entry(to)?;
+        if self.view.lookup(from).is_some() || self.view.lookup(to).is_some() {
+            return Err(libc::EROFS);
+        }
+        let (rec, target) = match self.meta_at(from, mop::GET, 0, from.to_vec()) {
+            Ok(r) => (OutRecord::decode(&r.payload).ok_or(libc::EIO)?, r.payload[OutRecord::LEN..].to_vec()),
+            Err(libc::ENOENT) => return Err(self.missing_errno(from)),
+            Err(e) => return Err(e),
+        };
+        if from == to {
+            return Ok(());
+        }
+        // Then the ancestor checks, before any type check (as lock_rename's trap).
+        if crate::namespace::owner::at_or_below(to, from) {
+            return Err(libc::EINVAL);
+        }
+        if crate::namespace::owner::at_or_below(from, to) {
+            return Err(libc::ENOTEMPTY);
+        }
+        if rec.is_dir() {
+            return self.rename_dir(from, to);
+        }
+        if rec.holder == self.id.rank {
+            // A restart with the same --local recovers it under the new name.
+            self.write_sidecar(to, &rec)?;
+        }
+        if rec.is_link() {
+            self.put_link(to, rec, &target, crate::namespace::owner::PUT_OVER_LINK)?;
+        } else {
+            self.put_over_link(to, rec)?;
+        }
+        self.link(to, rec.kind(), true)?;
+        match self.meta_at(from, mop::DEL, rec.id, from.to_vec()) {
+            Ok(_) | Err(libc::ENOENT) => {}
+            Err(e) => return Err(e),
+        }
+        // The holder's checkpoint store shows the new name (reads go by id).
+        if rec.holder == self.id.rank {
+            if let Some(d) = self.dedup.get() {
+                d.rename_output(rec.id, to);
+            }
+        } else if rec.holder < self.id.nranks {
+            if let Err(e) = self.meta_to(rec.holder, mop::HOLDER_RENAME, rec.id, to.to_vec()) {
+                log::warn!("rank {}: rank {} did not rename output {}: errno {e}", self.id.rank, rec.holder, rec.id);
+            }
+        }
+        self.link(from, wire::KIND_FILE, false)
+    }
+}

@@ -1,0 +1,291 @@
+//! The output namespace, client side: every call about the names of outputs
+//! (not in the input index) is asked of the local daemon, which resolves it
+//! through the daemon side's `namespace` module (the path's metadata owner
+//! rank, symlinks, renames). Lookups and stat, directories, symlinks, renames,
+//! unlink, chmod/utime, listings. The bytes of outputs (open, create,
+//! truncate) are [`super::out`]'s.
+
+use super::{resolve, Outcome, VPath};
+use crate::client;
+use crate::state::State;
+use fanstore_core::wire::{self, op, OutRecord};
+use libc::c_int;
+
+/// Where an output path leads, as the daemon resolved it.
+#[derive(Debug)]
+pub enum Found {
+    /// A record: of `rel` itself, or of `real` (relative to the mount) that
+    /// symlinks led to; an input there has a record the daemon made up
+    /// ([`INPUT_HOLDER`]). `target`: a symlink's, when not followed.
+    Here { rec: OutRecord, real: Vec<u8>, target: Vec<u8> },
+    /// A symlink led out of the mount, to this absolute path.
+    Outside(Vec<u8>),
+}
+
+/// The holder of a record the daemon made for an input reached through an
+/// output symlink (its `id` is the input's node id).
+pub const INPUT_HOLDER: u32 = u32::MAX - 1;
+
+/// OUT_STAT: `rel` through symlinks (the last one too when `follow`).
+pub fn lookup(st: &State, rel: &[u8], follow: bool) -> Result<Found, c_int> {
+    let flags = if follow { 0 } else { wire::STAT_NOFOLLOW };
+    match client::call_reply(st, &client::request(op::OUT_STAT, flags, 0, rel)) {
+        Ok(a) => {
+            let s = wire::StatAnswer::decode(&a.payload).ok_or(libc::EIO)?;
+            Ok(Found::Here { rec: s.rec, real: s.resolved.to_vec(), target: s.target.to_vec() })
+        }
+        Err((libc::EXDEV, payload)) if !payload.is_empty() => Ok(Found::Outside(payload)),
+        Err((e, _)) => Err(e),
+    }
+}
+
+/// The record of an output this process is still writing.
+fn own_record(rel: &[u8]) -> Option<OutRecord> {
+    let (fd, idx) = crate::outputs::open_slot_of(rel)?;
+    // SAFETY: plain data, zero is valid.
+    let mut s: libc::stat = unsafe { std::mem::zeroed() };
+    // SAFETY: s is a valid out-pointer.
+    if unsafe { crate::real::fstat(fd, &mut s) } != 0 {
+        return None;
+    }
+    let mtime_ns = s.st_mtime * 1_000_000_000 + s.st_mtime_nsec;
+    let mode = crate::outputs::mode_of(idx).unwrap_or(libc::S_IFREG | 0o644);
+    Some(OutRecord { size: s.st_size as u64, mode, holder: 0, mtime_ns, id: 0, sum: 0 })
+}
+
+/// The record of what a symlink outside the mount points at (the kernel's stat).
+fn outside_record(abs: &[u8]) -> Result<OutRecord, c_int> {
+    let c = std::ffi::CString::new(abs).map_err(|_| libc::ENOENT)?;
+    // SAFETY: plain data, zero is valid.
+    let mut s: libc::stat = unsafe { std::mem::zeroed() };
+    // SAFETY: c is NUL-terminated, s a valid out-pointer.
+    if unsafe { crate::real::stat(c.as_ptr(), &mut s) } != 0 {
+        return Err(errno());
+    }
+    Ok(OutRecord {
+        size: s.st_size as u64,
+        mode: s.st_mode,
+        holder: INPUT_HOLDER,
+        mtime_ns: s.st_mtime * 1_000_000_000 + s.st_mtime_nsec,
+        id: 0,
+        sum: 0,
+    })
+}
+
+/// lstat of output `rel`: a symlink's own record (ENOENT if there is none).
+pub fn lstat(st: &State, rel: &[u8]) -> Result<OutRecord, c_int> {
+    if let Some(r) = own_record(rel) {
+        return Ok(r);
+    }
+    match lookup(st, rel, false)? {
+        Found::Here { rec, .. } => Ok(rec),
+        Found::Outside(abs) => outside_record(&abs),
+    }
+}
+
+/// The record of output `rel`, symlinks followed (ENOENT if there is none).
+pub fn stat(st: &State, rel: &[u8]) -> Result<OutRecord, c_int> {
+    if let Some(r) = own_record(rel) {
+        return Ok(r);
+    }
+    match lookup(st, rel, true)? {
+        Found::Here { rec, .. } => Ok(rec),
+        Found::Outside(abs) => outside_record(&abs),
+    }
+}
+
+/// A directory reached by an output path.
+pub enum RealDir {
+    /// An output directory at this path (relative to the mount).
+    Output(Vec<u8>),
+    /// An input directory (a symlink among outputs led into the dataset).
+    Input(super::Node),
+}
+
+/// The directory `rel` names, through symlinks: ENOTDIR for anything
+/// else; a directory outside the mount is EXDEV (not followed).
+pub fn real_dir(st: &State, rel: &[u8]) -> Result<RealDir, c_int> {
+    match lookup(st, rel, true)? {
+        Found::Here { rec, .. } if !rec.is_dir() => Err(libc::ENOTDIR),
+        Found::Here { rec, real, .. } if rec.holder == INPUT_HOLDER => {
+            resolve(st, &real, true, true).map(RealDir::Input)
+        }
+        Found::Here { real, .. } if real.is_empty() => Ok(RealDir::Output(rel.to_vec())),
+        Found::Here { real, .. } => Ok(RealDir::Output(real)),
+        Found::Outside(_) => Err(libc::EXDEV),
+    }
+}
+
+/// Inode numbers of outputs: a hash of the path with the top bit set (input
+/// inodes are small node ids).
+pub fn ino(rel: &[u8]) -> u64 {
+    fanstore_core::checksum::xxh3(rel) | (1 << 63)
+}
+
+fn split_ns(ns: i64) -> (i64, i64) {
+    (ns.div_euclid(1_000_000_000), ns.rem_euclid(1_000_000_000))
+}
+
+pub fn stat_of(st: &State, rel: &[u8], r: &OutRecord) -> libc::stat {
+    // SAFETY: libc::stat is plain data; all-zero is valid.
+    let mut s: libc::stat = unsafe { std::mem::zeroed() };
+    let size = if r.is_dir() { 4096 } else { r.size.min(i64::MAX as u64) as i64 };
+    s.st_dev = libc::makedev(super::stat::DEV_MAJOR, super::stat::DEV_MINOR);
+    s.st_ino = ino(rel);
+    s.st_mode = r.mode;
+    s.st_nlink = if r.is_dir() { 2 } else { 1 };
+    s.st_uid = st.uid;
+    s.st_gid = st.gid;
+    s.st_size = size;
+    s.st_blksize = 4096;
+    s.st_blocks = (size + 511) / 512;
+    let (sec, nsec) = split_ns(r.mtime_ns);
+    (s.st_atime, s.st_atime_nsec, s.st_mtime, s.st_mtime_nsec, s.st_ctime, s.st_ctime_nsec) = (sec, nsec, sec, nsec, sec, nsec);
+    s
+}
+
+pub fn statx_of(st: &State, rel: &[u8], r: &OutRecord) -> libc::statx {
+    let s = stat_of(st, rel, r);
+    // SAFETY: plain data, zero is valid.
+    let mut x: libc::statx = unsafe { std::mem::zeroed() };
+    x.stx_mask = libc::STATX_BASIC_STATS;
+    x.stx_blksize = s.st_blksize as u32;
+    x.stx_nlink = s.st_nlink as u32;
+    x.stx_uid = s.st_uid;
+    x.stx_gid = s.st_gid;
+    x.stx_mode = s.st_mode as u16;
+    x.stx_ino = s.st_ino;
+    x.stx_size = s.st_size as u64;
+    x.stx_blocks = s.st_blocks as u64;
+    for t in [&mut x.stx_atime, &mut x.stx_mtime, &mut x.stx_ctime] {
+        t.tv_sec = s.st_mtime;
+        t.tv_nsec = s.st_mtime_nsec as u32;
+    }
+    x.stx_dev_major = super::stat::DEV_MAJOR;
+    x.stx_dev_minor = super::stat::DEV_MINOR;
+    x
+}
+
+/// Ok if `dir` (relative) is an input or output directory.
+pub fn dir_exists(st: &State, dir: &[u8]) -> Result<(), c_int> {
+    match resolve(st, dir, true, true) {
+        Ok(_) => Ok(()),
+        Err(libc::ENOENT) => match stat(st, dir) {
+            Ok(r) if r.is_dir() => Ok(()),
+            Ok(_) => Err(libc::ENOTDIR),
+            Err(e) => Err(e),
+        },
+        Err(e) => Err(e),
+    }
+}
+
+fn errno() -> c_int {
+    // SAFETY: reading this thread's errno.
+    unsafe { *libc::__errno_location() }
+}
+
+fn simple(st: &State, op: u16, arg1: u64, payload: &[u8]) -> Outcome<c_int> {
+    match client::call(st, &client::request(op, 0, arg1, payload), None) {
+        Ok(_) => Outcome::Handled(0),
+        Err(e) => Outcome::Errno(e),
+    }
+}
+
+/// chmod / utime / chown of an output (committed: one still being written
+/// here has no record yet and gives ENOENT). Ownership cannot change: an
+/// output belongs to the job's user; chown to that user is a no-op, any
+/// other owner EPERM.
+pub fn setattr(vp: &VPath, attr: super::write::Attr, follow: bool) -> Outcome<c_int> {
+    use super::write::Attr;
+    let stat = |st: &State, rel: &[u8]| if follow { stat(st, rel) } else { lstat(st, rel) };
+    let (what, value) = match attr {
+        Attr::Mode(m) => (wire::SETATTR_MODE, u64::from(m & 0o7777)),
+        Attr::Mtime(ns) => (wire::SETATTR_MTIME, ns as u64),
+        Attr::Owner { uid, gid } => {
+            return match stat(vp.st, vp.rel) {
+                Err(e) => Outcome::Errno(e),
+                Ok(_) if (uid == u32::MAX || uid == vp.st.uid) && (gid == u32::MAX || gid == vp.st.gid) => Outcome::Handled(0),
+                Ok(_) => Outcome::Errno(libc::EPERM),
+            };
+        }
+        Attr::Nothing => return stat(vp.st, vp.rel).map(|_| 0).into(),
+    };
+    let what = if follow { what } else { what | wire::SETATTR_NOFOLLOW };
+    match client::call(vp.st, &client::request(op::SETATTR, what, value, vp.rel), None) {
+        Ok(_) => Outcome::Handled(0),
+        Err(e) => Outcome::Errno(e),
+    }
+}
+
+/// symlink(2) of output `vp` to `target` (stored as given, never checked,
+/// as the kernel does).
+pub fn symlink(vp: &VPath, target: &[u8]) -> Outcome<c_int> {
+    if crate::outputs::open_slot_of(vp.rel).is_some() {
+        return Outcome::Errno(libc::EEXIST);
+    }
+    let mut p = Vec::with_capacity(vp.rel.len() + 1 + target.len());
+    p.extend_from_slice(vp.rel);
+    p.push(0);
+    p.extend_from_slice(target);
+    simple(vp.st, op::SYMLINK, 0, &p)
+}
+
+/// readlink(2) of output `rel`: its target, EINVAL if it is no symlink.
+pub fn readlink(st: &State, rel: &[u8]) -> Result<Vec<u8>, c_int> {
+    if crate::outputs::open_slot_of(rel).is_some() {
+        return Err(libc::EINVAL);
+    }
+    match lookup(st, rel, false)? {
+        Found::Here { rec, target, .. } if rec.is_link() => Ok(target),
+        _ => Err(libc::EINVAL),
+    }
+}
+
+pub fn mkdir(vp: &VPath, mode: u32) -> Outcome<c_int> {
+    match resolve(vp.st, vp.rel, false, false) {
+        Ok(_) => return Outcome::Errno(libc::EEXIST),
+        Err(libc::ENOENT) => {}
+        Err(e) => return Outcome::Errno(e),
+    }
+    simple(vp.st, op::MKDIR, (mode & 0o7777 & !0o022) as u64, vp.rel)
+}
+
+pub fn rmdir(vp: &VPath) -> Outcome<c_int> {
+    simple(vp.st, op::RMDIR, 0, vp.rel)
+}
+
+pub fn unlink(vp: &VPath) -> Outcome<c_int> {
+    if crate::outputs::retarget(vp.rel, None) {
+        return Outcome::Handled(0);
+    }
+    simple(vp.st, op::UNLINK, 0, vp.rel)
+}
+
+pub fn rename(from: &VPath, to: &VPath) -> Outcome<c_int> {
+    if crate::outputs::retarget(from.rel, Some(to.rel)) {
+        // Still being written here: it is committed under the new name.
+        return Outcome::Handled(0);
+    }
+    let mut p = Vec::with_capacity(from.rel.len() + 1 + to.rel.len());
+    p.extend_from_slice(from.rel);
+    p.push(0);
+    p.extend_from_slice(to.rel);
+    let r = simple(from.st, op::RENAME, 0, &p);
+    if r == Outcome::Handled(0) {
+        crate::outputs::moved_dir(from.rel, to.rel);
+    }
+    r
+}
+
+/// Names and kinds of the outputs listed under directory `rel`.
+pub fn list(st: &State, rel: &[u8]) -> Result<Vec<(u8, Vec<u8>)>, c_int> {
+    let mut out = Vec::new();
+    loop {
+        let a = client::call(st, &client::request(op::OUT_LIST, out.len() as u64, 0, rel), None)?;
+        if a.reply.value == 0 {
+            return Ok(out);
+        }
+        out.extend(fanstore_core::wire::entries(&a.reply.payload).map(|(k, n)| (k, n.to_vec())));
+    }
+}
+
