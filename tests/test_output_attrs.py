@@ -29,6 +29,23 @@ attempt("chmod", lambda: os.chmod(J("run", "ckpts", "a.bin"), 0o600))
 attempt("mode after chmod", lambda: oct(os.stat(J("run", "ckpts", "a.bin")).st_mode))
 attempt("utime ns", lambda: os.utime(J("run", "ckpts", "a.bin"), ns=(1_600_000_000_123_456_789, 1_600_000_000_987_654_321)))
 attempt("mtime after utime", lambda: os.stat(J("run", "ckpts", "a.bin")).st_mtime_ns)
+attempt("atime after utime", lambda: os.stat(J("run", "ckpts", "a.bin")).st_atime_ns)
+def ctime_moves():
+    p = J("run", "ckpts", "a.bin")
+    time = __import__("time")
+    os.utime(p, ns=(1_300_000_000_000_000_000, 1_300_000_000_000_000_000))
+    os.chmod(p, 0o640)
+    s = os.stat(p)
+    # chmod and utime change the status time (now), not the data times
+    return [s.st_mtime_ns, s.st_atime_ns, abs(s.st_ctime - time.time()) < 60]
+attempt("ctime after chmod", ctime_moves)
+def atime_only():
+    p = J("run", "ckpts", "a.bin")
+    os.utime(p, ns=(1_200_000_000_000_000_000, 1_300_000_000_000_000_000))
+    fd = os.open(p, os.O_RDONLY)
+    os.close(fd)
+    return [os.stat(p).st_atime_ns, os.stat(p).st_mtime_ns]
+attempt("atime and mtime apart", atime_only)
 attempt("utime now is recent", lambda: (os.utime(J("run", "ckpts", "a.bin")), abs(os.stat(J("run", "ckpts", "a.bin")).st_mtime - __import__("time").time()) < 60)[1])
 attempt("utime seconds", lambda: os.utime(J("run", "ckpts", "a.bin"), (1_500_000_000, 1_500_000_001)))
 attempt("mtime after utime s", lambda: os.stat(J("run", "ckpts", "a.bin")).st_mtime_ns)

@@ -26,7 +26,7 @@
 //! COMMIT    payload path, fd attached (the output file: an unnamed local
 //!           file or a memfd), arg0 COMMIT_EXCL bit,
 //!           arg1 mode bits; reply errno once the owner rank registered it
-//! OUT_STAT  payload path; reply value = size, payload = OutRecord (40 bytes)
+//! OUT_STAT  payload path; reply value = size, payload = StatAnswer (OutRecord, 56 bytes, first)
 //! OUT_OPEN  payload path; reply: an fd with the output's bytes
 //! OUT_LIST  payload directory path, arg0 = entries to skip; reply value =
 //!           entries in this reply (0: end), payload = entries, each
@@ -134,6 +134,8 @@ pub const COMMIT_EXCL: u64 = 1;
 pub const SETATTR_MODE: u64 = 1;
 /// SETATTR arg0: set the modification time to arg1 (ns since the epoch, i64).
 pub const SETATTR_MTIME: u64 = 2;
+/// SETATTR arg0: set the access time to arg1 (ns since the epoch, i64).
+pub const SETATTR_ATIME: u64 = 3;
 /// SETATTR arg0 bit (with one of the above): do not follow a symlink in the
 /// last component (lutimes, fchmodat/utimensat with AT_SYMLINK_NOFOLLOW);
 /// a symlink's mode cannot change (EOPNOTSUPP, as Linux says).
@@ -156,10 +158,26 @@ pub struct OutRecord {
     pub mtime_ns: i64,
     pub id: u64,
     pub sum: u64,
+    /// Access time (set by the utime family; reads do not change it, as
+    /// with `noatime`).
+    pub atime_ns: i64,
+    /// Status change time: the record's creation, chmod, utime, rename.
+    pub ctime_ns: i64,
 }
 
 impl OutRecord {
-    pub const LEN: usize = 40;
+    /// ```text
+    /// 0..8 size | 8..12 mode | 12..16 holder | 16..24 mtime ns | 24..32 id
+    /// 32..40 xxh3 | 40..48 atime ns | 48..56 ctime ns      (all LE)
+    /// ```
+    pub const LEN: usize = 56;
+    /// The record before atime and ctime (persisted indexes of version 1).
+    pub const LEN_V1: usize = 40;
+    /// A new record's three times: mtime `mtime_ns`, atime the same, ctime `now_ns`.
+    pub fn with_times(mut self, mtime_ns: i64, now_ns: i64) -> OutRecord {
+        (self.mtime_ns, self.atime_ns, self.ctime_ns) = (mtime_ns, mtime_ns, now_ns);
+        self
+    }
     pub fn is_dir(&self) -> bool {
         self.mode & libc::S_IFMT == libc::S_IFDIR
     }
@@ -184,6 +202,8 @@ impl OutRecord {
         put_u64(&mut h, 16, self.mtime_ns as u64);
         put_u64(&mut h, 24, self.id);
         put_u64(&mut h, 32, self.sum);
+        put_u64(&mut h, 40, self.atime_ns as u64);
+        put_u64(&mut h, 48, self.ctime_ns as u64);
         b.extend_from_slice(&h);
     }
     /// Decodes the first LEN bytes of `b` (None if shorter).
@@ -198,7 +218,18 @@ impl OutRecord {
             mtime_ns: u64_at(b, 16) as i64,
             id: u64_at(b, 24),
             sum: u64_at(b, 32),
+            atime_ns: u64_at(b, 40) as i64,
+            ctime_ns: u64_at(b, 48) as i64,
         })
+    }
+    /// Decodes a version-1 record (the first LEN_V1 bytes; atime and ctime
+    /// are its mtime).
+    pub fn decode_v1(b: &[u8]) -> Option<OutRecord> {
+        let b = b.get(..Self::LEN_V1)?;
+        let mut full = [0u8; Self::LEN];
+        full[..Self::LEN_V1].copy_from_slice(b);
+        let r = OutRecord::decode(&full)?;
+        Some(OutRecord { atime_ns: r.mtime_ns, ctime_ns: r.mtime_ns, ..r })
     }
 }
 
@@ -430,7 +461,7 @@ mod tests {
 
     #[test]
     fn stat_answer_round_trip_and_malformed() {
-        let rec = OutRecord { size: 4, mode: libc::S_IFLNK | 0o777, holder: 1, mtime_ns: -3, id: 9, sum: 7 };
+        let rec = OutRecord { size: 4, mode: libc::S_IFLNK | 0o777, holder: 1, mtime_ns: -3, id: 9, sum: 7, atime_ns: -2, ctime_ns: 8 };
         let b = StatAnswer::encode(&rec, b"run/ck-9", b"ck-9");
         let a = StatAnswer::decode(&b).unwrap();
         assert_eq!((a.rec, a.resolved, a.target), (rec, &b"run/ck-9"[..], &b"ck-9"[..]));
@@ -463,7 +494,7 @@ mod tests {
 
     #[test]
     fn out_record_and_entries() {
-        let r = OutRecord { size: 5, mode: libc::S_IFREG | 0o644, holder: 3, mtime_ns: -7, id: 9, sum: 11 };
+        let r = OutRecord { size: 5, mode: libc::S_IFREG | 0o644, holder: 3, mtime_ns: -7, id: 9, sum: 11, atime_ns: 1 << 40, ctime_ns: -(1 << 41) };
         let mut b = Vec::new();
         r.encode_into(&mut b);
         assert_eq!(OutRecord::decode(&b), Some(r));

@@ -18,7 +18,7 @@
 
 use crate::comm::{Command, Fetch, RecvBuf, OUT_BIT};
 use crate::memfd::MemfdBuilder;
-use crate::namespace::parent;
+use crate::namespace::{now_ns, parent};
 use crate::node::Node;
 use fanstore_core::checksum::xxh3;
 use fanstore_core::wire::{self, OutRecord};
@@ -31,8 +31,8 @@ use std::time::Duration;
 /// fstat of it agrees with stat of the path (tar -c, rsync and cp -p read
 /// them from the fd). Best effort: the bytes are what matters.
 fn stamp(fd: &OwnedFd, rec: &OutRecord) {
-    let t = libc::timespec { tv_sec: rec.mtime_ns.div_euclid(1_000_000_000), tv_nsec: rec.mtime_ns.rem_euclid(1_000_000_000) };
-    let times = [t, t];
+    let ts = |ns: i64| libc::timespec { tv_sec: ns.div_euclid(1_000_000_000), tv_nsec: ns.rem_euclid(1_000_000_000) };
+    let times = [ts(rec.atime_ns), ts(rec.mtime_ns)];
     // SAFETY: fchmod/futimens on an fd we own; times is two valid timespecs.
     unsafe {
         // (Owner read stays: the holder must still open its file to serve it.)
@@ -145,11 +145,11 @@ impl Node {
         let src = std::fs::File::from(fd.try_clone().map_err(|_| libc::EMFILE)?);
         let meta = src.metadata().map_err(|_| libc::EIO)?;
         let size = meta.len();
-        // The file's own modification time: its last write, or what the
-        // program set with futimens before closing (tar, cp -p, rsync).
-        let mtime_ns = {
+        // The file's own modification and access times: its last write, or
+        // what the program set with futimens before closing (tar, cp -p, rsync).
+        let (mtime_ns, atime_ns) = {
             use std::os::unix::fs::MetadataExt;
-            meta.mtime() * 1_000_000_000 + meta.mtime_nsec()
+            (meta.mtime() * 1_000_000_000 + meta.mtime_nsec(), meta.atime() * 1_000_000_000 + meta.atime_nsec())
         };
         let map = if size > 0 {
             // SAFETY: the client handed us its output file at its last close
@@ -178,7 +178,7 @@ impl Node {
             Some(d) => d.stage(path, id, bytes)?.file_xxh3,
             None => self.store_plain(&src, unnamed, bytes, &file).inspect_err(|_| undo())?,
         };
-        let rec = OutRecord { size, mode: libc::S_IFREG | (mode & 0o7777), holder: self.id.rank, mtime_ns, id, sum };
+        let rec = OutRecord { size, mode: libc::S_IFREG | (mode & 0o7777), holder: self.id.rank, mtime_ns, id, sum, atime_ns, ctime_ns: now_ns() };
         // A symlink at the name: the bytes go to its target (as open(2)
         // follows it), which must then be a file or nothing in a directory.
         let path = &match self.put_record(path, rec, excl) {

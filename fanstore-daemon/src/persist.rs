@@ -7,9 +7,9 @@
 //! DIR/meta/nranks                 decimal N of the job that drained last
 //! DIR/meta/rank-<r>.idx           the records rank r owned, format below
 //!
-//! rank-<r>.idx   0..8 magic "FSOUTIX\0" | 8..10 version (1) | 10..12 zero
+//! rank-<r>.idx   0..8 magic "FSOUTIX\0" | 8..10 version (2) | 10..12 zero
 //!                12..16 count | entries | last 8 bytes: xxh3 of all before
-//! entry          0..4 path length | path | OutRecord (wire.rs, 40 bytes)
+//! entry          0..4 path length | path | OutRecord (wire.rs, 56 bytes; 40 in version 1)
 //! ```
 //!
 //! Drain (at stop): every rank copies the output bytes it holds into
@@ -35,7 +35,8 @@ use std::path::{Path, PathBuf};
 /// Holder rank of a record whose bytes are in `DIR/data`.
 pub const PERSISTED: u32 = u32::MAX;
 const MAGIC: [u8; 8] = *b"FSOUTIX\0";
-const VERSION: u16 = 1;
+/// 2: records of 56 bytes (atime, ctime); version 1 (40-byte records) is read too.
+const VERSION: u16 = 2;
 
 #[derive(Debug, thiserror::Error)]
 pub enum PersistError {
@@ -164,9 +165,11 @@ pub fn decode_index(path: &Path, b: &[u8]) -> Result<Vec<(Vec<u8>, OutRecord)>, 
         return Err(PersistError::Magic(p()));
     }
     let v = u16::from_le_bytes([b[8], b[9]]);
-    if v != VERSION {
+    if v != VERSION && v != 1 {
         return Err(PersistError::Version(p(), v));
     }
+    let (rec_len, decode): (usize, fn(&[u8]) -> Option<OutRecord>) =
+        if v == 1 { (OutRecord::LEN_V1, OutRecord::decode_v1) } else { (OutRecord::LEN, OutRecord::decode) };
     let (body, tail) = b.split_at(b.len() - 8);
     let mut s = [0u8; 8];
     s.copy_from_slice(tail);
@@ -182,8 +185,8 @@ pub fn decode_index(path: &Path, b: &[u8]) -> Result<Vec<(Vec<u8>, OutRecord)>, 
         off += 4;
         let path_b = body.get(off..off + len).ok_or_else(|| PersistError::Truncated(p()))?;
         off += len;
-        let rec = body.get(off..).and_then(OutRecord::decode).ok_or_else(|| PersistError::Truncated(p()))?;
-        off += OutRecord::LEN;
+        let rec = body.get(off..).and_then(decode).ok_or_else(|| PersistError::Truncated(p()))?;
+        off += rec_len;
         out.push((path_b.to_vec(), rec));
     }
     Ok(out)
@@ -228,9 +231,9 @@ fn apply_attrs(dst: &Path, r: &OutRecord) -> Result<(), PersistError> {
     if !r.is_link() {
         std::fs::set_permissions(dst, std::fs::Permissions::from_mode(r.mode & 0o7777)).map_err(io_err(dst))?;
     }
-    let t = libc::timespec { tv_sec: r.mtime_ns.div_euclid(1_000_000_000), tv_nsec: r.mtime_ns.rem_euclid(1_000_000_000) };
+    let ts = |ns: i64| libc::timespec { tv_sec: ns.div_euclid(1_000_000_000), tv_nsec: ns.rem_euclid(1_000_000_000) };
     let c = std::ffi::CString::new(dst.as_os_str().as_bytes()).map_err(|e| PersistError::Io(dst.to_path_buf(), io::Error::other(e)))?;
-    let times = [t, t];
+    let times = [ts(r.atime_ns), ts(r.mtime_ns)];
     // SAFETY: c is a NUL-terminated path and times two valid timespecs.
     if unsafe { libc::utimensat(libc::AT_FDCWD, c.as_ptr(), times.as_ptr(), libc::AT_SYMLINK_NOFOLLOW) } != 0 {
         return Err(PersistError::Io(dst.to_path_buf(), io::Error::last_os_error()));
@@ -322,7 +325,7 @@ mod tests {
 
     #[test]
     fn index_roundtrip_and_corruption() {
-        let r = OutRecord { size: 3, mode: libc::S_IFREG | 0o644, holder: PERSISTED, mtime_ns: 5, id: 0, sum: 9 };
+        let r = OutRecord { size: 3, mode: libc::S_IFREG | 0o644, holder: PERSISTED, mtime_ns: 5, id: 0, sum: 9, atime_ns: 4, ctime_ns: 6 };
         let recs = vec![(b"a/b".to_vec(), r), (b"d".to_vec(), OutRecord { mode: libc::S_IFDIR | 0o755, ..r })];
         let b = encode_index(&recs);
         let p = Path::new("x.idx");
@@ -334,6 +337,28 @@ mod tests {
         bad[8] = 7;
         assert!(matches!(decode_index(p, &bad), Err(PersistError::Version(_, 7))));
         assert!(matches!(decode_index(p, b"nope"), Err(PersistError::Magic(_))));
+    }
+
+    #[test]
+    fn a_version_1_index_is_read_with_its_mtime_as_atime_and_ctime() {
+        // Built by hand as version 1 wrote it: 40-byte records.
+        let r = OutRecord { size: 3, mode: libc::S_IFREG | 0o600, holder: PERSISTED, mtime_ns: 77, id: 2, sum: 9, ..Default::default() };
+        let mut b = Vec::new();
+        b.extend_from_slice(&MAGIC);
+        b.extend_from_slice(&1u16.to_le_bytes());
+        b.extend_from_slice(&0u16.to_le_bytes());
+        b.extend_from_slice(&1u32.to_le_bytes());
+        b.extend_from_slice(&3u32.to_le_bytes());
+        b.extend_from_slice(b"a/b");
+        let mut full = Vec::new();
+        r.encode_into(&mut full);
+        b.extend_from_slice(&full[..OutRecord::LEN_V1]);
+        let sum = xxh3(&b);
+        b.extend_from_slice(&sum.to_le_bytes());
+        let got = decode_index(Path::new("v1.idx"), &b).unwrap();
+        assert_eq!(got, vec![(b"a/b".to_vec(), OutRecord { atime_ns: 77, ctime_ns: 77, ..r })]);
+        let cut = &b[..b.len() - 12];
+        assert!(decode_index(Path::new("v1.idx"), cut).is_err(), "a cut index is refused");
     }
 
     #[test]

@@ -202,14 +202,9 @@ impl Node {
         if id >= crate::comm::OUT_BIT as u64 {
             return Err(libc::ENOSPC);
         }
-        let rec = OutRecord {
-            size: target.len() as u64,
-            mode: libc::S_IFLNK | 0o777,
-            holder: self.id.rank,
-            mtime_ns: crate::namespace::now_ns(),
-            id,
-            sum: xxh3(target),
-        };
+        let now = crate::namespace::now_ns();
+        let rec = OutRecord { size: target.len() as u64, mode: libc::S_IFLNK | 0o777, holder: self.id.rank, id, sum: xxh3(target), ..Default::default() }
+            .with_times(now, now);
         self.hold_link(&path, &rec, target)?;
         if let Err(e) = self.put_link(&path, rec, target, wire::COMMIT_EXCL) {
             self.drop_held_here(id);
@@ -260,6 +255,8 @@ impl Node {
                 mtime_ns: n.mtime_ns(),
                 id: u64::from(node),
                 sum: 0,
+                atime_ns: n.atime_ns(),
+                ctime_ns: n.ctime_ns(),
             },
             None => OutRecord::default(),
         }

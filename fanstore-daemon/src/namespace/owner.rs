@@ -4,7 +4,7 @@
 //! and O(entries of that directory).
 //!
 //! Requests are wire [`Request`]s with the ops of [`mop`] (payloads:
-//! `OutRecord` (40 bytes) then a path, or a path, or `dir NUL name`); the
+//! `OutRecord` (56 bytes) then a path, or a path, or `dir NUL name`); the
 //! answer is a wire [`Reply`]. Every operation is one step under the store's
 //! lock, so O_EXCL and "last close wins" are atomic at the owner.
 //!
@@ -36,8 +36,8 @@
 //! moved entries (MOVE_PREP reply, MOVE_COMMIT payload), repeated:
 //!   0      kind (1 record, 2 listing, 3 symlink)
 //!   1..5   path length u32 LE, then the path
-//!   record:  OutRecord (40 bytes)
-//!   symlink: OutRecord (40 bytes), target length u32 LE, target
+//!   record:  OutRecord (56 bytes)
+//!   symlink: OutRecord (56 bytes), target length u32 LE, target
 //!   listing: child count u32 LE, then per child: kind u8 | name length u16 LE | name
 //! MOVE_PREP payload: from NUL to, arg0 transaction id
 //! ```
@@ -355,8 +355,10 @@ impl MetaStore {
                         match req.arg0 {
                             wire::SETATTR_MODE => r.mode = (r.mode & libc::S_IFMT) | (value as u32 & 0o7777),
                             wire::SETATTR_MTIME => r.mtime_ns = value as i64,
+                            wire::SETATTR_ATIME => r.atime_ns = value as i64,
                             _ => return Reply::err(req, libc::EINVAL),
                         }
+                        r.ctime_ns = super::now_ns();
                         with_record(req, r, None)
                     }
                 }

@@ -33,7 +33,8 @@ impl Node {
         if self.view.lookup(path).is_some() {
             return Err(libc::EEXIST);
         }
-        let rec = OutRecord { mode: libc::S_IFDIR | (mode & 0o7777), holder: self.id.rank, mtime_ns: now_ns(), ..Default::default() };
+        let now = now_ns();
+        let rec = OutRecord { mode: libc::S_IFDIR | (mode & 0o7777), holder: self.id.rank, ..Default::default() }.with_times(now, now);
         let mut p = Vec::new();
         rec.encode_into(&mut p);
         p.extend_from_slice(path);
@@ -209,6 +210,8 @@ impl Node {
         if rec.is_dir() {
             return self.rename_dir(from, to);
         }
+        // A rename changes the moved file's status time, as natively.
+        let rec = OutRecord { ctime_ns: now_ns(), ..rec };
         if rec.holder == self.id.rank {
             // A restart with the same --local recovers it under the new name.
             self.write_sidecar(to, &rec)?;

@@ -82,15 +82,21 @@ fn link_like(a: Option<&VPath>, b: Option<&VPath>) -> Outcome<c_int> {
     }
 }
 
-/// The current time as an [`Attr::Mtime`].
-fn now() -> Attr {
+/// The current time, ns since the epoch.
+fn now_ns() -> i64 {
     let mut ts = libc::timespec { tv_sec: 0, tv_nsec: 0 };
     // SAFETY: ts is a valid out-pointer; CLOCK_REALTIME always exists.
     unsafe { libc::clock_gettime(libc::CLOCK_REALTIME, &mut ts) };
-    Attr::Mtime(ts.tv_sec as i64 * 1_000_000_000 + ts.tv_nsec as i64)
+    ts.tv_sec as i64 * 1_000_000_000 + ts.tv_nsec as i64
 }
 
-/// utimes' argument (null: now; else [atime, mtime]) as the mtime to set.
+/// Both times now (utime with a null argument).
+fn now() -> Attr {
+    let t = now_ns();
+    Attr::Times { atime: Some(t), mtime: Some(t) }
+}
+
+/// utimes' argument (null: now; else [atime, mtime]).
 ///
 /// # Safety
 /// `times` is null or points at two readable timevals.
@@ -98,9 +104,10 @@ unsafe fn timeval_attr(times: *const libc::timeval) -> Attr {
     if times.is_null() {
         return now();
     }
-    // SAFETY: the caller passes two timevals; [1] is the modification time.
-    let m = unsafe { *times.add(1) };
-    Attr::Mtime(m.tv_sec as i64 * 1_000_000_000 + m.tv_usec as i64 * 1000)
+    // SAFETY: the caller passes two timevals: [0] access, [1] modification.
+    let (a, m) = unsafe { (*times, *times.add(1)) };
+    let ns = |t: libc::timeval| t.tv_sec as i64 * 1_000_000_000 + t.tv_usec as i64 * 1000;
+    Attr::Times { atime: Some(ns(a)), mtime: Some(ns(m)) }
 }
 
 /// utimensat's argument (null or UTIME_NOW: now; UTIME_OMIT: unchanged).
@@ -111,12 +118,16 @@ unsafe fn timespec_attr(times: *const libc::timespec) -> Attr {
     if times.is_null() {
         return now();
     }
-    // SAFETY: the caller passes two timespecs; [1] is the modification time.
-    let m = unsafe { *times.add(1) };
-    match m.tv_nsec {
-        libc::UTIME_NOW => now(),
-        libc::UTIME_OMIT => Attr::Nothing,
-        ns => Attr::Mtime(m.tv_sec as i64 * 1_000_000_000 + ns as i64),
+    // SAFETY: the caller passes two timespecs: [0] access, [1] modification.
+    let (a, m) = unsafe { (*times, *times.add(1)) };
+    let one = |t: libc::timespec| match t.tv_nsec {
+        libc::UTIME_NOW => Some(now_ns()),
+        libc::UTIME_OMIT => None,
+        ns => Some(t.tv_sec as i64 * 1_000_000_000 + ns as i64),
+    };
+    match (one(a), one(m)) {
+        (None, None) => Attr::Nothing,
+        (atime, mtime) => Attr::Times { atime, mtime },
     }
 }
 
@@ -219,7 +230,8 @@ crate::hooks! {
     }
     fn utime(path: *const c_char, times: *const libc::utimbuf) -> c_int {
         // SAFETY: times is null or points at the caller's utimbuf.
-        let attr = unsafe { times.as_ref() }.map_or_else(now, |t| Attr::Mtime(t.modtime as i64 * 1_000_000_000));
+        let attr = unsafe { times.as_ref() }
+            .map_or_else(now, |t| Attr::Times { atime: Some(t.actime as i64 * 1_000_000_000), mtime: Some(t.modtime as i64 * 1_000_000_000) });
         path_hook("utime", libc::AT_FDCWD, path, -1, |vp| write::setattr(vp, true, attr), |p| orig::utime(p, times))
     }
     fn utimes(path: *const c_char, times: *const libc::timeval) -> c_int {

@@ -48,9 +48,18 @@ fn own_record(rel: &[u8]) -> Option<OutRecord> {
     if unsafe { crate::real::fstat(fd, &mut s) } != 0 {
         return None;
     }
-    let mtime_ns = s.st_mtime * 1_000_000_000 + s.st_mtime_nsec;
+    let ns = |sec: i64, nsec: i64| sec * 1_000_000_000 + nsec;
     let mode = crate::outputs::mode_of(idx).unwrap_or(libc::S_IFREG | 0o644);
-    Some(OutRecord { size: s.st_size as u64, mode, holder: 0, mtime_ns, id: 0, sum: 0 })
+    Some(OutRecord {
+        size: s.st_size as u64,
+        mode,
+        holder: 0,
+        mtime_ns: ns(s.st_mtime, s.st_mtime_nsec),
+        id: 0,
+        sum: 0,
+        atime_ns: ns(s.st_atime, s.st_atime_nsec),
+        ctime_ns: ns(s.st_ctime, s.st_ctime_nsec),
+    })
 }
 
 /// The record of what a symlink outside the mount points at (the kernel's stat).
@@ -69,6 +78,8 @@ fn outside_record(abs: &[u8]) -> Result<OutRecord, c_int> {
         mtime_ns: s.st_mtime * 1_000_000_000 + s.st_mtime_nsec,
         id: 0,
         sum: 0,
+        atime_ns: s.st_atime * 1_000_000_000 + s.st_atime_nsec,
+        ctime_ns: s.st_ctime * 1_000_000_000 + s.st_ctime_nsec,
     })
 }
 
@@ -139,8 +150,9 @@ pub fn stat_of(st: &State, rel: &[u8], r: &OutRecord) -> libc::stat {
     s.st_size = size;
     s.st_blksize = 4096;
     s.st_blocks = (size + 511) / 512;
-    let (sec, nsec) = split_ns(r.mtime_ns);
-    (s.st_atime, s.st_atime_nsec, s.st_mtime, s.st_mtime_nsec, s.st_ctime, s.st_ctime_nsec) = (sec, nsec, sec, nsec, sec, nsec);
+    (s.st_atime, s.st_atime_nsec) = split_ns(r.atime_ns);
+    (s.st_mtime, s.st_mtime_nsec) = split_ns(r.mtime_ns);
+    (s.st_ctime, s.st_ctime_nsec) = split_ns(r.ctime_ns);
     s
 }
 
@@ -157,9 +169,9 @@ pub fn statx_of(st: &State, rel: &[u8], r: &OutRecord) -> libc::statx {
     x.stx_ino = s.st_ino;
     x.stx_size = s.st_size as u64;
     x.stx_blocks = s.st_blocks as u64;
-    for t in [&mut x.stx_atime, &mut x.stx_mtime, &mut x.stx_ctime] {
-        t.tv_sec = s.st_mtime;
-        t.tv_nsec = s.st_mtime_nsec as u32;
+    for (t, (sec, nsec)) in [(&mut x.stx_atime, (s.st_atime, s.st_atime_nsec)), (&mut x.stx_mtime, (s.st_mtime, s.st_mtime_nsec)), (&mut x.stx_ctime, (s.st_ctime, s.st_ctime_nsec))] {
+        t.tv_sec = sec;
+        t.tv_nsec = nsec as u32;
     }
     x.stx_dev_major = super::stat::DEV_MAJOR;
     x.stx_dev_minor = super::stat::DEV_MINOR;
@@ -200,7 +212,18 @@ pub fn setattr(vp: &VPath, attr: super::write::Attr, follow: bool) -> Outcome<c_
     let stat = |st: &State, rel: &[u8]| if follow { stat(st, rel) } else { lstat(st, rel) };
     let (what, value) = match attr {
         Attr::Mode(m) => (wire::SETATTR_MODE, u64::from(m & 0o7777)),
-        Attr::Mtime(ns) => (wire::SETATTR_MTIME, ns as u64),
+        Attr::Times { atime, mtime } => {
+            // Two changes at the owner, access time first (each sets ctime).
+            let what = if follow { 0 } else { wire::SETATTR_NOFOLLOW };
+            for (w, v) in [(wire::SETATTR_ATIME, atime), (wire::SETATTR_MTIME, mtime)] {
+                if let Some(v) = v {
+                    if let Err(e) = client::call(vp.st, &client::request(op::SETATTR, w | what, v as u64, vp.rel), None) {
+                        return Outcome::Errno(e);
+                    }
+                }
+            }
+            return Outcome::Handled(0);
+        }
         Attr::Owner { uid, gid } => {
             return match stat(vp.st, vp.rel) {
                 Err(e) => Outcome::Errno(e),

@@ -60,8 +60,9 @@ pub fn modify(vp: &VPath, follow: bool) -> Outcome<c_int> {
 pub enum Attr {
     /// chmod: the permission bits.
     Mode(u32),
-    /// utime family: the modification time, ns since the epoch.
-    Mtime(i64),
+    /// utime family: the access and modification times, ns since the
+    /// epoch (None: unchanged, UTIME_OMIT).
+    Times { atime: Option<i64>, mtime: Option<i64> },
     /// chown family (`u32::MAX`: unchanged).
     Owner { uid: u32, gid: u32 },
     /// A call that changes nothing (utimensat with UTIME_OMIT): only checks the name.
