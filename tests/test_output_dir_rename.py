@@ -72,6 +72,22 @@ def open_across_rename():
     os.chdir(here)
     return [cwd, open(J("ck", "in", "open.bin"), "rb").read().decode(), os.path.exists(J("ck.tmp"))]
 attempt("open file and cwd across a rename", open_across_rename)
+import ctypes
+libc = ctypes.CDLL(None, use_errno=True)
+def renameat2(a, b, flags):
+    if libc.renameat2(-100, a.encode(), -100, b.encode(), flags) != 0:
+        e = ctypes.get_errno()
+        raise OSError(e, os.strerror(e))
+os.makedirs(J("nr", "d1"))
+os.makedirs(J("nr", "d2", "x"))
+for n in ("f1", "f2"):
+    with open(J("nr", n), "w") as f:
+        f.write(n)
+attempt("noreplace onto a file", lambda: renameat2(J("nr", "f1"), J("nr", "f2"), 1))
+attempt("noreplace onto a dir", lambda: renameat2(J("nr", "d1"), J("nr", "d2"), 1))
+attempt("noreplace onto itself", lambda: renameat2(J("nr", "f1"), J("nr", "f1"), 1))
+attempt("noreplace to a new name", lambda: (renameat2(J("nr", "f1"), J("nr", "f3"), 1), sorted(os.listdir(J("nr"))), open(J("nr", "f3")).read())[1:])
+attempt("noreplace dir to a new name", lambda: (renameat2(J("nr", "d2"), J("nr", "d3"), 1), sorted(os.listdir(J("nr", "d3"))))[1])
 print(json.dumps(out, sort_keys=True))
 """
 
@@ -258,3 +274,20 @@ def test_renames_from_another_node_survive_a_kill(bins, tmp_path):
         assert r.returncode == 0, r.stderr + c2.log()[-3000:]
     finally:
         c2.stop()
+
+
+def test_rename_exchange_is_einval(cl):
+    """Documented: renameat2(RENAME_EXCHANGE) on outputs is EINVAL (the issue allows it)."""
+    r = py(cl, 1, r"""
+    import ctypes, os, sys
+    root = sys.argv[1]
+    os.makedirs(root)
+    for n in ("a", "b"):
+        open(os.path.join(root, n), "w").write(n)
+    libc = ctypes.CDLL(None, use_errno=True)
+    rc = libc.renameat2(-100, os.path.join(root, "a").encode(), -100, os.path.join(root, "b").encode(), 2)
+    print(rc, ctypes.get_errno(), open(os.path.join(root, "a")).read())
+    """, f"{MOUNT}/exch")
+    assert r.returncode == 0, r.stderr
+    import errno as E
+    assert r.stdout.split() == ["-1", str(E.EINVAL), "a"]

@@ -130,6 +130,10 @@ pub const SYNC_META: u64 = 2;
 /// COMMIT arg0 bit: fail with EEXIST if the path exists.
 pub const COMMIT_EXCL: u64 = 1;
 
+/// RENAME arg0 bit: fail with EEXIST if the new name exists (renameat2's
+/// RENAME_NOREPLACE), checked at its owner for a file.
+pub const RENAME_NOREPLACE: u64 = 1;
+
 /// SETATTR arg0: set the permission bits to arg1.
 pub const SETATTR_MODE: u64 = 1;
 /// SETATTR arg0: set the modification time to arg1 (ns since the epoch, i64).

@@ -256,7 +256,7 @@ fn handle(node: &Node, fd: RawFd, req: &Request, attached: Option<OwnedFd>) -> i
             }
         }
         op::RENAME => match path.iter().position(|&b| b == 0) {
-            Some(i) => done(fd, req, node.out_rename(&path[..i], &path[i + 1..])),
+            Some(i) => done(fd, req, node.out_rename(&path[..i], &path[i + 1..], req.arg0 & wire::RENAME_NOREPLACE != 0)),
             None => done(fd, req, Err(libc::EINVAL)),
         },
         op::CKPT => {

@@ -74,10 +74,11 @@ impl Node {
     /// the two-phase move of [`crate::namespace::owner`] (module doc). `to` may be an
     /// empty directory (replaced); a non-empty one is ENOTEMPTY, a file
     /// ENOTDIR. Called by [`Self::out_rename`] after the parent and ancestor checks.
-    fn rename_dir(&self, from: &[u8], to: &[u8]) -> Result<(), i32> {
+    fn rename_dir(&self, from: &[u8], to: &[u8], noreplace: bool) -> Result<(), i32> {
         use crate::namespace::owner::Moved;
         // (Both parents and the ancestor relation were checked by out_rename.)
         match self.out_stat(to) {
+            Ok(_) if noreplace => return Err(libc::EEXIST),
             Ok(r) if !r.is_dir() => return Err(libc::ENOTDIR),
             Ok(_) => {
                 self.meta_at(to, mop::RMDIR, 0, to.to_vec())?; // ENOTEMPTY unless empty
@@ -182,7 +183,8 @@ impl Node {
         self.on_record(path, mop::SETATTR, what, payload).map(|_| ())
     }
 
-    pub fn out_rename(&self, from: &[u8], to: &[u8]) -> Result<(), i32> {
+    /// RENAME (`noreplace`: RENAME_NOREPLACE, EEXIST if `to` exists).
+    pub fn out_rename(&self, from: &[u8], to: &[u8], noreplace: bool) -> Result<(), i32> {
         if self.view.lookup(from).is_some() || self.view.lookup(to).is_some() {
             return Err(libc::EROFS);
         }
@@ -208,7 +210,7 @@ impl Node {
             return Err(libc::ENOTEMPTY);
         }
         if rec.is_dir() {
-            return self.rename_dir(from, to);
+            return self.rename_dir(from, to, noreplace);
         }
         // A rename changes the moved file's status time, as natively.
         let rec = OutRecord { ctime_ns: now_ns(), ..rec };
@@ -216,10 +218,19 @@ impl Node {
             // A restart with the same --local recovers it under the new name.
             self.write_sidecar(to, &rec)?;
         }
-        if rec.is_link() {
-            self.put_link(to, rec, &target, crate::namespace::owner::PUT_OVER_LINK)?;
+        let put = if rec.is_link() {
+            let over = if noreplace { wire::COMMIT_EXCL } else { crate::namespace::owner::PUT_OVER_LINK };
+            self.put_link(to, rec, &target, over)
+        } else if noreplace {
+            self.put(to, rec, true) // EEXIST at the owner, atomically
         } else {
-            self.put_over_link(to, rec)?;
+            self.put_over_link(to, rec)
+        };
+        if let Err(e) = put {
+            if rec.holder == self.id.rank {
+                let _ = self.write_sidecar(from, &rec); // still named `from`
+            }
+            return Err(e);
         }
         self.link(to, rec.kind(), true)?;
         match self.meta_at(from, mop::DEL, rec.id, from.to_vec()) {

@@ -67,8 +67,16 @@ unsafe fn two_paths(
 }
 
 fn rename_like(a: Option<&VPath>, b: Option<&VPath>) -> Outcome<c_int> {
+    rename_flags(a, b, 0)
+}
+
+/// renameat2: RENAME_NOREPLACE is honoured (EEXIST, atomically at the
+/// destination's owner for a file); RENAME_EXCHANGE and RENAME_WHITEOUT on
+/// /fanstore are EINVAL (documented).
+fn rename_flags(a: Option<&VPath>, b: Option<&VPath>, flags: c_uint) -> Outcome<c_int> {
     match (a, b) {
-        (Some(a), Some(b)) => write::rename(a, b),
+        (Some(_), Some(_)) | (Some(_), None) | (None, Some(_)) if flags & !libc::RENAME_NOREPLACE != 0 => Outcome::Errno(libc::EINVAL),
+        (Some(a), Some(b)) => write::rename(a, b, flags & libc::RENAME_NOREPLACE != 0),
         (a, b) => link_like(a, b),
     }
 }
@@ -220,7 +228,7 @@ crate::hooks! {
         two_paths("renameat", d1, old, d2, new, rename_like, |a, b| orig::renameat(d1, a, d2, b))
     }
     fn renameat2(d1: c_int, old: *const c_char, d2: c_int, new: *const c_char, flags: c_uint) -> c_int {
-        two_paths("renameat2", d1, old, d2, new, rename_like, |a, b| orig::renameat2(d1, a, d2, b, flags))
+        two_paths("renameat2", d1, old, d2, new, |a, b| rename_flags(a, b, flags), |a, b| orig::renameat2(d1, a, d2, b, flags))
     }
     fn link(old: *const c_char, new: *const c_char) -> c_int {
         two_paths("link", libc::AT_FDCWD, old, libc::AT_FDCWD, new, link_like, |a, b| orig::link(a, b))

@@ -284,7 +284,10 @@ pub fn unlink(vp: &VPath) -> Outcome<c_int> {
     simple(vp.st, op::UNLINK, 0, vp.rel)
 }
 
-pub fn rename(from: &VPath, to: &VPath) -> Outcome<c_int> {
+pub fn rename(from: &VPath, to: &VPath, noreplace: bool) -> Outcome<c_int> {
+    if noreplace && lstat(to.st, to.rel).is_ok() {
+        return Outcome::Errno(libc::EEXIST);
+    }
     if crate::outputs::retarget(from.rel, Some(to.rel)) {
         // Still being written here: it is committed under the new name.
         return Outcome::Handled(0);
@@ -293,7 +296,11 @@ pub fn rename(from: &VPath, to: &VPath) -> Outcome<c_int> {
     p.extend_from_slice(from.rel);
     p.push(0);
     p.extend_from_slice(to.rel);
-    let r = simple(from.st, op::RENAME, 0, &p);
+    let flags = if noreplace { wire::RENAME_NOREPLACE } else { 0 };
+    let r = match client::call(from.st, &client::request(op::RENAME, flags, 0, &p), None) {
+        Ok(_) => Outcome::Handled(0),
+        Err(e) => Outcome::Errno(e),
+    };
     if r == Outcome::Handled(0) {
         crate::outputs::moved_dir(from.rel, to.rel);
     }

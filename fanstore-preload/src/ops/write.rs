@@ -118,9 +118,9 @@ pub fn link(a: &VPath, b: &VPath) -> Outcome<c_int> {
 
 /// rename/renameat/renameat2 inside the mount: outputs move (atomically
 /// replacing an output at the destination), inputs stay (EROFS).
-pub fn rename(a: &VPath, b: &VPath) -> Outcome<c_int> {
+pub fn rename(a: &VPath, b: &VPath, noreplace: bool) -> Outcome<c_int> {
     match resolve(a.st, a.rel, false, false) {
-        Err(libc::ENOENT) => super::namespace::rename(a, b),
+        Err(libc::ENOENT) => super::namespace::rename(a, b, noreplace),
         _ => source(a, true),
     }
 }
