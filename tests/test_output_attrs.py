@@ -29,6 +29,8 @@ attempt("chmod", lambda: os.chmod(J("run", "ckpts", "a.bin"), 0o600))
 attempt("mode after chmod", lambda: oct(os.stat(J("run", "ckpts", "a.bin")).st_mode))
 attempt("utime ns", lambda: os.utime(J("run", "ckpts", "a.bin"), ns=(1_600_000_000_123_456_789, 1_600_000_000_987_654_321)))
 attempt("mtime after utime", lambda: os.stat(J("run", "ckpts", "a.bin")).st_mtime_ns)
+attempt("statvfs of an output dir and file", lambda: [os.statvfs(J("run", "ckpts")).f_bsize > 0, os.statvfs(J("run", "ckpts", "a.bin")).f_namemax >= 255])
+attempt("statvfs missing", lambda: os.statvfs(J("run", "nope")))
 attempt("atime after utime", lambda: os.stat(J("run", "ckpts", "a.bin")).st_atime_ns)
 def ctime_moves():
     p = J("run", "ckpts", "a.bin")
