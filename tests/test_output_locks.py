@@ -190,3 +190,48 @@ def test_filelock_package_serialises_writers_of_a_node(cl, framework_python):
     r = subprocess.run(["cat", f"{root}/log"], env=cl.env(1), capture_output=True, text=True, timeout=60)
     lines = r.stdout.split()
     assert sorted(lines) == sorted(f"{w}:{i}" for w in range(3) for i in range(15)), r.stdout
+
+
+EXCL = r"""
+import errno, json, os, signal, subprocess, sys, time
+root = sys.argv[1]
+os.makedirs(root, exist_ok=True)
+p = os.path.join(root, "pid.lock")
+out = {}
+def excl(path):
+    try:
+        os.close(os.open(path, os.O_CREAT | os.O_EXCL | os.O_WRONLY, 0o644))
+        return "OK"
+    except OSError as e:
+        return errno.errorcode[e.errno]
+# another process holds an exclusive create open (not yet closed)
+holder = subprocess.Popen([sys.executable, "-c", "import os, sys; fd = os.open(sys.argv[1], os.O_CREAT | os.O_EXCL | os.O_WRONLY); "
+                           "print('open', flush=True); sys.stdin.readline(); os.close(fd)", p],
+                          stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
+assert holder.stdout.readline().strip() == "open"
+out["second excl while open"] = excl(p)
+holder.stdin.write("\n"); holder.stdin.flush(); holder.wait()
+out["excl after close"] = excl(p)
+# a creator killed before its close leaves nothing that blocks the name
+q = os.path.join(root, "killed.lock")
+k = subprocess.Popen([sys.executable, "-c", "import os, sys, time; os.open(sys.argv[1], os.O_CREAT | os.O_EXCL | os.O_WRONLY); "
+                      "print('open', flush=True); time.sleep(60)", q], stdout=subprocess.PIPE, text=True)
+assert k.stdout.readline().strip() == "open"
+k.send_signal(signal.SIGKILL); k.wait()
+out["excl after a killed creator"] = excl(q)
+print(json.dumps(out, sort_keys=True))
+"""
+
+
+def test_exclusive_create_is_decided_at_open_among_a_nodes_processes(cl, tmp_path):
+    native = subprocess.run([sys.executable, "-c", textwrap.dedent(EXCL), str(tmp_path / "n")], capture_output=True,
+                            text=True, timeout=120)
+    assert native.returncode == 0, native.stderr
+    ours = subprocess.run([sys.executable, "-c", textwrap.dedent(EXCL), f"{MOUNT}/excl"], env=cl.env(2),
+                          capture_output=True, text=True, timeout=120)
+    assert ours.returncode == 0, ours.stderr
+    # Natively a killed creator leaves its file; through FanStore a process killed before its
+    # close commits nothing (README), so the name stays free: its marker must not block it.
+    native, ours = json.loads(native.stdout), json.loads(ours.stdout)
+    assert native == {"excl after a killed creator": "EEXIST", "excl after close": "EEXIST", "second excl while open": "EEXIST"}
+    assert ours == dict(native, **{"excl after a killed creator": "OK"})

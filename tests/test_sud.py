@@ -106,6 +106,11 @@ static long raw4(long nr, long a, long b, long c, long d) {
     __asm__ volatile("syscall" : "=a"(r) : "a"(nr), "D"(a), "S"(b), "d"(c), "r"(r10) : "rcx", "r11", "memory");
     return r;
 }
+static long raw5(long nr, long a, long b, long c, long d, long e) {
+    long r; register long r10 __asm__("r10") = d; register long r8 __asm__("r8") = e;
+    __asm__ volatile("syscall" : "=a"(r) : "a"(nr), "D"(a), "S"(b), "d"(c), "r"(r10), "r"(r8) : "rcx", "r11", "memory");
+    return r;
+}
 int main(int argc, char **argv) {
     static char buf[1 << 20]; long n = 0, k;
     while ((k = raw4(SYS_read, 0, (long)(buf + n), sizeof buf - n, 0)) > 0) n += k;
@@ -113,7 +118,7 @@ int main(int argc, char **argv) {
     if (fd < 0) return 10;
     if (raw4(SYS_write, fd, (long)buf, n, 0) != n) return 11;
     if (raw4(SYS_close, fd, 0, 0, 0) != 0) return 12;
-    if (raw4(SYS_renameat2, AT_FDCWD, (long)argv[1], AT_FDCWD, (long)argv[2]) != 0) return 13;
+    if (raw5(SYS_renameat2, AT_FDCWD, (long)argv[1], AT_FDCWD, (long)argv[2], 0) != 0) return 13;
     return 0;
 }
 ''')

@@ -41,6 +41,7 @@ mod real;
 mod state;
 mod client;
 mod outputs;
+mod pending;
 mod sud;
 
 /// The constructor: the fork handlers, and raw-syscall catching for this

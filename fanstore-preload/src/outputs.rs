@@ -157,16 +157,23 @@ pub fn retarget(from: &[u8], to: Option<&[u8]>) -> bool {
     let mut new = to.map(|t| t.to_vec());
     let found = TABLE.with(|t| {
         let Some(s) = t.slots.iter_mut().flatten().find(|s| s.mode & libc::S_IFMT == libc::S_IFREG && s.path == from) else {
-            return false;
+            return None;
         };
         match new.as_mut() {
             Some(n) => std::mem::swap(&mut s.path, n),
             None => s.unlinked = true,
         }
-        true
+        let excl = s.excl;
+        s.excl &= new.is_none(); // renamed: its exclusive claim stays with the old name
+        Some(excl)
     });
     drop(new);
-    found
+    if found == Some(true) {
+        if let Some(st) = crate::state::current() {
+            crate::pending::release(st, from);
+        }
+    }
+    found.is_some()
 }
 
 /// A directory renamed by this process: the outputs it is still writing
@@ -258,7 +265,11 @@ pub fn closing(fd: c_int, idx: u32) -> Option<c_int> {
         return None;
     }
     let st = crate::state::current()?;
-    commit(st, fd, &slot).err()
+    let r = commit(st, fd, &slot).err();
+    if slot.excl {
+        crate::pending::release(st, &slot.path); // after the record exists
+    }
+    r
 }
 
 /// COMMIT: hands the output file to the daemon and waits for the owner's answer.

@@ -157,25 +157,7 @@ pub fn stat_of(st: &State, rel: &[u8], r: &OutRecord) -> libc::stat {
 }
 
 pub fn statx_of(st: &State, rel: &[u8], r: &OutRecord) -> libc::statx {
-    let s = stat_of(st, rel, r);
-    // SAFETY: plain data, zero is valid.
-    let mut x: libc::statx = unsafe { std::mem::zeroed() };
-    x.stx_mask = libc::STATX_BASIC_STATS;
-    x.stx_blksize = s.st_blksize as u32;
-    x.stx_nlink = s.st_nlink as u32;
-    x.stx_uid = s.st_uid;
-    x.stx_gid = s.st_gid;
-    x.stx_mode = s.st_mode as u16;
-    x.stx_ino = s.st_ino;
-    x.stx_size = s.st_size as u64;
-    x.stx_blocks = s.st_blocks as u64;
-    for (t, (sec, nsec)) in [(&mut x.stx_atime, (s.st_atime, s.st_atime_nsec)), (&mut x.stx_mtime, (s.st_mtime, s.st_mtime_nsec)), (&mut x.stx_ctime, (s.st_ctime, s.st_ctime_nsec))] {
-        t.tv_sec = sec;
-        t.tv_nsec = nsec as u32;
-    }
-    x.stx_dev_major = super::stat::DEV_MAJOR;
-    x.stx_dev_minor = super::stat::DEV_MINOR;
-    x
+    super::stat::statx_from(&stat_of(st, rel, r))
 }
 
 /// Ok if `dir` (relative) is an input or output directory.

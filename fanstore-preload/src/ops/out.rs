@@ -174,13 +174,30 @@ fn new_output_file(st: &State, flags: c_int) -> c_int {
 /// with `keep`, it starts with the output's current bytes ("a", "r+" of an
 /// existing output).
 fn create(vp: &VPath, flags: c_int, mode: u32, keep: bool) -> Result<c_int, c_int> {
+    let excl = flags & libc::O_CREAT != 0 && flags & libc::O_EXCL != 0;
+    if excl {
+        // Exclusive among the node's processes from now on ([`crate::pending`]);
+        // a creator that committed just before the claim is seen here.
+        crate::pending::claim(vp.st, vp.rel)?;
+        if lookup(vp.st, vp.rel, false).is_ok() {
+            crate::pending::release(vp.st, vp.rel);
+            return Err(libc::EEXIST);
+        }
+    }
     let fd = new_output_file(vp.st, flags);
     if fd < 0 {
-        return Err(errno());
+        let e = errno();
+        if excl {
+            crate::pending::release(vp.st, vp.rel);
+        }
+        return Err(e);
     }
     let fail = |e: c_int| {
         // SAFETY: closing the file we created.
         unsafe { crate::real::close(fd) };
+        if excl {
+            crate::pending::release(vp.st, vp.rel);
+        }
         Err(e)
     };
     if keep {

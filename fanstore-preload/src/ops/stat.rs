@@ -64,11 +64,16 @@ fn ts(ns: i64) -> libc::statx_timestamp {
 
 /// The statx of a node (basic stats; no birth time).
 pub fn statx_of(st: &State, n: &Node) -> libc::statx {
-    let s = stat_of(st, n);
+    statx_from(&stat_of(st, n))
+}
+
+/// The statx (basic stats, no birth time) that says what stat `s` says:
+/// for inputs and outputs alike.
+pub fn statx_from(s: &libc::stat) -> libc::statx {
     // SAFETY: plain data, zero is valid.
     let mut x: libc::statx = unsafe { std::mem::zeroed() };
     x.stx_mask = libc::STATX_BASIC_STATS;
-    x.stx_blksize = BLKSIZE as u32;
+    x.stx_blksize = s.st_blksize as u32;
     x.stx_nlink = s.st_nlink as u32;
     x.stx_uid = s.st_uid;
     x.stx_gid = s.st_gid;
@@ -76,9 +81,9 @@ pub fn statx_of(st: &State, n: &Node) -> libc::statx {
     x.stx_ino = s.st_ino;
     x.stx_size = s.st_size as u64;
     x.stx_blocks = s.st_blocks as u64;
-    x.stx_atime = ts(n.atime_ns());
-    x.stx_mtime = ts(n.mtime_ns());
-    x.stx_ctime = ts(n.ctime_ns());
+    x.stx_atime = ts(s.st_atime * 1_000_000_000 + s.st_atime_nsec);
+    x.stx_mtime = ts(s.st_mtime * 1_000_000_000 + s.st_mtime_nsec);
+    x.stx_ctime = ts(s.st_ctime * 1_000_000_000 + s.st_ctime_nsec);
     x.stx_dev_major = DEV_MAJOR;
     x.stx_dev_minor = DEV_MINOR;
     x
