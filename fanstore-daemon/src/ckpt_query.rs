@@ -181,29 +181,21 @@ fn ls(rt: &Path, q: &Query, as_json: bool) -> Result<Report, QueryError> {
     Ok(Report { text, ok: true })
 }
 
-const DU_FIELDS: [&str; 8] =
-    ["checkpoints", "deleted", "logical_bytes", "units", "unit_payload_bytes", "unit_file_bytes", "recipe_bytes", "catalog_bytes"];
+use fanstore_ckpt::query::DU_FIELDS;
+/// Fields of a `du` report.
+const NF: usize = DU_FIELDS.len();
 
-fn du_report(n: &[u64; 8]) -> fanstore_ckpt::DuReport {
-    fanstore_ckpt::DuReport {
-        checkpoints: n[0],
-        deleted: n[1],
-        logical: n[2],
-        units: n[3],
-        unit_payload: n[4],
-        unit_files: n[5],
-        recipes: n[6],
-        catalog: n[7],
-    }
+fn du_report(n: &[u64; NF]) -> fanstore_ckpt::DuReport {
+    fanstore_ckpt::DuReport::from_fields(n)
 }
 
 fn du(rt: &Path, q: &Query) -> Result<Report, QueryError> {
-    let mut total = [0u64; 8];
+    let mut total = [0u64; NF];
     let mut per_rank = Vec::new();
     for (rank, a) in ask_all(rt, q)? {
         let Ok((text, _)) = a else { continue };
         let v = parsed(rank, &text)?;
-        let mut n = [0u64; 8];
+        let mut n = [0u64; NF];
         for (i, f) in DU_FIELDS.iter().enumerate() {
             n[i] = v.get(f).and_then(Value::as_u64).ok_or_else(|| QueryError::Malformed { rank, problem: format!("du has no {f}") })?;
             total[i] += n[i];
@@ -213,7 +205,7 @@ fn du(rt: &Path, q: &Query) -> Result<Report, QueryError> {
     Ok(Report { text: du_text(&total, &per_rank), ok: true })
 }
 
-fn du_text(total: &[u64; 8], per_rank: &[(u32, [u64; 8])]) -> String {
+fn du_text(total: &[u64; NF], per_rank: &[(u32, [u64; NF])]) -> String {
     let t = du_report(total);
     let ranks: Vec<String> = per_rank
         .iter()
@@ -229,8 +221,8 @@ fn du_text(total: &[u64; 8], per_rank: &[(u32, [u64; 8])]) -> String {
 /// The table form of `du`: the whole job, then one row per rank.
 pub fn du_table(json_text: &str) -> Result<String, QueryError> {
     let v = parsed(0, json_text)?;
-    let nums = |o: &Value| -> [u64; 8] {
-        let mut n = [0u64; 8];
+    let nums = |o: &Value| -> [u64; NF] {
+        let mut n = [0u64; NF];
         for (i, f) in DU_FIELDS.iter().enumerate() {
             n[i] = o.get(f).and_then(Value::as_u64).unwrap_or(0);
         }
@@ -308,7 +300,12 @@ mod tests {
 
     #[test]
     fn du_totals_and_ranks() {
-        let text = du_text(&[2, 0, 100, 3, 60, 90, 10, 5], &[(0, [1, 0, 50, 2, 40, 60, 5, 3]), (1, [1, 0, 50, 1, 20, 30, 5, 2])]);
+        let f = |v: [u64; 8]| {
+            let mut n = [0u64; NF];
+            n[..8].copy_from_slice(&v);
+            n
+        };
+        let text = du_text(&f([2, 0, 100, 3, 60, 90, 10, 5]), &[(0, f([1, 0, 50, 2, 40, 60, 5, 3])), (1, f([1, 0, 50, 1, 20, 30, 5, 2]))]);
         let v = json::parse(text.as_bytes(), json::Limits::default()).unwrap();
         assert_eq!(v.get("physical_bytes").and_then(Value::as_u64), Some(105));
         let ranks = v.get("ranks").and_then(Value::as_array).unwrap();
