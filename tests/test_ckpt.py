@@ -753,6 +753,51 @@ def test_corrupted_unit_detected_and_eio(cl):
     assert code == 0 and v["ok"], f"verify after deleting the damaged checkpoints: exit {code}\n{r.stdout}"
 
 
+WRITE_HEADS = """
+    import json, os, sys
+    import numpy as np
+    from safetensors.numpy import save
+    rng = np.random.default_rng(5)
+    body = [rng.standard_normal(16384).astype(np.float32) for _ in range(8)]
+    def model(layers, classes, seed):
+        d = {'body.%d.weight' % i: t for i, t in enumerate(layers)}
+        d['head.weight'] = np.random.default_rng(seed).standard_normal((classes, 256)).astype(np.float32)
+        return save(d)
+    tuned = body[:6] + [t + np.float32(0.01) for t in body[6:]]
+    other = [rng.standard_normal(16384).astype(np.float32)] + body[1:]     # layer 0 differs
+    os.makedirs('/fanstore/heads', exist_ok=True)
+    for name, b in (('pretrained', model(body, 10, 1)), ('tuned', model(tuned, 10, 2)),
+                    ('other', model(other, 10, 3))):
+        open('/fanstore/heads/%s.safetensors' % name, 'wb').write(b)
+    # the new architecture: the pretrained body, a head of 5 classes; a plain local file
+    open(sys.argv[1], 'wb').write(model(body, 5, 4))
+    print(json.dumps({}))
+"""
+
+
+def test_match_ranks_by_prefix_on_a_changed_head(cl, tmp_path):
+    """`ckpt match FILE` ranks stored checkpoints by the longest prefix of the
+    file's tensors they hold equal, then by shared tensors; `ckpt match PATH`
+    does the same for a stored checkpoint and leaves it out."""
+    new = tmp_path / "new-head.safetensors"
+    py_json(cl, 2, WRITE_HEADS, new)
+    m = ckpt_json(cl, "match", str(new))
+    got = [(x["path"], x["prefix"], x["shared"]) for x in m["matches"]]
+    assert m["query_tensors"] == 9, m
+    assert got == [("heads/pretrained.safetensors", 8, 8), ("heads/tuned.safetensors", 6, 6),
+                   ("heads/other.safetensors", 0, 7)], m
+    assert all(x["rank"] == 2 for x in m["matches"]), m
+    assert m["matches"][0]["shared_bytes"] == 8 * 16384 * 4, m
+    m = ckpt_json(cl, "match", f"{MOUNT}/heads/tuned.safetensors")
+    got = [(x["path"], x["prefix"], x["shared"]) for x in m["matches"]]
+    assert got == [("heads/pretrained.safetensors", 6, 6), ("heads/other.safetensors", 0, 5)], m
+    table = cl.cli("ckpt", "match", str(new)).stdout
+    first = [ln for ln in table.splitlines() if "heads/" in ln][0]
+    assert "heads/pretrained.safetensors" in first and "8/9" in first, table
+    r = cl.cli("ckpt", "match", "heads/none.safetensors", check=False)
+    assert r.returncode != 0 and "no checkpoint" in (r.stdout + r.stderr), (r.stdout, r.stderr)
+
+
 # --------------------------------------------------------------------------
 # 6. persistence across jobs
 # --------------------------------------------------------------------------

@@ -84,6 +84,7 @@ pub mod catalog;
 pub mod codec;
 pub mod error;
 pub mod json;
+pub mod matching;
 pub mod query;
 pub mod recipe;
 pub mod render;

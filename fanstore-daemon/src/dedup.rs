@@ -249,6 +249,12 @@ impl Dedup {
                 (if *json { r.to_json() } else { r.to_table() }, true)
             }
             Query::Du => (s.du().to_json(), true),
+            Query::Match { exclude, keys } => {
+                let keys = fanstore_ckpt::matching::decode_keys(keys).map_err(|_| libc::EINVAL)?;
+                let mut r = s.best_match(&keys, (!exclude.is_empty()).then_some(&exclude[..]));
+                r.rows.retain(|row| !is_pending(&row.ckpt.path));
+                (r.to_json(), true)
+            }
             Query::Verify { path, json } => {
                 let r = s.verify(path.as_deref()).map_err(nf)?;
                 (if *json { r.to_json() } else { r.to_table() }, r.ok())
@@ -403,6 +409,11 @@ pub enum Query {
     /// Always JSON: the CLI adds the ranks up.
     Du,
     Verify { path: Option<Vec<u8>>, json: bool },
+    /// Always JSON: the CLI ranks the ranks' rows together. `keys`: a
+    /// key list (`fanstore_ckpt::matching`), sent in a memfd attached to
+    /// the request (a model's list can exceed a message); `exclude`: the
+    /// queried checkpoint's own path, or empty (the payload).
+    Match { exclude: Vec<u8>, keys: Vec<u8> },
 }
 
 /// A query's answer: the report, and false when verify found damage.
@@ -420,6 +431,7 @@ pub mod kind {
     pub const DIFF: u64 = 4;
     pub const DU: u64 = 5;
     pub const VERIFY: u64 = 6;
+    pub const MATCH: u64 = 7;
 }
 
 impl Query {
@@ -433,6 +445,29 @@ impl Query {
             Query::Diff { a, b, json } => (kind::DIFF, j(json), [&a[..], b"\0", &b[..]].concat()),
             Query::Du => (kind::DU, 1, Vec::new()),
             Query::Verify { path, json } => (kind::VERIFY, j(json), path.clone().unwrap_or_default()),
+            Query::Match { exclude, .. } => (kind::MATCH, 1, exclude.clone()),
+        }
+    }
+
+    /// The bytes sent in a memfd with the request, if any.
+    pub fn attachment(&self) -> Option<&[u8]> {
+        match self {
+            Query::Match { keys, .. } => Some(keys),
+            _ => None,
+        }
+    }
+
+    /// Fills in what came in the attached file (at most 64 MiB); None when
+    /// a query that needs it has none.
+    pub fn with_attachment(self, file: Option<OwnedFd>) -> Option<Query> {
+        match self {
+            Query::Match { exclude, .. } => {
+                use std::io::Read;
+                let mut keys = Vec::new();
+                std::fs::File::from(file?).take(64 << 20).read_to_end(&mut keys).ok()?;
+                Some(Query::Match { exclude, keys })
+            }
+            q => Some(q),
         }
     }
 
@@ -449,6 +484,7 @@ impl Query {
             }
             kind::DU => Query::Du,
             kind::VERIFY => Query::Verify { path: (!p.is_empty()).then_some(p), json },
+            kind::MATCH => Query::Match { exclude: p, keys: Vec::new() },
             _ => return None,
         })
     }
@@ -481,6 +517,14 @@ mod tests {
             assert_eq!(Query::decode(a0, a1, &p), Some(q));
         }
         assert_eq!(Query::decode(99, 0, b""), None);
+        // match: the keys travel in an attached file
+        let q = Query::Match { exclude: b"a/b".to_vec(), keys: vec![0, 1, 0, 2] };
+        let (a0, a1, p) = q.encode();
+        let m = crate::memfd::MemfdBuilder::unmapped("keys", 4).unwrap();
+        m.write_at(q.attachment().unwrap(), 0).unwrap();
+        let fd = m.seal().unwrap();
+        assert_eq!(Query::decode(a0, a1, &p).and_then(|d| d.with_attachment(Some(fd))), Some(q.clone()));
+        assert_eq!(Query::decode(a0, a1, &p).and_then(|d| d.with_attachment(None)), None);
         assert_eq!(Query::decode(kind::DIFF, 0, b"no-separator"), None);
     }
 
