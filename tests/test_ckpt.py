@@ -463,6 +463,28 @@ def test_series_read_back_on_other_node(cl, series):
     assert_read_back(cl, 2, exp)
 
 
+FD_TARGETS = """
+    import json, os, sys
+    out = {}
+    for p in sys.argv[1:]:
+        fd = os.open(p, os.O_RDONLY)
+        out[p] = os.readlink('/proc/self/fd/%d' % fd)
+        os.close(fd)
+    print(json.dumps(out))
+"""
+
+
+def test_series_last_checkpoints_read_without_rebuild(cl, series):
+    """On the writer's node the last checkpoints are served from the files
+    they were committed from (the store's hot copies), older ones are
+    rebuilt from their units into a memfd; both read back exactly."""
+    last, first = series_path(SERIES_N), series_path(1)
+    got = py_json(cl, 0, FD_TARGETS, f"{MOUNT}/{last}", f"{MOUNT}/{first}")
+    assert "fanstore:ckpt" not in got[f"{MOUNT}/{last}"], got   # the client's own (sealed) output file
+    assert got[f"{MOUNT}/{first}"].startswith("/memfd:fanstore:ckpt"), got
+    assert_read_back(cl, 0, {p: series[p] for p in (last, first)})
+
+
 def test_series_owners_of_last_checkpoint(cl, series):
     own = ckpt_json(cl, "owners", series_path(SERIES_N))
     first = ls_rows(cl, "run")[series_path(1)]
@@ -691,9 +713,13 @@ WRITE_CORRUPT = """
     from safetensors.numpy import save
     rng = np.random.default_rng(77)
     shared = rng.random(65536, dtype=np.float32)
+    # d and e come last so that the store's hot copies (the last two commits,
+    # served without decoding) are theirs, not those of a, b or c
     files = {'a': {'shared': shared, 'only_a': rng.random(65536, dtype=np.float32)},
              'b': {'shared': shared, 'only_b': rng.random(65536, dtype=np.float32)},
-             'c': {'only_c': rng.random(65536, dtype=np.float32)}}
+             'c': {'only_c': rng.random(65536, dtype=np.float32)},
+             'd': {'only_d': rng.random(65536, dtype=np.float32)},
+             'e': {'only_e': rng.random(65536, dtype=np.float32)}}
     os.makedirs('/fanstore/corrupt', exist_ok=True)
     out = {}
     for n, d in files.items():

@@ -43,7 +43,7 @@ use std::collections::{HashMap, HashSet};
 use std::io::{self, Write};
 use std::os::fd::OwnedFd;
 use std::path::{Path, PathBuf};
-use std::sync::{RwLock, RwLockReadGuard, RwLockWriteGuard};
+use std::sync::{Arc, RwLock, RwLockReadGuard, RwLockWriteGuard};
 
 /// The store's directory under the rank's `out/`.
 pub const STORE_DIR: &str = "ckpt";
@@ -85,9 +85,18 @@ struct Held {
     store: CheckpointStore,
     /// Output id -> current store key.
     keys: HashMap<u64, Vec<u8>>,
+    /// Output id -> the file it was committed from, while the store keeps
+    /// that file's bytes as a hot copy: opens are served from it directly.
+    hot: HashMap<u64, Arc<OwnedFd>>,
 }
 
 impl Held {
+    /// Forgets the files of outputs whose checkpoint is no longer hot.
+    fn trim_hot(&mut self) {
+        let (store, keys) = (&self.store, &self.keys);
+        self.hot.retain(|id, _| keys.get(id).is_some_and(|k| store.is_hot(k)));
+    }
+
     fn rename_key(&mut self, id: u64, to: &[u8]) {
         let Some(from) = self.keys.get(&id).cloned() else { return }; // dropped meanwhile
         if from == to {
@@ -116,9 +125,9 @@ pub struct Dedup {
 
 impl Dedup {
     /// Opens (creating) the store in `dir`.
-    pub fn open(dir: &Path, min: u64, fsync: bool) -> Result<Dedup, CkptError> {
-        let store = CheckpointStore::open_with(dir, StoreOptions { fsync, ..StoreOptions::default() })?;
-        Ok(Dedup { min, dir: dir.to_path_buf(), held: RwLock::new(Held { store, keys: HashMap::new() }) })
+    pub fn open(dir: &Path, min: u64, fsync: bool, hot: usize) -> Result<Dedup, CkptError> {
+        let store = CheckpointStore::open_with(dir, StoreOptions { fsync, hot, ..StoreOptions::default() })?;
+        Ok(Dedup { min, dir: dir.to_path_buf(), held: RwLock::new(Held { store, keys: HashMap::new(), hot: HashMap::new() }) })
     }
 
     fn write(&self) -> RwLockWriteGuard<'_, Held> {
@@ -141,6 +150,24 @@ impl Dedup {
         Ok(info)
     }
 
+    /// Stores output `id` of `path` like [`Self::stage`], from a file handed
+    /// over for good (the client's unnamed local file, closed by its
+    /// writer): its mapping becomes the store's hot copy, so the next
+    /// checkpoint finds its delta bases there, and opens of this output are
+    /// served from the file itself (no rebuild) while it stays hot.
+    pub fn stage_handed(&self, path: &[u8], id: u64, file: OwnedFd, map: Arc<memmap2::Mmap>) -> Result<CommitInfo, i32> {
+        let key = pending_key(path, id);
+        let mut h = self.write();
+        let info = h.store.commit_shared(&key, map).map_err(|e| {
+            log::warn!("checkpoint store: committing '{}': {e}", String::from_utf8_lossy(path));
+            errno_of(&e)
+        })?;
+        h.keys.insert(id, key);
+        h.hot.insert(id, Arc::new(file));
+        h.trim_hot();
+        Ok(info)
+    }
+
     /// Output `id` is registered as `path`: its key becomes the path
     /// (unless it was dropped meanwhile).
     pub fn settle(&self, id: u64, path: &[u8]) {
@@ -160,6 +187,7 @@ impl Dedup {
         if let Err(e) = h.store.unlink(&key) {
             log::warn!("checkpoint store: unlinking '{}': {e}", String::from_utf8_lossy(&key));
         }
+        h.trim_hot();
         true
     }
 
@@ -212,14 +240,33 @@ impl Dedup {
         })
     }
 
-    /// Output `id` of `size` bytes and xxh3 `sum` (its record's) in a new
-    /// sealed memfd; EIO if the store's bytes are another version.
+    /// Output `id` of `size` bytes and xxh3 `sum` (its record's): the file
+    /// it was committed from while that is hot, else its bytes decoded (in
+    /// parallel) into a new sealed memfd; EIO if the store's bytes are
+    /// another version or damaged.
     pub fn open_output(&self, id: u64, size: u64, sum: u64) -> Result<OwnedFd, i32> {
-        let m = crate::memfd::MemfdBuilder::unmapped(&format!("fanstore:ckpt:{id}"), size).map_err(|_| libc::ENOMEM)?;
-        let mut w = MemfdWriter { m: &m, off: 0, sum: StreamingChecksum::new() };
-        let n = self.read_output(id, &mut w)?;
-        if n != size || w.sum.digest() != sum {
-            log::error!("checkpoint store: output {id} ({n} bytes) differs from its record ({size} bytes)");
+        let h = self.read();
+        let key = h.keys.get(&id).ok_or(libc::ENOENT)?;
+        if let Some(f) = h.hot.get(&id).filter(|_| h.store.is_hot(key)) {
+            return crate::open::reopen(f);
+        }
+        if size == 0 {
+            drop(h);
+            let m = crate::memfd::MemfdBuilder::unmapped(&format!("fanstore:ckpt:{id}"), 0).map_err(|_| libc::ENOMEM)?;
+            let mut w = MemfdWriter { m: &m, off: 0, sum: StreamingChecksum::new() };
+            let n = self.read_output(id, &mut w)?;
+            if n != 0 || w.sum.digest() != sum {
+                return Err(libc::EIO);
+            }
+            return m.seal().map_err(|_| libc::EIO);
+        }
+        let mut m = crate::memfd::MemfdBuilder::new(&format!("fanstore:ckpt:{id}"), size).map_err(|_| libc::ENOMEM)?;
+        h.store.read_into(key, m.bytes_mut()).map_err(|e| {
+            log::error!("checkpoint store: reading '{}': {e}", String::from_utf8_lossy(key));
+            errno_of(&e)
+        })?;
+        if fanstore_core::checksum::xxh3(m.bytes()) != sum {
+            log::error!("checkpoint store: output {id} differs from its record ({size} bytes)");
             return Err(libc::EIO);
         }
         m.seal().map_err(|_| libc::EIO)
@@ -531,7 +578,7 @@ mod tests {
     #[test]
     fn staged_outputs_settle_rename_drop_and_read_back() {
         let d = tempfile::tempdir().unwrap();
-        let dd = Dedup::open(&d.path().join("ckpt"), 0, false).unwrap();
+        let dd = Dedup::open(&d.path().join("ckpt"), 0, false, 2).unwrap();
         let bytes: Vec<u8> = (0..200_000u32).map(|i| (i % 251) as u8).collect();
         let info = dd.stage(b"run/ck1", 1, &bytes).unwrap();
         assert_eq!(info.file_xxh3, fanstore_core::checksum::xxh3(&bytes));
@@ -557,12 +604,46 @@ mod tests {
     }
 
     #[test]
+    fn handed_over_files_serve_opens_while_hot() {
+        use std::io::Write as _;
+        use std::os::fd::AsRawFd;
+        let d = tempfile::tempdir().unwrap();
+        let dd = Dedup::open(&d.path().join("ckpt"), 0, false, 2).unwrap();
+        let target = |fd: &OwnedFd| std::fs::read_link(format!("/proc/self/fd/{}", fd.as_raw_fd())).unwrap();
+        let mut sums = Vec::new();
+        for id in 1..=3u64 {
+            let bytes: Vec<u8> = (0..300_000u32).map(|i| (i * id as u32 % 251) as u8).collect();
+            let p = d.path().join(format!("client-{id}"));
+            let mut f = std::fs::File::options().read(true).write(true).create(true).truncate(true).open(&p).unwrap();
+            f.write_all(&bytes).unwrap();
+            // SAFETY: test file, written above and never again.
+            let map = Arc::new(unsafe { memmap2::Mmap::map(&f) }.unwrap());
+            let info = dd.stage_handed(b"run/x", id, OwnedFd::from(f), map).unwrap();
+            dd.settle(id, format!("run/c{id}").as_bytes());
+            sums.push((bytes, info.file_xxh3, p));
+        }
+        // The last two (StoreOptions::hot) come from their files; the first is rebuilt.
+        for (i, (bytes, sum, p)) in sums.iter().enumerate() {
+            let fd = dd.open_output(i as u64 + 1, bytes.len() as u64, *sum).unwrap();
+            let t = target(&fd);
+            if i == 0 {
+                assert!(t.to_string_lossy().starts_with("/memfd:fanstore:ckpt"), "{t:?}");
+            } else {
+                assert_eq!(&t, p);
+            }
+            assert_eq!(&std::fs::read(format!("/proc/self/fd/{}", fd.as_raw_fd())).unwrap(), bytes);
+        }
+        assert!(dd.drop_output(3));
+        assert_eq!(dd.open_output(3, 300_000, sums[2].1).err(), Some(libc::ENOENT));
+    }
+
+    #[test]
     fn drain_adopt_and_sweep() {
         let d = tempfile::tempdir().unwrap();
         let bytes: Vec<u8> = (0..300_000u32).map(|i| (i * 7 % 253) as u8).collect();
         let persist = d.path().join("persist");
         {
-            let dd = Dedup::open(&d.path().join("a"), 0, false).unwrap();
+            let dd = Dedup::open(&d.path().join("a"), 0, false, 2).unwrap();
             dd.stage(b"c/1", 5, &bytes).unwrap();
             dd.settle(5, b"c/1");
             dd.stage(b"c/2", 6, &bytes[..1000]).unwrap(); // staged only: swept after adoption
@@ -573,7 +654,7 @@ mod tests {
         let local = d.path().join("b");
         assert!(adopt_drained(&drained_dir(&persist, 3), &local).unwrap());
         assert!(!adopt_drained(&drained_dir(&persist, 4), &d.path().join("x")).unwrap());
-        let dd = Dedup::open(&local, 0, false).unwrap();
+        let dd = Dedup::open(&local, 0, false, 2).unwrap();
         assert!(dd.claim(9, b"c/1"));
         assert!(!dd.claim(10, b"c/1"), "one id per checkpoint");
         assert!(!dd.claim(10, b"c/nope"));
