@@ -670,7 +670,7 @@ impl DuReport {
             vec!["physical (stored)".into(), format!("{} ({} B)", render::bytes(self.physical()), self.physical()), pct(self.physical())],
             vec!["dedup ratio".into(), render::ratio(self.logical, self.physical()), String::new()],
         ];
-        render::table(&["", "", "of logical"], &rows, &[])
+        render::table(&["", "", "% of logical"], &rows, &[])
     }
     pub fn to_json(&self) -> String {
         let mut o = Obj::new();

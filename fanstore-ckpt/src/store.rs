@@ -704,7 +704,7 @@ impl CheckpointStore {
     /// [`StoreOptions::max_chain`], else that chain's first (full) unit. None
     /// when there is none or it cannot be read (the unit is then stored in
     /// full: a damaged base never fails a commit).
-    fn delta_base(&self, h: &Hash, plan: &UnitPlan) -> Option<(Hash, u8, Vec<u8>)> {
+    fn delta_base(&self, h: &Hash, plan: &UnitPlan) -> Option<(Hash, u8, std::borrow::Cow<'_, [u8]>)> {
         let mut bh = plan.base.filter(|b| b != h)?;
         let mut info = self.units.get(&bh)?;
         if info.depth >= self.opts.max_chain {
@@ -721,8 +721,8 @@ impl CheckpointStore {
             return None;
         }
         let bytes = match self.hot_unit(&bh) {
-            Some(b) => b.to_vec(),
-            None => self.unit_bytes(&bh, len, false).ok()?,
+            Some(b) => std::borrow::Cow::Borrowed(b),
+            None => std::borrow::Cow::Owned(self.unit_bytes(&bh, len, false).ok()?),
         };
         Some((bh, info.depth, bytes))
     }
