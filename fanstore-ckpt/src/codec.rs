@@ -46,6 +46,9 @@ const PLANE_PAYS: f64 = 0.95;
 const UNIT_PAYS: f64 = 0.97;
 /// A delta is chosen over the full encoding only below this fraction of it.
 const DELTA_PAYS: f64 = 0.9;
+/// A delta is only estimated when at least this fraction of the XOR's
+/// bytes are zero (a small update of floats: about half; unrelated bytes: 1/256).
+const MIN_XOR_ZEROS: f64 = 0.2;
 /// Payloads shorter than this are stored raw (headers would eat the gain).
 pub const MIN_ENCODE: usize = 4096;
 /// Bytes sampled (in a few spread blocks) to choose the encoding.
@@ -134,6 +137,20 @@ fn sample_ranges(len: usize, w: usize) -> Vec<Range<usize>> {
         .collect()
 }
 
+/// Fraction of zero bytes in `src` XOR `base` over the sample blocks.
+fn xor_zero_fraction(src: &[u8], base: &[u8], w: usize) -> f64 {
+    let (mut zeros, mut total) = (0usize, 0usize);
+    for r in sample_ranges(src.len(), w) {
+        zeros += src[r.clone()].iter().zip(&base[r.clone()]).filter(|(a, b)| a == b).count();
+        total += r.len();
+    }
+    if total == 0 {
+        0.0
+    } else {
+        zeros as f64 / total as f64
+    }
+}
+
 /// Splits `src` (XOR `base`) into `w` planes of `src.len() / w` bytes.
 fn group(src: &[u8], base: Option<&[u8]>, w: usize) -> Vec<Vec<u8>> {
     let n = src.len() / w;
@@ -182,6 +199,9 @@ pub fn encode(src: &[u8], w: usize, base: Option<&[u8]>) -> Encoded {
     let Ok(mut c) = zstd::bulk::Compressor::new(LEVEL) else { return raw };
     let sampled: usize = sample_ranges(src.len(), w).iter().map(|r| r.len()).sum();
     let full = estimate(&mut c, src, None, w);
+    // A delta can only pay where the XOR has many zero bytes: a quick count
+    // on the sample saves compressing it for tensors that changed wholesale.
+    let base = base.filter(|b| xor_zero_fraction(src, b, w) >= MIN_XOR_ZEROS);
     let delta = base.map(|b| estimate(&mut c, src, Some(b), w));
     let (encoding, best, base) = match delta {
         // A delta must clearly pay: it costs a decode of its base on reads

@@ -159,6 +159,7 @@ impl CheckpointStore {
             recipes: live.iter().map(|e| e.recipe_len).sum(),
             catalog: self.catalog_len,
             glue: self.live.values().map(|l| l.glue_len).sum(),
+            hot: self.hot.iter().map(|h| (*h.bytes).as_ref().len() as u64).sum(),
             ..DuReport::default()
         };
         for u in self.units.values() {
@@ -565,11 +566,14 @@ pub struct DuReport {
     pub delta_files: u64,
     pub grouped_payload: u64,
     pub grouped_files: u64,
+    /// Bytes of the hot copies (committed files kept whole to serve reads;
+    /// they live outside the store directory, in the caller's files).
+    pub hot: u64,
 }
 
 /// The numeric fields of a [`DuReport`] as its JSON names them, in order
 /// (the CLI adds the ranks' reports up field by field).
-pub const DU_FIELDS: [&str; 14] = [
+pub const DU_FIELDS: [&str; 15] = [
     "checkpoints",
     "deleted",
     "logical_bytes",
@@ -584,6 +588,7 @@ pub const DU_FIELDS: [&str; 14] = [
     "delta_file_bytes",
     "grouped_payload_bytes",
     "grouped_file_bytes",
+    "hot_copy_bytes",
 ];
 
 fn ratio_or_inf(a: u64, b: u64) -> f64 {
@@ -617,7 +622,7 @@ impl DuReport {
             - self.logical as i128
     }
     /// The fields in [`DU_FIELDS`] order.
-    pub fn fields(&self) -> [u64; 14] {
+    pub fn fields(&self) -> [u64; 15] {
         [
             self.checkpoints,
             self.deleted,
@@ -633,9 +638,10 @@ impl DuReport {
             self.delta_files,
             self.grouped_payload,
             self.grouped_files,
+            self.hot,
         ]
     }
-    pub fn from_fields(n: &[u64; 14]) -> DuReport {
+    pub fn from_fields(n: &[u64; 15]) -> DuReport {
         DuReport {
             checkpoints: n[0],
             deleted: n[1],
@@ -651,6 +657,7 @@ impl DuReport {
             delta_files: n[11],
             grouped_payload: n[12],
             grouped_files: n[13],
+            hot: n[14],
         }
     }
     pub fn to_table(&self) -> String {
@@ -669,6 +676,7 @@ impl DuReport {
             vec!["catalog".into(), render::bytes(self.catalog), String::new()],
             vec!["physical (stored)".into(), format!("{} ({} B)", render::bytes(self.physical()), self.physical()), pct(self.physical())],
             vec!["dedup ratio".into(), render::ratio(self.logical, self.physical()), String::new()],
+            vec!["hot copies (outside)".into(), render::bytes(self.hot), String::new()],
         ];
         render::table(&["", "", "% of logical"], &rows, &[])
     }

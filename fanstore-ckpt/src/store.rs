@@ -594,7 +594,16 @@ impl CheckpointStore {
         let helpers = if bytes.len() >= PIPELINE_MIN { self.opts.threads } else { 0 };
         // Phase 1: hashes, claimed one unit at a time.
         let claim = AtomicUsize::new(0);
-        let hash_one = |i: usize| unit_hashes(&bytes[plans[i].range.clone()]);
+        // A tensor equal to its lineage parent's, whose bytes a hot copy
+        // holds, is that unit: a memcmp instead of a blake3 (frozen tensors).
+        // Its xxh3 is not needed: the unit is stored already.
+        let hash_one = |i: usize| {
+            let b = &bytes[plans[i].range.clone()];
+            match plans[i].base {
+                Some(bh) if self.hot_unit(&bh).is_some_and(|hb| hb == b) => (bh, 0),
+                _ => unit_hashes(b),
+            }
+        };
         let mut ready: Vec<Option<(Hash, u64)>> = vec![None; n];
         let file_sum = std::thread::scope(|scope| {
             let (tx, rx) = std::sync::mpsc::channel::<(usize, Hash, u64)>();

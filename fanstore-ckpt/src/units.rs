@@ -202,6 +202,20 @@ impl CheckpointStore {
         }
     }
 
+    /// Replaces the bytes of the hot copy of the checkpoint at `path` with
+    /// the same bytes elsewhere (a copy in another file); false when it is
+    /// not hot or the length differs. The caller promises equal bytes.
+    pub fn replace_hot(&mut self, path: &[u8], bytes: SharedBytes) -> bool {
+        let Some(id) = self.id_of(path) else { return false };
+        match self.hot.iter_mut().find(|h| h.id == id) {
+            Some(h) if (*h.bytes).as_ref().len() == (*bytes).as_ref().len() => {
+                h.bytes = bytes;
+                true
+            }
+            _ => false,
+        }
+    }
+
     pub(crate) fn drop_hot(&mut self, id: u64) {
         self.hot.retain(|h| h.id != id);
     }

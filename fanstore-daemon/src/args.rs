@@ -45,8 +45,10 @@ pub struct DaemonArgs {
     /// Checkpoints whose committed file the store keeps as a hot copy (the
     /// last N commits of the node): opens of them are served from that file
     /// with no rebuild, and the next checkpoint finds its delta bases there.
-    /// Each costs its file's size (memory for a memfd, local disk for an
-    /// unnamed file) until a newer commit replaces it. 0: none.
+    /// Each costs its file's size on the local disk (an unnamed file: the
+    /// client's, or a copy of its memfd made in the background, after which
+    /// the memfd's memory is returned) until a newer commit replaces it.
+    /// 0: none.
     #[arg(long, default_value_t = 2)]
     pub ckpt_hot: usize,
     /// fsync every output before its close returns (power-loss safety of the

@@ -120,18 +120,80 @@ pub struct Dedup {
     /// dedup off, the store only serves what an earlier run put in it).
     pub min: u64,
     dir: PathBuf,
-    held: RwLock<Held>,
+    held: Arc<RwLock<Held>>,
+    /// Hot copies in memfds waiting to move to the local disk.
+    demote: std::sync::Mutex<std::sync::mpsc::Sender<Demote>>,
+}
+
+/// A hot copy held in a memfd, to be moved to an unnamed local file.
+struct Demote {
+    id: u64,
+    memfd: Arc<OwnedFd>,
+}
+
+fn write_held(held: &RwLock<Held>) -> RwLockWriteGuard<'_, Held> {
+    held.write().unwrap_or_else(|p| p.into_inner())
+}
+
+/// The background worker: copies each hot memfd into an unnamed file in
+/// `dir` (same disk as the store) and, if that checkpoint is still hot and
+/// still served from that memfd, swaps the file in (store and opens) and
+/// lets the memfd go: the memory is returned, and page-cache reads of a
+/// disk file run faster here than reads of a memfd (no huge pages for shmem).
+fn demote_worker(dir: PathBuf, held: std::sync::Weak<RwLock<Held>>, rx: std::sync::mpsc::Receiver<Demote>) {
+    use std::os::unix::fs::OpenOptionsExt;
+    for job in rx {
+        let Some(held) = held.upgrade() else { return };
+        let still = |h: &Held| h.hot.get(&job.id).is_some_and(|f| Arc::ptr_eq(f, &job.memfd));
+        if !still(&held.read().unwrap_or_else(|p| p.into_inner())) {
+            continue;
+        }
+        let copied = (|| -> io::Result<(std::fs::File, memmap2::Mmap)> {
+            let mut to = std::fs::OpenOptions::new().read(true).write(true).custom_flags(libc::O_TMPFILE).mode(0o600).open(&dir)?;
+            let mut from = std::fs::File::from(crate::open::reopen(&job.memfd).map_err(io::Error::from_raw_os_error)?);
+            io::copy(&mut from, &mut to)?;
+            // SAFETY: an unnamed file only this process can reach, written
+            // above and never again; the mapping is read-only.
+            let map = unsafe { memmap2::Mmap::map(&to) }?;
+            // SAFETY: the memfd is sealed against writes and shrinking (the
+            // commit sealed it before keeping it hot); read-only mapping.
+            let orig = unsafe { memmap2::Mmap::map(&from) }?;
+            if orig[..] != map[..] {
+                return Err(io::Error::other("the copy differs from the memfd"));
+            }
+            Ok((to, map))
+        })();
+        match copied {
+            Ok((file, map)) => {
+                let mut h = write_held(&held);
+                if still(&h) {
+                    let key = h.keys.get(&job.id).cloned().unwrap_or_default();
+                    if h.store.replace_hot(&key, Arc::new(map)) {
+                        h.hot.insert(job.id, Arc::new(OwnedFd::from(file)));
+                    }
+                }
+            }
+            Err(e) => log::warn!("checkpoint store: moving a hot copy to {}: {e}", dir.display()),
+        }
+    }
 }
 
 impl Dedup {
     /// Opens (creating) the store in `dir`.
     pub fn open(dir: &Path, min: u64, fsync: bool, hot: usize) -> Result<Dedup, CkptError> {
         let store = CheckpointStore::open_with(dir, StoreOptions { fsync, hot, ..StoreOptions::default() })?;
-        Ok(Dedup { min, dir: dir.to_path_buf(), held: RwLock::new(Held { store, keys: HashMap::new(), hot: HashMap::new() }) })
+        let held = Arc::new(RwLock::new(Held { store, keys: HashMap::new(), hot: HashMap::new() }));
+        let (tx, rx) = std::sync::mpsc::channel();
+        let (d, weak) = (dir.to_path_buf(), Arc::downgrade(&held));
+        std::thread::Builder::new()
+            .name("ckpt-demote".into())
+            .spawn(move || demote_worker(d, weak, rx))
+            .map_err(|e| CkptError::io(dir, e))?;
+        Ok(Dedup { min, dir: dir.to_path_buf(), held, demote: std::sync::Mutex::new(tx) })
     }
 
     fn write(&self) -> RwLockWriteGuard<'_, Held> {
-        self.held.write().unwrap_or_else(|p| p.into_inner())
+        write_held(&self.held)
     }
 
     fn read(&self) -> RwLockReadGuard<'_, Held> {
@@ -155,7 +217,9 @@ impl Dedup {
     /// writer): its mapping becomes the store's hot copy, so the next
     /// checkpoint finds its delta bases there, and opens of this output are
     /// served from the file itself (no rebuild) while it stays hot.
-    pub fn stage_handed(&self, path: &[u8], id: u64, file: OwnedFd, map: Arc<memmap2::Mmap>) -> Result<CommitInfo, i32> {
+    /// A memfd (`memfd`: true) is moved to an unnamed local file in the
+    /// background, then served from there.
+    pub fn stage_handed(&self, path: &[u8], id: u64, file: OwnedFd, map: Arc<memmap2::Mmap>, memfd: bool) -> Result<CommitInfo, i32> {
         let key = pending_key(path, id);
         let mut h = self.write();
         let info = h.store.commit_shared(&key, map).map_err(|e| {
@@ -163,8 +227,12 @@ impl Dedup {
             errno_of(&e)
         })?;
         h.keys.insert(id, key);
-        h.hot.insert(id, Arc::new(file));
+        let file = Arc::new(file);
+        h.hot.insert(id, file.clone());
         h.trim_hot();
+        if memfd && h.hot.contains_key(&id) {
+            let _ = self.demote.lock().unwrap_or_else(|p| p.into_inner()).send(Demote { id, memfd: file });
+        }
         Ok(info)
     }
 
@@ -618,7 +686,7 @@ mod tests {
             f.write_all(&bytes).unwrap();
             // SAFETY: test file, written above and never again.
             let map = Arc::new(unsafe { memmap2::Mmap::map(&f) }.unwrap());
-            let info = dd.stage_handed(b"run/x", id, OwnedFd::from(f), map).unwrap();
+            let info = dd.stage_handed(b"run/x", id, OwnedFd::from(f), map, false).unwrap();
             dd.settle(id, format!("run/c{id}").as_bytes());
             sums.push((bytes, info.file_xxh3, p));
         }
@@ -635,6 +703,44 @@ mod tests {
         }
         assert!(dd.drop_output(3));
         assert_eq!(dd.open_output(3, 300_000, sums[2].1).err(), Some(libc::ENOENT));
+    }
+
+    #[test]
+    fn hot_memfds_move_to_the_local_disk() {
+        use std::os::fd::{AsRawFd, FromRawFd};
+        let d = tempfile::tempdir().unwrap();
+        let dd = Dedup::open(&d.path().join("ckpt"), 0, false, 2).unwrap();
+        let bytes: Vec<u8> = (0..500_000u32).map(|i| (i % 241) as u8).collect();
+        // SAFETY: memfd_create with a literal name; the fd is checked and owned below.
+        let raw = unsafe { libc::memfd_create(c"client".as_ptr(), libc::MFD_ALLOW_SEALING) };
+        assert!(raw >= 0);
+        // SAFETY: raw is a fresh fd we own.
+        let mut f = unsafe { std::fs::File::from_raw_fd(raw) };
+        std::io::Write::write_all(&mut f, &bytes).unwrap();
+        // SAFETY: fcntl on our memfd.
+        assert_eq!(unsafe { libc::fcntl(f.as_raw_fd(), libc::F_ADD_SEALS, libc::F_SEAL_WRITE | libc::F_SEAL_SHRINK | libc::F_SEAL_GROW) }, 0);
+        // SAFETY: sealed above; read-only mapping.
+        let map = Arc::new(unsafe { memmap2::Mmap::map(&f) }.unwrap());
+        let info = dd.stage_handed(b"run/m", 7, OwnedFd::from(f), map, true).unwrap();
+        dd.settle(7, b"run/m");
+        let target = |fd: &OwnedFd| std::fs::read_link(format!("/proc/self/fd/{}", fd.as_raw_fd())).unwrap();
+        // The move happens in the background: poll until it is done (bounded).
+        let mut moved = None;
+        for _ in 0..1000 {
+            let fd = dd.open_output(7, bytes.len() as u64, info.file_xxh3).unwrap();
+            assert_eq!(std::fs::read(format!("/proc/self/fd/{}", fd.as_raw_fd())).unwrap(), bytes);
+            let t = target(&fd);
+            if !t.to_string_lossy().starts_with("/memfd:") {
+                moved = Some(t);
+                break;
+            }
+            std::thread::sleep(std::time::Duration::from_millis(10));
+        }
+        let t = moved.expect("the hot memfd was never moved to the local disk");
+        assert!(t.starts_with(d.path().join("ckpt")), "{t:?}");
+        let mut out = Vec::new();
+        dd.read_output(7, &mut out).unwrap();
+        assert_eq!(out, bytes);
     }
 
     #[test]

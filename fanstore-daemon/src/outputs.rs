@@ -322,7 +322,7 @@ impl Node {
             _ => None,
         };
         let sum = match (dedup, handed) {
-            (Some(d), Some((file, m))) => d.stage_handed(path, id, file, m)?.file_xxh3,
+            (Some(d), Some((file, m))) => d.stage_handed(path, id, file, m, !unnamed)?.file_xxh3,
             (Some(d), None) => d.stage(path, id, bytes)?.file_xxh3,
             (None, _) => self.store_plain(&src, unnamed, bytes, &file).inspect_err(|_| undo())?,
         };
