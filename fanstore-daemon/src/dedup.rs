@@ -150,17 +150,31 @@ fn demote_worker(dir: PathBuf, held: std::sync::Weak<RwLock<Held>>, rx: std::syn
         }
         let copied = (|| -> io::Result<(std::fs::File, memmap2::Mmap)> {
             let mut to = std::fs::OpenOptions::new().read(true).write(true).custom_flags(libc::O_TMPFILE).mode(0o600).open(&dir)?;
-            let mut from = std::fs::File::from(crate::open::reopen(&job.memfd).map_err(io::Error::from_raw_os_error)?);
-            io::copy(&mut from, &mut to)?;
-            // SAFETY: an unnamed file only this process can reach, written
-            // above and never again; the mapping is read-only.
-            let map = unsafe { memmap2::Mmap::map(&to) }?;
+            let from = std::fs::File::from(crate::open::reopen(&job.memfd).map_err(io::Error::from_raw_os_error)?);
             // SAFETY: the memfd is sealed against writes and shrinking (the
             // commit sealed it before keeping it hot); read-only mapping.
             let orig = unsafe { memmap2::Mmap::map(&from) }?;
-            if orig[..] != map[..] {
-                return Err(io::Error::other("the copy differs from the memfd"));
+            // Large writes (not a splice/sendfile copy): the page cache then
+            // holds the file in large folios and reads it as fast as a file
+            // the program wrote itself.
+            for chunk in orig.chunks(8 << 20) {
+                io::Write::write_all(&mut to, chunk)?;
             }
+            // Checked with reads, not through the mapping: pages of a file
+            // that a process has faulted into its mappings are read back
+            // slower here (measured: 3.8 vs 4.5 GB/s), so the store's mapping
+            // stays untouched until a commit needs a delta base from it.
+            let mut buf = vec![0u8; 8 << 20];
+            for (i, chunk) in orig.chunks(8 << 20).enumerate() {
+                let b = &mut buf[..chunk.len()];
+                std::os::unix::fs::FileExt::read_exact_at(&to, b, (i * (8 << 20)) as u64)?;
+                if b != chunk {
+                    return Err(io::Error::other("the copy differs from the memfd"));
+                }
+            }
+            // SAFETY: an unnamed file only this process can reach, written
+            // above and never again; the mapping is read-only.
+            let map = unsafe { memmap2::Mmap::map(&to) }?;
             Ok((to, map))
         })();
         match copied {
