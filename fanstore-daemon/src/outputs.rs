@@ -434,12 +434,19 @@ impl Node {
                 // opens it (all the ranks of a node loading the checkpoint to
                 // resume); a new version is a new output id, so a cached copy
                 // is never served for it.
-                (Err(_), Some(d)) if d.holds(rec.id) => self
-                    .cache
-                    .get_or_load(OUT_BIT | rec.id as u32, self.remote_timeout, libc::EIO, || {
-                        d.open_output(rec.id, rec.size, rec.sum).map(|fd| (std::sync::Arc::new(fd), rec.size))
-                    })
-                    .and_then(|shared| crate::open::reopen(&shared)),
+                // A hot copy (the file the checkpoint was committed from)
+                // is served as it is, not through the cache: the cache would
+                // keep the first fd (a memfd the store moves to the local
+                // disk in the background) and count its bytes again.
+                (Err(_), Some(d)) if d.holds(rec.id) => match d.open_hot(rec.id) {
+                    Some(fd) => fd,
+                    None => self
+                        .cache
+                        .get_or_load(OUT_BIT | rec.id as u32, self.remote_timeout, libc::EIO, || {
+                            d.open_output(rec.id, rec.size, rec.sum).map(|fd| (std::sync::Arc::new(fd), rec.size))
+                        })
+                        .and_then(|shared| crate::open::reopen(&shared)),
+                },
                 (Err(_), _) => Err(libc::ENOENT), // replaced or removed meanwhile
             };
         }
