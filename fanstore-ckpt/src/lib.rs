@@ -9,7 +9,12 @@
 //! archives, .npy, .npz; anything else is cut into content-defined chunks)
 //! and split byte-exactly into *units* (tensor payloads) and *glue* (every
 //! other byte). Each unit is stored once, named by its blake3
-//! ([`mod@unit`]); the file becomes a [`recipe`]: its glue inline, its units by
+//! ([`mod@unit`]), and encoded losslessly ([`mod@codec`]): a changed tensor
+//! whose lineage parent has a tensor of the same name, dtype and shape is a
+//! delta against it (XOR of the element bits, byte-grouped, zstd), other
+//! tensors are byte-grouped and compressed when that pays, raw otherwise;
+//! chains are bounded and bases stay alive while deltas need them
+//! ([`mod@units`]). The file becomes a [`recipe`]: its glue inline, its units by
 //! hash, and its owner map (tensor name -> owner checkpoint, hash, dtype,
 //! shape, size). The owner of a unit is the checkpoint that first stored
 //! that exact content, so a checkpoint inherits its parent's owners for
@@ -76,16 +81,20 @@
 //! daemon pauses commits and unlinks while it drains.
 
 pub mod catalog;
+pub mod codec;
 pub mod error;
 pub mod json;
+pub mod matching;
 pub mod query;
 pub mod recipe;
 pub mod render;
 pub mod split;
 pub mod store;
 pub mod unit;
+pub mod units;
 
 pub use error::{CkptError, Result};
 pub use query::{DiffReport, DiffStatus, DuReport, LogReport, LsReport, OwnersReport, VerifyReport};
 pub use split::{split, CdcParams, Format, Split};
 pub use store::{CheckpointStore, CommitInfo, StoreOptions, UnlinkInfo};
+pub use units::SharedBytes;

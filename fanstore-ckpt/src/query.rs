@@ -2,6 +2,7 @@
 //! (never from unit data, except [`CheckpointStore::verify`]). Every report
 //! renders as a text table (`to_table`) and as JSON (`to_json`).
 
+use crate::codec::Encoding;
 use crate::error::{CkptError, Result};
 use crate::recipe::RecipePiece;
 use crate::render::{self, array, Obj};
@@ -146,21 +147,42 @@ impl CheckpointStore {
     }
 
     /// Logical bytes of the live checkpoints against the bytes the store
-    /// occupies (every file in its directory).
+    /// occupies (every file in its directory), and where the saving comes
+    /// from: deduplication, deltas, compression.
     pub fn du(&self) -> DuReport {
         let live: Vec<_> = self.entries().iter().filter(|e| e.live).collect();
-        let unit_payload: u64 = self.units.values().map(|u| u.len).sum();
-        let units = self.units.len() as u64;
-        DuReport {
+        let mut d = DuReport {
             checkpoints: live.len() as u64,
             deleted: (self.entries().len() - live.len()) as u64,
             logical: live.iter().map(|e| e.logical).sum(),
-            units,
-            unit_payload,
-            unit_files: unit_payload + units * unit::HEADER_LEN as u64,
+            units: self.units.len() as u64,
             recipes: live.iter().map(|e| e.recipe_len).sum(),
             catalog: self.catalog_len,
+            glue: self.live.values().map(|l| l.glue_len).sum(),
+            hot: self.hot.iter().map(|h| (*h.bytes).as_ref().len() as u64).sum(),
+            ..DuReport::default()
+        };
+        for u in self.units.values() {
+            // A unit whose header was never read counts as a raw file.
+            let file = if u.file_len > 0 { u.file_len } else { u.len + unit::HEADER_LEN as u64 };
+            d.unit_payload += u.len;
+            d.unit_files += file;
+            if u.refs > 0 {
+                d.referenced += u.len;
+            }
+            match u.encoding {
+                Encoding::Delta => {
+                    d.delta_payload += u.len;
+                    d.delta_files += file;
+                }
+                Encoding::Grouped => {
+                    d.grouped_payload += u.len;
+                    d.grouped_files += file;
+                }
+                Encoding::Raw => {}
+            }
         }
+        d
     }
 
     /// Recomputes every unit's blake3 and xxh3 and every checkpoint's
@@ -195,9 +217,9 @@ impl CheckpointStore {
                             whole = false;
                         } else {
                             // blake3 once per unit; the stream is needed per checkpoint.
-                            match unit::open(&self.unit_path(&t.hash), &t.hash, t.len, first) {
+                            match self.unit_bytes(&t.hash, t.len, first) {
                                 Ok(u) => {
-                                    sum.update(u.bytes());
+                                    sum.update(&u);
                                     if first {
                                         report.units += 1;
                                         report.unit_bytes += t.len;
@@ -515,8 +537,13 @@ impl DiffReport {
     }
 }
 
-/// `fanstore ckpt du`: logical against physical bytes.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+/// `fanstore ckpt du`: logical against physical bytes, and the saving
+/// split by where it comes from. With D = deduplication (logical bytes no
+/// stored unit or glue byte accounts for twice), T = deltas and C =
+/// compression (payload minus file bytes of the delta and of the grouped
+/// units): physical = logical - D - T - C + overhead (file headers,
+/// recipes' metadata, the catalog, and bases kept only for deltas).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
 pub struct DuReport {
     pub checkpoints: u64,
     /// Tombstones kept for lineage.
@@ -524,12 +551,52 @@ pub struct DuReport {
     /// Bytes of every live checkpoint as a plain file.
     pub logical: u64,
     pub units: u64,
+    /// Decoded bytes of every stored unit (bases kept for deltas included).
     pub unit_payload: u64,
-    /// Unit files including their headers.
+    /// Unit files as stored (headers and encoded bodies).
     pub unit_files: u64,
     /// Recipe files (owner maps and glue).
     pub recipes: u64,
     pub catalog: u64,
+    /// Glue bytes of the live recipes.
+    pub glue: u64,
+    /// Decoded bytes of the units live recipes refer to (each once).
+    pub referenced: u64,
+    pub delta_payload: u64,
+    pub delta_files: u64,
+    pub grouped_payload: u64,
+    pub grouped_files: u64,
+    /// Bytes of the hot copies (committed files kept whole to serve reads;
+    /// they live outside the store directory, in the caller's files).
+    pub hot: u64,
+}
+
+/// The numeric fields of a [`DuReport`] as its JSON names them, in order
+/// (the CLI adds the ranks' reports up field by field).
+pub const DU_FIELDS: [&str; 15] = [
+    "checkpoints",
+    "deleted",
+    "logical_bytes",
+    "units",
+    "unit_payload_bytes",
+    "unit_file_bytes",
+    "recipe_bytes",
+    "catalog_bytes",
+    "glue_bytes",
+    "referenced_unit_bytes",
+    "delta_payload_bytes",
+    "delta_file_bytes",
+    "grouped_payload_bytes",
+    "grouped_file_bytes",
+    "hot_copy_bytes",
+];
+
+fn ratio_or_inf(a: u64, b: u64) -> f64 {
+    if b == 0 {
+        f64::INFINITY
+    } else {
+        a as f64 / b as f64
+    }
 }
 
 impl DuReport {
@@ -537,33 +604,92 @@ impl DuReport {
     pub fn physical(&self) -> u64 {
         self.unit_files + self.recipes + self.catalog
     }
+    /// Bytes saved by storing each unit and glue byte once.
+    pub fn saved_by_dedup(&self) -> u64 {
+        self.logical.saturating_sub(self.referenced + self.glue)
+    }
+    /// Bytes saved by storing changed tensors as deltas.
+    pub fn saved_by_delta(&self) -> u64 {
+        self.delta_payload.saturating_sub(self.delta_files)
+    }
+    /// Bytes saved by byte-grouped compression of full units.
+    pub fn saved_by_compression(&self) -> u64 {
+        self.grouped_payload.saturating_sub(self.grouped_files)
+    }
+    /// What the store costs beyond the payload bytes it must keep.
+    pub fn overhead(&self) -> i128 {
+        self.physical() as i128 + (self.saved_by_dedup() + self.saved_by_delta() + self.saved_by_compression()) as i128
+            - self.logical as i128
+    }
+    /// The fields in [`DU_FIELDS`] order.
+    pub fn fields(&self) -> [u64; 15] {
+        [
+            self.checkpoints,
+            self.deleted,
+            self.logical,
+            self.units,
+            self.unit_payload,
+            self.unit_files,
+            self.recipes,
+            self.catalog,
+            self.glue,
+            self.referenced,
+            self.delta_payload,
+            self.delta_files,
+            self.grouped_payload,
+            self.grouped_files,
+            self.hot,
+        ]
+    }
+    pub fn from_fields(n: &[u64; 15]) -> DuReport {
+        DuReport {
+            checkpoints: n[0],
+            deleted: n[1],
+            logical: n[2],
+            units: n[3],
+            unit_payload: n[4],
+            unit_files: n[5],
+            recipes: n[6],
+            catalog: n[7],
+            glue: n[8],
+            referenced: n[9],
+            delta_payload: n[10],
+            delta_files: n[11],
+            grouped_payload: n[12],
+            grouped_files: n[13],
+            hot: n[14],
+        }
+    }
     pub fn to_table(&self) -> String {
+        let pct = |b: u64| if self.logical == 0 { "-".to_string() } else { format!("{:.1}%", 100.0 * b as f64 / self.logical as f64) };
         let rows = vec![
-            vec!["live checkpoints".into(), self.checkpoints.to_string()],
-            vec!["deleted (tombstones)".into(), self.deleted.to_string()],
-            vec!["logical".into(), format!("{} ({} B)", render::bytes(self.logical), self.logical)],
-            vec!["units".into(), self.units.to_string()],
-            vec!["unit payload".into(), render::bytes(self.unit_payload)],
-            vec!["unit files".into(), render::bytes(self.unit_files)],
-            vec!["recipes".into(), render::bytes(self.recipes)],
-            vec!["catalog".into(), render::bytes(self.catalog)],
-            vec!["physical".into(), format!("{} ({} B)", render::bytes(self.physical()), self.physical())],
-            vec!["dedup ratio".into(), render::ratio(self.logical, self.physical())],
+            vec!["live checkpoints".into(), self.checkpoints.to_string(), String::new()],
+            vec!["deleted (tombstones)".into(), self.deleted.to_string(), String::new()],
+            vec!["logical".into(), format!("{} ({} B)", render::bytes(self.logical), self.logical), "100%".into()],
+            vec!["saved by dedup".into(), render::bytes(self.saved_by_dedup()), pct(self.saved_by_dedup())],
+            vec!["saved by deltas".into(), render::bytes(self.saved_by_delta()), pct(self.saved_by_delta())],
+            vec!["saved by compression".into(), render::bytes(self.saved_by_compression()), pct(self.saved_by_compression())],
+            vec!["units".into(), self.units.to_string(), String::new()],
+            vec!["unit payload".into(), render::bytes(self.unit_payload), String::new()],
+            vec!["unit files".into(), render::bytes(self.unit_files), String::new()],
+            vec!["recipes".into(), render::bytes(self.recipes), String::new()],
+            vec!["catalog".into(), render::bytes(self.catalog), String::new()],
+            vec!["physical (stored)".into(), format!("{} ({} B)", render::bytes(self.physical()), self.physical()), pct(self.physical())],
+            vec!["dedup ratio".into(), render::ratio(self.logical, self.physical()), String::new()],
+            vec!["hot copies (outside)".into(), render::bytes(self.hot), String::new()],
         ];
-        render::table(&["", ""], &rows, &[])
+        render::table(&["", "", "% of logical"], &rows, &[])
     }
     pub fn to_json(&self) -> String {
-        Obj::new()
-            .num("checkpoints", self.checkpoints)
-            .num("deleted", self.deleted)
-            .num("logical_bytes", self.logical)
-            .num("units", self.units)
-            .num("unit_payload_bytes", self.unit_payload)
-            .num("unit_file_bytes", self.unit_files)
-            .num("recipe_bytes", self.recipes)
-            .num("catalog_bytes", self.catalog)
-            .num("physical_bytes", self.physical())
-            .float("dedup_ratio", if self.physical() == 0 { f64::INFINITY } else { self.logical as f64 / self.physical() as f64 })
+        let mut o = Obj::new();
+        for (name, v) in DU_FIELDS.iter().zip(self.fields()) {
+            o = o.num(name, v);
+        }
+        o.num("physical_bytes", self.physical())
+            .num("saved_by_dedup_bytes", self.saved_by_dedup())
+            .num("saved_by_delta_bytes", self.saved_by_delta())
+            .num("saved_by_compression_bytes", self.saved_by_compression())
+            .float("dedup_ratio", ratio_or_inf(self.logical, self.physical()))
             .end()
     }
 }

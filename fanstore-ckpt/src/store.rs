@@ -9,10 +9,12 @@
 //! truth on disk that could drift from the recipes after a crash.
 
 use crate::catalog::{self, Catalog, CatalogEntry};
+use crate::codec::{self, Encoding};
 use crate::error::{CkptError, Result};
 use crate::recipe::{self, Recipe, RecipePiece, TensorEntry};
 use crate::split::{self, CdcParams, Format, Piece};
-use crate::unit::{self, Hash};
+use crate::unit::{self, Hash, UnitHeader};
+use crate::units::{Hot, SharedBytes, UnitInfo};
 use fanstore_core::checksum::{xxh3, StreamingChecksum};
 use std::collections::{BTreeMap, HashMap, HashSet};
 use std::fs::File;
@@ -35,12 +37,19 @@ pub struct StoreOptions {
     /// (files of 4 MiB and more). Default: one less than the available
     /// cores, at least 1, at most 3.
     pub threads: usize,
+    /// Longest delta chain: a changed tensor is stored as a delta against
+    /// its lineage parent's tensor while that one's chain is shorter, else
+    /// against the chain's first (full) unit, else in full; a read decodes
+    /// at most `max_chain + 1` units per tensor. 0: no deltas.
+    pub max_chain: u8,
+    /// Hot copies kept (see [`CheckpointStore::commit_shared`]).
+    pub hot: usize,
 }
 
 impl Default for StoreOptions {
     fn default() -> Self {
         let cores = std::thread::available_parallelism().map_or(2, |n| n.get());
-        StoreOptions { cdc: CdcParams::default(), fsync: false, threads: cores.saturating_sub(1).clamp(1, 3) }
+        StoreOptions { cdc: CdcParams::default(), fsync: false, threads: cores.saturating_sub(1).clamp(1, 3), max_chain: 4, hot: 2 }
     }
 }
 
@@ -53,11 +62,16 @@ pub struct CommitInfo {
     pub format: Format,
     /// Bytes of the file.
     pub logical: u64,
-    /// Bytes this commit added to the store: new unit payloads plus glue.
+    /// Bytes this commit added to the store: new unit bodies (as stored:
+    /// compressed or delta-encoded) plus glue.
     pub new_bytes: u64,
     pub units_total: usize,
     /// Units (distinct contents) first stored by this commit.
     pub units_new: usize,
+    /// Of the new units: stored as deltas against the lineage parent's tensors.
+    pub units_delta: usize,
+    /// Of the new units: byte-grouped and compressed (the rest are raw).
+    pub units_grouped: usize,
     /// The checkpoint previously at this path, now replaced.
     pub replaced: Option<u64>,
     /// xxh3 of the whole file (kept in the recipe and checked on every read).
@@ -73,21 +87,12 @@ pub struct UnlinkInfo {
     pub bytes_freed: u64,
 }
 
-/// One stored unit, as known in memory.
-#[derive(Debug, Clone)]
-pub(crate) struct UnitInfo {
-    pub len: u64,
-    pub owner: u64,
-    /// References from live recipes (one per tensor entry).
-    pub refs: u64,
-    /// The live checkpoints that refer to this unit, ascending.
-    pub ckpts: Vec<u64>,
-}
-
 /// A live checkpoint's owner map, as loaded from its recipe.
 #[derive(Debug, Clone)]
 pub(crate) struct LiveCkpt {
     pub tensors: Vec<TensorEntry>,
+    /// Bytes of the recipe's glue section.
+    pub glue_len: u64,
 }
 
 /// A node-local, content-addressed checkpoint store in one directory.
@@ -100,6 +105,7 @@ pub struct CheckpointStore {
     pub(crate) live: BTreeMap<u64, LiveCkpt>,
     pub(crate) by_path: HashMap<Vec<u8>, u64>,
     pub(crate) units: HashMap<Hash, UnitInfo>,
+    pub(crate) hot: Vec<Hot>,
     tmp_seq: u64,
 }
 
@@ -129,8 +135,18 @@ struct Stored {
     hashes: Vec<Hash>,
     file_xxh3: u64,
     /// Units first stored by this commit (removed again if it fails).
-    written: Vec<Hash>,
+    written: Vec<(Hash, UnitHeader)>,
+    /// Unit body bytes written.
     new_bytes: u64,
+}
+
+/// How one unit of a file is to be stored.
+struct UnitPlan {
+    range: std::ops::Range<usize>,
+    /// Element width of its dtype (byte grouping).
+    width: usize,
+    /// The lineage parent's tensor of the same name, dtype, shape and length.
+    base: Option<Hash>,
 }
 
 impl CheckpointStore {
@@ -175,6 +191,7 @@ impl CheckpointStore {
             live: BTreeMap::new(),
             by_path: HashMap::new(),
             units: HashMap::new(),
+            hot: Vec::new(),
             tmp_seq: 0,
         };
         clear_dir(&dir.join(TMP_DIR))?;
@@ -216,8 +233,9 @@ impl CheckpointStore {
             store.check_lengths(e.id, &r.tensors)?;
             store.add_refs(e.id, &r.tensors);
             store.by_path.insert(e.path.clone(), e.id);
-            store.live.insert(e.id, LiveCkpt { tensors: r.tensors });
+            store.live.insert(e.id, LiveCkpt { tensors: r.tensors, glue_len: r.glue_len });
         }
+        store.resolve_units();
         store.sweep()?;
         Ok(store)
     }
@@ -283,32 +301,6 @@ impl CheckpointStore {
             }
         }
         Ok(())
-    }
-
-    fn add_refs(&mut self, id: u64, tensors: &[TensorEntry]) {
-        for t in tensors {
-            let u = self.units.entry(t.hash).or_insert(UnitInfo { len: t.len, owner: t.owner, refs: 0, ckpts: Vec::new() });
-            u.owner = u.owner.min(t.owner);
-            u.refs += 1;
-            if u.ckpts.last() != Some(&id) {
-                u.ckpts.push(id);
-            }
-        }
-    }
-
-    /// Drops checkpoint `id`'s references; returns the units that reached zero.
-    fn drop_refs(&mut self, id: u64, tensors: &[TensorEntry]) -> Vec<(Hash, u64)> {
-        let mut freed = Vec::new();
-        for t in tensors {
-            let Some(u) = self.units.get_mut(&t.hash) else { continue };
-            u.refs -= 1;
-            u.ckpts.retain(|&c| c != id);
-            if u.refs == 0 {
-                freed.push((t.hash, u.len));
-                self.units.remove(&t.hash);
-            }
-        }
-        freed
     }
 
     /// Deletes recipes the catalog does not list as live, and units no live
@@ -419,34 +411,63 @@ impl CheckpointStore {
     /// Commits `bytes` as the checkpoint at `path` (replacing any checkpoint
     /// there). On error nothing is committed and the store is unchanged.
     ///
-    /// For large files, helper threads ([`StoreOptions::threads`]) share the
-    /// hashing while this thread writes the units that turn out to be new,
-    /// so a commit with nothing to deduplicate costs little more than the
-    /// writes themselves.
+    /// Every unit is hashed (helper threads share the work for large
+    /// files); the new ones are then encoded ([`mod@crate::codec`]: a delta
+    /// against the lineage parent's tensor of the same name, dtype and
+    /// shape, or byte-grouped and compressed, or raw, whichever is smallest)
+    /// and written, also in parallel.
     pub fn commit(&mut self, path: &[u8], bytes: &[u8]) -> Result<CommitInfo> {
+        self.commit_inner(path, bytes, None)
+    }
+
+    /// Commits `bytes` like [`Self::commit`] and keeps them as a *hot copy*
+    /// of the new checkpoint (the last [`StoreOptions::hot`] commits): reads
+    /// of it are served from these bytes, and the next commit finds its
+    /// delta bases there instead of decoding them. The caller promises the
+    /// bytes never change (a map of a sealed or handed-over file).
+    pub fn commit_shared(&mut self, path: &[u8], bytes: SharedBytes) -> Result<CommitInfo> {
+        let keep = bytes.clone();
+        self.commit_inner(path, (*bytes).as_ref(), Some(keep))
+    }
+
+    fn commit_inner(&mut self, path: &[u8], bytes: &[u8], keep: Option<SharedBytes>) -> Result<CommitInfo> {
         check_path(path)?;
         let split = split::split(bytes, &self.opts.cdc);
         debug_assert!(split.check_cover(bytes.len()));
         let id = self.catalog.next_id;
-        let unit_ranges: Vec<std::ops::Range<usize>> = split
-            .pieces
-            .iter()
-            .filter_map(|p| match p {
-                Piece::Unit(r, _) => Some(r.clone()),
+        let mut plans = Vec::new();
+        for p in &split.pieces {
+            if let Piece::Unit(r, meta) = p {
+                plans.push(UnitPlan { range: r.clone(), width: codec::width_of(&meta.dtype), base: None });
+            }
+        }
+        let lineage = self.lineage_parent(path, &split.pieces);
+        if let Some(ts) = lineage.and_then(|p| self.live.get(&p)).filter(|_| self.opts.max_chain > 0) {
+            let mut by_name: HashMap<(&[u8], &str, &[u64], u64), Hash> = HashMap::new();
+            for t in &ts.tensors {
+                by_name.entry((&t.name, &t.dtype, &t.shape, t.len)).or_insert(t.hash);
+            }
+            let metas = split.pieces.iter().filter_map(|p| match p {
+                Piece::Unit(r, m) => Some((r, m)),
                 Piece::Glue(_) => None,
-            })
-            .collect();
+            });
+            for (plan, (r, m)) in plans.iter_mut().zip(metas) {
+                let dtype = clip_dtype(&m.dtype);
+                plan.base = by_name.get(&(&m.name[..], &dtype[..], &m.shape[..], r.len() as u64)).copied();
+            }
+        }
 
         let mut st = Stored::default();
-        if let Err(e) = self.store_units(bytes, &unit_ranges, &mut st) {
-            for h in &st.written {
+        if let Err(e) = self.store_units(bytes, &plans, &mut st) {
+            for (h, _) in &st.written {
                 let _ = std::fs::remove_file(self.unit_path(h));
             }
             return Err(e);
         }
         let Stored { hashes, file_xxh3, written, mut new_bytes } = st;
 
-        // Parent: the live checkpoint sharing the most unit bytes.
+        // Parent: the live checkpoint sharing the most unit bytes, else the
+        // lineage parent the deltas were taken against.
         let mut shared: HashMap<u64, u64> = HashMap::new();
         let mut seen = HashSet::with_capacity(hashes.len());
         for h in &hashes {
@@ -467,12 +488,14 @@ impl CheckpointStore {
                 let same_dir = self.entry(c).is_some_and(|e| parent_dir(&e.path) == my_dir);
                 (b, same_dir, c)
             })
-            .map(|(&c, _)| c);
+            .map(|(&c, _)| c)
+            .or(lineage);
 
         // The recipe: glue inline, units by hash, owners.
         let mut glue = Vec::new();
         let mut rpieces = Vec::with_capacity(split.pieces.len());
         let mut tensors = Vec::with_capacity(hashes.len());
+        let mut hot_units = HashMap::new();
         for p in split.pieces {
             match p {
                 Piece::Glue(r) => {
@@ -483,6 +506,9 @@ impl CheckpointStore {
                     let i = tensors.len();
                     let h = hashes[i];
                     rpieces.push(RecipePiece::Unit { index: i as u32 });
+                    if keep.is_some() {
+                        hot_units.entry(h).or_insert_with(|| r.clone());
+                    }
                     tensors.push(TensorEntry {
                         name: meta.name,
                         dtype: clip_dtype(&meta.dtype),
@@ -495,7 +521,6 @@ impl CheckpointStore {
             }
         }
         new_bytes += glue.len() as u64;
-        let units_new = written.len();
         let rec = Recipe {
             id,
             parent: parent.unwrap_or(0),
@@ -508,31 +533,79 @@ impl CheckpointStore {
             glue_len: glue.len() as u64,
             glue,
         };
-        let result = self.finish_commit(path, rec, units_new);
-        if result.is_err() {
-            // Nothing was committed: remove what this attempt wrote.
-            for h in &written {
-                let _ = std::fs::remove_file(self.unit_path(h));
+        let result = self.finish_commit(path, rec, &written);
+        match &result {
+            Ok(_) => {
+                if let Some(k) = keep {
+                    self.keep_hot(id, k, hot_units);
+                }
             }
-            let _ = std::fs::remove_file(self.recipe_path(id));
+            Err(_) => {
+                // Nothing was committed: remove what this attempt wrote.
+                for (h, _) in &written {
+                    let _ = std::fs::remove_file(self.unit_path(h));
+                }
+                let _ = std::fs::remove_file(self.recipe_path(id));
+            }
         }
         result
     }
 
+    /// The live checkpoint a new file at `path` most likely continues: the
+    /// one with the most tensors of the same name, dtype, shape and length
+    /// (ties: same directory, then the most recent). Its tensors are the
+    /// delta bases of the new file's changed tensors.
+    fn lineage_parent(&self, path: &[u8], pieces: &[Piece]) -> Option<u64> {
+        let mut want: HashSet<(&[u8], &[u64], u64)> = HashSet::new();
+        for p in pieces {
+            if let Piece::Unit(r, m) = p {
+                if !m.name.is_empty() && r.len() >= codec::MIN_ENCODE {
+                    want.insert((&m.name, &m.shape, r.len() as u64));
+                }
+            }
+        }
+        if want.is_empty() {
+            return None;
+        }
+        let my_dir = parent_dir(path);
+        self.live
+            .iter()
+            .map(|(&id, l)| {
+                let n = l
+                    .tensors
+                    .iter()
+                    .filter(|t| want.contains(&(&t.name[..], &t.shape[..], t.len)))
+                    .count();
+                let same_dir = self.entry(id).is_some_and(|e| parent_dir(&e.path) == my_dir);
+                (n, same_dir, id)
+            })
+            .filter(|&(n, _, _)| n > 0)
+            .max()
+            .map(|(_, _, id)| id)
+    }
+
     /// Hashes every unit (blake3 for identity, xxh3 for its file header)
-    /// and stores the new ones; also computes the whole file's xxh3. Units
-    /// are claimed one at a time by this thread and, for large files, by
-    /// helper threads; this thread does every write, in unit order. The first
-    /// helper computes the whole-file checksum before it starts claiming.
-    fn store_units(&mut self, bytes: &[u8], units: &[std::ops::Range<usize>], st: &mut Stored) -> Result<()> {
+    /// and computes the whole file's xxh3, then encodes and writes the
+    /// units the store does not have. Both phases run on this thread and,
+    /// for large files, on helper threads.
+    fn store_units(&self, bytes: &[u8], plans: &[UnitPlan], st: &mut Stored) -> Result<()> {
         use std::sync::atomic::{AtomicUsize, Ordering};
-        let n = units.len();
-        let claim = AtomicUsize::new(0);
-        let hash_one = |i: usize| unit_hashes(&bytes[units[i].clone()]);
+        let n = plans.len();
         let helpers = if bytes.len() >= PIPELINE_MIN { self.opts.threads } else { 0 };
+        // Phase 1: hashes, claimed one unit at a time.
+        let claim = AtomicUsize::new(0);
+        // A tensor equal to its lineage parent's, whose bytes a hot copy
+        // holds, is that unit: a memcmp instead of a blake3 (frozen tensors).
+        // Its xxh3 is not needed: the unit is stored already.
+        let hash_one = |i: usize| {
+            let b = &bytes[plans[i].range.clone()];
+            match plans[i].base {
+                Some(bh) if self.hot_unit(&bh).is_some_and(|hb| hb == b) => (bh, 0),
+                _ => unit_hashes(b),
+            }
+        };
         let mut ready: Vec<Option<(Hash, u64)>> = vec![None; n];
-        let mut written = HashSet::new();
-        let file_sum = std::thread::scope(|scope| -> Result<u64> {
+        let file_sum = std::thread::scope(|scope| {
             let (tx, rx) = std::sync::mpsc::channel::<(usize, Hash, u64)>();
             let mut first = None;
             for k in 0..helpers {
@@ -556,55 +629,115 @@ impl CheckpointStore {
                 }
             }
             drop(tx);
-            for done in 0..n {
-                // The next unit's hashes: from a helper, or hash something ourselves meanwhile.
-                let (h, x) = loop {
-                    while let Ok((i, h, x)) = rx.try_recv() {
-                        ready[i] = Some((h, x));
-                    }
-                    if let Some(v) = ready[done] {
-                        break v;
-                    }
-                    let j = claim.fetch_add(1, Ordering::Relaxed);
-                    if j < n {
-                        ready[j] = Some(hash_one(j));
-                    } else {
-                        match rx.recv() {
-                            Ok((i, h, x)) => ready[i] = Some((h, x)),
-                            // No helper is left: hash it here.
-                            Err(_) => ready[done] = Some(hash_one(done)),
-                        }
-                    }
-                };
-                let b = &bytes[units[done].clone()];
-                match self.units.get(&h) {
-                    Some(info) if info.len != b.len() as u64 => {
-                        return Err(CkptError::Corrupt {
-                            file: self.unit_path(&h),
-                            entry: "unit".into(),
-                            offset: 0,
-                            problem: format!("blake3 collision: {} and {} bytes", info.len, b.len()),
-                        });
-                    }
-                    Some(_) => {}
-                    None if written.contains(&h) => {}
-                    None => {
-                        unit::write(&self.unit_path(&h), &h, x, b)?;
-                        written.insert(h);
-                        st.written.push(h);
-                        st.new_bytes += b.len() as u64;
-                    }
+            loop {
+                let j = claim.fetch_add(1, Ordering::Relaxed);
+                if j >= n {
+                    break;
                 }
-                st.hashes.push(h);
+                ready[j] = Some(hash_one(j));
+            }
+            for (i, h, x) in rx {
+                ready[i] = Some((h, x));
             }
             let sum = first.and_then(|h| h.join().unwrap_or_else(|p| std::panic::resume_unwind(p)));
-            Ok(sum.unwrap_or_else(|| xxh3(bytes)))
-        })?;
+            sum.unwrap_or_else(|| xxh3(bytes))
+        });
         st.file_xxh3 = file_sum;
-        Ok(())
+        // Which units are new (first occurrence of each new hash).
+        let mut new = Vec::new();
+        let mut fresh = HashSet::new();
+        for (i, r) in ready.iter().enumerate() {
+            let Some((h, x)) = *r else { unreachable!("every unit was hashed") };
+            let len = plans[i].range.len() as u64;
+            match self.units.get(&h) {
+                Some(info) if info.len != len => {
+                    return Err(CkptError::Corrupt {
+                        file: self.unit_path(&h),
+                        entry: "unit".into(),
+                        offset: 0,
+                        problem: format!("blake3 collision: {} and {len} bytes", info.len),
+                    });
+                }
+                Some(_) => {}
+                None if fresh.insert(h) => new.push((i, h, x)),
+                None => {}
+            }
+            st.hashes.push(h);
+        }
+        // Phase 2: encode and write the new units.
+        let next = AtomicUsize::new(0);
+        let out: std::sync::Mutex<(Vec<(Hash, UnitHeader)>, Option<CkptError>)> = std::sync::Mutex::new((Vec::new(), None));
+        let work = || loop {
+            let k = next.fetch_add(1, Ordering::Relaxed);
+            let Some(&(i, h, x)) = new.get(k) else { return };
+            let plan = &plans[i];
+            let payload = &bytes[plan.range.clone()];
+            let base = self.delta_base(&h, plan);
+            let r = unit::encode_and_write(
+                &self.unit_path(&h),
+                &h,
+                x,
+                payload,
+                plan.width,
+                base.as_ref().map(|(bh, d, b)| (bh, *d, &b[..])),
+            );
+            let mut g = out.lock().unwrap_or_else(|p| p.into_inner());
+            match r {
+                Ok(head) => g.0.push((h, head)),
+                Err(e) => {
+                    g.1.get_or_insert(e);
+                    next.store(new.len(), Ordering::Relaxed);
+                    return;
+                }
+            }
+        };
+        let helpers = helpers.min(new.len().saturating_sub(1));
+        std::thread::scope(|s| {
+            let hs: Vec<_> = (0..helpers).map(|_| s.spawn(work)).collect();
+            work();
+            for h in hs {
+                h.join().unwrap_or_else(|p| std::panic::resume_unwind(p));
+            }
+        });
+        let (written, fault) = out.into_inner().unwrap_or_else(|p| p.into_inner());
+        st.new_bytes += written.iter().map(|(_, h)| h.body_len).sum::<u64>();
+        st.written = written;
+        match fault {
+            Some(e) => Err(e),
+            None => Ok(()),
+        }
     }
 
-    fn finish_commit(&mut self, path: &[u8], rec: Recipe, units_new: usize) -> Result<CommitInfo> {
+    /// The base a new unit is encoded against, with its chain depth and
+    /// payload: the lineage parent's tensor while its chain is shorter than
+    /// [`StoreOptions::max_chain`], else that chain's first (full) unit. None
+    /// when there is none or it cannot be read (the unit is then stored in
+    /// full: a damaged base never fails a commit).
+    fn delta_base(&self, h: &Hash, plan: &UnitPlan) -> Option<(Hash, u8, std::borrow::Cow<'_, [u8]>)> {
+        let mut bh = plan.base.filter(|b| b != h)?;
+        let mut info = self.units.get(&bh)?;
+        if info.depth >= self.opts.max_chain {
+            while let Some(up) = info.base {
+                bh = up;
+                info = self.units.get(&bh)?;
+            }
+            if bh == *h || info.depth != 0 {
+                return None;
+            }
+        }
+        let len = plan.range.len() as u64;
+        if info.len != len {
+            return None;
+        }
+        let bytes = match self.hot_unit(&bh) {
+            Some(b) => std::borrow::Cow::Borrowed(b),
+            None => std::borrow::Cow::Owned(self.unit_bytes(&bh, len, false).ok()?),
+        };
+        Some((bh, info.depth, bytes))
+    }
+
+    fn finish_commit(&mut self, path: &[u8], rec: Recipe, written: &[(Hash, UnitHeader)]) -> Result<CommitInfo> {
+        let units_new = written.len();
         let id = rec.id;
         let enc = rec.encode();
         let rpath = self.recipe_path(id);
@@ -634,7 +767,11 @@ impl CheckpointStore {
         // Committed. Update memory, then free what the replaced checkpoint held alone.
         self.catalog = cat;
         self.add_refs(id, &rec.tensors);
+        for (h, head) in written {
+            self.register_written(h, head);
+        }
         self.by_path.insert(path.to_vec(), id);
+        let count = |e: Encoding| written.iter().filter(|(_, h)| h.encoding == e).count();
         let info = CommitInfo {
             id,
             parent: (rec.parent != 0).then_some(rec.parent),
@@ -643,10 +780,12 @@ impl CheckpointStore {
             new_bytes: rec.new_bytes,
             units_total: rec.tensors.len(),
             units_new,
+            units_delta: count(Encoding::Delta),
+            units_grouped: count(Encoding::Grouped),
             replaced,
             file_xxh3: rec.file_xxh3,
         };
-        self.live.insert(id, LiveCkpt { tensors: rec.tensors });
+        self.live.insert(id, LiveCkpt { tensors: rec.tensors, glue_len: rec.glue_len });
         if let Some(old) = replaced {
             self.release(old);
         }
@@ -695,6 +834,7 @@ impl CheckpointStore {
     /// effort: the catalog is already written, and a file that could not be
     /// removed now is swept at the next open.
     fn release(&mut self, id: u64) -> UnlinkInfo {
+        self.drop_hot(id);
         let Some(l) = self.live.remove(&id) else { return UnlinkInfo { id, ..UnlinkInfo::default() } };
         let freed = self.drop_refs(id, &l.tensors);
         let mut info = UnlinkInfo { id, units_freed: freed.len(), bytes_freed: 0 };
@@ -707,14 +847,22 @@ impl CheckpointStore {
     }
 
     /// Writes the exact bytes of the checkpoint at `path` to `out`. Every
-    /// unit is checked (header, length, xxh3) before any of its bytes are
-    /// written; the whole-file checksum is checked at the end. Returns the
-    /// byte count.
+    /// unit is decoded and checked (header, length, checksums) before any of
+    /// its bytes are written; the whole-file checksum is checked at the end.
+    /// A hot copy is written as it is. Returns the byte count.
     pub fn read_to<W: Write + ?Sized>(&self, path: &[u8], out: &mut W) -> Result<u64> {
         let id = self.id_of(path).ok_or_else(|| CkptError::not_found(path))?;
-        let r = self.load_recipe(id, true)?;
         let name = PathBuf::from(String::from_utf8_lossy(path).into_owned());
+        if let Some(hot) = self.hot_file(id) {
+            let b: &[u8] = (**hot).as_ref();
+            let stored = self.load_recipe(id, false)?.file_xxh3;
+            check_file_sum(path, stored, xxh3(b))?;
+            out.write_all(b).map_err(|e| CkptError::io(&name, e))?;
+            return Ok(b.len() as u64);
+        }
+        let r = self.load_recipe(id, true)?;
         let mut sum = StreamingChecksum::new();
+        let mut buf = Vec::new();
         for p in &r.pieces {
             match *p {
                 RecipePiece::Glue { off, len } => {
@@ -724,9 +872,11 @@ impl CheckpointStore {
                 }
                 RecipePiece::Unit { index } => {
                     let t = &r.tensors[index as usize];
-                    let u = unit::open(&self.unit_path(&t.hash), &t.hash, t.len, false)?;
-                    sum.update(u.bytes());
-                    out.write_all(u.bytes()).map_err(|e| CkptError::io(&name, e))?;
+                    let n = usize::try_from(t.len).map_err(|_| CkptError::Invalid("unit larger than memory".into()))?;
+                    buf.resize(n, 0);
+                    self.load_unit(&t.hash, &mut buf, false)?;
+                    sum.update(&buf);
+                    out.write_all(&buf).map_err(|e| CkptError::io(&name, e))?;
                 }
             }
         }
@@ -738,26 +888,10 @@ impl CheckpointStore {
     /// whole-file checksum; a damaged unit is an error, never wrong bytes.
     pub fn read(&self, path: &[u8]) -> Result<Vec<u8>> {
         let id = self.id_of(path).ok_or_else(|| CkptError::not_found(path))?;
-        let r = self.load_recipe(id, true)?;
-        let len = usize::try_from(r.logical).map_err(|_| CkptError::Invalid("checkpoint larger than memory".into()))?;
+        let logical = self.entry(id).map_or(0, |e| e.logical);
+        let len = usize::try_from(logical).map_err(|_| CkptError::Invalid("checkpoint larger than memory".into()))?;
         let mut out = vec![0u8; len];
-        let mut at = 0usize;
-        for p in &r.pieces {
-            match *p {
-                RecipePiece::Glue { off, len } => {
-                    let g = &r.glue[off as usize..(off + len) as usize];
-                    out[at..at + g.len()].copy_from_slice(g);
-                    at += g.len();
-                }
-                RecipePiece::Unit { index } => {
-                    let t = &r.tensors[index as usize];
-                    let dst = &mut out[at..at + t.len as usize];
-                    unit::read_into(&self.unit_path(&t.hash), &t.hash, dst, false)?;
-                    at += t.len as usize;
-                }
-            }
-        }
-        check_file_sum(path, r.file_xxh3, xxh3(&out))?;
+        self.read_into(path, &mut out)?;
         Ok(out)
     }
 

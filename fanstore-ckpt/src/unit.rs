@@ -1,45 +1,75 @@
 //! Unit files: one stored unit (a tensor payload or a chunk), named by the
-//! blake3 of its payload. Written once (temp file + rename), never modified.
+//! blake3 of its payload. Written once, never modified. The payload is
+//! stored raw, byte-grouped and compressed, or as a delta against another
+//! unit (its *base*), see [`mod@crate::codec`]; whatever the encoding, the
+//! unit's identity is the blake3 of the decoded payload, so deduplication
+//! does not depend on how a unit happens to be stored.
 //!
 //! ```text
 //! units/<64 hex digits of blake3>.fsu   (one flat directory: ext4's hashed
 //!                                        directories need no sharding, and
 //!                                        a shard directory per first commit
 //!                                        cost more than the writes)
-//!  0..8    magic "FANSTUN\0"
-//!  8..12   version (1)
-//! 12..16   reserved, zero
-//! 16..24   payload length
-//! 24..56   blake3 of the payload (the unit's identity, = the file name)
-//! 56..64   xxh3 of the payload (checked on every read: fast)
-//! 64..72   xxh3 of header bytes 0..64
-//! 72..     payload
+//! version 2 (written by this build; HEADER_LEN = 128):
+//!   0..8    magic "FANSTUN\0"
+//!   8..12   version (2)
+//!  12       encoding (0 raw, 1 byte-grouped planes, 2 XOR delta against the base, grouped)
+//!  13       element width W in bytes (1..=8; 1 for raw)
+//!  14       chain depth (0: decodes alone; a delta's is its base's + 1)
+//!  15       reserved, zero
+//!  16..24   payload length (decoded)
+//!  24..56   blake3 of the decoded payload (the unit's identity, = the file name)
+//!  56..64   xxh3 of the decoded payload (checked after every decode: fast)
+//!  64..96   blake3 of the base unit (delta; zero otherwise)
+//!  96..104  body length (the bytes after the header)
+//! 104..112  xxh3 of the body (checked before decoding)
+//! 112..120  reserved, zero
+//! 120..128  xxh3 of header bytes 0..120
+//! 128..     body: raw: the payload; grouped and delta: see codec
+//! version 1 (still read; raw only):
+//!   0..8 magic, 8..12 version (1), 12..16 reserved, 16..24 payload length,
+//!  24..56 blake3, 56..64 xxh3 of the payload, 64..72 xxh3 of bytes 0..64,
+//!  72.. payload
 //! ```
 //!
-//! Reads check the header and the payload's xxh3 before a byte is handed
-//! out; `verify` also recomputes the blake3.
+//! Reads check the header, the body's xxh3 before decoding, and the decoded
+//! payload's xxh3 before a byte is handed out; `verify` also recomputes the
+//! blake3. A delta's base is another unit file: the store keeps a base alive
+//! while a delta needs it, and bounds chain depth.
 
+use crate::codec::{self, Encoding};
 use crate::error::{CkptError, Result};
-use fanstore_core::le::*;
 use fanstore_core::checksum::xxh3;
+use fanstore_core::le::*;
 use std::fs::File;
-use std::io::{Read, Write};
+use std::io::Write;
+use std::os::unix::fs::FileExt;
 use std::path::{Path, PathBuf};
 
 pub const MAGIC: [u8; 8] = *b"FANSTUN\0";
-pub const VERSION: u32 = 1;
+/// The version this build writes.
+pub const VERSION: u32 = 2;
 
 const MAGIC_OFF: usize = 0;
 const VERSION_OFF: usize = MAGIC_OFF + 8;
-const RESERVED_OFF: usize = VERSION_OFF + 4;
-const LEN_OFF: usize = RESERVED_OFF + 4;
+const ENCODING_OFF: usize = VERSION_OFF + 4;
+const WIDTH_OFF: usize = ENCODING_OFF + 1;
+const DEPTH_OFF: usize = WIDTH_OFF + 1;
+const LEN_OFF: usize = DEPTH_OFF + 2;
 const BLAKE3_OFF: usize = LEN_OFF + 8;
 const XXH3_OFF: usize = BLAKE3_OFF + 32;
-const CHECKSUM_OFF: usize = XXH3_OFF + 8;
-/// Length of a unit file header.
+const BASE_OFF: usize = XXH3_OFF + 8;
+const BODY_LEN_OFF: usize = BASE_OFF + 32;
+const BODY_SUM_OFF: usize = BODY_LEN_OFF + 8;
+const RESERVED2_OFF: usize = BODY_SUM_OFF + 8;
+const CHECKSUM_OFF: usize = RESERVED2_OFF + 8;
+/// Length of a version 2 unit file header.
 pub const HEADER_LEN: usize = CHECKSUM_OFF + 8;
+/// Length of a version 1 unit file header.
+pub const V1_HEADER_LEN: usize = 72;
+const V1_CHECKSUM_OFF: usize = 64;
 
-/// Payloads at least this long are memory-mapped on read instead of copied.
+/// Bodies at least this long are memory-mapped on read instead of copied.
 const MAP_THRESHOLD: u64 = 1 << 20;
 
 /// A unit's identity: the blake3 of its payload.
@@ -73,143 +103,215 @@ pub fn path(units_dir: &Path, h: &Hash) -> PathBuf {
     units_dir.join(format!("{x}.fsu"))
 }
 
-/// The decoded header of a unit file.
+/// The decoded header of a unit file (either version).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct UnitHeader {
+    pub encoding: Encoding,
+    pub width: u8,
+    pub depth: u8,
+    /// Decoded payload length.
     pub len: u64,
     pub blake3: Hash,
+    /// xxh3 of the decoded payload.
     pub xxh3: u64,
+    /// The unit a delta is XORed against.
+    pub base: Option<Hash>,
+    /// Body length (the stored bytes after the header).
+    pub body_len: u64,
+    pub body_xxh3: u64,
+    /// Length of the header in the file (72 for version 1, 128 for 2).
+    pub header_len: u64,
 }
 
 impl UnitHeader {
+    /// A raw unit's header.
+    pub fn raw(len: u64, blake3: Hash, xxh3: u64) -> UnitHeader {
+        UnitHeader {
+            encoding: Encoding::Raw,
+            width: 1,
+            depth: 0,
+            len,
+            blake3,
+            xxh3,
+            base: None,
+            body_len: len,
+            body_xxh3: xxh3,
+            header_len: HEADER_LEN as u64,
+        }
+    }
+
+    /// Bytes of the whole unit file.
+    pub fn file_len(&self) -> u64 {
+        self.header_len + self.body_len
+    }
+
+    /// The version 2 header.
     pub fn encode(&self) -> [u8; HEADER_LEN] {
         let mut b = [0u8; HEADER_LEN];
         b[MAGIC_OFF..MAGIC_OFF + 8].copy_from_slice(&MAGIC);
         put_u32(&mut b, VERSION_OFF, VERSION);
+        b[ENCODING_OFF] = self.encoding.to_u8();
+        b[WIDTH_OFF] = self.width;
+        b[DEPTH_OFF] = self.depth;
         put_u64(&mut b, LEN_OFF, self.len);
         b[BLAKE3_OFF..BLAKE3_OFF + 32].copy_from_slice(&self.blake3);
         put_u64(&mut b, XXH3_OFF, self.xxh3);
+        if let Some(base) = &self.base {
+            b[BASE_OFF..BASE_OFF + 32].copy_from_slice(base);
+        }
+        put_u64(&mut b, BODY_LEN_OFF, self.body_len);
+        put_u64(&mut b, BODY_SUM_OFF, self.body_xxh3);
         let sum = xxh3(&b[..CHECKSUM_OFF]);
         put_u64(&mut b, CHECKSUM_OFF, sum);
         b
     }
 
+    /// Decodes a header from the first bytes of a unit file (at least the
+    /// header's length, or all of a shorter file).
     pub fn decode(file: &Path, b: &[u8]) -> Result<UnitHeader> {
-        if b.len() < HEADER_LEN {
-            return Err(CkptError::Truncated {
-                file: file.into(),
-                entry: "unit header".into(),
-                offset: 0,
-                needed: HEADER_LEN as u64,
-                len: b.len() as u64,
-            });
+        let truncated = |needed: usize| CkptError::Truncated {
+            file: file.into(),
+            entry: "unit header".into(),
+            offset: 0,
+            needed: needed as u64,
+            len: b.len() as u64,
+        };
+        if b.len() < VERSION_OFF + 4 {
+            if b.len() >= 8 && b[..8] != MAGIC {
+                return Err(CkptError::BadMagic { file: file.into(), what: "unit" });
+            }
+            return Err(truncated(V1_HEADER_LEN));
         }
         if b[..8] != MAGIC {
             return Err(CkptError::BadMagic { file: file.into(), what: "unit" });
         }
         let version = u32_at(b, VERSION_OFF);
-        if version != VERSION {
-            return Err(CkptError::UnsupportedVersion { file: file.into(), what: "unit", found: version, supported: VERSION });
+        let sum_off = match version {
+            1 => V1_CHECKSUM_OFF,
+            2 => CHECKSUM_OFF,
+            _ => return Err(CkptError::UnsupportedVersion { file: file.into(), what: "unit", found: version, supported: VERSION }),
+        };
+        if b.len() < sum_off + 8 {
+            return Err(truncated(sum_off + 8));
         }
-        let stored = u64_at(b, CHECKSUM_OFF);
-        let computed = xxh3(&b[..CHECKSUM_OFF]);
+        let stored = u64_at(b, sum_off);
+        let computed = xxh3(&b[..sum_off]);
         if stored != computed {
             return Err(CkptError::Checksum { file: file.into(), entry: "unit header".into(), offset: 0, stored, computed });
         }
         let mut blake3 = [0u8; 32];
         blake3.copy_from_slice(&b[BLAKE3_OFF..BLAKE3_OFF + 32]);
-        Ok(UnitHeader { len: u64_at(b, LEN_OFF), blake3, xxh3: u64_at(b, XXH3_OFF) })
+        let (len, x) = (u64_at(b, LEN_OFF), u64_at(b, XXH3_OFF));
+        if version == 1 {
+            let mut h = UnitHeader::raw(len, blake3, x);
+            h.header_len = V1_HEADER_LEN as u64;
+            return Ok(h);
+        }
+        let corrupt = |offset: usize, problem: String| CkptError::Corrupt {
+            file: file.into(),
+            entry: "unit header".into(),
+            offset: offset as u64,
+            problem,
+        };
+        let encoding = Encoding::from_u8(b[ENCODING_OFF])
+            .ok_or_else(|| corrupt(ENCODING_OFF, format!("unknown encoding {}", b[ENCODING_OFF])))?;
+        let width = b[WIDTH_OFF];
+        if !(1..=8).contains(&width) {
+            return Err(corrupt(WIDTH_OFF, format!("element width {width}")));
+        }
+        let depth = b[DEPTH_OFF];
+        let mut base = [0u8; 32];
+        base.copy_from_slice(&b[BASE_OFF..BASE_OFF + 32]);
+        let base = (encoding == Encoding::Delta).then_some(base);
+        if (encoding == Encoding::Delta) != (depth > 0) {
+            return Err(corrupt(DEPTH_OFF, format!("{} unit at chain depth {depth}", encoding.name())));
+        }
+        if base == Some(blake3) {
+            return Err(corrupt(BASE_OFF, "a delta against itself".into()));
+        }
+        let body_len = u64_at(b, BODY_LEN_OFF);
+        if encoding == Encoding::Raw && body_len != len {
+            return Err(corrupt(BODY_LEN_OFF, format!("raw unit of {len} bytes with a {body_len}-byte body")));
+        }
+        Ok(UnitHeader {
+            encoding,
+            width,
+            depth,
+            len,
+            blake3,
+            xxh3: x,
+            base,
+            body_len,
+            body_xxh3: u64_at(b, BODY_SUM_OFF),
+            header_len: HEADER_LEN as u64,
+        })
     }
 }
 
-/// Writes unit `h` (whose payload's xxh3 is `x`) at `dest`; on failure the
-/// partial file is removed. Returns the bytes written.
+/// Writes a unit at `dest`: `head` (version 2) and `body` (for a raw unit,
+/// the payload); on failure the partial file is removed. Returns the bytes
+/// written.
 ///
 /// No temp file and rename: the file is named by its content and no recipe
 /// refers to it until the catalog that commits the recipe is renamed into
 /// place, so a partial file left by a crash is unreferenced, and the sweep
 /// at open deletes it before anything could use it.
-pub fn write(dest: &Path, h: &Hash, x: u64, payload: &[u8]) -> Result<u64> {
-    let head = UnitHeader { len: payload.len() as u64, blake3: *h, xxh3: x }.encode();
+pub fn write(dest: &Path, head: &UnitHeader, body: &[u8]) -> Result<u64> {
+    let mut head = *head;
+    head.header_len = HEADER_LEN as u64;
+    head.body_len = body.len() as u64;
+    let enc = head.encode();
     let r = File::create(dest).and_then(|mut f| {
-        f.write_all(&head)?;
-        f.write_all(payload)
+        f.write_all(&enc)?;
+        f.write_all(body)
     });
     if let Err(e) = r {
         let _ = std::fs::remove_file(dest);
         return Err(CkptError::io(dest, e));
     }
-    Ok((HEADER_LEN + payload.len()) as u64)
+    Ok(head.file_len())
 }
 
-/// A unit's payload, read and checked: mapped when large, copied when small.
+/// Encodes `payload` (blake3 `h`, xxh3 `x`, element width `width`; against
+/// `base` = (hash, depth, bytes) when given) and writes it at `dest`.
+/// Returns the header written.
+pub fn encode_and_write(dest: &Path, h: &Hash, x: u64, payload: &[u8], width: usize, base: Option<(&Hash, u8, &[u8])>) -> Result<UnitHeader> {
+    let e = codec::encode(payload, width, base.map(|b| b.2));
+    let mut head = UnitHeader::raw(payload.len() as u64, *h, x);
+    let body: &[u8] = match e.encoding {
+        Encoding::Raw => payload,
+        enc => {
+            head.encoding = enc;
+            head.width = e.width as u8;
+            head.body_xxh3 = xxh3(&e.body);
+            if let (Encoding::Delta, Some((bh, depth, _))) = (enc, base) {
+                head.base = Some(*bh);
+                head.depth = depth.saturating_add(1);
+            }
+            &e.body
+        }
+    };
+    write(dest, &head, body)?;
+    head.body_len = body.len() as u64;
+    Ok(head)
+}
+
+/// A unit's body, read and checked: mapped when large, copied when small.
 pub enum Payload {
-    Mapped(memmap2::Mmap),
+    Mapped(memmap2::Mmap, usize),
     Owned(Vec<u8>),
 }
 
 impl Payload {
     pub fn bytes(&self) -> &[u8] {
         match self {
-            Payload::Mapped(m) => &m[HEADER_LEN..],
-            Payload::Owned(v) => &v[HEADER_LEN..],
+            Payload::Mapped(m, off) => &m[*off..],
+            Payload::Owned(v) => v,
         }
     }
 }
 
-/// Opens unit `h` at `file` and checks its header against the expected
-/// hash and length, and its payload against the header's xxh3
-/// (plus the blake3 when `full`).
-pub fn open(file: &Path, h: &Hash, len: u64, full: bool) -> Result<Payload> {
-    let mut f = File::open(file).map_err(|e| CkptError::io(file, e))?;
-    let flen = f.metadata().map_err(|e| CkptError::io(file, e))?.len();
-    let payload = if flen >= MAP_THRESHOLD {
-        // SAFETY: unit files are immutable once renamed into place and only
-        // this process (which holds the store lock) deletes them, and only
-        // when no recipe refers to them; nothing truncates a mapped unit.
-        let m = unsafe { memmap2::Mmap::map(&f) }.map_err(|e| CkptError::io(file, e))?;
-        Payload::Mapped(m)
-    } else {
-        let mut v = Vec::with_capacity(flen as usize);
-        f.read_to_end(&mut v).map_err(|e| CkptError::io(file, e))?;
-        Payload::Owned(v)
-    };
-    let all = match &payload {
-        Payload::Mapped(m) => &m[..],
-        Payload::Owned(v) => &v[..],
-    };
-    let head = UnitHeader::decode(file, all)?;
-    check(file, &head, all, h, len, full)?;
-    Ok(payload)
-}
-
-/// Reads unit `h` straight into `dst` (whose length is the expected length)
-/// and checks it as [`open`] does.
-pub fn read_into(file: &Path, h: &Hash, dst: &mut [u8], full: bool) -> Result<()> {
-    use std::os::unix::fs::FileExt;
-    let f = File::open(file).map_err(|e| CkptError::io(file, e))?;
-    let mut hb = [0u8; HEADER_LEN];
-    let got = read_full_at(&f, &mut hb, 0).map_err(|e| CkptError::io(file, e))?;
-    let head = UnitHeader::decode(file, &hb[..got])?;
-    check_header(file, &head, h, dst.len() as u64)?;
-    f.read_exact_at(dst, HEADER_LEN as u64).map_err(|e| {
-        if e.kind() == std::io::ErrorKind::UnexpectedEof {
-            CkptError::Truncated {
-                file: file.into(),
-                entry: "unit payload".into(),
-                offset: HEADER_LEN as u64,
-                needed: dst.len() as u64,
-                len: f.metadata().map(|m| m.len().saturating_sub(HEADER_LEN as u64)).unwrap_or(0),
-            }
-        } else {
-            CkptError::io(file, e)
-        }
-    })?;
-    check_payload(file, &head, dst, full)
-}
-
 fn read_full_at(f: &File, buf: &mut [u8], off: u64) -> std::io::Result<usize> {
-    use std::os::unix::fs::FileExt;
     let mut n = 0;
     while n < buf.len() {
         match f.read_at(&mut buf[n..], off + n as u64)? {
@@ -220,7 +322,22 @@ fn read_full_at(f: &File, buf: &mut [u8], off: u64) -> std::io::Result<usize> {
     Ok(n)
 }
 
-fn check_header(file: &Path, head: &UnitHeader, h: &Hash, len: u64) -> Result<()> {
+/// Opens unit file `file` and decodes its header.
+pub fn open_header(file: &Path) -> Result<(File, UnitHeader)> {
+    let f = File::open(file).map_err(|e| CkptError::io(file, e))?;
+    let mut hb = [0u8; HEADER_LEN];
+    let got = read_full_at(&f, &mut hb, 0).map_err(|e| CkptError::io(file, e))?;
+    let head = UnitHeader::decode(file, &hb[..got])?;
+    Ok((f, head))
+}
+
+/// Reads the header of unit file `file` only.
+pub fn read_header(file: &Path) -> Result<UnitHeader> {
+    open_header(file).map(|(_, h)| h)
+}
+
+/// Checks that the header names unit `h` of `len` bytes.
+pub fn check_header(file: &Path, head: &UnitHeader, h: &Hash, len: u64) -> Result<()> {
     if head.blake3 != *h || head.len != len {
         return Err(CkptError::Corrupt {
             file: file.into(),
@@ -237,28 +354,78 @@ fn check_header(file: &Path, head: &UnitHeader, h: &Hash, len: u64) -> Result<()
     Ok(())
 }
 
-fn check(file: &Path, head: &UnitHeader, all: &[u8], h: &Hash, len: u64, full: bool) -> Result<()> {
-    check_header(file, head, h, len)?;
-    let have = all.len() as u64 - HEADER_LEN as u64;
-    if have != len {
-        return Err(CkptError::Truncated {
-            file: file.into(),
-            entry: "unit payload".into(),
-            offset: HEADER_LEN as u64,
-            needed: len,
-            len: have,
-        });
+fn truncated_body(file: &Path, head: &UnitHeader, have: u64) -> CkptError {
+    CkptError::Truncated {
+        file: file.into(),
+        entry: "unit body".into(),
+        offset: head.header_len,
+        needed: head.body_len,
+        len: have,
     }
-    check_payload(file, head, &all[HEADER_LEN..], full)
 }
 
-fn check_payload(file: &Path, head: &UnitHeader, payload: &[u8], full: bool) -> Result<()> {
+/// Reads the body of an open unit file and checks its length and xxh3.
+pub fn read_body(file: &Path, f: &File, head: &UnitHeader) -> Result<Payload> {
+    let flen = f.metadata().map_err(|e| CkptError::io(file, e))?.len();
+    let have = flen.saturating_sub(head.header_len);
+    if have != head.body_len {
+        return Err(truncated_body(file, head, have));
+    }
+    let body = if head.body_len >= MAP_THRESHOLD {
+        // SAFETY: unit files are immutable once written and only this
+        // process (which holds the store lock) deletes them, and only when
+        // no recipe or delta refers to them; nothing truncates a mapped unit.
+        let m = unsafe { memmap2::Mmap::map(f) }.map_err(|e| CkptError::io(file, e))?;
+        Payload::Mapped(m, head.header_len as usize)
+    } else {
+        let mut v = vec![0u8; head.body_len as usize];
+        f.read_exact_at(&mut v, head.header_len).map_err(|e| CkptError::io(file, e))?;
+        Payload::Owned(v)
+    };
+    let computed = xxh3(body.bytes());
+    if computed != head.body_xxh3 {
+        return Err(CkptError::Checksum {
+            file: file.into(),
+            entry: "unit body".into(),
+            offset: head.header_len,
+            stored: head.body_xxh3,
+            computed,
+        });
+    }
+    Ok(body)
+}
+
+/// Reads a raw unit's payload straight into `dst` (no checks of the payload).
+pub fn read_raw_into(file: &Path, f: &File, head: &UnitHeader, dst: &mut [u8]) -> Result<()> {
+    f.read_exact_at(dst, head.header_len).map_err(|e| {
+        if e.kind() == std::io::ErrorKind::UnexpectedEof {
+            let have = f.metadata().map(|m| m.len().saturating_sub(head.header_len)).unwrap_or(0);
+            truncated_body(file, head, have)
+        } else {
+            CkptError::io(file, e)
+        }
+    })
+}
+
+/// Decodes a grouped or delta body into `dst` (for a delta, `dst` holds the
+/// base's payload).
+pub fn decode_body(file: &Path, head: &UnitHeader, body: &[u8], dst: &mut [u8]) -> Result<()> {
+    codec::decode_into(body, head.width as usize, dst, head.encoding == Encoding::Delta).map_err(|e| CkptError::Corrupt {
+        file: file.into(),
+        entry: format!("unit body ({})", head.encoding.name()),
+        offset: head.header_len + e.offset,
+        problem: e.problem,
+    })
+}
+
+/// Checks a decoded payload against the header's xxh3 (and blake3 when `full`).
+pub fn check_payload(file: &Path, head: &UnitHeader, payload: &[u8], full: bool) -> Result<()> {
     let computed = xxh3(payload);
     if computed != head.xxh3 {
         return Err(CkptError::Checksum {
             file: file.into(),
             entry: "unit payload".into(),
-            offset: HEADER_LEN as u64,
+            offset: head.header_len,
             stored: head.xxh3,
             computed,
         });
@@ -269,7 +436,7 @@ fn check_payload(file: &Path, head: &UnitHeader, payload: &[u8], full: bool) -> 
             return Err(CkptError::Corrupt {
                 file: file.into(),
                 entry: "unit payload".into(),
-                offset: HEADER_LEN as u64,
+                offset: head.header_len,
                 problem: format!("blake3 is {}, the unit is named {}", hex(&b), hex(&head.blake3)),
             });
         }
@@ -282,65 +449,248 @@ pub fn hash(payload: &[u8]) -> Hash {
     *blake3::hash(payload).as_bytes()
 }
 
+
+/// Reads unit `h` of `dst.len()` bytes from `file` into `dst`, decoded and
+/// checked (header names, body xxh3, payload xxh3, and the blake3 when
+/// `full`). A delta's base is first loaded into `dst` by `base(hash, depth
+/// budget, dst)`; `budget` bounds the chain depth this unit may have (a
+/// header claiming more is corruption, and a chain cannot loop).
+pub fn load_into(
+    file: &Path,
+    h: &Hash,
+    dst: &mut [u8],
+    full: bool,
+    budget: u8,
+    base: &mut dyn FnMut(&Hash, u8, &mut [u8]) -> Result<()>,
+) -> Result<UnitHeader> {
+    let (f, head) = open_header(file)?;
+    check_header(file, &head, h, dst.len() as u64)?;
+    if head.depth > budget {
+        return Err(CkptError::Corrupt {
+            file: file.into(),
+            entry: "unit header".into(),
+            offset: DEPTH_OFF as u64,
+            problem: format!("delta chain depth {} where at most {budget} is possible", head.depth),
+        });
+    }
+    match (head.encoding, head.base) {
+        (Encoding::Raw, _) => read_raw_into(file, &f, &head, dst)?,
+        (Encoding::Grouped, _) => {
+            let body = read_body(file, &f, &head)?;
+            decode_body(file, &head, body.bytes(), dst)?;
+        }
+        (Encoding::Delta, Some(b)) => {
+            let body = read_body(file, &f, &head)?;
+            base(&b, head.depth - 1, dst)?;
+            decode_body(file, &head, body.bytes(), dst)?;
+        }
+        (Encoding::Delta, None) => unreachable!("decode gives every delta a base"),
+    }
+    check_payload(file, &head, dst, full)?;
+    Ok(head)
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
 
-    fn sample(dir: &Path, payload: &[u8]) -> (PathBuf, Hash) {
+    fn floats(n: usize, seed: u32, scale: f32) -> Vec<u8> {
+        let mut x = seed.wrapping_mul(2654435761) | 1;
+        (0..n)
+            .flat_map(|_| {
+                x ^= x << 13;
+                x ^= x >> 17;
+                x ^= x << 5;
+                (((x >> 8) as f32 / (1u32 << 24) as f32 - 0.5) * scale).to_le_bytes()
+            })
+            .collect()
+    }
+
+    struct Dir {
+        _t: tempfile::TempDir,
+        units: PathBuf,
+    }
+
+    fn dir() -> Dir {
+        let t = tempfile::tempdir().unwrap();
+        let units = t.path().join("units");
+        std::fs::create_dir_all(&units).unwrap();
+        Dir { _t: t, units }
+    }
+
+    fn put(d: &Dir, payload: &[u8], width: usize, base: Option<(&Hash, u8, &[u8])>) -> (PathBuf, Hash, UnitHeader) {
         let h = hash(payload);
-        std::fs::create_dir_all(dir.join("units")).unwrap();
-        let p = path(&dir.join("units"), &h);
-        write(&p, &h, xxh3(payload), payload).unwrap();
-        (p, h)
+        let p = path(&d.units, &h);
+        let head = encode_and_write(&p, &h, xxh3(payload), payload, width, base).unwrap();
+        assert_eq!(std::fs::metadata(&p).unwrap().len(), head.file_len());
+        (p, h, head)
+    }
+
+    /// Loads `h` resolving bases from the same directory.
+    fn load(d: &Dir, h: &Hash, len: usize, full: bool) -> Result<Vec<u8>> {
+        fn rec(units: &Path, h: &Hash, dst: &mut [u8], full: bool, budget: u8) -> Result<()> {
+            load_into(&path(units, h), h, dst, full, budget, &mut |b, bud, dst| rec(units, b, dst, full, bud)).map(|_| ())
+        }
+        let mut v = vec![0u8; len];
+        rec(&d.units, h, &mut v, full, 8)?;
+        Ok(v)
     }
 
     #[test]
-    fn round_trip_small_and_mapped() {
-        let d = tempfile::tempdir().unwrap();
+    fn raw_grouped_and_delta_round_trip() {
+        let d = dir();
         for n in [0usize, 5, 3 << 20] {
-            let data: Vec<u8> = (0..n).map(|i| (i * 7) as u8).collect();
-            let (p, h) = sample(d.path(), &data);
-            assert_eq!(open(&p, &h, n as u64, true).unwrap().bytes(), &data[..]);
-            let mut dst = vec![0u8; n];
-            read_into(&p, &h, &mut dst, true).unwrap();
-            assert_eq!(dst, data);
-            assert_eq!(std::fs::metadata(&p).unwrap().len(), (HEADER_LEN + n) as u64);
+            let data: Vec<u8> = (0..n).map(|i| (i * 7 + i / 251) as u8).collect();
+            let (_, h, _) = put(&d, &data, 1, None);
+            assert_eq!(load(&d, &h, n, true).unwrap(), data);
         }
-        assert_eq!(parse_hex(&hex(&hash(b"x"))), Some(hash(b"x")));
+        let a = floats(200_000, 1, 0.04);
+        let (_, ha, head_a) = put(&d, &a, 4, None);
+        assert_eq!(head_a.encoding, Encoding::Grouped);
+        assert!(head_a.body_len < a.len() as u64);
+        // b = a with low mantissa bits changed: a delta, chained twice.
+        let mut b = a.clone();
+        for e in b.chunks_exact_mut(4).step_by(2) {
+            e[0] ^= 0x35;
+        }
+        let (_, hb, head_b) = put(&d, &b, 4, Some((&ha, head_a.depth, &a)));
+        assert_eq!((head_b.encoding, head_b.depth, head_b.base), (Encoding::Delta, 1, Some(ha)));
+        assert!(head_b.body_len < a.len() as u64 / 4, "{}", head_b.body_len);
+        let mut c = b.clone();
+        c[1000] ^= 0x80;
+        let (_, hc, head_c) = put(&d, &c, 4, Some((&hb, head_b.depth, &b)));
+        assert_eq!(head_c.depth, 2);
+        assert_eq!(load(&d, &hc, c.len(), true).unwrap(), c);
+        assert_eq!(load(&d, &hb, b.len(), true).unwrap(), b);
+        // A missing base is an I/O error naming its file.
+        std::fs::remove_file(path(&d.units, &ha)).unwrap();
+        let e = load(&d, &hc, c.len(), false).unwrap_err().to_string();
+        assert!(e.contains(&hex(&ha)), "{e}");
     }
 
-    fn flip(p: &Path, off: usize) {
+    fn flip(p: &Path, off: u64) {
         let mut b = std::fs::read(p).unwrap();
-        b[off] ^= 0x20;
+        b[off as usize] ^= 0x20;
         std::fs::write(p, b).unwrap();
     }
 
+    fn reseal(b: &mut [u8]) {
+        let sum = xxh3(&b[..CHECKSUM_OFF]);
+        put_u64(b, CHECKSUM_OFF, sum);
+    }
+
     #[test]
-    fn flipped_bytes_are_named() {
-        let d = tempfile::tempdir().unwrap();
-        let (p, h) = sample(d.path(), b"some tensor bytes");
-        flip(&p, HEADER_LEN + 3);
-        let e = open(&p, &h, 17, false).err().unwrap().to_string();
-        assert!(e.contains("checksum mismatch in unit payload at offset 72") && e.contains(".fsu"), "{e}");
-        let mut dst = [0u8; 17];
-        assert!(read_into(&p, &h, &mut dst, false).is_err());
-        let (p, h) = sample(d.path(), b"other bytes");
-        flip(&p, LEN_OFF);
-        let e = open(&p, &h, 11, false).err().unwrap().to_string();
-        assert!(e.contains("checksum mismatch in unit header"), "{e}");
-        let (p, h) = sample(d.path(), b"third");
-        assert!(open(&p, &h, 6, false).err().unwrap().to_string().contains("the recipe expects"));
-        let mut b = std::fs::read(&p).unwrap();
-        b[VERSION_OFF] = 2;
-        let sum = xxh3(&b[..CHECKSUM_OFF]);
-        put_u64(&mut b, CHECKSUM_OFF, sum);
-        std::fs::write(&p, &b).unwrap();
-        assert!(open(&p, &h, 5, false).err().unwrap().to_string().contains("unsupported unit format version 2"));
-        b.truncate(HEADER_LEN + 2);
-        b[VERSION_OFF] = 1;
-        let sum = xxh3(&b[..CHECKSUM_OFF]);
-        put_u64(&mut b, CHECKSUM_OFF, sum);
-        std::fs::write(&p, &b).unwrap();
-        assert!(matches!(open(&p, &h, 5, false), Err(CkptError::Truncated { .. })));
+    fn every_corrupted_byte_is_named() {
+        let d = dir();
+        let a = floats(50_000, 2, 0.04);
+        let (pa, ha, head) = put(&d, &a, 4, None);
+        let orig = std::fs::read(&pa).unwrap();
+        // Every header byte and a spread of body bytes: an error, never wrong bytes.
+        let mut offs: Vec<u64> = (0..HEADER_LEN as u64).collect();
+        offs.extend((HEADER_LEN as u64..head.file_len()).step_by(997));
+        offs.push(head.file_len() - 1);
+        for off in offs {
+            std::fs::write(&pa, &orig).unwrap();
+            flip(&pa, off);
+            let e = load(&d, &ha, a.len(), false).unwrap_err().to_string();
+            let named = if off < 8 {
+                e.contains("bad magic")
+            } else if off < 12 {
+                e.contains("unsupported unit format version")
+            } else if off < HEADER_LEN as u64 {
+                e.contains("checksum mismatch in unit header")
+            } else {
+                e.contains("checksum mismatch in unit body")
+            };
+            assert!(named && e.contains(".fsu"), "offset {off}: {e}");
+        }
+        std::fs::write(&pa, &orig).unwrap();
+        assert_eq!(load(&d, &ha, a.len(), true).unwrap(), a);
+        // Wrong length expected, truncation, bad magic, unknown version.
+        assert!(load(&d, &ha, a.len() - 4, false).unwrap_err().to_string().contains("the recipe expects"));
+        std::fs::write(&pa, &orig[..orig.len() - 3]).unwrap();
+        assert!(matches!(load(&d, &ha, a.len(), false), Err(CkptError::Truncated { .. })));
+        std::fs::write(&pa, &orig[..40]).unwrap();
+        assert!(matches!(load(&d, &ha, a.len(), false), Err(CkptError::Truncated { .. })));
+        let mut m = orig.clone();
+        m[0] = b'X';
+        std::fs::write(&pa, &m).unwrap();
+        assert!(matches!(load(&d, &ha, a.len(), false), Err(CkptError::BadMagic { .. })));
+        let mut v = orig.clone();
+        put_u32(&mut v, VERSION_OFF, 3);
+        reseal(&mut v);
+        std::fs::write(&pa, &v).unwrap();
+        assert!(load(&d, &ha, a.len(), false).unwrap_err().to_string().contains("unsupported unit format version 3"));
+        // A resealed header with an impossible field: a named structural error.
+        let mut s = orig.clone();
+        s[ENCODING_OFF] = 7;
+        reseal(&mut s);
+        std::fs::write(&pa, &s).unwrap();
+        assert!(load(&d, &ha, a.len(), false).unwrap_err().to_string().contains("unknown encoding 7"));
+        let mut s = orig.clone();
+        s[DEPTH_OFF] = 3;
+        reseal(&mut s);
+        std::fs::write(&pa, &s).unwrap();
+        assert!(load(&d, &ha, a.len(), false).unwrap_err().to_string().contains("chain depth"));
+        // A body that passes its xxh3 but decodes wrong: the payload checksum catches it.
+        let mut s = orig.clone();
+        let at = HEADER_LEN + 4 * codec::PLANE_REC_LEN;
+        s[at] ^= 1; // first raw (mantissa) plane
+        let body_sum = xxh3(&s[HEADER_LEN..]);
+        put_u64(&mut s, BODY_SUM_OFF, body_sum);
+        reseal(&mut s);
+        std::fs::write(&pa, &s).unwrap();
+        let e = load(&d, &ha, a.len(), false).unwrap_err().to_string();
+        assert!(e.contains("unit payload") || e.contains("unit body"), "{e}");
+    }
+
+    #[test]
+    fn version_1_units_are_still_read() {
+        let d = dir();
+        let payload = b"an old raw unit payload".to_vec();
+        let h = hash(&payload);
+        let mut b = vec![0u8; V1_HEADER_LEN];
+        b[..8].copy_from_slice(&MAGIC);
+        put_u32(&mut b, VERSION_OFF, 1);
+        put_u64(&mut b, LEN_OFF, payload.len() as u64);
+        b[BLAKE3_OFF..BLAKE3_OFF + 32].copy_from_slice(&h);
+        put_u64(&mut b, XXH3_OFF, xxh3(&payload));
+        let sum = xxh3(&b[..V1_CHECKSUM_OFF]);
+        put_u64(&mut b, V1_CHECKSUM_OFF, sum);
+        b.extend_from_slice(&payload);
+        std::fs::write(path(&d.units, &h), &b).unwrap();
+        assert_eq!(load(&d, &h, payload.len(), true).unwrap(), payload);
+        let head = read_header(&path(&d.units, &h)).unwrap();
+        assert_eq!((head.header_len, head.file_len()), (72, b.len() as u64));
+    }
+
+    #[test]
+    fn mutated_headers_never_panic() {
+        let a = floats(3000, 5, 1.0);
+        let h = hash(&a);
+        let mut head = UnitHeader::raw(a.len() as u64, h, xxh3(&a));
+        head.encoding = Encoding::Delta;
+        head.depth = 1;
+        head.base = Some([7; 32]);
+        let base = head.encode();
+        let mut x = 0x2545f4914f6cdd1du64;
+        let mut ok = 0;
+        for _ in 0..20_000 {
+            let mut b = base.to_vec();
+            x ^= x << 13;
+            x ^= x >> 7;
+            x ^= x << 17;
+            b[(x % HEADER_LEN as u64) as usize] = (x >> 32) as u8;
+            if x % 7 == 0 {
+                b.truncate((x >> 40) as usize % HEADER_LEN);
+            }
+            if b.len() >= CHECKSUM_OFF + 8 {
+                reseal(&mut b);
+            }
+            if UnitHeader::decode(Path::new("u"), &b).is_ok() {
+                ok += 1;
+            }
+        }
+        assert!(ok > 100, "{ok}");
     }
 }

@@ -156,7 +156,7 @@ fn crash_leftovers_are_swept_at_open() {
     // What a crash between unit/recipe writes and the catalog leaves behind.
     let orphan = unit::hash(b"orphan");
     let op = unit::path(&d.path().join("units"), &orphan);
-    unit::write(&op, &orphan, 0, b"orphan").unwrap();
+    unit::write(&op, &unit::UnitHeader::raw(6, orphan, 0), b"orphan").unwrap();
     std::fs::write(d.path().join("recipes").join(fanstore_ckpt::recipe::file_name(2)), b"half a recipe").unwrap();
     std::fs::write(d.path().join("tmp/77.tmp"), b"partial").unwrap();
     assert!(bytes_on_disk(d.path()) > clean);

@@ -12,6 +12,7 @@
 //! fanstore ckpt diff A B [--json]     tensors added, removed, changed, unchanged
 //! fanstore ckpt du [--json]           logical vs physical bytes, per rank and in all
 //! fanstore ckpt verify [PATH] [--json]  recompute every unit hash and file checksum (exit 1 on damage)
+//! fanstore ckpt match FILE|PATH [--json]  stored checkpoints ranked by the longest equal prefix of tensors
 //! ```
 //!
 //! Paths may carry the mount prefix (`/fanstore/run/ck.pt`) or be relative
@@ -75,7 +76,16 @@ fn ask(rt: &Path, rank: u32, q: &Query) -> Result<RankAnswer, QueryError> {
     let mut c = Client::connect(&runtime::socket_path(rt, rank), Duration::from_secs(10)).map_err(|e| fail(e.to_string()))?;
     let mut req = Request::new(op::CKPT, 1, arg0, arg1);
     req.payload = payload;
-    let (rep, fd) = c.call(&req).map_err(|e| fail(e.to_string()))?;
+    let attach = match q.attachment() {
+        Some(b) => {
+            let m = crate::memfd::MemfdBuilder::unmapped("fanstore:query", b.len() as u64).map_err(|e| fail(e.to_string()))?;
+            m.write_at(b, 0).map_err(|e| fail(e.to_string()))?;
+            Some(m.seal().map_err(|e| fail(e.to_string()))?)
+        }
+        None => None,
+    };
+    use std::os::fd::AsRawFd;
+    let (rep, fd) = c.call_with(&req, attach.as_ref().map(|f| f.as_raw_fd())).map_err(|e| fail(e.to_string()))?;
     if rep.errno != 0 {
         return Ok((rank, Err(rep.errno)));
     }
@@ -128,6 +138,7 @@ pub fn run(rt: &Path, q: &Query) -> Result<Report, QueryError> {
     match q {
         Query::Ls { json, .. } => ls(rt, q, *json),
         Query::Du => du(rt, q),
+        Query::Match { .. } => match_all(rt, q),
         Query::Verify { path: None, json } => verify_all(rt, *json),
         Query::Log { path, .. } | Query::Owners { path, .. } | Query::Verify { path: Some(path), .. } => {
             one(rt, q).map_err(|e| match e {
@@ -181,29 +192,21 @@ fn ls(rt: &Path, q: &Query, as_json: bool) -> Result<Report, QueryError> {
     Ok(Report { text, ok: true })
 }
 
-const DU_FIELDS: [&str; 8] =
-    ["checkpoints", "deleted", "logical_bytes", "units", "unit_payload_bytes", "unit_file_bytes", "recipe_bytes", "catalog_bytes"];
+use fanstore_ckpt::query::DU_FIELDS;
+/// Fields of a `du` report.
+const NF: usize = DU_FIELDS.len();
 
-fn du_report(n: &[u64; 8]) -> fanstore_ckpt::DuReport {
-    fanstore_ckpt::DuReport {
-        checkpoints: n[0],
-        deleted: n[1],
-        logical: n[2],
-        units: n[3],
-        unit_payload: n[4],
-        unit_files: n[5],
-        recipes: n[6],
-        catalog: n[7],
-    }
+fn du_report(n: &[u64; NF]) -> fanstore_ckpt::DuReport {
+    fanstore_ckpt::DuReport::from_fields(n)
 }
 
 fn du(rt: &Path, q: &Query) -> Result<Report, QueryError> {
-    let mut total = [0u64; 8];
+    let mut total = [0u64; NF];
     let mut per_rank = Vec::new();
     for (rank, a) in ask_all(rt, q)? {
         let Ok((text, _)) = a else { continue };
         let v = parsed(rank, &text)?;
-        let mut n = [0u64; 8];
+        let mut n = [0u64; NF];
         for (i, f) in DU_FIELDS.iter().enumerate() {
             n[i] = v.get(f).and_then(Value::as_u64).ok_or_else(|| QueryError::Malformed { rank, problem: format!("du has no {f}") })?;
             total[i] += n[i];
@@ -213,7 +216,7 @@ fn du(rt: &Path, q: &Query) -> Result<Report, QueryError> {
     Ok(Report { text: du_text(&total, &per_rank), ok: true })
 }
 
-fn du_text(total: &[u64; 8], per_rank: &[(u32, [u64; 8])]) -> String {
+fn du_text(total: &[u64; NF], per_rank: &[(u32, [u64; NF])]) -> String {
     let t = du_report(total);
     let ranks: Vec<String> = per_rank
         .iter()
@@ -229,8 +232,8 @@ fn du_text(total: &[u64; 8], per_rank: &[(u32, [u64; 8])]) -> String {
 /// The table form of `du`: the whole job, then one row per rank.
 pub fn du_table(json_text: &str) -> Result<String, QueryError> {
     let v = parsed(0, json_text)?;
-    let nums = |o: &Value| -> [u64; 8] {
-        let mut n = [0u64; 8];
+    let nums = |o: &Value| -> [u64; NF] {
+        let mut n = [0u64; NF];
         for (i, f) in DU_FIELDS.iter().enumerate() {
             n[i] = o.get(f).and_then(Value::as_u64).unwrap_or(0);
         }
@@ -255,6 +258,73 @@ pub fn du_table(json_text: &str) -> Result<String, QueryError> {
         out.push_str(&render::table(&["rank", "checkpoints", "logical", "physical", "dedup"], &rows, &[0, 1, 2, 3, 4]));
     }
     Ok(out)
+}
+
+/// The tensors of the stored checkpoint at `path` (from its owner map),
+/// as `ckpt match` keys.
+pub fn stored_keys(rt: &Path, path: &[u8]) -> Result<Vec<fanstore_ckpt::matching::TensorKey>, QueryError> {
+    let rep = run(rt, &Query::Owners { path: path.to_vec(), json: true })?;
+    let v = parsed(0, &rep.text)?;
+    let bad = |problem: &str| QueryError::Malformed { rank: 0, problem: format!("owners: {problem}") };
+    let mut keys = Vec::new();
+    for t in v.get("tensors").and_then(Value::as_array).ok_or_else(|| bad("no tensors"))? {
+        let name = t.get("name").and_then(Value::as_str).ok_or_else(|| bad("tensor without a name"))?;
+        let shape = t.get("shape").and_then(Value::as_array).ok_or_else(|| bad("tensor without a shape"))?;
+        let shape: Option<Vec<u64>> = shape.iter().map(Value::as_u64).collect();
+        let hash = t.get("blake3").and_then(Value::as_str).and_then(fanstore_ckpt::unit::parse_hex);
+        let len = t.get("bytes").and_then(Value::as_u64);
+        let (Some(shape), Some(hash), Some(len)) = (shape, hash, len) else { return Err(bad("tensor fields")) };
+        keys.push(fanstore_ckpt::matching::TensorKey { name: name.as_bytes().to_vec(), shape, hash, len });
+    }
+    Ok(keys)
+}
+
+/// `ckpt match`: every rank's rows, ranked together (JSON; the CLI makes
+/// the table with [`match_table`]).
+fn match_all(rt: &Path, q: &Query) -> Result<Report, QueryError> {
+    let mut rows: Vec<((u64, u64, u64, u64), String)> = Vec::new();
+    let mut query_tensors = 0;
+    for (rank, a) in ask_all(rt, q)? {
+        let Ok((text, _)) = a else { continue };
+        let v = parsed(rank, &text)?;
+        query_tensors = v.get("query_tensors").and_then(Value::as_u64).unwrap_or(0);
+        for m in v.get("matches").and_then(Value::as_array).unwrap_or(&[]) {
+            let n = |f: &str| m.get(f).and_then(Value::as_u64).unwrap_or(0);
+            let key = (n("prefix"), n("shared"), n("shared_bytes"), n("id"));
+            let j = to_json(m);
+            rows.push((key, format!("{{\"rank\":{rank},{}", &j[1..])));
+        }
+    }
+    rows.sort_by(|a, b| b.0.cmp(&a.0));
+    let text = format!("{{\"query_tensors\":{query_tensors},\"matches\":[{}]}}\n", rows.into_iter().map(|r| r.1).collect::<Vec<_>>().join(","));
+    Ok(Report { text, ok: true })
+}
+
+/// The table form of `ckpt match`.
+pub fn match_table(json_text: &str) -> Result<String, QueryError> {
+    let v = parsed(0, json_text)?;
+    let q = v.get("query_tensors").and_then(Value::as_u64).unwrap_or(0);
+    let ms = v.get("matches").and_then(Value::as_array).unwrap_or(&[]);
+    if ms.is_empty() {
+        return Ok(format!("no stored checkpoint shares any of the {q} tensors\n"));
+    }
+    let rows: Vec<Vec<String>> = ms
+        .iter()
+        .enumerate()
+        .map(|(i, m)| {
+            let n = |f: &str| m.get(f).and_then(Value::as_u64).unwrap_or(0);
+            vec![
+                (i + 1).to_string(),
+                n("rank").to_string(),
+                m.get("path").and_then(Value::as_str).unwrap_or("").to_string(),
+                format!("{}/{q}", n("prefix")),
+                n("shared").to_string(),
+                render::bytes(n("shared_bytes")),
+                n("tensors").to_string(),
+            ]
+        })
+        .collect();
+    Ok(render::table(&["#", "rank", "checkpoint", "prefix", "shared", "shared bytes", "its tensors"], &rows, &[0, 1, 3, 4, 5, 6]))
 }
 
 fn verify_all(rt: &Path, as_json: bool) -> Result<Report, QueryError> {
@@ -308,7 +378,12 @@ mod tests {
 
     #[test]
     fn du_totals_and_ranks() {
-        let text = du_text(&[2, 0, 100, 3, 60, 90, 10, 5], &[(0, [1, 0, 50, 2, 40, 60, 5, 3]), (1, [1, 0, 50, 1, 20, 30, 5, 2])]);
+        let f = |v: [u64; 8]| {
+            let mut n = [0u64; NF];
+            n[..8].copy_from_slice(&v);
+            n
+        };
+        let text = du_text(&f([2, 0, 100, 3, 60, 90, 10, 5]), &[(0, f([1, 0, 50, 2, 40, 60, 5, 3])), (1, f([1, 0, 50, 1, 20, 30, 5, 2]))]);
         let v = json::parse(text.as_bytes(), json::Limits::default()).unwrap();
         assert_eq!(v.get("physical_bytes").and_then(Value::as_u64), Some(105));
         let ranks = v.get("ranks").and_then(Value::as_array).unwrap();

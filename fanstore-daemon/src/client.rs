@@ -52,7 +52,12 @@ impl Client {
 
     /// Sends `req` and waits for its reply.
     pub fn call(&mut self, req: &Request) -> io::Result<(Reply, Option<OwnedFd>)> {
-        wire::send_msg(self.fd.as_raw_fd(), &req.encode(), None)?;
+        self.call_with(req, None)
+    }
+
+    /// Sends `req` with `attach` (an fd passed along, SCM_RIGHTS) and waits for its reply.
+    pub fn call_with(&mut self, req: &Request, attach: Option<std::os::fd::RawFd>) -> io::Result<(Reply, Option<OwnedFd>)> {
+        wire::send_msg(self.fd.as_raw_fd(), &req.encode(), attach)?;
         let (n, fd) = wire::recv_msg(self.fd.as_raw_fd(), &mut self.buf)?;
         if n == 0 {
             return Err(io::Error::new(io::ErrorKind::ConnectionAborted, "the daemon closed the connection"));

@@ -43,7 +43,7 @@ use std::collections::{HashMap, HashSet};
 use std::io::{self, Write};
 use std::os::fd::OwnedFd;
 use std::path::{Path, PathBuf};
-use std::sync::{RwLock, RwLockReadGuard, RwLockWriteGuard};
+use std::sync::{Arc, RwLock, RwLockReadGuard, RwLockWriteGuard};
 
 /// The store's directory under the rank's `out/`.
 pub const STORE_DIR: &str = "ckpt";
@@ -85,9 +85,18 @@ struct Held {
     store: CheckpointStore,
     /// Output id -> current store key.
     keys: HashMap<u64, Vec<u8>>,
+    /// Output id -> the file it was committed from, while the store keeps
+    /// that file's bytes as a hot copy: opens are served from it directly.
+    hot: HashMap<u64, Arc<OwnedFd>>,
 }
 
 impl Held {
+    /// Forgets the files of outputs whose checkpoint is no longer hot.
+    fn trim_hot(&mut self) {
+        let (store, keys) = (&self.store, &self.keys);
+        self.hot.retain(|id, _| keys.get(id).is_some_and(|k| store.is_hot(k)));
+    }
+
     fn rename_key(&mut self, id: u64, to: &[u8]) {
         let Some(from) = self.keys.get(&id).cloned() else { return }; // dropped meanwhile
         if from == to {
@@ -111,18 +120,91 @@ pub struct Dedup {
     /// dedup off, the store only serves what an earlier run put in it).
     pub min: u64,
     dir: PathBuf,
-    held: RwLock<Held>,
+    held: Arc<RwLock<Held>>,
+    /// Hot copies in memfds waiting to move to the local disk.
+    demote: std::sync::Mutex<std::sync::mpsc::Sender<Demote>>,
+}
+
+/// A hot copy held in a memfd, to be moved to an unnamed local file.
+struct Demote {
+    id: u64,
+    memfd: Arc<OwnedFd>,
+}
+
+fn write_held(held: &RwLock<Held>) -> RwLockWriteGuard<'_, Held> {
+    held.write().unwrap_or_else(|p| p.into_inner())
+}
+
+/// The background worker: copies each hot memfd into an unnamed file in
+/// `dir` (same disk as the store) and, if that checkpoint is still hot and
+/// still served from that memfd, swaps the file in (store and opens) and
+/// lets the memfd go: the memory is returned, and page-cache reads of a
+/// disk file run faster here than reads of a memfd (no huge pages for shmem).
+fn demote_worker(dir: PathBuf, held: std::sync::Weak<RwLock<Held>>, rx: std::sync::mpsc::Receiver<Demote>) {
+    use std::os::unix::fs::OpenOptionsExt;
+    for job in rx {
+        let Some(held) = held.upgrade() else { return };
+        let still = |h: &Held| h.hot.get(&job.id).is_some_and(|f| Arc::ptr_eq(f, &job.memfd));
+        if !still(&held.read().unwrap_or_else(|p| p.into_inner())) {
+            continue;
+        }
+        let copied = (|| -> io::Result<(std::fs::File, memmap2::Mmap)> {
+            let mut to = std::fs::OpenOptions::new().read(true).write(true).custom_flags(libc::O_TMPFILE).mode(0o600).open(&dir)?;
+            let from = std::fs::File::from(crate::open::reopen(&job.memfd).map_err(io::Error::from_raw_os_error)?);
+            // SAFETY: the memfd is sealed against writes and shrinking (the
+            // commit sealed it before keeping it hot); read-only mapping.
+            let orig = unsafe { memmap2::Mmap::map(&from) }?;
+            // One large write (not a splice/sendfile copy), as a program
+            // writes its file: the page cache then holds it in large folios.
+            io::Write::write_all(&mut to, &orig)?;
+            // Checked with reads, not through the mapping: pages of a file
+            // that a process has faulted into its mappings are read back
+            // slower here (measured: 3.8 vs 4.5 GB/s), so the store's mapping
+            // stays untouched until a commit needs a delta base from it.
+            let mut buf = vec![0u8; 8 << 20];
+            for (i, chunk) in orig.chunks(8 << 20).enumerate() {
+                let b = &mut buf[..chunk.len()];
+                std::os::unix::fs::FileExt::read_exact_at(&to, b, (i * (8 << 20)) as u64)?;
+                if b != chunk {
+                    return Err(io::Error::other("the copy differs from the memfd"));
+                }
+            }
+            // SAFETY: an unnamed file only this process can reach, written
+            // above and never again; the mapping is read-only.
+            let map = unsafe { memmap2::Mmap::map(&to) }?;
+            Ok((to, map))
+        })();
+        match copied {
+            Ok((file, map)) => {
+                let mut h = write_held(&held);
+                if still(&h) {
+                    let key = h.keys.get(&job.id).cloned().unwrap_or_default();
+                    if h.store.replace_hot(&key, Arc::new(map)) {
+                        h.hot.insert(job.id, Arc::new(OwnedFd::from(file)));
+                    }
+                }
+            }
+            Err(e) => log::warn!("checkpoint store: moving a hot copy to {}: {e}", dir.display()),
+        }
+    }
 }
 
 impl Dedup {
     /// Opens (creating) the store in `dir`.
-    pub fn open(dir: &Path, min: u64, fsync: bool) -> Result<Dedup, CkptError> {
-        let store = CheckpointStore::open_with(dir, StoreOptions { fsync, ..StoreOptions::default() })?;
-        Ok(Dedup { min, dir: dir.to_path_buf(), held: RwLock::new(Held { store, keys: HashMap::new() }) })
+    pub fn open(dir: &Path, min: u64, fsync: bool, hot: usize) -> Result<Dedup, CkptError> {
+        let store = CheckpointStore::open_with(dir, StoreOptions { fsync, hot, ..StoreOptions::default() })?;
+        let held = Arc::new(RwLock::new(Held { store, keys: HashMap::new(), hot: HashMap::new() }));
+        let (tx, rx) = std::sync::mpsc::channel();
+        let (d, weak) = (dir.to_path_buf(), Arc::downgrade(&held));
+        std::thread::Builder::new()
+            .name("ckpt-demote".into())
+            .spawn(move || demote_worker(d, weak, rx))
+            .map_err(|e| CkptError::io(dir, e))?;
+        Ok(Dedup { min, dir: dir.to_path_buf(), held, demote: std::sync::Mutex::new(tx) })
     }
 
     fn write(&self) -> RwLockWriteGuard<'_, Held> {
-        self.held.write().unwrap_or_else(|p| p.into_inner())
+        write_held(&self.held)
     }
 
     fn read(&self) -> RwLockReadGuard<'_, Held> {
@@ -138,6 +220,30 @@ impl Dedup {
             errno_of(&e)
         })?;
         h.keys.insert(id, key);
+        Ok(info)
+    }
+
+    /// Stores output `id` of `path` like [`Self::stage`], from a file handed
+    /// over for good (the client's unnamed local file, closed by its
+    /// writer): its mapping becomes the store's hot copy, so the next
+    /// checkpoint finds its delta bases there, and opens of this output are
+    /// served from the file itself (no rebuild) while it stays hot.
+    /// A memfd (`memfd`: true) is moved to an unnamed local file in the
+    /// background, then served from there.
+    pub fn stage_handed(&self, path: &[u8], id: u64, file: OwnedFd, map: Arc<memmap2::Mmap>, memfd: bool) -> Result<CommitInfo, i32> {
+        let key = pending_key(path, id);
+        let mut h = self.write();
+        let info = h.store.commit_shared(&key, map).map_err(|e| {
+            log::warn!("checkpoint store: committing '{}': {e}", String::from_utf8_lossy(path));
+            errno_of(&e)
+        })?;
+        h.keys.insert(id, key);
+        let file = Arc::new(file);
+        h.hot.insert(id, file.clone());
+        h.trim_hot();
+        if memfd && h.hot.contains_key(&id) {
+            let _ = self.demote.lock().unwrap_or_else(|p| p.into_inner()).send(Demote { id, memfd: file });
+        }
         Ok(info)
     }
 
@@ -160,6 +266,7 @@ impl Dedup {
         if let Err(e) = h.store.unlink(&key) {
             log::warn!("checkpoint store: unlinking '{}': {e}", String::from_utf8_lossy(&key));
         }
+        h.trim_hot();
         true
     }
 
@@ -212,14 +319,42 @@ impl Dedup {
         })
     }
 
-    /// Output `id` of `size` bytes and xxh3 `sum` (its record's) in a new
-    /// sealed memfd; EIO if the store's bytes are another version.
+    /// Output `id` from its hot copy (the file it was committed from), if
+    /// the store still keeps one.
+    pub fn open_hot(&self, id: u64) -> Option<Result<OwnedFd, i32>> {
+        let h = self.read();
+        let key = h.keys.get(&id)?;
+        let f = h.hot.get(&id).filter(|_| h.store.is_hot(key))?;
+        Some(crate::open::reopen(f))
+    }
+
+    /// Output `id` of `size` bytes and xxh3 `sum` (its record's): the file
+    /// it was committed from while that is hot, else its bytes decoded (in
+    /// parallel) into a new sealed memfd; EIO if the store's bytes are
+    /// another version or damaged.
     pub fn open_output(&self, id: u64, size: u64, sum: u64) -> Result<OwnedFd, i32> {
-        let m = crate::memfd::MemfdBuilder::unmapped(&format!("fanstore:ckpt:{id}"), size).map_err(|_| libc::ENOMEM)?;
-        let mut w = MemfdWriter { m: &m, off: 0, sum: StreamingChecksum::new() };
-        let n = self.read_output(id, &mut w)?;
-        if n != size || w.sum.digest() != sum {
-            log::error!("checkpoint store: output {id} ({n} bytes) differs from its record ({size} bytes)");
+        if let Some(r) = self.open_hot(id) {
+            return r;
+        }
+        let h = self.read();
+        let key = h.keys.get(&id).ok_or(libc::ENOENT)?;
+        if size == 0 {
+            drop(h);
+            let m = crate::memfd::MemfdBuilder::unmapped(&format!("fanstore:ckpt:{id}"), 0).map_err(|_| libc::ENOMEM)?;
+            let mut w = MemfdWriter { m: &m, off: 0, sum: StreamingChecksum::new() };
+            let n = self.read_output(id, &mut w)?;
+            if n != 0 || w.sum.digest() != sum {
+                return Err(libc::EIO);
+            }
+            return m.seal().map_err(|_| libc::EIO);
+        }
+        let mut m = crate::memfd::MemfdBuilder::new(&format!("fanstore:ckpt:{id}"), size).map_err(|_| libc::ENOMEM)?;
+        h.store.read_into(key, m.bytes_mut()).map_err(|e| {
+            log::error!("checkpoint store: reading '{}': {e}", String::from_utf8_lossy(key));
+            errno_of(&e)
+        })?;
+        if fanstore_core::checksum::xxh3(m.bytes()) != sum {
+            log::error!("checkpoint store: output {id} differs from its record ({size} bytes)");
             return Err(libc::EIO);
         }
         m.seal().map_err(|_| libc::EIO)
@@ -249,6 +384,12 @@ impl Dedup {
                 (if *json { r.to_json() } else { r.to_table() }, true)
             }
             Query::Du => (s.du().to_json(), true),
+            Query::Match { exclude, keys } => {
+                let keys = fanstore_ckpt::matching::decode_keys(keys).map_err(|_| libc::EINVAL)?;
+                let mut r = s.best_match(&keys, (!exclude.is_empty()).then_some(&exclude[..]));
+                r.rows.retain(|row| !is_pending(&row.ckpt.path));
+                (r.to_json(), true)
+            }
             Query::Verify { path, json } => {
                 let r = s.verify(path.as_deref()).map_err(nf)?;
                 (if *json { r.to_json() } else { r.to_table() }, r.ok())
@@ -403,6 +544,11 @@ pub enum Query {
     /// Always JSON: the CLI adds the ranks up.
     Du,
     Verify { path: Option<Vec<u8>>, json: bool },
+    /// Always JSON: the CLI ranks the ranks' rows together. `keys`: a
+    /// key list (`fanstore_ckpt::matching`), sent in a memfd attached to
+    /// the request (a model's list can exceed a message); `exclude`: the
+    /// queried checkpoint's own path, or empty (the payload).
+    Match { exclude: Vec<u8>, keys: Vec<u8> },
 }
 
 /// A query's answer: the report, and false when verify found damage.
@@ -420,6 +566,7 @@ pub mod kind {
     pub const DIFF: u64 = 4;
     pub const DU: u64 = 5;
     pub const VERIFY: u64 = 6;
+    pub const MATCH: u64 = 7;
 }
 
 impl Query {
@@ -433,6 +580,29 @@ impl Query {
             Query::Diff { a, b, json } => (kind::DIFF, j(json), [&a[..], b"\0", &b[..]].concat()),
             Query::Du => (kind::DU, 1, Vec::new()),
             Query::Verify { path, json } => (kind::VERIFY, j(json), path.clone().unwrap_or_default()),
+            Query::Match { exclude, .. } => (kind::MATCH, 1, exclude.clone()),
+        }
+    }
+
+    /// The bytes sent in a memfd with the request, if any.
+    pub fn attachment(&self) -> Option<&[u8]> {
+        match self {
+            Query::Match { keys, .. } => Some(keys),
+            _ => None,
+        }
+    }
+
+    /// Fills in what came in the attached file (at most 64 MiB); None when
+    /// a query that needs it has none.
+    pub fn with_attachment(self, file: Option<OwnedFd>) -> Option<Query> {
+        match self {
+            Query::Match { exclude, .. } => {
+                use std::io::Read;
+                let mut keys = Vec::new();
+                std::fs::File::from(file?).take(64 << 20).read_to_end(&mut keys).ok()?;
+                Some(Query::Match { exclude, keys })
+            }
+            q => Some(q),
         }
     }
 
@@ -449,6 +619,7 @@ impl Query {
             }
             kind::DU => Query::Du,
             kind::VERIFY => Query::Verify { path: (!p.is_empty()).then_some(p), json },
+            kind::MATCH => Query::Match { exclude: p, keys: Vec::new() },
             _ => return None,
         })
     }
@@ -481,13 +652,21 @@ mod tests {
             assert_eq!(Query::decode(a0, a1, &p), Some(q));
         }
         assert_eq!(Query::decode(99, 0, b""), None);
+        // match: the keys travel in an attached file
+        let q = Query::Match { exclude: b"a/b".to_vec(), keys: vec![0, 1, 0, 2] };
+        let (a0, a1, p) = q.encode();
+        let m = crate::memfd::MemfdBuilder::unmapped("keys", 4).unwrap();
+        m.write_at(q.attachment().unwrap(), 0).unwrap();
+        let fd = m.seal().unwrap();
+        assert_eq!(Query::decode(a0, a1, &p).and_then(|d| d.with_attachment(Some(fd))), Some(q.clone()));
+        assert_eq!(Query::decode(a0, a1, &p).and_then(|d| d.with_attachment(None)), None);
         assert_eq!(Query::decode(kind::DIFF, 0, b"no-separator"), None);
     }
 
     #[test]
     fn staged_outputs_settle_rename_drop_and_read_back() {
         let d = tempfile::tempdir().unwrap();
-        let dd = Dedup::open(&d.path().join("ckpt"), 0, false).unwrap();
+        let dd = Dedup::open(&d.path().join("ckpt"), 0, false, 2).unwrap();
         let bytes: Vec<u8> = (0..200_000u32).map(|i| (i % 251) as u8).collect();
         let info = dd.stage(b"run/ck1", 1, &bytes).unwrap();
         assert_eq!(info.file_xxh3, fanstore_core::checksum::xxh3(&bytes));
@@ -513,12 +692,84 @@ mod tests {
     }
 
     #[test]
+    fn handed_over_files_serve_opens_while_hot() {
+        use std::io::Write as _;
+        use std::os::fd::AsRawFd;
+        let d = tempfile::tempdir().unwrap();
+        let dd = Dedup::open(&d.path().join("ckpt"), 0, false, 2).unwrap();
+        let target = |fd: &OwnedFd| std::fs::read_link(format!("/proc/self/fd/{}", fd.as_raw_fd())).unwrap();
+        let mut sums = Vec::new();
+        for id in 1..=3u64 {
+            let bytes: Vec<u8> = (0..300_000u32).map(|i| (i * id as u32 % 251) as u8).collect();
+            let p = d.path().join(format!("client-{id}"));
+            let mut f = std::fs::File::options().read(true).write(true).create(true).truncate(true).open(&p).unwrap();
+            f.write_all(&bytes).unwrap();
+            // SAFETY: test file, written above and never again.
+            let map = Arc::new(unsafe { memmap2::Mmap::map(&f) }.unwrap());
+            let info = dd.stage_handed(b"run/x", id, OwnedFd::from(f), map, false).unwrap();
+            dd.settle(id, format!("run/c{id}").as_bytes());
+            sums.push((bytes, info.file_xxh3, p));
+        }
+        // The last two (StoreOptions::hot) come from their files; the first is rebuilt.
+        for (i, (bytes, sum, p)) in sums.iter().enumerate() {
+            let fd = dd.open_output(i as u64 + 1, bytes.len() as u64, *sum).unwrap();
+            let t = target(&fd);
+            if i == 0 {
+                assert!(t.to_string_lossy().starts_with("/memfd:fanstore:ckpt"), "{t:?}");
+            } else {
+                assert_eq!(&t, p);
+            }
+            assert_eq!(&std::fs::read(format!("/proc/self/fd/{}", fd.as_raw_fd())).unwrap(), bytes);
+        }
+        assert!(dd.drop_output(3));
+        assert_eq!(dd.open_output(3, 300_000, sums[2].1).err(), Some(libc::ENOENT));
+    }
+
+    #[test]
+    fn hot_memfds_move_to_the_local_disk() {
+        use std::os::fd::{AsRawFd, FromRawFd};
+        let d = tempfile::tempdir().unwrap();
+        let dd = Dedup::open(&d.path().join("ckpt"), 0, false, 2).unwrap();
+        let bytes: Vec<u8> = (0..500_000u32).map(|i| (i % 241) as u8).collect();
+        // SAFETY: memfd_create with a literal name; the fd is checked and owned below.
+        let raw = unsafe { libc::memfd_create(c"client".as_ptr(), libc::MFD_ALLOW_SEALING) };
+        assert!(raw >= 0);
+        // SAFETY: raw is a fresh fd we own.
+        let mut f = unsafe { std::fs::File::from_raw_fd(raw) };
+        std::io::Write::write_all(&mut f, &bytes).unwrap();
+        // SAFETY: fcntl on our memfd.
+        assert_eq!(unsafe { libc::fcntl(f.as_raw_fd(), libc::F_ADD_SEALS, libc::F_SEAL_WRITE | libc::F_SEAL_SHRINK | libc::F_SEAL_GROW) }, 0);
+        // SAFETY: sealed above; read-only mapping.
+        let map = Arc::new(unsafe { memmap2::Mmap::map(&f) }.unwrap());
+        let info = dd.stage_handed(b"run/m", 7, OwnedFd::from(f), map, true).unwrap();
+        dd.settle(7, b"run/m");
+        let target = |fd: &OwnedFd| std::fs::read_link(format!("/proc/self/fd/{}", fd.as_raw_fd())).unwrap();
+        // The move happens in the background: poll until it is done (bounded).
+        let mut moved = None;
+        for _ in 0..1000 {
+            let fd = dd.open_output(7, bytes.len() as u64, info.file_xxh3).unwrap();
+            assert_eq!(std::fs::read(format!("/proc/self/fd/{}", fd.as_raw_fd())).unwrap(), bytes);
+            let t = target(&fd);
+            if !t.to_string_lossy().starts_with("/memfd:") {
+                moved = Some(t);
+                break;
+            }
+            std::thread::sleep(std::time::Duration::from_millis(10));
+        }
+        let t = moved.expect("the hot memfd was never moved to the local disk");
+        assert!(t.starts_with(d.path().join("ckpt")), "{t:?}");
+        let mut out = Vec::new();
+        dd.read_output(7, &mut out).unwrap();
+        assert_eq!(out, bytes);
+    }
+
+    #[test]
     fn drain_adopt_and_sweep() {
         let d = tempfile::tempdir().unwrap();
         let bytes: Vec<u8> = (0..300_000u32).map(|i| (i * 7 % 253) as u8).collect();
         let persist = d.path().join("persist");
         {
-            let dd = Dedup::open(&d.path().join("a"), 0, false).unwrap();
+            let dd = Dedup::open(&d.path().join("a"), 0, false, 2).unwrap();
             dd.stage(b"c/1", 5, &bytes).unwrap();
             dd.settle(5, b"c/1");
             dd.stage(b"c/2", 6, &bytes[..1000]).unwrap(); // staged only: swept after adoption
@@ -529,7 +780,7 @@ mod tests {
         let local = d.path().join("b");
         assert!(adopt_drained(&drained_dir(&persist, 3), &local).unwrap());
         assert!(!adopt_drained(&drained_dir(&persist, 4), &d.path().join("x")).unwrap());
-        let dd = Dedup::open(&local, 0, false).unwrap();
+        let dd = Dedup::open(&local, 0, false, 2).unwrap();
         assert!(dd.claim(9, b"c/1"));
         assert!(!dd.claim(10, b"c/1"), "one id per checkpoint");
         assert!(!dd.claim(10, b"c/nope"));

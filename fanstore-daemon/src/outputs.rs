@@ -151,20 +151,25 @@ impl Node {
             use std::os::unix::fs::MetadataExt;
             (meta.mtime() * 1_000_000_000 + meta.mtime_nsec(), meta.atime() * 1_000_000_000 + meta.atime_nsec())
         };
+        let dedup = self.dedup.get().filter(|d| size >= d.min);
+        // Before any mapping of ours: a shared mapping of this read-write fd
+        // would count as writable and block the seal.
+        let sealed = dedup.is_some() && size > 0 && seal_memfd(&src);
         let map = if size > 0 {
             // SAFETY: the client handed us its output file at its last close
-            // and no longer writes it; the mapping is read-only and private.
-            Some(unsafe { memmap2::MmapOptions::new().populate().map(&src) }.map_err(|_| libc::EIO)?)
+            // and no longer writes it (the plain path keeps and serves this
+            // same file); the mapping is read-only and private, and with
+            // dedup it lives on as the store's hot copy of this output.
+            Some(std::sync::Arc::new(unsafe { memmap2::MmapOptions::new().populate().map(&src) }.map_err(|_| libc::EIO)?))
         } else {
             None
         };
-        let bytes: &[u8] = map.as_deref().unwrap_or(&[]);
+        let bytes: &[u8] = map.as_deref().map_or(&[], |m| &m[..]);
         std::fs::create_dir_all(self.out_dir()).map_err(|e| io_errno(&e))?;
         let unnamed = self.unnamed_local(&src);
         if unnamed && self.local_disk_full() {
             return Err(libc::ENOSPC);
         }
-        let dedup = self.dedup.get().filter(|d| size >= d.min);
         let file = self.out_file(id);
         let undo = || match dedup {
             Some(d) => {
@@ -174,9 +179,19 @@ impl Node {
                 let _ = std::fs::remove_file(&file);
             }
         };
-        let sum = match dedup {
-            Some(d) => d.stage(path, id, bytes)?.file_xxh3,
-            None => self.store_plain(&src, unnamed, bytes, &file).inspect_err(|_| undo())?,
+        // A file handed over for good (the client's unnamed local file, or
+        // its memfd once sealed against writes): the store keeps its mapping
+        // as a hot copy and reads are served from the file itself.
+        let handed = match (&map, dedup) {
+            (Some(m), Some(_)) if unnamed || sealed => {
+                src.try_clone().ok().map(|f| (OwnedFd::from(f), std::sync::Arc::clone(m)))
+            }
+            _ => None,
+        };
+        let sum = match (dedup, handed) {
+            (Some(d), Some((file, m))) => d.stage_handed(path, id, file, m, !unnamed)?.file_xxh3,
+            (Some(d), None) => d.stage(path, id, bytes)?.file_xxh3,
+            (None, _) => self.store_plain(&src, unnamed, bytes, &file).inspect_err(|_| undo())?,
         };
         let rec = OutRecord { size, mode: libc::S_IFREG | (mode & 0o7777), holder: self.id.rank, mtime_ns, id, sum, atime_ns, ctime_ns: now_ns() };
         // A symlink at the name: the bytes go to its target (as open(2)
@@ -322,12 +337,19 @@ impl Node {
                 // opens it (all the ranks of a node loading the checkpoint to
                 // resume); a new version is a new output id, so a cached copy
                 // is never served for it.
-                (Err(_), Some(d)) if d.holds(rec.id) => self
-                    .cache
-                    .get_or_load(OUT_BIT | rec.id as u32, self.remote_timeout, libc::EIO, || {
-                        d.open_output(rec.id, rec.size, rec.sum).map(|fd| (std::sync::Arc::new(fd), rec.size))
-                    })
-                    .and_then(|shared| crate::open::reopen(&shared)),
+                // A hot copy (the file the checkpoint was committed from)
+                // is served as it is, not through the cache: the cache would
+                // keep the first fd (a memfd the store moves to the local
+                // disk in the background) and count its bytes again.
+                (Err(_), Some(d)) if d.holds(rec.id) => match d.open_hot(rec.id) {
+                    Some(fd) => fd,
+                    None => self
+                        .cache
+                        .get_or_load(OUT_BIT | rec.id as u32, self.remote_timeout, libc::EIO, || {
+                            d.open_output(rec.id, rec.size, rec.sum).map(|fd| (std::sync::Arc::new(fd), rec.size))
+                        })
+                        .and_then(|shared| crate::open::reopen(&shared)),
+                },
                 (Err(_), _) => Err(libc::ENOENT), // replaced or removed meanwhile
             };
         }
@@ -568,4 +590,15 @@ impl Node {
         }
         n
     }
+}
+
+/// Seals a client's output memfd against every write, shrink and growth;
+/// false if it is not a sealable memfd or something still maps it writable
+/// (then its bytes could still change, and it is not kept).
+fn seal_memfd(f: &std::fs::File) -> bool {
+    use std::os::fd::AsRawFd;
+    let seals = libc::F_SEAL_WRITE | libc::F_SEAL_SHRINK | libc::F_SEAL_GROW;
+    // SAFETY: fcntl on a descriptor we own; F_ADD_SEALS only changes the
+    // file's seal set (EINVAL/EPERM/EBUSY when it cannot).
+    unsafe { libc::fcntl(f.as_raw_fd(), libc::F_ADD_SEALS, seals) == 0 }
 }

@@ -260,7 +260,8 @@ fn handle(node: &Node, fd: RawFd, req: &Request, attached: Option<OwnedFd>) -> i
             None => done(fd, req, Err(libc::EINVAL)),
         },
         op::CKPT => {
-            let answer = match (node.dedup.get(), crate::dedup::Query::decode(req.arg0, req.arg1, path)) {
+            let q = crate::dedup::Query::decode(req.arg0, req.arg1, path).and_then(|q| q.with_attachment(attached));
+            let answer = match (node.dedup.get(), q) {
                 (_, None) => Err(libc::EINVAL),
                 (None, Some(_)) => Err(libc::ENOTSUP),
                 (Some(d), Some(q)) => d.query(&q),

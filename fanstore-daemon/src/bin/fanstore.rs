@@ -95,6 +95,14 @@ enum CkptCmd {
         #[arg(long)]
         json: bool,
     },
+    /// Stored checkpoints ranked by the longest prefix of TARGET's tensors (in file order) they hold
+    /// equal by name, shape and content, then by shared tensors. TARGET: a checkpoint file on a local
+    /// file system, or the path of a stored checkpoint (left out of the ranking).
+    Match {
+        target: String,
+        #[arg(long)]
+        json: bool,
+    },
     /// Recompute every unit hash and whole-file checksum (of PATH, or all); exit 1 on damage.
     Verify {
         path: Option<String>,
@@ -274,7 +282,21 @@ fn ckpt(rt: &Path, cmd: CkptCmd) -> anyhow::Result<()> {
         .map(|s| String::from_utf8_lossy(&s.mount).into_owned())
         .unwrap_or_else(|| "/fanstore".into());
     let rel = |p: &str| relative(p, &mount);
+    let mut match_json = None;
     let (q, du_json) = match cmd {
+        CkptCmd::Match { target, json } => {
+            match_json = Some(json);
+            let local = Path::new(&target);
+            let under_mount = target == mount || target.starts_with(&format!("{}/", mount.trim_end_matches('/')));
+            let (keys, exclude) = if !under_mount && local.is_file() {
+                let bytes = std::fs::read(local).with_context(|| format!("reading {target}"))?;
+                (fanstore_ckpt::matching::keys_of_file(&bytes, &fanstore_ckpt::CdcParams::default()), Vec::new())
+            } else {
+                let p = rel(&target);
+                (ckpt_query::stored_keys(rt, &p)?, p)
+            };
+            (Query::Match { exclude, keys: fanstore_ckpt::matching::encode_keys(&keys) }, false)
+        }
         CkptCmd::Ls { dir, json } => (Query::Ls { dir: dir.as_deref().map(rel).unwrap_or_default(), json }, false),
         CkptCmd::Log { path, json } => (Query::Log { path: rel(&path), json }, false),
         CkptCmd::Owners { path, json } => (Query::Owners { path: rel(&path), json }, false),
@@ -285,6 +307,8 @@ fn ckpt(rt: &Path, cmd: CkptCmd) -> anyhow::Result<()> {
     let report = ckpt_query::run(rt, &q)?;
     if q == Query::Du && !du_json {
         out!("{}", ckpt_query::du_table(&report.text)?);
+    } else if match_json == Some(false) {
+        out!("{}", ckpt_query::match_table(&report.text)?);
     } else {
         out!("{}", report.text);
         if !report.text.ends_with('\n') {

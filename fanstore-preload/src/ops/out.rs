@@ -165,7 +165,10 @@ fn new_output_file(st: &State, flags: c_int) -> c_int {
             return fd;
         }
     }
-    let mfd_flags = if cloexec != 0 { libc::MFD_CLOEXEC } else { 0 };
+    // Sealable: at commit the daemon seals it against writes when nothing
+    // maps it writable any more, and may then keep it as the store's hot
+    // copy of the checkpoint (reads served from it, no rebuild).
+    let mfd_flags = libc::MFD_ALLOW_SEALING | if cloexec != 0 { libc::MFD_CLOEXEC } else { 0 };
     // SAFETY: the name is a NUL-terminated literal.
     unsafe { libc::memfd_create(c"fanstore-output".as_ptr(), mfd_flags) }
 }
