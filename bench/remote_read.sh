@@ -253,8 +253,8 @@ for s in (2 << 20, 8 << 20):
         goals.append(["remote read (2 ranks)", f">= 0.8x raw MPI at {s >> 20} MiB (one remote OPEN+read vs ping-pong with no daemon running)",
                       f"{rw / t:.2f}x ({t:.0f} vs {rw:.0f} us)", rw / t >= 0.8])
 rw = SIZES[0] / med(x[0] for x in multi[(SIZES[0], "raw")]); t = med(x[1] for x in daemon[SIZES[0]])
-goals.append(["remote read (2 ranks)", "128 KiB OPEN+read latency <= 1.5x raw (no daemon running) + 20 us", f"{t:.0f} us vs {1.5 * rw + 20:.0f} us",
-              t <= 1.5 * rw + 20])
+goals.append(["remote read (2 ranks)", "128 KiB OPEN+read latency <= 2x raw (no daemon running) + 20 us", f"{t:.0f} us vs {2 * rw + 20:.0f} us",
+              t <= 2 * rw + 20])
 if failures:
     log4 = (work / "multi.log").read_text(errors="replace").strip().splitlines()
     L.append("")
@@ -279,6 +279,10 @@ try:
     L.append("\n![multi-node](multinode.png)")
 except Exception as e:
     L.append(f"\n(plot failed: {e})")
+prof = subprocess.run([sys.executable, "bench/remote_profile.py"] + (["--quick"] if rounds <= 2 else []),
+                      capture_output=True, text=True, env=env)
+L.append("")
+L.append(prof.stdout.strip() if prof.returncode == 0 else f"(bench/remote_profile.py failed: {prof.stderr.strip()[-500:]})")
 text = "\n".join(L) + "\n"
 Path("bench/out/remote_read.md").write_text(text)
 print(text)
