@@ -140,6 +140,8 @@ pub mod persist;
 pub mod placement;
 pub mod server;
 pub mod status;
+pub mod watch;
+pub mod watch_client;
 #[doc(hidden)]
 pub mod testkit;
 

@@ -90,6 +90,8 @@ pub struct Node {
     pub fsync_outputs: AtomicBool,
     /// When the rank became ready (remote MB/s in STATUS is since then).
     pub ready_at: OnceLock<Instant>,
+    /// Watchers and event routes ([`crate::watch`]).
+    pub watch: crate::watch::WatchState,
     phase: Mutex<Phase>,
     phase_cv: Condvar,
 }
@@ -123,6 +125,7 @@ impl Node {
             dedup: OnceLock::new(),
             fsync_outputs: AtomicBool::new(false),
             ready_at: OnceLock::new(),
+            watch: Default::default(),
             phase: Mutex::new(Phase::Loading),
             phase_cv: Condvar::new(),
         }

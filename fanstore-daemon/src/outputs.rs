@@ -25,6 +25,7 @@ use crate::memfd::MemfdBuilder;
 use crate::meta::mop;
 use crate::node::Node;
 use fanstore_core::checksum::xxh3;
+use fanstore_core::watchev::Kind;
 use fanstore_core::wire::{self, OutRecord, Reply, Request};
 use std::os::fd::{AsRawFd, OwnedFd};
 use std::os::unix::fs::OpenOptionsExt;
@@ -75,6 +76,7 @@ impl MetaServer for Node {
                 let errno = if spawned.is_ok() { 0 } else { libc::EAGAIN };
                 Reply { op: req.op, id: req.id, errno, flags: 0, value: 0, payload: Vec::new() }.encode()
             }
+            Ok(req) if crate::watch::is_mop(req.op) => self.watch_meta(&req).encode(),
             Ok(req) => self.meta.lock().unwrap_or_else(|p| p.into_inner()).handle(&req).encode(),
             Err(_) => Reply { op: 0, id: 0, errno: libc::EINVAL, flags: 0, value: 0, payload: Vec::new() }.encode(),
         }
@@ -158,7 +160,7 @@ impl Node {
     /// One metadata request at rank `dest`.
     /// EBUSY (a path fenced by a directory move in flight) is retried until
     /// the move ends, at most [`META_TIMEOUT`].
-    fn meta_to(&self, dest: u32, op: u16, arg0: u64, payload: Vec<u8>) -> Result<Reply, i32> {
+    pub(crate) fn meta_to(&self, dest: u32, op: u16, arg0: u64, payload: Vec<u8>) -> Result<Reply, i32> {
         let deadline = std::time::Instant::now() + META_TIMEOUT;
         let mut pause = Duration::from_millis(1);
         loop {
@@ -242,17 +244,19 @@ impl Node {
         }
     }
 
-    fn put(&self, path: &[u8], rec: OutRecord, excl: bool) -> Result<(), i32> {
+    /// Puts `rec` at the owner of `path`: Ok(true) when it replaced a file.
+    fn put(&self, path: &[u8], rec: OutRecord, excl: bool) -> Result<bool, i32> {
         let mut p = Vec::with_capacity(OutRecord::LEN + path.len());
         rec.encode_into(&mut p);
         p.extend_from_slice(path);
         let r = self.meta_at(path, mop::PUT, if excl { wire::COMMIT_EXCL } else { 0 }, p)?;
         // A record of the same output (a rename retried after a failure
         // between its steps) is not a replaced one.
-        if let Some(old) = OutRecord::decode(&r.payload).filter(|o| (o.id, o.holder) != (rec.id, rec.holder)) {
+        let old = OutRecord::decode(&r.payload);
+        if let Some(old) = old.filter(|o| (o.id, o.holder) != (rec.id, rec.holder)) {
             self.drop_data(&old);
         }
-        Ok(())
+        Ok(old.is_some())
     }
 
     /// Deletes the bytes of a replaced or unlinked output: here, or at its
@@ -316,16 +320,20 @@ impl Node {
             undo();
             return Err(e);
         }
-        if let Err(e) = self.put(path, rec, excl) {
-            undo();
-            let _ = std::fs::remove_file(self.sidecar(id));
-            return Err(e);
-        }
+        let replaced = match self.put(path, rec, excl) {
+            Ok(r) => r,
+            Err(e) => {
+                undo();
+                let _ = std::fs::remove_file(self.sidecar(id));
+                return Err(e);
+            }
+        };
         if let Some(d) = dedup {
             d.settle(id, path);
         }
         self.link(path, wire::KIND_FILE, true)?;
         self.counters.outputs.fetch_add(1, Relaxed);
+        self.publish(Kind::Close, path, b"", false, replaced, size);
         Ok(())
     }
 
@@ -492,7 +500,9 @@ impl Node {
         rec.encode_into(&mut p);
         p.extend_from_slice(path);
         self.meta_at(path, mop::MKDIR, 0, p)?;
-        self.link(path, wire::KIND_DIR, true)
+        self.link(path, wire::KIND_DIR, true)?;
+        self.publish(Kind::Mkdir, path, b"", true, false, 0);
+        Ok(())
     }
 
     pub fn out_rmdir(&self, path: &[u8]) -> Result<(), i32> {
@@ -500,7 +510,9 @@ impl Node {
             return Err(if n.is_dir() { libc::EROFS } else { libc::ENOTDIR });
         }
         self.on_record(path, mop::RMDIR, 0, path.to_vec())?;
-        self.link(path, wire::KIND_DIR, false)
+        self.link(path, wire::KIND_DIR, false)?;
+        self.publish(Kind::Rmdir, path, b"", true, false, 0);
+        Ok(())
     }
 
     /// A request about the record of `path` at its owner; a missing record
@@ -517,10 +529,13 @@ impl Node {
             return Err(if n.is_dir() { libc::EISDIR } else { libc::EROFS });
         }
         let r = self.on_record(path, mop::DEL, 0, path.to_vec())?;
-        if let Some(old) = OutRecord::decode(&r.payload) {
-            self.drop_data(&old);
+        let old = OutRecord::decode(&r.payload);
+        if let Some(old) = &old {
+            self.drop_data(old);
         }
-        self.link(path, wire::KIND_FILE, false)
+        self.link(path, wire::KIND_FILE, false)?;
+        self.publish(Kind::Delete, path, b"", false, false, old.map_or(0, |o| o.size));
+        Ok(())
     }
 
     /// Renames output directory `from` (and everything below it) to `to`:
@@ -645,13 +660,15 @@ impl Node {
             return Err(libc::ENOTEMPTY);
         }
         if rec.is_dir() {
-            return self.rename_dir(from, to);
+            self.rename_dir(from, to)?;
+            self.publish(Kind::Rename, from, to, true, false, 0);
+            return Ok(());
         }
         if rec.holder == self.id.rank {
             // A restart with the same --local recovers it under the new name.
             self.write_sidecar(to, &rec)?;
         }
-        self.put(to, rec, false)?;
+        let replaced = self.put(to, rec, false)?;
         self.link(to, wire::KIND_FILE, true)?;
         match self.meta_at(from, mop::DEL, rec.id, from.to_vec()) {
             Ok(_) | Err(libc::ENOENT) => {}
@@ -667,7 +684,9 @@ impl Node {
                 log::warn!("rank {}: rank {} did not rename output {}: errno {e}", self.id.rank, rec.holder, rec.id);
             }
         }
-        self.link(from, wire::KIND_FILE, false)
+        self.link(from, wire::KIND_FILE, false)?;
+        self.publish(Kind::Rename, from, to, false, replaced, rec.size);
+        Ok(())
     }
 }
 
@@ -818,7 +837,7 @@ impl Node {
             self.ensure_dirs(parent(&path).0);
             let ok = self.write_sidecar(&path, &rec).is_ok()
                 && match self.put(&path, rec, true) {
-                    Ok(()) => self.link(&path, wire::KIND_FILE, true).is_ok(),
+                    Ok(_) => self.link(&path, wire::KIND_FILE, true).is_ok(),
                     Err(_) => false,
                 };
             if ok {
