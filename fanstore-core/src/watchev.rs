@@ -223,8 +223,9 @@ pub struct Rec {
 
 /// The inotify records a watch on `w` with `mask` gets for `ev`, in order,
 /// as inotify(7) describes them for the same change on a local file system
-/// (a commit is a create (when new) and a close-for-writing; a new version
-/// of a watched file is a new inode: IN_ATTRIB on the file itself). Returns
+/// (a commit is a create (when new), a modification (when not empty) and a
+/// close-for-writing; a new version of a watched file is a new inode:
+/// IN_ATTRIB on the file itself first, then IN_MODIFY). Returns
 /// true when the watch ends (the watched object was deleted: IN_IGNORED is
 /// the last record, whatever the mask).
 pub fn inotify_records(ev: &NsEvent, w: &[u8], mask: u32, recursive: bool, out: &mut Vec<Rec>) -> bool {
@@ -242,10 +243,13 @@ pub fn inotify_records(ev: &NsEvent, w: &[u8], mask: u32, recursive: bool, out: 
     if ev.path == w {
         match ev.kind {
             Kind::Close => {
-                push(IN_CLOSE_WRITE, 0, Vec::new());
                 if ev.replaced {
                     push(IN_ATTRIB, 0, Vec::new());
                 }
+                if ev.size > 0 {
+                    push(IN_MODIFY, 0, Vec::new());
+                }
+                push(IN_CLOSE_WRITE, 0, Vec::new());
             }
             Kind::Delete => {
                 push(IN_ATTRIB, 0, Vec::new());
@@ -271,6 +275,9 @@ pub fn inotify_records(ev: &NsEvent, w: &[u8], mask: u32, recursive: bool, out: 
             Kind::Close => {
                 if !ev.replaced {
                     push(IN_CREATE, 0, name.clone());
+                }
+                if ev.size > 0 {
+                    push(IN_MODIFY, 0, name.clone());
                 }
                 push(IN_CLOSE_WRITE, 0, name);
             }
@@ -365,18 +372,20 @@ mod tests {
     fn directory_watch_sees_create_close_and_moves() {
         let all = IN_ALL_EVENTS;
         let (r, ends) = recs(&ev(Kind::Close, "ck/a", ""), "ck", all, false);
-        assert_eq!(r, vec![(IN_CREATE, 0, "a".into()), (IN_CLOSE_WRITE, 0, "a".into())]);
+        assert_eq!(r, vec![(IN_CREATE, 0, "a".into()), (IN_MODIFY, 0, "a".into()), (IN_CLOSE_WRITE, 0, "a".into())]);
         assert!(!ends);
         let mut again = ev(Kind::Close, "ck/a", "");
         again.replaced = true;
-        assert_eq!(recs(&again, "ck", all, false).0, vec![(IN_CLOSE_WRITE, 0, "a".into())]);
+        assert_eq!(recs(&again, "ck", all, false).0, vec![(IN_MODIFY, 0, "a".into()), (IN_CLOSE_WRITE, 0, "a".into())]);
+        again.size = 0;
+        assert_eq!(recs(&again, "ck", all, false).0, vec![(IN_CLOSE_WRITE, 0, "a".into())], "empty: no IN_MODIFY");
         let (r, _) = recs(&ev(Kind::Rename, "ck/a.tmp", "ck/a"), "ck", all, false);
         assert_eq!(r, vec![(IN_MOVED_FROM, 9, "a.tmp".into()), (IN_MOVED_TO, 9, "a".into())]);
         let (r, _) = recs(&ev(Kind::Rename, "tmp/a", "ck/a"), "ck", all, false);
         assert_eq!(r, vec![(IN_MOVED_TO, 9, "a".into())], "only the side this directory holds");
         assert_eq!(recs(&ev(Kind::Close, "ck/sub/a", ""), "ck", all, false).0, vec![], "not recursive");
         let (r, _) = recs(&ev(Kind::Close, "ck/sub/a", ""), "ck", all, true);
-        assert_eq!(r[1], (IN_CLOSE_WRITE, 0, "sub/a".into()));
+        assert_eq!(r[2], (IN_CLOSE_WRITE, 0, "sub/a".into()));
         let (r, _) = recs(&ev(Kind::Close, "a", ""), "", all, false);
         assert_eq!(r[0], (IN_CREATE, 0, "a".into()), "the mount root");
         let mut d = ev(Kind::Mkdir, "ck/d", "");
@@ -401,7 +410,7 @@ mod tests {
         assert!(ends);
         let mut v = ev(Kind::Close, "log", "");
         v.replaced = true;
-        assert_eq!(recs(&v, "log", all, false).0, vec![(IN_CLOSE_WRITE, 0, "".into()), (IN_ATTRIB, 0, "".into())]);
+        assert_eq!(recs(&v, "log", all, false).0, vec![(IN_ATTRIB, 0, "".into()), (IN_MODIFY, 0, "".into()), (IN_CLOSE_WRITE, 0, "".into())]);
         let (r, ends) = recs(&ev(Kind::Close, "ck/a", ""), "ck", all | IN_ONESHOT, false);
         assert_eq!(r.last(), Some(&(IN_IGNORED, 0, "".into())));
         assert!(ends);

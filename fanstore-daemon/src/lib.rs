@@ -138,6 +138,7 @@ pub mod open;
 pub mod outputs;
 pub mod persist;
 pub mod placement;
+pub mod remote_out;
 pub mod server;
 pub mod status;
 pub mod watch;

@@ -20,7 +20,7 @@
 //! partial destination. RENAME of a directory moves its whole tree with the
 //! two-phase fenced move of [`crate::meta`].
 
-use crate::comm::{Command, Fetch, MetaCall, MetaServer, RecvBuf, OUT_BIT};
+use crate::comm::{Command, MetaCall, MetaServer, OUT_BIT};
 use crate::memfd::MemfdBuilder;
 use crate::meta::mop;
 use crate::node::Node;
@@ -436,28 +436,8 @@ impl Node {
                 (Err(_), _) => Err(libc::ENOENT), // replaced or removed meanwhile
             };
         }
-        let target = MemfdBuilder::unmapped(&format!("fanstore:out:{}", rec.id), rec.size).map_err(|_| libc::ENOMEM)?;
-        if rec.size > 0 {
-            let len = usize::try_from(rec.size).map_err(|_| libc::EFBIG)?;
-            let buf = RecvBuf { buf: vec![0u8; len], len };
-            let (tx, rx) = crossbeam::channel::bounded(1);
-            let timeout = self.remote_timeout + Duration::from_secs(rec.size / (64 << 20));
-            let cmd = Command::Fetch(Fetch { node_id: OUT_BIT | rec.id as u32, holder: rec.holder, stored_len: rec.size, buf, reply: tx, timeout });
-            self.comm.send(cmd).map_err(|_| libc::EIO)?;
-            match rx.recv_timeout(timeout + Duration::from_secs(2)) {
-                Ok(Ok((b, sum))) if sum == rec.sum => target.write_at(b.bytes(), 0).map_err(|_| libc::EIO)?,
-                Ok(Ok(_)) => {
-                    log::warn!("rank {}: output '{}' fails its checksum", self.id.rank, String::from_utf8_lossy(path));
-                    return Err(libc::EIO);
-                }
-                _ => return Err(libc::EIO),
-            }
-        }
-        let fd = target.seal().map_err(|_| libc::EIO)?;
-        // A fresh description per open (own offset) is what a memfd from
-        // seal() already is.
-        let _ = fd.as_raw_fd();
-        Ok(fd)
+        // One copy per node, shared by every process that opens it ([`crate::remote_out`]).
+        self.open_remote_output(path, &rec)
     }
 
     /// A checkpoint drained by a rank this job does not have (it ran with

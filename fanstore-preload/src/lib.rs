@@ -62,9 +62,11 @@ pub(crate) extern "C" fn fork_prepare() {
     state::fork_lock();
     client::fork_prepare();
     outputs::fork_prepare();
+    ops::inotify::fork_prepare();
 }
 
 pub(crate) extern "C" fn fork_parent() {
+    ops::inotify::fork_release();
     outputs::fork_release();
     client::fork_parent();
     state::fork_unlock();
@@ -74,6 +76,7 @@ pub(crate) extern "C" fn fork_parent() {
 /// the fd table stays, since the fds are inherited.
 pub(crate) extern "C" fn fork_child() {
     sud::arm_thread();
+    ops::inotify::fork_release();
     outputs::fork_release();
     client::fork_child();
     state::fork_unlock();

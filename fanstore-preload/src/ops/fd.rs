@@ -10,6 +10,7 @@ use libc::c_int;
 #[inline]
 pub fn before_close(fd: c_int) -> Option<c_int> {
     let mut err = None;
+    super::inotify::closing(fd);
     if fd_table::any() {
         match fd_table::get(fd) {
             Some(Tracked::Output(idx)) if crate::outputs::is_foreign(idx) => {
