@@ -112,9 +112,17 @@ def test_inotify_simple_sees_every_checkpoint_in_order_readable(cl):
                     print('ckpt', e.name, 'ok' if got == want else f'bad {{len(got)}}', flush=True)
         ino.close()
     """)
+    with c.client(3) as cli:
+        before = cli.status()
     py(c, 0, PRODUCER.format(M=MOUNT, dir="ck1", n=N_CKPT))
     (c.native / "done").write_bytes(b"")
     check_consumed(cons.finish(), N_CKPT)
+    with c.client(3) as cli:
+        after = cli.status()
+    d = {k: int(after[k]) - int(before[k]) for k in ("cache_hits", "cache_misses", "remote_sent")}
+    # Node 3 fetched each checkpoint once (when its first event arrived, or
+    # at the consumer's open), and the other access found that copy.
+    assert d["remote_sent"] == N_CKPT and d["cache_misses"] == N_CKPT and d["cache_hits"] >= N_CKPT, d
 
 
 def test_watchdog_inotify_observer(cl):

@@ -12,9 +12,15 @@
 //! ```text
 //! NsEvent   0 version (1) | 1 kind | 2 flags (bit 0 directory, bit 1 replaced
 //!           an existing file) | 3 zero | 4..8 node (rank that made the change)
-//!           | 8..12 cookie | 12..16 zero | 16..24 size | 24..32 time ns (i64)
-//!           | 32..40 sequence number at the owner | 40..42 path length u16
-//!           | 42..44 new path length u16 (rename, else 0) | path | new path
+//!           | 8..12 cookie | 12..16 holder rank of the file's bytes (u32::MAX:
+//!           none) | 16..24 size | 24..32 time ns (i64) | 32..40 sequence number
+//!           at the owner | 40..48 output id | 48..56 xxh3 of the bytes
+//!           | 56..58 path length u16 | 58..60 new path length u16 (rename,
+//!           else 0) | path | new path
+//! ```
+//! (holder, output id, xxh3) name the committed file (close, rename of a
+//! file), so a watching node can start fetching it when the event arrives.
+//! ```text
 //! ```
 //! Paths are relative to the mount, as everywhere on the wire.
 //!
@@ -115,12 +121,16 @@ pub struct NsEvent {
     pub size: u64,
     pub time_ns: i64,
     pub seq: u64,
+    /// Where the file's bytes are (close, rename of a file), else u32::MAX.
+    pub holder: u32,
+    pub id: u64,
+    pub sum: u64,
     pub path: Vec<u8>,
     /// Rename: the new path (else empty).
     pub to: Vec<u8>,
 }
 
-const HEAD: usize = 44;
+const HEAD: usize = 60;
 
 impl NsEvent {
     pub fn encode(&self) -> Vec<u8> {
@@ -133,8 +143,11 @@ impl NsEvent {
         put_u64(&mut b, 16, self.size);
         put_u64(&mut b, 24, self.time_ns as u64);
         put_u64(&mut b, 32, self.seq);
-        put_u16(&mut b, 40, self.path.len().min(u16::MAX as usize) as u16);
-        put_u16(&mut b, 42, self.to.len().min(u16::MAX as usize) as u16);
+        put_u32(&mut b, 12, self.holder);
+        put_u64(&mut b, 40, self.id);
+        put_u64(&mut b, 48, self.sum);
+        put_u16(&mut b, 56, self.path.len().min(u16::MAX as usize) as u16);
+        put_u16(&mut b, 58, self.to.len().min(u16::MAX as usize) as u16);
         b.extend_from_slice(&self.path[..self.path.len().min(u16::MAX as usize)]);
         b.extend_from_slice(&self.to[..self.to.len().min(u16::MAX as usize)]);
         b
@@ -146,7 +159,7 @@ impl NsEvent {
             return None;
         }
         let kind = Kind::from_u8(b[1])?;
-        let (pl, tl) = (u16_at(b, 40) as usize, u16_at(b, 42) as usize);
+        let (pl, tl) = (u16_at(b, 56) as usize, u16_at(b, 58) as usize);
         if b.len() != HEAD + pl + tl {
             return None;
         }
@@ -159,6 +172,9 @@ impl NsEvent {
             size: u64_at(b, 16),
             time_ns: u64_at(b, 24) as i64,
             seq: u64_at(b, 32),
+            holder: u32_at(b, 12),
+            id: u64_at(b, 40),
+            sum: u64_at(b, 48),
             path: b[HEAD..HEAD + pl].to_vec(),
             to: b[HEAD + pl..].to_vec(),
         })
@@ -343,6 +359,9 @@ mod tests {
             size: 5,
             time_ns: -3,
             seq: 7,
+            holder: 1,
+            id: 77,
+            sum: 0xfeed,
             path: path.as_bytes().to_vec(),
             to: to.as_bytes().to_vec(),
         }

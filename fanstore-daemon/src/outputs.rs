@@ -333,7 +333,7 @@ impl Node {
         }
         self.link(path, wire::KIND_FILE, true)?;
         self.counters.outputs.fetch_add(1, Relaxed);
-        self.publish(Kind::Close, path, b"", false, replaced, size);
+        self.publish(Kind::Close, path, b"", false, replaced, Some(&rec));
         Ok(())
     }
 
@@ -481,7 +481,7 @@ impl Node {
         p.extend_from_slice(path);
         self.meta_at(path, mop::MKDIR, 0, p)?;
         self.link(path, wire::KIND_DIR, true)?;
-        self.publish(Kind::Mkdir, path, b"", true, false, 0);
+        self.publish(Kind::Mkdir, path, b"", true, false, None);
         Ok(())
     }
 
@@ -491,7 +491,7 @@ impl Node {
         }
         self.on_record(path, mop::RMDIR, 0, path.to_vec())?;
         self.link(path, wire::KIND_DIR, false)?;
-        self.publish(Kind::Rmdir, path, b"", true, false, 0);
+        self.publish(Kind::Rmdir, path, b"", true, false, None);
         Ok(())
     }
 
@@ -514,7 +514,7 @@ impl Node {
             self.drop_data(old);
         }
         self.link(path, wire::KIND_FILE, false)?;
-        self.publish(Kind::Delete, path, b"", false, false, old.map_or(0, |o| o.size));
+        self.publish(Kind::Delete, path, b"", false, false, old.as_ref());
         Ok(())
     }
 
@@ -641,7 +641,7 @@ impl Node {
         }
         if rec.is_dir() {
             self.rename_dir(from, to)?;
-            self.publish(Kind::Rename, from, to, true, false, 0);
+            self.publish(Kind::Rename, from, to, true, false, None);
             return Ok(());
         }
         if rec.holder == self.id.rank {
@@ -665,7 +665,7 @@ impl Node {
             }
         }
         self.link(from, wire::KIND_FILE, false)?;
-        self.publish(Kind::Rename, from, to, false, replaced, rec.size);
+        self.publish(Kind::Rename, from, to, false, replaced, Some(&rec));
         Ok(())
     }
 }

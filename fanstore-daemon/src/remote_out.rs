@@ -33,11 +33,17 @@ pub struct Copy {
 
 pub struct RemoteOutputs {
     cache: Cache<Copy, i32>,
+    budget: u64,
 }
 
 impl RemoteOutputs {
     pub fn new(cache_mem: u64) -> RemoteOutputs {
-        RemoteOutputs { cache: Cache::with_limits(cache_mem / 4, 4096, None) }
+        RemoteOutputs { cache: Cache::with_limits(cache_mem / 4, 4096, None), budget: cache_mem / 4 }
+    }
+
+    /// Would a copy of `size` bytes be kept?
+    pub fn keeps(&self, size: u64) -> bool {
+        size <= self.budget
     }
 
     pub fn stats(&self) -> &crate::cache::CacheStats {
@@ -55,13 +61,23 @@ fn key(rec: &OutRecord) -> u32 {
 impl Node {
     /// A new read-only description of the node's copy of remote output `rec`.
     pub(crate) fn open_remote_output(&self, path: &[u8], rec: &OutRecord) -> Result<OwnedFd, i32> {
-        let timeout = self.remote_timeout + Duration::from_secs(rec.size / (64 << 20));
+        match self.load_remote_output(path, rec)? {
+            Some(c) => crate::open::reopen(&c.fd),
+            None => self.fetch_output(path, rec, self.output_fetch_timeout(rec)), // a key collision: not shared
+        }
+    }
+
+    fn output_fetch_timeout(&self, rec: &OutRecord) -> Duration {
+        self.remote_timeout + Duration::from_secs(rec.size / (64 << 20))
+    }
+
+    /// The node's copy of remote output `rec`, fetched if it is not there
+    /// (None: its cache slot holds another output).
+    pub(crate) fn load_remote_output(&self, path: &[u8], rec: &OutRecord) -> Result<Option<Copy>, i32> {
+        let timeout = self.output_fetch_timeout(rec);
         let load = || self.fetch_output(path, rec, timeout).map(|fd| (Copy { fd: Arc::new(fd), holder: rec.holder, id: rec.id }, rec.size));
         let c = self.remote_outs.cache.get_or_load(key(rec), timeout + Duration::from_secs(3), libc::EIO, load)?;
-        if (c.holder, c.id) == (rec.holder, rec.id) {
-            return crate::open::reopen(&c.fd);
-        }
-        self.fetch_output(path, rec, timeout) // a key collision: not shared
+        Ok(((c.holder, c.id) == (rec.holder, rec.id)).then_some(c))
     }
 
     /// The bytes of remote output `rec` from its holder, in a sealed memfd.

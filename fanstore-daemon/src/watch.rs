@@ -23,6 +23,11 @@
 //!   an overflow, IN_Q_OVERFLOW) and wakes the session's thread through an
 //!   eventfd. The session thread sleeps in `poll` (connection, eventfd,
 //!   forwarded kernel inotify fd, sink): nothing spins while nothing happens.
+//! - **Prefetch.** A node that delivered a close or a rename of a file held
+//!   by another rank to a local watcher starts fetching its bytes into the
+//!   node's shared copy ([`crate::remote_out`]) right away: the consumer's
+//!   open, which follows the event, waits for that fetch instead of starting
+//!   its own after the event's round trip to the program.
 //! - **End.** A session ends when its client closes the connection, dies, or
 //!   closes its end of the sink socket; its watches are dropped and the
 //!   interests it alone held are withdrawn from every rank.
@@ -30,7 +35,7 @@
 use crate::comm::{Command, MetaCall};
 use crate::node::Node;
 use fanstore_core::watchev::{self, Kind, NsEvent, Rec, IN_ALL_EVENTS, IN_IGNORED, IN_ONLYDIR, IN_Q_OVERFLOW};
-use fanstore_core::wire::{self, op, Reply, Request};
+use fanstore_core::wire::{self, op, OutRecord, Reply, Request};
 use std::collections::{HashMap, HashSet, VecDeque};
 use std::os::fd::{AsRawFd, FromRawFd, OwnedFd, RawFd};
 use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
@@ -72,6 +77,16 @@ fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
 pub struct WatchState {
     routes: Mutex<Routes>,
     local: Mutex<Local>,
+    /// The node itself, for prefetch threads ([`WatchState::attach`]).
+    me: std::sync::OnceLock<std::sync::Weak<Node>>,
+}
+
+impl WatchState {
+    /// Lets events start fetching the files they announce (set once the
+    /// node is shared; without it, nothing is prefetched).
+    pub fn attach(node: &Arc<Node>) {
+        let _ = node.watch.me.set(Arc::downgrade(node));
+    }
 }
 
 /// Every node's interests (known on every rank) and this rank's event numbers.
@@ -136,8 +151,8 @@ impl Session {
         }
     }
 
-    /// Turns `ev` into this session's records.
-    fn deliver(&self, ev: &NsEvent) {
+    /// Turns `ev` into this session's records; true if there were any.
+    fn deliver(&self, ev: &NsEvent) -> bool {
         let mut st = lock(&self.state);
         let mut any = false;
         if st.inotify {
@@ -169,6 +184,7 @@ impl Session {
         if any {
             self.wake();
         }
+        any
     }
 }
 
@@ -228,22 +244,53 @@ impl Node {
 
     fn deliver_local(&self, ev: &NsEvent) {
         let sessions: Vec<Arc<Session>> = lock(&self.watch.local).sessions.values().cloned().collect();
+        let mut wanted = false;
         for s in sessions {
-            s.deliver(ev);
+            wanted |= s.deliver(ev);
+        }
+        if wanted {
+            self.prefetch(ev);
+        }
+    }
+
+    /// A file a local watcher was just told about, held by another rank:
+    /// start fetching it into the node's shared copy now (on a thread of its
+    /// own: this may run on the MPI thread), so the consumer's open, which
+    /// follows the event, finds it loaded or loading.
+    fn prefetch(&self, ev: &NsEvent) {
+        if ev.holder == self.id.rank || ev.holder >= self.id.nranks || ev.size == 0 || !self.remote_outs.keeps(ev.size) {
+            return;
+        }
+        let Some(node) = self.watch.me.get().and_then(std::sync::Weak::upgrade) else { return };
+        let rec = OutRecord { size: ev.size, mode: libc::S_IFREG, holder: ev.holder, mtime_ns: 0, id: ev.id, sum: ev.sum };
+        let path = if ev.kind == Kind::Rename { ev.to.clone() } else { ev.path.clone() };
+        let spawned = std::thread::Builder::new().name("fanstore-prefetch".into()).spawn(move || {
+            if let Err(e) = node.load_remote_output(&path, &rec) {
+                log::debug!("rank {}: prefetching '{}': errno {e}", node.id.rank, String::from_utf8_lossy(&path));
+            }
+        });
+        if let Err(e) = spawned {
+            log::warn!("rank {}: spawning a prefetch thread: {e}", self.id.rank);
         }
     }
 
     /// Publishes a completed change (see the module doc). A change nobody
     /// watches costs nothing; a failure to publish is logged, never the
     /// change's error.
-    pub(crate) fn publish(&self, kind: Kind, path: &[u8], to: &[u8], is_dir: bool, replaced: bool, size: u64) {
+    /// `rec`: the file's record (its size; for a close or a rename, where its
+    /// bytes are, so watching nodes can fetch them at once).
+    pub(crate) fn publish(&self, kind: Kind, path: &[u8], to: &[u8], is_dir: bool, replaced: bool, rec: Option<&OutRecord>) {
+        let bytes = rec.filter(|_| matches!(kind, Kind::Close | Kind::Rename) && !is_dir);
         let ev = NsEvent {
             kind,
             is_dir,
             replaced,
             node: self.id.rank,
             cookie: if kind == Kind::Rename { (COOKIES.fetch_add(1, Relaxed) as u32 & 0x00ff_ffff) | (self.id.rank << 24) } else { 0 },
-            size,
+            size: rec.map_or(0, |r| r.size),
+            holder: bytes.map_or(u32::MAX, |r| r.holder),
+            id: bytes.map_or(0, |r| r.id),
+            sum: bytes.map_or(0, |r| r.sum),
             time_ns: std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map_or(0, |d| d.as_nanos() as i64),
             seq: 0,
             path: path.to_vec(),

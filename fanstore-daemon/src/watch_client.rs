@@ -185,6 +185,9 @@ mod tests {
             size: 10,
             time_ns: 1_500_000_000,
             seq: 4,
+            holder: 3,
+            id: 1,
+            sum: 2,
             path: b"ck/a\"b.tmp".to_vec(),
             to: b"ck/a".to_vec(),
         };
