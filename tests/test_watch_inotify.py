@@ -285,3 +285,55 @@ def test_inotify_semantics(cl):
     assert sem_masks == [I["CREATE"], I["DELETE"], I["DELETE"] | I["ISDIR"]], out
     assert sub_masks == [I["CREATE"], I["MODIFY"], I["CLOSE_WRITE"], I["DELETE"], I["DELETE_SELF"] | I["ISDIR"], I["IGNORED"]], out
     assert out[-1] == f"rm [(True, {I['IGNORED']})]", out
+
+
+def test_a_reader_that_falls_behind_gets_in_q_overflow(bins, tmp_path, monkeypatch):
+    # A small queue (FANSTORE_WATCH_QUEUE in the daemons' environment) so a
+    # few hundred events overflow it; the socket itself holds a few hundred more.
+    monkeypatch.setenv("FANSTORE_WATCH_QUEUE", "64")
+    c = small_cluster(bins, tmp_path, seed=62, n_files=2)
+    try:
+        py(c, 0, f"import os; os.makedirs('{MOUNT}/ovf')")
+        p = subprocess.Popen([PY, "-c", textwrap.dedent(f"""
+            import sys
+            from inotify_simple import INotify, flags
+            ino = INotify()
+            ino.add_watch('{MOUNT}/ovf', flags.CREATE | flags.MODIFY | flags.CLOSE_WRITE)
+            print('ready', flush=True)
+            sys.stdin.readline()                  # not reading events meanwhile
+            names, over = [], False
+            while not over:
+                for e in ino.read():
+                    if e.mask & flags.Q_OVERFLOW:
+                        assert e.wd == -1, e
+                        over = True
+                    else:
+                        names.append(e.name)
+            print('overflowed', len(names), flush=True)
+            while 'after' not in [e.name for e in ino.read()]:
+                pass
+            nums = [int(n[1:]) for n in names]
+            assert nums == sorted(nums), 'records before the overflow are in order'
+            print('after', flush=True)
+        """)], env=c.env(1), stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+        guard = threading.Timer(GUARD, p.kill)
+        guard.start()
+        try:
+            assert p.stdout.readline() == "ready\n", p.stderr.read()
+            py(c, 0, f"""
+                for i in range(400):
+                    open('{MOUNT}/ovf/f%04d' % i, 'wb').write(b'x')
+            """)
+            p.stdin.write("go\n")
+            p.stdin.flush()
+            line = p.stdout.readline().split()
+            assert line[:1] == ["overflowed"], (line, p.stderr.read())
+            assert 0 < int(line[1]) < 1200, line  # some records, not all 3 x 400
+            py(c, 0, f"open('{MOUNT}/ovf/after', 'wb').write(b'y')")
+            assert p.stdout.readline() == "after\n", p.stderr.read()
+        finally:
+            guard.cancel()
+            p.kill()
+            p.wait()
+    finally:
+        c.stop()

@@ -57,8 +57,17 @@ pub fn is_mop(op: u16) -> bool {
     (wop::SUB..=wop::DELIVER).contains(&op)
 }
 
-/// Records a session may have queued before it reports an overflow.
+/// Records a session may have queued before it reports an overflow (the
+/// kernel's default `max_queued_events`); `FANSTORE_WATCH_QUEUE` in the
+/// daemon's environment changes it (tests use a small one).
 pub const QUEUE_MAX: usize = 16384;
+
+fn queue_max() -> usize {
+    static Q: std::sync::OnceLock<usize> = std::sync::OnceLock::new();
+    *Q.get_or_init(|| {
+        std::env::var("FANSTORE_WATCH_QUEUE").ok().and_then(|v| v.trim().parse().ok()).filter(|&n| n > 0).unwrap_or(QUEUE_MAX)
+    })
+}
 
 /// How long a blocked session thread sleeps before it looks at the stop flag.
 const POLL_MS: i32 = 1000;
@@ -144,7 +153,7 @@ impl Session {
 
     /// Queues `o`, or notes an overflow. Caller holds the state lock.
     fn push(st: &mut SessState, o: Out) {
-        if st.queue.len() >= QUEUE_MAX {
+        if st.queue.len() >= queue_max() {
             st.overflow = true;
         } else {
             st.queue.push_back(o);
