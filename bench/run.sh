@@ -4,7 +4,7 @@
 #   bash bench/run.sh [--quick]        (default ~ 20 min on 2 cores, --quick ~ 5 min)
 #   bash bench/run.sh --report-only    re-assemble RESULTS.md from bench/out (no measurement)
 #   bash bench/run.sh [--quick] --only write,ckpt [--no-build]
-#                                      run only these pieces (prep, read, remote, dlio, write, ckpt, sud, scale);
+#                                      run only these pieces (prep, read, remote, dlio, write, ckpt, sud, watch, scale);
 #                                      the others keep their earlier output in bench/out.
 #                                      --no-build uses target/release as it is (no cargo build).
 # Pieces (each runnable alone, each writes bench/out/*.md):
@@ -19,6 +19,8 @@
 #                         (write, storage, read-back), plot bench/ckpt.png
 #   bench/sud_bench.py    raw syscalls caught (syscall user dispatch): statloop overhead with it
 #                         on and off, cost of one trapped raw syscall
+#   bench/watch_bench.py  checkpoints pushed to a consumer on another node: inotify and
+#                         `fanstore watch` vs polling os.listdir (event and read latency), idle CPU
 #   bench/scale_bench.py  100k, 400k, 1.28M files of 100 B (--quick: 100k): pack vs tar -cf, load,
 #                         tar -xf, random reads vs native, index and RSS per file, stop,
 #                         reads under ulimit -n 1024; plot bench/scale.png (the full run takes ~30 min)
@@ -31,7 +33,7 @@ while [ $# -gt 0 ]; do
   case "$1" in
     --quick) QUICK="--quick" ;;
     --report-only) REPORT_ONLY=1 ;;
-    --only) ONLY="${2:?--only needs a list: prep,read,remote,dlio,write,ckpt,sud,scale}"; shift ;;
+    --only) ONLY="${2:?--only needs a list: prep,read,remote,dlio,write,ckpt,sud,watch,scale}"; shift ;;
     --only=*) ONLY="${1#--only=}" ;;
     --no-build) BUILD=0 ;;
     *) echo "usage: bash bench/run.sh [--quick] [--only PIECES] [--no-build] | --report-only" >&2; exit 2 ;;
@@ -57,11 +59,11 @@ if [ -z "$ONLY" ]; then
 else  # keep the other pieces' output; forget only the selected pieces' earlier results and failures
   declare -A FILES=([prep]="prep.md" [read]="read.md read.json" [remote]="remote_read.md remote.json"
                     [dlio]="dlio.md" [write]="write.md write.json" [ckpt]="ckpt.md ckpt.json"
-                    [sud]="sud.md sud.json" [scale]="scale.md scale.json")
+                    [sud]="sud.md sud.json" [watch]="watch.md watch.json" [scale]="scale.md scale.json")
   declare -A SCRIPT=([prep]="prep.sh" [read]="read_bench.py" [remote]="remote_read.sh" [dlio]="dlio.sh"
-                     [write]="write_bench.py" [ckpt]="ckpt_bench.py" [sud]="sud_bench.py" [scale]="scale_bench.py")
+                     [write]="write_bench.py" [ckpt]="ckpt_bench.py" [sud]="sud_bench.py" [watch]="watch_bench.py" [scale]="scale_bench.py")
   for p in ${ONLY//,/ }; do
-    [ -n "${FILES[$p]:-}" ] || { echo "unknown piece '$p' (prep, read, remote, dlio, write, ckpt, sud, scale)" >&2; exit 2; }
+    [ -n "${FILES[$p]:-}" ] || { echo "unknown piece '$p' (prep, read, remote, dlio, write, ckpt, sud, watch, scale)" >&2; exit 2; }
     for f in ${FILES[$p]}; do rm -f "bench/out/$f"; done
     if [ -f bench/out/failures.md ]; then
       grep -v -F "bench/${SCRIPT[$p]}" bench/out/failures.md > bench/out/failures.tmp || true
@@ -86,6 +88,7 @@ fi
 if want write; then step python3 bench/write_bench.py $QUICK; fi
 if want ckpt; then step python3 bench/ckpt_bench.py $QUICK; fi
 if want sud; then step python3 bench/sud_bench.py $QUICK; fi
+if want watch; then step python3 bench/watch_bench.py $QUICK; fi
 if want scale; then step python3 bench/scale_bench.py $QUICK; fi
 TOTAL=$(( $(date +%s) - T0 ))
 ARGS="$QUICK${ONLY:+ --only $ONLY}"
@@ -111,7 +114,7 @@ python3 bench/notes.py > /dev/null
   echo "machine is shared with other engineers compiling, so compare ratios, not absolute rates across runs."
   echo
   echo "Commands: \`bash bench/run.sh [--quick]\` runs \`bench/prep.sh\`, \`bench/read_bench.py\`,"
-  echo "\`bench/remote_read.sh\`, \`bench/write_bench.py\`, \`bench/ckpt_bench.py\`, \`bench/sud_bench.py\`, \`bench/scale_bench.py\` (each with the same flag) and"
+  echo "\`bench/remote_read.sh\`, \`bench/write_bench.py\`, \`bench/ckpt_bench.py\`, \`bench/sud_bench.py\`, \`bench/watch_bench.py\`, \`bench/scale_bench.py\` (each with the same flag) and"
   echo "\`bench/dlio.sh\`; sizes are environment variables listed at the top of each script."
   echo "\`bench/notes.py\` computes the per-file read breakdowns at the end."
   echo
@@ -120,7 +123,7 @@ import json
 from pathlib import Path
 goals = []
 for f in ("bench/out/read.json", "bench/out/remote.json", "bench/out/write.json", "bench/out/ckpt.json",
-          "bench/out/sud.json", "bench/out/scale.json"):
+          "bench/out/sud.json", "bench/out/watch.json", "bench/out/scale.json"):
     p = Path(f)
     if p.exists():
         goals += json.loads(p.read_text())["goals"]
@@ -132,7 +135,7 @@ for exp, goal, measured, met in goals:
 print()
 EOF
   for f in bench/out/failures.md bench/out/read.md bench/out/remote_read.md bench/out/write.md bench/out/ckpt.md \
-           bench/out/sud.md bench/out/scale.md bench/out/prep.md bench/out/dlio.md bench/out/notes.md; do
+           bench/out/sud.md bench/out/watch.md bench/out/scale.md bench/out/prep.md bench/out/dlio.md bench/out/notes.md; do
     [ -f "$f" ] && { cat "$f"; echo; }
   done
 } > bench/RESULTS.md

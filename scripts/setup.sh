@@ -46,8 +46,8 @@ keep mpi "$before_mpi" /usr/bin/mpicc.mpich
 keep mpirun "$before_run" /usr/bin/mpirun.mpich
 keep mpi-x86_64-linux-gnu "$before_inc" /usr/include/x86_64-linux-gnu/mpich
 
-if ! python3 -c 'import numpy, PIL, h5py, safetensors, pytest' >/dev/null 2>&1; then
-  python3 -m pip install -q --disable-pip-version-check numpy pillow h5py safetensors pytest
+if ! python3 -c 'import numpy, PIL, h5py, safetensors, pytest, watchdog, inotify_simple' >/dev/null 2>&1; then
+  python3 -m pip install -q --disable-pip-version-check numpy pillow h5py safetensors pytest watchdog inotify_simple
 fi
 # The ML frameworks of the raw-syscall tests (tests/test_sud_frameworks.py)
 # live in a venv OUTSIDE the repository that later runs reuse: torch (the

@@ -28,6 +28,7 @@ pub mod manifest;
 pub mod partition;
 pub mod path;
 pub mod runtime;
+pub mod watchev;
 pub mod tiers;
 pub mod wire;
 

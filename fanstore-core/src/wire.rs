@@ -48,6 +48,8 @@
 //!           SETATTR_MTIME (arg1 = mtime ns, i64); reply errno (ENOENT,
 //!           EROFS for an input)
 //!
+//! WATCH_*   namespace events of outputs, ops 40-45: see crate::watchev
+//!
 //! OutRecord  0..8 size | 8..12 mode | 12..16 holder rank | 16..24 mtime ns
 //!           (i64) | 24..32 output id | 32..40 xxh3 of the bytes
 //! ```
@@ -82,6 +84,18 @@ pub mod op {
     /// Payload `link path NUL target`: creates an output symlink (EEXIST if
     /// the name exists).
     pub const SYMLINK: u16 = 16;
+    /// Namespace events (`fanstore watch`, inotify): see [`crate::watchev`].
+    pub const WATCH_ADD: u16 = 40;
+    pub const WATCH_RM: u16 = 41;
+    pub const WATCH_SINK: u16 = 42;
+    pub const WATCH_KERNEL: u16 = 43;
+    pub const WATCH_EVENT: u16 = 44;
+    pub const WATCH_INFO: u16 = 45;
+
+    /// Ops that turn a connection into a watcher session (not WATCH_INFO).
+    pub fn is_watch(op: u16) -> bool {
+        (WATCH_ADD..=WATCH_EVENT).contains(&op)
+    }
 }
 
 /// OUT_STAT arg0 bit: do not follow a symlink in the last component

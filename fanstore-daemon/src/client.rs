@@ -50,6 +50,11 @@ impl Client {
         Ok(Client { fd, buf: vec![0u8; wire::MAX_MESSAGE] })
     }
 
+    /// The connection itself (a watcher keeps reading events from it).
+    pub fn into_fd(self) -> OwnedFd {
+        self.fd
+    }
+
     /// Sends `req` and waits for its reply.
     pub fn call(&mut self, req: &Request) -> io::Result<(Reply, Option<OwnedFd>)> {
         self.call_with(req, None)

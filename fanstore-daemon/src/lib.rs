@@ -97,6 +97,15 @@
 //! - Inputs are never shadowed: COMMIT of an input name is EEXIST (O_EXCL)
 //!   or EROFS.
 //!
+//! ## Namespace events ([`watch`])
+//!
+//! A connection that sends `WATCH_ADD` becomes a watcher session (`fanstore
+//! watch`, or an inotify instance of the preload library). Every completed
+//! commit, unlink, mkdir, rmdir and rename of an output is published to the
+//! metadata owner of its directory, which numbers it and forwards it to the
+//! nodes with watchers concerned ([`fanstore_core::watchev`]); a remote
+//! output read on a node is one shared copy there ([`remote_out`]).
+//!
 //! With `--persist DIR` ([`persist`]) every rank drains at stop (after its
 //! MPI loop ended, before it removes its socket, so `fanstore stop` returns
 //! once every rank drained) and loads the drained records at start.
@@ -139,8 +148,11 @@ pub mod open;
 pub mod outputs;
 pub mod persist;
 pub mod placement;
+pub mod remote_out;
 pub mod server;
 pub mod status;
+pub mod watch;
+pub mod watch_client;
 #[doc(hidden)]
 pub mod testkit;
 

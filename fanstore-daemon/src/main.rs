@@ -171,6 +171,7 @@ fn run(args: &DaemonArgs) -> anyhow::Result<i32> {
         Ok(p) => p,
     };
     let node = p.node.clone();
+    fanstore_daemon::watch::WatchState::attach(&node);
     node.set_phase(Phase::Ready);
     log::info!("rank {rank}: ready ({} ranks loaded)", nranks);
     let store = LocalStore {

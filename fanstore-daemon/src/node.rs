@@ -90,6 +90,10 @@ pub struct Node {
     pub fsync_outputs: AtomicBool,
     /// When the rank became ready (remote MB/s in STATUS is since then).
     pub ready_at: OnceLock<Instant>,
+    /// Watchers and event routes ([`crate::watch`]).
+    pub watch: crate::watch::WatchState,
+    /// This node's copies of outputs held by other ranks ([`crate::remote_out`]).
+    pub remote_outs: crate::remote_out::RemoteOutputs,
     phase: Mutex<Phase>,
     phase_cv: Condvar,
 }
@@ -123,6 +127,8 @@ impl Node {
             dedup: OnceLock::new(),
             fsync_outputs: AtomicBool::new(false),
             ready_at: OnceLock::new(),
+            watch: Default::default(),
+            remote_outs: crate::remote_out::RemoteOutputs::new(cache_mem),
             phase: Mutex::new(Phase::Loading),
             phase_cv: Condvar::new(),
         }
@@ -204,7 +210,7 @@ impl Node {
                 s.remote_mbps = s.remote_bytes_in as f64 / secs / 1e6;
             }
         }
-        let caches = std::iter::once(&self.cache.stats).chain(self.copies.get().map(|c| &c.cache.stats));
+        let caches = std::iter::once(&self.cache.stats).chain(self.copies.get().map(|c| &c.cache.stats)).chain(std::iter::once(self.remote_outs.stats()));
         for st in caches {
             s.cache_hits += st.hits.load(Relaxed);
             s.cache_misses += st.misses.load(Relaxed);

@@ -16,17 +16,17 @@
 //! EIO) registers nothing. A replaced output's old bytes are deleted: here,
 //! or by the holder when asked (HOLDER_DROP over MPI).
 
-use crate::comm::{Command, Fetch, RecvBuf, OUT_BIT};
+use crate::comm::OUT_BIT;
 use crate::memfd::MemfdBuilder;
 use crate::namespace::{now_ns, parent};
 use crate::node::Node;
 use fanstore_core::checksum::xxh3;
+use fanstore_core::watchev::Kind;
 use fanstore_core::wire::{self, OutRecord};
 use std::os::fd::{AsRawFd, OwnedFd};
 use std::os::unix::fs::OpenOptionsExt;
 use std::path::PathBuf;
 use std::sync::atomic::Ordering::Relaxed;
-use std::time::Duration;
 /// Gives an output's fd the mode and modification time of its record, so
 /// fstat of it agrees with stat of the path (tar -c, rsync and cp -p read
 /// them from the fd). Best effort: the bytes are what matters.
@@ -119,13 +119,15 @@ impl Node {
     }
 
     /// Registers held output `rec` under `path`: its sidecar here, then
-    /// its record at the owner (ELOOP: a symlink is there).
-    fn put_record(&self, path: &[u8], rec: OutRecord, excl: bool) -> Result<(), i32> {
+    /// its record at the owner (ELOOP: a symlink is there). Ok(true) when
+    /// it replaced an earlier version.
+    fn put_record(&self, path: &[u8], rec: OutRecord, excl: bool) -> Result<bool, i32> {
         self.write_sidecar(path, &rec)?;
         self.put(path, rec, excl).inspect_err(|_| {
             let _ = std::fs::remove_file(self.sidecar(rec.id));
         })
     }
+
     /// COMMIT: stores the bytes of `fd`, then registers `path` with its owner.
     pub fn commit(&self, path: &[u8], fd: &OwnedFd, excl: bool, mode: u32) -> Result<(), i32> {
         if path.is_empty() {
@@ -196,7 +198,7 @@ impl Node {
         let rec = OutRecord { size, mode: libc::S_IFREG | (mode & 0o7777), holder: self.id.rank, mtime_ns, id, sum, atime_ns, ctime_ns: now_ns() };
         // A symlink at the name: the bytes go to its target (as open(2)
         // follows it), which must then be a file or nothing in a directory.
-        let path = &match self.put_record(path, rec, excl) {
+        let (path, replaced) = &match self.put_record(path, rec, excl) {
             Err(libc::ELOOP) if !excl => match self.lookup(path, true) {
                 Ok(crate::namespace::links::Looked::Output { rec: r, .. }) if r.is_dir() => Err(libc::EISDIR),
                 Ok(crate::namespace::links::Looked::Output { path: p, .. }) => Ok(p),
@@ -205,8 +207,8 @@ impl Node {
                 Err(libc::ENOENT) => self.real_dangling(path),
                 Err(e) => Err(e),
             }
-            .and_then(|p| self.put_record(&p, rec, excl).map(|()| p)),
-            other => other.map(|()| path.clone()),
+            .and_then(|p| self.put_record(&p, rec, excl).map(|r| (p, r))),
+            other => other.map(|r| (path.clone(), r)),
         }
         .inspect_err(|_| undo())?;
         if let Some(d) = dedup {
@@ -214,6 +216,7 @@ impl Node {
         }
         self.link(path, wire::KIND_FILE, true)?;
         self.counters.outputs.fetch_add(1, Relaxed);
+        self.publish(Kind::Close, path, b"", false, *replaced, Some(&rec));
         Ok(())
     }
 
@@ -353,28 +356,8 @@ impl Node {
                 (Err(_), _) => Err(libc::ENOENT), // replaced or removed meanwhile
             };
         }
-        let target = MemfdBuilder::unmapped(&format!("fanstore:out:{}", rec.id), rec.size).map_err(|_| libc::ENOMEM)?;
-        if rec.size > 0 {
-            let len = usize::try_from(rec.size).map_err(|_| libc::EFBIG)?;
-            let buf = RecvBuf { buf: vec![0u8; len], len };
-            let (tx, rx) = crossbeam::channel::bounded(1);
-            let timeout = self.remote_timeout + Duration::from_secs(rec.size / (64 << 20));
-            let cmd = Command::Fetch(Fetch { node_id: OUT_BIT | rec.id as u32, holder: rec.holder, stored_len: rec.size, buf, reply: tx, timeout });
-            self.comm.send(cmd).map_err(|_| libc::EIO)?;
-            match rx.recv_timeout(timeout + Duration::from_secs(2)) {
-                Ok(Ok((b, sum))) if sum == rec.sum => target.write_at(b.bytes(), 0).map_err(|_| libc::EIO)?,
-                Ok(Ok(_)) => {
-                    log::warn!("rank {}: output '{}' fails its checksum", self.id.rank, String::from_utf8_lossy(path));
-                    return Err(libc::EIO);
-                }
-                _ => return Err(libc::EIO),
-            }
-        }
-        let fd = target.seal().map_err(|_| libc::EIO)?;
-        // A fresh description per open (own offset) is what a memfd from
-        // seal() already is.
-        let _ = fd.as_raw_fd();
-        Ok(fd)
+        // One copy per node, shared by every process that opens it ([`crate::remote_out`]).
+        self.open_remote_output(path, &rec)
     }
 
     /// A checkpoint drained by a rank this job does not have (it ran with
@@ -569,7 +552,7 @@ impl Node {
             };
             let ok = self.write_sidecar(&path, &rec).is_ok()
                 && match put() {
-                    Ok(()) => self.link(&path, rec.kind(), true).is_ok(),
+                    Ok(_) => self.link(&path, rec.kind(), true).is_ok(),
                     Err(_) => false,
                 };
             if ok {

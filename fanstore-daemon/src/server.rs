@@ -185,6 +185,9 @@ fn connection(conn: OwnedFd, node: &Node) {
                 return;
             }
         };
+        if wire::op::is_watch(req.op) {
+            return crate::watch::session(node, fd, req, attached); // until the watcher goes away
+        }
         if handle(node, fd, &req, attached).is_err() {
             return; // the client went away mid-request
         }
@@ -281,6 +284,7 @@ fn handle(node: &Node, fd: RawFd, req: &Request, attached: Option<OwnedFd>) -> i
             }
         }
         op::PING => wire::send_msg(fd, &Reply::ok(req, node.id.rank as u64).encode(), None),
+        op::WATCH_INFO => wire::send_msg(fd, &node.watch_info_reply(req).encode(), None),
         op::STATUS => {
             let mut r = Reply::ok(req, 0);
             r.payload = node.snapshot().render().into_bytes();

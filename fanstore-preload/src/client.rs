@@ -82,7 +82,7 @@ fn inode(fd: c_int) -> u64 {
 
 /// Moves a library-internal fd far above the numbers programs use (shells
 /// assume fds 3..9 are theirs: `exec 3< file`).
-fn move_high(fd: c_int) -> c_int {
+pub(crate) fn move_high(fd: c_int) -> c_int {
     let mut lim = libc::rlimit { rlim_cur: 0, rlim_max: 0 };
     // SAFETY: lim is a valid out-pointer.
     unsafe { libc::getrlimit(libc::RLIMIT_NOFILE, &mut lim) };
@@ -101,7 +101,7 @@ fn close_fd(fd: c_int) {
     unsafe { crate::real::close(fd) };
 }
 
-fn connect(st: &State) -> Result<c_int, c_int> {
+pub(crate) fn connect(st: &State) -> Result<c_int, c_int> {
     // SAFETY: plain socket creation.
     let s = unsafe { libc::socket(libc::AF_UNIX, libc::SOCK_SEQPACKET | libc::SOCK_CLOEXEC, 0) };
     if s < 0 {

@@ -65,9 +65,11 @@ pub(crate) extern "C" fn fork_prepare() {
     client::fork_prepare();
     outputs::fork_prepare();
     locks::fork_prepare();
+    ops::inotify::fork_prepare();
 }
 
 pub(crate) extern "C" fn fork_parent() {
+    ops::inotify::fork_release();
     locks::fork_release();
     outputs::fork_release();
     client::fork_parent();
@@ -79,6 +81,7 @@ pub(crate) extern "C" fn fork_parent() {
 pub(crate) extern "C" fn fork_child() {
     sud::arm_thread();
     locks::fork_release();
+    ops::inotify::fork_release();
     outputs::fork_release();
     client::fork_child();
     state::fork_unlock();

@@ -2,6 +2,7 @@
 //! through `libc::` from inside the library (it would resolve to our hook).
 pub use crate::hooks::cwd::orig::*;
 pub use crate::hooks::fd::orig::*;
+pub use crate::hooks::inotify::orig::*;
 pub use crate::hooks::open::orig::*;
 pub use crate::hooks::signal::orig::*;
 pub use crate::hooks::stat::orig::*;

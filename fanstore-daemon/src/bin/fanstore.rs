@@ -7,6 +7,7 @@
 //! fanstore [--runtime-dir DIR] sync                 drain outputs to --persist, keep running
 //! fanstore export DIR --to PLAIN_DIR                 drained outputs -> plain files
 //! fanstore [--runtime-dir DIR] ckpt ls|log|owners|diff|du|verify ...   checkpoint queries
+//! fanstore [--runtime-dir DIR] watch PATH... [--recursive] [--json] [--events close,rename,delete,mkdir,rmdir]
 //! ```
 //! The checkpoint queries are described in `fanstore_daemon::ckpt_query`.
 //! The runtime directory defaults to the daemons' own default
@@ -55,6 +56,22 @@ enum Cmd {
         dir: std::path::PathBuf,
         #[arg(long)]
         to: std::path::PathBuf,
+    },
+    /// Print each namespace event of the outputs under PATH (close, rename,
+    /// delete, mkdir, rmdir) as it happens on any node, until interrupted or
+    /// until the daemons stop.
+    Watch {
+        #[arg(required = true)]
+        paths: Vec<String>,
+        /// Also every directory below each PATH.
+        #[arg(long)]
+        recursive: bool,
+        /// One JSON object per line.
+        #[arg(long)]
+        json: bool,
+        /// Only these events (comma-separated): close, rename, delete, mkdir, rmdir.
+        #[arg(long, value_delimiter = ',')]
+        events: Vec<String>,
     },
     /// Checkpoint queries, answered from recipes and owner maps.
     Ckpt {
@@ -164,6 +181,7 @@ fn main() {
             .map(|n| outln!("fanstore: exported {n} files to {}", to.display()))
             .map_err(anyhow::Error::from),
         Cmd::Ckpt { cmd } => ckpt(&rt, cmd),
+        Cmd::Watch { paths, recursive, json, events } => watch(&rt, &paths, recursive, json, &events),
     };
     if let Err(e) = res {
         eprintln!("fanstore: {e:#}");
@@ -272,6 +290,31 @@ fn sync(rt: &Path, timeout: Duration) -> anyhow::Result<()> {
     }
     outln!("fanstore: synced {} files, {} records", counts[0], counts[1]);
     Ok(())
+}
+
+fn watch(rt: &Path, paths: &[String], recursive: bool, json: bool, events: &[String]) -> anyhow::Result<()> {
+    use fanstore_daemon::watch_client::{parse_events, render, Watcher};
+    let kinds = parse_events(events)?;
+    let mut w = Watcher::open(rt, paths, recursive)?;
+    // Every event from here on is printed (tests and scripts wait for this line).
+    eprintln!("fanstore: watching {} path(s) through rank {}", paths.len(), w.rank);
+    loop {
+        match w.next()? {
+            None => {
+                eprintln!("fanstore: the daemons stopped");
+                return Ok(());
+            }
+            Some(None) => {
+                if json {
+                    outln!("{{\"event\":\"overflow\"}}");
+                } else {
+                    outln!("overflow: events were dropped");
+                }
+            }
+            Some(Some(ev)) if kinds.contains(&ev.kind) => outln!("{}", render(&ev, &w.mount, json)),
+            Some(Some(_)) => {}
+        }
+    }
 }
 
 fn ckpt(rt: &Path, cmd: CkptCmd) -> anyhow::Result<()> {

@@ -231,17 +231,18 @@ impl Node {
     }
 
     /// PUT of a symlink record (payload `record | path NUL target`).
-    pub(crate) fn put_link(&self, path: &[u8], rec: OutRecord, target: &[u8], arg0: u64) -> Result<(), i32> {
+    pub(crate) fn put_link(&self, path: &[u8], rec: OutRecord, target: &[u8], arg0: u64) -> Result<bool, i32> {
         let mut p = Vec::with_capacity(OutRecord::LEN + path.len() + 1 + target.len());
         rec.encode_into(&mut p);
         p.extend_from_slice(path);
         p.push(0);
         p.extend_from_slice(target);
         let r = self.meta_at(path, mop::PUT, arg0, p)?;
-        if let Some(old) = OutRecord::decode(&r.payload).filter(|o| (o.id, o.holder) != (rec.id, rec.holder)) {
+        let old = OutRecord::decode(&r.payload);
+        if let Some(old) = old.filter(|o| (o.id, o.holder) != (rec.id, rec.holder)) {
             self.drop_data(&old);
         }
-        Ok(())
+        Ok(old.is_some())
     }
 
     /// A synthetic record for input node `node` (an OUT_STAT through a

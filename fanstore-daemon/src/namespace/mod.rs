@@ -75,6 +75,7 @@ impl MetaServer for Node {
                 let errno = if spawned.is_ok() { 0 } else { libc::EAGAIN };
                 Reply { op: req.op, id: req.id, errno, flags: 0, value: 0, payload: Vec::new() }.encode()
             }
+            Ok(req) if crate::watch::is_mop(req.op) => self.watch_meta(&req).encode(),
             Ok(req) => self.meta.lock().unwrap_or_else(|p| p.into_inner()).handle(&req).encode(),
             Err(_) => Reply { op: 0, id: 0, errno: libc::EINVAL, flags: 0, value: 0, payload: Vec::new() }.encode(),
         }
@@ -186,26 +187,28 @@ impl Node {
     }
 
 
-    pub(crate) fn put(&self, path: &[u8], rec: OutRecord, excl: bool) -> Result<(), i32> {
+    /// Puts `rec` at the owner of `path`: Ok(true) when it replaced a record.
+    pub(crate) fn put(&self, path: &[u8], rec: OutRecord, excl: bool) -> Result<bool, i32> {
         self.put_with(path, rec, if excl { wire::COMMIT_EXCL } else { 0 })
     }
 
     /// PUT that replaces a symlink at `path` too (rename's destination).
-    pub(crate) fn put_over_link(&self, path: &[u8], rec: OutRecord) -> Result<(), i32> {
+    pub(crate) fn put_over_link(&self, path: &[u8], rec: OutRecord) -> Result<bool, i32> {
         self.put_with(path, rec, crate::namespace::owner::PUT_OVER_LINK)
     }
 
-    pub(crate) fn put_with(&self, path: &[u8], rec: OutRecord, arg0: u64) -> Result<(), i32> {
+    pub(crate) fn put_with(&self, path: &[u8], rec: OutRecord, arg0: u64) -> Result<bool, i32> {
         let mut p = Vec::with_capacity(OutRecord::LEN + path.len());
         rec.encode_into(&mut p);
         p.extend_from_slice(path);
         let r = self.meta_at(path, mop::PUT, arg0, p)?;
         // A record of the same output (a rename retried after a failure
         // between its steps) is not a replaced one.
-        if let Some(old) = OutRecord::decode(&r.payload).filter(|o| (o.id, o.holder) != (rec.id, rec.holder)) {
+        let old = OutRecord::decode(&r.payload);
+        if let Some(old) = old.filter(|o| (o.id, o.holder) != (rec.id, rec.holder)) {
             self.drop_data(&old);
         }
-        Ok(())
+        Ok(old.is_some())
     }
 
     /// Deletes the bytes of a replaced or unlinked output: here, or at its

@@ -4,6 +4,7 @@
 //! destination; of a directory: the two-phase fenced move of [`super::owner`]).
 
 use super::owner::mop;
+use fanstore_core::watchev::Kind;
 use super::{now_ns, META_IDS};
 use crate::node::Node;
 use fanstore_core::wire::{self, OutRecord, Reply};
@@ -39,7 +40,9 @@ impl Node {
         rec.encode_into(&mut p);
         p.extend_from_slice(path);
         self.meta_at(path, mop::MKDIR, 0, p)?;
-        self.link(path, wire::KIND_DIR, true)
+        self.link(path, wire::KIND_DIR, true)?;
+        self.publish(Kind::Mkdir, path, b"", true, false, None);
+        Ok(())
     }
 
     pub fn out_rmdir(&self, path: &[u8]) -> Result<(), i32> {
@@ -51,7 +54,9 @@ impl Node {
             return Err(if n.is_dir() { libc::EROFS } else { libc::ENOTDIR });
         }
         self.on_record(path, mop::RMDIR, 0, path.to_vec())?;
-        self.link(path, wire::KIND_DIR, false)
+        self.link(path, wire::KIND_DIR, false)?;
+        self.publish(Kind::Rmdir, path, b"", true, false, None);
+        Ok(())
     }
 
 
@@ -64,10 +69,14 @@ impl Node {
             return Err(if n.is_dir() { libc::EISDIR } else { libc::EROFS });
         }
         let r = self.on_record(path, mop::DEL, 0, path.to_vec())?;
-        if let Some(old) = OutRecord::decode(&r.payload) {
-            self.drop_data(&old);
+        let old = OutRecord::decode(&r.payload);
+        if let Some(old) = &old {
+            self.drop_data(old);
         }
-        self.link(path, wire::KIND_FILE, false)
+        self.link(path, wire::KIND_FILE, false)?;
+        // (A symlink's removal is announced as a file's; its creation is not announced.)
+        self.publish(Kind::Delete, path, b"", false, false, old.as_ref());
+        Ok(())
     }
 
     /// Renames output directory `from` (and everything below it) to `to`:
@@ -210,7 +219,9 @@ impl Node {
             return Err(libc::ENOTEMPTY);
         }
         if rec.is_dir() {
-            return self.rename_dir(from, to, noreplace);
+            self.rename_dir(from, to, noreplace)?;
+            self.publish(Kind::Rename, from, to, true, false, None);
+            return Ok(());
         }
         // A rename changes the moved file's status time, as natively.
         let rec = OutRecord { ctime_ns: now_ns(), ..rec };
@@ -226,12 +237,15 @@ impl Node {
         } else {
             self.put_over_link(to, rec)
         };
-        if let Err(e) = put {
-            if rec.holder == self.id.rank {
-                let _ = self.write_sidecar(from, &rec); // still named `from`
+        let replaced = match put {
+            Ok(r) => r,
+            Err(e) => {
+                if rec.holder == self.id.rank {
+                    let _ = self.write_sidecar(from, &rec); // still named `from`
+                }
+                return Err(e);
             }
-            return Err(e);
-        }
+        };
         self.link(to, rec.kind(), true)?;
         match self.meta_at(from, mop::DEL, rec.id, from.to_vec()) {
             Ok(_) | Err(libc::ENOENT) => {}
@@ -247,6 +261,8 @@ impl Node {
                 log::warn!("rank {}: rank {} did not rename output {}: errno {e}", self.id.rank, rec.holder, rec.id);
             }
         }
-        self.link(from, wire::KIND_FILE, false)
+        self.link(from, wire::KIND_FILE, false)?;
+        self.publish(Kind::Rename, from, to, false, replaced, Some(&rec));
+        Ok(())
     }
 }

@@ -20,8 +20,10 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 
 pub mod cwd;
 pub mod dir;
+pub mod dlsym;
 pub mod fd;
 pub mod lock;
+pub mod inotify;
 pub mod meta;
 pub mod open;
 pub mod signal;
@@ -185,7 +187,7 @@ macro_rules! hooks {
 
 /// FANSTORE_DEBUG=1: which symbols this library hooks and whether each original resolved.
 pub fn report_symbols() {
-    let families: [(&str, &[&Slot]); 13] = [
+    let families: [(&str, &[&Slot]); 14] = [
         ("open", open::symbols()),
         ("stdio", stdio::symbols()),
         ("stat", stat::symbols()),
@@ -199,6 +201,7 @@ pub fn report_symbols() {
         ("thread", thread::symbols()),
         ("signal", signal::symbols()),
         ("syscall", syscall::symbols()),
+        ("inotify", inotify::symbols()),
     ];
     for (fam, slots) in families {
         let mut line = [0u8; 900];

@@ -11,6 +11,7 @@ use libc::c_int;
 pub fn before_close(fd: c_int) -> Option<c_int> {
     crate::locks::forget(fd);
     let mut err = None;
+    super::inotify::closing(fd);
     if fd_table::any() {
         match fd_table::get(fd) {
             Some(Tracked::Output(idx)) if crate::outputs::is_foreign(idx) => {

@@ -10,6 +10,7 @@ use libc::c_int;
 pub mod cwd;
 pub mod dir;
 pub mod fd;
+pub mod inotify;
 pub mod meta;
 pub mod namespace;
 pub mod open;

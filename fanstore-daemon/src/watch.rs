@@ -1,0 +1,642 @@
+//! Namespace events of outputs pushed to watchers: `fanstore watch` and
+//! inotify instances (through the preload library) on `/fanstore` paths.
+//! Formats and client ops: [`fanstore_core::watchev`].
+//!
+//! ## Routing
+//!
+//! - **Interests.** A node with a watcher on directory (or file) `W`
+//!   (recursive or not) tells every rank once, with [`wop::SUB`] (synchronously,
+//!   before the watch request is answered: an event that happens after
+//!   `inotify_add_watch` returned is never missed). Every rank therefore knows
+//!   every node's interests; a change with nobody interested costs no message.
+//! - **Publish.** The daemon that completed a change (commit, unlink, mkdir,
+//!   rmdir, rename: after its last step, so the file is readable from every
+//!   node) sends one [`NsEvent`] ([`wop::PUBLISH`]) to the metadata owner of
+//!   the event's directory (of the destination, for a rename), and waits for
+//!   its answer before the client's call returns.
+//! - **Sequence.** The owner numbers the event and, under one lock, hands it
+//!   to every interested node ([`wop::DELIVER`], an MPI message from the
+//!   owner: MPI keeps messages between two ranks in order), so every node sees
+//!   a directory's events in the order its owner applied them.
+//! - **Delivery.** A node turns an event into records for each local watcher
+//!   session, queues them (bounded: beyond [`QUEUE_MAX`] the session reports
+//!   an overflow, IN_Q_OVERFLOW) and wakes the session's thread through an
+//!   eventfd. The session thread sleeps in `poll` (connection, eventfd,
+//!   forwarded kernel inotify fd, sink): nothing spins while nothing happens.
+//! - **Prefetch.** A node that delivered a close or a rename of a file held
+//!   by another rank to a local watcher starts fetching its bytes into the
+//!   node's shared copy ([`crate::remote_out`]) right away: the consumer's
+//!   open, which follows the event, waits for that fetch instead of starting
+//!   its own after the event's round trip to the program.
+//! - **End.** A session ends when its client closes the connection, dies, or
+//!   closes its end of the sink socket; its watches are dropped and the
+//!   interests it alone held are withdrawn from every rank.
+
+use crate::comm::{Command, MetaCall};
+use crate::node::Node;
+use fanstore_core::watchev::{self, Kind, NsEvent, Rec, IN_ALL_EVENTS, IN_IGNORED, IN_ONLYDIR, IN_Q_OVERFLOW};
+use fanstore_core::wire::{self, op, OutRecord, Reply, Request};
+use std::collections::{HashMap, HashSet, VecDeque};
+use std::os::fd::{AsRawFd, FromRawFd, OwnedFd, RawFd};
+use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
+use std::sync::{Arc, Mutex, MutexGuard};
+use std::time::Duration;
+
+/// Rank-to-rank ops of the event routing (never sent by clients).
+pub mod wop {
+    /// payload flags (bit 0: add, else remove; bit 1: recursive) then the
+    /// watched path, arg0 node.
+    pub const SUB: u16 = 140;
+    /// payload NsEvent, to the owner of its directory: number it, forward it.
+    pub const PUBLISH: u16 = 141;
+    /// payload NsEvent (numbered), owner -> a node with interested watchers.
+    pub const DELIVER: u16 = 142;
+}
+
+pub fn is_mop(op: u16) -> bool {
+    (wop::SUB..=wop::DELIVER).contains(&op)
+}
+
+/// Records a session may have queued before it reports an overflow (the
+/// kernel's default `max_queued_events`); `FANSTORE_WATCH_QUEUE` in the
+/// daemon's environment changes it (tests use a small one).
+pub const QUEUE_MAX: usize = 16384;
+
+fn queue_max() -> usize {
+    static Q: std::sync::OnceLock<usize> = std::sync::OnceLock::new();
+    *Q.get_or_init(|| {
+        std::env::var("FANSTORE_WATCH_QUEUE").ok().and_then(|v| v.trim().parse().ok()).filter(|&n| n > 0).unwrap_or(QUEUE_MAX)
+    })
+}
+
+/// How long a blocked session thread sleeps before it looks at the stop flag.
+const POLL_MS: i32 = 1000;
+
+/// Ids of DELIVER messages (their replies are not waited for), apart from
+/// the ids of the metadata requests of [`crate::outputs`].
+static DELIVER_IDS: AtomicU64 = AtomicU64::new(1 << 62);
+static COOKIES: AtomicU64 = AtomicU64::new(1);
+
+fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
+    m.lock().unwrap_or_else(|p| p.into_inner())
+}
+
+/// The watch state of one rank.
+#[derive(Default)]
+pub struct WatchState {
+    routes: Mutex<Routes>,
+    local: Mutex<Local>,
+    /// The node itself, for prefetch threads ([`WatchState::attach`]).
+    me: std::sync::OnceLock<std::sync::Weak<Node>>,
+}
+
+impl WatchState {
+    /// Lets events start fetching the files they announce (set once the
+    /// node is shared; without it, nothing is prefetched).
+    pub fn attach(node: &Arc<Node>) {
+        let _ = node.watch.me.set(Arc::downgrade(node));
+    }
+}
+
+/// Every node's interests (known on every rank) and this rank's event numbers.
+#[derive(Default)]
+struct Routes {
+    interests: HashSet<(u32, Vec<u8>, bool)>,
+    seq: u64,
+}
+
+/// This rank's watcher sessions, and how many watches hold each interest.
+#[derive(Default)]
+struct Local {
+    next: u64,
+    sessions: HashMap<u64, Arc<Session>>,
+    counts: HashMap<(Vec<u8>, bool), usize>,
+}
+
+struct Watch {
+    wd: i32,
+    path: Vec<u8>,
+    mask: u32,
+    recursive: bool,
+}
+
+/// What a session sends its client.
+enum Out {
+    /// An encoded NsEvent (to `fanstore watch`, as a WATCH_EVENT reply).
+    Ns(Vec<u8>),
+    /// One `struct inotify_event` (to the sink).
+    Ino(Vec<u8>),
+}
+
+#[derive(Default)]
+struct SessState {
+    watches: Vec<Watch>,
+    queue: VecDeque<Out>,
+    overflow: bool,
+    inotify: bool,
+    /// Interests of watches that ended while an event was delivered
+    /// (withdrawn by the session thread, which may wait on other ranks).
+    ended: Vec<(Vec<u8>, bool)>,
+}
+
+struct Session {
+    state: Mutex<SessState>,
+    wake: OwnedFd,
+}
+
+impl Session {
+    fn wake(&self) {
+        let one: u64 = 1;
+        // SAFETY: writing 8 bytes to our own eventfd.
+        unsafe { libc::write(self.wake.as_raw_fd(), (&one as *const u64).cast(), 8) };
+    }
+
+    /// Queues `o`, or notes an overflow. Caller holds the state lock.
+    fn push(st: &mut SessState, o: Out) {
+        if st.queue.len() >= queue_max() {
+            st.overflow = true;
+        } else {
+            st.queue.push_back(o);
+        }
+    }
+
+    /// Turns `ev` into this session's records; true if there were any.
+    fn deliver(&self, ev: &NsEvent) -> bool {
+        let mut st = lock(&self.state);
+        let mut any = false;
+        if st.inotify {
+            let mut recs: Vec<Rec> = Vec::new();
+            let mut i = 0;
+            while i < st.watches.len() {
+                recs.clear();
+                let w = &st.watches[i];
+                let wd = w.wd;
+                let ends = watchev::inotify_records(ev, &w.path, w.mask, w.recursive, &mut recs);
+                for r in &recs {
+                    let mut b = Vec::with_capacity(watchev::INOTIFY_HEAD + r.name.len() + 16);
+                    watchev::push_inotify(&mut b, wd, r);
+                    Session::push(&mut st, Out::Ino(b));
+                    any = true;
+                }
+                if ends {
+                    let w = st.watches.remove(i);
+                    st.ended.push((w.path, w.recursive));
+                } else {
+                    i += 1;
+                }
+            }
+        } else if st.watches.iter().any(|w| ev.concerns(&w.path, w.recursive)) {
+            Session::push(&mut st, Out::Ns(ev.encode()));
+            any = true;
+        }
+        drop(st);
+        if any {
+            self.wake();
+        }
+        any
+    }
+}
+
+impl Node {
+    /// Rank-to-rank watch ops ([`wop`]), answered on whichever thread asks.
+    pub fn watch_meta(&self, req: &Request) -> Reply {
+        match req.op {
+            wop::SUB => {
+                let Some((&flags, path)) = req.payload.split_first() else { return Reply::err(req, libc::EINVAL) };
+                let on = flags & 1 != 0;
+                let key = (req.arg0 as u32, path.to_vec(), flags & 2 != 0);
+                let mut r = lock(&self.watch.routes);
+                if on {
+                    r.interests.insert(key);
+                } else {
+                    r.interests.remove(&key);
+                }
+                Reply::ok(req, 0)
+            }
+            wop::PUBLISH => {
+                let Some(mut ev) = NsEvent::decode(&req.payload) else { return Reply::err(req, libc::EINVAL) };
+                let mut r = lock(&self.watch.routes);
+                r.seq += 1;
+                ev.seq = r.seq;
+                let nodes: HashSet<u32> = r.interests.iter().filter(|(_, w, rec)| ev.concerns(w, *rec)).map(|k| k.0).collect();
+                let mut msg = None;
+                for n in nodes {
+                    if n == self.id.rank {
+                        self.deliver_local(&ev);
+                        continue;
+                    }
+                    let msg = msg.get_or_insert_with(|| {
+                        let mut q = Request::new(wop::DELIVER, 0, 0, 0);
+                        q.payload = ev.encode();
+                        q
+                    });
+                    msg.id = DELIVER_IDS.fetch_add(1, Relaxed);
+                    // Nobody waits for the answer: the receiver is dropped.
+                    let (tx, _) = crossbeam::channel::bounded(1);
+                    let call = MetaCall { dest: n, id: msg.id, msg: msg.encode(), reply: tx, timeout: Duration::from_secs(10) };
+                    if self.comm.send(Command::Meta(call)).is_err() {
+                        log::warn!("rank {}: event for rank {n} dropped: stopping", self.id.rank);
+                    }
+                }
+                Reply::ok(req, ev.seq)
+            }
+            wop::DELIVER => match NsEvent::decode(&req.payload) {
+                Some(ev) => {
+                    self.deliver_local(&ev);
+                    Reply::ok(req, 0)
+                }
+                None => Reply::err(req, libc::EINVAL),
+            },
+            _ => Reply::err(req, libc::EINVAL),
+        }
+    }
+
+    fn deliver_local(&self, ev: &NsEvent) {
+        let sessions: Vec<Arc<Session>> = lock(&self.watch.local).sessions.values().cloned().collect();
+        let mut wanted = false;
+        for s in sessions {
+            wanted |= s.deliver(ev);
+        }
+        if wanted {
+            self.prefetch(ev);
+        }
+    }
+
+    /// A file a local watcher was just told about, held by another rank:
+    /// start fetching it into the node's shared copy now (on a thread of its
+    /// own: this may run on the MPI thread), so the consumer's open, which
+    /// follows the event, finds it loaded or loading.
+    fn prefetch(&self, ev: &NsEvent) {
+        if ev.holder == self.id.rank || ev.holder >= self.id.nranks || ev.size == 0 || !self.remote_outs.keeps(ev.size) {
+            return;
+        }
+        let Some(node) = self.watch.me.get().and_then(std::sync::Weak::upgrade) else { return };
+        let rec = OutRecord { size: ev.size, mode: libc::S_IFREG, holder: ev.holder, id: ev.id, sum: ev.sum, ..Default::default() };
+        let path = if ev.kind == Kind::Rename { ev.to.clone() } else { ev.path.clone() };
+        let spawned = std::thread::Builder::new().name("fanstore-prefetch".into()).spawn(move || {
+            if let Err(e) = node.load_remote_output(&path, &rec) {
+                log::debug!("rank {}: prefetching '{}': errno {e}", node.id.rank, String::from_utf8_lossy(&path));
+            }
+        });
+        if let Err(e) = spawned {
+            log::warn!("rank {}: spawning a prefetch thread: {e}", self.id.rank);
+        }
+    }
+
+    /// Publishes a completed change (see the module doc). A change nobody
+    /// watches costs nothing; a failure to publish is logged, never the
+    /// change's error.
+    /// `rec`: the file's record (its size; for a close or a rename, where its
+    /// bytes are, so watching nodes can fetch them at once).
+    pub(crate) fn publish(&self, kind: Kind, path: &[u8], to: &[u8], is_dir: bool, replaced: bool, rec: Option<&OutRecord>) {
+        let bytes = rec.filter(|_| matches!(kind, Kind::Close | Kind::Rename) && !is_dir);
+        let ev = NsEvent {
+            kind,
+            is_dir,
+            replaced,
+            node: self.id.rank,
+            cookie: if kind == Kind::Rename { (COOKIES.fetch_add(1, Relaxed) as u32 & 0x00ff_ffff) | (self.id.rank << 24) } else { 0 },
+            size: rec.map_or(0, |r| r.size),
+            holder: bytes.map_or(u32::MAX, |r| r.holder),
+            id: bytes.map_or(0, |r| r.id),
+            sum: bytes.map_or(0, |r| r.sum),
+            time_ns: std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map_or(0, |d| d.as_nanos() as i64),
+            seq: 0,
+            path: path.to_vec(),
+            to: to.to_vec(),
+        };
+        let wanted = lock(&self.watch.routes).interests.iter().any(|(_, w, rec)| ev.concerns(w, *rec));
+        if !wanted {
+            return;
+        }
+        let dir = if kind == Kind::Rename { watchev::parent(to).0 } else { watchev::parent(path).0 };
+        if let Err(e) = self.meta_to(self.owner(dir), wop::PUBLISH, 0, ev.encode()) {
+            log::warn!("rank {}: publishing a {} event of '{}': errno {e}", self.id.rank, kind.name(), String::from_utf8_lossy(path));
+        }
+    }
+
+    /// Tells every rank that this node starts (or stops) watching `path`.
+    fn announce_to_all(&self, path: &[u8], recursive: bool, on: bool) {
+        let mut payload = vec![u8::from(on) | (u8::from(recursive) << 1)];
+        payload.extend_from_slice(path);
+        for r in 0..self.id.nranks {
+            if let Err(e) = self.meta_to(r, wop::SUB, u64::from(self.id.rank), payload.clone()) {
+                log::warn!("rank {}: rank {r} did not take a watch interest: errno {e}", self.id.rank);
+            }
+        }
+    }
+
+    /// Counts a watch on (path, recursive); the first one is announced.
+    fn interest_add(&self, path: &[u8], recursive: bool) {
+        let first = {
+            let mut l = lock(&self.watch.local);
+            let c = l.counts.entry((path.to_vec(), recursive)).or_insert(0);
+            *c += 1;
+            *c == 1
+        };
+        if first {
+            self.announce_to_all(path, recursive, true);
+        }
+    }
+
+    /// Uncounts a watch; the last one is withdrawn.
+    fn interest_drop(&self, path: &[u8], recursive: bool) {
+        let last = {
+            let mut l = lock(&self.watch.local);
+            let key = (path.to_vec(), recursive);
+            match l.counts.get_mut(&key) {
+                Some(c) if *c > 1 => {
+                    *c -= 1;
+                    false
+                }
+                Some(_) => {
+                    l.counts.remove(&key);
+                    true
+                }
+                None => false,
+            }
+        };
+        if last {
+            self.announce_to_all(path, recursive, false);
+        }
+    }
+
+    /// Is `path` something to watch? Ok(is a directory); ENOENT if neither
+    /// an input nor an output.
+    fn watch_target(&self, path: &[u8]) -> Result<bool, i32> {
+        if let Some(n) = self.view.lookup(path) {
+            return Ok(n.is_dir());
+        }
+        self.out_stat(path).map(|r| r.is_dir())
+    }
+
+    /// WATCH_INFO: sessions, watches, and interests routed by this rank.
+    pub fn watch_info_reply(&self, req: &Request) -> Reply {
+        let sessions: Vec<Arc<Session>> = lock(&self.watch.local).sessions.values().cloned().collect();
+        let watches: usize = sessions.iter().map(|s| lock(&s.state).watches.len()).sum();
+        let interests = lock(&self.watch.routes).interests.len();
+        let mut rep = Reply::ok(req, sessions.len() as u64);
+        rep.payload = format!("sessions={} watches={watches} interests={interests}\n", sessions.len()).into_bytes();
+        rep
+    }
+}
+
+fn eventfd() -> Option<OwnedFd> {
+    // SAFETY: plain eventfd creation; the result is checked.
+    let fd = unsafe { libc::eventfd(0, libc::EFD_CLOEXEC | libc::EFD_NONBLOCK) };
+    // SAFETY: fd is a new descriptor that we own.
+    (fd >= 0).then(|| unsafe { OwnedFd::from_raw_fd(fd) })
+}
+
+/// A watcher session on connection `conn`, which sent `first` (a WATCH_*
+/// op): runs until the client goes away. Called on the connection's thread.
+pub fn session(node: &Node, conn: RawFd, first: Request, attached: Option<OwnedFd>) {
+    let Some(wake) = eventfd() else {
+        let _ = wire::send_msg(conn, &Reply::err(&first, libc::EMFILE).encode(), None);
+        return;
+    };
+    let s = Arc::new(Session { state: Mutex::new(SessState::default()), wake });
+    let id = {
+        let mut l = lock(&node.watch.local);
+        l.next += 1;
+        let id = l.next;
+        l.sessions.insert(id, s.clone());
+        id
+    };
+    let mut sess = Run { node, conn, s: &s, sink: None, kernel: None, pending: None, kbuf: Vec::new() };
+    let mut buf = vec![0u8; wire::MAX_MESSAGE];
+    let mut next = Some((first, attached));
+    while !node.stopping.load(Relaxed) {
+        if let Some((req, fd)) = next.take() {
+            if sess.request(&req, fd).is_err() {
+                break;
+            }
+        }
+        match sess.wait(&mut buf) {
+            Ok(Some(r)) => next = Some(r),
+            Ok(None) => {}
+            Err(()) => break,
+        }
+    }
+    lock(&node.watch.local).sessions.remove(&id);
+    let watches = std::mem::take(&mut lock(&s.state).watches);
+    let ended = std::mem::take(&mut lock(&s.state).ended);
+    for (path, rec) in watches.into_iter().map(|w| (w.path, w.recursive)).chain(ended) {
+        node.interest_drop(&path, rec);
+    }
+}
+
+/// The session thread's own state.
+struct Run<'a> {
+    node: &'a Node,
+    conn: RawFd,
+    s: &'a Session,
+    sink: Option<OwnedFd>,
+    kernel: Option<OwnedFd>,
+    /// A record that did not fit into the sink yet.
+    pending: Option<Vec<u8>>,
+    kbuf: Vec<u8>,
+}
+
+impl Run<'_> {
+    fn reply(&self, req: &Request, r: Result<u64, i32>) -> Result<(), ()> {
+        let rep = match r {
+            Ok(v) => Reply::ok(req, v),
+            Err(e) => Reply::err(req, e),
+        };
+        wire::send_msg(self.conn, &rep.encode(), None).map_err(|_| ())
+    }
+
+    fn request(&mut self, req: &Request, fd: Option<OwnedFd>) -> Result<(), ()> {
+        match req.op {
+            op::WATCH_ADD => {
+                let r = self.add(req);
+                self.reply(req, r.map(|()| 0))
+            }
+            op::WATCH_RM => {
+                let wd = req.arg0 as i32;
+                let removed = {
+                    let mut st = lock(&self.s.state);
+                    let i = st.watches.iter().position(|w| w.wd == wd);
+                    let w = i.map(|i| st.watches.remove(i));
+                    if w.is_some() && st.inotify {
+                        let mut b = Vec::new();
+                        watchev::push_inotify(&mut b, wd, &Rec { mask: IN_IGNORED, cookie: 0, name: Vec::new() });
+                        Session::push(&mut st, Out::Ino(b));
+                    }
+                    w
+                };
+                match removed {
+                    Some(w) => {
+                        self.s.wake();
+                        self.node.interest_drop(&w.path, w.recursive);
+                        self.reply(req, Ok(0))
+                    }
+                    None => self.reply(req, Err(libc::EINVAL)),
+                }
+            }
+            op::WATCH_SINK => match fd {
+                Some(f) => {
+                    self.sink = Some(f);
+                    lock(&self.s.state).inotify = true;
+                    self.reply(req, Ok(0))
+                }
+                None => self.reply(req, Err(libc::EINVAL)),
+            },
+            op::WATCH_KERNEL => match fd {
+                Some(f) if self.sink.is_some() => {
+                    self.kernel = Some(f);
+                    self.reply(req, Ok(0))
+                }
+                _ => self.reply(req, Err(libc::EINVAL)),
+            },
+            _ => self.reply(req, Err(libc::EINVAL)),
+        }
+    }
+
+    fn add(&mut self, req: &Request) -> Result<(), i32> {
+        let wd = i32::try_from(req.arg0).map_err(|_| libc::EINVAL)?;
+        let mask = req.arg1 as u32;
+        let recursive = req.arg1 & watchev::WATCH_RECURSIVE != 0;
+        if mask & IN_ALL_EVENTS == 0 {
+            return Err(libc::EINVAL);
+        }
+        let path = req.payload.clone();
+        let is_dir = self.node.watch_target(&path)?;
+        if mask & IN_ONLYDIR != 0 && !is_dir {
+            return Err(libc::ENOTDIR);
+        }
+        let old = {
+            let mut st = lock(&self.s.state);
+            let w = Watch { wd, path: path.clone(), mask, recursive };
+            match st.watches.iter().position(|w| w.wd == wd) {
+                Some(i) => Some(std::mem::replace(&mut st.watches[i], w)),
+                None => {
+                    st.watches.push(w);
+                    None
+                }
+            }
+        };
+        // The new interest first, so no event falls between the two.
+        self.node.interest_add(&path, recursive);
+        if let Some(o) = old {
+            self.node.interest_drop(&o.path, o.recursive);
+        }
+        Ok(())
+    }
+
+    /// Sends what is queued, then sleeps until something happens.
+    /// Ok(Some) is a new request; Err: the session is over.
+    fn wait(&mut self, buf: &mut [u8]) -> Result<Option<(Request, Option<OwnedFd>)>, ()> {
+        self.flush()?;
+        let ended = std::mem::take(&mut lock(&self.s.state).ended);
+        for (p, r) in ended {
+            self.node.interest_drop(&p, r);
+        }
+        let blocked = self.pending.is_some();
+        let mut fds = vec![
+            libc::pollfd { fd: self.conn, events: libc::POLLIN, revents: 0 },
+            libc::pollfd { fd: self.s.wake.as_raw_fd(), events: libc::POLLIN, revents: 0 },
+        ];
+        if let Some(k) = &self.kernel {
+            // A full sink: the kernel's own queue holds its events meanwhile.
+            fds.push(libc::pollfd { fd: k.as_raw_fd(), events: if blocked { 0 } else { libc::POLLIN }, revents: 0 });
+        }
+        if let Some(s) = &self.sink {
+            fds.push(libc::pollfd { fd: s.as_raw_fd(), events: if blocked { libc::POLLOUT } else { 0 }, revents: 0 });
+        }
+        // SAFETY: fds is a valid array of pollfds of the length given.
+        let n = unsafe { libc::poll(fds.as_mut_ptr(), fds.len() as libc::nfds_t, POLL_MS) };
+        if n <= 0 {
+            return Ok(None);
+        }
+        let sink_ix = fds.len() - 1;
+        if self.sink.is_some() && fds[sink_ix].revents & (libc::POLLHUP | libc::POLLERR) != 0 {
+            return Err(()); // the program closed its inotify fd
+        }
+        if fds[1].revents & libc::POLLIN != 0 {
+            let mut v = 0u64;
+            // SAFETY: reading 8 bytes from our own eventfd into v.
+            unsafe { libc::read(self.s.wake.as_raw_fd(), (&mut v as *mut u64).cast(), 8) };
+        }
+        if self.kernel.is_some() && fds[2].revents & libc::POLLIN != 0 {
+            self.forward_kernel();
+        }
+        if fds[0].revents & (libc::POLLIN | libc::POLLHUP | libc::POLLERR) != 0 {
+            return match wire::recv_msg(self.conn, buf) {
+                Ok((0, _)) | Err(_) => Err(()),
+                Ok((n, fd)) => match Request::decode(&buf[..n]) {
+                    Ok(r) => Ok(Some((r, fd))),
+                    Err(_) => Err(()),
+                },
+            };
+        }
+        Ok(None)
+    }
+
+    /// Moves the kernel inotify instance's records into the queue.
+    fn forward_kernel(&mut self) {
+        let Some(k) = &self.kernel else { return };
+        self.kbuf.resize(64 << 10, 0);
+        // SAFETY: reading into our own buffer of its length.
+        let n = unsafe { libc::read(k.as_raw_fd(), self.kbuf.as_mut_ptr().cast(), self.kbuf.len()) };
+        if n <= 0 {
+            return;
+        }
+        let mut st = lock(&self.s.state);
+        for r in watchev::split_inotify(&self.kbuf[..n as usize]) {
+            Session::push(&mut st, Out::Ino(r.to_vec()));
+        }
+    }
+
+    /// Sends queued records until the queue is empty or the sink is full.
+    fn flush(&mut self) -> Result<(), ()> {
+        loop {
+            let item = match self.pending.take() {
+                Some(b) => Some(Out::Ino(b)),
+                None => {
+                    let mut st = lock(&self.s.state);
+                    match st.queue.pop_front() {
+                        Some(o) => Some(o),
+                        None if st.overflow => {
+                            st.overflow = false;
+                            if st.inotify {
+                                let mut b = Vec::new();
+                                watchev::push_inotify(&mut b, -1, &Rec { mask: IN_Q_OVERFLOW, cookie: 0, name: Vec::new() });
+                                Some(Out::Ino(b))
+                            } else {
+                                Some(Out::Ns(Vec::new()))
+                            }
+                        }
+                        None => None,
+                    }
+                }
+            };
+            match item {
+                None => return Ok(()),
+                Some(Out::Ns(b)) => {
+                    let mut rep = Reply { op: op::WATCH_EVENT, id: 0, errno: 0, flags: 0, value: u64::from(b.is_empty()), payload: b };
+                    rep.payload.truncate(wire::MAX_MESSAGE - wire::HEADER_LEN);
+                    wire::send_msg(self.conn, &rep.encode(), None).map_err(|_| ())?;
+                }
+                Some(Out::Ino(b)) => {
+                    let Some(sink) = &self.sink else { continue };
+                    // SAFETY: sending our own buffer on our own socket.
+                    let r = unsafe { libc::send(sink.as_raw_fd(), b.as_ptr().cast(), b.len(), libc::MSG_DONTWAIT | libc::MSG_NOSIGNAL) };
+                    if r < 0 {
+                        let e = std::io::Error::last_os_error();
+                        if e.kind() == std::io::ErrorKind::WouldBlock {
+                            self.pending = Some(b);
+                            return Ok(());
+                        }
+                        if e.kind() == std::io::ErrorKind::Interrupted {
+                            self.pending = Some(b);
+                            continue;
+                        }
+                        return Err(());
+                    }
+                }
+            }
+        }
+    }
+}
