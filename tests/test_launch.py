@@ -69,7 +69,7 @@ def test_launch_line(cl, bins, launcher):
     r = subprocess.run(argv, env=env, capture_output=True, text=True, timeout=300)
     out = r.stdout + r.stderr
     assert r.returncode == 0, f"{argv} exited {r.returncode}\n{out}\n--- daemons ---\n{c.log()[-3000:]}"
-    tasks = re.findall(r"task (\d+) node \S+ files (\d+) digest (\w+)", out)
+    tasks = re.findall(r"task (\d+) node \S+ files (\d+) digest ([0-9a-f]{64})", out)
     assert sorted(int(t[0]) for t in tasks) == [0, 1], out
     assert all((int(t[1]), t[2]) == (nfiles, digest) for t in tasks), out
     assert "task 1 read checkpoint ok" in out, out

@@ -169,7 +169,7 @@ def test_job_script(slurm, dataset, tmp_path, mode):
     assert r.returncode == 0, (f"sbatch --wait exited {r.returncode}\n{r.stderr}\n--- job output ---\n{text}\n"
                                f"{slurm.logs(tail=1500)}")
     check_daemon_mpi(text, mode)
-    tasks = re.findall(r"task (\d+) node (\S+) files (\d+) digest (\w+)", text)
+    tasks = re.findall(r"task (\d+) node (\S+) files (\d+) digest ([0-9a-f]{64})", text)
     assert sorted(int(t[0]) for t in tasks) == list(range(NODES * TASKS_PER_NODE)), text
     assert {t[1] for t in tasks} == {str(i) for i in range(NODES)}, f"tasks on nodes: {tasks}"
     for t in tasks:
