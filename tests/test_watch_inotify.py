@@ -223,6 +223,9 @@ def test_inotify_semantics(cl):
         import errno, os, select
         from inotify_simple import INotify, flags
         ALL = 0xfff
+        a, b = INotify(inheritable=True), INotify()
+        assert os.get_inheritable(a.fileno()) and not os.get_inheritable(b.fileno()), 'IN_CLOEXEC'
+        a.close(); b.close()
         ino = INotify(nonblocking=True)
         try:
             ino.read(timeout=0)
@@ -237,6 +240,10 @@ def test_inotify_semantics(cl):
                 ino.add_watch(bad, flags.CREATE); raise SystemExit('watch on a missing path')
             except OSError as e:
                 assert e.errno == want, (bad, e)
+        try:
+            ino.add_watch('{input_file}', flags.CREATE | flags.ONLYDIR); raise SystemExit('ONLYDIR on a file')
+        except OSError as e:
+            assert e.errno == errno.ENOTDIR, e
         try:
             ino.add_watch('{MOUNT}/sem', 0); raise SystemExit('empty mask')
         except OSError as e:
@@ -285,6 +292,31 @@ def test_inotify_semantics(cl):
     assert sem_masks == [I["CREATE"], I["DELETE"], I["DELETE"] | I["ISDIR"]], out
     assert sub_masks == [I["CREATE"], I["MODIFY"], I["CLOSE_WRITE"], I["DELETE"], I["DELETE_SELF"] | I["ISDIR"], I["IGNORED"]], out
     assert out[-1] == f"rm [(True, {I['IGNORED']})]", out
+
+
+def test_killed_inotify_watcher_leaves_no_state(cl):
+    c = cl
+    py(c, 0, f"import os; os.makedirs('{MOUNT}/kill', exist_ok=True)")
+    before = [info(c, r) for r in range(4)]
+    cons = Consumer(c, 2, f"""
+        from inotify_simple import INotify, flags
+        ino = INotify()
+        ino.add_watch('{MOUNT}/kill', flags.CREATE)
+        ino.add_watch('{MOUNT}', flags.CREATE)
+        print('ready', flush=True)
+        ino.read()
+    """)
+    during = [info(c, r) for r in range(4)]
+    assert during[2]["sessions"] == before[2]["sessions"] + 1 and during[2]["watches"] == before[2]["watches"] + 2, str((before, during))
+    assert all(d["interests"] == b["interests"] + 2 for d, b in zip(during, before)), (before, during)
+    cons.p.kill()
+    cons.p.wait()
+    # The session ends when its thread sees the closed pipe and connection,
+    # then withdraws its interests rank by rank: wait for that (bounded).
+    deadline = time.monotonic() + GUARD
+    while [info(c, r) for r in range(4)] != before and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert [info(c, r) for r in range(4)] == before
 
 
 def test_a_reader_that_falls_behind_gets_in_q_overflow(bins, tmp_path, monkeypatch):
