@@ -277,7 +277,7 @@ def main():
               table(["consumer", "checkpoints", "event p50 µs", "event p99 µs", "bytes read p50 µs", "bytes read p99 µs"], rows), "",
               "The same consumer (inotify_simple) watching a directory outside the mount, written on the same "
               "machine without the library: the kernel's own instance vs the merged instance, whose kernel events the "
-              "daemon reads and forwards into the program's socket (µs from rename() returning to the event in hand):", "",
+              "daemon reads and forwards into the program's pipe (µs from rename() returning to the event in hand):", "",
               table(["instance", "checkpoints", "event p50 µs", "event p99 µs"], nat_rows), "",
               f"Idle watcher: CPU used over {IDLE:.0f} s with no event (the watcher process; and the node-3 daemon, "
               "whose MPI thread naps whatever the watchers do):", "",
