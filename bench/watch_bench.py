@@ -300,6 +300,7 @@ def main():
             c.stop()
         except AssertionError as e:  # a stop that fails is reported, not a lost measurement
             print(f"warning: the daemons did not stop cleanly: {str(e).splitlines()[0]}", file=sys.stderr)
+        __import__("shutil").rmtree(work, ignore_errors=True)
 
 
 if __name__ == "__main__":
