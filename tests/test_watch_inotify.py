@@ -223,6 +223,9 @@ def test_inotify_semantics(cl):
         import errno, os, select
         from inotify_simple import INotify, flags
         ALL = 0xfff
+        a, b = INotify(inheritable=True), INotify()
+        assert os.get_inheritable(a.fileno()) and not os.get_inheritable(b.fileno()), 'IN_CLOEXEC'
+        a.close(); b.close()
         ino = INotify(nonblocking=True)
         try:
             ino.read(timeout=0)
@@ -237,6 +240,10 @@ def test_inotify_semantics(cl):
                 ino.add_watch(bad, flags.CREATE); raise SystemExit('watch on a missing path')
             except OSError as e:
                 assert e.errno == want, (bad, e)
+        try:
+            ino.add_watch('{input_file}', flags.CREATE | flags.ONLYDIR); raise SystemExit('ONLYDIR on a file')
+        except OSError as e:
+            assert e.errno == errno.ENOTDIR, e
         try:
             ino.add_watch('{MOUNT}/sem', 0); raise SystemExit('empty mask')
         except OSError as e:
@@ -285,6 +292,86 @@ def test_inotify_semantics(cl):
     assert sem_masks == [I["CREATE"], I["DELETE"], I["DELETE"] | I["ISDIR"]], out
     assert sub_masks == [I["CREATE"], I["MODIFY"], I["CLOSE_WRITE"], I["DELETE"], I["DELETE_SELF"] | I["ISDIR"], I["IGNORED"]], out
     assert out[-1] == f"rm [(True, {I['IGNORED']})]", out
+
+
+RAW_WATCHER = r"""
+#include <fcntl.h>
+#include <stdio.h>
+#include <string.h>
+#include <sys/inotify.h>
+#include <sys/syscall.h>
+#include <unistd.h>
+static long raw4(long nr, long a, long b, long c, long d) {
+    long r; register long r10 __asm__("r10") = d;
+    __asm__ volatile("syscall" : "=a"(r) : "a"(nr), "D"(a), "S"(b), "d"(c), "r"(r10) : "rcx", "r11", "memory");
+    return r;
+}
+/* Raw inotify system calls (as Go's fsnotify makes them); read(2) through libc. */
+int main(int argc, char **argv) {
+    long fd = raw4(SYS_inotify_init1, IN_CLOEXEC, 0, 0, 0);
+    if (fd < 0) return 10;
+    long wd = raw4(SYS_inotify_add_watch, fd, (long)argv[1], IN_MOVED_TO, 0);
+    if (wd < 0) { printf("add_watch %ld\n", wd); return 11; }
+    long bad = raw4(SYS_inotify_add_watch, fd, (long)argv[2], IN_CREATE, 0);
+    printf("ready %ld %ld\n", wd, bad);
+    fflush(stdout);
+    char buf[4096] __attribute__((aligned(8)));
+    ssize_t n = read((int)fd, buf, sizeof buf);
+    if (n < (ssize_t)sizeof(struct inotify_event)) return 12;
+    struct inotify_event *e = (struct inotify_event *)buf;
+    printf("event %d %x %s\n", e->wd == wd, e->mask, e->name);
+    printf("rm %ld\n", raw4(SYS_inotify_rm_watch, fd, wd, 0, 0));
+    return 0;
+}
+"""
+
+
+def test_raw_inotify_syscalls(cl, tmp_path):
+    """inotify made with inline `syscall` instructions (Go's fsnotify does):
+    caught by syscall user dispatch and served like the libc calls."""
+    c = cl
+    py(c, 0, f"import os; os.makedirs('{MOUNT}/raw', exist_ok=True)")
+    (tmp_path / "w.c").write_text(RAW_WATCHER)
+    subprocess.run(["cc", "-O1", "-o", str(tmp_path / "w"), str(tmp_path / "w.c")], check=True, timeout=120)
+    p = subprocess.Popen([str(tmp_path / "w"), f"{MOUNT}/raw", f"{MOUNT}/raw/missing"], env=c.env(3),
+                         stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    guard = threading.Timer(GUARD, p.kill)
+    guard.start()
+    try:
+        ready = p.stdout.readline().split()
+        assert ready[:1] == ["ready"] and int(ready[1]) >= 1 << 30, (ready, p.stderr.read())
+        assert int(ready[2]) == -2, "ENOENT for a missing path"
+        py(c, 1, f"import os; open('{MOUNT}/raw/a.tmp', 'wb').write(b'x'); os.rename('{MOUNT}/raw/a.tmp', '{MOUNT}/raw/a')")
+        out, err = p.communicate()
+    finally:
+        guard.cancel()
+    assert p.returncode == 0, (p.returncode, out, err)
+    assert out.split("\n")[:2] == ["event 1 80 a", "rm 0"], out
+
+
+def test_killed_inotify_watcher_leaves_no_state(cl):
+    c = cl
+    py(c, 0, f"import os; os.makedirs('{MOUNT}/kill', exist_ok=True)")
+    before = [info(c, r) for r in range(4)]
+    cons = Consumer(c, 2, f"""
+        from inotify_simple import INotify, flags
+        ino = INotify()
+        ino.add_watch('{MOUNT}/kill', flags.CREATE)
+        ino.add_watch('{MOUNT}', flags.CREATE)
+        print('ready', flush=True)
+        ino.read()
+    """)
+    during = [info(c, r) for r in range(4)]
+    assert during[2]["sessions"] == before[2]["sessions"] + 1 and during[2]["watches"] == before[2]["watches"] + 2, str((before, during))
+    assert all(d["interests"] == b["interests"] + 2 for d, b in zip(during, before)), (before, during)
+    cons.p.kill()
+    cons.p.wait()
+    # The session ends when its thread sees the closed pipe and connection,
+    # then withdraws its interests rank by rank: wait for that (bounded).
+    deadline = time.monotonic() + GUARD
+    while [info(c, r) for r in range(4)] != before and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert [info(c, r) for r in range(4)] == before
 
 
 def test_a_reader_that_falls_behind_gets_in_q_overflow(bins, tmp_path, monkeypatch):

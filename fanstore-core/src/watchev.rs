@@ -33,9 +33,10 @@
 //!              descriptor again replaces the watch. ENOENT (missing path),
 //!              ENOTDIR (IN_ONLYDIR on a file), EINVAL (no event in mask)
 //! WATCH_RM     arg0 watch descriptor; IN_IGNORED follows; EINVAL if unknown
-//! WATCH_SINK   fd attached: a SOCK_SEQPACKET socket that receives one
-//!              `struct inotify_event` per datagram; without a sink, events
-//!              come on the connection as WATCH_EVENT replies (payload NsEvent)
+//! WATCH_SINK   fd attached: where to write one `struct inotify_event` per
+//!              write (the write end of a packet-mode pipe, O_NONBLOCK);
+//!              without a sink, events come on the connection as WATCH_EVENT
+//!              replies (payload NsEvent)
 //! WATCH_KERNEL fd attached: a kernel inotify instance whose events the
 //!              daemon forwards into the sink (paths outside the mount)
 //! WATCH_INFO   reply value = watcher sessions on this rank, payload text

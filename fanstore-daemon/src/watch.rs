@@ -86,6 +86,10 @@ fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
 pub struct WatchState {
     routes: Mutex<Routes>,
     local: Mutex<Local>,
+    /// Held across a count change and its announcement, so that one session
+    /// withdrawing an interest and another taking it again reach every rank
+    /// in the order they happened here.
+    announcing: Mutex<()>,
     /// The node itself, for prefetch threads ([`WatchState::attach`]).
     me: std::sync::OnceLock<std::sync::Weak<Node>>,
 }
@@ -328,6 +332,7 @@ impl Node {
 
     /// Counts a watch on (path, recursive); the first one is announced.
     fn interest_add(&self, path: &[u8], recursive: bool) {
+        let _order = lock(&self.watch.announcing);
         let first = {
             let mut l = lock(&self.watch.local);
             let c = l.counts.entry((path.to_vec(), recursive)).or_insert(0);
@@ -341,6 +346,7 @@ impl Node {
 
     /// Uncounts a watch; the last one is withdrawn.
     fn interest_drop(&self, path: &[u8], recursive: bool) {
+        let _order = lock(&self.watch.announcing);
         let last = {
             let mut l = lock(&self.watch.local);
             let key = (path.to_vec(), recursive);
@@ -403,21 +409,26 @@ pub fn session(node: &Node, conn: RawFd, first: Request, attached: Option<OwnedF
         l.sessions.insert(id, s.clone());
         id
     };
+    log::debug!("rank {}: watcher session {id} starts", node.id.rank);
     let mut sess = Run { node, conn, s: &s, sink: None, kernel: None, pending: None, kbuf: Vec::new() };
     let mut buf = vec![0u8; wire::MAX_MESSAGE];
     let mut next = Some((first, attached));
-    while !node.stopping.load(Relaxed) {
+    let why = loop {
+        if node.stopping.load(Relaxed) {
+            break "the daemon stops";
+        }
         if let Some((req, fd)) = next.take() {
             if sess.request(&req, fd).is_err() {
-                break;
+                break "its client went away during a reply";
             }
         }
         match sess.wait(&mut buf) {
             Ok(Some(r)) => next = Some(r),
             Ok(None) => {}
-            Err(()) => break,
+            Err(why) => break why,
         }
-    }
+    };
+    log::debug!("rank {}: watcher session {id} ends: {why}", node.id.rank);
     lock(&node.watch.local).sessions.remove(&id);
     let watches = std::mem::take(&mut lock(&s.state).watches);
     let ended = std::mem::take(&mut lock(&s.state).ended);
@@ -477,6 +488,11 @@ impl Run<'_> {
             }
             op::WATCH_SINK => match fd {
                 Some(f) => {
+                    // SAFETY: fcntl on the fd we were handed: our writes must never block.
+                    unsafe {
+                        let fl = libc::fcntl(f.as_raw_fd(), libc::F_GETFL);
+                        libc::fcntl(f.as_raw_fd(), libc::F_SETFL, fl | libc::O_NONBLOCK);
+                    }
                     self.sink = Some(f);
                     lock(&self.s.state).inotify = true;
                     self.reply(req, Ok(0))
@@ -526,9 +542,9 @@ impl Run<'_> {
     }
 
     /// Sends what is queued, then sleeps until something happens.
-    /// Ok(Some) is a new request; Err: the session is over.
-    fn wait(&mut self, buf: &mut [u8]) -> Result<Option<(Request, Option<OwnedFd>)>, ()> {
-        self.flush()?;
+    /// Ok(Some) is a new request; Err: the session is over (why).
+    fn wait(&mut self, buf: &mut [u8]) -> Result<Option<(Request, Option<OwnedFd>)>, &'static str> {
+        self.flush().map_err(|()| "sending records failed")?;
         let ended = std::mem::take(&mut lock(&self.s.state).ended);
         for (p, r) in ended {
             self.node.interest_drop(&p, r);
@@ -552,7 +568,7 @@ impl Run<'_> {
         }
         let sink_ix = fds.len() - 1;
         if self.sink.is_some() && fds[sink_ix].revents & (libc::POLLHUP | libc::POLLERR) != 0 {
-            return Err(()); // the program closed its inotify fd
+            return Err("the program closed its inotify fd");
         }
         if fds[1].revents & libc::POLLIN != 0 {
             let mut v = 0u64;
@@ -564,10 +580,11 @@ impl Run<'_> {
         }
         if fds[0].revents & (libc::POLLIN | libc::POLLHUP | libc::POLLERR) != 0 {
             return match wire::recv_msg(self.conn, buf) {
-                Ok((0, _)) | Err(_) => Err(()),
+                Ok((0, _)) => Err("the client closed its connection"),
+                Err(_) => Err("the connection failed"),
                 Ok((n, fd)) => match Request::decode(&buf[..n]) {
                     Ok(r) => Ok(Some((r, fd))),
-                    Err(_) => Err(()),
+                    Err(_) => Err("a bad request"),
                 },
             };
         }
@@ -621,8 +638,9 @@ impl Run<'_> {
                 }
                 Some(Out::Ino(b)) => {
                     let Some(sink) = &self.sink else { continue };
-                    // SAFETY: sending our own buffer on our own socket.
-                    let r = unsafe { libc::send(sink.as_raw_fd(), b.as_ptr().cast(), b.len(), libc::MSG_DONTWAIT | libc::MSG_NOSIGNAL) };
+                    // SAFETY: writing our own buffer to the sink (O_NONBLOCK;
+                    // a closed reader is EPIPE: SIGPIPE is ignored in the daemon).
+                    let r = unsafe { libc::write(sink.as_raw_fd(), b.as_ptr().cast(), b.len()) };
                     if r < 0 {
                         let e = std::io::Error::last_os_error();
                         if e.kind() == std::io::ErrorKind::WouldBlock {

@@ -150,7 +150,7 @@ impl Watcher {
 
     /// The next event (blocking). Ok(None): the daemon went away (stopped);
     /// Ok(Some(None)): the daemon dropped events (the reader fell behind).
-    pub fn next(&mut self) -> Result<Option<Option<NsEvent>>, WatchError> {
+    pub fn next_event(&mut self) -> Result<Option<Option<NsEvent>>, WatchError> {
         loop {
             let (n, _) = wire::recv_msg(self.fd.as_raw_fd(), &mut self.buf).map_err(WatchError::Read)?;
             if n == 0 {

@@ -299,7 +299,7 @@ fn watch(rt: &Path, paths: &[String], recursive: bool, json: bool, events: &[Str
     // Every event from here on is printed (tests and scripts wait for this line).
     eprintln!("fanstore: watching {} path(s) through rank {}", paths.len(), w.rank);
     loop {
-        match w.next()? {
+        match w.next_event()? {
             None => {
                 eprintln!("fanstore: the daemons stopped");
                 return Ok(());

@@ -3,11 +3,14 @@
 //! ## One fd, two streams
 //!
 //! `inotify_init1` (with a daemon to talk to) makes:
-//! - a `SOCK_SEQPACKET` socket pair: the program gets one end (its "inotify
-//!   fd": real, so `read`, `poll`, `select`, `epoll`, `FIONREAD`,
-//!   O_NONBLOCK and close-on-exec behave natively), the node's daemon the
-//!   other (SCM_RIGHTS, op WATCH_SINK); every datagram is one `struct
-//!   inotify_event`, so a read never returns part of a record;
+//! - a pipe in packet mode (`O_DIRECT`): the program gets the read end (its
+//!   "inotify fd": real, so `read`, `poll`, `select`, `epoll`, `FIONREAD`,
+//!   O_NONBLOCK and close-on-exec behave natively, and like an inotify fd it
+//!   is never writable: programs that poll it with POLLOUT in the mask, as
+//!   inotify_simple does, do not wake up for nothing, which a socket would
+//!   make them do), the node's daemon the write end (SCM_RIGHTS, op
+//!   WATCH_SINK, 1 MiB of pipe when the system allows it); every packet is
+//!   one `struct inotify_event`, so a read never returns part of a record;
 //! - a kernel inotify instance, kept by the library (moved high, close-on-exec)
 //!   and handed to the daemon too (op WATCH_KERNEL): watches on paths outside
 //!   the mount are added to it here with the kernel's own `inotify_add_watch`
@@ -40,7 +43,7 @@ struct Watch {
 }
 
 struct Inst {
-    /// The program's end of the socket pair.
+    /// The program's end of the pipe (the read end).
     fd: c_int,
     /// The connection to the daemon.
     ctl: c_int,
@@ -103,13 +106,22 @@ pub fn init1(flags: c_int) -> Option<c_int> {
         return None;
     }
     let kfd = crate::client::move_high(k);
-    let mut sv = [-1; 2];
-    // SAFETY: sv has room for the two fds.
-    if unsafe { libc::socketpair(libc::AF_UNIX, libc::SOCK_SEQPACKET | libc::SOCK_CLOEXEC, 0, sv.as_mut_ptr()) } != 0 {
+    let mut pp = [-1; 2];
+    // SAFETY: pp has room for the two fds.
+    if unsafe { libc::pipe2(pp.as_mut_ptr(), libc::O_CLOEXEC | libc::O_DIRECT) } != 0 {
         close(kfd);
         return None;
     }
-    let (fd, theirs) = (sv[0], sv[1]);
+    let (fd, theirs) = (pp[0], pp[1]);
+    // SAFETY: fcntl on the pipe we just made. Room for many records (a
+    // packet takes a page of the pipe); the daemon's writes never block.
+    // (F_SETFL replaces the status flags: O_DIRECT, which makes each write a
+    // packet, must be kept.)
+    unsafe {
+        crate::real::fcntl(theirs, libc::F_SETPIPE_SZ, 1 << 20);
+        let fl = crate::real::fcntl(theirs, libc::F_GETFL, 0);
+        crate::real::fcntl(theirs, libc::F_SETFL, (fl | libc::O_NONBLOCK) as libc::c_ulong);
+    }
     let fail = |ctl: c_int| {
         for f in [kfd, fd, theirs, ctl] {
             close(f);
@@ -126,7 +138,8 @@ pub fn init1(flags: c_int) -> Option<c_int> {
     // SAFETY: fcntl on the socket we just made.
     unsafe {
         if flags & libc::IN_NONBLOCK != 0 {
-            crate::real::fcntl(fd, libc::F_SETFL, libc::O_NONBLOCK as libc::c_ulong);
+            let fl = crate::real::fcntl(fd, libc::F_GETFL, 0);
+            crate::real::fcntl(fd, libc::F_SETFL, (fl | libc::O_NONBLOCK) as libc::c_ulong);
         }
         if flags & libc::IN_CLOEXEC == 0 {
             crate::real::fcntl(fd, libc::F_SETFD, 0);
@@ -195,6 +208,7 @@ pub fn closing(fd: c_int) {
     }
     let gone = INSTS.with(|v| v.iter().position(|i| i.fd == fd).map(|i| v.swap_remove(i)));
     if let Some(i) = gone {
+        crate::dlog!("close({fd}): inotify instance ends (daemon connection {}, kernel fd {})", i.ctl, i.kfd);
         close(i.ctl);
         close(i.kfd);
     }

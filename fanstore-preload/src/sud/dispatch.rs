@@ -10,7 +10,7 @@
 //! and rt_sigreturn through the program's own restorer.
 
 use super::{raw, signals};
-use crate::hooks::{dir, fd, meta, open, stat, write, cwd};
+use crate::hooks::{dir, fd, inotify, meta, open, stat, write, cwd};
 use libc::{c_char, c_int, c_uint, c_ulong, c_void, mode_t, off_t, size_t};
 
 /// `-1` + errno (a hook's failure) to `-errno` (the kernel's).
@@ -131,6 +131,10 @@ pub unsafe fn file_call(nr: i64, a: [u64; 6]) -> Option<i64> {
             libc::SYS_fchown => sys(write::fchown(i(0), a[1] as libc::uid_t, a[2] as libc::gid_t) as i64),
             libc::SYS_fchownat => sys(write::fchownat(i(0), p(1), a[2] as libc::uid_t, a[3] as libc::gid_t, i(4)) as i64),
             libc::SYS_utimensat => sys(write::utimensat(i(0), p(1), a[2] as *const libc::timespec, i(3)) as i64),
+            libc::SYS_inotify_init => sys(inotify::inotify_init() as i64),
+            libc::SYS_inotify_init1 => sys(inotify::inotify_init1(i(0)) as i64),
+            libc::SYS_inotify_add_watch => sys(inotify::inotify_add_watch(i(0), p(1), a[2] as u32) as i64),
+            libc::SYS_inotify_rm_watch => sys(inotify::inotify_rm_watch(i(0), i(1)) as i64),
             _ => return None,
         }
     };
