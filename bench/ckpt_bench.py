@@ -493,9 +493,26 @@ def report(runs, odd, secs):
         fd_w, fd_c = phase(upd75, "FanStore dedup", "write"), phase(upd75, "FanStore dedup", "close")
         n_w = phase(upd75, "native", "write")
         notes.append(f"75% frozen, small updates, per checkpoint ({mb:.0f} MiB): FanStore dedup = {fd_w:.0f} ms "
-                     f"writing into the client's output file + {fd_c:.0f} ms commit at close (split, blake3 of every "
-                     "tensor, the changed ones XOR-delta'd against the hot copy of the previous checkpoint, "
+                     f"writing into the client's output file + {fd_c:.0f} ms commit at close (split, frozen tensors "
+                     "matched by memcmp against the hot copy of the previous checkpoint, blake3 of the changed ones, "
+                     "XOR-delta'd against that hot copy, "
                      f"byte-grouped and zstd'd on 2 threads, written); native without fsync = {n_w:.0f} ms.")
+    k0 = series_keys[0]
+    o_new, o_old = opn(k0, "FanStore dedup", "new"), opn(k0, "FanStore dedup", "old")
+    notes.append(f"Read-back, new ({label(k0)}): the open takes {o_new:.1f} ms (the hot copy is reopened, nothing "
+                 "is rebuilt); the rest of the gap to native is the file itself: the hot copy is the client's output "
+                 "memfd, moved by the daemon in the background to an unnamed file on the local disk, and on this "
+                 "kernel both read back slower from the page cache than a file the reader's own write filled "
+                 "(memfd ~0.7x: no huge pages for shmem). Old: the open rebuilds the file, "
+                 f"{o_old:.0f} ms for {mb:.0f} MiB ({mb / max(o_old, 1e-9) * 1e3:.0f} MB/s): every unit decoded "
+                 "(zstd planes, XOR chains of up to 5 units) on 2 threads into a memfd; it is then kept in the node "
+                 "cache, so only the first open of an old checkpoint pays it.")
+    if rnd0:
+        notes.append(f"Commit, random tensors: {phase(rnd0, 'FanStore dedup', 'close'):.0f} ms at close (blake3 of "
+                     "every tensor, a zstd probe of a sample that finds nothing to compress, a unit file per tensor "
+                     f"written in full) against {phase(rnd0, 'FanStore --dedup off', 'close'):.0f} ms for --dedup off, "
+                     "which links the client's file with no copy; only pack files that adopt the client's file as "
+                     "they are (not built) could close that gap.")
     for what, desc in (("new", "each checkpoint read right after its write (the job that wrote it)"),
                        ("old", "every checkpoint read again after the series")):
         worst = min(rd(k, "FanStore dedup", what) / rd(k, "native", what) for k in series_keys)
@@ -516,8 +533,10 @@ def report(runs, odd, secs):
                 for s in names]
     del by
     plot(ROOT / "bench" / "ckpt.png", [label(k) for k in series_keys], disk_plot, cumulative, read_plot)
+    load = os.getloadavg()
     md = ["## Checkpoints: dedup, deltas and float-aware compression (issue 14 goals)", "",
-          f"{machine()}. Series of {CKPTS} checkpoints of a {mb:.0f} MiB model ({TENSORS} float32 tensors of "
+          f"{machine()} (shared: load average {load[2]:.1f} over the last 15 min of this run, so absolute rates "
+          "vary between schemes' turns; ratios are of interleaved runs). Series of {CKPTS} checkpoints of a {mb:.0f} MiB model ({TENSORS} float32 tensors of "
           f"{TENSOR_BYTES / MIB:g} MiB, `safetensors.numpy.save`), a fraction of the tensors frozen after checkpoint 1. "
           "`update`: weights ~ N(0, 0.02), every unfrozen tensor takes a small step per checkpoint "
           "(w += 1e-3 x 0.02 x N(0,1)); `random`: unfrozen tensors are new random bytes every checkpoint; "

@@ -15,8 +15,9 @@
 #   bench/dlio.sh         DLIO (time-boxed install attempt)
 #   bench/write_bench.py  write + close until visible vs native write (with and without fsync),
 #                         drain to --persist (`fanstore sync`) vs cp -r + sync
-#   bench/ckpt_bench.py   checkpoint series with frozen tensors: dedup vs --dedup off vs native
-#                         (write, storage, read-back), plot bench/ckpt.png
+#   bench/ckpt_bench.py   checkpoint series (small-update fine-tuning at 0%/75% frozen, random tensors,
+#                         fresh values) and a 1 GiB unknown file: dedup vs --dedup off vs native
+#                         (write, storage and its split, read-back new/old), plot bench/ckpt.png
 #   bench/sud_bench.py    raw syscalls caught (syscall user dispatch): statloop overhead with it
 #                         on and off, cost of one trapped raw syscall
 #   bench/watch_bench.py  checkpoints pushed to a consumer on another node: inotify and
