@@ -33,7 +33,9 @@ import signal
 import socket
 import struct
 import subprocess
+import sys
 import tempfile
+import textwrap
 import time
 from pathlib import Path
 
@@ -384,6 +386,16 @@ def check_mpi_library(c: Cluster) -> None:
                              f"{MPI_LIBRARY}, the daemons logged (rank, size, right library): {sorted(seen)} "
                              f"(the check reads their info lines: RUST_LOG={base_env()['RUST_LOG']})\n"
                              f"--- log ---\n{c.log()}")
+
+
+def run_python(c, node, code, timeout=120, python=sys.executable) -> str:
+    """Runs `code` (dedented) on `node` of cluster `c` with the preload
+    library; fails the test with both streams and the daemons' log on a
+    non-zero exit; returns its stdout."""
+    r = subprocess.run([python, "-c", textwrap.dedent(code)], env=c.env(node), capture_output=True, text=True,
+                       timeout=timeout)
+    assert r.returncode == 0, f"node {node}: {r.stdout}\n{r.stderr}\n--- daemon log ---\n{c.log()[-3000:]}"
+    return r.stdout
 
 
 def small_cluster(bins, tmp: Path, seed: int, n_files=8, nranks=4, mount="/fanstore", extra_args=()) -> Cluster:

@@ -4,23 +4,17 @@ does), each run against a native directory and through /fanstore on 4 nodes."""
 import json
 import subprocess
 import sys
-import textwrap
 
 import pytest
 
+from fs_diff import differences, run_script as run, script
 from fs_cluster import small_cluster
 
 MOUNT = "/fanstore"
 
-SCRIPT = r"""
+SCRIPT = script(r"""
 import errno, json, os, shutil, sys, tempfile
 root = sys.argv[1]
-out = {}
-def attempt(key, f):
-    try:
-        out[key] = ["OK", f()]
-    except OSError as e:
-        out[key] = errno.errorcode[e.errno]
 J = lambda *p: os.path.join(root, *p)
 os.makedirs(J("run", "ckpts"))
 with open(J("run", "ckpts", "a.bin"), "wb") as f:
@@ -84,7 +78,7 @@ attempt("copytree listing", lambda: sorted(os.listdir(J("run", "ckpts-copy"))))
 attempt("copytree mtime", lambda: os.stat(J("run", "ckpts-copy", "last.ckpt")).st_mtime_ns)
 shutil.rmtree(tmp)
 print(json.dumps(out, sort_keys=True))
-"""
+""")
 
 READBACK = r"""
 import json, os, sys
@@ -101,20 +95,12 @@ def cl(bins, tmp_path_factory):
     c.stop()
 
 
-def run(c, node, code, root, **kw):
-    env = c.env(node) if c else None
-    r = subprocess.run([sys.executable, "-c", textwrap.dedent(code), root], env=env, capture_output=True,
-                       text=True, timeout=120, **kw)
-    assert r.returncode == 0, r.stderr + (c.log()[-3000:] if c else "")
-    return json.loads(r.stdout)
-
-
 def test_attributes_and_shutil_match_a_native_directory(cl, tmp_path):
     native = run(None, 0, SCRIPT, str(tmp_path / "native"))
     ours = run(cl, 0, SCRIPT, f"{MOUNT}/attrs")
     assert native["mtime after utime"] == ["OK", 1_600_000_000_987_654_321]
     assert native["move in"] == ["OK", None] and native["file dotdot"] == "ENOTDIR"
-    diffs = {k: (ours.get(k), native[k]) for k in native if ours.get(k) != native[k]}
+    diffs = differences(ours, native)
     assert not diffs, "fanstore differs from a native directory (fanstore, native): " + json.dumps(diffs)
     # Another node sees the new mode and times.
     assert run(cl, 2, READBACK, f"{MOUNT}/attrs") == run(None, 0, READBACK, str(tmp_path / "native"))

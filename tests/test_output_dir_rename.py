@@ -9,21 +9,16 @@ import textwrap
 
 import pytest
 
+from fs_diff import differences, script
 from fs_cluster import small_cluster, start_cluster
 from fs_prep import make_tree, pack
 
 MOUNT = "/fanstore"
 
-SEMANTICS = r"""
+SEMANTICS = script(r"""
 import errno, json, os, sys
 root = sys.argv[1]
 J = lambda *p: os.path.join(root, *p)
-out = {}
-def attempt(key, f):
-    try:
-        out[key] = ["OK", f()]
-    except OSError as e:
-        out[key] = errno.errorcode[e.errno]
 def tree(p):
     res = []
     for d, dirs, files in os.walk(p):
@@ -89,7 +84,7 @@ attempt("noreplace onto itself", lambda: renameat2(J("nr", "f1"), J("nr", "f1"),
 attempt("noreplace to a new name", lambda: (renameat2(J("nr", "f1"), J("nr", "f3"), 1), sorted(os.listdir(J("nr"))), open(J("nr", "f3")).read())[1:])
 attempt("noreplace dir to a new name", lambda: (renameat2(J("nr", "d2"), J("nr", "d3"), 1), sorted(os.listdir(J("nr", "d3"))))[1])
 print(json.dumps(out, sort_keys=True))
-"""
+""")
 
 
 @pytest.fixture(scope="module")
@@ -111,7 +106,7 @@ def test_directory_rename_matches_a_native_directory(cl, tmp_path):
     assert v.returncode == 0, v.stderr + cl.log()[-3000:]
     native, ours = json.loads(n.stdout), json.loads(v.stdout)
     assert native["rename to new name"] == ["OK", None] and native["onto non-empty"] == "ENOTEMPTY"
-    diffs = {k: (ours.get(k), native[k]) for k in native if ours.get(k) != native[k]}
+    diffs = differences(ours, native)
     assert not diffs, "fanstore differs from a native directory (fanstore, native): " + json.dumps(diffs)
 
 

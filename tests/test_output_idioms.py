@@ -4,24 +4,16 @@ os.replace, mkdtemp), pathlib touch/rename/unlink/rglob, shutil.copyfile
 (copy_file_range/sendfile), posix_fallocate + fdatasync, mmap writes,
 makedirs(exist_ok), rmtree, glob, scandir, disk_usage, samefile, realpath."""
 import json
-import subprocess
-import sys
-import textwrap
 
 import pytest
 
+from fs_diff import differences, run_script, script
 from fs_cluster import small_cluster
 MOUNT = "/fanstore"
-SCRIPT = r'''
+SCRIPT = script(r'''
 import errno, glob, json, os, pathlib, shutil, sys, tempfile
 root = sys.argv[1]
 os.makedirs(root, exist_ok=True)
-out = {}
-def attempt(key, f):
-    try:
-        out[key] = ["OK", f()]
-    except OSError as e:
-        out[key] = errno.errorcode[e.errno]
 J = lambda *p: os.path.join(root, *p)
 def tmpfile():
     with tempfile.TemporaryFile(dir=root) as f:
@@ -68,7 +60,7 @@ attempt("disk_usage", lambda: shutil.disk_usage(root).total > 0)
 attempt("samefile", lambda: os.path.samefile(J("named.bin"), J(".", "named.bin")))
 attempt("realpath", lambda: os.path.relpath(os.path.realpath(J("a2", "..", "named.bin")), root))
 print(json.dumps(out, sort_keys=True))
-'''
+''')
 
 
 @pytest.fixture(scope="module")
@@ -78,15 +70,9 @@ def cl(bins, tmp_path_factory):
     c.stop()
 
 
-def run(env, root):
-    r = subprocess.run([sys.executable, "-c", textwrap.dedent(SCRIPT), root], env=env, capture_output=True, text=True, timeout=120)
-    assert r.returncode == 0, r.stderr
-    return json.loads(r.stdout)
-
-
 def test_everyday_idioms_match_a_native_directory(cl, tmp_path):
-    native = run(None, str(tmp_path / "n"))
-    ours = run(cl.env(1), f"{MOUNT}/idioms")
+    native = run_script(None, 0, SCRIPT, str(tmp_path / "n"))
+    ours = run_script(cl, 1, SCRIPT, f"{MOUNT}/idioms")
     assert native["NamedTemporaryFile + replace"] == ["OK", "named"] and native["touch exist_ok False"] == "EEXIST"
-    diffs = {k: (ours.get(k), native[k]) for k in native if ours.get(k) != native[k]}
+    diffs = differences(ours, native)
     assert not diffs, json.dumps(diffs, indent=1)

@@ -6,24 +6,17 @@ directory rename, `fanstore stop` + a new job on the same `--persist`, and
 import json
 import os
 import subprocess
-import sys
-import textwrap
 
 import pytest
 
+from fs_diff import differences, run_script as run, script
 from fs_cluster import small_cluster
 
 MOUNT = "/fanstore"
 
-SCRIPT = r"""
+SCRIPT = script(r"""
 import errno, json, os, shutil, stat, sys
 root, outside = sys.argv[1], sys.argv[2]
-out = {}
-def attempt(key, f):
-    try:
-        out[key] = ["OK", f()]
-    except OSError as e:
-        out[key] = errno.errorcode[e.errno]
 J = lambda *p: os.path.join(root, *p)
 rel = lambda p: os.path.relpath(p, root)
 os.makedirs(J("run", "ck-9", "sub"))
@@ -122,7 +115,7 @@ def move_dir_with_links():
     return (os.readlink(J("run", "moved-3", "base")), os.path.isdir(J("run", "moved-3", "base")), os.path.exists(J("run", "newest")))
 attempt("dir rename keeps links", move_dir_with_links)
 print(json.dumps(out, sort_keys=True))
-"""
+""")
 
 READBACK = r"""
 import json, os, stat, sys
@@ -151,14 +144,6 @@ def cl(bins, tmp_path_factory):
     c.stop()
 
 
-def run(c, node, code, *args):
-    env = c.env(node) if c else None
-    r = subprocess.run([sys.executable, "-c", textwrap.dedent(code), *args], env=env, capture_output=True,
-                       text=True, timeout=180)
-    assert r.returncode == 0, r.stderr + (c.log()[-3000:] if c else "")
-    return json.loads(r.stdout)
-
-
 @pytest.fixture(scope="module")
 def outside(tmp_path_factory):
     p = tmp_path_factory.mktemp("outside") / "target.txt"
@@ -172,7 +157,7 @@ def test_symlinks_behave_as_in_a_native_directory(cl, tmp_path, outside):
     # The native run is what the script expects (so a broken script cannot pass).
     assert native["readlink"] == ["OK", "ck-9"] and native["loop"] == "ELOOP"
     assert native["create through dangling"] == ["OK", [True, "made"]]
-    diffs = {k: (ours.get(k), native[k]) for k in native if ours.get(k) != native[k]}
+    diffs = differences(ours, native)
     assert not diffs, "fanstore differs from a native directory (fanstore, native): " + json.dumps(diffs)
     # Every other node sees the same tree: link kinds, targets, listings through them.
     want = run(None, 0, READBACK, str(tmp_path / "native"))

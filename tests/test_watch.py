@@ -10,13 +10,12 @@ import os
 import signal
 import subprocess
 import sys
-import textwrap
 import threading
 from collections import defaultdict
 
 import pytest
 
-from fs_cluster import base_env, small_cluster
+from fs_cluster import base_env, run_python, small_cluster
 
 MOUNT = "/fanstore"
 PY = sys.executable
@@ -31,9 +30,7 @@ def cl(bins, tmp_path_factory):
 
 
 def py(c, node, code):
-    r = subprocess.run([PY, "-c", textwrap.dedent(code)], env=c.env(node), capture_output=True, text=True, timeout=GUARD)
-    assert r.returncode == 0, f"node {node}: {r.stdout}\n{r.stderr}\n--- daemon log ---\n{c.log()[-3000:]}"
-    return r.stdout
+    return run_python(c, node, code, timeout=GUARD, python=PY)
 
 
 class Watch:

@@ -5,7 +5,6 @@ see what writers on other nodes publish, under `mpiexec -n 4` daemons.
 No timed assertion: consumers are read until they print what the script
 must produce; a guard timer only ends a hung run.
 """
-import os
 import subprocess
 import sys
 import textwrap
@@ -14,7 +13,7 @@ import time
 
 import pytest
 
-from fs_cluster import small_cluster
+from fs_cluster import run_python, small_cluster
 
 MOUNT = "/fanstore"
 PY = sys.executable
@@ -33,9 +32,7 @@ def cl(bins, tmp_path_factory):
 
 
 def py(c, node, code):
-    r = subprocess.run([PY, "-c", textwrap.dedent(code)], env=c.env(node), capture_output=True, text=True, timeout=GUARD)
-    assert r.returncode == 0, f"node {node}: {r.stdout}\n{r.stderr}\n--- daemon log ---\n{c.log()[-3000:]}"
-    return r.stdout
+    return run_python(c, node, code, timeout=GUARD, python=PY)
 
 
 class Consumer:
