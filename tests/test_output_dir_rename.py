@@ -286,3 +286,36 @@ def test_rename_exchange_is_einval(cl):
     assert r.returncode == 0, r.stderr
     import errno as E
     assert r.stdout.split() == ["-1", str(E.EINVAL), "a"]
+
+
+def test_a_file_open_on_one_node_follows_a_rename_of_its_directory_on_another(cl):
+    """Writer on node 0 keeps step.tmp/w.bin open; node 2 renames step.tmp to
+    step; the writer's close commits step/w.bin, as a native rename leaves
+    an open file in the moved directory; node 3 reads it whole."""
+    root = f"{MOUNT}/openmv"
+    writer = subprocess.Popen([sys.executable, "-c", textwrap.dedent(r"""
+        import os, sys
+        root = sys.argv[1]
+        os.makedirs(os.path.join(root, "step.tmp"))
+        f = open(os.path.join(root, "step.tmp", "w.bin"), "wb")
+        f.write(b"a" * 5000)
+        print("open", flush=True)
+        sys.stdin.readline()
+        f.write(b"b" * 5000)
+        f.close()
+        print("closed", flush=True)
+        """), root], env=cl.env(0), stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    assert writer.stdout.readline().strip() == "open", writer.stderr.read()
+    r = py(cl, 2, f"import os; os.rename('{root}/step.tmp', '{root}/step')")
+    assert r.returncode == 0, r.stderr
+    writer.stdin.write("\n")
+    writer.stdin.flush()
+    assert writer.stdout.readline().strip() == "closed", writer.stderr.read()
+    assert writer.wait(timeout=60) == 0
+    r = py(cl, 3, f"""
+        import json, os
+        print(json.dumps([sorted(os.listdir('{root}')), os.listdir('{root}/step'),
+                          open('{root}/step/w.bin', 'rb').read() == b'a' * 5000 + b'b' * 5000]))
+        """)
+    assert r.returncode == 0, r.stderr
+    assert json.loads(r.stdout) == [["step"], ["w.bin"], True]

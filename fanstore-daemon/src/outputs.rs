@@ -136,7 +136,15 @@ impl Node {
         if self.view.lookup(path).is_some() {
             return Err(if excl { libc::EEXIST } else { libc::EROFS });
         }
-        let path = &self.real_entry(path)?;
+        let path = &match self.real_entry(path) {
+            // Its directory was renamed while the file was open: as natively,
+            // the file is in the directory under its new name.
+            Err(libc::ENOENT) => match self.meta.lock().unwrap_or_else(|p| p.into_inner()).moved(path) {
+                Some(p) => self.real_entry(&p)?,
+                None => return Err(libc::ENOENT),
+            },
+            other => other?,
+        };
         if self.view.lookup(path).is_some() {
             return Err(if excl { libc::EEXIST } else { libc::EROFS });
         }

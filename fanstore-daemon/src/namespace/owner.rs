@@ -81,6 +81,14 @@ pub mod mop {
 /// symlink there answers ELOOP.
 pub const PUT_OVER_LINK: u64 = 2;
 
+/// MOVE_COMMIT arg0 bit: the move happened (not an abort). Every rank then
+/// remembers it ([`MetaStore::moved`]), so an output still open under the
+/// old name when the move ran is committed under the new one.
+pub const MOVE_DONE: u64 = 1 << 63;
+
+/// Directory moves remembered per rank (newest last).
+const MOVES_KEPT: usize = 256;
+
 /// Largest OUT_LIST payload (fits a client message with its header).
 pub const LIST_LIMIT: usize = wire::MAX_MESSAGE - wire::HEADER_LEN - 64;
 
@@ -92,6 +100,8 @@ pub struct MetaStore {
     children: HashMap<Vec<u8>, BTreeMap<Vec<u8>, u8>>,
     /// Directory moves in flight: (transaction id, from, to).
     fences: Vec<(u64, Vec<u8>, Vec<u8>)>,
+    /// The last [`MOVES_KEPT`] directory moves that happened: (from, to).
+    moves: std::collections::VecDeque<(Vec<u8>, Vec<u8>)>,
 }
 
 /// Is `path` `dir` itself or below it?
@@ -299,8 +309,34 @@ impl MetaStore {
                 Moved::Listing(p, c) => self.children.entry(p).or_default().extend(c),
             }
         }
-        self.fences.retain(|(tx, _, _)| *tx != req.arg0);
+        let tx = req.arg0 & !MOVE_DONE;
+        if req.arg0 & MOVE_DONE != 0 {
+            if let Some((_, from, to)) = self.fences.iter().find(|(t, _, _)| *t == tx) {
+                if self.moves.len() == MOVES_KEPT {
+                    self.moves.pop_front();
+                }
+                self.moves.push_back((from.clone(), to.clone()));
+            }
+        }
+        self.fences.retain(|(t, _, _)| *t != tx);
         Reply::ok(req, 0)
+    }
+
+    /// Where `path` is now if a remembered directory move took a directory
+    /// above it: the newest move that did, then every later move of the new
+    /// name, in order (a name reused after an older move is not confused
+    /// with it).
+    pub fn moved(&self, path: &[u8]) -> Option<Vec<u8>> {
+        let below = |p: &[u8], from: &[u8]| at_or_below(p, from) && p != from;
+        let i = self.moves.iter().rposition(|(from, _)| below(path, from))?;
+        let (from, to) = &self.moves[i];
+        let mut cur = [to.as_slice(), &path[from.len()..]].concat();
+        for (from, to) in self.moves.iter().skip(i + 1) {
+            if below(&cur, from) {
+                cur = [to.as_slice(), &cur[from.len()..]].concat();
+            }
+        }
+        Some(cur)
     }
 
     pub fn handle(&mut self, req: &Request) -> Reply {
@@ -537,6 +573,40 @@ mod tests {
         m.handle(&req(mop::PUT, 0, &rec_path(l, b"k\0t1")));
         assert_eq!(&m.handle(&req(mop::DEL, 0, b"k")).payload[OutRecord::LEN..], b"t1");
         assert!(m.targets.is_empty());
+    }
+
+    #[test]
+    fn completed_moves_are_remembered_and_aborted_ones_are_not() {
+        let mut m = MetaStore::default();
+        let d = OutRecord { mode: libc::S_IFDIR | 0o755, ..Default::default() };
+        m.handle(&req(mop::MKDIR, 0, &rec_path(d, b"a")));
+        let mut prep = req(mop::MOVE_PREP, 0, b"a\0b");
+        prep.arg0 = 5;
+        let moved = Moved::decode_all(&m.handle(&prep).payload).unwrap();
+        let mut payload = Vec::new();
+        moved.into_iter().for_each(|e| e.renamed(b"a", b"b").encode_into(&mut payload));
+        let mut commit = req(mop::MOVE_COMMIT, 0, &payload);
+        commit.arg0 = 5 | MOVE_DONE;
+        assert_eq!(m.handle(&commit).errno, 0);
+        assert!(m.fences.is_empty(), "the fence is lifted whatever the flag");
+        assert_eq!(m.moved(b"a/x/y"), Some(b"b/x/y".to_vec()));
+        assert_eq!(m.moved(b"ab/x"), None, "a sibling with the same prefix");
+        assert_eq!(m.moved(b"a"), None, "the directory itself is not an entry below it");
+        // A later move of the new name chains; an aborted one is not remembered.
+        let mut prep = req(mop::MOVE_PREP, 0, b"b\0c");
+        prep.arg0 = 6;
+        m.handle(&prep);
+        let mut commit = req(mop::MOVE_COMMIT, 0, b"");
+        commit.arg0 = 6 | MOVE_DONE;
+        m.handle(&commit);
+        assert_eq!(m.moved(b"a/x"), Some(b"c/x".to_vec()));
+        let mut prep = req(mop::MOVE_PREP, 0, b"c\0d");
+        prep.arg0 = 7;
+        m.handle(&prep);
+        let mut abort = req(mop::MOVE_COMMIT, 0, b"");
+        abort.arg0 = 7;
+        m.handle(&abort);
+        assert_eq!(m.moved(b"a/x"), Some(b"c/x".to_vec()));
     }
 
     #[test]

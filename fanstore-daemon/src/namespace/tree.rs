@@ -145,7 +145,8 @@ impl Node {
             if !prepared.contains(&r) && payload.is_empty() {
                 continue;
             }
-            if let Err(e) = self.meta_once(r, mop::MOVE_COMMIT, tx, payload) {
+            let arg0 = if result.is_ok() { tx | crate::namespace::owner::MOVE_DONE } else { tx };
+            if let Err(e) = self.meta_once(r, mop::MOVE_COMMIT, arg0, payload) {
                 log::error!("rank {}: moving '{}': rank {r} did not commit: errno {e}", self.id.rank, String::from_utf8_lossy(from));
             }
         }
