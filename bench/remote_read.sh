@@ -283,6 +283,17 @@ prof = subprocess.run([sys.executable, "bench/remote_profile.py"] + (["--quick"]
                       capture_output=True, text=True, env=env)
 L.append("")
 L.append(prof.stdout.strip() if prof.returncode == 0 else f"(bench/remote_profile.py failed: {prof.stderr.strip()[-500:]})")
+tr = subprocess.run([sys.executable, "bench/train_nodes.py"] + (["--quick"] if rounds <= 2 else []),
+                    capture_output=True, text=True, env=env)
+L.append("")
+L.append(tr.stdout.strip() if tr.returncode == 0 else f"(bench/train_nodes.py failed: {tr.stderr.strip()[-500:]})")
+m = re.search(r"\| 4 \(3/4 remote.*\*\*([\d.]+)x\*\*", tr.stdout)
+if m:
+    goals.append(["training-shaped reader", "4 nodes vs 1 node (scripts/train_reader.py, 4 workers, fresh job each run) >= 0.8x",
+                  f"{float(m[1]):.2f}x", float(m[1]) >= 0.8])
+    saved = json.loads(Path("bench/out/remote.json").read_text())
+    saved["goals"] = goals
+    Path("bench/out/remote.json").write_text(json.dumps(saved))
 text = "\n".join(L) + "\n"
 Path("bench/out/remote_read.md").write_text(text)
 print(text)

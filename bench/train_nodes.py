@@ -1,0 +1,77 @@
+"""Training-shaped reader on 4 nodes vs 1 node (issue 13 goal: >= 0.8x).
+
+    python3 bench/train_nodes.py [--quick]      (prints a markdown section)
+
+scripts/train_reader.py (4 forked workers, random order, 2 epochs, PNG
+decode with pillow, np.load of .npz) reads a scripts/gen_dataset.py tree
+through /fanstore from node 0, once with 1 daemon holding every partition,
+once with 4 daemons (`mpiexec -n 4`, UCX_TLS=tcp) so that 3/4 of the files
+are remote on the first epoch (the node cache of copies serves the second,
+as in training). Default --cache-mem. A fresh job for every run (the first
+epoch is cold); runs alternate; medians. The digests of every byte read must
+be equal.
+"""
+import os
+import statistics
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+B = ROOT / "target" / "release"
+QUICK = "--quick" in sys.argv
+ROUNDS = 2 if QUICK else 3
+CLASSES, PER_CLASS, SIZE = (8, 60, 96) if QUICK else (16, 100, 128)
+env = dict(os.environ, UCX_TLS=os.environ.get("UCX_TLS", "tcp"), RUST_LOG="warn")
+
+
+def sh(cmd, **kw):
+    return subprocess.run(cmd, check=True, capture_output=True, text=True, **kw).stdout
+
+
+def main():
+    work = Path(tempfile.mkdtemp(prefix="fstrain-"))
+    src = work / "src"
+    sh([sys.executable, str(ROOT / "scripts" / "gen_dataset.py"), str(src), "--classes", str(CLASSES), "--per-class",
+        str(PER_CLASS), "--size", str(SIZE)])
+    ds = work / "ds"
+    sh([str(B / "fanstore-prep"), "pack", "--input", str(src), "--output", str(ds), "--partitions", "8"], env=env)
+    res = {1: [], 4: []}
+
+    def start(n, r):
+        rt = work / f"rt{n}-{r}"
+        p = subprocess.Popen(["mpiexec", "-n", str(n), str(B / "fanstore-daemon"), "--data", str(ds), "--local",
+                              str(work / f"local{n}-{r}"), "--runtime-dir", str(rt), "--mount", f"/fstrain{n}"],
+                             env=env, stdout=open(work / f"log{n}-{r}", "wb"), stderr=subprocess.STDOUT,
+                             start_new_session=True)
+        sh([str(B / "fanstore"), "--runtime-dir", str(rt), "wait", "--timeout", "120"], env=env)
+        return p, rt
+
+    for r in range(ROUNDS):
+        for n in ((1, 4) if r % 2 == 0 else (4, 1)):
+            p, rt = start(n, r)  # a fresh job each run: the first epoch is cold, as in a new training job
+            try:
+                e = dict(env, FANSTORE_RUNTIME_DIR=str(rt), FANSTORE_NODE="0", LD_PRELOAD=str(B / "libfanstore_preload.so"))
+                out = sh([sys.executable, str(ROOT / "scripts" / "train_reader.py"), f"/fstrain{n}/train", "--workers", "4",
+                          "--epochs", "2", "--seed", str(r)], env=e).split()
+                res[n].append((float(out[out.index("files/s,") - 1]), out[-1]))
+            finally:
+                subprocess.run([str(B / "fanstore"), "--runtime-dir", str(rt), "stop"], capture_output=True, env=env)
+                p.wait(timeout=60)
+    nfiles = sum(1 for f in (src / "train").rglob("*") if f.is_file())
+    same = {d for _, d in res[1]} == {d for _, d in res[4]}
+    one, four = statistics.median(x for x, _ in res[1]), statistics.median(x for x, _ in res[4])
+    print("\n".join([
+        "## Training-shaped reader: 4 nodes vs 1 node (bench/train_nodes.py)", "",
+        f"scripts/train_reader.py on node 0 (4 forked workers, 2 epochs, {nfiles} files of gen_dataset.py "
+        f"--classes {CLASSES} --per-class {PER_CLASS} --size {SIZE}), {ROUNDS} alternating runs, medians; "
+        f"digests {'identical' if same else 'DIFFER'}.", "",
+        "| daemons | files/s | runs | vs 1 node |", "|---:|---:|---|---:|",
+        f"| 1 (every partition local) | {one:.0f} | {', '.join(f'{x:.0f}' for x, _ in res[1])} | 1.00x |",
+        f"| 4 (3/4 remote on the first epoch) | {four:.0f} | {', '.join(f'{x:.0f}' for x, _ in res[4])} | **{four / one:.2f}x** |",
+    ]))
+
+
+if __name__ == "__main__":
+    main()
