@@ -17,6 +17,9 @@
 # (bench/readfiles.c, one per simulated node, FANSTORE_NODE=k) each reading
 # every file (3/4 of them remote) of REMOTE_SET_MB [128] MiB per size, against
 # 4 readers of the native directory and the raw ping-pong, same run.
+# Then bench/remote_profile.py (one remote 128 KiB OPEN: latency, CPU per
+# file, idle CPU, per --comm-spin-us) and bench/train_nodes.py (the
+# training-shaped reader on 4 daemons vs 1), appended as sections.
 # Writes bench/out/remote_read.md and prints it.
 set -euo pipefail
 cd "$(dirname "$0")/.."

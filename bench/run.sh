@@ -10,7 +10,9 @@
 # Pieces (each runnable alone, each writes bench/out/*.md):
 #   bench/read_bench.py   single-node read vs native vs squashfuse, compression,
 #                         metadata walk, training-shaped reader, preload overhead
-#   bench/remote_read.sh  remote read vs raw MPI ping-pong, load vs cat, 4-node read
+#   bench/remote_read.sh  remote read vs raw MPI ping-pong, load vs cat, 4-node read, then
+#                         bench/remote_profile.py (where one remote OPEN's time and CPU go, per
+#                         comm-thread spin) and bench/train_nodes.py (training reader, 4 vs 1 node)
 #   bench/prep.sh         fanstore-prep pack none/lz4/zstd vs tar
 #   bench/dlio.sh         DLIO (time-boxed install attempt)
 #   bench/write_bench.py  write + close until visible vs native write (with and without fsync),
