@@ -12,7 +12,11 @@
 //!   ([`crate::runtime::local_file_path`]) and kept until the job ends;
 //! - [`TIER_COPY`]: a decompressed, remote, or small file, copied into the
 //!   copy directory ([`copy_dir`], in shared memory), bounded by the daemon's
-//!   `--cache-mem` and unlinked when evicted (open fds stay valid).
+//!   `--cache-mem` and unlinked when evicted (open fds stay valid);
+//! - [`TIER_PART`]: the file's partition was fetched whole from a peer after
+//!   the job started (`--prefetch-remote`) and lies, verified, where a
+//!   partition loaded at start lies (`local/parts/`): the client decodes a
+//!   small file from it itself; a large one is extracted by the daemon.
 //!
 //! A client reads the byte, opens the named file if there is one, and asks
 //! the daemon when the byte is 0 or the open fails (evicted in between). The
@@ -25,7 +29,8 @@
 //!  12..16   reserved, zero             16..24  dataset id
 //!  24..32   node count N               32..56  reserved, zero
 //!  56..64   xxh3 of bytes 0..56
-//!  64..64+N one byte per node id: 0 none, 1 extracted, 2 copy
+//!  64..64+N one byte per node id: 0 none, 1 extracted, 2 copy,
+//!           3 partition replicated here
 //! ```
 
 use crate::checksum::xxh3;
@@ -49,6 +54,9 @@ pub const TIER_NONE: u8 = 0;
 pub const TIER_EXTRACTED: u8 = 1;
 /// A copy in the copy directory at `copy_file_path_into`.
 pub const TIER_COPY: u8 = 2;
+/// Its partition's verified copy is in the local directory (replicated from
+/// a peer after start); nothing of the file itself is yet.
+pub const TIER_PART: u8 = 3;
 
 /// Uncompressed local files of at least this size are extracted to the local
 /// disk (one file creation is small next to their bytes); smaller ones are

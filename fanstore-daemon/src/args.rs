@@ -69,6 +69,14 @@ pub struct DaemonArgs {
     /// process is already a plain open; 0 turns it off.
     #[arg(long, value_parser = parse_size)]
     pub prefill_mem: Option<u64>,
+    /// After ready, fetch whole remote partitions from their holders in the
+    /// background (large MPI messages, verified like a loaded partition)
+    /// into the local directory, up to this many bytes ('all': every remote
+    /// partition), while the local file system keeps 5% free: later reads of
+    /// their files are local. Default 0 (off): remote files are fetched one
+    /// by one when opened.
+    #[arg(long, default_value = "0", value_parser = parse_size_or_all)]
+    pub prefetch_remote: u64,
     /// Loader threads (default: available cores).
     #[arg(long)]
     pub load_threads: Option<usize>,
@@ -91,6 +99,14 @@ pub struct DaemonArgs {
 }
 
 /// Parses `123`, `64K`, `512M`, `2G`, `1T` (binary units; optional `iB`/`B` suffix).
+/// A size, or `all` (no limit).
+pub fn parse_size_or_all(s: &str) -> Result<u64, String> {
+    if s.trim().eq_ignore_ascii_case("all") {
+        return Ok(u64::MAX);
+    }
+    parse_size(s)
+}
+
 pub fn parse_size(s: &str) -> Result<u64, String> {
     let t = s.trim();
     let t = t.strip_suffix("iB").or_else(|| t.strip_suffix('B')).unwrap_or(t);

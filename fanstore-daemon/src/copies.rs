@@ -66,6 +66,14 @@ impl TierMap {
         }
     }
 
+    /// Sets the byte of `id` to `tier` only if it is `from` (a file already
+    /// extracted or copied keeps that tier).
+    pub fn set_if(&self, id: u32, from: u8, tier: u8) {
+        if let Some(c) = self.cell(id) {
+            let _ = c.compare_exchange(from, tier, Ordering::AcqRel, Ordering::Acquire);
+        }
+    }
+
     pub fn path(&self) -> &Path {
         &self.path
     }

@@ -149,6 +149,7 @@ pub mod outputs;
 pub mod persist;
 pub mod placement;
 pub mod remote_out;
+pub mod replicate;
 pub mod server;
 pub mod status;
 pub mod watch;

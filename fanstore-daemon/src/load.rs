@@ -56,7 +56,7 @@ pub struct Loaded {
 }
 
 /// Where the payloads of one partition belong: payload offset -> node id.
-type OffsetMap = HashMap<u64, u32>;
+pub(crate) type OffsetMap = HashMap<u64, u32>;
 
 /// The local copy of partition `p`: `local/parts/part-NNNNNN.fsp`.
 pub fn local_partition_path(local: &Path, p: u32) -> PathBuf {
@@ -66,6 +66,13 @@ pub fn local_partition_path(local: &Path, p: u32) -> PathBuf {
 /// Checks that partition ids are 0..P-1 in table order (the placement and
 /// the state bitmap index partitions by id).
 pub fn check_partition_table(view: &IndexView<'_>) -> Result<(), LoadError> {
+    if view.node_count() >= crate::comm::PART_BIT {
+        return Err(LoadError::Manifest(format!(
+            "{} nodes: at most {} are supported (node ids share the MPI request field with partition ranges)",
+            view.node_count(),
+            crate::comm::PART_BIT - 1
+        )));
+    }
     for (i, p) in view.partitions().enumerate() {
         if p.id as usize != i {
             return Err(LoadError::Manifest(format!("partition record {i} has id {} (expected ids 0..P-1 in order)", p.id)));
@@ -74,7 +81,7 @@ pub fn check_partition_table(view: &IndexView<'_>) -> Result<(), LoadError> {
     Ok(())
 }
 
-fn offset_maps(view: &IndexView<'_>, wanted: &[u32]) -> HashMap<u32, OffsetMap> {
+pub(crate) fn offset_maps(view: &IndexView<'_>, wanted: &[u32]) -> HashMap<u32, OffsetMap> {
     let mut maps: HashMap<u32, OffsetMap> = wanted.iter().map(|&p| (p, OffsetMap::new())).collect();
     for n in view.nodes() {
         if n.kind() == Some(NodeKind::File) {
@@ -185,6 +192,48 @@ fn copy_partition(
     offsets: &OffsetMap,
     abort: &AtomicBool,
 ) -> Result<u64, LoadError> {
+    let werr = |source| LoadError::Write { path: dest.to_path_buf(), source };
+    let mut out: Option<std::io::BufWriter<std::fs::File>> = None;
+    let open = || -> Result<std::io::BufWriter<std::fs::File>, LoadError> {
+        let f = std::fs::OpenOptions::new().write(true).create_new(true).mode(0o400).open(dest).map_err(werr)?;
+        Ok(std::io::BufWriter::with_capacity(4 << 20, f))
+    };
+    let n = walk_partition(file, view, p, offsets, abort, &mut |bytes: &[u8]| {
+        if out.is_none() {
+            out = Some(open()?);
+        }
+        match out.as_mut() {
+            Some(w) => w.write_all(bytes).map_err(werr),
+            None => Ok(()),
+        }
+    })?;
+    match out {
+        Some(mut w) => w.flush().map_err(werr)?,
+        None => drop(open()?),
+    }
+    Ok(n)
+}
+
+/// Checks every entry of partition file `file` against the manifest's
+/// partition `p` (header, entry count, each entry's lengths, codec and
+/// checksum; the reader verifies every checksum) without copying it: a
+/// partition fetched from a peer is held to what the loader demands of one
+/// read from the dataset. Returns its length in bytes.
+pub(crate) fn verify_partition(file: &Path, view: &IndexView<'_>, p: u32, offsets: &OffsetMap, abort: &AtomicBool) -> Result<u64, LoadError> {
+    walk_partition(file, view, p, offsets, abort, &mut |_| Ok(()))
+}
+
+/// Reads partition `p` from `file`, checking it against the manifest, and
+/// hands every verified byte (header, then each entry's header and payload)
+/// to `sink` in file order.
+fn walk_partition(
+    file: &Path,
+    view: &IndexView<'_>,
+    p: u32,
+    offsets: &OffsetMap,
+    abort: &AtomicBool,
+    sink: &mut dyn FnMut(&[u8]) -> Result<(), LoadError>,
+) -> Result<u64, LoadError> {
     let mismatch = |problem: String| LoadError::Mismatch { file: file.to_path_buf(), problem };
     let info = view.partition(p).ok_or_else(|| mismatch(format!("no partition {p} in the manifest")))?;
     let mut r = PartitionReader::open(file).map_err(|source| LoadError::Format { file: file.to_path_buf(), error: source })?;
@@ -210,10 +259,7 @@ fn copy_partition(
     if h.entry_count != offsets.len() as u64 {
         return Err(mismatch(format!("{} entries, but the manifest has {} files in it", h.entry_count, offsets.len())));
     }
-    let werr = |source| LoadError::Write { path: dest.to_path_buf(), source };
-    let out = std::fs::OpenOptions::new().write(true).create_new(true).mode(0o400).open(dest).map_err(werr)?;
-    let mut out = std::io::BufWriter::with_capacity(4 << 20, out);
-    out.write_all(&h.encode()).map_err(werr)?;
+    sink(&h.encode())?;
     loop {
         if abort.load(Relaxed) {
             return Ok(0);
@@ -236,10 +282,9 @@ fn copy_partition(
                 String::from_utf8_lossy(node.path())
             )));
         }
-        out.write_all(&eh.encode()).map_err(werr)?;
-        out.write_all(&e.payload).map_err(werr)?;
+        sink(&eh.encode())?;
+        sink(&e.payload)?;
     }
-    out.flush().map_err(werr)?;
     Ok(info.file_len)
 }
 
@@ -346,6 +391,35 @@ mod tests {
         std::fs::remove_file(ds.join(partition::file_name(0))).unwrap();
         let e = load(&ds, &v, &placement, 0, &d.path().join("l3"), 1).unwrap_err().to_string();
         assert!(e.contains("part-000000.fsp"), "{e}");
+    }
+
+    #[test]
+    fn a_fetched_partition_is_verified_like_a_loaded_one() {
+        let d = tempfile::tempdir().unwrap();
+        let ds = d.path().join("ds");
+        dataset(&ds);
+        let m = Manifest::open(&ds.join("manifest.fsm")).unwrap();
+        let v = IndexView::parse(m.path(), m.bytes(), Verify::Header).unwrap();
+        let maps = offset_maps(&v, &[1]);
+        let abort = AtomicBool::new(false);
+        let good = ds.join(partition::file_name(1));
+        let len = std::fs::metadata(&good).unwrap().len();
+        assert_eq!(verify_partition(&good, &v, 1, &maps[&1], &abort).unwrap(), len);
+        // Every byte of the file matters: a flipped byte anywhere is refused, naming the file.
+        let b = std::fs::read(&good).unwrap();
+        let bad = d.path().join("fetched.fsp");
+        for i in (0..b.len()).step_by((b.len() / 97).max(1)) {
+            let mut c = b.clone();
+            c[i] ^= 0x10;
+            std::fs::write(&bad, &c).unwrap();
+            let e = verify_partition(&bad, &v, 1, &maps[&1], &abort).unwrap_err().to_string();
+            assert!(e.contains("fetched.fsp"), "byte {i}: {e}");
+        }
+        // Cut short, or another partition of the same dataset.
+        std::fs::write(&bad, &b[..b.len() - 1]).unwrap();
+        assert!(verify_partition(&bad, &v, 1, &maps[&1], &abort).is_err());
+        let e = verify_partition(&ds.join(partition::file_name(2)), &v, 1, &maps[&1], &abort).unwrap_err().to_string();
+        assert!(e.contains("does not match the manifest"), "{e}");
     }
 
     fn dataset_variant() -> Vec<TestFile> {

@@ -203,6 +203,25 @@ fn run(args: &DaemonArgs) -> anyhow::Result<i32> {
             log::error!("rank {rank}: spawning the prefill thread: {e}");
         }
     }
+    if args.prefetch_remote > 0 && nranks > 1 {
+        let node = node.clone();
+        let budget = args.prefetch_remote;
+        let spawned = std::thread::Builder::new().name("fanstore-prefetch".into()).spawn(move || {
+            let t = std::time::Instant::now();
+            let r = fanstore_daemon::replicate::run(&node, budget);
+            log::info!(
+                "rank {}: prefetched {} remote partitions ({} B) in {:.2} s ({} failed)",
+                node.id.rank,
+                r.partitions,
+                r.bytes,
+                t.elapsed().as_secs_f64(),
+                r.failed
+            );
+        });
+        if let Err(e) = spawned {
+            log::error!("rank {rank}: spawning the prefetch thread: {e}");
+        }
+    }
     let mut engine = Engine::new(&comm, &store, &node.counters, args.mpi_piece, args.mpi_pipeline)
         .with_spin(Duration::from_micros(args.comm_spin_us))
         .with_meta(&*node);

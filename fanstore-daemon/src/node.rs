@@ -70,6 +70,9 @@ pub struct Node {
     pub tiers: OnceLock<Arc<crate::copies::TierMap>>,
     /// `parts[p]`: the mapped local copy of partition p, set once loaded.
     pub parts: OnceLock<Vec<Option<crate::load::PartMap>>>,
+    /// `replicas[p]`: the mapped copy of remote partition p, once fetched
+    /// from a holder in the background ([`crate::replicate`]).
+    pub replicas: Box<[OnceLock<crate::load::PartMap>]>,
     pub counters: Counters,
     pub comm: Sender<Command>,
     pub remote_timeout: Duration,
@@ -99,6 +102,12 @@ pub struct Node {
 }
 
 impl Node {
+    /// The mapped local copy of partition `p`: loaded at start, or
+    /// replicated since.
+    pub fn part_map(&self, p: u32) -> Option<&crate::load::PartMap> {
+        self.parts.get().and_then(|v| v.get(p as usize)).and_then(Option::as_ref).or_else(|| self.replicas.get(p as usize)?.get())
+    }
+
     pub fn new(
         id: Identity,
         view: IndexView<'static>,
@@ -115,6 +124,7 @@ impl Node {
             copies: OnceLock::new(),
             tiers: OnceLock::new(),
             parts: OnceLock::new(),
+            replicas: (0..view.partition_count()).map(|_| OnceLock::new()).collect(),
             counters: Counters::default(),
             comm,
             remote_timeout,
@@ -284,6 +294,17 @@ impl PeerSource for LocalStore<'_> {
             return None;
         }
         // Sent straight from the mapping, whatever the size: no copy.
+        Some(SendBuf::Part(map.clone(), start..end))
+    }
+
+    fn partition_range(&self, p: u32, offset: u64, len: u64) -> Option<SendBuf> {
+        let map = self.parts.get(p as usize)?.as_ref()?;
+        let start = usize::try_from(offset).ok()?;
+        let end = start.checked_add(usize::try_from(len).ok()?)?;
+        if end > map.len() {
+            log::warn!("partition {p}: range {start}..{end} asked past the end of the local copy ({} B)", map.len());
+            return None;
+        }
         Some(SendBuf::Part(map.clone(), start..end))
     }
 }

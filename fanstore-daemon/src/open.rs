@@ -67,7 +67,7 @@ impl Node {
             Phase::Loading => return Err(libc::EAGAIN),
             Phase::Stopping | Phase::Failed => return Err(libc::EIO),
         }
-        let local: Option<&PartMap> = self.parts.get().and_then(|v| v.get(n.partition() as usize)).and_then(Option::as_ref);
+        let local: Option<&PartMap> = self.part_map(n.partition());
         let extracted = local.is_some() && n.codec() == Codec::None && n.size() >= EXTRACT_MIN;
         let res = match (local, self.copies.get()) {
             (Some(map), _) if extracted => self.open_extracted(n, map),
@@ -261,7 +261,7 @@ impl Node {
         let buf = RecvBuf { buf: scratch(len), len };
         let (tx, rx) = crossbeam::channel::bounded(1);
         let timeout = self.fetch_timeout(n.stored_len());
-        let cmd = Command::Fetch(Fetch { node_id: n.id(), holder, stored_len: n.stored_len(), buf, reply: tx, timeout });
+        let cmd = Command::Fetch(Fetch { node_id: n.id(), holder, stored_len: n.stored_len(), offset: 0, buf, reply: tx, timeout });
         if self.comm.send(cmd).is_err() {
             return Err(libc::EIO);
         }

@@ -31,6 +31,10 @@ pub struct Counters {
     pub fd_pressure: AtomicU64,
     /// Round trips of this rank's remote reads (request sent -> payload verified).
     pub remote_latency: LatencyHistogram,
+    /// Remote partitions fetched, verified and mapped in the background
+    /// (`--prefetch-remote`), and their bytes.
+    pub replicated_parts: AtomicU64,
+    pub replicated_bytes: AtomicU64,
 }
 
 /// Quarter-octave buckets of microseconds: bucket i < 4 holds i µs; above,
@@ -149,6 +153,8 @@ pub struct Snapshot {
     pub remote_p99_us: u64,
     /// Remote bytes received per second since the rank became ready.
     pub remote_mbps: f64,
+    pub replicated_parts: u64,
+    pub replicated_bytes: u64,
 }
 
 impl Counters {
@@ -165,6 +171,8 @@ impl Counters {
         s.fd_pressure = self.fd_pressure.load(Relaxed);
         s.remote_p50_us = self.remote_latency.percentile(0.5);
         s.remote_p99_us = self.remote_latency.percentile(0.99);
+        s.replicated_parts = self.replicated_parts.load(Relaxed);
+        s.replicated_bytes = self.replicated_bytes.load(Relaxed);
     }
 }
 
@@ -177,7 +185,7 @@ impl Snapshot {
              bytes_local={}\nbytes_read={}\nload_seconds={:.3}\nload_mbps={:.1}\nopens={}\nopens_local={}\n\
              remote_sent={}\nremote_failed={}\nremote_served={}\nremote_bytes_in={}\nremote_bytes_out={}\n\
              cache_hits={}\ncache_misses={}\ncache_evictions={}\ncache_bytes={}\ncache_entries={}\nerrors={}\nclients={}\nfd_pressure={}\n\
-             remote_p50_us={}\nremote_p99_us={}\nremote_mbps={:.1}\n",
+             remote_p50_us={}\nremote_p99_us={}\nremote_mbps={:.1}\nreplicated_parts={}\nreplicated_bytes={}\n",
             self.rank,
             self.nranks,
             self.host,
@@ -208,6 +216,8 @@ impl Snapshot {
             self.remote_p50_us,
             self.remote_p99_us,
             self.remote_mbps,
+            self.replicated_parts,
+            self.replicated_bytes,
         )
     }
 }

@@ -9,8 +9,9 @@
 //! Protocol on the daemon's communicator (a dup of MPI_COMM_WORLD):
 //!
 //! ```text
-//! tag 1 (TAG_REQUEST)  requester -> holder, 16 bytes, little-endian:
+//! tag 1 (TAG_REQUEST)  requester -> holder, 24 bytes, little-endian:
 //!                        0..4 node id | 4..8 reply tag | 8..16 stored length
+//!                        | 16..24 offset (partition ranges; zero otherwise)
 //! reply tag (16..32766) holder -> requester: the stored (possibly compressed)
 //!                        payload, in order, on the tag the request named, in
 //!                        pieces (table::plan): `--mpi-pipeline` bytes each
@@ -32,6 +33,11 @@
 //!
 //! Outputs reuse TAG_REQUEST for their bytes: node ids with bit 31 set
 //! ([`OUT_BIT`]) name output files (`out/<id>` in the holder's local dir).
+//! Node ids with bit 30 set and bit 31 clear ([`PART_BIT`]) name a byte
+//! range of a whole partition (the low 30 bits are the partition id, the
+//! offset field says where the range starts): background replication of
+//! remote partitions ([`crate::replicate`]). Dataset node ids stay below
+//! 2^30 (the loader refuses larger manifests).
 //!
 //! The requester verifies the payload's xxh3 against the manifest (end to
 //! end: a bad local copy on the holder is caught too); this thread hashes
@@ -59,6 +65,8 @@ pub const TAG_META_REQ: i32 = 3;
 pub const TAG_META_REP: i32 = 4;
 /// Node ids with this bit set are output files (the rest is the output id).
 pub const OUT_BIT: u32 = 1 << 31;
+/// Node ids with this bit set (and [`OUT_BIT`] clear) name a partition range.
+pub const PART_BIT: u32 = 1 << 30;
 const CTRL_STOP: u32 = 1;
 
 /// Naps while idle grow from FIRST_NAP, doubling, up to a cap that depends
@@ -104,6 +112,8 @@ pub struct Fetch {
     pub node_id: u32,
     pub holder: u32,
     pub stored_len: u64,
+    /// Where a partition range starts ([`PART_BIT`]); 0 for files and outputs.
+    pub offset: u64,
     /// Exactly `stored_len` bytes long.
     pub buf: RecvBuf,
     pub reply: Sender<FetchReply>,
@@ -160,6 +170,12 @@ pub trait PeerSource {
     /// length is `stored_len`.
     /// `spare` is a previously used buffer to read into, if the source wants one.
     fn payload(&self, node_id: u32, stored_len: u64, spare: Option<Vec<u8>>) -> Option<SendBuf>;
+
+    /// Bytes `offset..offset + len` of partition `p`'s file, if this rank
+    /// loaded that partition (a peer replicating it).
+    fn partition_range(&self, _p: u32, _offset: u64, _len: u64) -> Option<SendBuf> {
+        None
+    }
 }
 
 /// Why the loop ended.
@@ -185,7 +201,7 @@ struct PendingFetch {
     hasher: fanstore_core::checksum::StreamingChecksum,
     started: Instant,
     reply: Option<Sender<FetchReply>>,
-    _request: Box<[u8; 16]>,
+    _request: Box<[u8; table::REQUEST_LEN]>,
 }
 
 impl PendingFetch {
@@ -195,7 +211,7 @@ impl PendingFetch {
         base: *const u8,
         parts: Vec<(u64, usize)>,
         reply: Option<Sender<FetchReply>>,
-        request: Box<[u8; 16]>,
+        request: Box<[u8; table::REQUEST_LEN]>,
     ) -> Self {
         let n = parts.len();
         PendingFetch {
@@ -430,7 +446,7 @@ impl<'a> Engine<'a> {
         };
         let id = self.id();
         let parts = table::plan(f.stored_len, self.piece, self.pipeline);
-        let request = Box::new(table::encode_request(f.node_id, tag, f.stored_len));
+        let request = Box::new(table::encode_request(f.node_id, tag, f.stored_len, f.offset));
         let mut state =
             FetchState::new(f.holder, tag, Instant::now() + f.timeout, parts.iter().map(|p| p.1).collect());
         let base = f.buf.bytes_mut().as_mut_ptr();
@@ -491,9 +507,9 @@ impl<'a> Engine<'a> {
             match self.comm.iprobe(TAG_REQUEST) {
                 Ok(Some((src, _))) => {
                     active = true;
-                    let mut b = [0u8; 16];
+                    let mut b = [0u8; table::REQUEST_LEN];
                     match self.comm.recv_probed(&mut b, src, TAG_REQUEST) {
-                        Ok(16) => self.serve(src, &b),
+                        Ok(table::REQUEST_LEN) => self.serve(src, &b),
                         Ok(n) => log::warn!("rank {}: {n}-byte request from rank {src} ignored", self.comm.rank),
                         Err(e) => log::warn!("rank {}: receiving a request from rank {src}: {e}", self.comm.rank),
                     }
@@ -538,12 +554,16 @@ impl<'a> Engine<'a> {
     }
 
     /// Answers a peer's request for one payload.
-    fn serve(&mut self, src: u32, b: &[u8; 16]) {
-        let (node_id, tag, stored_len) = table::decode_request(b);
+    fn serve(&mut self, src: u32, b: &[u8; table::REQUEST_LEN]) {
+        let (node_id, tag, stored_len, offset) = table::decode_request(b);
         let parts = table::plan(stored_len, self.piece, self.pipeline);
         let t = Instant::now();
-        let spare = self.spare.pop();
-        let buf = self.source.payload(node_id, stored_len, spare);
+        let buf = if node_id & (OUT_BIT | PART_BIT) == PART_BIT {
+            self.source.partition_range(node_id & !PART_BIT, offset, stored_len)
+        } else {
+            let spare = self.spare.pop();
+            self.source.payload(node_id, stored_len, spare)
+        };
         log::debug!("rank {}: payload of node {node_id} ({stored_len} B) for rank {src} ready in {:?}", self.comm.rank, t.elapsed());
         if buf.is_none() {
             log::warn!("rank {}: rank {src} asked for node {node_id}, which this rank cannot serve", self.comm.rank);

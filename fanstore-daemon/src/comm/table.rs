@@ -208,22 +208,32 @@ impl FetchState {
 
 /// The request message of a fetch (16 bytes, little-endian):
 /// `0..4 node id | 4..8 reply tag | 8..16 stored length`.
-pub fn encode_request(node_id: u32, tag: i32, stored_len: u64) -> [u8; 16] {
-    let mut b = [0u8; 16];
+/// Length of a TAG_REQUEST message (see the protocol in [`super`]).
+pub const REQUEST_LEN: usize = 24;
+
+/// A request for `stored_len` bytes of `node_id` (a dataset file, an output
+/// with [`super::OUT_BIT`], or a partition range with [`super::PART_BIT`]
+/// starting at `offset`; 0 otherwise), answered on `tag`.
+pub fn encode_request(node_id: u32, tag: i32, stored_len: u64, offset: u64) -> [u8; REQUEST_LEN] {
+    let mut b = [0u8; REQUEST_LEN];
     b[..4].copy_from_slice(&node_id.to_le_bytes());
     b[4..8].copy_from_slice(&tag.to_le_bytes());
-    b[8..].copy_from_slice(&stored_len.to_le_bytes());
+    b[8..16].copy_from_slice(&stored_len.to_le_bytes());
+    b[16..24].copy_from_slice(&offset.to_le_bytes());
     b
 }
 
-pub fn decode_request(b: &[u8; 16]) -> (u32, i32, u64) {
+/// (node id, reply tag, stored length, offset) of a request.
+pub fn decode_request(b: &[u8; REQUEST_LEN]) -> (u32, i32, u64, u64) {
     let mut n = [0u8; 4];
     let mut t = [0u8; 4];
     let mut l = [0u8; 8];
+    let mut o = [0u8; 8];
     n.copy_from_slice(&b[..4]);
     t.copy_from_slice(&b[4..8]);
-    l.copy_from_slice(&b[8..]);
-    (u32::from_le_bytes(n), i32::from_le_bytes(t), u64::from_le_bytes(l))
+    l.copy_from_slice(&b[8..16]);
+    o.copy_from_slice(&b[16..24]);
+    (u32::from_le_bytes(n), i32::from_le_bytes(t), u64::from_le_bytes(l), u64::from_le_bytes(o))
 }
 
 #[cfg(test)]
@@ -300,7 +310,7 @@ mod tests {
 
     #[test]
     fn request_message_round_trip() {
-        let b = encode_request(0xdead_beef, 31000, 5 << 30);
-        assert_eq!(decode_request(&b), (0xdead_beef, 31000, 5 << 30));
+        let b = encode_request(0xdead_beef, 31000, 5 << 30, 7 << 33);
+        assert_eq!(decode_request(&b), (0xdead_beef, 31000, 5 << 30, 7 << 33));
     }
 }

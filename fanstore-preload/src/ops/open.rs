@@ -4,7 +4,8 @@
 //! - a file the tier map says this node holds as a named file (extracted
 //!   to the local disk, or a copy in the daemon's copy directory): a plain
 //!   open of that file, no message;
-//! - a small file (under 64 KiB) of a partition this node holds: read from
+//! - a small file (under 64 KiB) of a partition this node holds (loaded at
+//!   start, or replicated from a peer since: the tier map says so): read from
 //!   the mapped partition copy, verified, decompressed into a memfd, here in
 //!   the process, no message (cheaper than a round trip for small files);
 //! - anything else: the daemon makes it a named file and sends an fd, reopened
@@ -18,7 +19,7 @@ use crate::client;
 use crate::fd_table::{self, Tracked};
 use crate::state::State;
 use fanstore_core::codec::Codec;
-use fanstore_core::tiers::{EXTRACT_MIN, TIER_COPY, TIER_EXTRACTED};
+use fanstore_core::tiers::{EXTRACT_MIN, TIER_COPY, TIER_EXTRACTED, TIER_PART};
 use libc::c_int;
 
 /// Flags of the caller's open we carry over to the real open.
@@ -148,10 +149,16 @@ fn open_direct(st: &State, n: &Node, flags: c_int) -> Option<Result<c_int, c_int
 }
 
 /// A memfd with the bytes of `n` decoded from the mapped local partition
-/// copy, if `n` is a small file of a partition this node holds (None: ask
-/// the daemon). A payload that fails its checksum is EIO, never wrong bytes.
+/// copy, if `n` is a small file of a partition this node holds (loaded at
+/// start, or replicated since: [`TIER_PART`]; None: ask the daemon). A
+/// payload that fails its checksum is EIO, never wrong bytes.
 fn decode_local(st: &State, n: &Node, flags: c_int) -> Option<Result<c_int, c_int>> {
-    if n.size() >= EXTRACT_MIN || !st.local_parts.get(n.partition() as usize).copied().unwrap_or(false) {
+    if n.size() >= EXTRACT_MIN {
+        return None;
+    }
+    let held = st.local_parts.get(n.partition() as usize).copied().unwrap_or(false)
+        || st.tiers.is_some_and(|t| t.get(n.id()) == TIER_PART);
+    if !held {
         return None;
     }
     let len = st.view.partition(n.partition())?.file_len;

@@ -1,0 +1,264 @@
+//! Background replication of remote partitions (`--prefetch-remote`).
+//!
+//! A dataset's partitions are spread over the nodes, so on the first epoch
+//! (N-1)/N of a node's reads cross MPI one file at a time: a request, a
+//! reply, and the file's bytes landing in fresh pages, for every file. When
+//! the node's local disk can hold more of the dataset, this thread fetches
+//! whole remote partitions after the job is ready, in large pieces (the
+//! transport's best case), so those reads become local ones.
+//!
+//! For each remote partition, within `--prefetch-remote` bytes and while the
+//! local file system keeps a twentieth of its space free:
+//! 1. its bytes are fetched from a holder in [`CHUNK`]-byte ranges, two in
+//!    flight ([`crate::comm::PART_BIT`] requests, served by the holder from
+//!    its mapped copy with no copy), into `part-NNNNNN.fsp.fetch` in the
+//!    local `parts/` directory; a failed range is asked of the next holder;
+//! 2. the file is verified entry by entry against the manifest, with every
+//!    checksum, exactly as a partition the loader reads from the dataset
+//!    directory ([`crate::load::verify_partition`]): a peer's damaged copy is
+//!    refused, never served;
+//! 3. it is renamed to the partition's local name, mapped read-only and
+//!    published: [`crate::node::Node::part_map`] serves its files as local
+//!    ones from then on, and each of its files not yet extracted or copied is
+//!    marked [`TIER_PART`] in the tier map, so clients decode small files
+//!    from it themselves (no message) and large ones are extracted once.
+//!
+//! Reads never wait for this thread: a file whose partition is not here yet
+//! is fetched alone, as before. The thread runs at the lowest CPU priority
+//! and stops at `fanstore stop`. Nothing it fetched outlives the job (the
+//! local directory is removed at stop).
+
+use crate::comm::{Command, Fetch, FetchReply, RecvBuf, PART_BIT};
+use crate::load::{self, OffsetMap};
+use crate::node::Node;
+use fanstore_core::tiers::{TIER_NONE, TIER_PART};
+use std::fs::File;
+use std::os::unix::fs::{FileExt, OpenOptionsExt};
+use std::path::{Path, PathBuf};
+use std::sync::atomic::Ordering::Relaxed;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+/// Bytes asked for in one request.
+pub const CHUNK: u64 = 8 << 20;
+/// Requests in flight per partition (one lands while the next travels).
+const WINDOW: usize = 2;
+
+/// What the thread did.
+#[derive(Debug, Default, Clone, Copy, PartialEq, Eq)]
+pub struct Report {
+    pub partitions: u32,
+    pub bytes: u64,
+    /// Partitions given up (no holder answered, or the copy was damaged).
+    pub failed: u32,
+}
+
+/// Why a partition was not replicated.
+#[derive(Debug)]
+enum Skip {
+    /// The rank is stopping.
+    Stopping,
+    /// Fetching or verifying failed; the message names the partition and the cause.
+    Failed(String),
+}
+
+/// The remote partitions of `node` in the order this rank fetches them:
+/// starting with the partitions of the next rank, so that the ranks of a
+/// job spread their requests over all holders instead of all asking rank 0.
+pub fn order(partition_count: u32, nranks: u32, rank: u32, local: &[bool]) -> Vec<u32> {
+    let nranks = nranks.max(1);
+    let mut ps: Vec<u32> = (0..partition_count).filter(|&p| !local.get(p as usize).copied().unwrap_or(false)).collect();
+    ps.sort_by_key(|&p| ((p % nranks + nranks - rank % nranks - 1) % nranks, p));
+    ps
+}
+
+/// Fetches remote partitions until `budget` bytes are replicated, the local
+/// file system runs short, or the rank stops.
+pub fn run(node: &Node, budget: u64) -> Report {
+    // SAFETY: lowers this thread's own scheduling priority (Linux: per thread).
+    unsafe { libc::setpriority(libc::PRIO_PROCESS, libc::gettid() as libc::id_t, 19) };
+    let mut report = Report::default();
+    let local = node.local.get().cloned().unwrap_or_default();
+    let wanted = order(node.view.partition_count(), node.id.nranks, node.id.rank, &local);
+    if wanted.is_empty() {
+        return report;
+    }
+    let maps = load::offset_maps(&node.view, &wanted);
+    let dir = node.id.local_dir.join("parts");
+    for p in wanted {
+        if node.stopping.load(Relaxed) {
+            break;
+        }
+        let Some(info) = node.view.partition(p) else { continue };
+        if report.bytes.saturating_add(info.file_len) > budget {
+            continue;
+        }
+        if !room_for(&dir, info.file_len) {
+            log::info!("rank {}: prefetch stops: the local file system has no room for partition {p}", node.id.rank);
+            break;
+        }
+        let empty = OffsetMap::new();
+        let offsets = maps.get(&p).unwrap_or(&empty);
+        let t = Instant::now();
+        match replicate_one(node, p, info.file_len, offsets) {
+            Ok(()) => {
+                report.partitions += 1;
+                report.bytes += info.file_len;
+                node.counters.replicated_parts.fetch_add(1, Relaxed);
+                node.counters.replicated_bytes.fetch_add(info.file_len, Relaxed);
+                log::debug!("rank {}: partition {p} ({} B) replicated in {:?}", node.id.rank, info.file_len, t.elapsed());
+            }
+            Err(Skip::Stopping) => break,
+            Err(Skip::Failed(why)) => {
+                report.failed += 1;
+                log::warn!("rank {}: prefetch of partition {p}: {why}; its files are read remotely", node.id.rank);
+            }
+        }
+    }
+    report
+}
+
+/// True when writing `len` more bytes under `dir` leaves a twentieth of its
+/// file system free.
+fn room_for(dir: &Path, len: u64) -> bool {
+    use std::os::unix::ffi::OsStrExt;
+    let Ok(c) = std::ffi::CString::new(dir.as_os_str().as_bytes()) else { return false };
+    // SAFETY: an all-zero statvfs is a valid value of this plain C struct.
+    let mut s: libc::statvfs = unsafe { std::mem::zeroed() };
+    // SAFETY: c is NUL-terminated and s a valid out-pointer.
+    if unsafe { libc::statvfs(c.as_ptr(), &mut s) } != 0 {
+        return false;
+    }
+    let frag = s.f_frsize as u64;
+    let free = (s.f_bavail as u64).saturating_mul(frag);
+    let total = (s.f_blocks as u64).saturating_mul(frag);
+    free >= len.saturating_add(total / 20)
+}
+
+fn replicate_one(node: &Node, p: u32, len: u64, offsets: &OffsetMap) -> Result<(), Skip> {
+    let dest = load::local_partition_path(&node.id.local_dir, p);
+    let mut tmp = dest.clone().into_os_string();
+    tmp.push(".fetch");
+    let tmp = PathBuf::from(tmp);
+    let _ = std::fs::remove_file(&tmp);
+    let res = fetch_and_verify(node, p, len, offsets, &tmp);
+    if let Err(e) = res {
+        let _ = std::fs::remove_file(&tmp);
+        return Err(e);
+    }
+    let failed = |what: &str, e: &dyn std::fmt::Display| Skip::Failed(format!("{what} {}: {e}", dest.display()));
+    std::fs::rename(&tmp, &dest).map_err(|e| {
+        let _ = std::fs::remove_file(&tmp);
+        failed("renaming into", &e)
+    })?;
+    let f = File::open(&dest).map_err(|e| failed("opening", &e))?;
+    // SAFETY: the daemon wrote and verified this file and never changes or
+    // truncates it while the job runs; the mapping is read-only.
+    let map = unsafe { memmap2::Mmap::map(&f) }.map_err(|e| failed("mapping", &e))?;
+    let slot = node.replicas.get(p as usize).ok_or_else(|| Skip::Failed(format!("no partition {p}")))?;
+    let _ = slot.set(Arc::new(map));
+    if let Some(tiers) = node.tiers.get() {
+        for &id in offsets.values() {
+            tiers.set_if(id, TIER_NONE, TIER_PART);
+        }
+    }
+    Ok(())
+}
+
+/// Fetches partition `p` (`len` bytes) into `tmp` and verifies it.
+fn fetch_and_verify(node: &Node, p: u32, len: u64, offsets: &OffsetMap, tmp: &Path) -> Result<(), Skip> {
+    let failed = |what: &str, e: &dyn std::fmt::Display| Skip::Failed(format!("{what} {}: {e}", tmp.display()));
+    let out = std::fs::OpenOptions::new()
+        .write(true)
+        .create_new(true)
+        .mode(0o400)
+        .custom_flags(libc::O_CLOEXEC)
+        .open(tmp)
+        .map_err(|e| failed("creating", &e))?;
+    let holders: Vec<u32> = node.placement.holders_for(p, 0).into_iter().filter(|&h| h != node.id.rank).collect();
+    if holders.is_empty() {
+        return Err(Skip::Failed("no other rank holds it".into()));
+    }
+    let ranges: Vec<(u64, u64)> = (0..len.div_ceil(CHUNK)).map(|i| (i * CHUNK, CHUNK.min(len - i * CHUNK))).collect();
+    // Warm buffers, reused for every range (fresh pages are costly).
+    let mut spare: Vec<Vec<u8>> = Vec::new();
+    let mut inflight: std::collections::VecDeque<(u64, u64, usize, crossbeam::channel::Receiver<FetchReply>)> = Default::default();
+    let mut next = 0;
+    let timeout = node.remote_timeout + Duration::from_secs(CHUNK / (64 << 20) + 1);
+    let ask = |off: u64, n: u64, holder_ix: usize, buf: Vec<u8>| -> Result<crossbeam::channel::Receiver<FetchReply>, Skip> {
+        let (tx, rx) = crossbeam::channel::bounded(1);
+        let mut buf = buf;
+        buf.resize(n as usize, 0);
+        let holder = holders[holder_ix % holders.len()];
+        let cmd = Command::Fetch(Fetch {
+            node_id: PART_BIT | p,
+            holder,
+            stored_len: n,
+            offset: off,
+            buf: RecvBuf { buf, len: n as usize },
+            reply: tx,
+            timeout,
+        });
+        node.comm.send(cmd).map_err(|_| Skip::Stopping)?;
+        Ok(rx)
+    };
+    loop {
+        while inflight.len() < WINDOW && next < ranges.len() {
+            let (off, n) = ranges[next];
+            let rx = ask(off, n, 0, spare.pop().unwrap_or_default())?;
+            inflight.push_back((off, n, 0, rx));
+            next += 1;
+        }
+        let Some((off, n, tries, rx)) = inflight.pop_front() else { break };
+        if node.stopping.load(Relaxed) {
+            return Err(Skip::Stopping);
+        }
+        match rx.recv_timeout(timeout + Duration::from_secs(2)) {
+            Ok(Ok((RecvBuf { buf, len }, _))) if len as u64 == n => {
+                out.write_all_at(&buf[..len], off).map_err(|e| failed("writing", &e))?;
+                spare.push(buf);
+            }
+            other => {
+                let why = match other {
+                    Ok(Err(e)) => e.to_string(),
+                    Ok(Ok(_)) => "a short answer".into(),
+                    Err(_) => "no answer".into(),
+                };
+                if node.stopping.load(Relaxed) {
+                    return Err(Skip::Stopping);
+                }
+                if tries + 1 >= holders.len() {
+                    return Err(Skip::Failed(format!("bytes {off}..{} from every holder: {why}", off + n)));
+                }
+                // Ask the next holder for this range, ahead of the others.
+                let rx = ask(off, n, tries + 1, spare.pop().unwrap_or_default())?;
+                inflight.push_front((off, n, tries + 1, rx));
+            }
+        }
+    }
+    drop(out);
+    let got = load::verify_partition(tmp, &node.view, p, offsets, &node.stopping).map_err(|e| Skip::Failed(e.to_string()))?;
+    if node.stopping.load(Relaxed) {
+        return Err(Skip::Stopping);
+    }
+    if got != len {
+        return Err(Skip::Failed(format!("verified {got} bytes of {len}")));
+    }
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn order_skips_local_partitions_and_starts_after_this_rank() {
+        // 8 partitions on 4 ranks: rank 1 holds 1 and 5.
+        let local: Vec<bool> = (0..8).map(|p| p % 4 == 1).collect();
+        assert_eq!(order(8, 4, 1, &local), vec![2, 6, 3, 7, 0, 4]);
+        // Every rank starts with a different holder.
+        let firsts: Vec<u32> = (0..4).map(|r| order(8, 4, r, &vec![false; 8])[0] % 4).collect();
+        assert_eq!(firsts, vec![1, 2, 3, 0]);
+        assert!(order(3, 1, 0, &[true, true, true]).is_empty());
+    }
+}

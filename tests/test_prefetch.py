@@ -1,0 +1,112 @@
+"""Background replication of remote partitions (`--prefetch-remote`,
+fanstore-daemon/src/replicate.rs): after ready, each daemon fetches the
+partitions other ranks hold, verifies them like a loaded partition, and from
+then on serves their files as local ones; clients decode small files of a
+replicated partition themselves (tier map byte 3), with no message.
+"""
+import hashlib
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+from fs_cluster import cluster_factory, node_state, read_index  # noqa: F401 (fixture)
+from fs_prep import pack
+
+DIGESTS = ("import hashlib, sys\n"
+           "for p in sys.argv[1:]:\n"
+           "    print(hashlib.sha256(open(p, 'rb').read()).hexdigest(), p)\n")
+
+
+def make(tmp_path, bins, parts=8):
+    src = tmp_path / "src"
+    src.mkdir()
+    for i in range(60):
+        (src / f"s{i}.txt").write_bytes((f"small {i} " * 40).encode())              # lz4, < 64 KiB
+        (src / f"r{i}.bin").write_bytes(hashlib.sha256(str(i).encode()).digest() * 2600)  # raw-ish, 83 KB
+    ds = tmp_path / "ds"
+    pack(bins, src, ds, "--partitions", str(parts), "--compress", "lz4")
+    return src, ds
+
+
+def status(c, rank):
+    with c.client(rank) as cl:
+        return cl.status()
+
+
+def wait_replicated(c, rank, want, timeout=60):
+    deadline = time.monotonic() + timeout
+    st = status(c, rank)
+    while int(st["replicated_parts"]) < want and time.monotonic() < deadline:
+        time.sleep(0.1)
+        st = status(c, rank)
+    assert int(st["replicated_parts"]) == want, f"{st}\n--- log ---\n{c.log()[-4000:]}"
+    return st
+
+
+def digests(c, node, paths):
+    r = subprocess.run([sys.executable, "-c", DIGESTS, *paths], env=c.env(node=node),
+                       capture_output=True, text=True, timeout=120)
+    assert r.returncode == 0, r.stderr
+    return r.stdout
+
+
+def test_every_remote_partition_is_replicated_and_read_without_remote_fetches(cluster_factory, bins, tmp_path):
+    src, ds = make(tmp_path, bins)
+    c = cluster_factory(ds, nranks=4, extra_args=["--prefetch-remote", "all", "--prefill-mem", "0"])
+    node = 2
+    st = node_state(c.runtime, node)
+    remote = [p for p in range(8) if p not in st["local"]]
+    assert len(remote) == 6
+    s = wait_replicated(c, node, len(remote))
+    info, nodes = read_index(ds / "manifest.fsm")
+    part_bytes = sum((ds / f"part-{p:06d}.fsp").stat().st_size for p in remote)
+    assert int(s["replicated_bytes"]) == part_bytes, s
+    # Each replica is byte-identical to the dataset's partition.
+    local = Path(st["local_dir"])
+    for p in remote:
+        assert (local / "parts" / f"part-{p:06d}.fsp").read_bytes() == (ds / f"part-{p:06d}.fsp").read_bytes()
+    assert not list((local / "parts").glob("*.fetch")), "no partial fetch is left"
+    # Small files of replicated partitions are marked for the client (tier byte 3).
+    tiers = Path(st["index_path"][:-len(".index")] + ".tiers").read_bytes()
+    small_remote = [n for n, v in nodes.items() if v["partition"] in remote and v["size"] < 65536]
+    assert small_remote and all(tiers[64 + nodes[n]["id"]] == 3 for n in small_remote)
+    before = status(c, node)
+    names = sorted(p.name for p in src.iterdir())
+    got = digests(c, node, [f"{c.mount}/{n}" for n in names])
+    want = "".join(f"{hashlib.sha256((src / n).read_bytes()).hexdigest()} {c.mount}/{n}\n" for n in names)
+    assert got == want
+    after = status(c, node)
+    assert int(after["remote_sent"]) == int(before["remote_sent"]), "no file crossed MPI on its own"
+    large = [n for n in names if nodes[n]["size"] >= 65536]
+    assert int(after["opens"]) - int(before["opens"]) == len(large), \
+        "small files are decoded by the client: only large files (extracted once) ask the daemon"
+    # The other nodes read the same bytes.
+    assert digests(c, 0, [f"{c.mount}/{n}" for n in names]).replace(f"{c.mount}", "") == want.replace(f"{c.mount}", "")
+
+
+def test_the_budget_bounds_what_is_replicated(cluster_factory, bins, tmp_path):
+    src, ds = make(tmp_path, bins)
+    sizes = sorted((ds / f"part-{p:06d}.fsp").stat().st_size for p in range(8))
+    budget = sizes[-1]  # room for any one remote partition, never for all four
+    c = cluster_factory(ds, nranks=2, extra_args=["--prefetch-remote", str(budget)])
+    deadline = time.monotonic() + 20
+    while "prefetched" not in c.log() and time.monotonic() < deadline:
+        time.sleep(0.1)
+    for r in (0, 1):
+        s = status(c, r)
+        assert 1 <= int(s["replicated_parts"]) < 4 and int(s["replicated_bytes"]) <= budget, s
+    # Files of partitions not replicated are still read (remotely), with the right bytes.
+    names = sorted(p.name for p in src.iterdir())
+    got = digests(c, 0, [f"{c.mount}/{n}" for n in names])
+    assert got == "".join(f"{hashlib.sha256((src / n).read_bytes()).hexdigest()} {c.mount}/{n}\n" for n in names)
+
+
+def test_off_by_default_and_stop_during_prefetch(cluster_factory, bins, tmp_path):
+    src, ds = make(tmp_path, bins)
+    c = cluster_factory(ds, nranks=2)
+    assert int(status(c, 0)["replicated_parts"]) == 0
+    c.stop()
+    c2 = cluster_factory(ds, nranks=2, extra_args=["--prefetch-remote", "all"], subdir="again")
+    c2.stop()  # at once, perhaps mid-fetch: a clean stop, nothing left behind
+    assert not c2.local.exists() or not any(c2.local.rglob("*.fetch"))
