@@ -7,9 +7,12 @@ decode with pillow, np.load of .npz) reads a scripts/gen_dataset.py tree
 through /fanstore from node 0, once with 1 daemon holding every partition,
 once with 4 daemons (`mpiexec -n 4`, UCX_TLS=tcp) so that 3/4 of the files
 are remote on the first epoch (the node cache of copies serves the second,
-as in training). Default --cache-mem. A fresh job for every run (the first
-epoch is cold); runs alternate; medians. The digests of every byte read must
-be equal.
+as in training), and once more with 4 daemons started with
+`--prefetch-remote all`: each daemon fetches the remote partitions whole in
+the background while the first epoch runs (the reader starts right after
+`fanstore wait`, as a job script does). Default --cache-mem. A fresh job for
+every run (the first epoch is cold); runs alternate; medians. The digests of
+every byte read must be equal.
 """
 import os
 import statistics
@@ -37,31 +40,34 @@ def main():
         str(PER_CLASS), "--size", str(SIZE)])
     ds = work / "ds"
     sh([str(B / "fanstore-prep"), "pack", "--input", str(src), "--output", str(ds), "--partitions", "8"], env=env)
-    res = {1: [], 4: []}
+    # configuration -> (daemons, extra daemon arguments)
+    configs = {1: (1, []), 4: (4, []), "4p": (4, ["--prefetch-remote", "all"])}
+    res = {k: [] for k in configs}
 
-    def start(n, r):
-        rt = work / f"rt{n}-{r}"
+    def start(k, r):
+        n, extra = configs[k]
+        rt = work / f"rt{k}-{r}"
         p = subprocess.Popen(["mpiexec", "-n", str(n), str(B / "fanstore-daemon"), "--data", str(ds), "--local",
-                              str(work / f"local{n}-{r}"), "--runtime-dir", str(rt), "--mount", f"/fstrain{n}"],
+                              str(work / f"local{k}-{r}"), "--runtime-dir", str(rt), "--mount", f"/fstrain{n}", *extra],
                              env=env, stdout=open(work / f"log{n}-{r}", "wb"), stderr=subprocess.STDOUT,
                              start_new_session=True)
         sh([str(B / "fanstore"), "--runtime-dir", str(rt), "wait", "--timeout", "120"], env=env)
         return p, rt
 
     for r in range(ROUNDS):
-        for n in ((1, 4) if r % 2 == 0 else (4, 1)):
+        for n in ((1, 4, "4p") if r % 2 == 0 else ("4p", 4, 1)):
             p, rt = start(n, r)  # a fresh job each run: the first epoch is cold, as in a new training job
             try:
                 e = dict(env, FANSTORE_RUNTIME_DIR=str(rt), FANSTORE_NODE="0", LD_PRELOAD=str(B / "libfanstore_preload.so"))
-                out = sh([sys.executable, str(ROOT / "scripts" / "train_reader.py"), f"/fstrain{n}/train", "--workers", "4",
+                out = sh([sys.executable, str(ROOT / "scripts" / "train_reader.py"), f"/fstrain{configs[n][0]}/train", "--workers", "4",
                           "--epochs", "2", "--seed", str(r)], env=e).split()
                 res[n].append((float(out[out.index("files/s,") - 1]), out[-1]))
             finally:
                 subprocess.run([str(B / "fanstore"), "--runtime-dir", str(rt), "stop"], capture_output=True, env=env)
                 p.wait(timeout=60)
     nfiles = sum(1 for f in (src / "train").rglob("*") if f.is_file())
-    same = {d for _, d in res[1]} == {d for _, d in res[4]}
-    one, four = statistics.median(x for x, _ in res[1]), statistics.median(x for x, _ in res[4])
+    same = {d for _, d in res[1]} == {d for _, d in res[4]} == {d for _, d in res["4p"]}
+    one, four, pre = (statistics.median(x for x, _ in res[k]) for k in (1, 4, "4p"))
     print("\n".join([
         "## Training-shaped reader: 4 nodes vs 1 node (bench/train_nodes.py)", "",
         f"scripts/train_reader.py on node 0 (4 forked workers, 2 epochs, {nfiles} files of gen_dataset.py "
@@ -70,6 +76,7 @@ def main():
         "| daemons | files/s | runs | vs 1 node |", "|---:|---:|---|---:|",
         f"| 1 (every partition local) | {one:.0f} | {', '.join(f'{x:.0f}' for x, _ in res[1])} | 1.00x |",
         f"| 4 (3/4 remote on the first epoch) | {four:.0f} | {', '.join(f'{x:.0f}' for x, _ in res[4])} | **{four / one:.2f}x** |",
+        f"| 4, `--prefetch-remote all` | {pre:.0f} | {', '.join(f'{x:.0f}' for x, _ in res['4p'])} | **{pre / one:.2f}x** |",
     ]))
 
 
