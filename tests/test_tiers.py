@@ -44,16 +44,17 @@ def test_warm_opens_need_no_message(cluster_factory, bins, tmp_path):
     node = next(r for r in (0, 1) if nodes["s0.txt"]["partition"] in node_state(c.runtime, r)["local"])
     local = node_state(c.runtime, node)["local"]
     names = sorted(p.name for p in src.iterdir())
-    decoded = [n for n in names if nodes[n]["size"] < 65536 and nodes[n]["partition"] in local]
+    # Small or compressed files of a local partition: decoded by the client.
+    decoded = [n for n in names if (nodes[n]["size"] < 65536 or nodes[n]["codec"] != 0) and nodes[n]["partition"] in local]
     assert decoded and len(decoded) < len(names)
     paths = [f"{c.mount}/{n}" for n in names]
     r = read_all(c, node, paths)
     assert r.returncode == 0, r.stderr
-    assert opens(c, node) == len(names) - len(decoded), "small local files are decoded by the client"
+    assert opens(c, node) == len(names) - len(decoded), "small and compressed local files are decoded by the client"
     r = read_all(c, node, paths)
     assert r.returncode == 0, r.stderr
     assert opens(c, node) == len(names) - len(decoded), "warm files are opened directly"
-    # The prefill copies small local files in the background: then even their first open is direct.
+    # The prefill copies small and compressed local files in the background: then even their first open is direct.
     tiers = Path(node_state(c.runtime, node)["index_path"][:-len(".index")] + ".tiers").read_bytes()
     deadline = time.monotonic() + 20
     while any(tiers[64 + nodes[n]["id"]] != 2 for n in decoded) and time.monotonic() < deadline:

@@ -189,6 +189,116 @@ pub fn decompress_to(codec: Codec, stored: &[u8], raw_len: u64, out: &mut impl W
     Ok(())
 }
 
+/// Decompresses `stored` into `out`, which must be exactly the decoded
+/// length, allocating nothing per call: an lz4 frame is parsed here and each
+/// block decoded straight into `out` (a linked block with the output before
+/// it as its dictionary); zstd decodes with a context kept per thread. This
+/// is the path of every read: a fresh decoder's buffers, freed and trimmed
+/// off the heap after each file, cost fresh pages on every call, which on
+/// some machines costs more than the decoding itself. Malformed input is an
+/// error, never a panic.
+pub fn decompress_into(codec: Codec, stored: &[u8], out: &mut [u8]) -> io::Result<()> {
+    match codec {
+        Codec::None => {
+            if stored.len() != out.len() {
+                return Err(invalid(format!("raw payload of {} bytes, expected {}", stored.len(), out.len())));
+            }
+            out.copy_from_slice(stored);
+            Ok(())
+        }
+        Codec::Lz4 => lz4_frames_into(stored, out),
+        Codec::Zstd => ZSTD_DCTX.with(|cell| {
+            let mut slot = cell.try_borrow_mut().map_err(|_| invalid("zstd context in use".into()))?;
+            if slot.is_none() {
+                *slot = Some(zstd::bulk::Decompressor::new()?);
+            }
+            let Some(d) = slot.as_mut() else { return Err(invalid("no zstd context".into())) };
+            let n = d.decompress_to_buffer(stored, out)?;
+            if n != out.len() {
+                return Err(invalid(format!("zstd payload decoded to {n} bytes, expected {}", out.len())));
+            }
+            Ok(())
+        }),
+    }
+}
+
+thread_local! {
+    static ZSTD_DCTX: std::cell::RefCell<Option<zstd::bulk::Decompressor<'static>>> = const { std::cell::RefCell::new(None) };
+}
+
+fn invalid(m: String) -> io::Error {
+    io::Error::new(io::ErrorKind::InvalidData, m)
+}
+
+const LZ4_MAGIC: u32 = 0x184D_2204;
+const LZ4_FLG_VERSION: u8 = 0b1100_0000;
+const LZ4_FLG_INDEPENDENT: u8 = 0b0010_0000;
+const LZ4_FLG_BLOCK_CHECKSUM: u8 = 0b0001_0000;
+const LZ4_FLG_CONTENT_SIZE: u8 = 0b0000_1000;
+const LZ4_FLG_CONTENT_CHECKSUM: u8 = 0b0000_0100;
+const LZ4_FLG_DICT_ID: u8 = 0b0000_0001;
+const LZ4_UNCOMPRESSED_BLOCK: u32 = 0x8000_0000;
+/// The most history an lz4 block may refer to.
+const LZ4_WINDOW: usize = 64 << 10;
+
+/// Decodes a sequence of lz4 frames (magic, FLG, BD, optional content size
+/// and dictionary id, header checksum; blocks of `u32` size with the high
+/// bit meaning "stored"; an end mark; optional checksums) straight into
+/// `out`. Checksums inside the frame are not checked: the payload's own
+/// checksum is checked before it is decoded, and the decoded length must be
+/// `out.len()` exactly.
+fn lz4_frames_into(stored: &[u8], out: &mut [u8]) -> io::Result<()> {
+    let bad = |m: &str, at: usize| invalid(format!("lz4 frame: {m} at byte {at}"));
+    let u32_at = |at: usize| -> io::Result<u32> {
+        let b = stored.get(at..at + 4).ok_or_else(|| bad("truncated", at))?;
+        Ok(u32::from_le_bytes([b[0], b[1], b[2], b[3]]))
+    };
+    let (mut at, mut pos) = (0usize, 0usize);
+    while at < stored.len() {
+        if u32_at(at)? != LZ4_MAGIC {
+            return Err(bad("bad magic", at));
+        }
+        let flg = *stored.get(at + 4).ok_or_else(|| bad("truncated", at + 4))?;
+        if flg & LZ4_FLG_VERSION != 0b0100_0000 || flg & LZ4_FLG_DICT_ID != 0 {
+            return Err(bad("unsupported version or dictionary", at + 4));
+        }
+        let independent = flg & LZ4_FLG_INDEPENDENT != 0;
+        let block_sum = if flg & LZ4_FLG_BLOCK_CHECKSUM != 0 { 4 } else { 0 };
+        // magic, FLG, BD, [content size], header checksum
+        at += 4 + 2 + if flg & LZ4_FLG_CONTENT_SIZE != 0 { 8 } else { 0 } + 1;
+        let frame_start = pos;
+        loop {
+            let size = u32_at(at)?;
+            at += 4;
+            if size == 0 {
+                break;
+            }
+            let len = (size & !LZ4_UNCOMPRESSED_BLOCK) as usize;
+            let data = stored.get(at..at + len).ok_or_else(|| bad("block past the end", at))?;
+            at += len + block_sum;
+            let n = if size & LZ4_UNCOMPRESSED_BLOCK != 0 {
+                let dst = out.get_mut(pos..pos + len).ok_or_else(|| bad("more bytes than expected", at))?;
+                dst.copy_from_slice(data);
+                len
+            } else if independent || pos == frame_start {
+                lz4_flex::block::decompress_into(data, &mut out[pos..]).map_err(|e| bad(&e.to_string(), at))?
+            } else {
+                let (before, rest) = out.split_at_mut(pos);
+                let dict = &before[before.len().saturating_sub(LZ4_WINDOW).max(frame_start)..];
+                lz4_flex::block::decompress_into_with_dict(data, rest, dict).map_err(|e| bad(&e.to_string(), at))?
+            };
+            pos += n;
+        }
+        if flg & LZ4_FLG_CONTENT_CHECKSUM != 0 {
+            at += 4;
+        }
+    }
+    if at != stored.len() || pos != out.len() {
+        return Err(invalid(format!("lz4 payload decoded to {pos} bytes, expected {}", out.len())));
+    }
+    Ok(())
+}
+
 /// Decompresses `stored` into a new vector of exactly `raw_len` bytes.
 pub fn decompress(codec: Codec, stored: &[u8], raw_len: u64) -> io::Result<Vec<u8>> {
     let mut v = Vec::with_capacity(raw_len as usize);
@@ -198,6 +308,69 @@ pub fn decompress(codec: Codec, stored: &[u8], raw_len: u64) -> io::Result<Vec<u
 
 #[cfg(test)]
 mod tests {
+
+    #[test]
+    fn decompress_into_matches_the_stream_decoders() {
+        use super::*;
+        let mut x = 11u64;
+        let mut rnd = move || {
+            x ^= x << 13;
+            x ^= x >> 7;
+            x ^= x << 17;
+            x
+        };
+        for &n in &[0usize, 1, 100, 65535, 65536, 65537, 200_000, 1 << 20] {
+            let data: Vec<u8> = (0..n).map(|k| if k % 3000 < 1500 { (k / 7) as u8 } else { rnd() as u8 }).collect();
+            let mut frames = Vec::new();
+            // What prep writes, and the frame options a foreign writer might use.
+            if let Some(z) = compress(Compression { codec: Codec::Lz4, level: 0 }, &data[..], n as u64).unwrap() {
+                frames.push(z);
+            }
+            for (mode, size, sums) in [
+                (lz4_flex::frame::BlockMode::Linked, lz4_flex::frame::BlockSize::Max64KB, true),
+                (lz4_flex::frame::BlockMode::Independent, lz4_flex::frame::BlockSize::Max256KB, false),
+            ] {
+                let info = lz4_flex::frame::FrameInfo::new()
+                    .block_mode(mode)
+                    .block_size(size)
+                    .block_checksums(sums)
+                    .content_checksum(sums)
+                    .content_size(sums.then_some(n as u64));
+                let mut enc = lz4_flex::frame::FrameEncoder::with_frame_info(info, Vec::new());
+                for c in data.chunks(50_000) {
+                    enc.write_all(c).unwrap();
+                }
+                frames.push(enc.finish().unwrap());
+            }
+            for z in &frames {
+                let mut out = vec![0u8; n];
+                decompress_into(Codec::Lz4, z, &mut out).unwrap();
+                assert_eq!(out, data, "{n} bytes");
+                assert_eq!(decompress(Codec::Lz4, z, n as u64).unwrap(), data);
+                // A wrong length, a cut, or flipped bytes: an error, never a panic.
+                assert!(decompress_into(Codec::Lz4, z, &mut vec![0u8; n + 1]).is_err());
+                if n > 0 {
+                    assert!(decompress_into(Codec::Lz4, z, &mut vec![0u8; n - 1]).is_err());
+                }
+                assert!(decompress_into(Codec::Lz4, &z[..z.len() - 1], &mut out).is_err());
+                for i in (0..z.len()).step_by((z.len() / 40).max(1)) {
+                    let mut bad = z.clone();
+                    bad[i] ^= 0x5a;
+                    let _ = decompress_into(Codec::Lz4, &bad, &mut out);
+                }
+            }
+            if let Some(z) = compress(Compression { codec: Codec::Zstd, level: 3 }, &data[..], n as u64).unwrap() {
+                let mut out = vec![0u8; n];
+                decompress_into(Codec::Zstd, &z, &mut out).unwrap();
+                assert_eq!(out, data);
+                assert!(decompress_into(Codec::Zstd, &z, &mut vec![0u8; n + 1]).is_err());
+                assert!(decompress_into(Codec::Zstd, &z[..z.len() / 2], &mut out).is_err());
+            }
+            let mut out = vec![0u8; n];
+            decompress_into(Codec::None, &data, &mut out).unwrap();
+            assert_eq!(out, data);
+        }
+    }
 
     #[test]
     fn reused_compressor_gives_the_bytes_of_a_fresh_encoder() {

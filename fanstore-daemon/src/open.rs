@@ -95,7 +95,7 @@ impl Node {
         res
     }
 
-    /// Copies the small local files of this rank into the copy directory, in
+    /// Copies the small and the compressed local files of this rank into the copy directory, in
     /// partition order, until `limit` bytes of copies are held or the rank
     /// stops. Runs on its own low-priority thread after ready. Returns the
     /// number of files copied.
@@ -108,7 +108,9 @@ impl Node {
             if self.stopping.load(Relaxed) || copies.usage().0 >= limit {
                 break;
             }
-            if n.kind() != Some(NodeKind::File) || n.size() >= EXTRACT_MIN {
+            // Large uncompressed files are extracted to the local disk on
+            // first open instead (a plain file, read faster than a copy).
+            if n.kind() != Some(NodeKind::File) || (n.size() >= EXTRACT_MIN && n.codec() == Codec::None) {
                 continue;
             }
             let Some(Some(map)) = parts.get(n.partition() as usize) else { continue };
@@ -207,7 +209,7 @@ impl Node {
             write(stored)
         } else {
             let mut raw = scratch(n.size() as usize);
-            let res = codec::decompress_to(n.codec(), stored, n.size(), &mut &mut raw[..])
+            let res = codec::decompress_into(n.codec(), stored, &mut raw)
                 .map_err(|e| eio("decoding", &e))
                 .and_then(|()| write(&raw));
             give_back(raw);

@@ -66,8 +66,8 @@ fn main() -> anyhow::Result<()> {
                         let mut acc = 0u64;
                         for &(p, off, len, codec, size) in files.iter().skip(k).step_by(threads) {
                             let stored = parts[p].get(off..off + len).context("payload past the partition's end")?;
-                            out.clear();
-                            fanstore_core::codec::decompress_to(codec, stored, size, &mut out)?;
+                            out.resize(size as usize, 0);
+                            fanstore_core::codec::decompress_into(codec, stored, &mut out)?;
                             let bytes: &[u8] = if memfd {
                                 back.resize(out.len(), 0);
                                 through_memfd(&out, &mut back)?;

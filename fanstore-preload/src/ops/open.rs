@@ -4,10 +4,12 @@
 //! - a file the tier map says this node holds as a named file (extracted
 //!   to the local disk, or a copy in the daemon's copy directory): a plain
 //!   open of that file, no message;
-//! - a small file (under 64 KiB) of a partition this node holds (loaded at
-//!   start, or replicated from a peer since: the tier map says so): read from
-//!   the mapped partition copy, verified, decompressed into a memfd, here in
-//!   the process, no message (cheaper than a round trip for small files);
+//! - a small (under 64 KiB) or a compressed file of a partition this node
+//!   holds (loaded at start, or replicated from a peer since: the tier map
+//!   says so): read from the mapped partition copy, verified, decompressed
+//!   into a memfd, here in the process, no message (a round trip to the
+//!   daemon, its decode and its copy cost more; the daemon's background
+//!   prefill makes named copies of these files for later opens);
 //! - anything else: the daemon makes it a named file and sends an fd, reopened
 //!   through /proc/self/fd so that this open has its own offset, and moved
 //!   onto the received fd's number (the lowest free one, as open(2) promises);
@@ -149,11 +151,12 @@ fn open_direct(st: &State, n: &Node, flags: c_int) -> Option<Result<c_int, c_int
 }
 
 /// A memfd with the bytes of `n` decoded from the mapped local partition
-/// copy, if `n` is a small file of a partition this node holds (loaded at
-/// start, or replicated since: [`TIER_PART`]; None: ask the daemon). A
-/// payload that fails its checksum is EIO, never wrong bytes.
+/// copy, if `n` is a small or a compressed file of a partition this node
+/// holds (loaded at start, or replicated since: [`TIER_PART`]; None: ask the
+/// daemon, which extracts large uncompressed files to the local disk once).
+/// A payload that fails its checksum is EIO, never wrong bytes.
 fn decode_local(st: &State, n: &Node, flags: c_int) -> Option<Result<c_int, c_int>> {
-    if n.size() >= EXTRACT_MIN {
+    if n.size() >= EXTRACT_MIN && n.codec() == Codec::None {
         return None;
     }
     let held = st.local_parts.get(n.partition() as usize).copied().unwrap_or(false)
@@ -169,22 +172,55 @@ fn decode_local(st: &State, n: &Node, flags: c_int) -> Option<Result<c_int, c_in
         crate::dlog!("node {}: payload fails its checksum in the partition copy: EIO", n.id());
         return Some(Err(libc::EIO));
     }
-    let decoded;
-    let bytes = if n.codec() == Codec::None {
-        stored
-    } else {
-        let mut raw = vec![0u8; n.size() as usize];
-        if fanstore_core::codec::decompress_to(n.codec(), stored, n.size(), &mut &mut raw[..]).is_err() {
+    if n.codec() == Codec::None {
+        return Some(into_memfd(stored).and_then(|fd| private_onto(fd, flags)));
+    }
+    let size = usize::try_from(n.size()).ok()?;
+    Some(with_scratch(size, |raw| {
+        if fanstore_core::codec::decompress_into(n.codec(), stored, raw).is_err() {
             crate::dlog!("node {}: payload does not decode: EIO", n.id());
-            return Some(Err(libc::EIO));
+            return Err(libc::EIO);
         }
-        decoded = raw;
-        &decoded[..]
-    };
+        into_memfd(raw)
+    })
+    .and_then(|fd| private_onto(fd, flags)))
+}
+
+/// Decoded bytes up to this size reuse one buffer per thread (its pages stay
+/// allocated: fresh pages cost as much as decoding on some machines).
+const SCRATCH_MAX: usize = 16 << 20;
+
+thread_local! {
+    static SCRATCH: std::cell::RefCell<Vec<u8>> = const { std::cell::RefCell::new(Vec::new()) };
+}
+
+/// Runs `f` on a buffer of `len` bytes: this thread's reused one when it is
+/// free and `len` is at most [`SCRATCH_MAX`], else a new one.
+fn with_scratch<R>(len: usize, f: impl FnOnce(&mut [u8]) -> R) -> R {
+    let mut f = Some(f);
+    if len <= SCRATCH_MAX {
+        let reused = SCRATCH.try_with(|cell| {
+            let mut buf = cell.try_borrow_mut().ok()?;
+            buf.resize(len, 0);
+            f.take().map(|f| f(&mut buf[..len]))
+        });
+        if let Ok(Some(r)) = reused {
+            return r;
+        }
+    }
+    let mut v = vec![0u8; len];
+    match f.take() {
+        Some(f) => f(&mut v),
+        None => unreachable!("the closure runs once"),
+    }
+}
+
+/// A new memfd holding exactly `bytes`.
+fn into_memfd(bytes: &[u8]) -> Result<c_int, c_int> {
     // SAFETY: a NUL-terminated name and valid flags; the fd returned is ours.
     let fd = unsafe { libc::memfd_create(c"fanstore".as_ptr(), libc::MFD_CLOEXEC) };
     if fd < 0 {
-        return Some(Err(errno()));
+        return Err(errno());
     }
     let mut done = 0usize;
     while done < bytes.len() {
@@ -198,11 +234,11 @@ fn decode_local(st: &State, n: &Node, flags: c_int) -> Option<Result<c_int, c_in
             }
             // SAFETY: closing our own memfd.
             unsafe { crate::real::close(fd) };
-            return Some(Err(e));
+            return Err(e);
         }
         done += w as usize;
     }
-    Some(private_onto(fd, flags))
+    Ok(fd)
 }
 
 fn errno() -> c_int {
