@@ -98,6 +98,7 @@ def main():
         raw.append(float(re.search(r"median_us=([\d.]+)", sh(["mpiexec", "-n", "2", str(B / "fanstore-mpi-pingpong"), "--iters", str(ITERS), str(SIZE)]))[1]))
         fresh.append(float(re.search(r"median_us=([\d.]+)", sh(["mpiexec", "-n", "2", str(B / "fanstore-mpi-pingpong"), "--fresh-memfd", "--iters", str(ITERS), str(SIZE)]))[1]))
     r, f = statistics.median(raw), statistics.median(fresh)
+    stages = stage_breakdown(work, ds, ds_id, ids)
     L = ["## Where the time goes: one remote 128 KiB OPEN (bench/remote_profile.py)", "",
          f"{ROUNDS} rounds x {ITERS} reads, medians; raw MPI ping-pong (no daemon running) **{r:.0f} µs**, the same into a "
          f"fresh memfd per reply **{f:.0f} µs** (landing 128 KiB in new pages costs {f - r:.0f} µs here). Goal: OPEN+read "
@@ -112,7 +113,59 @@ def main():
           "is that polling on both ranks, whatever the spin. After the transfer it naps (10 µs doubling to 50 µs in a burst); "
           "a request that arrives during a nap waits for its end, on the holder and again for the reply. Spinning a little "
           "after activity removes those waits in a burst of reads and costs nothing when idle."]
+    if stages:
+        L += ["", f"Stages of one remote OPEN at the default spin (the daemons' debug log, {stages['n']} fetches, medians; "
+              "the logging itself adds a few µs):", "",
+              "| stage | µs |", "|---|---:|",
+              f"| client OPEN, fd in hand (whole round trip) | {stages['open']:.0f} |",
+              f"| requester: request handed to the communication thread + the copy's pages allocated (fallocate, overlaps the transfer) | {stages['send']:.0f} |",
+              f"| requester: waiting for the verified payload | {stages['wait']:.0f} |",
+              f"| of which the communication thread's fetch (request posted -> last byte in, hashed) | {stages['comm']:.0f} |",
+              f"| holder: payload ready to send (a slice of the mapped partition copy) | {stages['ready']:.2f} |",
+              f"| requester: bytes written into the copy (pwrite) | {stages['fill']:.0f} |",
+              f"| the rest: client request and reply, the copy's creation and link, the fd's reopen on both sides | "
+              f"{stages['open'] - stages['send'] - stages['wait'] - stages['fill']:.0f} |", "",
+              "Against the raw ping-pong, the fetch itself costs the MPI transfer plus hashing; the other stages are "
+              "hand-offs between threads (server thread -> communication thread -> server thread, each a wake-up "
+              "that waits for a free core when two polling communication threads, a server thread and the client "
+              "share 2 cores), and the copy's creation."]
     print("\n".join(L))
+
+
+def stage_breakdown(work, ds, ds_id, ids):
+    """One more 2-rank run at the default spin with the daemons' debug log,
+    parsed into the stages of a remote OPEN (medians, µs)."""
+    def us(v, unit):
+        return float(v) * {"ns": 0.001, "µs": 1.0, "ms": 1000.0, "s": 1e6}[unit]
+    rt = work / "rt-stages"
+    log = work / "log-stages"
+    denv = dict(env, RUST_LOG="fanstore_daemon=debug")
+    p = subprocess.Popen(["mpiexec", "-n", "2", str(B / "fanstore-daemon"), "--data", str(ds), "--local", str(work / "l-stages"),
+                          "--runtime-dir", str(rt), "--cache-mem", "0"], env=denv,
+                         stdout=open(log, "wb"), stderr=subprocess.STDOUT, start_new_session=True)
+    opens = []
+    try:
+        sh([str(B / "fanstore"), "--runtime-dir", str(rt), "wait", "--timeout", "120"])
+        for _ in range(ROUNDS):
+            out = sh([str(B / "fanstore-bench-read"), "--socket", str(rt / "node-0.sock"), "--dataset", str(ds_id),
+                      "--iters", str(ITERS), f"{SIZE}=" + ",".join(map(str, ids))])
+            opens.append(float(re.search(r"open_us=([\d.]+)", out)[1]))
+    finally:
+        subprocess.run([str(B / "fanstore"), "--runtime-dir", str(rt), "stop"], capture_output=True, env=env)
+        p.wait(timeout=60)
+    text = log.read_text(errors="replace")
+    u = r"([\d.]+)(ns|µs|ms|s)"
+    fetch = re.findall(rf"send\+fallocate {u}, wait {u}, fill {u}", text)
+    comm = re.findall(rf"B from rank \d+ in {u}", text)
+    ready = re.findall(rf"ready in {u}", text)
+    if not fetch or not comm or not ready:
+        return None
+    return dict(n=len(fetch), open=statistics.median(opens),
+                send=statistics.median(us(a, b) for a, b, *_ in fetch),
+                wait=statistics.median(us(x[2], x[3]) for x in fetch),
+                fill=statistics.median(us(x[4], x[5]) for x in fetch),
+                comm=statistics.median(us(a, b) for a, b in comm),
+                ready=statistics.median(us(a, b) for a, b in ready))
 
 
 if __name__ == "__main__":
