@@ -95,3 +95,16 @@ def test_a_damaged_partition_copy_is_eio_not_wrong_bytes(cluster_factory, bins, 
     r = subprocess.run([sys.executable, "-c", probe, f"{c.mount}/s8.txt"], env=c.env(node=0),
                        capture_output=True, text=True, timeout=60)
     assert r.stdout.strip() == "read", (r.stdout, r.stderr)
+    # A large compressed file is decoded by the client too: the same rule.
+    big = nodes["b7.txt"]
+    assert big["codec"] != 0 and big["size"] >= 65536
+    copy = Path(node_state(c.runtime, 0)["local_dir"]) / "parts" / f"part-{big['partition']:06d}.fsp"
+    os.chmod(copy, 0o600)
+    with open(copy, "r+b") as f:
+        f.seek(big["payload_offset"] + big["stored_len"] // 2)
+        b = f.read(1)
+        f.seek(big["payload_offset"] + big["stored_len"] // 2)
+        f.write(bytes([b[0] ^ 0x01]))
+    r = subprocess.run([sys.executable, "-c", probe, f"{c.mount}/b7.txt"], env=c.env(node=0),
+                       capture_output=True, text=True, timeout=60)
+    assert r.stdout.strip() == "EIO", (r.stdout, r.stderr)
