@@ -64,6 +64,8 @@ def test_every_remote_partition_is_replicated_and_read_without_remote_fetches(cl
     info, nodes = read_index(ds / "manifest.fsm")
     part_bytes = sum((ds / f"part-{p:06d}.fsp").stat().st_size for p in remote)
     assert int(s["replicated_bytes"]) == part_bytes, s
+    table = c.cli("status").stdout
+    assert "prefetched" in table.splitlines()[0], table
     # Each replica is byte-identical to the dataset's partition.
     local = Path(st["local_dir"])
     for p in remote:

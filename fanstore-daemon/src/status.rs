@@ -247,7 +247,7 @@ pub fn human_bytes(v: u64) -> String {
 }
 
 /// The columns of `fanstore status`: header and the STATUS key each shows.
-const COLUMNS: [(&str, &str); 18] = [
+const COLUMNS: [(&str, &str); 19] = [
     ("rank", "rank"),
     ("host", "host"),
     ("status", "status"),
@@ -262,6 +262,7 @@ const COLUMNS: [(&str, &str); 18] = [
     ("remote p50 us", "remote_p50_us"),
     ("p99 us", "remote_p99_us"),
     ("remote MB/s", "remote_mbps"),
+    ("prefetched", "replicated_bytes"),
     ("hits", "cache_hits"),
     ("misses", "cache_misses"),
     ("evictions", "cache_evictions"),
@@ -287,7 +288,7 @@ pub fn table(rows: &[StatusRow]) -> String {
                 .map(|(_, key)| {
                     let v = kv.iter().find(|(k, _)| k == key).map(|(_, v)| v.as_str()).unwrap_or("-");
                     match (*key, v.parse::<u64>()) {
-                        ("bytes_local", Ok(b)) => human_bytes(b),
+                        ("bytes_local" | "replicated_bytes", Ok(b)) => human_bytes(b),
                         _ => v.to_string(),
                     }
                 })
