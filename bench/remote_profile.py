@@ -9,7 +9,7 @@ every byte (fanstore-bench-read), with the communication thread's
 activity before it naps. Per setting: OPEN and OPEN+read medians, the CPU
 each daemon used per remote file (all its threads, /proc ticks, and the share
 of its communication thread, the daemon's main thread), and the CPU of the
-idle daemons over 3 s (from 6 s after the last read). Against, in the same run: the raw MPI ping-pong of the
+idle daemons over 3 s (from 11 s after the last read: a rank idle for 10 s naps 20 ms at a time). Against, in the same run: the raw MPI ping-pong of the
 same message pattern (fanstore-mpi-pingpong, 2 ranks, no daemon running) and
 the same into a fresh memfd per reply (the memory a remote file must land in).
 """
@@ -85,7 +85,7 @@ def main():
             files = ROUNDS * (ITERS + 5)  # fanstore-bench-read's 5 warm-up reads count too
             cpu = (ticks(pids) - t0) / HZ / files * 1e6
             comm = (ticks(pids, main_only=True) - m0) / HZ / files * 1e6
-            time.sleep(6)  # idle: the naps have grown to their cap
+            time.sleep(11)  # idle: the naps have grown to their cap
             i0 = ticks(pids)
             time.sleep(3)
             idle = (ticks(pids) - i0) / HZ / 3 / max(1, len(pids)) * 100

@@ -107,6 +107,24 @@ impl Comm {
         Ok(Some((st.MPI_SOURCE as u32, count.max(0) as usize)))
     }
 
+    /// A message with any tag from any rank, if one has arrived: (source,
+    /// tag, bytes). One probe drives the transport's progress once, where
+    /// a probe per tag would drive it once per tag.
+    pub fn iprobe_any(&self) -> Result<Option<(u32, i32, usize)>, MpiError> {
+        let mut flag: c_int = 0;
+        // SAFETY: MPI_Status is plain data; all-zero is a valid value to overwrite.
+        let mut st: ffi::MPI_Status = unsafe { std::mem::zeroed() };
+        // SAFETY: valid communicator and out pointers.
+        check(unsafe { ffi::MPI_Iprobe(ffi::RSMPI_ANY_SOURCE, ffi::RSMPI_ANY_TAG, self.comm, &mut flag, &mut st) })?;
+        if flag == 0 {
+            return Ok(None);
+        }
+        let mut count: c_int = 0;
+        // SAFETY: st was filled by a successful probe.
+        check(unsafe { ffi::MPI_Get_count(&st, ffi::RSMPI_UINT8_T, &mut count) })?;
+        Ok(Some((st.MPI_SOURCE as u32, st.MPI_TAG, count.max(0) as usize)))
+    }
+
     /// Receives a message already seen by [`iprobe`](Self::iprobe) (so this does not wait).
     pub fn recv_probed(&self, buf: &mut [u8], src: u32, tag: i32) -> Result<usize, MpiError> {
         // SAFETY: plain data placeholder.
