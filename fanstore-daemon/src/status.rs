@@ -185,7 +185,7 @@ impl Snapshot {
              bytes_local={}\nbytes_read={}\nload_seconds={:.3}\nload_mbps={:.1}\nopens={}\nopens_local={}\n\
              remote_sent={}\nremote_failed={}\nremote_served={}\nremote_bytes_in={}\nremote_bytes_out={}\n\
              cache_hits={}\ncache_misses={}\ncache_evictions={}\ncache_bytes={}\ncache_entries={}\nerrors={}\nclients={}\nfd_pressure={}\n\
-             remote_p50_us={}\nremote_p99_us={}\nremote_mbps={:.1}\nreplicated_parts={}\nreplicated_bytes={}\n",
+             remote_p50_us={}\nremote_p99_us={}\nremote_mbps={:.3}\nreplicated_parts={}\nreplicated_bytes={}\n",
             self.rank,
             self.nranks,
             self.host,
