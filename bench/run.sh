@@ -5,7 +5,9 @@
 #   bash bench/run.sh --report-only    re-assemble RESULTS.md from bench/out (no measurement)
 #   bash bench/run.sh [--quick] --only write,ckpt [--no-build]
 #                                      run only these pieces (prep, read, remote, dlio, write, ckpt, sud, watch, scale);
-#                                      the others keep their earlier output in bench/out.
+#                                      the others keep their earlier output in bench/out
+#                                      (seeded from the committed RESULTS.md by bench/seed_out.py
+#                                      when this machine has none).
 #                                      --no-build uses target/release as it is (no cargo build).
 # Pieces (each runnable alone, each writes bench/out/*.md):
 #   bench/read_bench.py   single-node read vs native vs squashfuse, compression,
@@ -60,6 +62,8 @@ mkdir -p bench/out
 if [ -z "$ONLY" ]; then
   rm -f bench/out/*.md bench/out/*.json bench/out/header.txt
 else  # keep the other pieces' output; forget only the selected pieces' earlier results and failures
+  # A machine that never ran the whole suite has no bench/out: start from the committed RESULTS.md.
+  [ -f bench/out/header.txt ] || python3 bench/seed_out.py
   declare -A FILES=([prep]="prep.md" [read]="read.md read.json" [remote]="remote_read.md remote.json"
                     [dlio]="dlio.md" [write]="write.md write.json" [ckpt]="ckpt.md ckpt.json"
                     [sud]="sud.md sud.json" [watch]="watch.md watch.json" [scale]="scale.md scale.json")
