@@ -85,6 +85,8 @@ pub mod codec;
 pub mod error;
 pub mod json;
 pub mod matching;
+pub mod pack;
+mod packs;
 pub mod query;
 pub mod recipe;
 pub mod render;

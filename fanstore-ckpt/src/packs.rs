@@ -1,0 +1,480 @@
+//! The store's packs ([`mod@crate::pack`]): which exist, the one units are
+//! appended to, how many bytes of each hold live units, where every unit
+//! is, and compaction.
+//!
+//! **Appending.** A new unit is encoded, then reserves `128 + body` bytes
+//! at the end of the active pack (a short critical section) and is
+//! pwritten there, so the encode/write threads of a commit write
+//! concurrently. Past [`crate::StoreOptions::pack_size`] the next
+//! reservation starts a new pack. A failed write retires the active pack
+//! (the next unit starts a new one), so that nothing committed is ever
+//! appended after a hole.
+//!
+//! **Locations at open.** Every pack's record headers are scanned (one
+//! pread per record, bodies skipped); a unit referenced by a live recipe,
+//! or needed as a delta base, is located in the pack records first and in
+//! a unit file (`<blake3>.fsu`, stores written before packs) second. A unit
+//! with records in several packs takes the latest whose body checks out.
+//! A pack whose scan stopped early (a torn append) is truncated at its last
+//! good record when every needed unit was found, and reported by
+//! [`CheckpointStore::repairs`]; when some unit is missing it is left
+//! untouched and marked damaged (never appended to, compacted or deleted).
+//!
+//! **Dead bytes and compaction.** Freeing a unit leaves its record in place
+//! as dead bytes of its pack. When a pack other than the active one holds
+//! less than [`crate::StoreOptions::compact_below_percent`] live bytes, its
+//! live records are appended to the active pack, the destination is
+//! fdatasync'd (always: compaction must not make old data less durable),
+//! the locations switch, and the old pack is unlinked. A crash before the
+//! unlink leaves two records of those units (either reads back; open takes
+//! the latest that checks out); after it, only the synced copies. Delta
+//! bases are units like any other (their dependants keep them live), and
+//! records are copied as they are, so chains are unchanged.
+
+use crate::error::{CkptError, Result};
+use crate::pack::{self, PackHeader, Record};
+use crate::store::CheckpointStore;
+use crate::unit::{self, Hash, UnitHeader};
+use std::collections::{BTreeMap, BTreeSet, HashMap};
+use std::fs::File;
+use std::os::unix::fs::FileExt;
+use std::path::PathBuf;
+use std::sync::{Arc, Mutex, MutexGuard};
+
+/// Where a unit's stored bytes are.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum UnitLoc {
+    /// A unit file `units/<blake3>.fsu` (stores written before packs).
+    File,
+    /// The record at byte `off` of pack `seq`.
+    Pack { seq: u64, off: u64 },
+}
+
+/// One pack as the store knows it.
+pub(crate) struct Pack {
+    pub path: PathBuf,
+    pub file: Arc<File>,
+    /// Bytes of the file, reservations included (the next record goes here).
+    pub end: u64,
+    /// Bytes of the records that hold live units.
+    pub live: u64,
+    /// Holds bytes a scan could not parse while some needed unit was not
+    /// found: never appended to, truncated, compacted or deleted.
+    pub damaged: bool,
+}
+
+/// Every pack of a store, and the one being appended to.
+pub(crate) struct PackSet {
+    dir: PathBuf,
+    packs: BTreeMap<u64, Pack>,
+    active: Option<u64>,
+    pack_size: u64,
+}
+
+impl PackSet {
+    pub fn new(units_dir: PathBuf, pack_size: u64) -> PackSet {
+        PackSet { dir: units_dir, packs: BTreeMap::new(), active: None, pack_size: pack_size.max(pack::HEADER_LEN as u64 + 1) }
+    }
+
+    /// The highest sequence number (never deleted, so never reused).
+    fn last(&self) -> Option<u64> {
+        self.packs.keys().next_back().copied()
+    }
+
+    /// Reserves `len` bytes for one record: (pack, its file and path, offset).
+    fn reserve(&mut self, len: u64) -> Result<(u64, Arc<File>, PathBuf, u64)> {
+        let size = self.pack_size;
+        let fits = |p: &Pack| !p.damaged && (p.end == pack::HEADER_LEN as u64 || p.end.saturating_add(len) <= size);
+        let seq = match self.active.filter(|s| self.packs.get(s).is_some_and(fits)) {
+            Some(s) => s,
+            None => self.roll()?,
+        };
+        let Some(p) = self.packs.get_mut(&seq) else { unreachable!("the active pack is in the set") };
+        let off = p.end;
+        p.end += len;
+        Ok((seq, p.file.clone(), p.path.clone(), off))
+    }
+
+    /// Starts a new active pack.
+    fn roll(&mut self) -> Result<u64> {
+        let seq = self.last().map_or(1, |s| s + 1);
+        let header = PackHeader { seq, nonce: pack::new_nonce(seq) };
+        let path = pack::path(&self.dir, seq);
+        let file = Arc::new(pack::create(&path, &header)?);
+        self.packs.insert(seq, Pack { path, file, end: pack::HEADER_LEN as u64, live: 0, damaged: false });
+        self.active = Some(seq);
+        Ok(seq)
+    }
+
+    /// After a failed write into pack `seq`: append nothing more to it.
+    fn retire(&mut self, seq: u64) {
+        if self.active == Some(seq) {
+            self.active = None;
+        }
+    }
+
+    fn add_live(&mut self, seq: u64, n: u64) {
+        if let Some(p) = self.packs.get_mut(&seq) {
+            p.live += n;
+        }
+    }
+
+    fn sub_live(&mut self, seq: u64, n: u64) {
+        if let Some(p) = self.packs.get_mut(&seq) {
+            p.live = p.live.saturating_sub(n);
+        }
+    }
+
+    /// Pack `seq`'s file and path.
+    fn file(&self, seq: u64) -> Option<(Arc<File>, PathBuf)> {
+        self.packs.get(&seq).map(|p| (p.file.clone(), p.path.clone()))
+    }
+
+    /// A pack to compact: not the active or last one, not damaged, with
+    /// records and fewer than `percent` % of their bytes live.
+    fn sparse(&self, percent: u8) -> Option<u64> {
+        let last = self.last();
+        self.packs
+            .iter()
+            .filter(|(&s, p)| Some(s) != self.active && Some(s) != last && !p.damaged)
+            .find(|(_, p)| {
+                let records = p.end - pack::HEADER_LEN as u64;
+                p.live == 0 || (records as u128) * percent as u128 > p.live as u128 * 100
+            })
+            .map(|(&s, _)| s)
+    }
+
+    /// (packs, bytes of pack files that hold no live unit).
+    pub fn usage(&self) -> (u64, u64) {
+        (self.packs.len() as u64, self.packs.values().map(|p| p.end.saturating_sub(p.live)).sum())
+    }
+}
+
+fn lock(m: &Mutex<PackSet>) -> MutexGuard<'_, PackSet> {
+    m.lock().unwrap_or_else(|p| p.into_inner())
+}
+
+/// Copies `len` bytes from `src` at `from` to `dst` at `to`.
+fn copy_range(src: &File, from: u64, dst: &File, to: u64, len: u64) -> std::io::Result<()> {
+    let mut buf = vec![0u8; len.min(4 << 20) as usize];
+    let mut done = 0;
+    while done < len {
+        let n = (len - done).min(buf.len() as u64) as usize;
+        src.read_exact_at(&mut buf[..n], from + done)?;
+        dst.write_all_at(&buf[..n], to + done)?;
+        done += n as u64;
+    }
+    Ok(())
+}
+
+/// Names unit `h` in a format error found in its pack record.
+fn name_unit(e: CkptError, h: &Hash) -> CkptError {
+    let tag = |entry: String| format!("{entry} of {}", unit::hex(h));
+    match e {
+        CkptError::Checksum { file, entry, offset, stored, computed } => {
+            CkptError::Checksum { file, entry: tag(entry), offset, stored, computed }
+        }
+        CkptError::Corrupt { file, entry, offset, problem } => CkptError::Corrupt { file, entry: tag(entry), offset, problem },
+        CkptError::Truncated { file, entry, offset, needed, len } => CkptError::Truncated { file, entry: tag(entry), offset, needed, len },
+        other => other,
+    }
+}
+
+/// The records of one unit found by the scans at open: (pack, record).
+type Candidates = Vec<(u64, Record)>;
+
+impl CheckpointStore {
+    pub(crate) fn packs(&self) -> MutexGuard<'_, PackSet> {
+        lock(&self.packs)
+    }
+
+    /// Encodes nothing: appends one unit (`head`, `body`) to the active
+    /// pack and returns where it is. The pack's live bytes count it once
+    /// the commit registers it ([`Self::register_written`]).
+    pub(crate) fn append_unit(&self, head: &UnitHeader, body: &[u8]) -> Result<UnitLoc> {
+        let len = unit::HEADER_LEN as u64 + body.len() as u64;
+        let (seq, f, path, off) = self.packs().reserve(len)?;
+        let r = f.write_all_at(&head.encode(), off).and_then(|_| f.write_all_at(body, off + unit::HEADER_LEN as u64));
+        if let Err(e) = r {
+            self.packs().retire(seq);
+            return Err(CkptError::io(path, e));
+        }
+        Ok(UnitLoc::Pack { seq, off })
+    }
+
+    /// Counts a unit located at `loc` (`len` record bytes) as live.
+    pub(crate) fn count_live(&self, loc: Option<UnitLoc>, len: u64) {
+        if let Some(UnitLoc::Pack { seq, .. }) = loc {
+            self.packs().add_live(seq, len);
+        }
+    }
+
+    /// A freed unit's stored bytes: a unit file is deleted, a pack record
+    /// becomes dead bytes of its pack.
+    pub(crate) fn forget_stored(&self, h: &Hash, loc: Option<UnitLoc>, len: u64) {
+        match loc {
+            Some(UnitLoc::Pack { seq, .. }) => self.packs().sub_live(seq, len),
+            Some(UnitLoc::File) | None => {
+                let _ = std::fs::remove_file(self.unit_path(h));
+            }
+        }
+    }
+
+    /// Loads unit `h` from where it is stored (see [`unit::load_at`]).
+    pub(crate) fn load_stored(&self, h: &Hash, dst: &mut [u8], full: bool, budget: u8) -> Result<()> {
+        let loc = self.units.get(h).and_then(|u| u.loc);
+        let Some(UnitLoc::Pack { seq, off }) = loc else {
+            return unit::load_into(&self.unit_path(h), h, dst, full, budget, &mut |b, bud, d| self.load_unit_within(b, d, false, bud))
+                .map(|_| ());
+        };
+        let Some((f, path)) = self.packs().file(seq) else {
+            return Err(CkptError::Invalid(format!("unit {} is in pack {seq}, which is gone", unit::hex(h))));
+        };
+        let mut from_base = false;
+        let r = unit::load_at(&path, &f, off, h, dst, full, budget, &mut |b, bud, d| {
+            self.load_unit_within(b, d, false, bud).inspect_err(|_| from_base = true)
+        });
+        match r {
+            Ok(_) => Ok(()),
+            Err(e) if from_base => Err(e),
+            Err(e) => Err(name_unit(e, h)),
+        }
+    }
+
+    /// Where unit `h` is stored: (file, offset of its record or 0 for a
+    /// unit file, bytes of the record). For tests and tools that inspect
+    /// or damage stored bytes.
+    pub fn unit_location(&self, h: &Hash) -> Option<(PathBuf, u64, u64)> {
+        let u = self.units.get(h)?;
+        match u.loc? {
+            UnitLoc::File => Some((self.unit_path(h), 0, u.file_len)),
+            UnitLoc::Pack { seq, off } => self.packs().file(seq).map(|(_, p)| (p, off, u.file_len)),
+        }
+    }
+
+    /// The header of every stored unit (live ones and the bases deltas
+    /// need), read from where it is stored, in no particular order.
+    pub fn unit_headers(&self) -> Result<Vec<UnitHeader>> {
+        let mut out = Vec::with_capacity(self.units.len());
+        for h in self.units.keys() {
+            let head = match self.unit_location(h) {
+                Some((path, off, _)) if off > 0 => {
+                    let f = File::open(&path).map_err(|e| CkptError::io(&path, e))?;
+                    unit::read_header_at(&path, &f, off)?
+                }
+                _ => unit::read_header(&self.unit_path(h))?,
+            };
+            out.push(head);
+        }
+        Ok(out)
+    }
+
+    /// What open repaired or found damaged in the packs (a truncated torn
+    /// append, a pack left alone because a unit is missing), and faults of
+    /// compactions since; each names the file. The caller logs them.
+    pub fn repairs(&self) -> &[String] {
+        &self.repairs
+    }
+
+    /// Calls `hook` with the name of each step of a compaction as it is
+    /// reached ("record copied", "copies synced", "pack removed"): tests
+    /// snapshot the directory there to check what a crash would leave.
+    pub fn set_compaction_hook(&mut self, hook: Option<Box<dyn Fn(&str) + Send + Sync>>) {
+        self.compaction_hook = hook;
+    }
+
+    fn step(&self, name: &str) {
+        if let Some(h) = &self.compaction_hook {
+            h(name);
+        }
+    }
+
+    /// At open: scans every pack, then locates every unit the live recipes
+    /// refer to (and the bases their deltas need, counting dependants),
+    /// counts live bytes per pack, truncates torn tails when nothing needed
+    /// is missing, and picks the pack to append to. A unit that cannot be
+    /// located keeps no location: its reads fail naming it.
+    pub(crate) fn locate_units(&mut self) -> Result<()> {
+        let udir = self.dir.join(crate::store::UNITS_DIR);
+        let mut scans = BTreeMap::new();
+        let mut broken: Vec<(PathBuf, CkptError)> = Vec::new();
+        for ent in std::fs::read_dir(&udir).map_err(|e| CkptError::io(&udir, e))? {
+            let ent = ent.map_err(|e| CkptError::io(&udir, e))?;
+            let Some(seq) = ent.file_name().to_str().and_then(pack::parse_name) else {
+                continue;
+            };
+            let path = ent.path();
+            let opened = pack::open(&path).and_then(|(f, h)| {
+                if h.seq != seq {
+                    return Err(CkptError::Corrupt {
+                        file: path.clone(),
+                        entry: "pack header".into(),
+                        offset: 16,
+                        problem: format!("sequence number {}, the file is named {seq}", h.seq),
+                    });
+                }
+                pack::scan_open(&path, &f, h).map(|s| (f, s))
+            });
+            match opened {
+                Ok(x) => {
+                    scans.insert(seq, (path, x.0, x.1));
+                }
+                Err(e) => broken.push((path, e)),
+            }
+        }
+        let mut index: HashMap<Hash, Candidates> = HashMap::new();
+        for (&seq, (_, _, s)) in &scans {
+            for r in &s.records {
+                index.entry(r.head.blake3).or_default().push((seq, *r));
+            }
+        }
+        let mut todo: Vec<Hash> = self.units.keys().copied().collect();
+        while let Some(h) = todo.pop() {
+            let want = self.units.get(&h).map_or(0, |u| u.len);
+            let known_len = want != 0 || self.units.get(&h).is_some_and(|u| u.owner != u64::MAX);
+            let picked = index.get(&h).and_then(|cands| {
+                let ok: Vec<&(u64, Record)> = cands.iter().filter(|(_, r)| !known_len || r.head.len == want).collect();
+                if ok.len() <= 1 {
+                    return ok.first().map(|c| **c);
+                }
+                ok.iter().rev().find(|(seq, r)| scans.get(seq).is_some_and(|(p, f, _)| pack::body_ok(p, f, r))).or(ok.last()).map(|c| **c)
+            });
+            let (head, loc) = match picked {
+                Some((seq, r)) => (r.head, UnitLoc::Pack { seq, off: r.off }),
+                None => match unit::read_header(&self.unit_path(&h)) {
+                    Ok(head) if head.blake3 == h && (!known_len || head.len == want) => (head, UnitLoc::File),
+                    _ => continue,
+                },
+            };
+            let Some(u) = self.units.get_mut(&h) else {
+                continue;
+            };
+            u.len = head.len;
+            u.file_len = head.file_len();
+            u.encoding = head.encoding;
+            u.depth = head.depth;
+            u.base = head.base;
+            u.loc = Some(loc);
+            if let Some(b) = head.base {
+                match self.units.get_mut(&b) {
+                    Some(bu) => bu.dependants += 1,
+                    None => {
+                        // A base only deltas need: its length is in its header.
+                        let mut bu = crate::units::UnitInfo::new(0, u64::MAX);
+                        bu.dependants = 1;
+                        self.units.insert(b, bu);
+                        todo.push(b);
+                    }
+                }
+            }
+        }
+        let missing: Vec<Hash> = self.units.iter().filter(|(_, u)| u.loc.is_none()).map(|(h, _)| *h).collect();
+        let mut set = PackSet::new(udir, self.opts.pack_size);
+        for (path, e) in broken {
+            if missing.is_empty() {
+                self.repairs.push(format!("{e}; no unit needed it: removed {}", path.display()));
+                let _ = std::fs::remove_file(&path);
+            } else {
+                self.repairs.push(format!("{e}; left in place ({} units not found)", missing.len()));
+            }
+        }
+        for (seq, (path, f, s)) in scans {
+            let mut damaged = false;
+            let mut end = s.file_len;
+            if let Some(e) = &s.tail {
+                if missing.is_empty() {
+                    f.set_len(s.valid_len).map_err(|e| CkptError::io(&path, e))?;
+                    end = s.valid_len;
+                    self.repairs.push(format!("{e}: torn append, {} of {} bytes kept", s.valid_len, s.file_len));
+                } else {
+                    damaged = true;
+                    self.repairs.push(format!("{e}: left in place, {} needed units not found", missing.len()));
+                }
+            }
+            set.packs.insert(seq, Pack { path, file: Arc::new(f), end, live: 0, damaged });
+        }
+        for u in self.units.values() {
+            if let Some(UnitLoc::Pack { seq, .. }) = u.loc {
+                set.add_live(seq, u.file_len);
+            }
+        }
+        // Packs nothing lives in any more (a crash after compaction copied
+        // them, before it deleted them) go now.
+        while let Some(seq) = set.sparse(0).filter(|s| set.packs.get(s).is_some_and(|p| p.live == 0)) {
+            if let Some(p) = set.packs.remove(&seq) {
+                std::fs::remove_file(&p.path).map_err(|e| CkptError::io(&p.path, e))?;
+            }
+        }
+        set.active = set.last().filter(|s| set.packs.get(s).is_some_and(|p| !p.damaged && p.end < set.pack_size));
+        *self.packs() = set;
+        Ok(())
+    }
+
+    /// Compacts every pack that [`crate::StoreOptions::compact_below_percent`]
+    /// calls sparse (see the module documentation). Returns the packs removed.
+    pub fn compact(&mut self) -> Result<usize> {
+        let mut n = 0;
+        loop {
+            let Some(seq) = self.packs().sparse(self.opts.compact_below_percent) else {
+                return Ok(n);
+            };
+            self.compact_pack(seq)?;
+            n += 1;
+        }
+    }
+
+    /// After unlinks: compacts, keeping a fault for [`Self::repairs`]
+    /// instead of failing the unlink that was already committed.
+    pub(crate) fn compact_quietly(&mut self) {
+        if let Err(e) = self.compact() {
+            self.repairs.push(format!("compaction stopped: {e}"));
+        }
+    }
+
+    fn compact_pack(&mut self, seq: u64) -> Result<()> {
+        let mut members: Vec<(u64, Hash, u64)> = self
+            .units
+            .iter()
+            .filter_map(|(h, u)| match u.loc {
+                Some(UnitLoc::Pack { seq: s, off }) if s == seq => Some((off, *h, u.file_len)),
+                _ => None,
+            })
+            .collect();
+        members.sort_unstable();
+        let Some((src, src_path)) = self.packs().file(seq) else {
+            return Ok(());
+        };
+        let mut moved = Vec::with_capacity(members.len());
+        let mut touched = BTreeSet::new();
+        for (off, h, len) in members {
+            let (dseq, dst, dpath, doff) = self.packs().reserve(len)?;
+            touched.insert(dseq);
+            if let Err(e) = copy_range(&src, off, &dst, doff, len) {
+                self.packs().retire(dseq);
+                return Err(CkptError::io(format!("{} -> {}", src_path.display(), dpath.display()), e));
+            }
+            moved.push((h, dseq, doff, len));
+            self.step("record copied");
+        }
+        for dseq in touched {
+            if let Some((f, p)) = self.packs().file(dseq) {
+                f.sync_data().map_err(|e| CkptError::io(&p, e))?;
+            }
+        }
+        self.step("copies synced");
+        for (h, dseq, doff, len) in moved {
+            if let Some(u) = self.units.get_mut(&h) {
+                u.loc = Some(UnitLoc::Pack { seq: dseq, off: doff });
+            }
+            let mut set = self.packs();
+            set.add_live(dseq, len);
+            set.sub_live(seq, len);
+        }
+        let removed = self.packs().packs.remove(&seq);
+        if removed.is_some() {
+            std::fs::remove_file(&src_path).map_err(|e| CkptError::io(&src_path, e))?;
+        }
+        self.step("pack removed");
+        Ok(())
+    }
+}
