@@ -276,6 +276,11 @@ impl CheckpointStore {
         &self.repairs
     }
 
+    /// [`Self::repairs`], emptied (to log each once).
+    pub fn take_repairs(&mut self) -> Vec<String> {
+        std::mem::take(&mut self.repairs)
+    }
+
     /// Calls `hook` with the name of each step of a compaction as it is
     /// reached ("record copied", "copies synced", "pack removed"): tests
     /// snapshot the directory there to check what a crash would leave.
