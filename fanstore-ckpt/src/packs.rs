@@ -21,9 +21,11 @@
 //! untouched and marked damaged (never appended to, compacted or deleted).
 //!
 //! **Dead bytes and compaction.** Freeing a unit leaves its record in place
-//! as dead bytes of its pack. When a pack other than the active one holds
-//! less than [`crate::StoreOptions::compact_below_percent`] live bytes, its
-//! live records are appended to the active pack, the destination is
+//! as dead bytes of its pack. When a pack holds less than
+//! [`crate::StoreOptions::compact_below_percent`] live bytes (the active
+//! one once it holds at least `min(1 MiB, pack_size / 2)` of records; a
+//! new active pack is started first), its live records are appended to the
+//! active pack, the destination is
 //! fdatasync'd (always: compaction must not make old data less durable),
 //! the locations switch, and the old pack is unlinked. A crash before the
 //! unlink leaves two records of those units (either reads back; open takes
@@ -130,15 +132,23 @@ impl PackSet {
         self.packs.get(&seq).map(|p| (p.file.clone(), p.path.clone()))
     }
 
-    /// A pack to compact: not the active or last one, not damaged, with
-    /// records and fewer than `percent` % of their bytes live.
+    /// A pack to compact: not damaged, not the last one unless it is the
+    /// active one, with fewer than `percent` % of its record bytes live
+    /// (or none at all). The active pack also needs `min(1 MiB, pack
+    /// size / 2)` of records, so that small frees do not roll pack after
+    /// pack; without it a store smaller than one pack would never give
+    /// back the space of deleted checkpoints.
     fn sparse(&self, percent: u8) -> Option<u64> {
         let last = self.last();
+        let floor = (1u64 << 20).min(self.pack_size / 2);
         self.packs
             .iter()
-            .filter(|(&s, p)| Some(s) != self.active && Some(s) != last && !p.damaged)
-            .find(|(_, p)| {
+            .filter(|(&s, p)| !p.damaged && (Some(s) != last || Some(s) == self.active))
+            .find(|(&s, p)| {
                 let records = p.end - pack::HEADER_LEN as u64;
+                if Some(s) == self.active && records < floor.max(1) {
+                    return false;
+                }
                 p.live == 0 || (records as u128) * percent as u128 > p.live as u128 * 100
             })
             .map(|(&s, _)| s)
@@ -449,6 +459,13 @@ impl CheckpointStore {
         let Some((src, src_path)) = self.packs().file(seq) else {
             return Ok(());
         };
+        {
+            // The copies go to a new pack, and the last pack is never deleted.
+            let mut set = self.packs();
+            if set.active == Some(seq) || set.last() == Some(seq) {
+                set.roll()?;
+            }
+        }
         let mut moved = Vec::with_capacity(members.len());
         let mut touched = BTreeSet::new();
         for (off, h, len) in members {

@@ -283,3 +283,26 @@ fn stores_written_with_one_file_per_unit_still_load() {
     check_all(&store, &model, "mixed, reopened");
     assert_eq!(store.du().physical(), bytes_on_disk(d.path()));
 }
+
+#[test]
+fn deleting_gives_back_space_in_a_store_smaller_than_one_pack() {
+    let d = tempfile::tempdir().unwrap();
+    let mut store = CheckpointStore::open(d.path()).unwrap();
+    let mut rng = Rng(33);
+    let mut last = None;
+    for k in 0..12 {
+        let f = safetensors(&[t("w", "U8", &[1 << 20], rng.bytes(1 << 20)), t("b", "U8", &[1 << 20], rng.bytes(1 << 20))], StOpts::default());
+        store.commit(format!("c{k}").as_bytes(), &f).unwrap();
+        if let Some(p) = last.replace(format!("c{k}")) {
+            store.unlink(p.as_bytes()).unwrap();
+        }
+        let du = store.du();
+        // keep-last-1 of 2 MiB checkpoints: the active pack is compacted
+        // when less than half of it is live, so at most ~2x the live bytes stay.
+        assert!(du.physical() < 2 * du.referenced + (2 << 20), "after c{k}: {du:?}");
+        assert_eq!(du.physical(), bytes_on_disk(d.path()));
+    }
+    let (files, highest) = packs_on_disk(d.path());
+    assert!(files <= 2 && highest > 3, "{files} packs, highest {highest}");
+    assert_eq!(store.read(b"c11").unwrap().len() as u64, store.du().logical);
+}
