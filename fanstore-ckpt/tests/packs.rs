@@ -306,3 +306,29 @@ fn deleting_gives_back_space_in_a_store_smaller_than_one_pack() {
     assert!(files <= 2 && highest > 3, "{files} packs, highest {highest}");
     assert_eq!(store.read(b"c11").unwrap().len() as u64, store.du().logical);
 }
+
+/// Not a check: how long open takes to scan the record headers of 10k
+/// units (the reason packs need no index file). `cargo test --release
+/// --test packs -- --ignored --nocapture`.
+#[test]
+#[ignore]
+fn measure_open_with_10k_units() {
+    let d = tempfile::tempdir().unwrap();
+    let opts = StoreOptions::default();
+    let mut n = 0;
+    {
+        let mut store = CheckpointStore::open_with(d.path(), opts).unwrap();
+        let mut rng = Rng(1);
+        for k in 0..4 {
+            let ts: Vec<T> = (0..2500).map(|i| t(&format!("t{i}"), "U8", &[2048], rng.bytes(2048))).collect();
+            n += store.commit(format!("b{k}").as_bytes(), &safetensors(&ts, StOpts::default())).unwrap().units_new;
+        }
+    }
+    let t = std::time::Instant::now();
+    let store = CheckpointStore::open_with(d.path(), opts).unwrap();
+    let cold = t.elapsed();
+    drop(store);
+    let t = std::time::Instant::now();
+    let store = CheckpointStore::open_with(d.path(), opts).unwrap();
+    eprintln!("open with {n} units in {} packs: {:?} (first), {:?} (again)", store.du().packs, cold, t.elapsed());
+}
