@@ -46,7 +46,9 @@ pub struct StoreOptions {
     /// Hot copies kept (see [`CheckpointStore::commit_shared`]).
     pub hot: usize,
     /// Bytes past which units go to a new pack file (a larger unit gets a
-    /// pack of its own). Default 256 MiB.
+    /// pack of its own). Default 256 MiB. Each thread writing units of a
+    /// commit appends to a pack of its own, so up to `threads + 1` packs
+    /// are being filled at a time.
     pub pack_size: u64,
     /// A pack (other than the one being appended to) whose live records
     /// fill less than this percentage of it is compacted after an unlink:
@@ -214,7 +216,7 @@ impl CheckpointStore {
             by_path: HashMap::new(),
             units: HashMap::new(),
             hot: Vec::new(),
-            packs: std::sync::Mutex::new(PackSet::new(dir.join(UNITS_DIR), opts.pack_size)),
+            packs: std::sync::Mutex::new(PackSet::new(dir.join(UNITS_DIR), &opts)),
             repairs: Vec::new(),
             compaction_hook: None,
             tmp_seq: 0,
@@ -686,17 +688,18 @@ impl CheckpointStore {
             }
             st.hashes.push(h);
         }
-        // Phase 2: encode and write the new units.
+        // Phase 2: encode and write the new units, each thread into its own
+        // pack (writes into one file serialize on its inode lock).
         let next = AtomicUsize::new(0);
         let out: std::sync::Mutex<(Vec<(Hash, UnitHeader, UnitLoc)>, Option<CkptError>)> = std::sync::Mutex::new((Vec::new(), None));
-        let work = || loop {
+        let work = |lane: usize| loop {
             let k = next.fetch_add(1, Ordering::Relaxed);
             let Some(&(i, h, x)) = new.get(k) else { return };
             let plan = &plans[i];
             let payload = &bytes[plan.range.clone()];
             let base = self.delta_base(&h, plan);
             let (head, body) = unit::encode(&h, x, payload, plan.width, base.as_ref().map(|(bh, d, b)| (bh, *d, &b[..])));
-            let r = self.append_unit(&head, &body);
+            let r = self.append_unit(lane, &head, &body);
             let mut g = out.lock().unwrap_or_else(|p| p.into_inner());
             match r {
                 Ok(loc) => g.0.push((h, head, loc)),
@@ -709,8 +712,8 @@ impl CheckpointStore {
         };
         let helpers = helpers.min(new.len().saturating_sub(1));
         std::thread::scope(|s| {
-            let hs: Vec<_> = (0..helpers).map(|_| s.spawn(work)).collect();
-            work();
+            let hs: Vec<_> = (1..=helpers).map(|lane| s.spawn(move || work(lane))).collect();
+            work(0);
             for h in hs {
                 h.join().unwrap_or_else(|p| std::panic::resume_unwind(p));
             }

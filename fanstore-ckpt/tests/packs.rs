@@ -332,3 +332,35 @@ fn measure_open_with_10k_units() {
     let store = CheckpointStore::open_with(d.path(), opts).unwrap();
     eprintln!("open with {n} units in {} packs: {:?} (first), {:?} (again)", store.du().packs, cold, t.elapsed());
 }
+
+#[test]
+fn each_writer_thread_appends_to_a_pack_of_its_own() {
+    let d = tempfile::tempdir().unwrap();
+    let opts = StoreOptions { threads: 2, pack_size: 4 << 20, compact_below_percent: 50, ..StoreOptions::default() };
+    let mut store = CheckpointStore::open_with(d.path(), opts).unwrap();
+    let mut rng = Rng(44);
+    let mut model = BTreeMap::new();
+    for k in 0..6 {
+        // 48 tensors of 128 KiB: 6 MiB, enough for the helper threads.
+        let ts: Vec<T> = (0..48).map(|i| t(&format!("w{i}"), "U8", &[128 << 10], rng.bytes(128 << 10))).collect();
+        let f = safetensors(&ts, StOpts::default());
+        store.commit(format!("c{k}").as_bytes(), &f).unwrap();
+        model.insert(format!("c{k}"), f);
+        if k == 0 {
+            let packs: std::collections::BTreeSet<PathBuf> =
+                store.owners(b"c0").unwrap().rows.iter().map(|r| store.unit_location(&r.hash).unwrap().0).collect();
+            assert!(packs.len() >= 3, "one commit's units went to {} packs: {packs:?}", packs.len());
+        }
+        if k >= 2 {
+            let p = format!("c{}", k - 2);
+            store.unlink(p.as_bytes()).unwrap();
+            model.remove(&p);
+        }
+        check_all(&store, &model, &format!("after c{k}"));
+    }
+    drop(store);
+    let store = CheckpointStore::open_with(d.path(), opts).unwrap();
+    check_all(&store, &model, "reopened");
+    assert!(store.verify(None).unwrap().ok());
+    assert_eq!(store.du().physical(), bytes_on_disk(d.path()));
+}
