@@ -207,6 +207,30 @@ fn name_unit(e: CkptError, h: &Hash) -> CkptError {
 /// The records of one unit found by the scans at open: (pack, record).
 type Candidates = Vec<(u64, Record)>;
 
+/// The scans of every pack at open (path, open file, records), by sequence number.
+type Scans = BTreeMap<u64, (PathBuf, File, pack::Scan)>;
+
+/// Chooses which record of unit `h` (of `len` bytes when known) to use
+/// when several packs hold one: the latest whose body checks out and whose
+/// delta base can be located in turn (all records of a unit decode to the
+/// same bytes, but one left dead by an unlink may be a delta against a
+/// base that is gone since, and with one pack per writer lane a higher
+/// sequence number is not always a later write); the latest, failing
+/// that. A single record is taken as it is (damage shows when it is read).
+fn pick_record(h: &Hash, len: Option<u64>, index: &HashMap<Hash, Candidates>, scans: &Scans, units_dir: &std::path::Path, depth: u8) -> Option<(u64, Record)> {
+    let cands: Vec<&(u64, Record)> = index.get(h)?.iter().filter(|(_, r)| len.map_or(true, |l| r.head.len == l)).collect();
+    if cands.len() <= 1 {
+        return cands.first().map(|c| **c);
+    }
+    let base_found = |b: &Hash| {
+        depth < crate::units::CHAIN_LIMIT
+            && (pick_record(b, None, index, scans, units_dir, depth + 1).is_some() || unit::path(units_dir, b).exists())
+    };
+    let usable =
+        |(seq, r): &(u64, Record)| scans.get(seq).is_some_and(|(p, f, _)| pack::body_ok(p, f, r)) && r.head.base.as_ref().map_or(true, base_found);
+    cands.iter().rev().find(|c| usable(c)).or(cands.last()).map(|c| **c)
+}
+
 impl CheckpointStore {
     pub(crate) fn packs(&self) -> MutexGuard<'_, PackSet> {
         lock(&self.packs)
@@ -325,7 +349,7 @@ impl CheckpointStore {
     /// located keeps no location: its reads fail naming it.
     pub(crate) fn locate_units(&mut self) -> Result<()> {
         let udir = self.dir.join(crate::store::UNITS_DIR);
-        let mut scans = BTreeMap::new();
+        let mut scans: Scans = BTreeMap::new();
         let mut broken: Vec<(PathBuf, CkptError)> = Vec::new();
         for ent in std::fs::read_dir(&udir).map_err(|e| CkptError::io(&udir, e))? {
             let ent = ent.map_err(|e| CkptError::io(&udir, e))?;
@@ -361,13 +385,7 @@ impl CheckpointStore {
         while let Some(h) = todo.pop() {
             let want = self.units.get(&h).map_or(0, |u| u.len);
             let known_len = want != 0 || self.units.get(&h).is_some_and(|u| u.owner != u64::MAX);
-            let picked = index.get(&h).and_then(|cands| {
-                let ok: Vec<&(u64, Record)> = cands.iter().filter(|(_, r)| !known_len || r.head.len == want).collect();
-                if ok.len() <= 1 {
-                    return ok.first().map(|c| **c);
-                }
-                ok.iter().rev().find(|(seq, r)| scans.get(seq).is_some_and(|(p, f, _)| pack::body_ok(p, f, r))).or(ok.last()).map(|c| **c)
-            });
+            let picked = pick_record(&h, known_len.then_some(want), &index, &scans, &udir, 0);
             let (head, loc) = match picked {
                 Some((seq, r)) => (r.head, UnitLoc::Pack { seq, off: r.off }),
                 None => match unit::read_header(&self.unit_path(&h)) {

@@ -364,3 +364,42 @@ fn each_writer_thread_appends_to_a_pack_of_its_own() {
     assert!(store.verify(None).unwrap().ok());
     assert_eq!(store.du().physical(), bytes_on_disk(d.path()));
 }
+
+/// float32 bytes of `n` small weights, and the same with a few low bits changed.
+fn weights_and_step(seed: u64, n: usize) -> (Vec<u8>, Vec<u8>) {
+    let mut rng = Rng(seed);
+    let w: Vec<f32> = (0..n).map(|_| (rng.below(1 << 20) as f32 / (1 << 20) as f32 - 0.5) * 0.04).collect();
+    let a: Vec<u8> = w.iter().flat_map(|x| x.to_le_bytes()).collect();
+    let mut b = a.clone();
+    for k in (0..b.len()).step_by(4 * 7) {
+        b[k] ^= 1;
+    }
+    (a, b)
+}
+
+#[test]
+fn a_dead_record_whose_base_is_gone_is_not_chosen() {
+    // Unit U is stored raw in pack 1; a pack with a higher sequence number
+    // also holds a (dead) record of U, a delta against a base B no pack
+    // holds any more: what an unlink and a commit on another writer lane can
+    // leave. Open must take the raw record, whose chain resolves.
+    let d = tempfile::tempdir().unwrap();
+    let (b_bytes, u_bytes) = weights_and_step(5, 50_000);
+    let f = safetensors(&[t("w", "F32", &[50_000], u_bytes.clone())], StOpts::default());
+    {
+        let mut store = CheckpointStore::open(d.path()).unwrap();
+        assert_eq!(store.commit(b"c", &f).unwrap().units_delta, 0);
+    }
+    let (hu, hb) = (unit::hash(&u_bytes), unit::hash(&b_bytes));
+    let (head, body) = unit::encode(&hu, fanstore_core::checksum::xxh3(&u_bytes), &u_bytes, 4, Some((&hb, 0, &b_bytes)));
+    assert_eq!(head.base, Some(hb), "stored as a delta");
+    use std::os::unix::fs::FileExt;
+    let p = d.path().join("units").join(pack::file_name(9));
+    let pf = pack::create(&p, &pack::PackHeader { seq: 9, nonce: 1 }).unwrap();
+    pf.write_all_at(&head.encode(), pack::HEADER_LEN as u64).unwrap();
+    pf.write_all_at(&body, (pack::HEADER_LEN + unit::HEADER_LEN) as u64).unwrap();
+    drop(pf);
+    let store = CheckpointStore::open(d.path()).unwrap();
+    assert_eq!(store.read(b"c").unwrap(), f);
+    assert!(!store.unit_location(&hu).unwrap().0.ends_with(pack::file_name(9)));
+}
