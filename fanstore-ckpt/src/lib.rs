@@ -107,4 +107,5 @@ pub use error::{CkptError, Result};
 pub use query::{DiffReport, DiffStatus, DuReport, LogReport, LsReport, OwnersReport, VerifyReport};
 pub use split::{split, CdcParams, Format, Split};
 pub use store::{CheckpointStore, CommitInfo, StoreOptions, UnlinkInfo};
+pub use packs::CompactionHook;
 pub use units::SharedBytes;

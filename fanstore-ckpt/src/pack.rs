@@ -390,7 +390,7 @@ mod tests {
         // Zeros where a record should be (a reserved range never written).
         let mut m = orig.clone();
         m.truncate(last.off as usize);
-        m.extend(std::iter::repeat(0).take(500));
+        m.extend(std::iter::repeat_n(0, 500));
         std::fs::write(&b.path, &m).unwrap();
         let s = scan(&b.path).unwrap();
         assert_eq!((s.records.len(), s.valid_len), (3, last.off));

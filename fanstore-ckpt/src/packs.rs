@@ -45,6 +45,10 @@ use std::os::unix::fs::FileExt;
 use std::path::PathBuf;
 use std::sync::{Arc, Mutex, MutexGuard};
 
+/// Called with the name of each step of a compaction (see
+/// [`CheckpointStore::set_compaction_hook`]).
+pub type CompactionHook = Box<dyn Fn(&str) + Send + Sync>;
+
 /// Where a unit's stored bytes are.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub(crate) enum UnitLoc {
@@ -218,7 +222,7 @@ type Scans = BTreeMap<u64, (PathBuf, File, pack::Scan)>;
 /// sequence number is not always a later write); the latest, failing
 /// that. A single record is taken as it is (damage shows when it is read).
 fn pick_record(h: &Hash, len: Option<u64>, index: &HashMap<Hash, Candidates>, scans: &Scans, units_dir: &std::path::Path, depth: u8) -> Option<(u64, Record)> {
-    let cands: Vec<&(u64, Record)> = index.get(h)?.iter().filter(|(_, r)| len.map_or(true, |l| r.head.len == l)).collect();
+    let cands: Vec<&(u64, Record)> = index.get(h)?.iter().filter(|(_, r)| len.is_none_or(|l| r.head.len == l)).collect();
     if cands.len() <= 1 {
         return cands.first().map(|c| **c);
     }
@@ -227,7 +231,7 @@ fn pick_record(h: &Hash, len: Option<u64>, index: &HashMap<Hash, Candidates>, sc
             && (pick_record(b, None, index, scans, units_dir, depth + 1).is_some() || unit::path(units_dir, b).exists())
     };
     let usable =
-        |(seq, r): &(u64, Record)| scans.get(seq).is_some_and(|(p, f, _)| pack::body_ok(p, f, r)) && r.head.base.as_ref().map_or(true, base_found);
+        |(seq, r): &(u64, Record)| scans.get(seq).is_some_and(|(p, f, _)| pack::body_ok(p, f, r)) && r.head.base.as_ref().is_none_or(base_found);
     cands.iter().rev().find(|c| usable(c)).or(cands.last()).map(|c| **c)
 }
 
@@ -332,7 +336,7 @@ impl CheckpointStore {
     /// Calls `hook` with the name of each step of a compaction as it is
     /// reached ("record copied", "copies synced", "pack removed"): tests
     /// snapshot the directory there to check what a crash would leave.
-    pub fn set_compaction_hook(&mut self, hook: Option<Box<dyn Fn(&str) + Send + Sync>>) {
+    pub fn set_compaction_hook(&mut self, hook: Option<CompactionHook>) {
         self.compaction_hook = hook;
     }
 
@@ -535,5 +539,62 @@ impl CheckpointStore {
         }
         self.step("pack removed");
         Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn set(dir: &std::path::Path, threads: usize, pack_size: u64) -> PackSet {
+        PackSet::new(dir.to_path_buf(), &crate::StoreOptions { threads, pack_size, ..crate::StoreOptions::default() })
+    }
+
+    #[test]
+    fn each_lane_appends_to_its_own_pack_and_sequence_numbers_only_grow() {
+        let d = tempfile::tempdir().unwrap();
+        let mut s = set(d.path(), 2, 1000);
+        let (a, _, _, off_a) = s.reserve(0, 100).unwrap();
+        let (b, _, _, off_b) = s.reserve(1, 100).unwrap();
+        let (c, _, _, _) = s.reserve(2, 100).unwrap();
+        assert!(a < b && b < c, "{a} {b} {c}");
+        assert_eq!((off_a, off_b), (pack::HEADER_LEN as u64, pack::HEADER_LEN as u64));
+        // A lane keeps its pack, at the next offset; lanes past the count wrap.
+        assert_eq!(s.reserve(0, 100).unwrap().0, a);
+        let (wrapped, _, _, off) = s.reserve(3, 50).unwrap();
+        assert_eq!((wrapped, off), (a, pack::HEADER_LEN as u64 + 200));
+        assert_eq!(s.packs[&a].end, pack::HEADER_LEN as u64 + 250);
+        // Full: the lane rolls to a new pack; a record larger than a pack gets one of its own.
+        let (d1, _, _, _) = s.reserve(0, 900).unwrap();
+        assert!(d1 > c);
+        let (d2, _, _, off) = s.reserve(0, 5000).unwrap();
+        assert!(d2 > d1 && off == pack::HEADER_LEN as u64);
+        // A failed write retires the pack: the lane's next record starts another.
+        s.retire(b);
+        assert!(s.reserve(1, 10).unwrap().0 > d2);
+        assert!(!s.is_active(b));
+    }
+
+    #[test]
+    fn only_sparse_packs_are_compacted_and_never_the_last_one_unless_active() {
+        let d = tempfile::tempdir().unwrap();
+        let mut s = set(d.path(), 0, 1000);
+        let (a, _, _, _) = s.reserve(0, 600).unwrap();
+        let (b, _, _, _) = s.reserve(0, 600).unwrap();
+        s.add_live(a, 600);
+        s.add_live(b, 600);
+        assert_eq!(s.sparse(50), None, "all live");
+        s.sub_live(a, 400);
+        assert_eq!(s.sparse(50), Some(a), "a third live");
+        assert_eq!(s.sparse(30), None, "above 30%");
+        // The active pack too, once it holds enough records (here min(1 MiB, 500)).
+        s.sub_live(a, 200);
+        s.add_live(a, 600);
+        s.sub_live(b, 600);
+        assert_eq!(s.sparse(50), Some(b));
+        // Not the last pack when it is not active (its number must not be reused).
+        s.retire(b);
+        assert_eq!(s.sparse(50), None);
+        assert_eq!(s.usage(), (2, 2 * pack::HEADER_LEN as u64 + 600));
     }
 }

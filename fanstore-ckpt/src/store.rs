@@ -128,7 +128,7 @@ pub struct CheckpointStore {
     pub(crate) packs: std::sync::Mutex<PackSet>,
     /// What open repaired and compaction faults (see [`CheckpointStore::repairs`]).
     pub(crate) repairs: Vec<String>,
-    pub(crate) compaction_hook: Option<Box<dyn Fn(&str) + Send + Sync>>,
+    pub(crate) compaction_hook: Option<crate::packs::CompactionHook>,
     tmp_seq: u64,
 }
 
@@ -151,6 +151,9 @@ fn unit_hashes(b: &[u8]) -> (Hash, u64) {
     (*b3.finalize().as_bytes(), x.digest())
 }
 
+/// A unit a commit stored: its hash, header, and where it went.
+type Written = (Hash, UnitHeader, UnitLoc);
+
 /// What hashing and storing the units of a commit produced.
 #[derive(Default)]
 struct Stored {
@@ -159,7 +162,7 @@ struct Stored {
     file_xxh3: u64,
     /// Units first stored by this commit, and where (dead bytes of their
     /// pack if it fails).
-    written: Vec<(Hash, UnitHeader, UnitLoc)>,
+    written: Vec<Written>,
     /// Unit body bytes written.
     new_bytes: u64,
 }
@@ -691,7 +694,7 @@ impl CheckpointStore {
         // Phase 2: encode and write the new units, each thread into its own
         // pack (writes into one file serialize on its inode lock).
         let next = AtomicUsize::new(0);
-        let out: std::sync::Mutex<(Vec<(Hash, UnitHeader, UnitLoc)>, Option<CkptError>)> = std::sync::Mutex::new((Vec::new(), None));
+        let out: std::sync::Mutex<(Vec<Written>, Option<CkptError>)> = std::sync::Mutex::new((Vec::new(), None));
         let work = |lane: usize| loop {
             let k = next.fetch_add(1, Ordering::Relaxed);
             let Some(&(i, h, x)) = new.get(k) else { return };
@@ -755,7 +758,7 @@ impl CheckpointStore {
         Some((bh, info.depth, bytes))
     }
 
-    fn finish_commit(&mut self, path: &[u8], rec: Recipe, written: &[(Hash, UnitHeader, UnitLoc)]) -> Result<CommitInfo> {
+    fn finish_commit(&mut self, path: &[u8], rec: Recipe, written: &[Written]) -> Result<CommitInfo> {
         let units_new = written.len();
         let id = rec.id;
         let enc = rec.encode();

@@ -334,7 +334,7 @@ fn measure_open_with_10k_units() {
 }
 
 #[test]
-fn each_writer_thread_appends_to_a_pack_of_its_own() {
+fn commits_written_by_several_threads_into_small_packs_read_back() {
     let d = tempfile::tempdir().unwrap();
     let opts = StoreOptions { threads: 2, pack_size: 4 << 20, compact_below_percent: 50, ..StoreOptions::default() };
     let mut store = CheckpointStore::open_with(d.path(), opts).unwrap();
@@ -347,9 +347,11 @@ fn each_writer_thread_appends_to_a_pack_of_its_own() {
         store.commit(format!("c{k}").as_bytes(), &f).unwrap();
         model.insert(format!("c{k}"), f);
         if k == 0 {
+            // Which thread stores which unit depends on scheduling (lanes are
+            // checked in packs.rs); 6 MiB cannot fit one 4 MiB pack.
             let packs: std::collections::BTreeSet<PathBuf> =
                 store.owners(b"c0").unwrap().rows.iter().map(|r| store.unit_location(&r.hash).unwrap().0).collect();
-            assert!(packs.len() >= 3, "one commit's units went to {} packs: {packs:?}", packs.len());
+            assert!(packs.len() >= 2, "one commit's units went to {} packs: {packs:?}", packs.len());
         }
         if k >= 2 {
             let p = format!("c{}", k - 2);
