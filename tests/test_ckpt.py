@@ -143,7 +143,7 @@ def unit_records(c, rank) -> dict:
     Records of freed units stay in their pack (dead bytes) until it is compacted."""
     out = {}
     d = store_dir(c, rank) / "units"
-    for p in sorted(d.glob("*.fsp")) if d.is_dir() else []:
+    for p in sorted(d.glob("*.fsk")) if d.is_dir() else []:
         size = p.stat().st_size
         with open(p, "rb") as f:
             head = f.read(PACK_HEADER)
@@ -169,7 +169,7 @@ def unit_record(c, rank, hexhash) -> bytes:
 def disk_usage(c, rank) -> dict:
     """Bytes of the store directory of `rank` on disk, as DuReport counts them."""
     d = store_dir(c, rank)
-    packs = sorted((d / "units").glob("*.fsp")) if (d / "units").is_dir() else []
+    packs = sorted((d / "units").glob("*.fsk")) if (d / "units").is_dir() else []
     recipes = sorted((d / "recipes").glob("*.fsr")) if (d / "recipes").is_dir() else []
     cat = d / "catalog.fsc"
     other = []
@@ -908,9 +908,9 @@ def test_persist_and_dedup_across_jobs(bins, tmp_path):
         c1.stop()
     drained = persist / "ckpt" / "rank-1"
     assert (drained / "catalog.fsc").is_file(), f"no drained store at {drained}: {sorted(p for p in persist.rglob('*'))[:50]}"
-    assert {p.suffix for p in (drained / "units").iterdir()} == {".fsp"}, sorted((drained / "units").iterdir())
+    assert {p.suffix for p in (drained / "units").iterdir()} == {".fsk"}, sorted((drained / "units").iterdir())
     drained_records = 0
-    for p in (drained / "units").glob("*.fsp"):
+    for p in (drained / "units").glob("*.fsk"):
         size, off = p.stat().st_size, PACK_HEADER
         with open(p, "rb") as f:
             while off < size:

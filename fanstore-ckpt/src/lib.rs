@@ -45,7 +45,7 @@
 //! <dir>/lock                       empty; flock'd by the one process that has the store open
 //! <dir>/catalog.fsc                path -> checkpoint id, tombstones, next id  (catalog)
 //! <dir>/recipes/<id:016x>.fsr      one recipe + owner map per live checkpoint (recipe)
-//! <dir>/units/<seq:016x>.fsp       pack files: units appended as records      (pack)
+//! <dir>/units/<seq:016x>.fsk       pack files: units appended as records      (pack)
 //! <dir>/units/<blake3>.fsu         one file per unit: stores written before packs (still read)
 //! <dir>/tmp/                       recipe and catalog temp files, renamed into place; emptied at open
 //! ```

@@ -7,8 +7,9 @@
 //! has to agree with the records after a crash.
 //!
 //! ```text
-//! units/<seq:016x>.fsp     seq: 1, 2, ... never reused by a store (the
-//!                          highest pack is never deleted)
+//! units/<seq:016x>.fsk     seq: 1, 2, ... never reused by a store (the
+//!                          highest pack is never deleted); .fsk, as .fsp
+//!                          names the dataset's partition files
 //! pack header (HEADER_LEN = 40):
 //!   0..8    magic "FANSTPK\0"
 //!   8..12   version (1)
@@ -57,12 +58,12 @@ pub const HEADER_LEN: usize = CHECKSUM_OFF + 8;
 
 /// The file name of pack `seq`.
 pub fn file_name(seq: u64) -> String {
-    format!("{seq:016x}.fsp")
+    format!("{seq:016x}.fsk")
 }
 
 /// The sequence number a pack file name stands for.
 pub fn parse_name(name: &str) -> Option<u64> {
-    let s = name.strip_suffix(".fsp")?;
+    let s = name.strip_suffix(".fsk")?;
     if s.len() != 16 {
         return None;
     }
@@ -306,7 +307,7 @@ mod tests {
             assert_eq!(&load(&b.path, r, h, payload.len()).unwrap(), payload);
         }
         assert_eq!(parse_name(&file_name(7)), Some(7));
-        assert_eq!(parse_name("7.fsp"), None);
+        assert_eq!(parse_name("7.fsk"), None);
     }
 
     #[test]
@@ -325,7 +326,7 @@ mod tests {
             } else {
                 e.contains("checksum mismatch in pack header")
             };
-            assert!(named && e.contains(".fsp"), "offset {off}: {e}");
+            assert!(named && e.contains(".fsk"), "offset {off}: {e}");
         }
         // An unknown version is refused even with a valid checksum.
         let mut m = orig.clone();
@@ -351,7 +352,7 @@ mod tests {
             // Reading the unit: an error naming the pack and an offset inside the record.
             let e = load(&b.path, r, h, payload.len()).unwrap_err();
             let text = e.to_string();
-            assert!(e.is_corruption() && text.contains(".fsp") && text.contains("unit header"), "byte {k}: {text}");
+            assert!(e.is_corruption() && text.contains(".fsk") && text.contains("unit header"), "byte {k}: {text}");
             // Scanning: the records before it survive, the scan stops there.
             let s = scan(&b.path).unwrap();
             assert_eq!(s.records, vec![b.units[0].2], "byte {k}");

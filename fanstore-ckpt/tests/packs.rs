@@ -162,7 +162,7 @@ fn a_crash_during_compaction_loses_nothing_committed() {
         let records: usize = std::fs::read_dir(dir.join("units"))
             .unwrap()
             .map(|e| e.unwrap().path())
-            .filter(|p| p.extension().is_some_and(|x| x == "fsp"))
+            .filter(|p| p.extension().is_some_and(|x| x == "fsk"))
             .map(|p| pack::scan(&p).unwrap().records.len())
             .sum();
         let mut s = CheckpointStore::open_with(dir, small_packs()).unwrap_or_else(|e| panic!("{step}: {e}"));

@@ -68,7 +68,7 @@ fn a_corrupt_unit_is_named_by_verify_and_never_read_back() {
     for p in [&b"c/1"[..], b"c/2"] {
         let e = store.read(p).unwrap_err();
         assert!(e.is_corruption(), "{e}");
-        assert!(e.to_string().contains(".fsp") && e.to_string().contains("unit payload"), "{e}");
+        assert!(e.to_string().contains(".fsk") && e.to_string().contains("unit payload"), "{e}");
         assert!(e.to_string().contains(&format!("offset {}", at + unit::HEADER_LEN as u64)), "{e}");
         let mut sink = Sink(Vec::new());
         assert!(store.read_to(p, &mut sink).unwrap_err().is_corruption());
@@ -102,7 +102,7 @@ fn a_corrupt_unit_is_named_by_verify_and_never_read_back() {
     let damaged_len = std::fs::metadata(&opath).unwrap().len();
     drop(store);
     let store = CheckpointStore::open(d.path()).unwrap();
-    assert!(store.repairs().iter().any(|r| r.contains(".fsp") && r.contains("left in place")), "{:?}", store.repairs());
+    assert!(store.repairs().iter().any(|r| r.contains(".fsk") && r.contains("left in place")), "{:?}", store.repairs());
     assert!(matches!(store.read(b"c/3"), Err(CkptError::Io { .. })));
     assert_eq!(std::fs::metadata(&opath).unwrap().len(), damaged_len, "a pack with missing units is not truncated");
 }

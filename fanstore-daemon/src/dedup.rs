@@ -814,7 +814,7 @@ mod tests {
     fn a_drain_appends_what_a_pack_grew_and_replaces_another_pack_of_that_name() {
         use std::os::unix::fs::{FileExt, MetadataExt};
         let d = tempfile::tempdir().unwrap();
-        let (src, dst) = (d.path().join("src.fsp"), d.path().join("dst.fsp"));
+        let (src, dst) = (d.path().join("src.fsk"), d.path().join("dst.fsk"));
         let f = pack::create(&src, &pack::PackHeader { seq: 1, nonce: 5 }).unwrap();
         f.write_all_at(&[1u8; 1000], pack::HEADER_LEN as u64).unwrap();
         copy_pack(&src, &dst).unwrap();
