@@ -78,6 +78,8 @@ pub(crate) struct PackSet {
     /// The pack each writer thread (lane) appends to.
     active: Vec<Option<u64>>,
     pack_size: u64,
+    /// No new pack takes a lower number (packs open left unread, as damaged, keep theirs).
+    next_floor: u64,
 }
 
 impl PackSet {
@@ -87,6 +89,7 @@ impl PackSet {
             packs: BTreeMap::new(),
             active: vec![None; opts.threads + 1],
             pack_size: opts.pack_size.max(pack::HEADER_LEN as u64 + 1),
+            next_floor: 1,
         }
     }
 
@@ -117,7 +120,8 @@ impl PackSet {
 
     /// Starts a new pack for writer `lane`.
     fn roll(&mut self, lane: usize) -> Result<u64> {
-        let seq = self.last().map_or(1, |s| s + 1);
+        let seq = self.last().map_or(1, |s| s + 1).max(self.next_floor);
+        self.next_floor = seq + 1;
         let header = PackHeader { seq, nonce: pack::new_nonce(seq) };
         let path = pack::path(&self.dir, seq);
         let file = Arc::new(pack::create(&path, &header)?);
@@ -422,6 +426,8 @@ impl CheckpointStore {
         let missing: Vec<Hash> = self.units.iter().filter(|(_, u)| u.loc.is_none()).map(|(h, _)| *h).collect();
         let mut set = PackSet::new(udir, &self.opts);
         for (path, e) in broken {
+            let seq = path.file_name().and_then(|n| n.to_str()).and_then(pack::parse_name).unwrap_or(0);
+            set.next_floor = set.next_floor.max(seq + 1);
             if missing.is_empty() {
                 self.repairs.push(format!("{e}; no unit needed it: removed {}", path.display()));
                 let _ = std::fs::remove_file(&path);

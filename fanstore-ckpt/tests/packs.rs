@@ -405,3 +405,28 @@ fn a_dead_record_whose_base_is_gone_is_not_chosen() {
     assert_eq!(store.read(b"c").unwrap(), f);
     assert!(!store.unit_location(&hu).unwrap().0.ends_with(pack::file_name(9)));
 }
+
+#[test]
+fn a_pack_with_a_damaged_header_is_kept_and_new_units_go_to_a_new_pack() {
+    let d = tempfile::tempdir().unwrap();
+    let mut rng = Rng(61);
+    let f1 = file(&mut rng, 8, 2);
+    {
+        let mut store = CheckpointStore::open(d.path()).unwrap();
+        store.commit(b"a", &f1).unwrap();
+    }
+    let (n, highest) = packs_on_disk(d.path());
+    assert_eq!(n, 1);
+    let p = d.path().join("units").join(pack::file_name(highest));
+    let mut b = std::fs::read(&p).unwrap();
+    b[20] ^= 0xff; // the sequence number: the header checksum fails
+    std::fs::write(&p, &b).unwrap();
+    let mut store = CheckpointStore::open(d.path()).unwrap();
+    assert!(store.repairs().iter().any(|r| r.contains("pack header") && r.contains("left in place")), "{:?}", store.repairs());
+    assert!(store.read(b"a").is_err(), "its units are not found, never read wrong");
+    // New commits still work (the damaged pack's number is not taken again).
+    let f2 = file(&mut rng, 9, 2);
+    store.commit(b"b", &f2).unwrap();
+    assert_eq!(store.read(b"b").unwrap(), f2);
+    assert_eq!(std::fs::read(&p).unwrap(), b, "the damaged pack is left as it was");
+}
