@@ -509,10 +509,10 @@ def report(runs, odd, secs):
                  "cache, so only the first open of an old checkpoint pays it.")
     if rnd0:
         notes.append(f"Commit, random tensors: {phase(rnd0, 'FanStore dedup', 'close'):.0f} ms at close (blake3 of "
-                     "every tensor, a zstd probe of a sample that finds nothing to compress, a unit file per tensor "
-                     f"written in full) against {phase(rnd0, 'FanStore --dedup off', 'close'):.0f} ms for --dedup off, "
-                     "which links the client's file with no copy; only pack files that adopt the client's file as "
-                     "they are (not built) could close that gap.")
+                     "every tensor, a zstd probe of a sample that finds nothing to compress, every tensor copied "
+                     f"in full into the node's pack file) against {phase(rnd0, 'FanStore --dedup off', 'close'):.0f} ms "
+                     "for --dedup off, which links the client's file with no copy; only adopting the client's file as "
+                     "it is (not copying its tensors) could close that gap.")
     for what, desc in (("new", "each checkpoint read right after its write (the job that wrote it)"),
                        ("old", "every checkpoint read again after the series")):
         worst = min(rd(k, "FanStore dedup", what) / rd(k, "native", what) for k in series_keys)

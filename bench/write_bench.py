@@ -292,8 +292,8 @@ def where_writes(res, names, cfgs, dcfgs, drains, drain_mb):
                  f"{nf['write']:.2f} s into the page cache + {nf['fsync']:.2f} s fsync.")
     for label, _ in cfgs:
         f = ph[label]
-        what = ("cutting the bytes into content-defined chunks, hashing each (blake3) and writing one unit file "
-                "per chunk" if label == "fanstore" and "--dedup off" in " ".join(c[0] for c in cfgs) else
+        what = ("cutting the bytes into content-defined chunks, hashing each (blake3) and appending it to the "
+                "node's pack file" if label == "fanstore" and "--dedup off" in " ".join(c[0] for c in cfgs) else
                 "linking the client's unnamed file into the local dir" + (" and fsyncing it" if "--fsync-outputs" in label else ""))
         notes.append(f"{label}: {f['total']:.2f} s = {f['write']:.2f} s writing into the client's output file + "
                      f"{f['close']:.2f} s commit at close ({what}, then registering the record).")
@@ -304,9 +304,9 @@ def where_writes(res, names, cfgs, dcfgs, drains, drain_mb):
         d0 = median([x["total"] for x in drains[label]])
         notes.append(f"drain, {label}: `fanstore sync` {d0:.2f} s for {drain_mb:.0f} MiB vs cp "
                      f"{median([x['cp'] for x in cp]):.2f} s + sync {median([x['sync'] for x in cp]):.2f} s. "
-                     + (f"The checkpoint store drains unit by unit: one file copy + fsync per content-defined chunk "
-                        f"({median([x['files'] for x in drains[label]]):.0f} files in DIR after the drain, FastCDC "
-                        "chunks of 16-256 KiB), then the recipes and the catalog."
+                     + (f"The checkpoint store drains its pack files (FastCDC chunks of 16-256 KiB appended to "
+                        f"them; a pack drained before only has its new tail copied), then the recipes and the catalog "
+                        f"({median([x['files'] for x in drains[label]]):.0f} files in DIR after the drain)."
                         if label == "fanstore" and len(dcfgs) > 1 else
                         "`fanstore sync` reads each output twice (xxh3, then `std::fs::copy`) and fsyncs every "
                         "file before renaming it; `cp` copies once and one `sync` flushes everything."))

@@ -34,6 +34,7 @@ TESTS = Path(__file__).resolve().parent
 TIMEOUT = 300
 PY = sys.executable
 UNIT_HEADER = 128           # fanstore-ckpt/src/unit.rs HEADER_LEN (unit format version 2)
+PACK_HEADER = 40            # fanstore-ckpt/src/pack.rs HEADER_LEN (pack format version 1)
 DEDUP_MIN = 64 << 10        # the daemon's default --dedup-min
 OPAQUE = "opaque"           # Format::name of the content-defined-chunking fallback
 
@@ -136,25 +137,50 @@ def store_dir(c, rank) -> Path:
     return c.local / f"rank-{rank}" / "out" / "ckpt"
 
 
-def unit_file(c, rank, hexhash) -> Path:
-    return store_dir(c, rank) / "units" / f"{hexhash}.fsu"
+def unit_records(c, rank) -> dict:
+    """blake3 hex -> (pack file, offset, header) of every record in the packs of
+    `rank`'s store (fanstore-ckpt/src/pack.rs), the latest one of each unit.
+    Records of freed units stay in their pack (dead bytes) until it is compacted."""
+    out = {}
+    d = store_dir(c, rank) / "units"
+    for p in sorted(d.glob("*.fsk")) if d.is_dir() else []:
+        size = p.stat().st_size
+        with open(p, "rb") as f:
+            head = f.read(PACK_HEADER)
+            assert head[:8] == b"FANSTPK\0" and struct.unpack_from("<I", head, 8)[0] == 1, (p, head)
+            off = PACK_HEADER
+            while off + UNIT_HEADER <= size:
+                f.seek(off)
+                h = unit_header(f.read(UNIT_HEADER))
+                out[h["blake3"]] = (p, off, h)
+                off += UNIT_HEADER + h["body_len"]
+            assert off == size, f"{p}: records end at {off}, the file at {size}"
+    return out
+
+
+def unit_record(c, rank, hexhash) -> bytes:
+    """The bytes of unit `hexhash`'s record (header and body) in `rank`'s packs."""
+    p, off, h = unit_records(c, rank)[hexhash]
+    with open(p, "rb") as f:
+        f.seek(off)
+        return f.read(UNIT_HEADER + h["body_len"])
 
 
 def disk_usage(c, rank) -> dict:
     """Bytes of the store directory of `rank` on disk, as DuReport counts them."""
     d = store_dir(c, rank)
-    units = sorted((d / "units").glob("*.fsu")) if (d / "units").is_dir() else []
+    packs = sorted((d / "units").glob("*.fsk")) if (d / "units").is_dir() else []
     recipes = sorted((d / "recipes").glob("*.fsr")) if (d / "recipes").is_dir() else []
     cat = d / "catalog.fsc"
     other = []
     if d.is_dir():
-        known = set(units) | set(recipes) | {cat}
+        known = set(packs) | set(recipes) | {cat}
         other = [(str(p.relative_to(d)), p.stat().st_size) for p in d.rglob("*")
                  if p.is_file() and p not in known and p.stat().st_size > 0]
-    u = sum(p.stat().st_size for p in units)
+    u = sum(p.stat().st_size for p in packs)
     rc = sum(p.stat().st_size for p in recipes)
     cb = cat.stat().st_size if cat.exists() else 0
-    return dict(units=len(units), unit_file_bytes=u, recipes=len(recipes), recipe_bytes=rc, catalog_bytes=cb,
+    return dict(packs=len(packs), pack_bytes=u, recipes=len(recipes), recipe_bytes=rc, catalog_bytes=cb,
                 physical_bytes=u + rc + cb, other_nonempty=other)
 
 
@@ -169,8 +195,9 @@ def unit_header(b: bytes) -> dict:
 def needed_bases(c, rank, hexhashes) -> set:
     """Units the given units' delta chains need (their bases, transitively)."""
     out, todo = set(), list(hexhashes)
+    records = unit_records(c, rank)
     while todo:
-        h = unit_header(unit_file(c, rank, todo.pop()).read_bytes()[:UNIT_HEADER])
+        h = records[todo.pop()][2]
         if h["base"] and h["base"] not in out:
             out.add(h["base"])
             todo.append(h["base"])
@@ -347,15 +374,15 @@ def test_formats_units_in_the_writers_store(cl, formats):
         assert t["bytes"] == arr.nbytes and t["shape"] == list(arr.shape), t
         assert t["dtype"] == want_dtype[str(arr.dtype)], t
         assert t["owner"]["path"] == "fmt/model.safetensors", t
-        f = unit_file(cl, 1, t["blake3"])
-        assert f.exists(), f"unit of {k} not at {f}; rank-1 units: {sorted(os.listdir(f.parent)) if f.parent.exists() else 'none'}"
-        b = f.read_bytes()
+        records = unit_records(cl, 1)
+        assert t["blake3"] in records, f"unit of {k} not in rank 1's packs: {sorted(os.listdir(store_dir(cl, 1) / 'units'))}"
+        b = unit_record(cl, 1, t["blake3"])
         h = unit_header(b)
         assert h["len"] == arr.nbytes and h["blake3"] == t["blake3"], (k, h)
         assert len(b) == UNIT_HEADER + h["body_len"], (k, len(b), h)
         assert h["encoding"] in (0, 1) and h["depth"] == 0, (k, h)  # no lineage parent: not a delta
         if h["encoding"] == 0:
-            assert b[UNIT_HEADER:] == arr.tobytes(), f"unit file of {k} does not hold its bytes"
+            assert b[UNIT_HEADER:] == arr.tobytes(), f"unit record of {k} does not hold its bytes"
         else:
             assert h["width"] == arr.dtype.itemsize and h["body_len"] < arr.nbytes, (k, h)
     # plain outputs of rank 1 (outside the store)
@@ -595,8 +622,10 @@ def test_delete_first_half_of_series(cl, series):
     bases = needed_bases(cl, 0, kept_units)
     kept_units |= bases
     gone_units -= bases
+    records = unit_records(cl, 0)
     for h in gone_units | kept_units:
-        assert unit_file(cl, 0, h).exists(), f"unit {h} missing from rank 0's store before any delete"
+        assert h in records, f"unit {h} missing from rank 0's store before any delete"
+    gone_record_bytes = sum(UNIT_HEADER + records[h][2]["body_len"] for h in gone_units)
     du0 = ckpt_json(cl, "du")
     # unlink through /fanstore, from the writer's node and from others
     for k, node in zip(range(1, half + 1), (0, 2, 3, 1, 2)):
@@ -620,14 +649,20 @@ def test_delete_first_half_of_series(cl, series):
     rows = ls_rows(cl, "run")
     assert sorted(rows) == sorted(rest), sorted(rows)
 
-    # the unit files only 1..5 had are gone; the others are all there
-    took = wait_until(lambda: not any(unit_file(cl, 0, h).exists() for h in gone_units))
+    # the units only 1..5 had are released (their records are dead bytes of
+    # their pack until it is compacted); the others are all there
+    took = wait_until(lambda: rank_du(ckpt_json(cl, "du"), 0)["units"] == len(kept_units))
     if took and took > 0.2:
-        print(f"\nunit files of deleted checkpoints disappeared {took:.1f} s after the unlinks returned")
-    still = sorted(h for h in gone_units if unit_file(cl, 0, h).exists())
-    assert not still, f"{len(still)} of {len(gone_units)} units only checkpoints 1..{half} used are still on disk"
-    missing = sorted(h for h in kept_units if not unit_file(cl, 0, h).exists())
+        print(f"\nunits of deleted checkpoints were released {took:.1f} s after the unlinks returned")
+    r0 = rank_du(ckpt_json(cl, "du"), 0)
+    assert r0["units"] == len(kept_units), f"rank 0 holds {r0['units']} units, the live checkpoints need {len(kept_units)}"
+    records = unit_records(cl, 0)
+    missing = sorted(h for h in kept_units if h not in records)
     assert not missing, f"units of live checkpoints deleted: {missing}"
+    still_bytes = sum(UNIT_HEADER + records[h][2]["body_len"] for h in gone_units if h in records)
+    assert r0["pack_dead_bytes"] >= still_bytes, f"released records still in a pack ({still_bytes} B) are dead bytes: {r0}"
+    if still_bytes < gone_record_bytes:
+        print(f"\ncompaction gave back {gone_record_bytes - still_bytes} of {gone_record_bytes} B of released units")
 
     # du agrees with the disk, per rank and in total
     du = ckpt_json(cl, "du")
@@ -639,7 +674,7 @@ def test_delete_first_half_of_series(cl, series):
         rd = rank_du(du, r)
         total += disk["physical_bytes"]
         assert rd["physical_bytes"] == disk["physical_bytes"], f"rank {r}: du says {rd}, disk has {disk}"
-        assert rd["unit_file_bytes"] == disk["unit_file_bytes"] and rd["units"] == disk["units"], (r, rd, disk)
+        assert rd["unit_file_bytes"] + rd["pack_dead_bytes"] == disk["pack_bytes"] and rd["packs"] == disk["packs"], (r, rd, disk)
         assert rd["recipe_bytes"] == disk["recipe_bytes"] and rd["catalog_bytes"] == disk["catalog_bytes"], (r, rd, disk)
         assert not disk["other_nonempty"], f"rank {r}: files left in the store dir: {disk['other_nonempty']}"
     assert du["physical_bytes"] == total, (du, total)
@@ -649,7 +684,8 @@ def test_delete_first_half_of_series(cl, series):
     expect = (FROZEN + half * (SERIES_TENSORS - FROZEN)) * TENSOR_BYTES
     assert r0["referenced_unit_bytes"] == expect, (r0, expect)
     assert r0["units"] == len(kept_units), (r0, len(kept_units))
-    assert r0["physical_bytes"] <= expect + len(kept_units) * (TENSOR_BYTES + UNIT_HEADER) - len(kept_units) * TENSOR_BYTES + 2 * model // SERIES_TENSORS, (r0, expect)
+    live_physical = r0["physical_bytes"] - r0["pack_dead_bytes"]
+    assert live_physical <= expect + len(kept_units) * (TENSOR_BYTES + UNIT_HEADER) - len(kept_units) * TENSOR_BYTES + 2 * model // SERIES_TENSORS, (r0, expect)
     print(f"\nafter deleting 1..{half}: rank 0 physical {r0['physical_bytes']} B = {r0['physical_bytes'] / model:.3f} x model")
 
     # lineage survives through the tombstones; owners still name checkpoint 1
@@ -737,14 +773,12 @@ def test_corrupted_unit_detected_and_eio(cl):
     assert code == 0 and v["ok"], f"store damaged before the test damaged it: {r.stdout}"
     own = {t["name"]: t for t in ckpt_json(cl, "owners", a)["tensors"]}
     h = own["shared"]["blake3"]
-    f = unit_file(cl, 0, h)
-    assert f.exists(), f
-    head = unit_header(f.read_bytes()[:UNIT_HEADER])
+    f, off, head = unit_records(cl, 0)[h]
     assert head["len"] == 65536 * 4 and head["body_len"] > 12346, head
     with open(f, "r+b") as fh:
-        fh.seek(UNIT_HEADER + 12345)
+        fh.seek(off + UNIT_HEADER + 12345)
         x = fh.read(1)
-        fh.seek(UNIT_HEADER + 12345)
+        fh.seek(off + UNIT_HEADER + 12345)
         fh.write(bytes([x[0] ^ 0x20]))
 
     code, v, r = ckpt(cl, "verify", check=False)
@@ -773,10 +807,13 @@ def test_corrupted_unit_detected_and_eio(cl):
 
     # deleting both affected checkpoints frees the damaged unit; the store verifies again
     py(cl, 1, f"import os; os.unlink('{MOUNT}/{a}'); os.unlink('{MOUNT}/{b}')")
-    wait_until(lambda: not f.exists())
-    assert not f.exists(), f"damaged unit {f} still on disk after its checkpoints were deleted"
+    wait_until(lambda: ckpt(cl, "verify", check=False)[0] == 0)
     code, v, r = ckpt(cl, "verify", check=False)
     assert code == 0 and v["ok"], f"verify after deleting the damaged checkpoints: exit {code}\n{r.stdout}"
+    # its record is dead bytes of its pack (or gone with it, compacted)
+    r0 = rank_du(ckpt_json(cl, "du"), 0)
+    if h in unit_records(cl, 0):
+        assert r0["pack_dead_bytes"] >= UNIT_HEADER + head["body_len"], (r0, head)
 
 
 WRITE_HEADS = """
@@ -871,7 +908,17 @@ def test_persist_and_dedup_across_jobs(bins, tmp_path):
         c1.stop()
     drained = persist / "ckpt" / "rank-1"
     assert (drained / "catalog.fsc").is_file(), f"no drained store at {drained}: {sorted(p for p in persist.rglob('*'))[:50]}"
-    assert len(list((drained / "units").glob("*.fsu"))) == 8 + 2 + 2, sorted((drained / "units").iterdir())
+    assert {p.suffix for p in (drained / "units").iterdir()} == {".fsk"}, sorted((drained / "units").iterdir())
+    drained_records = 0
+    for p in (drained / "units").glob("*.fsk"):
+        size, off = p.stat().st_size, PACK_HEADER
+        with open(p, "rb") as f:
+            while off < size:
+                f.seek(off)
+                off += UNIT_HEADER + unit_header(f.read(UNIT_HEADER))["body_len"]
+                drained_records += 1
+        assert off == size, p
+    assert drained_records == 8 + 2 + 2, drained_records
     assert len(list((drained / "recipes").glob("*.fsr"))) == 3
 
     c2 = start_cluster(bins, data, tmp_path / "c2", nranks=3, mount=MOUNT, extra_args=["--persist", persist])
@@ -960,7 +1007,7 @@ def test_dedup_flags(bins, tmp_path, args, in_store):
             else:
                 assert any(hashlib.sha256(q.read_bytes()).hexdigest() == w["sha256"] for q in same), \
                     f"with {args}: {p} is not a plain file under {out}"
-        units = list((store_dir(c, 1) / "units").glob("*.fsu")) if (store_dir(c, 1) / "units").is_dir() else []
-        assert bool(units) == bool(in_store), (args, units)
+        units = unit_records(c, 1)
+        assert bool(units) == bool(in_store), (args, sorted(units))
     finally:
         c.stop()

@@ -8,8 +8,9 @@
 //! A committed file is recognised ([`mod@split`]: safetensors, torch.save zip
 //! archives, .npy, .npz; anything else is cut into content-defined chunks)
 //! and split byte-exactly into *units* (tensor payloads) and *glue* (every
-//! other byte). Each unit is stored once, named by its blake3
-//! ([`mod@unit`]), and encoded losslessly ([`mod@codec`]): a changed tensor
+//! other byte). Each unit is stored once, identified by its blake3
+//! ([`mod@unit`]), appended as a record to a pack file ([`mod@pack`]), and
+//! encoded losslessly ([`mod@codec`]): a changed tensor
 //! whose lineage parent has a tensor of the same name, dtype and shape is a
 //! delta against it (XOR of the element bits, byte-grouped, zstd), other
 //! tensors are byte-grouped and compressed when that pays, raw otherwise;
@@ -22,8 +23,9 @@
 //! shares the most unit bytes with it (ties: same directory, then the most
 //! recent). Reading rebuilds the exact bytes and checks them against the
 //! whole-file xxh3 kept in the recipe; a damaged unit is an error, never
-//! wrong bytes. Unlinking drops references; a unit is deleted when no live
-//! recipe refers to it.
+//! wrong bytes. Unlinking drops references; a unit no live recipe (or delta)
+//! needs becomes dead bytes of its pack, and a pack less than half live is
+//! compacted (its live records copied to the active pack, then deleted).
 //!
 //! ```no_run
 //! use fanstore_ckpt::CheckpointStore;
@@ -43,7 +45,8 @@
 //! <dir>/lock                       empty; flock'd by the one process that has the store open
 //! <dir>/catalog.fsc                path -> checkpoint id, tombstones, next id  (catalog)
 //! <dir>/recipes/<id:016x>.fsr      one recipe + owner map per live checkpoint (recipe)
-//! <dir>/units/<blake3>.fsu         one file per stored unit                   (unit)
+//! <dir>/units/<seq:016x>.fsk       pack files: units appended as records      (pack)
+//! <dir>/units/<blake3>.fsu         one file per unit: stores written before packs (still read)
 //! <dir>/tmp/                       recipe and catalog temp files, renamed into place; emptied at open
 //! ```
 //!
@@ -54,16 +57,20 @@
 //! maps stay valid.
 //!
 //! **Crash safety.** Recipes and the catalog are written to `tmp/` and
-//! renamed into place; a unit file is written in place under its content
-//! name (no recipe can refer to it before the commit point, so a partial one
-//! is unreferenced and swept). A commit writes its new units, then its
-//! recipe, then the catalog: the catalog rename is the commit point. An
-//! unlink writes the catalog first,
-//! then deletes the recipe and the freed units. Reference counts are not
-//! stored separately: they are recomputed at open from the live recipes, so
-//! they cannot disagree with them. Open also sweeps what an interrupted
-//! operation left (temp files, recipes the catalog does not list, units no
-//! live recipe refers to). So a crash of the process loses at most the
+//! renamed into place; units are appended to the active pack (no recipe
+//! can refer to a record before the commit point, so a partial one is
+//! unreferenced: open truncates a torn tail). A commit writes its new
+//! units, then its recipe, then the catalog: the catalog rename is the
+//! commit point. An unlink writes the catalog first, then deletes the
+//! recipe, and the freed units become dead bytes of their packs.
+//! Compaction copies live records, fdatasyncs the copies, and only then
+//! deletes the old pack; a crash in between leaves two records of a unit,
+//! and open takes the latest that checks out. Reference counts and unit
+//! locations are not stored separately: they are recomputed at open from
+//! the live recipes and the pack record headers, so they cannot disagree
+//! with them. Open also sweeps what an interrupted operation left (temp
+//! files, recipes the catalog does not list, unit files no live recipe
+//! refers to, packs nothing lives in). So a crash of the process loses at most the
 //! commit, unlink or rename in flight. Without [`StoreOptions::fsync`]
 //! nothing is fsync'd: a power loss or kernel crash can also lose or tear
 //! files written shortly before, which open or `verify` then reports by
@@ -73,7 +80,8 @@
 //! **Persistence.** The directory is self-contained and position-independent.
 //! To drain it to `--persist`: call [`CheckpointStore::sync`], copy
 //! `catalog.fsc`, `recipes/` and `units/` (not `lock` or `tmp/`) while no
-//! mutation runs. A later job opens the copy with [`CheckpointStore::open`]
+//! mutation runs; a pack already copied whose header (sequence number and
+//! nonce) is unchanged only grew, so its tail is enough. A later job opens the copy with [`CheckpointStore::open`]
 //! and keeps deduplicating against it: checkpoint ids continue from the
 //! catalog's counter, and units already stored are reused by hash. A copy
 //! taken while mutations run may miss files the copied catalog names (open
@@ -85,6 +93,8 @@ pub mod codec;
 pub mod error;
 pub mod json;
 pub mod matching;
+pub mod pack;
+mod packs;
 pub mod query;
 pub mod recipe;
 pub mod render;
@@ -97,4 +107,5 @@ pub use error::{CkptError, Result};
 pub use query::{DiffReport, DiffStatus, DuReport, LogReport, LsReport, OwnersReport, VerifyReport};
 pub use split::{split, CdcParams, Format, Split};
 pub use store::{CheckpointStore, CommitInfo, StoreOptions, UnlinkInfo};
+pub use packs::CompactionHook;
 pub use units::SharedBytes;

@@ -162,6 +162,7 @@ impl CheckpointStore {
             hot: self.hot.iter().map(|h| (*h.bytes).as_ref().len() as u64).sum(),
             ..DuReport::default()
         };
+        (d.packs, d.pack_dead) = self.packs().usage();
         for u in self.units.values() {
             // A unit whose header was never read counts as a raw file.
             let file = if u.file_len > 0 { u.file_len } else { u.len + unit::HEADER_LEN as u64 };
@@ -541,7 +542,7 @@ impl DiffReport {
 /// split by where it comes from. With D = deduplication (logical bytes no
 /// stored unit or glue byte accounts for twice), T = deltas and C =
 /// compression (payload minus file bytes of the delta and of the grouped
-/// units): physical = logical - D - T - C + overhead (file headers,
+/// units): physical = logical - D - T - C + overhead (unit headers, dead pack bytes,
 /// recipes' metadata, the catalog, and bases kept only for deltas).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
 pub struct DuReport {
@@ -553,7 +554,7 @@ pub struct DuReport {
     pub units: u64,
     /// Decoded bytes of every stored unit (bases kept for deltas included).
     pub unit_payload: u64,
-    /// Unit files as stored (headers and encoded bodies).
+    /// Units as stored: their records in packs or unit files (headers and encoded bodies).
     pub unit_files: u64,
     /// Recipe files (owner maps and glue).
     pub recipes: u64,
@@ -569,11 +570,16 @@ pub struct DuReport {
     /// Bytes of the hot copies (committed files kept whole to serve reads;
     /// they live outside the store directory, in the caller's files).
     pub hot: u64,
+    /// Pack files.
+    pub packs: u64,
+    /// Bytes of pack files that hold no live unit: pack headers, records of
+    /// freed units (until their pack is compacted), and of failed commits.
+    pub pack_dead: u64,
 }
 
 /// The numeric fields of a [`DuReport`] as its JSON names them, in order
 /// (the CLI adds the ranks' reports up field by field).
-pub const DU_FIELDS: [&str; 15] = [
+pub const DU_FIELDS: [&str; 17] = [
     "checkpoints",
     "deleted",
     "logical_bytes",
@@ -589,6 +595,8 @@ pub const DU_FIELDS: [&str; 15] = [
     "grouped_payload_bytes",
     "grouped_file_bytes",
     "hot_copy_bytes",
+    "packs",
+    "pack_dead_bytes",
 ];
 
 fn ratio_or_inf(a: u64, b: u64) -> f64 {
@@ -602,7 +610,7 @@ fn ratio_or_inf(a: u64, b: u64) -> f64 {
 impl DuReport {
     /// Every byte of every file in the store directory.
     pub fn physical(&self) -> u64 {
-        self.unit_files + self.recipes + self.catalog
+        self.unit_files + self.pack_dead + self.recipes + self.catalog
     }
     /// Bytes saved by storing each unit and glue byte once.
     pub fn saved_by_dedup(&self) -> u64 {
@@ -622,7 +630,7 @@ impl DuReport {
             - self.logical as i128
     }
     /// The fields in [`DU_FIELDS`] order.
-    pub fn fields(&self) -> [u64; 15] {
+    pub fn fields(&self) -> [u64; 17] {
         [
             self.checkpoints,
             self.deleted,
@@ -639,9 +647,11 @@ impl DuReport {
             self.grouped_payload,
             self.grouped_files,
             self.hot,
+            self.packs,
+            self.pack_dead,
         ]
     }
-    pub fn from_fields(n: &[u64; 15]) -> DuReport {
+    pub fn from_fields(n: &[u64; 17]) -> DuReport {
         DuReport {
             checkpoints: n[0],
             deleted: n[1],
@@ -658,6 +668,8 @@ impl DuReport {
             grouped_payload: n[12],
             grouped_files: n[13],
             hot: n[14],
+            packs: n[15],
+            pack_dead: n[16],
         }
     }
     pub fn to_table(&self) -> String {
@@ -671,7 +683,8 @@ impl DuReport {
             vec!["saved by compression".into(), render::bytes(self.saved_by_compression()), pct(self.saved_by_compression())],
             vec!["units".into(), self.units.to_string(), String::new()],
             vec!["unit payload".into(), render::bytes(self.unit_payload), String::new()],
-            vec!["unit files".into(), render::bytes(self.unit_files), String::new()],
+            vec!["unit records".into(), render::bytes(self.unit_files), String::new()],
+            vec!["packs, dead bytes".into(), format!("{}, {}", self.packs, render::bytes(self.pack_dead)), String::new()],
             vec!["recipes".into(), render::bytes(self.recipes), String::new()],
             vec!["catalog".into(), render::bytes(self.catalog), String::new()],
             vec!["physical (stored)".into(), format!("{} ({} B)", render::bytes(self.physical()), self.physical()), pct(self.physical())],

@@ -14,6 +14,7 @@ use crate::error::{CkptError, Result};
 use crate::recipe::{self, Recipe, RecipePiece, TensorEntry};
 use crate::split::{self, CdcParams, Format, Piece};
 use crate::unit::{self, Hash, UnitHeader};
+use crate::packs::{PackSet, UnitLoc};
 use crate::units::{Hot, SharedBytes, UnitInfo};
 use fanstore_core::checksum::{xxh3, StreamingChecksum};
 use std::collections::{BTreeMap, HashMap, HashSet};
@@ -44,12 +45,30 @@ pub struct StoreOptions {
     pub max_chain: u8,
     /// Hot copies kept (see [`CheckpointStore::commit_shared`]).
     pub hot: usize,
+    /// Bytes past which units go to a new pack file (a larger unit gets a
+    /// pack of its own). Default 256 MiB. Each thread writing units of a
+    /// commit appends to a pack of its own, so up to `threads + 1` packs
+    /// are being filled at a time.
+    pub pack_size: u64,
+    /// A pack (other than the one being appended to) whose live records
+    /// fill less than this percentage of it is compacted after an unlink:
+    /// its live records are copied to the active pack and it is deleted.
+    /// Default 50; 0 only deletes packs nothing lives in.
+    pub compact_below_percent: u8,
 }
 
 impl Default for StoreOptions {
     fn default() -> Self {
         let cores = std::thread::available_parallelism().map_or(2, |n| n.get());
-        StoreOptions { cdc: CdcParams::default(), fsync: false, threads: cores.saturating_sub(1).clamp(1, 3), max_chain: 4, hot: 2 }
+        StoreOptions {
+            cdc: CdcParams::default(),
+            fsync: false,
+            threads: cores.saturating_sub(1).clamp(1, 3),
+            max_chain: 4,
+            hot: 2,
+            pack_size: 256 << 20,
+            compact_below_percent: 50,
+        }
     }
 }
 
@@ -106,6 +125,10 @@ pub struct CheckpointStore {
     pub(crate) by_path: HashMap<Vec<u8>, u64>,
     pub(crate) units: HashMap<Hash, UnitInfo>,
     pub(crate) hot: Vec<Hot>,
+    pub(crate) packs: std::sync::Mutex<PackSet>,
+    /// What open repaired and compaction faults (see [`CheckpointStore::repairs`]).
+    pub(crate) repairs: Vec<String>,
+    pub(crate) compaction_hook: Option<crate::packs::CompactionHook>,
     tmp_seq: u64,
 }
 
@@ -128,14 +151,18 @@ fn unit_hashes(b: &[u8]) -> (Hash, u64) {
     (*b3.finalize().as_bytes(), x.digest())
 }
 
+/// A unit a commit stored: its hash, header, and where it went.
+type Written = (Hash, UnitHeader, UnitLoc);
+
 /// What hashing and storing the units of a commit produced.
 #[derive(Default)]
 struct Stored {
     /// blake3 of every unit, in unit order.
     hashes: Vec<Hash>,
     file_xxh3: u64,
-    /// Units first stored by this commit (removed again if it fails).
-    written: Vec<(Hash, UnitHeader)>,
+    /// Units first stored by this commit, and where (dead bytes of their
+    /// pack if it fails).
+    written: Vec<Written>,
     /// Unit body bytes written.
     new_bytes: u64,
 }
@@ -192,6 +219,9 @@ impl CheckpointStore {
             by_path: HashMap::new(),
             units: HashMap::new(),
             hot: Vec::new(),
+            packs: std::sync::Mutex::new(PackSet::new(dir.join(UNITS_DIR), &opts)),
+            repairs: Vec::new(),
+            compaction_hook: None,
             tmp_seq: 0,
         };
         clear_dir(&dir.join(TMP_DIR))?;
@@ -235,7 +265,7 @@ impl CheckpointStore {
             store.by_path.insert(e.path.clone(), e.id);
             store.live.insert(e.id, LiveCkpt { tensors: r.tensors, glue_len: r.glue_len });
         }
-        store.resolve_units();
+        store.locate_units()?;
         store.sweep()?;
         Ok(store)
     }
@@ -303,9 +333,10 @@ impl CheckpointStore {
         Ok(())
     }
 
-    /// Deletes recipes the catalog does not list as live, and units no live
-    /// recipe refers to (what a crash between writing them and the catalog
-    /// leaves behind).
+    /// Deletes recipes the catalog does not list as live, unit files no
+    /// live recipe refers to (what a crash between writing them and the
+    /// catalog leaves behind) and other strays in `units/`; packs are
+    /// [`Self::locate_units`]'s.
     fn sweep(&mut self) -> Result<()> {
         let rdir = self.dir.join(RECIPES_DIR);
         for ent in std::fs::read_dir(&rdir).map_err(|e| CkptError::io(&rdir, e))? {
@@ -320,8 +351,11 @@ impl CheckpointStore {
         for ent in std::fs::read_dir(&udir).map_err(|e| CkptError::io(&udir, e))? {
             let ent = ent.map_err(|e| CkptError::io(&udir, e))?;
             let name = ent.file_name();
+            if name.to_str().and_then(crate::pack::parse_name).is_some() {
+                continue;
+            }
             let h = name.to_str().and_then(|n| n.strip_suffix(".fsu")).and_then(unit::parse_hex);
-            if !h.is_some_and(|h| self.units.contains_key(&h)) {
+            if !h.is_some_and(|h| self.units.get(&h).is_some_and(|u| u.loc == Some(UnitLoc::File))) {
                 remove_file(&ent.path())?;
             }
         }
@@ -458,12 +492,8 @@ impl CheckpointStore {
         }
 
         let mut st = Stored::default();
-        if let Err(e) = self.store_units(bytes, &plans, &mut st) {
-            for (h, _) in &st.written {
-                let _ = std::fs::remove_file(self.unit_path(h));
-            }
-            return Err(e);
-        }
+        // On failure the units written are dead bytes of their pack.
+        self.store_units(bytes, &plans, &mut st)?;
         let Stored { hashes, file_xxh3, written, mut new_bytes } = st;
 
         // Parent: the live checkpoint sharing the most unit bytes, else the
@@ -541,10 +571,7 @@ impl CheckpointStore {
                 }
             }
             Err(_) => {
-                // Nothing was committed: remove what this attempt wrote.
-                for (h, _) in &written {
-                    let _ = std::fs::remove_file(self.unit_path(h));
-                }
+                // Nothing was committed: its units are dead bytes of their pack.
                 let _ = std::fs::remove_file(self.recipe_path(id));
             }
         }
@@ -664,26 +691,21 @@ impl CheckpointStore {
             }
             st.hashes.push(h);
         }
-        // Phase 2: encode and write the new units.
+        // Phase 2: encode and write the new units, each thread into its own
+        // pack (writes into one file serialize on its inode lock).
         let next = AtomicUsize::new(0);
-        let out: std::sync::Mutex<(Vec<(Hash, UnitHeader)>, Option<CkptError>)> = std::sync::Mutex::new((Vec::new(), None));
-        let work = || loop {
+        let out: std::sync::Mutex<(Vec<Written>, Option<CkptError>)> = std::sync::Mutex::new((Vec::new(), None));
+        let work = |lane: usize| loop {
             let k = next.fetch_add(1, Ordering::Relaxed);
             let Some(&(i, h, x)) = new.get(k) else { return };
             let plan = &plans[i];
             let payload = &bytes[plan.range.clone()];
             let base = self.delta_base(&h, plan);
-            let r = unit::encode_and_write(
-                &self.unit_path(&h),
-                &h,
-                x,
-                payload,
-                plan.width,
-                base.as_ref().map(|(bh, d, b)| (bh, *d, &b[..])),
-            );
+            let (head, body) = unit::encode(&h, x, payload, plan.width, base.as_ref().map(|(bh, d, b)| (bh, *d, &b[..])));
+            let r = self.append_unit(lane, &head, &body);
             let mut g = out.lock().unwrap_or_else(|p| p.into_inner());
             match r {
-                Ok(head) => g.0.push((h, head)),
+                Ok(loc) => g.0.push((h, head, loc)),
                 Err(e) => {
                     g.1.get_or_insert(e);
                     next.store(new.len(), Ordering::Relaxed);
@@ -693,14 +715,14 @@ impl CheckpointStore {
         };
         let helpers = helpers.min(new.len().saturating_sub(1));
         std::thread::scope(|s| {
-            let hs: Vec<_> = (0..helpers).map(|_| s.spawn(work)).collect();
-            work();
+            let hs: Vec<_> = (1..=helpers).map(|lane| s.spawn(move || work(lane))).collect();
+            work(0);
             for h in hs {
                 h.join().unwrap_or_else(|p| std::panic::resume_unwind(p));
             }
         });
         let (written, fault) = out.into_inner().unwrap_or_else(|p| p.into_inner());
-        st.new_bytes += written.iter().map(|(_, h)| h.body_len).sum::<u64>();
+        st.new_bytes += written.iter().map(|(_, h, _)| h.body_len).sum::<u64>();
         st.written = written;
         match fault {
             Some(e) => Err(e),
@@ -736,7 +758,7 @@ impl CheckpointStore {
         Some((bh, info.depth, bytes))
     }
 
-    fn finish_commit(&mut self, path: &[u8], rec: Recipe, written: &[(Hash, UnitHeader)]) -> Result<CommitInfo> {
+    fn finish_commit(&mut self, path: &[u8], rec: Recipe, written: &[Written]) -> Result<CommitInfo> {
         let units_new = written.len();
         let id = rec.id;
         let enc = rec.encode();
@@ -767,11 +789,11 @@ impl CheckpointStore {
         // Committed. Update memory, then free what the replaced checkpoint held alone.
         self.catalog = cat;
         self.add_refs(id, &rec.tensors);
-        for (h, head) in written {
-            self.register_written(h, head);
+        for (h, head, loc) in written {
+            self.register_written(h, head, *loc);
         }
         self.by_path.insert(path.to_vec(), id);
-        let count = |e: Encoding| written.iter().filter(|(_, h)| h.encoding == e).count();
+        let count = |e: Encoding| written.iter().filter(|(_, h, _)| h.encoding == e).count();
         let info = CommitInfo {
             id,
             parent: (rec.parent != 0).then_some(rec.parent),
@@ -838,11 +860,12 @@ impl CheckpointStore {
         let Some(l) = self.live.remove(&id) else { return UnlinkInfo { id, ..UnlinkInfo::default() } };
         let freed = self.drop_refs(id, &l.tensors);
         let mut info = UnlinkInfo { id, units_freed: freed.len(), bytes_freed: 0 };
-        for (h, len) in freed {
-            info.bytes_freed += len;
-            let _ = remove_file(&self.unit_path(&h));
+        for (h, u) in freed {
+            info.bytes_freed += u.len;
+            self.forget_stored(&h, u.loc, u.file_len);
         }
         let _ = remove_file(&self.recipe_path(id));
+        self.compact_quietly();
         info
     }
 

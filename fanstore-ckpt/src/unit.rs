@@ -273,13 +273,13 @@ pub fn write(dest: &Path, head: &UnitHeader, body: &[u8]) -> Result<u64> {
 }
 
 /// Encodes `payload` (blake3 `h`, xxh3 `x`, element width `width`; against
-/// `base` = (hash, depth, bytes) when given) and writes it at `dest`.
-/// Returns the header written.
-pub fn encode_and_write(dest: &Path, h: &Hash, x: u64, payload: &[u8], width: usize, base: Option<(&Hash, u8, &[u8])>) -> Result<UnitHeader> {
+/// `base` = (hash, depth, bytes) when given): the version 2 header and the
+/// body to store after it (borrowed from `payload` when raw).
+pub fn encode<'a>(h: &Hash, x: u64, payload: &'a [u8], width: usize, base: Option<(&Hash, u8, &[u8])>) -> (UnitHeader, std::borrow::Cow<'a, [u8]>) {
     let e = codec::encode(payload, width, base.map(|b| b.2));
     let mut head = UnitHeader::raw(payload.len() as u64, *h, x);
-    let body: &[u8] = match e.encoding {
-        Encoding::Raw => payload,
+    let body = match e.encoding {
+        Encoding::Raw => std::borrow::Cow::Borrowed(payload),
         enc => {
             head.encoding = enc;
             head.width = e.width as u8;
@@ -288,11 +288,19 @@ pub fn encode_and_write(dest: &Path, h: &Hash, x: u64, payload: &[u8], width: us
                 head.base = Some(*bh);
                 head.depth = depth.saturating_add(1);
             }
-            &e.body
+            std::borrow::Cow::Owned(e.body)
         }
     };
-    write(dest, &head, body)?;
     head.body_len = body.len() as u64;
+    (head, body)
+}
+
+/// Encodes `payload` as [`encode`] does and writes it as a unit file at
+/// `dest` (the layout of stores written before packs; tests build them).
+/// Returns the header written.
+pub fn encode_and_write(dest: &Path, h: &Hash, x: u64, payload: &[u8], width: usize, base: Option<(&Hash, u8, &[u8])>) -> Result<UnitHeader> {
+    let (head, body) = encode(h, x, payload, width, base);
+    write(dest, &head, &body)?;
     Ok(head)
 }
 
@@ -311,23 +319,55 @@ impl Payload {
     }
 }
 
-fn read_full_at(f: &File, buf: &mut [u8], off: u64) -> std::io::Result<usize> {
+pub(crate) fn read_full_at(f: &File, buf: &mut [u8], off: u64) -> std::io::Result<usize> {
     let mut n = 0;
     while n < buf.len() {
-        match f.read_at(&mut buf[n..], off + n as u64)? {
-            0 => break,
-            k => n += k,
+        match f.read_at(&mut buf[n..], off + n as u64) {
+            Ok(0) => break,
+            Ok(k) => n += k,
+            Err(e) if e.kind() == std::io::ErrorKind::Interrupted => {}
+            Err(e) => return Err(e),
         }
     }
     Ok(n)
 }
 
+/// Shifts the offset of a format error found in a unit that starts at byte
+/// `at` of `file` (a record inside a pack), so that it is the file's offset.
+pub fn rebase(e: CkptError, at: u64) -> CkptError {
+    match e {
+        CkptError::Checksum { file, entry, offset, stored, computed } => {
+            CkptError::Checksum { file, entry, offset: offset + at, stored, computed }
+        }
+        CkptError::Corrupt { file, entry, offset, problem } => CkptError::Corrupt { file, entry, offset: offset + at, problem },
+        CkptError::Truncated { file, entry, offset, needed, len } => CkptError::Truncated { file, entry, offset: offset + at, needed, len },
+        // Inside a pack a record with another magic or version is damage
+        // at that record, not a file of another kind.
+        CkptError::BadMagic { file, .. } if at > 0 => {
+            CkptError::Corrupt { file, entry: "unit header".into(), offset: at, problem: "bad magic".into() }
+        }
+        CkptError::UnsupportedVersion { file, found, .. } if at > 0 => CkptError::Corrupt {
+            file,
+            entry: "unit header".into(),
+            offset: at,
+            problem: format!("unit header version {found}"),
+        },
+        other => other,
+    }
+}
+
+/// Decodes the header of the unit that starts at byte `at` of the open file
+/// `f` (named `file` in errors, offsets counted from the file's start).
+pub fn read_header_at(file: &Path, f: &File, at: u64) -> Result<UnitHeader> {
+    let mut hb = [0u8; HEADER_LEN];
+    let got = read_full_at(f, &mut hb, at).map_err(|e| CkptError::io(file, e))?;
+    UnitHeader::decode(file, &hb[..got]).map_err(|e| rebase(e, at))
+}
+
 /// Opens unit file `file` and decodes its header.
 pub fn open_header(file: &Path) -> Result<(File, UnitHeader)> {
     let f = File::open(file).map_err(|e| CkptError::io(file, e))?;
-    let mut hb = [0u8; HEADER_LEN];
-    let got = read_full_at(&f, &mut hb, 0).map_err(|e| CkptError::io(file, e))?;
-    let head = UnitHeader::decode(file, &hb[..got])?;
+    let head = read_header_at(file, &f, 0)?;
     Ok((f, head))
 }
 
@@ -354,32 +394,40 @@ pub fn check_header(file: &Path, head: &UnitHeader, h: &Hash, len: u64) -> Resul
     Ok(())
 }
 
-fn truncated_body(file: &Path, head: &UnitHeader, have: u64) -> CkptError {
+fn truncated_body(file: &Path, at: u64, head: &UnitHeader, have: u64) -> CkptError {
     CkptError::Truncated {
         file: file.into(),
         entry: "unit body".into(),
-        offset: head.header_len,
+        offset: at + head.header_len,
         needed: head.body_len,
         len: have,
     }
 }
 
-/// Reads the body of an open unit file and checks its length and xxh3.
-pub fn read_body(file: &Path, f: &File, head: &UnitHeader) -> Result<Payload> {
+/// Reads the body of the unit at byte `at` of an open file (a unit file:
+/// 0) and checks its length and xxh3. Offsets in errors are the file's.
+pub fn read_body(file: &Path, f: &File, at: u64, head: &UnitHeader) -> Result<Payload> {
     let flen = f.metadata().map_err(|e| CkptError::io(file, e))?.len();
-    let have = flen.saturating_sub(head.header_len);
-    if have != head.body_len {
-        return Err(truncated_body(file, head, have));
+    let start = at + head.header_len;
+    let have = flen.saturating_sub(start);
+    if have < head.body_len {
+        return Err(truncated_body(file, at, head, have));
     }
     let body = if head.body_len >= MAP_THRESHOLD {
-        // SAFETY: unit files are immutable once written and only this
-        // process (which holds the store lock) deletes them, and only when
-        // no recipe or delta refers to them; nothing truncates a mapped unit.
-        let m = unsafe { memmap2::Mmap::map(f) }.map_err(|e| CkptError::io(file, e))?;
-        Payload::Mapped(m, head.header_len as usize)
+        let page = 4096u64;
+        let aligned = start / page * page;
+        let skip = (start - aligned) as usize;
+        let len = usize::try_from(head.body_len).map_err(|_| CkptError::Invalid("unit larger than memory".into()))? + skip;
+        // SAFETY: unit files and pack records are never modified once
+        // written (packs only grow at their end, past every record handed
+        // out), only this process (which holds the store lock) deletes or
+        // truncates them, never while a record in them is referenced, and
+        // the mapped range lies inside the file (checked above).
+        let m = unsafe { memmap2::MmapOptions::new().offset(aligned).len(len).map(f) }.map_err(|e| CkptError::io(file, e))?;
+        Payload::Mapped(m, skip)
     } else {
         let mut v = vec![0u8; head.body_len as usize];
-        f.read_exact_at(&mut v, head.header_len).map_err(|e| CkptError::io(file, e))?;
+        f.read_exact_at(&mut v, start).map_err(|e| CkptError::io(file, e))?;
         Payload::Owned(v)
     };
     let computed = xxh3(body.bytes());
@@ -387,7 +435,7 @@ pub fn read_body(file: &Path, f: &File, head: &UnitHeader) -> Result<Payload> {
         return Err(CkptError::Checksum {
             file: file.into(),
             entry: "unit body".into(),
-            offset: head.header_len,
+            offset: start,
             stored: head.body_xxh3,
             computed,
         });
@@ -395,16 +443,15 @@ pub fn read_body(file: &Path, f: &File, head: &UnitHeader) -> Result<Payload> {
     Ok(body)
 }
 
-/// Reads a raw unit's payload straight into `dst` (no checks of the payload).
-pub fn read_raw_into(file: &Path, f: &File, head: &UnitHeader, dst: &mut [u8]) -> Result<()> {
-    f.read_exact_at(dst, head.header_len).map_err(|e| {
-        if e.kind() == std::io::ErrorKind::UnexpectedEof {
-            let have = f.metadata().map(|m| m.len().saturating_sub(head.header_len)).unwrap_or(0);
-            truncated_body(file, head, have)
-        } else {
-            CkptError::io(file, e)
-        }
-    })
+/// Reads the payload of the raw unit at byte `at` of an open file straight
+/// into `dst` (no checks of the payload).
+pub fn read_raw_into(file: &Path, f: &File, at: u64, head: &UnitHeader, dst: &mut [u8]) -> Result<()> {
+    let start = at + head.header_len;
+    let n = read_full_at(f, dst, start).map_err(|e| CkptError::io(file, e))?;
+    if n < dst.len() {
+        return Err(truncated_body(file, at, head, n as u64));
+    }
+    Ok(())
 }
 
 /// Decodes a grouped or delta body into `dst` (for a delta, `dst` holds the
@@ -450,11 +497,12 @@ pub fn hash(payload: &[u8]) -> Hash {
 }
 
 
-/// Reads unit `h` of `dst.len()` bytes from `file` into `dst`, decoded and
-/// checked (header names, body xxh3, payload xxh3, and the blake3 when
-/// `full`). A delta's base is first loaded into `dst` by `base(hash, depth
-/// budget, dst)`; `budget` bounds the chain depth this unit may have (a
-/// header claiming more is corruption, and a chain cannot loop).
+/// Reads unit `h` of `dst.len()` bytes from unit file `file` into `dst`,
+/// decoded and checked (header names, body xxh3, payload xxh3, and the
+/// blake3 when `full`). A delta's base is first loaded into `dst` by
+/// `base(hash, depth budget, dst)`; `budget` bounds the chain depth this
+/// unit may have (a header claiming more is corruption, and a chain cannot
+/// loop).
 pub fn load_into(
     file: &Path,
     h: &Hash,
@@ -463,30 +511,49 @@ pub fn load_into(
     budget: u8,
     base: &mut dyn FnMut(&Hash, u8, &mut [u8]) -> Result<()>,
 ) -> Result<UnitHeader> {
-    let (f, head) = open_header(file)?;
-    check_header(file, &head, h, dst.len() as u64)?;
+    let f = File::open(file).map_err(|e| CkptError::io(file, e))?;
+    load_at(file, &f, 0, h, dst, full, budget, base)
+}
+
+/// [`load_into`] for the unit that starts at byte `at` of the open file `f`
+/// (a record of a pack, or 0 for a unit file). Errors of this unit carry
+/// the file's offsets; errors of its base pass through as the base gave them.
+#[allow(clippy::too_many_arguments)]
+pub fn load_at(
+    file: &Path,
+    f: &File,
+    at: u64,
+    h: &Hash,
+    dst: &mut [u8],
+    full: bool,
+    budget: u8,
+    base: &mut dyn FnMut(&Hash, u8, &mut [u8]) -> Result<()>,
+) -> Result<UnitHeader> {
+    let head = read_header_at(file, f, at)?;
+    let own = |e: CkptError| rebase(e, at);
+    check_header(file, &head, h, dst.len() as u64).map_err(own)?;
     if head.depth > budget {
-        return Err(CkptError::Corrupt {
+        return Err(own(CkptError::Corrupt {
             file: file.into(),
             entry: "unit header".into(),
             offset: DEPTH_OFF as u64,
             problem: format!("delta chain depth {} where at most {budget} is possible", head.depth),
-        });
+        }));
     }
     match (head.encoding, head.base) {
-        (Encoding::Raw, _) => read_raw_into(file, &f, &head, dst)?,
+        (Encoding::Raw, _) => read_raw_into(file, f, at, &head, dst)?,
         (Encoding::Grouped, _) => {
-            let body = read_body(file, &f, &head)?;
-            decode_body(file, &head, body.bytes(), dst)?;
+            let body = read_body(file, f, at, &head)?;
+            decode_body(file, &head, body.bytes(), dst).map_err(own)?;
         }
         (Encoding::Delta, Some(b)) => {
-            let body = read_body(file, &f, &head)?;
+            let body = read_body(file, f, at, &head)?;
             base(&b, head.depth - 1, dst)?;
-            decode_body(file, &head, body.bytes(), dst)?;
+            decode_body(file, &head, body.bytes(), dst).map_err(own)?;
         }
         (Encoding::Delta, None) => unreachable!("decode gives every delta a base"),
     }
-    check_payload(file, &head, dst, full)?;
+    check_payload(file, &head, dst, full).map_err(own)?;
     Ok(head)
 }
 

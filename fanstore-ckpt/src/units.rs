@@ -21,6 +21,7 @@
 
 use crate::codec::Encoding;
 use crate::error::{CkptError, Result};
+use crate::packs::UnitLoc;
 use crate::recipe::{RecipePiece, TensorEntry};
 use crate::store::CheckpointStore;
 use crate::unit::{self, Hash};
@@ -51,11 +52,13 @@ pub(crate) struct UnitInfo {
     pub depth: u8,
     /// Delta units whose base this is.
     pub dependants: u64,
+    /// Where it is stored (None: not found at open; its reads fail).
+    pub loc: Option<UnitLoc>,
 }
 
 impl UnitInfo {
     pub fn new(len: u64, owner: u64) -> UnitInfo {
-        UnitInfo { len, owner, refs: 0, ckpts: Vec::new(), file_len: 0, encoding: Encoding::Raw, base: None, depth: 0, dependants: 0 }
+        UnitInfo { len, owner, refs: 0, ckpts: Vec::new(), file_len: 0, encoding: Encoding::Raw, base: None, depth: 0, dependants: 0, loc: None }
     }
 }
 
@@ -78,13 +81,17 @@ impl CheckpointStore {
         }
     }
 
-    /// Records a unit this commit wrote (after its references were added).
-    pub(crate) fn register_written(&mut self, h: &Hash, head: &unit::UnitHeader) {
+    /// Records a unit this commit wrote at `loc` (after its references were added).
+    pub(crate) fn register_written(&mut self, h: &Hash, head: &unit::UnitHeader, loc: UnitLoc) {
         if let Some(u) = self.units.get_mut(h) {
             u.file_len = head.file_len();
             u.encoding = head.encoding;
             u.base = head.base;
             u.depth = head.depth;
+            u.loc = Some(loc);
+        }
+        if self.units.contains_key(h) {
+            self.count_live(Some(loc), head.file_len());
         }
         if let Some(b) = head.base.and_then(|b| self.units.get_mut(&b)) {
             b.dependants += 1;
@@ -93,7 +100,7 @@ impl CheckpointStore {
 
     /// Drops checkpoint `id`'s references; returns the units that are no
     /// longer needed (no reference, no dependant), bases freed in turn included.
-    pub(crate) fn drop_refs(&mut self, id: u64, tensors: &[TensorEntry]) -> Vec<(Hash, u64)> {
+    pub(crate) fn drop_refs(&mut self, id: u64, tensors: &[TensorEntry]) -> Vec<(Hash, UnitInfo)> {
         let mut freed = Vec::new();
         let mut check = Vec::new();
         for t in tensors {
@@ -109,9 +116,10 @@ impl CheckpointStore {
             if u.refs > 0 || u.dependants > 0 {
                 continue;
             }
-            let (len, base) = (u.len, u.base);
-            self.units.remove(&h);
-            freed.push((h, len));
+            let base = u.base;
+            if let Some(u) = self.units.remove(&h) {
+                freed.push((h, u));
+            }
             if let Some(bh) = base {
                 if let Some(b) = self.units.get_mut(&bh) {
                     b.dependants = b.dependants.saturating_sub(1);
@@ -122,39 +130,6 @@ impl CheckpointStore {
             }
         }
         freed
-    }
-
-    /// At open: reads the header of every unit the recipes refer to, and of
-    /// the bases their deltas need, counting dependants. A header that cannot
-    /// be read leaves the unit as it is (its reads fail, naming the file).
-    pub(crate) fn resolve_units(&mut self) {
-        let mut todo: Vec<Hash> = self.units.keys().copied().collect();
-        while let Some(h) = todo.pop() {
-            let Ok(head) = unit::read_header(&self.unit_path(&h)) else { continue };
-            let Some(u) = self.units.get_mut(&h) else { continue };
-            if head.len != u.len || head.blake3 != h {
-                continue;
-            }
-            u.file_len = head.file_len();
-            u.encoding = head.encoding;
-            u.depth = head.depth;
-            u.base = head.base;
-            if let Some(b) = head.base {
-                match self.units.get_mut(&b) {
-                    Some(bu) => bu.dependants += 1,
-                    None => {
-                        // A base only deltas need: its length is in its header.
-                        let mut bu = UnitInfo::new(0, u64::MAX);
-                        if let Ok(bh) = unit::read_header(&self.unit_path(&b)) {
-                            bu.len = bh.len;
-                        }
-                        bu.dependants = 1;
-                        self.units.insert(b, bu);
-                        todo.push(b);
-                    }
-                }
-            }
-        }
     }
 
     /// The bytes of unit `h` in a hot copy, if one holds it.
@@ -169,7 +144,7 @@ impl CheckpointStore {
         self.load_unit_within(h, dst, full, CHAIN_LIMIT)
     }
 
-    fn load_unit_within(&self, h: &Hash, dst: &mut [u8], full: bool, budget: u8) -> Result<()> {
+    pub(crate) fn load_unit_within(&self, h: &Hash, dst: &mut [u8], full: bool, budget: u8) -> Result<()> {
         if let Some(b) = self.hot_unit(h).filter(|b| b.len() == dst.len()) {
             dst.copy_from_slice(b);
             if full && unit::hash(dst) != *h {
@@ -177,8 +152,7 @@ impl CheckpointStore {
             }
             return Ok(());
         }
-        unit::load_into(&self.unit_path(h), h, dst, full, budget, &mut |b, bud, d| self.load_unit_within(b, d, false, bud))
-            .map(|_| ())
+        self.load_stored(h, dst, full, budget)
     }
 
     /// The payload of unit `h` (`len` bytes), as [`Self::load_unit`] loads it.

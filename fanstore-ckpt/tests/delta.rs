@@ -60,12 +60,26 @@ fn model(ws: &[Vec<f32>], ids: &[u8]) -> Vec<u8> {
     safetensors(&ts, StOpts { metadata: true, ..StOpts::default() })
 }
 
-fn headers(dir: &Path) -> Vec<UnitHeader> {
-    std::fs::read_dir(dir.join("units")).unwrap().map(|e| unit::read_header(&e.unwrap().path()).unwrap()).collect()
+/// The headers of the units the store holds (live and bases), read where they are stored.
+fn headers(store: &CheckpointStore) -> Vec<UnitHeader> {
+    store.unit_headers().unwrap()
 }
 
 fn opts(max_chain: u8) -> StoreOptions {
     StoreOptions { max_chain, ..StoreOptions::default() }
+}
+
+fn small_packs() -> StoreOptions {
+    StoreOptions { hot: 1, pack_size: 96 << 10, compact_below_percent: 60, ..opts(2) }
+}
+
+/// (pack files, the highest pack sequence number) in a store directory.
+fn packs_on_disk(dir: &Path) -> (usize, u64) {
+    let seqs: Vec<u64> = std::fs::read_dir(dir.join("units"))
+        .unwrap()
+        .filter_map(|e| fanstore_ckpt::pack::parse_name(e.unwrap().file_name().to_str().unwrap()))
+        .collect();
+    (seqs.len(), seqs.iter().copied().max().unwrap_or(0))
 }
 
 #[test]
@@ -94,7 +108,7 @@ fn small_updates_become_bounded_deltas_and_read_back_exactly() {
     for (k, f) in files.iter().enumerate() {
         assert_eq!(&store.read(format!("run/ckpt-{k}.safetensors").as_bytes()).unwrap(), f, "checkpoint {k}");
     }
-    let hs = headers(d.path());
+    let hs = headers(&store);
     assert!(hs.iter().all(|h| h.depth <= 3), "chains are bounded");
     assert!(hs.iter().any(|h| h.depth == 3));
     let du = store.du();
@@ -130,7 +144,7 @@ fn deleting_parents_keeps_dependants_readable() {
                 assert_eq!(&store.read(format!("c{j}").as_bytes()).unwrap(), f, "after unlinking c{k}");
             }
         }
-        assert!(headers(d.path()).iter().any(|h| h.depth >= 4), "c5 still decodes through deleted versions");
+        assert!(headers(&store).iter().any(|h| h.depth >= 4), "c5 still decodes through deleted versions");
     }
     // Reopen: dependants are counted from the unit headers, nothing needed is swept.
     let mut store = CheckpointStore::open_with(d.path(), opts(8)).unwrap();
@@ -142,8 +156,12 @@ fn deleting_parents_keeps_dependants_readable() {
     assert_eq!(store.read(b"c5").unwrap(), files[&5]);
     let freed = store.unlink(b"c5").unwrap();
     assert!(freed.units_freed >= 6, "{freed:?}");
-    assert_eq!(std::fs::read_dir(d.path().join("units")).unwrap().count(), 0, "the whole chain is released");
-    assert_eq!(store.du().units, 0);
+    // The whole chain is released: the one pack left holds only dead bytes.
+    let du = store.du();
+    assert_eq!(du.units, 0);
+    let left: Vec<_> = std::fs::read_dir(d.path().join("units")).unwrap().map(|e| e.unwrap().path()).collect();
+    assert_eq!(left.len(), 1, "{left:?}");
+    assert_eq!((du.packs, du.pack_dead), (1, std::fs::metadata(&left[0]).unwrap().len()));
 }
 
 #[test]
@@ -158,10 +176,9 @@ fn a_damaged_base_is_named_by_its_dependants() {
     let b = ts(&step(&mut rng, &w));
     assert_eq!(store.commit(b"b", &b).unwrap().units_delta, 1);
     let owners = store.owners(b"a").unwrap();
-    let base = unit::path(&d.path().join("units"), &owners.rows[0].hash);
+    let (base, off, len) = store.unit_location(&owners.rows[0].hash).unwrap();
     let mut bytes = std::fs::read(&base).unwrap();
-    let n = bytes.len();
-    bytes[n - 10] ^= 1;
+    bytes[(off + len - 10) as usize] ^= 1;
     std::fs::write(&base, bytes).unwrap();
     let e = store.read(b"b").unwrap_err();
     assert!(e.is_corruption() && e.to_string().contains(&unit::hex(&owners.rows[0].hash)), "{e}");
@@ -219,15 +236,16 @@ fn hot_copies_serve_reads_and_delta_bases() {
 
 /// Random commits (each derived from a live checkpoint: small updates,
 /// rewrites, bit flips, new and dropped tensors, every dtype), unlinks,
-/// renames and reopens, with short chains; after every step every live
-/// checkpoint reads back as the model says.
+/// renames and reopens, with short chains and small packs (96 KiB, compacted
+/// below 60% live, so compaction runs often and moves delta bases); after
+/// every step every live checkpoint reads back as the model says.
 #[test]
 fn random_operations_match_a_plain_map() {
     const DTYPES: [(&str, usize); 7] = [("F32", 4), ("F16", 2), ("BF16", 2), ("F64", 8), ("I64", 8), ("U8", 1), ("I32", 4)];
     let d = tempfile::tempdir().unwrap();
     let mut rng = Rng(0xfeed_beef);
     let mut model_map: BTreeMap<String, (Vec<T>, Vec<u8>)> = BTreeMap::new();
-    let mut store = Some(CheckpointStore::open_with(d.path(), StoreOptions { hot: 1, ..opts(2) }).unwrap());
+    let mut store = Some(CheckpointStore::open_with(d.path(), small_packs()).unwrap());
     let (mut deltas, mut deepest) = (0, 0);
     let fresh = |rng: &mut Rng, i: usize| -> T {
         let (dt, w) = DTYPES[i % DTYPES.len()];
@@ -294,22 +312,29 @@ fn random_operations_match_a_plain_map() {
             }
             _ => {
                 drop(store.take());
-                store = Some(CheckpointStore::open_with(d.path(), StoreOptions { hot: 1, ..opts(2) }).unwrap());
+                store = Some(CheckpointStore::open_with(d.path(), small_packs()).unwrap());
             }
         }
         let s = store.as_ref().unwrap();
         for (p, (_, f)) in &model_map {
             assert_eq!(&s.read(p.as_bytes()).unwrap(), f, "op {op}: {p}");
         }
-        let hs = headers(d.path());
+        let hs = headers(s);
         assert!(hs.iter().all(|h| h.depth <= 2), "op {op}");
         deepest = hs.iter().map(|h| h.depth).max().unwrap_or(0).max(deepest);
     }
     assert!(deltas > 50 && deepest == 2, "{deltas} deltas, deepest chain {deepest}");
+    let (files, highest) = packs_on_disk(d.path());
+    assert!(highest > files as u64 + 3, "packs were compacted away: {files} files, highest pack {highest}");
     let mut s = store.take().unwrap();
     assert!(s.verify(None).unwrap().ok());
     for p in model_map.keys() {
         s.unlink(p.as_bytes()).unwrap();
     }
-    assert_eq!(std::fs::read_dir(d.path().join("units")).unwrap().count(), 0, "every unit and base released");
+    // Every unit and base released: at most the active pack is left, all of it dead bytes.
+    let du = s.du();
+    assert_eq!(du.units, 0);
+    let left: Vec<_> = std::fs::read_dir(d.path().join("units")).unwrap().map(|e| e.unwrap().path()).collect();
+    assert!(left.len() <= 1, "{left:?}");
+    assert_eq!(du.pack_dead, left.iter().map(|p| std::fs::metadata(p).unwrap().len()).sum::<u64>());
 }

@@ -31,12 +31,9 @@ fn path(epoch: u64) -> Vec<u8> {
     format!("run1/checkpoint-{epoch}.safetensors").into_bytes()
 }
 
-fn unit_files(dir: &std::path::Path) -> HashSet<String> {
-    let mut s = HashSet::new();
-    for f in std::fs::read_dir(dir.join("units")).unwrap() {
-        s.insert(f.unwrap().file_name().to_string_lossy().trim_end_matches(".fsu").to_string());
-    }
-    s
+/// The units the store holds (live and delta bases), each read from where it is stored.
+fn unit_files(store: &CheckpointStore) -> HashSet<String> {
+    store.unit_headers().unwrap().iter().map(|h| fanstore_ckpt::unit::hex(&h.blake3)).collect()
 }
 
 #[test]
@@ -99,21 +96,21 @@ fn fine_tuning_series_dedups_tracks_owners_and_survives_deletion() {
     assert!(ls.to_table().contains("checkpoint-10.safetensors"));
 
     // Keep the last five.
-    let before = unit_files(d.path());
+    let before = unit_files(&store);
     let mut freed = 0;
     for e in 1..=5 {
         freed += store.unlink(&path(e)).unwrap().units_freed;
     }
     // Units of 1..5's trained halves are gone; checkpoint 1's frozen half stays.
     assert_eq!(freed, 5 * 2 * (TENSORS - FROZEN));
-    let after = unit_files(d.path());
+    let after = unit_files(&store);
     let mut live_units = HashSet::new();
     for e in 6..=10 {
         for r in store.owners(&path(e)).unwrap().rows {
             live_units.insert(fanstore_ckpt::unit::hex(&r.hash));
         }
     }
-    assert_eq!(after, live_units, "unit files on disk = units referenced by 6..10");
+    assert_eq!(after, live_units, "units stored = units referenced by 6..10");
     assert_eq!(before.len() - after.len(), freed);
     for e in 6..=10 {
         assert!(store.read(&path(e)).unwrap() == model(e).1, "checkpoint {e} reads back exactly");

@@ -47,8 +47,8 @@ fn a_corrupt_unit_is_named_by_verify_and_never_read_back() {
     }
     assert!(store.verify(None).unwrap().ok());
     let h = unit::hash(&shared);
-    let upath = unit::path(&d.path().join("units"), &h);
-    flip(&upath, unit::HEADER_LEN as u64 + 12345);
+    let (upath, at, _) = store.unit_location(&h).unwrap();
+    flip(&upath, at + unit::HEADER_LEN as u64 + 12345);
 
     let v = store.verify(None).unwrap();
     assert!(!v.ok());
@@ -68,7 +68,8 @@ fn a_corrupt_unit_is_named_by_verify_and_never_read_back() {
     for p in [&b"c/1"[..], b"c/2"] {
         let e = store.read(p).unwrap_err();
         assert!(e.is_corruption(), "{e}");
-        assert!(e.to_string().contains(".fsu") && e.to_string().contains("unit payload"), "{e}");
+        assert!(e.to_string().contains(".fsk") && e.to_string().contains("unit payload"), "{e}");
+        assert!(e.to_string().contains(&format!("offset {}", at + unit::HEADER_LEN as u64)), "{e}");
         let mut sink = Sink(Vec::new());
         assert!(store.read_to(p, &mut sink).unwrap_err().is_corruption());
         let orig = if p == b"c/1" { &f1 } else { &f2 };
@@ -77,16 +78,33 @@ fn a_corrupt_unit_is_named_by_verify_and_never_read_back() {
     }
     assert_eq!(store.read(b"c/3").unwrap(), f3);
 
-    // A flipped header byte and a missing unit file are named too.
+    // A flipped header byte and an overwritten record are named too.
     let hs = unit::hash(&small);
-    flip(&unit::path(&d.path().join("units"), &hs), 20);
+    let (spath, sat, _) = store.unit_location(&hs).unwrap();
+    flip(&spath, sat + 20);
     let e = store.read(b"c/1").unwrap_err().to_string();
     assert!(e.contains("checksum mismatch in unit"), "{e}");
-    std::fs::remove_file(unit::path(&d.path().join("units"), &unit::hash(&other))).unwrap();
+    let v = store.verify(Some(b"c/1")).unwrap();
+    let p = v.problems.iter().find(|p| p.unit == Some(hs)).expect("the damaged header is named");
+    assert!(p.problem.contains("checksum mismatch in unit header") && p.problem.contains(&format!("offset {sat}")), "{}", p.problem);
+    let ho = unit::hash(&other);
+    let (opath, oat, olen) = store.unit_location(&ho).unwrap();
+    let mut b = std::fs::read(&opath).unwrap();
+    b[oat as usize..(oat + olen) as usize].fill(0);
+    std::fs::write(&opath, b).unwrap();
     let v = store.verify(None).unwrap();
     assert_eq!(v.affected(), vec![1, 2, 3]);
     assert!(v.problems.iter().any(|p| p.ckpt.id == 3 && p.tensor.as_deref() == Some(&b"head"[..])));
+    let e = store.read(b"c/3").unwrap_err();
+    assert!(e.is_corruption() && e.to_string().contains("bad magic"), "{e}");
+    // Reopened, the pack's scan stops at that record: the pack is left as it
+    // is (units are missing), reported, and the missing unit is an I/O error.
+    let damaged_len = std::fs::metadata(&opath).unwrap().len();
+    drop(store);
+    let store = CheckpointStore::open(d.path()).unwrap();
+    assert!(store.repairs().iter().any(|r| r.contains(".fsk") && r.contains("left in place")), "{:?}", store.repairs());
     assert!(matches!(store.read(b"c/3"), Err(CkptError::Io { .. })));
+    assert_eq!(std::fs::metadata(&opath).unwrap().len(), damaged_len, "a pack with missing units is not truncated");
 }
 
 #[test]
@@ -159,8 +177,18 @@ fn crash_leftovers_are_swept_at_open() {
     unit::write(&op, &unit::UnitHeader::raw(6, orphan, 0), b"orphan").unwrap();
     std::fs::write(d.path().join("recipes").join(fanstore_ckpt::recipe::file_name(2)), b"half a recipe").unwrap();
     std::fs::write(d.path().join("tmp/77.tmp"), b"partial").unwrap();
+    // ... and a torn append: half a record at the end of the pack.
+    let pack = d.path().join("units").join(fanstore_ckpt::pack::file_name(1));
+    let pack_len = std::fs::metadata(&pack).unwrap().len();
+    let torn = unit::UnitHeader::raw(1000, orphan, 0).encode();
+    let mut pf = std::fs::OpenOptions::new().append(true).open(&pack).unwrap();
+    std::io::Write::write_all(&mut pf, &torn[..]).unwrap();
+    std::io::Write::write_all(&mut pf, &[7u8; 300]).unwrap();
+    drop(pf);
     assert!(bytes_on_disk(d.path()) > clean);
     let store = CheckpointStore::open(d.path()).unwrap();
+    assert_eq!(std::fs::metadata(&pack).unwrap().len(), pack_len, "the torn record is truncated away");
+    assert!(store.repairs().iter().any(|r| r.contains("torn append")), "{:?}", store.repairs());
     assert_eq!(bytes_on_disk(d.path()), clean);
     assert!(!op.exists());
     assert_eq!(store.read(b"a").unwrap(), f);

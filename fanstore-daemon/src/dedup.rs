@@ -36,6 +36,7 @@
 //! against the old ones.
 
 use fanstore_ckpt::catalog::{self, Catalog};
+use fanstore_ckpt::pack;
 use fanstore_ckpt::store::{RECIPES_DIR, UNITS_DIR};
 use fanstore_ckpt::{CheckpointStore, CkptError, CommitInfo, StoreOptions};
 use fanstore_core::checksum::StreamingChecksum;
@@ -192,7 +193,8 @@ fn demote_worker(dir: PathBuf, held: std::sync::Weak<RwLock<Held>>, rx: std::syn
 impl Dedup {
     /// Opens (creating) the store in `dir`.
     pub fn open(dir: &Path, min: u64, fsync: bool, hot: usize) -> Result<Dedup, CkptError> {
-        let store = CheckpointStore::open_with(dir, StoreOptions { fsync, hot, ..StoreOptions::default() })?;
+        let mut store = CheckpointStore::open_with(dir, StoreOptions { fsync, hot, ..StoreOptions::default() })?;
+        log_repairs(&mut store);
         let held = Arc::new(RwLock::new(Held { store, keys: HashMap::new(), hot: HashMap::new() }));
         let (tx, rx) = std::sync::mpsc::channel();
         let (d, weak) = (dir.to_path_buf(), Arc::downgrade(&held));
@@ -266,6 +268,7 @@ impl Dedup {
         if let Err(e) = h.store.unlink(&key) {
             log::warn!("checkpoint store: unlinking '{}': {e}", String::from_utf8_lossy(&key));
         }
+        log_repairs(&mut h.store);
         h.trim_hot();
         true
     }
@@ -399,9 +402,11 @@ impl Dedup {
     }
 
     /// Copies the store to `dst` (`--persist/ckpt/rank-<r>`), pausing
-    /// commits and unlinks meanwhile: units and recipes not there yet
-    /// (content-named, immutable), one syncfs, then the catalog (fsynced,
-    /// renamed into place: the commit point). Returns the checkpoints it holds.
+    /// commits and unlinks meanwhile: recipes and unit files not there yet
+    /// (content-named, immutable), packs that are new or grew (see
+    /// [`copy_pack`]), one syncfs, then the catalog (fsynced, renamed into
+    /// place: the commit point), then what the store no longer has (packs
+    /// compaction deleted, released recipes). Returns the checkpoints it holds.
     pub fn drain_to(&self, dst: &Path) -> io::Result<usize> {
         let h = self.write();
         h.store.sync().map_err(|e| io::Error::other(e.to_string()))?;
@@ -411,7 +416,9 @@ impl Dedup {
             for e in std::fs::read_dir(&from)? {
                 let e = e?;
                 let target = to.join(e.file_name());
-                if !target.exists() {
+                if e.file_name().to_str().and_then(pack::parse_name).is_some() {
+                    copy_pack(&e.path(), &target)?;
+                } else if !target.exists() {
                     let tmp = to.join(format!(".tmp.{}", std::process::id()));
                     std::fs::copy(e.path(), &tmp).and_then(|_| std::fs::rename(&tmp, &target)).inspect_err(|_| {
                         let _ = std::fs::remove_file(&tmp);
@@ -432,6 +439,46 @@ impl Dedup {
             }
         }
         Ok(h.store.entries().iter().filter(|e| e.live).count())
+    }
+}
+
+/// Brings the drained copy `to` of pack `from` up to date. Packs only grow
+/// at their end, so a copy with the same header (sequence number and
+/// nonce) and a shorter length is the start of the pack: only the tail is
+/// appended. Anything else (no copy, another pack of that name, a longer
+/// copy) is replaced whole through a temp file renamed into place. A drain
+/// that stops while appending leaves a torn tail past every record the
+/// drained catalog refers to, which open truncates.
+fn copy_pack(from: &Path, to: &Path) -> io::Result<()> {
+    use std::os::unix::fs::FileExt;
+    let (src, head) = pack::open(from).map_err(|e| io::Error::other(e.to_string()))?;
+    let len = src.metadata()?.len();
+    if let Ok((dst, dhead)) = pack::open(to) {
+        let have = dst.metadata()?.len();
+        if dhead == head && have <= len {
+            let mut buf = vec![0u8; (len - have).min(8 << 20) as usize];
+            let mut at = have;
+            while at < len {
+                let n = (len - at).min(buf.len() as u64) as usize;
+                src.read_exact_at(&mut buf[..n], at)?;
+                dst.write_all_at(&buf[..n], at)?;
+                at += n as u64;
+            }
+            return Ok(());
+        }
+    }
+    let tmp = to.with_file_name(format!(".tmp.{}", std::process::id()));
+    std::fs::copy(from, &tmp).and_then(|_| std::fs::rename(&tmp, to)).inspect_err(|_| {
+        let _ = std::fs::remove_file(&tmp);
+    })?;
+    Ok(())
+}
+
+/// Logs what the store repaired at open or reported since (torn packs,
+/// compaction faults).
+fn log_repairs(store: &mut CheckpointStore) {
+    for r in store.take_repairs() {
+        log::warn!("checkpoint store: {r}");
     }
 }
 
@@ -764,9 +811,37 @@ mod tests {
     }
 
     #[test]
+    fn a_drain_appends_what_a_pack_grew_and_replaces_another_pack_of_that_name() {
+        use std::os::unix::fs::{FileExt, MetadataExt};
+        let d = tempfile::tempdir().unwrap();
+        let (src, dst) = (d.path().join("src.fsk"), d.path().join("dst.fsk"));
+        let f = pack::create(&src, &pack::PackHeader { seq: 1, nonce: 5 }).unwrap();
+        f.write_all_at(&[1u8; 1000], pack::HEADER_LEN as u64).unwrap();
+        copy_pack(&src, &dst).unwrap();
+        assert_eq!(std::fs::read(&dst).unwrap(), std::fs::read(&src).unwrap());
+        let ino = std::fs::metadata(&dst).unwrap().ino();
+        // The pack grew: only the tail is appended, in place.
+        f.write_all_at(&[2u8; 700], pack::HEADER_LEN as u64 + 1000).unwrap();
+        copy_pack(&src, &dst).unwrap();
+        assert_eq!(std::fs::read(&dst).unwrap(), std::fs::read(&src).unwrap());
+        assert_eq!(std::fs::metadata(&dst).unwrap().ino(), ino, "appended, not rewritten");
+        // A pack of the same name from another store (other nonce), shorter: replaced whole.
+        std::fs::remove_file(&src).unwrap();
+        let g = pack::create(&src, &pack::PackHeader { seq: 1, nonce: 6 }).unwrap();
+        g.write_all_at(&[3u8; 10], pack::HEADER_LEN as u64).unwrap();
+        copy_pack(&src, &dst).unwrap();
+        assert_eq!(std::fs::read(&dst).unwrap(), std::fs::read(&src).unwrap());
+        // Unchanged: nothing to do.
+        let ino = std::fs::metadata(&dst).unwrap().ino();
+        copy_pack(&src, &dst).unwrap();
+        assert_eq!(std::fs::metadata(&dst).unwrap().ino(), ino);
+    }
+
+    #[test]
     fn drain_adopt_and_sweep() {
         let d = tempfile::tempdir().unwrap();
         let bytes: Vec<u8> = (0..300_000u32).map(|i| (i * 7 % 253) as u8).collect();
+        let more: Vec<u8> = (0..200_000u32).map(|i| (i * 13 % 251) as u8).collect();
         let persist = d.path().join("persist");
         {
             let dd = Dedup::open(&d.path().join("a"), 0, false, 2).unwrap();
@@ -774,6 +849,15 @@ mod tests {
             dd.settle(5, b"c/1");
             dd.stage(b"c/2", 6, &bytes[..1000]).unwrap(); // staged only: swept after adoption
             dd.drain_to(&drained_dir(&persist, 3)).unwrap();
+            // The pack grows after the first drain: the second one appends its tail.
+            dd.stage(b"c/3", 7, &more).unwrap();
+            dd.settle(7, b"c/3");
+            dd.drain_to(&drained_dir(&persist, 3)).unwrap();
+            let local_units = d.path().join("a").join(UNITS_DIR);
+            for e in std::fs::read_dir(&local_units).unwrap().flatten() {
+                let there = drained_dir(&persist, 3).join(UNITS_DIR).join(e.file_name());
+                assert_eq!(std::fs::read(e.path()).unwrap(), std::fs::read(there).unwrap(), "{:?}", e.file_name());
+            }
         }
         let cats = persisted_catalogs(&persist).unwrap();
         assert_eq!(cats.get(&b"c/1"[..]), Some(&3));
@@ -784,17 +868,24 @@ mod tests {
         assert!(dd.claim(9, b"c/1"));
         assert!(!dd.claim(10, b"c/1"), "one id per checkpoint");
         assert!(!dd.claim(10, b"c/nope"));
+        assert!(dd.claim(11, b"c/3"));
         assert_eq!(dd.sweep_unclaimed(), 1);
         let mut out = Vec::new();
         dd.read_output(9, &mut out).unwrap();
         assert_eq!(out, bytes);
-        // A damaged unit is EIO, never wrong bytes.
-        let units: Vec<_> = std::fs::read_dir(local.join(UNITS_DIR)).unwrap().flatten().map(|e| e.path()).collect();
-        for u in &units {
-            let mut b = std::fs::read(u).unwrap();
-            let n = b.len();
-            b[n - 1] ^= 0xff;
-            std::fs::write(u, b).unwrap();
+        let mut out = Vec::new();
+        dd.read_output(11, &mut out).unwrap();
+        assert_eq!(out, more);
+        // A damaged unit is EIO, never wrong bytes: the last byte of every record.
+        let packs: Vec<_> = std::fs::read_dir(local.join(UNITS_DIR)).unwrap().flatten().map(|e| e.path()).collect();
+        assert!(!packs.is_empty());
+        for p in &packs {
+            let records = pack::scan(p).unwrap().records;
+            let mut b = std::fs::read(p).unwrap();
+            for r in records {
+                b[(r.end() - 1) as usize] ^= 0xff;
+            }
+            std::fs::write(p, b).unwrap();
         }
         assert_eq!(dd.read_output(9, &mut Vec::new()), Err(libc::EIO));
         let v = dd.query(&Query::Verify { path: None, json: false }).unwrap();

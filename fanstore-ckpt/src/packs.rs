@@ -1,0 +1,606 @@
+//! The store's packs ([`mod@crate::pack`]): which exist, the one units are
+//! appended to, how many bytes of each hold live units, where every unit
+//! is, and compaction.
+//!
+//! **Appending.** A new unit is encoded, then reserves `128 + body` bytes
+//! at the end of an active pack (a short critical section) and is
+//! pwritten there. Each encode/write thread of a commit (a *lane*) has an
+//! active pack of its own: buffered writes into one file serialize on its
+//! inode lock (two threads writing 5 MiB records into one file took 2-4x
+//! as long as into two files here). Past [`crate::StoreOptions::pack_size`] the next
+//! reservation starts a new pack. A failed write retires the active pack
+//! (the next unit starts a new one), so that nothing committed is ever
+//! appended after a hole.
+//!
+//! **Locations at open.** Every pack's record headers are scanned (one
+//! pread per record, bodies skipped); a unit referenced by a live recipe,
+//! or needed as a delta base, is located in the pack records first and in
+//! a unit file (`<blake3>.fsu`, stores written before packs) second. A unit
+//! with records in several packs takes the latest whose body checks out.
+//! A pack whose scan stopped early (a torn append) is truncated at its last
+//! good record when every needed unit was found, and reported by
+//! [`CheckpointStore::repairs`]; when some unit is missing it is left
+//! untouched and marked damaged (never appended to, compacted or deleted).
+//!
+//! **Dead bytes and compaction.** Freeing a unit leaves its record in place
+//! as dead bytes of its pack. When a pack holds less than
+//! [`crate::StoreOptions::compact_below_percent`] live bytes (the active
+//! one once it holds at least `min(1 MiB, pack_size / 2)` of records; a
+//! new active pack is started first), its live records are appended to the
+//! active pack, the destination is
+//! fdatasync'd (always: compaction must not make old data less durable),
+//! the locations switch, and the old pack is unlinked. A crash before the
+//! unlink leaves two records of those units (either reads back; open takes
+//! the latest that checks out); after it, only the synced copies. Delta
+//! bases are units like any other (their dependants keep them live), and
+//! records are copied as they are, so chains are unchanged.
+
+use crate::error::{CkptError, Result};
+use crate::pack::{self, PackHeader, Record};
+use crate::store::CheckpointStore;
+use crate::unit::{self, Hash, UnitHeader};
+use std::collections::{BTreeMap, BTreeSet, HashMap};
+use std::fs::File;
+use std::os::unix::fs::FileExt;
+use std::path::PathBuf;
+use std::sync::{Arc, Mutex, MutexGuard};
+
+/// Called with the name of each step of a compaction (see
+/// [`CheckpointStore::set_compaction_hook`]).
+pub type CompactionHook = Box<dyn Fn(&str) + Send + Sync>;
+
+/// Where a unit's stored bytes are.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum UnitLoc {
+    /// A unit file `units/<blake3>.fsu` (stores written before packs).
+    File,
+    /// The record at byte `off` of pack `seq`.
+    Pack { seq: u64, off: u64 },
+}
+
+/// One pack as the store knows it.
+pub(crate) struct Pack {
+    pub path: PathBuf,
+    pub file: Arc<File>,
+    /// Bytes of the file, reservations included (the next record goes here).
+    pub end: u64,
+    /// Bytes of the records that hold live units.
+    pub live: u64,
+    /// Holds bytes a scan could not parse while some needed unit was not
+    /// found: never appended to, truncated, compacted or deleted.
+    pub damaged: bool,
+}
+
+/// Every pack of a store, and the one being appended to.
+pub(crate) struct PackSet {
+    dir: PathBuf,
+    packs: BTreeMap<u64, Pack>,
+    /// The pack each writer thread (lane) appends to.
+    active: Vec<Option<u64>>,
+    pack_size: u64,
+    /// No new pack takes a lower number (packs open left unread, as damaged, keep theirs).
+    next_floor: u64,
+}
+
+impl PackSet {
+    pub fn new(units_dir: PathBuf, opts: &crate::StoreOptions) -> PackSet {
+        PackSet {
+            dir: units_dir,
+            packs: BTreeMap::new(),
+            active: vec![None; opts.threads + 1],
+            pack_size: opts.pack_size.max(pack::HEADER_LEN as u64 + 1),
+            next_floor: 1,
+        }
+    }
+
+    fn is_active(&self, seq: u64) -> bool {
+        self.active.contains(&Some(seq))
+    }
+
+    /// The highest sequence number (never deleted, so never reused).
+    fn last(&self) -> Option<u64> {
+        self.packs.keys().next_back().copied()
+    }
+
+    /// Reserves `len` bytes for one record in the pack of writer `lane`:
+    /// (pack, its file and path, offset).
+    fn reserve(&mut self, lane: usize, len: u64) -> Result<(u64, Arc<File>, PathBuf, u64)> {
+        let size = self.pack_size;
+        let lane = lane % self.active.len();
+        let fits = |p: &Pack| !p.damaged && (p.end == pack::HEADER_LEN as u64 || p.end.saturating_add(len) <= size);
+        let seq = match self.active[lane].filter(|s| self.packs.get(s).is_some_and(fits)) {
+            Some(s) => s,
+            None => self.roll(lane)?,
+        };
+        let Some(p) = self.packs.get_mut(&seq) else { unreachable!("the active pack is in the set") };
+        let off = p.end;
+        p.end += len;
+        Ok((seq, p.file.clone(), p.path.clone(), off))
+    }
+
+    /// Starts a new pack for writer `lane`.
+    fn roll(&mut self, lane: usize) -> Result<u64> {
+        let seq = self.last().map_or(1, |s| s + 1).max(self.next_floor);
+        self.next_floor = seq + 1;
+        let header = PackHeader { seq, nonce: pack::new_nonce(seq) };
+        let path = pack::path(&self.dir, seq);
+        let file = Arc::new(pack::create(&path, &header)?);
+        self.packs.insert(seq, Pack { path, file, end: pack::HEADER_LEN as u64, live: 0, damaged: false });
+        self.active[lane] = Some(seq);
+        Ok(seq)
+    }
+
+    /// After a failed write into pack `seq`: append nothing more to it.
+    fn retire(&mut self, seq: u64) {
+        for a in self.active.iter_mut().filter(|a| **a == Some(seq)) {
+            *a = None;
+        }
+    }
+
+    fn add_live(&mut self, seq: u64, n: u64) {
+        if let Some(p) = self.packs.get_mut(&seq) {
+            p.live += n;
+        }
+    }
+
+    fn sub_live(&mut self, seq: u64, n: u64) {
+        if let Some(p) = self.packs.get_mut(&seq) {
+            p.live = p.live.saturating_sub(n);
+        }
+    }
+
+    /// Pack `seq`'s file and path.
+    fn file(&self, seq: u64) -> Option<(Arc<File>, PathBuf)> {
+        self.packs.get(&seq).map(|p| (p.file.clone(), p.path.clone()))
+    }
+
+    /// A pack to compact: not damaged, not the last one unless it is the
+    /// active one, with fewer than `percent` % of its record bytes live
+    /// (or none at all). The active pack also needs `min(1 MiB, pack
+    /// size / 2)` of records, so that small frees do not roll pack after
+    /// pack; without it a store smaller than one pack would never give
+    /// back the space of deleted checkpoints.
+    fn sparse(&self, percent: u8) -> Option<u64> {
+        let last = self.last();
+        let floor = (1u64 << 20).min(self.pack_size / 2);
+        self.packs
+            .iter()
+            .filter(|(&s, p)| !p.damaged && (Some(s) != last || self.is_active(s)))
+            .find(|(&s, p)| {
+                let records = p.end - pack::HEADER_LEN as u64;
+                if self.is_active(s) && records < floor.max(1) {
+                    return false;
+                }
+                p.live == 0 || (records as u128) * percent as u128 > p.live as u128 * 100
+            })
+            .map(|(&s, _)| s)
+    }
+
+    /// (packs, bytes of pack files that hold no live unit).
+    pub fn usage(&self) -> (u64, u64) {
+        (self.packs.len() as u64, self.packs.values().map(|p| p.end.saturating_sub(p.live)).sum())
+    }
+}
+
+fn lock(m: &Mutex<PackSet>) -> MutexGuard<'_, PackSet> {
+    m.lock().unwrap_or_else(|p| p.into_inner())
+}
+
+/// Copies `len` bytes from `src` at `from` to `dst` at `to`.
+fn copy_range(src: &File, from: u64, dst: &File, to: u64, len: u64) -> std::io::Result<()> {
+    let mut buf = vec![0u8; len.min(4 << 20) as usize];
+    let mut done = 0;
+    while done < len {
+        let n = (len - done).min(buf.len() as u64) as usize;
+        src.read_exact_at(&mut buf[..n], from + done)?;
+        dst.write_all_at(&buf[..n], to + done)?;
+        done += n as u64;
+    }
+    Ok(())
+}
+
+/// Names unit `h` in a format error found in its pack record.
+fn name_unit(e: CkptError, h: &Hash) -> CkptError {
+    let tag = |entry: String| format!("{entry} of {}", unit::hex(h));
+    match e {
+        CkptError::Checksum { file, entry, offset, stored, computed } => {
+            CkptError::Checksum { file, entry: tag(entry), offset, stored, computed }
+        }
+        CkptError::Corrupt { file, entry, offset, problem } => CkptError::Corrupt { file, entry: tag(entry), offset, problem },
+        CkptError::Truncated { file, entry, offset, needed, len } => CkptError::Truncated { file, entry: tag(entry), offset, needed, len },
+        other => other,
+    }
+}
+
+/// The records of one unit found by the scans at open: (pack, record).
+type Candidates = Vec<(u64, Record)>;
+
+/// The scans of every pack at open (path, open file, records), by sequence number.
+type Scans = BTreeMap<u64, (PathBuf, File, pack::Scan)>;
+
+/// Chooses which record of unit `h` (of `len` bytes when known) to use
+/// when several packs hold one: the latest whose body checks out and whose
+/// delta base can be located in turn (all records of a unit decode to the
+/// same bytes, but one left dead by an unlink may be a delta against a
+/// base that is gone since, and with one pack per writer lane a higher
+/// sequence number is not always a later write); the latest, failing
+/// that. A single record is taken as it is (damage shows when it is read).
+fn pick_record(h: &Hash, len: Option<u64>, index: &HashMap<Hash, Candidates>, scans: &Scans, units_dir: &std::path::Path, depth: u8) -> Option<(u64, Record)> {
+    let cands: Vec<&(u64, Record)> = index.get(h)?.iter().filter(|(_, r)| len.is_none_or(|l| r.head.len == l)).collect();
+    if cands.len() <= 1 {
+        return cands.first().map(|c| **c);
+    }
+    let base_found = |b: &Hash| {
+        depth < crate::units::CHAIN_LIMIT
+            && (pick_record(b, None, index, scans, units_dir, depth + 1).is_some() || unit::path(units_dir, b).exists())
+    };
+    let usable =
+        |(seq, r): &(u64, Record)| scans.get(seq).is_some_and(|(p, f, _)| pack::body_ok(p, f, r)) && r.head.base.as_ref().is_none_or(base_found);
+    cands.iter().rev().find(|c| usable(c)).or(cands.last()).map(|c| **c)
+}
+
+impl CheckpointStore {
+    pub(crate) fn packs(&self) -> MutexGuard<'_, PackSet> {
+        lock(&self.packs)
+    }
+
+    /// Appends one encoded unit (`head`, `body`) to the pack of writer
+    /// `lane` and returns where it is. The pack's live bytes count it once
+    /// the commit registers it ([`Self::register_written`]).
+    pub(crate) fn append_unit(&self, lane: usize, head: &UnitHeader, body: &[u8]) -> Result<UnitLoc> {
+        let len = unit::HEADER_LEN as u64 + body.len() as u64;
+        let (seq, f, path, off) = self.packs().reserve(lane, len)?;
+        let r = f.write_all_at(&head.encode(), off).and_then(|_| f.write_all_at(body, off + unit::HEADER_LEN as u64));
+        if let Err(e) = r {
+            self.packs().retire(seq);
+            return Err(CkptError::io(path, e));
+        }
+        Ok(UnitLoc::Pack { seq, off })
+    }
+
+    /// Counts a unit located at `loc` (`len` record bytes) as live.
+    pub(crate) fn count_live(&self, loc: Option<UnitLoc>, len: u64) {
+        if let Some(UnitLoc::Pack { seq, .. }) = loc {
+            self.packs().add_live(seq, len);
+        }
+    }
+
+    /// A freed unit's stored bytes: a unit file is deleted, a pack record
+    /// becomes dead bytes of its pack.
+    pub(crate) fn forget_stored(&self, h: &Hash, loc: Option<UnitLoc>, len: u64) {
+        match loc {
+            Some(UnitLoc::Pack { seq, .. }) => self.packs().sub_live(seq, len),
+            Some(UnitLoc::File) | None => {
+                let _ = std::fs::remove_file(self.unit_path(h));
+            }
+        }
+    }
+
+    /// Loads unit `h` from where it is stored (see [`unit::load_at`]).
+    pub(crate) fn load_stored(&self, h: &Hash, dst: &mut [u8], full: bool, budget: u8) -> Result<()> {
+        let loc = self.units.get(h).and_then(|u| u.loc);
+        let Some(UnitLoc::Pack { seq, off }) = loc else {
+            return unit::load_into(&self.unit_path(h), h, dst, full, budget, &mut |b, bud, d| self.load_unit_within(b, d, false, bud))
+                .map(|_| ());
+        };
+        let Some((f, path)) = self.packs().file(seq) else {
+            return Err(CkptError::Invalid(format!("unit {} is in pack {seq}, which is gone", unit::hex(h))));
+        };
+        let mut from_base = false;
+        let r = unit::load_at(&path, &f, off, h, dst, full, budget, &mut |b, bud, d| {
+            self.load_unit_within(b, d, false, bud).inspect_err(|_| from_base = true)
+        });
+        match r {
+            Ok(_) => Ok(()),
+            Err(e) if from_base => Err(e),
+            Err(e) => Err(name_unit(e, h)),
+        }
+    }
+
+    /// Where unit `h` is stored: (file, offset of its record or 0 for a
+    /// unit file, bytes of the record). For tests and tools that inspect
+    /// or damage stored bytes.
+    pub fn unit_location(&self, h: &Hash) -> Option<(PathBuf, u64, u64)> {
+        let u = self.units.get(h)?;
+        match u.loc? {
+            UnitLoc::File => Some((self.unit_path(h), 0, u.file_len)),
+            UnitLoc::Pack { seq, off } => self.packs().file(seq).map(|(_, p)| (p, off, u.file_len)),
+        }
+    }
+
+    /// The header of every stored unit (live ones and the bases deltas
+    /// need), read from where it is stored, in no particular order.
+    pub fn unit_headers(&self) -> Result<Vec<UnitHeader>> {
+        let mut out = Vec::with_capacity(self.units.len());
+        for h in self.units.keys() {
+            let head = match self.unit_location(h) {
+                Some((path, off, _)) if off > 0 => {
+                    let f = File::open(&path).map_err(|e| CkptError::io(&path, e))?;
+                    unit::read_header_at(&path, &f, off)?
+                }
+                _ => unit::read_header(&self.unit_path(h))?,
+            };
+            out.push(head);
+        }
+        Ok(out)
+    }
+
+    /// What open repaired or found damaged in the packs (a truncated torn
+    /// append, a pack left alone because a unit is missing), and faults of
+    /// compactions since; each names the file. The caller logs them.
+    pub fn repairs(&self) -> &[String] {
+        &self.repairs
+    }
+
+    /// [`Self::repairs`], emptied (to log each once).
+    pub fn take_repairs(&mut self) -> Vec<String> {
+        std::mem::take(&mut self.repairs)
+    }
+
+    /// Calls `hook` with the name of each step of a compaction as it is
+    /// reached ("record copied", "copies synced", "pack removed"): tests
+    /// snapshot the directory there to check what a crash would leave.
+    pub fn set_compaction_hook(&mut self, hook: Option<CompactionHook>) {
+        self.compaction_hook = hook;
+    }
+
+    fn step(&self, name: &str) {
+        if let Some(h) = &self.compaction_hook {
+            h(name);
+        }
+    }
+
+    /// At open: scans every pack, then locates every unit the live recipes
+    /// refer to (and the bases their deltas need, counting dependants),
+    /// counts live bytes per pack, truncates torn tails when nothing needed
+    /// is missing, and picks the pack to append to. A unit that cannot be
+    /// located keeps no location: its reads fail naming it.
+    pub(crate) fn locate_units(&mut self) -> Result<()> {
+        let udir = self.dir.join(crate::store::UNITS_DIR);
+        let mut scans: Scans = BTreeMap::new();
+        let mut broken: Vec<(PathBuf, CkptError)> = Vec::new();
+        for ent in std::fs::read_dir(&udir).map_err(|e| CkptError::io(&udir, e))? {
+            let ent = ent.map_err(|e| CkptError::io(&udir, e))?;
+            let Some(seq) = ent.file_name().to_str().and_then(pack::parse_name) else {
+                continue;
+            };
+            let path = ent.path();
+            let opened = pack::open(&path).and_then(|(f, h)| {
+                if h.seq != seq {
+                    return Err(CkptError::Corrupt {
+                        file: path.clone(),
+                        entry: "pack header".into(),
+                        offset: 16,
+                        problem: format!("sequence number {}, the file is named {seq}", h.seq),
+                    });
+                }
+                pack::scan_open(&path, &f, h).map(|s| (f, s))
+            });
+            match opened {
+                Ok(x) => {
+                    scans.insert(seq, (path, x.0, x.1));
+                }
+                Err(e) => broken.push((path, e)),
+            }
+        }
+        let mut index: HashMap<Hash, Candidates> = HashMap::new();
+        for (&seq, (_, _, s)) in &scans {
+            for r in &s.records {
+                index.entry(r.head.blake3).or_default().push((seq, *r));
+            }
+        }
+        let mut todo: Vec<Hash> = self.units.keys().copied().collect();
+        while let Some(h) = todo.pop() {
+            let want = self.units.get(&h).map_or(0, |u| u.len);
+            let known_len = want != 0 || self.units.get(&h).is_some_and(|u| u.owner != u64::MAX);
+            let picked = pick_record(&h, known_len.then_some(want), &index, &scans, &udir, 0);
+            let (head, loc) = match picked {
+                Some((seq, r)) => (r.head, UnitLoc::Pack { seq, off: r.off }),
+                None => match unit::read_header(&self.unit_path(&h)) {
+                    Ok(head) if head.blake3 == h && (!known_len || head.len == want) => (head, UnitLoc::File),
+                    _ => continue,
+                },
+            };
+            let Some(u) = self.units.get_mut(&h) else {
+                continue;
+            };
+            u.len = head.len;
+            u.file_len = head.file_len();
+            u.encoding = head.encoding;
+            u.depth = head.depth;
+            u.base = head.base;
+            u.loc = Some(loc);
+            if let Some(b) = head.base {
+                match self.units.get_mut(&b) {
+                    Some(bu) => bu.dependants += 1,
+                    None => {
+                        // A base only deltas need: its length is in its header.
+                        let mut bu = crate::units::UnitInfo::new(0, u64::MAX);
+                        bu.dependants = 1;
+                        self.units.insert(b, bu);
+                        todo.push(b);
+                    }
+                }
+            }
+        }
+        let missing: Vec<Hash> = self.units.iter().filter(|(_, u)| u.loc.is_none()).map(|(h, _)| *h).collect();
+        let mut set = PackSet::new(udir, &self.opts);
+        for (path, e) in broken {
+            let seq = path.file_name().and_then(|n| n.to_str()).and_then(pack::parse_name).unwrap_or(0);
+            set.next_floor = set.next_floor.max(seq + 1);
+            if missing.is_empty() {
+                self.repairs.push(format!("{e}; no unit needed it: removed {}", path.display()));
+                let _ = std::fs::remove_file(&path);
+            } else {
+                self.repairs.push(format!("{e}; left in place ({} units not found)", missing.len()));
+            }
+        }
+        for (seq, (path, f, s)) in scans {
+            let mut damaged = false;
+            let mut end = s.file_len;
+            if let Some(e) = &s.tail {
+                if missing.is_empty() {
+                    f.set_len(s.valid_len).map_err(|e| CkptError::io(&path, e))?;
+                    end = s.valid_len;
+                    self.repairs.push(format!("{e}: torn append, {} of {} bytes kept", s.valid_len, s.file_len));
+                } else {
+                    damaged = true;
+                    self.repairs.push(format!("{e}: left in place, {} needed units not found", missing.len()));
+                }
+            }
+            set.packs.insert(seq, Pack { path, file: Arc::new(f), end, live: 0, damaged });
+        }
+        for u in self.units.values() {
+            if let Some(UnitLoc::Pack { seq, .. }) = u.loc {
+                set.add_live(seq, u.file_len);
+            }
+        }
+        // Packs nothing lives in any more (a crash after compaction copied
+        // them, before it deleted them) go now.
+        while let Some(seq) = set.sparse(0).filter(|s| set.packs.get(s).is_some_and(|p| p.live == 0)) {
+            if let Some(p) = set.packs.remove(&seq) {
+                std::fs::remove_file(&p.path).map_err(|e| CkptError::io(&p.path, e))?;
+            }
+        }
+        // The newest packs with room go on taking units, one per writer lane.
+        let open: Vec<u64> = set.packs.iter().rev().filter(|(_, p)| !p.damaged && p.end < set.pack_size).map(|(&s, _)| s).collect();
+        for (lane, seq) in open.into_iter().take(set.active.len()).enumerate() {
+            set.active[lane] = Some(seq);
+        }
+        *self.packs() = set;
+        Ok(())
+    }
+
+    /// Compacts every pack that [`crate::StoreOptions::compact_below_percent`]
+    /// calls sparse (see the module documentation). Returns the packs removed.
+    pub fn compact(&mut self) -> Result<usize> {
+        let mut n = 0;
+        loop {
+            let Some(seq) = self.packs().sparse(self.opts.compact_below_percent) else {
+                return Ok(n);
+            };
+            self.compact_pack(seq)?;
+            n += 1;
+        }
+    }
+
+    /// After unlinks: compacts, keeping a fault for [`Self::repairs`]
+    /// instead of failing the unlink that was already committed.
+    pub(crate) fn compact_quietly(&mut self) {
+        if let Err(e) = self.compact() {
+            self.repairs.push(format!("compaction stopped: {e}"));
+        }
+    }
+
+    fn compact_pack(&mut self, seq: u64) -> Result<()> {
+        let mut members: Vec<(u64, Hash, u64)> = self
+            .units
+            .iter()
+            .filter_map(|(h, u)| match u.loc {
+                Some(UnitLoc::Pack { seq: s, off }) if s == seq => Some((off, *h, u.file_len)),
+                _ => None,
+            })
+            .collect();
+        members.sort_unstable();
+        let Some((src, src_path)) = self.packs().file(seq) else {
+            return Ok(());
+        };
+        {
+            // The copies go to a new pack, and the last pack is never deleted.
+            let mut set = self.packs();
+            set.retire(seq);
+            if set.last() == Some(seq) {
+                set.roll(0)?;
+            }
+        }
+        let mut moved = Vec::with_capacity(members.len());
+        let mut touched = BTreeSet::new();
+        for (off, h, len) in members {
+            let (dseq, dst, dpath, doff) = self.packs().reserve(0, len)?;
+            touched.insert(dseq);
+            if let Err(e) = copy_range(&src, off, &dst, doff, len) {
+                self.packs().retire(dseq);
+                return Err(CkptError::io(format!("{} -> {}", src_path.display(), dpath.display()), e));
+            }
+            moved.push((h, dseq, doff, len));
+            self.step("record copied");
+        }
+        for dseq in touched {
+            if let Some((f, p)) = self.packs().file(dseq) {
+                f.sync_data().map_err(|e| CkptError::io(&p, e))?;
+            }
+        }
+        self.step("copies synced");
+        for (h, dseq, doff, len) in moved {
+            if let Some(u) = self.units.get_mut(&h) {
+                u.loc = Some(UnitLoc::Pack { seq: dseq, off: doff });
+            }
+            let mut set = self.packs();
+            set.add_live(dseq, len);
+            set.sub_live(seq, len);
+        }
+        let removed = self.packs().packs.remove(&seq);
+        if removed.is_some() {
+            std::fs::remove_file(&src_path).map_err(|e| CkptError::io(&src_path, e))?;
+        }
+        self.step("pack removed");
+        Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn set(dir: &std::path::Path, threads: usize, pack_size: u64) -> PackSet {
+        PackSet::new(dir.to_path_buf(), &crate::StoreOptions { threads, pack_size, ..crate::StoreOptions::default() })
+    }
+
+    #[test]
+    fn each_lane_appends_to_its_own_pack_and_sequence_numbers_only_grow() {
+        let d = tempfile::tempdir().unwrap();
+        let mut s = set(d.path(), 2, 1000);
+        let (a, _, _, off_a) = s.reserve(0, 100).unwrap();
+        let (b, _, _, off_b) = s.reserve(1, 100).unwrap();
+        let (c, _, _, _) = s.reserve(2, 100).unwrap();
+        assert!(a < b && b < c, "{a} {b} {c}");
+        assert_eq!((off_a, off_b), (pack::HEADER_LEN as u64, pack::HEADER_LEN as u64));
+        // A lane keeps its pack, at the next offset; lanes past the count wrap.
+        assert_eq!(s.reserve(0, 100).unwrap().0, a);
+        let (wrapped, _, _, off) = s.reserve(3, 50).unwrap();
+        assert_eq!((wrapped, off), (a, pack::HEADER_LEN as u64 + 200));
+        assert_eq!(s.packs[&a].end, pack::HEADER_LEN as u64 + 250);
+        // Full: the lane rolls to a new pack; a record larger than a pack gets one of its own.
+        let (d1, _, _, _) = s.reserve(0, 900).unwrap();
+        assert!(d1 > c);
+        let (d2, _, _, off) = s.reserve(0, 5000).unwrap();
+        assert!(d2 > d1 && off == pack::HEADER_LEN as u64);
+        // A failed write retires the pack: the lane's next record starts another.
+        s.retire(b);
+        assert!(s.reserve(1, 10).unwrap().0 > d2);
+        assert!(!s.is_active(b));
+    }
+
+    #[test]
+    fn only_sparse_packs_are_compacted_and_never_the_last_one_unless_active() {
+        let d = tempfile::tempdir().unwrap();
+        let mut s = set(d.path(), 0, 1000);
+        let (a, _, _, _) = s.reserve(0, 600).unwrap();
+        let (b, _, _, _) = s.reserve(0, 600).unwrap();
+        s.add_live(a, 600);
+        s.add_live(b, 600);
+        assert_eq!(s.sparse(50), None, "all live");
+        s.sub_live(a, 400);
+        assert_eq!(s.sparse(50), Some(a), "a third live");
+        assert_eq!(s.sparse(30), None, "above 30%");
+        // The active pack too, once it holds enough records (here min(1 MiB, 500)).
+        s.sub_live(a, 200);
+        s.add_live(a, 600);
+        s.sub_live(b, 600);
+        assert_eq!(s.sparse(50), Some(b));
+        // Not the last pack when it is not active (its number must not be reused).
+        s.retire(b);
+        assert_eq!(s.sparse(50), None);
+        assert_eq!(s.usage(), (2, 2 * pack::HEADER_LEN as u64 + 600));
+    }
+}
