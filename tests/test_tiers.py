@@ -108,3 +108,31 @@ def test_a_damaged_partition_copy_is_eio_not_wrong_bytes(cluster_factory, bins, 
     r = subprocess.run([sys.executable, "-c", probe, f"{c.mount}/b7.txt"], env=c.env(node=0),
                        capture_output=True, text=True, timeout=60)
     assert r.stdout.strip() == "EIO", (r.stdout, r.stderr)
+
+
+def test_a_compressed_file_decoded_by_a_client_gets_a_node_copy(cluster_factory, bins, tmp_path):
+    """The first read of a compressed local file is decoded by the client (no OPEN); its WARM hint
+    makes the daemon copy it in the background (prefill off here), so later reads open the copy."""
+    src, ds = make(tmp_path, bins)
+    c = cluster_factory(ds, nranks=1, extra_args=["--prefill-mem", "0"])
+    _, nodes = read_index(ds / "manifest.fsm")
+    big = [n for n in sorted(nodes) if n.startswith("b") and nodes[n]["codec"] != 0][:5]
+    small = [n for n in sorted(nodes) if n.startswith("s") and nodes[n]["codec"] != 0][:5]
+    assert len(big) == 5 and len(small) == 5
+    tiers_path = Path(node_state(c.runtime, 0)["index_path"][:-len(".index")] + ".tiers")
+    tier = lambda n: tiers_path.read_bytes()[64 + nodes[n]["id"]]  # noqa: E731
+    assert all(tier(n) == 0 for n in big + small)
+    r = read_all(c, 0, [f"{c.mount}/{n}" for n in big + small])
+    assert r.returncode == 0, r.stderr
+    assert opens(c, 0) == 0, "decoded by the client"
+    deadline = time.monotonic() + 20
+    while any(tier(n) != 2 for n in big + small) and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert all(tier(n) == 2 for n in big + small), c.log()[-3000:]
+    # Later reads: the copies, with the files' own bytes, still no message.
+    check = "import sys\nfor p, n in zip(sys.argv[1::2], sys.argv[2::2]):\n" \
+            "    assert open(p, 'rb').read() == open(n, 'rb').read(), p\n"
+    args = [a for n in big + small for a in (f"{c.mount}/{n}", str(src / n))]
+    r = subprocess.run([sys.executable, "-c", check, *args], env=c.env(node=0), capture_output=True, text=True)
+    assert r.returncode == 0, r.stderr
+    assert opens(c, 0) == 0

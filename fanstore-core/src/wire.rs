@@ -84,6 +84,12 @@ pub mod op {
     /// Payload `link path NUL target`: creates an output symlink (EEXIST if
     /// the name exists).
     pub const SYMLINK: u16 = 16;
+    /// One-way (the daemon sends no reply): arg0 = node id of a dataset file
+    /// the client has just decoded itself from a local partition copy; the
+    /// daemon makes its node copy in the background (within `--cache-mem`),
+    /// so later opens on the node are plain opens. Dropped when the daemon
+    /// is busy.
+    pub const WARM: u16 = 17;
     /// Namespace events (`fanstore watch`, inotify): see [`crate::watchev`].
     pub const WATCH_ADD: u16 = 40;
     pub const WATCH_RM: u16 = 41;

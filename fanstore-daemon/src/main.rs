@@ -203,6 +203,17 @@ fn run(args: &DaemonArgs) -> anyhow::Result<i32> {
             log::error!("rank {rank}: spawning the prefill thread: {e}");
         }
     }
+    {
+        // WARM hints from clients: a bounded queue (a hint is dropped when
+        // the copier is behind) and one low-priority copier thread.
+        let (tx, rx) = crossbeam::channel::bounded(4096);
+        let _ = node.warm.set(tx);
+        let node = node.clone();
+        let spawned = std::thread::Builder::new().name("fanstore-warm".into()).spawn(move || node.warm_copies(rx));
+        if let Err(e) = spawned {
+            log::error!("rank {rank}: spawning the copier thread: {e}");
+        }
+    }
     if args.prefetch_remote > 0 && nranks > 1 {
         let node = node.clone();
         let budget = args.prefetch_remote;

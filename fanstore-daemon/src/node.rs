@@ -73,6 +73,9 @@ pub struct Node {
     /// `replicas[p]`: the mapped copy of remote partition p, once fetched
     /// from a holder in the background ([`crate::replicate`]).
     pub replicas: Box<[OnceLock<crate::load::PartMap>]>,
+    /// Files clients decoded themselves, to copy in the background
+    /// ([`Node::warm_copies`]); set once ready.
+    pub warm: OnceLock<crossbeam::channel::Sender<u32>>,
     pub counters: Counters,
     pub comm: Sender<Command>,
     pub remote_timeout: Duration,
@@ -125,6 +128,7 @@ impl Node {
             tiers: OnceLock::new(),
             parts: OnceLock::new(),
             replicas: (0..view.partition_count()).map(|_| OnceLock::new()).collect(),
+            warm: OnceLock::new(),
             counters: Counters::default(),
             comm,
             remote_timeout,

@@ -25,7 +25,7 @@ use crate::node::{Node, Phase};
 use fanstore_core::checksum::xxh3;
 use fanstore_core::codec::{self, Codec};
 use fanstore_core::manifest::{NodeKind, NodeRef};
-use fanstore_core::tiers::{EXTRACT_MIN, TIER_EXTRACTED};
+use fanstore_core::tiers::{EXTRACT_MIN, TIER_COPY, TIER_EXTRACTED};
 use std::fs::File;
 use std::os::fd::{AsRawFd, OwnedFd};
 use std::os::unix::fs::OpenOptionsExt;
@@ -119,6 +119,27 @@ impl Node {
             }
         }
         done
+    }
+
+    /// Makes the node copies of the files clients decoded themselves (WARM
+    /// hints), one at a time at the lowest priority, within `--cache-mem`,
+    /// until the rank stops: the first read of a compressed local file is
+    /// decoded by the client (no round trip), later ones open this copy.
+    pub fn warm_copies(&self, rx: crossbeam::channel::Receiver<u32>) {
+        // SAFETY: lowers this thread's own scheduling priority (Linux: per thread).
+        unsafe { libc::setpriority(libc::PRIO_PROCESS, libc::gettid() as libc::id_t, 19) };
+        let (Some(copies), Some(tiers)) = (self.copies.get(), self.tiers.get()) else { return };
+        while let Ok(id) = rx.recv() {
+            if self.stopping.load(Relaxed) {
+                break;
+            }
+            if matches!(tiers.get(id), TIER_COPY | TIER_EXTRACTED) {
+                continue;
+            }
+            let Some(n) = self.view.node(id).filter(|n| n.kind() == Some(NodeKind::File)) else { continue };
+            let Some(map) = self.part_map(n.partition()) else { continue };
+            copies.prefill(n.id(), n.size(), &|| self.relieve_fds(), &|f| self.fill_local(n, map, f));
+        }
     }
 
     /// The longest one fetch of `n` may take: every holder's deadline.

@@ -211,6 +211,40 @@ pub fn fetch(st: &State, node: u32) -> Result<c_int, c_int> {
     }
 }
 
+/// Tells the daemon, without waiting for an answer, that this process has
+/// just decoded dataset file `node` itself, so the daemon makes the node's
+/// copy of it in the background (see [`op::WARM`]). Best effort: a missing
+/// daemon or a full socket drops the hint.
+pub fn warm(st: &State, node: u32) {
+    let pooled = POOL
+        .with(|p| {
+            if p.n > 0 {
+                p.n -= 1;
+                Some(p.fds[p.n])
+            } else {
+                None
+            }
+        })
+        .filter(|&(fd, ino)| inode(fd) == ino)
+        .map(|(fd, _)| fd);
+    let s = match pooled {
+        Some(s) => s,
+        None => match connect(st) {
+            Ok(s) => s,
+            Err(_) => return,
+        },
+    };
+    let req = Request::new(op::WARM, NEXT_ID.fetch_add(1, Ordering::Relaxed), node as u64, st.dataset_id);
+    let b = req.encode();
+    // SAFETY: b is a live buffer of b.len() bytes; s is our connected socket.
+    let sent = unsafe { libc::send(s, b.as_ptr().cast(), b.len(), libc::MSG_DONTWAIT | libc::MSG_NOSIGNAL) };
+    if sent == b.len() as isize {
+        put_back(s);
+    } else {
+        close_fd(s);
+    }
+}
+
 /// A new request of `op` with a fresh id and `path` as its payload.
 pub fn request(op: u16, arg0: u64, arg1: u64, path: &[u8]) -> Request {
     let mut r = Request::new(op, NEXT_ID.fetch_add(1, Ordering::Relaxed), arg0, arg1);

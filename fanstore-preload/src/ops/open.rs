@@ -120,7 +120,15 @@ pub fn open_file(st: &State, n: &Node, flags: c_int) -> Result<c_int, c_int> {
         Some(Ok(fd)) => fd,
         Some(Err(libc::EMFILE)) => return Err(libc::EMFILE),
         _ => match decode_local(st, n, flags) {
-            Some(r) => r?,
+            Some(r) => {
+                let fd = r?;
+                if n.codec() != Codec::None {
+                    // A compressed file costs a decode per open until the
+                    // node has a copy: ask the daemon for one, not waiting.
+                    client::warm(st, n.id());
+                }
+                fd
+            }
             None => open_remote(st, n, flags)?,
         },
     };
