@@ -240,6 +240,11 @@ impl Copies {
         .is_ok()
     }
 
+    /// Whether a copy of `size` bytes can be kept (named) within the budget.
+    pub fn fits(&self, size: u64) -> bool {
+        charge(size) <= self.budget
+    }
+
     /// (bytes, entries) held.
     pub fn usage(&self) -> (u64, usize) {
         self.cache.usage()
@@ -321,6 +326,7 @@ mod tests {
         let (_d, tiers, c) = setup(4096);
         let fd = c.open(4, 10_000, Duration::from_secs(1), &|| {}, &|f| write_all_at(f, &[7; 10_000], 0)).unwrap();
         assert_eq!(read(fd), vec![7; 10_000]);
+        assert!(!c.fits(10_000) && c.fits(4096) && c.fits(1));
         assert_eq!(tiers.get(4), TIER_NONE);
         assert_eq!(std::fs::read_dir(c.dir()).unwrap().count(), 0);
     }

@@ -137,6 +137,9 @@ impl Node {
                 continue;
             }
             let Some(n) = self.view.node(id).filter(|n| n.kind() == Some(NodeKind::File)) else { continue };
+            if !copies.fits(n.size()) {
+                continue; // could not be kept (`--cache-mem 0`, or larger than it): decoding it would be wasted
+            }
             let Some(map) = self.part_map(n.partition()) else { continue };
             copies.prefill(n.id(), n.size(), &|| self.relieve_fds(), &|f| self.fill_local(n, map, f));
         }
