@@ -12,7 +12,9 @@
 //!  24..32   dataset id               32..40  daemon pid
 //!  40..44   partition count P        44..48  flags (bit 0: writes enabled,
 //!                                            bit 1: outputs go through the
-//!                                            checkpoint store, FLAG_DEDUP)
+//!                                            checkpoint store, FLAG_DEDUP;
+//!                                            bit 2: the daemon keeps copies
+//!                                            of dataset files, FLAG_COPIES)
 //!  48..52   local dir length         52..56  index path length
 //!  56..60   hostname length          60..64  mount length
 //!  64..     local dir, index path, hostname, mount (raw bytes, in that order)
@@ -28,6 +30,12 @@ use crate::checksum::xxh3;
 /// writes only the new tensors) rather than into unnamed files on the local
 /// disk (which save a copy only when the daemon keeps the file as it is).
 pub const FLAG_DEDUP: u32 = 1 << 1;
+
+/// NodeState flag: the daemon keeps copies of dataset files (`--cache-mem`
+/// above 0), so a client that decoded a compressed file itself tells it so
+/// (`WARM`) and later opens use the node's copy; without the flag the hint
+/// would only cost a message per read.
+pub const FLAG_COPIES: u32 = 1 << 2;
 use crate::le::*;
 use std::path::{Path, PathBuf};
 

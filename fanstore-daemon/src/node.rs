@@ -194,6 +194,9 @@ impl Node {
         if self.dedup.get().is_some_and(|d| d.min != u64::MAX) {
             st.flags |= fanstore_core::runtime::FLAG_DEDUP;
         }
+        if self.copies.get().is_some_and(|c| c.fits(1)) {
+            st.flags |= fanstore_core::runtime::FLAG_COPIES;
+        }
         st
     }
 

@@ -122,7 +122,7 @@ pub fn open_file(st: &State, n: &Node, flags: c_int) -> Result<c_int, c_int> {
         _ => match decode_local(st, n, flags) {
             Some(r) => {
                 let fd = r?;
-                if n.codec() != Codec::None {
+                if n.codec() != Codec::None && st.flags & fanstore_core::runtime::FLAG_COPIES != 0 {
                     // A compressed file costs a decode per open until the
                     // node has a copy: ask the daemon for one, not waiting.
                     client::warm(st, n.id());
