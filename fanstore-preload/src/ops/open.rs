@@ -8,8 +8,9 @@
 //!   holds (loaded at start, or replicated from a peer since: the tier map
 //!   says so): read from the mapped partition copy, verified, decompressed
 //!   into a memfd, here in the process, no message (a round trip to the
-//!   daemon, its decode and its copy cost more; the daemon's background
-//!   prefill makes named copies of these files for later opens);
+//!   daemon, its decode and its copy cost more); the daemon makes a named
+//!   copy of such a file in the background for later opens (its prefill,
+//!   or the one-way WARM hint sent after decoding a compressed file);
 //! - anything else: the daemon makes it a named file and sends an fd, reopened
 //!   through /proc/self/fd so that this open has its own offset, and moved
 //!   onto the received fd's number (the lowest free one, as open(2) promises);
@@ -199,28 +200,21 @@ fn decode_local(st: &State, n: &Node, flags: c_int) -> Option<Result<c_int, c_in
 const SCRATCH_MAX: usize = 16 << 20;
 
 thread_local! {
-    static SCRATCH: std::cell::RefCell<Vec<u8>> = const { std::cell::RefCell::new(Vec::new()) };
+    static SCRATCH: std::cell::Cell<Vec<u8>> = const { std::cell::Cell::new(Vec::new()) };
 }
 
-/// Runs `f` on a buffer of `len` bytes: this thread's reused one when it is
-/// free and `len` is at most [`SCRATCH_MAX`], else a new one.
+/// Runs `f` on a buffer of `len` bytes: this thread's reused one when `len`
+/// is at most [`SCRATCH_MAX`] (taken out of its cell meanwhile, so a nested
+/// call simply gets a new one), else a new one.
 fn with_scratch<R>(len: usize, f: impl FnOnce(&mut [u8]) -> R) -> R {
-    let mut f = Some(f);
-    if len <= SCRATCH_MAX {
-        let reused = SCRATCH.try_with(|cell| {
-            let mut buf = cell.try_borrow_mut().ok()?;
-            buf.resize(len, 0);
-            f.take().map(|f| f(&mut buf[..len]))
-        });
-        if let Ok(Some(r)) = reused {
-            return r;
-        }
+    let reuse = len <= SCRATCH_MAX;
+    let mut buf = if reuse { SCRATCH.try_with(|c| c.take()).unwrap_or_default() } else { Vec::new() };
+    buf.resize(len, 0);
+    let r = f(&mut buf[..len]);
+    if reuse {
+        let _ = SCRATCH.try_with(|c| c.set(buf));
     }
-    let mut v = vec![0u8; len];
-    match f.take() {
-        Some(f) => f(&mut v),
-        None => unreachable!("the closure runs once"),
-    }
+    r
 }
 
 /// A new memfd holding exactly `bytes`.
