@@ -137,6 +137,30 @@ impl PackSet {
         }
     }
 
+    /// Every pack's length now: what [`Self::give_back`] returns to.
+    pub(crate) fn mark(&self) -> BTreeMap<u64, u64> {
+        self.packs.iter().map(|(&s, p)| (s, p.end)).collect()
+    }
+
+    /// Gives back the bytes appended since `mark` (a commit that failed, say
+    /// on a full disk, must not keep the disk full): each pack is cut back to
+    /// its marked length, a pack created since to its header (it keeps its
+    /// number: numbers are never reused). Damaged packs are left alone.
+    /// Nothing appended since `mark` may be referenced: commits do not
+    /// overlap, and a failed one registered none of its units.
+    pub(crate) fn give_back(&mut self, mark: &BTreeMap<u64, u64>) {
+        for (seq, p) in self.packs.iter_mut() {
+            let to = mark.get(seq).copied().unwrap_or(pack::HEADER_LEN as u64);
+            if p.damaged || p.end <= to {
+                continue;
+            }
+            // If the cut fails the bytes stay as dead bytes: compaction takes them later.
+            if p.file.set_len(to).is_ok() {
+                p.end = to;
+            }
+        }
+    }
+
     fn add_live(&mut self, seq: u64, n: u64) {
         if let Some(p) = self.packs.get_mut(&seq) {
             p.live += n;

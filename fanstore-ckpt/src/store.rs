@@ -492,8 +492,13 @@ impl CheckpointStore {
         }
 
         let mut st = Stored::default();
-        // On failure the units written are dead bytes of their pack.
-        self.store_units(bytes, &plans, &mut st)?;
+        // On failure what this commit appended is given back (a full disk
+        // must not stay full because a commit failed).
+        let mark = self.packs().mark();
+        if let Err(e) = self.store_units(bytes, &plans, &mut st) {
+            self.packs().give_back(&mark);
+            return Err(e);
+        }
         let Stored { hashes, file_xxh3, written, mut new_bytes } = st;
 
         // Parent: the live checkpoint sharing the most unit bytes, else the
@@ -571,8 +576,9 @@ impl CheckpointStore {
                 }
             }
             Err(_) => {
-                // Nothing was committed: its units are dead bytes of their pack.
+                // Nothing was committed: give back what it appended.
                 let _ = std::fs::remove_file(self.recipe_path(id));
+                self.packs().give_back(&mark);
             }
         }
         result

@@ -430,3 +430,45 @@ fn a_pack_with_a_damaged_header_is_kept_and_new_units_go_to_a_new_pack() {
     assert_eq!(store.read(b"b").unwrap(), f2);
     assert_eq!(std::fs::read(&p).unwrap(), b, "the damaged pack is left as it was");
 }
+
+/// Bytes of every pack file of the store in `dir`, by name.
+fn pack_lengths(dir: &Path) -> BTreeMap<String, u64> {
+    std::fs::read_dir(dir.join("units"))
+        .unwrap()
+        .map(|e| e.unwrap())
+        .filter(|e| pack::parse_name(e.file_name().to_str().unwrap()).is_some())
+        .map(|e| (e.file_name().to_string_lossy().into_owned(), e.metadata().unwrap().len()))
+        .collect()
+}
+
+#[test]
+fn a_failed_commit_gives_back_what_it_appended() {
+    // A commit that fails after its units are in the packs (here: its recipe
+    // cannot be put in place; on a node, a full local disk) must not keep
+    // their bytes: a full disk would stay full for every later output.
+    let d = tempfile::tempdir().unwrap();
+    let mut s = CheckpointStore::open_with(d.path(), small_packs()).unwrap();
+    let mut rng = Rng(7);
+    let a = file(&mut rng, 1, 6);
+    s.commit(b"a.safetensors", &a).unwrap();
+    let before = pack_lengths(d.path());
+    let next = s.entries().iter().map(|e| e.id).max().unwrap_or(0) + 1;
+    let blocker = d.path().join("recipes").join(fanstore_ckpt::recipe::file_name(next));
+    std::fs::create_dir_all(blocker.join("x")).unwrap(); // a non-empty directory: no rename replaces it
+    let b = file(&mut rng, 2, 12);
+    assert!(s.commit(b"b.safetensors", &b).is_err());
+    let after = pack_lengths(d.path());
+    for (name, len) in &after {
+        let want = before.get(name).copied().unwrap_or(pack::HEADER_LEN as u64);
+        assert_eq!(*len, want, "{name}: the failed commit's records were not given back");
+    }
+    assert!(after.values().sum::<u64>() < before.values().sum::<u64>() + b.len() as u64 / 2);
+    // The store goes on: the same file commits once the obstacle is gone, and both read back.
+    std::fs::remove_dir_all(&blocker).unwrap();
+    s.commit(b"b.safetensors", &b).unwrap();
+    assert_eq!(s.read(b"a.safetensors").unwrap(), a);
+    assert_eq!(s.read(b"b.safetensors").unwrap(), b);
+    drop(s);
+    let s = CheckpointStore::open_with(d.path(), small_packs()).unwrap();
+    assert_eq!(s.read(b"b.safetensors").unwrap(), b);
+}
