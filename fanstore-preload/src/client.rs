@@ -216,18 +216,7 @@ pub fn fetch(st: &State, node: u32) -> Result<c_int, c_int> {
 /// copy of it in the background (see [`op::WARM`]). Best effort: a missing
 /// daemon or a full socket drops the hint.
 pub fn warm(st: &State, node: u32) {
-    let pooled = POOL
-        .with(|p| {
-            if p.n > 0 {
-                p.n -= 1;
-                Some(p.fds[p.n])
-            } else {
-                None
-            }
-        })
-        .filter(|&(fd, ino)| inode(fd) == ino)
-        .map(|(fd, _)| fd);
-    let s = match pooled {
+    let s = match take_pooled() {
         Some(s) => s,
         None => match connect(st) {
             Ok(s) => s,
@@ -266,20 +255,7 @@ pub fn call_reply(st: &State, req: &Request) -> Result<Reply, (c_int, Vec<u8>)> 
 fn call_full(st: &State, req: &Request, send_fd: Option<c_int>) -> Result<Answer, (c_int, Vec<u8>)> {
     // A pooled connection may have died with a restarted daemon: one retry on a fresh one.
     for attempt in 0..2 {
-        let pooled = if attempt == 0 {
-            POOL.with(|p| {
-                if p.n > 0 {
-                    p.n -= 1;
-                    Some(p.fds[p.n])
-                } else {
-                    None
-                }
-            })
-            .filter(|&(fd, ino)| inode(fd) == ino)
-            .map(|(fd, _)| fd)
-        } else {
-            None
-        };
+        let pooled = if attempt == 0 { take_pooled() } else { None };
         let fresh = pooled.is_none();
         let s = match pooled {
             Some(s) => s,
@@ -304,6 +280,21 @@ fn call_full(st: &State, req: &Request, send_fd: Option<c_int>) -> Result<Answer
         }
     }
     Err((libc::EIO, Vec::new()))
+}
+
+/// A pooled connection that is still ours (the program may have closed and
+/// reused its number: the inode tells), if the pool holds one.
+fn take_pooled() -> Option<c_int> {
+    POOL.with(|p| {
+        if p.n > 0 {
+            p.n -= 1;
+            Some(p.fds[p.n])
+        } else {
+            None
+        }
+    })
+    .filter(|&(fd, ino)| inode(fd) == ino)
+    .map(|(fd, _)| fd)
 }
 
 fn put_back(s: c_int) {
