@@ -49,6 +49,7 @@ class Daemon:
         self.runtime = work / "rt"
         self.local = work / "local"
         self.mount = mount
+        self.work = work
         work.mkdir(parents=True, exist_ok=True)
         shutil.rmtree(self.runtime, ignore_errors=True)
         shutil.rmtree(self.local, ignore_errors=True)
@@ -62,6 +63,16 @@ class Daemon:
         subprocess.run([str(BIN / "fanstore"), "wait", "--runtime-dir", str(self.runtime), "--timeout", "600"],
                        check=True, env=env)
         self.load_seconds = time.perf_counter() - t
+
+    def wait_log(self, text: str, timeout: float = 300) -> bool:
+        """Waits until the daemon's log has a line containing `text`."""
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            self.log.flush()
+            if text in (self.work / "daemon.log").read_text(errors="replace"):
+                return True
+            time.sleep(0.2)
+        return False
 
     def env(self):
         return dict(os.environ, FANSTORE_RUNTIME_DIR=str(self.runtime), FANSTORE_NODE="0",

@@ -54,13 +54,17 @@ def test_warm_opens_need_no_message(cluster_factory, bins, tmp_path):
     r = read_all(c, node, paths)
     assert r.returncode == 0, r.stderr
     assert opens(c, node) == len(names) - len(decoded), "warm files are opened directly"
-    # The prefill copies small and compressed local files in the background: then even their first open is direct.
+    # The prefill copies small and compressed local files in the background: then even their first open is
+    # direct. Large ones (64 KiB or more) go to the local disk (tier 1, the extracted path), small ones to the
+    # copy directory in memory (tier 2).
+    want = {n: 1 if nodes[n]["size"] >= 65536 else 2 for n in decoded}
+    assert set(want.values()) == {1, 2}
     tiers = Path(node_state(c.runtime, node)["index_path"][:-len(".index")] + ".tiers").read_bytes()
     deadline = time.monotonic() + 20
-    while any(tiers[64 + nodes[n]["id"]] != 2 for n in decoded) and time.monotonic() < deadline:
+    while any(tiers[64 + nodes[n]["id"]] != want[n] for n in decoded) and time.monotonic() < deadline:
         time.sleep(0.1)
         tiers = Path(node_state(c.runtime, node)["index_path"][:-len(".index")] + ".tiers").read_bytes()
-    assert all(tiers[64 + nodes[n]["id"]] == 2 for n in decoded), c.log()
+    assert all(tiers[64 + nodes[n]["id"]] == want[n] for n in decoded), c.log()
     with c.client(node) as cl:
         st = cl.status()
     assert int(st["remote_sent"]) > 0 and 0 < int(st["remote_p50_us"]) <= int(st["remote_p99_us"]), st
@@ -110,15 +114,9 @@ def test_a_damaged_partition_copy_is_eio_not_wrong_bytes(cluster_factory, bins, 
     assert r.stdout.strip() == "EIO", (r.stdout, r.stderr)
 
 
-def test_a_compressed_file_decoded_by_a_client_gets_a_node_copy(cluster_factory, bins, tmp_path):
-    """The first read of a compressed local file is decoded by the client (no OPEN); its WARM hint
-    makes the daemon copy it in the background (prefill off here), so later reads open the copy."""
-    src, ds = make(tmp_path, bins)
-    c = cluster_factory(ds, nranks=1, extra_args=["--prefill-mem", "0"])
-    _, nodes = read_index(ds / "manifest.fsm")
-    big = [n for n in sorted(nodes) if n.startswith("b") and nodes[n]["codec"] != 0][:5]
-    small = [n for n in sorted(nodes) if n.startswith("s") and nodes[n]["codec"] != 0][:5]
-    assert len(big) == 5 and len(small) == 5
+def copies_after_one_read(c, src, nodes, big, small):
+    """Reads big + small once on node 0 (decoded by the client), waits for the WARM copies, checks that
+    later reads open them with no message and get the files' bytes; returns the tier of each file."""
     tiers_path = Path(node_state(c.runtime, 0)["index_path"][:-len(".index")] + ".tiers")
     tier = lambda n: tiers_path.read_bytes()[64 + nodes[n]["id"]]  # noqa: E731
     assert all(tier(n) == 0 for n in big + small)
@@ -126,9 +124,10 @@ def test_a_compressed_file_decoded_by_a_client_gets_a_node_copy(cluster_factory,
     assert r.returncode == 0, r.stderr
     assert opens(c, 0) == 0, "decoded by the client"
     deadline = time.monotonic() + 20
-    while any(tier(n) != 2 for n in big + small) and time.monotonic() < deadline:
+    while any(tier(n) == 0 for n in big + small) and time.monotonic() < deadline:
         time.sleep(0.05)
-    assert all(tier(n) == 2 for n in big + small), c.log()[-3000:]
+    tiers = {n: tier(n) for n in big + small}
+    assert all(tiers.values()), (tiers, c.log()[-3000:])
     # Later reads: the copies, with the files' own bytes, still no message.
     check = "import sys\nfor p, n in zip(sys.argv[1::2], sys.argv[2::2]):\n" \
             "    assert open(p, 'rb').read() == open(n, 'rb').read(), p\n"
@@ -136,3 +135,37 @@ def test_a_compressed_file_decoded_by_a_client_gets_a_node_copy(cluster_factory,
     r = subprocess.run([sys.executable, "-c", check, *args], env=c.env(node=0), capture_output=True, text=True)
     assert r.returncode == 0, r.stderr
     assert opens(c, 0) == 0
+    return tiers
+
+
+def test_a_compressed_file_decoded_by_a_client_gets_a_node_copy(cluster_factory, bins, tmp_path):
+    """The first read of a compressed local file is decoded by the client (no OPEN); its WARM hint
+    makes the daemon copy it in the background (prefill off here), so later reads open the copy:
+    on the local disk at the file's extraction path when of 64 KiB or more (it reads back faster
+    from the local file system's page cache), in the copy directory in memory when smaller."""
+    src, ds = make(tmp_path, bins)
+    c = cluster_factory(ds, nranks=1, extra_args=["--prefill-mem", "0"])
+    _, nodes = read_index(ds / "manifest.fsm")
+    big = [n for n in sorted(nodes) if n.startswith("b") and nodes[n]["codec"] != 0][:5]
+    small = [n for n in sorted(nodes) if n.startswith("s") and nodes[n]["codec"] != 0][:5]
+    assert len(big) == 5 and len(small) == 5
+    tiers = copies_after_one_read(c, src, nodes, big, small)
+    assert [tiers[n] for n in big] == [1] * 5 and [tiers[n] for n in small] == [2] * 5, tiers
+    local = Path(node_state(c.runtime, 0)["local_dir"])
+    for n in big:
+        i = nodes[n]["id"]
+        assert (local / "in" / f"{i & 0xff:02x}" / str(i)).read_bytes() == (src / n).read_bytes()
+    with c.client(0) as cl:
+        st = cl.status()
+    assert int(st["cache_disk_bytes"]) >= sum(nodes[n]["size"] for n in big), st
+
+
+def test_cache_disk_0_keeps_every_copy_in_memory(cluster_factory, bins, tmp_path):
+    src, ds = make(tmp_path, bins)
+    c = cluster_factory(ds, nranks=1, extra_args=["--prefill-mem", "0", "--cache-disk", "0"])
+    _, nodes = read_index(ds / "manifest.fsm")
+    big = [n for n in sorted(nodes) if n.startswith("b") and nodes[n]["codec"] != 0][:3]
+    tiers = copies_after_one_read(c, src, nodes, big, [])
+    assert [tiers[n] for n in big] == [2] * 3, tiers
+    with c.client(0) as cl:
+        assert int(cl.status()["cache_disk_bytes"]) == 0

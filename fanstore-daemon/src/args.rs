@@ -22,6 +22,13 @@ pub struct DaemonArgs {
     /// Memory budget of the node's cache of decompressed / remote files (e.g. 512M, 2G).
     #[arg(long, default_value = "1G", value_parser = parse_size)]
     pub cache_mem: u64,
+    /// Disk budget of the node copies made in the background (decompressed
+    /// files of 64 KiB or more that a client decoded itself, or the prefill
+    /// made), kept in the local directory while its file system keeps 5%
+    /// free: they read back faster from the local file system than from
+    /// shared memory. 0: such copies go to the copy directory in memory.
+    #[arg(long, default_value = "32G", value_parser = parse_size)]
+    pub cache_disk: u64,
     /// Runtime directory (sockets, state files). Default: $FANSTORE_RUNTIME_DIR,
     /// else $TMPDIR/fanstore-UID-JOB (or under /tmp).
     #[arg(long)]
@@ -63,9 +70,10 @@ pub struct DaemonArgs {
     /// Seconds to wait for every rank to finish loading.
     #[arg(long, default_value_t = 3600.0)]
     pub load_timeout: f64,
-    /// After ready, copy small local files (under 64 KiB) into the copy
-    /// directory in the background, at low priority, up to this many bytes
-    /// (default: half of --cache-mem), so that their first open by any
+    /// After ready, copy small local files (under 64 KiB) and compressed
+    /// ones (decompressed; to the local disk within --cache-disk when of
+    /// 64 KiB or more) in the background, at low priority, up to this many
+    /// bytes (default: half of --cache-mem), so that their first open by any
     /// process is already a plain open; 0 turns it off.
     #[arg(long, value_parser = parse_size)]
     pub prefill_mem: Option<u64>,

@@ -363,7 +363,8 @@ fn prepare(args: &DaemonArgs, id: &Identity, cleanup: &mut Cleanup) -> anyhow::R
     let tiers = Arc::new(tiers);
     let copies_dir = PathBuf::from(std::ffi::OsStr::from_bytes(&fanstore_core::tiers::copy_dir(ipath)));
     let copies = fanstore_daemon::copies::Copies::create(&copies_dir, tiers.clone(), args.cache_mem)
-        .with_context(|| format!("creating the copy directory {}", copies_dir.display()))?;
+        .with_context(|| format!("creating the copy directory {}", copies_dir.display()))?
+        .with_disk(&local_dir, args.cache_disk);
     cleanup.copies = Some(copies_dir);
     let _ = node.tiers.set(tiers);
     let _ = node.copies.set(copies);

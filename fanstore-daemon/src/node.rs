@@ -194,7 +194,7 @@ impl Node {
         if self.dedup.get().is_some_and(|d| d.min != u64::MAX) {
             st.flags |= fanstore_core::runtime::FLAG_DEDUP;
         }
-        if self.copies.get().is_some_and(|c| c.fits(1)) {
+        if self.copies.get().is_some_and(|c| c.fits(1) || c.disk().is_some()) {
             st.flags |= fanstore_core::runtime::FLAG_COPIES;
         }
         st
@@ -227,7 +227,10 @@ impl Node {
                 s.remote_mbps = s.remote_bytes_in as f64 / secs / 1e6;
             }
         }
-        let caches = std::iter::once(&self.cache.stats).chain(self.copies.get().map(|c| &c.cache.stats)).chain(std::iter::once(self.remote_outs.stats()));
+        let caches = std::iter::once(&self.cache.stats)
+            .chain(self.copies.get().map(|c| &c.cache.stats))
+            .chain(self.copies.get().and_then(|c| c.disk()).map(|d| &d.cache.stats))
+            .chain(std::iter::once(self.remote_outs.stats()));
         for st in caches {
             s.cache_hits += st.hits.load(Relaxed);
             s.cache_misses += st.misses.load(Relaxed);
@@ -235,8 +238,10 @@ impl Node {
         }
         let (bytes, entries) = self.cache.usage();
         let (cbytes, centries) = self.copies.get().map(|c| c.usage()).unwrap_or_default();
-        s.cache_bytes = bytes + cbytes;
-        s.cache_entries = (entries + centries) as u64;
+        let (dbytes, dentries) = self.copies.get().map(|c| c.disk_usage()).unwrap_or_default();
+        s.cache_bytes = bytes + cbytes + dbytes;
+        s.cache_entries = (entries + centries + dentries) as u64;
+        s.cache_disk_bytes = dbytes;
         s
     }
 }

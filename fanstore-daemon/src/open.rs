@@ -95,17 +95,18 @@ impl Node {
         res
     }
 
-    /// Copies the small and the compressed local files of this rank into the copy directory, in
-    /// partition order, until `limit` bytes of copies are held or the rank
-    /// stops. Runs on its own low-priority thread after ready. Returns the
-    /// number of files copied.
+    /// Copies the small and the compressed local files of this rank (large
+    /// compressed ones to the local disk, within `--cache-disk`, the others
+    /// into the copy directory), in partition order, until `limit` bytes of
+    /// copies are made or the rank stops. Runs on its own low-priority thread
+    /// after ready. Returns the number of files copied.
     pub fn prefill(&self, limit: u64) -> u64 {
         // SAFETY: lowers this thread's own scheduling priority (Linux: per thread).
         unsafe { libc::setpriority(libc::PRIO_PROCESS, libc::gettid() as libc::id_t, 19) };
         let (Some(copies), Some(parts)) = (self.copies.get(), self.parts.get()) else { return 0 };
-        let mut done = 0;
+        let (mut done, mut bytes) = (0, 0u64);
         for n in self.view.nodes() {
-            if self.stopping.load(Relaxed) || copies.usage().0 >= limit {
+            if self.stopping.load(Relaxed) || bytes >= limit || copies.usage().0 >= limit {
                 break;
             }
             // Large uncompressed files are extracted to the local disk on
@@ -116,6 +117,7 @@ impl Node {
             let Some(Some(map)) = parts.get(n.partition() as usize) else { continue };
             if copies.prefill(n.id(), n.size(), &|| self.relieve_fds(), &|f| self.fill_local(n, map, f)) {
                 done += 1;
+                bytes += n.size();
             }
         }
         done
@@ -137,8 +139,8 @@ impl Node {
                 continue;
             }
             let Some(n) = self.view.node(id).filter(|n| n.kind() == Some(NodeKind::File)) else { continue };
-            if !copies.fits(n.size()) {
-                continue; // could not be kept (`--cache-mem 0`, or larger than it): decoding it would be wasted
+            if !copies.can_keep(n.size()) {
+                continue; // could not be kept (no budget, or larger than it): decoding it would be wasted
             }
             let Some(map) = self.part_map(n.partition()) else { continue };
             copies.prefill(n.id(), n.size(), &|| self.relieve_fds(), &|f| self.fill_local(n, map, f));

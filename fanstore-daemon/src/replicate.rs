@@ -29,6 +29,7 @@
 //! local directory is removed at stop).
 
 use crate::comm::{Command, Fetch, FetchReply, RecvBuf, PART_BIT};
+use crate::copies::room_for;
 use crate::load::{self, OffsetMap};
 use crate::node::Node;
 use fanstore_core::tiers::{TIER_NONE, TIER_PART};
@@ -116,23 +117,6 @@ pub fn run(node: &Node, budget: u64) -> Report {
         }
     }
     report
-}
-
-/// True when writing `len` more bytes under `dir` leaves a twentieth of its
-/// file system free.
-fn room_for(dir: &Path, len: u64) -> bool {
-    use std::os::unix::ffi::OsStrExt;
-    let Ok(c) = std::ffi::CString::new(dir.as_os_str().as_bytes()) else { return false };
-    // SAFETY: an all-zero statvfs is a valid value of this plain C struct.
-    let mut s: libc::statvfs = unsafe { std::mem::zeroed() };
-    // SAFETY: c is NUL-terminated and s a valid out-pointer.
-    if unsafe { libc::statvfs(c.as_ptr(), &mut s) } != 0 {
-        return false;
-    }
-    let frag = s.f_frsize as u64;
-    let free = (s.f_bavail as u64).saturating_mul(frag);
-    let total = (s.f_blocks as u64).saturating_mul(frag);
-    free >= len.saturating_add(total / 20)
 }
 
 fn replicate_one(node: &Node, p: u32, len: u64, offsets: &OffsetMap) -> Result<(), Skip> {

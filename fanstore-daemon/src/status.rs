@@ -145,6 +145,8 @@ pub struct Snapshot {
     pub cache_evictions: u64,
     pub cache_bytes: u64,
     pub cache_entries: u64,
+    /// Of `cache_bytes`, the node copies on the local disk (`--cache-disk`).
+    pub cache_disk_bytes: u64,
     pub errors: u64,
     pub clients: u64,
     pub fd_pressure: u64,
@@ -184,7 +186,7 @@ impl Snapshot {
             "rank={}\nnranks={}\nhost={}\npid={}\nstatus={}\nmpi_threading={}\npartitions={}\nfiles={}\n\
              bytes_local={}\nbytes_read={}\nload_seconds={:.3}\nload_mbps={:.1}\nopens={}\nopens_local={}\n\
              remote_sent={}\nremote_failed={}\nremote_served={}\nremote_bytes_in={}\nremote_bytes_out={}\n\
-             cache_hits={}\ncache_misses={}\ncache_evictions={}\ncache_bytes={}\ncache_entries={}\nerrors={}\nclients={}\nfd_pressure={}\n\
+             cache_hits={}\ncache_misses={}\ncache_evictions={}\ncache_bytes={}\ncache_entries={}\ncache_disk_bytes={}\nerrors={}\nclients={}\nfd_pressure={}\n\
              remote_p50_us={}\nremote_p99_us={}\nremote_mbps={:.3}\nreplicated_parts={}\nreplicated_bytes={}\n",
             self.rank,
             self.nranks,
@@ -210,6 +212,7 @@ impl Snapshot {
             self.cache_evictions,
             self.cache_bytes,
             self.cache_entries,
+            self.cache_disk_bytes,
             self.errors,
             self.clients,
             self.fd_pressure,
