@@ -38,7 +38,7 @@ every timed write.
 Then: storage on disk (du of the native dir, the plain out/ dir and the
 checkpoint store), `fanstore ckpt du/ls`. Finally the checkpoints are
 unlinked through the mount and the store is checked to be empty again.
-Writes bench/out/ckpt.md, bench/out/ckpt.json (goals) and bench/ckpt.png.
+Writes bench/out/ckpt.md, bench/out/ckpt.json (goals) and bench/ckpt.png and bench/ckpt_storage.png (one storage panel per series).
 
 Usage: python3 bench/ckpt_bench.py [--quick]
 Environment (default / --quick): BENCH_CKPT_TENSORS [40/40]
@@ -367,6 +367,44 @@ def plot(path, labels, disk, cumulative, reads):
         print(f"plot {path} failed: {e}")
 
 
+def plot_storage(path, cumulative, split):
+    """One panel per series: MiB stored after each checkpoint (the store vs
+    plain copies), and where the final saving comes from."""
+    try:
+        import matplotlib
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+    except ImportError:
+        print(f"matplotlib missing: {path} not drawn (python3 -m pip install matplotlib)")
+        return
+    try:
+        n = len(cumulative)
+        fig, ax = plt.subplots(1, n, figsize=(4.2 * n, 4.2), dpi=110, squeeze=False)
+        for a, (lab, (plain, stored)) in zip(ax[0], cumulative.items()):
+            xs = range(1, len(stored) + 1)
+            a.plot(xs, [y / MIB for y in plain], ":o", color="gray", markersize=3, label="plain copies")
+            a.plot(xs, [y / MIB for y in stored], "-o", markersize=3, label="FanStore dedup store")
+            dj = split.get(lab, {})
+            parts = [(k, dj.get(f, 0) / MIB) for k, f in (("dedup", "saved_by_dedup_bytes"),
+                                                          ("deltas", "saved_by_delta_bytes"),
+                                                          ("compression", "saved_by_compression_bytes"))]
+            ratio = plain[-1] / stored[-1] if stored and stored[-1] else 0
+            a.set_title(f"{lab}: {ratio:.2f}x less\nsaved by " + ", ".join(f"{k} {v:.0f}" for k, v in parts)
+                        + " MiB", fontsize=9)
+            a.set_xlabel("checkpoint")
+            a.set_ylabel("MiB stored (cumulative)")
+            a.set_ylim(bottom=0)
+            a.grid(alpha=0.3)
+            a.legend(fontsize=7, loc="upper left")
+        fig.suptitle(f"Storage per series: {CKPTS} checkpoints of {TENSORS} float32 tensors of "
+                     f"{TENSOR_BYTES / MIB:g} MiB", fontsize=11)
+        fig.tight_layout()
+        fig.savefig(path)
+        plt.close(fig)
+    except Exception as e:  # noqa: BLE001  a plot is not worth losing the measurements for
+        print(f"plot {path} failed: {e}")
+
+
 def main():
     OUT.mkdir(parents=True, exist_ok=True)
     flags = daemon_flags()
@@ -533,10 +571,13 @@ def report(runs, odd, secs):
                 for s in names]
     del by
     plot(ROOT / "bench" / "ckpt.png", [label(k) for k in series_keys], disk_plot, cumulative, read_plot)
+    plot_storage(ROOT / "bench" / "ckpt_storage.png", cumulative,
+                 {label(k): runs[k][0]["ckpt_du"] for k in series_keys})
     load = os.getloadavg()
     md = ["## Checkpoints: dedup, deltas and float-aware compression (issue 14 goals)", "",
           f"{machine()} (shared: load average {load[2]:.1f} over the last 15 min of this run, so absolute rates "
-          "vary between schemes' turns; ratios are of interleaved runs). Series of {CKPTS} checkpoints of a {mb:.0f} MiB model ({TENSORS} float32 tensors of "
+          "vary between schemes' turns; ratios are of interleaved runs). "
+          f"Series of {CKPTS} checkpoints of a {mb:.0f} MiB model ({TENSORS} float32 tensors of "
           f"{TENSOR_BYTES / MIB:g} MiB, `safetensors.numpy.save`), a fraction of the tensors frozen after checkpoint 1. "
           "`update`: weights ~ N(0, 0.02), every unfrozen tensor takes a small step per checkpoint "
           "(w += 1e-3 x 0.02 x N(0,1)); `random`: unfrozen tensors are new random bytes every checkpoint; "
@@ -575,7 +616,8 @@ def report(runs, odd, secs):
         md += [f"An unknown-format file ({blob[0]['sizes'][0] / MIB:.0f} MiB of random bytes, {BLOB_N} files per "
                "scheme; the store cuts it into content-defined chunks, finds nothing to compress and stores them raw):", "",
                table(["scheme", "MB/s (median)", "write ms", "close ms"], brow), ""]
-    md += ["![checkpoints](ckpt.png)", ""]
+    md += ["![checkpoints](ckpt.png)", "", "Storage per series, after each checkpoint:", "",
+           "![storage per series](ckpt_storage.png)", ""]
     if notes:
         md += ["Notes:", ""] + ["- " + n for n in notes] + [""]
     if odd:

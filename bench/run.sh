@@ -21,7 +21,7 @@
 #                         drain to --persist (`fanstore sync`) vs cp -r + sync
 #   bench/ckpt_bench.py   checkpoint series (small-update fine-tuning at 0%/75% frozen, random tensors,
 #                         fresh values) and a 1 GiB unknown file: dedup vs --dedup off vs native
-#                         (write, storage and its split, read-back new/old), plot bench/ckpt.png
+#                         (write, storage and its split, read-back new/old), plots bench/ckpt.png, bench/ckpt_storage.png
 #   bench/sud_bench.py    raw syscalls caught (syscall user dispatch): statloop overhead with it
 #                         on and off, cost of one trapped raw syscall
 #   bench/watch_bench.py  checkpoints pushed to a consumer on another node: inotify and
