@@ -131,6 +131,19 @@ def fmt_size(n: int) -> str:
     return f"{n >> 20} MiB" if n >= 1 << 20 else f"{n >> 10} KiB"
 
 
+def pyplot(path):
+    """matplotlib.pyplot with the file backend, or None (and a line saying
+    `path` is not drawn) when matplotlib is missing."""
+    try:
+        import matplotlib
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+    except ImportError:
+        print(f"matplotlib missing: {path} not drawn (python3 -m pip install matplotlib)")
+        return None
+    return plt
+
+
 def plot_lines(path, title, xlabels, ylabel, series, log=False):
     """Like the FanStore paper's figures: one line per system; when series are
     named "SYSTEM xN" (N readers), one panel per N. Never raises: a plot is
@@ -142,12 +155,8 @@ def plot_lines(path, title, xlabels, ylabel, series, log=False):
 
 
 def _plot_lines(path, title, xlabels, ylabel, series, log):
-    try:
-        import matplotlib
-        matplotlib.use("Agg")
-        import matplotlib.pyplot as plt
-    except ImportError:
-        print(f"matplotlib missing: {path} not drawn (python3 -m pip install matplotlib)")
+    plt = pyplot(path)
+    if plt is None:
         return
     panels = {}
     for name, ys in series.items():

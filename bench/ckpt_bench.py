@@ -57,7 +57,7 @@ import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).parent))
-from benchlib import BIN, OUT, ROOT, Daemon, daemon_flags, du, machine, tiny_dataset, median, table  # noqa: E402
+from benchlib import BIN, OUT, ROOT, Daemon, daemon_flags, du, machine, tiny_dataset, median, pyplot, table  # noqa: E402
 
 QUICK = "--quick" in sys.argv
 E = os.environ.get
@@ -329,12 +329,8 @@ def one_series(work: Path, key, series: int, odd: list):
 
 
 def plot(path, labels, disk, cumulative, reads):
-    try:
-        import matplotlib
-        matplotlib.use("Agg")
-        import matplotlib.pyplot as plt
-    except ImportError:
-        print(f"matplotlib missing: {path} not drawn (python3 -m pip install matplotlib)")
+    plt = pyplot(path)
+    if plt is None:
         return
     try:
         fig, ax = plt.subplots(1, 3, figsize=(16, 4.6), dpi=110)
@@ -370,12 +366,8 @@ def plot(path, labels, disk, cumulative, reads):
 def plot_storage(path, cumulative, split):
     """One panel per series: MiB stored after each checkpoint (the store vs
     plain copies), and where the final saving comes from."""
-    try:
-        import matplotlib
-        matplotlib.use("Agg")
-        import matplotlib.pyplot as plt
-    except ImportError:
-        print(f"matplotlib missing: {path} not drawn (python3 -m pip install matplotlib)")
+    plt = pyplot(path)
+    if plt is None:
         return
     try:
         n = len(cumulative)

@@ -46,7 +46,7 @@ import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).parent))
-from benchlib import BIN, OUT, PRELOAD, ROOT, cc, machine, median, table  # noqa: E402
+from benchlib import BIN, OUT, PRELOAD, ROOT, cc, machine, median, pyplot, table  # noqa: E402
 
 QUICK = "--quick" in sys.argv
 E = os.environ.get
@@ -301,12 +301,8 @@ def measure(n: int, gen: str, reader: str) -> dict:
 
 
 def plot(rows, path: Path):
-    try:
-        import matplotlib
-        matplotlib.use("Agg")
-        import matplotlib.pyplot as plt
-    except ImportError:
-        log(f"matplotlib missing: {path} not drawn")
+    plt = pyplot(path)
+    if plt is None:
         return
     ns = [r["n"] for r in rows]
     fig, ax = plt.subplots(figsize=(6.4, 4.6), dpi=110)

@@ -308,17 +308,21 @@ pub fn decompress(codec: Codec, stored: &[u8], raw_len: u64) -> io::Result<Vec<u
 
 #[cfg(test)]
 mod tests {
-
-    #[test]
-    fn decompress_into_matches_the_stream_decoders() {
-        use super::*;
-        let mut x = 11u64;
-        let mut rnd = move || {
+    /// A deterministic stream of test bytes' sources (xorshift64).
+    fn xorshift(seed: u64) -> impl FnMut() -> u64 {
+        let mut x = seed;
+        move || {
             x ^= x << 13;
             x ^= x >> 7;
             x ^= x << 17;
             x
-        };
+        }
+    }
+
+    #[test]
+    fn decompress_into_matches_the_stream_decoders() {
+        use super::*;
+        let mut rnd = xorshift(11);
         for &n in &[0usize, 1, 100, 65535, 65536, 65537, 200_000, 1 << 20] {
             let data: Vec<u8> = (0..n).map(|k| if k % 3000 < 1500 { (k / 7) as u8 } else { rnd() as u8 }).collect();
             let mut frames = Vec::new();
@@ -374,13 +378,7 @@ mod tests {
 
     #[test]
     fn reused_compressor_gives_the_bytes_of_a_fresh_encoder() {
-        let mut x = 7u64;
-        let mut rnd = move || {
-            x ^= x << 13;
-            x ^= x >> 7;
-            x ^= x << 17;
-            x
-        };
+        let mut rnd = xorshift(7);
         let mut reused = Compressor::new();
         let lz4 = Compression { codec: Codec::Lz4, level: 0 };
         let sizes = [1usize, 2, 15, 16, 100, 101, 4095, 4096, 8191, 8192, 8193, 65535, 65536, 65537, 70000, 200_000, 100];
