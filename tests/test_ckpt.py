@@ -227,7 +227,10 @@ def cl(bins, tmp_path_factory):
     src = make_tree(tmp / "src", "mixed", n_files=8, seed=11)
     data = tmp / "data"
     pack(bins, src, data, "--partitions", "4")
-    c = start_cluster(bins, data, tmp / "cl", nranks=4, mount=MOUNT)
+    # --ckpt-hot 2: the store serves the last two commits of a node from the
+    # files written (the default keeps all that 16G hold); the tests below
+    # read older ones rebuilt from their units.
+    c = start_cluster(bins, data, tmp / "cl", nranks=4, mount=MOUNT, extra_args=["--ckpt-hot", "2"])
     yield c
     c.stop()
 
@@ -1009,5 +1012,65 @@ def test_dedup_flags(bins, tmp_path, args, in_store):
                     f"with {args}: {p} is not a plain file under {out}"
         units = unit_records(c, 1)
         assert bool(units) == bool(in_store), (args, sorted(units))
+    finally:
+        c.stop()
+
+
+HOT_COPIES = """
+    import json, os
+    out = {'targets': {}, 'ok': {}}
+    os.makedirs('/fanstore/hot', exist_ok=True)
+    def target(p):
+        fd = os.open(p, os.O_RDONLY)
+        try:
+            return os.readlink('/proc/self/fd/%d' % fd), os.pread(fd, 1 << 22, 0)
+        finally:
+            os.close(fd)
+    files = {}
+    for k in range(4):
+        p = '/fanstore/hot/c%d.bin' % k
+        files[p] = os.urandom(300_000 + k)
+        with open(p, 'wb') as f:
+            f.write(files[p])
+    # A writer that keeps a second fd (not through the mount) past its close.
+    p = '/fanstore/hot/left-open.bin'
+    files[p] = os.urandom(200_000)
+    fd = os.open(p, os.O_CREAT | os.O_WRONLY, 0o644)
+    os.write(fd, files[p])
+    other = os.open('/proc/self/fd/%d' % fd, os.O_WRONLY)
+    os.close(fd)                                   # the commit
+    for p, b in files.items():
+        t, got = target(p)
+        out['targets'][p] = t
+        out['ok'][p] = got == b
+    os.pwrite(other, b'written after the close', 0)
+    os.close(other)
+    t, got = target(p)
+    out['after'] = {'target': t, 'ok': got == files[p]}
+    print(json.dumps(out))
+"""
+
+
+def test_hot_copies_are_the_files_written_unless_still_writable(bins, tmp_path):
+    """Default flags: every checkpoint committed on a node is served from
+    the unnamed local file its program wrote (within --ckpt-hot-size), not
+    rebuilt; one whose program still has it open for writing after its
+    close is read from the store, and a later write through that fd changes
+    nothing a reader sees."""
+    src = make_tree(tmp_path / "src", "mixed", n_files=4, seed=17)
+    data = tmp_path / "data"
+    pack(bins, src, data, "--partitions", "1")
+    c = start_cluster(bins, data, tmp_path / "c", nranks=0, mount=MOUNT)
+    try:
+        got = py_json(c, 0, HOT_COPIES)
+        assert all(got["ok"].values()), got
+        for k in range(4):
+            t = got["targets"][f"/fanstore/hot/c{k}.bin"]
+            assert str(c.local) in t and "(deleted)" in t and "memfd" not in t, (k, t)
+        t = got["targets"]["/fanstore/hot/left-open.bin"]
+        assert t.startswith("/memfd:fanstore:ckpt"), t
+        assert got["after"]["ok"] and got["after"]["target"].startswith("/memfd:fanstore:ckpt"), got["after"]
+        assert "still open for writing after its commit" in c.log(), c.log()[-3000:]
+        assert ckpt_json(c, "du")["checkpoints"] == 5
     finally:
         c.stop()

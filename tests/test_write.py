@@ -434,8 +434,8 @@ def test_persist_stop_restart_export(bins, tmp_path):
     assert sorted(p.name for p in (plain / "run/ckpt").iterdir()) == ["epoch0.pt", "epoch1.pt", "epoch2.pt", "epoch3.pt"]
 
 
-# Default: outputs are memfds, the commit fails. --dedup off: outputs are
-# unnamed files on the local disk, the write itself fails, and the commit too.
+# Outputs are unnamed files on the local disk (with and without dedup): the
+# write itself may fail, and the commit must fail too.
 @pytest.mark.parametrize("extra", [(), ("--dedup", "off")], ids=["dedup", "plain"])
 def test_local_ssd_full_close_fails_nothing_visible(bins, tmp_path, extra):
     src = tmp_path / "src"

@@ -43,8 +43,11 @@ pub struct StoreOptions {
     /// against the chain's first (full) unit, else in full; a read decodes
     /// at most `max_chain + 1` units per tensor. 0: no deltas.
     pub max_chain: u8,
-    /// Hot copies kept (see [`CheckpointStore::commit_shared`]).
+    /// Hot copies kept at most (see [`CheckpointStore::commit_shared`]).
     pub hot: usize,
+    /// Bytes of hot copies kept at most, the newest always kept (if `hot`
+    /// is not 0): older ones are dropped, oldest first, past this total.
+    pub hot_bytes: u64,
     /// Bytes past which units go to a new pack file (a larger unit gets a
     /// pack of its own). Default 256 MiB. Each thread writing units of a
     /// commit appends to a pack of its own, so up to `threads + 1` packs
@@ -66,6 +69,7 @@ impl Default for StoreOptions {
             threads: cores.saturating_sub(1).clamp(1, 3),
             max_chain: 4,
             hot: 2,
+            hot_bytes: u64::MAX,
             pack_size: 256 << 20,
             compact_below_percent: 50,
         }

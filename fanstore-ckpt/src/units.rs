@@ -164,16 +164,35 @@ impl CheckpointStore {
     }
 
     /// Keeps `bytes` (checkpoint `id`'s file) as a hot copy, dropping the
-    /// oldest beyond [`crate::StoreOptions::hot`].
+    /// oldest beyond [`crate::StoreOptions::hot`] copies or
+    /// [`crate::StoreOptions::hot_bytes`] bytes.
     pub(crate) fn keep_hot(&mut self, id: u64, bytes: SharedBytes, units: HashMap<Hash, Range<usize>>) {
         if self.opts.hot == 0 {
             return;
         }
         self.hot.retain(|h| h.id != id);
         self.hot.push(Hot { id, bytes, units });
-        while self.hot.len() > self.opts.hot {
+        self.limit_hot(self.opts.hot, self.opts.hot_bytes);
+    }
+
+    /// Drops the oldest hot copies until at most `n` are left and the
+    /// total is at most `bytes` (the newest one is kept while `n` > 0).
+    pub fn limit_hot(&mut self, n: usize, bytes: u64) {
+        let len = |h: &Hot| (*h.bytes).as_ref().len() as u64;
+        let mut total: u64 = self.hot.iter().map(len).sum();
+        while self.hot.len() > n || (self.hot.len() > 1 && total > bytes) {
+            total -= len(&self.hot[0]);
             self.hot.remove(0);
         }
+    }
+
+    /// Stops serving the checkpoint at `path` from a hot copy (its file may
+    /// change). False if it had none.
+    pub fn forget_hot(&mut self, path: &[u8]) -> bool {
+        let Some(id) = self.id_of(path) else { return false };
+        let had = self.hot_file(id).is_some();
+        self.drop_hot(id);
+        had
     }
 
     /// Replaces the bytes of the hot copy of the checkpoint at `path` with

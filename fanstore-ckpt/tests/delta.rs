@@ -234,6 +234,36 @@ fn hot_copies_serve_reads_and_delta_bases() {
     assert!(store.verify(None).unwrap().ok());
 }
 
+#[test]
+fn hot_copies_are_kept_within_their_byte_budget() {
+    let d = tempfile::tempdir().unwrap();
+    let mut rng = Rng(22);
+    let ws: Vec<Vec<f32>> = (0..4).map(|_| weights(&mut rng, 20_000)).collect();
+    let ids = rng.bytes(64);
+    let size = model(&ws, &ids).len() as u64;
+    // Room for two and a half files: the last two stay hot.
+    let o = StoreOptions { hot: usize::MAX, hot_bytes: size * 5 / 2, ..opts(4) };
+    let mut store = CheckpointStore::open_with(d.path(), o).unwrap();
+    let mut files = Vec::new();
+    for k in 0..4 {
+        let ws: Vec<Vec<f32>> = ws.iter().map(|w| w.iter().map(|x| x + k as f32).collect()).collect();
+        let f: Arc<Vec<u8>> = Arc::new(model(&ws, &ids));
+        store.commit_shared(format!("b{k}").as_bytes(), f.clone()).unwrap();
+        files.push(f);
+    }
+    let hot: Vec<bool> = (0..4).map(|k| store.is_hot(format!("b{k}").as_bytes())).collect();
+    assert_eq!(hot, [false, false, true, true]);
+    // A budget smaller than one file still keeps the newest.
+    store.limit_hot(usize::MAX, 1);
+    let hot: Vec<bool> = (0..4).map(|k| store.is_hot(format!("b{k}").as_bytes())).collect();
+    assert_eq!(hot, [false, false, false, true]);
+    assert!(store.forget_hot(b"b3"));
+    assert!(!store.is_hot(b"b3") && !store.forget_hot(b"b3"));
+    for (k, f) in files.iter().enumerate() {
+        assert_eq!(store.read(format!("b{k}").as_bytes()).unwrap(), **f);
+    }
+}
+
 /// Random commits (each derived from a live checkpoint: small updates,
 /// rewrites, bit flips, new and dropped tensors, every dtype), unlinks,
 /// renames and reopens, with short chains and small packs (96 KiB, compacted

@@ -25,10 +25,8 @@
 use crate::checksum::xxh3;
 
 /// NodeState flag: the daemon commits outputs of `--dedup-min` bytes and
-/// more into its checkpoint store, so clients write outputs into memfds
-/// (whose pages the kernel's dirty-page limits do not throttle: the store
-/// writes only the new tensors) rather than into unnamed files on the local
-/// disk (which save a copy only when the daemon keeps the file as it is).
+/// more into its checkpoint store (informational: clients write every
+/// output into an unnamed local file either way).
 pub const FLAG_DEDUP: u32 = 1 << 1;
 
 /// NodeState flag: the daemon keeps copies of dataset files (`--cache-mem`

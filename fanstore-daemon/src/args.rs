@@ -49,15 +49,18 @@ pub struct DaemonArgs {
     /// Outputs smaller than this stay plain files (logs, small samples).
     #[arg(long, default_value = "64K", value_parser = parse_size)]
     pub dedup_min: u64,
-    /// Checkpoints whose committed file the store keeps as a hot copy (the
-    /// last N commits of the node): opens of them are served from that file
-    /// with no rebuild, and the next checkpoint finds its delta bases there.
-    /// Each costs its file's size on the local disk (an unnamed file: the
-    /// client's, or a copy of its memfd made in the background, after which
-    /// the memfd's memory is returned) until a newer commit replaces it.
-    /// 0: none.
-    #[arg(long, default_value_t = 2)]
-    pub ckpt_hot: usize,
+    /// Bytes of committed checkpoint files the store keeps as hot copies
+    /// (the newest commits of the node, the newest always): opens of them
+    /// are served from that file with no rebuild, and the next checkpoint
+    /// finds its delta bases there. They are the files the programs wrote
+    /// (unnamed files on the local disk), so they cost disk space, not
+    /// memory; older ones are dropped past this total, and all but the
+    /// newest when the local disk has less than a twentieth free. 0: none.
+    #[arg(long, default_value = "16G", value_parser = parse_size)]
+    pub ckpt_hot_size: u64,
+    /// At most this many hot copies (default: as many as --ckpt-hot-size holds).
+    #[arg(long)]
+    pub ckpt_hot: Option<usize>,
     /// fsync every output before its close returns (power-loss safety of the
     /// local copy; without it a closed output survives a killed daemon or
     /// program, not a crash of the node's kernel).

@@ -5,7 +5,9 @@
 //! plain file `out/<id>`: safetensors, torch.save zips, .npy and .npz are
 //! split into tensors, anything else into content-defined chunks, and each
 //! unit is stored once on the node (see `fanstore-ckpt`). Readers get the
-//! exact bytes back in a sealed memfd; a damaged unit is EIO.
+//! exact bytes back: from the file the program wrote while the store keeps
+//! it as a hot copy (see [`HotFile`]), else decoded into a sealed memfd; a
+//! damaged unit is EIO.
 //!
 //! ## Store keys
 //!
@@ -88,7 +90,34 @@ struct Held {
     keys: HashMap<u64, Vec<u8>>,
     /// Output id -> the file it was committed from, while the store keeps
     /// that file's bytes as a hot copy: opens are served from it directly.
-    hot: HashMap<u64, Arc<OwnedFd>>,
+    hot: HashMap<u64, HotFile>,
+    /// Hot files not yet known to be settled.
+    unsettled: usize,
+}
+
+/// A file the store keeps a hot copy in.
+struct HotFile {
+    fd: Arc<OwnedFd>,
+    /// Nothing can write it any more: a memfd sealed against writes, a copy
+    /// of our own, or a client's unnamed file (opened read-only here) on
+    /// which the kernel granted a read lease, which it grants only while no
+    /// process has the file open for writing or mapped writable. A client's
+    /// file can be reached only through an fd to it, so once it has no
+    /// writer it keeps its bytes, as a sealed memfd does.
+    settled: bool,
+}
+
+/// True if no process has `f` (opened read-only) open for writing: the
+/// kernel grants a read lease on it (taken and given back at once).
+fn no_writers(f: &OwnedFd) -> bool {
+    use std::os::fd::AsRawFd;
+    // SAFETY: fcntl on an fd we own; F_SETLEASE takes an int argument.
+    if unsafe { libc::fcntl(f.as_raw_fd(), libc::F_SETLEASE, libc::F_RDLCK) } != 0 {
+        return false;
+    }
+    // SAFETY: as above; releases the lease just taken.
+    unsafe { libc::fcntl(f.as_raw_fd(), libc::F_SETLEASE, libc::F_UNLCK) };
+    true
 }
 
 impl Held {
@@ -96,6 +125,32 @@ impl Held {
     fn trim_hot(&mut self) {
         let (store, keys) = (&self.store, &self.keys);
         self.hot.retain(|id, _| keys.get(id).is_some_and(|k| store.is_hot(k)));
+        self.unsettled = self.hot.values().filter(|f| !f.settled).count();
+    }
+
+    /// Checks the hot files not yet settled: each one still open for
+    /// writing somewhere (a program kept another fd, or a writable mapping,
+    /// past its commit) stops being a hot copy, so that neither reads nor
+    /// the next commit's comparisons see bytes written after the commit.
+    fn settle_hot(&mut self) {
+        if self.unsettled == 0 {
+            return;
+        }
+        let mut written = Vec::new();
+        for (id, f) in self.hot.iter_mut().filter(|(_, f)| !f.settled) {
+            if no_writers(&f.fd) {
+                f.settled = true;
+            } else {
+                written.push(*id);
+            }
+        }
+        for id in written {
+            log::warn!("checkpoint store: output {id} is still open for writing after its commit; it is read from the store");
+            if let Some(k) = self.keys.get(&id) {
+                self.store.forget_hot(k);
+            }
+        }
+        self.trim_hot();
     }
 
     fn rename_key(&mut self, id: u64, to: &[u8]) {
@@ -130,6 +185,8 @@ pub struct Dedup {
 struct Demote {
     id: u64,
     memfd: Arc<OwnedFd>,
+    /// When the commit queued it.
+    queued: std::time::Instant,
 }
 
 fn write_held(held: &RwLock<Held>) -> RwLockWriteGuard<'_, Held> {
@@ -145,10 +202,11 @@ fn demote_worker(dir: PathBuf, held: std::sync::Weak<RwLock<Held>>, rx: std::syn
     use std::os::unix::fs::OpenOptionsExt;
     for job in rx {
         let Some(held) = held.upgrade() else { return };
-        let still = |h: &Held| h.hot.get(&job.id).is_some_and(|f| Arc::ptr_eq(f, &job.memfd));
+        let still = |h: &Held| h.hot.get(&job.id).is_some_and(|f| Arc::ptr_eq(&f.fd, &job.memfd));
         if !still(&held.read().unwrap_or_else(|p| p.into_inner())) {
             continue;
         }
+        let started = std::time::Instant::now();
         let copied = (|| -> io::Result<(std::fs::File, memmap2::Mmap)> {
             let mut to = std::fs::OpenOptions::new().read(true).write(true).custom_flags(libc::O_TMPFILE).mode(0o600).open(&dir)?;
             let from = std::fs::File::from(crate::open::reopen(&job.memfd).map_err(io::Error::from_raw_os_error)?);
@@ -181,21 +239,33 @@ fn demote_worker(dir: PathBuf, held: std::sync::Weak<RwLock<Held>>, rx: std::syn
                 if still(&h) {
                     let key = h.keys.get(&job.id).cloned().unwrap_or_default();
                     if h.store.replace_hot(&key, Arc::new(map)) {
-                        h.hot.insert(job.id, Arc::new(OwnedFd::from(file)));
+                        h.hot.insert(job.id, HotFile { fd: Arc::new(OwnedFd::from(file)), settled: true });
+                        log::debug!("checkpoint store: hot copy of output {} on the local disk {:.1} ms after its commit ({:.1} ms copying)",
+                            job.id, job.queued.elapsed().as_secs_f64() * 1e3, started.elapsed().as_secs_f64() * 1e3);
                     }
                 }
             }
-            Err(e) => log::warn!("checkpoint store: moving a hot copy to {}: {e}", dir.display()),
+            Err(e) => {
+                // Not kept in memory instead: the store reads it from its units.
+                log::warn!("checkpoint store: moving a hot copy to {}: {e}", dir.display());
+                let mut h = write_held(&held);
+                if still(&h) {
+                    let key = h.keys.get(&job.id).cloned().unwrap_or_default();
+                    h.store.forget_hot(&key);
+                    h.trim_hot();
+                }
+            }
         }
     }
 }
 
 impl Dedup {
-    /// Opens (creating) the store in `dir`.
-    pub fn open(dir: &Path, min: u64, fsync: bool, hot: usize) -> Result<Dedup, CkptError> {
-        let mut store = CheckpointStore::open_with(dir, StoreOptions { fsync, hot, ..StoreOptions::default() })?;
+    /// Opens (creating) the store in `dir`, keeping at most `hot` hot
+    /// copies of at most `hot_bytes` bytes in all (the newest always).
+    pub fn open(dir: &Path, min: u64, fsync: bool, hot: usize, hot_bytes: u64) -> Result<Dedup, CkptError> {
+        let mut store = CheckpointStore::open_with(dir, StoreOptions { fsync, hot, hot_bytes, ..StoreOptions::default() })?;
         log_repairs(&mut store);
-        let held = Arc::new(RwLock::new(Held { store, keys: HashMap::new(), hot: HashMap::new() }));
+        let held = Arc::new(RwLock::new(Held { store, keys: HashMap::new(), hot: HashMap::new(), unsettled: 0 }));
         let (tx, rx) = std::sync::mpsc::channel();
         let (d, weak) = (dir.to_path_buf(), Arc::downgrade(&held));
         std::thread::Builder::new()
@@ -213,10 +283,31 @@ impl Dedup {
         self.held.read().unwrap_or_else(|p| p.into_inner())
     }
 
+    /// The store, its hot files settled ([`Held::settle_hot`]): for what
+    /// reads bytes (opens, the next commit's comparisons). Not checked
+    /// while an output's own commit runs: its writer closes its fd only
+    /// after the commit returns.
+    fn write_settled(&self) -> RwLockWriteGuard<'_, Held> {
+        let mut h = self.write();
+        h.settle_hot();
+        h
+    }
+
+    /// As [`Self::write_settled`], shared.
+    fn read_settled(&self) -> RwLockReadGuard<'_, Held> {
+        let h = self.read();
+        if h.unsettled == 0 {
+            return h;
+        }
+        drop(h);
+        drop(self.write_settled());
+        self.read()
+    }
+
     /// Stores `bytes` as output `id` of `path`, under its pending key.
     pub fn stage(&self, path: &[u8], id: u64, bytes: &[u8]) -> Result<CommitInfo, i32> {
         let key = pending_key(path, id);
-        let mut h = self.write();
+        let mut h = self.write_settled();
         let info = h.store.commit(&key, bytes).map_err(|e| {
             log::warn!("checkpoint store: committing '{}': {e}", String::from_utf8_lossy(path));
             errno_of(&e)
@@ -226,25 +317,33 @@ impl Dedup {
     }
 
     /// Stores output `id` of `path` like [`Self::stage`], from a file handed
-    /// over for good (the client's unnamed local file, closed by its
-    /// writer): its mapping becomes the store's hot copy, so the next
-    /// checkpoint finds its delta bases there, and opens of this output are
-    /// served from the file itself (no rebuild) while it stays hot.
+    /// over for good (the client's unnamed local file, opened read-only
+    /// here, or its memfd sealed against writes): its mapping becomes the
+    /// store's hot copy, so the next checkpoint finds its delta bases there,
+    /// and opens of this output are served from the file itself (no
+    /// rebuild) while it stays hot. The client's file is used only once no
+    /// process has it open for writing ([`Held::settle_hot`], at the next
+    /// use of the store: its writer closes it after this returns).
     /// A memfd (`memfd`: true) is moved to an unnamed local file in the
-    /// background, then served from there.
+    /// background, then served from there. Hot copies are dropped, oldest
+    /// first, past the store's budget, and all but this one when the local
+    /// disk has less than a twentieth free.
     pub fn stage_handed(&self, path: &[u8], id: u64, file: OwnedFd, map: Arc<memmap2::Mmap>, memfd: bool) -> Result<CommitInfo, i32> {
         let key = pending_key(path, id);
-        let mut h = self.write();
+        let mut h = self.write_settled();
         let info = h.store.commit_shared(&key, map).map_err(|e| {
             log::warn!("checkpoint store: committing '{}': {e}", String::from_utf8_lossy(path));
             errno_of(&e)
         })?;
         h.keys.insert(id, key);
         let file = Arc::new(file);
-        h.hot.insert(id, file.clone());
+        if !crate::copies::room_for(&self.dir, 0) {
+            h.store.limit_hot(1, u64::MAX);
+        }
+        h.hot.insert(id, HotFile { fd: file.clone(), settled: memfd });
         h.trim_hot();
         if memfd && h.hot.contains_key(&id) {
-            let _ = self.demote.lock().unwrap_or_else(|p| p.into_inner()).send(Demote { id, memfd: file });
+            let _ = self.demote.lock().unwrap_or_else(|p| p.into_inner()).send(Demote { id, memfd: file, queued: std::time::Instant::now() });
         }
         Ok(info)
     }
@@ -314,7 +413,7 @@ impl Dedup {
 
     /// Writes the exact bytes of output `id` to `out`.
     pub fn read_output<W: Write + ?Sized>(&self, id: u64, out: &mut W) -> Result<u64, i32> {
-        let h = self.read();
+        let h = self.read_settled();
         let key = h.keys.get(&id).ok_or(libc::ENOENT)?;
         h.store.read_to(key, out).map_err(|e| {
             log::error!("checkpoint store: reading '{}': {e}", String::from_utf8_lossy(key));
@@ -325,10 +424,10 @@ impl Dedup {
     /// Output `id` from its hot copy (the file it was committed from), if
     /// the store still keeps one.
     pub fn open_hot(&self, id: u64) -> Option<Result<OwnedFd, i32>> {
-        let h = self.read();
+        let h = self.read_settled();
         let key = h.keys.get(&id)?;
         let f = h.hot.get(&id).filter(|_| h.store.is_hot(key))?;
-        Some(crate::open::reopen(f))
+        Some(crate::open::reopen(&f.fd))
     }
 
     /// Output `id` of `size` bytes and xxh3 `sum` (its record's): the file
@@ -339,7 +438,7 @@ impl Dedup {
         if let Some(r) = self.open_hot(id) {
             return r;
         }
-        let h = self.read();
+        let h = self.read_settled();
         let key = h.keys.get(&id).ok_or(libc::ENOENT)?;
         if size == 0 {
             drop(h);
@@ -365,7 +464,7 @@ impl Dedup {
 
     /// Runs a query (`fanstore ckpt ...`) against this store.
     pub fn query(&self, q: &Query) -> Result<Answer, i32> {
-        let h = self.read();
+        let h = self.read_settled();
         let s = &h.store;
         let nf = |e: CkptError| errno_of(&e);
         let (text, ok) = match q {
@@ -713,7 +812,7 @@ mod tests {
     #[test]
     fn staged_outputs_settle_rename_drop_and_read_back() {
         let d = tempfile::tempdir().unwrap();
-        let dd = Dedup::open(&d.path().join("ckpt"), 0, false, 2).unwrap();
+        let dd = Dedup::open(&d.path().join("ckpt"), 0, false, 2, u64::MAX).unwrap();
         let bytes: Vec<u8> = (0..200_000u32).map(|i| (i % 251) as u8).collect();
         let info = dd.stage(b"run/ck1", 1, &bytes).unwrap();
         assert_eq!(info.file_xxh3, fanstore_core::checksum::xxh3(&bytes));
@@ -743,40 +842,54 @@ mod tests {
         use std::io::Write as _;
         use std::os::fd::AsRawFd;
         let d = tempfile::tempdir().unwrap();
-        let dd = Dedup::open(&d.path().join("ckpt"), 0, false, 2).unwrap();
+        let dd = Dedup::open(&d.path().join("ckpt"), 0, false, 2, u64::MAX).unwrap();
         let target = |fd: &OwnedFd| std::fs::read_link(format!("/proc/self/fd/{}", fd.as_raw_fd())).unwrap();
         let mut sums = Vec::new();
-        for id in 1..=3u64 {
+        let mut writer_left_open = None;
+        for id in 1..=4u64 {
             let bytes: Vec<u8> = (0..300_000u32).map(|i| (i * id as u32 % 251) as u8).collect();
             let p = d.path().join(format!("client-{id}"));
             let mut f = std::fs::File::options().read(true).write(true).create(true).truncate(true).open(&p).unwrap();
             f.write_all(&bytes).unwrap();
-            // SAFETY: test file, written above and never again.
-            let map = Arc::new(unsafe { memmap2::Mmap::map(&f) }.unwrap());
-            let info = dd.stage_handed(b"run/x", id, OwnedFd::from(f), map, false).unwrap();
+            // As the daemon's commit does: a read-only description of its own.
+            let ro = std::fs::File::open(&p).unwrap();
+            // SAFETY: test file; the mapping is read-only.
+            let map = Arc::new(unsafe { memmap2::Mmap::map(&ro) }.unwrap());
+            let info = dd.stage_handed(b"run/x", id, OwnedFd::from(ro), map, false).unwrap();
             dd.settle(id, format!("run/c{id}").as_bytes());
+            if id == 3 {
+                writer_left_open = Some(f); // its writer keeps it open: never served as it is
+            }
             sums.push((bytes, info.file_xxh3, p));
         }
-        // The last two (StoreOptions::hot) come from their files; the first is rebuilt.
+        // Hot: 2. The commit of 4 found 3 still open for writing and
+        // dropped it, so 2 and 4 come from their files; 1 and 3 are rebuilt.
         for (i, (bytes, sum, p)) in sums.iter().enumerate() {
             let fd = dd.open_output(i as u64 + 1, bytes.len() as u64, *sum).unwrap();
             let t = target(&fd);
-            if i == 0 {
-                assert!(t.to_string_lossy().starts_with("/memfd:fanstore:ckpt"), "{t:?}");
+            if i == 0 || i == 2 {
+                assert!(t.to_string_lossy().starts_with("/memfd:fanstore:ckpt"), "{i}: {t:?}");
             } else {
                 assert_eq!(&t, p);
             }
             assert_eq!(&std::fs::read(format!("/proc/self/fd/{}", fd.as_raw_fd())).unwrap(), bytes);
         }
-        assert!(dd.drop_output(3));
-        assert_eq!(dd.open_output(3, 300_000, sums[2].1).err(), Some(libc::ENOENT));
+        // A write after the commit changes the file, not the checkpoint.
+        let mut w = writer_left_open.unwrap();
+        std::io::Seek::rewind(&mut w).unwrap();
+        w.write_all(b"written after the commit").unwrap();
+        drop(w);
+        let fd = dd.open_output(3, 300_000, sums[2].1).unwrap();
+        assert_eq!(std::fs::read(format!("/proc/self/fd/{}", fd.as_raw_fd())).unwrap(), sums[2].0);
+        assert!(dd.drop_output(4));
+        assert_eq!(dd.open_output(4, 300_000, sums[3].1).err(), Some(libc::ENOENT));
     }
 
     #[test]
     fn hot_memfds_move_to_the_local_disk() {
         use std::os::fd::{AsRawFd, FromRawFd};
         let d = tempfile::tempdir().unwrap();
-        let dd = Dedup::open(&d.path().join("ckpt"), 0, false, 2).unwrap();
+        let dd = Dedup::open(&d.path().join("ckpt"), 0, false, 2, u64::MAX).unwrap();
         let bytes: Vec<u8> = (0..500_000u32).map(|i| (i % 241) as u8).collect();
         // SAFETY: memfd_create with a literal name; the fd is checked and owned below.
         let raw = unsafe { libc::memfd_create(c"client".as_ptr(), libc::MFD_ALLOW_SEALING) };
@@ -844,7 +957,7 @@ mod tests {
         let more: Vec<u8> = (0..200_000u32).map(|i| (i * 13 % 251) as u8).collect();
         let persist = d.path().join("persist");
         {
-            let dd = Dedup::open(&d.path().join("a"), 0, false, 2).unwrap();
+            let dd = Dedup::open(&d.path().join("a"), 0, false, 2, u64::MAX).unwrap();
             dd.stage(b"c/1", 5, &bytes).unwrap();
             dd.settle(5, b"c/1");
             dd.stage(b"c/2", 6, &bytes[..1000]).unwrap(); // staged only: swept after adoption
@@ -864,7 +977,7 @@ mod tests {
         let local = d.path().join("b");
         assert!(adopt_drained(&drained_dir(&persist, 3), &local).unwrap());
         assert!(!adopt_drained(&drained_dir(&persist, 4), &d.path().join("x")).unwrap());
-        let dd = Dedup::open(&local, 0, false, 2).unwrap();
+        let dd = Dedup::open(&local, 0, false, 2, u64::MAX).unwrap();
         assert!(dd.claim(9, b"c/1"));
         assert!(!dd.claim(10, b"c/1"), "one id per checkpoint");
         assert!(!dd.claim(10, b"c/nope"));

@@ -291,7 +291,7 @@ fn open_checkpoint_store(args: &DaemonArgs, id: &Identity, node: &Node) -> anyho
     let on = args.dedup == "on";
     if on || exists {
         let min = if on { args.dedup_min } else { u64::MAX };
-        let d = Dedup::open(&dir, min, args.fsync_outputs, args.ckpt_hot).with_context(|| format!("opening the checkpoint store {}", dir.display()))?;
+        let d = Dedup::open(&dir, min, args.fsync_outputs, if args.ckpt_hot_size == 0 { 0 } else { args.ckpt_hot.unwrap_or(usize::MAX) }, args.ckpt_hot_size).with_context(|| format!("opening the checkpoint store {}", dir.display()))?;
         let _ = node.dedup.set(Arc::new(d));
     }
     Ok(recovering)

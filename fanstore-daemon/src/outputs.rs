@@ -128,8 +128,10 @@ impl Node {
         })
     }
 
-    /// COMMIT: stores the bytes of `fd`, then registers `path` with its owner.
-    pub fn commit(&self, path: &[u8], fd: &OwnedFd, excl: bool, mode: u32) -> Result<(), i32> {
+    /// COMMIT: stores the bytes of `fd`, then registers `path` with its
+    /// owner. `fd` is closed before this returns (the store keeps at most a
+    /// read-only reopening of it).
+    pub fn commit(&self, path: &[u8], fd: OwnedFd, excl: bool, mode: u32) -> Result<(), i32> {
         if path.is_empty() {
             return Err(libc::EEXIST);
         }
@@ -152,7 +154,7 @@ impl Node {
         if id >= OUT_BIT as u64 {
             return Err(libc::ENOSPC);
         }
-        let src = std::fs::File::from(fd.try_clone().map_err(|_| libc::EMFILE)?);
+        let src = std::fs::File::from(fd);
         let meta = src.metadata().map_err(|_| libc::EIO)?;
         let size = meta.len();
         // The file's own modification and access times: its last write, or
@@ -165,18 +167,27 @@ impl Node {
         // Before any mapping of ours: a shared mapping of this read-write fd
         // would count as writable and block the seal.
         let sealed = dedup.is_some() && size > 0 && seal_memfd(&src);
+        let unnamed = self.unnamed_local(&src);
+        // The client's unnamed file, which the store may keep as a hot copy:
+        // mapped and kept through a read-only description of our own, so
+        // that once the client's is closed nothing has it open for writing
+        // (what the store checks before using it; see dedup::HotFile).
+        let kept = match dedup {
+            Some(_) if unnamed && size > 0 => crate::open::reopen(&src).ok().map(std::fs::File::from),
+            _ => None,
+        };
         let map = if size > 0 {
             // SAFETY: the client handed us its output file at its last close
             // and no longer writes it (the plain path keeps and serves this
-            // same file); the mapping is read-only and private, and with
-            // dedup it lives on as the store's hot copy of this output.
-            Some(std::sync::Arc::new(unsafe { memmap2::MmapOptions::new().populate().map(&src) }.map_err(|_| libc::EIO)?))
+            // same file; the store checks that nothing can write it before
+            // it serves it as a hot copy); the mapping is read-only and
+            // private, and with dedup it may live on as the hot copy.
+            Some(std::sync::Arc::new(unsafe { memmap2::MmapOptions::new().populate().map(kept.as_ref().unwrap_or(&src)) }.map_err(|_| libc::EIO)?))
         } else {
             None
         };
         let bytes: &[u8] = map.as_deref().map_or(&[], |m| &m[..]);
         std::fs::create_dir_all(self.out_dir()).map_err(|e| io_errno(&e))?;
-        let unnamed = self.unnamed_local(&src);
         if unnamed && self.local_disk_full() {
             return Err(libc::ENOSPC);
         }
@@ -192,10 +203,9 @@ impl Node {
         // A file handed over for good (the client's unnamed local file, or
         // its memfd once sealed against writes): the store keeps its mapping
         // as a hot copy and reads are served from the file itself.
-        let handed = match (&map, dedup) {
-            (Some(m), Some(_)) if unnamed || sealed => {
-                src.try_clone().ok().map(|f| (OwnedFd::from(f), std::sync::Arc::clone(m)))
-            }
+        let handed = match (&map, dedup, kept) {
+            (Some(m), Some(_), Some(k)) => Some((OwnedFd::from(k), std::sync::Arc::clone(m))),
+            (Some(m), Some(_), None) if sealed => src.try_clone().ok().map(|f| (OwnedFd::from(f), std::sync::Arc::clone(m))),
             _ => None,
         };
         let sum = match (dedup, handed) {

@@ -58,7 +58,7 @@ pub struct State {
     pub copy_dir: Vec<u8>,
     /// The daemon's local partition copies, mapped on first use.
     pub part_maps: crate::parts::PartMaps,
-    /// The daemon's NodeState flags (`fanstore_core::runtime::FLAG_DEDUP`).
+    /// The daemon's NodeState flags (`fanstore_core::runtime::FLAG_*`).
     pub flags: u32,
     pub sock_path: Vec<u8>,
     /// A real, empty, read-only directory: the real fd behind every virtual directory fd.
