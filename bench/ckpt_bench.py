@@ -24,11 +24,13 @@ in a rotating order:
   - FanStore --dedup off:  open/write/close under the mount (LD_PRELOAD; close
                   returns when the file is visible), outputs are plain files;
   - FanStore dedup:        the default daemon (--dedup on): outputs >= 64 KiB
-                  go to the node's checkpoint store.
+                  go to the node's checkpoint store, which serves the files
+                  it committed as hot copies (within --ckpt-hot-size);
+  - FanStore dedup, no hot copies: the same with --ckpt-hot-size 0, so every
+                  read of a checkpoint rebuilds it from its units.
 After every checkpoint each scheme reads it back at once (whole file into a
 reused buffer, bytes checked: "new" reads: a checkpoint read in the job that
-wrote it); after the series, every checkpoint again ("old" reads: the store
-rebuilds all but its hot copies from their units).
+wrote it); after the series, every checkpoint again ("old" reads).
 One daemon (MPI singleton) per FanStore scheme on a one-file dummy dataset,
 local dirs on the same disk as the native dirs. Each daemon's writer is a
 small Python server run with that daemon's LD_PRELOAD environment, holding
@@ -45,6 +47,7 @@ Environment (default / --quick): BENCH_CKPT_TENSORS [40/40]
   BENCH_CKPT_TENSOR_MB [5/1]  BENCH_CKPT_N [10/10]
   BENCH_CKPT_KINDS [update:0,update:0.75,random:0,fresh:0.75]  BENCH_CKPT_BLOB_MB [1024/256]  BENCH_CKPT_BLOB_N [2]
   BENCH_CKPT_SERIES [1/1] (series per kind; medians over all of them)  BENCH_DIR [/tmp]
+  BENCH_CKPT_DEDUP_FLAGS []: more daemon flags of the FanStore dedup scheme (e.g. "--ckpt-hot 2")
   BENCH_CKPT_SYNC [1]: `sync` (untimed) before every timed write, so that no scheme is throttled by the
   dirty pages another left (checkpoints are minutes apart in training); 0 = back to back
 """
@@ -70,7 +73,12 @@ BLOB_MB = int(E("BENCH_CKPT_BLOB_MB", "256" if QUICK else "1024"))
 BLOB_N = int(E("BENCH_CKPT_BLOB_N", "2"))
 SERIES = int(E("BENCH_CKPT_SERIES", "1"))
 SYNC_FIRST = E("BENCH_CKPT_SYNC", "1") == "1"
+DEDUP_FLAGS = E("BENCH_CKPT_DEDUP_FLAGS", "").split()
 MIB = 2**20
+# The default daemon keeps the checkpoints it committed as hot copies (the
+# files written, within --ckpt-hot-size); this one keeps none, so every read
+# of a checkpoint rebuilds it from the store's units.
+COLD = "FanStore dedup, no hot copies"
 
 
 def label(key):
@@ -244,7 +252,8 @@ def one_series(work: Path, key, series: int, odd: list):
     fw.mkdir()
     shm = Path(tempfile.mkdtemp(prefix="fs-bench-ckpt-", dir="/dev/shm" if os.path.isdir("/dev/shm") else None))
     cfg = {"ckpts": n, "series_dir": str(shm / "s")}
-    dspec = [("plain", ("--dedup", "off"), "/fanstore-ckp"), ("dedup", ("--dedup", "on"), "/fanstore-ckd")]
+    dspec = [("plain", ("--dedup", "off"), "/fanstore-ckp"), ("dedup", ("--dedup", "on", *DEDUP_FLAGS), "/fanstore-ckd"),
+             ("cold", ("--dedup", "on", "--ckpt-hot-size", "0"), "/fanstore-ckc")]
     daemons, servers = {}, {}
     m = {"writes": {}, "reads_new": {}, "reads_old": {}, "opens_new": {}, "opens_old": {}, "disk": {}, "key": key}
     try:
@@ -267,10 +276,12 @@ def one_series(work: Path, key, series: int, odd: list):
         schemes = {"native+fsync": (servers["plain"], str(nat_f), True),
                    "native": (servers["dedup"], str(nat), False),
                    "FanStore --dedup off": (servers["plain"], daemons["plain"].mount + "/run", False),
-                   "FanStore dedup": (servers["dedup"], daemons["dedup"].mount + "/run", False)}
+                   "FanStore dedup": (servers["dedup"], daemons["dedup"].mount + "/run", False),
+                   COLD: (servers["cold"], daemons["cold"].mount + "/run", False)}
         readers = {"native": (servers["plain"], str(nat)),
                    "FanStore --dedup off": (servers["plain"], daemons["plain"].mount + "/run"),
-                   "FanStore dedup": (servers["dedup"], daemons["dedup"].mount + "/run")}
+                   "FanStore dedup": (servers["dedup"], daemons["dedup"].mount + "/run"),
+                   COLD: (servers["cold"], daemons["cold"].mount + "/run")}
         for dk in servers:
             servers[dk].call(op="mkdir", path=daemons[dk].mount + "/run")
         names, rn = list(schemes), list(readers)
@@ -300,6 +311,7 @@ def one_series(work: Path, key, series: int, odd: list):
         m["disk"]["FanStore --dedup off"] = du(daemons["plain"].local / "rank-0" / "out")
         m["disk"]["FanStore dedup"] = du(daemons["dedup"].local / "rank-0" / "out" / "ckpt")
         m["disk"]["FanStore dedup (whole out/)"] = du(daemons["dedup"].local / "rank-0" / "out")
+        m["disk"][COLD] = du(daemons["cold"].local / "rank-0" / "out" / "ckpt")
         m["ckpt_du"] = json.loads(ckpt_cli(daemons["dedup"], "du", "--json"))
         m["ckpt_ls"] = json.loads(ckpt_cli(daemons["dedup"], "ls", "--json"))
         m["ckpt_du_text"] = ckpt_cli(daemons["dedup"], "du")
@@ -347,9 +359,10 @@ def plot(path, labels, disk, cumulative, reads):
         ax[1].set_title("stored MiB after each checkpoint (dotted: plain copies)", fontsize=10)
         ax[1].set_xlabel("checkpoint")
         ax[1].legend(fontsize=7)
+        wr = 0.8 / max(1, len(reads))
         for j, (s, ys) in enumerate(reads.items()):
-            ax[2].bar([x + j * w for x in xs], ys, w, label=s)
-        ax[2].set_xticks([x + 0.4 - w / 2 for x in xs], labels, fontsize=7)
+            ax[2].bar([x + j * wr for x in xs], ys, wr, label=s)
+        ax[2].set_xticks([x + 0.4 - wr / 2 for x in xs], labels, fontsize=7)
         ax[2].set_title("read-back MB/s (new: right after its write; old: after the series)", fontsize=10)
         ax[2].legend(fontsize=7)
         for a in ax:
@@ -462,11 +475,12 @@ def report(runs, odd, secs):
                           "" if not s.startswith("FanStore") else f"{st / T['FanStore --dedup off'][1]:.2f}x"])
             prow.append([lab, s] + [f"{phase(key, s, k):.0f}" for k in ("write", "fsync", "close", "total")])
         n_plain = disk(key, "native+fsync")
+        dj = runs[key][0]["ckpt_du"]
         for s in ["native+fsync", "FanStore --dedup off", "FanStore dedup"]:
             b = disk(key, s)
             disk_plot.setdefault(s, []).append(b)
-            srows.append([lab, s, f"{b / MIB:.0f}", f"{n_plain / b:.2f}x" if b else "-"])
-        dj = runs[key][0]["ckpt_du"]
+            hot = f"{dj.get('hot_copy_bytes', 0) / MIB:.0f}" if s == "FanStore dedup" else ""
+            srows.append([lab, s, f"{b / MIB:.0f}", f"{n_plain / b:.2f}x" if b else "-", hot])
         lg = dj.get("logical_bytes", 0) or 1
         pc = lambda f: f"{dj.get(f, 0) / MIB:.0f} ({100 * dj.get(f, 0) / lg:.0f}%)"  # noqa: E731
         splits.append([lab, f"{dj.get('logical_bytes', 0) / MIB:.0f}", pc("saved_by_dedup_bytes"),
@@ -483,12 +497,13 @@ def report(runs, odd, secs):
         for what in ("new", "old"):
             nr = rd(key, "native", what)
             row += [f"{nr:.0f}"]
-            for s in ("FanStore --dedup off", "FanStore dedup"):
+            for s in ("FanStore --dedup off", "FanStore dedup", COLD):
                 r = rd(key, s, what)
                 row += [f"{r:.0f} ({r / nr:.2f}x)"]
                 read_plot.setdefault(f"{s} ({what})", []).append(r)
             read_plot.setdefault(f"native ({what})", []).append(nr)
-        row += [f"{opn(key, 'FanStore dedup', 'new'):.1f}", f"{opn(key, 'FanStore dedup', 'old'):.1f}"]
+        row += [f"{opn(key, 'FanStore dedup', 'new'):.1f}", f"{opn(key, 'FanStore dedup', 'old'):.1f}",
+                f"{opn(key, COLD, 'new'):.1f}"]
         rrows.append(row)
     # goals
     by = {k: k for k in series_keys}
@@ -528,15 +543,21 @@ def report(runs, odd, secs):
                      "XOR-delta'd against that hot copy, "
                      f"byte-grouped and zstd'd on 2 threads, written); native without fsync = {n_w:.0f} ms.")
     k0 = series_keys[0]
-    o_new, o_old = opn(k0, "FanStore dedup", "new"), opn(k0, "FanStore dedup", "old")
-    notes.append(f"Read-back, new ({label(k0)}): the open takes {o_new:.1f} ms (the hot copy is reopened, nothing "
-                 "is rebuilt); the rest of the gap to native is the file itself: the hot copy is the client's output "
-                 "memfd, moved by the daemon in the background to an unnamed file on the local disk, and on this "
-                 "kernel both read back slower from the page cache than a file the reader's own write filled "
-                 "(memfd ~0.7x: no huge pages for shmem). Old: the open rebuilds the file, "
-                 f"{o_old:.0f} ms for {mb:.0f} MiB ({mb / max(o_old, 1e-9) * 1e3:.0f} MB/s): every unit decoded "
-                 "(zstd planes, XOR chains of up to 5 units) on 2 threads into a memfd; it is then kept in the node "
-                 "cache, so only the first open of an old checkpoint pays it.")
+    o_new, o_old, o_cold = opn(k0, "FanStore dedup", "new"), opn(k0, "FanStore dedup", "old"), opn(k0, COLD, "new")
+    notes.append(f"Read-back ({label(k0)}): an open of a checkpoint committed on this node takes {o_new:.1f} ms "
+                 f"right after its write and {o_old:.1f} ms after the series: the hot copy, the unnamed file the "
+                 "program wrote, is reopened and nothing is rebuilt. Without hot copies (`--ckpt-hot-size 0`, "
+                 f"or past its budget) the open rebuilds the file, {o_cold:.0f} ms for {mb:.0f} MiB "
+                 f"({mb / max(o_cold, 1e-9) * 1e3:.0f} MB/s): every unit decoded (zstd planes, XOR chains of up to 5 "
+                 "units) on 2 threads into a memfd; it is then kept in the node cache, so only the first open of an "
+                 "old checkpoint pays it.")
+    notes.append("The `write` phase (the program's write into a new page-cache file) takes either ~50 ms or "
+                 "~500 ms per 200 MiB on this VM, for every scheme, native included: the machine flips between the "
+                 "two over minutes (measured with a plain Python loop writing 200 MiB files after `sync`: "
+                 "46-59 ms, then 483-602 ms for the same loop a few minutes later; `echo 3 > "
+                 "/proc/sys/vm/drop_caches` brings back 60-97 ms). A median of 9 checkpoints per scheme can land in "
+                 "either mode, so the write-throughput ratios swing between runs; the `close` column is the "
+                 "store's own cost.")
     if rnd0:
         notes.append(f"Commit, random tensors: {phase(rnd0, 'FanStore dedup', 'close'):.0f} ms at close (blake3 of "
                      "every tensor, a zstd probe of a sample that finds nothing to compress, every tensor copied "
@@ -579,26 +600,31 @@ def report(runs, odd, secs):
           + ". `native+fsync` / `native`: open/write(/fsync)/close of a plain file; `FanStore ...`: "
           "open/write/close under the mount through LD_PRELOAD (close returns when the checkpoint is visible to "
           "every node), one daemon (MPI singleton) per configuration, local dir on the same disk, default flags "
-          "(the store keeps the last 2 committed files as hot copies: `--ckpt-hot 2`). MB/s = MiB of the "
+          "(the store serves the files it committed as hot copies, within `--ckpt-hot-size`, default 16G: here "
+          f"all {CKPTS}); `{COLD}`: `--ckpt-hot-size 0`, which rebuilds every read. MB/s = MiB of the "
           "checkpoint / seconds from open to close returning; `ckpt 1` is the first checkpoint, `ckpts 2-N` the "
           "median over the others.", "",
           table(["series", "scheme", "ckpt 1 MB/s", f"ckpts 2-{CKPTS} MB/s", "vs native+fsync",
                  "vs native (no fsync)", "vs FanStore --dedup off"], wrows), "",
           f"Storage after the {CKPTS} checkpoints (bytes allocated on disk, `du -s -B1`: the native directory, the "
           "--dedup off daemon's `out/`, the dedup daemon's checkpoint store `out/ckpt/`); `plain / this` = native "
-          "directory bytes / this scheme's bytes. The hot copies are the clients' own output memfds (memory, "
-          "not in the store directory), at most 2 checkpoints.", "",
-          table(["series", "scheme", "MiB on disk", "plain / this"], srows), "",
+          "directory bytes / this scheme's bytes. `hot copies MiB`: the files the program wrote, which the "
+          "store keeps as unnamed files on the local disk beside the store (a cache within `--ckpt-hot-size`, "
+          "not counted in the store's bytes: dropped oldest first past the budget, or when the disk has less "
+          "than 5% free).", "",
+          table(["series", "scheme", "MiB on disk", "plain / this", "+ hot copies MiB"], srows), "",
           "Where the saving comes from (`fanstore ckpt du --json` of the dedup daemon, MiB and % of logical):", "",
           table(["series", "logical MiB", "saved by dedup", "saved by deltas", "saved by compression",
                  "physical", "logical / physical"], splits), "",
           "Read-back (whole file into a reused buffer, bytes compared afterwards; page cache NOT dropped: every "
           "scheme reads warm). `new`: each checkpoint read right after all schemes wrote it (FanStore dedup serves "
-          "its hot copy: the committed file itself); `old`: all checkpoints read again after the series (all but the "
-          "last 2 are rebuilt from their units: decoded on 2 threads into a memfd). Median MB/s per checkpoint "
-          "(open to close, vs native), and FanStore dedup's median open time:", "",
-          table(["series", "native new MB/s", "--dedup off new", "dedup new", "native old MB/s", "--dedup off old",
-                 "dedup old", "dedup open ms (new)", "dedup open ms (old)"], rrows), "",
+          "its hot copy: the committed file itself); `old`: all checkpoints read again after the series (FanStore "
+          f"dedup: from the hot copies). `{COLD}`: every read rebuilds the checkpoint from its units (decoded on "
+          "2 threads into a memfd), unless the node cache (`--cache-mem`) still holds that rebuild. Median MB/s "
+          "per checkpoint (open to close, vs native), and the median open times:", "",
+          table(["series", "native new MB/s", "--dedup off new", "dedup new", "no hot copies new (rebuilt)",
+                 "native old MB/s", "--dedup off old", "dedup old", "no hot copies old",
+                 "dedup open ms (new)", "dedup open ms (old)", "no hot copies open ms (rebuild)"], rrows), "",
           f"Where the time goes: milliseconds per checkpoint of each phase as the writer timed it (median over "
           f"checkpoints 2-{CKPTS}). FanStore `write` = copy into the client's output file, `close` = the commit in "
           "the daemon (plain: link or copy into out/; dedup: split, hash, encode and write the new units, recipe, "
