@@ -1072,5 +1072,25 @@ def test_hot_copies_are_the_files_written_unless_still_writable(bins, tmp_path):
         assert got["after"]["ok"] and got["after"]["target"].startswith("/memfd:fanstore:ckpt"), got["after"]
         assert "still open for writing after its commit" in c.log(), c.log()[-3000:]
         assert ckpt_json(c, "du")["checkpoints"] == 5
+
+        # The files it keeps are page cache, not the daemon's memory: its
+        # resident file pages do not grow by the checkpoints it commits.
+        def rss_file_kib():
+            (pid,) = c.pids()
+            st = Path(f"/proc/{pid}/status").read_text()
+            return int(next(ln for ln in st.splitlines() if ln.startswith("RssFile:")).split()[1])
+        before = rss_file_kib()
+        py(c, 0, """
+            import os
+            for k in range(4):
+                with open('/fanstore/hot/big%d.bin' % k, 'wb') as f:
+                    f.write(os.urandom(16 << 20))
+            for k in range(4):
+                assert len(open('/fanstore/hot/big%d.bin' % k, 'rb').read()) == 16 << 20
+        """)
+        grown = rss_file_kib() - before
+        assert grown < 16 << 10, f"daemon RssFile grew by {grown} KiB after committing 4 x 16 MiB"
+        t = py_json(c, 0, FD_TARGETS, "/fanstore/hot/big0.bin")["/fanstore/hot/big0.bin"]
+        assert "memfd" not in t, t
     finally:
         c.stop()

@@ -128,6 +128,27 @@ impl Held {
         self.unsettled = self.hot.values().filter(|f| !f.settled).count();
     }
 
+    /// Maps every hot copy afresh, unpopulated: the pages the commit read
+    /// (the new file, its delta bases) leave the daemon's mappings, so its
+    /// resident size does not grow by the checkpoints it keeps (their pages
+    /// stay in the page cache, as a native file's would), and readers of
+    /// those files find no mapped pages. A copy that cannot be mapped keeps
+    /// its mapping.
+    fn unmap_hot(&mut self) {
+        for (id, f) in &self.hot {
+            let Some(key) = self.keys.get(id) else { continue };
+            // SAFETY: read-only mapping of the file the store already maps:
+            // a sealed memfd, or a client's file that is read only once
+            // nothing can write it (settle_hot runs before any use).
+            match unsafe { memmap2::Mmap::map(&*f.fd) } {
+                Ok(m) => {
+                    self.store.replace_hot(key, Arc::new(m));
+                }
+                Err(e) => log::debug!("checkpoint store: remapping the hot copy of output {id}: {e}"),
+            }
+        }
+    }
+
     /// Checks the hot files not yet settled: each one still open for
     /// writing somewhere (a program kept another fd, or a writable mapping,
     /// past its commit) stops being a hot copy, so that neither reads nor
@@ -342,6 +363,7 @@ impl Dedup {
         }
         h.hot.insert(id, HotFile { fd: file.clone(), settled: memfd });
         h.trim_hot();
+        h.unmap_hot();
         if memfd && h.hot.contains_key(&id) {
             let _ = self.demote.lock().unwrap_or_else(|p| p.into_inner()).send(Demote { id, memfd: file, queued: std::time::Instant::now() });
         }
