@@ -1094,3 +1094,39 @@ def test_hot_copies_are_the_files_written_unless_still_writable(bins, tmp_path):
         assert "memfd" not in t, t
     finally:
         c.stop()
+
+
+def test_local_dir_in_memory_keeps_one_hot_copy_and_no_disk_copies(bins, tmp_path):
+    """A local dir on tmpfs (a diskless node) is RAM the program needs: the
+    store keeps only its newest commit as a hot copy, and no node copies go
+    there (--cache-disk is ignored)."""
+    src = make_tree(tmp_path / "src", "mixed", n_files=4, seed=19)
+    data = tmp_path / "data"
+    pack(bins, src, data, "--partitions", "1")
+    local = tmp_path / "c" / "local"
+    local.mkdir(parents=True)
+    m = subprocess.run(["mount", "-t", "tmpfs", "-o", "size=256m", "tmpfs", str(local)], capture_output=True, text=True)
+    if m.returncode != 0:
+        pytest.skip(f"cannot mount a tmpfs as the local dir: {m.stderr.strip()}")
+    try:
+        c = start_cluster(bins, data, tmp_path / "c", nranks=0, mount=MOUNT)
+        try:
+            py(c, 0, """
+                import os
+                os.makedirs('/fanstore/mem', exist_ok=True)
+                for k in range(3):
+                    with open('/fanstore/mem/c%d.bin' % k, 'wb') as f:
+                        f.write(os.urandom((1 << 20) + k))
+            """)
+            du = ckpt_json(c, "du")
+            assert du["checkpoints"] == 3, du
+            assert du["hot_copy_bytes"] == (1 << 20) + 2, du
+            log = c.log()
+            assert "is in memory (tmpfs): the checkpoint store keeps only its newest commit" in log, log[-3000:]
+            assert "is in memory (tmpfs): no node copies on it" in log, log[-3000:]
+            written = read_hashes(c, 0, [f"mem/c{k}.bin" for k in range(3)])
+            assert all("errno" not in v for v in written.values()), written
+        finally:
+            c.stop()
+    finally:
+        subprocess.run(["umount", "-l", str(local)], capture_output=True)

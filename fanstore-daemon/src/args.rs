@@ -26,7 +26,8 @@ pub struct DaemonArgs {
     /// files of 64 KiB or more that a client decoded itself, or the prefill
     /// made), kept in the local directory while its file system keeps 5%
     /// free: they read back faster from the local file system than from
-    /// shared memory. 0: such copies go to the copy directory in memory.
+    /// shared memory. 0: such copies go to the copy directory in memory
+    /// (also what a local dir on tmpfs gets).
     #[arg(long, default_value = "32G", value_parser = parse_size)]
     pub cache_disk: u64,
     /// Runtime directory (sockets, state files). Default: $FANSTORE_RUNTIME_DIR,
@@ -56,6 +57,7 @@ pub struct DaemonArgs {
     /// (unnamed files on the local disk), so they cost disk space, not
     /// memory; older ones are dropped past this total, and all but the
     /// newest when the local disk has less than a twentieth free. 0: none.
+    /// A local dir in memory (tmpfs) keeps only the newest.
     #[arg(long, default_value = "16G", value_parser = parse_size)]
     pub ckpt_hot_size: u64,
     /// At most this many hot copies (default: as many as --ckpt-hot-size holds).

@@ -373,6 +373,24 @@ fn link_unnamed(f: &File, name: &Path) -> Result<(), i32> {
     Err(libc::EIO)
 }
 
+/// True when `dir` is on a file system held in memory (tmpfs, ramfs): a
+/// "local disk" there is RAM the training program needs, and files on it
+/// read no faster than the copy directory's. Looks at the nearest existing
+/// ancestor when `dir` does not exist yet.
+pub fn in_memory(dir: &Path) -> bool {
+    const TMPFS_MAGIC: i64 = 0x0102_1994;
+    const RAMFS_MAGIC: i64 = 0x8584_58f6;
+    let Some(dir) = dir.ancestors().find(|d| d.exists()) else { return false };
+    let Ok(c) = CString::new(dir.as_os_str().as_bytes()) else { return false };
+    // SAFETY: an all-zero statfs is a valid value of this plain C struct.
+    let mut s: libc::statfs = unsafe { std::mem::zeroed() };
+    // SAFETY: c is NUL-terminated and s a valid out-pointer.
+    if unsafe { libc::statfs(c.as_ptr(), &mut s) } != 0 {
+        return false;
+    }
+    matches!(s.f_type as i64, TMPFS_MAGIC | RAMFS_MAGIC)
+}
+
 /// True when writing `len` more bytes under `dir` leaves a twentieth of its
 /// file system free.
 pub fn room_for(dir: &Path, len: u64) -> bool {

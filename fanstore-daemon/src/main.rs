@@ -291,7 +291,16 @@ fn open_checkpoint_store(args: &DaemonArgs, id: &Identity, node: &Node) -> anyho
     let on = args.dedup == "on";
     if on || exists {
         let min = if on { args.dedup_min } else { u64::MAX };
-        let d = Dedup::open(&dir, min, args.fsync_outputs, if args.ckpt_hot_size == 0 { 0 } else { args.ckpt_hot.unwrap_or(usize::MAX) }, args.ckpt_hot_size).with_context(|| format!("opening the checkpoint store {}", dir.display()))?;
+        let mut hot = if args.ckpt_hot_size == 0 { 0 } else { args.ckpt_hot.unwrap_or(usize::MAX) };
+        if hot > 1 && fanstore_daemon::copies::in_memory(&id.local_dir) {
+            log::info!(
+                "rank {}: the local dir {} is in memory (tmpfs): the checkpoint store keeps only its newest commit as a hot copy",
+                id.rank,
+                id.local_dir.display()
+            );
+            hot = 1;
+        }
+        let d = Dedup::open(&dir, min, args.fsync_outputs, hot, args.ckpt_hot_size).with_context(|| format!("opening the checkpoint store {}", dir.display()))?;
         let _ = node.dedup.set(Arc::new(d));
     }
     Ok(recovering)
@@ -351,6 +360,10 @@ fn prepare(args: &DaemonArgs, id: &Identity, cleanup: &mut Cleanup) -> anyhow::R
         let _ = std::fs::remove_dir_all(&id.local_dir);
     }
     let local_dir = id.local_dir.clone();
+    let in_memory = fanstore_daemon::copies::in_memory(&local_dir);
+    if in_memory && args.cache_disk > 0 {
+        log::info!("rank {}: the local dir {} is in memory (tmpfs): no node copies on it (--cache-disk ignored)", id.rank, local_dir.display());
+    }
     let (tx, rx) = crossbeam::channel::unbounded();
     let remote_timeout = Duration::from_secs_f64(args.remote_timeout.max(0.1));
     let node = Arc::new(Node::new(id.clone(), view, placement, args.cache_mem, tx, remote_timeout));
@@ -364,7 +377,7 @@ fn prepare(args: &DaemonArgs, id: &Identity, cleanup: &mut Cleanup) -> anyhow::R
     let copies_dir = PathBuf::from(std::ffi::OsStr::from_bytes(&fanstore_core::tiers::copy_dir(ipath)));
     let copies = fanstore_daemon::copies::Copies::create(&copies_dir, tiers.clone(), args.cache_mem)
         .with_context(|| format!("creating the copy directory {}", copies_dir.display()))?
-        .with_disk(&local_dir, args.cache_disk);
+        .with_disk(&local_dir, if in_memory { 0 } else { args.cache_disk });
     cleanup.copies = Some(copies_dir);
     let _ = node.tiers.set(tiers);
     let _ = node.copies.set(copies);
