@@ -1054,9 +1054,9 @@ HOT_COPIES = """
 def test_hot_copies_are_the_files_written_unless_still_writable(bins, tmp_path):
     """Default flags: every checkpoint committed on a node is served from
     the unnamed local file its program wrote (within --ckpt-hot-size), not
-    rebuilt; one whose program still has it open for writing after its
-    close is read from the store, and a later write through that fd changes
-    nothing a reader sees."""
+    rebuilt; one that something still had open for writing at its last
+    close (here a second fd opened outside the mount) is read from the
+    store, and a later write through that fd changes nothing a reader sees."""
     src = make_tree(tmp_path / "src", "mixed", n_files=4, seed=17)
     data = tmp_path / "data"
     pack(bins, src, data, "--partitions", "1")
@@ -1070,7 +1070,6 @@ def test_hot_copies_are_the_files_written_unless_still_writable(bins, tmp_path):
         t = got["targets"]["/fanstore/hot/left-open.bin"]
         assert t.startswith("/memfd:fanstore:ckpt"), t
         assert got["after"]["ok"] and got["after"]["target"].startswith("/memfd:fanstore:ckpt"), got["after"]
-        assert "still open for writing after its commit" in c.log(), c.log()[-3000:]
         assert ckpt_json(c, "du")["checkpoints"] == 5
 
         # The files it keeps are page cache, not the daemon's memory: its

@@ -24,7 +24,7 @@
 //!
 //! ```text
 //! COMMIT    payload path, fd attached (the output file: an unnamed local
-//!           file or a memfd), arg0 COMMIT_EXCL bit,
+//!           file or a memfd), arg0 COMMIT_EXCL and COMMIT_SOLE bits,
 //!           arg1 mode bits; reply errno once the owner rank registered it
 //! OUT_STAT  payload path; reply value = size, payload = StatAnswer (OutRecord, 56 bytes, first)
 //! OUT_OPEN  payload path; reply: an fd with the output's bytes
@@ -149,6 +149,11 @@ pub const SYNC_META: u64 = 2;
 
 /// COMMIT arg0 bit: fail with EEXIST if the path exists.
 pub const COMMIT_EXCL: u64 = 1;
+/// COMMIT arg0 bit: the attached fd is a read-only description of the
+/// client's unnamed file, which no process had open for writing (nor
+/// mapped writable) when the client closed it: nothing can change its bytes
+/// any more, so the daemon may serve reads from it as it is.
+pub const COMMIT_SOLE: u64 = 4;
 
 /// RENAME arg0 bit: fail with EEXIST if the new name exists (renameat2's
 /// RENAME_NOREPLACE), checked at its owner for a file.

@@ -6,8 +6,8 @@
 //! split into tensors, anything else into content-defined chunks, and each
 //! unit is stored once on the node (see `fanstore-ckpt`). Readers get the
 //! exact bytes back: from the file the program wrote while the store keeps
-//! it as a hot copy (see [`HotFile`]), else decoded into a sealed memfd; a
-//! damaged unit is EIO.
+//! it as a hot copy, else decoded into a sealed memfd; a damaged unit is
+//! EIO.
 //!
 //! ## Store keys
 //!
@@ -90,34 +90,10 @@ struct Held {
     keys: HashMap<u64, Vec<u8>>,
     /// Output id -> the file it was committed from, while the store keeps
     /// that file's bytes as a hot copy: opens are served from it directly.
-    hot: HashMap<u64, HotFile>,
-    /// Hot files not yet known to be settled.
-    unsettled: usize,
-}
-
-/// A file the store keeps a hot copy in.
-struct HotFile {
-    fd: Arc<OwnedFd>,
-    /// Nothing can write it any more: a memfd sealed against writes, a copy
-    /// of our own, or a client's unnamed file (opened read-only here) on
-    /// which the kernel granted a read lease, which it grants only while no
-    /// process has the file open for writing or mapped writable. A client's
-    /// file can be reached only through an fd to it, so once it has no
-    /// writer it keeps its bytes, as a sealed memfd does.
-    settled: bool,
-}
-
-/// True if no process has `f` (opened read-only) open for writing: the
-/// kernel grants a read lease on it (taken and given back at once).
-fn no_writers(f: &OwnedFd) -> bool {
-    use std::os::fd::AsRawFd;
-    // SAFETY: fcntl on an fd we own; F_SETLEASE takes an int argument.
-    if unsafe { libc::fcntl(f.as_raw_fd(), libc::F_SETLEASE, libc::F_RDLCK) } != 0 {
-        return false;
-    }
-    // SAFETY: as above; releases the lease just taken.
-    unsafe { libc::fcntl(f.as_raw_fd(), libc::F_SETLEASE, libc::F_UNLCK) };
-    true
+    /// Only files nothing can write any more: a memfd sealed against
+    /// writes, a copy of our own, or a client's unnamed file that its
+    /// writer found with no writer left at its close (COMMIT_SOLE).
+    hot: HashMap<u64, Arc<OwnedFd>>,
 }
 
 impl Held {
@@ -125,7 +101,6 @@ impl Held {
     fn trim_hot(&mut self) {
         let (store, keys) = (&self.store, &self.keys);
         self.hot.retain(|id, _| keys.get(id).is_some_and(|k| store.is_hot(k)));
-        self.unsettled = self.hot.values().filter(|f| !f.settled).count();
     }
 
     /// Maps every hot copy afresh, unpopulated: the pages the commit read
@@ -137,41 +112,15 @@ impl Held {
     fn unmap_hot(&mut self) {
         for (id, f) in &self.hot {
             let Some(key) = self.keys.get(id) else { continue };
-            // SAFETY: read-only mapping of the file the store already maps:
-            // a sealed memfd, or a client's file that is read only once
-            // nothing can write it (settle_hot runs before any use).
-            match unsafe { memmap2::Mmap::map(&*f.fd) } {
+            // SAFETY: read-only mapping of the file the store already maps,
+            // which nothing can write any more (see Held::hot).
+            match unsafe { memmap2::Mmap::map(&**f) } {
                 Ok(m) => {
                     self.store.replace_hot(key, Arc::new(m));
                 }
                 Err(e) => log::debug!("checkpoint store: remapping the hot copy of output {id}: {e}"),
             }
         }
-    }
-
-    /// Checks the hot files not yet settled: each one still open for
-    /// writing somewhere (a program kept another fd, or a writable mapping,
-    /// past its commit) stops being a hot copy, so that neither reads nor
-    /// the next commit's comparisons see bytes written after the commit.
-    fn settle_hot(&mut self) {
-        if self.unsettled == 0 {
-            return;
-        }
-        let mut written = Vec::new();
-        for (id, f) in self.hot.iter_mut().filter(|(_, f)| !f.settled) {
-            if no_writers(&f.fd) {
-                f.settled = true;
-            } else {
-                written.push(*id);
-            }
-        }
-        for id in written {
-            log::warn!("checkpoint store: output {id} is still open for writing after its commit; it is read from the store");
-            if let Some(k) = self.keys.get(&id) {
-                self.store.forget_hot(k);
-            }
-        }
-        self.trim_hot();
     }
 
     fn rename_key(&mut self, id: u64, to: &[u8]) {
@@ -223,7 +172,7 @@ fn demote_worker(dir: PathBuf, held: std::sync::Weak<RwLock<Held>>, rx: std::syn
     use std::os::unix::fs::OpenOptionsExt;
     for job in rx {
         let Some(held) = held.upgrade() else { return };
-        let still = |h: &Held| h.hot.get(&job.id).is_some_and(|f| Arc::ptr_eq(&f.fd, &job.memfd));
+        let still = |h: &Held| h.hot.get(&job.id).is_some_and(|f| Arc::ptr_eq(f, &job.memfd));
         if !still(&held.read().unwrap_or_else(|p| p.into_inner())) {
             continue;
         }
@@ -260,7 +209,7 @@ fn demote_worker(dir: PathBuf, held: std::sync::Weak<RwLock<Held>>, rx: std::syn
                 if still(&h) {
                     let key = h.keys.get(&job.id).cloned().unwrap_or_default();
                     if h.store.replace_hot(&key, Arc::new(map)) {
-                        h.hot.insert(job.id, HotFile { fd: Arc::new(OwnedFd::from(file)), settled: true });
+                        h.hot.insert(job.id, Arc::new(OwnedFd::from(file)));
                         log::debug!("checkpoint store: hot copy of output {} on the local disk {:.1} ms after its commit ({:.1} ms copying)",
                             job.id, job.queued.elapsed().as_secs_f64() * 1e3, started.elapsed().as_secs_f64() * 1e3);
                     }
@@ -286,7 +235,7 @@ impl Dedup {
     pub fn open(dir: &Path, min: u64, fsync: bool, hot: usize, hot_bytes: u64) -> Result<Dedup, CkptError> {
         let mut store = CheckpointStore::open_with(dir, StoreOptions { fsync, hot, hot_bytes, ..StoreOptions::default() })?;
         log_repairs(&mut store);
-        let held = Arc::new(RwLock::new(Held { store, keys: HashMap::new(), hot: HashMap::new(), unsettled: 0 }));
+        let held = Arc::new(RwLock::new(Held { store, keys: HashMap::new(), hot: HashMap::new() }));
         let (tx, rx) = std::sync::mpsc::channel();
         let (d, weak) = (dir.to_path_buf(), Arc::downgrade(&held));
         std::thread::Builder::new()
@@ -304,31 +253,10 @@ impl Dedup {
         self.held.read().unwrap_or_else(|p| p.into_inner())
     }
 
-    /// The store, its hot files settled ([`Held::settle_hot`]): for what
-    /// reads bytes (opens, the next commit's comparisons). Not checked
-    /// while an output's own commit runs: its writer closes its fd only
-    /// after the commit returns.
-    fn write_settled(&self) -> RwLockWriteGuard<'_, Held> {
-        let mut h = self.write();
-        h.settle_hot();
-        h
-    }
-
-    /// As [`Self::write_settled`], shared.
-    fn read_settled(&self) -> RwLockReadGuard<'_, Held> {
-        let h = self.read();
-        if h.unsettled == 0 {
-            return h;
-        }
-        drop(h);
-        drop(self.write_settled());
-        self.read()
-    }
-
     /// Stores `bytes` as output `id` of `path`, under its pending key.
     pub fn stage(&self, path: &[u8], id: u64, bytes: &[u8]) -> Result<CommitInfo, i32> {
         let key = pending_key(path, id);
-        let mut h = self.write_settled();
+        let mut h = self.write();
         let info = h.store.commit(&key, bytes).map_err(|e| {
             log::warn!("checkpoint store: committing '{}': {e}", String::from_utf8_lossy(path));
             errno_of(&e)
@@ -338,20 +266,19 @@ impl Dedup {
     }
 
     /// Stores output `id` of `path` like [`Self::stage`], from a file handed
-    /// over for good (the client's unnamed local file, opened read-only
-    /// here, or its memfd sealed against writes): its mapping becomes the
-    /// store's hot copy, so the next checkpoint finds its delta bases there,
-    /// and opens of this output are served from the file itself (no
-    /// rebuild) while it stays hot. The client's file is used only once no
-    /// process has it open for writing ([`Held::settle_hot`], at the next
-    /// use of the store: its writer closes it after this returns).
+    /// over for good, which nothing can write any more (the client's unnamed
+    /// local file, opened read-only, that no process had open for writing at
+    /// its close; or its memfd sealed against writes): its mapping becomes
+    /// the store's hot copy, so the next checkpoint finds its delta bases
+    /// there, and opens of this output are served from the file itself (no
+    /// rebuild) while it stays hot.
     /// A memfd (`memfd`: true) is moved to an unnamed local file in the
     /// background, then served from there. Hot copies are dropped, oldest
     /// first, past the store's budget, and all but this one when the local
     /// disk has less than a twentieth free.
     pub fn stage_handed(&self, path: &[u8], id: u64, file: OwnedFd, map: Arc<memmap2::Mmap>, memfd: bool) -> Result<CommitInfo, i32> {
         let key = pending_key(path, id);
-        let mut h = self.write_settled();
+        let mut h = self.write();
         let info = h.store.commit_shared(&key, map).map_err(|e| {
             log::warn!("checkpoint store: committing '{}': {e}", String::from_utf8_lossy(path));
             errno_of(&e)
@@ -361,7 +288,7 @@ impl Dedup {
         if !crate::copies::room_for(&self.dir, 0) {
             h.store.limit_hot(1, u64::MAX);
         }
-        h.hot.insert(id, HotFile { fd: file.clone(), settled: memfd });
+        h.hot.insert(id, file.clone());
         h.trim_hot();
         h.unmap_hot();
         if memfd && h.hot.contains_key(&id) {
@@ -435,7 +362,7 @@ impl Dedup {
 
     /// Writes the exact bytes of output `id` to `out`.
     pub fn read_output<W: Write + ?Sized>(&self, id: u64, out: &mut W) -> Result<u64, i32> {
-        let h = self.read_settled();
+        let h = self.read();
         let key = h.keys.get(&id).ok_or(libc::ENOENT)?;
         h.store.read_to(key, out).map_err(|e| {
             log::error!("checkpoint store: reading '{}': {e}", String::from_utf8_lossy(key));
@@ -446,10 +373,10 @@ impl Dedup {
     /// Output `id` from its hot copy (the file it was committed from), if
     /// the store still keeps one.
     pub fn open_hot(&self, id: u64) -> Option<Result<OwnedFd, i32>> {
-        let h = self.read_settled();
+        let h = self.read();
         let key = h.keys.get(&id)?;
         let f = h.hot.get(&id).filter(|_| h.store.is_hot(key))?;
-        Some(crate::open::reopen(&f.fd))
+        Some(crate::open::reopen(f))
     }
 
     /// Output `id` of `size` bytes and xxh3 `sum` (its record's): the file
@@ -460,7 +387,7 @@ impl Dedup {
         if let Some(r) = self.open_hot(id) {
             return r;
         }
-        let h = self.read_settled();
+        let h = self.read();
         let key = h.keys.get(&id).ok_or(libc::ENOENT)?;
         if size == 0 {
             drop(h);
@@ -486,7 +413,7 @@ impl Dedup {
 
     /// Runs a query (`fanstore ckpt ...`) against this store.
     pub fn query(&self, q: &Query) -> Result<Answer, i32> {
-        let h = self.read_settled();
+        let h = self.read();
         let s = &h.store;
         let nf = |e: CkptError| errno_of(&e);
         let (text, ok) = match q {
@@ -867,44 +794,31 @@ mod tests {
         let dd = Dedup::open(&d.path().join("ckpt"), 0, false, 2, u64::MAX).unwrap();
         let target = |fd: &OwnedFd| std::fs::read_link(format!("/proc/self/fd/{}", fd.as_raw_fd())).unwrap();
         let mut sums = Vec::new();
-        let mut writer_left_open = None;
-        for id in 1..=4u64 {
+        for id in 1..=3u64 {
             let bytes: Vec<u8> = (0..300_000u32).map(|i| (i * id as u32 % 251) as u8).collect();
             let p = d.path().join(format!("client-{id}"));
-            let mut f = std::fs::File::options().read(true).write(true).create(true).truncate(true).open(&p).unwrap();
-            f.write_all(&bytes).unwrap();
-            // As the daemon's commit does: a read-only description of its own.
+            std::fs::File::create(&p).unwrap().write_all(&bytes).unwrap();
+            // As the daemon's commit does: a read-only description, mapped.
             let ro = std::fs::File::open(&p).unwrap();
-            // SAFETY: test file; the mapping is read-only.
+            // SAFETY: test file, written above and never again; read-only mapping.
             let map = Arc::new(unsafe { memmap2::Mmap::map(&ro) }.unwrap());
             let info = dd.stage_handed(b"run/x", id, OwnedFd::from(ro), map, false).unwrap();
             dd.settle(id, format!("run/c{id}").as_bytes());
-            if id == 3 {
-                writer_left_open = Some(f); // its writer keeps it open: never served as it is
-            }
             sums.push((bytes, info.file_xxh3, p));
         }
-        // Hot: 2. The commit of 4 found 3 still open for writing and
-        // dropped it, so 2 and 4 come from their files; 1 and 3 are rebuilt.
+        // The last two (hot: 2) come from their files; the first is rebuilt.
         for (i, (bytes, sum, p)) in sums.iter().enumerate() {
             let fd = dd.open_output(i as u64 + 1, bytes.len() as u64, *sum).unwrap();
             let t = target(&fd);
-            if i == 0 || i == 2 {
-                assert!(t.to_string_lossy().starts_with("/memfd:fanstore:ckpt"), "{i}: {t:?}");
+            if i == 0 {
+                assert!(t.to_string_lossy().starts_with("/memfd:fanstore:ckpt"), "{t:?}");
             } else {
                 assert_eq!(&t, p);
             }
             assert_eq!(&std::fs::read(format!("/proc/self/fd/{}", fd.as_raw_fd())).unwrap(), bytes);
         }
-        // A write after the commit changes the file, not the checkpoint.
-        let mut w = writer_left_open.unwrap();
-        std::io::Seek::rewind(&mut w).unwrap();
-        w.write_all(b"written after the commit").unwrap();
-        drop(w);
-        let fd = dd.open_output(3, 300_000, sums[2].1).unwrap();
-        assert_eq!(std::fs::read(format!("/proc/self/fd/{}", fd.as_raw_fd())).unwrap(), sums[2].0);
-        assert!(dd.drop_output(4));
-        assert_eq!(dd.open_output(4, 300_000, sums[3].1).err(), Some(libc::ENOENT));
+        assert!(dd.drop_output(3));
+        assert_eq!(dd.open_output(3, 300_000, sums[2].1).err(), Some(libc::ENOENT));
     }
 
     #[test]

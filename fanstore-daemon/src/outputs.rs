@@ -129,9 +129,11 @@ impl Node {
     }
 
     /// COMMIT: stores the bytes of `fd`, then registers `path` with its
-    /// owner. `fd` is closed before this returns (the store keeps at most a
-    /// read-only reopening of it).
-    pub fn commit(&self, path: &[u8], fd: OwnedFd, excl: bool, mode: u32) -> Result<(), i32> {
+    /// owner; `flags`: the request's COMMIT_EXCL and COMMIT_SOLE bits. `fd`
+    /// is closed before this returns (the store keeps at most a read-only
+    /// reopening of it).
+    pub fn commit(&self, path: &[u8], fd: OwnedFd, flags: u64, mode: u32) -> Result<(), i32> {
+        let excl = flags & wire::COMMIT_EXCL != 0;
         if path.is_empty() {
             return Err(libc::EEXIST);
         }
@@ -168,19 +170,21 @@ impl Node {
         // would count as writable and block the seal.
         let sealed = dedup.is_some() && size > 0 && seal_memfd(&src);
         let unnamed = self.unnamed_local(&src);
-        // The client's unnamed file, which the store may keep as a hot copy:
-        // mapped and kept through a read-only description of our own, so
-        // that once the client's is closed nothing has it open for writing
-        // (what the store checks before using it; see dedup::HotFile).
+        // The client's unnamed file, which the store keeps as a hot copy when
+        // nothing can write it any more (COMMIT_SOLE: its writer found no
+        // writer left at its close and sent a read-only description):
+        // mapped and kept through a read-only description of our own.
         let kept = match dedup {
-            Some(_) if unnamed && size > 0 => crate::open::reopen(&src).ok().map(std::fs::File::from),
+            Some(_) if unnamed && size > 0 && flags & wire::COMMIT_SOLE != 0 => {
+                crate::open::reopen(&src).ok().map(std::fs::File::from)
+            }
             _ => None,
         };
         let map = if size > 0 {
             // SAFETY: the client handed us its output file at its last close
             // and no longer writes it (the plain path keeps and serves this
-            // same file; the store checks that nothing can write it before
-            // it serves it as a hot copy); the mapping is read-only and
+            // same file; the store keeps it as a hot copy only when nothing
+            // can write it, COMMIT_SOLE); the mapping is read-only and
             // private, and with dedup it may live on as the hot copy.
             Some(std::sync::Arc::new(unsafe { memmap2::MmapOptions::new().populate().map(kept.as_ref().unwrap_or(&src)) }.map_err(|_| libc::EIO)?))
         } else {

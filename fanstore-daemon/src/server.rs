@@ -207,7 +207,7 @@ fn handle(node: &Node, fd: RawFd, req: &Request, attached: Option<OwnedFd>) -> i
     match req.op {
         op::COMMIT => {
             let r = match attached {
-                Some(file) => node.commit(path, file, req.arg0 & wire::COMMIT_EXCL != 0, req.arg1 as u32),
+                Some(file) => node.commit(path, file, req.arg0, req.arg1 as u32),
                 None => Err(libc::EINVAL),
             };
             done(fd, req, r)

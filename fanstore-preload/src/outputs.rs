@@ -274,10 +274,64 @@ pub fn closing(fd: c_int, idx: u32) -> Option<c_int> {
 
 /// COMMIT: hands the output file to the daemon and waits for the owner's answer.
 pub fn commit(st: &State, fd: c_int, s: &Slot) -> Result<(), c_int> {
-    let req = crate::client::request(op::COMMIT, if s.excl { wire::COMMIT_EXCL } else { 0 }, s.mode as u64, &s.path);
-    let r = crate::client::call(st, &req, Some(fd)).map(|_| ());
-    crate::dlog!("commit of {} = {:?}", crate::debug::B(&s.path), r);
+    let ro = read_only(fd);
+    let mut flags = if s.excl { wire::COMMIT_EXCL } else { 0 };
+    if ro.is_some_and(|(_, sole)| sole) {
+        flags |= wire::COMMIT_SOLE;
+    }
+    let req = crate::client::request(op::COMMIT, flags, s.mode as u64, &s.path);
+    let r = crate::client::call(st, &req, Some(ro.map_or(fd, |(r, _)| r))).map(|_| ());
+    if let Some((r, _)) = ro {
+        // SAFETY: closing the fd read_only opened.
+        unsafe { crate::real::close(r) };
+    }
+    crate::dlog!("commit of {} (sole {}) = {:?}", crate::debug::B(&s.path), flags & wire::COMMIT_SOLE != 0, r);
     r
+}
+
+/// Before the commit of an unnamed output file whose last fd (as far as
+/// this process knows) is `fd`: a read-only description of the file takes
+/// the place of the writable one at `fd` (so the program's writable
+/// description is gone, unless something else holds it), and a read lease
+/// tells whether any process still has the file open for writing or mapped
+/// writable (the kernel grants one only when none has). Returns that
+/// read-only fd, to hand over and close, and true when the file had no
+/// writer left: nothing can change its bytes any more (reachable only
+/// through fds to it), so the daemon may serve reads from it as it is.
+/// None for a sealable memfd (the daemon seals it, which needs it
+/// writable) or when the file cannot be reopened.
+fn read_only(fd: c_int) -> Option<(c_int, bool)> {
+    // SAFETY: fcntl queries on an fd of ours; no pointers.
+    let seals = unsafe { crate::real::fcntl(fd, libc::F_GET_SEALS, 0) };
+    if seals >= 0 && seals & libc::F_SEAL_SEAL == 0 {
+        return None;
+    }
+    let mut path = *b"/proc/self/fd/\0\0\0\0\0\0\0\0\0\0\0\0";
+    let digits = fd.to_string();
+    path[14..14 + digits.len()].copy_from_slice(digits.as_bytes());
+    // SAFETY: path is NUL-terminated (fd has at most 10 digits); the result is checked.
+    let ro = unsafe { crate::real::open(path.as_ptr().cast(), libc::O_RDONLY | libc::O_CLOEXEC, 0) };
+    if ro < 0 {
+        return None;
+    }
+    // SAFETY: fcntl/dup3 on fds of ours; dup3 replaces what `fd` names
+    // atomically, so the fd number stays taken for the caller's close.
+    let replaced = unsafe {
+        let cloexec = crate::real::fcntl(fd, libc::F_GETFD, 0) & libc::FD_CLOEXEC != 0;
+        crate::real::dup3(ro, fd, if cloexec { libc::O_CLOEXEC } else { 0 }) >= 0
+    };
+    if !replaced {
+        // SAFETY: closing the fd opened above.
+        unsafe { crate::real::close(ro) };
+        return None;
+    }
+    // SAFETY: lease commands on a read-only fd of ours (taken and given back).
+    let sole = unsafe { crate::real::fcntl(ro, libc::F_SETLEASE, libc::F_RDLCK as libc::c_ulong) } == 0;
+    if sole {
+        // SAFETY: as above.
+        unsafe { crate::real::fcntl(ro, libc::F_SETLEASE, libc::F_UNLCK as libc::c_ulong) };
+    }
+    Some((ro, sole))
 }
 
 /// Closing `lo..=hi`: commits the outputs whose last fd is among them.
