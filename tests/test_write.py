@@ -479,6 +479,25 @@ def test_local_ssd_full_close_fails_nothing_visible(bins, tmp_path, extra):
         subprocess.run(["umount", "-l", str(local)], capture_output=True)
 
 
+def test_a_write_after_the_last_close_does_not_reach_readers(cl):
+    """A file something still holds open for writing at its last close (a
+    second fd opened outside the mount, as a forked child's inherited fd
+    would be) is committed as it was then: a later write through that fd
+    reaches no reader, on the writer's node or another."""
+    c, _ = cl
+    py(c, 1, f"""
+        import os
+        fd = os.open('{MOUNT}/left-open.txt', os.O_CREAT | os.O_WRONLY, 0o644)
+        os.write(fd, b'committed\\n' * 100)
+        other = os.open('/proc/self/fd/%d' % fd, os.O_WRONLY)
+        os.close(fd)                                   # the commit
+        os.pwrite(other, b'WRITTEN AFTER THE CLOSE', 0)
+        os.close(other)
+        assert open('{MOUNT}/left-open.txt', 'rb').read() == b'committed\\n' * 100
+    """)
+    py(c, 2, f"assert open('{MOUNT}/left-open.txt', 'rb').read() == b'committed\\n' * 100")
+
+
 def test_forked_child_never_commits_parents_output(cl):
     c, _ = cl
     py(c, 0, f"""

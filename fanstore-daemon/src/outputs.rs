@@ -215,7 +215,10 @@ impl Node {
         let sum = match (dedup, handed) {
             (Some(d), Some((file, m))) => d.stage_handed(path, id, file, m, !unnamed)?.file_xxh3,
             (Some(d), None) => d.stage(path, id, bytes)?.file_xxh3,
-            (None, _) => self.store_plain(&src, unnamed, bytes, &file).inspect_err(|_| undo())?,
+            (None, _) => {
+                let sole = flags & wire::COMMIT_SOLE != 0;
+                self.store_plain(&src, unnamed && sole, bytes, &file).inspect_err(|_| undo())?
+            }
         };
         let rec = OutRecord { size, mode: libc::S_IFREG | (mode & 0o7777), holder: self.id.rank, mtime_ns, id, sum, atime_ns, ctime_ns: now_ns() };
         // A symlink at the name: the bytes go to its target (as open(2)
@@ -243,10 +246,12 @@ impl Node {
     }
 
     /// Keeps the bytes of `src` at `file` (fsynced with `--fsync-outputs`):
-    /// their xxh3. An unnamed file on the local disk (the client's
-    /// O_TMPFILE) is linked there; anything else (a memfd) is copied.
-    fn store_plain(&self, src: &std::fs::File, unnamed: bool, bytes: &[u8], file: &std::path::Path) -> Result<u64, i32> {
-        if unnamed {
+    /// their xxh3. `link`: `src` is the client's unnamed file on the local
+    /// disk and nothing can write it any more (COMMIT_SOLE), so it is linked
+    /// there; anything else (a memfd, a file something may still write) is
+    /// copied, so that what readers get is what was committed.
+    fn store_plain(&self, src: &std::fs::File, link: bool, bytes: &[u8], file: &std::path::Path) -> Result<u64, i32> {
+        if link {
             self.link_unnamed(src, file)?;
             if self.fsync_outputs.load(Relaxed) {
                 src.sync_all().map_err(|e| io_errno(&e))?;
