@@ -334,6 +334,22 @@ def limit_fds(n):
     return set_limit
 
 
+@contextlib.contextmanager
+def tmpfs_local_dir(tmp_path: Path, size: str, why: str):
+    """Mounts a tmpfs of `size` at tmp_path/local, the local dir that
+    start_cluster(.., tmp_path) gives its daemons (skips the test when it
+    cannot be mounted: `why` names what it stands for); unmounts after."""
+    local = tmp_path / "local"
+    local.mkdir(parents=True)
+    m = subprocess.run(["mount", "-t", "tmpfs", "-o", f"size={size}", "tmpfs", str(local)], capture_output=True, text=True)
+    if m.returncode != 0:
+        pytest.skip(f"cannot mount a tmpfs as {why}: {m.stderr.strip()}")
+    try:
+        yield local
+    finally:
+        subprocess.run(["umount", "-l", str(local)], capture_output=True)
+
+
 def launch(bins, dataset: Path, tmp_path: Path, nranks=4, mount="/fanstore", extra_args=(), nofile=None):
     """Starts the daemons without waiting: returns (proc, runtime, local, log path).
     ``nofile``: the launcher and the daemons run under `ulimit -n nofile`."""

@@ -26,7 +26,7 @@ from pathlib import Path
 import pytest
 
 import ckpt_gen as gen
-from fs_cluster import start_cluster
+from fs_cluster import start_cluster, tmpfs_local_dir
 from fs_prep import make_tree, pack
 
 MOUNT = "/fanstore"
@@ -1102,12 +1102,7 @@ def test_local_dir_in_memory_keeps_one_hot_copy_and_no_disk_copies(bins, tmp_pat
     src = make_tree(tmp_path / "src", "mixed", n_files=4, seed=19)
     data = tmp_path / "data"
     pack(bins, src, data, "--partitions", "1")
-    local = tmp_path / "c" / "local"
-    local.mkdir(parents=True)
-    m = subprocess.run(["mount", "-t", "tmpfs", "-o", "size=256m", "tmpfs", str(local)], capture_output=True, text=True)
-    if m.returncode != 0:
-        pytest.skip(f"cannot mount a tmpfs as the local dir: {m.stderr.strip()}")
-    try:
+    with tmpfs_local_dir(tmp_path / "c", "256m", "the local dir"):
         c = start_cluster(bins, data, tmp_path / "c", nranks=0, mount=MOUNT)
         try:
             py(c, 0, """
@@ -1127,5 +1122,3 @@ def test_local_dir_in_memory_keeps_one_hot_copy_and_no_disk_copies(bins, tmp_pat
             assert all("errno" not in v for v in written.values()), written
         finally:
             c.stop()
-    finally:
-        subprocess.run(["umount", "-l", str(local)], capture_output=True)

@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 
-from fs_cluster import start_cluster
+from fs_cluster import start_cluster, tmpfs_local_dir
 from fs_prep import make_tree, pack
 
 MOUNT = "/fanstore"
@@ -443,12 +443,7 @@ def test_local_ssd_full_close_fails_nothing_visible(bins, tmp_path, extra):
     (src / "d" / "a.txt").write_text("input\n")
     data = tmp_path / "data"
     pack(bins, src, data, "--partitions", "2")
-    local = tmp_path / "c" / "local"
-    local.mkdir(parents=True)
-    m = subprocess.run(["mount", "-t", "tmpfs", "-o", "size=2m", "tmpfs", str(local)], capture_output=True, text=True)
-    if m.returncode != 0:
-        pytest.skip(f"cannot mount a small tmpfs as the local SSD: {m.stderr.strip()}")
-    try:
+    with tmpfs_local_dir(tmp_path / "c", "2m", "a small local SSD"):
         c = start_cluster(bins, data, tmp_path / "c", nranks=2, mount=MOUNT, extra_args=extra)
         try:
             py(c, 0, f"""
@@ -475,8 +470,6 @@ def test_local_ssd_full_close_fails_nothing_visible(bins, tmp_path, extra):
             """)
         finally:
             c.stop()
-    finally:
-        subprocess.run(["umount", "-l", str(local)], capture_output=True)
 
 
 def test_a_write_after_the_last_close_does_not_reach_readers(cl):
