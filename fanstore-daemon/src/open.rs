@@ -35,11 +35,11 @@ use std::time::{Duration, Instant};
 /// Opens a new read-only description of a cached memfd or file (through
 /// /proc/self/fd), so every OPEN gets its own file offset while sharing the
 /// same pages.
-pub(crate) fn reopen(fd: &impl std::os::fd::AsFd) -> Result<OwnedFd, i32> {
+pub(crate) fn reopen(fd: &OwnedFd) -> Result<OwnedFd, i32> {
     std::fs::OpenOptions::new()
         .read(true)
         .custom_flags(libc::O_CLOEXEC)
-        .open(format!("/proc/self/fd/{}", fd.as_fd().as_raw_fd()))
+        .open(format!("/proc/self/fd/{}", fd.as_raw_fd()))
         .map(OwnedFd::from)
         .map_err(|e| {
             log::error!("reopening a cached memfd: {e}");

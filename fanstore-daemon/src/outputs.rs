@@ -170,23 +170,17 @@ impl Node {
         // would count as writable and block the seal.
         let sealed = dedup.is_some() && size > 0 && seal_memfd(&src);
         let unnamed = self.unnamed_local(&src);
-        // The client's unnamed file, which the store keeps as a hot copy when
-        // nothing can write it any more (COMMIT_SOLE: its writer found no
-        // writer left at its close and sent a read-only description):
-        // mapped and kept through a read-only description of our own.
-        let kept = match dedup {
-            Some(_) if unnamed && size > 0 && flags & wire::COMMIT_SOLE != 0 => {
-                crate::open::reopen(&src).ok().map(std::fs::File::from)
-            }
-            _ => None,
-        };
+        // The client's unnamed file that nothing can write any more: its
+        // writer found no other writer at its last close and sent a
+        // read-only description of it (COMMIT_SOLE).
+        let sole = unnamed && flags & wire::COMMIT_SOLE != 0;
         let map = if size > 0 {
             // SAFETY: the client handed us its output file at its last close
             // and no longer writes it (the plain path keeps and serves this
             // same file; the store keeps it as a hot copy only when nothing
             // can write it, COMMIT_SOLE); the mapping is read-only and
             // private, and with dedup it may live on as the hot copy.
-            Some(std::sync::Arc::new(unsafe { memmap2::MmapOptions::new().populate().map(kept.as_ref().unwrap_or(&src)) }.map_err(|_| libc::EIO)?))
+            Some(std::sync::Arc::new(unsafe { memmap2::MmapOptions::new().populate().map(&src) }.map_err(|_| libc::EIO)?))
         } else {
             None
         };
@@ -204,21 +198,20 @@ impl Node {
                 let _ = std::fs::remove_file(&file);
             }
         };
-        // A file handed over for good (the client's unnamed local file, or
-        // its memfd once sealed against writes): the store keeps its mapping
-        // as a hot copy and reads are served from the file itself.
-        let handed = match (&map, dedup, kept) {
-            (Some(m), Some(_), Some(k)) => Some((OwnedFd::from(k), std::sync::Arc::clone(m))),
-            (Some(m), Some(_), None) if sealed => src.try_clone().ok().map(|f| (OwnedFd::from(f), std::sync::Arc::clone(m))),
+        // A file handed over for good (the client's unnamed local file that
+        // nothing can write, or its memfd once sealed against writes): the
+        // store keeps its mapping as a hot copy and reads are served from
+        // the file itself.
+        let handed = match (&map, dedup) {
+            (Some(m), Some(_)) if sole || sealed => {
+                src.try_clone().ok().map(|f| (OwnedFd::from(f), std::sync::Arc::clone(m)))
+            }
             _ => None,
         };
         let sum = match (dedup, handed) {
             (Some(d), Some((file, m))) => d.stage_handed(path, id, file, m, !unnamed)?.file_xxh3,
             (Some(d), None) => d.stage(path, id, bytes)?.file_xxh3,
-            (None, _) => {
-                let sole = flags & wire::COMMIT_SOLE != 0;
-                self.store_plain(&src, unnamed && sole, bytes, &file).inspect_err(|_| undo())?
-            }
+            (None, _) => self.store_plain(&src, sole, bytes, &file).inspect_err(|_| undo())?,
         };
         let rec = OutRecord { size, mode: libc::S_IFREG | (mode & 0o7777), holder: self.id.rank, mtime_ns, id, sum, atime_ns, ctime_ns: now_ns() };
         // A symlink at the name: the bytes go to its target (as open(2)
