@@ -1091,6 +1091,16 @@ def test_hot_copies_are_the_files_written_unless_still_writable(bins, tmp_path):
         assert grown < 16 << 10, f"daemon RssFile grew by {grown} KiB after committing 4 x 16 MiB"
         t = py_json(c, 0, FD_TARGETS, "/fanstore/hot/big0.bin")["/fanstore/hot/big0.bin"]
         assert "memfd" not in t, t
+
+        # Many small outputs: at most --ckpt-hot (default 64) hot copies, each
+        # an fd and a mapping in the daemon, whatever --ckpt-hot-size holds.
+        py(c, 0, """
+            import os
+            for k in range(80):
+                with open('/fanstore/hot/small%02d.bin' % k, 'wb') as f:
+                    f.write(os.urandom(70 << 10))
+        """)
+        assert ckpt_json(c, "du")["hot_copy_bytes"] == 64 * (70 << 10)
     finally:
         c.stop()
 

@@ -60,9 +60,11 @@ pub struct DaemonArgs {
     /// A local dir in memory (tmpfs) keeps only the newest.
     #[arg(long, default_value = "16G", value_parser = parse_size)]
     pub ckpt_hot_size: u64,
-    /// At most this many hot copies (default: as many as --ckpt-hot-size holds).
-    #[arg(long)]
-    pub ckpt_hot: Option<usize>,
+    /// At most this many hot copies: each holds an fd and a mapping in the
+    /// daemon, so a job writing many small outputs (64 KiB and more go to
+    /// the store) does not pile up thousands of them.
+    #[arg(long, default_value_t = 64)]
+    pub ckpt_hot: usize,
     /// fsync every output before its close returns (power-loss safety of the
     /// local copy; without it a closed output survives a killed daemon or
     /// program, not a crash of the node's kernel).

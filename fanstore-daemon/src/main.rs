@@ -291,7 +291,7 @@ fn open_checkpoint_store(args: &DaemonArgs, id: &Identity, node: &Node) -> anyho
     let on = args.dedup == "on";
     if on || exists {
         let min = if on { args.dedup_min } else { u64::MAX };
-        let mut hot = if args.ckpt_hot_size == 0 { 0 } else { args.ckpt_hot.unwrap_or(usize::MAX) };
+        let mut hot = if args.ckpt_hot_size == 0 { 0 } else { args.ckpt_hot };
         if hot > 1 && fanstore_daemon::copies::in_memory(&id.local_dir) {
             log::info!(
                 "rank {}: the local dir {} is in memory (tmpfs): the checkpoint store keeps only its newest commit as a hot copy",
