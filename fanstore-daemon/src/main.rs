@@ -96,6 +96,7 @@ struct Prepared {
     node: Arc<Node>,
     server: std::thread::JoinHandle<()>,
     rx: crossbeam::channel::Receiver<fanstore_daemon::comm::Command>,
+    bell: Option<std::sync::Arc<fanstore_daemon::comm::wake::Doorbell>>,
 }
 
 fn main() {
@@ -120,6 +121,8 @@ fn run(args: &DaemonArgs) -> anyhow::Result<i32> {
         mpi::initialize_with_threading(mpi::Threading::Multiple).context("MPI was already initialised")?;
     let comm = Comm::dup_world().map_err(|e| anyhow::anyhow!("duplicating MPI_COMM_WORLD: {e}"))?;
     let (rank, nranks) = (comm.rank, comm.size);
+    // Now, before the daemon opens descriptors of its own: MPI's epoll sets.
+    let transport_fds = fanstore_daemon::comm::wake::transport_fds();
     let version = mpi::environment::library_version().unwrap_or_default();
     log::info!(
         "rank {rank}/{nranks}: {} ; asked MPI_THREAD_MULTIPLE, granted {granted:?} (all MPI calls stay on one thread either way)",
@@ -236,6 +239,11 @@ fn run(args: &DaemonArgs) -> anyhow::Result<i32> {
     let mut engine = Engine::new(&comm, &store, &node.counters, args.mpi_piece, args.mpi_pipeline)
         .with_spin(Duration::from_micros(args.comm_spin_us))
         .with_meta(&*node);
+    if let Some(bell) = p.bell.clone() {
+        let waiter = fanstore_daemon::comm::wake::Waiter::new(bell, transport_fds);
+        log::info!("rank {rank}: the communication thread sleeps on its doorbell and {} MPI epoll fds", waiter.transport_count());
+        engine = engine.with_waiter(waiter);
+    }
     let cause = engine.run(&p.rx, &SIGNALLED);
     log::info!("rank {rank}: stopping ({cause:?})");
     node.set_phase(Phase::Stopping);
@@ -364,7 +372,7 @@ fn prepare(args: &DaemonArgs, id: &Identity, cleanup: &mut Cleanup) -> anyhow::R
     if in_memory && args.cache_disk > 0 {
         log::info!("rank {}: the local dir {} is in memory (tmpfs): no node copies on it (--cache-disk ignored)", id.rank, local_dir.display());
     }
-    let (tx, rx) = crossbeam::channel::unbounded();
+    let (tx, rx, bell) = fanstore_daemon::comm::wake::channel();
     let remote_timeout = Duration::from_secs_f64(args.remote_timeout.max(0.1));
     let node = Arc::new(Node::new(id.clone(), view, placement, args.cache_mem, tx, remote_timeout));
     node.fsync_outputs.store(args.fsync_outputs, Relaxed);
@@ -425,7 +433,7 @@ fn prepare(args: &DaemonArgs, id: &Identity, cleanup: &mut Cleanup) -> anyhow::R
             let _ = node.local.set(l.local);
             let _ = node.parts.set(l.parts);
             let _ = node.load.set(r);
-            Ok(Prepared { node, server, rx })
+            Ok(Prepared { node, server, rx, bell })
         }
         Err(e) => {
             node.stopping.store(true, Relaxed);

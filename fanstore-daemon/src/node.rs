@@ -2,10 +2,9 @@
 //! file it publishes for clients and the control CLI.
 
 use crate::cache::Cache;
-use crate::comm::{Command, PeerSource, SendBuf};
+use crate::comm::{PeerSource, SendBuf};
 use crate::placement::Placement;
 use crate::status::{Counters, LoadReport, Snapshot};
-use crossbeam::channel::Sender;
 use fanstore_core::manifest::{IndexView, NodeKind};
 use fanstore_core::runtime::{NodeState, Status};
 use std::os::fd::OwnedFd;
@@ -77,7 +76,7 @@ pub struct Node {
     /// ([`Node::warm_copies`]); set once ready.
     pub warm: OnceLock<crossbeam::channel::Sender<u32>>,
     pub counters: Counters,
-    pub comm: Sender<Command>,
+    pub comm: crate::comm::wake::CommTx,
     pub remote_timeout: Duration,
     /// Set once loading succeeded: `local[p]` when partition p is extracted here.
     pub local: OnceLock<Vec<bool>>,
@@ -116,7 +115,7 @@ impl Node {
         view: IndexView<'static>,
         placement: Placement,
         cache_mem: u64,
-        comm: Sender<Command>,
+        comm: crate::comm::wake::CommTx,
         remote_timeout: Duration,
     ) -> Node {
         Node {

@@ -49,6 +49,7 @@
 
 pub mod raw;
 pub mod table;
+pub mod wake;
 
 use crate::status::Counters;
 use crossbeam::channel::{Receiver, RecvTimeoutError, Sender, TryRecvError};
@@ -276,6 +277,8 @@ pub struct Engine<'a> {
     meta: Option<&'a dyn MetaServer>,
     /// Metadata requests sent, by (destination, request id).
     meta_pending: HashMap<(u32, u64), MetaWaiter>,
+    /// Sleeps on the doorbell and the transport's fds (None: naps on the channel).
+    waiter: Option<wake::Waiter>,
 }
 
 /// Messages received per round of progress before completions are tested.
@@ -303,6 +306,7 @@ impl<'a> Engine<'a> {
             spin: Duration::ZERO,
             meta: None,
             meta_pending: HashMap::new(),
+            waiter: None,
         }
     }
 
@@ -366,6 +370,12 @@ impl<'a> Engine<'a> {
         true
     }
 
+    /// Sleeps through `w` when idle (see [`wake`]) instead of napping on the channel.
+    pub fn with_waiter(mut self, w: wake::Waiter) -> Self {
+        self.waiter = Some(w);
+        self
+    }
+
     /// Polls without napping for `spin` after each activity: lower latency
     /// for the next request of a burst, at the price of a busy core.
     pub fn with_spin(mut self, spin: Duration) -> Self {
@@ -378,6 +388,7 @@ impl<'a> Engine<'a> {
         let mut last_active = Instant::now();
         let mut last_expiry = Instant::now();
         let mut nap = FIRST_NAP;
+        let mut transport_woke = false;
         // Short naps are only short with a small timer slack (default 50 µs).
         // SAFETY: PR_SET_TIMERSLACK only changes this thread's timer slack.
         unsafe { libc::prctl(libc::PR_SET_TIMERSLACK, 1000u64, 0u64, 0u64, 0u64) };
@@ -399,6 +410,12 @@ impl<'a> Engine<'a> {
                 Ok(a) => active |= a,
                 Err(cause) => return cause,
             }
+            if std::mem::take(&mut transport_woke) {
+                let useful = active || self.busy();
+                if let Some(w) = self.waiter.as_mut() {
+                    w.transport_woke(useful);
+                }
+            }
             if signal.load(Relaxed) {
                 log::info!("rank {}: signal received, stopping the job", self.comm.rank);
                 return StopCause::Local;
@@ -413,9 +430,19 @@ impl<'a> Engine<'a> {
                 nap = FIRST_NAP;
                 continue;
             }
-            if self.busy() || now.duration_since(last_active) < self.spin {
-                // Transfers in flight progress only while we poll.
+            // Transfers in flight progress only while we poll, but the
+            // transport's fds wake a sleep when their sockets have work:
+            // with them, poll only for `spin` after the last activity.
+            let wakes = self.waiter.as_ref().is_some_and(|w| w.transport_count() > 0);
+            if (self.busy() && !wakes) || now.duration_since(last_active) < self.spin {
                 std::thread::yield_now();
+                continue;
+            }
+            if let Some(w) = self.waiter.as_mut() {
+                // Whatever ends the sleep (a command, a peer's message) is
+                // seen at the top of the loop, which resets the nap.
+                transport_woke = w.sleep(rx, nap);
+                nap = (nap * 2).min(nap_cap(now.duration_since(last_active)));
                 continue;
             }
             match rx.recv_timeout(nap) {
