@@ -7,7 +7,9 @@ decode with pillow, np.load of .npz) reads a scripts/gen_dataset.py tree
 through /fanstore from node 0, once with 1 daemon holding every partition,
 once with 4 daemons (`mpiexec -n 4`, UCX_TLS=tcp) so that 3/4 of the files
 are remote on the first epoch (the node cache of copies serves the second,
-as in training), and once more with 4 daemons started with
+as in training), once with 4 daemons whose communication threads nap
+(`--comm-sleep nap`, the behaviour before they slept on MPI's epoll fds),
+and once more with 4 daemons started with
 `--prefetch-remote all`: each daemon fetches the remote partitions whole in
 the background while the first epoch runs (the reader starts right after
 `fanstore wait`, as a job script does). Default --cache-mem. A fresh job for
@@ -41,8 +43,9 @@ def main():
     ds = work / "ds"
     sh([str(B / "fanstore-prep"), "pack", "--input", str(src), "--output", str(ds), "--partitions", "8"], env=env)
     # configuration -> (daemons, extra daemon arguments)
-    configs = {1: (1, []), 4: (4, []), "4p": (4, ["--prefetch-remote", "all"])}
+    configs = {1: (1, []), 4: (4, []), "4n": (4, ["--comm-sleep", "nap"]), "4p": (4, ["--prefetch-remote", "all"])}
     res = {k: [] for k in configs}
+    cpu = {k: [] for k in configs}
 
     def start(k, r):
         n, extra = configs[k]
@@ -55,29 +58,54 @@ def main():
         return p, rt
 
     for r in range(ROUNDS):
-        for n in ((1, 4, "4p") if r % 2 == 0 else ("4p", 4, 1)):
+        for n in ((1, 4, "4n", "4p") if r % 2 == 0 else ("4p", "4n", 4, 1)):
             p, rt = start(n, r)  # a fresh job each run: the first epoch is cold, as in a new training job
             try:
                 e = dict(env, FANSTORE_RUNTIME_DIR=str(rt), FANSTORE_NODE="0", LD_PRELOAD=str(B / "libfanstore_preload.so"))
                 out = sh([sys.executable, str(ROOT / "scripts" / "train_reader.py"), f"/fstrain{configs[n][0]}/train", "--workers", "4",
                           "--epochs", "2", "--seed", str(r)], env=e).split()
                 res[n].append((float(out[out.index("files/s,") - 1]), out[-1]))
+                cpu[n].append(daemon_cpu(rt))
             finally:
                 subprocess.run([str(B / "fanstore"), "--runtime-dir", str(rt), "stop"], capture_output=True, env=env)
                 p.wait(timeout=60)
     nfiles = sum(1 for f in (src / "train").rglob("*") if f.is_file())
-    same = {d for _, d in res[1]} == {d for _, d in res[4]} == {d for _, d in res["4p"]}
-    one, four, pre = (statistics.median(x for x, _ in res[k]) for k in (1, 4, "4p"))
+    same = len({d for k in configs for _, d in res[k]}) == 1
+    one, four, nap, pre = (statistics.median(x for x, _ in res[k]) for k in (1, 4, "4n", "4p"))
+    c = {k: statistics.median(v) for k, v in cpu.items()}
     print("\n".join([
         "## Training-shaped reader: 4 nodes vs 1 node (bench/train_nodes.py)", "",
         f"scripts/train_reader.py on node 0 (4 forked workers, 2 epochs, {nfiles} files of gen_dataset.py "
         f"--classes {CLASSES} --per-class {PER_CLASS} --size {SIZE}), {ROUNDS} alternating runs, medians; "
         f"digests {'identical' if same else 'DIFFER'}.", "",
-        "| daemons | files/s | runs | vs 1 node |", "|---:|---:|---|---:|",
-        f"| 1 (every partition local) | {one:.0f} | {', '.join(f'{x:.0f}' for x, _ in res[1])} | 1.00x |",
-        f"| 4 (3/4 remote on the first epoch) | {four:.0f} | {', '.join(f'{x:.0f}' for x, _ in res[4])} | **{four / one:.2f}x** |",
-        f"| 4, `--prefetch-remote all` | {pre:.0f} | {', '.join(f'{x:.0f}' for x, _ in res['4p'])} | **{pre / one:.2f}x** |",
+        "`daemon CPU s`: user + system seconds of every daemon process of the job from start to the end of the "
+        "reader (/proc), median of the runs. `--comm-sleep nap`: the communication thread naps on its command "
+        "channel when idle and polls without pause while a transfer is in flight, as before it slept on MPI's "
+        "epoll fds (the default, `fds`).", "",
+        "| daemons | files/s | runs | vs 1 node | daemon CPU s |", "|---:|---:|---|---:|---:|",
+        f"| 1 (every partition local) | {one:.0f} | {', '.join(f'{x:.0f}' for x, _ in res[1])} | 1.00x | {c[1]:.2f} |",
+        f"| 4 (3/4 remote on the first epoch) | {four:.0f} | {', '.join(f'{x:.0f}' for x, _ in res[4])} | **{four / one:.2f}x** | {c[4]:.2f} |",
+        f"| 4, `--comm-sleep nap` | {nap:.0f} | {', '.join(f'{x:.0f}' for x, _ in res['4n'])} | **{nap / one:.2f}x** | {c['4n']:.2f} |",
+        f"| 4, `--prefetch-remote all` | {pre:.0f} | {', '.join(f'{x:.0f}' for x, _ in res['4p'])} | **{pre / one:.2f}x** | {c['4p']:.2f} |",
     ]))
+
+
+def daemon_cpu(rt):
+    """CPU seconds (user + system) of the daemon processes started with runtime dir `rt`."""
+    hz = os.sysconf("SC_CLK_TCK")
+    total = 0
+    for d in Path("/proc").iterdir():
+        if not d.name.isdigit():
+            continue
+        try:
+            cmd = (d / "cmdline").read_bytes().split(b"\0")
+            if not cmd or not cmd[0].endswith(b"fanstore-daemon") or str(rt).encode() not in cmd:
+                continue
+            f = (d / "stat").read_text().rsplit(")", 1)[1].split()
+            total += int(f[11]) + int(f[12])
+        except OSError:
+            continue
+    return total / hz
 
 
 if __name__ == "__main__":
