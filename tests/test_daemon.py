@@ -6,6 +6,7 @@ file of a generated dataset and compares the bytes with the source tree; the
 stat fields are checked in the index the daemons publish."""
 import os
 import random
+import re
 import signal
 import stat
 import subprocess
@@ -402,3 +403,31 @@ def test_cli_output_into_a_closed_pipe_ends_quietly(bins, tmp_path):
     finally:
         os.close(w)
     assert (res.returncode, res.stderr) == (-13, ""), res
+
+
+# The system call an idle communication thread sleeps in (ppoll), by machine.
+PPOLL = {"x86_64": "271", "aarch64": "73"}
+
+
+@pytest.mark.skipif(os.uname().machine not in PPOLL, reason="ppoll's system call number is known for x86_64 and aarch64 only")
+def test_idle_communication_thread_sleeps_on_the_mpi_library_fds(bins, pack, source, tmp_path):
+    """An idle rank's communication thread (the daemon's main thread) sleeps
+    in ppoll on its doorbell and the MPI library's epoll fds, not in short
+    naps on its channel (`--comm-sleep nap`: a futex wait), and a peer's
+    request still wakes it: every file is served to every rank afterwards."""
+    ds = pack("none")
+    c = start_cluster(bins, ds, tmp_path, nranks=2)
+    try:
+        found = re.findall(r"rank (\d+): the communication thread sleeps on its doorbell and (\d+) MPI epoll fds", c.log())
+        assert sorted(r for r, _ in found) == ["0", "1"], c.log()
+        assert all(int(n) >= 1 for _, n in found), f"no epoll fd of the MPI library found: {found}"
+        time.sleep(0.5)
+        for pid in c.pids():
+            calls = []
+            for _ in range(20):
+                calls.append(Path(f"/proc/{pid}/syscall").read_text().split()[0])
+                time.sleep(0.02)
+            assert calls.count(PPOLL[os.uname().machine]) >= 15, f"daemon {pid}'s main thread was in system calls {calls}"
+        check_every_rank_serves_every_file(c, ds, source)
+    finally:
+        c.stop()
