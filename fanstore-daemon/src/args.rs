@@ -105,12 +105,19 @@ pub struct DaemonArgs {
     #[arg(long, default_value = "1M", value_parser = parse_size, hide = true)]
     pub mpi_pipeline: u64,
     /// Microseconds the communication thread keeps polling after activity
-    /// before it naps: lower latency in bursts of remote reads (a request
-    /// that arrives during a nap waits for its end), nothing when idle.
-    /// bench/remote_profile.py: 128 KiB remote OPEN+read ~290 -> ~200 µs
-    /// from 0 to 200, with no measurable change in CPU per file. Tuning knob.
+    /// before it sleeps: a wake-up costs more than the polling on a virtual
+    /// machine (bench/remote_profile.py: 128 KiB remote OPEN+read 677 µs at
+    /// 0, 201 µs at 200), while 4 ranks sharing 2 cores with a training
+    /// reader lose ~10% of the first epoch to it. Tuning knob.
     #[arg(long, default_value_t = 200, hide = true)]
     pub comm_spin_us: u64,
+    /// How the idle communication thread waits: `fds` sleeps on a doorbell
+    /// and the MPI library's epoll fds (woken by a peer's message), `nap`
+    /// naps on its command channel only (the behaviour before; a transport
+    /// in flight is then polled without pause). Tuning knob for
+    /// bench/train_nodes.py's side-by-side rows.
+    #[arg(long, default_value = "fds", value_parser = ["fds", "nap"], hide = true)]
+    pub comm_sleep: String,
 }
 
 /// Parses `123`, `64K`, `512M`, `2G`, `1T` (binary units; optional `iB`/`B` suffix).

@@ -239,7 +239,7 @@ fn run(args: &DaemonArgs) -> anyhow::Result<i32> {
     let mut engine = Engine::new(&comm, &store, &node.counters, args.mpi_piece, args.mpi_pipeline)
         .with_spin(Duration::from_micros(args.comm_spin_us))
         .with_meta(&*node);
-    if let Some(bell) = p.bell.clone() {
+    if let Some(bell) = p.bell.clone().filter(|_| args.comm_sleep == "fds") {
         let waiter = fanstore_daemon::comm::wake::Waiter::new(bell, transport_fds);
         log::info!("rank {rank}: the communication thread sleeps on its doorbell and {} MPI epoll fds", waiter.transport_count());
         engine = engine.with_waiter(waiter);
