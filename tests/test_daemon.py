@@ -421,13 +421,16 @@ def test_idle_communication_thread_sleeps_on_the_mpi_library_fds(bins, pack, sou
         found = re.findall(r"rank (\d+): the communication thread sleeps on its doorbell and (\d+) MPI epoll fds", c.log())
         assert sorted(r for r, _ in found) == ["0", "1"], c.log()
         assert all(int(n) >= 1 for _, n in found), f"no epoll fd of the MPI library found: {found}"
-        time.sleep(0.5)
+        # After a second of silence a sleep lasts up to 2 ms (the bound
+        # kept for transports without fds): most samples find the thread in
+        # ppoll (with the old naps: futex, from the channel's recv_timeout).
+        time.sleep(1.5)
         for pid in c.pids():
             calls = []
             for _ in range(20):
                 calls.append(Path(f"/proc/{pid}/syscall").read_text().split()[0])
                 time.sleep(0.02)
-            assert calls.count(PPOLL[os.uname().machine]) >= 15, f"daemon {pid}'s main thread was in system calls {calls}"
+            assert calls.count(PPOLL[os.uname().machine]) >= 10, f"daemon {pid}'s main thread was in system calls {calls}"
         check_every_rank_serves_every_file(c, ds, source)
     finally:
         c.stop()
