@@ -7,7 +7,9 @@
 //!
 //! Entry tag: bits 62..64 kind (1 file, 2 directory, 3 output being
 //! written: bits 0..32 its slot in [`crate::outputs`]), bits 32..62 the
-//! getdents position of a directory fd, bits 0..32 the node id. `ino` holds
+//! getdents position of a directory fd, bit 61 of a file fd: a memfd this
+//! library filled whose pages may be reused after its close
+//! ([`crate::memfd_pool`]; never set on a dup), bits 0..32 the node id. `ino` holds
 //! the real inode seen by the first fstat (0: not seen yet) so that an entry
 //! left stale by a close we did not see is detected and dropped.
 
@@ -17,6 +19,7 @@ const CHUNK: usize = 1024;
 const NCHUNKS: usize = 4096;
 const KIND_SHIFT: u32 = 62;
 const POS_MASK: u64 = (1 << 30) - 1;
+const RECYCLE_BIT: u64 = 1 << 61;
 
 struct Entry {
     tag: AtomicU64,
@@ -149,6 +152,32 @@ pub fn set_pos(fd: i32, node: u32, pos: u32) {
     }
 }
 
+/// Marks file fd `fd` as a memfd of [`crate::memfd_pool`] with inode `ino`.
+pub fn mark_recyclable(fd: i32, ino: u64) {
+    if let Some(e) = slot(fd, false) {
+        if e.tag.load(Ordering::Acquire) >> KIND_SHIFT == 1 {
+            e.ino.store(ino, Ordering::Relaxed);
+            e.tag.fetch_or(RECYCLE_BIT, Ordering::AcqRel);
+        }
+    }
+}
+
+/// The inode of `fd`'s memfd if `fd` is marked recyclable.
+pub fn recyclable(fd: i32) -> Option<u64> {
+    let e = slot(fd, false)?;
+    let t = e.tag.load(Ordering::Acquire);
+    (t >> KIND_SHIFT == 1 && t & RECYCLE_BIT != 0).then(|| e.ino.load(Ordering::Relaxed))
+}
+
+/// `fd` was passed to a call that may keep references to its pages
+/// (sendfile, splice): its memfd is freed at close, never reused.
+pub fn forget_recyclable(fd: i32) {
+    if let Some(e) = slot(fd, false) {
+        // Directory fds keep their position in these bits: files only.
+        let _ = e.tag.fetch_update(Ordering::AcqRel, Ordering::Acquire, |t| (t >> KIND_SHIFT == 1).then_some(t & !RECYCLE_BIT));
+    }
+}
+
 /// Checks the real inode behind a tracked fd against the one first seen.
 /// Returns false (and forgets the fd) when they differ: the entry was stale.
 pub fn check_ino(fd: i32, real_ino: u64) -> bool {
@@ -209,5 +238,24 @@ mod tests {
         assert_eq!(get(-1), None);
         assert_eq!(get(i32::MAX), None);
         assert!(!set(i32::MAX, Tracked::File(1)));
+    }
+
+    #[test]
+    fn recyclable_marks_stay_on_their_fd() {
+        assert!(set(6000, Tracked::File(9)));
+        mark_recyclable(6000, 77);
+        assert_eq!(get(6000), Some(Tracked::File(9)));
+        assert_eq!(recyclable(6000), Some(77));
+        assert!(check_ino(6000, 77));
+        copy(6000, 6001);
+        assert_eq!(get(6001), Some(Tracked::File(9)));
+        assert_eq!(recyclable(6001), None, "a dup must not be reused");
+        forget_recyclable(6000);
+        assert_eq!(recyclable(6000), None);
+        assert_eq!(get(6000), Some(Tracked::File(9)));
+        set(6002, Tracked::Dir { node: 1, pos: 0 });
+        mark_recyclable(6002, 5);
+        assert_eq!(recyclable(6002), None);
+        clear_range(6000, 6002);
     }
 }

@@ -34,6 +34,7 @@ mod guard;
 pub mod hooks;
 mod lock;
 mod locks;
+mod memfd_pool;
 pub mod ops;
 mod parts;
 mod paths;
@@ -66,9 +67,11 @@ pub(crate) extern "C" fn fork_prepare() {
     outputs::fork_prepare();
     locks::fork_prepare();
     ops::inotify::fork_prepare();
+    memfd_pool::fork_prepare();
 }
 
 pub(crate) extern "C" fn fork_parent() {
+    memfd_pool::fork_parent();
     ops::inotify::fork_release();
     locks::fork_release();
     outputs::fork_release();
@@ -80,6 +83,7 @@ pub(crate) extern "C" fn fork_parent() {
 /// the fd table stays, since the fds are inherited.
 pub(crate) extern "C" fn fork_child() {
     sud::arm_thread();
+    memfd_pool::fork_child();
     locks::fork_release();
     ops::inotify::fork_release();
     outputs::fork_release();

@@ -33,6 +33,7 @@ pub mod syscall;
 pub mod thread;
 pub mod walk;
 pub mod write;
+pub mod zerocopy;
 
 /// The lazily resolved address of one original libc function.
 pub struct Slot {

@@ -27,12 +27,27 @@ pub fn before_close(fd: c_int) -> Option<c_int> {
                 fd_table::clear(fd);
                 crate::outputs::release_dir(node);
             }
+            Some(Tracked::File(_)) => {
+                if let Some(ino) = fd_table::recyclable(fd) {
+                    let _g = crate::guard::Guard::enter();
+                    crate::memfd_pool::closing(fd, ino);
+                }
+            }
             _ => {}
         }
         fd_table::clear(fd);
     }
     crate::client::forget_range(fd, fd);
     err
+}
+
+/// `fd` goes to a call that may keep references to its pages after it
+/// returns (sendfile, splice): its memfd, if ours, is never reused.
+#[inline]
+pub fn pages_lent(fd: c_int) {
+    if fd_table::any() {
+        fd_table::forget_recyclable(fd);
+    }
 }
 
 /// After `new = dup(old)` (or dup2/dup3/F_DUPFD) returned `r`.

@@ -122,13 +122,20 @@ pub fn open_file(st: &State, n: &Node, flags: c_int) -> Result<c_int, c_int> {
         Some(Err(libc::EMFILE)) => return Err(libc::EMFILE),
         _ => match decode_local(st, n, flags) {
             Some(r) => {
-                let fd = r?;
+                let (fd, ino) = r?;
                 if n.codec() != Codec::None && st.flags & fanstore_core::runtime::FLAG_COPIES != 0 {
                     // A compressed file costs a decode per open until the
                     // node has a copy: ask the daemon for one, not waiting.
                     client::warm(st, n.id());
                 }
-                fd
+                if !fd_table::set(fd, Tracked::File(n.id())) {
+                    // SAFETY: closing the fd we just opened.
+                    unsafe { crate::real::close(fd) };
+                    return Err(libc::EMFILE);
+                }
+                // Its pages serve a later decode once the program closed it.
+                fd_table::mark_recyclable(fd, ino);
+                return Ok(fd);
             }
             None => open_remote(st, n, flags)?,
         },
@@ -163,8 +170,9 @@ fn open_direct(st: &State, n: &Node, flags: c_int) -> Option<Result<c_int, c_int
 /// copy, if `n` is a small or a compressed file of a partition this node
 /// holds (loaded at start, or replicated since: [`TIER_PART`]; None: ask the
 /// daemon, which extracts large uncompressed files to the local disk once).
-/// A payload that fails its checksum is EIO, never wrong bytes.
-fn decode_local(st: &State, n: &Node, flags: c_int) -> Option<Result<c_int, c_int>> {
+/// A payload that fails its checksum is EIO, never wrong bytes. With the fd,
+/// the memfd's inode number ([`crate::memfd_pool`]).
+fn decode_local(st: &State, n: &Node, flags: c_int) -> Option<Result<(c_int, u64), c_int>> {
     if n.size() >= EXTRACT_MIN && n.codec() == Codec::None {
         return None;
     }
@@ -181,8 +189,9 @@ fn decode_local(st: &State, n: &Node, flags: c_int) -> Option<Result<c_int, c_in
         crate::dlog!("node {}: payload fails its checksum in the partition copy: EIO", n.id());
         return Some(Err(libc::EIO));
     }
+    let onto = |(fd, ino)| private_onto(fd, flags).map(|fd| (fd, ino));
     if n.codec() == Codec::None {
-        return Some(into_memfd(stored).and_then(|fd| private_onto(fd, flags)));
+        return Some(crate::memfd_pool::filled(stored).and_then(onto));
     }
     let size = usize::try_from(n.size()).ok()?;
     Some(with_scratch(size, |raw| {
@@ -190,9 +199,9 @@ fn decode_local(st: &State, n: &Node, flags: c_int) -> Option<Result<c_int, c_in
             crate::dlog!("node {}: payload does not decode: EIO", n.id());
             return Err(libc::EIO);
         }
-        into_memfd(raw)
+        crate::memfd_pool::filled(raw)
     })
-    .and_then(|fd| private_onto(fd, flags)))
+    .and_then(onto))
 }
 
 /// Decoded bytes up to this size reuse one buffer per thread (its pages stay
@@ -215,32 +224,6 @@ fn with_scratch<R>(len: usize, f: impl FnOnce(&mut [u8]) -> R) -> R {
         let _ = SCRATCH.try_with(|c| c.set(buf));
     }
     r
-}
-
-/// A new memfd holding exactly `bytes`.
-fn into_memfd(bytes: &[u8]) -> Result<c_int, c_int> {
-    // SAFETY: a NUL-terminated name and valid flags; the fd returned is ours.
-    let fd = unsafe { libc::memfd_create(c"fanstore".as_ptr(), libc::MFD_CLOEXEC) };
-    if fd < 0 {
-        return Err(errno());
-    }
-    let mut done = 0usize;
-    while done < bytes.len() {
-        let rest = &bytes[done..];
-        // SAFETY: rest is a live buffer of rest.len() bytes; fd is our memfd.
-        let w = unsafe { libc::pwrite(fd, rest.as_ptr().cast(), rest.len(), done as libc::off_t) };
-        if w <= 0 {
-            let e = if w < 0 { errno() } else { libc::EIO };
-            if e == libc::EINTR {
-                continue;
-            }
-            // SAFETY: closing our own memfd.
-            unsafe { crate::real::close(fd) };
-            return Err(e);
-        }
-        done += w as usize;
-    }
-    Ok(fd)
 }
 
 fn errno() -> c_int {

@@ -135,6 +135,16 @@ pub unsafe fn file_call(nr: i64, a: [u64; 6]) -> Option<i64> {
             libc::SYS_inotify_init1 => sys(inotify::inotify_init1(i(0)) as i64),
             libc::SYS_inotify_add_watch => sys(inotify::inotify_add_watch(i(0), p(1), a[2] as u32) as i64),
             libc::SYS_inotify_rm_watch => sys(inotify::inotify_rm_watch(i(0), i(1)) as i64),
+            // Issued by the caller as they are; only the page reuse of
+            // crate::memfd_pool needs to know (hooks/zerocopy.rs).
+            libc::SYS_sendfile | libc::SYS_splice => {
+                crate::ops::fd::pages_lent(i(if nr == libc::SYS_sendfile { 1 } else { 0 }));
+                return None;
+            }
+            libc::SYS_vmsplice | libc::SYS_io_uring_setup => {
+                crate::memfd_pool::turn_off();
+                return None;
+            }
             _ => return None,
         }
     };
