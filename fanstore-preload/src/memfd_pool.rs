@@ -32,6 +32,9 @@
 //! - the pool belongs to the process that filled it: a fork child closes its
 //!   inherited copies (they share descriptions with the parent's), and a
 //!   vfork child, which shares the parent's memory, leaves it alone.
+//!
+//! The pool holds at most [`SLOTS`] fds, and none while the process uses
+//! half of its `RLIMIT_NOFILE`.
 
 use crate::lock::Locked;
 use libc::c_int;
@@ -224,8 +227,14 @@ pub fn closing(fd: c_int, ino: u64) {
     if rw < 0 {
         return;
     }
+    // fds are numbered lowest first, so rw's number is about how many the
+    // process has open: with half of RLIMIT_NOFILE in use the pool keeps
+    // none (its fds would bring the program's EMFILE closer).
+    let mut lim = libc::rlimit { rlim_cur: 0, rlim_max: 0 };
+    // SAFETY: getrlimit into a live struct.
+    let roomy = unsafe { libc::getrlimit(libc::RLIMIT_NOFILE, &mut lim) } == 0 && (rw as u64) < lim.rlim_cur / 2;
     match ours(rw) {
-        Some(size) if push(me, Slot { fd: rw, size }) => {}
+        Some(size) if roomy && push(me, Slot { fd: rw, size }) => {}
         _ => close(rw),
     }
 }
