@@ -53,11 +53,13 @@ if r.get("read") and r.get("comp"):
              "column is therefore the preload's user-space work plus noise; where it is negative, FanStore was "
              "faster (the extracted files sit in fewer, flatter directories than the source tree).")
     L.append("- **Compressed reads** (lz4/zstd vs none, `--cache-mem 0`): the client decodes a compressed file of a "
-             "local partition itself, from its mapping of the partition copy, into a new memfd (no message to the "
-             "daemon; the strace above shows memfd_create + pwrite + the reopen per file). The `lz4 extra µs/file` "
-             "is decompression plus the fresh pages of that memfd, which on this VM cost more than the decoding "
-             "(see the decode ceiling and the memfd floor in the compression table). `lz4 cached` shows what the "
-             "node's copies buy on a later epoch (tmpfs pages, read slower than ext4's large folios).")
+             "local partition itself, from its mapping of the partition copy, into a memfd (no message to the "
+             "daemon): the pages of a memfd the reader closed when nothing else holds it (pwrite + ftruncate + "
+             "the reopen per file, two fcntl calls for the lease), else a new one (memfd_create: the strace above "
+             "was taken with the reuse, so it shows the few of those). The `lz4 extra µs/file` is decompression "
+             "plus that copy, the reopen and the close (compare the `lz4 fresh pages` column of the compression "
+             "table, which pays new pages per file). `lz4 cached` shows what the node's copies buy on a later "
+             "epoch.")
     walk = r.get("walk", {})
     if walk:
         for p in (1, 4):
