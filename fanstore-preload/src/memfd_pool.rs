@@ -33,8 +33,8 @@
 //!   inherited copies (they share descriptions with the parent's), and a
 //!   vfork child, which shares the parent's memory, leaves it alone.
 //!
-//! The pool holds at most [`SLOTS`] fds, and none while the process uses
-//! half of its `RLIMIT_NOFILE`.
+//! The pool holds at most [`SLOTS`] fds and 32 MiB of pages, and no fd
+//! while the process uses half of its `RLIMIT_NOFILE`.
 
 use crate::lock::Locked;
 use libc::c_int;
@@ -44,6 +44,9 @@ use std::sync::atomic::{AtomicBool, AtomicU64, Ordering::Relaxed};
 const SLOTS: usize = 8;
 /// Files larger than this are not pooled (their pages are freed at close).
 pub const MAX_FILE: u64 = 16 << 20;
+/// Bytes of pages the pool may keep per process (a DataLoader has one pool
+/// per worker): eight files of 128 KiB are 1 MiB, two of 16 MiB fill it.
+const MAX_BYTES: u64 = 32 << 20;
 /// Pooled candidates whose lease is tried per take (each try is 2 fcntl calls).
 const TRIES: usize = 2;
 
@@ -188,7 +191,8 @@ fn push(me: i32, s: Slot) -> bool {
         if p.pid == 0 {
             p.pid = me;
         }
-        if p.pid != me || p.n == SLOTS {
+        let held: u64 = p.slots[..p.n].iter().map(|s| s.size).sum();
+        if p.pid != me || p.n == SLOTS || held + s.size > MAX_BYTES {
             return false;
         }
         p.slots[p.n] = s;
@@ -356,6 +360,13 @@ mod tests {
         let (rw7, ino7) = filled(&[7u8; 10]).expect("memfd");
         closing(rw7, ino7);
         assert_eq!(POOL.with(|p| p.n), 0);
+        // The byte cap (fd -1 stands for a memfd; nothing closes it).
+        let me = pid();
+        assert!(push(me, Slot { fd: -1, size: 20 << 20 }));
+        assert!(!push(me, Slot { fd: -1, size: 20 << 20 }), "more than MAX_BYTES kept");
+        assert!(push(me, Slot { fd: -1, size: 1 << 20 }));
+        assert!(!push(me + 1, Slot { fd: -1, size: 1 }), "another process's pool");
+        POOL.with(|p| p.n = 0);
         for fd in [rw4, rw5, rw6, rw7, dup] {
             close(fd);
         }
