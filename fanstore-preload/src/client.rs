@@ -37,9 +37,8 @@ pub fn fork_child() {
     // SAFETY: the prepare handler took the lock in this (now the only) thread.
     let p = unsafe { POOL.force() };
     for &(fd, _) in &p.fds[..p.n] {
-        // Closing our inherited copy of a socket we created, with no hook
-        // (libc's `syscall` is hooked too).
-        crate::sud::syscall_unhooked(libc::SYS_close, [fd as u64, 0, 0, 0, 0, 0]);
+        // Our inherited copy of a socket we created.
+        crate::sud::close_unhooked(fd);
     }
     p.n = 0;
     POOL.unlock();

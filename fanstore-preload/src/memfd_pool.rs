@@ -278,7 +278,7 @@ pub fn fork_child() {
     // SAFETY: the prepare handler took the lock and this is the child's only thread.
     let p = unsafe { POOL.force() };
     for s in &p.slots[..p.n] {
-        close(s.fd);
+        crate::sud::close_unhooked(s.fd);
     }
     p.n = 0;
     p.pid = pid();

@@ -86,11 +86,6 @@ impl CommTx {
         }
         Ok(())
     }
-
-    /// A sender with no bell (tests driving an engine that naps).
-    pub fn plain(tx: Sender<Command>) -> CommTx {
-        CommTx { tx, bell: None }
-    }
 }
 
 /// The command channel with its doorbell (no bell if no eventfd could be made).

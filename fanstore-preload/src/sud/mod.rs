@@ -119,6 +119,13 @@ pub fn syscall_unhooked(nr: i64, a: [u64; 6]) -> i64 {
     r
 }
 
+/// close(2) of a descriptor the library owns, from a fork child handler:
+/// nothing there may be hooked or resolved lazily (dlsym takes locks a
+/// thread of the parent may have held at the fork).
+pub fn close_unhooked(fd: i32) {
+    syscall_unhooked(libc::SYS_close, [fd as u64, 0, 0, 0, 0, 0]);
+}
+
 /// Is `ip` inside the dynamic loader's text (dlopen's own mmap/openat)?
 #[inline]
 pub fn in_ldso(ip: usize) -> bool {
