@@ -118,6 +118,13 @@ pub struct DaemonArgs {
     /// bench/train_nodes.py's side-by-side rows.
     #[arg(long, default_value = "fds", value_parser = ["fds", "nap"], hide = true)]
     pub comm_sleep: String,
+    /// With `--comm-sleep fds`: microseconds a sleep lasts at least while
+    /// MPI's epoll fds are trusted to announce every message (a timer that
+    /// fires costs ~35 µs of CPU here, an fd wake-up ~4 µs); 0: every sleep
+    /// is a 10-50 µs nap during a burst, as before. Tuning knob for the
+    /// side-by-side rows of bench/remote_profile.py and bench/train_nodes.py.
+    #[arg(long, default_value_t = 2000, hide = true)]
+    pub comm_fd_bound_us: u64,
 }
 
 /// Parses `123`, `64K`, `512M`, `2G`, `1T` (binary units; optional `iB`/`B` suffix).

@@ -240,7 +240,8 @@ fn run(args: &DaemonArgs) -> anyhow::Result<i32> {
         .with_spin(Duration::from_micros(args.comm_spin_us))
         .with_meta(&*node);
     if let Some(bell) = p.bell.clone().filter(|_| args.comm_sleep == "fds") {
-        let waiter = fanstore_daemon::comm::wake::Waiter::new(bell, transport_fds);
+        let waiter = fanstore_daemon::comm::wake::Waiter::new(bell, transport_fds)
+            .with_fd_bound(Duration::from_micros(args.comm_fd_bound_us));
         log::info!("rank {rank}: the communication thread sleeps on its doorbell and {} MPI epoll fds", waiter.transport_count());
         engine = engine.with_waiter(waiter);
     }

@@ -388,7 +388,7 @@ impl<'a> Engine<'a> {
         let mut last_active = Instant::now();
         let mut last_expiry = Instant::now();
         let mut nap = FIRST_NAP;
-        let mut transport_woke = false;
+        let mut woke: Option<wake::Woke> = None;
         // Short naps are only short with a small timer slack (default 50 µs).
         // SAFETY: PR_SET_TIMERSLACK only changes this thread's timer slack.
         unsafe { libc::prctl(libc::PR_SET_TIMERSLACK, 1000u64, 0u64, 0u64, 0u64) };
@@ -410,10 +410,12 @@ impl<'a> Engine<'a> {
                 Ok(a) => active |= a,
                 Err(cause) => return cause,
             }
-            if std::mem::take(&mut transport_woke) {
-                let useful = active || self.busy();
+            if let Some(how) = woke.take() {
+                // A transport wake-up during a transfer is useful even before
+                // it completes; a timeout is useful only if it found work.
+                let useful = active || (how == wake::Woke::Transport && self.busy());
                 if let Some(w) = self.waiter.as_mut() {
-                    w.transport_woke(useful);
+                    w.woke(how, useful);
                 }
             }
             if signal.load(Relaxed) {
@@ -441,7 +443,11 @@ impl<'a> Engine<'a> {
             if let Some(w) = self.waiter.as_mut() {
                 // Whatever ends the sleep (a command, a peer's message) is
                 // seen at the top of the loop, which resets the nap.
-                transport_woke = w.sleep(rx, nap);
+                // Our own sends may need polling to drain into the transport
+                // (no fd announces a send buffer with room): nap while one is
+                // in flight; otherwise sleep as long as the fds are trusted.
+                let bound = if self.sends.is_empty() { w.bound(nap) } else { nap };
+                woke = Some(w.sleep(rx, bound));
                 nap = (nap * 2).min(nap_cap(now.duration_since(last_active)));
                 continue;
             }
@@ -727,6 +733,9 @@ impl<'a> Engine<'a> {
     /// still talk to it. Returns false if a bounded wait ran out.
     pub fn shutdown(&mut self, cause: StopCause, rx: &Receiver<Command>) -> bool {
         let me = self.comm.rank;
+        if let Some(w) = &self.waiter {
+            log::info!("rank {me}: sleeps whose timeout found work no transport fd announced: {}", w.missed_wakes());
+        }
         if cause == StopCause::Local {
             for r in (0..self.comm.size).filter(|&r| r != me) {
                 let mut msg = Vec::with_capacity(8);

@@ -17,9 +17,22 @@
 //!   readable while one of its sockets has an event, so a peer's message
 //!   wakes the thread within microseconds instead of at the end of a nap.
 //!
-//! The nap's length stays the upper bound of every sleep: with a transport
-//! that has no fd to wait on (shared memory, verbs without a completion
-//! channel) the thread wakes as often as before, never later.
+//! How long a sleep may last. A wake-up by an fd is cheap here (a pipe
+//! ping-pong between two processes: 3.5-4 µs of CPU per wake-up), a timer
+//! that fires is not (a 50 µs ppoll timeout: ~35 µs of CPU and ~160 µs of
+//! wall time on this VM). So:
+//! - with no transport fd to wait on (shared memory, verbs without a
+//!   completion channel), every sleep is one nap of the caller's ladder
+//!   (10-50 µs during a burst, up to 20 ms after 10 s idle): the thread
+//!   polls as often as before, never later;
+//! - while the transport's fds are trusted, a sleep lasts at least
+//!   [`Waiter::with_fd_bound`] (2 ms by default): a peer's message, the next
+//!   bytes of a transfer or a command end it, and the timer only guards
+//!   against a transport that needs polling. A sleep that ends by its
+//!   timeout and is followed by work (the fds did not say so: a shared
+//!   memory transport between ranks of one host) makes the waiter distrust
+//!   the fds for the next [`DISTRUST_SLEEPS`] sleeps, twice as many after
+//!   each further miss, which then follow the nap ladder again.
 //!
 //! ```no_run
 //! # use fanstore_daemon::comm::wake;
@@ -117,13 +130,39 @@ pub fn transport_fds() -> Vec<RawFd> {
     fds
 }
 
+/// What ended a sleep.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Woke {
+    /// A command was queued (the bell, or one was waiting already).
+    Command,
+    /// A transport fd was ready.
+    Transport,
+    /// The timeout passed with nothing ready.
+    Timeout,
+}
+
 /// Sleeps of the communication thread: on its bell and the transport's fds.
 pub struct Waiter {
     bell: Arc<Doorbell>,
     fds: Vec<libc::pollfd>,
     /// Wake-ups by a transport fd in a row after which nothing happened.
     empty_wakes: u32,
+    /// Shortest bound of a sleep while the transport's fds are trusted (zero: never longer than the nap).
+    fd_bound: Duration,
+    /// Sleeps left during which the fds are not trusted (after a timeout that found work).
+    distrust: u32,
+    /// Timeouts that found work, in all.
+    missed: u64,
+    /// Sleeps of distrust after the next miss.
+    penalty: u32,
+    /// The last sleep's timeout was longer than the caller's nap (it trusted the fds).
+    trusted: bool,
 }
+
+/// Sleeps that follow the nap ladder after the first timeout that found work the fds did not announce.
+pub const DISTRUST_SLEEPS: u32 = 1000;
+/// Default of [`Waiter::with_fd_bound`].
+pub const FD_BOUND: Duration = Duration::from_millis(2);
 
 /// A transport fd that wakes this many sleeps in a row with nothing to do
 /// is always ready (not an epoll set the progress engine drains): the
@@ -134,7 +173,49 @@ impl Waiter {
     pub fn new(bell: Arc<Doorbell>, transport: Vec<RawFd>) -> Waiter {
         let mut fds = vec![libc::pollfd { fd: bell.fd.as_raw_fd(), events: libc::POLLIN, revents: 0 }];
         fds.extend(transport.into_iter().map(|fd| libc::pollfd { fd, events: libc::POLLIN, revents: 0 }));
-        Waiter { bell, fds, empty_wakes: 0 }
+        Waiter { bell, fds, empty_wakes: 0, fd_bound: FD_BOUND, distrust: 0, missed: 0, penalty: DISTRUST_SLEEPS, trusted: false }
+    }
+
+    /// While the transport's fds are trusted, sleeps last at least `bound`
+    /// (zero: every sleep is the caller's nap, as with no transport fd).
+    pub fn with_fd_bound(mut self, bound: Duration) -> Waiter {
+        self.fd_bound = bound;
+        self
+    }
+
+    /// The timeout of the next sleep, given the caller's nap.
+    pub fn bound(&self, nap: Duration) -> Duration {
+        if self.trusts() {
+            nap.max(self.fd_bound)
+        } else {
+            nap
+        }
+    }
+
+    fn trusts(&self) -> bool {
+        self.transport_count() > 0 && self.distrust == 0 && !self.fd_bound.is_zero()
+    }
+
+    /// Timeouts that were followed by work no fd announced.
+    pub fn missed_wakes(&self) -> u64 {
+        self.missed
+    }
+
+    /// After a sleep ended by `how`: whether the round of progress that
+    /// followed found anything to do (`useful`: a message, a completion or a
+    /// command; for a transport wake-up, a transfer still in flight too).
+    pub fn woke(&mut self, how: Woke, useful: bool) {
+        match how {
+            Woke::Transport => self.transport_woke(useful),
+            // Only a sleep that trusted the fds can miss: a nap's timeout is its purpose.
+            Woke::Timeout if useful && self.trusted && self.transport_count() > 0 => {
+                self.missed += 1;
+                log::debug!("a sleep's timeout found work the transport's fds did not announce: naps for {} sleeps", self.penalty);
+                self.distrust = self.penalty;
+                self.penalty = self.penalty.saturating_mul(2);
+            }
+            _ => {}
+        }
     }
 
     /// How many transport descriptors a sleep also waits on.
@@ -144,7 +225,7 @@ impl Waiter {
 
     /// After a sleep that a transport fd ended: whether the round of
     /// progress that followed found anything to do.
-    pub fn transport_woke(&mut self, useful: bool) {
+    fn transport_woke(&mut self, useful: bool) {
         if useful {
             self.empty_wakes = 0;
             return;
@@ -161,13 +242,14 @@ impl Waiter {
 
     /// Sleeps until a command is queued, the transport has an event, or
     /// `timeout` passed. Returns at once if a command is already queued.
-    /// True if a transport fd was ready.
-    pub fn sleep(&mut self, rx: &Receiver<Command>, timeout: Duration) -> bool {
+    pub fn sleep(&mut self, rx: &Receiver<Command>, timeout: Duration) -> Woke {
+        self.trusted = self.trusts() && timeout >= self.fd_bound;
+        self.distrust = self.distrust.saturating_sub(1);
         self.bell.asleep.store(true, SeqCst);
         // A command queued before the flag was set rang no bell: look first.
         if !rx.is_empty() {
             self.bell.asleep.store(false, SeqCst);
-            return false;
+            return Woke::Command;
         }
         let ts = libc::timespec {
             tv_sec: timeout.as_secs() as libc::time_t,
@@ -181,10 +263,17 @@ impl Waiter {
         unsafe { libc::ppoll(self.fds.as_mut_ptr(), self.fds.len() as libc::nfds_t, &ts, std::ptr::null()) };
         // Whoever rings from now on finds the flag clear and writes nothing.
         self.bell.asleep.store(false, SeqCst);
-        if self.fds[0].revents != 0 {
+        let rung = self.fds[0].revents != 0;
+        if rung {
             self.bell.drain();
         }
-        self.fds[1..].iter().any(|p| p.revents != 0)
+        if self.fds[1..].iter().any(|p| p.revents != 0) {
+            Woke::Transport
+        } else if rung || !rx.is_empty() {
+            Woke::Command
+        } else {
+            Woke::Timeout
+        }
     }
 }
 
@@ -203,13 +292,13 @@ mod tests {
             tx
         });
         let t = Instant::now();
-        assert!(!w.sleep(&rx, Duration::from_secs(20)));
+        assert_eq!(w.sleep(&rx, Duration::from_secs(20)), Woke::Command);
         assert!(t.elapsed() < Duration::from_secs(10), "the bell did not wake the sleep: {:?}", t.elapsed());
         assert!(matches!(rx.try_recv(), Ok(Command::Stop)));
         drop(sender.join());
         // Nothing queued, nothing rung: the sleep lasts its timeout.
         let t = Instant::now();
-        w.sleep(&rx, Duration::from_millis(30));
+        assert_eq!(w.sleep(&rx, Duration::from_millis(30)), Woke::Timeout);
         assert!(t.elapsed() >= Duration::from_millis(25), "woke early: {:?}", t.elapsed());
     }
 
@@ -223,12 +312,12 @@ mod tests {
         assert!(fd >= 0);
         let mut w = Waiter::new(bell.expect("eventfd"), vec![fd]);
         for _ in 0..EMPTY_WAKES_MAX {
-            assert!(w.sleep(&rx, Duration::from_secs(5)), "the ready fd did not end the sleep");
-            w.transport_woke(false);
+            assert_eq!(w.sleep(&rx, Duration::from_secs(5)), Woke::Transport, "the ready fd did not end the sleep");
+            w.woke(Woke::Transport, false);
         }
         assert_eq!(w.transport_count(), 0);
         let t = Instant::now();
-        assert!(!w.sleep(&rx, Duration::from_millis(30)));
+        assert_eq!(w.sleep(&rx, Duration::from_millis(30)), Woke::Timeout);
         assert!(t.elapsed() >= Duration::from_millis(25), "woke early: {:?}", t.elapsed());
         // SAFETY: closing the fd this test opened.
         unsafe { libc::close(fd) };
@@ -254,12 +343,62 @@ mod tests {
             // SAFETY: writing one byte to our socket.
             unsafe { libc::write(writer, b"x".as_ptr().cast(), 1) };
         });
-        assert!(w.sleep(&rx, Duration::from_secs(20)));
+        assert_eq!(w.sleep(&rx, Duration::from_secs(20)), Woke::Transport);
         assert!(t.elapsed() < Duration::from_secs(10), "the socket did not wake the sleep: {:?}", t.elapsed());
         h.join().expect("writer");
         for fd in [ep, pair[0], pair[1]] {
             // SAFETY: closing fds this test opened.
             unsafe { libc::close(fd) };
         }
+    }
+
+    #[test]
+    fn trusted_fds_lengthen_sleeps_until_a_timeout_finds_work() {
+        let (_tx, rx, bell) = channel();
+        // SAFETY: a new epoll set with nothing registered: never ready.
+        let ep = unsafe { libc::epoll_create1(libc::EPOLL_CLOEXEC) };
+        assert!(ep >= 0);
+        let nap = Duration::from_micros(50);
+        let mut w = Waiter::new(bell.expect("eventfd"), vec![ep]).with_fd_bound(Duration::from_millis(40));
+        assert_eq!(w.bound(nap), Duration::from_millis(40));
+        assert_eq!(w.bound(Duration::from_millis(100)), Duration::from_millis(100), "a longer nap stays longer");
+        let t = Instant::now();
+        assert_eq!(w.sleep(&rx, w.bound(nap)), Woke::Timeout);
+        assert!(t.elapsed() >= Duration::from_millis(35), "the trusted sleep ended early: {:?}", t.elapsed());
+        // A timeout followed by nothing to do keeps the trust.
+        w.woke(Woke::Timeout, false);
+        assert_eq!(w.bound(nap), Duration::from_millis(40));
+        // A nap's timeout that finds work is no miss.
+        w.sleep(&rx, nap);
+        w.woke(Woke::Timeout, true);
+        assert_eq!(w.missed_wakes(), 0);
+        // A trusted sleep's timeout followed by work: the fds missed it, back to the naps.
+        w.sleep(&rx, w.bound(nap));
+        w.woke(Woke::Timeout, true);
+        assert_eq!(w.missed_wakes(), 1);
+        assert_eq!(w.bound(nap), nap);
+        for _ in 0..DISTRUST_SLEEPS {
+            assert_eq!(w.bound(nap), nap);
+            w.sleep(&rx, Duration::ZERO);
+        }
+        assert_eq!(w.bound(nap), Duration::from_millis(40), "trust comes back after DISTRUST_SLEEPS sleeps");
+        // A second miss distrusts twice as long.
+        w.sleep(&rx, w.bound(nap));
+        w.woke(Woke::Timeout, true);
+        for _ in 0..DISTRUST_SLEEPS * 2 {
+            assert_eq!(w.bound(nap), nap);
+            w.sleep(&rx, Duration::ZERO);
+        }
+        assert_eq!(w.bound(nap), Duration::from_millis(40));
+        assert_eq!(w.missed_wakes(), 2);
+        // Without transport fds, or with the bound off, sleeps are the naps.
+        let (_tx2, rx2, bell2) = channel();
+        let plain = Waiter::new(bell2.expect("eventfd"), Vec::new());
+        assert_eq!(plain.bound(nap), nap);
+        let off = Waiter::new(channel().2.expect("eventfd"), vec![ep]).with_fd_bound(Duration::ZERO);
+        assert_eq!(off.bound(nap), nap);
+        drop(rx2);
+        // SAFETY: closing the fd this test opened.
+        unsafe { libc::close(ep) };
     }
 }
