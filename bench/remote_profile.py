@@ -32,6 +32,7 @@ QUICK = "--quick" in sys.argv
 SIZE = 128 << 10
 ROUNDS, ITERS = (2, 100) if QUICK else (3, 200)
 DEFAULT_SPIN = "200"
+DEFAULT_FD_BOUND = "2000"
 env = dict(os.environ, UCX_TLS=os.environ.get("UCX_TLS", "tcp"), RUST_LOG="warn")
 HZ = os.sysconf("SC_CLK_TCK")
 
@@ -67,11 +68,14 @@ def main():
     ds_id, nodes = fs_cluster.read_index(ds / "manifest.fsm")
     ids = [n["id"] for n in nodes.values() if n["kind"] == 2 and n["partition"] % 2 == 1]
     rows = []
-    settings = [("0", "fds"), (DEFAULT_SPIN, "fds"), ("1000", "fds"), (DEFAULT_SPIN, "nap")]
-    for k, (spin, sleep) in enumerate(settings):
+    # (spin, sleep, fd bound): the fd bound "0" is the sleeps before they trusted MPI's fds (a 10-50 µs nap each).
+    settings = [("0", "fds", DEFAULT_FD_BOUND), (DEFAULT_SPIN, "fds", DEFAULT_FD_BOUND), ("1000", "fds", DEFAULT_FD_BOUND),
+                (DEFAULT_SPIN, "fds", "0"), (DEFAULT_SPIN, "nap", DEFAULT_FD_BOUND)]
+    for k, (spin, sleep, bound) in enumerate(settings):
         rt = work / f"rt{k}"
         p = subprocess.Popen(["mpiexec", "-n", "2", str(B / "fanstore-daemon"), "--data", str(ds), "--local", str(work / f"l{k}"),
-                              "--runtime-dir", str(rt), "--cache-mem", "0", "--comm-spin-us", spin, "--comm-sleep", sleep], env=env,
+                              "--runtime-dir", str(rt), "--cache-mem", "0", "--comm-spin-us", spin, "--comm-sleep", sleep,
+                              "--comm-fd-bound-us", bound], env=env,
                              stdout=open(work / f"log{k}", "wb"), stderr=subprocess.STDOUT, start_new_session=True)
         try:
             sh([str(B / "fanstore"), "--runtime-dir", str(rt), "wait", "--timeout", "120"])
@@ -94,7 +98,7 @@ def main():
         finally:
             subprocess.run([str(B / "fanstore"), "--runtime-dir", str(rt), "stop"], capture_output=True, env=env)
             p.wait(timeout=60)
-        rows.append((spin, sleep, statistics.median(opens), statistics.median(totals), cpu, comm, idle))
+        rows.append((spin, sleep, bound, statistics.median(opens), statistics.median(totals), cpu, comm, idle))
     raw, fresh = [], []
     for _ in range(ROUNDS):
         raw.append(float(re.search(r"median_us=([\d.]+)", sh(["mpiexec", "-n", "2", str(B / "fanstore-mpi-pingpong"), "--iters", str(ITERS), str(SIZE)]))[1]))
@@ -107,18 +111,21 @@ def main():
          f"<= 2 x raw + 20 µs = {2 * r + 20:.0f} µs; daemon CPU per remote file <= 150 µs; idle daemons <= 1% of a core each.", "",
          "| `--comm-spin-us` | OPEN µs | OPEN+read µs | vs goal | daemon CPU per remote file, both ranks µs | of which the communication threads µs | idle CPU per daemon |",
          "|---|---:|---:|---:|---:|---:|---:|"]
-    for spin, sleep, o, t, cpu, comm, idle in rows:
+    for spin, sleep, bound, o, t, cpu, comm, idle in rows:
         name = f"{spin} (default)" if spin == DEFAULT_SPIN else spin
         if sleep != "fds":
             name += f", `--comm-sleep {sleep}`"
+        elif bound != DEFAULT_FD_BOUND:
+            name += f", `--comm-fd-bound-us {bound}`"
         L.append(f"| {name} | {o:.0f} | {t:.0f} | {t / (2 * r + 20):.2f}x | {cpu:.0f} | {comm:.0f} | {idle:.2f}% |")
     L += ["", "Reading the rows: the communication thread of each rank runs the MPI progress loop. It polls for "
           "`--comm-spin-us` after the last message, then sleeps in ppoll on its doorbell and MPI's epoll fds (a "
-          "peer's message or the next bytes of a transfer wake it). With one reader, every sleep is followed by a "
-          "wake-up, which costs more than the polling it saves on this VM: spin 0 is the slowest and not the "
-          "cheapest row, and the default spin keeps a 128 KiB transfer polled. `--comm-sleep nap` is the behaviour "
-          "before: naps of 10-50 µs on the command channel, and polling without pause while a transfer is in "
-          "flight. The sleeps pay off when the cores are shared with readers (bench/train_nodes.py's rows)."]
+          "peer's message or the next bytes of a transfer wake it); while those fds announce every message, a sleep "
+          f"lasts up to `--comm-fd-bound-us` ({DEFAULT_FD_BOUND} µs), its timer a guard only. "
+          "`--comm-fd-bound-us 0` is the sleeps before: each one a 10-50 µs nap during a burst, whose timer fires "
+          "(a fired timer costs ~35 µs of CPU and ~160 µs of wall time on this VM, an fd wake-up ~4 µs). "
+          "`--comm-sleep nap` is the behaviour before the fds were used at all: naps on the command channel, and "
+          "polling without pause while a transfer is in flight."]
     if stages:
         L += ["", f"Stages of one remote OPEN at the default spin (the daemons' debug log, {stages['n']} fetches, medians; "
               "the logging itself adds a few µs):", "",
