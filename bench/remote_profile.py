@@ -99,15 +99,18 @@ def main():
             subprocess.run([str(B / "fanstore"), "--runtime-dir", str(rt), "stop"], capture_output=True, env=env)
             p.wait(timeout=60)
         rows.append((spin, sleep, bound, statistics.median(opens), statistics.median(totals), cpu, comm, idle))
-    raw, fresh = [], []
+    raw, fresh, nb = [], [], []
     for _ in range(ROUNDS):
         raw.append(float(re.search(r"median_us=([\d.]+)", sh(["mpiexec", "-n", "2", str(B / "fanstore-mpi-pingpong"), "--iters", str(ITERS), str(SIZE)]))[1]))
         fresh.append(float(re.search(r"median_us=([\d.]+)", sh(["mpiexec", "-n", "2", str(B / "fanstore-mpi-pingpong"), "--fresh-memfd", "--iters", str(ITERS), str(SIZE)]))[1]))
-    r, f = statistics.median(raw), statistics.median(fresh)
+        nb.append(float(re.search(r"median_us=([\d.]+)", sh(["mpiexec", "-n", "2", str(B / "fanstore-mpi-pingpong"), "--nonblocking", "--iters", str(ITERS), str(SIZE)]))[1]))
+    r, f, n = statistics.median(raw), statistics.median(fresh), statistics.median(nb)
     stages = stage_breakdown(work, ds, ds_id, ids)
     L = ["## Where the time goes: one remote 128 KiB OPEN (bench/remote_profile.py)", "",
          f"{ROUNDS} rounds x {ITERS} reads, medians; raw MPI ping-pong (no daemon running) **{r:.0f} µs**, the same into a "
-         f"fresh memfd per reply **{f:.0f} µs** (landing 128 KiB in new pages costs {f - r:.0f} µs here). Goal: OPEN+read "
+         f"fresh memfd per reply **{f:.0f} µs** (landing 128 KiB in new pages costs {f - r:.0f} µs here), the same with the "
+         f"communication thread's nonblocking calls polled without pause (Irecv + Isend / Iprobe + Recv + Isend, Testsome) "
+         f"**{n:.0f} µs**. Goal: OPEN+read "
          f"<= 2 x raw + 20 µs = {2 * r + 20:.0f} µs; daemon CPU per remote file <= 150 µs; idle daemons <= 1% of a core each.", "",
          "| `--comm-spin-us` | OPEN µs | OPEN+read µs | vs goal | daemon CPU per remote file, both ranks µs | of which the communication threads µs | idle CPU per daemon |",
          "|---|---:|---:|---:|---:|---:|---:|"]
