@@ -443,11 +443,7 @@ impl<'a> Engine<'a> {
             if let Some(w) = self.waiter.as_mut() {
                 // Whatever ends the sleep (a command, a peer's message) is
                 // seen at the top of the loop, which resets the nap.
-                // Our own sends may need polling to drain into the transport
-                // (no fd announces a send buffer with room): nap while one is
-                // in flight; otherwise sleep as long as the fds are trusted.
-                let bound = if self.sends.is_empty() { w.bound(nap) } else { nap };
-                woke = Some(w.sleep(rx, bound));
+                woke = Some(w.sleep(rx, w.bound(nap)));
                 nap = (nap * 2).min(nap_cap(now.duration_since(last_active)));
                 continue;
             }
@@ -734,7 +730,12 @@ impl<'a> Engine<'a> {
     pub fn shutdown(&mut self, cause: StopCause, rx: &Receiver<Command>) -> bool {
         let me = self.comm.rank;
         if let Some(w) = &self.waiter {
-            log::info!("rank {me}: sleeps whose timeout found work no transport fd announced: {}", w.missed_wakes());
+            let [cmd, fd, timeout, idle] = w.tally();
+            log::info!(
+                "rank {me}: sleeps ended by a command {cmd}, by MPI's fds {fd} ({idle} of them with nothing to do), by the \
+                 timeout {timeout}; timeouts that found work no fd announced: {}",
+                w.missed_wakes()
+            );
         }
         if cause == StopCause::Local {
             for r in (0..self.comm.size).filter(|&r| r != me) {

@@ -157,10 +157,13 @@ pub struct Waiter {
     penalty: u32,
     /// The last sleep's timeout was longer than the caller's nap (it trusted the fds).
     trusted: bool,
+    /// Sleeps ended by a command, by a transport fd, by the timeout; and
+    /// transport wake-ups after which nothing happened.
+    tally: [u64; 4],
 }
 
 /// Sleeps that follow the nap ladder after the first timeout that found work the fds did not announce.
-pub const DISTRUST_SLEEPS: u32 = 1000;
+pub const DISTRUST_SLEEPS: u32 = 64;
 /// Default of [`Waiter::with_fd_bound`].
 pub const FD_BOUND: Duration = Duration::from_millis(2);
 
@@ -173,7 +176,7 @@ impl Waiter {
     pub fn new(bell: Arc<Doorbell>, transport: Vec<RawFd>) -> Waiter {
         let mut fds = vec![libc::pollfd { fd: bell.fd.as_raw_fd(), events: libc::POLLIN, revents: 0 }];
         fds.extend(transport.into_iter().map(|fd| libc::pollfd { fd, events: libc::POLLIN, revents: 0 }));
-        Waiter { bell, fds, empty_wakes: 0, fd_bound: FD_BOUND, distrust: 0, missed: 0, penalty: DISTRUST_SLEEPS, trusted: false }
+        Waiter { bell, fds, empty_wakes: 0, fd_bound: FD_BOUND, distrust: 0, missed: 0, penalty: DISTRUST_SLEEPS, trusted: false, tally: [0; 4] }
     }
 
     /// While the transport's fds are trusted, sleeps last at least `bound`
@@ -201,10 +204,20 @@ impl Waiter {
         self.missed
     }
 
+    /// Sleeps ended by a command, by a transport fd and by the timeout, and
+    /// the transport wake-ups after which nothing happened (for the log).
+    pub fn tally(&self) -> [u64; 4] {
+        self.tally
+    }
+
     /// After a sleep ended by `how`: whether the round of progress that
     /// followed found anything to do (`useful`: a message, a completion or a
     /// command; for a transport wake-up, a transfer still in flight too).
     pub fn woke(&mut self, how: Woke, useful: bool) {
+        self.tally[how as usize] += 1;
+        if how == Woke::Transport && !useful {
+            self.tally[3] += 1;
+        }
         match how {
             Woke::Transport => self.transport_woke(useful),
             // Only a sleep that trusted the fds can miss: a nap's timeout is its purpose.
