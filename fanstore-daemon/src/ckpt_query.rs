@@ -70,10 +70,15 @@ fn live_states(rt: &Path) -> Result<Vec<NodeState>, QueryError> {
     Ok(states)
 }
 
+/// How long a rank may take to answer a query.
+const QUERY_TIMEOUT: Duration = Duration::from_secs(120);
+
 fn ask(rt: &Path, rank: u32, q: &Query) -> Result<RankAnswer, QueryError> {
     let fail = |problem: String| QueryError::Rank { rank, problem };
     let (arg0, arg1, payload) = q.encode();
-    let mut c = Client::connect(&runtime::socket_path(rt, rank), Duration::from_secs(10)).map_err(|e| fail(e.to_string()))?;
+    // A rank answers once the checkpoints closed before the query are stored
+    // (their commits run behind the close): up to seconds per file queued.
+    let mut c = Client::connect(&runtime::socket_path(rt, rank), QUERY_TIMEOUT).map_err(|e| fail(e.to_string()))?;
     let mut req = Request::new(op::CKPT, 1, arg0, arg1);
     req.payload = payload;
     let attach = match q.attachment() {

@@ -27,6 +27,25 @@
 //! queries show. Unlinks and replacements anywhere reach the holder as
 //! `HOLDER_DROP` and release the checkpoint's units.
 //!
+//! ## Commits behind the close
+//!
+//! A client's unnamed local file that nothing can write any more (the
+//! common case: COMMIT_SOLE) is not split while its writer waits. The
+//! close links it as a plain output `out/<id>`, as `--dedup off` does, puts
+//! its record and returns; [`Dedup::enqueue`] hands it to the commit
+//! worker, which stores it (under its pending key, renamed once settled),
+//! keeps it as the hot copy and only then unlinks `out/<id>`, all under
+//! the store's lock: every reader finds either the plain file or the
+//! stored checkpoint. Until then it is a plain output in every respect
+//! (opens, remote reads, drains and a restart after a kill serve or keep
+//! the file), and a commit that fails leaves it one for good (nothing is
+//! lost; it is only not deduplicated). An unlink or replacement before the
+//! worker reaches it cancels it. The queue holds at most
+//! `min(--ckpt-hot-size, 4 GiB)` bytes (at least one file): a close past
+//! that waits for the oldest commits, so a program that writes checkpoints
+//! faster than they are stored is slowed to the store's pace. Queries,
+//! drains and stops wait for the queue first ([`Dedup::wait_committed`]).
+//!
 //! ## Persistence
 //!
 //! [`Dedup::drain_to`] copies the store to `--persist`/`ckpt/rank-<r>/`
@@ -96,6 +115,41 @@ struct Held {
     hot: HashMap<u64, Arc<OwnedFd>>,
 }
 
+/// The outputs closed as plain files and not stored yet, under a lock of
+/// their own: the commit worker holds the store's lock for a whole commit,
+/// and a close (its enqueue and settle), an unlink or a rename of a queued
+/// output must not wait for that.
+#[derive(Default)]
+struct CommitQueue {
+    jobs: HashMap<u64, Queued>,
+    /// Bytes of `jobs`.
+    bytes: u64,
+    /// The output being stored now.
+    running: Option<Running>,
+}
+
+/// What happened to the output being stored while the worker stored it.
+struct Running {
+    id: u64,
+    /// The path it was registered (or renamed) as.
+    settled: Option<Vec<u8>>,
+    /// Unlinked or replaced meanwhile: the checkpoint is released once stored.
+    dropped: bool,
+}
+
+/// An output closed as the plain file `plain` (`out/<id>`) and not stored yet.
+struct Queued {
+    /// Its pending key: the key it is committed under.
+    key: Vec<u8>,
+    /// The path it was registered (or renamed) as meanwhile.
+    settled: Option<Vec<u8>>,
+    file: OwnedFd,
+    map: Arc<memmap2::Mmap>,
+    plain: PathBuf,
+    /// When the close queued it.
+    since: std::time::Instant,
+}
+
 impl Held {
     /// Forgets the files of outputs whose checkpoint is no longer hot.
     fn trim_hot(&mut self) {
@@ -149,6 +203,82 @@ pub struct Dedup {
     held: Arc<RwLock<Held>>,
     /// Hot copies in memfds waiting to move to the local disk.
     demote: std::sync::Mutex<std::sync::mpsc::Sender<Demote>>,
+    /// Queued outputs (their ids) for the commit worker.
+    commits: std::sync::Mutex<std::sync::mpsc::Sender<u64>>,
+    queue: Arc<std::sync::Mutex<CommitQueue>>,
+    /// The most bytes the commit queue holds (see the module doc).
+    queue_limit: u64,
+    /// Held by the commit worker while it stores one output (tests hold it
+    /// to keep outputs queued).
+    #[cfg_attr(not(test), allow(dead_code))]
+    commit_gate: Arc<std::sync::Mutex<()>>,
+}
+
+/// The most bytes of closed outputs waiting for their commit.
+const QUEUE_MAX: u64 = 4 << 30;
+
+/// The commit worker: stores each queued output (see the module doc).
+fn commit_worker(
+    dir: PathBuf,
+    held: std::sync::Weak<RwLock<Held>>,
+    queue: Arc<std::sync::Mutex<CommitQueue>>,
+    gate: Arc<std::sync::Mutex<()>>,
+    rx: std::sync::mpsc::Receiver<u64>,
+) {
+    for id in rx {
+        let _running = gate.lock().unwrap_or_else(|p| p.into_inner());
+        let Some(held) = held.upgrade() else { return };
+        let job = {
+            let mut q = lock_queue(&queue);
+            let Some(mut job) = q.jobs.remove(&id) else { continue }; // unlinked or replaced meanwhile
+            q.bytes = q.bytes.saturating_sub(job.map.len() as u64);
+            q.running = Some(Running { id, settled: job.settled.take(), dropped: false });
+            job
+        };
+        let (started, len) = (std::time::Instant::now(), job.map.len());
+        let mut h = write_held(&held);
+        let res = h.store.commit_shared(&job.key, job.map);
+        // Lock order: the store's, then the queue's.
+        let Some(run) = lock_queue(&queue).running.take() else { continue };
+        match res {
+            Ok(_) if run.dropped => {
+                if let Err(e) = h.store.unlink(&job.key) {
+                    log::warn!("checkpoint store: unlinking '{}': {e}", String::from_utf8_lossy(&job.key));
+                }
+                log_repairs(&mut h.store);
+            }
+            Ok(_) => {
+                h.keys.insert(id, job.key);
+                if let Some(to) = &run.settled {
+                    h.rename_key(id, to);
+                }
+                if !crate::copies::room_for(&dir, 0) {
+                    h.store.limit_hot(1, u64::MAX);
+                }
+                h.hot.insert(id, Arc::new(job.file));
+                h.trim_hot();
+                h.unmap_hot();
+                // Under the store's lock: readers that miss the plain file find the checkpoint.
+                if let Err(e) = std::fs::remove_file(&job.plain) {
+                    log::warn!("checkpoint store: removing the plain copy {} of a stored output: {e}", job.plain.display());
+                }
+                log::info!(
+                    "checkpoint store: output {id} ({len} B) stored {:.1} ms after its close ({:.1} ms committing)",
+                    job.since.elapsed().as_secs_f64() * 1e3,
+                    started.elapsed().as_secs_f64() * 1e3
+                );
+            }
+            Err(e) => log::warn!(
+                "checkpoint store: committing '{}': {e}; it stays a plain output at {}",
+                String::from_utf8_lossy(run.settled.as_deref().unwrap_or(&job.key)),
+                job.plain.display()
+            ),
+        }
+    }
+}
+
+fn lock_queue(q: &std::sync::Mutex<CommitQueue>) -> std::sync::MutexGuard<'_, CommitQueue> {
+    q.lock().unwrap_or_else(|p| p.into_inner())
 }
 
 /// A hot copy held in a memfd, to be moved to an unnamed local file.
@@ -242,7 +372,24 @@ impl Dedup {
             .name("ckpt-demote".into())
             .spawn(move || demote_worker(d, weak, rx))
             .map_err(|e| CkptError::io(dir, e))?;
-        Ok(Dedup { min, dir: dir.to_path_buf(), held, demote: std::sync::Mutex::new(tx) })
+        let (ctx, crx) = std::sync::mpsc::channel();
+        let gate = Arc::new(std::sync::Mutex::new(()));
+        let queue = Arc::new(std::sync::Mutex::new(CommitQueue::default()));
+        let (d, weak, q, g) = (dir.to_path_buf(), Arc::downgrade(&held), queue.clone(), gate.clone());
+        std::thread::Builder::new()
+            .name("ckpt-commit".into())
+            .spawn(move || commit_worker(d, weak, q, g, crx))
+            .map_err(|e| CkptError::io(dir, e))?;
+        Ok(Dedup {
+            min,
+            dir: dir.to_path_buf(),
+            held,
+            demote: std::sync::Mutex::new(tx),
+            commits: std::sync::Mutex::new(ctx),
+            queue,
+            queue_limit: hot_bytes.min(QUEUE_MAX),
+            commit_gate: gate,
+        })
     }
 
     fn write(&self) -> RwLockWriteGuard<'_, Held> {
@@ -297,20 +444,81 @@ impl Dedup {
         Ok(info)
     }
 
+    /// Queues output `id` of `path` for the commit worker: a file handed
+    /// over for good (as for [`Self::stage_handed`]), already linked as the
+    /// plain output `plain`, which serves it until it is stored. Waits
+    /// first while the queue is full (see the module doc).
+    pub fn enqueue(&self, path: &[u8], id: u64, file: OwnedFd, map: Arc<memmap2::Mmap>, plain: PathBuf) {
+        let len = map.len() as u64;
+        let mut job = Some(Queued { key: pending_key(path, id), settled: None, file, map, plain, since: std::time::Instant::now() });
+        let mut waited = false;
+        while let Some(j) = job.take() {
+            let mut q = lock_queue(&self.queue);
+            if q.jobs.is_empty() || q.bytes + len <= self.queue_limit {
+                q.bytes += len;
+                q.jobs.insert(id, j);
+                break;
+            }
+            drop(q);
+            job = Some(j);
+            if !waited {
+                log::debug!("checkpoint store: the commit queue is full; output {id} waits");
+                waited = true;
+            }
+            std::thread::sleep(std::time::Duration::from_millis(2));
+        }
+        let _ = self.commits.lock().unwrap_or_else(|p| p.into_inner()).send(id);
+    }
+
+    /// Waits until every queued output is stored (or has failed and stayed plain).
+    pub fn wait_committed(&self) {
+        while {
+            let q = lock_queue(&self.queue);
+            !q.jobs.is_empty() || q.running.is_some()
+        } {
+            std::thread::sleep(std::time::Duration::from_millis(2));
+        }
+    }
+
     /// Output `id` is registered as `path`: its key becomes the path
     /// (unless it was dropped meanwhile).
     pub fn settle(&self, id: u64, path: &[u8]) {
-        self.write().rename_key(id, path);
+        self.rename_output(id, path);
     }
 
     /// Output `id` was renamed to `to` (on this node or another).
     pub fn rename_output(&self, id: u64, to: &[u8]) {
+        {
+            let mut q = lock_queue(&self.queue);
+            if let Some(j) = q.jobs.get_mut(&id) {
+                j.settled = Some(to.to_vec());
+                return;
+            }
+            if let Some(r) = q.running.as_mut().filter(|r| r.id == id) {
+                r.settled = Some(to.to_vec());
+                return;
+            }
+        }
+        // Not queued (nor being stored): the worker cannot take it any more.
         self.write().rename_key(id, to);
     }
 
     /// Output `id` is unlinked or replaced: releases its units. False if
-    /// this store does not hold it.
+    /// this store does not hold it (a queued output is taken off the queue,
+    /// or released once stored if the worker has it: its plain file is the
+    /// caller's to delete).
     pub fn drop_output(&self, id: u64) -> bool {
+        {
+            let mut q = lock_queue(&self.queue);
+            if let Some(j) = q.jobs.remove(&id) {
+                q.bytes = q.bytes.saturating_sub(j.map.len() as u64);
+                return false;
+            }
+            if let Some(r) = q.running.as_mut().filter(|r| r.id == id) {
+                r.dropped = true;
+                return false;
+            }
+        }
         let mut h = self.write();
         let Some(key) = h.keys.remove(&id) else { return false };
         if let Err(e) = h.store.unlink(&key) {
@@ -413,6 +621,7 @@ impl Dedup {
 
     /// Runs a query (`fanstore ckpt ...`) against this store.
     pub fn query(&self, q: &Query) -> Result<Answer, i32> {
+        self.wait_committed();
         let h = self.read();
         let s = &h.store;
         let nf = |e: CkptError| errno_of(&e);
@@ -456,6 +665,7 @@ impl Dedup {
     /// place: the commit point), then what the store no longer has (packs
     /// compaction deleted, released recipes). Returns the checkpoints it holds.
     pub fn drain_to(&self, dst: &Path) -> io::Result<usize> {
+        self.wait_committed();
         let h = self.write();
         h.store.sync().map_err(|e| io::Error::other(e.to_string()))?;
         for sub in [UNITS_DIR, RECIPES_DIR] {
@@ -784,6 +994,105 @@ mod tests {
         assert!(dd.drop_output(2));
         assert!(!dd.drop_output(2));
         assert_eq!(dd.query(&Query::Log { path: b"run/final".to_vec(), json: true }).err(), Some(libc::ENOENT));
+    }
+
+    /// A plain output file of `len` bytes at `dir/name`, handed over as the
+    /// commit does: a read-only description and its mapping.
+    fn plain_output(dir: &Path, name: &str, len: u32, seed: u32) -> (Vec<u8>, OwnedFd, Arc<memmap2::Mmap>, PathBuf) {
+        let bytes: Vec<u8> = (0..len).map(|i| (i.wrapping_mul(seed) % 251) as u8).collect();
+        let p = dir.join(name);
+        std::fs::write(&p, &bytes).unwrap();
+        let ro = std::fs::File::open(&p).unwrap();
+        // SAFETY: test file, written above and never again; read-only mapping.
+        let map = Arc::new(unsafe { memmap2::Mmap::map(&ro) }.unwrap());
+        (bytes, OwnedFd::from(ro), map, p)
+    }
+
+    #[test]
+    fn queued_outputs_are_stored_behind_the_close_renamed_or_cancelled() {
+        let d = tempfile::tempdir().unwrap();
+        let dd = Dedup::open(&d.path().join("ckpt"), 0, false, 8, u64::MAX).unwrap();
+        let (b1, f1, m1, p1) = plain_output(d.path(), "1", 300_000, 7);
+        let (_, f2, m2, p2) = plain_output(d.path(), "2", 200_000, 11);
+        let paused = dd.commit_gate.lock().unwrap();
+        dd.enqueue(b"run/a", 1, f1, m1, p1.clone());
+        dd.settle(1, b"run/a");
+        dd.rename_output(1, b"run/b");
+        dd.enqueue(b"run/c", 2, f2, m2, p2.clone());
+        // Queued: plain outputs, not the store's; an unlink cancels one.
+        assert!(!dd.holds(1) && !dd.holds(2));
+        assert!(!dd.drop_output(2));
+        assert!(p1.exists());
+        drop(paused);
+        dd.wait_committed();
+        assert!(dd.holds(1) && !dd.holds(2));
+        assert!(!p1.exists(), "the plain copy of a stored output is removed");
+        assert!(p2.exists(), "a cancelled output's plain file is the caller's to delete");
+        let mut out = Vec::new();
+        dd.read_output(1, &mut out).unwrap();
+        assert_eq!(out, b1);
+        let ls = dd.query(&Query::Ls { dir: Vec::new(), json: true }).unwrap().text;
+        assert!(ls.contains("run/b") && !ls.contains("run/a") && !ls.contains("run/c"), "{ls}");
+        assert!(dd.drop_output(1));
+    }
+
+    #[test]
+    fn closes_renames_and_unlinks_do_not_wait_for_a_running_commit() {
+        let d = tempfile::tempdir().unwrap();
+        let dd = Dedup::open(&d.path().join("ckpt"), 0, false, 8, u64::MAX).unwrap();
+        let (_, f1, m1, p1) = plain_output(d.path(), "1", 300_000, 7);
+        let (b2, f2, m2, p2) = plain_output(d.path(), "2", 300_000, 13);
+        // The worker takes output 1, then waits for the store (held here).
+        let store = dd.write();
+        dd.enqueue(b"run/a", 1, f1, m1, p1.clone());
+        let t0 = std::time::Instant::now();
+        while lock_queue(&dd.queue).running.is_none() {
+            assert!(t0.elapsed() < std::time::Duration::from_secs(10), "the worker never took the output");
+            std::thread::sleep(std::time::Duration::from_millis(1));
+        }
+        // None of these needs the store's lock.
+        dd.settle(1, b"run/a");
+        assert!(!dd.drop_output(1));
+        dd.enqueue(b"run/b", 2, f2, m2, p2.clone());
+        dd.settle(2, b"run/b");
+        dd.rename_output(2, b"run/c");
+        drop(store);
+        dd.wait_committed();
+        assert!(!dd.holds(1), "an output unlinked while it was being stored stays released");
+        assert!(p1.exists(), "its plain file is the caller's to delete");
+        assert!(dd.holds(2) && !p2.exists());
+        let mut out = Vec::new();
+        dd.read_output(2, &mut out).unwrap();
+        assert_eq!(out, b2);
+        let ls = dd.query(&Query::Ls { dir: Vec::new(), json: true }).unwrap().text;
+        assert!(ls.contains("run/c") && !ls.contains("run/a") && !ls.contains("\"run/b\""), "{ls}");
+        let du = dd.query(&Query::Du).unwrap().text;
+        assert!(du.contains("\"checkpoints\":1"), "{du}");
+    }
+
+    #[test]
+    fn a_full_commit_queue_holds_the_close_back() {
+        let d = tempfile::tempdir().unwrap();
+        // 100 kB of queue: one 300 kB file at a time.
+        let dd = Arc::new(Dedup::open(&d.path().join("ckpt"), 0, false, 8, 100_000).unwrap());
+        let (_, f1, m1, p1) = plain_output(d.path(), "1", 300_000, 7);
+        let (b2, f2, m2, p2) = plain_output(d.path(), "2", 300_000, 13);
+        let paused = dd.commit_gate.lock().unwrap();
+        dd.enqueue(b"run/a", 1, f1, m1, p1);
+        let (tx, rx) = std::sync::mpsc::channel();
+        let dd2 = dd.clone();
+        let t = std::thread::spawn(move || {
+            dd2.enqueue(b"run/b", 2, f2, m2, p2);
+            tx.send(()).unwrap();
+        });
+        assert!(rx.recv_timeout(std::time::Duration::from_millis(200)).is_err(), "the second close waited for no commit");
+        drop(paused);
+        rx.recv_timeout(std::time::Duration::from_secs(30)).unwrap();
+        t.join().unwrap();
+        dd.wait_committed();
+        let mut out = Vec::new();
+        dd.read_output(2, &mut out).unwrap();
+        assert_eq!(out, b2);
     }
 
     #[test]

@@ -79,7 +79,9 @@
 //! - `COMMIT(path, fd, excl, mode)`: the client's unnamed local file
 //!   (O_TMPFILE) is linked at `rank-<r>/out/<id>` (a memfd is copied there;
 //!   fsynced with `--fsync-outputs`), or its bytes go into the checkpoint store
-//!   ([`dedup`]) when they are at least `--dedup-min` bytes, then the record (size, mode, mtime, holder rank, id, xxh3)
+//!   ([`dedup`]) when they are at least `--dedup-min` bytes (an unnamed file
+//!   nothing can write is linked all the same and stored behind the close),
+//!   then the record (size, mode, mtime, holder rank, id, xxh3)
 //!   is put at the metadata owner, rank xxh3(path) mod N (O_EXCL checked
 //!   there, atomically; otherwise the last commit replaces the record), then
 //!   the name is added to its parent directory's listing at the parent's

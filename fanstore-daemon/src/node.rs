@@ -277,20 +277,22 @@ pub struct LocalStore<'a> {
 const MAP_FROM: u64 = 1 << 20;
 
 impl PeerSource for LocalStore<'_> {
-    fn payload(&self, node_id: u32, stored_len: u64, spare: Option<Vec<u8>>) -> Option<SendBuf> {
+    fn payload(&self, node_id: u32, stored_len: u64, mut spare: Option<Vec<u8>>) -> Option<SendBuf> {
         if node_id & crate::comm::OUT_BIT != 0 {
             let id = u64::from(node_id & !crate::comm::OUT_BIT);
             let path = self.local_dir.join("out").join(id.to_string());
-            return match &self.dedup {
-                Some(d) if !path.exists() && d.holds(id) => {
-                    let mut v = spare.unwrap_or_default();
-                    v.clear();
-                    match d.read_output(id, &mut v) {
-                        Ok(n) if n == stored_len => Some(SendBuf::Heap(v)),
-                        _ => None,
-                    }
-                }
-                _ => read_payload(&path, stored_len, spare),
+            // The plain file first: a checkpoint stored behind its close is
+            // one until the store has it (then the store holds it before the
+            // file goes, so a miss here finds it there).
+            if let Some(b) = read_payload(&path, stored_len, spare.take()) {
+                return Some(b);
+            }
+            let d = self.dedup.as_ref().filter(|d| d.holds(id))?;
+            let mut v = spare.unwrap_or_default();
+            v.clear();
+            return match d.read_output(id, &mut v) {
+                Ok(n) if n == stored_len => Some(SendBuf::Heap(v)),
+                _ => None,
             };
         }
         let n = self.view.node(node_id)?;

@@ -6,7 +6,9 @@
 //! opens one ([`Node::lookup`]).
 //!
 //! COMMIT: the bytes go into the checkpoint store ([`crate::dedup`]) when
-//! they are at least `--dedup-min` bytes; otherwise the client's unnamed
+//! they are at least `--dedup-min` bytes (the client's unnamed local file
+//! that nothing can write any more is linked as a plain output first and
+//! stored behind the close, by the store's commit worker); otherwise the client's unnamed
 //! local file is linked at `<local>/out/<id>` (a memfd is copied there;
 //! fsynced with `--fsync-outputs`). Then the record (size, mode, mtime,
 //! holder = this rank, id, xxh3) is put at the metadata owner, then the name
@@ -190,14 +192,7 @@ impl Node {
             return Err(libc::ENOSPC);
         }
         let file = self.out_file(id);
-        let undo = || match dedup {
-            Some(d) => {
-                d.drop_output(id);
-            }
-            None => {
-                let _ = std::fs::remove_file(&file);
-            }
-        };
+        let undo = || drop_held(dedup.map(|d| &**d), &self.out_dir(), id);
         // A file handed over for good (the client's unnamed local file that
         // nothing can write, or its memfd once sealed against writes): the
         // store keeps its mapping as a hot copy and reads are served from
@@ -209,6 +204,12 @@ impl Node {
             _ => None,
         };
         let sum = match (dedup, handed) {
+            // Stored behind the close: a plain output until the commit worker has it.
+            (Some(d), Some((fd, m))) if sole => {
+                let sum = self.store_plain(&src, true, bytes, &file).inspect_err(|_| undo())?;
+                d.enqueue(path, id, fd, m, file.clone());
+                sum
+            }
             (Some(d), Some((file, m))) => d.stage_handed(path, id, file, m, !unnamed)?.file_xxh3,
             (Some(d), None) => d.stage(path, id, bytes)?.file_xxh3,
             (None, _) => self.store_plain(&src, sole, bytes, &file).inspect_err(|_| undo())?,
@@ -476,6 +477,9 @@ impl Node {
     /// Copies every output file this rank holds into `dir` (content-addressed),
     /// and its checkpoint store; returns the outputs drained.
     pub fn drain_data(&self, dir: &std::path::Path) -> Result<usize, crate::persist::PersistError> {
+        if let Some(d) = self.dedup.get() {
+            d.wait_committed(); // queued checkpoints go in as deduplicated, not as plain files
+        }
         let mut files = 0;
         if let Ok(rd) = std::fs::read_dir(self.out_dir()) {
             for e in rd.flatten() {
