@@ -53,6 +53,7 @@ Environment (default / --quick): BENCH_CKPT_TENSORS [40/40]
 """
 import json
 import os
+import re
 import subprocess
 import sys
 import tempfile
@@ -234,6 +235,16 @@ def ckpt_cli(d: Daemon, *args):
     return r.stdout
 
 
+def commit_times(d: Daemon) -> list:
+    """The store's commit of each checkpoint, in ms, from the daemon's log
+    (the commits run behind the closes, so the writer cannot time them)."""
+    p = d.local.parent / "daemon.log"
+    if not p.exists():
+        return []
+    pat = re.compile(r"stored [0-9.]+ ms after its close \(([0-9.]+) ms committing\)")
+    return [float(m.group(1)) for m in map(pat.search, p.read_text(errors="replace").splitlines()) if m]
+
+
 def log_problems(d: Daemon):
     p = d.local.parent / "daemon.log"
     if not p.exists():
@@ -305,7 +316,10 @@ def one_series(work: Path, key, series: int, odd: list):
                     os.sync()  # untimed: no scheme pays for the dirty pages of the one before
                 m["writes"].setdefault(s, []).append(srv.call(op="write", k=k, path=f"{d}/{fname[k]}", fsync=sync))
             read(k, "new")
-        # storage
+        # storage, once both stores hold every checkpoint (a query answers after the commits
+        # queued behind the closes)
+        ckpt_cli(daemons["cold"], "ls", "--json")
+        m["ckpt_ls"] = json.loads(ckpt_cli(daemons["dedup"], "ls", "--json"))
         m["disk"]["native+fsync"] = du(nat_f)
         m["disk"]["native"] = du(nat)
         m["disk"]["FanStore --dedup off"] = du(daemons["plain"].local / "rank-0" / "out")
@@ -313,7 +327,7 @@ def one_series(work: Path, key, series: int, odd: list):
         m["disk"]["FanStore dedup (whole out/)"] = du(daemons["dedup"].local / "rank-0" / "out")
         m["disk"][COLD] = du(daemons["cold"].local / "rank-0" / "out" / "ckpt")
         m["ckpt_du"] = json.loads(ckpt_cli(daemons["dedup"], "du", "--json"))
-        m["ckpt_ls"] = json.loads(ckpt_cli(daemons["dedup"], "ls", "--json"))
+        m["commits_ms"] = {"FanStore dedup": commit_times(daemons["dedup"]), COLD: commit_times(daemons["cold"])}
         m["ckpt_du_text"] = ckpt_cli(daemons["dedup"], "du")
         # every checkpoint again, after the series (page cache warm: nothing dropped)
         for k in range(n):
@@ -338,6 +352,59 @@ def one_series(work: Path, key, series: int, odd: list):
                 odd.append(f"stop of the {dk} daemon failed: {e}")
         subprocess.run(["rm", "-rf", str(fw), str(shm)])
     return m
+
+
+SUSTAINED_ROUNDS = int(E("BENCH_CKPT_SUSTAINED_ROUNDS", "2"))
+
+
+def sustained(work: Path, key, rnd: int, odd: list) -> dict:
+    """One round of the back-to-back measurement: a fresh series of `key` (its
+    own seed), written checkpoint after checkpoint with no pause and no sync
+    between them (a training loop that saves every step) by a fresh
+    `--dedup off` daemon and a fresh dedup daemon, in turn (order alternating
+    by round, `sync` untimed before each). Per scheme: the seconds from the
+    first open to the store holding every checkpoint (--dedup off: the last
+    close; dedup: `fanstore ckpt ls` answering, which waits for the commits
+    queued behind the closes) and every close's stall (open to close)."""
+    kind, frac = key
+    n = BLOB_N if kind == "blob" else CKPTS
+    fw = work / f"sustained-{kind}{int(frac * 100)}-{rnd}"
+    fw.mkdir()
+    shm = Path(tempfile.mkdtemp(prefix="fs-bench-ckpt-", dir="/dev/shm" if os.path.isdir("/dev/shm") else None))
+    cfg = {"ckpts": n, "series_dir": str(shm / "s")}
+    out = {}
+    try:
+        if kind == "blob":
+            make_blob(shm / "s", n, BLOB_MB)
+        else:
+            make_series(kind, frac, 2000 + rnd, shm / "s", n)
+        order = [("FanStore --dedup off", ("--dedup", "off")), ("FanStore dedup", ("--dedup", "on", *DEDUP_FLAGS))]
+        if rnd % 2:
+            order.reverse()
+        for s, extra in order:
+            d = Daemon(work / "ds", fw / s.split()[-1], "/fanstore-cks", extra=extra)
+            srv = None
+            try:
+                srv = Server(s, d.env(), cfg, fw / f"server-{s.split()[-1]}.err")
+                sizes = srv.ready()
+                srv.call(op="mkdir", path=d.mount + "/run")
+                os.sync()
+                t0 = time.perf_counter()
+                stalls = [srv.call(op="write", k=k, path=f"{d.mount}/run/ckpt-{k + 1:02d}.safetensors")["total"]
+                          for k in range(n)]
+                if "on" in extra:
+                    ckpt_cli(d, "ls", "--json")
+                secs = time.perf_counter() - t0
+                out[s] = {"secs": secs, "stalls": stalls, "bytes": sum(sizes), "commits_ms": commit_times(d)}
+                for ln in log_problems(d):
+                    odd.append(f"back-to-back {label(key) if kind != 'blob' else 'blob'}, {s} daemon log: {ln}")
+            finally:
+                if srv:
+                    srv.close()
+                d.stop()
+    finally:
+        subprocess.run(["rm", "-rf", str(fw), str(shm)])
+    return out
 
 
 def plot(path, labels, disk, cumulative, reads):
@@ -464,10 +531,19 @@ def main():
                 runs.setdefault(key, []).append(one_series(work, key, series, odd))
                 print(f"{label(key)}, series {series + 1}: {time.perf_counter() - t:.0f} s "
                       f"(prepare {runs[key][-1]['prep_s']:.1f} s)", file=sys.stderr, flush=True)
+        for rnd in range(SUSTAINED_ROUNDS):
+            for key in [k for k in keys if k in (("random", 0.0), ("update", 0.0), ("update", 0.75), ("blob", 0.0))]:
+                t = time.perf_counter()
+                SUSTAINED.setdefault(key, []).append(sustained(work, key, rnd, odd))
+                print(f"back to back, {label(key) if key[0] != 'blob' else 'blob'}, round {rnd + 1}: "
+                      f"{time.perf_counter() - t:.0f} s", file=sys.stderr, flush=True)
         FROZEN_BOUND.update(frozen_bound(work, 0.75))
     finally:
         subprocess.run(["rm", "-rf", str(work)])
     report(runs, odd, time.perf_counter() - t0)
+
+
+SUSTAINED: dict = {}
 
 
 def report(runs, odd, secs):
@@ -497,6 +573,26 @@ def report(runs, odd, secs):
     def disk(key, s):
         return median([m["disk"][s] for m in runs[key]])
 
+    def commit_ms(key, s):  # the store's commit behind the close (daemon log), median over ckpts 2-N
+        xs = [x for m in runs[key] for x in (m.get("commits_ms", {}).get(s) or [])[1:]]
+        return f"{median(xs):.0f}" if xs else ""
+
+    def sus(key):  # back to back: MB/s until stored, median close stall (ckpts 2-N) per scheme
+        rs = SUSTAINED.get(key) or []
+        if not rs:
+            return None
+        return {s: {"mbs": median([r[s]["bytes"] / MIB / r[s]["secs"] for r in rs]),
+                    "stall": median([x for r in rs for x in (r[s]["stalls"][1:] or r[s]["stalls"])]) * 1e3}
+                for s in ("FanStore --dedup off", "FanStore dedup")}
+
+    sust_rows = []
+    for key in SUSTAINED:
+        b = sus(key)
+        off, on = b["FanStore --dedup off"], b["FanStore dedup"]
+        sust_rows.append([label(key) if key[0] != "blob" else f"unknown format, {BLOB_MB} MiB files",
+                          f"{off['mbs']:.0f}", f"{on['mbs']:.0f}", f"{on['mbs'] / off['mbs']:.2f}x",
+                          f"{off['stall']:.0f}", f"{on['stall']:.0f}"])
+
     wrows, srows, splits, rrows, prow, goals, notes = [], [], [], [], [], [], []
     disk_plot, cumulative, read_plot = {}, {}, {}
     for key in series_keys:
@@ -507,7 +603,8 @@ def report(runs, odd, secs):
             wrows.append([lab, s, f"{f1:.0f}", f"{st:.0f}", f"{st / T['native+fsync'][1]:.2f}x",
                           f"{st / T['native'][1]:.2f}x",
                           "" if not s.startswith("FanStore") else f"{st / T['FanStore --dedup off'][1]:.2f}x"])
-            prow.append([lab, s] + [f"{phase(key, s, k):.0f}" for k in ("write", "fsync", "close", "total")])
+            prow.append([lab, s] + [f"{phase(key, s, k):.0f}" for k in ("write", "fsync", "close", "total")]
+                        + [commit_ms(key, s)])
         n_plain = disk(key, "native+fsync")
         dj = runs[key][0]["ckpt_du"]
         for s in ["native+fsync", "FanStore --dedup off", "FanStore dedup"]:
@@ -560,9 +657,18 @@ def report(runs, odd, secs):
                       f"{r:.4f}x ({disk(rnd0, 'FanStore dedup') / MIB:.1f} vs {disk(rnd0, 'native+fsync') / MIB:.1f}"
                       " MiB)", r <= 1.01))
         T = {s: thr(rnd0, s)[1] for s in names}
-        r = T["FanStore dedup"] / T["FanStore --dedup off"]
-        goals.append(("checkpoint write, 0% frozen, random tensors", ">= 0.95x the --dedup off write throughput",
-                      f"{r:.2f}x ({T['FanStore dedup']:.0f} vs {T['FanStore --dedup off']:.0f} MB/s)", r >= 0.95))
+        rot = T["FanStore dedup"] / T["FanStore --dedup off"]
+        b2b = sus(rnd0)
+        if b2b:
+            r = b2b["FanStore dedup"]["mbs"] / b2b["FanStore --dedup off"]["mbs"]
+            goals.append(("checkpoint write, 0% frozen, random tensors", ">= 0.95x the --dedup off write throughput",
+                          f"{r:.2f}x back to back until stored ({b2b['FanStore dedup']['mbs']:.0f} vs "
+                          f"{b2b['FanStore --dedup off']['mbs']:.0f} MB/s); each close: {rot:.2f}x in the rotation "
+                          f"({T['FanStore dedup']:.0f} vs {T['FanStore --dedup off']:.0f} MB/s)", r >= 0.95))
+        else:
+            goals.append(("checkpoint write, 0% frozen, random tensors", ">= 0.95x the --dedup off write throughput",
+                          f"each close: {rot:.2f}x ({T['FanStore dedup']:.0f} vs {T['FanStore --dedup off']:.0f} MB/s;"
+                          " not measured back to back until stored)", False))
     if upd75:
         T = {s: thr(upd75, s)[1] for s in names}
         r = T["FanStore dedup"] / T["native"]
@@ -584,7 +690,8 @@ def report(runs, odd, secs):
         fd_w, fd_c = phase(upd75, "FanStore dedup", "write"), phase(upd75, "FanStore dedup", "close")
         n_w = phase(upd75, "native", "write")
         notes.append(f"75% frozen, small updates, per checkpoint ({mb:.0f} MiB): FanStore dedup = {fd_w:.0f} ms "
-                     f"writing into the client's output file + {fd_c:.0f} ms commit at close (split, frozen tensors "
+                     f"writing into the client's output file + {fd_c:.0f} ms at close (link + record), then "
+                     f"{commit_ms(upd75, 'FanStore dedup') or '?'} ms of commit behind the close (split, frozen tensors "
                      "matched by memcmp against the hot copy of the previous checkpoint, blake3 of the changed ones, "
                      "XOR-delta'd against that hot copy, "
                      f"byte-grouped and zstd'd on 2 threads, written); native without fsync = {n_w:.0f} ms.")
@@ -605,11 +712,12 @@ def report(runs, odd, secs):
                  "either mode, so the write-throughput ratios swing between runs; the `close` column is the "
                  "store's own cost.")
     if rnd0:
-        notes.append(f"Commit, random tensors: {phase(rnd0, 'FanStore dedup', 'close'):.0f} ms at close (blake3 of "
-                     "every tensor, a zstd probe of a sample that finds nothing to compress, every tensor copied "
-                     f"in full into the node's pack file) against {phase(rnd0, 'FanStore --dedup off', 'close'):.0f} ms "
-                     "for --dedup off, which links the client's file with no copy; only adopting the client's file as "
-                     "it is (not copying its tensors) could close that gap.")
+        notes.append(f"Commit, random tensors: {phase(rnd0, 'FanStore dedup', 'close'):.0f} ms at close against "
+                     f"{phase(rnd0, 'FanStore --dedup off', 'close'):.0f} ms for --dedup off (both link the client's "
+                     f"file), then {commit_ms(rnd0, 'FanStore dedup') or '?'} ms of commit behind the close (blake3 of "
+                     "every tensor, a zstd probe of a sample that finds nothing to compress, every tensor copied in "
+                     "full into the node's pack file). In this rotation that commit runs during the other schemes' "
+                     "turns, so the per-close ratio hides it; the back-to-back table charges it.")
     for what, desc in (("new", "each checkpoint read right after its write (the job that wrote it)"),
                        ("old", "every checkpoint read again after the series")):
         worst = min(rd(k, "FanStore dedup", what) / rd(k, "native", what) for k in series_keys)
@@ -622,10 +730,15 @@ def report(runs, odd, secs):
         T = {s: thr(("blob", 0.0), s) for s in names}
         vals = {s: median([b / MIB / w["total"] for m in blob for b, w in zip(m["sizes"], m["writes"][s])])
                 for s in names}
-        r = vals["FanStore dedup"] / vals["FanStore --dedup off"]
+        rot = vals["FanStore dedup"] / vals["FanStore --dedup off"]
         bmb = blob[0]["sizes"][0] / MIB
+        b2b = sus(("blob", 0.0))
+        r = b2b["FanStore dedup"]["mbs"] / b2b["FanStore --dedup off"]["mbs"] if b2b else rot
         goals.append((f"unknown-format file of {bmb:.0f} MiB", ">= 0.8x the --dedup off write throughput",
-                      f"{r:.2f}x ({vals['FanStore dedup']:.0f} vs {vals['FanStore --dedup off']:.0f} MB/s)", r >= 0.8))
+                      (f"{r:.2f}x back to back until stored ({b2b['FanStore dedup']['mbs']:.0f} vs "
+                       f"{b2b['FanStore --dedup off']['mbs']:.0f} MB/s); each close: " if b2b else "each close: ")
+                      + f"{rot:.2f}x in the rotation ({vals['FanStore dedup']:.0f} vs "
+                      f"{vals['FanStore --dedup off']:.0f} MB/s)", r >= 0.8))
         brow = [[s, f"{vals[s]:.0f}", f"{phase(('blob', 0.0), s, 'write'):.0f}", f"{phase(('blob', 0.0), s, 'close'):.0f}"]
                 for s in names]
     del by
@@ -672,14 +785,28 @@ def report(runs, odd, secs):
                  "native old MB/s", "--dedup off old", "dedup old", "no hot copies old",
                  "dedup open ms (new)", "dedup open ms (old)", "no hot copies open ms (rebuild)"], rrows), "",
           f"Where the time goes: milliseconds per checkpoint of each phase as the writer timed it (median over "
-          f"checkpoints 2-{CKPTS}). FanStore `write` = copy into the client's output file, `close` = the commit in "
-          "the daemon (plain: link or copy into out/; dedup: split, hash, encode and write the new units, recipe, "
-          "catalog; then the record at the metadata owner).", "",
-          table(["series", "scheme", "write ms", "fsync ms", "close ms", "total ms"], prow), ""]
+          f"checkpoints 2-{CKPTS}). FanStore `write` = copy into the client's output file, `close` = the daemon's "
+          "COMMIT (link the client's unnamed file into out/, or copy a memfd; the record at the metadata owner; "
+          "dedup: a close waits for earlier commits only when the queue is full). `commit behind the close ms`: "
+          "the dedup store's own commit of the file, from the daemon's log (split, hash, encode and write the "
+          "new units, recipe, catalog), which the program does not wait for.", "",
+          table(["series", "scheme", "write ms", "fsync ms", "close ms", "total ms", "commit behind the close ms"],
+                prow), ""]
     if brow:
         md += [f"An unknown-format file ({blob[0]['sizes'][0] / MIB:.0f} MiB of random bytes, {BLOB_N} files per "
                "scheme; the store cuts it into content-defined chunks, finds nothing to compress and stores them raw):", "",
                table(["scheme", "MB/s (median)", "write ms", "close ms"], brow), ""]
+    if sust_rows:
+        md += ["Back to back until stored (the commit throughput goals): each series written again, fresh "
+               f"bytes, checkpoint after checkpoint with no pause and no sync between them, by a fresh `--dedup off` "
+               f"daemon and a fresh dedup daemon in turn ({SUSTAINED_ROUNDS} rounds, order alternating, `sync` "
+               "untimed before each). MB/s = every checkpoint's MiB / seconds from the first open until the store "
+               "holds them all (--dedup off: the last close; dedup: `fanstore ckpt ls` answering, which waits for "
+               "the commits that run behind the closes). `close stall`: open to close of one checkpoint as the "
+               "program waits for it (median, checkpoints 2-N): the dedup daemon links the program's file as a "
+               "plain output at close and stores it in the background, one commit behind.", "",
+               table(["series", "--dedup off MB/s", "dedup MB/s", "dedup / --dedup off", "--dedup off close stall ms",
+                      "dedup close stall ms"], sust_rows), ""]
     md += ["![checkpoints](ckpt.png)", "", "Storage per series, after each checkpoint:", "",
            "![storage per series](ckpt_storage.png)", ""]
     if notes:
