@@ -216,6 +216,8 @@ pub struct Dedup {
 
 /// The most bytes of closed outputs waiting for their commit.
 const QUEUE_MAX: u64 = 4 << 30;
+/// The commit worker's nice value.
+const COMMIT_NICE: libc::c_int = 10;
 
 /// The commit worker: stores each queued output (see the module doc).
 fn commit_worker(
@@ -225,6 +227,11 @@ fn commit_worker(
     gate: Arc<std::sync::Mutex<()>>,
     rx: std::sync::mpsc::Receiver<u64>,
 ) {
+    // Below the program's own threads (nice 10; the store's encode threads
+    // inherit it): a commit behind the close takes the cores the program
+    // leaves, and a close waits for it only when the queue is full.
+    // SAFETY: lowers this thread's own scheduling priority (Linux: per thread).
+    unsafe { libc::setpriority(libc::PRIO_PROCESS, libc::gettid() as libc::id_t, COMMIT_NICE) };
     for id in rx {
         let _running = gate.lock().unwrap_or_else(|p| p.into_inner());
         let Some(held) = held.upgrade() else { return };
@@ -478,6 +485,22 @@ impl Dedup {
         } {
             std::thread::sleep(std::time::Duration::from_millis(2));
         }
+    }
+
+    /// At stop: takes every output off the queue (each stays the plain
+    /// output it is, which a restart with the same `--local` registers
+    /// again) and waits for the one being stored. A drain to `--persist`
+    /// runs before this and waits for the queue instead.
+    pub fn cancel_queued(&self) {
+        let n = {
+            let mut q = lock_queue(&self.queue);
+            q.bytes = 0;
+            std::mem::take(&mut q.jobs).len()
+        };
+        if n > 0 {
+            log::info!("checkpoint store: {n} outputs closed at stop stay plain outputs (not stored)");
+        }
+        self.wait_committed();
     }
 
     /// Output `id` is registered as `path`: its key becomes the path

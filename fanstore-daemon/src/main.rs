@@ -258,6 +258,9 @@ fn run(args: &DaemonArgs) -> anyhow::Result<i32> {
             Err(e) => log::error!("rank {rank}: draining outputs to {}: {e}", dir.display()),
         }
     }
+    if let Some(d) = node.dedup.get() {
+        d.cancel_queued(); // before the local directory goes: no commit writes into it
+    }
     let s = node.snapshot();
     log::info!(
         "rank {rank}: served {} opens ({} local), remote sent {} served {} failed {}, cache hits {} misses {} evictions {}",
