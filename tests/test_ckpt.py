@@ -15,6 +15,7 @@ test writes:
 """
 import hashlib
 import json
+import re
 import os
 import struct
 import subprocess
@@ -1172,7 +1173,7 @@ def test_commits_run_behind_the_close_and_a_kill_loses_none(bins, tmp_path):
     the store, and `fanstore ckpt ls` answers once the queued commits are
     stored (their plain links out/<id> then gone). Then a second batch and a
     kill -9 right after its closes: the restart with the same --local serves
-    every closed file exact (stored, or still a plain output)."""
+    every closed file exact and stores those the kill left plain outputs."""
     src = make_tree(tmp_path / "src", "mixed", n_files=4, seed=19)
     data = tmp_path / "data"
     pack(bins, src, data, "--partitions", "1")
@@ -1198,8 +1199,19 @@ def test_commits_run_behind_the_close_and_a_kill_loses_none(bins, tmp_path):
     try:
         want = {p.removeprefix("/fanstore/"): {"sha256": v["sha256"], "len": 48 << 20}
                 for p, v in {**got, **second}.items()}
+        # The restart registers them again in the background.
+        assert wait_until(lambda: re.search(r"rank 0: recovered \d+ outputs of a killed run", c2.log()),
+                          timeout=60) is not None, c2.log()[-3000:]
         assert_read_back(c2, 0, want)
         assert sorted(ls_rows(c2, "bg")) == ["bg/c0.bin", "bg/c2.bin", "bg/c3.bin"]
+        # The second batch, closed but maybe not stored at the kill: the
+        # restart stores what was left a plain output.
+        names = ["bg2/c0.bin", "bg2/c2.bin", "bg2/c3.bin"]
+        assert wait_until(lambda: sorted(ls_rows(c2, "bg2")) == names, timeout=60) is not None, ls_rows(c2, "bg2")
+        out = c2.local / "rank-0" / "out"
+        plain = [p.name for p in out.iterdir() if p.is_file() and p.suffix != ".rec"]
+        assert plain == [], f"plain links left after the recovered commits: {plain}"
+        assert_read_back(c2, 0, want)
     finally:
         c2.stop()
     del local

@@ -582,6 +582,10 @@ impl Node {
             if ok {
                 if let Some(d) = dedup.filter(|_| in_store) {
                     d.settle(id, &path);
+                } else if let Some(d) = dedup.filter(|d| !rec.is_link() && !rec.is_dir() && rec.size >= d.min) {
+                    // Closed but not stored when the run was killed (its commit
+                    // was queued behind the close): stored now, as then.
+                    self.enqueue_recovered(d, &path, id);
                 }
                 n += 1;
             } else {
@@ -596,6 +600,23 @@ impl Node {
             }
         }
         n
+    }
+}
+
+impl Node {
+    /// Queues the recovered plain output `id` (`out/<id>`, which only the
+    /// daemon writes) for the checkpoint store's commit worker.
+    fn enqueue_recovered(&self, d: &crate::dedup::Dedup, path: &[u8], id: u64) {
+        let plain = self.out_file(id);
+        let Ok(f) = std::fs::OpenOptions::new().read(true).custom_flags(libc::O_CLOEXEC).open(&plain) else { return };
+        if f.metadata().map_or(true, |m| m.len() == 0) {
+            return;
+        }
+        // SAFETY: a file of this rank's out/ that only the daemon writes, and
+        // it never rewrites a committed output; read-only mapping.
+        let Ok(map) = (unsafe { memmap2::Mmap::map(&f) }) else { return };
+        d.enqueue(path, id, OwnedFd::from(f), std::sync::Arc::new(map), plain);
+        d.settle(id, path);
     }
 }
 
