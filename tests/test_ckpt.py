@@ -1098,6 +1098,7 @@ def test_hot_copies_are_the_files_written_unless_still_writable(bins, tmp_path):
             for k in range(4):
                 assert len(open('/fanstore/hot/big%d.bin' % k, 'rb').read()) == 16 << 20
         """)
+        wait_stored(c)  # once stored, as while queued behind their closes
         grown = rss_file_kib() - before
         assert grown < 16 << 10, f"daemon RssFile grew by {grown} KiB after committing 4 x 16 MiB"
         t = py_json(c, 0, FD_TARGETS, "/fanstore/hot/big0.bin")["/fanstore/hot/big0.bin"]

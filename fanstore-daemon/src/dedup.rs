@@ -144,7 +144,8 @@ struct Queued {
     /// The path it was registered (or renamed) as meanwhile.
     settled: Option<Vec<u8>>,
     file: OwnedFd,
-    map: Arc<memmap2::Mmap>,
+    /// Its size.
+    len: u64,
     plain: PathBuf,
     /// When the close queued it.
     since: std::time::Instant,
@@ -238,13 +239,20 @@ fn commit_worker(
         let job = {
             let mut q = lock_queue(&queue);
             let Some(mut job) = q.jobs.remove(&id) else { continue }; // unlinked or replaced meanwhile
-            q.bytes = q.bytes.saturating_sub(job.map.len() as u64);
+            q.bytes = q.bytes.saturating_sub(job.len);
             q.running = Some(Running { id, settled: job.settled.take(), dropped: false });
             job
         };
-        let (started, len) = (std::time::Instant::now(), job.map.len());
+        let (started, len) = (std::time::Instant::now(), job.len);
+        // Mapped here, not while queued: queued checkpoints do not sit in the
+        // daemon's page tables. Populated: the commit reads every byte.
+        // SAFETY: a file handed over for good, which nothing writes any more
+        // (see Dedup::enqueue); read-only mapping.
+        let map = unsafe { memmap2::MmapOptions::new().populate().map(&job.file) }
+            .map_err(|e| CkptError::io(&job.plain, e))
+            .and_then(|m| if m.len() as u64 == len { Ok(Arc::new(m)) } else { Err(CkptError::io(&job.plain, io::Error::other("its size changed"))) });
         let mut h = write_held(&held);
-        let res = h.store.commit_shared(&job.key, job.map);
+        let res = map.and_then(|m| h.store.commit_shared(&job.key, m));
         // Lock order: the store's, then the queue's.
         let Some(run) = lock_queue(&queue).running.take() else { continue };
         match res {
@@ -455,9 +463,8 @@ impl Dedup {
     /// over for good (as for [`Self::stage_handed`]), already linked as the
     /// plain output `plain`, which serves it until it is stored. Waits
     /// first while the queue is full (see the module doc).
-    pub fn enqueue(&self, path: &[u8], id: u64, file: OwnedFd, map: Arc<memmap2::Mmap>, plain: PathBuf) {
-        let len = map.len() as u64;
-        let mut job = Some(Queued { key: pending_key(path, id), settled: None, file, map, plain, since: std::time::Instant::now() });
+    pub fn enqueue(&self, path: &[u8], id: u64, file: OwnedFd, len: u64, plain: PathBuf) {
+        let mut job = Some(Queued { key: pending_key(path, id), settled: None, file, len, plain, since: std::time::Instant::now() });
         let mut waited = false;
         while let Some(j) = job.take() {
             let mut q = lock_queue(&self.queue);
@@ -534,7 +541,7 @@ impl Dedup {
         {
             let mut q = lock_queue(&self.queue);
             if let Some(j) = q.jobs.remove(&id) {
-                q.bytes = q.bytes.saturating_sub(j.map.len() as u64);
+                q.bytes = q.bytes.saturating_sub(j.len);
                 return false;
             }
             if let Some(r) = q.running.as_mut().filter(|r| r.id == id) {
@@ -1020,28 +1027,25 @@ mod tests {
     }
 
     /// A plain output file of `len` bytes at `dir/name`, handed over as the
-    /// commit does: a read-only description and its mapping.
-    fn plain_output(dir: &Path, name: &str, len: u32, seed: u32) -> (Vec<u8>, OwnedFd, Arc<memmap2::Mmap>, PathBuf) {
+    /// commit does: a read-only description.
+    fn plain_output(dir: &Path, name: &str, len: u32, seed: u32) -> (Vec<u8>, OwnedFd, PathBuf) {
         let bytes: Vec<u8> = (0..len).map(|i| (i.wrapping_mul(seed) % 251) as u8).collect();
         let p = dir.join(name);
         std::fs::write(&p, &bytes).unwrap();
-        let ro = std::fs::File::open(&p).unwrap();
-        // SAFETY: test file, written above and never again; read-only mapping.
-        let map = Arc::new(unsafe { memmap2::Mmap::map(&ro) }.unwrap());
-        (bytes, OwnedFd::from(ro), map, p)
+        (bytes, OwnedFd::from(std::fs::File::open(&p).unwrap()), p)
     }
 
     #[test]
     fn queued_outputs_are_stored_behind_the_close_renamed_or_cancelled() {
         let d = tempfile::tempdir().unwrap();
         let dd = Dedup::open(&d.path().join("ckpt"), 0, false, 8, u64::MAX).unwrap();
-        let (b1, f1, m1, p1) = plain_output(d.path(), "1", 300_000, 7);
-        let (_, f2, m2, p2) = plain_output(d.path(), "2", 200_000, 11);
+        let (b1, f1, p1) = plain_output(d.path(), "1", 300_000, 7);
+        let (_, f2, p2) = plain_output(d.path(), "2", 200_000, 11);
         let paused = dd.commit_gate.lock().unwrap();
-        dd.enqueue(b"run/a", 1, f1, m1, p1.clone());
+        dd.enqueue(b"run/a", 1, f1, 300_000, p1.clone());
         dd.settle(1, b"run/a");
         dd.rename_output(1, b"run/b");
-        dd.enqueue(b"run/c", 2, f2, m2, p2.clone());
+        dd.enqueue(b"run/c", 2, f2, 200_000, p2.clone());
         // Queued: plain outputs, not the store's; an unlink cancels one.
         assert!(!dd.holds(1) && !dd.holds(2));
         assert!(!dd.drop_output(2));
@@ -1063,11 +1067,11 @@ mod tests {
     fn closes_renames_and_unlinks_do_not_wait_for_a_running_commit() {
         let d = tempfile::tempdir().unwrap();
         let dd = Dedup::open(&d.path().join("ckpt"), 0, false, 8, u64::MAX).unwrap();
-        let (_, f1, m1, p1) = plain_output(d.path(), "1", 300_000, 7);
-        let (b2, f2, m2, p2) = plain_output(d.path(), "2", 300_000, 13);
+        let (_, f1, p1) = plain_output(d.path(), "1", 300_000, 7);
+        let (b2, f2, p2) = plain_output(d.path(), "2", 300_000, 13);
         // The worker takes output 1, then waits for the store (held here).
         let store = dd.write();
-        dd.enqueue(b"run/a", 1, f1, m1, p1.clone());
+        dd.enqueue(b"run/a", 1, f1, 300_000, p1.clone());
         let t0 = std::time::Instant::now();
         while lock_queue(&dd.queue).running.is_none() {
             assert!(t0.elapsed() < std::time::Duration::from_secs(10), "the worker never took the output");
@@ -1076,7 +1080,7 @@ mod tests {
         // None of these needs the store's lock.
         dd.settle(1, b"run/a");
         assert!(!dd.drop_output(1));
-        dd.enqueue(b"run/b", 2, f2, m2, p2.clone());
+        dd.enqueue(b"run/b", 2, f2, 300_000, p2.clone());
         dd.settle(2, b"run/b");
         dd.rename_output(2, b"run/c");
         drop(store);
@@ -1098,14 +1102,14 @@ mod tests {
         let d = tempfile::tempdir().unwrap();
         // 100 kB of queue: one 300 kB file at a time.
         let dd = Arc::new(Dedup::open(&d.path().join("ckpt"), 0, false, 8, 100_000).unwrap());
-        let (_, f1, m1, p1) = plain_output(d.path(), "1", 300_000, 7);
-        let (b2, f2, m2, p2) = plain_output(d.path(), "2", 300_000, 13);
+        let (_, f1, p1) = plain_output(d.path(), "1", 300_000, 7);
+        let (b2, f2, p2) = plain_output(d.path(), "2", 300_000, 13);
         let paused = dd.commit_gate.lock().unwrap();
-        dd.enqueue(b"run/a", 1, f1, m1, p1);
+        dd.enqueue(b"run/a", 1, f1, 300_000, p1);
         let (tx, rx) = std::sync::mpsc::channel();
         let dd2 = dd.clone();
         let t = std::thread::spawn(move || {
-            dd2.enqueue(b"run/b", 2, f2, m2, p2);
+            dd2.enqueue(b"run/b", 2, f2, 300_000, p2);
             tx.send(()).unwrap();
         });
         assert!(rx.recv_timeout(std::time::Duration::from_millis(200)).is_err(), "the second close waited for no commit");

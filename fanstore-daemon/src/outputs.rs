@@ -207,7 +207,8 @@ impl Node {
             // Stored behind the close: a plain output until the commit worker has it.
             (Some(d), Some((fd, m))) if sole => {
                 let sum = self.store_plain(&src, true, bytes, &file).inspect_err(|_| undo())?;
-                d.enqueue(path, id, fd, m, file.clone());
+                drop(m); // the commit worker maps it when it gets to it
+                d.enqueue(path, id, fd, size, file.clone());
                 sum
             }
             (Some(d), Some((file, m))) => d.stage_handed(path, id, file, m, !unnamed)?.file_xxh3,
@@ -609,13 +610,8 @@ impl Node {
     fn enqueue_recovered(&self, d: &crate::dedup::Dedup, path: &[u8], id: u64) {
         let plain = self.out_file(id);
         let Ok(f) = std::fs::OpenOptions::new().read(true).custom_flags(libc::O_CLOEXEC).open(&plain) else { return };
-        if f.metadata().map_or(true, |m| m.len() == 0) {
-            return;
-        }
-        // SAFETY: a file of this rank's out/ that only the daemon writes, and
-        // it never rewrites a committed output; read-only mapping.
-        let Ok(map) = (unsafe { memmap2::Mmap::map(&f) }) else { return };
-        d.enqueue(path, id, OwnedFd::from(f), std::sync::Arc::new(map), plain);
+        let Some(len) = f.metadata().ok().map(|m| m.len()).filter(|&l| l > 0) else { return };
+        d.enqueue(path, id, OwnedFd::from(f), len, plain);
         d.settle(id, path);
     }
 }
