@@ -152,6 +152,18 @@ struct Queued {
 }
 
 impl Held {
+    /// Serves output `id`, just stored, from `file` while it stays hot
+    /// (within the budget; only the newest when the disk of `dir` has less
+    /// than a twentieth free), and maps every hot copy afresh.
+    fn keep_hot(&mut self, id: u64, file: Arc<OwnedFd>, dir: &Path) {
+        if !crate::copies::room_for(dir, 0) {
+            self.store.limit_hot(1, u64::MAX);
+        }
+        self.hot.insert(id, file);
+        self.trim_hot();
+        self.unmap_hot();
+    }
+
     /// Forgets the files of outputs whose checkpoint is no longer hot.
     fn trim_hot(&mut self) {
         let (store, keys) = (&self.store, &self.keys);
@@ -267,12 +279,7 @@ fn commit_worker(
                 if let Some(to) = &run.settled {
                     h.rename_key(id, to);
                 }
-                if !crate::copies::room_for(&dir, 0) {
-                    h.store.limit_hot(1, u64::MAX);
-                }
-                h.hot.insert(id, Arc::new(job.file));
-                h.trim_hot();
-                h.unmap_hot();
+                h.keep_hot(id, Arc::new(job.file), &dir);
                 // Under the store's lock: readers that miss the plain file find the checkpoint.
                 if let Err(e) = std::fs::remove_file(&job.plain) {
                     log::warn!("checkpoint store: removing the plain copy {} of a stored output: {e}", job.plain.display());
@@ -447,12 +454,7 @@ impl Dedup {
         })?;
         h.keys.insert(id, key);
         let file = Arc::new(file);
-        if !crate::copies::room_for(&self.dir, 0) {
-            h.store.limit_hot(1, u64::MAX);
-        }
-        h.hot.insert(id, file.clone());
-        h.trim_hot();
-        h.unmap_hot();
+        h.keep_hot(id, file.clone(), &self.dir);
         if memfd && h.hot.contains_key(&id) {
             let _ = self.demote.lock().unwrap_or_else(|p| p.into_inner()).send(Demote { id, memfd: file, queued: std::time::Instant::now() });
         }

@@ -284,8 +284,10 @@ impl PeerSource for LocalStore<'_> {
             // The plain file first: a checkpoint stored behind its close is
             // one until the store has it (then the store holds it before the
             // file goes, so a miss here finds it there).
-            if let Some(b) = read_payload(&path, stored_len, spare.take()) {
-                return Some(b);
+            if path.exists() {
+                if let Some(b) = read_payload(&path, stored_len, spare.take()) {
+                    return Some(b);
+                }
             }
             let d = self.dedup.as_ref().filter(|d| d.holds(id))?;
             let mut v = spare.unwrap_or_default();
