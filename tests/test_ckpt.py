@@ -962,6 +962,78 @@ def test_persist_and_dedup_across_jobs(bins, tmp_path):
         c2.stop()
 
 
+WRITE_FRESH = """
+    import hashlib, json, os, sys
+    import numpy as np
+    from safetensors.numpy import save
+    os.makedirs('/fanstore/fresh', exist_ok=True)
+    out = {}
+    def put(name, tensors):
+        b = save(tensors)
+        with open('/fanstore/fresh/' + name, 'wb') as f:
+            f.write(b)
+        out['fresh/' + name] = {'sha256': hashlib.sha256(b).hexdigest(), 'len': len(b)}
+    rng = np.random.default_rng(77)
+    first = {'t%d' % i: rng.integers(0, 256, 2 << 20, dtype=np.uint8) for i in range(8)}   # 16 MiB of noise
+    put('r-0.safetensors', first)
+    for k in (1, 2):
+        put('r-%d.safetensors' % k, {'t%d' % i: rng.integers(0, 256, 2 << 20, dtype=np.uint8) for i in range(8)})
+    # Half of r-0's tensors: too little new to adopt, copied into a pack.
+    put('half.safetensors', {**{'t%d' % i: first['t%d' % i] for i in range(4)},
+                              **{'u%d' % i: rng.integers(0, 256, 2 << 20, dtype=np.uint8) for i in range(4)}})
+    print(json.dumps(out))
+"""
+
+
+def extent_files(d: Path) -> list:
+    """The extent files (fanstore-ckpt/src/extent.rs) of the store directory `d`."""
+    return sorted((d / "units").glob("*.fsx")) if (d / "units").is_dir() else []
+
+
+def test_fresh_incompressible_checkpoints_are_adopted_not_copied_across_drain_and_restart(bins, tmp_path):
+    """A checkpoint of new random tensors is linked into the store as an extent
+    (its units' payloads are not copied into a pack); it reads back on every node,
+    an unlink frees its extent, a drain copies extents, the next job reads them."""
+    src = make_tree(tmp_path / "src", "mixed", n_files=4, seed=13)
+    data = tmp_path / "data"
+    pack(bins, src, data, "--partitions", "2")
+    persist = tmp_path / "persist"
+    c1 = start_cluster(bins, data, tmp_path / "c1", nranks=2, mount=MOUNT, extra_args=["--persist", persist])
+    try:
+        w = py_json(c1, 1, WRITE_FRESH)
+        wait_stored(c1)
+        d = store_dir(c1, 1)
+        xs = extent_files(d)
+        sizes = sorted(x.stat().st_size for x in xs)
+        lens = sorted(w[f"fresh/r-{k}.safetensors"]["len"] for k in range(3))
+        assert sizes == lens, f"one extent per fresh checkpoint, the file itself: {xs} {sizes} vs {lens}"
+        packs = sum(p.stat().st_size for p in (d / "units").glob("*.fsk"))
+        assert 4 * (2 << 20) <= packs < 4 * (2 << 20) + (1 << 20), f"only half.safetensors' new tensors copied: {packs} B"
+        rows = ls_rows(c1, "fresh")
+        assert rows["fresh/r-0.safetensors"]["stored_new_bytes"] >= 16 << 20, rows["fresh/r-0.safetensors"]
+        assert_read_back(c1, 1, w)
+        assert_read_back(c1, 0, w)
+        py(c1, 1, "import os; os.unlink('/fanstore/fresh/r-1.safetensors')")
+        del w["fresh/r-1.safetensors"]
+        wait_stored(c1)
+        left = sorted(x.name for x in extent_files(d))
+        assert len(left) == 2, left
+        code, v, r = ckpt(c1, "verify", check=False)
+        assert code == 0 and v["ok"], r.stdout
+    finally:
+        c1.stop()
+    drained = persist / "ckpt" / "rank-1"
+    assert sorted(x.name for x in extent_files(drained)) == left, sorted((drained / "units").iterdir())
+    c2 = start_cluster(bins, data, tmp_path / "c2", nranks=2, mount=MOUNT, extra_args=["--persist", persist])
+    try:
+        assert_read_back(c2, 0, w)
+        assert_read_back(c2, 1, w)
+        code, v, r = ckpt(c2, "verify", check=False)
+        assert code == 0 and v["ok"] and v["checkpoints"] == 3, r.stdout
+    finally:
+        c2.stop()
+
+
 # --------------------------------------------------------------------------
 # --dedup off, --dedup-min
 # --------------------------------------------------------------------------

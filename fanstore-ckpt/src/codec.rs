@@ -75,6 +75,10 @@ pub enum Encoding {
     Grouped,
     /// XOR with the base unit's payload, then byte planes.
     Delta,
+    /// Not encoded here: the payload lies raw in an extent file (a committed
+    /// file the store adopted whole, see `extent.rs`); the record holds only
+    /// where. [`encode`] never chooses it.
+    External,
 }
 
 impl Encoding {
@@ -83,6 +87,7 @@ impl Encoding {
             Encoding::Raw => 0,
             Encoding::Grouped => 1,
             Encoding::Delta => 2,
+            Encoding::External => 3,
         }
     }
     pub fn from_u8(v: u8) -> Option<Encoding> {
@@ -90,6 +95,7 @@ impl Encoding {
             0 => Encoding::Raw,
             1 => Encoding::Grouped,
             2 => Encoding::Delta,
+            3 => Encoding::External,
             _ => return None,
         })
     }
@@ -98,6 +104,7 @@ impl Encoding {
             Encoding::Raw => "raw",
             Encoding::Grouped => "grouped",
             Encoding::Delta => "delta",
+            Encoding::External => "external",
         }
     }
 }
@@ -358,6 +365,7 @@ mod tests {
             Encoding::Raw => dst.copy_from_slice(src),
             Encoding::Grouped => decode_into(&e.body, e.width, &mut dst, false).unwrap(),
             Encoding::Delta => decode_into(&e.body, e.width, &mut dst, true).unwrap(),
+            Encoding::External => panic!("encode chose External, which only the store assigns"),
         }
         assert_eq!(dst, src, "{:?} w={w}", e.encoding);
         e

@@ -91,6 +91,7 @@
 pub mod catalog;
 pub mod codec;
 pub mod error;
+pub mod extent;
 pub mod json;
 pub mod matching;
 pub mod pack;

@@ -71,10 +71,23 @@ pub(crate) struct Pack {
     pub damaged: bool,
 }
 
+/// One extent (a committed file adopted whole, see [`mod@crate::extent`]).
+pub(crate) struct Extent {
+    pub path: PathBuf,
+    pub file: Arc<File>,
+    pub nonce: u64,
+    /// Bytes of the file.
+    pub len: u64,
+    /// Payload bytes of the live units in it.
+    pub live: u64,
+}
+
 /// Every pack of a store, and the one being appended to.
 pub(crate) struct PackSet {
     dir: PathBuf,
     packs: BTreeMap<u64, Pack>,
+    /// Extents by sequence number (shared with packs: never the same).
+    extents: BTreeMap<u64, Extent>,
     /// The pack each writer thread (lane) appends to.
     active: Vec<Option<u64>>,
     pack_size: u64,
@@ -87,6 +100,7 @@ impl PackSet {
         PackSet {
             dir: units_dir,
             packs: BTreeMap::new(),
+            extents: BTreeMap::new(),
             active: vec![None; opts.threads + 1],
             pack_size: opts.pack_size.max(pack::HEADER_LEN as u64 + 1),
             next_floor: 1,
@@ -118,10 +132,17 @@ impl PackSet {
         Ok((seq, p.file.clone(), p.path.clone(), off))
     }
 
+    /// The next sequence number for a pack or an extent.
+    fn next_seq(&mut self) -> u64 {
+        let top = self.last().max(self.extents.keys().next_back().copied());
+        let seq = top.map_or(1, |s| s + 1).max(self.next_floor);
+        self.next_floor = seq + 1;
+        seq
+    }
+
     /// Starts a new pack for writer `lane`.
     fn roll(&mut self, lane: usize) -> Result<u64> {
-        let seq = self.last().map_or(1, |s| s + 1).max(self.next_floor);
-        self.next_floor = seq + 1;
+        let seq = self.next_seq();
         let header = PackHeader { seq, nonce: pack::new_nonce(seq) };
         let path = pack::path(&self.dir, seq);
         let file = Arc::new(pack::create(&path, &header)?);
@@ -173,6 +194,62 @@ impl PackSet {
         }
     }
 
+    /// Links `f` (`len` bytes, which nothing writes any more) into the
+    /// units directory as a new extent: (sequence number, nonce).
+    pub(crate) fn adopt(&mut self, f: &File, len: u64) -> Result<(u64, u64)> {
+        let seq = self.next_seq();
+        let nonce = pack::new_nonce(seq);
+        let path = crate::extent::path(&self.dir, seq, nonce);
+        crate::extent::link(f, &path).map_err(|e| CkptError::io(&path, e))?;
+        let file = match File::open(&path) {
+            Ok(x) => x,
+            Err(e) => {
+                let _ = std::fs::remove_file(&path);
+                return Err(CkptError::io(&path, e));
+            }
+        };
+        self.extents.insert(seq, Extent { path, file: Arc::new(file), nonce, len, live: 0 });
+        Ok((seq, nonce))
+    }
+
+    /// Deletes extent `seq` (nothing may refer to it any more).
+    pub(crate) fn drop_extent(&mut self, seq: u64) -> Result<()> {
+        match self.extents.remove(&seq) {
+            Some(x) => std::fs::remove_file(&x.path).map_err(|e| CkptError::io(&x.path, e)),
+            None => Ok(()),
+        }
+    }
+
+    fn add_extent_live(&mut self, seq: u64, n: u64) {
+        if let Some(x) = self.extents.get_mut(&seq) {
+            x.live += n;
+        }
+    }
+
+    fn sub_extent_live(&mut self, seq: u64, n: u64) {
+        if let Some(x) = self.extents.get_mut(&seq) {
+            x.live = x.live.saturating_sub(n);
+        }
+    }
+
+    /// Extent `seq`'s nonce.
+    pub(crate) fn extent_nonce(&self, seq: u64) -> Option<u64> {
+        self.extents.get(&seq).map(|x| x.nonce)
+    }
+
+    /// Extent `seq`'s file and path, if its nonce is `nonce`.
+    fn extent_file(&self, seq: u64, nonce: u64) -> Option<(Arc<File>, PathBuf)> {
+        self.extents.get(&seq).filter(|x| x.nonce == nonce).map(|x| (x.file.clone(), x.path.clone()))
+    }
+
+    /// An extent to compact: fewer than `percent` % of its bytes live (or none).
+    fn sparse_extent(&self, percent: u8) -> Option<u64> {
+        self.extents
+            .iter()
+            .find(|(_, x)| x.live == 0 || (x.len as u128) * percent as u128 > x.live as u128 * 100)
+            .map(|(&s, _)| s)
+    }
+
     /// Pack `seq`'s file and path.
     fn file(&self, seq: u64) -> Option<(Arc<File>, PathBuf)> {
         self.packs.get(&seq).map(|p| (p.file.clone(), p.path.clone()))
@@ -200,9 +277,11 @@ impl PackSet {
             .map(|(&s, _)| s)
     }
 
-    /// (packs, bytes of pack files that hold no live unit).
+    /// (packs and extents, bytes of their files that hold no live unit).
     pub fn usage(&self) -> (u64, u64) {
-        (self.packs.len() as u64, self.packs.values().map(|p| p.end.saturating_sub(p.live)).sum())
+        let dead = self.packs.values().map(|p| p.end.saturating_sub(p.live)).sum::<u64>()
+            + self.extents.values().map(|x| x.len.saturating_sub(x.live)).sum::<u64>();
+        ((self.packs.len() + self.extents.len()) as u64, dead)
     }
 }
 
@@ -258,8 +337,12 @@ fn pick_record(h: &Hash, len: Option<u64>, index: &HashMap<Hash, Candidates>, sc
         depth < crate::units::CHAIN_LIMIT
             && (pick_record(b, None, index, scans, units_dir, depth + 1).is_some() || unit::path(units_dir, b).exists())
     };
-    let usable =
-        |(seq, r): &(u64, Record)| scans.get(seq).is_some_and(|(p, f, _)| pack::body_ok(p, f, r)) && r.head.base.as_ref().is_none_or(base_found);
+    let extent_found = |x: &unit::ExtentRef| crate::extent::path(units_dir, x.seq, x.nonce).exists();
+    let usable = |(seq, r): &(u64, Record)| {
+        scans.get(seq).is_some_and(|(p, f, _)| pack::body_ok(p, f, r))
+            && r.head.base.as_ref().is_none_or(base_found)
+            && r.head.extent.as_ref().is_none_or(extent_found)
+    };
     cands.iter().rev().find(|c| usable(c)).or(cands.last()).map(|c| **c)
 }
 
@@ -282,18 +365,30 @@ impl CheckpointStore {
         Ok(UnitLoc::Pack { seq, off })
     }
 
-    /// Counts a unit located at `loc` (`len` record bytes) as live.
-    pub(crate) fn count_live(&self, loc: Option<UnitLoc>, len: u64) {
+    /// Counts a unit located at `loc` (`len` record bytes; an external
+    /// one's `payload` bytes in extent `extent`) as live.
+    pub(crate) fn count_live(&self, loc: Option<UnitLoc>, len: u64, extent: Option<u64>, payload: u64) {
+        let mut set = self.packs();
         if let Some(UnitLoc::Pack { seq, .. }) = loc {
-            self.packs().add_live(seq, len);
+            set.add_live(seq, len);
+        }
+        if let Some(x) = extent {
+            set.add_extent_live(x, payload);
         }
     }
 
     /// A freed unit's stored bytes: a unit file is deleted, a pack record
-    /// becomes dead bytes of its pack.
-    pub(crate) fn forget_stored(&self, h: &Hash, loc: Option<UnitLoc>, len: u64) {
-        match loc {
-            Some(UnitLoc::Pack { seq, .. }) => self.packs().sub_live(seq, len),
+    /// becomes dead bytes of its pack, an external unit's payload dead
+    /// bytes of its extent.
+    pub(crate) fn forget_stored(&self, h: &Hash, u: &crate::units::UnitInfo) {
+        match u.loc {
+            Some(UnitLoc::Pack { seq, .. }) => {
+                let mut set = self.packs();
+                set.sub_live(seq, u.file_len);
+                if let Some(x) = u.extent {
+                    set.sub_extent_live(x, u.len);
+                }
+            }
             Some(UnitLoc::File) | None => {
                 let _ = std::fs::remove_file(self.unit_path(h));
             }
@@ -311,9 +406,31 @@ impl CheckpointStore {
             return Err(CkptError::Invalid(format!("unit {} is in pack {seq}, which is gone", unit::hex(h))));
         };
         let mut from_base = false;
-        let r = unit::load_at(&path, &f, off, h, dst, full, budget, &mut |b, bud, d| {
-            self.load_unit_within(b, d, false, bud).inspect_err(|_| from_base = true)
-        });
+        let head = unit::read_header_at(&path, &f, off).map_err(|e| name_unit(e, h))?;
+        let r = unit::load_with(
+            &path,
+            &f,
+            off,
+            head,
+            h,
+            dst,
+            full,
+            budget,
+            &mut |b, bud, d| self.load_unit_within(b, d, false, bud).inspect_err(|_| from_base = true),
+            &mut |xh, d| {
+                let Some(x) = xh.extent else { unreachable!("decode gives every external unit an extent") };
+                let Some((xf, xpath)) = self.packs().extent_file(x.seq, x.nonce) else {
+                    let want = crate::extent::path(&self.dir.join(crate::store::UNITS_DIR), x.seq, x.nonce);
+                    return Err(CkptError::Invalid(format!(
+                        "unit {} lies in extent {}, which is missing (its record: {} at byte {off})",
+                        unit::hex(h),
+                        want.display(),
+                        path.display()
+                    )));
+                };
+                crate::extent::read_checked(&xpath, &xf, xh, d, full)
+            },
+        );
         match r {
             Ok(_) => Ok(()),
             Err(e) if from_base => Err(e),
@@ -383,8 +500,22 @@ impl CheckpointStore {
         let udir = self.dir.join(crate::store::UNITS_DIR);
         let mut scans: Scans = BTreeMap::new();
         let mut broken: Vec<(PathBuf, CkptError)> = Vec::new();
+        let mut extents: BTreeMap<u64, Extent> = BTreeMap::new();
         for ent in std::fs::read_dir(&udir).map_err(|e| CkptError::io(&udir, e))? {
             let ent = ent.map_err(|e| CkptError::io(&udir, e))?;
+            if let Some((seq, nonce)) = ent.file_name().to_str().and_then(crate::extent::parse_name) {
+                let path = ent.path();
+                let f = File::open(&path).map_err(|e| CkptError::io(&path, e))?;
+                let len = f.metadata().map_err(|e| CkptError::io(&path, e))?.len();
+                // Not possible while numbers only grow within a store's life;
+                // the file is left for a person to look at.
+                if let Some(other) = extents.get(&seq) {
+                    self.repairs.push(format!("two extents numbered {seq}: {} and {}; the second left in place, unused", other.path.display(), path.display()));
+                    continue;
+                }
+                extents.insert(seq, Extent { path, file: Arc::new(f), nonce, len, live: 0 });
+                continue;
+            }
             let Some(seq) = ent.file_name().to_str().and_then(pack::parse_name) else {
                 continue;
             };
@@ -434,6 +565,7 @@ impl CheckpointStore {
             u.depth = head.depth;
             u.base = head.base;
             u.loc = Some(loc);
+            u.extent = head.extent.map(|x| x.seq);
             if let Some(b) = head.base {
                 match self.units.get_mut(&b) {
                     Some(bu) => bu.dependants += 1,
@@ -474,10 +606,20 @@ impl CheckpointStore {
             }
             set.packs.insert(seq, Pack { path, file: Arc::new(f), end, live: 0, damaged });
         }
+        set.extents = extents;
         for u in self.units.values() {
             if let Some(UnitLoc::Pack { seq, .. }) = u.loc {
                 set.add_live(seq, u.file_len);
             }
+            if let Some(x) = u.extent {
+                set.add_extent_live(x, u.len);
+            }
+        }
+        // Extents nothing lives in (a crash before the catalog named the
+        // commit that adopted one, or after compaction copied its units) go now.
+        let dead: Vec<u64> = set.extents.iter().filter(|(_, x)| x.live == 0).map(|(&s, _)| s).collect();
+        for seq in dead {
+            set.drop_extent(seq)?;
         }
         // Packs nothing lives in any more (a crash after compaction copied
         // them, before it deleted them) go now.
@@ -495,10 +637,16 @@ impl CheckpointStore {
         Ok(())
     }
 
-    /// Compacts every pack that [`crate::StoreOptions::compact_below_percent`]
-    /// calls sparse (see the module documentation). Returns the packs removed.
+    /// Compacts every pack and extent that
+    /// [`crate::StoreOptions::compact_below_percent`] calls sparse (see the
+    /// module documentation). Returns the packs and extents removed.
     pub fn compact(&mut self) -> Result<usize> {
         let mut n = 0;
+        loop {
+            let Some(seq) = self.packs().sparse_extent(self.opts.compact_below_percent) else { break };
+            self.compact_extent(seq)?;
+            n += 1;
+        }
         loop {
             let Some(seq) = self.packs().sparse(self.opts.compact_below_percent) else {
                 return Ok(n);
@@ -514,6 +662,53 @@ impl CheckpointStore {
         if let Err(e) = self.compact() {
             self.repairs.push(format!("compaction stopped: {e}"));
         }
+    }
+
+    /// Copies the live units of extent `seq` into packs as raw records
+    /// (synced), switches them there, then deletes the extent. A crash
+    /// before the delete leaves both records of each unit (either reads
+    /// back); after it, only the copies.
+    fn compact_extent(&mut self, seq: u64) -> Result<()> {
+        let members: Vec<Hash> = self.units.iter().filter(|(_, u)| u.extent == Some(seq)).map(|(h, _)| *h).collect();
+        let mut moved = Vec::with_capacity(members.len());
+        let mut touched = BTreeSet::new();
+        for h in members {
+            let Some(u) = self.units.get(&h) else { continue };
+            let (len, old) = (u.len, u.loc);
+            let payload = self.unit_bytes(&h, len, false)?;
+            let head = UnitHeader::raw(len, h, fanstore_core::checksum::xxh3(&payload));
+            let loc = self.append_unit(0, &head, &payload)?;
+            if let UnitLoc::Pack { seq: dseq, .. } = loc {
+                touched.insert(dseq);
+            }
+            moved.push((h, head, loc, old));
+            self.step("record copied");
+        }
+        for dseq in touched {
+            if let Some((f, p)) = self.packs().file(dseq) {
+                f.sync_data().map_err(|e| CkptError::io(&p, e))?;
+            }
+        }
+        self.step("copies synced");
+        for (h, head, loc, old) in moved {
+            let Some(u) = self.units.get_mut(&h) else { continue };
+            let old_len = u.file_len;
+            u.loc = Some(loc);
+            u.file_len = head.file_len();
+            u.encoding = head.encoding;
+            u.extent = None;
+            let mut set = self.packs();
+            if let UnitLoc::Pack { seq: dseq, .. } = loc {
+                set.add_live(dseq, head.file_len());
+            }
+            if let Some(UnitLoc::Pack { seq: oseq, .. }) = old {
+                set.sub_live(oseq, old_len);
+            }
+            set.sub_extent_live(seq, head.len);
+        }
+        self.packs().drop_extent(seq)?;
+        self.step("extent removed");
+        Ok(())
     }
 
     fn compact_pack(&mut self, seq: u64) -> Result<()> {

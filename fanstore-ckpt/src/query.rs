@@ -165,7 +165,12 @@ impl CheckpointStore {
         (d.packs, d.pack_dead) = self.packs().usage();
         for u in self.units.values() {
             // A unit whose header was never read counts as a raw file.
-            let file = if u.file_len > 0 { u.file_len } else { u.len + unit::HEADER_LEN as u64 };
+            // An external unit: its record, and its payload in an extent.
+            let file = match (u.file_len, u.encoding) {
+                (0, _) => u.len + unit::HEADER_LEN as u64,
+                (n, Encoding::External) => n + u.len,
+                (n, _) => n,
+            };
             d.unit_payload += u.len;
             d.unit_files += file;
             if u.refs > 0 {
@@ -180,7 +185,7 @@ impl CheckpointStore {
                     d.grouped_payload += u.len;
                     d.grouped_files += file;
                 }
-                Encoding::Raw => {}
+                Encoding::Raw | Encoding::External => {}
             }
         }
         d
@@ -570,10 +575,12 @@ pub struct DuReport {
     /// Bytes of the hot copies (committed files kept whole to serve reads;
     /// they live outside the store directory, in the caller's files).
     pub hot: u64,
-    /// Pack files.
+    /// Pack files and extent files.
     pub packs: u64,
     /// Bytes of pack files that hold no live unit: pack headers, records of
-    /// freed units (until their pack is compacted), and of failed commits.
+    /// freed units (until their pack is compacted), and of failed commits;
+    /// and bytes of extent files no live unit lies in (a checkpoint's
+    /// header, tensors it shares with other checkpoints, freed units).
     pub pack_dead: u64,
 }
 

@@ -167,8 +167,12 @@ struct Stored {
     /// Units first stored by this commit, and where (dead bytes of their
     /// pack if it fails).
     written: Vec<Written>,
-    /// Unit body bytes written.
+    /// Unit body bytes written (an external unit's payload in its extent included).
     new_bytes: u64,
+    /// The extent this commit adopted its file as (deleted if it fails).
+    extent: Option<u64>,
+    /// Why the file was not adopted although it qualified (for [`CheckpointStore::repairs`]).
+    adopt_error: Option<CkptError>,
 }
 
 /// How one unit of a file is to be stored.
@@ -339,8 +343,8 @@ impl CheckpointStore {
 
     /// Deletes recipes the catalog does not list as live, unit files no
     /// live recipe refers to (what a crash between writing them and the
-    /// catalog leaves behind) and other strays in `units/`; packs are
-    /// [`Self::locate_units`]'s.
+    /// catalog leaves behind) and other strays in `units/`; packs and
+    /// extents are [`Self::locate_units`]'s.
     fn sweep(&mut self) -> Result<()> {
         let rdir = self.dir.join(RECIPES_DIR);
         for ent in std::fs::read_dir(&rdir).map_err(|e| CkptError::io(&rdir, e))? {
@@ -355,7 +359,8 @@ impl CheckpointStore {
         for ent in std::fs::read_dir(&udir).map_err(|e| CkptError::io(&udir, e))? {
             let ent = ent.map_err(|e| CkptError::io(&udir, e))?;
             let name = ent.file_name();
-            if name.to_str().and_then(crate::pack::parse_name).is_some() {
+            let name_str = name.to_str();
+            if name_str.and_then(crate::pack::parse_name).is_some() || name_str.and_then(crate::extent::parse_name).is_some() {
                 continue;
             }
             let h = name.to_str().and_then(|n| n.strip_suffix(".fsu")).and_then(unit::parse_hex);
@@ -455,7 +460,7 @@ impl CheckpointStore {
     /// shape, or byte-grouped and compressed, or raw, whichever is smallest)
     /// and written, also in parallel.
     pub fn commit(&mut self, path: &[u8], bytes: &[u8]) -> Result<CommitInfo> {
-        self.commit_inner(path, bytes, None)
+        self.commit_inner(path, bytes, None, None)
     }
 
     /// Commits `bytes` like [`Self::commit`] and keeps them as a *hot copy*
@@ -465,10 +470,23 @@ impl CheckpointStore {
     /// bytes never change (a map of a sealed or handed-over file).
     pub fn commit_shared(&mut self, path: &[u8], bytes: SharedBytes) -> Result<CommitInfo> {
         let keep = bytes.clone();
-        self.commit_inner(path, (*bytes).as_ref(), Some(keep))
+        self.commit_inner(path, (*bytes).as_ref(), Some(keep), None)
     }
 
-    fn commit_inner(&mut self, path: &[u8], bytes: &[u8], keep: Option<SharedBytes>) -> Result<CommitInfo> {
+    /// Commits like [`Self::commit_shared`], where `bytes` map `file`, which
+    /// the caller hands over for good: nothing writes it any more. When at
+    /// least [`crate::extent::ADOPT_PERCENT`] % of it are new units that
+    /// stay raw (fresh incompressible tensors, large unknown files), the
+    /// file is hard-linked into the store as an extent and those units'
+    /// payloads are not copied (see [`mod@crate::extent`]); otherwise, or
+    /// if the link fails (another file system), the commit is the same as
+    /// [`Self::commit_shared`].
+    pub fn commit_adopting(&mut self, path: &[u8], bytes: SharedBytes, file: &File) -> Result<CommitInfo> {
+        let keep = bytes.clone();
+        self.commit_inner(path, (*bytes).as_ref(), Some(keep), Some(file))
+    }
+
+    fn commit_inner(&mut self, path: &[u8], bytes: &[u8], keep: Option<SharedBytes>, adopt: Option<&File>) -> Result<CommitInfo> {
         check_path(path)?;
         let split = split::split(bytes, &self.opts.cdc);
         debug_assert!(split.check_cover(bytes.len()));
@@ -499,11 +517,15 @@ impl CheckpointStore {
         // On failure what this commit appended is given back (a full disk
         // must not stay full because a commit failed).
         let mark = self.packs().mark();
-        if let Err(e) = self.store_units(bytes, &plans, &mut st) {
-            self.packs().give_back(&mark);
+        let stored = self.store_units(bytes, &plans, adopt, &mut st);
+        if let Some(e) = st.adopt_error.take() {
+            self.repairs.push(format!("{e}; the file was stored by copying its units"));
+        }
+        if let Err(e) = stored {
+            self.give_back(&mark, st.extent);
             return Err(e);
         }
-        let Stored { hashes, file_xxh3, written, mut new_bytes } = st;
+        let Stored { hashes, file_xxh3, written, mut new_bytes, extent, .. } = st;
 
         // Parent: the live checkpoint sharing the most unit bytes, else the
         // lineage parent the deltas were taken against.
@@ -582,10 +604,20 @@ impl CheckpointStore {
             Err(_) => {
                 // Nothing was committed: give back what it appended.
                 let _ = std::fs::remove_file(self.recipe_path(id));
-                self.packs().give_back(&mark);
+                self.give_back(&mark, extent);
             }
         }
         result
+    }
+
+    /// After a failed commit: the packs cut back to `mark`, the extent it
+    /// adopted (if any) deleted.
+    fn give_back(&self, mark: &BTreeMap<u64, u64>, extent: Option<u64>) {
+        let mut set = self.packs();
+        set.give_back(mark);
+        if let Some(x) = extent {
+            let _ = set.drop_extent(x);
+        }
     }
 
     /// The live checkpoint a new file at `path` most likely continues: the
@@ -625,7 +657,7 @@ impl CheckpointStore {
     /// and computes the whole file's xxh3, then encodes and writes the
     /// units the store does not have. Both phases run on this thread and,
     /// for large files, on helper threads.
-    fn store_units(&self, bytes: &[u8], plans: &[UnitPlan], st: &mut Stored) -> Result<()> {
+    fn store_units(&self, bytes: &[u8], plans: &[UnitPlan], adopt: Option<&File>, st: &mut Stored) -> Result<()> {
         use std::sync::atomic::{AtomicUsize, Ordering};
         let n = plans.len();
         let helpers = if bytes.len() >= PIPELINE_MIN { self.opts.threads } else { 0 };
@@ -701,6 +733,25 @@ impl CheckpointStore {
             }
             st.hashes.push(h);
         }
+        // A file that is nearly all new units is adopted as an extent when
+        // the caller hands it over: its raw units are then not copied.
+        let len = bytes.len() as u64;
+        let new_len: u64 = new.iter().map(|&(i, _, _)| plans[i].range.len() as u64).sum();
+        if let Some(f) = adopt.filter(|_| len >= crate::extent::ADOPT_MIN && new_len * 100 >= crate::extent::ADOPT_PERCENT * len) {
+            let same = f.metadata().map_err(|e| CkptError::io("the committed file", e)).and_then(|m| {
+                if m.len() == len {
+                    Ok(())
+                } else {
+                    Err(CkptError::Invalid(format!("the file to adopt holds {} bytes, the commit {len}", m.len())))
+                }
+            });
+            match same.and_then(|_| self.packs().adopt(f, len)) {
+                Ok((seq, _)) => st.extent = Some(seq),
+                Err(e) => st.adopt_error = Some(e),
+            }
+        }
+        let extent = st.extent.and_then(|seq| self.packs().extent_nonce(seq).map(|n| (seq, n)));
+        let empty_sum = xxh3(&[]);
         // Phase 2: encode and write the new units, each thread into its own
         // pack (writes into one file serialize on its inode lock).
         let next = AtomicUsize::new(0);
@@ -711,8 +762,18 @@ impl CheckpointStore {
             let plan = &plans[i];
             let payload = &bytes[plan.range.clone()];
             let base = self.delta_base(&h, plan);
-            let (head, body) = unit::encode(&h, x, payload, plan.width, base.as_ref().map(|(bh, d, b)| (bh, *d, &b[..])));
-            let r = self.append_unit(lane, &head, &body);
+            let (mut head, body) = unit::encode(&h, x, payload, plan.width, base.as_ref().map(|(bh, d, b)| (bh, *d, &b[..])));
+            let r = match extent {
+                // A raw unit of an adopted file: a record that points into the extent.
+                Some((seq, nonce)) if head.encoding == Encoding::Raw => {
+                    head.encoding = Encoding::External;
+                    head.extent = Some(unit::ExtentRef { seq, nonce, off: plan.range.start as u64 });
+                    head.body_len = 0;
+                    head.body_xxh3 = empty_sum;
+                    self.append_unit(lane, &head, &[])
+                }
+                _ => self.append_unit(lane, &head, &body),
+            };
             let mut g = out.lock().unwrap_or_else(|p| p.into_inner());
             match r {
                 Ok(loc) => g.0.push((h, head, loc)),
@@ -731,13 +792,28 @@ impl CheckpointStore {
                 h.join().unwrap_or_else(|p| std::panic::resume_unwind(p));
             }
         });
-        let (written, fault) = out.into_inner().unwrap_or_else(|p| p.into_inner());
-        st.new_bytes += written.iter().map(|(_, h, _)| h.body_len).sum::<u64>();
-        st.written = written;
-        match fault {
-            Some(e) => Err(e),
-            None => Ok(()),
+        let (mut written, fault) = out.into_inner().unwrap_or_else(|p| p.into_inner());
+        if let Some(e) = fault {
+            return Err(e);
         }
+        // More of the file compressed than the sampling of new bytes
+        // promised: its external units are copied after all, and the extent,
+        // mostly dead, goes.
+        let external: u64 = written.iter().filter(|(_, h, _)| h.encoding == Encoding::External).map(|(_, h, _)| h.len).sum();
+        if let Some((seq, _)) = extent.filter(|_| external * 100 < crate::extent::ADOPT_PERCENT * len) {
+            for (h, head, loc) in written.iter_mut().filter(|(_, h, _)| h.encoding == Encoding::External) {
+                let Some(x) = head.extent else { continue };
+                let payload = &bytes[x.off as usize..(x.off + head.len) as usize];
+                let raw = UnitHeader::raw(head.len, *h, head.xxh3);
+                *loc = self.append_unit(0, &raw, payload)?;
+                *head = raw;
+            }
+            st.extent = None;
+            self.packs().drop_extent(seq)?;
+        }
+        st.new_bytes += written.iter().map(|(_, h, _)| h.body_len + if h.encoding == Encoding::External { h.len } else { 0 }).sum::<u64>();
+        st.written = written;
+        Ok(())
     }
 
     /// The base a new unit is encoded against, with its chain depth and
@@ -872,7 +948,7 @@ impl CheckpointStore {
         let mut info = UnlinkInfo { id, units_freed: freed.len(), bytes_freed: 0 };
         for (h, u) in freed {
             info.bytes_freed += u.len;
-            self.forget_stored(&h, u.loc, u.file_len);
+            self.forget_stored(&h, &u);
         }
         let _ = remove_file(&self.recipe_path(id));
         self.compact_quietly();

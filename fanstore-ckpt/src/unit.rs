@@ -13,19 +13,23 @@
 //! version 2 (written by this build; HEADER_LEN = 128):
 //!   0..8    magic "FANSTUN\0"
 //!   8..12   version (2)
-//!  12       encoding (0 raw, 1 byte-grouped planes, 2 XOR delta against the base, grouped)
+//!  12       encoding (0 raw, 1 byte-grouped planes, 2 XOR delta against the base, grouped,
+//!           3 external: the payload lies raw in an extent file, see extent.rs)
 //!  13       element width W in bytes (1..=8; 1 for raw)
 //!  14       chain depth (0: decodes alone; a delta's is its base's + 1)
 //!  15       reserved, zero
 //!  16..24   payload length (decoded)
 //!  24..56   blake3 of the decoded payload (the unit's identity, = the file name)
 //!  56..64   xxh3 of the decoded payload (checked after every decode: fast)
-//!  64..96   blake3 of the base unit (delta; zero otherwise)
+//!  64..96   delta: blake3 of the base unit; external: 64..72 extent sequence
+//!           number, 72..80 extent nonce, 80..88 offset of the payload in the
+//!           extent, 88..96 zero; zero otherwise
 //!  96..104  body length (the bytes after the header)
 //! 104..112  xxh3 of the body (checked before decoding)
 //! 112..120  reserved, zero
 //! 120..128  xxh3 of header bytes 0..120
-//! 128..     body: raw: the payload; grouped and delta: see codec
+//! 128..     body: raw: the payload; grouped and delta: see codec;
+//!           external: none (body length 0)
 //! version 1 (still read; raw only):
 //!   0..8 magic, 8..12 version (1), 12..16 reserved, 16..24 payload length,
 //!  24..56 blake3, 56..64 xxh3 of the payload, 64..72 xxh3 of bytes 0..64,
@@ -103,6 +107,15 @@ pub fn path(units_dir: &Path, h: &Hash) -> PathBuf {
     units_dir.join(format!("{x}.fsu"))
 }
 
+/// Where an external unit's payload lies: extent file `seq` (whose name
+/// also carries `nonce`), at byte `off`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub struct ExtentRef {
+    pub seq: u64,
+    pub nonce: u64,
+    pub off: u64,
+}
+
 /// The decoded header of a unit file (either version).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct UnitHeader {
@@ -116,6 +129,8 @@ pub struct UnitHeader {
     pub xxh3: u64,
     /// The unit a delta is XORed against.
     pub base: Option<Hash>,
+    /// Where an external unit's payload is.
+    pub extent: Option<ExtentRef>,
     /// Body length (the stored bytes after the header).
     pub body_len: u64,
     pub body_xxh3: u64,
@@ -134,6 +149,7 @@ impl UnitHeader {
             blake3,
             xxh3,
             base: None,
+            extent: None,
             body_len: len,
             body_xxh3: xxh3,
             header_len: HEADER_LEN as u64,
@@ -158,6 +174,11 @@ impl UnitHeader {
         put_u64(&mut b, XXH3_OFF, self.xxh3);
         if let Some(base) = &self.base {
             b[BASE_OFF..BASE_OFF + 32].copy_from_slice(base);
+        }
+        if let Some(x) = &self.extent {
+            put_u64(&mut b, BASE_OFF, x.seq);
+            put_u64(&mut b, BASE_OFF + 8, x.nonce);
+            put_u64(&mut b, BASE_OFF + 16, x.off);
         }
         put_u64(&mut b, BODY_LEN_OFF, self.body_len);
         put_u64(&mut b, BODY_SUM_OFF, self.body_xxh3);
@@ -233,6 +254,25 @@ impl UnitHeader {
         if encoding == Encoding::Raw && body_len != len {
             return Err(corrupt(BODY_LEN_OFF, format!("raw unit of {len} bytes with a {body_len}-byte body")));
         }
+        let extent = match encoding {
+            Encoding::External => {
+                if width != 1 {
+                    return Err(corrupt(WIDTH_OFF, format!("external unit of element width {width}")));
+                }
+                if body_len != 0 {
+                    return Err(corrupt(BODY_LEN_OFF, format!("external unit with a {body_len}-byte body")));
+                }
+                if b[BASE_OFF + 24..BASE_OFF + 32].iter().any(|&x| x != 0) {
+                    return Err(corrupt(BASE_OFF + 24, "reserved bytes of an extent reference are not zero".into()));
+                }
+                let x = ExtentRef { seq: u64_at(b, BASE_OFF), nonce: u64_at(b, BASE_OFF + 8), off: u64_at(b, BASE_OFF + 16) };
+                if x.off.checked_add(len).is_none() {
+                    return Err(corrupt(BASE_OFF + 16, format!("payload of {len} bytes at offset {} of its extent", x.off)));
+                }
+                Some(x)
+            }
+            _ => None,
+        };
         Ok(UnitHeader {
             encoding,
             width,
@@ -241,6 +281,7 @@ impl UnitHeader {
             blake3,
             xxh3: x,
             base,
+            extent,
             body_len,
             body_xxh3: u64_at(b, BODY_SUM_OFF),
             header_len: HEADER_LEN as u64,
@@ -530,6 +571,27 @@ pub fn load_at(
     base: &mut dyn FnMut(&Hash, u8, &mut [u8]) -> Result<()>,
 ) -> Result<UnitHeader> {
     let head = read_header_at(file, f, at)?;
+    load_with(file, f, at, head, h, dst, full, budget, base, &mut |_, _| {
+        Err(CkptError::Invalid(format!("unit {} in {} is external, with no extent to read it from", hex(h), file.display())))
+    })
+}
+
+/// [`load_at`] with the record's header already read (`head`, at byte `at`
+/// of `f`); `extent` reads an external unit's payload into `dst` and
+/// checks it (as [`check_payload`] does).
+#[allow(clippy::too_many_arguments)]
+pub fn load_with(
+    file: &Path,
+    f: &File,
+    at: u64,
+    head: UnitHeader,
+    h: &Hash,
+    dst: &mut [u8],
+    full: bool,
+    budget: u8,
+    base: &mut dyn FnMut(&Hash, u8, &mut [u8]) -> Result<()>,
+    extent: &mut dyn FnMut(&UnitHeader, &mut [u8]) -> Result<()>,
+) -> Result<UnitHeader> {
     let own = |e: CkptError| rebase(e, at);
     check_header(file, &head, h, dst.len() as u64).map_err(own)?;
     if head.depth > budget {
@@ -552,6 +614,11 @@ pub fn load_at(
             decode_body(file, &head, body.bytes(), dst).map_err(own)?;
         }
         (Encoding::Delta, None) => unreachable!("decode gives every delta a base"),
+        (Encoding::External, _) => {
+            // Read and checked by `extent`, whose errors name the extent file.
+            extent(&head, dst)?;
+            return Ok(head);
+        }
     }
     check_payload(file, &head, dst, full).map_err(own)?;
     Ok(head)
@@ -759,5 +826,41 @@ mod tests {
             }
         }
         assert!(ok > 100, "{ok}");
+    }
+
+    #[test]
+    fn external_headers_round_trip_and_bad_ones_are_named() {
+        let a = floats(3000, 6, 1.0);
+        let mut head = UnitHeader::raw(a.len() as u64, hash(&a), xxh3(&a));
+        head.encoding = Encoding::External;
+        head.extent = Some(ExtentRef { seq: 9, nonce: 0x1234, off: 4096 });
+        head.body_len = 0;
+        head.body_xxh3 = xxh3(&[]);
+        let good = head.encode();
+        let back = UnitHeader::decode(Path::new("p.fsk"), &good).unwrap();
+        assert_eq!(back, head);
+        assert_eq!(back.file_len(), HEADER_LEN as u64);
+        // A body, a wider element, a reserved byte, a chain depth: each refused, naming the field.
+        let cases: [(usize, u8, &str); 4] =
+            [(BODY_LEN_OFF, 1, "body"), (WIDTH_OFF, 4, "width"), (BASE_OFF + 30, 1, "reserved"), (DEPTH_OFF, 1, "depth")];
+        for (off, v, word) in cases {
+            let mut b = good;
+            b[off] = v;
+            reseal(&mut b);
+            let e = UnitHeader::decode(Path::new("p.fsk"), &b).unwrap_err().to_string();
+            assert!(e.contains(word) && e.contains("p.fsk"), "byte {off}: {e}");
+        }
+        // An offset that overflows with the payload length.
+        let mut b = good;
+        b[BASE_OFF + 16..BASE_OFF + 24].copy_from_slice(&u64::MAX.to_le_bytes());
+        reseal(&mut b);
+        assert!(UnitHeader::decode(Path::new("p.fsk"), &b).is_err());
+        // Loading an external unit without an extent reader is an error, not a panic.
+        let d = dir();
+        let f = d.units.join("x.fsu");
+        std::fs::write(&f, good).unwrap();
+        let mut dst = vec![0u8; a.len()];
+        let e = load_into(&f, &head.blake3, &mut dst, false, 4, &mut |_, _, _| Ok(())).unwrap_err().to_string();
+        assert!(e.contains("external"), "{e}");
     }
 }

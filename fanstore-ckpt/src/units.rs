@@ -54,11 +54,13 @@ pub(crate) struct UnitInfo {
     pub dependants: u64,
     /// Where it is stored (None: not found at open; its reads fail).
     pub loc: Option<UnitLoc>,
+    /// The extent an external unit's payload lies in.
+    pub extent: Option<u64>,
 }
 
 impl UnitInfo {
     pub fn new(len: u64, owner: u64) -> UnitInfo {
-        UnitInfo { len, owner, refs: 0, ckpts: Vec::new(), file_len: 0, encoding: Encoding::Raw, base: None, depth: 0, dependants: 0, loc: None }
+        UnitInfo { len, owner, refs: 0, ckpts: Vec::new(), file_len: 0, encoding: Encoding::Raw, base: None, depth: 0, dependants: 0, loc: None, extent: None }
     }
 }
 
@@ -89,9 +91,10 @@ impl CheckpointStore {
             u.base = head.base;
             u.depth = head.depth;
             u.loc = Some(loc);
+            u.extent = head.extent.map(|x| x.seq);
         }
         if self.units.contains_key(h) {
-            self.count_live(Some(loc), head.file_len());
+            self.count_live(Some(loc), head.file_len(), head.extent.map(|x| x.seq), head.len);
         }
         if let Some(b) = head.base.and_then(|b| self.units.get_mut(&b)) {
             b.dependants += 1;

@@ -256,15 +256,18 @@ fn commit_worker(
             job
         };
         let (started, len) = (std::time::Instant::now(), job.len);
+        let file = std::fs::File::from(job.file);
         // Mapped here, not while queued: queued checkpoints do not sit in the
         // daemon's page tables. Populated: the commit reads every byte.
         // SAFETY: a file handed over for good, which nothing writes any more
         // (see Dedup::enqueue); read-only mapping.
-        let map = unsafe { memmap2::MmapOptions::new().populate().map(&job.file) }
+        let map = unsafe { memmap2::MmapOptions::new().populate().map(&file) }
             .map_err(|e| CkptError::io(&job.plain, e))
             .and_then(|m| if m.len() as u64 == len { Ok(Arc::new(m)) } else { Err(CkptError::io(&job.plain, io::Error::other("its size changed"))) });
         let mut h = write_held(&held);
-        let res = map.and_then(|m| h.store.commit_shared(&job.key, m));
+        // Adopting: a file of new incompressible tensors is linked into the
+        // store as an extent instead of copied (it is already on this disk).
+        let res = map.and_then(|m| h.store.commit_adopting(&job.key, m, &file));
         // Lock order: the store's, then the queue's.
         let Some(run) = lock_queue(&queue).running.take() else { continue };
         match res {
@@ -279,7 +282,7 @@ fn commit_worker(
                 if let Some(to) = &run.settled {
                     h.rename_key(id, to);
                 }
-                h.keep_hot(id, Arc::new(job.file), &dir);
+                h.keep_hot(id, Arc::new(OwnedFd::from(file)), &dir);
                 // Under the store's lock: readers that miss the plain file find the checkpoint.
                 if let Err(e) = std::fs::remove_file(&job.plain) {
                     log::warn!("checkpoint store: removing the plain copy {} of a stored output: {e}", job.plain.display());
