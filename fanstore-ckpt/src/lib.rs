@@ -9,7 +9,9 @@
 //! archives, .npy, .npz; anything else is cut into content-defined chunks)
 //! and split byte-exactly into *units* (tensor payloads) and *glue* (every
 //! other byte). Each unit is stored once, identified by its blake3
-//! ([`mod@unit`]), appended as a record to a pack file ([`mod@pack`]), and
+//! ([`mod@unit`]), appended as a record to a pack file ([`mod@pack`]) (or,
+//! for a file handed over for good that is nearly all new raw units, left
+//! in that file, adopted by a hard link as an extent: [`mod@extent`]), and
 //! encoded losslessly ([`mod@codec`]): a changed tensor
 //! whose lineage parent has a tensor of the same name, dtype and shape is a
 //! delta against it (XOR of the element bits, byte-grouped, zstd), other
@@ -46,6 +48,7 @@
 //! <dir>/catalog.fsc                path -> checkpoint id, tombstones, next id  (catalog)
 //! <dir>/recipes/<id:016x>.fsr      one recipe + owner map per live checkpoint (recipe)
 //! <dir>/units/<seq:016x>.fsk       pack files: units appended as records      (pack)
+//! <dir>/units/<seq>-<nonce>.fsx    extents: committed files adopted whole, hard-linked (extent)
 //! <dir>/units/<blake3>.fsu         one file per unit: stores written before packs (still read)
 //! <dir>/tmp/                       recipe and catalog temp files, renamed into place; emptied at open
 //! ```
@@ -61,8 +64,10 @@
 //! can refer to a record before the commit point, so a partial one is
 //! unreferenced: open truncates a torn tail). A commit writes its new
 //! units, then its recipe, then the catalog: the catalog rename is the
-//! commit point. An unlink writes the catalog first, then deletes the
-//! recipe, and the freed units become dead bytes of their packs.
+//! commit point (an extent is linked before its records are appended; one
+//! that no committed record names is deleted at open). An unlink writes the
+//! catalog first, then deletes the recipe, and the freed units become dead
+//! bytes of their packs and extents.
 //! Compaction copies live records, fdatasyncs the copies, and only then
 //! deletes the old pack; a crash in between leaves two records of a unit,
 //! and open takes the latest that checks out. Reference counts and unit
@@ -81,7 +86,8 @@
 //! To drain it to `--persist`: call [`CheckpointStore::sync`], copy
 //! `catalog.fsc`, `recipes/` and `units/` (not `lock` or `tmp/`) while no
 //! mutation runs; a pack already copied whose header (sequence number and
-//! nonce) is unchanged only grew, so its tail is enough. A later job opens the copy with [`CheckpointStore::open`]
+//! nonce) is unchanged only grew, so its tail is enough; an extent never
+//! changes, and its name is unique, so one already copied is done. A later job opens the copy with [`CheckpointStore::open`]
 //! and keeps deduplicating against it: checkpoint ids continue from the
 //! catalog's counter, and units already stored are reused by hash. A copy
 //! taken while mutations run may miss files the copied catalog names (open

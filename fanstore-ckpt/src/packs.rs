@@ -34,6 +34,15 @@
 //! the latest that checks out); after it, only the synced copies. Delta
 //! bases are units like any other (their dependants keep them live), and
 //! records are copied as they are, so chains are unchanged.
+//!
+//! **Extents.** An external record's payload lies in an extent file
+//! ([`mod@crate::extent`]). The set counts each extent's live payload bytes
+//! (its glue and the units other checkpoints stored first are never live
+//! there). An extent with none is deleted; one below the same threshold has
+//! its live units appended to the active pack as raw records, synced, the
+//! locations switched, then it is deleted: a crash in between leaves both
+//! records, and open takes the latest usable one (an external record is
+//! usable only while its extent exists).
 
 use crate::error::{CkptError, Result};
 use crate::pack::{self, PackHeader, Record};
@@ -72,9 +81,10 @@ pub(crate) struct Pack {
 }
 
 /// One extent (a committed file adopted whole, see [`mod@crate::extent`]).
+/// Not kept open: a store can hold more extents than a process may have
+/// descriptors, and an open per unit read costs microseconds.
 pub(crate) struct Extent {
     pub path: PathBuf,
-    pub file: Arc<File>,
     pub nonce: u64,
     /// Bytes of the file.
     pub len: u64,
@@ -201,14 +211,7 @@ impl PackSet {
         let nonce = pack::new_nonce(seq);
         let path = crate::extent::path(&self.dir, seq, nonce);
         crate::extent::link(f, &path).map_err(|e| CkptError::io(&path, e))?;
-        let file = match File::open(&path) {
-            Ok(x) => x,
-            Err(e) => {
-                let _ = std::fs::remove_file(&path);
-                return Err(CkptError::io(&path, e));
-            }
-        };
-        self.extents.insert(seq, Extent { path, file: Arc::new(file), nonce, len, live: 0 });
+        self.extents.insert(seq, Extent { path, nonce, len, live: 0 });
         Ok((seq, nonce))
     }
 
@@ -237,9 +240,9 @@ impl PackSet {
         self.extents.get(&seq).map(|x| x.nonce)
     }
 
-    /// Extent `seq`'s file and path, if its nonce is `nonce`.
-    fn extent_file(&self, seq: u64, nonce: u64) -> Option<(Arc<File>, PathBuf)> {
-        self.extents.get(&seq).filter(|x| x.nonce == nonce).map(|x| (x.file.clone(), x.path.clone()))
+    /// Extent `seq`'s path, if its nonce is `nonce`.
+    fn extent_path(&self, seq: u64, nonce: u64) -> Option<PathBuf> {
+        self.extents.get(&seq).filter(|x| x.nonce == nonce).map(|x| x.path.clone())
     }
 
     /// An extent to compact: fewer than `percent` % of its bytes live (or none).
@@ -419,7 +422,7 @@ impl CheckpointStore {
             &mut |b, bud, d| self.load_unit_within(b, d, false, bud).inspect_err(|_| from_base = true),
             &mut |xh, d| {
                 let Some(x) = xh.extent else { unreachable!("decode gives every external unit an extent") };
-                let Some((xf, xpath)) = self.packs().extent_file(x.seq, x.nonce) else {
+                let Some(xpath) = self.packs().extent_path(x.seq, x.nonce) else {
                     let want = crate::extent::path(&self.dir.join(crate::store::UNITS_DIR), x.seq, x.nonce);
                     return Err(CkptError::Invalid(format!(
                         "unit {} lies in extent {}, which is missing (its record: {} at byte {off})",
@@ -428,6 +431,7 @@ impl CheckpointStore {
                         path.display()
                     )));
                 };
+                let xf = File::open(&xpath).map_err(|e| CkptError::io(&xpath, e))?;
                 crate::extent::read_checked(&xpath, &xf, xh, d, full)
             },
         );
@@ -505,15 +509,14 @@ impl CheckpointStore {
             let ent = ent.map_err(|e| CkptError::io(&udir, e))?;
             if let Some((seq, nonce)) = ent.file_name().to_str().and_then(crate::extent::parse_name) {
                 let path = ent.path();
-                let f = File::open(&path).map_err(|e| CkptError::io(&path, e))?;
-                let len = f.metadata().map_err(|e| CkptError::io(&path, e))?.len();
+                let len = ent.metadata().map_err(|e| CkptError::io(&path, e))?.len();
                 // Not possible while numbers only grow within a store's life;
                 // the file is left for a person to look at.
                 if let Some(other) = extents.get(&seq) {
                     self.repairs.push(format!("two extents numbered {seq}: {} and {}; the second left in place, unused", other.path.display(), path.display()));
                     continue;
                 }
-                extents.insert(seq, Extent { path, file: Arc::new(f), nonce, len, live: 0 });
+                extents.insert(seq, Extent { path, nonce, len, live: 0 });
                 continue;
             }
             let Some(seq) = ent.file_name().to_str().and_then(pack::parse_name) else {

@@ -480,13 +480,16 @@ impl CheckpointStore {
     /// file is hard-linked into the store as an extent and those units'
     /// payloads are not copied (see [`mod@crate::extent`]); otherwise, or
     /// if the link fails (another file system), the commit is the same as
-    /// [`Self::commit_shared`].
-    pub fn commit_adopting(&mut self, path: &[u8], bytes: SharedBytes, file: &File) -> Result<CommitInfo> {
+    /// [`Self::commit_shared`]. `file_xxh3`: the xxh3 of the whole file
+    /// when the caller computed it already (the store then does not read
+    /// the file a third time for it; a wrong value makes every read of the
+    /// checkpoint fail its whole-file check, never return other bytes).
+    pub fn commit_adopting(&mut self, path: &[u8], bytes: SharedBytes, file: &File, file_xxh3: Option<u64>) -> Result<CommitInfo> {
         let keep = bytes.clone();
-        self.commit_inner(path, (*bytes).as_ref(), Some(keep), Some(file))
+        self.commit_inner(path, (*bytes).as_ref(), Some(keep), Some((file, file_xxh3)))
     }
 
-    fn commit_inner(&mut self, path: &[u8], bytes: &[u8], keep: Option<SharedBytes>, adopt: Option<&File>) -> Result<CommitInfo> {
+    fn commit_inner(&mut self, path: &[u8], bytes: &[u8], keep: Option<SharedBytes>, adopt: Option<(&File, Option<u64>)>) -> Result<CommitInfo> {
         check_path(path)?;
         let split = split::split(bytes, &self.opts.cdc);
         debug_assert!(split.check_cover(bytes.len()));
@@ -657,7 +660,9 @@ impl CheckpointStore {
     /// and computes the whole file's xxh3, then encodes and writes the
     /// units the store does not have. Both phases run on this thread and,
     /// for large files, on helper threads.
-    fn store_units(&self, bytes: &[u8], plans: &[UnitPlan], adopt: Option<&File>, st: &mut Stored) -> Result<()> {
+    fn store_units(&self, bytes: &[u8], plans: &[UnitPlan], adopt: Option<(&File, Option<u64>)>, st: &mut Stored) -> Result<()> {
+        let known_sum = adopt.and_then(|a| a.1);
+        let adopt = adopt.map(|a| a.0);
         use std::sync::atomic::{AtomicUsize, Ordering};
         let n = plans.len();
         let helpers = if bytes.len() >= PIPELINE_MIN { self.opts.threads } else { 0 };
@@ -680,7 +685,7 @@ impl CheckpointStore {
             for k in 0..helpers {
                 let (claim, hash_one, tx) = (&claim, &hash_one, tx.clone());
                 let handle = scope.spawn(move || {
-                    let sum = (k == 0).then(|| xxh3(bytes));
+                    let sum = (k == 0 && known_sum.is_none()).then(|| xxh3(bytes));
                     loop {
                         let i = claim.fetch_add(1, Ordering::Relaxed);
                         if i >= n {
@@ -709,7 +714,7 @@ impl CheckpointStore {
                 ready[i] = Some((h, x));
             }
             let sum = first.and_then(|h| h.join().unwrap_or_else(|p| std::panic::resume_unwind(p)));
-            sum.unwrap_or_else(|| xxh3(bytes))
+            sum.or(known_sum).unwrap_or_else(|| xxh3(bytes))
         });
         st.file_xxh3 = file_sum;
         // Which units are new (first occurrence of each new hash).

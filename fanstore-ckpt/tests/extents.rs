@@ -35,7 +35,7 @@ fn commit_file(store: &mut CheckpointStore, dir: &Path, path: &str, bytes: &[u8]
     let f = std::fs::File::open(&p).unwrap();
     // SAFETY (test): nothing writes the file while it is mapped.
     let map = Arc::new(unsafe { memmap2::Mmap::map(&f) }.unwrap());
-    let info = store.commit_adopting(path.as_bytes(), map, &f).unwrap();
+    let info = store.commit_adopting(path.as_bytes(), map, &f, None).unwrap();
     (p, info)
 }
 

@@ -146,6 +146,8 @@ struct Queued {
     file: OwnedFd,
     /// Its size.
     len: u64,
+    /// Its whole-file xxh3, as the close computed it (None: the store computes it).
+    sum: Option<u64>,
     plain: PathBuf,
     /// When the close queued it.
     since: std::time::Instant,
@@ -267,7 +269,7 @@ fn commit_worker(
         let mut h = write_held(&held);
         // Adopting: a file of new incompressible tensors is linked into the
         // store as an extent instead of copied (it is already on this disk).
-        let res = map.and_then(|m| h.store.commit_adopting(&job.key, m, &file));
+        let res = map.and_then(|m| h.store.commit_adopting(&job.key, m, &file, job.sum));
         // Lock order: the store's, then the queue's.
         let Some(run) = lock_queue(&queue).running.take() else { continue };
         match res {
@@ -466,10 +468,11 @@ impl Dedup {
 
     /// Queues output `id` of `path` for the commit worker: a file handed
     /// over for good (as for [`Self::stage_handed`]), already linked as the
-    /// plain output `plain`, which serves it until it is stored. Waits
-    /// first while the queue is full (see the module doc).
-    pub fn enqueue(&self, path: &[u8], id: u64, file: OwnedFd, len: u64, plain: PathBuf) {
-        let mut job = Some(Queued { key: pending_key(path, id), settled: None, file, len, plain, since: std::time::Instant::now() });
+    /// plain output `plain`, which serves it until it is stored; `sum`: its
+    /// whole-file xxh3 if the close computed it. Waits first while the
+    /// queue is full (see the module doc).
+    pub fn enqueue(&self, path: &[u8], id: u64, file: OwnedFd, len: u64, sum: Option<u64>, plain: PathBuf) {
+        let mut job = Some(Queued { key: pending_key(path, id), settled: None, file, len, sum, plain, since: std::time::Instant::now() });
         let mut waited = false;
         while let Some(j) = job.take() {
             let mut q = lock_queue(&self.queue);
@@ -1031,6 +1034,11 @@ mod tests {
         assert_eq!(dd.query(&Query::Log { path: b"run/final".to_vec(), json: true }).err(), Some(libc::ENOENT));
     }
 
+    /// The whole-file xxh3 the close computed for the plain output at `p`.
+    fn sum_of(p: &Path) -> u64 {
+        fanstore_core::checksum::xxh3(&std::fs::read(p).unwrap())
+    }
+
     /// A plain output file of `len` bytes at `dir/name`, handed over as the
     /// commit does: a read-only description.
     fn plain_output(dir: &Path, name: &str, len: u32, seed: u32) -> (Vec<u8>, OwnedFd, PathBuf) {
@@ -1047,10 +1055,10 @@ mod tests {
         let (b1, f1, p1) = plain_output(d.path(), "1", 300_000, 7);
         let (_, f2, p2) = plain_output(d.path(), "2", 200_000, 11);
         let paused = dd.commit_gate.lock().unwrap();
-        dd.enqueue(b"run/a", 1, f1, 300_000, p1.clone());
+        dd.enqueue(b"run/a", 1, f1, 300_000, Some(sum_of(&p1)), p1.clone());
         dd.settle(1, b"run/a");
         dd.rename_output(1, b"run/b");
-        dd.enqueue(b"run/c", 2, f2, 200_000, p2.clone());
+        dd.enqueue(b"run/c", 2, f2, 200_000, Some(sum_of(&p2)), p2.clone());
         // Queued: plain outputs, not the store's; an unlink cancels one.
         assert!(!dd.holds(1) && !dd.holds(2));
         assert!(!dd.drop_output(2));
@@ -1076,7 +1084,7 @@ mod tests {
         let (b2, f2, p2) = plain_output(d.path(), "2", 300_000, 13);
         // The worker takes output 1, then waits for the store (held here).
         let store = dd.write();
-        dd.enqueue(b"run/a", 1, f1, 300_000, p1.clone());
+        dd.enqueue(b"run/a", 1, f1, 300_000, Some(sum_of(&p1)), p1.clone());
         let t0 = std::time::Instant::now();
         while lock_queue(&dd.queue).running.is_none() {
             assert!(t0.elapsed() < std::time::Duration::from_secs(10), "the worker never took the output");
@@ -1085,7 +1093,7 @@ mod tests {
         // None of these needs the store's lock.
         dd.settle(1, b"run/a");
         assert!(!dd.drop_output(1));
-        dd.enqueue(b"run/b", 2, f2, 300_000, p2.clone());
+        dd.enqueue(b"run/b", 2, f2, 300_000, Some(sum_of(&p2)), p2.clone());
         dd.settle(2, b"run/b");
         dd.rename_output(2, b"run/c");
         drop(store);
@@ -1110,11 +1118,11 @@ mod tests {
         let (_, f1, p1) = plain_output(d.path(), "1", 300_000, 7);
         let (b2, f2, p2) = plain_output(d.path(), "2", 300_000, 13);
         let paused = dd.commit_gate.lock().unwrap();
-        dd.enqueue(b"run/a", 1, f1, 300_000, p1);
+        dd.enqueue(b"run/a", 1, f1, 300_000, Some(sum_of(&p1)), p1);
         let (tx, rx) = std::sync::mpsc::channel();
         let dd2 = dd.clone();
         let t = std::thread::spawn(move || {
-            dd2.enqueue(b"run/b", 2, f2, 300_000, p2);
+            dd2.enqueue(b"run/b", 2, f2, 300_000, Some(sum_of(&p2)), p2);
             tx.send(()).unwrap();
         });
         assert!(rx.recv_timeout(std::time::Duration::from_millis(200)).is_err(), "the second close waited for no commit");

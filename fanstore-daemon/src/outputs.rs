@@ -208,7 +208,7 @@ impl Node {
             (Some(d), Some((fd, m))) if sole => {
                 let sum = self.store_plain(&src, true, bytes, &file).inspect_err(|_| undo())?;
                 drop(m); // the commit worker maps it when it gets to it
-                d.enqueue(path, id, fd, size, file.clone());
+                d.enqueue(path, id, fd, size, Some(sum), file.clone());
                 sum
             }
             (Some(d), Some((file, m))) => d.stage_handed(path, id, file, m, !unnamed)?.file_xxh3,
@@ -611,7 +611,8 @@ impl Node {
         let plain = self.out_file(id);
         let Ok(f) = std::fs::OpenOptions::new().read(true).custom_flags(libc::O_CLOEXEC).open(&plain) else { return };
         let Some(len) = f.metadata().ok().map(|m| m.len()).filter(|&l| l > 0) else { return };
-        d.enqueue(path, id, OwnedFd::from(f), len, plain);
+        // No sum passed: the store computes it from the file itself.
+        d.enqueue(path, id, OwnedFd::from(f), len, None, plain);
         d.settle(id, path);
     }
 }
