@@ -359,7 +359,7 @@ def one_series(work: Path, key, series: int, odd: list):
     return m
 
 
-SUSTAINED_ROUNDS = int(E("BENCH_CKPT_SUSTAINED_ROUNDS", "2"))
+SUSTAINED_ROUNDS = int(E("BENCH_CKPT_SUSTAINED_ROUNDS", "4"))
 
 
 def sustained(work: Path, key, rnd: int, odd: list) -> dict:
@@ -729,8 +729,9 @@ def report(runs, odd, secs):
         notes.append(f"Commit, random tensors: {phase(rnd0, 'FanStore dedup', 'close'):.0f} ms at close against "
                      f"{phase(rnd0, 'FanStore --dedup off', 'close'):.0f} ms for --dedup off (both link the client's "
                      f"file), then {commit_ms(rnd0, 'FanStore dedup') or '?'} ms of commit behind the close (blake3 of "
-                     "every tensor, a zstd probe of a sample that finds nothing to compress, every tensor copied in "
-                     "full into the node's pack file). In this rotation that commit runs during the other schemes' "
+                     "every tensor, a zstd probe of a sample that finds nothing to compress; the file, all new raw "
+                     "units, is adopted as an extent: hard-linked into the store, a 128-byte record per tensor in "
+                     "the pack, no tensor copied). In this rotation that commit runs during the other schemes' "
                      "turns, so the per-close ratio hides it; the back-to-back table charges it.")
     for what, desc in (("new", "each checkpoint read right after its write (the job that wrote it)"),
                        ("old", "every checkpoint read again after the series")):
@@ -785,7 +786,7 @@ def report(runs, odd, secs):
           "directory bytes / this scheme's bytes. `hot copies MiB`: the files the program wrote, which the "
           "store keeps as unnamed files on the local disk beside the store (a cache within `--ckpt-hot-size`, "
           "not counted in the store's bytes: dropped oldest first past the budget, or when the disk has less "
-          "than 5% free).", "",
+          "than 5% free); a file the store adopted as an extent is inside the store and not counted here.", "",
           table(["series", "scheme", "MiB on disk", "plain / this", "+ hot copies MiB"], srows), "",
           "Where the saving comes from (`fanstore ckpt du --json` of the dedup daemon, MiB and % of logical):", "",
           table(["series", "logical MiB", "saved by dedup", "saved by deltas", "saved by compression",

@@ -159,7 +159,7 @@ impl CheckpointStore {
             recipes: live.iter().map(|e| e.recipe_len).sum(),
             catalog: self.catalog_len,
             glue: self.live.values().map(|l| l.glue_len).sum(),
-            hot: self.hot.iter().map(|h| (*h.bytes).as_ref().len() as u64).sum(),
+            hot: self.hot.iter().filter(|h| !h.in_store).map(|h| (*h.bytes).as_ref().len() as u64).sum(),
             ..DuReport::default()
         };
         (d.packs, d.pack_dead) = self.packs().usage();
@@ -572,8 +572,9 @@ pub struct DuReport {
     pub delta_files: u64,
     pub grouped_payload: u64,
     pub grouped_files: u64,
-    /// Bytes of the hot copies (committed files kept whole to serve reads;
-    /// they live outside the store directory, in the caller's files).
+    /// Bytes of the hot copies (committed files kept whole to serve reads)
+    /// that live outside the store directory, in the caller's files (a
+    /// file the store adopted as an extent is not counted again).
     pub hot: u64,
     /// Pack files and extent files.
     pub packs: u64,

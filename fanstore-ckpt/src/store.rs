@@ -601,7 +601,7 @@ impl CheckpointStore {
         match &result {
             Ok(_) => {
                 if let Some(k) = keep {
-                    self.keep_hot(id, k, hot_units);
+                    self.keep_hot(id, k, hot_units, extent.is_some());
                 }
             }
             Err(_) => {

@@ -69,6 +69,9 @@ pub(crate) struct Hot {
     pub id: u64,
     pub bytes: SharedBytes,
     pub units: HashMap<Hash, Range<usize>>,
+    /// The file is also an extent of the store (adopted): its bytes are in
+    /// the store's directory, not beside it.
+    pub in_store: bool,
 }
 
 impl CheckpointStore {
@@ -169,12 +172,12 @@ impl CheckpointStore {
     /// Keeps `bytes` (checkpoint `id`'s file) as a hot copy, dropping the
     /// oldest beyond [`crate::StoreOptions::hot`] copies or
     /// [`crate::StoreOptions::hot_bytes`] bytes.
-    pub(crate) fn keep_hot(&mut self, id: u64, bytes: SharedBytes, units: HashMap<Hash, Range<usize>>) {
+    pub(crate) fn keep_hot(&mut self, id: u64, bytes: SharedBytes, units: HashMap<Hash, Range<usize>>, in_store: bool) {
         if self.opts.hot == 0 {
             return;
         }
         self.hot.retain(|h| h.id != id);
-        self.hot.push(Hot { id, bytes, units });
+        self.hot.push(Hot { id, bytes, units, in_store });
         self.limit_hot(self.opts.hot, self.opts.hot_bytes);
     }
 

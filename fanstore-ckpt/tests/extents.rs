@@ -80,6 +80,7 @@ fn an_incompressible_file_is_adopted_not_copied_and_reads_back_after_reopen() {
     assert!(pack_bytes(&sdir) < 64 << 10, "records only in the packs: {} B", pack_bytes(&sdir));
     let du = store.du();
     assert!(du.physical() >= f1.len() as u64 && (du.physical() as f64) < f1.len() as f64 * 1.01, "{du:?}");
+    assert_eq!(du.hot, 0, "the hot copy is the extent, counted once: {du:?}");
     assert_eq!(store.read(b"a").unwrap(), f1);
     // The program's own name goes (the daemon unlinks its plain copy): the extent stays.
     std::fs::remove_file(&p1).unwrap();
@@ -113,6 +114,7 @@ fn files_that_share_or_compress_are_copied_as_before() {
     assert_eq!(extents(&sdir).len(), 1, "c is not adopted");
     let model: BTreeMap<String, Vec<u8>> = [("a", f1), ("b", f2), ("c", f3)].into_iter().map(|(k, v)| (k.to_string(), v)).collect();
     check_all(&store, &model, "live");
+    assert_eq!(store.du().hot, (model["b"].len() + model["c"].len()) as u64, "the two newest, neither adopted, are hot copies beside the store");
     drop(store);
     let store = CheckpointStore::open(&sdir).unwrap();
     check_all(&store, &model, "reopened");
