@@ -48,6 +48,7 @@ Environment (default / --quick): BENCH_CKPT_TENSORS [40/40]
   BENCH_CKPT_KINDS [update:0,update:0.75,random:0,fresh:0.75]  BENCH_CKPT_BLOB_MB [1024/256]  BENCH_CKPT_BLOB_N [2]
   BENCH_CKPT_SERIES [1/1] (series per kind; medians over all of them)  BENCH_DIR [/tmp]
   BENCH_CKPT_DEDUP_FLAGS []: more daemon flags of the FanStore dedup scheme (e.g. "--ckpt-hot 2")
+  BENCH_CKPT_SUSTAINED_ROUNDS [4]: rounds of the back-to-back measurement (order alternating)
   BENCH_CKPT_SYNC [1]: `sync` (untimed) before every timed write, so that no scheme is throttled by the
   dirty pages another left (checkpoints are minutes apart in training); 0 = back to back
 """

@@ -1262,6 +1262,8 @@ def test_commits_run_behind_the_close_and_a_kill_loses_none(bins, tmp_path):
         assert plain == [], f"plain links left after the commits: {plain}"
         assert "stays a plain output" not in c.log(), c.log()[-3000:]
         assert ckpt_json(c, "du")["checkpoints"] == 3
+        # 48 MiB of noise each: adopted whole as extents, not copied into packs.
+        assert len(extent_files(store_dir(c, 0))) == 3, sorted((store_dir(c, 0) / "units").iterdir())
         assert_read_back(c, 0, {p.removeprefix("/fanstore/"): {"sha256": v["sha256"], "len": 48 << 20}
                                 for p, v in got.items()})
         second = py_json(c, 0, BEHIND_THE_CLOSE.replace("/fanstore/bg", "/fanstore/bg2"))
@@ -1284,6 +1286,8 @@ def test_commits_run_behind_the_close_and_a_kill_loses_none(bins, tmp_path):
         out = c2.local / "rank-0" / "out"
         plain = [p.name for p in out.iterdir() if p.is_file() and p.suffix != ".rec"]
         assert plain == [], f"plain links left after the recovered commits: {plain}"
+        # One extent per stored file: none left behind by commits the kill cut short.
+        assert len(extent_files(store_dir(c2, 0))) == 6, sorted((store_dir(c2, 0) / "units").iterdir())
         assert_read_back(c2, 0, want)
     finally:
         c2.stop()
