@@ -160,6 +160,64 @@ fn xor_zero_fraction(src: &[u8], base: &[u8], w: usize) -> f64 {
 
 /// Splits `src` (XOR `base`) into `w` planes of `src.len() / w` bytes.
 fn group(src: &[u8], base: Option<&[u8]>, w: usize) -> Vec<Vec<u8>> {
+    match w {
+        2 => group_fixed::<2>(src, base),
+        4 => group_fixed::<4>(src, base),
+        8 => group_fixed::<8>(src, base),
+        _ => group_any(src, base, w),
+    }
+}
+
+/// [`group`] for a width known at compile time: elements are transposed a
+/// block at a time into fixed-size arrays (no bounds checks, vectorised),
+/// then copied into the planes (the generic loop was a third of a delta
+/// commit's CPU time).
+fn group_fixed<const W: usize>(src: &[u8], base: Option<&[u8]>) -> Vec<Vec<u8>> {
+    const B: usize = 512;
+    let n = src.len() / W;
+    let mut planes: Vec<Vec<u8>> = (0..W).map(|_| Vec::with_capacity(n)).collect();
+    let mut tmp = [[0u8; B]; W];
+    let blocks = n / B;
+    let elems = |b: &[u8]| -> [u8; W] {
+        let mut a = [0u8; W];
+        a.copy_from_slice(b);
+        a
+    };
+    for blk in 0..blocks {
+        let range = blk * B * W..(blk + 1) * B * W;
+        let s = &src[range.clone()];
+        match base {
+            Some(base) => {
+                for (k, (e, f)) in s.chunks_exact(W).zip(base[range].chunks_exact(W)).enumerate().take(B) {
+                    let (e, f) = (elems(e), elems(f));
+                    for j in 0..W {
+                        tmp[j][k] = e[j] ^ f[j];
+                    }
+                }
+            }
+            None => {
+                for (k, e) in s.chunks_exact(W).enumerate().take(B) {
+                    let e = elems(e);
+                    for j in 0..W {
+                        tmp[j][k] = e[j];
+                    }
+                }
+            }
+        }
+        for (p, t) in planes.iter_mut().zip(&tmp) {
+            p.extend_from_slice(t);
+        }
+    }
+    let done = blocks * B;
+    let rest = group_any(&src[done * W..n * W], base.map(|b| &b[done * W..n * W]), W);
+    for (p, r) in planes.iter_mut().zip(rest) {
+        p.extend_from_slice(&r);
+    }
+    planes
+}
+
+/// [`group`] for any width.
+fn group_any(src: &[u8], base: Option<&[u8]>, w: usize) -> Vec<Vec<u8>> {
     let n = src.len() / w;
     let mut planes: Vec<Vec<u8>> = (0..w).map(|_| vec![0u8; n]).collect();
     match base {
@@ -440,6 +498,19 @@ mod tests {
                 b.truncate((rng.next() % b.len() as u64) as usize);
             }
             let _ = decode_into(&b, 4, &mut dst, k % 2 == 0);
+        }
+    }
+
+    #[test]
+    fn fixed_width_grouping_matches_the_generic_loop() {
+        let mut rng = Rng(77);
+        for w in [2usize, 4, 8] {
+            for len in [0usize, 7, 512 * w - 1, 512 * w, 512 * w + 3, 3 * 512 * w + 5 * w + 1, 40_000] {
+                let src: Vec<u8> = (0..len).map(|_| rng.next() as u8).collect();
+                let base: Vec<u8> = (0..len).map(|_| rng.next() as u8).collect();
+                assert_eq!(group(&src, None, w), group_any(&src, None, w), "w={w} len={len}");
+                assert_eq!(group(&src, Some(&base), w), group_any(&src, Some(&base), w), "w={w} len={len} xor");
+            }
         }
     }
 
