@@ -687,12 +687,7 @@ impl CheckpointStore {
             moved.push((h, head, loc, old));
             self.step("record copied");
         }
-        for dseq in touched {
-            if let Some((f, p)) = self.packs().file(dseq) {
-                f.sync_data().map_err(|e| CkptError::io(&p, e))?;
-            }
-        }
-        self.step("copies synced");
+        self.sync_copies(touched)?;
         for (h, head, loc, old) in moved {
             let Some(u) = self.units.get_mut(&h) else { continue };
             let old_len = u.file_len;
@@ -711,6 +706,18 @@ impl CheckpointStore {
         }
         self.packs().drop_extent(seq)?;
         self.step("extent removed");
+        Ok(())
+    }
+
+    /// fdatasyncs the packs a compaction copied records into (compaction
+    /// must not make old data less durable), then reports the step.
+    fn sync_copies(&self, touched: BTreeSet<u64>) -> Result<()> {
+        for dseq in touched {
+            if let Some((f, p)) = self.packs().file(dseq) {
+                f.sync_data().map_err(|e| CkptError::io(&p, e))?;
+            }
+        }
+        self.step("copies synced");
         Ok(())
     }
 
@@ -747,12 +754,7 @@ impl CheckpointStore {
             moved.push((h, dseq, doff, len));
             self.step("record copied");
         }
-        for dseq in touched {
-            if let Some((f, p)) = self.packs().file(dseq) {
-                f.sync_data().map_err(|e| CkptError::io(&p, e))?;
-            }
-        }
-        self.step("copies synced");
+        self.sync_copies(touched)?;
         for (h, dseq, doff, len) in moved {
             if let Some(u) = self.units.get_mut(&h) {
                 u.loc = Some(UnitLoc::Pack { seq: dseq, off: doff });

@@ -180,18 +180,6 @@ fn a_crash_before_the_catalog_leaves_no_extent_behind() {
 /// A step of a compaction and the directory copied there, with what was live.
 type Snapshot = (String, PathBuf, BTreeMap<String, Vec<u8>>);
 
-fn copy_dir(from: &Path, to: &Path) {
-    std::fs::create_dir_all(to).unwrap();
-    for e in std::fs::read_dir(from).unwrap() {
-        let e = e.unwrap();
-        if e.file_type().unwrap().is_dir() {
-            copy_dir(&e.path(), &to.join(e.file_name()));
-        } else {
-            std::fs::copy(e.path(), to.join(e.file_name())).unwrap();
-        }
-    }
-}
-
 #[test]
 fn unlinks_free_extents_and_compaction_keeps_what_others_share_even_across_a_crash() {
     let d = tempfile::tempdir().unwrap();

@@ -34,18 +34,6 @@ fn packs_on_disk(dir: &Path) -> (usize, u64) {
     (seqs.len(), seqs.iter().copied().max().unwrap_or(0))
 }
 
-fn copy_dir(from: &Path, to: &Path) {
-    std::fs::create_dir_all(to).unwrap();
-    for e in std::fs::read_dir(from).unwrap() {
-        let e = e.unwrap();
-        if e.file_type().unwrap().is_dir() {
-            copy_dir(&e.path(), &to.join(e.file_name()));
-        } else {
-            std::fs::copy(e.path(), to.join(e.file_name())).unwrap();
-        }
-    }
-}
-
 fn check_all(store: &CheckpointStore, model: &BTreeMap<String, Vec<u8>>, what: &str) {
     for (p, f) in model {
         assert!(store.read(p.as_bytes()).unwrap() == *f, "{what}: {p} reads back different bytes");

@@ -340,3 +340,17 @@ pub fn bytes_on_disk(dir: &Path) -> u64 {
     }
     n
 }
+
+/// Copies the directory tree `from` to `to` (snapshots of a store taken
+/// in the middle of an operation, as a crash there would leave it).
+pub fn copy_dir(from: &Path, to: &Path) {
+    std::fs::create_dir_all(to).unwrap();
+    for e in std::fs::read_dir(from).unwrap() {
+        let e = e.unwrap();
+        if e.file_type().unwrap().is_dir() {
+            copy_dir(&e.path(), &to.join(e.file_name()));
+        } else {
+            std::fs::copy(e.path(), to.join(e.file_name())).unwrap();
+        }
+    }
+}
