@@ -692,7 +692,7 @@ impl DuReport {
             vec!["units".into(), self.units.to_string(), String::new()],
             vec!["unit payload".into(), render::bytes(self.unit_payload), String::new()],
             vec!["unit records".into(), render::bytes(self.unit_files), String::new()],
-            vec!["packs, dead bytes".into(), format!("{}, {}", self.packs, render::bytes(self.pack_dead)), String::new()],
+            vec!["packs and extents, dead bytes".into(), format!("{}, {}", self.packs, render::bytes(self.pack_dead)), String::new()],
             vec!["recipes".into(), render::bytes(self.recipes), String::new()],
             vec!["catalog".into(), render::bytes(self.catalog), String::new()],
             vec!["physical (stored)".into(), format!("{} ({} B)", render::bytes(self.physical()), self.physical()), pct(self.physical())],
