@@ -134,6 +134,10 @@ pub struct CheckpointStore {
     pub(crate) repairs: Vec<String>,
     pub(crate) compaction_hook: Option<crate::packs::CompactionHook>,
     tmp_seq: u64,
+    /// A link into the store failed once (another file system, a file
+    /// system without hard links): files are copied until the store is
+    /// reopened, without a failing link per commit.
+    adopt_off: bool,
 }
 
 const LOCK_FILE: &str = "lock";
@@ -231,6 +235,7 @@ impl CheckpointStore {
             repairs: Vec::new(),
             compaction_hook: None,
             tmp_seq: 0,
+            adopt_off: false,
         };
         clear_dir(&dir.join(TMP_DIR))?;
         let cat_path = dir.join(catalog::FILE_NAME);
@@ -522,7 +527,8 @@ impl CheckpointStore {
         let mark = self.packs().mark();
         let stored = self.store_units(bytes, &plans, adopt, &mut st);
         if let Some(e) = st.adopt_error.take() {
-            self.repairs.push(format!("{e}; the file was stored by copying its units"));
+            self.adopt_off = true;
+            self.repairs.push(format!("{e}: adopting a committed file failed; files are copied from now on, until the store is reopened"));
         }
         if let Err(e) = stored {
             self.give_back(&mark, st.extent);
@@ -742,7 +748,8 @@ impl CheckpointStore {
         // the caller hands it over: its raw units are then not copied.
         let len = bytes.len() as u64;
         let new_len: u64 = new.iter().map(|&(i, _, _)| plans[i].range.len() as u64).sum();
-        if let Some(f) = adopt.filter(|_| len >= crate::extent::ADOPT_MIN && new_len * 100 >= crate::extent::ADOPT_PERCENT * len) {
+        let qualifies = len >= crate::extent::ADOPT_MIN && new_len * 100 >= crate::extent::ADOPT_PERCENT * len;
+        if let Some(f) = adopt.filter(|_| qualifies && !self.adopt_off) {
             let same = f.metadata().map_err(|e| CkptError::io("the committed file", e)).and_then(|m| {
                 if m.len() == len {
                     Ok(())

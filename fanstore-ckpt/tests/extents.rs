@@ -252,3 +252,27 @@ fn unlinks_free_extents_and_compaction_keeps_what_others_share_even_across_a_cra
     check_all(&store, &model, "reopened");
     assert!(store.verify(None).unwrap().ok());
 }
+
+#[test]
+fn a_file_on_another_file_system_is_copied_and_reported_once() {
+    let d = tempfile::tempdir().unwrap();
+    let shm = tempfile::tempdir_in("/dev/shm").unwrap();
+    assert_ne!(
+        std::fs::metadata(d.path()).unwrap().dev(),
+        std::fs::metadata(shm.path()).unwrap().dev(),
+        "the test needs two file systems"
+    );
+    let sdir = d.path().join("store");
+    let mut store = CheckpointStore::open(&sdir).unwrap();
+    let f1 = file(&mut Rng(30), 0, 0, 10);
+    let f2 = file(&mut Rng(31), 0, 0, 10);
+    commit_file(&mut store, shm.path(), "a", &f1);
+    commit_file(&mut store, shm.path(), "b", &f2);
+    assert!(extents(&sdir).is_empty());
+    assert!(pack_bytes(&sdir) >= (f1.len() + f2.len()) as u64 - (64 << 10), "copied into packs");
+    let lines: Vec<&String> = store.repairs().iter().filter(|r| r.contains("adopting")).collect();
+    assert_eq!(lines.len(), 1, "{:?}", store.repairs());
+    assert!(lines[0].contains(".fsx"), "{lines:?}");
+    assert_eq!(store.read(b"a").unwrap(), f1);
+    assert_eq!(store.read(b"b").unwrap(), f2);
+}

@@ -285,6 +285,7 @@ fn commit_worker(
                     h.rename_key(id, to);
                 }
                 h.keep_hot(id, Arc::new(OwnedFd::from(file)), &dir);
+                log_repairs(&mut h.store);
                 // Under the store's lock: readers that miss the plain file find the checkpoint.
                 if let Err(e) = std::fs::remove_file(&job.plain) {
                     log::warn!("checkpoint store: removing the plain copy {} of a stored output: {e}", job.plain.display());
