@@ -235,11 +235,6 @@ impl PackSet {
         }
     }
 
-    /// Extent `seq`'s nonce.
-    pub(crate) fn extent_nonce(&self, seq: u64) -> Option<u64> {
-        self.extents.get(&seq).map(|x| x.nonce)
-    }
-
     /// Extent `seq`'s path, if its nonce is `nonce`.
     fn extent_path(&self, seq: u64, nonce: u64) -> Option<PathBuf> {
         self.extents.get(&seq).filter(|x| x.nonce == nonce).map(|x| x.path.clone())

@@ -173,8 +173,9 @@ struct Stored {
     written: Vec<Written>,
     /// Unit body bytes written (an external unit's payload in its extent included).
     new_bytes: u64,
-    /// The extent this commit adopted its file as (deleted if it fails).
-    extent: Option<u64>,
+    /// The extent (sequence number, nonce) this commit adopted its file
+    /// as (deleted if it fails).
+    extent: Option<(u64, u64)>,
     /// Why the file was not adopted although it qualified (for [`CheckpointStore::repairs`]).
     adopt_error: Option<CkptError>,
 }
@@ -531,7 +532,7 @@ impl CheckpointStore {
             self.repairs.push(format!("{e}: adopting a committed file failed; files are copied from now on, until the store is reopened"));
         }
         if let Err(e) = stored {
-            self.give_back(&mark, st.extent);
+            self.give_back(&mark, st.extent.map(|x| x.0));
             return Err(e);
         }
         let Stored { hashes, file_xxh3, written, mut new_bytes, extent, .. } = st;
@@ -613,7 +614,7 @@ impl CheckpointStore {
             Err(_) => {
                 // Nothing was committed: give back what it appended.
                 let _ = std::fs::remove_file(self.recipe_path(id));
-                self.give_back(&mark, extent);
+                self.give_back(&mark, extent.map(|x| x.0));
             }
         }
         result
@@ -758,11 +759,11 @@ impl CheckpointStore {
                 }
             });
             match same.and_then(|_| self.packs().adopt(f, len)) {
-                Ok((seq, _)) => st.extent = Some(seq),
+                Ok(x) => st.extent = Some(x),
                 Err(e) => st.adopt_error = Some(e),
             }
         }
-        let extent = st.extent.and_then(|seq| self.packs().extent_nonce(seq).map(|n| (seq, n)));
+        let extent = st.extent;
         let empty_sum = xxh3(&[]);
         // Phase 2: encode and write the new units, each thread into its own
         // pack (writes into one file serialize on its inode lock).
