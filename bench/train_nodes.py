@@ -43,7 +43,8 @@ def main():
     ds = work / "ds"
     sh([str(B / "fanstore-prep"), "pack", "--input", str(src), "--output", str(ds), "--partitions", "8"], env=env)
     # configuration -> (daemons, extra daemon arguments)
-    configs = {1: (1, []), 4: (4, []), "4b": (4, ["--comm-fd-bound-us", "0"]), "4p": (4, ["--prefetch-remote", "all"])}
+    configs = {1: (1, []), 4: (4, []), "4b": (4, ["--comm-fd-bound-us", "0"]), "4p": (4, ["--prefetch-remote", "all"]),
+               "4r": (4, ["--replicate-on-read", "all"])}
     res = {k: [] for k in configs}
     cpu = {k: [] for k in configs}
 
@@ -58,7 +59,8 @@ def main():
         return p, rt
 
     for r in range(ROUNDS):
-        for n in ((1, 4, "4b", "4p") if r % 2 == 0 else ("4p", "4b", 4, 1)):
+        order = list(configs)
+        for n in (order if r % 2 == 0 else order[::-1]):
             p, rt = start(n, r)  # a fresh job each run: the first epoch is cold, as in a new training job
             try:
                 e = dict(env, FANSTORE_RUNTIME_DIR=str(rt), FANSTORE_NODE="0", LD_PRELOAD=str(B / "libfanstore_preload.so"))
@@ -71,7 +73,7 @@ def main():
                 p.wait(timeout=60)
     nfiles = sum(1 for f in (src / "train").rglob("*") if f.is_file())
     same = len({d for k in configs for _, d in res[k]}) == 1
-    one, four, naps, pre = (statistics.median(x for x, _ in res[k]) for k in (1, 4, "4b", "4p"))
+    one, four, naps, pre, onread = (statistics.median(x for x, _ in res[k]) for k in (1, 4, "4b", "4p", "4r"))
     c = {k: statistics.median(v) for k, v in cpu.items()}
     print("\n".join([
         "## Training-shaped reader: 4 nodes vs 1 node (bench/train_nodes.py)", "",
@@ -88,6 +90,7 @@ def main():
         f"| 4 (3/4 remote on the first epoch) | {four:.0f} | {', '.join(f'{x:.0f}' for x, _ in res[4])} | **{four / one:.2f}x** | {c[4]:.2f} |",
         f"| 4, `--comm-fd-bound-us 0` | {naps:.0f} | {', '.join(f'{x:.0f}' for x, _ in res['4b'])} | **{naps / one:.2f}x** | {c['4b']:.2f} |",
         f"| 4, `--prefetch-remote all` | {pre:.0f} | {', '.join(f'{x:.0f}' for x, _ in res['4p'])} | **{pre / one:.2f}x** | {c['4p']:.2f} |",
+        f"| 4, `--replicate-on-read all` | {onread:.0f} | {', '.join(f'{x:.0f}' for x, _ in res['4r'])} | **{onread / one:.2f}x** | {c['4r']:.2f} |",
     ]))
 
 

@@ -115,3 +115,60 @@ def test_off_by_default_and_stop_during_prefetch(cluster_factory, bins, tmp_path
     c2 = cluster_factory(ds, nranks=2, extra_args=["--prefetch-remote", "all"], subdir="again")
     c2.stop()  # at once, perhaps mid-fetch: a clean stop, nothing left behind
     assert not c2.local.exists() or not any(c2.local.rglob("*.fetch"))
+
+
+def test_replicate_on_read_fetches_the_partitions_read_and_no_other(cluster_factory, bins, tmp_path):
+    """`--replicate-on-read`: the first remote read of a file asks for its
+    whole partition; from then on the partition's files are local (no file
+    crosses MPI alone), while partitions nothing read stay remote."""
+    src, ds = make(tmp_path, bins)
+    c = cluster_factory(ds, nranks=4, extra_args=["--replicate-on-read", "all", "--prefill-mem", "0"])
+    node = 1
+    st = node_state(c.runtime, node)
+    info, nodes = read_index(ds / "manifest.fsm")
+    remote = [p for p in range(8) if p not in st["local"]]
+    by_part = {p: sorted(n for n, v in nodes.items() if v["partition"] == p) for p in remote}
+    first, second = remote[0], remote[3]
+    assert int(status(c, node)["replicated_parts"]) == 0, "nothing is fetched before a read"
+    one = by_part[first][0]
+    assert digests(c, node, [f"{c.mount}/{one}"]) == f"{hashlib.sha256((src / one).read_bytes()).hexdigest()} {c.mount}/{one}\n"
+    s = wait_replicated(c, node, 1)
+    local = Path(st["local_dir"])
+    assert (local / "parts" / f"part-{first:06d}.fsp").read_bytes() == (ds / f"part-{first:06d}.fsp").read_bytes()
+    assert int(s["replicated_bytes"]) == (ds / f"part-{first:06d}.fsp").stat().st_size, s
+    before = status(c, node)
+    got = digests(c, node, [f"{c.mount}/{n}" for n in by_part[first]])
+    assert got == "".join(f"{hashlib.sha256((src / n).read_bytes()).hexdigest()} {c.mount}/{n}\n" for n in by_part[first])
+    assert int(status(c, node)["remote_sent"]) == int(before["remote_sent"]), "the replicated partition's files are local"
+    # A read of another partition replicates that one too; the rest stay remote.
+    digests(c, node, [f"{c.mount}/{by_part[second][0]}"])
+    wait_replicated(c, node, 2)
+    time.sleep(0.5)
+    assert int(status(c, node)["replicated_parts"]) == 2
+    assert sorted(q.name for q in (local / "parts").glob("part-*")) == \
+        sorted([f"part-{p:06d}.fsp" for p in st["local"]] + [f"part-{first:06d}.fsp", f"part-{second:06d}.fsp"])
+    # Ranks nothing was read on fetched nothing.
+    assert int(status(c, 3)["replicated_parts"]) == 0
+
+
+def test_replicate_on_read_within_its_budget_and_beside_prefetch(cluster_factory, bins, tmp_path):
+    """A budget of the smallest partition replicates one, however many are read; with
+    --prefetch-remote as well, no partition is fetched twice (both threads
+    claim a partition before fetching it) and every byte reads back right."""
+    src, ds = make(tmp_path, bins)
+    smallest = min((ds / f"part-{p:06d}.fsp").stat().st_size for p in range(1, 8, 2))  # rank 1's: remote on rank 0
+    c = cluster_factory(ds, nranks=2, extra_args=["--replicate-on-read", str(smallest), "--prefill-mem", "0"])
+    names = sorted(p.name for p in src.iterdir())
+    want = "".join(f"{hashlib.sha256((src / n).read_bytes()).hexdigest()} {c.mount}/{n}\n" for n in names)
+    assert digests(c, 0, [f"{c.mount}/{n}" for n in names]) == want
+    wait_replicated(c, 0, 1)
+    time.sleep(1.0)
+    s = status(c, 0)
+    assert int(s["replicated_parts"]) == 1 and int(s["replicated_bytes"]) == smallest, s
+    c.stop()
+    c2 = cluster_factory(ds, nranks=2, extra_args=["--replicate-on-read", "all", "--prefetch-remote", "all"], subdir="both")
+    assert digests(c2, 0, [f"{c2.mount}/{n}" for n in names]) == want
+    wait_replicated(c2, 0, 4)
+    time.sleep(0.5)
+    assert int(status(c2, 0)["replicated_parts"]) == 4
+    assert "replication of partition" not in c2.log(), c2.log()[-3000:]

@@ -107,7 +107,10 @@ impl PartitionHeader {
             });
         }
         if b[..8] != MAGIC {
-            return Err(FormatError::BadMagic { file: file.into(), what: "partition" });
+            return Err(FormatError::BadMagic {
+                file: file.into(),
+                what: "partition",
+            });
         }
         let version = u32_at(b, VERSION_OFF);
         if version != VERSION {
@@ -178,7 +181,13 @@ impl EntryHeader {
         let stored = u64_at(b, E_CHECKSUM_OFF);
         let computed = xxh3(&b[..E_CHECKSUM_OFF]);
         if stored != computed {
-            return Err(FormatError::Checksum { file: file.into(), entry: entry(), offset, stored, computed });
+            return Err(FormatError::Checksum {
+                file: file.into(),
+                entry: entry(),
+                offset,
+                stored,
+                computed,
+            });
         }
         let codec = Codec::from_u8(b[E_CODEC_OFF]).ok_or_else(|| FormatError::Corrupt {
             file: file.into(),
@@ -214,12 +223,26 @@ impl PartitionWriter {
         let f = File::create(path).map_err(|e| FormatError::io(path, e))?;
         let mut out = BufWriter::with_capacity(1 << 20, f);
         // Placeholder header with a zero magic: an unfinished partition is never valid.
-        out.write_all(&[0u8; HEADER_LEN]).map_err(|e| FormatError::io(path, e))?;
-        Ok(PartitionWriter { path: path.into(), out, id, flags, pos: HEADER_LEN as u64, entries: 0 })
+        out.write_all(&[0u8; HEADER_LEN])
+            .map_err(|e| FormatError::io(path, e))?;
+        Ok(PartitionWriter {
+            path: path.into(),
+            out,
+            id,
+            flags,
+            pos: HEADER_LEN as u64,
+            entries: 0,
+        })
     }
 
     /// Appends an entry whose payload is in memory. Returns the payload offset.
-    pub fn append(&mut self, path_hash: u64, raw_len: u64, codec: Codec, payload: &[u8]) -> Result<u64> {
+    pub fn append(
+        &mut self,
+        path_hash: u64,
+        raw_len: u64,
+        codec: Codec,
+        payload: &[u8],
+    ) -> Result<u64> {
         let h = EntryHeader {
             path_hash,
             raw_len,
@@ -229,7 +252,9 @@ impl PartitionWriter {
         };
         let io = |e| FormatError::io(&self.path, e);
         self.out.write_all(&h.encode()).map_err(io)?;
-        self.out.write_all(payload).map_err(|e| FormatError::io(&self.path, e))?;
+        self.out
+            .write_all(payload)
+            .map_err(|e| FormatError::io(&self.path, e))?;
         let payload_off = self.pos + ENTRY_HEADER_LEN as u64;
         self.pos = payload_off + payload.len() as u64;
         self.entries += 1;
@@ -238,7 +263,12 @@ impl PartitionWriter {
 
     /// Appends a raw entry streamed from `input`, which must yield exactly
     /// `len` bytes (a file that changed size fails). Returns (payload offset, checksum).
-    pub fn append_raw_stream(&mut self, path_hash: u64, len: u64, input: &mut impl Read) -> std::io::Result<(u64, u64)> {
+    pub fn append_raw_stream(
+        &mut self,
+        path_hash: u64,
+        len: u64,
+        input: &mut impl Read,
+    ) -> std::io::Result<(u64, u64)> {
         let header_pos = self.pos;
         self.out.write_all(&[0u8; ENTRY_HEADER_LEN])?;
         let mut sum = StreamingChecksum::new();
@@ -250,7 +280,10 @@ impl PartitionWriter {
             if n == 0 {
                 return Err(std::io::Error::new(
                     std::io::ErrorKind::UnexpectedEof,
-                    format!("file shrank while packing: expected {len} bytes, got {}", len - left),
+                    format!(
+                        "file shrank while packing: expected {len} bytes, got {}",
+                        len - left
+                    ),
                 ));
             }
             sum.update(&buf[..n]);
@@ -265,7 +298,13 @@ impl PartitionWriter {
             ));
         }
         let checksum = sum.digest();
-        let h = EntryHeader { path_hash, raw_len: len, stored_len: len, codec: Codec::None, payload_checksum: checksum };
+        let h = EntryHeader {
+            path_hash,
+            raw_len: len,
+            stored_len: len,
+            codec: Codec::None,
+            payload_checksum: checksum,
+        };
         self.out.flush()?;
         let f = self.out.get_mut();
         f.seek(SeekFrom::Start(header_pos))?;
@@ -291,10 +330,15 @@ impl PartitionWriter {
         let io = |e| FormatError::io(&self.path, e);
         self.out.flush().map_err(io)?;
         let f = self.out.get_mut();
-        f.seek(SeekFrom::Start(0)).map_err(|e| FormatError::io(&self.path, e))?;
-        f.write_all(&enc).map_err(|e| FormatError::io(&self.path, e))?;
+        f.seek(SeekFrom::Start(0))
+            .map_err(|e| FormatError::io(&self.path, e))?;
+        f.write_all(&enc)
+            .map_err(|e| FormatError::io(&self.path, e))?;
         f.sync_all().map_err(|e| FormatError::io(&self.path, e))?;
-        Ok(PartitionHeader { checksum: u64_at(&enc, CHECKSUM_OFF), ..h })
+        Ok(PartitionHeader {
+            checksum: u64_at(&enc, CHECKSUM_OFF),
+            ..h
+        })
     }
 
     pub fn position(&self) -> u64 {
@@ -338,7 +382,14 @@ impl PartitionReader {
                 problem: format!("header says {expect} bytes, file has {file_len}"),
             });
         }
-        Ok(PartitionReader { path: path.into(), input, header, file_len, pos: HEADER_LEN as u64, seen: 0 })
+        Ok(PartitionReader {
+            path: path.into(),
+            input,
+            header,
+            file_len,
+            pos: HEADER_LEN as u64,
+            seen: 0,
+        })
     }
 
     pub fn header(&self) -> &PartitionHeader {
@@ -357,14 +408,18 @@ impl PartitionReader {
                     file: self.path.clone(),
                     entry: "partition".into(),
                     offset: self.pos,
-                    problem: format!("{} trailing bytes after the last entry", self.file_len - self.pos),
+                    problem: format!(
+                        "{} trailing bytes after the last entry",
+                        self.file_len - self.pos
+                    ),
                 });
             }
             return Ok(None);
         }
         let off = self.pos;
         let mut hb = [0u8; ENTRY_HEADER_LEN];
-        let got = read_full(&mut self.input, &mut hb).map_err(|e| FormatError::io(&self.path, e))?;
+        let got =
+            read_full(&mut self.input, &mut hb).map_err(|e| FormatError::io(&self.path, e))?;
         let header = EntryHeader::decode(&self.path, off, &hb[..got])?;
         let payload_offset = off + ENTRY_HEADER_LEN as u64;
         if payload_offset + header.stored_len > self.file_len {
@@ -377,7 +432,9 @@ impl PartitionReader {
             });
         }
         let mut payload = vec![0u8; header.stored_len as usize];
-        self.input.read_exact(&mut payload).map_err(|e| FormatError::io(&self.path, e))?;
+        self.input
+            .read_exact(&mut payload)
+            .map_err(|e| FormatError::io(&self.path, e))?;
         let computed = xxh3(&payload);
         if computed != header.payload_checksum {
             return Err(FormatError::Checksum {
@@ -390,13 +447,23 @@ impl PartitionReader {
         }
         self.pos = payload_offset + header.stored_len;
         self.seen += 1;
-        Ok(Some(Entry { header, payload_offset, payload }))
+        Ok(Some(Entry {
+            header,
+            payload_offset,
+            payload,
+        }))
     }
 }
 
 /// Reads one payload at a known offset (random access), verifying its entry
 /// header against the expected length and its checksum.
-pub fn read_payload_at(path: &Path, f: &File, payload_offset: u64, stored_len: u64, checksum: u64) -> Result<Vec<u8>> {
+pub fn read_payload_at(
+    path: &Path,
+    f: &File,
+    payload_offset: u64,
+    stored_len: u64,
+    checksum: u64,
+) -> Result<Vec<u8>> {
     use std::os::unix::fs::FileExt;
     let hoff = payload_offset
         .checked_sub(ENTRY_HEADER_LEN as u64)
@@ -407,7 +474,8 @@ pub fn read_payload_at(path: &Path, f: &File, payload_offset: u64, stored_len: u
             problem: "offset inside the partition header".into(),
         })?;
     let mut buf = vec![0u8; ENTRY_HEADER_LEN + stored_len as usize];
-    f.read_exact_at(&mut buf, hoff).map_err(|e| FormatError::io(path, e))?;
+    f.read_exact_at(&mut buf, hoff)
+        .map_err(|e| FormatError::io(path, e))?;
     let h = EntryHeader::decode(path, hoff, &buf[..ENTRY_HEADER_LEN])?;
     if h.stored_len != stored_len || h.payload_checksum != checksum {
         return Err(FormatError::Corrupt {
@@ -471,10 +539,17 @@ mod tests {
         }
         assert_eq!(
             got,
-            vec![(11, offs[0], b"hello".to_vec()), (12, offs[1], vec![]), (13, offs[2], b"world!".to_vec())]
+            vec![
+                (11, offs[0], b"hello".to_vec()),
+                (12, offs[1], vec![]),
+                (13, offs[2], b"world!".to_vec())
+            ]
         );
         let f = File::open(&p).unwrap();
-        assert_eq!(read_payload_at(&p, &f, offs[2], 6, xxh3(b"world!")).unwrap(), b"world!");
+        assert_eq!(
+            read_payload_at(&p, &f, offs[2], 6, xxh3(b"world!")).unwrap(),
+            b"world!"
+        );
     }
 
     fn corrupt_at(p: &Path, off: u64) {
@@ -495,7 +570,12 @@ mod tests {
         let (p, _) = write_sample(d.path());
         corrupt_at(&p, 20);
         let e = read_all(&p).unwrap_err().to_string();
-        assert!(e.contains("part-000003.fsp") && e.contains("partition header") && e.contains("checksum"), "{e}");
+        assert!(
+            e.contains("part-000003.fsp")
+                && e.contains("partition header")
+                && e.contains("checksum"),
+            "{e}"
+        );
     }
 
     #[test]
@@ -504,7 +584,10 @@ mod tests {
         let (p, offs) = write_sample(d.path());
         corrupt_at(&p, offs[2] + 1);
         let e = read_all(&p).unwrap_err().to_string();
-        assert!(e.contains("payload of entry 2") && e.contains(&format!("offset {}", offs[2])), "{e}");
+        assert!(
+            e.contains("payload of entry 2") && e.contains(&format!("offset {}", offs[2])),
+            "{e}"
+        );
     }
 
     #[test]
@@ -513,7 +596,10 @@ mod tests {
         let (p, offs) = write_sample(d.path());
         corrupt_at(&p, offs[1] - 30);
         let e = read_all(&p).unwrap_err().to_string();
-        assert!(e.contains(&format!("entry header at offset {}", offs[1] - 48)), "{e}");
+        assert!(
+            e.contains(&format!("entry header at offset {}", offs[1] - 48)),
+            "{e}"
+        );
     }
 
     #[test]

@@ -92,6 +92,16 @@ pub struct DaemonArgs {
     /// by one when opened.
     #[arg(long, default_value = "0", value_parser = parse_size_or_all)]
     pub prefetch_remote: u64,
+    /// Once a file of a remote partition is read from its holder, fetch the
+    /// whole partition in the background, as --prefetch-remote does (large
+    /// MPI messages, verified, into the local directory while the local file
+    /// system keeps 5% free), so that the partition's other files are read
+    /// locally from then on: a reader that reads every file (an epoch) pays
+    /// the transport once per partition, not once per file. Up to this many
+    /// bytes in all ('all': no limit but the free space; 0: off, every remote
+    /// file is fetched alone when opened).
+    #[arg(long, default_value = "0", value_parser = parse_size_or_all)]
+    pub replicate_on_read: u64,
     /// Loader threads (default: available cores).
     #[arg(long)]
     pub load_threads: Option<usize>,
@@ -138,7 +148,10 @@ pub fn parse_size_or_all(s: &str) -> Result<u64, String> {
 
 pub fn parse_size(s: &str) -> Result<u64, String> {
     let t = s.trim();
-    let t = t.strip_suffix("iB").or_else(|| t.strip_suffix('B')).unwrap_or(t);
+    let t = t
+        .strip_suffix("iB")
+        .or_else(|| t.strip_suffix('B'))
+        .unwrap_or(t);
     let (num, shift) = match t.char_indices().last() {
         Some((i, c)) if c.is_ascii_alphabetic() => {
             let shift = match c.to_ascii_uppercase() {
@@ -153,7 +166,8 @@ pub fn parse_size(s: &str) -> Result<u64, String> {
         _ => (t, 0),
     };
     let n: u64 = num.trim().parse().map_err(|_| format!("bad size '{s}'"))?;
-    n.checked_mul(1u64 << shift).ok_or_else(|| format!("size '{s}' is too large"))
+    n.checked_mul(1u64 << shift)
+        .ok_or_else(|| format!("size '{s}' is too large"))
 }
 
 #[cfg(test)]

@@ -68,7 +68,9 @@ enum Skip {
 /// job spread their requests over all holders instead of all asking rank 0.
 pub fn order(partition_count: u32, nranks: u32, rank: u32, local: &[bool]) -> Vec<u32> {
     let nranks = nranks.max(1);
-    let mut ps: Vec<u32> = (0..partition_count).filter(|&p| !local.get(p as usize).copied().unwrap_or(false)).collect();
+    let mut ps: Vec<u32> = (0..partition_count)
+        .filter(|&p| !local.get(p as usize).copied().unwrap_or(false))
+        .collect();
     ps.sort_by_key(|&p| ((p % nranks + nranks - rank % nranks - 1) % nranks, p));
     ps
 }
@@ -76,47 +78,128 @@ pub fn order(partition_count: u32, nranks: u32, rank: u32, local: &[bool]) -> Ve
 /// Fetches remote partitions until `budget` bytes are replicated, the local
 /// file system runs short, or the rank stops.
 pub fn run(node: &Node, budget: u64) -> Report {
-    // SAFETY: lowers this thread's own scheduling priority (Linux: per thread).
-    unsafe { libc::setpriority(libc::PRIO_PROCESS, libc::gettid() as libc::id_t, 19) };
+    lowest_priority();
     let mut report = Report::default();
     let local = node.local.get().cloned().unwrap_or_default();
-    let wanted = order(node.view.partition_count(), node.id.nranks, node.id.rank, &local);
+    let wanted = order(
+        node.view.partition_count(),
+        node.id.nranks,
+        node.id.rank,
+        &local,
+    );
     if wanted.is_empty() {
         return report;
     }
     let maps = load::offset_maps(&node.view, &wanted);
-    let dir = node.id.local_dir.join("parts");
     for p in wanted {
-        if node.stopping.load(Relaxed) {
+        if step(node, p, maps.get(&p), budget, &mut report) == Flow::Stop {
             break;
-        }
-        let Some(info) = node.view.partition(p) else { continue };
-        if report.bytes.saturating_add(info.file_len) > budget {
-            continue;
-        }
-        if !room_for(&dir, info.file_len) {
-            log::info!("rank {}: prefetch stops: the local file system has no room for partition {p}", node.id.rank);
-            break;
-        }
-        let empty = OffsetMap::new();
-        let offsets = maps.get(&p).unwrap_or(&empty);
-        let t = Instant::now();
-        match replicate_one(node, p, info.file_len, offsets) {
-            Ok(()) => {
-                report.partitions += 1;
-                report.bytes += info.file_len;
-                node.counters.replicated_parts.fetch_add(1, Relaxed);
-                node.counters.replicated_bytes.fetch_add(info.file_len, Relaxed);
-                log::debug!("rank {}: partition {p} ({} B) replicated in {:?}", node.id.rank, info.file_len, t.elapsed());
-            }
-            Err(Skip::Stopping) => break,
-            Err(Skip::Failed(why)) => {
-                report.failed += 1;
-                log::warn!("rank {}: prefetch of partition {p}: {why}; its files are read remotely", node.id.rank);
-            }
         }
     }
     report
+}
+
+/// Replicates the remote partitions whose files are read (`--replicate-on-read`):
+/// [`Node::read_remotely`] queues a partition on the first remote read of one
+/// of its files; this thread fetches the queued partitions one by one, within
+/// `budget` bytes, until the queue closes, the disk runs short or the rank stops.
+pub fn on_read(node: &Node, budget: u64, queue: &crossbeam::channel::Receiver<u32>) -> Report {
+    lowest_priority();
+    let mut report = Report::default();
+    let local = node.local.get().cloned().unwrap_or_default();
+    loop {
+        let first = match queue.recv_timeout(Duration::from_millis(500)) {
+            Ok(p) => p,
+            Err(crossbeam::channel::RecvTimeoutError::Timeout) if !node.stopping.load(Relaxed) => {
+                continue
+            }
+            Err(_) => return report,
+        };
+        // Everything asked for meanwhile: one pass over the index finds where
+        // the files of all of them lie.
+        let mut batch: Vec<u32> = std::iter::once(first).chain(queue.try_iter()).collect();
+        batch.retain(|&p| !local.get(p as usize).copied().unwrap_or(false));
+        batch.dedup();
+        let maps = load::offset_maps(&node.view, &batch);
+        for p in batch {
+            if step(node, p, maps.get(&p), budget, &mut report) == Flow::Stop {
+                return report;
+            }
+        }
+    }
+}
+
+fn lowest_priority() {
+    // SAFETY: lowers this thread's own scheduling priority (Linux: per thread).
+    unsafe { libc::setpriority(libc::PRIO_PROCESS, libc::gettid() as libc::id_t, 19) };
+}
+
+#[derive(Debug, PartialEq, Eq)]
+enum Flow {
+    Next,
+    Stop,
+}
+
+/// Replicates partition `p` unless another thread took it, it is over the
+/// budget (skipped), or the disk is short or the rank stops (`Flow::Stop`).
+fn step(
+    node: &Node,
+    p: u32,
+    offsets: Option<&OffsetMap>,
+    budget: u64,
+    report: &mut Report,
+) -> Flow {
+    if node.stopping.load(Relaxed) {
+        return Flow::Stop;
+    }
+    let Some(info) = node.view.partition(p) else {
+        return Flow::Next;
+    };
+    if report.bytes.saturating_add(info.file_len) > budget {
+        return Flow::Next;
+    }
+    let dir = node.id.local_dir.join("parts");
+    if !room_for(&dir, info.file_len) {
+        log::info!(
+            "rank {}: replication stops: the local file system has no room for partition {p}",
+            node.id.rank
+        );
+        return Flow::Stop;
+    }
+    let Some(claim) = node.replica_claims.get(p as usize) else {
+        return Flow::Next;
+    };
+    if claim.swap(true, Relaxed) {
+        return Flow::Next;
+    }
+    let empty = OffsetMap::new();
+    let t = Instant::now();
+    match replicate_one(node, p, info.file_len, offsets.unwrap_or(&empty)) {
+        Ok(()) => {
+            report.partitions += 1;
+            report.bytes += info.file_len;
+            node.counters.replicated_parts.fetch_add(1, Relaxed);
+            node.counters
+                .replicated_bytes
+                .fetch_add(info.file_len, Relaxed);
+            log::debug!(
+                "rank {}: partition {p} ({} B) replicated in {:?}",
+                node.id.rank,
+                info.file_len,
+                t.elapsed()
+            );
+            Flow::Next
+        }
+        Err(Skip::Stopping) => Flow::Stop,
+        Err(Skip::Failed(why)) => {
+            report.failed += 1;
+            log::warn!(
+                "rank {}: replication of partition {p}: {why}; its files are read remotely",
+                node.id.rank
+            );
+            Flow::Next
+        }
+    }
 }
 
 fn replicate_one(node: &Node, p: u32, len: u64, offsets: &OffsetMap) -> Result<(), Skip> {
@@ -130,7 +213,9 @@ fn replicate_one(node: &Node, p: u32, len: u64, offsets: &OffsetMap) -> Result<(
         let _ = std::fs::remove_file(&tmp);
         return Err(e);
     }
-    let failed = |what: &str, e: &dyn std::fmt::Display| Skip::Failed(format!("{what} {}: {e}", dest.display()));
+    let failed = |what: &str, e: &dyn std::fmt::Display| {
+        Skip::Failed(format!("{what} {}: {e}", dest.display()))
+    };
     std::fs::rename(&tmp, &dest).map_err(|e| {
         let _ = std::fs::remove_file(&tmp);
         failed("renaming into", &e)
@@ -139,7 +224,10 @@ fn replicate_one(node: &Node, p: u32, len: u64, offsets: &OffsetMap) -> Result<(
     // SAFETY: the daemon wrote and verified this file and never changes or
     // truncates it while the job runs; the mapping is read-only.
     let map = unsafe { memmap2::Mmap::map(&f) }.map_err(|e| failed("mapping", &e))?;
-    let slot = node.replicas.get(p as usize).ok_or_else(|| Skip::Failed(format!("no partition {p}")))?;
+    let slot = node
+        .replicas
+        .get(p as usize)
+        .ok_or_else(|| Skip::Failed(format!("no partition {p}")))?;
     let _ = slot.set(Arc::new(map));
     if let Some(tiers) = node.tiers.get() {
         for &id in offsets.values() {
@@ -150,8 +238,16 @@ fn replicate_one(node: &Node, p: u32, len: u64, offsets: &OffsetMap) -> Result<(
 }
 
 /// Fetches partition `p` (`len` bytes) into `tmp` and verifies it.
-fn fetch_and_verify(node: &Node, p: u32, len: u64, offsets: &OffsetMap, tmp: &Path) -> Result<(), Skip> {
-    let failed = |what: &str, e: &dyn std::fmt::Display| Skip::Failed(format!("{what} {}: {e}", tmp.display()));
+fn fetch_and_verify(
+    node: &Node,
+    p: u32,
+    len: u64,
+    offsets: &OffsetMap,
+    tmp: &Path,
+) -> Result<(), Skip> {
+    let failed = |what: &str, e: &dyn std::fmt::Display| {
+        Skip::Failed(format!("{what} {}: {e}", tmp.display()))
+    };
     let out = std::fs::OpenOptions::new()
         .write(true)
         .create_new(true)
@@ -159,17 +255,33 @@ fn fetch_and_verify(node: &Node, p: u32, len: u64, offsets: &OffsetMap, tmp: &Pa
         .custom_flags(libc::O_CLOEXEC)
         .open(tmp)
         .map_err(|e| failed("creating", &e))?;
-    let holders: Vec<u32> = node.placement.holders_for(p, 0).into_iter().filter(|&h| h != node.id.rank).collect();
+    let holders: Vec<u32> = node
+        .placement
+        .holders_for(p, 0)
+        .into_iter()
+        .filter(|&h| h != node.id.rank)
+        .collect();
     if holders.is_empty() {
         return Err(Skip::Failed("no other rank holds it".into()));
     }
-    let ranges: Vec<(u64, u64)> = (0..len.div_ceil(CHUNK)).map(|i| (i * CHUNK, CHUNK.min(len - i * CHUNK))).collect();
+    let ranges: Vec<(u64, u64)> = (0..len.div_ceil(CHUNK))
+        .map(|i| (i * CHUNK, CHUNK.min(len - i * CHUNK)))
+        .collect();
     // Warm buffers, reused for every range (fresh pages are costly).
     let mut spare: Vec<Vec<u8>> = Vec::new();
-    let mut inflight: std::collections::VecDeque<(u64, u64, usize, crossbeam::channel::Receiver<FetchReply>)> = Default::default();
+    let mut inflight: std::collections::VecDeque<(
+        u64,
+        u64,
+        usize,
+        crossbeam::channel::Receiver<FetchReply>,
+    )> = Default::default();
     let mut next = 0;
     let timeout = node.remote_timeout + Duration::from_secs(CHUNK / (64 << 20) + 1);
-    let ask = |off: u64, n: u64, holder_ix: usize, buf: Vec<u8>| -> Result<crossbeam::channel::Receiver<FetchReply>, Skip> {
+    let ask = |off: u64,
+               n: u64,
+               holder_ix: usize,
+               buf: Vec<u8>|
+     -> Result<crossbeam::channel::Receiver<FetchReply>, Skip> {
         let (tx, rx) = crossbeam::channel::bounded(1);
         let mut buf = buf;
         buf.resize(n as usize, 0);
@@ -179,7 +291,10 @@ fn fetch_and_verify(node: &Node, p: u32, len: u64, offsets: &OffsetMap, tmp: &Pa
             holder,
             stored_len: n,
             offset: off,
-            buf: RecvBuf { buf, len: n as usize },
+            buf: RecvBuf {
+                buf,
+                len: n as usize,
+            },
             reply: tx,
             timeout,
         });
@@ -193,13 +308,16 @@ fn fetch_and_verify(node: &Node, p: u32, len: u64, offsets: &OffsetMap, tmp: &Pa
             inflight.push_back((off, n, 0, rx));
             next += 1;
         }
-        let Some((off, n, tries, rx)) = inflight.pop_front() else { break };
+        let Some((off, n, tries, rx)) = inflight.pop_front() else {
+            break;
+        };
         if node.stopping.load(Relaxed) {
             return Err(Skip::Stopping);
         }
         match rx.recv_timeout(timeout + Duration::from_secs(2)) {
             Ok(Ok((RecvBuf { buf, len }, _))) if len as u64 == n => {
-                out.write_all_at(&buf[..len], off).map_err(|e| failed("writing", &e))?;
+                out.write_all_at(&buf[..len], off)
+                    .map_err(|e| failed("writing", &e))?;
                 spare.push(buf);
             }
             other => {
@@ -212,7 +330,10 @@ fn fetch_and_verify(node: &Node, p: u32, len: u64, offsets: &OffsetMap, tmp: &Pa
                     return Err(Skip::Stopping);
                 }
                 if tries + 1 >= holders.len() {
-                    return Err(Skip::Failed(format!("bytes {off}..{} from every holder: {why}", off + n)));
+                    return Err(Skip::Failed(format!(
+                        "bytes {off}..{} from every holder: {why}",
+                        off + n
+                    )));
                 }
                 // Ask the next holder for this range, ahead of the others.
                 let rx = ask(off, n, tries + 1, spare.pop().unwrap_or_default())?;
@@ -221,7 +342,8 @@ fn fetch_and_verify(node: &Node, p: u32, len: u64, offsets: &OffsetMap, tmp: &Pa
         }
     }
     drop(out);
-    let got = load::verify_partition(tmp, &node.view, p, offsets, &node.stopping).map_err(|e| Skip::Failed(e.to_string()))?;
+    let got = load::verify_partition(tmp, &node.view, p, offsets, &node.stopping)
+        .map_err(|e| Skip::Failed(e.to_string()))?;
     if node.stopping.load(Relaxed) {
         return Err(Skip::Stopping);
     }
@@ -241,7 +363,9 @@ mod tests {
         let local: Vec<bool> = (0..8).map(|p| p % 4 == 1).collect();
         assert_eq!(order(8, 4, 1, &local), vec![2, 6, 3, 7, 0, 4]);
         // Every rank starts with a different holder.
-        let firsts: Vec<u32> = (0..4).map(|r| order(8, 4, r, &vec![false; 8])[0] % 4).collect();
+        let firsts: Vec<u32> = (0..4)
+            .map(|r| order(8, 4, r, &vec![false; 8])[0] % 4)
+            .collect();
         assert_eq!(firsts, vec![1, 2, 3, 0]);
         assert!(order(3, 1, 0, &[true, true, true]).is_empty());
     }
