@@ -177,6 +177,22 @@ for s in SIZES:
     for r in range(rounds):
         multi.setdefault((s, "prefetched"), []).append(readers4(lf, True, rt4p))
 stop(p4p, rt4p)
+# And cold, as an epoch meets them: 4 daemons with --replicate-on-read all, a
+# fresh job for every size and round, on a dataset of that size alone (16
+# partitions): the first read of a file asks for its whole partition, which
+# in the mixed dataset above would also bring the other sizes' files.
+for s in SIZES:
+    sds = work / f"mds-{s}"
+    sh([str(B / "fanstore-prep"), "pack", "--input", str(msrc / f"s{s >> 10}k"), "--output", str(sds), "--partitions", "16",
+        "--compress", "none"])
+    names = sorted(str(q.relative_to(msrc / f"s{s >> 10}k")) for q in (msrc / f"s{s >> 10}k").rglob("*.bin"))
+    lf = work / f"m{s}.one.fs"
+    lf.write_text("".join(f"/fanstore/{n}\n" for n in names))
+    for r in range(rounds):
+        for key, extra in (("cold", []), ("on-read", ["--replicate-on-read", "all"])):
+            p4r, rt4r = start(sds, f"multir-{s}-{r}-{key}", "--cache-mem", "0", *extra, n=4)
+            multi.setdefault((s, key), []).append(readers4(lf, True, rt4r))
+            stop(p4r, rt4r)
 
 # --- load vs cat ------------------------------------------------------------------
 def load_vs_cat(name, make):
@@ -264,9 +280,12 @@ L.append(f"`mpiexec -n 4` daemons on this host (UCX_TLS={os.environ.get('UCX_TLS
          "`1 daemon`: the same 4 readers on one daemon holding every partition (`--cache-mem 0`), run after the 4-daemon "
          "job stopped. `4 daemons, prefetched`: a third job, `--prefetch-remote all --cache-mem 0`, measured once every "
          f"rank had fetched the 12 partitions it does not hold ({prefetch_s:.1f} s after ready, the whole set of every "
-         "size).\n")
-L.append("| size | FanStore aggregate MB/s | FanStore files/s | FanStore min-max MB/s | native 4 readers MB/s | raw MPI ping-pong MB/s | FanStore / raw MPI | FanStore / native | 1 daemon MB/s | 4 daemons / 1 daemon | 4 daemons, prefetched MB/s | prefetched / 1 daemon |")
-L.append("| ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: |")
+         "size). `4 daemons, replicate on read`: `--replicate-on-read all --cache-mem 0`, a fresh job for every size and "
+         "round on a dataset of that size alone (16 partitions), read once from cold, against `4 daemons, cold`: the same "
+         "fresh jobs without the option: each rank fetches a partition whole after the first remote read of one of its files, "
+         "while the readers go on (files not yet replicated are fetched alone).\n")
+L.append("| size | FanStore aggregate MB/s | FanStore files/s | FanStore min-max MB/s | native 4 readers MB/s | raw MPI ping-pong MB/s | FanStore / raw MPI | FanStore / native | 1 daemon MB/s | 4 daemons / 1 daemon | 4 daemons, prefetched MB/s | prefetched / 1 daemon | 4 daemons, cold MB/s | 4 daemons, replicate on read, cold MB/s | replicate on read / 1 daemon | replicate on read / cold |")
+L.append("| ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: |")
 goals = []
 for s in SIZES:
     f = med(x[0] for x in multi[(s, "FanStore")]); ff = med(x[1] for x in multi[(s, "FanStore")])
@@ -274,15 +293,17 @@ for s in SIZES:
     lo = min(x[0] for x in multi[(s, "FanStore")]); hi = max(x[0] for x in multi[(s, "FanStore")])
     label = f"{s >> 10} KiB" if s < (1 << 20) else f"{s >> 20} MiB"
     o = med(x[0] for x in multi[(s, "one")]); pf = med(x[0] for x in multi[(s, "prefetched")])
+    orr = med(x[0] for x in multi[(s, "on-read")]); cold = med(x[0] for x in multi[(s, "cold")])
     L.append(f"| {label} | {f:.0f} | {ff:.0f} | {lo:.0f}-{hi:.0f} | {n:.0f} | {r:.0f} | **{f / r:.2f}×** | {f / n:.2f}× "
-             f"| {o:.0f} | **{f / o:.2f}×** | {pf:.0f} | **{pf / o:.2f}×** |")
+             f"| {o:.0f} | **{f / o:.2f}×** | {pf:.0f} | **{pf / o:.2f}×** | {cold:.0f} | {orr:.0f} | **{orr / o:.2f}×** | {orr / cold:.2f}× |")
 for s in (SIZES[0], 2 << 20):
     if (s, "FanStore") in multi:
         f = med(x[0] for x in multi[(s, "FanStore")]); o = med(x[0] for x in multi[(s, "one")])
-        pf = med(x[0] for x in multi[(s, "prefetched")])
+        pf = med(x[0] for x in multi[(s, "prefetched")]); orr = med(x[0] for x in multi[(s, "on-read")])
         label = f"{s >> 10} KiB" if s < (1 << 20) else f"{s >> 20} MiB"
         goals.append(["multi-node read", f">= 0.6x one daemon holding everything at {label} (4 daemons, 4 readers, 3/4 remote)",
-                      f"{f / o:.2f}x ({f:.0f} vs {o:.0f} MB/s); with --prefetch-remote all, once fetched: {pf / o:.2f}x",
+                      f"{f / o:.2f}x ({f:.0f} vs {o:.0f} MB/s); with --prefetch-remote all, once fetched: {pf / o:.2f}x; "
+                      f"with --replicate-on-read all, cold: {orr / o:.2f}x",
                       f / o >= 0.6])
 for s in (2 << 20, 8 << 20):
     if (s, "FanStore") in multi:

@@ -166,9 +166,20 @@ def test_replicate_on_read_within_its_budget_and_beside_prefetch(cluster_factory
     s = status(c, 0)
     assert int(s["replicated_parts"]) == 1 and int(s["replicated_bytes"]) == smallest, s
     c.stop()
-    c2 = cluster_factory(ds, nranks=2, extra_args=["--replicate-on-read", "all", "--prefetch-remote", "all"], subdir="both")
+    # Partitions large enough (16 MiB each) that reads right after ready
+    # meet the prefetch thread mid-fetch, so both threads want the same ones.
+    big_src = tmp_path / "big"
+    big_src.mkdir()
+    for i in range(16):
+        (big_src / f"b{i:02d}.bin").write_bytes(random.Random(100 + i).randbytes(8 << 20))
+        (big_src / f"t{i:02d}.txt").write_bytes((f"tiny {i} " * 50).encode())
+    big = tmp_path / "bigds"
+    pack(bins, big_src, big, "--partitions", "8", "--compress", "lz4")
+    c2 = cluster_factory(big, nranks=2, extra_args=["--replicate-on-read", "all", "--prefetch-remote", "all"], subdir="both")
+    names = sorted(p.name for p in big_src.iterdir())
+    want = "".join(f"{hashlib.sha256((big_src / n).read_bytes()).hexdigest()} {c2.mount}/{n}\n" for n in names)
     assert digests(c2, 0, [f"{c2.mount}/{n}" for n in names]) == want
     wait_replicated(c2, 0, 4)
     time.sleep(0.5)
-    assert int(status(c2, 0)["replicated_parts"]) == 4
+    assert int(status(c2, 0)["replicated_parts"]) == 4, "each partition fetched once"
     assert "replication of partition" not in c2.log(), c2.log()[-3000:]
