@@ -37,7 +37,7 @@ cleanup() {
   for rt in "$WORK"/rt-*; do
     [ -d "$rt" ] && target/release/fanstore --runtime-dir "$rt" stop --timeout 30 >/dev/null 2>&1 || true
   done
-  rm -rf "$WORK"
+  rm -rf "$WORK" /dev/shm/fsbench-"$(basename "$WORK")"-*
 }
 trap cleanup EXIT
 python3 - "$WORK" "$ROUNDS" "$ITERS" <<'PY'
@@ -54,11 +54,11 @@ env = dict(os.environ)
 def sh(cmd, **kw):
     return subprocess.run(cmd, check=True, capture_output=True, text=True, env=env, **kw).stdout
 
-def start(ds, name, *extra, n=2):
+def start(ds, name, *extra, n=2, local=None):
     rt = work / f"rt-{name}"
     log = open(work / f"{name}.log", "wb")
     p = subprocess.Popen(["mpiexec", "-n", str(n), str(B / "fanstore-daemon"), "--data", str(ds),
-                          "--local", str(work / f"local-{name}"), "--runtime-dir", str(rt), *extra],
+                          "--local", str(local or work / f"local-{name}"), "--runtime-dir", str(rt), *extra],
                          stdout=log, stderr=subprocess.STDOUT, env=env, start_new_session=True)
     sh([str(B / "fanstore"), "--runtime-dir", str(rt), "wait", "--timeout", "300"])
     return p, rt
@@ -190,8 +190,14 @@ for s in SIZES:
     lf.write_text("".join(f"/fanstore/{n}\n" for n in names))
     for r in range(rounds):
         for key, extra in (("cold", []), ("on-read", ["--replicate-on-read", "all"])):
-            p4r, rt4r = start(sds, f"multir-{s}-{r}-{key}", "--cache-mem", "0", *extra, n=4)
+            # The local directory in tmpfs: this VM's ext4 has no journal, and
+            # there each file creation after the mass deletions of the jobs
+            # before skips every recently deleted inode (find_inode_bit /
+            # recently_deleted in perf: ~1 ms per extracted 128 KiB file).
+            p4r, rt4r = start(sds, f"multir-{s}-{r}-{key}", "--cache-mem", "0", *extra, n=4,
+                              local=Path(f"/dev/shm/fsbench-{work.name}-{s}-{r}-{key}"))
             multi.setdefault((s, key), []).append(readers4(lf, True, rt4r))
+            multi.setdefault((s, key + "-again"), []).append(readers4(lf, True, rt4r))
             stop(p4r, rt4r)
 
 # --- load vs cat ------------------------------------------------------------------
@@ -281,11 +287,13 @@ L.append(f"`mpiexec -n 4` daemons on this host (UCX_TLS={os.environ.get('UCX_TLS
          "job stopped. `4 daemons, prefetched`: a third job, `--prefetch-remote all --cache-mem 0`, measured once every "
          f"rank had fetched the 12 partitions it does not hold ({prefetch_s:.1f} s after ready, the whole set of every "
          "size). `4 daemons, replicate on read`: `--replicate-on-read all --cache-mem 0`, a fresh job for every size and "
-         "round on a dataset of that size alone (16 partitions), read once from cold, against `4 daemons, cold`: the same "
-         "fresh jobs without the option: each rank fetches a partition whole after the first remote read of one of its files, "
+         "round on a dataset of that size alone (16 partitions), read once from cold and then once more (`again`), against `4 daemons, cold`: the same "
+         "fresh jobs without the option. These jobs keep their local directory in tmpfs (/dev/shm): this VM's ext4 has no "
+         "journal, and there every file creation after the mass deletions of the jobs before scans past recently deleted "
+         "inodes (perf: find_inode_bit, recently_deleted), ~1 ms per extracted file, which would swamp what is compared: each rank fetches a partition whole after the first remote read of one of its files, "
          "while the readers go on (files not yet replicated are fetched alone).\n")
-L.append("| size | FanStore aggregate MB/s | FanStore files/s | FanStore min-max MB/s | native 4 readers MB/s | raw MPI ping-pong MB/s | FanStore / raw MPI | FanStore / native | 1 daemon MB/s | 4 daemons / 1 daemon | 4 daemons, prefetched MB/s | prefetched / 1 daemon | 4 daemons, cold MB/s | 4 daemons, replicate on read, cold MB/s | replicate on read / 1 daemon | replicate on read / cold |")
-L.append("| ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: |")
+L.append("| size | FanStore aggregate MB/s | FanStore files/s | FanStore min-max MB/s | native 4 readers MB/s | raw MPI ping-pong MB/s | FanStore / raw MPI | FanStore / native | 1 daemon MB/s | 4 daemons / 1 daemon | 4 daemons, prefetched MB/s | prefetched / 1 daemon | 4 daemons, cold MB/s | again MB/s | 4 daemons, replicate on read, cold MB/s | again MB/s | replicate on read / 1 daemon, cold | again | replicate on read / cold | again |")
+L.append("| ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: |")
 goals = []
 for s in SIZES:
     f = med(x[0] for x in multi[(s, "FanStore")]); ff = med(x[1] for x in multi[(s, "FanStore")])
@@ -294,16 +302,19 @@ for s in SIZES:
     label = f"{s >> 10} KiB" if s < (1 << 20) else f"{s >> 20} MiB"
     o = med(x[0] for x in multi[(s, "one")]); pf = med(x[0] for x in multi[(s, "prefetched")])
     orr = med(x[0] for x in multi[(s, "on-read")]); cold = med(x[0] for x in multi[(s, "cold")])
+    orr2 = med(x[0] for x in multi[(s, "on-read-again")]); cold2 = med(x[0] for x in multi[(s, "cold-again")])
     L.append(f"| {label} | {f:.0f} | {ff:.0f} | {lo:.0f}-{hi:.0f} | {n:.0f} | {r:.0f} | **{f / r:.2f}×** | {f / n:.2f}× "
-             f"| {o:.0f} | **{f / o:.2f}×** | {pf:.0f} | **{pf / o:.2f}×** | {cold:.0f} | {orr:.0f} | **{orr / o:.2f}×** | {orr / cold:.2f}× |")
+             f"| {o:.0f} | **{f / o:.2f}×** | {pf:.0f} | **{pf / o:.2f}×** | {cold:.0f} | {cold2:.0f} | {orr:.0f} | {orr2:.0f} "
+             f"| **{orr / o:.2f}×** | **{orr2 / o:.2f}×** | {orr / cold:.2f}× | {orr2 / cold2:.2f}× |")
 for s in (SIZES[0], 2 << 20):
     if (s, "FanStore") in multi:
         f = med(x[0] for x in multi[(s, "FanStore")]); o = med(x[0] for x in multi[(s, "one")])
         pf = med(x[0] for x in multi[(s, "prefetched")]); orr = med(x[0] for x in multi[(s, "on-read")])
+        orr2 = med(x[0] for x in multi[(s, "on-read-again")])
         label = f"{s >> 10} KiB" if s < (1 << 20) else f"{s >> 20} MiB"
         goals.append(["multi-node read", f">= 0.6x one daemon holding everything at {label} (4 daemons, 4 readers, 3/4 remote)",
                       f"{f / o:.2f}x ({f:.0f} vs {o:.0f} MB/s); with --prefetch-remote all, once fetched: {pf / o:.2f}x; "
-                      f"with --replicate-on-read all, cold: {orr / o:.2f}x",
+                      f"with --replicate-on-read all, cold: {orr / o:.2f}x, read again: {orr2 / o:.2f}x",
                       f / o >= 0.6])
 for s in (2 << 20, 8 << 20):
     if (s, "FanStore") in multi:
@@ -361,7 +372,11 @@ m2 = re.search(r"\| 4, `--prefetch-remote all` .*\*\*([\d.]+)x\*\*", tr.stdout)
 if m2:
     goals.append(["training-shaped reader", "4 nodes with `--prefetch-remote all` vs 1 node (the same reader, fresh job each run) >= 0.8x",
                   f"{float(m2[1]):.2f}x", float(m2[1]) >= 0.8])
-if m or m2 or mp:
+m3 = re.search(r"\| 4, `--replicate-on-read all` .*\*\*([\d.]+)x\*\*", tr.stdout)
+if m3:
+    goals.append(["training-shaped reader", "4 nodes with `--replicate-on-read all` vs 1 node (the same reader, fresh job each run) >= 0.8x",
+                  f"{float(m3[1]):.2f}x", float(m3[1]) >= 0.8])
+if m or m2 or m3 or mp:
     saved = json.loads(Path("bench/out/remote.json").read_text())
     saved["goals"] = goals
     Path("bench/out/remote.json").write_text(json.dumps(saved))
