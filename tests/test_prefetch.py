@@ -31,6 +31,27 @@ def make(tmp_path, bins, parts=8):
     return src, ds
 
 
+def expected_replica(ds, p, nodes):
+    """Partition p as a replica holds it: the dataset's bytes, with holes
+    (zeros) where its large uncompressed files' payloads were (those go
+    straight to their own extracted files)."""
+    b = bytearray((ds / f"part-{p:06d}.fsp").read_bytes())
+    for v in nodes.values():
+        if v.get("kind") == 2 and v["partition"] == p and v["codec"] == 0 and v["size"] >= 65536:
+            b[v["payload_offset"]:v["payload_offset"] + v["stored_len"]] = bytes(v["stored_len"])
+    return bytes(b)
+
+
+def extracted(local, nodes, src, p):
+    """The large uncompressed files of partition p, each in its own file
+    under local/in/, byte for byte; returns how many."""
+    large = [n for n, v in nodes.items() if v.get("kind") == 2 and v["partition"] == p and v["codec"] == 0 and v["size"] >= 65536]
+    for n in large:
+        i = nodes[n]["id"]
+        assert (local / "in" / f"{i & 0xff:02x}" / str(i)).read_bytes() == (src / n).read_bytes(), n
+    return len(large)
+
+
 def status(c, rank):
     with c.client(rank) as cl:
         return cl.status()
@@ -66,11 +87,13 @@ def test_every_remote_partition_is_replicated_and_read_without_remote_fetches(cl
     assert int(s["replicated_bytes"]) == part_bytes, s
     table = c.cli("status").stdout
     assert "prefetched" in table.splitlines()[0], table
-    # Each replica is byte-identical to the dataset's partition.
+    # Each replica is the dataset's partition, its large raw files written
+    # once, to their own (extracted) files instead.
     local = Path(st["local_dir"])
     for p in remote:
-        assert (local / "parts" / f"part-{p:06d}.fsp").read_bytes() == (ds / f"part-{p:06d}.fsp").read_bytes()
-    assert not list((local / "parts").glob("*.fetch")), "no partial fetch is left"
+        assert (local / "parts" / f"part-{p:06d}.fsp").read_bytes() == expected_replica(ds, p, nodes)
+    assert sum(extracted(local, nodes, src, p) for p in remote) > 0
+    assert not list((local / "parts").glob("*.fetch")) and not list((local / "in").rglob("*.fetch")), "no partial fetch is left"
     # Small files of replicated partitions are marked for the client (tier byte 3).
     tiers = Path(st["index_path"][:-len(".index")] + ".tiers").read_bytes()
     small_remote = [n for n, v in nodes.items() if v["partition"] in remote and v["size"] < 65536]
@@ -84,8 +107,11 @@ def test_every_remote_partition_is_replicated_and_read_without_remote_fetches(cl
     assert int(after["remote_sent"]) == int(before["remote_sent"]), "no file crossed MPI on its own"
     large_raw = [n for n in names if nodes[n]["size"] >= 65536 and nodes[n]["codec"] == 0]
     assert large_raw and any(nodes[n]["codec"] != 0 and nodes[n]["size"] >= 65536 for n in names)
-    assert int(after["opens"]) - int(before["opens"]) == len(large_raw), \
-        "small and compressed files are decoded by the client: only large raw files (extracted once) ask the daemon"
+    local_large = [n for n in large_raw if nodes[n]["partition"] in st["local"]]
+    assert local_large and len(local_large) < len(large_raw)
+    assert int(after["opens"]) - int(before["opens"]) == len(local_large), \
+        "small and compressed files are decoded by the client, and the fetch wrote the large raw files of " \
+        "replicated partitions to their own files: only those of the node's own partitions (extracted once) ask the daemon"
     # The other nodes read the same bytes.
     assert digests(c, 0, [f"{c.mount}/{n}" for n in names]).replace(f"{c.mount}", "") == want.replace(f"{c.mount}", "")
 
@@ -134,7 +160,8 @@ def test_replicate_on_read_fetches_the_partitions_read_and_no_other(cluster_fact
     assert digests(c, node, [f"{c.mount}/{one}"]) == f"{hashlib.sha256((src / one).read_bytes()).hexdigest()} {c.mount}/{one}\n"
     s = wait_replicated(c, node, 1)
     local = Path(st["local_dir"])
-    assert (local / "parts" / f"part-{first:06d}.fsp").read_bytes() == (ds / f"part-{first:06d}.fsp").read_bytes()
+    assert (local / "parts" / f"part-{first:06d}.fsp").read_bytes() == expected_replica(ds, first, nodes)
+    extracted(local, nodes, src, first)
     assert int(s["replicated_bytes"]) == (ds / f"part-{first:06d}.fsp").stat().st_size, s
     before = status(c, node)
     got = digests(c, node, [f"{c.mount}/{n}" for n in by_part[first]])
@@ -183,3 +210,36 @@ def test_replicate_on_read_within_its_budget_and_beside_prefetch(cluster_factory
     time.sleep(0.5)
     assert int(status(c2, 0)["replicated_parts"]) == 4, "each partition fetched once"
     assert "replication of partition" not in c2.log(), c2.log()[-3000:]
+
+
+def test_a_damaged_large_file_on_the_holder_is_refused_not_replicated(cluster_factory, bins, tmp_path):
+    """A byte flipped inside a large uncompressed payload of the holder's
+    copy: that payload goes straight to its own file, so the partition's own
+    check skips it; the fetch must check it against the manifest itself,
+    refuse the whole partition, and leave nothing behind."""
+    src, ds = make(tmp_path, bins, parts=2)
+    info, nodes = read_index(ds / "manifest.fsm")
+    c = cluster_factory(ds, nranks=2, extra_args=["--replicate-on-read", "all", "--prefill-mem", "0"])
+    holder_local = Path(node_state(c.runtime, 1)["local_dir"])
+    victim = next(n for n, v in sorted(nodes.items()) if v.get("kind") == 2 and v["partition"] == 1
+                  and v["codec"] == 0 and v["size"] >= 65536)
+    part = holder_local / "parts" / "part-000001.fsp"
+    b = bytearray(part.read_bytes())
+    b[nodes[victim]["payload_offset"] + 1000] ^= 0x40
+    part.chmod(0o600)
+    with open(part, "r+b") as f:  # in place: the holder's mapping sees it
+        f.seek(nodes[victim]["payload_offset"] + 1000)
+        f.write(bytes([b[nodes[victim]["payload_offset"] + 1000]]))
+    other = next(n for n, v in sorted(nodes.items()) if v.get("kind") == 2 and v["partition"] == 1 and n != victim)
+    assert digests(c, 0, [f"{c.mount}/{other}"]) == f"{hashlib.sha256((src / other).read_bytes()).hexdigest()} {c.mount}/{other}\n"
+    deadline = time.monotonic() + 20
+    while "replication of partition 1" not in c.log() and time.monotonic() < deadline:
+        time.sleep(0.1)
+    log = c.log()
+    assert "replication of partition 1" in log and "checksum" in log and str(nodes[victim]["id"]) in log, log[-3000:]
+    assert int(status(c, 0)["replicated_parts"]) == 0
+    local = Path(node_state(c.runtime, 0)["local_dir"])
+    assert not list(local.rglob("*.fetch")) and not (local / "parts" / "part-000001.fsp").exists()
+    # The damaged file is never served wrong: EIO (the holder's copy fails its checksum).
+    r = subprocess.run(["cat", f"{c.mount}/{victim}"], env=c.env(node=0), capture_output=True)
+    assert r.returncode != 0 and r.stdout != (src / victim).read_bytes()

@@ -402,6 +402,17 @@ impl PartitionReader {
 
     /// Reads the next entry, or `None` after the last. Every checksum is verified.
     pub fn next_entry(&mut self) -> Result<Option<Entry>> {
+        self.next_entry_with(&|_| false)
+    }
+
+    /// As [`PartitionReader::next_entry`], except that the payload of an
+    /// entry for which `elsewhere(payload offset)` holds is neither read nor
+    /// checked: the caller keeps those bytes in another file (a replica whose
+    /// large files were written straight to their own files, leaving a hole
+    /// here) and must verify them against the entry's `payload_checksum`
+    /// itself. Such an entry is returned with an empty `payload`; its header
+    /// is verified as always.
+    pub fn next_entry_with(&mut self, elsewhere: &dyn Fn(u64) -> bool) -> Result<Option<Entry>> {
         if self.seen == self.header.entry_count {
             if self.pos != self.file_len {
                 return Err(FormatError::Corrupt {
@@ -430,6 +441,24 @@ impl PartitionReader {
                 needed: header.stored_len,
                 len: self.file_len - payload_offset,
             });
+        }
+        if elsewhere(payload_offset) {
+            let skip = i64::try_from(header.stored_len).map_err(|_| FormatError::Corrupt {
+                file: self.path.clone(),
+                entry: format!("entry {}", self.seen),
+                offset: payload_offset,
+                problem: format!("payload of {} bytes", header.stored_len),
+            })?;
+            self.input
+                .seek_relative(skip)
+                .map_err(|e| FormatError::io(&self.path, e))?;
+            self.pos = payload_offset + header.stored_len;
+            self.seen += 1;
+            return Ok(Some(Entry {
+                header,
+                payload_offset,
+                payload: Vec::new(),
+            }));
         }
         let mut payload = vec![0u8; header.stored_len as usize];
         self.input
@@ -586,6 +615,45 @@ mod tests {
         let e = read_all(&p).unwrap_err().to_string();
         assert!(
             e.contains("payload of entry 2") && e.contains(&format!("offset {}", offs[2])),
+            "{e}"
+        );
+    }
+
+    #[test]
+    fn payloads_kept_elsewhere_are_skipped_but_their_headers_checked() {
+        let d = tempfile::tempdir().unwrap();
+        let (p, offs) = write_sample(d.path());
+        // A hole where entry 2's payload was: read through, it fails; skipped, it is not read.
+        let mut b = std::fs::read(&p).unwrap();
+        b[offs[2] as usize..offs[2] as usize + 6].fill(0);
+        std::fs::write(&p, &b).unwrap();
+        assert!(read_all(&p)
+            .unwrap_err()
+            .to_string()
+            .contains("payload of entry 2"));
+        let mut r = PartitionReader::open(&p).unwrap();
+        let mut got = vec![];
+        while let Some(e) = r.next_entry_with(&|off| off == offs[2]).unwrap() {
+            got.push((e.header.path_hash, e.header.payload_checksum, e.payload));
+        }
+        assert_eq!(
+            got,
+            vec![
+                (11, xxh3(b"hello"), b"hello".to_vec()),
+                (12, xxh3(b""), vec![]),
+                (13, xxh3(b"world!"), vec![])
+            ]
+        );
+        // A skipped entry's header is still checked.
+        corrupt_at(&p, offs[2] - 30);
+        let mut r = PartitionReader::open(&p).unwrap();
+        let mut res = Ok(None);
+        for _ in 0..3 {
+            res = r.next_entry_with(&|off| off == offs[2]);
+        }
+        let e = res.unwrap_err().to_string();
+        assert!(
+            e.contains(&format!("entry header at offset {}", offs[2] - 48)),
             "{e}"
         );
     }

@@ -151,6 +151,7 @@ pub mod outputs;
 pub mod persist;
 pub mod placement;
 pub mod remote_out;
+pub mod replica_writer;
 pub mod replicate;
 pub mod server;
 pub mod status;

@@ -224,15 +224,23 @@ fn copy_partition(
             .map_err(werr)?;
         Ok(std::io::BufWriter::with_capacity(4 << 20, f))
     };
-    let n = walk_partition(file, view, p, offsets, abort, &mut |bytes: &[u8]| {
-        if out.is_none() {
-            out = Some(open()?);
-        }
-        match out.as_mut() {
-            Some(w) => w.write_all(bytes).map_err(werr),
-            None => Ok(()),
-        }
-    })?;
+    let n = walk_partition(
+        file,
+        view,
+        p,
+        offsets,
+        abort,
+        &|_| false,
+        &mut |bytes: &[u8]| {
+            if out.is_none() {
+                out = Some(open()?);
+            }
+            match out.as_mut() {
+                Some(w) => w.write_all(bytes).map_err(werr),
+                None => Ok(()),
+            }
+        },
+    )?;
     match out {
         Some(mut w) => w.flush().map_err(werr)?,
         None => drop(open()?),
@@ -244,15 +252,19 @@ fn copy_partition(
 /// partition `p` (header, entry count, each entry's lengths, codec and
 /// checksum; the reader verifies every checksum) without copying it: a
 /// partition fetched from a peer is held to what the loader demands of one
-/// read from the dataset. Returns its length in bytes.
+/// read from the dataset. Returns its length in bytes. The payloads at the
+/// offsets for which `elsewhere` holds are not in `file` (a hole): the caller
+/// wrote them to files of their own and checks them itself; their entry
+/// headers are checked here as all others.
 pub(crate) fn verify_partition(
     file: &Path,
     view: &IndexView<'_>,
     p: u32,
     offsets: &OffsetMap,
     abort: &AtomicBool,
+    elsewhere: &dyn Fn(u64) -> bool,
 ) -> Result<u64, LoadError> {
-    walk_partition(file, view, p, offsets, abort, &mut |_| Ok(()))
+    walk_partition(file, view, p, offsets, abort, elsewhere, &mut |_| Ok(()))
 }
 
 /// Reads partition `p` from `file`, checking it against the manifest, and
@@ -264,6 +276,7 @@ fn walk_partition(
     p: u32,
     offsets: &OffsetMap,
     abort: &AtomicBool,
+    elsewhere: &dyn Fn(u64) -> bool,
     sink: &mut dyn FnMut(&[u8]) -> Result<(), LoadError>,
 ) -> Result<u64, LoadError> {
     let mismatch = |problem: String| LoadError::Mismatch {
@@ -312,10 +325,12 @@ fn walk_partition(
         if abort.load(Relaxed) {
             return Ok(0);
         }
-        let e = r.next_entry().map_err(|source| LoadError::Format {
-            file: file.to_path_buf(),
-            error: source,
-        })?;
+        let e = r
+            .next_entry_with(elsewhere)
+            .map_err(|source| LoadError::Format {
+                file: file.to_path_buf(),
+                error: source,
+            })?;
         let Some(e) = e else { break };
         let node = offsets
             .get(&e.payload_offset)
@@ -507,7 +522,7 @@ mod tests {
         let good = ds.join(partition::file_name(1));
         let len = std::fs::metadata(&good).unwrap().len();
         assert_eq!(
-            verify_partition(&good, &v, 1, &maps[&1], &abort).unwrap(),
+            verify_partition(&good, &v, 1, &maps[&1], &abort, &|_| false).unwrap(),
             len
         );
         // Every byte of the file matters: a flipped byte anywhere is refused, naming the file.
@@ -517,17 +532,24 @@ mod tests {
             let mut c = b.clone();
             c[i] ^= 0x10;
             std::fs::write(&bad, &c).unwrap();
-            let e = verify_partition(&bad, &v, 1, &maps[&1], &abort)
+            let e = verify_partition(&bad, &v, 1, &maps[&1], &abort, &|_| false)
                 .unwrap_err()
                 .to_string();
             assert!(e.contains("fetched.fsp"), "byte {i}: {e}");
         }
         // Cut short, or another partition of the same dataset.
         std::fs::write(&bad, &b[..b.len() - 1]).unwrap();
-        assert!(verify_partition(&bad, &v, 1, &maps[&1], &abort).is_err());
-        let e = verify_partition(&ds.join(partition::file_name(2)), &v, 1, &maps[&1], &abort)
-            .unwrap_err()
-            .to_string();
+        assert!(verify_partition(&bad, &v, 1, &maps[&1], &abort, &|_| false).is_err());
+        let e = verify_partition(
+            &ds.join(partition::file_name(2)),
+            &v,
+            1,
+            &maps[&1],
+            &abort,
+            &|_| false,
+        )
+        .unwrap_err()
+        .to_string();
         assert!(e.contains("does not match the manifest"), "{e}");
     }
 

@@ -210,6 +210,12 @@ impl Node {
     fn open_extracted(&self, n: NodeRef<'_>, map: &PartMap) -> Result<OwnedFd, i32> {
         let path = fanstore_core::runtime::local_file_path(&self.id.local_dir, n.id());
         let tiers = self.tiers.get().ok_or(libc::EIO)?;
+        if tiers.get(n.id()) != TIER_EXTRACTED && self.replica_extracted(n, &path) {
+            // A replica wrote this file when it was fetched (and its tier
+            // byte was cleared since, by a copy's eviction): the replica has
+            // a hole where its bytes were.
+            tiers.set(n.id(), TIER_EXTRACTED);
+        }
         if tiers.get(n.id()) != TIER_EXTRACTED {
             let bytes = self.stored(n, map)?;
             self.check_sum(n, xxh3(bytes))?;
@@ -289,6 +295,21 @@ impl Node {
             give_back(raw);
             res
         }
+    }
+
+    /// Whether `n` belongs to a partition replicated in this job whose
+    /// fetch wrote `n` straight to its extracted file `path`.
+    fn replica_extracted(&self, n: NodeRef<'_>, path: &std::path::Path) -> bool {
+        let loaded = self
+            .local
+            .get()
+            .and_then(|l| l.get(n.partition() as usize).copied())
+            .unwrap_or(false);
+        let replicated = self
+            .replicas
+            .get(n.partition() as usize)
+            .is_some_and(|r| r.get().is_some());
+        !loaded && replicated && path.exists()
     }
 
     fn check_sum(&self, n: NodeRef<'_>, sum: u64) -> Result<(), i32> {

@@ -12,16 +12,20 @@
 //! 1. its bytes are fetched from a holder in [`CHUNK`]-byte ranges, two in
 //!    flight ([`crate::comm::PART_BIT`] requests, served by the holder from
 //!    its mapped copy with no copy), into `part-NNNNNN.fsp.fetch` in the
-//!    local `parts/` directory; a failed range is asked of the next holder;
+//!    local `parts/` directory, except the payloads of large uncompressed
+//!    files, which go straight to their own files (what a local partition's
+//!    file is extracted to on first open), so each byte lands once
+//!    ([`crate::replica_writer`]); a failed range is asked of the next holder;
 //! 2. the file is verified entry by entry against the manifest, with every
 //!    checksum, exactly as a partition the loader reads from the dataset
-//!    directory ([`crate::load::verify_partition`]): a peer's damaged copy is
-//!    refused, never served;
-//! 3. it is renamed to the partition's local name, mapped read-only and
-//!    published: [`crate::node::Node::part_map`] serves its files as local
-//!    ones from then on, and each of its files not yet extracted or copied is
-//!    marked [`TIER_PART`] in the tier map, so clients decode small files
-//!    from it themselves (no message) and large ones are extracted once.
+//!    directory ([`crate::load::verify_partition`]), and each large file's
+//!    length and checksum too: a peer's damaged copy is refused, never served;
+//! 3. the large files are renamed to their extracted names and marked
+//!    extracted in the tier map (clients open them directly); the partition
+//!    is renamed to its local name, mapped read-only and published:
+//!    [`crate::node::Node::part_map`] serves its files as local ones from
+//!    then on, and each of its files not yet copied is marked [`TIER_PART`],
+//!    so clients decode small files from it themselves (no message).
 //!
 //! Reads never wait for this thread: a file whose partition is not here yet
 //! is fetched alone, as before. The thread runs at the lowest CPU priority
@@ -32,9 +36,10 @@ use crate::comm::{Command, Fetch, FetchReply, RecvBuf, PART_BIT};
 use crate::copies::room_for;
 use crate::load::{self, OffsetMap};
 use crate::node::Node;
-use fanstore_core::tiers::{TIER_NONE, TIER_PART};
+use crate::replica_writer::{large_payloads, Apart, ReplicaWriter};
+use fanstore_core::tiers::{TIER_EXTRACTED, TIER_NONE, TIER_PART};
 use std::fs::File;
-use std::os::unix::fs::{FileExt, OpenOptionsExt};
+use std::os::unix::fs::OpenOptionsExt;
 use std::path::{Path, PathBuf};
 use std::sync::atomic::Ordering::Relaxed;
 use std::sync::Arc;
@@ -208,14 +213,24 @@ fn replicate_one(node: &Node, p: u32, len: u64, offsets: &OffsetMap) -> Result<(
     tmp.push(".fetch");
     let tmp = PathBuf::from(tmp);
     let _ = std::fs::remove_file(&tmp);
-    let res = fetch_and_verify(node, p, len, offsets, &tmp);
-    if let Err(e) = res {
-        let _ = std::fs::remove_file(&tmp);
-        return Err(e);
-    }
+    let apart = large_payloads(&node.view, offsets);
+    let res = fetch_and_verify(node, p, len, offsets, &apart, &tmp);
+    let writer = match res {
+        Ok(w) => w,
+        Err(e) => {
+            let _ = std::fs::remove_file(&tmp);
+            return Err(e);
+        }
+    };
     let failed = |what: &str, e: &dyn std::fmt::Display| {
         Skip::Failed(format!("{what} {}: {e}", dest.display()))
     };
+    // The large files first: once the replica is published, an open of one
+    // of them finds its extracted file.
+    let extracted = writer.commit().map_err(|e| {
+        let _ = std::fs::remove_file(&tmp);
+        Skip::Failed(e)
+    })?;
     std::fs::rename(&tmp, &dest).map_err(|e| {
         let _ = std::fs::remove_file(&tmp);
         failed("renaming into", &e)
@@ -228,6 +243,11 @@ fn replicate_one(node: &Node, p: u32, len: u64, offsets: &OffsetMap) -> Result<(
         .replicas
         .get(p as usize)
         .ok_or_else(|| Skip::Failed(format!("no partition {p}")))?;
+    if let Some(tiers) = node.tiers.get() {
+        for &id in &extracted {
+            tiers.set_if(id, TIER_NONE, TIER_EXTRACTED);
+        }
+    }
     let _ = slot.set(Arc::new(map));
     if let Some(tiers) = node.tiers.get() {
         for &id in offsets.values() {
@@ -237,14 +257,17 @@ fn replicate_one(node: &Node, p: u32, len: u64, offsets: &OffsetMap) -> Result<(
     Ok(())
 }
 
-/// Fetches partition `p` (`len` bytes) into `tmp` and verifies it.
-fn fetch_and_verify(
+/// Fetches partition `p` (`len` bytes) into `tmp`, its large uncompressed
+/// files (`apart`) straight into their own files ([`ReplicaWriter`]), and
+/// verifies both.
+fn fetch_and_verify<'a>(
     node: &Node,
     p: u32,
     len: u64,
     offsets: &OffsetMap,
+    apart: &'a Apart,
     tmp: &Path,
-) -> Result<(), Skip> {
+) -> Result<ReplicaWriter<'a>, Skip> {
     let failed = |what: &str, e: &dyn std::fmt::Display| {
         Skip::Failed(format!("{what} {}: {e}", tmp.display()))
     };
@@ -255,6 +278,7 @@ fn fetch_and_verify(
         .custom_flags(libc::O_CLOEXEC)
         .open(tmp)
         .map_err(|e| failed("creating", &e))?;
+    let mut out = ReplicaWriter::new(out, apart, &node.id.local_dir);
     let holders: Vec<u32> = node
         .placement
         .holders_for(p, 0)
@@ -316,7 +340,7 @@ fn fetch_and_verify(
         }
         match rx.recv_timeout(timeout + Duration::from_secs(2)) {
             Ok(Ok((RecvBuf { buf, len }, _))) if len as u64 == n => {
-                out.write_all_at(&buf[..len], off)
+                out.write(off, &buf[..len])
                     .map_err(|e| failed("writing", &e))?;
                 spare.push(buf);
             }
@@ -341,16 +365,19 @@ fn fetch_and_verify(
             }
         }
     }
-    drop(out);
-    let got = load::verify_partition(tmp, &node.view, p, offsets, &node.stopping)
-        .map_err(|e| Skip::Failed(e.to_string()))?;
+    out.finish(len).map_err(|e| failed("writing", &e))?;
+    let got = load::verify_partition(tmp, &node.view, p, offsets, &node.stopping, &|off| {
+        apart.contains_key(&off)
+    })
+    .map_err(|e| Skip::Failed(e.to_string()))?;
+    out.verify_apart(&node.view).map_err(Skip::Failed)?;
     if node.stopping.load(Relaxed) {
         return Err(Skip::Stopping);
     }
     if got != len {
         return Err(Skip::Failed(format!("verified {got} bytes of {len}")));
     }
-    Ok(())
+    Ok(out)
 }
 
 #[cfg(test)]
