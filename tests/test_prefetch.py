@@ -11,7 +11,7 @@ import sys
 import time
 from pathlib import Path
 
-from fs_cluster import cluster_factory, node_state, read_index  # noqa: F401 (fixture)
+from fs_cluster import cluster_factory, node_state, read_index, start_cluster, tmpfs_local_dir  # noqa: F401 (fixture)
 from fs_prep import pack
 
 DIGESTS = ("import hashlib, sys\n"
@@ -243,3 +243,27 @@ def test_a_damaged_large_file_on_the_holder_is_refused_not_replicated(cluster_fa
     # The damaged file is never served wrong: EIO (the holder's copy fails its checksum).
     r = subprocess.run(["cat", f"{c.mount}/{victim}"], env=c.env(node=0), capture_output=True)
     assert r.returncode != 0 and r.stdout != (src / victim).read_bytes()
+
+
+def test_a_full_local_directory_serves_large_files_from_copies(bins, tmp_path):
+    """Replicas (or anything else) may leave the local directory full: a
+    large file whose extraction then fails with ENOSPC is served from a copy
+    in the copy directory instead, never EIO."""
+    src = tmp_path / "src"
+    src.mkdir()
+    for i in range(24):
+        (src / f"big{i:02d}.bin").write_bytes(random.Random(i).randbytes(1 << 20))
+    ds = tmp_path / "ds"
+    pack(bins, src, ds, "--partitions", "1")
+    with tmpfs_local_dir(tmp_path / "c", "30m", "a small local disk"):
+        c = start_cluster(bins, ds, tmp_path / "c", nranks=1, extra_args=["--prefill-mem", "0"])
+        try:
+            names = sorted(p.name for p in src.iterdir())
+            want = "".join(f"{hashlib.sha256((src / n).read_bytes()).hexdigest()} {c.mount}/{n}\n" for n in names)
+            assert digests(c, 0, [f"{c.mount}/{n}" for n in names]) == want
+            log = c.log()
+            assert "the local directory is full" in log, log[-3000:]
+            assert log.count("the local directory is full") == 1, "said once"
+            assert int(status(c, 0)["errors"]) == 0
+        finally:
+            c.stop()

@@ -52,6 +52,8 @@ const LOAD_WAIT: Duration = Duration::from_secs(600);
 
 /// Distinguishes the temporary names of concurrent extractions.
 static EXTRACT_SEQ: AtomicU64 = AtomicU64::new(0);
+/// Set once an extraction found the local directory full (logged once).
+static EXTRACT_FULL: std::sync::atomic::AtomicBool = std::sync::atomic::AtomicBool::new(false);
 
 impl Node {
     /// Resolves OPEN(node id, dataset id) to a new read-only fd, or an errno.
@@ -74,7 +76,19 @@ impl Node {
         let local: Option<&PartMap> = self.part_map(n.partition());
         let extracted = local.is_some() && n.codec() == Codec::None && n.size() >= EXTRACT_MIN;
         let res = match (local, self.copies.get()) {
-            (Some(map), _) if extracted => self.open_extracted(n, map),
+            (Some(map), copies) if extracted => match (self.open_extracted(n, map), copies) {
+                // The local directory is full: a copy in the copy directory
+                // (within --cache-mem, or unnamed) serves the file instead.
+                (Err(libc::ENOSPC), Some(copies)) => copies.open(
+                    n.id(),
+                    n.size(),
+                    self.fetch_budget(n),
+                    &|| self.relieve_fds(),
+                    &|f| self.fill_local(n, map, f),
+                ),
+                (Err(libc::ENOSPC), None) => Err(libc::EIO),
+                (r, _) => r,
+            },
             (_, Some(copies)) => {
                 let wait = self.fetch_budget(n);
                 copies.open(
@@ -237,6 +251,16 @@ impl Node {
             .and_then(|()| std::fs::rename(&tmp, &path).map_err(|e| fdlimit::errno_of(&e)));
             if let Err(e) = written {
                 let _ = std::fs::remove_file(&tmp);
+                if e == libc::ENOSPC {
+                    if !EXTRACT_FULL.swap(true, Relaxed) {
+                        log::warn!(
+                            "rank {}: the local directory is full (extracting {}): large files not yet extracted are served from copies",
+                            self.id.rank,
+                            path.display()
+                        );
+                    }
+                    return Err(libc::ENOSPC);
+                }
                 log::error!(
                     "rank {}: extracting {}: errno {e}",
                     self.id.rank,
