@@ -78,6 +78,11 @@ pub struct Node {
     /// `replica_asked[p]`: a remote read of one of p's files already asked
     /// the read-driven replication thread for the whole partition.
     pub replica_asked: Box<[AtomicBool]>,
+    /// `replica_pending[p]`: while a replication thread fetches partition
+    /// p, the bytes it has still to fetch plus one (0: no fetch in flight).
+    pub replica_pending: Box<[std::sync::atomic::AtomicU64]>,
+    /// Notified whenever a fetch of a partition ends, published or not.
+    pub replica_ended: (Mutex<()>, Condvar),
     /// The read-driven replication thread's queue (`--replicate-on-read`),
     /// set once ready when it runs.
     pub replicate_on_read: OnceLock<crossbeam::channel::Sender<u32>>,
@@ -112,6 +117,12 @@ pub struct Node {
     phase_cv: Condvar,
 }
 
+/// An open waits for a partition being fetched whole only when at most this
+/// many of its bytes are still to come (~10-20 ms at the bulk rate here).
+pub const REPLICA_WAIT_BYTES: u64 = 16 << 20;
+/// The longest such a wait lasts (then the file is fetched alone).
+pub const REPLICA_WAIT: Duration = Duration::from_millis(500);
+
 impl Node {
     /// The mapped local copy of partition `p`: loaded at start, or
     /// replicated since.
@@ -140,6 +151,47 @@ impl Node {
             // The queue is full (the thread is behind): a later read asks again.
             asked.store(false, Relaxed);
         }
+    }
+
+    /// When partition `p` is being fetched whole and at most
+    /// [`REPLICA_WAIT_BYTES`] of it are still to come, waits for it (at most
+    /// [`REPLICA_WAIT`]) rather than fetch one of its files alone: the
+    /// replica brings those bytes anyway, in large messages, and a file
+    /// fetched alone now would cross twice. True when the replica is here.
+    pub fn await_replica(&self, p: u32) -> bool {
+        let Some(pending) = self.replica_pending.get(p as usize) else {
+            return false;
+        };
+        let left = pending.load(Relaxed);
+        if left == 0 || left > REPLICA_WAIT_BYTES {
+            return false;
+        }
+        let deadline = Instant::now() + REPLICA_WAIT;
+        let (lock, cv) = &self.replica_ended;
+        let mut g = lock.lock().unwrap_or_else(|e| e.into_inner());
+        while pending.load(Relaxed) != 0 {
+            let now = Instant::now();
+            if now >= deadline {
+                break;
+            }
+            g = cv
+                .wait_timeout(g, deadline - now)
+                .unwrap_or_else(|e| e.into_inner())
+                .0;
+        }
+        drop(g);
+        self.part_map(p).is_some()
+    }
+
+    /// A fetch of partition `p` ended (published or given up): wakes the
+    /// opens waiting for it.
+    pub fn replica_fetch_ended(&self, p: u32) {
+        if let Some(pending) = self.replica_pending.get(p as usize) {
+            pending.store(0, Relaxed);
+        }
+        let (lock, cv) = &self.replica_ended;
+        let _g = lock.lock().unwrap_or_else(|e| e.into_inner());
+        cv.notify_all();
     }
 
     pub fn new(
@@ -171,6 +223,10 @@ impl Node {
             replica_asked: (0..view.partition_count())
                 .map(|_| AtomicBool::new(false))
                 .collect(),
+            replica_pending: (0..view.partition_count())
+                .map(|_| std::sync::atomic::AtomicU64::new(0))
+                .collect(),
+            replica_ended: (Mutex::new(()), Condvar::new()),
             replicate_on_read: OnceLock::new(),
             warm: OnceLock::new(),
             counters: Counters::default(),

@@ -73,7 +73,10 @@ impl Node {
             Phase::Loading => return Err(libc::EAGAIN),
             Phase::Stopping | Phase::Failed => return Err(libc::EIO),
         }
-        let local: Option<&PartMap> = self.part_map(n.partition());
+        let mut local: Option<&PartMap> = self.part_map(n.partition());
+        if local.is_none() && self.await_replica(n.partition()) {
+            local = self.part_map(n.partition());
+        }
         let extracted = local.is_some() && n.codec() == Codec::None && n.size() >= EXTRACT_MIN;
         let res = match (local, self.copies.get()) {
             (Some(map), copies) if extracted => match (self.open_extracted(n, map), copies) {

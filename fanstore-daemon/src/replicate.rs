@@ -179,7 +179,12 @@ fn step(
     }
     let empty = OffsetMap::new();
     let t = Instant::now();
-    match replicate_one(node, p, info.file_len, offsets.unwrap_or(&empty)) {
+    if let Some(pending) = node.replica_pending.get(p as usize) {
+        pending.store(info.file_len + 1, Relaxed);
+    }
+    let res = replicate_one(node, p, info.file_len, offsets.unwrap_or(&empty));
+    node.replica_fetch_ended(p);
+    match res {
         Ok(()) => {
             report.partitions += 1;
             report.bytes += info.file_len;
@@ -342,6 +347,10 @@ fn fetch_and_verify<'a>(
             Ok(Ok((RecvBuf { buf, len }, _))) if len as u64 == n => {
                 out.write(off, &buf[..len])
                     .map_err(|e| failed("writing", &e))?;
+                if let Some(pending) = node.replica_pending.get(p as usize) {
+                    let _ = pending
+                        .fetch_update(Relaxed, Relaxed, |v| Some(v.saturating_sub(n).max(1)));
+                }
                 spare.push(buf);
             }
             other => {
