@@ -27,8 +27,14 @@
 //!    then on, and each of its files not yet copied is marked [`TIER_PART`],
 //!    so clients decode small files from it themselves (no message).
 //!
-//! Reads never wait for this thread: a file whose partition is not here yet
-//! is fetched alone, as before. The thread runs at the lowest CPU priority
+//! Two threads use this: [`run`] (`--prefetch-remote`) fetches every
+//! remote partition after ready; [`on_read`] (`--replicate-on-read`) fetches
+//! a partition once one of its files was read from a holder
+//! ([`Node::read_remotely`]). Both claim a partition before fetching it.
+//!
+//! Reads do not wait for either, except for the end of a fetch in flight
+//! ([`Node::await_replica`]: at most 16 MiB still to come, at most 500 ms);
+//! a file whose partition is not here yet is fetched alone, as before. The thread runs at the lowest CPU priority
 //! and stops at `fanstore stop`. Nothing it fetched outlives the job (the
 //! local directory is removed at stop).
 
