@@ -26,9 +26,9 @@
 //! ```
 
 use crate::error::{CkptError, Result};
+use fanstore_core::le::*;
 use crate::split::Format;
 use fanstore_core::checksum::xxh3;
-use fanstore_core::le::*;
 use std::path::Path;
 
 pub const MAGIC: [u8; 8] = *b"FANSTCK\0";
@@ -90,11 +90,7 @@ pub struct Catalog {
 
 impl Default for Catalog {
     fn default() -> Self {
-        Catalog {
-            next_id: 1,
-            generation: 0,
-            entries: Vec::new(),
-        }
+        Catalog { next_id: 1, generation: 0, entries: Vec::new() }
     }
 }
 
@@ -135,10 +131,7 @@ impl Catalog {
     pub fn decode(file: &Path, b: &[u8]) -> Result<Catalog> {
         if b.len() < HEADER_LEN {
             if b.len() >= 8 && b[..8] != MAGIC {
-                return Err(CkptError::BadMagic {
-                    file: file.into(),
-                    what: "catalog",
-                });
+                return Err(CkptError::BadMagic { file: file.into(), what: "catalog" });
             }
             return Err(CkptError::Truncated {
                 file: file.into(),
@@ -149,30 +142,16 @@ impl Catalog {
             });
         }
         if b[..8] != MAGIC {
-            return Err(CkptError::BadMagic {
-                file: file.into(),
-                what: "catalog",
-            });
+            return Err(CkptError::BadMagic { file: file.into(), what: "catalog" });
         }
         let version = u32_at(b, VERSION_OFF);
         if version != VERSION {
-            return Err(CkptError::UnsupportedVersion {
-                file: file.into(),
-                what: "catalog",
-                found: version,
-                supported: VERSION,
-            });
+            return Err(CkptError::UnsupportedVersion { file: file.into(), what: "catalog", found: version, supported: VERSION });
         }
         let stored = u64_at(b, HEADER_SUM_OFF);
         let computed = xxh3(&b[..HEADER_SUM_OFF]);
         if stored != computed {
-            return Err(CkptError::Checksum {
-                file: file.into(),
-                entry: "catalog header".into(),
-                offset: 0,
-                stored,
-                computed,
-            });
+            return Err(CkptError::Checksum { file: file.into(), entry: "catalog header".into(), offset: 0, stored, computed });
         }
         let count = u64_at(b, COUNT_OFF);
         let strings_len = u64_at(b, STRINGS_LEN_OFF);
@@ -185,18 +164,14 @@ impl Catalog {
                 file: file.into(),
                 entry: "catalog header".into(),
                 offset: COUNT_OFF as u64,
-                problem: format!(
-                    "{count} entries and {strings_len} string bytes do not fit a {}-byte file",
-                    b.len()
-                ),
+                problem: format!("{count} entries and {strings_len} string bytes do not fit a {}-byte file", b.len()),
             });
         }
         let ents_end = HEADER_LEN + count as usize * ENTRY_LEN;
         let (ents, strings) = (&b[HEADER_LEN..ents_end], &b[ents_end..]);
-        for (name, sec, sum_off, off) in [
-            ("entries", ents, ENTRIES_SUM_OFF, HEADER_LEN),
-            ("strings", strings, STRINGS_SUM_OFF, ents_end),
-        ] {
+        for (name, sec, sum_off, off) in
+            [("entries", ents, ENTRIES_SUM_OFF, HEADER_LEN), ("strings", strings, STRINGS_SUM_OFF, ents_end)]
+        {
             let stored = u64_at(b, sum_off);
             let computed = xxh3(sec);
             if stored != computed {
@@ -222,10 +197,7 @@ impl Catalog {
                 problem,
             };
             let (po, pl) = (u64_at(r, E_PATH_OFF), u32_at(r, E_PATH_LEN) as u64);
-            let Some(path) = po
-                .checked_add(pl)
-                .filter(|&e| e <= strings.len() as u64)
-                .map(|e| &strings[po as usize..e as usize])
+            let Some(path) = po.checked_add(pl).filter(|&e| e <= strings.len() as u64).map(|e| &strings[po as usize..e as usize])
             else {
                 return Err(corrupt("path past the strings section".into()));
             };
@@ -234,20 +206,14 @@ impl Catalog {
                 STATE_DELETED => false,
                 s => return Err(corrupt(format!("unknown state {s}"))),
             };
-            let format = Format::from_u8(r[E_FORMAT])
-                .ok_or_else(|| corrupt(format!("unknown format {}", r[E_FORMAT])))?;
+            let format = Format::from_u8(r[E_FORMAT]).ok_or_else(|| corrupt(format!("unknown format {}", r[E_FORMAT])))?;
             let id = u64_at(r, E_ID);
             let prev = entries.last().map_or(0, |e: &CatalogEntry| e.id);
             if id <= prev || id >= next_id {
-                return Err(corrupt(format!(
-                    "id {id} out of order (previous {prev}, next id {next_id})"
-                )));
+                return Err(corrupt(format!("id {id} out of order (previous {prev}, next id {next_id})")));
             }
             if live && !live_paths.insert(path) {
-                return Err(corrupt(format!(
-                    "second live checkpoint at {}",
-                    String::from_utf8_lossy(path)
-                )));
+                return Err(corrupt(format!("second live checkpoint at {}", String::from_utf8_lossy(path))));
             }
             entries.push(CatalogEntry {
                 id,
@@ -261,11 +227,7 @@ impl Catalog {
                 tensors: u64_at(r, E_TENSORS),
             });
         }
-        Ok(Catalog {
-            next_id,
-            generation: u64_at(b, GENERATION_OFF),
-            entries,
-        })
+        Ok(Catalog { next_id, generation: u64_at(b, GENERATION_OFF), entries })
     }
 }
 
@@ -285,59 +247,35 @@ mod tests {
             format: Format::Safetensors,
             tensors: 4,
         };
-        Catalog {
-            next_id: 9,
-            generation: 42,
-            entries: vec![
-                e(1, "run/a", false),
-                e(2, "run/a", true),
-                e(5, "run/b", true),
-            ],
-        }
+        Catalog { next_id: 9, generation: 42, entries: vec![e(1, "run/a", false), e(2, "run/a", true), e(5, "run/b", true)] }
     }
 
     #[test]
     fn round_trip() {
         let c = sample();
         assert_eq!(Catalog::decode(Path::new("c"), &c.encode()).unwrap(), c);
-        assert_eq!(
-            Catalog::decode(Path::new("c"), &Catalog::default().encode()).unwrap(),
-            Catalog::default()
-        );
+        assert_eq!(Catalog::decode(Path::new("c"), &Catalog::default().encode()).unwrap(), Catalog::default());
     }
 
     #[test]
     fn flipped_bytes_are_named() {
         let b = sample().encode();
         let p = Path::new("catalog.fsc");
-        for (off, what) in [
-            (20, "catalog header"),
-            (HEADER_LEN + 3, "catalog entries"),
-            (b.len() - 1, "catalog strings"),
-        ] {
+        for (off, what) in [(20, "catalog header"), (HEADER_LEN + 3, "catalog entries"), (b.len() - 1, "catalog strings")] {
             let mut c = b.clone();
             c[off] ^= 4;
             let e = Catalog::decode(p, &c).unwrap_err().to_string();
-            assert!(
-                e.contains("catalog.fsc") && e.contains(&format!("checksum mismatch in {what}")),
-                "{e}"
-            );
+            assert!(e.contains("catalog.fsc") && e.contains(&format!("checksum mismatch in {what}")), "{e}");
         }
         let mut dup = sample();
         dup.entries[0].live = true;
         let e = Catalog::decode(p, &dup.encode()).unwrap_err().to_string();
-        assert!(
-            e.contains("catalog entry 1") && e.contains("second live checkpoint at run/a"),
-            "{e}"
-        );
+        assert!(e.contains("catalog entry 1") && e.contains("second live checkpoint at run/a"), "{e}");
         let mut v = b.clone();
         put_u32(&mut v, VERSION_OFF, 3);
         let sum = xxh3(&v[..HEADER_SUM_OFF]);
         put_u64(&mut v, HEADER_SUM_OFF, sum);
-        assert!(Catalog::decode(p, &v)
-            .unwrap_err()
-            .to_string()
-            .contains("unsupported catalog format version 3"));
+        assert!(Catalog::decode(p, &v).unwrap_err().to_string().contains("unsupported catalog format version 3"));
         assert!(Catalog::decode(p, &b[..b.len() - 1]).is_err());
     }
 }

@@ -126,10 +126,7 @@ pub struct CodecError {
 }
 
 fn err(offset: usize, problem: String) -> CodecError {
-    CodecError {
-        offset: offset as u64,
-        problem,
-    }
+    CodecError { offset: offset as u64, problem }
 }
 
 /// The blocks of `len` bytes (multiples of `w`) that estimate an encoding.
@@ -151,11 +148,7 @@ fn sample_ranges(len: usize, w: usize) -> Vec<Range<usize>> {
 fn xor_zero_fraction(src: &[u8], base: &[u8], w: usize) -> f64 {
     let (mut zeros, mut total) = (0usize, 0usize);
     for r in sample_ranges(src.len(), w) {
-        zeros += src[r.clone()]
-            .iter()
-            .zip(&base[r.clone()])
-            .filter(|(a, b)| a == b)
-            .count();
+        zeros += src[r.clone()].iter().zip(&base[r.clone()]).filter(|(a, b)| a == b).count();
         total += r.len();
     }
     if total == 0 {
@@ -195,12 +188,7 @@ fn group_fixed<const W: usize>(src: &[u8], base: Option<&[u8]>) -> Vec<Vec<u8>> 
         let s = &src[range.clone()];
         match base {
             Some(base) => {
-                for (k, (e, f)) in s
-                    .chunks_exact(W)
-                    .zip(base[range].chunks_exact(W))
-                    .enumerate()
-                    .take(B)
-                {
+                for (k, (e, f)) in s.chunks_exact(W).zip(base[range].chunks_exact(W)).enumerate().take(B) {
                     let (e, f) = (elems(e), elems(f));
                     for j in 0..W {
                         tmp[j][k] = e[j] ^ f[j];
@@ -252,12 +240,7 @@ fn group_any(src: &[u8], base: Option<&[u8]>, w: usize) -> Vec<Vec<u8>> {
 }
 
 /// Estimated body bytes of encoding the sample blocks of `src` (XOR `base`).
-fn estimate(
-    c: &mut zstd::bulk::Compressor<'_>,
-    src: &[u8],
-    base: Option<&[u8]>,
-    w: usize,
-) -> usize {
+fn estimate(c: &mut zstd::bulk::Compressor<'_>, src: &[u8], base: Option<&[u8]>, w: usize) -> usize {
     let mut total = 0;
     for r in sample_ranges(src.len(), w) {
         let planes = group(&src[r.clone()], base.map(|b| &b[r]), w);
@@ -272,19 +255,13 @@ fn estimate(
 /// and smaller. Never larger than raw: a payload that does not compress is
 /// [`Encoding::Raw`].
 pub fn encode(src: &[u8], w: usize, base: Option<&[u8]>) -> Encoded {
-    let raw = Encoded {
-        encoding: Encoding::Raw,
-        width: 1,
-        body: Vec::new(),
-    };
+    let raw = Encoded { encoding: Encoding::Raw, width: 1, body: Vec::new() };
     let w = w.clamp(1, 8);
     let base = base.filter(|b| b.len() == src.len());
     if src.len() < MIN_ENCODE.max(w) {
         return raw;
     }
-    let Ok(mut c) = zstd::bulk::Compressor::new(LEVEL) else {
-        return raw;
-    };
+    let Ok(mut c) = zstd::bulk::Compressor::new(LEVEL) else { return raw };
     let sampled: usize = sample_ranges(src.len(), w).iter().map(|r| r.len()).sum();
     let full = estimate(&mut c, src, None, w);
     // A delta can only pay where the XOR has many zero bytes: a quick count
@@ -306,14 +283,8 @@ pub fn encode(src: &[u8], w: usize, base: Option<&[u8]>) -> Encoded {
     body.extend_from_slice(&recs);
     for (j, p) in planes.iter().enumerate() {
         let sample = &p[..p.len().min(SAMPLE / w.max(1))];
-        let pays = c
-            .compress(sample)
-            .is_ok_and(|z| (z.len() as f64) < PLANE_PAYS * sample.len() as f64);
-        let z = if pays {
-            c.compress(p).ok().filter(|z| z.len() < p.len())
-        } else {
-            None
-        };
+        let pays = c.compress(sample).is_ok_and(|z| (z.len() as f64) < PLANE_PAYS * sample.len() as f64);
+        let z = if pays { c.compress(p).ok().filter(|z| z.len() < p.len()) } else { None };
         let rec = &mut recs[j * PLANE_REC_LEN..(j + 1) * PLANE_REC_LEN];
         match z {
             Some(z) => {
@@ -337,11 +308,7 @@ pub fn encode(src: &[u8], w: usize, base: Option<&[u8]>) -> Encoded {
     if body.len() >= src.len() {
         return raw;
     }
-    Encoded {
-        encoding,
-        width: w,
-        body,
-    }
+    Encoded { encoding, width: w, body }
 }
 
 /// Decodes a grouped body into `dst` (`xor`: a delta body, XORed into `dst`,
@@ -353,10 +320,7 @@ pub fn decode_into(body: &[u8], w: usize, dst: &mut [u8], xor: bool) -> Result<(
     let n = dst.len() / w;
     let recs = w * PLANE_REC_LEN;
     if body.len() < recs {
-        return Err(err(
-            0,
-            format!("{} body bytes cannot hold {w} plane records", body.len()),
-        ));
+        return Err(err(0, format!("{} body bytes cannot hold {w} plane records", body.len())));
     }
     let mut at = recs;
     let mut plane = Vec::new();
@@ -367,26 +331,15 @@ pub fn decode_into(body: &[u8], w: usize, dst: &mut [u8], xor: bool) -> Result<(
         let mut l = [0u8; 8];
         l.copy_from_slice(&rec[8..16]);
         let len = u64::from_le_bytes(l);
-        let end = (at as u64)
-            .checked_add(len)
-            .filter(|&e| e <= body.len() as u64);
+        let end = (at as u64).checked_add(len).filter(|&e| e <= body.len() as u64);
         let Some(end) = end.map(|e| e as usize) else {
-            return Err(err(
-                j * PLANE_REC_LEN,
-                format!(
-                    "plane {j} of {len} bytes runs past the body ({} bytes)",
-                    body.len()
-                ),
-            ));
+            return Err(err(j * PLANE_REC_LEN, format!("plane {j} of {len} bytes runs past the body ({} bytes)", body.len())));
         };
         let stored = &body[at..end];
         let bytes: &[u8] = match mode {
             PLANE_RAW => {
                 if stored.len() != n {
-                    return Err(err(
-                        at,
-                        format!("raw plane {j} has {} bytes, expected {n}", stored.len()),
-                    ));
+                    return Err(err(at, format!("raw plane {j} has {} bytes, expected {n}", stored.len())));
                 }
                 stored
             }
@@ -397,29 +350,18 @@ pub fn decode_into(body: &[u8], w: usize, dst: &mut [u8], xor: bool) -> Result<(
                     .decompress_to_buffer(stored, &mut plane)
                     .map_err(|e| err(at, format!("zstd plane {j}: {e}")))?;
                 if got != n {
-                    return Err(err(
-                        at,
-                        format!("zstd plane {j} decodes to {got} bytes, expected {n}"),
-                    ));
+                    return Err(err(at, format!("zstd plane {j} decodes to {got} bytes, expected {n}")));
                 }
                 &plane
             }
-            m => {
-                return Err(err(
-                    j * PLANE_REC_LEN,
-                    format!("plane {j}: unknown mode {m}"),
-                ))
-            }
+            m => return Err(err(j * PLANE_REC_LEN, format!("plane {j}: unknown mode {m}"))),
         };
         scatter(bytes, j, w, &mut dst[..n * w], xor);
         at = end;
     }
     let tail = &body[at..];
     if tail.len() != dst.len() - n * w {
-        return Err(err(
-            at,
-            format!("{} tail bytes, expected {}", tail.len(), dst.len() - n * w),
-        ));
+        return Err(err(at, format!("{} tail bytes, expected {}", tail.len(), dst.len() - n * w)));
     }
     for (o, &t) in dst[n * w..].iter_mut().zip(tail) {
         if xor {
@@ -458,9 +400,7 @@ mod tests {
         }
         fn normal(&mut self) -> f32 {
             // Sum of uniforms: close enough to a bell for weights.
-            let s: f64 = (0..6)
-                .map(|_| (self.next() >> 11) as f64 / (1u64 << 53) as f64)
-                .sum();
+            let s: f64 = (0..6).map(|_| (self.next() >> 11) as f64 / (1u64 << 53) as f64).sum();
             (s - 3.0) as f32
         }
     }
@@ -496,22 +436,12 @@ mod tests {
         let raw = bytes_f32(&w);
         let e = round_trip(&raw, 4, None);
         assert_eq!(e.encoding, Encoding::Grouped);
-        assert!(
-            e.body.len() < raw.len() * 9 / 10,
-            "{} of {}",
-            e.body.len(),
-            raw.len()
-        );
+        assert!(e.body.len() < raw.len() * 9 / 10, "{} of {}", e.body.len(), raw.len());
         let upd: Vec<f32> = w.iter().map(|x| x + 1e-3 * 0.02 * rng.normal()).collect();
         let ub = bytes_f32(&upd);
         let d = round_trip(&ub, 4, Some(&raw));
         assert_eq!(d.encoding, Encoding::Delta);
-        assert!(
-            d.body.len() < raw.len() * 7 / 10,
-            "{} of {}",
-            d.body.len(),
-            raw.len()
-        );
+        assert!(d.body.len() < raw.len() * 7 / 10, "{} of {}", d.body.len(), raw.len());
         // Unrelated base: the full encoding wins.
         let other = bytes_f32(&weights(&mut rng, 100_000));
         assert_eq!(round_trip(&ub, 4, Some(&other)).encoding, Encoding::Grouped);
@@ -532,15 +462,7 @@ mod tests {
         let mut rng = Rng(99);
         for w in 1..=8usize {
             for len in [4096usize, 4099, 70_001, 300_007] {
-                let src: Vec<u8> = (0..len)
-                    .map(|i| {
-                        if i % w == w - 1 {
-                            0x3c
-                        } else {
-                            rng.next() as u8 & 0x0f
-                        }
-                    })
-                    .collect();
+                let src: Vec<u8> = (0..len).map(|i| if i % w == w - 1 { 0x3c } else { rng.next() as u8 & 0x0f }).collect();
                 let mut base = src.clone();
                 for b in base.iter_mut().step_by(3) {
                     *b ^= 1;
@@ -558,19 +480,13 @@ mod tests {
         let e = encode(&raw, 4, None);
         assert_eq!(e.encoding, Encoding::Grouped);
         let mut dst = vec![0u8; raw.len()];
-        assert!(decode_into(&e.body[..10], 4, &mut dst, false)
-            .unwrap_err()
-            .problem
-            .contains("plane records"));
+        assert!(decode_into(&e.body[..10], 4, &mut dst, false).unwrap_err().problem.contains("plane records"));
         let mut b = e.body.clone();
         b[8] ^= 0x40; // plane 0 length
         assert!(decode_into(&b, 4, &mut dst, false).is_err());
         let mut b = e.body.clone();
         b[16] = 9;
-        assert!(decode_into(&b, 4, &mut dst, false)
-            .unwrap_err()
-            .problem
-            .contains("unknown mode 9"));
+        assert!(decode_into(&b, 4, &mut dst, false).unwrap_err().problem.contains("unknown mode 9"));
         assert!(decode_into(&e.body, 9, &mut dst, false).is_err());
         assert!(decode_into(&e.body, 4, &mut dst[..raw.len() - 4], false).is_err());
         // Random bytes anywhere: an error or (checksums catch it later) other bytes, never a panic.
@@ -589,27 +505,11 @@ mod tests {
     fn fixed_width_grouping_matches_the_generic_loop() {
         let mut rng = Rng(77);
         for w in [2usize, 4, 8] {
-            for len in [
-                0usize,
-                7,
-                512 * w - 1,
-                512 * w,
-                512 * w + 3,
-                3 * 512 * w + 5 * w + 1,
-                40_000,
-            ] {
+            for len in [0usize, 7, 512 * w - 1, 512 * w, 512 * w + 3, 3 * 512 * w + 5 * w + 1, 40_000] {
                 let src: Vec<u8> = (0..len).map(|_| rng.next() as u8).collect();
                 let base: Vec<u8> = (0..len).map(|_| rng.next() as u8).collect();
-                assert_eq!(
-                    group(&src, None, w),
-                    group_any(&src, None, w),
-                    "w={w} len={len}"
-                );
-                assert_eq!(
-                    group(&src, Some(&base), w),
-                    group_any(&src, Some(&base), w),
-                    "w={w} len={len} xor"
-                );
+                assert_eq!(group(&src, None, w), group_any(&src, None, w), "w={w} len={len}");
+                assert_eq!(group(&src, Some(&base), w), group_any(&src, Some(&base), w), "w={w} len={len} xor");
             }
         }
     }

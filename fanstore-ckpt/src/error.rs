@@ -14,9 +14,7 @@ pub enum CkptError {
     },
     #[error("{file}: not a FanStore {what} (bad magic at offset 0)")]
     BadMagic { file: PathBuf, what: &'static str },
-    #[error(
-        "{file}: unsupported {what} format version {found} (this build reads version {supported})"
-    )]
+    #[error("{file}: unsupported {what} format version {found} (this build reads version {supported})")]
     UnsupportedVersion {
         file: PathBuf,
         what: &'static str,
@@ -48,11 +46,7 @@ pub enum CkptError {
     },
     /// A checkpoint read back with bytes that differ from the committed ones.
     #[error("checkpoint {path}: whole-file checksum mismatch (recipe {stored:#018x}, reassembled {computed:#018x})")]
-    FileChecksum {
-        path: String,
-        stored: u64,
-        computed: u64,
-    },
+    FileChecksum { path: String, stored: u64, computed: u64 },
     #[error("no checkpoint at {path}")]
     NotFound { path: String },
     #[error("{dir}: checkpoint store is in use by another process")]
@@ -63,16 +57,11 @@ pub enum CkptError {
 
 impl CkptError {
     pub fn io(file: impl Into<PathBuf>, source: std::io::Error) -> Self {
-        CkptError::Io {
-            file: file.into(),
-            source,
-        }
+        CkptError::Io { file: file.into(), source }
     }
 
     pub(crate) fn not_found(path: &[u8]) -> Self {
-        CkptError::NotFound {
-            path: String::from_utf8_lossy(path).into_owned(),
-        }
+        CkptError::NotFound { path: String::from_utf8_lossy(path).into_owned() }
     }
 
     /// True for faults that mean stored bytes are damaged (the daemon maps these to EIO).

@@ -64,10 +64,7 @@ pub fn parse_name(name: &str) -> Option<(u64, u64)> {
     if a.len() != 16 || b.len() != 16 {
         return None;
     }
-    Some((
-        u64::from_str_radix(a, 16).ok()?,
-        u64::from_str_radix(b, 16).ok()?,
-    ))
+    Some((u64::from_str_radix(a, 16).ok()?, u64::from_str_radix(b, 16).ok()?))
 }
 
 /// The path of extent `seq` under the store's `units` directory.
@@ -81,21 +78,12 @@ pub fn path(units_dir: &Path, seq: u64, nonce: u64) -> PathBuf {
 pub fn link(f: &File, dest: &Path) -> std::io::Result<()> {
     use std::os::fd::AsRawFd;
     use std::os::unix::ffi::OsStrExt;
-    let from = std::ffi::CString::new(format!("/proc/self/fd/{}", f.as_raw_fd()))
-        .map_err(std::io::Error::other)?;
+    let from = std::ffi::CString::new(format!("/proc/self/fd/{}", f.as_raw_fd())).map_err(std::io::Error::other)?;
     let to = std::ffi::CString::new(dest.as_os_str().as_bytes()).map_err(std::io::Error::other)?;
     // SAFETY: two NUL-terminated paths that live across the call; linkat
     // only reads them. AT_SYMLINK_FOLLOW makes /proc/self/fd/N name the
     // open file itself (it works for unnamed O_TMPFILE files as well).
-    let r = unsafe {
-        libc::linkat(
-            libc::AT_FDCWD,
-            from.as_ptr(),
-            libc::AT_FDCWD,
-            to.as_ptr(),
-            libc::AT_SYMLINK_FOLLOW,
-        )
-    };
+    let r = unsafe { libc::linkat(libc::AT_FDCWD, from.as_ptr(), libc::AT_FDCWD, to.as_ptr(), libc::AT_SYMLINK_FOLLOW) };
     if r == 0 {
         Ok(())
     } else {
@@ -106,31 +94,16 @@ pub fn link(f: &File, dest: &Path) -> std::io::Result<()> {
 /// Reads the payload of external unit `head` from the extent file `f`
 /// (named `file` in errors) into `dst` and checks it against the record's
 /// xxh3 (and blake3 when `full`).
-pub fn read_checked(
-    file: &Path,
-    f: &File,
-    head: &UnitHeader,
-    dst: &mut [u8],
-    full: bool,
-) -> Result<()> {
+pub fn read_checked(file: &Path, f: &File, head: &UnitHeader, dst: &mut [u8], full: bool) -> Result<()> {
     let Some(x) = head.extent else {
-        return Err(CkptError::Invalid(format!(
-            "unit {} is not external",
-            unit::hex(&head.blake3)
-        )));
+        return Err(CkptError::Invalid(format!("unit {} is not external", unit::hex(&head.blake3))));
     };
     read_into(file, f, x.off, dst)?;
     // The store adds "of <unit>" (as for every record's errors).
     let entry = || "external payload".to_string();
     let computed = xxh3(dst);
     if computed != head.xxh3 {
-        return Err(CkptError::Checksum {
-            file: file.into(),
-            entry: entry(),
-            offset: x.off,
-            stored: head.xxh3,
-            computed,
-        });
+        return Err(CkptError::Checksum { file: file.into(), entry: entry(), offset: x.off, stored: head.xxh3, computed });
     }
     if full {
         let b = unit::hash(dst);
@@ -168,10 +141,7 @@ mod tests {
 
     #[test]
     fn names_round_trip_and_strays_are_not_extents() {
-        assert_eq!(
-            parse_name(&file_name(7, 0xdead_beef)),
-            Some((7, 0xdead_beef))
-        );
+        assert_eq!(parse_name(&file_name(7, 0xdead_beef)), Some((7, 0xdead_beef)));
         assert_eq!(parse_name("0000000000000007.fsk"), None);
         assert_eq!(parse_name("7-9.fsx"), None);
         assert_eq!(parse_name("000000000000000g-0000000000000001.fsx"), None);
@@ -182,19 +152,11 @@ mod tests {
         use std::io::Write;
         use std::os::unix::fs::{MetadataExt, OpenOptionsExt};
         let d = tempfile::tempdir().unwrap();
-        let mut f = std::fs::OpenOptions::new()
-            .read(true)
-            .write(true)
-            .custom_flags(libc::O_TMPFILE)
-            .open(d.path())
-            .unwrap();
+        let mut f = std::fs::OpenOptions::new().read(true).write(true).custom_flags(libc::O_TMPFILE).open(d.path()).unwrap();
         f.write_all(b"0123456789").unwrap();
         let dest = path(d.path(), 1, 2);
         link(&f, &dest).unwrap();
-        assert_eq!(
-            std::fs::metadata(&dest).unwrap().ino(),
-            f.metadata().unwrap().ino()
-        );
+        assert_eq!(std::fs::metadata(&dest).unwrap().ino(), f.metadata().unwrap().ino());
         let mut b = [0u8; 4];
         read_into(&dest, &f, 3, &mut b).unwrap();
         assert_eq!(&b, b"3456");

@@ -51,10 +51,7 @@ impl<'a> Value<'a> {
     }
     /// The first member named `key` of an object.
     pub fn get(&self, key: &str) -> Option<&Value<'a>> {
-        self.as_object()?
-            .iter()
-            .find(|(k, _)| k == key)
-            .map(|(_, v)| v)
+        self.as_object()?.iter().find(|(k, _)| k == key).map(|(_, v)| v)
     }
 }
 
@@ -72,11 +69,7 @@ pub struct Limits {
 impl Default for Limits {
     fn default() -> Self {
         // The safetensors specification caps its header at 100 MB.
-        Limits {
-            max_len: 100_000_000,
-            max_depth: 64,
-            max_values: 10_000_000,
-        }
+        Limits { max_len: 100_000_000, max_depth: 64, max_values: 10_000_000 }
     }
 }
 
@@ -91,22 +84,11 @@ pub struct JsonError {
 /// Parses one JSON document (surrounding whitespace allowed).
 pub fn parse(input: &[u8], limits: Limits) -> Result<Value<'_>, JsonError> {
     if input.len() > limits.max_len {
-        return Err(JsonError {
-            offset: limits.max_len,
-            problem: "document longer than the limit",
-        });
+        return Err(JsonError { offset: limits.max_len, problem: "document longer than the limit" });
     }
-    let text = std::str::from_utf8(input).map_err(|e| JsonError {
-        offset: e.valid_up_to(),
-        problem: "invalid UTF-8",
-    })?;
-    let mut p = Parser {
-        s: text,
-        b: input,
-        pos: 0,
-        limits,
-        values: 0,
-    };
+    let text = std::str::from_utf8(input)
+        .map_err(|e| JsonError { offset: e.valid_up_to(), problem: "invalid UTF-8" })?;
+    let mut p = Parser { s: text, b: input, pos: 0, limits, values: 0 };
     p.ws();
     let v = p.value(0)?;
     p.ws();
@@ -126,10 +108,7 @@ struct Parser<'a> {
 
 impl<'a> Parser<'a> {
     fn err<T>(&self, problem: &'static str) -> Result<T, JsonError> {
-        Err(JsonError {
-            offset: self.pos,
-            problem,
-        })
+        Err(JsonError { offset: self.pos, problem })
     }
 
     fn peek(&self) -> Option<u8> {
@@ -327,9 +306,7 @@ impl<'a> Parser<'a> {
                 }
                 Some(b'\\') => {
                     self.pos += 1;
-                    let Some(e) = self.peek() else {
-                        return self.err("unterminated escape");
-                    };
+                    let Some(e) = self.peek() else { return self.err("unterminated escape") };
                     self.pos += 1;
                     match e {
                         b'"' => out.push('"'),
@@ -401,75 +378,34 @@ mod tests {
         assert_eq!(a[0].as_u64(), Some(1));
         assert_eq!(a[1], Value::Number("-0.5e+3"));
         assert_eq!(a[1].as_u64(), None);
-        assert_eq!(
-            a[5].as_str(),
-            Some("x\"y\\/\u{8}\u{c}\n\r\t\u{e9}\u{1F600}")
-        );
+        assert_eq!(a[5].as_str(), Some("x\"y\\/\u{8}\u{c}\n\r\t\u{e9}\u{1F600}"));
         assert_eq!(v.get("b"), Some(&Value::Object(vec![])));
         assert_eq!(p("18446744073709551615").unwrap().as_u64(), Some(u64::MAX));
         assert_eq!(p("18446744073709551616").unwrap().as_u64(), None);
-        assert!(matches!(
-            p("\"plain\"").unwrap(),
-            Value::String(Cow::Borrowed("plain"))
-        ));
+        assert!(matches!(p("\"plain\"").unwrap(), Value::String(Cow::Borrowed("plain"))));
     }
 
     #[test]
     fn refuses_what_json_does_not_allow() {
         for bad in [
-            "",
-            " ",
-            "[1,]",
-            "{\"a\":1,}",
-            "01",
-            "1.",
-            ".5",
-            "-",
-            "1e",
-            "+1",
-            "[1 2]",
-            "{\"a\" 1}",
-            "{1:2}",
-            "\"a",
-            "\"\\x\"",
-            "\"\\ud800\"",
-            "\"\\udc00\"",
-            "\"\\ud800\\u0041\"",
-            "\"\t\"",
-            "tru",
-            "nul",
-            "[] []",
-            "{\"a\":1}x",
-            "'a'",
-            "NaN",
-            "[\"\\u12\"]",
+            "", " ", "[1,]", "{\"a\":1,}", "01", "1.", ".5", "-", "1e", "+1", "[1 2]", "{\"a\" 1}", "{1:2}",
+            "\"a", "\"\\x\"", "\"\\ud800\"", "\"\\udc00\"", "\"\\ud800\\u0041\"", "\"\t\"", "tru", "nul",
+            "[] []", "{\"a\":1}x", "'a'", "NaN", "[\"\\u12\"]",
         ] {
             assert!(p(bad).is_err(), "accepted {bad:?}");
         }
-        assert_eq!(
-            parse(b"\"\xff\"", Limits::default()).unwrap_err().problem,
-            "invalid UTF-8"
-        );
+        assert_eq!(parse(b"\"\xff\"", Limits::default()).unwrap_err().problem, "invalid UTF-8");
     }
 
     #[test]
     fn limits_hold() {
         let deep = "[".repeat(100) + &"]".repeat(100);
-        assert_eq!(
-            p(&deep).unwrap_err().problem,
-            "nesting deeper than the limit"
-        );
+        assert_eq!(p(&deep).unwrap_err().problem, "nesting deeper than the limit");
         let ok = "[".repeat(64) + &"]".repeat(64);
         assert!(p(&ok).is_ok());
-        let l = Limits {
-            max_len: 4,
-            ..Limits::default()
-        };
+        let l = Limits { max_len: 4, ..Limits::default() };
         assert!(parse(b"[1,2]", l).is_err());
-        let l = Limits {
-            max_values: 3,
-            ..Limits::default()
-        };
+        let l = Limits { max_values: 3, ..Limits::default() };
         assert!(parse(b"[1,2]", l).is_ok());
         assert!(parse(b"[1,2,3]", l).is_err());
         // Deep nesting far past the limit returns an error, not a stack overflow.

@@ -111,10 +111,8 @@ pub mod unit;
 pub mod units;
 
 pub use error::{CkptError, Result};
-pub use packs::CompactionHook;
-pub use query::{
-    DiffReport, DiffStatus, DuReport, LogReport, LsReport, OwnersReport, VerifyReport,
-};
+pub use query::{DiffReport, DiffStatus, DuReport, LogReport, LsReport, OwnersReport, VerifyReport};
 pub use split::{split, CdcParams, Format, Split};
 pub use store::{CheckpointStore, CommitInfo, StoreOptions, UnlinkInfo};
+pub use packs::CompactionHook;
 pub use units::SharedBytes;

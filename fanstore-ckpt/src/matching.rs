@@ -38,12 +38,9 @@ pub fn keys_of_file(bytes: &[u8], cdc: &CdcParams) -> Vec<TensorKey> {
         .pieces
         .into_iter()
         .filter_map(|p| match p {
-            Piece::Unit(r, m) if !m.name.is_empty() => Some(TensorKey {
-                name: m.name,
-                shape: m.shape,
-                hash: unit::hash(&bytes[r.clone()]),
-                len: r.len() as u64,
-            }),
+            Piece::Unit(r, m) if !m.name.is_empty() => {
+                Some(TensorKey { name: m.name, shape: m.shape, hash: unit::hash(&bytes[r.clone()]), len: r.len() as u64 })
+            }
             _ => None,
         })
         .collect()
@@ -68,14 +65,10 @@ pub fn encode_keys(keys: &[TensorKey]) -> Vec<u8> {
 
 /// Decodes a key list; every length is checked against the input.
 pub fn decode_keys(b: &[u8]) -> Result<Vec<TensorKey>> {
-    let bad =
-        |at: usize, what: &str| CkptError::Invalid(format!("match query: {what} at byte {at}"));
+    let bad = |at: usize, what: &str| CkptError::Invalid(format!("match query: {what} at byte {at}"));
     let mut at = 0usize;
     let mut take = |n: usize, what: &str| -> Result<&[u8]> {
-        let end = at
-            .checked_add(n)
-            .filter(|&e| e <= b.len())
-            .ok_or_else(|| bad(at, what))?;
+        let end = at.checked_add(n).filter(|&e| e <= b.len()).ok_or_else(|| bad(at, what))?;
         let s = &b[at..end];
         at = end;
         Ok(s)
@@ -87,19 +80,11 @@ pub fn decode_keys(b: &[u8]) -> Result<Vec<TensorKey>> {
         let n = le(take(4, "name length")?) as usize;
         let name = take(n, "name")?.to_vec();
         let ndim = le(take(2, "ndim")?) as usize;
-        let shape = take(ndim.checked_mul(8).ok_or_else(|| bad(0, "shape"))?, "shape")?
-            .chunks_exact(8)
-            .map(le)
-            .collect();
+        let shape = take(ndim.checked_mul(8).ok_or_else(|| bad(0, "shape"))?, "shape")?.chunks_exact(8).map(le).collect();
         let mut hash = [0u8; 32];
         hash.copy_from_slice(take(32, "hash")?);
         let len = le(take(8, "length")?);
-        keys.push(TensorKey {
-            name,
-            shape,
-            hash,
-            len,
-        });
+        keys.push(TensorKey { name, shape, hash, len });
     }
     if at != b.len() {
         return Err(bad(at, "trailing bytes"));
@@ -144,12 +129,7 @@ impl CheckpointStore {
             .tensors(id)
             .unwrap_or(&[])
             .iter()
-            .map(|t| TensorKey {
-                name: t.name.clone(),
-                shape: t.shape.clone(),
-                hash: t.hash,
-                len: t.len,
-            })
+            .map(|t| TensorKey { name: t.name.clone(), shape: t.shape.clone(), hash: t.hash, len: t.len })
             .collect())
     }
 
@@ -157,21 +137,13 @@ impl CheckpointStore {
     pub fn best_match(&self, query: &[TensorKey], exclude: Option<&[u8]>) -> MatchReport {
         let skip = exclude.and_then(|p| self.id_of(p));
         let mut rows = Vec::new();
-        for e in self
-            .entries()
-            .iter()
-            .filter(|e| e.live && Some(e.id) != skip)
-        {
+        for e in self.entries().iter().filter(|e| e.live && Some(e.id) != skip) {
             let ts = self.tensors(e.id).unwrap_or(&[]);
             let mut by_name: HashMap<&[u8], (&[u64], &Hash)> = HashMap::with_capacity(ts.len());
             for t in ts {
                 by_name.entry(&t.name).or_insert((&t.shape, &t.hash));
             }
-            let equal = |k: &TensorKey| {
-                by_name
-                    .get(&k.name[..])
-                    .is_some_and(|(s, h)| *s == &k.shape[..] && **h == k.hash)
-            };
+            let equal = |k: &TensorKey| by_name.get(&k.name[..]).is_some_and(|(s, h)| *s == &k.shape[..] && **h == k.hash);
             let prefix = query.iter().take_while(|k| equal(k)).count() as u64;
             let (mut shared, mut bytes) = (0u64, 0u64);
             for k in query.iter().filter(|k| equal(k)) {
@@ -180,11 +152,7 @@ impl CheckpointStore {
             }
             if shared > 0 {
                 rows.push(MatchRow {
-                    ckpt: CkptRef {
-                        id: e.id,
-                        path: e.path.clone(),
-                        live: true,
-                    },
+                    ckpt: CkptRef { id: e.id, path: e.path.clone(), live: true },
                     prefix,
                     shared,
                     shared_bytes: bytes,
@@ -193,20 +161,14 @@ impl CheckpointStore {
             }
         }
         rows.sort_by_key(|r| std::cmp::Reverse(r.rank_key()));
-        MatchReport {
-            query_tensors: query.len() as u64,
-            rows,
-        }
+        MatchReport { query_tensors: query.len() as u64, rows }
     }
 }
 
 impl MatchReport {
     pub fn to_table(&self) -> String {
         if self.rows.is_empty() {
-            return format!(
-                "no stored checkpoint shares any of the {} tensors\n",
-                self.query_tensors
-            );
+            return format!("no stored checkpoint shares any of the {} tensors\n", self.query_tensors);
         }
         let rows: Vec<Vec<String>> = self
             .rows
@@ -224,19 +186,7 @@ impl MatchReport {
                 ]
             })
             .collect();
-        render::table(
-            &[
-                "rank",
-                "id",
-                "checkpoint",
-                "prefix",
-                "shared",
-                "shared bytes",
-                "its tensors",
-            ],
-            &rows,
-            &[0, 1, 3, 4, 5, 6],
-        )
+        render::table(&["rank", "id", "checkpoint", "prefix", "shared", "shared bytes", "its tensors"], &rows, &[0, 1, 3, 4, 5, 6])
     }
     pub fn to_json(&self) -> String {
         Obj::new()
@@ -265,28 +215,15 @@ mod tests {
     #[test]
     fn keys_round_trip_and_damage_is_an_error() {
         let keys = vec![
-            TensorKey {
-                name: b"a.weight".to_vec(),
-                shape: vec![3, 4],
-                hash: [7; 32],
-                len: 48,
-            },
-            TensorKey {
-                name: Vec::new(),
-                shape: vec![],
-                hash: [1; 32],
-                len: 0,
-            },
+            TensorKey { name: b"a.weight".to_vec(), shape: vec![3, 4], hash: [7; 32], len: 48 },
+            TensorKey { name: Vec::new(), shape: vec![], hash: [1; 32], len: 0 },
         ];
         let b = encode_keys(&keys);
         assert_eq!(decode_keys(&b).unwrap(), keys);
         assert!(decode_keys(&b[..b.len() - 1]).is_err());
         let mut extra = b.clone();
         extra.push(0);
-        assert!(decode_keys(&extra)
-            .unwrap_err()
-            .to_string()
-            .contains("trailing"));
+        assert!(decode_keys(&extra).unwrap_err().to_string().contains("trailing"));
         let mut x = 0x9e3779b97f4a7c15u64;
         for _ in 0..5000 {
             let mut m = b.clone();

@@ -97,10 +97,7 @@ impl PackHeader {
     /// Decodes the first bytes of pack `file` (all of them if shorter than a header).
     pub fn decode(file: &Path, b: &[u8]) -> Result<PackHeader> {
         if b.len() >= 8 && b[..8] != MAGIC {
-            return Err(CkptError::BadMagic {
-                file: file.into(),
-                what: "pack",
-            });
+            return Err(CkptError::BadMagic { file: file.into(), what: "pack" });
         }
         let truncated = CkptError::Truncated {
             file: file.into(),
@@ -114,25 +111,14 @@ impl PackHeader {
         }
         let version = u32_at(b, VERSION_OFF);
         if version != VERSION {
-            return Err(CkptError::UnsupportedVersion {
-                file: file.into(),
-                what: "pack",
-                found: version,
-                supported: VERSION,
-            });
+            return Err(CkptError::UnsupportedVersion { file: file.into(), what: "pack", found: version, supported: VERSION });
         }
         if b.len() < HEADER_LEN {
             return Err(truncated);
         }
         let (stored, computed) = (u64_at(b, CHECKSUM_OFF), xxh3(&b[..CHECKSUM_OFF]));
         if stored != computed {
-            return Err(CkptError::Checksum {
-                file: file.into(),
-                entry: "pack header".into(),
-                offset: 0,
-                stored,
-                computed,
-            });
+            return Err(CkptError::Checksum { file: file.into(), entry: "pack header".into(), offset: 0, stored, computed });
         }
         let seq = u64_at(b, SEQ_OFF);
         if u32_at(b, RESERVED_OFF) != 0 || seq == 0 {
@@ -140,16 +126,10 @@ impl PackHeader {
                 file: file.into(),
                 entry: "pack header".into(),
                 offset: RESERVED_OFF as u64,
-                problem: format!(
-                    "reserved field {} and sequence number {seq}",
-                    u32_at(b, RESERVED_OFF)
-                ),
+                problem: format!("reserved field {} and sequence number {seq}", u32_at(b, RESERVED_OFF)),
             });
         }
-        Ok(PackHeader {
-            seq,
-            nonce: u64_at(b, NONCE_OFF),
-        })
+        Ok(PackHeader { seq, nonce: u64_at(b, NONCE_OFF) })
     }
 }
 
@@ -159,9 +139,7 @@ pub fn new_nonce(seq: u64) -> u64 {
     let mut h = std::collections::hash_map::RandomState::new().build_hasher();
     h.write_u64(seq);
     h.write_u32(std::process::id());
-    let t = std::time::SystemTime::now()
-        .duration_since(std::time::UNIX_EPOCH)
-        .map_or(0, |d| d.as_nanos());
+    let t = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map_or(0, |d| d.as_nanos());
     h.write_u128(t);
     h.finish()
 }
@@ -169,12 +147,7 @@ pub fn new_nonce(seq: u64) -> u64 {
 /// Creates pack `header.seq` at `file` (which must not exist) holding its
 /// header only. On failure nothing is left behind.
 pub fn create(file: &Path, header: &PackHeader) -> Result<File> {
-    let f = File::options()
-        .read(true)
-        .write(true)
-        .create_new(true)
-        .open(file)
-        .map_err(|e| CkptError::io(file, e))?;
+    let f = File::options().read(true).write(true).create_new(true).open(file).map_err(|e| CkptError::io(file, e))?;
     if let Err(e) = f.write_all_at(&header.encode(), 0) {
         let _ = std::fs::remove_file(file);
         return Err(CkptError::io(file, e));
@@ -184,11 +157,7 @@ pub fn create(file: &Path, header: &PackHeader) -> Result<File> {
 
 /// Opens pack `file` for reading and appending and checks its header.
 pub fn open(file: &Path) -> Result<(File, PackHeader)> {
-    let f = File::options()
-        .read(true)
-        .write(true)
-        .open(file)
-        .map_err(|e| CkptError::io(file, e))?;
+    let f = File::options().read(true).write(true).open(file).map_err(|e| CkptError::io(file, e))?;
     let mut b = [0u8; HEADER_LEN];
     let n = unit::read_full_at(&f, &mut b, 0).map_err(|e| CkptError::io(file, e))?;
     let head = PackHeader::decode(file, &b[..n])?;
@@ -275,13 +244,7 @@ pub fn scan_open(file: &Path, f: &File, header: PackHeader) -> Result<Scan> {
             }
         }
     }
-    Ok(Scan {
-        header,
-        records,
-        valid_len: off,
-        file_len,
-        tail,
-    })
+    Ok(Scan { header, records, valid_len: off, file_len, tail })
 }
 
 /// Checks the body of record `r` of pack `f` against its xxh3 (used to
@@ -312,21 +275,12 @@ mod tests {
             let payload: Vec<u8> = if i % 2 == 0 {
                 (0..1000 + i * 37).map(|k| (k * 31 + i) as u8).collect()
             } else {
-                (0..2000u32)
-                    .flat_map(|k| ((k as f32 + i as f32) * 0.001).to_le_bytes())
-                    .collect()
+                (0..2000u32).flat_map(|k| ((k as f32 + i as f32) * 0.001).to_le_bytes()).collect()
             };
             let h = unit::hash(&payload);
-            let (head, body) = unit::encode(
-                &h,
-                xxh3(&payload),
-                &payload,
-                if i % 2 == 0 { 1 } else { 4 },
-                None,
-            );
+            let (head, body) = unit::encode(&h, xxh3(&payload), &payload, if i % 2 == 0 { 1 } else { 4 }, None);
             f.write_all_at(&head.encode(), off).unwrap();
-            f.write_all_at(&body, off + unit::HEADER_LEN as u64)
-                .unwrap();
+            f.write_all_at(&body, off + unit::HEADER_LEN as u64).unwrap();
             let r = Record { off, head };
             off = r.end();
             units.push((h, payload, r));
@@ -337,9 +291,7 @@ mod tests {
     fn load(path: &Path, r: &Record, h: &Hash, len: usize) -> Result<Vec<u8>> {
         let f = File::open(path).unwrap();
         let mut v = vec![0u8; len];
-        unit::load_at(path, &f, r.off, h, &mut v, true, 8, &mut |_, _, _| {
-            unreachable!("no deltas")
-        })?;
+        unit::load_at(path, &f, r.off, h, &mut v, true, 8, &mut |_, _, _| unreachable!("no deltas"))?;
         Ok(v)
     }
 
@@ -383,10 +335,7 @@ mod tests {
         put_u64(&mut m, CHECKSUM_OFF, sum);
         std::fs::write(&b.path, &m).unwrap();
         let e = scan(&b.path).unwrap_err().to_string();
-        assert!(
-            e.contains("unsupported pack format version 2") && e.contains(&file_name(7)),
-            "{e}"
-        );
+        assert!(e.contains("unsupported pack format version 2") && e.contains(&file_name(7)), "{e}");
         std::fs::write(&b.path, &orig[..20]).unwrap();
         assert!(matches!(scan(&b.path), Err(CkptError::Truncated { .. })));
     }
@@ -403,19 +352,13 @@ mod tests {
             // Reading the unit: an error naming the pack and an offset inside the record.
             let e = load(&b.path, r, h, payload.len()).unwrap_err();
             let text = e.to_string();
-            assert!(
-                e.is_corruption() && text.contains(".fsk") && text.contains("unit header"),
-                "byte {k}: {text}"
-            );
+            assert!(e.is_corruption() && text.contains(".fsk") && text.contains("unit header"), "byte {k}: {text}");
             // Scanning: the records before it survive, the scan stops there.
             let s = scan(&b.path).unwrap();
             assert_eq!(s.records, vec![b.units[0].2], "byte {k}");
             assert_eq!(s.valid_len, r.off);
             let tail = s.tail.unwrap().to_string();
-            assert!(
-                tail.contains(&format!("offset {}", r.off)),
-                "byte {k}: {tail}"
-            );
+            assert!(tail.contains(&format!("offset {}", r.off)), "byte {k}: {tail}");
         }
         // A body byte: the record scans (bodies are not read) but the unit never reads back wrong.
         let mut m = orig.clone();
@@ -423,11 +366,7 @@ mod tests {
         std::fs::write(&b.path, &m).unwrap();
         assert_eq!(scan(&b.path).unwrap().records.len(), 3);
         let e = load(&b.path, r, h, payload.len()).unwrap_err().to_string();
-        assert!(
-            e.contains(&format!("{}", r.off + unit::HEADER_LEN as u64))
-                || e.contains("unit payload"),
-            "{e}"
-        );
+        assert!(e.contains(&format!("{}", r.off + unit::HEADER_LEN as u64)) || e.contains("unit payload"), "{e}");
         assert!(e.contains("checksum mismatch"), "{e}");
         let f = File::open(&b.path).unwrap();
         assert!(!body_ok(&b.path, &f, r) || r.head.encoding == crate::codec::Encoding::Raw);
@@ -438,12 +377,7 @@ mod tests {
         let b = build(4);
         let orig = std::fs::read(&b.path).unwrap();
         let last = b.units[3].2;
-        for cut in [
-            last.off + 1,
-            last.off + 100,
-            last.off + unit::HEADER_LEN as u64,
-            last.end() - 1,
-        ] {
+        for cut in [last.off + 1, last.off + 100, last.off + unit::HEADER_LEN as u64, last.end() - 1] {
             std::fs::write(&b.path, &orig[..cut as usize]).unwrap();
             let s = scan(&b.path).unwrap();
             assert_eq!(s.records.len(), 3, "cut at {cut}");

@@ -131,16 +131,12 @@ impl PackSet {
     fn reserve(&mut self, lane: usize, len: u64) -> Result<(u64, Arc<File>, PathBuf, u64)> {
         let size = self.pack_size;
         let lane = lane % self.active.len();
-        let fits = |p: &Pack| {
-            !p.damaged && (p.end == pack::HEADER_LEN as u64 || p.end.saturating_add(len) <= size)
-        };
+        let fits = |p: &Pack| !p.damaged && (p.end == pack::HEADER_LEN as u64 || p.end.saturating_add(len) <= size);
         let seq = match self.active[lane].filter(|s| self.packs.get(s).is_some_and(fits)) {
             Some(s) => s,
             None => self.roll(lane)?,
         };
-        let Some(p) = self.packs.get_mut(&seq) else {
-            unreachable!("the active pack is in the set")
-        };
+        let Some(p) = self.packs.get_mut(&seq) else { unreachable!("the active pack is in the set") };
         let off = p.end;
         p.end += len;
         Ok((seq, p.file.clone(), p.path.clone(), off))
@@ -157,22 +153,10 @@ impl PackSet {
     /// Starts a new pack for writer `lane`.
     fn roll(&mut self, lane: usize) -> Result<u64> {
         let seq = self.next_seq();
-        let header = PackHeader {
-            seq,
-            nonce: pack::new_nonce(seq),
-        };
+        let header = PackHeader { seq, nonce: pack::new_nonce(seq) };
         let path = pack::path(&self.dir, seq);
         let file = Arc::new(pack::create(&path, &header)?);
-        self.packs.insert(
-            seq,
-            Pack {
-                path,
-                file,
-                end: pack::HEADER_LEN as u64,
-                live: 0,
-                damaged: false,
-            },
-        );
+        self.packs.insert(seq, Pack { path, file, end: pack::HEADER_LEN as u64, live: 0, damaged: false });
         self.active[lane] = Some(seq);
         Ok(seq)
     }
@@ -227,15 +211,7 @@ impl PackSet {
         let nonce = pack::new_nonce(seq);
         let path = crate::extent::path(&self.dir, seq, nonce);
         crate::extent::link(f, &path).map_err(|e| CkptError::io(&path, e))?;
-        self.extents.insert(
-            seq,
-            Extent {
-                path,
-                nonce,
-                len,
-                live: 0,
-            },
-        );
+        self.extents.insert(seq, Extent { path, nonce, len, live: 0 });
         Ok((seq, nonce))
     }
 
@@ -261,10 +237,7 @@ impl PackSet {
 
     /// Extent `seq`'s path, if its nonce is `nonce`.
     fn extent_path(&self, seq: u64, nonce: u64) -> Option<PathBuf> {
-        self.extents
-            .get(&seq)
-            .filter(|x| x.nonce == nonce)
-            .map(|x| x.path.clone())
+        self.extents.get(&seq).filter(|x| x.nonce == nonce).map(|x| x.path.clone())
     }
 
     /// An extent to compact: fewer than `percent` % of its bytes live (or none).
@@ -277,9 +250,7 @@ impl PackSet {
 
     /// Pack `seq`'s file and path.
     fn file(&self, seq: u64) -> Option<(Arc<File>, PathBuf)> {
-        self.packs
-            .get(&seq)
-            .map(|p| (p.file.clone(), p.path.clone()))
+        self.packs.get(&seq).map(|p| (p.file.clone(), p.path.clone()))
     }
 
     /// A pack to compact: not damaged, not the last one unless it is the
@@ -306,16 +277,8 @@ impl PackSet {
 
     /// (packs and extents, bytes of their files that hold no live unit).
     pub fn usage(&self) -> (u64, u64) {
-        let dead = self
-            .packs
-            .values()
-            .map(|p| p.end.saturating_sub(p.live))
-            .sum::<u64>()
-            + self
-                .extents
-                .values()
-                .map(|x| x.len.saturating_sub(x.live))
-                .sum::<u64>();
+        let dead = self.packs.values().map(|p| p.end.saturating_sub(p.live)).sum::<u64>()
+            + self.extents.values().map(|x| x.len.saturating_sub(x.live)).sum::<u64>();
         ((self.packs.len() + self.extents.len()) as u64, dead)
     }
 }
@@ -341,43 +304,11 @@ fn copy_range(src: &File, from: u64, dst: &File, to: u64, len: u64) -> std::io::
 fn name_unit(e: CkptError, h: &Hash) -> CkptError {
     let tag = |entry: String| format!("{entry} of {}", unit::hex(h));
     match e {
-        CkptError::Checksum {
-            file,
-            entry,
-            offset,
-            stored,
-            computed,
-        } => CkptError::Checksum {
-            file,
-            entry: tag(entry),
-            offset,
-            stored,
-            computed,
-        },
-        CkptError::Corrupt {
-            file,
-            entry,
-            offset,
-            problem,
-        } => CkptError::Corrupt {
-            file,
-            entry: tag(entry),
-            offset,
-            problem,
-        },
-        CkptError::Truncated {
-            file,
-            entry,
-            offset,
-            needed,
-            len,
-        } => CkptError::Truncated {
-            file,
-            entry: tag(entry),
-            offset,
-            needed,
-            len,
-        },
+        CkptError::Checksum { file, entry, offset, stored, computed } => {
+            CkptError::Checksum { file, entry: tag(entry), offset, stored, computed }
+        }
+        CkptError::Corrupt { file, entry, offset, problem } => CkptError::Corrupt { file, entry: tag(entry), offset, problem },
+        CkptError::Truncated { file, entry, offset, needed, len } => CkptError::Truncated { file, entry: tag(entry), offset, needed, len },
         other => other,
     }
 }
@@ -395,42 +326,22 @@ type Scans = BTreeMap<u64, (PathBuf, File, pack::Scan)>;
 /// base that is gone since, and with one pack per writer lane a higher
 /// sequence number is not always a later write); the latest, failing
 /// that. A single record is taken as it is (damage shows when it is read).
-fn pick_record(
-    h: &Hash,
-    len: Option<u64>,
-    index: &HashMap<Hash, Candidates>,
-    scans: &Scans,
-    units_dir: &std::path::Path,
-    depth: u8,
-) -> Option<(u64, Record)> {
-    let cands: Vec<&(u64, Record)> = index
-        .get(h)?
-        .iter()
-        .filter(|(_, r)| len.is_none_or(|l| r.head.len == l))
-        .collect();
+fn pick_record(h: &Hash, len: Option<u64>, index: &HashMap<Hash, Candidates>, scans: &Scans, units_dir: &std::path::Path, depth: u8) -> Option<(u64, Record)> {
+    let cands: Vec<&(u64, Record)> = index.get(h)?.iter().filter(|(_, r)| len.is_none_or(|l| r.head.len == l)).collect();
     if cands.len() <= 1 {
         return cands.first().map(|c| **c);
     }
     let base_found = |b: &Hash| {
         depth < crate::units::CHAIN_LIMIT
-            && (pick_record(b, None, index, scans, units_dir, depth + 1).is_some()
-                || unit::path(units_dir, b).exists())
+            && (pick_record(b, None, index, scans, units_dir, depth + 1).is_some() || unit::path(units_dir, b).exists())
     };
-    let extent_found =
-        |x: &unit::ExtentRef| crate::extent::path(units_dir, x.seq, x.nonce).exists();
+    let extent_found = |x: &unit::ExtentRef| crate::extent::path(units_dir, x.seq, x.nonce).exists();
     let usable = |(seq, r): &(u64, Record)| {
-        scans
-            .get(seq)
-            .is_some_and(|(p, f, _)| pack::body_ok(p, f, r))
+        scans.get(seq).is_some_and(|(p, f, _)| pack::body_ok(p, f, r))
             && r.head.base.as_ref().is_none_or(base_found)
             && r.head.extent.as_ref().is_none_or(extent_found)
     };
-    cands
-        .iter()
-        .rev()
-        .find(|c| usable(c))
-        .or(cands.last())
-        .map(|c| **c)
+    cands.iter().rev().find(|c| usable(c)).or(cands.last()).map(|c| **c)
 }
 
 impl CheckpointStore {
@@ -441,17 +352,10 @@ impl CheckpointStore {
     /// Appends one encoded unit (`head`, `body`) to the pack of writer
     /// `lane` and returns where it is. The pack's live bytes count it once
     /// the commit registers it ([`Self::register_written`]).
-    pub(crate) fn append_unit(
-        &self,
-        lane: usize,
-        head: &UnitHeader,
-        body: &[u8],
-    ) -> Result<UnitLoc> {
+    pub(crate) fn append_unit(&self, lane: usize, head: &UnitHeader, body: &[u8]) -> Result<UnitLoc> {
         let len = unit::HEADER_LEN as u64 + body.len() as u64;
         let (seq, f, path, off) = self.packs().reserve(lane, len)?;
-        let r = f
-            .write_all_at(&head.encode(), off)
-            .and_then(|_| f.write_all_at(body, off + unit::HEADER_LEN as u64));
+        let r = f.write_all_at(&head.encode(), off).and_then(|_| f.write_all_at(body, off + unit::HEADER_LEN as u64));
         if let Err(e) = r {
             self.packs().retire(seq);
             return Err(CkptError::io(path, e));
@@ -461,13 +365,7 @@ impl CheckpointStore {
 
     /// Counts a unit located at `loc` (`len` record bytes; an external
     /// one's `payload` bytes in extent `extent`) as live.
-    pub(crate) fn count_live(
-        &self,
-        loc: Option<UnitLoc>,
-        len: u64,
-        extent: Option<u64>,
-        payload: u64,
-    ) {
+    pub(crate) fn count_live(&self, loc: Option<UnitLoc>, len: u64, extent: Option<u64>, payload: u64) {
         let mut set = self.packs();
         if let Some(UnitLoc::Pack { seq, .. }) = loc {
             set.add_live(seq, len);
@@ -496,30 +394,14 @@ impl CheckpointStore {
     }
 
     /// Loads unit `h` from where it is stored (see [`unit::load_at`]).
-    pub(crate) fn load_stored(
-        &self,
-        h: &Hash,
-        dst: &mut [u8],
-        full: bool,
-        budget: u8,
-    ) -> Result<()> {
+    pub(crate) fn load_stored(&self, h: &Hash, dst: &mut [u8], full: bool, budget: u8) -> Result<()> {
         let loc = self.units.get(h).and_then(|u| u.loc);
         let Some(UnitLoc::Pack { seq, off }) = loc else {
-            return unit::load_into(
-                &self.unit_path(h),
-                h,
-                dst,
-                full,
-                budget,
-                &mut |b, bud, d| self.load_unit_within(b, d, false, bud),
-            )
-            .map(|_| ());
+            return unit::load_into(&self.unit_path(h), h, dst, full, budget, &mut |b, bud, d| self.load_unit_within(b, d, false, bud))
+                .map(|_| ());
         };
         let Some((f, path)) = self.packs().file(seq) else {
-            return Err(CkptError::Invalid(format!(
-                "unit {} is in pack {seq}, which is gone",
-                unit::hex(h)
-            )));
+            return Err(CkptError::Invalid(format!("unit {} is in pack {seq}, which is gone", unit::hex(h))));
         };
         let mut from_base = false;
         let head = unit::read_header_at(&path, &f, off).map_err(|e| name_unit(e, h))?;
@@ -532,20 +414,11 @@ impl CheckpointStore {
             dst,
             full,
             budget,
-            &mut |b, bud, d| {
-                self.load_unit_within(b, d, false, bud)
-                    .inspect_err(|_| from_base = true)
-            },
+            &mut |b, bud, d| self.load_unit_within(b, d, false, bud).inspect_err(|_| from_base = true),
             &mut |xh, d| {
-                let Some(x) = xh.extent else {
-                    unreachable!("decode gives every external unit an extent")
-                };
+                let Some(x) = xh.extent else { unreachable!("decode gives every external unit an extent") };
                 let Some(xpath) = self.packs().extent_path(x.seq, x.nonce) else {
-                    let want = crate::extent::path(
-                        &self.dir.join(crate::store::UNITS_DIR),
-                        x.seq,
-                        x.nonce,
-                    );
+                    let want = crate::extent::path(&self.dir.join(crate::store::UNITS_DIR), x.seq, x.nonce);
                     return Err(CkptError::Invalid(format!(
                         "unit {} lies in extent {}, which is missing (its record: {} at byte {off})",
                         unit::hex(h),
@@ -629,29 +502,16 @@ impl CheckpointStore {
         let mut extents: BTreeMap<u64, Extent> = BTreeMap::new();
         for ent in std::fs::read_dir(&udir).map_err(|e| CkptError::io(&udir, e))? {
             let ent = ent.map_err(|e| CkptError::io(&udir, e))?;
-            if let Some((seq, nonce)) = ent.file_name().to_str().and_then(crate::extent::parse_name)
-            {
+            if let Some((seq, nonce)) = ent.file_name().to_str().and_then(crate::extent::parse_name) {
                 let path = ent.path();
                 let len = ent.metadata().map_err(|e| CkptError::io(&path, e))?.len();
                 // Not possible while numbers only grow within a store's life;
                 // the file is left for a person to look at.
                 if let Some(other) = extents.get(&seq) {
-                    self.repairs.push(format!(
-                        "two extents numbered {seq}: {} and {}; the second left in place, unused",
-                        other.path.display(),
-                        path.display()
-                    ));
+                    self.repairs.push(format!("two extents numbered {seq}: {} and {}; the second left in place, unused", other.path.display(), path.display()));
                     continue;
                 }
-                extents.insert(
-                    seq,
-                    Extent {
-                        path,
-                        nonce,
-                        len,
-                        live: 0,
-                    },
-                );
+                extents.insert(seq, Extent { path, nonce, len, live: 0 });
                 continue;
             }
             let Some(seq) = ent.file_name().to_str().and_then(pack::parse_name) else {
@@ -690,9 +550,7 @@ impl CheckpointStore {
             let (head, loc) = match picked {
                 Some((seq, r)) => (r.head, UnitLoc::Pack { seq, off: r.off }),
                 None => match unit::read_header(&self.unit_path(&h)) {
-                    Ok(head) if head.blake3 == h && (!known_len || head.len == want) => {
-                        (head, UnitLoc::File)
-                    }
+                    Ok(head) if head.blake3 == h && (!known_len || head.len == want) => (head, UnitLoc::File),
                     _ => continue,
                 },
             };
@@ -719,31 +577,16 @@ impl CheckpointStore {
                 }
             }
         }
-        let missing: Vec<Hash> = self
-            .units
-            .iter()
-            .filter(|(_, u)| u.loc.is_none())
-            .map(|(h, _)| *h)
-            .collect();
+        let missing: Vec<Hash> = self.units.iter().filter(|(_, u)| u.loc.is_none()).map(|(h, _)| *h).collect();
         let mut set = PackSet::new(udir, &self.opts);
         for (path, e) in broken {
-            let seq = path
-                .file_name()
-                .and_then(|n| n.to_str())
-                .and_then(pack::parse_name)
-                .unwrap_or(0);
+            let seq = path.file_name().and_then(|n| n.to_str()).and_then(pack::parse_name).unwrap_or(0);
             set.next_floor = set.next_floor.max(seq + 1);
             if missing.is_empty() {
-                self.repairs.push(format!(
-                    "{e}; no unit needed it: removed {}",
-                    path.display()
-                ));
+                self.repairs.push(format!("{e}; no unit needed it: removed {}", path.display()));
                 let _ = std::fs::remove_file(&path);
             } else {
-                self.repairs.push(format!(
-                    "{e}; left in place ({} units not found)",
-                    missing.len()
-                ));
+                self.repairs.push(format!("{e}; left in place ({} units not found)", missing.len()));
             }
         }
         for (seq, (path, f, s)) in scans {
@@ -751,31 +594,15 @@ impl CheckpointStore {
             let mut end = s.file_len;
             if let Some(e) = &s.tail {
                 if missing.is_empty() {
-                    f.set_len(s.valid_len)
-                        .map_err(|e| CkptError::io(&path, e))?;
+                    f.set_len(s.valid_len).map_err(|e| CkptError::io(&path, e))?;
                     end = s.valid_len;
-                    self.repairs.push(format!(
-                        "{e}: torn append, {} of {} bytes kept",
-                        s.valid_len, s.file_len
-                    ));
+                    self.repairs.push(format!("{e}: torn append, {} of {} bytes kept", s.valid_len, s.file_len));
                 } else {
                     damaged = true;
-                    self.repairs.push(format!(
-                        "{e}: left in place, {} needed units not found",
-                        missing.len()
-                    ));
+                    self.repairs.push(format!("{e}: left in place, {} needed units not found", missing.len()));
                 }
             }
-            set.packs.insert(
-                seq,
-                Pack {
-                    path,
-                    file: Arc::new(f),
-                    end,
-                    live: 0,
-                    damaged,
-                },
-            );
+            set.packs.insert(seq, Pack { path, file: Arc::new(f), end, live: 0, damaged });
         }
         set.extents = extents;
         for u in self.units.values() {
@@ -788,33 +615,19 @@ impl CheckpointStore {
         }
         // Extents nothing lives in (a crash before the catalog named the
         // commit that adopted one, or after compaction copied its units) go now.
-        let dead: Vec<u64> = set
-            .extents
-            .iter()
-            .filter(|(_, x)| x.live == 0)
-            .map(|(&s, _)| s)
-            .collect();
+        let dead: Vec<u64> = set.extents.iter().filter(|(_, x)| x.live == 0).map(|(&s, _)| s).collect();
         for seq in dead {
             set.drop_extent(seq)?;
         }
         // Packs nothing lives in any more (a crash after compaction copied
         // them, before it deleted them) go now.
-        while let Some(seq) = set
-            .sparse(0)
-            .filter(|s| set.packs.get(s).is_some_and(|p| p.live == 0))
-        {
+        while let Some(seq) = set.sparse(0).filter(|s| set.packs.get(s).is_some_and(|p| p.live == 0)) {
             if let Some(p) = set.packs.remove(&seq) {
                 std::fs::remove_file(&p.path).map_err(|e| CkptError::io(&p.path, e))?;
             }
         }
         // The newest packs with room go on taking units, one per writer lane.
-        let open: Vec<u64> = set
-            .packs
-            .iter()
-            .rev()
-            .filter(|(_, p)| !p.damaged && p.end < set.pack_size)
-            .map(|(&s, _)| s)
-            .collect();
+        let open: Vec<u64> = set.packs.iter().rev().filter(|(_, p)| !p.damaged && p.end < set.pack_size).map(|(&s, _)| s).collect();
         for (lane, seq) in open.into_iter().take(set.active.len()).enumerate() {
             set.active[lane] = Some(seq);
         }
@@ -828,9 +641,7 @@ impl CheckpointStore {
     pub fn compact(&mut self) -> Result<usize> {
         let mut n = 0;
         loop {
-            let Some(seq) = self.packs().sparse_extent(self.opts.compact_below_percent) else {
-                break;
-            };
+            let Some(seq) = self.packs().sparse_extent(self.opts.compact_below_percent) else { break };
             self.compact_extent(seq)?;
             n += 1;
         }
@@ -856,18 +667,11 @@ impl CheckpointStore {
     /// before the delete leaves both records of each unit (either reads
     /// back); after it, only the copies.
     fn compact_extent(&mut self, seq: u64) -> Result<()> {
-        let members: Vec<Hash> = self
-            .units
-            .iter()
-            .filter(|(_, u)| u.extent == Some(seq))
-            .map(|(h, _)| *h)
-            .collect();
+        let members: Vec<Hash> = self.units.iter().filter(|(_, u)| u.extent == Some(seq)).map(|(h, _)| *h).collect();
         let mut moved = Vec::with_capacity(members.len());
         let mut touched = BTreeSet::new();
         for h in members {
-            let Some(u) = self.units.get(&h) else {
-                continue;
-            };
+            let Some(u) = self.units.get(&h) else { continue };
             let (len, old) = (u.len, u.loc);
             let payload = self.unit_bytes(&h, len, false)?;
             let head = UnitHeader::raw(len, h, fanstore_core::checksum::xxh3(&payload));
@@ -880,9 +684,7 @@ impl CheckpointStore {
         }
         self.sync_copies(touched)?;
         for (h, head, loc, old) in moved {
-            let Some(u) = self.units.get_mut(&h) else {
-                continue;
-            };
+            let Some(u) = self.units.get_mut(&h) else { continue };
             let old_len = u.file_len;
             u.loc = Some(loc);
             u.file_len = head.file_len();
@@ -942,10 +744,7 @@ impl CheckpointStore {
             touched.insert(dseq);
             if let Err(e) = copy_range(&src, off, &dst, doff, len) {
                 self.packs().retire(dseq);
-                return Err(CkptError::io(
-                    format!("{} -> {}", src_path.display(), dpath.display()),
-                    e,
-                ));
+                return Err(CkptError::io(format!("{} -> {}", src_path.display(), dpath.display()), e));
             }
             moved.push((h, dseq, doff, len));
             self.step("record copied");
@@ -953,10 +752,7 @@ impl CheckpointStore {
         self.sync_copies(touched)?;
         for (h, dseq, doff, len) in moved {
             if let Some(u) = self.units.get_mut(&h) {
-                u.loc = Some(UnitLoc::Pack {
-                    seq: dseq,
-                    off: doff,
-                });
+                u.loc = Some(UnitLoc::Pack { seq: dseq, off: doff });
             }
             let mut set = self.packs();
             set.add_live(dseq, len);
@@ -976,14 +772,7 @@ mod tests {
     use super::*;
 
     fn set(dir: &std::path::Path, threads: usize, pack_size: u64) -> PackSet {
-        PackSet::new(
-            dir.to_path_buf(),
-            &crate::StoreOptions {
-                threads,
-                pack_size,
-                ..crate::StoreOptions::default()
-            },
-        )
+        PackSet::new(dir.to_path_buf(), &crate::StoreOptions { threads, pack_size, ..crate::StoreOptions::default() })
     }
 
     #[test]
@@ -994,10 +783,7 @@ mod tests {
         let (b, _, _, off_b) = s.reserve(1, 100).unwrap();
         let (c, _, _, _) = s.reserve(2, 100).unwrap();
         assert!(a < b && b < c, "{a} {b} {c}");
-        assert_eq!(
-            (off_a, off_b),
-            (pack::HEADER_LEN as u64, pack::HEADER_LEN as u64)
-        );
+        assert_eq!((off_a, off_b), (pack::HEADER_LEN as u64, pack::HEADER_LEN as u64));
         // A lane keeps its pack, at the next offset; lanes past the count wrap.
         assert_eq!(s.reserve(0, 100).unwrap().0, a);
         let (wrapped, _, _, off) = s.reserve(3, 50).unwrap();

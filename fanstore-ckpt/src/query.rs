@@ -30,11 +30,7 @@ impl CkptRef {
         }
     }
     fn json(&self) -> String {
-        Obj::new()
-            .num("id", self.id)
-            .str("path", &self.path)
-            .bool("live", self.live)
-            .end()
+        Obj::new().num("id", self.id).str("path", &self.path).bool("live", self.live).end()
     }
 }
 
@@ -44,11 +40,7 @@ fn opt_json(r: &Option<CkptRef>) -> String {
 
 impl CheckpointStore {
     fn ckpt_ref(&self, id: u64) -> Option<CkptRef> {
-        self.entry(id).map(|e| CkptRef {
-            id,
-            path: e.path.clone(),
-            live: e.live,
-        })
+        self.entry(id).map(|e| CkptRef { id, path: e.path.clone(), live: e.live })
     }
 
     fn live_id(&self, path: &[u8]) -> Result<u64> {
@@ -61,27 +53,17 @@ impl CheckpointStore {
         let mut rows = Vec::new();
         for e in self.entries().iter().filter(|e| e.live) {
             let p = trim_slashes(&e.path);
-            let under = dir.is_empty()
-                || p == dir
-                || (p.starts_with(dir) && p.get(dir.len()) == Some(&b'/'));
+            let under = dir.is_empty() || p == dir || (p.starts_with(dir) && p.get(dir.len()) == Some(&b'/'));
             if !under {
                 continue;
             }
             rows.push(LsRow {
-                ckpt: CkptRef {
-                    id: e.id,
-                    path: e.path.clone(),
-                    live: true,
-                },
+                ckpt: CkptRef { id: e.id, path: e.path.clone(), live: true },
                 format: e.format,
                 logical: e.logical,
                 new_bytes: e.new_bytes,
                 tensors: e.tensors,
-                parent: if e.parent == 0 {
-                    None
-                } else {
-                    self.ckpt_ref(e.parent)
-                },
+                parent: if e.parent == 0 { None } else { self.ckpt_ref(e.parent) },
             });
         }
         rows.sort_by(|a, b| a.ckpt.path.cmp(&b.ckpt.path));
@@ -99,25 +81,14 @@ impl CheckpointStore {
         while cur != 0 && cur < prev {
             let Some(e) = self.entry(cur) else { break };
             chain.push(LogRow {
-                ckpt: CkptRef {
-                    id: cur,
-                    path: e.path.clone(),
-                    live: e.live,
-                },
+                ckpt: CkptRef { id: cur, path: e.path.clone(), live: e.live },
                 logical: e.logical,
                 new_bytes: e.new_bytes,
             });
             prev = cur;
             cur = e.parent;
         }
-        Ok(LogReport {
-            ckpt: CkptRef {
-                id,
-                path: path.to_vec(),
-                live: true,
-            },
-            chain,
-        })
+        Ok(LogReport { ckpt: CkptRef { id, path: path.to_vec(), live: true }, chain })
     }
 
     /// Per tensor of the checkpoint at `path`: its owner (the checkpoint that
@@ -134,21 +105,10 @@ impl CheckpointStore {
                 shape: t.shape.clone(),
                 len: t.len,
                 hash: t.hash,
-                owner: self.ckpt_ref(t.owner).unwrap_or(CkptRef {
-                    id: t.owner,
-                    path: Vec::new(),
-                    live: false,
-                }),
+                owner: self.ckpt_ref(t.owner).unwrap_or(CkptRef { id: t.owner, path: Vec::new(), live: false }),
             })
             .collect();
-        Ok(OwnersReport {
-            ckpt: CkptRef {
-                id,
-                path: path.to_vec(),
-                live: true,
-            },
-            rows,
-        })
+        Ok(OwnersReport { ckpt: CkptRef { id, path: path.to_vec(), live: true }, rows })
     }
 
     /// Tensors added, removed, changed and unchanged from `a` to `b`, by name.
@@ -171,35 +131,17 @@ impl CheckpointStore {
                 Some(&(h, l)) if h == t.hash => (DiffStatus::Unchanged, Some(l)),
                 Some(&(_, l)) => (DiffStatus::Changed, Some(l)),
             };
-            rows.push(DiffRow {
-                name: t.name.clone(),
-                status,
-                a_len,
-                b_len: Some(t.len),
-            });
+            rows.push(DiffRow { name: t.name.clone(), status, a_len, b_len: Some(t.len) });
         }
         let mut seen_a = std::collections::HashSet::new();
         for t in ta {
             if seen_a.insert(&t.name[..]) && !seen_b.contains(&t.name[..]) {
-                rows.push(DiffRow {
-                    name: t.name.clone(),
-                    status: DiffStatus::Removed,
-                    a_len: Some(t.len),
-                    b_len: None,
-                });
+                rows.push(DiffRow { name: t.name.clone(), status: DiffStatus::Removed, a_len: Some(t.len), b_len: None });
             }
         }
         Ok(DiffReport {
-            a: CkptRef {
-                id: ia,
-                path: a.to_vec(),
-                live: true,
-            },
-            b: CkptRef {
-                id: ib,
-                path: b.to_vec(),
-                live: true,
-            },
+            a: CkptRef { id: ia, path: a.to_vec(), live: true },
+            b: CkptRef { id: ib, path: b.to_vec(), live: true },
             rows,
         })
     }
@@ -217,12 +159,7 @@ impl CheckpointStore {
             recipes: live.iter().map(|e| e.recipe_len).sum(),
             catalog: self.catalog_len,
             glue: self.live.values().map(|l| l.glue_len).sum(),
-            hot: self
-                .hot
-                .iter()
-                .filter(|h| !h.in_store)
-                .map(|h| (*h.bytes).as_ref().len() as u64)
-                .sum(),
+            hot: self.hot.iter().filter(|h| !h.in_store).map(|h| (*h.bytes).as_ref().len() as u64).sum(),
             ..DuReport::default()
         };
         (d.packs, d.pack_dead) = self.packs().usage();
@@ -265,21 +202,12 @@ impl CheckpointStore {
         let mut report = VerifyReport::default();
         let mut unit_ok: HashMap<Hash, Option<String>> = HashMap::new();
         for id in ids {
-            let ck = self.ckpt_ref(id).unwrap_or(CkptRef {
-                id,
-                path: Vec::new(),
-                live: true,
-            });
+            let ck = self.ckpt_ref(id).unwrap_or(CkptRef { id, path: Vec::new(), live: true });
             report.checkpoints += 1;
             let r = match self.load_recipe(id, true) {
                 Ok(r) => r,
                 Err(e) => {
-                    report.problems.push(VerifyProblem {
-                        ckpt: ck,
-                        tensor: None,
-                        unit: None,
-                        problem: e.to_string(),
-                    });
+                    report.problems.push(VerifyProblem { ckpt: ck, tensor: None, unit: None, problem: e.to_string() });
                     continue;
                 }
             };
@@ -287,9 +215,7 @@ impl CheckpointStore {
             let mut whole = true;
             for p in &r.pieces {
                 match *p {
-                    RecipePiece::Glue { off, len } => {
-                        sum.update(&r.glue[off as usize..(off + len) as usize])
-                    }
+                    RecipePiece::Glue { off, len } => sum.update(&r.glue[off as usize..(off + len) as usize]),
                     RecipePiece::Unit { index } => {
                         let t = &r.tensors[index as usize];
                         let first = !unit_ok.contains_key(&t.hash);
@@ -388,20 +314,7 @@ impl LsReport {
                 ]
             })
             .collect();
-        render::table(
-            &[
-                "id",
-                "path",
-                "format",
-                "units",
-                "logical",
-                "stored new",
-                "dedup",
-                "parent",
-            ],
-            &rows,
-            &[0, 3, 4, 5, 6],
-        )
+        render::table(&["id", "path", "format", "units", "logical", "stored new", "dedup", "parent"], &rows, &[0, 3, 4, 5, 6])
     }
     pub fn to_json(&self) -> String {
         array(self.rows.iter().map(|r| {
@@ -412,14 +325,7 @@ impl LsReport {
                 .num("units", r.tensors)
                 .num("logical_bytes", r.logical)
                 .num("stored_new_bytes", r.new_bytes)
-                .float(
-                    "dedup_ratio",
-                    if r.new_bytes == 0 {
-                        f64::INFINITY
-                    } else {
-                        r.logical as f64 / r.new_bytes as f64
-                    },
-                )
+                .float("dedup_ratio", if r.new_bytes == 0 { f64::INFINITY } else { r.logical as f64 / r.new_bytes as f64 })
                 .raw("parent", &opt_json(&r.parent))
                 .end()
         }))
@@ -448,25 +354,11 @@ impl LogReport {
         self.chain.iter().map(|r| r.ckpt.id).collect()
     }
     pub fn to_table(&self) -> String {
-        let mut rows = vec![vec![
-            "0".into(),
-            self.ckpt.label(),
-            String::new(),
-            String::new(),
-        ]];
+        let mut rows = vec![vec!["0".into(), self.ckpt.label(), String::new(), String::new()]];
         for (i, r) in self.chain.iter().enumerate() {
-            rows.push(vec![
-                (i + 1).to_string(),
-                r.ckpt.label(),
-                render::bytes(r.logical),
-                render::bytes(r.new_bytes),
-            ]);
+            rows.push(vec![(i + 1).to_string(), r.ckpt.label(), render::bytes(r.logical), render::bytes(r.new_bytes)]);
         }
-        render::table(
-            &["depth", "checkpoint", "logical", "stored new"],
-            &rows,
-            &[0, 2, 3],
-        )
+        render::table(&["depth", "checkpoint", "logical", "stored new"], &rows, &[0, 2, 3])
     }
     pub fn to_json(&self) -> String {
         Obj::new()
@@ -506,10 +398,7 @@ pub struct OwnersReport {
 }
 
 fn shape_text(s: &[u64]) -> String {
-    format!(
-        "[{}]",
-        s.iter().map(u64::to_string).collect::<Vec<_>>().join(",")
-    )
+    format!("[{}]", s.iter().map(u64::to_string).collect::<Vec<_>>().join(","))
 }
 
 impl OwnersReport {
@@ -528,11 +417,7 @@ impl OwnersReport {
                 ]
             })
             .collect();
-        render::table(
-            &["tensor", "dtype", "shape", "size", "unit", "owner"],
-            &rows,
-            &[3],
-        )
+        render::table(&["tensor", "dtype", "shape", "size", "unit", "owner"], &rows, &[3])
     }
     pub fn to_json(&self) -> String {
         Obj::new()
@@ -598,36 +483,21 @@ impl DiffReport {
         self.rows
             .iter()
             .filter(|r| r.status == status)
-            .fold((0, 0), |(n, b), r| {
-                (n + 1, b + r.b_len.or(r.a_len).unwrap_or(0))
-            })
+            .fold((0, 0), |(n, b), r| (n + 1, b + r.b_len.or(r.a_len).unwrap_or(0)))
     }
     pub fn names(&self, status: DiffStatus) -> Vec<&[u8]> {
-        self.rows
-            .iter()
-            .filter(|r| r.status == status)
-            .map(|r| &r.name[..])
-            .collect()
+        self.rows.iter().filter(|r| r.status == status).map(|r| &r.name[..]).collect()
     }
     pub fn to_table(&self) -> String {
         let mut out = format!("{} -> {}\n", self.a.label(), self.b.label());
-        let rows: Vec<Vec<String>> = [
-            DiffStatus::Added,
-            DiffStatus::Removed,
-            DiffStatus::Changed,
-            DiffStatus::Unchanged,
-        ]
-        .iter()
-        .map(|&s| {
-            let (n, b) = self.total(s);
-            vec![s.name().into(), n.to_string(), render::bytes(b)]
-        })
-        .collect();
-        out.push_str(&render::table(
-            &["status", "tensors", "bytes"],
-            &rows,
-            &[1, 2],
-        ));
+        let rows: Vec<Vec<String>> = [DiffStatus::Added, DiffStatus::Removed, DiffStatus::Changed, DiffStatus::Unchanged]
+            .iter()
+            .map(|&s| {
+                let (n, b) = self.total(s);
+                vec![s.name().into(), n.to_string(), render::bytes(b)]
+            })
+            .collect();
+        out.push_str(&render::table(&["status", "tensors", "bytes"], &rows, &[1, 2]));
         let changed: Vec<Vec<String>> = self
             .rows
             .iter()
@@ -643,27 +513,15 @@ impl DiffReport {
             .collect();
         if !changed.is_empty() {
             out.push('\n');
-            out.push_str(&render::table(
-                &["status", "tensor", "bytes in A", "bytes in B"],
-                &changed,
-                &[2, 3],
-            ));
+            out.push_str(&render::table(&["status", "tensor", "bytes in A", "bytes in B"], &changed, &[2, 3]));
         }
         out
     }
     pub fn to_json(&self) -> String {
         let mut totals = Obj::new();
-        for s in [
-            DiffStatus::Added,
-            DiffStatus::Removed,
-            DiffStatus::Changed,
-            DiffStatus::Unchanged,
-        ] {
+        for s in [DiffStatus::Added, DiffStatus::Removed, DiffStatus::Changed, DiffStatus::Unchanged] {
             let (n, b) = self.total(s);
-            totals = totals.raw(
-                s.name(),
-                &Obj::new().num("tensors", n).num("bytes", b).end(),
-            );
+            totals = totals.raw(s.name(), &Obj::new().num("tensors", n).num("bytes", b).end());
         }
         let num = |v: Option<u64>| v.map_or_else(|| "null".to_string(), |v| v.to_string());
         Obj::new()
@@ -776,8 +634,7 @@ impl DuReport {
     }
     /// What the store costs beyond the payload bytes it must keep.
     pub fn overhead(&self) -> i128 {
-        self.physical() as i128
-            + (self.saved_by_dedup() + self.saved_by_delta() + self.saved_by_compression()) as i128
+        self.physical() as i128 + (self.saved_by_dedup() + self.saved_by_delta() + self.saved_by_compression()) as i128
             - self.logical as i128
     }
     /// The fields in [`DU_FIELDS`] order.
@@ -824,77 +681,23 @@ impl DuReport {
         }
     }
     pub fn to_table(&self) -> String {
-        let pct = |b: u64| {
-            if self.logical == 0 {
-                "-".to_string()
-            } else {
-                format!("{:.1}%", 100.0 * b as f64 / self.logical as f64)
-            }
-        };
+        let pct = |b: u64| if self.logical == 0 { "-".to_string() } else { format!("{:.1}%", 100.0 * b as f64 / self.logical as f64) };
         let rows = vec![
-            vec![
-                "live checkpoints".into(),
-                self.checkpoints.to_string(),
-                String::new(),
-            ],
-            vec![
-                "deleted (tombstones)".into(),
-                self.deleted.to_string(),
-                String::new(),
-            ],
-            vec![
-                "logical".into(),
-                format!("{} ({} B)", render::bytes(self.logical), self.logical),
-                "100%".into(),
-            ],
-            vec![
-                "saved by dedup".into(),
-                render::bytes(self.saved_by_dedup()),
-                pct(self.saved_by_dedup()),
-            ],
-            vec![
-                "saved by deltas".into(),
-                render::bytes(self.saved_by_delta()),
-                pct(self.saved_by_delta()),
-            ],
-            vec![
-                "saved by compression".into(),
-                render::bytes(self.saved_by_compression()),
-                pct(self.saved_by_compression()),
-            ],
+            vec!["live checkpoints".into(), self.checkpoints.to_string(), String::new()],
+            vec!["deleted (tombstones)".into(), self.deleted.to_string(), String::new()],
+            vec!["logical".into(), format!("{} ({} B)", render::bytes(self.logical), self.logical), "100%".into()],
+            vec!["saved by dedup".into(), render::bytes(self.saved_by_dedup()), pct(self.saved_by_dedup())],
+            vec!["saved by deltas".into(), render::bytes(self.saved_by_delta()), pct(self.saved_by_delta())],
+            vec!["saved by compression".into(), render::bytes(self.saved_by_compression()), pct(self.saved_by_compression())],
             vec!["units".into(), self.units.to_string(), String::new()],
-            vec![
-                "unit payload".into(),
-                render::bytes(self.unit_payload),
-                String::new(),
-            ],
-            vec![
-                "unit records".into(),
-                render::bytes(self.unit_files),
-                String::new(),
-            ],
-            vec![
-                "packs and extents, dead bytes".into(),
-                format!("{}, {}", self.packs, render::bytes(self.pack_dead)),
-                String::new(),
-            ],
+            vec!["unit payload".into(), render::bytes(self.unit_payload), String::new()],
+            vec!["unit records".into(), render::bytes(self.unit_files), String::new()],
+            vec!["packs and extents, dead bytes".into(), format!("{}, {}", self.packs, render::bytes(self.pack_dead)), String::new()],
             vec!["recipes".into(), render::bytes(self.recipes), String::new()],
             vec!["catalog".into(), render::bytes(self.catalog), String::new()],
-            vec![
-                "physical (stored)".into(),
-                format!("{} ({} B)", render::bytes(self.physical()), self.physical()),
-                pct(self.physical()),
-            ],
-            vec![
-                "dedup ratio".into(),
-                render::ratio(self.logical, self.physical()),
-                String::new(),
-            ],
-            vec![
-                "hot copies (outside)".into(),
-                render::bytes(self.hot),
-                String::new(),
-            ],
+            vec!["physical (stored)".into(), format!("{} ({} B)", render::bytes(self.physical()), self.physical()), pct(self.physical())],
+            vec!["dedup ratio".into(), render::ratio(self.logical, self.physical()), String::new()],
+            vec!["hot copies (outside)".into(), render::bytes(self.hot), String::new()],
         ];
         render::table(&["", "", "% of logical"], &rows, &[])
     }
@@ -949,11 +752,7 @@ impl VerifyReport {
             self.checkpoints,
             self.units,
             render::bytes(self.unit_bytes),
-            if self.ok() {
-                "OK".to_string()
-            } else {
-                format!("{} problems", self.problems.len())
-            }
+            if self.ok() { "OK".to_string() } else { format!("{} problems", self.problems.len()) }
         );
         if !self.ok() {
             let rows: Vec<Vec<String>> = self
@@ -967,11 +766,7 @@ impl VerifyReport {
                     ]
                 })
                 .collect();
-            out.push_str(&render::table(
-                &["checkpoint", "tensor", "problem"],
-                &rows,
-                &[],
-            ));
+            out.push_str(&render::table(&["checkpoint", "tensor", "problem"], &rows, &[]));
         }
         out
     }

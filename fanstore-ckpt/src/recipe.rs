@@ -40,10 +40,10 @@
 //! ```
 
 use crate::error::{CkptError, Result};
+use fanstore_core::le::*;
 use crate::split::Format;
 use crate::unit::Hash;
 use fanstore_core::checksum::xxh3;
-use fanstore_core::le::*;
 use std::path::Path;
 
 pub const MAGIC: [u8; 8] = *b"FANSTRC\0";
@@ -216,11 +216,7 @@ impl Recipe {
             offset: offset as u64,
             problem,
         };
-        let need = if with_glue {
-            h.sections[S_GLUE].0 + h.sections[S_GLUE].1
-        } else {
-            h.sections[S_GLUE].0
-        };
+        let need = if with_glue { h.sections[S_GLUE].0 + h.sections[S_GLUE].1 } else { h.sections[S_GLUE].0 };
         if (b.len() as u64) < need {
             return Err(CkptError::Truncated {
                 file: file.into(),
@@ -231,11 +227,7 @@ impl Recipe {
             });
         }
         if with_glue && b.len() as u64 != need {
-            return Err(corrupt(
-                "recipe".into(),
-                need as usize,
-                format!("{} trailing bytes", b.len() as u64 - need),
-            ));
+            return Err(corrupt("recipe".into(), need as usize, format!("{} trailing bytes", b.len() as u64 - need)));
         }
         let last = if with_glue { SECTION_COUNT } else { S_GLUE };
         let mut sec: [&[u8]; SECTION_COUNT] = [&[]; SECTION_COUNT];
@@ -267,21 +259,13 @@ impl Recipe {
             let ndim = u16_at(r, T_NDIM) as u64;
             let end = meta.checked_add(name_len + dtype_len + 8 * ndim);
             let Some(end) = end.filter(|&e| e <= strings.len() as u64) else {
-                return Err(corrupt(
-                    format!("tensor {i}"),
-                    at + T_META,
-                    "name/dtype/shape past the strings section".into(),
-                ));
+                return Err(corrupt(format!("tensor {i}"), at + T_META, "name/dtype/shape past the strings section".into()));
             };
             let m = &strings[meta as usize..end as usize];
             let (name, rest) = m.split_at(name_len as usize);
             let (dtype, shape) = rest.split_at(dtype_len as usize);
             let Ok(dtype) = std::str::from_utf8(dtype) else {
-                return Err(corrupt(
-                    format!("tensor {i}"),
-                    at + T_DTYPE_LEN,
-                    "dtype is not UTF-8".into(),
-                ));
+                return Err(corrupt(format!("tensor {i}"), at + T_DTYPE_LEN, "dtype is not UTF-8".into()));
             };
             let mut hash = [0u8; 32];
             hash.copy_from_slice(&r[T_HASH..T_HASH + 32]);
@@ -303,15 +287,8 @@ impl Recipe {
             let (a, len) = (u64_at(r, P_A), u64_at(r, P_LEN));
             let p = match r[P_KIND] {
                 KIND_GLUE => {
-                    if a != glue_at
-                        || len == 0
-                        || !matches!(a.checked_add(len), Some(e) if e <= glue_len)
-                    {
-                        return Err(corrupt(
-                            format!("piece {i}"),
-                            at,
-                            format!("glue {a}+{len} is not the next glue range"),
-                        ));
+                    if a != glue_at || len == 0 || !matches!(a.checked_add(len), Some(e) if e <= glue_len) {
+                        return Err(corrupt(format!("piece {i}"), at, format!("glue {a}+{len} is not the next glue range")));
                     }
                     glue_at += len;
                     RecipePiece::Glue { off: a, len }
@@ -319,21 +296,11 @@ impl Recipe {
                 KIND_UNIT => {
                     let t = tensors.get(a as usize).filter(|t| t.len == len);
                     if t.is_none() {
-                        return Err(corrupt(
-                            format!("piece {i}"),
-                            at,
-                            format!("unit piece names tensor {a} of {len} bytes"),
-                        ));
+                        return Err(corrupt(format!("piece {i}"), at, format!("unit piece names tensor {a} of {len} bytes")));
                     }
                     RecipePiece::Unit { index: a as u32 }
                 }
-                k => {
-                    return Err(corrupt(
-                        format!("piece {i}"),
-                        at,
-                        format!("unknown piece kind {k}"),
-                    ))
-                }
+                k => return Err(corrupt(format!("piece {i}"), at, format!("unknown piece kind {k}"))),
             };
             logical = logical.saturating_add(len);
             pieces.push(p);
@@ -355,11 +322,7 @@ impl Recipe {
             tensors,
             pieces,
             glue_len,
-            glue: if with_glue {
-                sec[S_GLUE].to_vec()
-            } else {
-                Vec::new()
-            },
+            glue: if with_glue { sec[S_GLUE].to_vec() } else { Vec::new() },
         })
     }
 }
@@ -380,10 +343,7 @@ impl Header {
     fn decode(file: &Path, b: &[u8]) -> Result<Header> {
         if b.len() < HEADER_LEN {
             if b.len() >= 8 && b[..8] != MAGIC {
-                return Err(CkptError::BadMagic {
-                    file: file.into(),
-                    what: "recipe",
-                });
+                return Err(CkptError::BadMagic { file: file.into(), what: "recipe" });
             }
             return Err(CkptError::Truncated {
                 file: file.into(),
@@ -394,30 +354,16 @@ impl Header {
             });
         }
         if b[..8] != MAGIC {
-            return Err(CkptError::BadMagic {
-                file: file.into(),
-                what: "recipe",
-            });
+            return Err(CkptError::BadMagic { file: file.into(), what: "recipe" });
         }
         let version = u32_at(b, VERSION_OFF);
         if version != VERSION {
-            return Err(CkptError::UnsupportedVersion {
-                file: file.into(),
-                what: "recipe",
-                found: version,
-                supported: VERSION,
-            });
+            return Err(CkptError::UnsupportedVersion { file: file.into(), what: "recipe", found: version, supported: VERSION });
         }
         let stored = u64_at(b, HEADER_SUM_OFF);
         let computed = xxh3(&b[..HEADER_SUM_OFF]);
         if stored != computed {
-            return Err(CkptError::Checksum {
-                file: file.into(),
-                entry: "recipe header".into(),
-                offset: 0,
-                stored,
-                computed,
-            });
+            return Err(CkptError::Checksum { file: file.into(), entry: "recipe header".into(), offset: 0, stored, computed });
         }
         let corrupt = |offset: usize, problem: String| CkptError::Corrupt {
             file: file.into(),
@@ -425,8 +371,8 @@ impl Header {
             offset: offset as u64,
             problem,
         };
-        let format = Format::from_u8(b[FORMAT_OFF])
-            .ok_or_else(|| corrupt(FORMAT_OFF, format!("unknown format {}", b[FORMAT_OFF])))?;
+        let format =
+            Format::from_u8(b[FORMAT_OFF]).ok_or_else(|| corrupt(FORMAT_OFF, format!("unknown format {}", b[FORMAT_OFF])))?;
         let piece_count = u64_at(b, PIECE_COUNT_OFF);
         let tensor_count = u64_at(b, TENSOR_COUNT_OFF);
         let mut sections = [(0u64, 0u64, 0u64); SECTION_COUNT];
@@ -435,13 +381,7 @@ impl Header {
             let e = SECTIONS_OFF + i * SECTION_ENTRY_LEN;
             *s = (u64_at(b, e), u64_at(b, e + 8), u64_at(b, e + 16));
             if s.0 != expect || s.0.checked_add(s.1).is_none() {
-                return Err(corrupt(
-                    e,
-                    format!(
-                        "section {} at {} is not where the previous one ends ({expect})",
-                        SECTION_NAMES[i], s.0
-                    ),
-                ));
+                return Err(corrupt(e, format!("section {} at {} is not where the previous one ends ({expect})", SECTION_NAMES[i], s.0)));
             }
             expect = s.0 + s.1;
         }
@@ -449,10 +389,7 @@ impl Header {
             || Some(sections[S_PIECES].1) != piece_count.checked_mul(PIECE_LEN as u64)
             || tensor_count > u32::MAX as u64
         {
-            return Err(corrupt(
-                TENSOR_COUNT_OFF,
-                "section lengths disagree with the piece and tensor counts".into(),
-            ));
+            return Err(corrupt(TENSOR_COUNT_OFF, "section lengths disagree with the piece and tensor counts".into()));
         }
         Ok(Header {
             id: u64_at(b, ID_OFF),
@@ -536,45 +473,27 @@ mod tests {
         let mut h = b.clone();
         h[ID_OFF] ^= 1;
         let e = Recipe::decode(p, &h, true).unwrap_err().to_string();
-        assert!(
-            e.contains("ckpt.fsr") && e.contains("checksum mismatch in recipe header"),
-            "{e}"
-        );
+        assert!(e.contains("ckpt.fsr") && e.contains("checksum mismatch in recipe header"), "{e}");
         for (sec, name) in SECTION_NAMES.iter().enumerate() {
             let mut c = b.clone();
             let off = u64_at(&c, SECTIONS_OFF + sec * SECTION_ENTRY_LEN) as usize;
             c[off] ^= 0x10;
             let e = Recipe::decode(p, &c, true).unwrap_err().to_string();
-            assert!(
-                e.contains(&format!("recipe section {name} at offset {off}")),
-                "{e}"
-            );
+            assert!(e.contains(&format!("recipe section {name} at offset {off}")), "{e}");
         }
         let mut v = b.clone();
         put_u32(&mut v, VERSION_OFF, 2);
         reseal(&mut v);
-        assert!(Recipe::decode(p, &v, true)
-            .unwrap_err()
-            .to_string()
-            .contains("unsupported recipe format version 2"));
-        assert!(matches!(
-            Recipe::decode(p, &b[..b.len() - 1], true),
-            Err(CkptError::Truncated { .. })
-        ));
-        assert!(matches!(
-            Recipe::decode(p, b"FANSTPT\0", true),
-            Err(CkptError::BadMagic { .. })
-        ));
+        assert!(Recipe::decode(p, &v, true).unwrap_err().to_string().contains("unsupported recipe format version 2"));
+        assert!(matches!(Recipe::decode(p, &b[..b.len() - 1], true), Err(CkptError::Truncated { .. })));
+        assert!(matches!(Recipe::decode(p, b"FANSTPT\0", true), Err(CkptError::BadMagic { .. })));
         // A unit piece that names the wrong tensor length, re-sealed: a named structural error.
         let mut s = b.clone();
         let pieces = u64_at(&s, SECTIONS_OFF + S_PIECES * SECTION_ENTRY_LEN) as usize;
         put_u64(&mut s, pieces + PIECE_LEN + P_LEN, 9);
         reseal(&mut s);
         let e = Recipe::decode(p, &s, true).unwrap_err().to_string();
-        assert!(
-            e.contains("corrupt piece 1") && e.contains("tensor 0 of 9 bytes"),
-            "{e}"
-        );
+        assert!(e.contains("corrupt piece 1") && e.contains("tensor 0 of 9 bytes"), "{e}");
     }
 
     #[test]

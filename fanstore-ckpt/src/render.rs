@@ -13,9 +13,7 @@ pub fn json_str(s: &[u8]) -> String {
             '\n' => out.push_str("\\n"),
             '\r' => out.push_str("\\r"),
             '\t' => out.push_str("\\t"),
-            c if (c as u32) < 0x20 || c == '\u{7f}' => {
-                out.push_str(&format!("\\u{:04x}", c as u32))
-            }
+            c if (c as u32) < 0x20 || c == '\u{7f}' => out.push_str(&format!("\\u{:04x}", c as u32)),
             c => out.push(c),
         }
     }
@@ -163,25 +161,12 @@ mod tests {
 
     #[test]
     fn json_strings_escape_and_reparse() {
-        for s in [
-            &b"plain"[..],
-            b"q\"b\\s/",
-            b"\x00\x01\x1f\x7f\n\t",
-            "é😀".as_bytes(),
-            b"bad\xff utf8",
-        ] {
+        for s in [&b"plain"[..], b"q\"b\\s/", b"\x00\x01\x1f\x7f\n\t", "é😀".as_bytes(), b"bad\xff utf8"] {
             let enc = json_str(s);
             let v = json::parse(enc.as_bytes(), json::Limits::default()).unwrap();
             assert_eq!(v.as_str().unwrap(), String::from_utf8_lossy(s));
         }
-        let o = Obj::new()
-            .str("n\"ame", b"x")
-            .num("a", 3)
-            .float("r", f64::NAN)
-            .bool("b", true)
-            .null("z")
-            .raw("l", &array(["1".into(), "2".into()]))
-            .end();
+        let o = Obj::new().str("n\"ame", b"x").num("a", 3).float("r", f64::NAN).bool("b", true).null("z").raw("l", &array(["1".into(), "2".into()])).end();
         let v = json::parse(o.as_bytes(), json::Limits::default()).unwrap();
         assert_eq!(v.get("n\"ame").unwrap().as_str(), Some("x"));
         assert_eq!(v.get("l").unwrap().as_array().unwrap().len(), 2);
@@ -190,14 +175,7 @@ mod tests {
 
     #[test]
     fn tables_align() {
-        let t = table(
-            &["name", "size"],
-            &[
-                vec!["a".into(), "1".into()],
-                vec!["long".into(), "100".into()],
-            ],
-            &[1],
-        );
+        let t = table(&["name", "size"], &[vec!["a".into(), "1".into()], vec!["long".into(), "100".into()]], &[1]);
         assert_eq!(t, "name  size\na        1\nlong   100\n");
         assert_eq!(bytes(1536), "1.5 KiB");
         assert_eq!(ratio(3, 2), "1.50x");

@@ -11,10 +11,10 @@
 use crate::catalog::{self, Catalog, CatalogEntry};
 use crate::codec::{self, Encoding};
 use crate::error::{CkptError, Result};
-use crate::packs::{PackSet, UnitLoc};
 use crate::recipe::{self, Recipe, RecipePiece, TensorEntry};
 use crate::split::{self, CdcParams, Format, Piece};
 use crate::unit::{self, Hash, UnitHeader};
+use crate::packs::{PackSet, UnitLoc};
 use crate::units::{Hot, SharedBytes, UnitInfo};
 use fanstore_core::checksum::{xxh3, StreamingChecksum};
 use std::collections::{BTreeMap, HashMap, HashSet};
@@ -200,12 +200,7 @@ impl CheckpointStore {
     /// map, and sweeps what a crash may have left: temp files, recipes of
     /// checkpoints the catalog does not list, units no live recipe refers to.
     pub fn open_with(dir: &Path, opts: StoreOptions) -> Result<CheckpointStore> {
-        for d in [
-            dir.to_path_buf(),
-            dir.join(UNITS_DIR),
-            dir.join(RECIPES_DIR),
-            dir.join(TMP_DIR),
-        ] {
+        for d in [dir.to_path_buf(), dir.join(UNITS_DIR), dir.join(RECIPES_DIR), dir.join(TMP_DIR)] {
             std::fs::create_dir_all(&d).map_err(|e| CkptError::io(&d, e))?;
         }
         let lock_path = dir.join(LOCK_FILE);
@@ -267,13 +262,7 @@ impl CheckpointStore {
             }
             Err(e) => return Err(CkptError::io(&cat_path, e)),
         }
-        let live: Vec<CatalogEntry> = store
-            .catalog
-            .entries
-            .iter()
-            .filter(|e| e.live)
-            .cloned()
-            .collect();
+        let live: Vec<CatalogEntry> = store.catalog.entries.iter().filter(|e| e.live).cloned().collect();
         for e in live {
             let r = store.load_recipe(e.id, false)?;
             if r.logical != e.logical {
@@ -282,22 +271,13 @@ impl CheckpointStore {
                     file,
                     entry: "recipe header".into(),
                     offset: 0,
-                    problem: format!(
-                        "{} logical bytes, the catalog says {}",
-                        r.logical, e.logical
-                    ),
+                    problem: format!("{} logical bytes, the catalog says {}", r.logical, e.logical),
                 });
             }
             store.check_lengths(e.id, &r.tensors)?;
             store.add_refs(e.id, &r.tensors);
             store.by_path.insert(e.path.clone(), e.id);
-            store.live.insert(
-                e.id,
-                LiveCkpt {
-                    tensors: r.tensors,
-                    glue_len: r.glue_len,
-                },
-            );
+            store.live.insert(e.id, LiveCkpt { tensors: r.tensors, glue_len: r.glue_len });
         }
         store.locate_units()?;
         store.sweep()?;
@@ -336,8 +316,7 @@ impl CheckpointStore {
             let want = Recipe::meta_len(&file, &head)?;
             b = head;
             b.resize(want.max(b.len()), 0);
-            let n = read_full(&mut f, &mut b[recipe::HEADER_LEN..])
-                .map_err(|e| CkptError::io(&file, e))?;
+            let n = read_full(&mut f, &mut b[recipe::HEADER_LEN..]).map_err(|e| CkptError::io(&file, e))?;
             b.truncate(recipe::HEADER_LEN + n);
         }
         let r = Recipe::decode(&file, &b, with_glue)?;
@@ -361,12 +340,7 @@ impl CheckpointStore {
                     file: self.recipe_path(id),
                     entry: format!("tensor {}", String::from_utf8_lossy(&t.name)),
                     offset: 0,
-                    problem: format!(
-                        "unit {} is {} bytes here and {} bytes elsewhere",
-                        unit::hex(&t.hash),
-                        t.len,
-                        u.len
-                    ),
+                    problem: format!("unit {} is {} bytes here and {} bytes elsewhere", unit::hex(&t.hash), t.len, u.len),
                 });
             }
         }
@@ -382,10 +356,7 @@ impl CheckpointStore {
         for ent in std::fs::read_dir(&rdir).map_err(|e| CkptError::io(&rdir, e))? {
             let ent = ent.map_err(|e| CkptError::io(&rdir, e))?;
             let name = ent.file_name();
-            let id = name
-                .to_str()
-                .and_then(|n| n.strip_suffix(".fsr"))
-                .and_then(|n| u64::from_str_radix(n, 16).ok());
+            let id = name.to_str().and_then(|n| n.strip_suffix(".fsr")).and_then(|n| u64::from_str_radix(n, 16).ok());
             if !id.is_some_and(|id| self.live.contains_key(&id)) {
                 remove_file(&ent.path())?;
             }
@@ -395,20 +366,11 @@ impl CheckpointStore {
             let ent = ent.map_err(|e| CkptError::io(&udir, e))?;
             let name = ent.file_name();
             let name_str = name.to_str();
-            if name_str.and_then(crate::pack::parse_name).is_some()
-                || name_str.and_then(crate::extent::parse_name).is_some()
-            {
+            if name_str.and_then(crate::pack::parse_name).is_some() || name_str.and_then(crate::extent::parse_name).is_some() {
                 continue;
             }
-            let h = name
-                .to_str()
-                .and_then(|n| n.strip_suffix(".fsu"))
-                .and_then(unit::parse_hex);
-            if !h.is_some_and(|h| {
-                self.units
-                    .get(&h)
-                    .is_some_and(|u| u.loc == Some(UnitLoc::File))
-            }) {
+            let h = name.to_str().and_then(|n| n.strip_suffix(".fsu")).and_then(unit::parse_hex);
+            if !h.is_some_and(|h| self.units.get(&h).is_some_and(|u| u.loc == Some(UnitLoc::File))) {
                 remove_file(&ent.path())?;
             }
         }
@@ -444,11 +406,7 @@ impl CheckpointStore {
 
     /// The catalog entry of checkpoint `id` (live or deleted).
     pub fn entry(&self, id: u64) -> Option<&CatalogEntry> {
-        let i = self
-            .catalog
-            .entries
-            .binary_search_by_key(&id, |e| e.id)
-            .ok()?;
+        let i = self.catalog.entries.binary_search_by_key(&id, |e| e.id).ok()?;
         Some(&self.catalog.entries[i])
     }
 
@@ -532,24 +490,12 @@ impl CheckpointStore {
     /// when the caller computed it already (the store then does not read
     /// the file a third time for it; a wrong value makes every read of the
     /// checkpoint fail its whole-file check, never return other bytes).
-    pub fn commit_adopting(
-        &mut self,
-        path: &[u8],
-        bytes: SharedBytes,
-        file: &File,
-        file_xxh3: Option<u64>,
-    ) -> Result<CommitInfo> {
+    pub fn commit_adopting(&mut self, path: &[u8], bytes: SharedBytes, file: &File, file_xxh3: Option<u64>) -> Result<CommitInfo> {
         let keep = bytes.clone();
         self.commit_inner(path, (*bytes).as_ref(), Some(keep), Some((file, file_xxh3)))
     }
 
-    fn commit_inner(
-        &mut self,
-        path: &[u8],
-        bytes: &[u8],
-        keep: Option<SharedBytes>,
-        adopt: Option<(&File, Option<u64>)>,
-    ) -> Result<CommitInfo> {
+    fn commit_inner(&mut self, path: &[u8], bytes: &[u8], keep: Option<SharedBytes>, adopt: Option<(&File, Option<u64>)>) -> Result<CommitInfo> {
         check_path(path)?;
         let split = split::split(bytes, &self.opts.cdc);
         debug_assert!(split.check_cover(bytes.len()));
@@ -557,23 +503,14 @@ impl CheckpointStore {
         let mut plans = Vec::new();
         for p in &split.pieces {
             if let Piece::Unit(r, meta) = p {
-                plans.push(UnitPlan {
-                    range: r.clone(),
-                    width: codec::width_of(&meta.dtype),
-                    base: None,
-                });
+                plans.push(UnitPlan { range: r.clone(), width: codec::width_of(&meta.dtype), base: None });
             }
         }
         let lineage = self.lineage_parent(path, &split.pieces);
-        if let Some(ts) = lineage
-            .and_then(|p| self.live.get(&p))
-            .filter(|_| self.opts.max_chain > 0)
-        {
+        if let Some(ts) = lineage.and_then(|p| self.live.get(&p)).filter(|_| self.opts.max_chain > 0) {
             let mut by_name: HashMap<(&[u8], &str, &[u64], u64), Hash> = HashMap::new();
             for t in &ts.tensors {
-                by_name
-                    .entry((&t.name, &t.dtype, &t.shape, t.len))
-                    .or_insert(t.hash);
+                by_name.entry((&t.name, &t.dtype, &t.shape, t.len)).or_insert(t.hash);
             }
             let metas = split.pieces.iter().filter_map(|p| match p {
                 Piece::Unit(r, m) => Some((r, m)),
@@ -581,9 +518,7 @@ impl CheckpointStore {
             });
             for (plan, (r, m)) in plans.iter_mut().zip(metas) {
                 let dtype = clip_dtype(&m.dtype);
-                plan.base = by_name
-                    .get(&(&m.name[..], &dtype[..], &m.shape[..], r.len() as u64))
-                    .copied();
+                plan.base = by_name.get(&(&m.name[..], &dtype[..], &m.shape[..], r.len() as u64)).copied();
             }
         }
 
@@ -600,14 +535,7 @@ impl CheckpointStore {
             self.give_back(&mark, st.extent.map(|x| x.0));
             return Err(e);
         }
-        let Stored {
-            hashes,
-            file_xxh3,
-            written,
-            mut new_bytes,
-            extent,
-            ..
-        } = st;
+        let Stored { hashes, file_xxh3, written, mut new_bytes, extent, .. } = st;
 
         // Parent: the live checkpoint sharing the most unit bytes, else the
         // lineage parent the deltas were taken against.
@@ -642,10 +570,7 @@ impl CheckpointStore {
         for p in split.pieces {
             match p {
                 Piece::Glue(r) => {
-                    rpieces.push(RecipePiece::Glue {
-                        off: glue.len() as u64,
-                        len: r.len() as u64,
-                    });
+                    rpieces.push(RecipePiece::Glue { off: glue.len() as u64, len: r.len() as u64 });
                     glue.extend_from_slice(&bytes[r]);
                 }
                 Piece::Unit(r, meta) => {
@@ -730,9 +655,7 @@ impl CheckpointStore {
                     .iter()
                     .filter(|t| want.contains(&(&t.name[..], &t.shape[..], t.len)))
                     .count();
-                let same_dir = self
-                    .entry(id)
-                    .is_some_and(|e| parent_dir(&e.path) == my_dir);
+                let same_dir = self.entry(id).is_some_and(|e| parent_dir(&e.path) == my_dir);
                 (n, same_dir, id)
             })
             .filter(|&(n, _, _)| n > 0)
@@ -744,22 +667,12 @@ impl CheckpointStore {
     /// and computes the whole file's xxh3, then encodes and writes the
     /// units the store does not have. Both phases run on this thread and,
     /// for large files, on helper threads.
-    fn store_units(
-        &self,
-        bytes: &[u8],
-        plans: &[UnitPlan],
-        adopt: Option<(&File, Option<u64>)>,
-        st: &mut Stored,
-    ) -> Result<()> {
+    fn store_units(&self, bytes: &[u8], plans: &[UnitPlan], adopt: Option<(&File, Option<u64>)>, st: &mut Stored) -> Result<()> {
         let known_sum = adopt.and_then(|a| a.1);
         let adopt = adopt.map(|a| a.0);
         use std::sync::atomic::{AtomicUsize, Ordering};
         let n = plans.len();
-        let helpers = if bytes.len() >= PIPELINE_MIN {
-            self.opts.threads
-        } else {
-            0
-        };
+        let helpers = if bytes.len() >= PIPELINE_MIN { self.opts.threads } else { 0 };
         // Phase 1: hashes, claimed one unit at a time.
         let claim = AtomicUsize::new(0);
         // A tensor equal to its lineage parent's, whose bytes a hot copy
@@ -815,9 +728,7 @@ impl CheckpointStore {
         let mut new = Vec::new();
         let mut fresh = HashSet::new();
         for (i, r) in ready.iter().enumerate() {
-            let Some((h, x)) = *r else {
-                unreachable!("every unit was hashed")
-            };
+            let Some((h, x)) = *r else { unreachable!("every unit was hashed") };
             let len = plans[i].range.len() as u64;
             match self.units.get(&h) {
                 Some(info) if info.len != len => {
@@ -837,26 +748,16 @@ impl CheckpointStore {
         // A file that is nearly all new units is adopted as an extent when
         // the caller hands it over: its raw units are then not copied.
         let len = bytes.len() as u64;
-        let new_len: u64 = new
-            .iter()
-            .map(|&(i, _, _)| plans[i].range.len() as u64)
-            .sum();
-        let qualifies =
-            len >= crate::extent::ADOPT_MIN && new_len * 100 >= crate::extent::ADOPT_PERCENT * len;
+        let new_len: u64 = new.iter().map(|&(i, _, _)| plans[i].range.len() as u64).sum();
+        let qualifies = len >= crate::extent::ADOPT_MIN && new_len * 100 >= crate::extent::ADOPT_PERCENT * len;
         if let Some(f) = adopt.filter(|_| qualifies && !self.adopt_off) {
-            let same = f
-                .metadata()
-                .map_err(|e| CkptError::io("the committed file", e))
-                .and_then(|m| {
-                    if m.len() == len {
-                        Ok(())
-                    } else {
-                        Err(CkptError::Invalid(format!(
-                            "the file to adopt holds {} bytes, the commit {len}",
-                            m.len()
-                        )))
-                    }
-                });
+            let same = f.metadata().map_err(|e| CkptError::io("the committed file", e)).and_then(|m| {
+                if m.len() == len {
+                    Ok(())
+                } else {
+                    Err(CkptError::Invalid(format!("the file to adopt holds {} bytes, the commit {len}", m.len())))
+                }
+            });
             match same.and_then(|_| self.packs().adopt(f, len)) {
                 Ok(x) => st.extent = Some(x),
                 Err(e) => st.adopt_error = Some(e),
@@ -867,30 +768,19 @@ impl CheckpointStore {
         // Phase 2: encode and write the new units, each thread into its own
         // pack (writes into one file serialize on its inode lock).
         let next = AtomicUsize::new(0);
-        let out: std::sync::Mutex<(Vec<Written>, Option<CkptError>)> =
-            std::sync::Mutex::new((Vec::new(), None));
+        let out: std::sync::Mutex<(Vec<Written>, Option<CkptError>)> = std::sync::Mutex::new((Vec::new(), None));
         let work = |lane: usize| loop {
             let k = next.fetch_add(1, Ordering::Relaxed);
             let Some(&(i, h, x)) = new.get(k) else { return };
             let plan = &plans[i];
             let payload = &bytes[plan.range.clone()];
             let base = self.delta_base(&h, plan);
-            let (mut head, body) = unit::encode(
-                &h,
-                x,
-                payload,
-                plan.width,
-                base.as_ref().map(|(bh, d, b)| (bh, *d, &b[..])),
-            );
+            let (mut head, body) = unit::encode(&h, x, payload, plan.width, base.as_ref().map(|(bh, d, b)| (bh, *d, &b[..])));
             let r = match extent {
                 // A raw unit of an adopted file: a record that points into the extent.
                 Some((seq, nonce)) if head.encoding == Encoding::Raw => {
                     head.encoding = Encoding::External;
-                    head.extent = Some(unit::ExtentRef {
-                        seq,
-                        nonce,
-                        off: plan.range.start as u64,
-                    });
+                    head.extent = Some(unit::ExtentRef { seq, nonce, off: plan.range.start as u64 });
                     head.body_len = 0;
                     head.body_xxh3 = empty_sum;
                     self.append_unit(lane, &head, &[])
@@ -909,9 +799,7 @@ impl CheckpointStore {
         };
         let helpers = helpers.min(new.len().saturating_sub(1));
         std::thread::scope(|s| {
-            let hs: Vec<_> = (1..=helpers)
-                .map(|lane| s.spawn(move || work(lane)))
-                .collect();
+            let hs: Vec<_> = (1..=helpers).map(|lane| s.spawn(move || work(lane))).collect();
             work(0);
             for h in hs {
                 h.join().unwrap_or_else(|p| std::panic::resume_unwind(p));
@@ -924,18 +812,9 @@ impl CheckpointStore {
         // More of the file compressed than the sampling of new bytes
         // promised: its external units are copied after all, and the extent,
         // mostly dead, goes.
-        let external: u64 = written
-            .iter()
-            .filter(|(_, h, _)| h.encoding == Encoding::External)
-            .map(|(_, h, _)| h.len)
-            .sum();
-        if let Some((seq, _)) =
-            extent.filter(|_| external * 100 < crate::extent::ADOPT_PERCENT * len)
-        {
-            for (h, head, loc) in written
-                .iter_mut()
-                .filter(|(_, h, _)| h.encoding == Encoding::External)
-            {
+        let external: u64 = written.iter().filter(|(_, h, _)| h.encoding == Encoding::External).map(|(_, h, _)| h.len).sum();
+        if let Some((seq, _)) = extent.filter(|_| external * 100 < crate::extent::ADOPT_PERCENT * len) {
+            for (h, head, loc) in written.iter_mut().filter(|(_, h, _)| h.encoding == Encoding::External) {
                 let Some(x) = head.extent else { continue };
                 let payload = &bytes[x.off as usize..(x.off + head.len) as usize];
                 let raw = UnitHeader::raw(head.len, *h, head.xxh3);
@@ -945,17 +824,7 @@ impl CheckpointStore {
             st.extent = None;
             self.packs().drop_extent(seq)?;
         }
-        st.new_bytes += written
-            .iter()
-            .map(|(_, h, _)| {
-                h.body_len
-                    + if h.encoding == Encoding::External {
-                        h.len
-                    } else {
-                        0
-                    }
-            })
-            .sum::<u64>();
+        st.new_bytes += written.iter().map(|(_, h, _)| h.body_len + if h.encoding == Encoding::External { h.len } else { 0 }).sum::<u64>();
         st.written = written;
         Ok(())
     }
@@ -965,11 +834,7 @@ impl CheckpointStore {
     /// [`StoreOptions::max_chain`], else that chain's first (full) unit. None
     /// when there is none or it cannot be read (the unit is then stored in
     /// full: a damaged base never fails a commit).
-    fn delta_base(
-        &self,
-        h: &Hash,
-        plan: &UnitPlan,
-    ) -> Option<(Hash, u8, std::borrow::Cow<'_, [u8]>)> {
+    fn delta_base(&self, h: &Hash, plan: &UnitPlan) -> Option<(Hash, u8, std::borrow::Cow<'_, [u8]>)> {
         let mut bh = plan.base.filter(|b| b != h)?;
         let mut info = self.units.get(&bh)?;
         if info.depth >= self.opts.max_chain {
@@ -992,12 +857,7 @@ impl CheckpointStore {
         Some((bh, info.depth, bytes))
     }
 
-    fn finish_commit(
-        &mut self,
-        path: &[u8],
-        rec: Recipe,
-        written: &[Written],
-    ) -> Result<CommitInfo> {
+    fn finish_commit(&mut self, path: &[u8], rec: Recipe, written: &[Written]) -> Result<CommitInfo> {
         let units_new = written.len();
         let id = rec.id;
         let enc = rec.encode();
@@ -1046,13 +906,7 @@ impl CheckpointStore {
             replaced,
             file_xxh3: rec.file_xxh3,
         };
-        self.live.insert(
-            id,
-            LiveCkpt {
-                tensors: rec.tensors,
-                glue_len: rec.glue_len,
-            },
-        );
+        self.live.insert(id, LiveCkpt { tensors: rec.tensors, glue_len: rec.glue_len });
         if let Some(old) = replaced {
             self.release(old);
         }
@@ -1102,18 +956,9 @@ impl CheckpointStore {
     /// removed now is swept at the next open.
     fn release(&mut self, id: u64) -> UnlinkInfo {
         self.drop_hot(id);
-        let Some(l) = self.live.remove(&id) else {
-            return UnlinkInfo {
-                id,
-                ..UnlinkInfo::default()
-            };
-        };
+        let Some(l) = self.live.remove(&id) else { return UnlinkInfo { id, ..UnlinkInfo::default() } };
         let freed = self.drop_refs(id, &l.tensors);
-        let mut info = UnlinkInfo {
-            id,
-            units_freed: freed.len(),
-            bytes_freed: 0,
-        };
+        let mut info = UnlinkInfo { id, units_freed: freed.len(), bytes_freed: 0 };
         for (h, u) in freed {
             info.bytes_freed += u.len;
             self.forget_stored(&h, &u);
@@ -1149,8 +994,7 @@ impl CheckpointStore {
                 }
                 RecipePiece::Unit { index } => {
                     let t = &r.tensors[index as usize];
-                    let n = usize::try_from(t.len)
-                        .map_err(|_| CkptError::Invalid("unit larger than memory".into()))?;
+                    let n = usize::try_from(t.len).map_err(|_| CkptError::Invalid("unit larger than memory".into()))?;
                     buf.resize(n, 0);
                     self.load_unit(&t.hash, &mut buf, false)?;
                     sum.update(&buf);
@@ -1167,8 +1011,7 @@ impl CheckpointStore {
     pub fn read(&self, path: &[u8]) -> Result<Vec<u8>> {
         let id = self.id_of(path).ok_or_else(|| CkptError::not_found(path))?;
         let logical = self.entry(id).map_or(0, |e| e.logical);
-        let len = usize::try_from(logical)
-            .map_err(|_| CkptError::Invalid("checkpoint larger than memory".into()))?;
+        let len = usize::try_from(logical).map_err(|_| CkptError::Invalid("checkpoint larger than memory".into()))?;
         let mut out = vec![0u8; len];
         self.read_into(path, &mut out)?;
         Ok(out)
@@ -1188,11 +1031,7 @@ impl CheckpointStore {
 
 fn check_file_sum(path: &[u8], stored: u64, computed: u64) -> Result<()> {
     if stored != computed {
-        return Err(CkptError::FileChecksum {
-            path: String::from_utf8_lossy(path).into_owned(),
-            stored,
-            computed,
-        });
+        return Err(CkptError::FileChecksum { path: String::from_utf8_lossy(path).into_owned(), stored, computed });
     }
     Ok(())
 }
@@ -1206,10 +1045,7 @@ fn tombstone(cat: &mut Catalog, id: u64) {
 
 fn check_path(path: &[u8]) -> Result<()> {
     if path.is_empty() || path.contains(&0) || path.len() > u32::MAX as usize {
-        return Err(CkptError::Invalid(format!(
-            "bad checkpoint path {:?}",
-            String::from_utf8_lossy(path)
-        )));
+        return Err(CkptError::Invalid(format!("bad checkpoint path {:?}", String::from_utf8_lossy(path))));
     }
     Ok(())
 }
@@ -1258,14 +1094,9 @@ fn clear_dir(d: &Path) -> Result<()> {
 }
 
 fn dir_has_entries(d: &Path) -> Result<bool> {
-    Ok(std::fs::read_dir(d)
-        .map_err(|e| CkptError::io(d, e))?
-        .next()
-        .is_some())
+    Ok(std::fs::read_dir(d).map_err(|e| CkptError::io(d, e))?.next().is_some())
 }
 
 fn sync_dir(d: &Path) -> Result<()> {
-    File::open(d)
-        .and_then(|f| f.sync_all())
-        .map_err(|e| CkptError::io(d, e))
+    File::open(d).and_then(|f| f.sync_all()).map_err(|e| CkptError::io(d, e))
 }

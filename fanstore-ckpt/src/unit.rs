@@ -199,31 +199,18 @@ impl UnitHeader {
         };
         if b.len() < VERSION_OFF + 4 {
             if b.len() >= 8 && b[..8] != MAGIC {
-                return Err(CkptError::BadMagic {
-                    file: file.into(),
-                    what: "unit",
-                });
+                return Err(CkptError::BadMagic { file: file.into(), what: "unit" });
             }
             return Err(truncated(V1_HEADER_LEN));
         }
         if b[..8] != MAGIC {
-            return Err(CkptError::BadMagic {
-                file: file.into(),
-                what: "unit",
-            });
+            return Err(CkptError::BadMagic { file: file.into(), what: "unit" });
         }
         let version = u32_at(b, VERSION_OFF);
         let sum_off = match version {
             1 => V1_CHECKSUM_OFF,
             2 => CHECKSUM_OFF,
-            _ => {
-                return Err(CkptError::UnsupportedVersion {
-                    file: file.into(),
-                    what: "unit",
-                    found: version,
-                    supported: VERSION,
-                })
-            }
+            _ => return Err(CkptError::UnsupportedVersion { file: file.into(), what: "unit", found: version, supported: VERSION }),
         };
         if b.len() < sum_off + 8 {
             return Err(truncated(sum_off + 8));
@@ -231,13 +218,7 @@ impl UnitHeader {
         let stored = u64_at(b, sum_off);
         let computed = xxh3(&b[..sum_off]);
         if stored != computed {
-            return Err(CkptError::Checksum {
-                file: file.into(),
-                entry: "unit header".into(),
-                offset: 0,
-                stored,
-                computed,
-            });
+            return Err(CkptError::Checksum { file: file.into(), entry: "unit header".into(), offset: 0, stored, computed });
         }
         let mut blake3 = [0u8; 32];
         blake3.copy_from_slice(&b[BLAKE3_OFF..BLAKE3_OFF + 32]);
@@ -253,12 +234,8 @@ impl UnitHeader {
             offset: offset as u64,
             problem,
         };
-        let encoding = Encoding::from_u8(b[ENCODING_OFF]).ok_or_else(|| {
-            corrupt(
-                ENCODING_OFF,
-                format!("unknown encoding {}", b[ENCODING_OFF]),
-            )
-        })?;
+        let encoding = Encoding::from_u8(b[ENCODING_OFF])
+            .ok_or_else(|| corrupt(ENCODING_OFF, format!("unknown encoding {}", b[ENCODING_OFF])))?;
         let width = b[WIDTH_OFF];
         if !(1..=8).contains(&width) {
             return Err(corrupt(WIDTH_OFF, format!("element width {width}")));
@@ -268,51 +245,29 @@ impl UnitHeader {
         base.copy_from_slice(&b[BASE_OFF..BASE_OFF + 32]);
         let base = (encoding == Encoding::Delta).then_some(base);
         if (encoding == Encoding::Delta) != (depth > 0) {
-            return Err(corrupt(
-                DEPTH_OFF,
-                format!("{} unit at chain depth {depth}", encoding.name()),
-            ));
+            return Err(corrupt(DEPTH_OFF, format!("{} unit at chain depth {depth}", encoding.name())));
         }
         if base == Some(blake3) {
             return Err(corrupt(BASE_OFF, "a delta against itself".into()));
         }
         let body_len = u64_at(b, BODY_LEN_OFF);
         if encoding == Encoding::Raw && body_len != len {
-            return Err(corrupt(
-                BODY_LEN_OFF,
-                format!("raw unit of {len} bytes with a {body_len}-byte body"),
-            ));
+            return Err(corrupt(BODY_LEN_OFF, format!("raw unit of {len} bytes with a {body_len}-byte body")));
         }
         let extent = match encoding {
             Encoding::External => {
                 if width != 1 {
-                    return Err(corrupt(
-                        WIDTH_OFF,
-                        format!("external unit of element width {width}"),
-                    ));
+                    return Err(corrupt(WIDTH_OFF, format!("external unit of element width {width}")));
                 }
                 if body_len != 0 {
-                    return Err(corrupt(
-                        BODY_LEN_OFF,
-                        format!("external unit with a {body_len}-byte body"),
-                    ));
+                    return Err(corrupt(BODY_LEN_OFF, format!("external unit with a {body_len}-byte body")));
                 }
                 if b[BASE_OFF + 24..BASE_OFF + 32].iter().any(|&x| x != 0) {
-                    return Err(corrupt(
-                        BASE_OFF + 24,
-                        "reserved bytes of an extent reference are not zero".into(),
-                    ));
+                    return Err(corrupt(BASE_OFF + 24, "reserved bytes of an extent reference are not zero".into()));
                 }
-                let x = ExtentRef {
-                    seq: u64_at(b, BASE_OFF),
-                    nonce: u64_at(b, BASE_OFF + 8),
-                    off: u64_at(b, BASE_OFF + 16),
-                };
+                let x = ExtentRef { seq: u64_at(b, BASE_OFF), nonce: u64_at(b, BASE_OFF + 8), off: u64_at(b, BASE_OFF + 16) };
                 if x.off.checked_add(len).is_none() {
-                    return Err(corrupt(
-                        BASE_OFF + 16,
-                        format!("payload of {len} bytes at offset {} of its extent", x.off),
-                    ));
+                    return Err(corrupt(BASE_OFF + 16, format!("payload of {len} bytes at offset {} of its extent", x.off)));
                 }
                 Some(x)
             }
@@ -361,13 +316,7 @@ pub fn write(dest: &Path, head: &UnitHeader, body: &[u8]) -> Result<u64> {
 /// Encodes `payload` (blake3 `h`, xxh3 `x`, element width `width`; against
 /// `base` = (hash, depth, bytes) when given): the version 2 header and the
 /// body to store after it (borrowed from `payload` when raw).
-pub fn encode<'a>(
-    h: &Hash,
-    x: u64,
-    payload: &'a [u8],
-    width: usize,
-    base: Option<(&Hash, u8, &[u8])>,
-) -> (UnitHeader, std::borrow::Cow<'a, [u8]>) {
+pub fn encode<'a>(h: &Hash, x: u64, payload: &'a [u8], width: usize, base: Option<(&Hash, u8, &[u8])>) -> (UnitHeader, std::borrow::Cow<'a, [u8]>) {
     let e = codec::encode(payload, width, base.map(|b| b.2));
     let mut head = UnitHeader::raw(payload.len() as u64, *h, x);
     let body = match e.encoding {
@@ -390,14 +339,7 @@ pub fn encode<'a>(
 /// Encodes `payload` as [`encode`] does and writes it as a unit file at
 /// `dest` (the layout of stores written before packs; tests build them).
 /// Returns the header written.
-pub fn encode_and_write(
-    dest: &Path,
-    h: &Hash,
-    x: u64,
-    payload: &[u8],
-    width: usize,
-    base: Option<(&Hash, u8, &[u8])>,
-) -> Result<UnitHeader> {
+pub fn encode_and_write(dest: &Path, h: &Hash, x: u64, payload: &[u8], width: usize, base: Option<(&Hash, u8, &[u8])>) -> Result<UnitHeader> {
     let (head, body) = encode(h, x, payload, width, base);
     write(dest, &head, &body)?;
     Ok(head)
@@ -435,51 +377,16 @@ pub(crate) fn read_full_at(f: &File, buf: &mut [u8], off: u64) -> std::io::Resul
 /// `at` of `file` (a record inside a pack), so that it is the file's offset.
 pub fn rebase(e: CkptError, at: u64) -> CkptError {
     match e {
-        CkptError::Checksum {
-            file,
-            entry,
-            offset,
-            stored,
-            computed,
-        } => CkptError::Checksum {
-            file,
-            entry,
-            offset: offset + at,
-            stored,
-            computed,
-        },
-        CkptError::Corrupt {
-            file,
-            entry,
-            offset,
-            problem,
-        } => CkptError::Corrupt {
-            file,
-            entry,
-            offset: offset + at,
-            problem,
-        },
-        CkptError::Truncated {
-            file,
-            entry,
-            offset,
-            needed,
-            len,
-        } => CkptError::Truncated {
-            file,
-            entry,
-            offset: offset + at,
-            needed,
-            len,
-        },
+        CkptError::Checksum { file, entry, offset, stored, computed } => {
+            CkptError::Checksum { file, entry, offset: offset + at, stored, computed }
+        }
+        CkptError::Corrupt { file, entry, offset, problem } => CkptError::Corrupt { file, entry, offset: offset + at, problem },
+        CkptError::Truncated { file, entry, offset, needed, len } => CkptError::Truncated { file, entry, offset: offset + at, needed, len },
         // Inside a pack a record with another magic or version is damage
         // at that record, not a file of another kind.
-        CkptError::BadMagic { file, .. } if at > 0 => CkptError::Corrupt {
-            file,
-            entry: "unit header".into(),
-            offset: at,
-            problem: "bad magic".into(),
-        },
+        CkptError::BadMagic { file, .. } if at > 0 => {
+            CkptError::Corrupt { file, entry: "unit header".into(), offset: at, problem: "bad magic".into() }
+        }
         CkptError::UnsupportedVersion { file, found, .. } if at > 0 => CkptError::Corrupt {
             file,
             entry: "unit header".into(),
@@ -551,21 +458,17 @@ pub fn read_body(file: &Path, f: &File, at: u64, head: &UnitHeader) -> Result<Pa
         let page = 4096u64;
         let aligned = start / page * page;
         let skip = (start - aligned) as usize;
-        let len = usize::try_from(head.body_len)
-            .map_err(|_| CkptError::Invalid("unit larger than memory".into()))?
-            + skip;
+        let len = usize::try_from(head.body_len).map_err(|_| CkptError::Invalid("unit larger than memory".into()))? + skip;
         // SAFETY: unit files and pack records are never modified once
         // written (packs only grow at their end, past every record handed
         // out), only this process (which holds the store lock) deletes or
         // truncates them, never while a record in them is referenced, and
         // the mapped range lies inside the file (checked above).
-        let m = unsafe { memmap2::MmapOptions::new().offset(aligned).len(len).map(f) }
-            .map_err(|e| CkptError::io(file, e))?;
+        let m = unsafe { memmap2::MmapOptions::new().offset(aligned).len(len).map(f) }.map_err(|e| CkptError::io(file, e))?;
         Payload::Mapped(m, skip)
     } else {
         let mut v = vec![0u8; head.body_len as usize];
-        f.read_exact_at(&mut v, start)
-            .map_err(|e| CkptError::io(file, e))?;
+        f.read_exact_at(&mut v, start).map_err(|e| CkptError::io(file, e))?;
         Payload::Owned(v)
     };
     let computed = xxh3(body.bytes());
@@ -583,13 +486,7 @@ pub fn read_body(file: &Path, f: &File, at: u64, head: &UnitHeader) -> Result<Pa
 
 /// Reads the payload of the raw unit at byte `at` of an open file straight
 /// into `dst` (no checks of the payload).
-pub fn read_raw_into(
-    file: &Path,
-    f: &File,
-    at: u64,
-    head: &UnitHeader,
-    dst: &mut [u8],
-) -> Result<()> {
+pub fn read_raw_into(file: &Path, f: &File, at: u64, head: &UnitHeader, dst: &mut [u8]) -> Result<()> {
     let start = at + head.header_len;
     let n = read_full_at(f, dst, start).map_err(|e| CkptError::io(file, e))?;
     if n < dst.len() {
@@ -601,13 +498,7 @@ pub fn read_raw_into(
 /// Decodes a grouped or delta body into `dst` (for a delta, `dst` holds the
 /// base's payload).
 pub fn decode_body(file: &Path, head: &UnitHeader, body: &[u8], dst: &mut [u8]) -> Result<()> {
-    codec::decode_into(
-        body,
-        head.width as usize,
-        dst,
-        head.encoding == Encoding::Delta,
-    )
-    .map_err(|e| CkptError::Corrupt {
+    codec::decode_into(body, head.width as usize, dst, head.encoding == Encoding::Delta).map_err(|e| CkptError::Corrupt {
         file: file.into(),
         entry: format!("unit body ({})", head.encoding.name()),
         offset: head.header_len + e.offset,
@@ -634,11 +525,7 @@ pub fn check_payload(file: &Path, head: &UnitHeader, payload: &[u8], full: bool)
                 file: file.into(),
                 entry: "unit payload".into(),
                 offset: head.header_len,
-                problem: format!(
-                    "blake3 is {}, the unit is named {}",
-                    hex(&b),
-                    hex(&head.blake3)
-                ),
+                problem: format!("blake3 is {}, the unit is named {}", hex(&b), hex(&head.blake3)),
             });
         }
     }
@@ -649,6 +536,7 @@ pub fn check_payload(file: &Path, head: &UnitHeader, payload: &[u8], full: bool)
 pub fn hash(payload: &[u8]) -> Hash {
     *blake3::hash(payload).as_bytes()
 }
+
 
 /// Reads unit `h` of `dst.len()` bytes from unit file `file` into `dst`,
 /// decoded and checked (header names, body xxh3, payload xxh3, and the
@@ -683,24 +571,9 @@ pub fn load_at(
     base: &mut dyn FnMut(&Hash, u8, &mut [u8]) -> Result<()>,
 ) -> Result<UnitHeader> {
     let head = read_header_at(file, f, at)?;
-    load_with(
-        file,
-        f,
-        at,
-        head,
-        h,
-        dst,
-        full,
-        budget,
-        base,
-        &mut |_, _| {
-            Err(CkptError::Invalid(format!(
-                "unit {} in {} is external, with no extent to read it from",
-                hex(h),
-                file.display()
-            )))
-        },
-    )
+    load_with(file, f, at, head, h, dst, full, budget, base, &mut |_, _| {
+        Err(CkptError::Invalid(format!("unit {} in {} is external, with no extent to read it from", hex(h), file.display())))
+    })
 }
 
 /// [`load_at`] with the record's header already read (`head`, at byte `at`
@@ -726,10 +599,7 @@ pub fn load_with(
             file: file.into(),
             entry: "unit header".into(),
             offset: DEPTH_OFF as u64,
-            problem: format!(
-                "delta chain depth {} where at most {budget} is possible",
-                head.depth
-            ),
+            problem: format!("delta chain depth {} where at most {budget} is possible", head.depth),
         }));
     }
     match (head.encoding, head.base) {
@@ -782,12 +652,7 @@ mod tests {
         Dir { _t: t, units }
     }
 
-    fn put(
-        d: &Dir,
-        payload: &[u8],
-        width: usize,
-        base: Option<(&Hash, u8, &[u8])>,
-    ) -> (PathBuf, Hash, UnitHeader) {
+    fn put(d: &Dir, payload: &[u8], width: usize, base: Option<(&Hash, u8, &[u8])>) -> (PathBuf, Hash, UnitHeader) {
         let h = hash(payload);
         let p = path(&d.units, &h);
         let head = encode_and_write(&p, &h, xxh3(payload), payload, width, base).unwrap();
@@ -798,10 +663,7 @@ mod tests {
     /// Loads `h` resolving bases from the same directory.
     fn load(d: &Dir, h: &Hash, len: usize, full: bool) -> Result<Vec<u8>> {
         fn rec(units: &Path, h: &Hash, dst: &mut [u8], full: bool, budget: u8) -> Result<()> {
-            load_into(&path(units, h), h, dst, full, budget, &mut |b, bud, dst| {
-                rec(units, b, dst, full, bud)
-            })
-            .map(|_| ())
+            load_into(&path(units, h), h, dst, full, budget, &mut |b, bud, dst| rec(units, b, dst, full, bud)).map(|_| ())
         }
         let mut v = vec![0u8; len];
         rec(&d.units, h, &mut v, full, 8)?;
@@ -826,10 +688,7 @@ mod tests {
             e[0] ^= 0x35;
         }
         let (_, hb, head_b) = put(&d, &b, 4, Some((&ha, head_a.depth, &a)));
-        assert_eq!(
-            (head_b.encoding, head_b.depth, head_b.base),
-            (Encoding::Delta, 1, Some(ha))
-        );
+        assert_eq!((head_b.encoding, head_b.depth, head_b.base), (Encoding::Delta, 1, Some(ha)));
         assert!(head_b.body_len < a.len() as u64 / 4, "{}", head_b.body_len);
         let mut c = b.clone();
         c[1000] ^= 0x80;
@@ -882,52 +741,31 @@ mod tests {
         std::fs::write(&pa, &orig).unwrap();
         assert_eq!(load(&d, &ha, a.len(), true).unwrap(), a);
         // Wrong length expected, truncation, bad magic, unknown version.
-        assert!(load(&d, &ha, a.len() - 4, false)
-            .unwrap_err()
-            .to_string()
-            .contains("the recipe expects"));
+        assert!(load(&d, &ha, a.len() - 4, false).unwrap_err().to_string().contains("the recipe expects"));
         std::fs::write(&pa, &orig[..orig.len() - 3]).unwrap();
-        assert!(matches!(
-            load(&d, &ha, a.len(), false),
-            Err(CkptError::Truncated { .. })
-        ));
+        assert!(matches!(load(&d, &ha, a.len(), false), Err(CkptError::Truncated { .. })));
         std::fs::write(&pa, &orig[..40]).unwrap();
-        assert!(matches!(
-            load(&d, &ha, a.len(), false),
-            Err(CkptError::Truncated { .. })
-        ));
+        assert!(matches!(load(&d, &ha, a.len(), false), Err(CkptError::Truncated { .. })));
         let mut m = orig.clone();
         m[0] = b'X';
         std::fs::write(&pa, &m).unwrap();
-        assert!(matches!(
-            load(&d, &ha, a.len(), false),
-            Err(CkptError::BadMagic { .. })
-        ));
+        assert!(matches!(load(&d, &ha, a.len(), false), Err(CkptError::BadMagic { .. })));
         let mut v = orig.clone();
         put_u32(&mut v, VERSION_OFF, 3);
         reseal(&mut v);
         std::fs::write(&pa, &v).unwrap();
-        assert!(load(&d, &ha, a.len(), false)
-            .unwrap_err()
-            .to_string()
-            .contains("unsupported unit format version 3"));
+        assert!(load(&d, &ha, a.len(), false).unwrap_err().to_string().contains("unsupported unit format version 3"));
         // A resealed header with an impossible field: a named structural error.
         let mut s = orig.clone();
         s[ENCODING_OFF] = 7;
         reseal(&mut s);
         std::fs::write(&pa, &s).unwrap();
-        assert!(load(&d, &ha, a.len(), false)
-            .unwrap_err()
-            .to_string()
-            .contains("unknown encoding 7"));
+        assert!(load(&d, &ha, a.len(), false).unwrap_err().to_string().contains("unknown encoding 7"));
         let mut s = orig.clone();
         s[DEPTH_OFF] = 3;
         reseal(&mut s);
         std::fs::write(&pa, &s).unwrap();
-        assert!(load(&d, &ha, a.len(), false)
-            .unwrap_err()
-            .to_string()
-            .contains("chain depth"));
+        assert!(load(&d, &ha, a.len(), false).unwrap_err().to_string().contains("chain depth"));
         // A body that passes its xxh3 but decodes wrong: the payload checksum catches it.
         let mut s = orig.clone();
         let at = HEADER_LEN + 4 * codec::PLANE_REC_LEN;
@@ -995,11 +833,7 @@ mod tests {
         let a = floats(3000, 6, 1.0);
         let mut head = UnitHeader::raw(a.len() as u64, hash(&a), xxh3(&a));
         head.encoding = Encoding::External;
-        head.extent = Some(ExtentRef {
-            seq: 9,
-            nonce: 0x1234,
-            off: 4096,
-        });
+        head.extent = Some(ExtentRef { seq: 9, nonce: 0x1234, off: 4096 });
         head.body_len = 0;
         head.body_xxh3 = xxh3(&[]);
         let good = head.encode();
@@ -1007,19 +841,13 @@ mod tests {
         assert_eq!(back, head);
         assert_eq!(back.file_len(), HEADER_LEN as u64);
         // A body, a wider element, a reserved byte, a chain depth: each refused, naming the field.
-        let cases: [(usize, u8, &str); 4] = [
-            (BODY_LEN_OFF, 1, "body"),
-            (WIDTH_OFF, 4, "width"),
-            (BASE_OFF + 30, 1, "reserved"),
-            (DEPTH_OFF, 1, "depth"),
-        ];
+        let cases: [(usize, u8, &str); 4] =
+            [(BODY_LEN_OFF, 1, "body"), (WIDTH_OFF, 4, "width"), (BASE_OFF + 30, 1, "reserved"), (DEPTH_OFF, 1, "depth")];
         for (off, v, word) in cases {
             let mut b = good;
             b[off] = v;
             reseal(&mut b);
-            let e = UnitHeader::decode(Path::new("p.fsk"), &b)
-                .unwrap_err()
-                .to_string();
+            let e = UnitHeader::decode(Path::new("p.fsk"), &b).unwrap_err().to_string();
             assert!(e.contains(word) && e.contains("p.fsk"), "byte {off}: {e}");
         }
         // An offset that overflows with the payload length.
@@ -1032,9 +860,7 @@ mod tests {
         let f = d.units.join("x.fsu");
         std::fs::write(&f, good).unwrap();
         let mut dst = vec![0u8; a.len()];
-        let e = load_into(&f, &head.blake3, &mut dst, false, 4, &mut |_, _, _| Ok(()))
-            .unwrap_err()
-            .to_string();
+        let e = load_into(&f, &head.blake3, &mut dst, false, 4, &mut |_, _, _| Ok(())).unwrap_err().to_string();
         assert!(e.contains("external"), "{e}");
     }
 }

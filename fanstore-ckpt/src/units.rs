@@ -60,19 +60,7 @@ pub(crate) struct UnitInfo {
 
 impl UnitInfo {
     pub fn new(len: u64, owner: u64) -> UnitInfo {
-        UnitInfo {
-            len,
-            owner,
-            refs: 0,
-            ckpts: Vec::new(),
-            file_len: 0,
-            encoding: Encoding::Raw,
-            base: None,
-            depth: 0,
-            dependants: 0,
-            loc: None,
-            extent: None,
-        }
+        UnitInfo { len, owner, refs: 0, ckpts: Vec::new(), file_len: 0, encoding: Encoding::Raw, base: None, depth: 0, dependants: 0, loc: None, extent: None }
     }
 }
 
@@ -89,10 +77,7 @@ pub(crate) struct Hot {
 impl CheckpointStore {
     pub(crate) fn add_refs(&mut self, id: u64, tensors: &[TensorEntry]) {
         for t in tensors {
-            let u = self
-                .units
-                .entry(t.hash)
-                .or_insert_with(|| UnitInfo::new(t.len, t.owner));
+            let u = self.units.entry(t.hash).or_insert_with(|| UnitInfo::new(t.len, t.owner));
             u.owner = u.owner.min(t.owner);
             u.refs += 1;
             if u.ckpts.last() != Some(&id) {
@@ -112,12 +97,7 @@ impl CheckpointStore {
             u.extent = head.extent.map(|x| x.seq);
         }
         if self.units.contains_key(h) {
-            self.count_live(
-                Some(loc),
-                head.file_len(),
-                head.extent.map(|x| x.seq),
-                head.len,
-            );
+            self.count_live(Some(loc), head.file_len(), head.extent.map(|x| x.seq), head.len);
         }
         if let Some(b) = head.base.and_then(|b| self.units.get_mut(&b)) {
             b.dependants += 1;
@@ -130,9 +110,7 @@ impl CheckpointStore {
         let mut freed = Vec::new();
         let mut check = Vec::new();
         for t in tensors {
-            let Some(u) = self.units.get_mut(&t.hash) else {
-                continue;
-            };
+            let Some(u) = self.units.get_mut(&t.hash) else { continue };
             u.refs = u.refs.saturating_sub(1);
             u.ckpts.retain(|&c| c != id);
             if u.refs == 0 {
@@ -140,9 +118,7 @@ impl CheckpointStore {
             }
         }
         while let Some(h) = check.pop() {
-            let Some(u) = self.units.get(&h) else {
-                continue;
-            };
+            let Some(u) = self.units.get(&h) else { continue };
             if u.refs > 0 || u.dependants > 0 {
                 continue;
             }
@@ -164,11 +140,7 @@ impl CheckpointStore {
 
     /// The bytes of unit `h` in a hot copy, if one holds it.
     pub(crate) fn hot_unit(&self, h: &Hash) -> Option<&[u8]> {
-        self.hot.iter().rev().find_map(|hot| {
-            hot.units
-                .get(h)
-                .map(|r| &hot.bytes.as_ref().as_ref()[r.clone()])
-        })
+        self.hot.iter().rev().find_map(|hot| hot.units.get(h).map(|r| &hot.bytes.as_ref().as_ref()[r.clone()]))
     }
 
     /// Loads unit `h` (`dst.len()` bytes) into `dst`: from a hot copy when
@@ -178,20 +150,11 @@ impl CheckpointStore {
         self.load_unit_within(h, dst, full, CHAIN_LIMIT)
     }
 
-    pub(crate) fn load_unit_within(
-        &self,
-        h: &Hash,
-        dst: &mut [u8],
-        full: bool,
-        budget: u8,
-    ) -> Result<()> {
+    pub(crate) fn load_unit_within(&self, h: &Hash, dst: &mut [u8], full: bool, budget: u8) -> Result<()> {
         if let Some(b) = self.hot_unit(h).filter(|b| b.len() == dst.len()) {
             dst.copy_from_slice(b);
             if full && unit::hash(dst) != *h {
-                return Err(CkptError::Invalid(format!(
-                    "hot copy of unit {} changed",
-                    unit::hex(h)
-                )));
+                return Err(CkptError::Invalid(format!("hot copy of unit {} changed", unit::hex(h))));
             }
             return Ok(());
         }
@@ -200,8 +163,7 @@ impl CheckpointStore {
 
     /// The payload of unit `h` (`len` bytes), as [`Self::load_unit`] loads it.
     pub(crate) fn unit_bytes(&self, h: &Hash, len: u64, full: bool) -> Result<Vec<u8>> {
-        let n = usize::try_from(len)
-            .map_err(|_| CkptError::Invalid("unit larger than memory".into()))?;
+        let n = usize::try_from(len).map_err(|_| CkptError::Invalid("unit larger than memory".into()))?;
         let mut v = vec![0u8; n];
         self.load_unit(h, &mut v, full)?;
         Ok(v)
@@ -210,23 +172,12 @@ impl CheckpointStore {
     /// Keeps `bytes` (checkpoint `id`'s file) as a hot copy, dropping the
     /// oldest beyond [`crate::StoreOptions::hot`] copies or
     /// [`crate::StoreOptions::hot_bytes`] bytes.
-    pub(crate) fn keep_hot(
-        &mut self,
-        id: u64,
-        bytes: SharedBytes,
-        units: HashMap<Hash, Range<usize>>,
-        in_store: bool,
-    ) {
+    pub(crate) fn keep_hot(&mut self, id: u64, bytes: SharedBytes, units: HashMap<Hash, Range<usize>>, in_store: bool) {
         if self.opts.hot == 0 {
             return;
         }
         self.hot.retain(|h| h.id != id);
-        self.hot.push(Hot {
-            id,
-            bytes,
-            units,
-            in_store,
-        });
+        self.hot.push(Hot { id, bytes, units, in_store });
         self.limit_hot(self.opts.hot, self.opts.hot_bytes);
     }
 
@@ -244,9 +195,7 @@ impl CheckpointStore {
     /// Stops serving the checkpoint at `path` from a hot copy (its file may
     /// change). False if it had none.
     pub fn forget_hot(&mut self, path: &[u8]) -> bool {
-        let Some(id) = self.id_of(path) else {
-            return false;
-        };
+        let Some(id) = self.id_of(path) else { return false };
         let had = self.hot_file(id).is_some();
         self.drop_hot(id);
         had
@@ -256,9 +205,7 @@ impl CheckpointStore {
     /// the same bytes elsewhere (a copy in another file); false when it is
     /// not hot or the length differs. The caller promises equal bytes.
     pub fn replace_hot(&mut self, path: &[u8], bytes: SharedBytes) -> bool {
-        let Some(id) = self.id_of(path) else {
-            return false;
-        };
+        let Some(id) = self.id_of(path) else { return false };
         match self.hot.iter_mut().find(|h| h.id == id) {
             Some(h) if (*h.bytes).as_ref().len() == (*bytes).as_ref().len() => {
                 h.bytes = bytes;
@@ -279,8 +226,7 @@ impl CheckpointStore {
 
     /// True if the checkpoint at `path` is read from a hot copy (no decode).
     pub fn is_hot(&self, path: &[u8]) -> bool {
-        self.id_of(path)
-            .is_some_and(|id| self.hot_file(id).is_some())
+        self.id_of(path).is_some_and(|id| self.hot_file(id).is_some())
     }
 
     /// Writes the exact bytes of the checkpoint at `path` into `dst` (whose
@@ -298,11 +244,7 @@ impl CheckpointStore {
         }
         let r = self.load_recipe(id, true)?;
         if r.logical != dst.len() as u64 {
-            return Err(CkptError::Invalid(format!(
-                "checkpoint of {} bytes read into {} bytes",
-                r.logical,
-                dst.len()
-            )));
+            return Err(CkptError::Invalid(format!("checkpoint of {} bytes read into {} bytes", r.logical, dst.len())));
         }
         let mut tasks: Vec<Mutex<Option<(&mut [u8], &TensorEntry)>>> = Vec::new();
         let mut rest = &mut dst[..];
@@ -325,34 +267,22 @@ impl CheckpointStore {
         let work = || -> Result<()> {
             loop {
                 let i = next.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
-                let Some(task) = tasks.get(i) else {
-                    return Ok(());
-                };
+                let Some(task) = tasks.get(i) else { return Ok(()) };
                 let taken = task.lock().unwrap_or_else(|p| p.into_inner()).take();
                 if let Some((d, t)) = taken {
                     self.load_unit(&t.hash, d, false)?;
                 }
             }
         };
-        let helpers = if tasks.len() > 1 && r.logical >= 4 << 20 {
-            self.opts.threads
-        } else {
-            0
-        };
+        let helpers = if tasks.len() > 1 && r.logical >= 4 << 20 { self.opts.threads } else { 0 };
         std::thread::scope(|s| {
             let hs: Vec<_> = (0..helpers).map(|_| s.spawn(work)).collect();
             let mine = work();
-            hs.into_iter()
-                .map(|h| h.join().unwrap_or_else(|p| std::panic::resume_unwind(p)))
-                .fold(mine, |a, b| a.and(b))
+            hs.into_iter().map(|h| h.join().unwrap_or_else(|p| std::panic::resume_unwind(p))).fold(mine, |a, b| a.and(b))
         })?;
         drop(tasks);
         if xxh3(dst) != r.file_xxh3 {
-            return Err(CkptError::FileChecksum {
-                path: String::from_utf8_lossy(path).into_owned(),
-                stored: r.file_xxh3,
-                computed: xxh3(dst),
-            });
+            return Err(CkptError::FileChecksum { path: String::from_utf8_lossy(path).into_owned(), stored: r.file_xxh3, computed: xxh3(dst) });
         }
         Ok(())
     }
@@ -361,11 +291,7 @@ impl CheckpointStore {
         let stored = self.load_recipe(id, false)?.file_xxh3;
         let computed = xxh3(b);
         if stored != computed {
-            return Err(CkptError::FileChecksum {
-                path: String::from_utf8_lossy(path).into_owned(),
-                stored,
-                computed,
-            });
+            return Err(CkptError::FileChecksum { path: String::from_utf8_lossy(path).into_owned(), stored, computed });
         }
         Ok(())
     }

@@ -13,9 +13,7 @@ use std::sync::Arc;
 
 /// A normal-ish float (sum of uniforms), scaled like trained weights.
 fn normal(rng: &mut Rng) -> f32 {
-    let s: f64 = (0..4)
-        .map(|_| (rng.next() >> 11) as f64 / (1u64 << 53) as f64)
-        .sum();
+    let s: f64 = (0..4).map(|_| (rng.next() >> 11) as f64 / (1u64 << 53) as f64).sum();
     ((s - 2.0) * 1.7) as f32
 }
 
@@ -33,9 +31,7 @@ fn f32_bytes(w: &[f32]) -> Vec<u8> {
 }
 
 fn bf16_bytes(w: &[f32]) -> Vec<u8> {
-    w.iter()
-        .flat_map(|x| ((x.to_bits() >> 16) as u16).to_le_bytes())
-        .collect()
+    w.iter().flat_map(|x| ((x.to_bits() >> 16) as u16).to_le_bytes()).collect()
 }
 
 /// IEEE half from f32 (round toward zero; normal range only: weights).
@@ -45,11 +41,7 @@ fn f16_bytes(w: &[f32]) -> Vec<u8> {
             let b = x.to_bits();
             let sign = ((b >> 16) & 0x8000) as u16;
             let exp = ((b >> 23) & 0xff) as i32 - 127 + 15;
-            let h = if exp <= 0 {
-                sign
-            } else {
-                sign | ((exp.min(30) as u16) << 10) | ((b >> 13) & 0x3ff) as u16
-            };
+            let h = if exp <= 0 { sign } else { sign | ((exp.min(30) as u16) << 10) | ((b >> 13) & 0x3ff) as u16 };
             h.to_le_bytes()
         })
         .collect()
@@ -65,13 +57,7 @@ fn model(ws: &[Vec<f32>], ids: &[u8]) -> Vec<u8> {
         t("layers.2.weight", "BF16", &[n], bf16_bytes(&ws[3])),
         t("buffers.ids", "U8", &[ids.len() as u64], ids.to_vec()),
     ];
-    safetensors(
-        &ts,
-        StOpts {
-            metadata: true,
-            ..StOpts::default()
-        },
-    )
+    safetensors(&ts, StOpts { metadata: true, ..StOpts::default() })
 }
 
 /// The headers of the units the store holds (live and bases), read where they are stored.
@@ -80,19 +66,11 @@ fn headers(store: &CheckpointStore) -> Vec<UnitHeader> {
 }
 
 fn opts(max_chain: u8) -> StoreOptions {
-    StoreOptions {
-        max_chain,
-        ..StoreOptions::default()
-    }
+    StoreOptions { max_chain, ..StoreOptions::default() }
 }
 
 fn small_packs() -> StoreOptions {
-    StoreOptions {
-        hot: 1,
-        pack_size: 96 << 10,
-        compact_below_percent: 60,
-        ..opts(2)
-    }
+    StoreOptions { hot: 1, pack_size: 96 << 10, compact_below_percent: 60, ..opts(2) }
 }
 
 /// (pack files, the highest pack sequence number) in a store directory.
@@ -118,15 +96,9 @@ fn small_updates_become_bounded_deltas_and_read_back_exactly() {
             ws = ws.iter().map(|w| step(&mut rng, w)).collect();
         }
         let f = model(&ws, &ids);
-        let info = store
-            .commit(format!("run/ckpt-{k}.safetensors").as_bytes(), &f)
-            .unwrap();
+        let info = store.commit(format!("run/ckpt-{k}.safetensors").as_bytes(), &f).unwrap();
         if k > 0 {
-            assert_eq!(
-                info.parent,
-                Some(info.id - 1),
-                "the previous checkpoint is the lineage parent"
-            );
+            assert_eq!(info.parent, Some(info.id - 1), "the previous checkpoint is the lineage parent");
             assert!(info.units_delta >= 2, "checkpoint {k}: {info:?}");
         } else {
             assert!(info.units_grouped >= 3, "{info:?}");
@@ -134,13 +106,7 @@ fn small_updates_become_bounded_deltas_and_read_back_exactly() {
         files.push(f);
     }
     for (k, f) in files.iter().enumerate() {
-        assert_eq!(
-            &store
-                .read(format!("run/ckpt-{k}.safetensors").as_bytes())
-                .unwrap(),
-            f,
-            "checkpoint {k}"
-        );
+        assert_eq!(&store.read(format!("run/ckpt-{k}.safetensors").as_bytes()).unwrap(), f, "checkpoint {k}");
     }
     let hs = headers(&store);
     assert!(hs.iter().all(|h| h.depth <= 3), "chains are bounded");
@@ -148,20 +114,9 @@ fn small_updates_become_bounded_deltas_and_read_back_exactly() {
     let du = store.du();
     let logical: u64 = files.iter().map(|f| f.len() as u64).sum();
     assert_eq!(du.logical, logical);
-    assert!(
-        du.physical() * 3 < logical * 2,
-        "0% frozen, small updates: {} of {logical} bytes",
-        du.physical()
-    );
-    assert!(
-        du.saved_by_delta() > 0 && du.saved_by_compression() > 0,
-        "{du:?}"
-    );
-    assert_eq!(
-        du.saved_by_dedup(),
-        9 * (8192 + 0),
-        "only the int buffer repeats: {du:?}"
-    );
+    assert!(du.physical() * 3 < logical * 2, "0% frozen, small updates: {} of {logical} bytes", du.physical());
+    assert!(du.saved_by_delta() > 0 && du.saved_by_compression() > 0, "{du:?}");
+    assert_eq!(du.saved_by_dedup(), 9 * (8192 + 0), "only the int buffer repeats: {du:?}");
     assert!(store.verify(None).unwrap().ok());
 }
 
@@ -186,17 +141,10 @@ fn deleting_parents_keeps_dependants_readable() {
             store.unlink(format!("c{k}").as_bytes()).unwrap();
             files.remove(&k);
             for (j, f) in &files {
-                assert_eq!(
-                    &store.read(format!("c{j}").as_bytes()).unwrap(),
-                    f,
-                    "after unlinking c{k}"
-                );
+                assert_eq!(&store.read(format!("c{j}").as_bytes()).unwrap(), f, "after unlinking c{k}");
             }
         }
-        assert!(
-            headers(&store).iter().any(|h| h.depth >= 4),
-            "c5 still decodes through deleted versions"
-        );
+        assert!(headers(&store).iter().any(|h| h.depth >= 4), "c5 still decodes through deleted versions");
     }
     // Reopen: dependants are counted from the unit headers, nothing needed is swept.
     let mut store = CheckpointStore::open_with(d.path(), opts(8)).unwrap();
@@ -211,15 +159,9 @@ fn deleting_parents_keeps_dependants_readable() {
     // The whole chain is released: the one pack left holds only dead bytes.
     let du = store.du();
     assert_eq!(du.units, 0);
-    let left: Vec<_> = std::fs::read_dir(d.path().join("units"))
-        .unwrap()
-        .map(|e| e.unwrap().path())
-        .collect();
+    let left: Vec<_> = std::fs::read_dir(d.path().join("units")).unwrap().map(|e| e.unwrap().path()).collect();
     assert_eq!(left.len(), 1, "{left:?}");
-    assert_eq!(
-        (du.packs, du.pack_dead),
-        (1, std::fs::metadata(&left[0]).unwrap().len())
-    );
+    assert_eq!((du.packs, du.pack_dead), (1, std::fs::metadata(&left[0]).unwrap().len()));
 }
 
 #[test]
@@ -227,12 +169,7 @@ fn a_damaged_base_is_named_by_its_dependants() {
     let d = tempfile::tempdir().unwrap();
     let mut rng = Rng(5);
     let w = weights(&mut rng, 50_000);
-    let ts = |w: &[f32]| {
-        safetensors(
-            &[t("w", "F32", &[w.len() as u64], f32_bytes(w))],
-            StOpts::default(),
-        )
-    };
+    let ts = |w: &[f32]| safetensors(&[t("w", "F32", &[w.len() as u64], f32_bytes(w))], StOpts::default());
     let mut store = CheckpointStore::open_with(d.path(), opts(4)).unwrap();
     let a = ts(&w);
     store.commit(b"a", &a).unwrap();
@@ -244,15 +181,9 @@ fn a_damaged_base_is_named_by_its_dependants() {
     bytes[(off + len - 10) as usize] ^= 1;
     std::fs::write(&base, bytes).unwrap();
     let e = store.read(b"b").unwrap_err();
-    assert!(
-        e.is_corruption() && e.to_string().contains(&unit::hex(&owners.rows[0].hash)),
-        "{e}"
-    );
+    assert!(e.is_corruption() && e.to_string().contains(&unit::hex(&owners.rows[0].hash)), "{e}");
     let v = store.verify(Some(b"b")).unwrap();
-    assert!(
-        !v.ok() && v.problems[0].tensor.as_deref() == Some(&b"w"[..]),
-        "{v:?}"
-    );
+    assert!(!v.ok() && v.problems[0].tensor.as_deref() == Some(&b"w"[..]), "{v:?}");
 }
 
 #[test]
@@ -262,9 +193,7 @@ fn noise_is_stored_raw_with_little_overhead() {
     let mut store = CheckpointStore::open(d.path()).unwrap();
     let mut logical = 0;
     for k in 0..5 {
-        let ts: Vec<T> = (0..4)
-            .map(|i| t(&format!("l{i}"), "F32", &[65536], rng.bytes(4 * 65536)))
-            .collect();
+        let ts: Vec<T> = (0..4).map(|i| t(&format!("l{i}"), "F32", &[65536], rng.bytes(4 * 65536))).collect();
         let f = safetensors(&ts, StOpts::default());
         logical += f.len() as u64;
         let info = store.commit(format!("r{k}").as_bytes(), &f).unwrap();
@@ -272,11 +201,7 @@ fn noise_is_stored_raw_with_little_overhead() {
         assert_eq!(store.read(format!("r{k}").as_bytes()).unwrap(), f);
     }
     let du = store.du();
-    assert!(
-        du.physical() as f64 <= logical as f64 * 1.01,
-        "{} of {logical}",
-        du.physical()
-    );
+    assert!(du.physical() as f64 <= logical as f64 * 1.01, "{} of {logical}", du.physical());
 }
 
 #[test]
@@ -286,8 +211,7 @@ fn hot_copies_serve_reads_and_delta_bases() {
     let n = 40_000;
     let mut ws: Vec<Vec<f32>> = (0..4).map(|_| weights(&mut rng, n)).collect();
     let ids = rng.bytes(64);
-    let mut store =
-        CheckpointStore::open_with(d.path(), StoreOptions { hot: 1, ..opts(4) }).unwrap();
+    let mut store = CheckpointStore::open_with(d.path(), StoreOptions { hot: 1, ..opts(4) }).unwrap();
     let f1: Arc<Vec<u8>> = Arc::new(model(&ws, &ids));
     store.commit_shared(b"h1", f1.clone()).unwrap();
     assert!(store.is_hot(b"h1"));
@@ -295,14 +219,8 @@ fn hot_copies_serve_reads_and_delta_bases() {
     ws = ws.iter().map(|w| step(&mut rng, w)).collect();
     let f2: Arc<Vec<u8>> = Arc::new(model(&ws, &ids));
     let info = store.commit_shared(b"h2", f2.clone()).unwrap();
-    assert!(
-        info.units_delta >= 2,
-        "bases found in the hot copy: {info:?}"
-    );
-    assert!(
-        store.is_hot(b"h2") && !store.is_hot(b"h1"),
-        "one hot copy kept"
-    );
+    assert!(info.units_delta >= 2, "bases found in the hot copy: {info:?}");
+    assert!(store.is_hot(b"h2") && !store.is_hot(b"h1"), "one hot copy kept");
     assert_eq!(store.read(b"h1").unwrap(), *f1);
     assert_eq!(store.read(b"h2").unwrap(), *f2);
     let mut out = Vec::new();
@@ -324,33 +242,20 @@ fn hot_copies_are_kept_within_their_byte_budget() {
     let ids = rng.bytes(64);
     let size = model(&ws, &ids).len() as u64;
     // Room for two and a half files: the last two stay hot.
-    let o = StoreOptions {
-        hot: usize::MAX,
-        hot_bytes: size * 5 / 2,
-        ..opts(4)
-    };
+    let o = StoreOptions { hot: usize::MAX, hot_bytes: size * 5 / 2, ..opts(4) };
     let mut store = CheckpointStore::open_with(d.path(), o).unwrap();
     let mut files = Vec::new();
     for k in 0..4 {
-        let ws: Vec<Vec<f32>> = ws
-            .iter()
-            .map(|w| w.iter().map(|x| x + k as f32).collect())
-            .collect();
+        let ws: Vec<Vec<f32>> = ws.iter().map(|w| w.iter().map(|x| x + k as f32).collect()).collect();
         let f: Arc<Vec<u8>> = Arc::new(model(&ws, &ids));
-        store
-            .commit_shared(format!("b{k}").as_bytes(), f.clone())
-            .unwrap();
+        store.commit_shared(format!("b{k}").as_bytes(), f.clone()).unwrap();
         files.push(f);
     }
-    let hot: Vec<bool> = (0..4)
-        .map(|k| store.is_hot(format!("b{k}").as_bytes()))
-        .collect();
+    let hot: Vec<bool> = (0..4).map(|k| store.is_hot(format!("b{k}").as_bytes())).collect();
     assert_eq!(hot, [false, false, true, true]);
     // A budget smaller than one file still keeps the newest.
     store.limit_hot(usize::MAX, 1);
-    let hot: Vec<bool> = (0..4)
-        .map(|k| store.is_hot(format!("b{k}").as_bytes()))
-        .collect();
+    let hot: Vec<bool> = (0..4).map(|k| store.is_hot(format!("b{k}").as_bytes())).collect();
     assert_eq!(hot, [false, false, false, true]);
     assert!(store.forget_hot(b"b3"));
     assert!(!store.is_hot(b"b3") && !store.forget_hot(b"b3"));
@@ -366,15 +271,7 @@ fn hot_copies_are_kept_within_their_byte_budget() {
 /// every step every live checkpoint reads back as the model says.
 #[test]
 fn random_operations_match_a_plain_map() {
-    const DTYPES: [(&str, usize); 7] = [
-        ("F32", 4),
-        ("F16", 2),
-        ("BF16", 2),
-        ("F64", 8),
-        ("I64", 8),
-        ("U8", 1),
-        ("I32", 4),
-    ];
+    const DTYPES: [(&str, usize); 7] = [("F32", 4), ("F16", 2), ("BF16", 2), ("F64", 8), ("I64", 8), ("U8", 1), ("I32", 4)];
     let d = tempfile::tempdir().unwrap();
     let mut rng = Rng(0xfeed_beef);
     let mut model_map: BTreeMap<String, (Vec<T>, Vec<u8>)> = BTreeMap::new();
@@ -387,12 +284,7 @@ fn random_operations_match_a_plain_map() {
             "F32" => f32_bytes(&weights(rng, n)),
             "F16" => f16_bytes(&weights(rng, n)),
             "BF16" => bf16_bytes(&weights(rng, n)),
-            _ => rng
-                .bytes(n * w)
-                .iter()
-                .enumerate()
-                .map(|(k, b)| if k % w == w - 1 { 0 } else { *b })
-                .collect(),
+            _ => rng.bytes(n * w).iter().enumerate().map(|(k, b)| if k % w == w - 1 { 0 } else { *b }).collect(),
         };
         t(&format!("t{i}"), dt, &[n as u64], data)
     };
@@ -461,15 +353,9 @@ fn random_operations_match_a_plain_map() {
         assert!(hs.iter().all(|h| h.depth <= 2), "op {op}");
         deepest = hs.iter().map(|h| h.depth).max().unwrap_or(0).max(deepest);
     }
-    assert!(
-        deltas > 50 && deepest == 2,
-        "{deltas} deltas, deepest chain {deepest}"
-    );
+    assert!(deltas > 50 && deepest == 2, "{deltas} deltas, deepest chain {deepest}");
     let (files, highest) = packs_on_disk(d.path());
-    assert!(
-        highest > files as u64 + 3,
-        "packs were compacted away: {files} files, highest pack {highest}"
-    );
+    assert!(highest > files as u64 + 3, "packs were compacted away: {files} files, highest pack {highest}");
     let mut s = store.take().unwrap();
     assert!(s.verify(None).unwrap().ok());
     for p in model_map.keys() {
@@ -478,15 +364,7 @@ fn random_operations_match_a_plain_map() {
     // Every unit and base released: at most the active pack is left, all of it dead bytes.
     let du = s.du();
     assert_eq!(du.units, 0);
-    let left: Vec<_> = std::fs::read_dir(d.path().join("units"))
-        .unwrap()
-        .map(|e| e.unwrap().path())
-        .collect();
+    let left: Vec<_> = std::fs::read_dir(d.path().join("units")).unwrap().map(|e| e.unwrap().path()).collect();
     assert!(left.len() <= 1, "{left:?}");
-    assert_eq!(
-        du.pack_dead,
-        left.iter()
-            .map(|p| std::fs::metadata(p).unwrap().len())
-            .sum::<u64>()
-    );
+    assert_eq!(du.pack_dead, left.iter().map(|p| std::fs::metadata(p).unwrap().len()).sum::<u64>());
 }

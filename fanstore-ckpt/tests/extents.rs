@@ -18,11 +18,7 @@ fn file(rng: &mut Rng, shared_seed: u64, shared: usize, n: usize) -> Vec<u8> {
     let mut s = Rng(shared_seed);
     let ts: Vec<T> = (0..n)
         .map(|i| {
-            let data = if i < shared {
-                s.bytes(1 << 20)
-            } else {
-                rng.bytes(1 << 20)
-            };
+            let data = if i < shared { s.bytes(1 << 20) } else { rng.bytes(1 << 20) };
             t(&format!("w{i}"), "U8", &[1 << 20], data)
         })
         .collect();
@@ -32,21 +28,14 @@ fn file(rng: &mut Rng, shared_seed: u64, shared: usize, n: usize) -> Vec<u8> {
 /// Writes `bytes` to a file in `dir` (the store's file system) and commits
 /// it through [`CheckpointStore::commit_adopting`], as the daemon does with
 /// a program's closed output. Returns the file's path.
-fn commit_file(
-    store: &mut CheckpointStore,
-    dir: &Path,
-    path: &str,
-    bytes: &[u8],
-) -> (PathBuf, fanstore_ckpt::store::CommitInfo) {
+fn commit_file(store: &mut CheckpointStore, dir: &Path, path: &str, bytes: &[u8]) -> (PathBuf, fanstore_ckpt::store::CommitInfo) {
     std::fs::create_dir_all(dir).unwrap();
     let p = dir.join(path);
     std::fs::write(&p, bytes).unwrap();
     let f = std::fs::File::open(&p).unwrap();
     // SAFETY (test): nothing writes the file while it is mapped.
     let map = Arc::new(unsafe { memmap2::Mmap::map(&f) }.unwrap());
-    let info = store
-        .commit_adopting(path.as_bytes(), map, &f, None)
-        .unwrap();
+    let info = store.commit_adopting(path.as_bytes(), map, &f, None).unwrap();
     (p, info)
 }
 
@@ -54,12 +43,7 @@ fn extents(store_dir: &Path) -> Vec<PathBuf> {
     let mut v: Vec<PathBuf> = std::fs::read_dir(store_dir.join("units"))
         .unwrap()
         .map(|e| e.unwrap().path())
-        .filter(|p| {
-            p.file_name()
-                .and_then(|n| n.to_str())
-                .and_then(extent::parse_name)
-                .is_some()
-        })
+        .filter(|p| p.file_name().and_then(|n| n.to_str()).and_then(extent::parse_name).is_some())
         .collect();
     v.sort();
     v
@@ -76,9 +60,7 @@ fn pack_bytes(store_dir: &Path) -> u64 {
 
 fn check_all(store: &CheckpointStore, model: &BTreeMap<String, Vec<u8>>, what: &str) {
     for (p, f) in model {
-        let got = store
-            .read(p.as_bytes())
-            .unwrap_or_else(|e| panic!("{what}: {p}: {e}"));
+        let got = store.read(p.as_bytes()).unwrap_or_else(|e| panic!("{what}: {p}: {e}"));
         assert!(got == *f, "{what}: {p} reads back different bytes");
     }
 }
@@ -94,35 +76,17 @@ fn an_incompressible_file_is_adopted_not_copied_and_reads_back_after_reopen() {
     assert_eq!((info.units_new, info.units_total), (12, 12), "{info:?}");
     let xs = extents(&sdir);
     assert_eq!(xs.len(), 1, "one extent: {xs:?}");
-    assert_eq!(
-        std::fs::metadata(&xs[0]).unwrap().ino(),
-        std::fs::metadata(&p1).unwrap().ino(),
-        "linked, not copied"
-    );
-    assert!(
-        pack_bytes(&sdir) < 64 << 10,
-        "records only in the packs: {} B",
-        pack_bytes(&sdir)
-    );
+    assert_eq!(std::fs::metadata(&xs[0]).unwrap().ino(), std::fs::metadata(&p1).unwrap().ino(), "linked, not copied");
+    assert!(pack_bytes(&sdir) < 64 << 10, "records only in the packs: {} B", pack_bytes(&sdir));
     let du = store.du();
-    assert!(
-        du.physical() >= f1.len() as u64 && (du.physical() as f64) < f1.len() as f64 * 1.01,
-        "{du:?}"
-    );
-    assert_eq!(
-        du.hot, 0,
-        "the hot copy is the extent, counted once: {du:?}"
-    );
+    assert!(du.physical() >= f1.len() as u64 && (du.physical() as f64) < f1.len() as f64 * 1.01, "{du:?}");
+    assert_eq!(du.hot, 0, "the hot copy is the extent, counted once: {du:?}");
     assert_eq!(store.read(b"a").unwrap(), f1);
     // The program's own name goes (the daemon unlinks its plain copy): the extent stays.
     std::fs::remove_file(&p1).unwrap();
     drop(store);
     let store = CheckpointStore::open(&sdir).unwrap();
-    assert_eq!(
-        store.read(b"a").unwrap(),
-        f1,
-        "after reopen, from the extent"
-    );
+    assert_eq!(store.read(b"a").unwrap(), f1, "after reopen, from the extent");
     assert!(store.verify(None).unwrap().ok());
     assert_eq!(extents(&sdir).len(), 1);
 }
@@ -143,26 +107,14 @@ fn files_that_share_or_compress_are_copied_as_before() {
     // Floats that compress: every unit is new, but they are stored grouped,
     // so the extent adopted first is given up and nothing points into it.
     let mut fr = Rng(3);
-    let floats: Vec<u8> = (0..(12 << 20) / 4)
-        .flat_map(|_| ((fr.below(1000) as f32) * 1e-3).to_le_bytes())
-        .collect();
-    let f3 = safetensors(
-        &[t("w", "F32", &[(floats.len() / 4) as u64], floats)],
-        StOpts::default(),
-    );
+    let floats: Vec<u8> = (0..(12 << 20) / 4).flat_map(|_| ((fr.below(1000) as f32) * 1e-3).to_le_bytes()).collect();
+    let f3 = safetensors(&[t("w", "F32", &[(floats.len() / 4) as u64], floats)], StOpts::default());
     let (_, info) = commit_file(&mut store, &files, "c", &f3);
     assert_eq!(info.units_grouped, 1, "{info:?}");
     assert_eq!(extents(&sdir).len(), 1, "c is not adopted");
-    let model: BTreeMap<String, Vec<u8>> = [("a", f1), ("b", f2), ("c", f3)]
-        .into_iter()
-        .map(|(k, v)| (k.to_string(), v))
-        .collect();
+    let model: BTreeMap<String, Vec<u8>> = [("a", f1), ("b", f2), ("c", f3)].into_iter().map(|(k, v)| (k.to_string(), v)).collect();
     check_all(&store, &model, "live");
-    assert_eq!(
-        store.du().hot,
-        (model["b"].len() + model["c"].len()) as u64,
-        "the two newest, neither adopted, are hot copies beside the store"
-    );
+    assert_eq!(store.du().hot, (model["b"].len() + model["c"].len()) as u64, "the two newest, neither adopted, are hot copies beside the store");
     drop(store);
     let store = CheckpointStore::open(&sdir).unwrap();
     check_all(&store, &model, "reopened");
@@ -181,11 +133,7 @@ fn a_damaged_or_missing_extent_is_an_error_naming_it() {
     let x = extents(&sdir).remove(0);
     let flip = |at: u64| {
         use std::os::unix::fs::FileExt;
-        let f = std::fs::OpenOptions::new()
-            .read(true)
-            .write(true)
-            .open(&x)
-            .unwrap();
+        let f = std::fs::OpenOptions::new().read(true).write(true).open(&x).unwrap();
         let mut b = [0u8];
         f.read_exact_at(&mut b, at).unwrap();
         f.write_all_at(&[b[0] ^ 0x40], at).unwrap();
@@ -205,10 +153,7 @@ fn a_damaged_or_missing_extent_is_an_error_naming_it() {
     std::fs::rename(&x, &hidden).unwrap();
     let store = CheckpointStore::open(&sdir).unwrap();
     let e = store.read(b"a").unwrap_err().to_string();
-    assert!(
-        e.contains("missing") && e.contains(x.file_name().unwrap().to_str().unwrap()),
-        "{e}"
-    );
+    assert!(e.contains("missing") && e.contains(x.file_name().unwrap().to_str().unwrap()), "{e}");
 }
 
 #[test]
@@ -226,11 +171,7 @@ fn a_crash_before_the_catalog_leaves_no_extent_behind() {
     // As if the crash came after b's extent and records, before its catalog.
     std::fs::write(sdir.join("catalog.fsc"), &catalog).unwrap();
     let store = CheckpointStore::open(&sdir).unwrap();
-    assert_eq!(
-        extents(&sdir).len(),
-        1,
-        "b's extent, which nothing committed refers to, is gone"
-    );
+    assert_eq!(extents(&sdir).len(), 1, "b's extent, which nothing committed refers to, is gone");
     assert_eq!(store.read(b"a").unwrap(), f1);
     assert!(store.read(b"b").is_err());
     assert!(store.verify(None).unwrap().ok());
@@ -244,14 +185,7 @@ fn unlinks_free_extents_and_compaction_keeps_what_others_share_even_across_a_cra
     let d = tempfile::tempdir().unwrap();
     let snaps_dir = tempfile::tempdir().unwrap();
     let (sdir, files) = (d.path().join("store"), d.path().join("files"));
-    let mut store = CheckpointStore::open_with(
-        &sdir,
-        StoreOptions {
-            compact_below_percent: 50,
-            ..StoreOptions::default()
-        },
-    )
-    .unwrap();
+    let mut store = CheckpointStore::open_with(&sdir, StoreOptions { compact_below_percent: 50, ..StoreOptions::default() }).unwrap();
     let taken: Arc<Mutex<Vec<(String, PathBuf)>>> = Arc::new(Mutex::new(Vec::new()));
     {
         let (taken, dir, root) = (taken.clone(), sdir.clone(), snaps_dir.path().to_path_buf());
@@ -271,9 +205,7 @@ fn unlinks_free_extents_and_compaction_keeps_what_others_share_even_across_a_cra
     let fa = file(&mut Rng(10), 42, 0, 10);
     let mut shared = Rng(10);
     let fb = {
-        let mut ts: Vec<T> = (0..2)
-            .map(|i| t(&format!("w{i}"), "U8", &[1 << 20], shared.bytes(1 << 20)))
-            .collect();
+        let mut ts: Vec<T> = (0..2).map(|i| t(&format!("w{i}"), "U8", &[1 << 20], shared.bytes(1 << 20))).collect();
         let mut r = Rng(11);
         ts.extend((2..10).map(|i| t(&format!("w{i}"), "U8", &[1 << 20], r.bytes(1 << 20))));
         safetensors(&ts, StOpts::default())
@@ -298,22 +230,12 @@ fn unlinks_free_extents_and_compaction_keeps_what_others_share_even_across_a_cra
     for (step, dir) in taken.lock().unwrap().drain(..) {
         snaps.push((step, dir, model.clone()));
     }
-    assert!(
-        extents(&sdir).is_empty(),
-        "a's extent compacted away: {:?}",
-        extents(&sdir)
-    );
-    assert!(
-        pack_bytes(&sdir) >= packs_before + (2 << 20),
-        "b's two shared tensors copied into a pack"
-    );
+    assert!(extents(&sdir).is_empty(), "a's extent compacted away: {:?}", extents(&sdir));
+    assert!(pack_bytes(&sdir) >= packs_before + (2 << 20), "b's two shared tensors copied into a pack");
     check_all(&store, &model, "after compaction");
     let steps: Vec<&str> = snaps.iter().map(|s| s.0.as_str()).collect();
     for want in ["record copied", "copies synced", "extent removed"] {
-        assert!(
-            steps.contains(&want),
-            "no compaction reached {want}: {steps:?}"
-        );
+        assert!(steps.contains(&want), "no compaction reached {want}: {steps:?}");
     }
     for (step, dir, live) in &snaps {
         let mut s = CheckpointStore::open(dir).unwrap_or_else(|e| panic!("{step}: {e}"));
@@ -323,10 +245,7 @@ fn unlinks_free_extents_and_compaction_keeps_what_others_share_even_across_a_cra
             s.unlink(p.as_bytes()).unwrap();
         }
         assert_eq!(s.du().units, 0, "{step}");
-        assert!(
-            extents(dir).is_empty(),
-            "{step}: nothing live, no extent left"
-        );
+        assert!(extents(dir).is_empty(), "{step}: nothing live, no extent left");
     }
     drop(store);
     let store = CheckpointStore::open(&sdir).unwrap();
@@ -350,15 +269,8 @@ fn a_file_on_another_file_system_is_copied_and_reported_once() {
     commit_file(&mut store, shm.path(), "a", &f1);
     commit_file(&mut store, shm.path(), "b", &f2);
     assert!(extents(&sdir).is_empty());
-    assert!(
-        pack_bytes(&sdir) >= (f1.len() + f2.len()) as u64 - (64 << 10),
-        "copied into packs"
-    );
-    let lines: Vec<&String> = store
-        .repairs()
-        .iter()
-        .filter(|r| r.contains("adopting"))
-        .collect();
+    assert!(pack_bytes(&sdir) >= (f1.len() + f2.len()) as u64 - (64 << 10), "copied into packs");
+    let lines: Vec<&String> = store.repairs().iter().filter(|r| r.contains("adopting")).collect();
     assert_eq!(lines.len(), 1, "{:?}", store.repairs());
     assert!(lines[0].contains(".fsx"), "{lines:?}");
     assert_eq!(store.read(b"a").unwrap(), f1);

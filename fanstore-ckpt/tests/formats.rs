@@ -15,26 +15,11 @@ fn round_trip(store: &mut CheckpointStore, path: &str, bytes: &[u8]) -> (Format,
     let info = store.commit(path.as_bytes(), bytes).unwrap();
     assert_eq!(info.logical, bytes.len() as u64);
     let back = store.read(path.as_bytes()).unwrap();
-    assert!(
-        back == bytes,
-        "{path}: read() differs from the committed bytes"
-    );
+    assert!(back == bytes, "{path}: read() differs from the committed bytes");
     let mut streamed = Vec::new();
-    assert_eq!(
-        store.read_to(path.as_bytes(), &mut streamed).unwrap(),
-        bytes.len() as u64
-    );
-    assert!(
-        streamed == bytes,
-        "{path}: read_to() differs from the committed bytes"
-    );
-    let names = store
-        .owners(path.as_bytes())
-        .unwrap()
-        .rows
-        .iter()
-        .map(|r| String::from_utf8_lossy(&r.name).into_owned())
-        .collect();
+    assert_eq!(store.read_to(path.as_bytes(), &mut streamed).unwrap(), bytes.len() as u64);
+    assert!(streamed == bytes, "{path}: read_to() differs from the committed bytes");
+    let names = store.owners(path.as_bytes()).unwrap().rows.iter().map(|r| String::from_utf8_lossy(&r.name).into_owned()).collect();
     (info.format, names)
 }
 
@@ -43,10 +28,7 @@ fn unit_bytes<'a>(bytes: &'a [u8], s: &split::Split) -> Vec<(String, &'a [u8])> 
     s.pieces
         .iter()
         .filter_map(|p| match p {
-            Piece::Unit(r, m) => Some((
-                String::from_utf8_lossy(&m.name).into_owned(),
-                &bytes[r.clone()],
-            )),
+            Piece::Unit(r, m) => Some((String::from_utf8_lossy(&m.name).into_owned(), &bytes[r.clone()])),
             Piece::Glue(_) => None,
         })
         .collect()
@@ -70,16 +52,8 @@ fn safetensors_round_trip_in_any_layout() {
     let tensors = sample_tensors(&mut rng);
     for (i, o) in [
         StOpts::default(),
-        StOpts {
-            reverse_keys: true,
-            gap: 0,
-            metadata: true,
-        },
-        StOpts {
-            reverse_keys: false,
-            gap: 13,
-            metadata: true,
-        },
+        StOpts { reverse_keys: true, gap: 0, metadata: true },
+        StOpts { reverse_keys: false, gap: 13, metadata: true },
     ]
     .into_iter()
     .enumerate()
@@ -89,10 +63,7 @@ fn safetensors_round_trip_in_any_layout() {
         assert_eq!(s.format, Format::Safetensors);
         let units = unit_bytes(&f, &s);
         for t in &tensors {
-            let got = units
-                .iter()
-                .find(|(n, _)| *n == t.name)
-                .unwrap_or_else(|| panic!("no unit {}", t.name));
+            let got = units.iter().find(|(n, _)| *n == t.name).unwrap_or_else(|| panic!("no unit {}", t.name));
             assert_eq!(got.1, &t.data[..], "{}", t.name);
         }
         let (fmt, mut names) = round_trip(&mut store, &format!("st/{i}.safetensors"), &f);
@@ -107,10 +78,7 @@ fn safetensors_round_trip_in_any_layout() {
     assert_eq!(store.du().unit_payload, payload);
     let o = store.owners(b"st/2.safetensors").unwrap();
     let r = o.rows.iter().find(|r| r.name == b"embed.weight").unwrap();
-    assert_eq!(
-        (r.dtype.as_str(), r.shape.as_slice(), r.len, r.owner.id),
-        ("F32", &[64u64, 32][..], 64 * 32 * 4, 1)
-    );
+    assert_eq!((r.dtype.as_str(), r.shape.as_slice(), r.len, r.owner.id), ("F32", &[64u64, 32][..], 64 * 32 * 4, 1));
 }
 
 #[test]
@@ -118,38 +86,15 @@ fn torch_zip_round_trip_in_every_writer_mode() {
     let d = tempfile::tempdir().unwrap();
     let mut store = CheckpointStore::open(d.path()).unwrap();
     let mut rng = Rng(5);
-    let storages: Vec<Vec<u8>> = [4096usize, 12, 0, 70_000, 1]
-        .iter()
-        .map(|&n| rng.bytes(n))
-        .collect();
+    let storages: Vec<Vec<u8>> = [4096usize, 12, 0, 70_000, 1].iter().map(|&n| rng.bytes(n)).collect();
     let modes = [
         ZipOpts::default(),
-        ZipOpts {
-            crc: true,
-            ..ZipOpts::default()
-        },
-        ZipOpts {
-            descriptors: true,
-            ..ZipOpts::default()
-        },
-        ZipOpts {
-            zip64: true,
-            ..ZipOpts::default()
-        },
-        ZipOpts {
-            zip64: true,
-            descriptors: true,
-            crc: true,
-            align: 64,
-        },
-        ZipOpts {
-            align: 4096,
-            ..ZipOpts::default()
-        },
-        ZipOpts {
-            align: 0,
-            ..ZipOpts::default()
-        },
+        ZipOpts { crc: true, ..ZipOpts::default() },
+        ZipOpts { descriptors: true, ..ZipOpts::default() },
+        ZipOpts { zip64: true, ..ZipOpts::default() },
+        ZipOpts { zip64: true, descriptors: true, crc: true, align: 64 },
+        ZipOpts { align: 4096, ..ZipOpts::default() },
+        ZipOpts { align: 0, ..ZipOpts::default() },
     ];
     for (i, o) in modes.into_iter().enumerate() {
         let f = torch_zip(&format!("ckpt_epoch{i}"), &storages, o);
@@ -158,10 +103,7 @@ fn torch_zip_round_trip_in_every_writer_mode() {
         let units = unit_bytes(&f, &s);
         assert_eq!(units.len(), storages.len(), "mode {i}");
         for (k, st) in storages.iter().enumerate() {
-            let u = units
-                .iter()
-                .find(|(n, _)| *n == format!("data/{k}"))
-                .unwrap();
+            let u = units.iter().find(|(n, _)| *n == format!("data/{k}")).unwrap();
             assert_eq!(u.1, &st[..], "mode {i} storage {k}");
         }
         let (fmt, names) = round_trip(&mut store, &format!("pt/{i}.pt"), &f);
@@ -172,10 +114,7 @@ fn torch_zip_round_trip_in_every_writer_mode() {
     let payload: u64 = storages.iter().map(|s| s.len() as u64).sum();
     assert_eq!(store.du().unit_payload, payload);
     let diff = store.diff(b"pt/0.pt", b"pt/6.pt").unwrap();
-    assert_eq!(
-        diff.total(fanstore_ckpt::DiffStatus::Unchanged).0,
-        storages.len()
-    );
+    assert_eq!(diff.total(fanstore_ckpt::DiffStatus::Unchanged).0, storages.len());
 }
 
 #[test]
@@ -195,39 +134,19 @@ fn npy_and_npz_round_trip() {
     let members = vec![
         stored("x.npy", &x),
         stored("y.npy", &y),
-        Member {
-            name: "z.npy".into(),
-            data: &deflated,
-            method: 8,
-            usize: 500,
-        },
+        Member { name: "z.npy".into(), data: &deflated, method: 8, usize: 500 },
     ];
-    let f = zip(
-        &members,
-        ZipOpts {
-            align: 0,
-            ..ZipOpts::default()
-        },
-    );
+    let f = zip(&members, ZipOpts { align: 0, ..ZipOpts::default() });
     let s = split::split(&f, &CdcParams::default());
     assert_eq!(s.format, Format::Npz);
     let units = unit_bytes(&f, &s);
-    assert_eq!(
-        units.iter().find(|u| u.0 == "x.npy").unwrap().1,
-        &x[x.len() - 56..]
-    );
-    assert_eq!(
-        units.iter().find(|u| u.0 == "z.npy").unwrap().1,
-        &deflated[..]
-    );
+    assert_eq!(units.iter().find(|u| u.0 == "x.npy").unwrap().1, &x[x.len() - 56..]);
+    assert_eq!(units.iter().find(|u| u.0 == "z.npy").unwrap().1, &deflated[..]);
     let (fmt, names) = round_trip(&mut store, "n/arrays.npz", &f);
     assert_eq!((fmt, names.len()), (Format::Npz, 3));
     let o = store.owners(b"n/arrays.npz").unwrap();
     let xr = o.rows.iter().find(|r| r.name == b"x.npy").unwrap();
-    assert_eq!(
-        (xr.dtype.as_str(), xr.shape.as_slice()),
-        ("<i8", &[7u64][..])
-    );
+    assert_eq!((xr.dtype.as_str(), xr.shape.as_slice()), ("<i8", &[7u64][..]));
 }
 
 #[test]
@@ -244,12 +163,7 @@ fn unknown_binary_is_chunked_and_still_deduplicates() {
     let mut f2 = b"a longer superblock".to_vec();
     f2.extend_from_slice(&f1);
     let info = store.commit(b"h5/b.h5", &f2).unwrap();
-    assert!(
-        info.new_bytes < f2.len() as u64 / 4,
-        "{} new of {}",
-        info.new_bytes,
-        f2.len()
-    );
+    assert!(info.new_bytes < f2.len() as u64 / 4, "{} new of {}", info.new_bytes, f2.len());
     assert_eq!(info.parent, Some(1));
     assert_eq!(store.read(b"h5/b.h5").unwrap(), f2);
     // Small and empty files.
@@ -263,17 +177,11 @@ fn malformed_inputs_fall_back_to_opaque_chunks() {
     let d = tempfile::tempdir().unwrap();
     let mut store = CheckpointStore::open(d.path()).unwrap();
     let mut rng = Rng(21);
-    let tensors = vec![
-        t("a", "F32", &[1000], rng.bytes(4000)),
-        t("b", "F32", &[1000], rng.bytes(4000)),
-    ];
+    let tensors = vec![t("a", "F32", &[1000], rng.bytes(4000)), t("b", "F32", &[1000], rng.bytes(4000))];
     let good = safetensors(&tensors, StOpts::default());
     let hlen = u64::from_le_bytes(good[..8].try_into().unwrap()) as usize;
     let mut cases: Vec<(&str, Vec<u8>)> = Vec::new();
-    cases.push((
-        "truncated safetensors header",
-        good[..8 + hlen / 2].to_vec(),
-    ));
+    cases.push(("truncated safetensors header", good[..8 + hlen / 2].to_vec()));
     let mut beyond = good.clone();
     beyond[..8].copy_from_slice(&(good.len() as u64 * 2).to_le_bytes());
     cases.push(("header length beyond EOF", beyond));
@@ -307,11 +215,7 @@ fn malformed_inputs_fall_back_to_opaque_chunks() {
     npv[6] = 9;
     cases.push(("npy with an unknown version", npv));
     for (i, (what, bytes)) in cases.iter().enumerate() {
-        assert_eq!(
-            split::split_structured(bytes),
-            None,
-            "{what} was recognised"
-        );
+        assert_eq!(split::split_structured(bytes), None, "{what} was recognised");
         let (fmt, names) = round_trip(&mut store, &format!("bad/{i}"), bytes);
         assert_eq!(fmt, Format::Opaque, "{what}");
         assert!(names.iter().all(|n| n.starts_with("chunk-")), "{what}");
@@ -350,11 +254,7 @@ fn real_safetensors_and_numpy_files() {
     let d = tempfile::tempdir().unwrap();
     let fx = d.path().join("fixtures");
     std::fs::create_dir(&fx).unwrap();
-    let ran = Command::new("python3")
-        .arg("-c")
-        .arg(PY_FIXTURES)
-        .arg(&fx)
-        .output();
+    let ran = Command::new("python3").arg("-c").arg(PY_FIXTURES).arg(&fx).output();
     match ran {
         Ok(o) if o.status.success() => {}
         other => {
@@ -362,10 +262,7 @@ fn real_safetensors_and_numpy_files() {
                 Ok(o) => String::from_utf8_lossy(&o.stderr).into_owned(),
                 Err(e) => e.to_string(),
             };
-            assert!(
-                std::env::var_os("CI").is_none(),
-                "python3 with numpy and safetensors is required under CI: {why}"
-            );
+            assert!(std::env::var_os("CI").is_none(), "python3 with numpy and safetensors is required under CI: {why}");
             eprintln!("SKIPPED real_safetensors_and_numpy_files: {why}");
             return;
         }
@@ -392,10 +289,7 @@ fn real_safetensors_and_numpy_files() {
     // arr.npy, v2.npy, v3.npy and plain.npz.
     let o = store.owners(b"real/plain.npz").unwrap();
     let a = o.rows.iter().find(|r| r.name == b"a.npy").unwrap();
-    assert_eq!(
-        (a.dtype.as_str(), a.shape.as_slice()),
-        ("<f4", &[64u64, 32][..])
-    );
+    assert_eq!((a.dtype.as_str(), a.shape.as_slice()), ("<f4", &[64u64, 32][..]));
     assert_eq!(a.owner.id, 1, "owner of the shared matrix");
     let st = store.owners(b"real/model.safetensors").unwrap();
     let dtypes: Vec<_> = st.rows.iter().map(|r| r.dtype.as_str()).collect();
@@ -405,10 +299,7 @@ fn real_safetensors_and_numpy_files() {
     let f = File::open(fx.join("model.safetensors")).unwrap();
     let info = store.commit_file(b"real/again.safetensors", &f).unwrap();
     assert_eq!((info.units_new, info.parent), (0, Some(1)));
-    assert_eq!(
-        store.read(b"real/again.safetensors").unwrap(),
-        std::fs::read(fx.join("model.safetensors")).unwrap()
-    );
+    assert_eq!(store.read(b"real/again.safetensors").unwrap(), std::fs::read(fx.join("model.safetensors")).unwrap());
     assert!(Path::new(&fx).exists());
 }
 
@@ -472,37 +363,21 @@ json.dump({"sd": sd_names, "ckpt": full_names}, open(os.path.join(out, "expected
 #[test]
 fn torch_pickles_name_their_storages() {
     let d = tempfile::tempdir().unwrap();
-    let ran = Command::new("python3")
-        .arg("-c")
-        .arg(PY_TORCH_PICKLES)
-        .arg(d.path())
-        .output();
+    let ran = Command::new("python3").arg("-c").arg(PY_TORCH_PICKLES).arg(d.path()).output();
     match ran {
         Ok(o) if o.status.success() => {}
         other => {
-            assert!(
-                std::env::var_os("CI").is_none(),
-                "python3 is required under CI: {other:?}"
-            );
+            assert!(std::env::var_os("CI").is_none(), "python3 is required under CI: {other:?}");
             eprintln!("SKIPPED torch_pickles_name_their_storages: {other:?}");
             return;
         }
     }
     let expected_text = std::fs::read(d.path().join("expected.json")).unwrap();
-    let expected =
-        fanstore_ckpt::json::parse(&expected_text, fanstore_ckpt::json::Limits::default()).unwrap();
+    let expected = fanstore_ckpt::json::parse(&expected_text, fanstore_ckpt::json::Limits::default()).unwrap();
     let mut store = CheckpointStore::open(&d.path().join("store")).unwrap();
     let mut rng = Rng(31);
-    let storages: Vec<Vec<u8>> = [48usize, 6, 24, 8, 24]
-        .iter()
-        .map(|&n| rng.bytes(n))
-        .collect();
-    for (file, which) in [
-        ("sd2.pkl", "sd"),
-        ("sd4.pkl", "sd"),
-        ("ckpt2.pkl", "ckpt"),
-        ("ckpt4.pkl", "ckpt"),
-    ] {
+    let storages: Vec<Vec<u8>> = [48usize, 6, 24, 8, 24].iter().map(|&n| rng.bytes(n)).collect();
+    for (file, which) in [("sd2.pkl", "sd"), ("sd4.pkl", "sd"), ("ckpt2.pkl", "ckpt"), ("ckpt4.pkl", "ckpt")] {
         let pkl = std::fs::read(d.path().join(file)).unwrap();
         let want = expected.get(which).unwrap().as_object().unwrap();
         let got = split::torch_storages(&pkl).unwrap_or_else(|| panic!("{file} not understood"));
@@ -512,12 +387,7 @@ fn torch_pickles_name_their_storages() {
             let g = &got[key.as_ref()];
             assert_eq!(g.name, v[0].as_str().unwrap(), "{file} storage {key}");
             assert_eq!(g.dtype, v[1].as_str().unwrap(), "{file} storage {key}");
-            let shape: Vec<u64> = v[2]
-                .as_array()
-                .unwrap()
-                .iter()
-                .map(|x| x.as_u64().unwrap())
-                .collect();
+            let shape: Vec<u64> = v[2].as_array().unwrap().iter().map(|x| x.as_u64().unwrap()).collect();
             assert_eq!(g.shape, shape, "{file} storage {key}");
         }
         // In an archive, the units carry those names; the bytes round-trip.
@@ -526,10 +396,7 @@ fn torch_pickles_name_their_storages() {
         let (fmt, mut names) = round_trip(&mut store, &format!("pt/{file}.pt"), &f);
         assert_eq!(fmt, Format::TorchZip);
         names.sort();
-        let mut want_names: Vec<String> = want
-            .iter()
-            .map(|(_, v)| v.as_array().unwrap()[0].as_str().unwrap().to_string())
-            .collect();
+        let mut want_names: Vec<String> = want.iter().map(|(_, v)| v.as_array().unwrap()[0].as_str().unwrap().to_string()).collect();
         want_names.sort();
         assert_eq!(names, want_names, "{file}");
     }

@@ -29,14 +29,10 @@ fn mutate(rng: &mut Rng, base: &[u8], hot: std::ops::Range<usize>) -> (Vec<u8>, 
         match rng.below(6) {
             0 => b[i] = rng.next() as u8,
             1 => b[i] ^= 1 << rng.below(8),
-            2 => {
-                b[i] = b"{}[]\",:0123456789-eE.tfn \\'()PK\x01\x02\x03\x04\x05\x06\x07\xff\x00"
-                    [rng.below(38) as usize]
-            }
+            2 => b[i] = b"{}[]\",:0123456789-eE.tfn \\'()PK\x01\x02\x03\x04\x05\x06\x07\xff\x00"[rng.below(38) as usize],
             3 => {
                 // a 16- or 32-bit field set to a boundary value
-                let v: u32 =
-                    [0, 1, 0xFFFF, 0xFFFF_FFFF, b.len() as u32, i as u32][rng.below(6) as usize];
+                let v: u32 = [0, 1, 0xFFFF, 0xFFFF_FFFF, b.len() as u32, i as u32][rng.below(6) as usize];
                 let w = if rng.below(2) == 0 { 2 } else { 4 };
                 for k in 0..w.min(b.len() - i) {
                     b[i + k] = (v >> (8 * k)) as u8;
@@ -75,11 +71,7 @@ fn fix_len(b: &mut [u8], field: (usize, usize), delta: isize) {
 /// Checks a split of `b` and returns whether a structured format accepted it.
 fn check(b: &[u8], s: &Option<Split>) -> bool {
     let Some(s) = s else { return false };
-    assert!(
-        s.check_cover(b.len()),
-        "pieces do not cover the input: {:?}",
-        s.pieces
-    );
+    assert!(s.check_cover(b.len()), "pieces do not cover the input: {:?}", s.pieces);
     for p in &s.pieces {
         if let Piece::Unit(r, _) = p {
             assert!(r.end <= b.len());
@@ -98,11 +90,7 @@ impl Harness {
     fn new() -> Harness {
         let d = tempfile::tempdir().unwrap();
         let store = CheckpointStore::open(d.path()).unwrap();
-        Harness {
-            _dir: d,
-            store,
-            n: 0,
-        }
+        Harness { _dir: d, store, n: 0 }
     }
     /// Full pipeline: commit, read back, compare, unlink.
     fn round_trip(&mut self, b: &[u8], want: Option<Format>) {
@@ -112,10 +100,7 @@ impl Harness {
         if let Some(f) = want {
             assert_eq!(info.format, f);
         }
-        assert!(
-            self.store.read(p.as_bytes()).unwrap() == b,
-            "round trip differs"
-        );
+        assert!(self.store.read(p.as_bytes()).unwrap() == b, "round trip differs");
         self.store.unlink(p.as_bytes()).unwrap();
     }
 }
@@ -150,15 +135,8 @@ fn run(name: &str, seed: u64, bases: &[Base], parse: fn(&[u8]) -> Option<Split>)
     }
     eprintln!("{name}: {accepted} accepted, {refused} refused of {ITERATIONS}");
     // Most random edits of a compact header break it; enough survive to reach past the parser.
-    assert!(
-        accepted > ITERATIONS / 50 && refused > ITERATIONS / 50,
-        "{name}: {accepted} accepted, {refused} refused"
-    );
-    assert_eq!(
-        h.store.du().units,
-        0,
-        "every unit freed after unlinking everything"
-    );
+    assert!(accepted > ITERATIONS / 50 && refused > ITERATIONS / 50, "{name}: {accepted} accepted, {refused} refused");
+    assert_eq!(h.store.du().units, 0, "every unit freed after unlinking everything");
 }
 
 #[test]
@@ -172,14 +150,7 @@ fn safetensors_parser_survives_mutation() {
             t("e", "U8", &[0], vec![]),
             t("\u{e9}\"", "I64", &[], rng.bytes(8)),
         ];
-        let f = safetensors(
-            &ts,
-            StOpts {
-                reverse_keys: gap > 0,
-                gap,
-                metadata: meta,
-            },
-        );
+        let f = safetensors(&ts, StOpts { reverse_keys: gap > 0, gap, metadata: meta });
         let hlen = u64::from_le_bytes(f[..8].try_into().unwrap()) as usize;
         bases.push((f, 8..8 + hlen, Some((0, 8))));
     }
@@ -192,26 +163,14 @@ fn zip_parser_survives_mutation() {
     let mut bases = Vec::new();
     for o in [
         ZipOpts::default(),
-        ZipOpts {
-            zip64: true,
-            descriptors: true,
-            crc: true,
-            align: 64,
-        },
-        ZipOpts {
-            align: 0,
-            ..ZipOpts::default()
-        },
+        ZipOpts { zip64: true, descriptors: true, crc: true, align: 64 },
+        ZipOpts { align: 0, ..ZipOpts::default() },
     ] {
         let f = torch_zip("archive", &[rng.bytes(100), rng.bytes(7), vec![]], o);
         // The central directory and end records: from the EOCD's cd offset on.
         let eocd = f.len() - 22;
         let cd = if o.zip64 {
-            u64::from_le_bytes(
-                f[eocd - 20 - 56 + 48..eocd - 20 - 56 + 56]
-                    .try_into()
-                    .unwrap(),
-            ) as usize
+            u64::from_le_bytes(f[eocd - 20 - 56 + 48..eocd - 20 - 56 + 56].try_into().unwrap()) as usize
         } else {
             u32::from_le_bytes(f[eocd + 16..eocd + 20].try_into().unwrap()) as usize
         };
@@ -219,13 +178,7 @@ fn zip_parser_survives_mutation() {
         bases.push((f, 0..cd, None));
     }
     let x = npy("<f4", &[3], &rng.bytes(12), 1);
-    let z = zip(
-        &[stored("x.npy", &x), stored("y.npy", &x)],
-        ZipOpts {
-            align: 0,
-            ..ZipOpts::default()
-        },
-    );
+    let z = zip(&[stored("x.npy", &x), stored("y.npy", &x)], ZipOpts { align: 0, ..ZipOpts::default() });
     let l = z.len();
     bases.push((z, 0..l, None));
     run("zip", 0x21b, &bases, split::split_zip);
@@ -237,11 +190,7 @@ fn npy_parser_survives_mutation() {
     let mut bases = Vec::new();
     for major in [1u8, 2, 3] {
         let f = npy("<f8", &[2, 2], &rng.bytes(32), major);
-        let (start, field) = if major == 1 {
-            (10, (8, 2))
-        } else {
-            (12, (8, 4))
-        };
+        let (start, field) = if major == 1 { (10, (8, 2)) } else { (12, (8, 4)) };
         let hot = start..f.len() - 32;
         bases.push((f, hot, Some(field)));
     }
@@ -287,16 +236,9 @@ fn safetensors_offsets_against_an_oracle() {
         let mut keys = Vec::new();
         for _ in 0..n {
             let b = rng.below(data_len as u64 + 8) as usize;
-            let e = if rng.below(4) == 0 {
-                b
-            } else {
-                rng.below(data_len as u64 + 8) as usize
-            };
+            let e = if rng.below(4) == 0 { b } else { rng.below(data_len as u64 + 8) as usize };
             let key = format!("k{}", rng.below(6));
-            entries.push(format!(
-                "\"{key}\":{{\"dtype\":\"U8\",\"shape\":[{}],\"data_offsets\":[{b},{e}]}}",
-                e.saturating_sub(b)
-            ));
+            entries.push(format!("\"{key}\":{{\"dtype\":\"U8\",\"shape\":[{}],\"data_offsets\":[{b},{e}]}}", e.saturating_sub(b)));
             ranges.push((b, e));
             keys.push(key);
         }
@@ -326,14 +268,7 @@ fn safetensors_offsets_against_an_oracle() {
             no += 1;
         }
         if it % 25 == 0 {
-            h.round_trip(
-                &f,
-                Some(if want {
-                    Format::Safetensors
-                } else {
-                    Format::Opaque
-                }),
-            );
+            h.round_trip(&f, Some(if want { Format::Safetensors } else { Format::Opaque }));
         }
     }
     assert!(yes > 400 && no > 400, "{yes} accepted, {no} refused");

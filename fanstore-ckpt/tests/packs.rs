@@ -12,11 +12,7 @@ use std::path::{Path, PathBuf};
 use std::sync::{Arc, Mutex};
 
 fn small_packs() -> StoreOptions {
-    StoreOptions {
-        pack_size: 64 << 10,
-        compact_below_percent: 50,
-        ..StoreOptions::default()
-    }
+    StoreOptions { pack_size: 64 << 10, compact_below_percent: 50, ..StoreOptions::default() }
 }
 
 /// A safetensors file of `n` random U8 tensors of 4-12 KiB, with one
@@ -33,28 +29,21 @@ fn file(rng: &mut Rng, family: u64, n: usize) -> Vec<u8> {
 
 /// (pack files, the highest sequence number).
 fn packs_on_disk(dir: &Path) -> (usize, u64) {
-    let seqs: Vec<u64> = std::fs::read_dir(dir.join("units"))
-        .unwrap()
-        .filter_map(|e| pack::parse_name(e.unwrap().file_name().to_str().unwrap()))
-        .collect();
+    let seqs: Vec<u64> =
+        std::fs::read_dir(dir.join("units")).unwrap().filter_map(|e| pack::parse_name(e.unwrap().file_name().to_str().unwrap())).collect();
     (seqs.len(), seqs.iter().copied().max().unwrap_or(0))
 }
 
 fn check_all(store: &CheckpointStore, model: &BTreeMap<String, Vec<u8>>, what: &str) {
     for (p, f) in model {
-        assert!(
-            store.read(p.as_bytes()).unwrap() == *f,
-            "{what}: {p} reads back different bytes"
-        );
+        assert!(store.read(p.as_bytes()).unwrap() == *f, "{what}: {p} reads back different bytes");
     }
 }
 
 #[test]
 fn compaction_under_concurrent_commits_keeps_every_checkpoint() {
     let d = tempfile::tempdir().unwrap();
-    let store = Arc::new(Mutex::new(
-        CheckpointStore::open_with(d.path(), small_packs()).unwrap(),
-    ));
+    let store = Arc::new(Mutex::new(CheckpointStore::open_with(d.path(), small_packs()).unwrap()));
     let threads: Vec<_> = (0..4u64)
         .map(|k| {
             let store = store.clone();
@@ -69,10 +58,7 @@ fn compaction_under_concurrent_commits_keeps_every_checkpoint() {
                         let p = if rng.below(2) == 0 {
                             mine.keys().next().unwrap().clone()
                         } else {
-                            mine.keys()
-                                .nth(rng.below(mine.len() as u64) as usize)
-                                .unwrap()
-                                .clone()
+                            mine.keys().nth(rng.below(mine.len() as u64) as usize).unwrap().clone()
                         };
                         s.unlink(p.as_bytes()).unwrap();
                         mine.remove(&p);
@@ -100,16 +86,9 @@ fn compaction_under_concurrent_commits_keeps_every_checkpoint() {
     check_all(&store, &model, "after the threads");
     assert!(store.verify(None).unwrap().ok());
     let (files, highest) = packs_on_disk(d.path());
-    assert!(
-        highest > files as u64 + 5,
-        "compaction removed packs: {files} files, highest {highest}"
-    );
+    assert!(highest > files as u64 + 5, "compaction removed packs: {files} files, highest {highest}");
     let du = store.du();
-    assert_eq!(
-        du.physical(),
-        bytes_on_disk(d.path()),
-        "du counts every byte: {du:?}"
-    );
+    assert_eq!(du.physical(), bytes_on_disk(d.path()), "du counts every byte: {du:?}");
     drop(store);
     let store = CheckpointStore::open_with(d.path(), small_packs()).unwrap();
     assert!(store.repairs().is_empty(), "{:?}", store.repairs());
@@ -128,16 +107,9 @@ fn a_crash_during_compaction_loses_nothing_committed() {
     let d = tempfile::tempdir().unwrap();
     let snaps_dir = tempfile::tempdir().unwrap();
     let mut store = CheckpointStore::open_with(d.path(), small_packs()).unwrap();
-    let mut snaps = Snapshots {
-        taken: Arc::new(Mutex::new(Vec::new())),
-        done: Vec::new(),
-    };
+    let mut snaps = Snapshots { taken: Arc::new(Mutex::new(Vec::new())), done: Vec::new() };
     {
-        let (taken, dir, root) = (
-            snaps.taken.clone(),
-            d.path().to_path_buf(),
-            snaps_dir.path().to_path_buf(),
-        );
+        let (taken, dir, root) = (snaps.taken.clone(), d.path().to_path_buf(), snaps_dir.path().to_path_buf());
         let seen: Mutex<BTreeMap<String, usize>> = Mutex::new(BTreeMap::new());
         store.set_compaction_hook(Some(Box::new(move |step: &str| {
             // The first two times each step is reached, and a few more mid-copy states.
@@ -171,10 +143,7 @@ fn a_crash_during_compaction_loses_nothing_committed() {
     check_all(&store, &model, "the store itself");
     let steps: Vec<&str> = snaps.done.iter().map(|s| s.0.as_str()).collect();
     for want in ["record copied", "copies synced", "pack removed"] {
-        assert!(
-            steps.contains(&want),
-            "no compaction reached {want}: {steps:?}"
-        );
+        assert!(steps.contains(&want), "no compaction reached {want}: {steps:?}");
     }
     let mut duplicated = 0;
     for (step, dir, live) in &snaps.done {
@@ -184,8 +153,7 @@ fn a_crash_during_compaction_loses_nothing_committed() {
             .filter(|p| p.extension().is_some_and(|x| x == "fsk"))
             .map(|p| pack::scan(&p).unwrap().records.len())
             .sum();
-        let mut s = CheckpointStore::open_with(dir, small_packs())
-            .unwrap_or_else(|e| panic!("{step}: {e}"));
+        let mut s = CheckpointStore::open_with(dir, small_packs()).unwrap_or_else(|e| panic!("{step}: {e}"));
         check_all(&s, live, step);
         assert!(s.verify(None).unwrap().ok(), "{step}");
         if records > s.du().units as usize {
@@ -197,10 +165,7 @@ fn a_crash_during_compaction_loses_nothing_committed() {
         }
         assert_eq!(s.du().units, 0, "{step}");
     }
-    assert!(
-        duplicated > 0,
-        "some snapshot held two records of a unit (copied, old pack not yet deleted)"
-    );
+    assert!(duplicated > 0, "some snapshot held two records of a unit (copied, old pack not yet deleted)");
 }
 
 #[test]
@@ -255,18 +220,8 @@ fn a_damaged_compaction_copy_is_passed_over_for_the_original() {
             Err(e) => assert!(e.is_corruption(), "{p}: {e}"),
         }
     }
-    assert!(
-        intact > 0,
-        "the originals were chosen over the damaged copies"
-    );
-    let copied: Vec<_> = scan
-        .records
-        .iter()
-        .filter(|r| {
-            s.unit_location(&r.head.blake3)
-                .is_some_and(|l| l.0 != newest)
-        })
-        .collect();
+    assert!(intact > 0, "the originals were chosen over the damaged copies");
+    let copied: Vec<_> = scan.records.iter().filter(|r| s.unit_location(&r.head.blake3).is_some_and(|l| l.0 != newest)).collect();
     assert!(!copied.is_empty(), "some unit was located in its old pack");
 }
 
@@ -290,11 +245,7 @@ fn stores_written_with_one_file_per_unit_still_load() {
         let p = e.unwrap().path();
         let b = std::fs::read(&p).unwrap();
         for r in pack::scan(&p).unwrap().records {
-            std::fs::write(
-                unit::path(&units, &r.head.blake3),
-                &b[r.off as usize..r.end() as usize],
-            )
-            .unwrap();
+            std::fs::write(unit::path(&units, &r.head.blake3), &b[r.off as usize..r.end() as usize]).unwrap();
         }
         std::fs::remove_file(&p).unwrap();
     }
@@ -307,26 +258,11 @@ fn stores_written_with_one_file_per_unit_still_load() {
     assert!(fsu(&shared).exists());
     let f = file(&mut rng, 5, 2);
     let info = store.commit(b"new/0", &f).unwrap();
-    assert_eq!(
-        info.units_new, 2,
-        "the shared tensor is the old unit file's"
-    );
+    assert_eq!(info.units_new, 2, "the shared tensor is the old unit file's");
     model.insert("new/0".into(), f);
-    assert!(store
-        .unit_location(&shared)
-        .unwrap()
-        .0
-        .extension()
-        .is_some_and(|x| x == "fsu"));
+    assert!(store.unit_location(&shared).unwrap().0.extension().is_some_and(|x| x == "fsu"));
     // Unlinking frees unit files as before.
-    let gone: Vec<unit::Hash> = store
-        .owners(b"old/0")
-        .unwrap()
-        .rows
-        .iter()
-        .map(|r| r.hash)
-        .filter(|h| *h != shared)
-        .collect();
+    let gone: Vec<unit::Hash> = store.owners(b"old/0").unwrap().rows.iter().map(|r| r.hash).filter(|h| *h != shared).collect();
     store.unlink(b"old/0").unwrap();
     model.remove("old/0");
     assert!(gone.iter().all(|h| !fsu(h).exists()));
@@ -343,13 +279,7 @@ fn deleting_gives_back_space_in_a_store_smaller_than_one_pack() {
     let mut rng = Rng(33);
     let mut last = None;
     for k in 0..12 {
-        let f = safetensors(
-            &[
-                t("w", "U8", &[1 << 20], rng.bytes(1 << 20)),
-                t("b", "U8", &[1 << 20], rng.bytes(1 << 20)),
-            ],
-            StOpts::default(),
-        );
+        let f = safetensors(&[t("w", "U8", &[1 << 20], rng.bytes(1 << 20)), t("b", "U8", &[1 << 20], rng.bytes(1 << 20))], StOpts::default());
         store.commit(format!("c{k}").as_bytes(), &f).unwrap();
         if let Some(p) = last.replace(format!("c{k}")) {
             store.unlink(p.as_bytes()).unwrap();
@@ -357,17 +287,11 @@ fn deleting_gives_back_space_in_a_store_smaller_than_one_pack() {
         let du = store.du();
         // keep-last-1 of 2 MiB checkpoints: the active pack is compacted
         // when less than half of it is live, so at most ~2x the live bytes stay.
-        assert!(
-            du.physical() < 2 * du.referenced + (2 << 20),
-            "after c{k}: {du:?}"
-        );
+        assert!(du.physical() < 2 * du.referenced + (2 << 20), "after c{k}: {du:?}");
         assert_eq!(du.physical(), bytes_on_disk(d.path()));
     }
     let (files, highest) = packs_on_disk(d.path());
-    assert!(
-        files <= 2 && highest > 3,
-        "{files} packs, highest {highest}"
-    );
+    assert!(files <= 2 && highest > 3, "{files} packs, highest {highest}");
     assert_eq!(store.read(b"c11").unwrap().len() as u64, store.du().logical);
 }
 
@@ -384,16 +308,8 @@ fn measure_open_with_10k_units() {
         let mut store = CheckpointStore::open_with(d.path(), opts).unwrap();
         let mut rng = Rng(1);
         for k in 0..4 {
-            let ts: Vec<T> = (0..2500)
-                .map(|i| t(&format!("t{i}"), "U8", &[2048], rng.bytes(2048)))
-                .collect();
-            n += store
-                .commit(
-                    format!("b{k}").as_bytes(),
-                    &safetensors(&ts, StOpts::default()),
-                )
-                .unwrap()
-                .units_new;
+            let ts: Vec<T> = (0..2500).map(|i| t(&format!("t{i}"), "U8", &[2048], rng.bytes(2048))).collect();
+            n += store.commit(format!("b{k}").as_bytes(), &safetensors(&ts, StOpts::default())).unwrap().units_new;
         }
     }
     let t = std::time::Instant::now();
@@ -402,49 +318,28 @@ fn measure_open_with_10k_units() {
     drop(store);
     let t = std::time::Instant::now();
     let store = CheckpointStore::open_with(d.path(), opts).unwrap();
-    eprintln!(
-        "open with {n} units in {} packs: {:?} (first), {:?} (again)",
-        store.du().packs,
-        cold,
-        t.elapsed()
-    );
+    eprintln!("open with {n} units in {} packs: {:?} (first), {:?} (again)", store.du().packs, cold, t.elapsed());
 }
 
 #[test]
 fn commits_written_by_several_threads_into_small_packs_read_back() {
     let d = tempfile::tempdir().unwrap();
-    let opts = StoreOptions {
-        threads: 2,
-        pack_size: 4 << 20,
-        compact_below_percent: 50,
-        ..StoreOptions::default()
-    };
+    let opts = StoreOptions { threads: 2, pack_size: 4 << 20, compact_below_percent: 50, ..StoreOptions::default() };
     let mut store = CheckpointStore::open_with(d.path(), opts).unwrap();
     let mut rng = Rng(44);
     let mut model = BTreeMap::new();
     for k in 0..6 {
         // 48 tensors of 128 KiB: 6 MiB, enough for the helper threads.
-        let ts: Vec<T> = (0..48)
-            .map(|i| t(&format!("w{i}"), "U8", &[128 << 10], rng.bytes(128 << 10)))
-            .collect();
+        let ts: Vec<T> = (0..48).map(|i| t(&format!("w{i}"), "U8", &[128 << 10], rng.bytes(128 << 10))).collect();
         let f = safetensors(&ts, StOpts::default());
         store.commit(format!("c{k}").as_bytes(), &f).unwrap();
         model.insert(format!("c{k}"), f);
         if k == 0 {
             // Which thread stores which unit depends on scheduling (lanes are
             // checked in packs.rs); 6 MiB cannot fit one 4 MiB pack.
-            let packs: std::collections::BTreeSet<PathBuf> = store
-                .owners(b"c0")
-                .unwrap()
-                .rows
-                .iter()
-                .map(|r| store.unit_location(&r.hash).unwrap().0)
-                .collect();
-            assert!(
-                packs.len() >= 2,
-                "one commit's units went to {} packs: {packs:?}",
-                packs.len()
-            );
+            let packs: std::collections::BTreeSet<PathBuf> =
+                store.owners(b"c0").unwrap().rows.iter().map(|r| store.unit_location(&r.hash).unwrap().0).collect();
+            assert!(packs.len() >= 2, "one commit's units went to {} packs: {packs:?}", packs.len());
         }
         if k >= 2 {
             let p = format!("c{}", k - 2);
@@ -463,9 +358,7 @@ fn commits_written_by_several_threads_into_small_packs_read_back() {
 /// float32 bytes of `n` small weights, and the same with a few low bits changed.
 fn weights_and_step(seed: u64, n: usize) -> (Vec<u8>, Vec<u8>) {
     let mut rng = Rng(seed);
-    let w: Vec<f32> = (0..n)
-        .map(|_| (rng.below(1 << 20) as f32 / (1 << 20) as f32 - 0.5) * 0.04)
-        .collect();
+    let w: Vec<f32> = (0..n).map(|_| (rng.below(1 << 20) as f32 / (1 << 20) as f32 - 0.5) * 0.04).collect();
     let a: Vec<u8> = w.iter().flat_map(|x| x.to_le_bytes()).collect();
     let mut b = a.clone();
     for k in (0..b.len()).step_by(4 * 7) {
@@ -482,38 +375,23 @@ fn a_dead_record_whose_base_is_gone_is_not_chosen() {
     // leave. Open must take the raw record, whose chain resolves.
     let d = tempfile::tempdir().unwrap();
     let (b_bytes, u_bytes) = weights_and_step(5, 50_000);
-    let f = safetensors(
-        &[t("w", "F32", &[50_000], u_bytes.clone())],
-        StOpts::default(),
-    );
+    let f = safetensors(&[t("w", "F32", &[50_000], u_bytes.clone())], StOpts::default());
     {
         let mut store = CheckpointStore::open(d.path()).unwrap();
         assert_eq!(store.commit(b"c", &f).unwrap().units_delta, 0);
     }
     let (hu, hb) = (unit::hash(&u_bytes), unit::hash(&b_bytes));
-    let (head, body) = unit::encode(
-        &hu,
-        fanstore_core::checksum::xxh3(&u_bytes),
-        &u_bytes,
-        4,
-        Some((&hb, 0, &b_bytes)),
-    );
+    let (head, body) = unit::encode(&hu, fanstore_core::checksum::xxh3(&u_bytes), &u_bytes, 4, Some((&hb, 0, &b_bytes)));
     assert_eq!(head.base, Some(hb), "stored as a delta");
     use std::os::unix::fs::FileExt;
     let p = d.path().join("units").join(pack::file_name(9));
     let pf = pack::create(&p, &pack::PackHeader { seq: 9, nonce: 1 }).unwrap();
-    pf.write_all_at(&head.encode(), pack::HEADER_LEN as u64)
-        .unwrap();
-    pf.write_all_at(&body, (pack::HEADER_LEN + unit::HEADER_LEN) as u64)
-        .unwrap();
+    pf.write_all_at(&head.encode(), pack::HEADER_LEN as u64).unwrap();
+    pf.write_all_at(&body, (pack::HEADER_LEN + unit::HEADER_LEN) as u64).unwrap();
     drop(pf);
     let store = CheckpointStore::open(d.path()).unwrap();
     assert_eq!(store.read(b"c").unwrap(), f);
-    assert!(!store
-        .unit_location(&hu)
-        .unwrap()
-        .0
-        .ends_with(pack::file_name(9)));
+    assert!(!store.unit_location(&hu).unwrap().0.ends_with(pack::file_name(9)));
 }
 
 #[test]
@@ -532,27 +410,13 @@ fn a_pack_with_a_damaged_header_is_kept_and_new_units_go_to_a_new_pack() {
     b[20] ^= 0xff; // the sequence number: the header checksum fails
     std::fs::write(&p, &b).unwrap();
     let mut store = CheckpointStore::open(d.path()).unwrap();
-    assert!(
-        store
-            .repairs()
-            .iter()
-            .any(|r| r.contains("pack header") && r.contains("left in place")),
-        "{:?}",
-        store.repairs()
-    );
-    assert!(
-        store.read(b"a").is_err(),
-        "its units are not found, never read wrong"
-    );
+    assert!(store.repairs().iter().any(|r| r.contains("pack header") && r.contains("left in place")), "{:?}", store.repairs());
+    assert!(store.read(b"a").is_err(), "its units are not found, never read wrong");
     // New commits still work (the damaged pack's number is not taken again).
     let f2 = file(&mut rng, 9, 2);
     store.commit(b"b", &f2).unwrap();
     assert_eq!(store.read(b"b").unwrap(), f2);
-    assert_eq!(
-        std::fs::read(&p).unwrap(),
-        b,
-        "the damaged pack is left as it was"
-    );
+    assert_eq!(std::fs::read(&p).unwrap(), b, "the damaged pack is left as it was");
 }
 
 /// Bytes of every pack file of the store in `dir`, by name.
@@ -561,12 +425,7 @@ fn pack_lengths(dir: &Path) -> BTreeMap<String, u64> {
         .unwrap()
         .map(|e| e.unwrap())
         .filter(|e| pack::parse_name(e.file_name().to_str().unwrap()).is_some())
-        .map(|e| {
-            (
-                e.file_name().to_string_lossy().into_owned(),
-                e.metadata().unwrap().len(),
-            )
-        })
+        .map(|e| (e.file_name().to_string_lossy().into_owned(), e.metadata().unwrap().len()))
         .collect()
 }
 
@@ -582,20 +441,14 @@ fn a_failed_commit_gives_back_what_it_appended() {
     s.commit(b"a.safetensors", &a).unwrap();
     let before = pack_lengths(d.path());
     let next = s.entries().iter().map(|e| e.id).max().unwrap_or(0) + 1;
-    let blocker = d
-        .path()
-        .join("recipes")
-        .join(fanstore_ckpt::recipe::file_name(next));
+    let blocker = d.path().join("recipes").join(fanstore_ckpt::recipe::file_name(next));
     std::fs::create_dir_all(blocker.join("x")).unwrap(); // a non-empty directory: no rename replaces it
     let b = file(&mut rng, 2, 12);
     assert!(s.commit(b"b.safetensors", &b).is_err());
     let after = pack_lengths(d.path());
     for (name, len) in &after {
         let want = before.get(name).copied().unwrap_or(pack::HEADER_LEN as u64);
-        assert_eq!(
-            *len, want,
-            "{name}: the failed commit's records were not given back"
-        );
+        assert_eq!(*len, want, "{name}: the failed commit's records were not given back");
     }
     assert!(after.values().sum::<u64>() < before.values().sum::<u64>() + b.len() as u64 / 2);
     // The store goes on: the same file commits once the obstacle is gone, and both read back.

@@ -40,35 +40,23 @@ pub struct Compression {
 }
 
 impl Compression {
-    pub const NONE: Compression = Compression {
-        codec: Codec::None,
-        level: 0,
-    };
+    pub const NONE: Compression = Compression { codec: Codec::None, level: 0 };
 
     /// Parses `none`, `lz4`, `zstd` or `zstd:LEVEL` (1..=22, default 3).
     pub fn parse(s: &str) -> Result<Compression, String> {
         match s {
             "none" => Ok(Compression::NONE),
-            "lz4" => Ok(Compression {
-                codec: Codec::Lz4,
-                level: 0,
-            }),
-            "zstd" => Ok(Compression {
-                codec: Codec::Zstd,
-                level: 3,
-            }),
+            "lz4" => Ok(Compression { codec: Codec::Lz4, level: 0 }),
+            "zstd" => Ok(Compression { codec: Codec::Zstd, level: 3 }),
             _ => {
-                let lvl = s.strip_prefix("zstd:").ok_or_else(|| {
-                    format!("unknown compression '{s}' (expected none, lz4, zstd or zstd:LEVEL)")
-                })?;
+                let lvl = s
+                    .strip_prefix("zstd:")
+                    .ok_or_else(|| format!("unknown compression '{s}' (expected none, lz4, zstd or zstd:LEVEL)"))?;
                 let level: i32 = lvl.parse().map_err(|_| format!("bad zstd level '{lvl}'"))?;
                 if !(1..=22).contains(&level) {
                     return Err(format!("zstd level {level} out of range 1..=22"));
                 }
-                Ok(Compression {
-                    codec: Codec::Zstd,
-                    level,
-                })
+                Ok(Compression { codec: Codec::Zstd, level })
             }
         }
     }
@@ -155,12 +143,7 @@ impl Compressor {
 
     /// Appends `compress(c, input, input.len())` to `out` and returns true
     /// if that is `Some`; leaves `out` as it was and returns false if not.
-    pub fn compress_into(
-        &mut self,
-        c: Compression,
-        input: &[u8],
-        out: &mut Vec<u8>,
-    ) -> io::Result<bool> {
+    pub fn compress_into(&mut self, c: Compression, input: &[u8], out: &mut Vec<u8>) -> io::Result<bool> {
         if c.codec != Codec::Lz4 || input.is_empty() || input.len() > REUSE_MAX {
             return Ok(match compress(c, input, input.len() as u64)? {
                 Some(z) => {
@@ -170,13 +153,10 @@ impl Compressor {
                 None => false,
             });
         }
-        let enc = self
-            .lz4
-            .get_or_insert_with(|| lz4_flex::frame::FrameEncoder::new(Vec::new()));
+        let enc = self.lz4.get_or_insert_with(|| lz4_flex::frame::FrameEncoder::new(Vec::new()));
         enc.get_mut().clear();
         let mut reader = input;
-        let res =
-            io::copy(&mut reader, enc).and_then(|_| enc.try_finish().map_err(io::Error::from));
+        let res = io::copy(&mut reader, enc).and_then(|_| enc.try_finish().map_err(io::Error::from));
         if let Err(e) = res {
             self.lz4 = None; // its state is unknown: start afresh next time
             return Err(e);
@@ -191,12 +171,7 @@ impl Compressor {
 }
 
 /// Decompresses `stored` into `out`, which must receive exactly `raw_len` bytes.
-pub fn decompress_to(
-    codec: Codec,
-    stored: &[u8],
-    raw_len: u64,
-    out: &mut impl Write,
-) -> io::Result<()> {
+pub fn decompress_to(codec: Codec, stored: &[u8], raw_len: u64, out: &mut impl Write) -> io::Result<()> {
     let n = match codec {
         Codec::None => {
             out.write_all(stored)?;
@@ -208,10 +183,7 @@ pub fn decompress_to(
     if n != raw_len {
         return Err(io::Error::new(
             io::ErrorKind::InvalidData,
-            format!(
-                "{} payload decoded to {n} bytes, expected {raw_len}",
-                codec.name()
-            ),
+            format!("{} payload decoded to {n} bytes, expected {raw_len}", codec.name()),
         ));
     }
     Ok(())
@@ -229,32 +201,21 @@ pub fn decompress_into(codec: Codec, stored: &[u8], out: &mut [u8]) -> io::Resul
     match codec {
         Codec::None => {
             if stored.len() != out.len() {
-                return Err(invalid(format!(
-                    "raw payload of {} bytes, expected {}",
-                    stored.len(),
-                    out.len()
-                )));
+                return Err(invalid(format!("raw payload of {} bytes, expected {}", stored.len(), out.len())));
             }
             out.copy_from_slice(stored);
             Ok(())
         }
         Codec::Lz4 => lz4_frames_into(stored, out),
         Codec::Zstd => ZSTD_DCTX.with(|cell| {
-            let mut slot = cell
-                .try_borrow_mut()
-                .map_err(|_| invalid("zstd context in use".into()))?;
+            let mut slot = cell.try_borrow_mut().map_err(|_| invalid("zstd context in use".into()))?;
             if slot.is_none() {
                 *slot = Some(zstd::bulk::Decompressor::new()?);
             }
-            let Some(d) = slot.as_mut() else {
-                return Err(invalid("no zstd context".into()));
-            };
+            let Some(d) = slot.as_mut() else { return Err(invalid("no zstd context".into())) };
             let n = d.decompress_to_buffer(stored, out)?;
             if n != out.len() {
-                return Err(invalid(format!(
-                    "zstd payload decoded to {n} bytes, expected {}",
-                    out.len()
-                )));
+                return Err(invalid(format!("zstd payload decoded to {n} bytes, expected {}", out.len())));
             }
             Ok(())
         }),
@@ -302,20 +263,9 @@ fn lz4_frames_into(stored: &[u8], out: &mut [u8]) -> io::Result<()> {
             return Err(bad("unsupported version or dictionary", at + 4));
         }
         let independent = flg & LZ4_FLG_INDEPENDENT != 0;
-        let block_sum = if flg & LZ4_FLG_BLOCK_CHECKSUM != 0 {
-            4
-        } else {
-            0
-        };
+        let block_sum = if flg & LZ4_FLG_BLOCK_CHECKSUM != 0 { 4 } else { 0 };
         // magic, FLG, BD, [content size], header checksum
-        at += 4
-            + 2
-            + if flg & LZ4_FLG_CONTENT_SIZE != 0 {
-                8
-            } else {
-                0
-            }
-            + 1;
+        at += 4 + 2 + if flg & LZ4_FLG_CONTENT_SIZE != 0 { 8 } else { 0 } + 1;
         let frame_start = pos;
         loop {
             let size = u32_at(at)?;
@@ -324,24 +274,18 @@ fn lz4_frames_into(stored: &[u8], out: &mut [u8]) -> io::Result<()> {
                 break;
             }
             let len = (size & !LZ4_UNCOMPRESSED_BLOCK) as usize;
-            let data = stored
-                .get(at..at + len)
-                .ok_or_else(|| bad("block past the end", at))?;
+            let data = stored.get(at..at + len).ok_or_else(|| bad("block past the end", at))?;
             at += len + block_sum;
             let n = if size & LZ4_UNCOMPRESSED_BLOCK != 0 {
-                let dst = out
-                    .get_mut(pos..pos + len)
-                    .ok_or_else(|| bad("more bytes than expected", at))?;
+                let dst = out.get_mut(pos..pos + len).ok_or_else(|| bad("more bytes than expected", at))?;
                 dst.copy_from_slice(data);
                 len
             } else if independent || pos == frame_start {
-                lz4_flex::block::decompress_into(data, &mut out[pos..])
-                    .map_err(|e| bad(&e.to_string(), at))?
+                lz4_flex::block::decompress_into(data, &mut out[pos..]).map_err(|e| bad(&e.to_string(), at))?
             } else {
                 let (before, rest) = out.split_at_mut(pos);
                 let dict = &before[before.len().saturating_sub(LZ4_WINDOW).max(frame_start)..];
-                lz4_flex::block::decompress_into_with_dict(data, rest, dict)
-                    .map_err(|e| bad(&e.to_string(), at))?
+                lz4_flex::block::decompress_into_with_dict(data, rest, dict).map_err(|e| bad(&e.to_string(), at))?
             };
             pos += n;
         }
@@ -350,10 +294,7 @@ fn lz4_frames_into(stored: &[u8], out: &mut [u8]) -> io::Result<()> {
         }
     }
     if at != stored.len() || pos != out.len() {
-        return Err(invalid(format!(
-            "lz4 payload decoded to {pos} bytes, expected {}",
-            out.len()
-        )));
+        return Err(invalid(format!("lz4 payload decoded to {pos} bytes, expected {}", out.len())));
     }
     Ok(())
 }
@@ -383,40 +324,15 @@ mod tests {
         use super::*;
         let mut rnd = xorshift(11);
         for &n in &[0usize, 1, 100, 65535, 65536, 65537, 200_000, 1 << 20] {
-            let data: Vec<u8> = (0..n)
-                .map(|k| {
-                    if k % 3000 < 1500 {
-                        (k / 7) as u8
-                    } else {
-                        rnd() as u8
-                    }
-                })
-                .collect();
+            let data: Vec<u8> = (0..n).map(|k| if k % 3000 < 1500 { (k / 7) as u8 } else { rnd() as u8 }).collect();
             let mut frames = Vec::new();
             // What prep writes, and the frame options a foreign writer might use.
-            if let Some(z) = compress(
-                Compression {
-                    codec: Codec::Lz4,
-                    level: 0,
-                },
-                &data[..],
-                n as u64,
-            )
-            .unwrap()
-            {
+            if let Some(z) = compress(Compression { codec: Codec::Lz4, level: 0 }, &data[..], n as u64).unwrap() {
                 frames.push(z);
             }
             for (mode, size, sums) in [
-                (
-                    lz4_flex::frame::BlockMode::Linked,
-                    lz4_flex::frame::BlockSize::Max64KB,
-                    true,
-                ),
-                (
-                    lz4_flex::frame::BlockMode::Independent,
-                    lz4_flex::frame::BlockSize::Max256KB,
-                    false,
-                ),
+                (lz4_flex::frame::BlockMode::Linked, lz4_flex::frame::BlockSize::Max64KB, true),
+                (lz4_flex::frame::BlockMode::Independent, lz4_flex::frame::BlockSize::Max256KB, false),
             ] {
                 let info = lz4_flex::frame::FrameInfo::new()
                     .block_mode(mode)
@@ -447,16 +363,7 @@ mod tests {
                     let _ = decompress_into(Codec::Lz4, &bad, &mut out);
                 }
             }
-            if let Some(z) = compress(
-                Compression {
-                    codec: Codec::Zstd,
-                    level: 3,
-                },
-                &data[..],
-                n as u64,
-            )
-            .unwrap()
-            {
+            if let Some(z) = compress(Compression { codec: Codec::Zstd, level: 3 }, &data[..], n as u64).unwrap() {
                 let mut out = vec![0u8; n];
                 decompress_into(Codec::Zstd, &z, &mut out).unwrap();
                 assert_eq!(out, data);
@@ -473,24 +380,12 @@ mod tests {
     fn reused_compressor_gives_the_bytes_of_a_fresh_encoder() {
         let mut rnd = xorshift(7);
         let mut reused = Compressor::new();
-        let lz4 = Compression {
-            codec: Codec::Lz4,
-            level: 0,
-        };
-        let sizes = [
-            1usize, 2, 15, 16, 100, 101, 4095, 4096, 8191, 8192, 8193, 65535, 65536, 65537, 70000,
-            200_000, 100,
-        ];
+        let lz4 = Compression { codec: Codec::Lz4, level: 0 };
+        let sizes = [1usize, 2, 15, 16, 100, 101, 4095, 4096, 8191, 8192, 8193, 65535, 65536, 65537, 70000, 200_000, 100];
         for (i, &n) in sizes.iter().enumerate() {
             for compressible in [false, true] {
                 let data: Vec<u8> = (0..n)
-                    .map(|k| {
-                        if compressible {
-                            b"label 0123 sample\n"[(k + i) % 18]
-                        } else {
-                            rnd() as u8
-                        }
-                    })
+                    .map(|k| if compressible { b"label 0123 sample\n"[(k + i) % 18] } else { rnd() as u8 })
                     .collect();
                 let fresh = compress(lz4, &data[..], n as u64).unwrap();
                 let again = reused.compress(lz4, &data).unwrap();
@@ -503,15 +398,9 @@ mod tests {
                 }
             }
         }
-        let zstd = Compression {
-            codec: Codec::Zstd,
-            level: 3,
-        };
+        let zstd = Compression { codec: Codec::Zstd, level: 3 };
         let text = b"abcabcabcabcabcabcabcabcabcabc".repeat(10);
-        assert_eq!(
-            reused.compress(zstd, &text).unwrap(),
-            compress(zstd, &text[..], text.len() as u64).unwrap()
-        );
+        assert_eq!(reused.compress(zstd, &text).unwrap(), compress(zstd, &text[..], text.len() as u64).unwrap());
     }
     use super::*;
 
@@ -520,9 +409,7 @@ mod tests {
         let data: Vec<u8> = (0..200_000u32).map(|i| (i % 251) as u8).collect();
         for c in ["lz4", "zstd", "zstd:19"] {
             let c = Compression::parse(c).unwrap();
-            let z = compress(c, &data[..], data.len() as u64)
-                .unwrap()
-                .expect("shrinks");
+            let z = compress(c, &data[..], data.len() as u64).unwrap().expect("shrinks");
             assert!(z.len() < data.len());
             assert_eq!(decompress(c.codec, &z, data.len() as u64).unwrap(), data);
         }
@@ -543,9 +430,7 @@ mod tests {
             let c = Compression::parse(c).unwrap();
             assert!(compress(c, &data[..], data.len() as u64).unwrap().is_none());
         }
-        assert!(compress(Compression::parse("lz4").unwrap(), &b""[..], 0)
-            .unwrap()
-            .is_none());
+        assert!(compress(Compression::parse("lz4").unwrap(), &b""[..], 0).unwrap().is_none());
     }
 
     #[test]

@@ -13,9 +13,7 @@ pub enum FormatError {
     },
     #[error("{file}: not a FanStore {what} (bad magic at offset 0)")]
     BadMagic { file: PathBuf, what: &'static str },
-    #[error(
-        "{file}: unsupported {what} format version {found} (this build reads version {supported})"
-    )]
+    #[error("{file}: unsupported {what} format version {found} (this build reads version {supported})")]
     UnsupportedVersion {
         file: PathBuf,
         what: &'static str,
@@ -49,10 +47,7 @@ pub enum FormatError {
 
 impl FormatError {
     pub fn io(file: impl Into<PathBuf>, source: std::io::Error) -> Self {
-        FormatError::Io {
-            file: file.into(),
-            source,
-        }
+        FormatError::Io { file: file.into(), source }
     }
 }
 

@@ -28,8 +28,8 @@ pub mod manifest;
 pub mod partition;
 pub mod path;
 pub mod runtime;
-pub mod tiers;
 pub mod watchev;
+pub mod tiers;
 pub mod wire;
 
 pub use error::FormatError;

@@ -70,8 +70,7 @@ const HEADER_SUM_OFF: usize = SECTIONS_OFF + SECTION_COUNT * SECTION_ENTRY_LEN;
 /// Length of the manifest header.
 pub const HEADER_LEN: usize = HEADER_SUM_OFF + 8;
 
-const SECTION_NAMES: [&str; SECTION_COUNT] =
-    ["nodes", "children", "buckets", "partitions", "strings"];
+const SECTION_NAMES: [&str; SECTION_COUNT] = ["nodes", "children", "buckets", "partitions", "strings"];
 const S_NODES: usize = 0;
 const S_CHILDREN: usize = 1;
 const S_BUCKETS: usize = 2;
@@ -190,10 +189,7 @@ impl<'a> IndexView<'a> {
         };
         if bytes.len() < HEADER_LEN {
             if bytes.len() >= 8 && bytes[..8] != MAGIC {
-                return Err(FormatError::BadMagic {
-                    file: file.into(),
-                    what: "manifest",
-                });
+                return Err(FormatError::BadMagic { file: file.into(), what: "manifest" });
             }
             return Err(FormatError::Truncated {
                 file: file.into(),
@@ -204,10 +200,7 @@ impl<'a> IndexView<'a> {
             });
         }
         if bytes[..8] != MAGIC {
-            return Err(FormatError::BadMagic {
-                file: file.into(),
-                what: "manifest",
-            });
+            return Err(FormatError::BadMagic { file: file.into(), what: "manifest" });
         }
         let version = u32_at(bytes, VERSION_OFF);
         if version != VERSION {
@@ -230,26 +223,15 @@ impl<'a> IndexView<'a> {
             });
         }
         if u32_at(bytes, HEADER_LEN_OFF) as usize != HEADER_LEN {
-            return Err(corrupt(
-                "manifest header",
-                HEADER_LEN_OFF as u64,
-                "unexpected header length".into(),
-            ));
+            return Err(corrupt("manifest header", HEADER_LEN_OFF as u64, "unexpected header length".into()));
         }
         let node_count = u64_at(bytes, NODE_COUNT_OFF);
         let child_count = u64_at(bytes, CHILD_COUNT_OFF);
         let part_count = u32_at(bytes, PART_COUNT_OFF);
         let bucket_count = u32_at(bytes, BUCKET_COUNT_OFF) as u64;
-        if node_count == 0
-            || node_count > u32::MAX as u64 - 1
-            || !bucket_count.is_power_of_two()
-            || bucket_count < node_count
+        if node_count == 0 || node_count > u32::MAX as u64 - 1 || !bucket_count.is_power_of_two() || bucket_count < node_count
         {
-            return Err(corrupt(
-                "manifest header",
-                NODE_COUNT_OFF as u64,
-                "inconsistent counts".into(),
-            ));
+            return Err(corrupt("manifest header", NODE_COUNT_OFF as u64, "inconsistent counts".into()));
         }
         let expected_len = [
             node_count * NODE_LEN as u64,
@@ -261,22 +243,12 @@ impl<'a> IndexView<'a> {
         let mut secs: [&[u8]; SECTION_COUNT] = [&[]; SECTION_COUNT];
         for (i, sec) in secs.iter_mut().enumerate() {
             let e = SECTIONS_OFF + i * SECTION_ENTRY_LEN;
-            let (off, len, sum) = (
-                u64_at(bytes, e),
-                u64_at(bytes, e + 8),
-                u64_at(bytes, e + 16),
-            );
+            let (off, len, sum) = (u64_at(bytes, e), u64_at(bytes, e + 8), u64_at(bytes, e + 16));
             let name = SECTION_NAMES[i];
             if expected_len[i] != u64::MAX && len != expected_len[i] {
-                return Err(corrupt(
-                    &format!("{name} section"),
-                    off,
-                    format!("length {len}, expected {}", expected_len[i]),
-                ));
+                return Err(corrupt(&format!("{name} section"), off, format!("length {len}, expected {}", expected_len[i])));
             }
-            let end = off
-                .checked_add(len)
-                .filter(|&end| end <= bytes.len() as u64 && off >= HEADER_LEN as u64);
+            let end = off.checked_add(len).filter(|&end| end <= bytes.len() as u64 && off >= HEADER_LEN as u64);
             let Some(end) = end else {
                 return Err(FormatError::Truncated {
                     file: file.into(),
@@ -330,25 +302,13 @@ impl<'a> IndexView<'a> {
         for id in 0..self.node_count {
             let n = self.node_unchecked(id);
             let rec = n.rec;
-            let kind = NodeKind::from_u8(rec[N_KIND])
-                .ok_or_else(|| bad(id, format!("unknown kind {}", rec[N_KIND])))?;
-            let (po, pl, nl) = (
-                u64_at(rec, N_PATH_OFF),
-                u32_at(rec, N_PATH_LEN) as u64,
-                u32_at(rec, N_NAME_LEN) as u64,
-            );
-            if po
-                .checked_add(pl)
-                .is_none_or(|e| e > self.strings.len() as u64)
-                || nl > pl
-            {
+            let kind = NodeKind::from_u8(rec[N_KIND]).ok_or_else(|| bad(id, format!("unknown kind {}", rec[N_KIND])))?;
+            let (po, pl, nl) = (u64_at(rec, N_PATH_OFF), u32_at(rec, N_PATH_LEN) as u64, u32_at(rec, N_NAME_LEN) as u64);
+            if po.checked_add(pl).is_none_or(|e| e > self.strings.len() as u64) || nl > pl {
                 return Err(bad(id, "path outside the string table".into()));
             }
             if (id == 0) != (kind == NodeKind::Dir && pl == 0) {
-                return Err(bad(
-                    id,
-                    "node 0 must be the root directory, and only it has an empty path".into(),
-                ));
+                return Err(bad(id, "node 0 must be the root directory, and only it has an empty path".into()));
             }
             if u32_at(rec, N_PARENT) >= self.node_count {
                 return Err(bad(id, "parent out of range".into()));
@@ -356,10 +316,7 @@ impl<'a> IndexView<'a> {
             match kind {
                 NodeKind::Dir => {
                     let (first, count) = (u64_at(rec, N_LOC), u32_at(rec, N_AUX32) as u64);
-                    if first
-                        .checked_add(count)
-                        .is_none_or(|e| e > self.children.len() as u64 / 4)
-                    {
+                    if first.checked_add(count).is_none_or(|e| e > self.children.len() as u64 / 4) {
                         return Err(bad(id, "children outside the children array".into()));
                     }
                     for i in first..first + count {
@@ -378,10 +335,7 @@ impl<'a> IndexView<'a> {
                 }
                 NodeKind::Symlink => {
                     let (to, tl) = (u64_at(rec, N_LOC), u64_at(rec, N_SIZE));
-                    if to
-                        .checked_add(tl)
-                        .is_none_or(|e| e > self.strings.len() as u64)
-                    {
+                    if to.checked_add(tl).is_none_or(|e| e > self.strings.len() as u64) {
                         return Err(bad(id, "symlink target outside the string table".into()));
                     }
                 }
@@ -405,11 +359,7 @@ impl<'a> IndexView<'a> {
 
     fn node_unchecked(&self, id: u32) -> NodeRef<'a> {
         let s = id as usize * NODE_LEN;
-        NodeRef {
-            id,
-            rec: &self.nodes[s..s + NODE_LEN],
-            strings: self.strings,
-        }
+        NodeRef { id, rec: &self.nodes[s..s + NODE_LEN], strings: self.strings }
     }
 
     /// The node with this id, if it exists.
@@ -454,10 +404,7 @@ impl<'a> IndexView<'a> {
             (0, 0)
         };
         let this = *self;
-        let ids = self
-            .children
-            .get(first * 4..(first + count) * 4)
-            .unwrap_or(&[]);
+        let ids = self.children.get(first * 4..(first + count) * 4).unwrap_or(&[]);
         ids.chunks_exact(4).map(move |c| {
             let id = u32::from_le_bytes([c[0], c[1], c[2], c[3]]);
             this.node(id).unwrap_or_else(|| this.root())
@@ -474,11 +421,7 @@ impl<'a> IndexView<'a> {
         let (mut lo, mut hi) = (0usize, count);
         while lo < hi {
             let mid = (lo + hi) / 2;
-            let id = u32_at(
-                self.children
-                    .get((first + mid) * 4..(first + mid + 1) * 4)?,
-                0,
-            );
+            let id = u32_at(self.children.get((first + mid) * 4..(first + mid + 1) * 4)?, 0);
             let n = self.node(id)?;
             match n.name().cmp(name) {
                 std::cmp::Ordering::Equal => return Some(n),
@@ -541,10 +484,7 @@ impl<'a> NodeRef<'a> {
     }
     /// Path relative to the dataset root, no leading slash; empty for the root.
     pub fn path(&self) -> &'a [u8] {
-        let (o, l) = (
-            u64_at(self.rec, N_PATH_OFF) as usize,
-            u32_at(self.rec, N_PATH_LEN) as usize,
-        );
+        let (o, l) = (u64_at(self.rec, N_PATH_OFF) as usize, u32_at(self.rec, N_PATH_LEN) as usize);
         self.strings.get(o..o.saturating_add(l)).unwrap_or(&[])
     }
     /// The last component of the path.
@@ -609,17 +549,8 @@ impl<'a> NodeRef<'a> {
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum BuildKind {
     Dir,
-    File {
-        partition: u32,
-        payload_offset: u64,
-        stored_len: u64,
-        codec: Codec,
-        checksum: u64,
-        replicated: bool,
-    },
-    Symlink {
-        target: Vec<u8>,
-    },
+    File { partition: u32, payload_offset: u64, stored_len: u64, codec: Codec, checksum: u64, replicated: bool },
+    Symlink { target: Vec<u8> },
 }
 
 /// One entry given to [`ManifestBuilder`].
@@ -640,10 +571,7 @@ pub struct BuildEntry {
 #[derive(Debug, thiserror::Error)]
 pub enum BuildError {
     #[error("path '{}': {problem}", String::from_utf8_lossy(.path))]
-    BadPath {
-        path: Vec<u8>,
-        problem: &'static str,
-    },
+    BadPath { path: Vec<u8>, problem: &'static str },
     #[error("path '{}' appears twice", String::from_utf8_lossy(.0))]
     Duplicate(Vec<u8>),
     #[error("path '{}' has no parent directory in the manifest", String::from_utf8_lossy(.0))]
@@ -670,11 +598,7 @@ fn components(p: &[u8]) -> impl Iterator<Item = &[u8]> {
 
 impl ManifestBuilder {
     pub fn new(dataset_id: u64) -> ManifestBuilder {
-        ManifestBuilder {
-            dataset_id,
-            entries: Vec::new(),
-            partitions: Vec::new(),
-        }
+        ManifestBuilder { dataset_id, entries: Vec::new(), partitions: Vec::new() }
     }
 
     pub fn add(&mut self, e: BuildEntry) {
@@ -688,17 +612,11 @@ impl ManifestBuilder {
     /// Sorts the entries depth-first by name and writes the manifest bytes.
     pub fn finish(mut self) -> std::result::Result<Vec<u8>, BuildError> {
         for e in &self.entries {
-            let bad = |problem| BuildError::BadPath {
-                path: e.path.clone(),
-                problem,
-            };
+            let bad = |problem| BuildError::BadPath { path: e.path.clone(), problem };
             if e.path.len() > PATH_MAX {
                 return Err(bad("path longer than 4096 bytes"));
             }
-            if e.path.first() == Some(&b'/')
-                || e.path.last() == Some(&b'/')
-                || e.path.windows(2).any(|w| w == b"//")
-            {
+            if e.path.first() == Some(&b'/') || e.path.last() == Some(&b'/') || e.path.windows(2).any(|w| w == b"//") {
                 return Err(bad("not a normalised relative path"));
             }
             for c in components(&e.path) {
@@ -724,8 +642,7 @@ impl ManifestBuilder {
                 kind: BuildKind::Dir,
             });
         }
-        self.entries
-            .sort_by(|a, b| components(&a.path).cmp(components(&b.path)));
+        self.entries.sort_by(|a, b| components(&a.path).cmp(components(&b.path)));
         for w in self.entries.windows(2) {
             if w[0].path == w[1].path {
                 return Err(BuildError::Duplicate(w[0].path.clone()));
@@ -745,9 +662,7 @@ impl ManifestBuilder {
                     Some(k) => &e.path[..k],
                     None => &b""[..],
                 };
-                let p = *dir_ids
-                    .get(pp)
-                    .ok_or_else(|| BuildError::MissingParent(e.path.clone()))?;
+                let p = *dir_ids.get(pp).ok_or_else(|| BuildError::MissingParent(e.path.clone()))?;
                 parent[i] = p;
                 kids[p as usize].push(i as u32);
             }
@@ -778,23 +693,13 @@ impl ManifestBuilder {
                     put_u32(r, N_MODE, libc::S_IFDIR | perm);
                     put_u32(r, N_AUX32, kids[i].len() as u32);
                     put_u64(r, N_LOC, children.len() as u64 / 4);
-                    let subdirs = kids[i]
-                        .iter()
-                        .filter(|&&k| self.entries[k as usize].kind == BuildKind::Dir)
-                        .count();
+                    let subdirs = kids[i].iter().filter(|&&k| self.entries[k as usize].kind == BuildKind::Dir).count();
                     put_u32(r, N_NLINK, 2 + subdirs as u32);
                     for k in &kids[i] {
                         children.extend_from_slice(&k.to_le_bytes());
                     }
                 }
-                BuildKind::File {
-                    partition,
-                    payload_offset,
-                    stored_len,
-                    codec,
-                    checksum,
-                    replicated,
-                } => {
+                BuildKind::File { partition, payload_offset, stored_len, codec, checksum, replicated } => {
                     r[N_KIND] = NodeKind::File as u8;
                     r[N_CODEC] = *codec as u8;
                     r[N_FLAGS] = if *replicated { NODE_FLAG_REPLICATED } else { 0 };
@@ -882,10 +787,7 @@ impl Manifest {
         // make later reads fault, which is the documented hazard of mmap.
         let map = unsafe { memmap2::Mmap::map(&f) }.map_err(|e| FormatError::io(path, e))?;
         IndexView::parse(path, &map, Verify::Full)?;
-        Ok(Manifest {
-            path: path.into(),
-            map,
-        })
+        Ok(Manifest { path: path.into(), map })
     }
 
     /// The verified view. Re-parses only the header.
@@ -951,18 +853,9 @@ mod tests {
             mtime_ns: 0,
             atime_ns: 0,
             ctime_ns: 0,
-            kind: BuildKind::Symlink {
-                target: b"a.png".to_vec(),
-            },
+            kind: BuildKind::Symlink { target: b"a.png".to_vec() },
         });
-        b.add_partition(PartitionInfo {
-            id: 0,
-            flags: 0,
-            file_len: 100,
-            entry_count: 3,
-            logical_bytes: 13,
-            header_checksum: 9,
-        });
+        b.add_partition(PartitionInfo { id: 0, flags: 0, file_len: 100, entry_count: 3, logical_bytes: 13, header_checksum: 9 });
         b.finish().unwrap()
     }
 
@@ -1007,14 +900,7 @@ mod tests {
         let mut raw = file("", 1, 0);
         raw.path = b"\xff\xfe-latin1-\xe9".to_vec();
         b.add(raw);
-        b.add_partition(PartitionInfo {
-            id: 0,
-            flags: 0,
-            file_len: 0,
-            entry_count: 0,
-            logical_bytes: 0,
-            header_checksum: 0,
-        });
+        b.add_partition(PartitionInfo { id: 0, flags: 0, file_len: 0, entry_count: 0, logical_bytes: 0, header_checksum: 0 });
         let bytes = b.finish().unwrap();
         let v = IndexView::parse(Path::new("m"), &bytes, Verify::Full).unwrap();
         assert!(v.lookup(deep.as_bytes()).unwrap().is_dir());
@@ -1044,16 +930,8 @@ mod tests {
         // header
         let mut h = bytes.clone();
         h[30] ^= 1;
-        let e = IndexView::parse(Path::new("ds/manifest.fsm"), &h, Verify::Full)
-            .err()
-            .unwrap()
-            .to_string();
-        assert!(
-            e.contains("ds/manifest.fsm")
-                && e.contains("manifest header")
-                && e.contains("checksum"),
-            "{e}"
-        );
+        let e = IndexView::parse(Path::new("ds/manifest.fsm"), &h, Verify::Full).err().unwrap().to_string();
+        assert!(e.contains("ds/manifest.fsm") && e.contains("manifest header") && e.contains("checksum"), "{e}");
         // each section
         for (i, name) in SECTION_NAMES.iter().enumerate() {
             let off = u64_at(&bytes, SECTIONS_OFF + i * SECTION_ENTRY_LEN) as usize;
@@ -1063,14 +941,8 @@ mod tests {
             }
             let mut c = bytes.clone();
             c[off + len / 2] ^= 0x10;
-            let e = IndexView::parse(Path::new("m"), &c, Verify::Full)
-                .err()
-                .unwrap()
-                .to_string();
-            assert!(
-                e.contains(&format!("{name} section")) && e.contains(&format!("offset {off}")),
-                "{e}"
-            );
+            let e = IndexView::parse(Path::new("m"), &c, Verify::Full).err().unwrap().to_string();
+            assert!(e.contains(&format!("{name} section")) && e.contains(&format!("offset {off}")), "{e}");
         }
     }
 
@@ -1080,20 +952,12 @@ mod tests {
         put_u32(&mut bytes, VERSION_OFF, 2);
         let sum = xxh3(&bytes[..HEADER_SUM_OFF]);
         put_u64(&mut bytes, HEADER_SUM_OFF, sum);
-        let e = IndexView::parse(Path::new("m"), &bytes, Verify::Full)
-            .err()
-            .unwrap();
-        assert!(matches!(
-            e,
-            FormatError::UnsupportedVersion { found: 2, .. }
-        ));
+        let e = IndexView::parse(Path::new("m"), &bytes, Verify::Full).err().unwrap();
+        assert!(matches!(e, FormatError::UnsupportedVersion { found: 2, .. }));
         let b = sample();
         assert!(IndexView::parse(Path::new("m"), &b[..b.len() - 1], Verify::Full).is_err());
         assert!(IndexView::parse(Path::new("m"), &b[..10], Verify::Full).is_err());
-        assert!(matches!(
-            IndexView::parse(Path::new("m"), b"not a manifest at all", Verify::Full),
-            Err(FormatError::BadMagic { .. })
-        ));
+        assert!(matches!(IndexView::parse(Path::new("m"), b"not a manifest at all", Verify::Full), Err(FormatError::BadMagic { .. })));
     }
 
     /// Re-seals every section and header checksum so a mutation reaches the structural checks.
@@ -1134,9 +998,7 @@ mod tests {
                 b.truncate((next() % b.len() as u64) as usize);
             }
             reseal(&mut b);
-            let Ok(v) = IndexView::parse(Path::new("fuzz"), &b, Verify::Full) else {
-                continue;
-            };
+            let Ok(v) = IndexView::parse(Path::new("fuzz"), &b, Verify::Full) else { continue };
             accepted += 1;
             for n in v.nodes() {
                 let _ = (n.path(), n.name(), n.symlink_target(), n.size(), n.kind());
@@ -1161,14 +1023,7 @@ mod tests {
                 b.add(file(&format!("d{d}/f{f}"), f, 0));
             }
         }
-        b.add_partition(PartitionInfo {
-            id: 0,
-            flags: 0,
-            file_len: 0,
-            entry_count: 0,
-            logical_bytes: 0,
-            header_checksum: 0,
-        });
+        b.add_partition(PartitionInfo { id: 0, flags: 0, file_len: 0, entry_count: 0, logical_bytes: 0, header_checksum: 0 });
         let bytes = b.finish().unwrap();
         let v = IndexView::parse(Path::new("m"), &bytes, Verify::Full).unwrap();
         for d in (0..100).step_by(7) {

@@ -107,10 +107,7 @@ impl PartitionHeader {
             });
         }
         if b[..8] != MAGIC {
-            return Err(FormatError::BadMagic {
-                file: file.into(),
-                what: "partition",
-            });
+            return Err(FormatError::BadMagic { file: file.into(), what: "partition" });
         }
         let version = u32_at(b, VERSION_OFF);
         if version != VERSION {
@@ -181,13 +178,7 @@ impl EntryHeader {
         let stored = u64_at(b, E_CHECKSUM_OFF);
         let computed = xxh3(&b[..E_CHECKSUM_OFF]);
         if stored != computed {
-            return Err(FormatError::Checksum {
-                file: file.into(),
-                entry: entry(),
-                offset,
-                stored,
-                computed,
-            });
+            return Err(FormatError::Checksum { file: file.into(), entry: entry(), offset, stored, computed });
         }
         let codec = Codec::from_u8(b[E_CODEC_OFF]).ok_or_else(|| FormatError::Corrupt {
             file: file.into(),
@@ -223,26 +214,12 @@ impl PartitionWriter {
         let f = File::create(path).map_err(|e| FormatError::io(path, e))?;
         let mut out = BufWriter::with_capacity(1 << 20, f);
         // Placeholder header with a zero magic: an unfinished partition is never valid.
-        out.write_all(&[0u8; HEADER_LEN])
-            .map_err(|e| FormatError::io(path, e))?;
-        Ok(PartitionWriter {
-            path: path.into(),
-            out,
-            id,
-            flags,
-            pos: HEADER_LEN as u64,
-            entries: 0,
-        })
+        out.write_all(&[0u8; HEADER_LEN]).map_err(|e| FormatError::io(path, e))?;
+        Ok(PartitionWriter { path: path.into(), out, id, flags, pos: HEADER_LEN as u64, entries: 0 })
     }
 
     /// Appends an entry whose payload is in memory. Returns the payload offset.
-    pub fn append(
-        &mut self,
-        path_hash: u64,
-        raw_len: u64,
-        codec: Codec,
-        payload: &[u8],
-    ) -> Result<u64> {
+    pub fn append(&mut self, path_hash: u64, raw_len: u64, codec: Codec, payload: &[u8]) -> Result<u64> {
         let h = EntryHeader {
             path_hash,
             raw_len,
@@ -252,9 +229,7 @@ impl PartitionWriter {
         };
         let io = |e| FormatError::io(&self.path, e);
         self.out.write_all(&h.encode()).map_err(io)?;
-        self.out
-            .write_all(payload)
-            .map_err(|e| FormatError::io(&self.path, e))?;
+        self.out.write_all(payload).map_err(|e| FormatError::io(&self.path, e))?;
         let payload_off = self.pos + ENTRY_HEADER_LEN as u64;
         self.pos = payload_off + payload.len() as u64;
         self.entries += 1;
@@ -263,12 +238,7 @@ impl PartitionWriter {
 
     /// Appends a raw entry streamed from `input`, which must yield exactly
     /// `len` bytes (a file that changed size fails). Returns (payload offset, checksum).
-    pub fn append_raw_stream(
-        &mut self,
-        path_hash: u64,
-        len: u64,
-        input: &mut impl Read,
-    ) -> std::io::Result<(u64, u64)> {
+    pub fn append_raw_stream(&mut self, path_hash: u64, len: u64, input: &mut impl Read) -> std::io::Result<(u64, u64)> {
         let header_pos = self.pos;
         self.out.write_all(&[0u8; ENTRY_HEADER_LEN])?;
         let mut sum = StreamingChecksum::new();
@@ -280,10 +250,7 @@ impl PartitionWriter {
             if n == 0 {
                 return Err(std::io::Error::new(
                     std::io::ErrorKind::UnexpectedEof,
-                    format!(
-                        "file shrank while packing: expected {len} bytes, got {}",
-                        len - left
-                    ),
+                    format!("file shrank while packing: expected {len} bytes, got {}", len - left),
                 ));
             }
             sum.update(&buf[..n]);
@@ -298,13 +265,7 @@ impl PartitionWriter {
             ));
         }
         let checksum = sum.digest();
-        let h = EntryHeader {
-            path_hash,
-            raw_len: len,
-            stored_len: len,
-            codec: Codec::None,
-            payload_checksum: checksum,
-        };
+        let h = EntryHeader { path_hash, raw_len: len, stored_len: len, codec: Codec::None, payload_checksum: checksum };
         self.out.flush()?;
         let f = self.out.get_mut();
         f.seek(SeekFrom::Start(header_pos))?;
@@ -330,15 +291,10 @@ impl PartitionWriter {
         let io = |e| FormatError::io(&self.path, e);
         self.out.flush().map_err(io)?;
         let f = self.out.get_mut();
-        f.seek(SeekFrom::Start(0))
-            .map_err(|e| FormatError::io(&self.path, e))?;
-        f.write_all(&enc)
-            .map_err(|e| FormatError::io(&self.path, e))?;
+        f.seek(SeekFrom::Start(0)).map_err(|e| FormatError::io(&self.path, e))?;
+        f.write_all(&enc).map_err(|e| FormatError::io(&self.path, e))?;
         f.sync_all().map_err(|e| FormatError::io(&self.path, e))?;
-        Ok(PartitionHeader {
-            checksum: u64_at(&enc, CHECKSUM_OFF),
-            ..h
-        })
+        Ok(PartitionHeader { checksum: u64_at(&enc, CHECKSUM_OFF), ..h })
     }
 
     pub fn position(&self) -> u64 {
@@ -382,14 +338,7 @@ impl PartitionReader {
                 problem: format!("header says {expect} bytes, file has {file_len}"),
             });
         }
-        Ok(PartitionReader {
-            path: path.into(),
-            input,
-            header,
-            file_len,
-            pos: HEADER_LEN as u64,
-            seen: 0,
-        })
+        Ok(PartitionReader { path: path.into(), input, header, file_len, pos: HEADER_LEN as u64, seen: 0 })
     }
 
     pub fn header(&self) -> &PartitionHeader {
@@ -419,18 +368,14 @@ impl PartitionReader {
                     file: self.path.clone(),
                     entry: "partition".into(),
                     offset: self.pos,
-                    problem: format!(
-                        "{} trailing bytes after the last entry",
-                        self.file_len - self.pos
-                    ),
+                    problem: format!("{} trailing bytes after the last entry", self.file_len - self.pos),
                 });
             }
             return Ok(None);
         }
         let off = self.pos;
         let mut hb = [0u8; ENTRY_HEADER_LEN];
-        let got =
-            read_full(&mut self.input, &mut hb).map_err(|e| FormatError::io(&self.path, e))?;
+        let got = read_full(&mut self.input, &mut hb).map_err(|e| FormatError::io(&self.path, e))?;
         let header = EntryHeader::decode(&self.path, off, &hb[..got])?;
         let payload_offset = off + ENTRY_HEADER_LEN as u64;
         if payload_offset + header.stored_len > self.file_len {
@@ -449,21 +394,13 @@ impl PartitionReader {
                 offset: payload_offset,
                 problem: format!("payload of {} bytes", header.stored_len),
             })?;
-            self.input
-                .seek_relative(skip)
-                .map_err(|e| FormatError::io(&self.path, e))?;
+            self.input.seek_relative(skip).map_err(|e| FormatError::io(&self.path, e))?;
             self.pos = payload_offset + header.stored_len;
             self.seen += 1;
-            return Ok(Some(Entry {
-                header,
-                payload_offset,
-                payload: Vec::new(),
-            }));
+            return Ok(Some(Entry { header, payload_offset, payload: Vec::new() }));
         }
         let mut payload = vec![0u8; header.stored_len as usize];
-        self.input
-            .read_exact(&mut payload)
-            .map_err(|e| FormatError::io(&self.path, e))?;
+        self.input.read_exact(&mut payload).map_err(|e| FormatError::io(&self.path, e))?;
         let computed = xxh3(&payload);
         if computed != header.payload_checksum {
             return Err(FormatError::Checksum {
@@ -476,23 +413,13 @@ impl PartitionReader {
         }
         self.pos = payload_offset + header.stored_len;
         self.seen += 1;
-        Ok(Some(Entry {
-            header,
-            payload_offset,
-            payload,
-        }))
+        Ok(Some(Entry { header, payload_offset, payload }))
     }
 }
 
 /// Reads one payload at a known offset (random access), verifying its entry
 /// header against the expected length and its checksum.
-pub fn read_payload_at(
-    path: &Path,
-    f: &File,
-    payload_offset: u64,
-    stored_len: u64,
-    checksum: u64,
-) -> Result<Vec<u8>> {
+pub fn read_payload_at(path: &Path, f: &File, payload_offset: u64, stored_len: u64, checksum: u64) -> Result<Vec<u8>> {
     use std::os::unix::fs::FileExt;
     let hoff = payload_offset
         .checked_sub(ENTRY_HEADER_LEN as u64)
@@ -503,8 +430,7 @@ pub fn read_payload_at(
             problem: "offset inside the partition header".into(),
         })?;
     let mut buf = vec![0u8; ENTRY_HEADER_LEN + stored_len as usize];
-    f.read_exact_at(&mut buf, hoff)
-        .map_err(|e| FormatError::io(path, e))?;
+    f.read_exact_at(&mut buf, hoff).map_err(|e| FormatError::io(path, e))?;
     let h = EntryHeader::decode(path, hoff, &buf[..ENTRY_HEADER_LEN])?;
     if h.stored_len != stored_len || h.payload_checksum != checksum {
         return Err(FormatError::Corrupt {
@@ -568,17 +494,10 @@ mod tests {
         }
         assert_eq!(
             got,
-            vec![
-                (11, offs[0], b"hello".to_vec()),
-                (12, offs[1], vec![]),
-                (13, offs[2], b"world!".to_vec())
-            ]
+            vec![(11, offs[0], b"hello".to_vec()), (12, offs[1], vec![]), (13, offs[2], b"world!".to_vec())]
         );
         let f = File::open(&p).unwrap();
-        assert_eq!(
-            read_payload_at(&p, &f, offs[2], 6, xxh3(b"world!")).unwrap(),
-            b"world!"
-        );
+        assert_eq!(read_payload_at(&p, &f, offs[2], 6, xxh3(b"world!")).unwrap(), b"world!");
     }
 
     fn corrupt_at(p: &Path, off: u64) {
@@ -599,12 +518,7 @@ mod tests {
         let (p, _) = write_sample(d.path());
         corrupt_at(&p, 20);
         let e = read_all(&p).unwrap_err().to_string();
-        assert!(
-            e.contains("part-000003.fsp")
-                && e.contains("partition header")
-                && e.contains("checksum"),
-            "{e}"
-        );
+        assert!(e.contains("part-000003.fsp") && e.contains("partition header") && e.contains("checksum"), "{e}");
     }
 
     #[test]
@@ -613,10 +527,7 @@ mod tests {
         let (p, offs) = write_sample(d.path());
         corrupt_at(&p, offs[2] + 1);
         let e = read_all(&p).unwrap_err().to_string();
-        assert!(
-            e.contains("payload of entry 2") && e.contains(&format!("offset {}", offs[2])),
-            "{e}"
-        );
+        assert!(e.contains("payload of entry 2") && e.contains(&format!("offset {}", offs[2])), "{e}");
     }
 
     #[test]
@@ -627,23 +538,13 @@ mod tests {
         let mut b = std::fs::read(&p).unwrap();
         b[offs[2] as usize..offs[2] as usize + 6].fill(0);
         std::fs::write(&p, &b).unwrap();
-        assert!(read_all(&p)
-            .unwrap_err()
-            .to_string()
-            .contains("payload of entry 2"));
+        assert!(read_all(&p).unwrap_err().to_string().contains("payload of entry 2"));
         let mut r = PartitionReader::open(&p).unwrap();
         let mut got = vec![];
         while let Some(e) = r.next_entry_with(&|off| off == offs[2]).unwrap() {
             got.push((e.header.path_hash, e.header.payload_checksum, e.payload));
         }
-        assert_eq!(
-            got,
-            vec![
-                (11, xxh3(b"hello"), b"hello".to_vec()),
-                (12, xxh3(b""), vec![]),
-                (13, xxh3(b"world!"), vec![])
-            ]
-        );
+        assert_eq!(got, vec![(11, xxh3(b"hello"), b"hello".to_vec()), (12, xxh3(b""), vec![]), (13, xxh3(b"world!"), vec![])]);
         // A skipped entry's header is still checked.
         corrupt_at(&p, offs[2] - 30);
         let mut r = PartitionReader::open(&p).unwrap();
@@ -652,10 +553,7 @@ mod tests {
             res = r.next_entry_with(&|off| off == offs[2]);
         }
         let e = res.unwrap_err().to_string();
-        assert!(
-            e.contains(&format!("entry header at offset {}", offs[2] - 48)),
-            "{e}"
-        );
+        assert!(e.contains(&format!("entry header at offset {}", offs[2] - 48)), "{e}");
     }
 
     #[test]
@@ -664,10 +562,7 @@ mod tests {
         let (p, offs) = write_sample(d.path());
         corrupt_at(&p, offs[1] - 30);
         let e = read_all(&p).unwrap_err().to_string();
-        assert!(
-            e.contains(&format!("entry header at offset {}", offs[1] - 48)),
-            "{e}"
-        );
+        assert!(e.contains(&format!("entry header at offset {}", offs[1] - 48)), "{e}");
     }
 
     #[test]

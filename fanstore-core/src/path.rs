@@ -54,11 +54,7 @@ pub fn normalize_into(cwd: &[u8], path: &[u8], out: &mut [u8]) -> Option<Normali
     for c in path.split(|&b| b == b'/') {
         push(out, &mut len, c)?;
     }
-    let must_be_dir = path.last() == Some(&b'/')
-        || path.ends_with(b"/.")
-        || path.ends_with(b"/..")
-        || path == b"."
-        || path == b"..";
+    let must_be_dir = path.last() == Some(&b'/') || path.ends_with(b"/.") || path.ends_with(b"/..") || path == b"." || path == b"..";
     if len == 0 {
         if out.is_empty() {
             return None;
@@ -92,22 +88,13 @@ mod tests {
     fn norm(cwd: &str, p: &str) -> (String, bool) {
         let mut b = [0u8; MAX_PATH];
         let n = normalize_into(cwd.as_bytes(), p.as_bytes(), &mut b).unwrap();
-        (
-            String::from_utf8(b[..n.len].to_vec()).unwrap(),
-            n.must_be_dir,
-        )
+        (String::from_utf8(b[..n.len].to_vec()).unwrap(), n.must_be_dir)
     }
 
     #[test]
     fn normalises() {
-        assert_eq!(
-            norm("/", "/fanstore//a/./b/"),
-            ("/fanstore/a/b".into(), true)
-        );
-        assert_eq!(
-            norm("/fanstore/a", "b/../c"),
-            ("/fanstore/a/c".into(), false)
-        );
+        assert_eq!(norm("/", "/fanstore//a/./b/"), ("/fanstore/a/b".into(), true));
+        assert_eq!(norm("/fanstore/a", "b/../c"), ("/fanstore/a/c".into(), false));
         assert_eq!(norm("/fanstore", ".."), ("/".into(), true));
         assert_eq!(norm("/", "../../.."), ("/".into(), true));
         assert_eq!(norm("/x", "."), ("/x".into(), true));

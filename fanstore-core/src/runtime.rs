@@ -100,23 +100,10 @@ impl NodeState {
         put_u64(&mut b, S_PID, self.pid);
         put_u32(&mut b, S_PARTS, self.local_partitions.len() as u32);
         put_u32(&mut b, S_FLAGS, self.flags);
-        for (i, s) in [
-            &self.local_dir,
-            &self.index_path,
-            &self.hostname,
-            &self.mount,
-        ]
-        .iter()
-        .enumerate()
-        {
+        for (i, s) in [&self.local_dir, &self.index_path, &self.hostname, &self.mount].iter().enumerate() {
             put_u32(&mut b, S_LENS + 4 * i, s.len() as u32);
         }
-        for s in [
-            &self.local_dir,
-            &self.index_path,
-            &self.hostname,
-            &self.mount,
-        ] {
+        for s in [&self.local_dir, &self.index_path, &self.hostname, &self.mount] {
             b.extend_from_slice(s);
         }
         let mut bits = vec![0u8; self.local_partitions.len().div_ceil(8)];
@@ -133,10 +120,7 @@ impl NodeState {
 
     /// Decodes a state file's bytes; `None` if they are not a whole, valid state.
     pub fn decode(b: &[u8]) -> Option<NodeState> {
-        if b.len() < S_FIXED_LEN + 8
-            || b[..8] != STATE_MAGIC
-            || u32_at(b, S_VERSION) != STATE_VERSION
-        {
+        if b.len() < S_FIXED_LEN + 8 || b[..8] != STATE_MAGIC || u32_at(b, S_VERSION) != STATE_VERSION {
             return None;
         }
         let body = &b[..b.len() - 8];
@@ -167,9 +151,7 @@ impl NodeState {
             index_path,
             hostname,
             mount,
-            local_partitions: (0..parts)
-                .map(|p| bits[p / 8] & (1 << (p % 8)) != 0)
-                .collect(),
+            local_partitions: (0..parts).map(|p| bits[p / 8] & (1 << (p % 8)) != 0).collect(),
         })
     }
 
@@ -183,34 +165,16 @@ impl NodeState {
     pub fn read(path: &Path) -> std::io::Result<NodeState> {
         let b = std::fs::read(path)?;
         NodeState::decode(&b).ok_or_else(|| {
-            std::io::Error::new(
-                std::io::ErrorKind::InvalidData,
-                format!("{}: not a valid node state", path.display()),
-            )
+            std::io::Error::new(std::io::ErrorKind::InvalidData, format!("{}: not a valid node state", path.display()))
         })
     }
 }
 
 /// The job identifier: `FANSTORE_JOB_ID`, else the batch system's job id, else `local`.
 pub fn job_id() -> String {
-    for var in [
-        "FANSTORE_JOB_ID",
-        "SLURM_JOB_ID",
-        "PBS_JOBID",
-        "LSB_JOBID",
-        "COBALT_JOBID",
-    ] {
+    for var in ["FANSTORE_JOB_ID", "SLURM_JOB_ID", "PBS_JOBID", "LSB_JOBID", "COBALT_JOBID"] {
         if let Ok(v) = std::env::var(var) {
-            let clean: String = v
-                .chars()
-                .map(|c| {
-                    if c.is_ascii_alphanumeric() || c == '-' || c == '_' {
-                        c
-                    } else {
-                        '_'
-                    }
-                })
-                .collect();
+            let clean: String = v.chars().map(|c| if c.is_ascii_alphanumeric() || c == '-' || c == '_' { c } else { '_' }).collect();
             if !clean.is_empty() {
                 return clean;
             }
@@ -224,9 +188,7 @@ pub fn runtime_dir() -> PathBuf {
     if let Some(d) = std::env::var_os("FANSTORE_RUNTIME_DIR") {
         return PathBuf::from(d);
     }
-    let base = std::env::var_os("TMPDIR")
-        .map(PathBuf::from)
-        .unwrap_or_else(|| PathBuf::from("/tmp"));
+    let base = std::env::var_os("TMPDIR").map(PathBuf::from).unwrap_or_else(|| PathBuf::from("/tmp"));
     // SAFETY: getuid has no preconditions and cannot fail.
     let uid = unsafe { libc::getuid() };
     base.join(format!("fanstore-{uid}-{}", job_id()))
@@ -245,10 +207,7 @@ pub fn index_shm_path(runtime: &Path, rank: u32) -> PathBuf {
     // SAFETY: getuid has no preconditions and cannot fail.
     let uid = unsafe { libc::getuid() };
     let tag = xxh3(runtime.as_os_str().as_encoded_bytes()) & 0xffff_ffff;
-    PathBuf::from(format!(
-        "/dev/shm/fanstore-{uid}-{}-{tag:08x}-r{rank}.index",
-        job_id()
-    ))
+    PathBuf::from(format!("/dev/shm/fanstore-{uid}-{}-{tag:08x}-r{rank}.index", job_id()))
 }
 
 /// Where the daemon extracts file `node_id` in its local directory.
@@ -263,12 +222,7 @@ pub fn local_file_path_into(local_dir: &[u8], node_id: u32, out: &mut [u8]) -> O
         return None;
     }
     let mut i = 0;
-    for part in [
-        local_dir,
-        b"/in/",
-        &[HEX[bucket >> 4], HEX[bucket & 15], b'/'],
-        num,
-    ] {
+    for part in [local_dir, b"/in/", &[HEX[bucket >> 4], HEX[bucket & 15], b'/'], num] {
         out[i..i + part.len()].copy_from_slice(part);
         i += part.len();
     }
@@ -370,23 +324,14 @@ mod tests {
         let mut b = [0u8; 10];
         assert_eq!(decimal(0, &mut b), b"0");
         assert_eq!(decimal(4_294_967_295, &mut b), b"4294967295");
-        assert_eq!(
-            &proc_fd_path(4_294_967_295)[..],
-            b"/proc/self/fd/4294967295\0"
-        );
+        assert_eq!(&proc_fd_path(4_294_967_295)[..], b"/proc/self/fd/4294967295\0");
         assert!(proc_fd_path(7).starts_with(b"/proc/self/fd/7\0"));
     }
 
     #[test]
     fn local_paths() {
-        assert_eq!(
-            local_file_path(Path::new("/ssd/x"), 258),
-            PathBuf::from("/ssd/x/in/02/258")
-        );
-        assert_eq!(
-            local_file_path(Path::new("/l"), 0),
-            PathBuf::from("/l/in/00/0")
-        );
+        assert_eq!(local_file_path(Path::new("/ssd/x"), 258), PathBuf::from("/ssd/x/in/02/258"));
+        assert_eq!(local_file_path(Path::new("/l"), 0), PathBuf::from("/l/in/00/0"));
         let mut small = [0u8; 8];
         assert!(local_file_path_into(b"/long/local/dir", 1, &mut small).is_none());
     }

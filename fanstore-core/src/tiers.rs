@@ -89,12 +89,7 @@ pub enum TierMapError {
     #[error("tier map: header checksum mismatch")]
     Checksum,
     #[error("tier map: dataset {found:#x} and {nodes} nodes, the index has dataset {dataset:#x} and {index_nodes} nodes")]
-    Mismatch {
-        found: u64,
-        nodes: u64,
-        dataset: u64,
-        index_nodes: u64,
-    },
+    Mismatch { found: u64, nodes: u64, dataset: u64, index_nodes: u64 },
 }
 
 /// A read-only view of a mapped tier map (the clients' side).
@@ -121,27 +116,19 @@ impl<'a> TierView<'a> {
         }
         let (found, n) = (u64_at(map, DATASET_OFF), u64_at(map, COUNT_OFF));
         if found != dataset_id || n != nodes || (map.len() as u64) < HEADER_LEN as u64 + n {
-            return Err(TierMapError::Mismatch {
-                found,
-                nodes: n,
-                dataset: dataset_id,
-                index_nodes: nodes,
-            });
+            return Err(TierMapError::Mismatch { found, nodes: n, dataset: dataset_id, index_nodes: nodes });
         }
         let body = &map[HEADER_LEN..HEADER_LEN + n as usize];
         // SAFETY: AtomicU8 has the size and alignment of u8. The bytes live in
         // a shared mapping that the daemon updates concurrently, so they are
         // only ever read through atomics.
-        let bytes =
-            unsafe { std::slice::from_raw_parts(body.as_ptr().cast::<AtomicU8>(), body.len()) };
+        let bytes = unsafe { std::slice::from_raw_parts(body.as_ptr().cast::<AtomicU8>(), body.len()) };
         Ok(TierView { bytes })
     }
 
     /// The tier of node `id` (out of range: [`TIER_NONE`]).
     pub fn get(&self, id: u32) -> u8 {
-        self.bytes
-            .get(id as usize)
-            .map_or(TIER_NONE, |b| b.load(Ordering::Acquire))
+        self.bytes.get(id as usize).map_or(TIER_NONE, |b| b.load(Ordering::Acquire))
     }
 }
 
@@ -190,63 +177,32 @@ mod tests {
         let mut m = map(7, 5);
         m[HEADER_LEN + 3] = TIER_COPY;
         let v = TierView::parse(&m, 7, 5).unwrap();
-        assert_eq!(
-            (v.get(0), v.get(3), v.get(5), v.get(u32::MAX)),
-            (TIER_NONE, TIER_COPY, TIER_NONE, TIER_NONE)
-        );
+        assert_eq!((v.get(0), v.get(3), v.get(5), v.get(u32::MAX)), (TIER_NONE, TIER_COPY, TIER_NONE, TIER_NONE));
     }
 
     #[test]
     fn every_corruption_is_refused() {
         let m = map(7, 5);
-        assert_eq!(
-            TierView::parse(&m[..10], 7, 5).err(),
-            Some(TierMapError::Short(10))
-        );
+        assert_eq!(TierView::parse(&m[..10], 7, 5).err(), Some(TierMapError::Short(10)));
         let mut bad = m.clone();
         bad[0] ^= 1;
         assert_eq!(TierView::parse(&bad, 7, 5).err(), Some(TierMapError::Magic));
         let mut bad = m.clone();
         bad[VERSION_OFF] = 2;
-        assert_eq!(
-            TierView::parse(&bad, 7, 5).err(),
-            Some(TierMapError::Version(2))
-        );
-        for off in [
-            RESERVED_OFF,
-            DATASET_OFF,
-            COUNT_OFF,
-            RESERVED2_OFF + 3,
-            CHECKSUM_OFF,
-        ] {
+        assert_eq!(TierView::parse(&bad, 7, 5).err(), Some(TierMapError::Version(2)));
+        for off in [RESERVED_OFF, DATASET_OFF, COUNT_OFF, RESERVED2_OFF + 3, CHECKSUM_OFF] {
             let mut bad = m.clone();
             bad[off] ^= 0x10;
-            assert_eq!(
-                TierView::parse(&bad, 7, 5).err(),
-                Some(TierMapError::Checksum),
-                "byte {off}"
-            );
+            assert_eq!(TierView::parse(&bad, 7, 5).err(), Some(TierMapError::Checksum), "byte {off}");
         }
-        assert!(matches!(
-            TierView::parse(&m, 8, 5),
-            Err(TierMapError::Mismatch { .. })
-        ));
-        assert!(matches!(
-            TierView::parse(&m, 7, 6),
-            Err(TierMapError::Mismatch { .. })
-        ));
-        assert!(matches!(
-            TierView::parse(&m[..HEADER_LEN + 4], 7, 5),
-            Err(TierMapError::Mismatch { .. })
-        ));
+        assert!(matches!(TierView::parse(&m, 8, 5), Err(TierMapError::Mismatch { .. })));
+        assert!(matches!(TierView::parse(&m, 7, 6), Err(TierMapError::Mismatch { .. })));
+        assert!(matches!(TierView::parse(&m[..HEADER_LEN + 4], 7, 5), Err(TierMapError::Mismatch { .. })));
     }
 
     #[test]
     fn paths() {
-        assert_eq!(
-            tier_map_path(b"/dev/shm/fanstore-0-j-r1.index"),
-            b"/dev/shm/fanstore-0-j-r1.tiers"
-        );
+        assert_eq!(tier_map_path(b"/dev/shm/fanstore-0-j-r1.index"), b"/dev/shm/fanstore-0-j-r1.tiers");
         assert_eq!(copy_dir(b"/dev/shm/x-r0.index"), b"/dev/shm/x-r0.copies");
         let mut out = [0u8; 32];
         let n = copy_file_path_into(b"/c", 1234, &mut out).unwrap();

@@ -200,10 +200,7 @@ impl NsEvent {
     pub fn concerns(&self, w: &[u8], recursive: bool) -> bool {
         let (d1, d2) = self.dirs();
         let covers = |d: &[u8]| d == w || (recursive && below(d, w));
-        covers(d1)
-            || d2.is_some_and(covers)
-            || self.path == w
-            || (!self.to.is_empty() && self.to == w)
+        covers(d1) || d2.is_some_and(covers) || self.path == w || (!self.to.is_empty() && self.to == w)
     }
 }
 
@@ -248,22 +245,12 @@ pub struct Rec {
 /// IN_ATTRIB on the file itself first, then IN_MODIFY). Returns
 /// true when the watch ends (the watched object was deleted: IN_IGNORED is
 /// the last record, whatever the mask).
-pub fn inotify_records(
-    ev: &NsEvent,
-    w: &[u8],
-    mask: u32,
-    recursive: bool,
-    out: &mut Vec<Rec>,
-) -> bool {
+pub fn inotify_records(ev: &NsEvent, w: &[u8], mask: u32, recursive: bool, out: &mut Vec<Rec>) -> bool {
     let dirbit = if ev.is_dir { IN_ISDIR } else { 0 };
     let start = out.len();
     let mut push = |m: u32, cookie: u32, name: Vec<u8>| {
         if m & mask & IN_ALL_EVENTS != 0 {
-            out.push(Rec {
-                mask: m | dirbit,
-                cookie,
-                name,
-            });
+            out.push(Rec { mask: m | dirbit, cookie, name });
         }
     };
     let (d1, _) = parent(&ev.path);
@@ -320,19 +307,11 @@ pub fn inotify_records(
         push(IN_MOVED_TO, ev.cookie, name_in(&ev.to, w));
     }
     if ends {
-        out.push(Rec {
-            mask: IN_IGNORED,
-            cookie: 0,
-            name: Vec::new(),
-        });
+        out.push(Rec { mask: IN_IGNORED, cookie: 0, name: Vec::new() });
     }
     // IN_ONESHOT: the first event ends the watch.
     if !ends && mask & IN_ONESHOT != 0 && out.len() > start {
-        out.push(Rec {
-            mask: IN_IGNORED,
-            cookie: 0,
-            name: Vec::new(),
-        });
+        out.push(Rec { mask: IN_IGNORED, cookie: 0, name: Vec::new() });
         ends = true;
     }
     ends
@@ -345,11 +324,7 @@ pub const INOTIFY_HEAD: usize = 16;
 /// writes it): the name NUL-terminated and padded to a multiple of 16 bytes,
 /// no name (len 0) for the watched object itself.
 pub fn push_inotify(b: &mut Vec<u8>, wd: i32, r: &Rec) {
-    let len = if r.name.is_empty() {
-        0
-    } else {
-        (r.name.len() + 1).div_ceil(INOTIFY_HEAD) * INOTIFY_HEAD
-    };
+    let len = if r.name.is_empty() { 0 } else { (r.name.len() + 1).div_ceil(INOTIFY_HEAD) * INOTIFY_HEAD };
     b.extend_from_slice(&wd.to_ne_bytes());
     b.extend_from_slice(&r.mask.to_ne_bytes());
     b.extend_from_slice(&r.cookie.to_ne_bytes());
@@ -364,9 +339,7 @@ pub fn split_inotify(mut b: &[u8]) -> Vec<&[u8]> {
     let mut out = Vec::new();
     while b.len() >= INOTIFY_HEAD {
         let len = u32::from_ne_bytes([b[12], b[13], b[14], b[15]]) as usize;
-        let Some(end) = INOTIFY_HEAD.checked_add(len).filter(|&e| e <= b.len()) else {
-            break;
-        };
+        let Some(end) = INOTIFY_HEAD.checked_add(len).filter(|&e| e <= b.len()) else { break };
         out.push(&b[..end]);
         b = &b[end..];
     }
@@ -398,12 +371,7 @@ mod tests {
     fn recs(e: &NsEvent, w: &str, mask: u32, rec: bool) -> (Vec<(u32, u32, String)>, bool) {
         let mut out = Vec::new();
         let ends = inotify_records(e, w.as_bytes(), mask, rec, &mut out);
-        (
-            out.into_iter()
-                .map(|r| (r.mask, r.cookie, String::from_utf8(r.name).unwrap()))
-                .collect(),
-            ends,
-        )
+        (out.into_iter().map(|r| (r.mask, r.cookie, String::from_utf8(r.name).unwrap())).collect(), ends)
     }
 
     #[test]
@@ -424,104 +392,45 @@ mod tests {
     fn directory_watch_sees_create_close_and_moves() {
         let all = IN_ALL_EVENTS;
         let (r, ends) = recs(&ev(Kind::Close, "ck/a", ""), "ck", all, false);
-        assert_eq!(
-            r,
-            vec![
-                (IN_CREATE, 0, "a".into()),
-                (IN_MODIFY, 0, "a".into()),
-                (IN_CLOSE_WRITE, 0, "a".into())
-            ]
-        );
+        assert_eq!(r, vec![(IN_CREATE, 0, "a".into()), (IN_MODIFY, 0, "a".into()), (IN_CLOSE_WRITE, 0, "a".into())]);
         assert!(!ends);
         let mut again = ev(Kind::Close, "ck/a", "");
         again.replaced = true;
-        assert_eq!(
-            recs(&again, "ck", all, false).0,
-            vec![(IN_MODIFY, 0, "a".into()), (IN_CLOSE_WRITE, 0, "a".into())]
-        );
+        assert_eq!(recs(&again, "ck", all, false).0, vec![(IN_MODIFY, 0, "a".into()), (IN_CLOSE_WRITE, 0, "a".into())]);
         again.size = 0;
-        assert_eq!(
-            recs(&again, "ck", all, false).0,
-            vec![(IN_CLOSE_WRITE, 0, "a".into())],
-            "empty: no IN_MODIFY"
-        );
+        assert_eq!(recs(&again, "ck", all, false).0, vec![(IN_CLOSE_WRITE, 0, "a".into())], "empty: no IN_MODIFY");
         let (r, _) = recs(&ev(Kind::Rename, "ck/a.tmp", "ck/a"), "ck", all, false);
-        assert_eq!(
-            r,
-            vec![
-                (IN_MOVED_FROM, 9, "a.tmp".into()),
-                (IN_MOVED_TO, 9, "a".into())
-            ]
-        );
+        assert_eq!(r, vec![(IN_MOVED_FROM, 9, "a.tmp".into()), (IN_MOVED_TO, 9, "a".into())]);
         let (r, _) = recs(&ev(Kind::Rename, "tmp/a", "ck/a"), "ck", all, false);
-        assert_eq!(
-            r,
-            vec![(IN_MOVED_TO, 9, "a".into())],
-            "only the side this directory holds"
-        );
-        assert_eq!(
-            recs(&ev(Kind::Close, "ck/sub/a", ""), "ck", all, false).0,
-            vec![],
-            "not recursive"
-        );
+        assert_eq!(r, vec![(IN_MOVED_TO, 9, "a".into())], "only the side this directory holds");
+        assert_eq!(recs(&ev(Kind::Close, "ck/sub/a", ""), "ck", all, false).0, vec![], "not recursive");
         let (r, _) = recs(&ev(Kind::Close, "ck/sub/a", ""), "ck", all, true);
         assert_eq!(r[2], (IN_CLOSE_WRITE, 0, "sub/a".into()));
         let (r, _) = recs(&ev(Kind::Close, "a", ""), "", all, false);
         assert_eq!(r[0], (IN_CREATE, 0, "a".into()), "the mount root");
         let mut d = ev(Kind::Mkdir, "ck/d", "");
         d.is_dir = true;
-        assert_eq!(
-            recs(&d, "ck", all, false).0,
-            vec![(IN_CREATE | IN_ISDIR, 0, "d".into())]
-        );
-        assert_eq!(
-            recs(&d, "ck", IN_CLOSE_WRITE, false).0,
-            vec![],
-            "masked out"
-        );
+        assert_eq!(recs(&d, "ck", all, false).0, vec![(IN_CREATE | IN_ISDIR, 0, "d".into())]);
+        assert_eq!(recs(&d, "ck", IN_CLOSE_WRITE, false).0, vec![], "masked out");
     }
 
     #[test]
     fn the_watched_object_itself() {
         let all = IN_ALL_EVENTS;
         let (r, ends) = recs(&ev(Kind::Delete, "ck/a", ""), "ck/a", all, false);
-        assert_eq!(
-            r,
-            vec![
-                (IN_ATTRIB, 0, "".into()),
-                (IN_DELETE_SELF, 0, "".into()),
-                (IN_IGNORED, 0, "".into())
-            ]
-        );
+        assert_eq!(r, vec![(IN_ATTRIB, 0, "".into()), (IN_DELETE_SELF, 0, "".into()), (IN_IGNORED, 0, "".into())]);
         assert!(ends);
         let (r, ends) = recs(&ev(Kind::Delete, "ck/a", ""), "ck/a", IN_MODIFY, false);
-        assert_eq!(
-            r,
-            vec![(IN_IGNORED, 0, "".into())],
-            "IN_IGNORED whatever the mask"
-        );
+        assert_eq!(r, vec![(IN_IGNORED, 0, "".into())], "IN_IGNORED whatever the mask");
         assert!(ends);
         let mut d = ev(Kind::Rmdir, "ck", "");
         d.is_dir = true;
         let (r, ends) = recs(&d, "ck", all, false);
-        assert_eq!(
-            r,
-            vec![
-                (IN_DELETE_SELF | IN_ISDIR, 0, "".into()),
-                (IN_IGNORED, 0, "".into())
-            ]
-        );
+        assert_eq!(r, vec![(IN_DELETE_SELF | IN_ISDIR, 0, "".into()), (IN_IGNORED, 0, "".into())]);
         assert!(ends);
         let mut v = ev(Kind::Close, "log", "");
         v.replaced = true;
-        assert_eq!(
-            recs(&v, "log", all, false).0,
-            vec![
-                (IN_ATTRIB, 0, "".into()),
-                (IN_MODIFY, 0, "".into()),
-                (IN_CLOSE_WRITE, 0, "".into())
-            ]
-        );
+        assert_eq!(recs(&v, "log", all, false).0, vec![(IN_ATTRIB, 0, "".into()), (IN_MODIFY, 0, "".into()), (IN_CLOSE_WRITE, 0, "".into())]);
         let (r, ends) = recs(&ev(Kind::Close, "ck/a", ""), "ck", all | IN_ONESHOT, false);
         assert_eq!(r.last(), Some(&(IN_IGNORED, 0, "".into())));
         assert!(ends);
@@ -530,33 +439,12 @@ mod tests {
     #[test]
     fn concerns_and_records() {
         let e = ev(Kind::Rename, "a/x", "b/c/y");
-        assert!(
-            e.concerns(b"a", false)
-                && e.concerns(b"b/c", false)
-                && e.concerns(b"b", true)
-                && e.concerns(b"", true)
-        );
+        assert!(e.concerns(b"a", false) && e.concerns(b"b/c", false) && e.concerns(b"b", true) && e.concerns(b"", true));
         assert!(!e.concerns(b"b", false) && !e.concerns(b"ab", true));
         assert!(e.concerns(b"a/x", false), "the object itself");
         let mut b = Vec::new();
-        push_inotify(
-            &mut b,
-            5,
-            &Rec {
-                mask: IN_CREATE,
-                cookie: 0,
-                name: b"abc".to_vec(),
-            },
-        );
-        push_inotify(
-            &mut b,
-            6,
-            &Rec {
-                mask: IN_IGNORED,
-                cookie: 0,
-                name: Vec::new(),
-            },
-        );
+        push_inotify(&mut b, 5, &Rec { mask: IN_CREATE, cookie: 0, name: b"abc".to_vec() });
+        push_inotify(&mut b, 6, &Rec { mask: IN_IGNORED, cookie: 0, name: Vec::new() });
         assert_eq!(b.len(), 16 + 16 + 16);
         let parts = split_inotify(&b);
         assert_eq!(parts.len(), 2);

@@ -137,14 +137,9 @@ impl<'a> StatAnswer<'a> {
     /// None if `b` is malformed.
     pub fn decode(b: &'a [u8]) -> Option<StatAnswer<'a>> {
         let rec = OutRecord::decode(b)?;
-        let n = u32::from_le_bytes(b.get(OutRecord::LEN..OutRecord::LEN + 4)?.try_into().ok()?)
-            as usize;
+        let n = u32::from_le_bytes(b.get(OutRecord::LEN..OutRecord::LEN + 4)?.try_into().ok()?) as usize;
         let rest = b.get(OutRecord::LEN + 4..)?;
-        Some(StatAnswer {
-            rec,
-            resolved: rest.get(..n)?,
-            target: rest.get(n..)?,
-        })
+        Some(StatAnswer { rec, resolved: rest.get(..n)?, target: rest.get(n..)? })
     }
 }
 
@@ -263,11 +258,7 @@ impl OutRecord {
         let mut full = [0u8; Self::LEN];
         full[..Self::LEN_V1].copy_from_slice(b);
         let r = OutRecord::decode(&full)?;
-        Some(OutRecord {
-            atime_ns: r.mtime_ns,
-            ctime_ns: r.mtime_ns,
-            ..r
-        })
+        Some(OutRecord { atime_ns: r.mtime_ns, ctime_ns: r.mtime_ns, ..r })
     }
 }
 
@@ -354,13 +345,7 @@ fn check<'a>(b: &'a [u8], magic: &[u8; 4]) -> Result<&'a [u8], WireError> {
 
 impl Request {
     pub fn new(op: u16, id: u64, arg0: u64, arg1: u64) -> Request {
-        Request {
-            op,
-            id,
-            arg0,
-            arg1,
-            payload: Vec::new(),
-        }
+        Request { op, id, arg0, arg1, payload: Vec::new() }
     }
     pub fn encode(&self) -> Vec<u8> {
         let mut b = vec![0u8; HEADER_LEN];
@@ -376,36 +361,16 @@ impl Request {
     }
     pub fn decode(b: &[u8]) -> Result<Request, WireError> {
         let payload = check(b, &REQ_MAGIC)?.to_vec();
-        Ok(Request {
-            op: u16_at(b, 6),
-            id: u64_at(b, 8),
-            arg0: u64_at(b, 16),
-            arg1: u64_at(b, 24),
-            payload,
-        })
+        Ok(Request { op: u16_at(b, 6), id: u64_at(b, 8), arg0: u64_at(b, 16), arg1: u64_at(b, 24), payload })
     }
 }
 
 impl Reply {
     pub fn ok(req: &Request, value: u64) -> Reply {
-        Reply {
-            op: req.op,
-            id: req.id,
-            errno: 0,
-            flags: 0,
-            value,
-            payload: Vec::new(),
-        }
+        Reply { op: req.op, id: req.id, errno: 0, flags: 0, value, payload: Vec::new() }
     }
     pub fn err(req: &Request, errno: i32) -> Reply {
-        Reply {
-            op: req.op,
-            id: req.id,
-            errno,
-            flags: 0,
-            value: 0,
-            payload: Vec::new(),
-        }
+        Reply { op: req.op, id: req.id, errno, flags: 0, value: 0, payload: Vec::new() }
     }
     pub fn encode(&self) -> Vec<u8> {
         let mut b = vec![0u8; HEADER_LEN];
@@ -435,10 +400,7 @@ impl Reply {
 
 /// Sends one datagram on a connected SOCK_SEQPACKET socket, with `fd` attached if given.
 pub fn send_msg(sock: RawFd, bytes: &[u8], fd: Option<RawFd>) -> io::Result<()> {
-    let mut iov = libc::iovec {
-        iov_base: bytes.as_ptr() as *mut _,
-        iov_len: bytes.len(),
-    };
+    let mut iov = libc::iovec { iov_base: bytes.as_ptr() as *mut _, iov_len: bytes.len() };
     // Room for one cmsghdr carrying one int, 8-aligned.
     let mut cbuf = [0u64; 4];
     // SAFETY: msghdr is plain data; all-zero is a valid empty value.
@@ -477,10 +439,7 @@ pub fn send_msg(sock: RawFd, bytes: &[u8], fd: Option<RawFd>) -> io::Result<()> 
 /// Receives one datagram into `buf`; returns its length and the attached fd
 /// (close-on-exec), if any. A length of 0 means the peer closed.
 pub fn recv_msg(sock: RawFd, buf: &mut [u8]) -> io::Result<(usize, Option<OwnedFd>)> {
-    let mut iov = libc::iovec {
-        iov_base: buf.as_mut_ptr().cast(),
-        iov_len: buf.len(),
-    };
+    let mut iov = libc::iovec { iov_base: buf.as_mut_ptr().cast(), iov_len: buf.len() };
     let mut cbuf = [0u64; 8];
     // SAFETY: msghdr is plain data; all-zero is a valid empty value.
     let mut msg: libc::msghdr = unsafe { std::mem::zeroed() };
@@ -507,8 +466,7 @@ pub fn recv_msg(sock: RawFd, buf: &mut [u8]) -> io::Result<(usize, Option<OwnedF
         while !c.is_null() {
             if (*c).cmsg_level == libc::SOL_SOCKET && (*c).cmsg_type == libc::SCM_RIGHTS {
                 let data = libc::CMSG_DATA(c) as *const RawFd;
-                let count =
-                    ((*c).cmsg_len - libc::CMSG_LEN(0) as usize) / std::mem::size_of::<RawFd>();
+                let count = ((*c).cmsg_len - libc::CMSG_LEN(0) as usize) / std::mem::size_of::<RawFd>();
                 for i in 0..count {
                     let raw = std::ptr::read_unaligned(data.add(i));
                     let owned = OwnedFd::from_raw_fd(raw);
@@ -521,10 +479,7 @@ pub fn recv_msg(sock: RawFd, buf: &mut [u8]) -> io::Result<(usize, Option<OwnedF
         }
     }
     if msg.msg_flags & libc::MSG_TRUNC != 0 {
-        return Err(io::Error::new(
-            io::ErrorKind::InvalidData,
-            "message larger than the receive buffer",
-        ));
+        return Err(io::Error::new(io::ErrorKind::InvalidData, "message larger than the receive buffer"));
     }
     Ok((n, fd))
 }
@@ -535,33 +490,15 @@ mod tests {
 
     #[test]
     fn stat_answer_round_trip_and_malformed() {
-        let rec = OutRecord {
-            size: 4,
-            mode: libc::S_IFLNK | 0o777,
-            holder: 1,
-            mtime_ns: -3,
-            id: 9,
-            sum: 7,
-            atime_ns: -2,
-            ctime_ns: 8,
-        };
+        let rec = OutRecord { size: 4, mode: libc::S_IFLNK | 0o777, holder: 1, mtime_ns: -3, id: 9, sum: 7, atime_ns: -2, ctime_ns: 8 };
         let b = StatAnswer::encode(&rec, b"run/ck-9", b"ck-9");
         let a = StatAnswer::decode(&b).unwrap();
-        assert_eq!(
-            (a.rec, a.resolved, a.target),
-            (rec, &b"run/ck-9"[..], &b"ck-9"[..])
-        );
+        assert_eq!((a.rec, a.resolved, a.target), (rec, &b"run/ck-9"[..], &b"ck-9"[..]));
         assert!(a.rec.is_link() && a.rec.kind() == KIND_LINK);
-        assert!(
-            StatAnswer::decode(&b[..OutRecord::LEN + 2]).is_none(),
-            "cut in the length"
-        );
+        assert!(StatAnswer::decode(&b[..OutRecord::LEN + 2]).is_none(), "cut in the length");
         let mut long = b[..OutRecord::LEN].to_vec();
         long.extend_from_slice(&100u32.to_le_bytes());
-        assert!(
-            StatAnswer::decode(&long).is_none(),
-            "a resolved path longer than the message"
-        );
+        assert!(StatAnswer::decode(&long).is_none(), "a resolved path longer than the message");
     }
     use std::io::{Read, Seek, Write};
     use std::os::fd::AsRawFd;
@@ -580,25 +517,13 @@ mod tests {
         let mut b = r.encode();
         b[4] = 9;
         assert_eq!(Request::decode(&b), Err(WireError::Version(9)));
-        assert_eq!(
-            Request::decode(&r.encode()[..41]),
-            Err(WireError::Length(3))
-        );
+        assert_eq!(Request::decode(&r.encode()[..41]), Err(WireError::Length(3)));
         assert_eq!(Reply::decode(&[0u8; 5]), Err(WireError::Short(5)));
     }
 
     #[test]
     fn out_record_and_entries() {
-        let r = OutRecord {
-            size: 5,
-            mode: libc::S_IFREG | 0o644,
-            holder: 3,
-            mtime_ns: -7,
-            id: 9,
-            sum: 11,
-            atime_ns: 1 << 40,
-            ctime_ns: -(1 << 41),
-        };
+        let r = OutRecord { size: 5, mode: libc::S_IFREG | 0o644, holder: 3, mtime_ns: -7, id: 9, sum: 11, atime_ns: 1 << 40, ctime_ns: -(1 << 41) };
         let mut b = Vec::new();
         r.encode_into(&mut b);
         assert_eq!(OutRecord::decode(&b), Some(r));
@@ -616,17 +541,7 @@ mod tests {
     fn fd_passing_over_seqpacket() {
         let mut sv = [0; 2];
         // SAFETY: sv has room for two fds.
-        assert_eq!(
-            unsafe {
-                libc::socketpair(
-                    libc::AF_UNIX,
-                    libc::SOCK_SEQPACKET | libc::SOCK_CLOEXEC,
-                    0,
-                    sv.as_mut_ptr(),
-                )
-            },
-            0
-        );
+        assert_eq!(unsafe { libc::socketpair(libc::AF_UNIX, libc::SOCK_SEQPACKET | libc::SOCK_CLOEXEC, 0, sv.as_mut_ptr()) }, 0);
         // SAFETY: socketpair returned two fresh fds that we now own.
         let (a, b) = unsafe { (OwnedFd::from_raw_fd(sv[0]), OwnedFd::from_raw_fd(sv[1])) };
         let mut f = tempfile::tempfile().unwrap();
@@ -637,9 +552,7 @@ mod tests {
         let (n, fd) = recv_msg(b.as_raw_fd(), &mut buf).unwrap();
         assert_eq!(&buf[..n], b"hello");
         let mut got = String::new();
-        std::fs::File::from(fd.unwrap())
-            .read_to_string(&mut got)
-            .unwrap();
+        std::fs::File::from(fd.unwrap()).read_to_string(&mut got).unwrap();
         assert_eq!(got, "payload bytes");
         send_msg(a.as_raw_fd(), b"no fd", None).unwrap();
         let (n, fd) = recv_msg(b.as_raw_fd(), &mut buf).unwrap();

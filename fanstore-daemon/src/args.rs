@@ -148,10 +148,7 @@ pub fn parse_size_or_all(s: &str) -> Result<u64, String> {
 
 pub fn parse_size(s: &str) -> Result<u64, String> {
     let t = s.trim();
-    let t = t
-        .strip_suffix("iB")
-        .or_else(|| t.strip_suffix('B'))
-        .unwrap_or(t);
+    let t = t.strip_suffix("iB").or_else(|| t.strip_suffix('B')).unwrap_or(t);
     let (num, shift) = match t.char_indices().last() {
         Some((i, c)) if c.is_ascii_alphabetic() => {
             let shift = match c.to_ascii_uppercase() {
@@ -166,8 +163,7 @@ pub fn parse_size(s: &str) -> Result<u64, String> {
         _ => (t, 0),
     };
     let n: u64 = num.trim().parse().map_err(|_| format!("bad size '{s}'"))?;
-    n.checked_mul(1u64 << shift)
-        .ok_or_else(|| format!("size '{s}' is too large"))
+    n.checked_mul(1u64 << shift).ok_or_else(|| format!("size '{s}' is too large"))
 }
 
 #[cfg(test)]

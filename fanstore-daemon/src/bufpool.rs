@@ -15,10 +15,7 @@ pub struct BufPool {
 
 impl BufPool {
     pub const fn new(limit: usize) -> BufPool {
-        BufPool {
-            bufs: Mutex::new(Vec::new()),
-            limit,
-        }
+        BufPool { bufs: Mutex::new(Vec::new()), limit }
     }
 
     /// A buffer of exactly `len` bytes: the smallest kept one that is large
@@ -26,18 +23,8 @@ impl BufPool {
     pub fn take(&self, len: usize) -> Vec<u8> {
         let mut v = {
             let mut g = self.bufs.lock().unwrap_or_else(|p| p.into_inner());
-            let fit = g
-                .iter()
-                .enumerate()
-                .filter(|(_, b)| b.capacity() >= len)
-                .min_by_key(|(_, b)| b.capacity())
-                .map(|(i, _)| i);
-            let pick = fit.or_else(|| {
-                g.iter()
-                    .enumerate()
-                    .max_by_key(|(_, b)| b.capacity())
-                    .map(|(i, _)| i)
-            });
+            let fit = g.iter().enumerate().filter(|(_, b)| b.capacity() >= len).min_by_key(|(_, b)| b.capacity()).map(|(i, _)| i);
+            let pick = fit.or_else(|| g.iter().enumerate().max_by_key(|(_, b)| b.capacity()).map(|(i, _)| i));
             pick.map(|i| g.swap_remove(i)).unwrap_or_default()
         };
         v.resize(len, 0); // zeroing warm pages is cheap; shrinking keeps the capacity
@@ -53,9 +40,7 @@ impl BufPool {
         let mut g = self.bufs.lock().unwrap_or_else(|p| p.into_inner());
         let mut total: usize = g.iter().map(|b| b.capacity()).sum();
         while total + v.capacity() > self.limit {
-            let Some((i, _)) = g.iter().enumerate().min_by_key(|(_, b)| b.capacity()) else {
-                break;
-            };
+            let Some((i, _)) = g.iter().enumerate().min_by_key(|(_, b)| b.capacity()) else { break };
             if g[i].capacity() >= v.capacity() {
                 return; // everything kept is at least as useful
             }
@@ -66,12 +51,7 @@ impl BufPool {
 
     /// Capacity currently kept.
     pub fn kept(&self) -> usize {
-        self.bufs
-            .lock()
-            .unwrap_or_else(|p| p.into_inner())
-            .iter()
-            .map(|b| b.capacity())
-            .sum()
+        self.bufs.lock().unwrap_or_else(|p| p.into_inner()).iter().map(|b| b.capacity()).sum()
     }
 }
 
@@ -87,11 +67,7 @@ mod tests {
         let cap_a = a.capacity();
         p.put(a);
         let b = p.take(10);
-        assert_eq!(
-            (b.len(), b.capacity()),
-            (10, cap_a),
-            "reused, not reallocated"
-        );
+        assert_eq!((b.len(), b.capacity()), (10, cap_a), "reused, not reallocated");
         p.put(b);
         p.put(vec![0u8; 50]);
         assert!(p.kept() <= 100);

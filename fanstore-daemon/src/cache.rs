@@ -84,9 +84,7 @@ impl<V: Clone, E: Clone> Cache<V, E> {
     }
 
     fn evict_one(&self, g: &mut Inner<V, E>) -> bool {
-        let Some((_, victim)) = g.lru.pop_first() else {
-            return false;
-        };
+        let Some((_, victim)) = g.lru.pop_first() else { return false };
         if let Some(e) = g.ready.remove(&victim) {
             g.bytes -= e.size;
             self.stats.evictions.fetch_add(1, Relaxed);
@@ -184,21 +182,13 @@ impl<V: Clone, E: Clone> Cache<V, E> {
                 self.stats.coalesced.fetch_add(1, Relaxed);
                 return wait_for(&p, wait, timeout_err);
             }
-            let p = Arc::new(Pending {
-                slot: Mutex::new(None),
-                cv: Condvar::new(),
-            });
+            let p = Arc::new(Pending { slot: Mutex::new(None), cv: Condvar::new() });
             g.pending.insert(key, p.clone());
             self.stats.misses.fetch_add(1, Relaxed);
             p
         };
         // Resolves the pending slot even if `load` panics, so waiters never hang.
-        let mut guard = PendingGuard {
-            cache: self,
-            key,
-            pending: &pending,
-            result: Some(Err(timeout_err)),
-        };
+        let mut guard = PendingGuard { cache: self, key, pending: &pending, result: Some(Err(timeout_err)) };
         let res = load();
         let out = res.as_ref().map(|(v, _)| v.clone()).map_err(|e| e.clone());
         let mut g = self.lock();
@@ -206,22 +196,13 @@ impl<V: Clone, E: Clone> Cache<V, E> {
             if size <= self.budget {
                 g.tick += 1;
                 let tick = g.tick;
-                if let Some(old) = g.ready.insert(
-                    key,
-                    Entry {
-                        value: v,
-                        size,
-                        tick,
-                    },
-                ) {
+                if let Some(old) = g.ready.insert(key, Entry { value: v, size, tick }) {
                     g.lru.remove(&old.tick);
                     g.bytes -= old.size;
                 }
                 g.lru.insert(tick, key);
                 g.bytes += size;
-                while (g.bytes > self.budget || g.ready.len() > self.max_entries)
-                    && self.evict_one(&mut g)
-                {}
+                while (g.bytes > self.budget || g.ready.len() > self.max_entries) && self.evict_one(&mut g) {}
             }
         }
         drop(g);
@@ -242,10 +223,7 @@ fn wait_for<V: Clone, E: Clone>(p: &Pending<V, E>, wait: Duration, timeout_err: 
         if now >= deadline {
             return Err(timeout_err);
         }
-        slot =
-            p.cv.wait_timeout(slot, deadline - now)
-                .unwrap_or_else(|e| e.into_inner())
-                .0;
+        slot = p.cv.wait_timeout(slot, deadline - now).unwrap_or_else(|e| e.into_inner()).0;
     }
 }
 
@@ -270,11 +248,7 @@ mod tests {
     use std::sync::atomic::AtomicUsize;
 
     fn stats(c: &Cache<u32, i32>) -> (u64, u64, u64) {
-        (
-            c.stats.hits.load(Relaxed),
-            c.stats.misses.load(Relaxed),
-            c.stats.evictions.load(Relaxed),
-        )
+        (c.stats.hits.load(Relaxed), c.stats.misses.load(Relaxed), c.stats.evictions.load(Relaxed))
     }
 
     #[test]
@@ -296,11 +270,8 @@ mod tests {
     fn count_bound_shed_invalidate_and_the_eviction_hook() {
         let seen = Arc::new(Mutex::new(Vec::new()));
         let s2 = seen.clone();
-        let c: Cache<u32, i32> = Cache::with_limits(
-            1000,
-            3,
-            Some(Box::new(move |k, v: &u32| s2.lock().unwrap().push((k, *v)))),
-        );
+        let c: Cache<u32, i32> =
+            Cache::with_limits(1000, 3, Some(Box::new(move |k, v: &u32| s2.lock().unwrap().push((k, *v)))));
         let w = Duration::from_secs(1);
         for k in 1..=5u32 {
             assert_eq!(c.get_or_load(k, w, -1, || Ok((k * 10, 1))), Ok(k * 10));
@@ -309,10 +280,7 @@ mod tests {
         assert_eq!(*seen.lock().unwrap(), vec![(1, 10), (2, 20)]);
         c.touch(3); // 3 becomes the most recent: 4 and 5 are older
         assert_eq!(c.shed(), 2);
-        assert_eq!(
-            *seen.lock().unwrap(),
-            vec![(1, 10), (2, 20), (4, 40), (5, 50)]
-        );
+        assert_eq!(*seen.lock().unwrap(), vec![(1, 10), (2, 20), (4, 40), (5, 50)]);
         c.invalidate(3, |v| *v == 99); // not that value: kept
         assert_eq!(c.usage(), (1, 1));
         c.invalidate(3, |v| *v == 30);
@@ -371,10 +339,7 @@ mod tests {
         });
         std::thread::sleep(Duration::from_millis(50));
         let t = Instant::now();
-        assert_eq!(
-            c.get_or_load(1, Duration::from_millis(50), -9, || panic!("joins")),
-            Err(-9)
-        );
+        assert_eq!(c.get_or_load(1, Duration::from_millis(50), -9, || panic!("joins")), Err(-9));
         assert!(t.elapsed() < Duration::from_millis(250));
         assert_eq!(slow.join().unwrap(), Ok(1));
 
@@ -386,15 +351,8 @@ mod tests {
             });
         });
         std::thread::sleep(Duration::from_millis(20));
-        assert_eq!(
-            c.get_or_load(2, Duration::from_secs(5), -2, || panic!("joins")),
-            Err(-1),
-            "the loader's error value"
-        );
+        assert_eq!(c.get_or_load(2, Duration::from_secs(5), -2, || panic!("joins")), Err(-1), "the loader's error value");
         assert!(boom.join().is_err());
-        assert_eq!(
-            c.get_or_load(2, Duration::from_secs(1), -1, || Ok((3, 1))),
-            Ok(3)
-        );
+        assert_eq!(c.get_or_load(2, Duration::from_secs(1), -1, || Ok((3, 1))), Ok(3));
     }
 }

@@ -56,24 +56,14 @@ type RankAnswer = (u32, Result<(String, bool), i32>);
 /// `path` relative to the mount root, without leading or trailing '/'.
 pub fn relative(path: &str, mount: &str) -> Vec<u8> {
     let m = mount.trim_end_matches('/');
-    let rest = if !m.is_empty() && (path == m || path.starts_with(&format!("{m}/"))) {
-        &path[m.len()..]
-    } else {
-        path
-    };
-    let parts: Vec<&str> = rest
-        .split('/')
-        .filter(|c| !c.is_empty() && *c != ".")
-        .collect();
+    let rest = if !m.is_empty() && (path == m || path.starts_with(&format!("{m}/"))) { &path[m.len()..] } else { path };
+    let parts: Vec<&str> = rest.split('/').filter(|c| !c.is_empty() && *c != ".").collect();
     parts.join("/").into_bytes()
 }
 
 /// The live daemons of the job in `rt`.
 fn live_states(rt: &Path) -> Result<Vec<NodeState>, QueryError> {
-    let states: Vec<NodeState> = runtime::list_states(rt)
-        .into_iter()
-        .filter(|s| s.status == Status::Ready)
-        .collect();
+    let states: Vec<NodeState> = runtime::list_states(rt).into_iter().filter(|s| s.status == Status::Ready).collect();
     if states.is_empty() {
         return Err(QueryError::NoDaemon(rt.display().to_string()));
     }
@@ -88,31 +78,25 @@ fn ask(rt: &Path, rank: u32, q: &Query) -> Result<RankAnswer, QueryError> {
     let (arg0, arg1, payload) = q.encode();
     // A rank answers once the checkpoints closed before the query are stored
     // (their commits run behind the close): up to seconds per file queued.
-    let mut c = Client::connect(&runtime::socket_path(rt, rank), QUERY_TIMEOUT)
-        .map_err(|e| fail(e.to_string()))?;
+    let mut c = Client::connect(&runtime::socket_path(rt, rank), QUERY_TIMEOUT).map_err(|e| fail(e.to_string()))?;
     let mut req = Request::new(op::CKPT, 1, arg0, arg1);
     req.payload = payload;
     let attach = match q.attachment() {
         Some(b) => {
-            let m = crate::memfd::MemfdBuilder::unmapped("fanstore:query", b.len() as u64)
-                .map_err(|e| fail(e.to_string()))?;
+            let m = crate::memfd::MemfdBuilder::unmapped("fanstore:query", b.len() as u64).map_err(|e| fail(e.to_string()))?;
             m.write_at(b, 0).map_err(|e| fail(e.to_string()))?;
             Some(m.seal().map_err(|e| fail(e.to_string()))?)
         }
         None => None,
     };
     use std::os::fd::AsRawFd;
-    let (rep, fd) = c
-        .call_with(&req, attach.as_ref().map(|f| f.as_raw_fd()))
-        .map_err(|e| fail(e.to_string()))?;
+    let (rep, fd) = c.call_with(&req, attach.as_ref().map(|f| f.as_raw_fd())).map_err(|e| fail(e.to_string()))?;
     if rep.errno != 0 {
         return Ok((rank, Err(rep.errno)));
     }
     let fd = fd.ok_or_else(|| fail("the report came without its fd".into()))?;
     let mut text = String::new();
-    std::fs::File::from(fd)
-        .read_to_string(&mut text)
-        .map_err(|e| fail(format!("reading the report: {e}")))?;
+    std::fs::File::from(fd).read_to_string(&mut text).map_err(|e| fail(format!("reading the report: {e}")))?;
     Ok((rank, Ok((text, rep.value == 0))))
 }
 
@@ -128,10 +112,7 @@ fn ask_all(rt: &Path, q: &Query) -> Result<Vec<RankAnswer>, QueryError> {
     for (rank, a) in &out {
         if let Err(e) = a {
             if *e != libc::ENOENT && *e != libc::ENOTSUP {
-                return Err(QueryError::Rank {
-                    rank: *rank,
-                    problem: std::io::Error::from_raw_os_error(*e).to_string(),
-                });
+                return Err(QueryError::Rank { rank: *rank, problem: std::io::Error::from_raw_os_error(*e).to_string() });
             }
         }
     }
@@ -139,10 +120,7 @@ fn ask_all(rt: &Path, q: &Query) -> Result<Vec<RankAnswer>, QueryError> {
 }
 
 fn parsed(rank: u32, text: &str) -> Result<Value<'_>, QueryError> {
-    json::parse(text.as_bytes(), json::Limits::default()).map_err(|e| QueryError::Malformed {
-        rank,
-        problem: e.to_string(),
-    })
+    json::parse(text.as_bytes(), json::Limits::default()).map_err(|e| QueryError::Malformed { rank, problem: e.to_string() })
 }
 
 /// A JSON value as text (the reports' own syntax: numbers verbatim).
@@ -154,10 +132,7 @@ fn to_json(v: &Value) -> String {
         Value::String(s) => render::json_str(s.as_bytes()),
         Value::Array(a) => render::array(a.iter().map(to_json)),
         Value::Object(members) => {
-            let inner: Vec<String> = members
-                .iter()
-                .map(|(k, v)| format!("{}:{}", render::json_str(k.as_bytes()), to_json(v)))
-                .collect();
+            let inner: Vec<String> = members.iter().map(|(k, v)| format!("{}:{}", render::json_str(k.as_bytes()), to_json(v))).collect();
             format!("{{{}}}", inner.join(","))
         }
     }
@@ -170,21 +145,14 @@ pub fn run(rt: &Path, q: &Query) -> Result<Report, QueryError> {
         Query::Du => du(rt, q),
         Query::Match { .. } => match_all(rt, q),
         Query::Verify { path: None, json } => verify_all(rt, *json),
-        Query::Log { path, .. }
-        | Query::Owners { path, .. }
-        | Query::Verify {
-            path: Some(path), ..
-        } => one(rt, q).map_err(|e| match e {
-            QueryError::NotFound(_) => {
-                QueryError::NotFound(String::from_utf8_lossy(path).into_owned())
-            }
-            e => e,
-        }),
+        Query::Log { path, .. } | Query::Owners { path, .. } | Query::Verify { path: Some(path), .. } => {
+            one(rt, q).map_err(|e| match e {
+                QueryError::NotFound(_) => QueryError::NotFound(String::from_utf8_lossy(path).into_owned()),
+                e => e,
+            })
+        }
         Query::Diff { a, b, .. } => one(rt, q).map_err(|e| match e {
-            QueryError::NotFound(_) => QueryError::NotTogether(
-                String::from_utf8_lossy(a).into_owned(),
-                String::from_utf8_lossy(b).into_owned(),
-            ),
+            QueryError::NotFound(_) => QueryError::NotTogether(String::from_utf8_lossy(a).into_owned(), String::from_utf8_lossy(b).into_owned()),
             e => e,
         }),
     }
@@ -198,32 +166,21 @@ fn one(rt: &Path, q: &Query) -> Result<Report, QueryError> {
 }
 
 fn ls(rt: &Path, q: &Query, as_json: bool) -> Result<Report, QueryError> {
-    let Query::Ls { dir, .. } = q else {
-        unreachable!("ls")
-    };
-    let json_q = Query::Ls {
-        dir: dir.clone(),
-        json: true,
-    };
+    let Query::Ls { dir, .. } = q else { unreachable!("ls") };
+    let json_q = Query::Ls { dir: dir.clone(), json: true };
     let mut rows = Vec::new();
     let mut ranks_with_rows = Vec::new();
     for (rank, a) in ask_all(rt, &json_q)? {
         let Ok((text, _)) = a else { continue };
         let v = parsed(rank, &text)?;
-        let arr = v.as_array().ok_or_else(|| QueryError::Malformed {
-            rank,
-            problem: "ls is not an array".into(),
-        })?;
+        let arr = v.as_array().ok_or_else(|| QueryError::Malformed { rank, problem: "ls is not an array".into() })?;
         if !arr.is_empty() {
             ranks_with_rows.push(rank);
         }
         rows.extend(arr.iter().map(to_json));
     }
     if as_json {
-        return Ok(Report {
-            text: format!("[{}]\n", rows.join(",")),
-            ok: true,
-        });
+        return Ok(Report { text: format!("[{}]\n", rows.join(",")), ok: true });
     }
     let mut text = String::new();
     for &rank in &ranks_with_rows {
@@ -256,21 +213,12 @@ fn du(rt: &Path, q: &Query) -> Result<Report, QueryError> {
         let v = parsed(rank, &text)?;
         let mut n = [0u64; NF];
         for (i, f) in DU_FIELDS.iter().enumerate() {
-            n[i] = v
-                .get(f)
-                .and_then(Value::as_u64)
-                .ok_or_else(|| QueryError::Malformed {
-                    rank,
-                    problem: format!("du has no {f}"),
-                })?;
+            n[i] = v.get(f).and_then(Value::as_u64).ok_or_else(|| QueryError::Malformed { rank, problem: format!("du has no {f}") })?;
             total[i] += n[i];
         }
         per_rank.push((rank, n));
     }
-    Ok(Report {
-        text: du_text(&total, &per_rank),
-        ok: true,
-    })
+    Ok(Report { text: du_text(&total, &per_rank), ok: true })
 }
 
 fn du_text(total: &[u64; NF], per_rank: &[(u32, [u64; NF])]) -> String {
@@ -283,11 +231,7 @@ fn du_text(total: &[u64; NF], per_rank: &[(u32, [u64; NF])]) -> String {
         })
         .collect();
     let j = t.to_json();
-    format!(
-        "{},\"ranks\":{}}}\n",
-        &j[..j.len() - 1],
-        render::array(ranks)
-    )
+    format!("{},\"ranks\":{}}}\n", &j[..j.len() - 1], render::array(ranks))
 }
 
 /// The table form of `du`: the whole job, then one row per rank.
@@ -301,20 +245,13 @@ pub fn du_table(json_text: &str) -> Result<String, QueryError> {
         n
     };
     let mut out = du_report(&nums(&v)).to_table();
-    if let Some(ranks) = v
-        .get("ranks")
-        .and_then(Value::as_array)
-        .filter(|r| r.len() > 1)
-    {
+    if let Some(ranks) = v.get("ranks").and_then(Value::as_array).filter(|r| r.len() > 1) {
         let rows: Vec<Vec<String>> = ranks
             .iter()
             .map(|r| {
                 let d = du_report(&nums(r));
                 vec![
-                    r.get("rank")
-                        .and_then(Value::as_u64)
-                        .unwrap_or(0)
-                        .to_string(),
+                    r.get("rank").and_then(Value::as_u64).unwrap_or(0).to_string(),
                     d.checkpoints.to_string(),
                     render::bytes(d.logical),
                     render::bytes(d.physical()),
@@ -323,62 +260,26 @@ pub fn du_table(json_text: &str) -> Result<String, QueryError> {
             })
             .collect();
         out.push('\n');
-        out.push_str(&render::table(
-            &["rank", "checkpoints", "logical", "physical", "dedup"],
-            &rows,
-            &[0, 1, 2, 3, 4],
-        ));
+        out.push_str(&render::table(&["rank", "checkpoints", "logical", "physical", "dedup"], &rows, &[0, 1, 2, 3, 4]));
     }
     Ok(out)
 }
 
 /// The tensors of the stored checkpoint at `path` (from its owner map),
 /// as `ckpt match` keys.
-pub fn stored_keys(
-    rt: &Path,
-    path: &[u8],
-) -> Result<Vec<fanstore_ckpt::matching::TensorKey>, QueryError> {
-    let rep = run(
-        rt,
-        &Query::Owners {
-            path: path.to_vec(),
-            json: true,
-        },
-    )?;
+pub fn stored_keys(rt: &Path, path: &[u8]) -> Result<Vec<fanstore_ckpt::matching::TensorKey>, QueryError> {
+    let rep = run(rt, &Query::Owners { path: path.to_vec(), json: true })?;
     let v = parsed(0, &rep.text)?;
-    let bad = |problem: &str| QueryError::Malformed {
-        rank: 0,
-        problem: format!("owners: {problem}"),
-    };
+    let bad = |problem: &str| QueryError::Malformed { rank: 0, problem: format!("owners: {problem}") };
     let mut keys = Vec::new();
-    for t in v
-        .get("tensors")
-        .and_then(Value::as_array)
-        .ok_or_else(|| bad("no tensors"))?
-    {
-        let name = t
-            .get("name")
-            .and_then(Value::as_str)
-            .ok_or_else(|| bad("tensor without a name"))?;
-        let shape = t
-            .get("shape")
-            .and_then(Value::as_array)
-            .ok_or_else(|| bad("tensor without a shape"))?;
+    for t in v.get("tensors").and_then(Value::as_array).ok_or_else(|| bad("no tensors"))? {
+        let name = t.get("name").and_then(Value::as_str).ok_or_else(|| bad("tensor without a name"))?;
+        let shape = t.get("shape").and_then(Value::as_array).ok_or_else(|| bad("tensor without a shape"))?;
         let shape: Option<Vec<u64>> = shape.iter().map(Value::as_u64).collect();
-        let hash = t
-            .get("blake3")
-            .and_then(Value::as_str)
-            .and_then(fanstore_ckpt::unit::parse_hex);
+        let hash = t.get("blake3").and_then(Value::as_str).and_then(fanstore_ckpt::unit::parse_hex);
         let len = t.get("bytes").and_then(Value::as_u64);
-        let (Some(shape), Some(hash), Some(len)) = (shape, hash, len) else {
-            return Err(bad("tensor fields"));
-        };
-        keys.push(fanstore_ckpt::matching::TensorKey {
-            name: name.as_bytes().to_vec(),
-            shape,
-            hash,
-            len,
-        });
+        let (Some(shape), Some(hash), Some(len)) = (shape, hash, len) else { return Err(bad("tensor fields")) };
+        keys.push(fanstore_ckpt::matching::TensorKey { name: name.as_bytes().to_vec(), shape, hash, len });
     }
     Ok(keys)
 }
@@ -400,10 +301,7 @@ fn match_all(rt: &Path, q: &Query) -> Result<Report, QueryError> {
         }
     }
     rows.sort_by(|a, b| b.0.cmp(&a.0));
-    let text = format!(
-        "{{\"query_tensors\":{query_tensors},\"matches\":[{}]}}\n",
-        rows.into_iter().map(|r| r.1).collect::<Vec<_>>().join(",")
-    );
+    let text = format!("{{\"query_tensors\":{query_tensors},\"matches\":[{}]}}\n", rows.into_iter().map(|r| r.1).collect::<Vec<_>>().join(","));
     Ok(Report { text, ok: true })
 }
 
@@ -413,9 +311,7 @@ pub fn match_table(json_text: &str) -> Result<String, QueryError> {
     let q = v.get("query_tensors").and_then(Value::as_u64).unwrap_or(0);
     let ms = v.get("matches").and_then(Value::as_array).unwrap_or(&[]);
     if ms.is_empty() {
-        return Ok(format!(
-            "no stored checkpoint shares any of the {q} tensors\n"
-        ));
+        return Ok(format!("no stored checkpoint shares any of the {q} tensors\n"));
     }
     let rows: Vec<Vec<String>> = ms
         .iter()
@@ -425,10 +321,7 @@ pub fn match_table(json_text: &str) -> Result<String, QueryError> {
             vec![
                 (i + 1).to_string(),
                 n("rank").to_string(),
-                m.get("path")
-                    .and_then(Value::as_str)
-                    .unwrap_or("")
-                    .to_string(),
+                m.get("path").and_then(Value::as_str).unwrap_or("").to_string(),
                 format!("{}/{q}", n("prefix")),
                 n("shared").to_string(),
                 render::bytes(n("shared_bytes")),
@@ -436,29 +329,11 @@ pub fn match_table(json_text: &str) -> Result<String, QueryError> {
             ]
         })
         .collect();
-    Ok(render::table(
-        &[
-            "#",
-            "rank",
-            "checkpoint",
-            "prefix",
-            "shared",
-            "shared bytes",
-            "its tensors",
-        ],
-        &rows,
-        &[0, 1, 3, 4, 5, 6],
-    ))
+    Ok(render::table(&["#", "rank", "checkpoint", "prefix", "shared", "shared bytes", "its tensors"], &rows, &[0, 1, 3, 4, 5, 6]))
 }
 
 fn verify_all(rt: &Path, as_json: bool) -> Result<Report, QueryError> {
-    let answers = ask_all(
-        rt,
-        &Query::Verify {
-            path: None,
-            json: true,
-        },
-    )?;
+    let answers = ask_all(rt, &Query::Verify { path: None, json: true })?;
     let mut ok = true;
     let mut sums = [0u64; 3];
     let mut problems = Vec::new();
@@ -474,14 +349,7 @@ fn verify_all(rt: &Path, as_json: bool) -> Result<Report, QueryError> {
             problems.extend(p.iter().map(to_json));
         }
         if !as_json {
-            if let (_, Ok((t, _))) = ask(
-                rt,
-                rank,
-                &Query::Verify {
-                    path: None,
-                    json: false,
-                },
-            )? {
+            if let (_, Ok((t, _))) = ask(rt, rank, &Query::Verify { path: None, json: false })? {
                 tables.push_str(&format!("rank {rank}: {t}"));
             }
         }
@@ -520,26 +388,14 @@ mod tests {
             n[..8].copy_from_slice(&v);
             n
         };
-        let text = du_text(
-            &f([2, 0, 100, 3, 60, 90, 10, 5]),
-            &[
-                (0, f([1, 0, 50, 2, 40, 60, 5, 3])),
-                (1, f([1, 0, 50, 1, 20, 30, 5, 2])),
-            ],
-        );
+        let text = du_text(&f([2, 0, 100, 3, 60, 90, 10, 5]), &[(0, f([1, 0, 50, 2, 40, 60, 5, 3])), (1, f([1, 0, 50, 1, 20, 30, 5, 2]))]);
         let v = json::parse(text.as_bytes(), json::Limits::default()).unwrap();
         assert_eq!(v.get("physical_bytes").and_then(Value::as_u64), Some(105));
         let ranks = v.get("ranks").and_then(Value::as_array).unwrap();
         assert_eq!(ranks[1].get("rank").and_then(Value::as_u64), Some(1));
-        assert_eq!(
-            ranks[1].get("physical_bytes").and_then(Value::as_u64),
-            Some(37)
-        );
+        assert_eq!(ranks[1].get("physical_bytes").and_then(Value::as_u64), Some(37));
         let table = du_table(&text).unwrap();
-        assert!(
-            table.contains("physical") && table.contains("rank"),
-            "{table}"
-        );
+        assert!(table.contains("physical") && table.contains("rank"), "{table}");
     }
 
     #[test]

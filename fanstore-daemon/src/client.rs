@@ -22,55 +22,32 @@ impl Client {
         // SAFETY: sockaddr_un is plain data.
         let mut addr: libc::sockaddr_un = unsafe { std::mem::zeroed() };
         if bytes.len() >= addr.sun_path.len() {
-            return Err(io::Error::new(
-                io::ErrorKind::InvalidInput,
-                "socket path too long",
-            ));
+            return Err(io::Error::new(io::ErrorKind::InvalidInput, "socket path too long"));
         }
         addr.sun_family = libc::AF_UNIX as libc::sa_family_t;
         for (d, s) in addr.sun_path.iter_mut().zip(bytes) {
             *d = *s as libc::c_char;
         }
         // SAFETY: plain socket creation, checked.
-        let raw =
-            unsafe { libc::socket(libc::AF_UNIX, libc::SOCK_SEQPACKET | libc::SOCK_CLOEXEC, 0) };
+        let raw = unsafe { libc::socket(libc::AF_UNIX, libc::SOCK_SEQPACKET | libc::SOCK_CLOEXEC, 0) };
         if raw < 0 {
             return Err(io::Error::last_os_error());
         }
         // SAFETY: raw is a new fd we own.
         let fd = unsafe { OwnedFd::from_raw_fd(raw) };
-        let tv = libc::timeval {
-            tv_sec: timeout.as_secs() as libc::time_t,
-            tv_usec: timeout.subsec_micros() as libc::suseconds_t,
-        };
+        let tv = libc::timeval { tv_sec: timeout.as_secs() as libc::time_t, tv_usec: timeout.subsec_micros() as libc::suseconds_t };
         for opt in [libc::SO_RCVTIMEO, libc::SO_SNDTIMEO] {
             // SAFETY: tv is a valid timeval of the size given.
             unsafe {
-                libc::setsockopt(
-                    fd.as_raw_fd(),
-                    libc::SOL_SOCKET,
-                    opt,
-                    &tv as *const _ as *const libc::c_void,
-                    std::mem::size_of_val(&tv) as libc::socklen_t,
-                )
+                libc::setsockopt(fd.as_raw_fd(), libc::SOL_SOCKET, opt, &tv as *const _ as *const libc::c_void, std::mem::size_of_val(&tv) as libc::socklen_t)
             };
         }
         let len = std::mem::size_of::<libc::sockaddr_un>() as libc::socklen_t;
         // SAFETY: addr is a valid sockaddr_un of `len` bytes.
-        if unsafe {
-            libc::connect(
-                fd.as_raw_fd(),
-                &addr as *const _ as *const libc::sockaddr,
-                len,
-            )
-        } != 0
-        {
+        if unsafe { libc::connect(fd.as_raw_fd(), &addr as *const _ as *const libc::sockaddr, len) } != 0 {
             return Err(io::Error::last_os_error());
         }
-        Ok(Client {
-            fd,
-            buf: vec![0u8; wire::MAX_MESSAGE],
-        })
+        Ok(Client { fd, buf: vec![0u8; wire::MAX_MESSAGE] })
     }
 
     /// The connection itself (a watcher keeps reading events from it).
@@ -84,26 +61,15 @@ impl Client {
     }
 
     /// Sends `req` with `attach` (an fd passed along, SCM_RIGHTS) and waits for its reply.
-    pub fn call_with(
-        &mut self,
-        req: &Request,
-        attach: Option<std::os::fd::RawFd>,
-    ) -> io::Result<(Reply, Option<OwnedFd>)> {
+    pub fn call_with(&mut self, req: &Request, attach: Option<std::os::fd::RawFd>) -> io::Result<(Reply, Option<OwnedFd>)> {
         wire::send_msg(self.fd.as_raw_fd(), &req.encode(), attach)?;
         let (n, fd) = wire::recv_msg(self.fd.as_raw_fd(), &mut self.buf)?;
         if n == 0 {
-            return Err(io::Error::new(
-                io::ErrorKind::ConnectionAborted,
-                "the daemon closed the connection",
-            ));
+            return Err(io::Error::new(io::ErrorKind::ConnectionAborted, "the daemon closed the connection"));
         }
-        let rep = Reply::decode(&self.buf[..n])
-            .map_err(|e| io::Error::new(io::ErrorKind::InvalidData, e))?;
+        let rep = Reply::decode(&self.buf[..n]).map_err(|e| io::Error::new(io::ErrorKind::InvalidData, e))?;
         if rep.id != req.id {
-            return Err(io::Error::new(
-                io::ErrorKind::InvalidData,
-                "reply to another request",
-            ));
+            return Err(io::Error::new(io::ErrorKind::InvalidData, "reply to another request"));
         }
         Ok((rep, fd))
     }

@@ -50,23 +50,14 @@ impl TierMap {
     /// Creates the tier map at `path` (mode 0600, replacing a stale one) for `nodes` nodes, all [`TIER_NONE`].
     pub fn create(path: &Path, dataset_id: u64, nodes: u64) -> io::Result<TierMap> {
         let _ = std::fs::remove_file(path);
-        let f = std::fs::OpenOptions::new()
-            .read(true)
-            .write(true)
-            .create_new(true)
-            .mode(0o600)
-            .open(path)?;
+        let f = std::fs::OpenOptions::new().read(true).write(true).create_new(true).mode(0o600).open(path)?;
         let len = tiers::HEADER_LEN as u64 + nodes;
         f.set_len(len)?;
         // SAFETY: the file was just created by us with mode 0600 and is never
         // resized; clients map it read-only and read it through atomics.
         let mut map = unsafe { memmap2::MmapOptions::new().len(len as usize).map_mut(&f) }?;
         map[..tiers::HEADER_LEN].copy_from_slice(&tiers::encode_header(dataset_id, nodes));
-        Ok(TierMap {
-            map,
-            nodes: nodes as usize,
-            path: path.to_path_buf(),
-        })
+        Ok(TierMap { map, nodes: nodes as usize, path: path.to_path_buf() })
     }
 
     fn cell(&self, id: u32) -> Option<&AtomicU8> {
@@ -75,18 +66,11 @@ impl TierMap {
         }
         // SAFETY: the byte is inside the mapping (checked above); AtomicU8 has
         // u8's layout, and every access to these shared bytes is atomic.
-        Some(unsafe {
-            &*self
-                .map
-                .as_ptr()
-                .add(tiers::HEADER_LEN + id as usize)
-                .cast::<AtomicU8>()
-        })
+        Some(unsafe { &*self.map.as_ptr().add(tiers::HEADER_LEN + id as usize).cast::<AtomicU8>() })
     }
 
     pub fn get(&self, id: u32) -> u8 {
-        self.cell(id)
-            .map_or(TIER_NONE, |c| c.load(Ordering::Acquire))
+        self.cell(id).map_or(TIER_NONE, |c| c.load(Ordering::Acquire))
     }
 
     pub fn set(&self, id: u32, tier: u8) {
@@ -145,8 +129,7 @@ impl Copies {
             std::fs::remove_dir_all(dir)?;
         }
         std::fs::DirBuilder::new().mode(0o700).create(dir)?;
-        let dir_c =
-            CString::new(dir.as_os_str().as_bytes()).map_err(|_| io::ErrorKind::InvalidInput)?;
+        let dir_c = CString::new(dir.as_os_str().as_bytes()).map_err(|_| io::ErrorKind::InvalidInput)?;
         let hook_dir = dir.to_path_buf();
         let hook_tiers = tiers.clone();
         let on_evict: crate::cache::EvictHook<CopyEntry> = Box::new(move |id, _| {
@@ -243,9 +226,7 @@ impl Copies {
             };
             if let Some(f) = fresh {
                 // Our own load: a read-only description of the file we filled.
-                return fdlimit::retry(relieve, || {
-                    open_ro(Path::new(&format!("/proc/self/fd/{}", f.as_raw_fd())))
-                });
+                return fdlimit::retry(relieve, || open_ro(Path::new(&format!("/proc/self/fd/{}", f.as_raw_fd()))));
             }
             match fdlimit::retry(relieve, || open_ro(&self.path(id))) {
                 Ok(fd) => return Ok(fd),
@@ -264,22 +245,10 @@ impl Copies {
     /// An unnamed file in the copy directory, filled by `fill`, then linked
     /// as `<id>` and recorded in the tier map (unless larger than the whole
     /// budget: then it is served unnamed and vanishes with its last fd).
-    fn make(
-        &self,
-        id: u32,
-        size: u64,
-        relieve: &dyn Fn(),
-        fill: &dyn Fn(&File) -> Result<(), i32>,
-    ) -> Result<File, i32> {
+    fn make(&self, id: u32, size: u64, relieve: &dyn Fn(), fill: &dyn Fn(&File) -> Result<(), i32>) -> Result<File, i32> {
         let f = fdlimit::retry(relieve, || {
             // SAFETY: dir_c is a NUL-terminated path; O_TMPFILE needs a mode.
-            let fd = unsafe {
-                libc::open(
-                    self.dir_c.as_ptr(),
-                    libc::O_TMPFILE | libc::O_RDWR | libc::O_CLOEXEC,
-                    0o400,
-                )
-            };
+            let fd = unsafe { libc::open(self.dir_c.as_ptr(), libc::O_TMPFILE | libc::O_RDWR | libc::O_CLOEXEC, 0o400) };
             if fd < 0 {
                 return Err(fdlimit::errno_of(&io::Error::last_os_error()));
             }
@@ -298,64 +267,41 @@ impl Copies {
     /// the background prefill and WARM copies. On the local disk when
     /// [`Copies::fits_disk`], else (or when that fails) in the copy
     /// directory. Returns false when the copy could not be made.
-    pub fn prefill(
-        &self,
-        id: u32,
-        size: u64,
-        relieve: &dyn Fn(),
-        fill: &dyn Fn(&File) -> Result<(), i32>,
-    ) -> bool {
+    pub fn prefill(&self, id: u32, size: u64, relieve: &dyn Fn(), fill: &dyn Fn(&File) -> Result<(), i32>) -> bool {
         if matches!(self.tiers.get(id), TIER_COPY | TIER_EXTRACTED) {
             return true;
         }
         if let Some(d) = self.disk.as_ref().filter(|_| self.fits_disk(size)) {
-            let made = d
-                .cache
-                .get_or_load(id, Duration::from_secs(10), libc::EIO, || {
-                    let f = self.make_on_disk(d, id, relieve, fill)?;
-                    let ino = f.metadata().map_err(|e| fdlimit::errno_of(&e))?.ino();
-                    Ok((CopyEntry { ino }, charge(size)))
-                });
+            let made = d.cache.get_or_load(id, Duration::from_secs(10), libc::EIO, || {
+                let f = self.make_on_disk(d, id, relieve, fill)?;
+                let ino = f.metadata().map_err(|e| fdlimit::errno_of(&e))?.ino();
+                Ok((CopyEntry { ino }, charge(size)))
+            });
             match made {
                 Ok(_) => return true,
-                Err(e) => log::debug!(
-                    "copy of node {id} on the local disk: errno {e}; trying the copy directory"
-                ),
+                Err(e) => log::debug!("copy of node {id} on the local disk: errno {e}; trying the copy directory"),
             }
         }
         if !self.fits(size) {
             return false;
         }
-        self.cache
-            .get_or_load(id, Duration::from_secs(10), libc::EIO, || {
-                let f = self.make(id, size, relieve, fill)?;
-                let ino = f.metadata().map_err(|e| fdlimit::errno_of(&e))?.ino();
-                Ok((CopyEntry { ino }, charge(size)))
-            })
-            .is_ok()
+        self.cache.get_or_load(id, Duration::from_secs(10), libc::EIO, || {
+            let f = self.make(id, size, relieve, fill)?;
+            let ino = f.metadata().map_err(|e| fdlimit::errno_of(&e))?.ino();
+            Ok((CopyEntry { ino }, charge(size)))
+        })
+        .is_ok()
     }
 
     /// An unnamed file in `local/in/<bucket>/`, filled by `fill`, then
     /// linked at the file's extraction path and recorded in the tier map.
-    fn make_on_disk(
-        &self,
-        d: &DiskCopies,
-        id: u32,
-        relieve: &dyn Fn(),
-        fill: &dyn Fn(&File) -> Result<(), i32>,
-    ) -> Result<File, i32> {
+    fn make_on_disk(&self, d: &DiskCopies, id: u32, relieve: &dyn Fn(), fill: &dyn Fn(&File) -> Result<(), i32>) -> Result<File, i32> {
         let name = d.path(id);
         let bucket = name.parent().ok_or(libc::EIO)?;
         let bucket_c = CString::new(bucket.as_os_str().as_bytes()).map_err(|_| libc::EIO)?;
         let f = fdlimit::retry(relieve, || {
             // SAFETY: bucket_c is a NUL-terminated path; O_TMPFILE needs a mode.
-            let fd = unsafe {
-                libc::open(
-                    bucket_c.as_ptr(),
-                    libc::O_TMPFILE | libc::O_RDWR | libc::O_CLOEXEC,
-                    0o400,
-                )
-            };
+            let fd = unsafe { libc::open(bucket_c.as_ptr(), libc::O_TMPFILE | libc::O_RDWR | libc::O_CLOEXEC, 0o400) };
             if fd < 0 {
                 return Err(fdlimit::errno_of(&io::Error::last_os_error()));
             }
@@ -394,10 +340,7 @@ impl Copies {
 
     /// (bytes, entries) held on the local disk.
     pub fn disk_usage(&self) -> (u64, usize) {
-        self.disk
-            .as_ref()
-            .map(|d| d.cache.usage())
-            .unwrap_or_default()
+        self.disk.as_ref().map(|d| d.cache.usage()).unwrap_or_default()
     }
 }
 
@@ -415,15 +358,7 @@ fn link_unnamed(f: &File, name: &Path) -> Result<(), i32> {
     for attempt in 0..2 {
         // SAFETY: both paths are NUL-terminated; AT_SYMLINK_FOLLOW links
         // the file the /proc link points to (our unnamed file).
-        let r = unsafe {
-            libc::linkat(
-                libc::AT_FDCWD,
-                src.as_ptr(),
-                libc::AT_FDCWD,
-                dst.as_ptr(),
-                libc::AT_SYMLINK_FOLLOW,
-            )
-        };
+        let r = unsafe { libc::linkat(libc::AT_FDCWD, src.as_ptr(), libc::AT_FDCWD, dst.as_ptr(), libc::AT_SYMLINK_FOLLOW) };
         if r == 0 {
             return Ok(());
         }
@@ -445,12 +380,8 @@ fn link_unnamed(f: &File, name: &Path) -> Result<(), i32> {
 pub fn in_memory(dir: &Path) -> bool {
     const TMPFS_MAGIC: i64 = 0x0102_1994;
     const RAMFS_MAGIC: i64 = 0x8584_58f6;
-    let Some(dir) = dir.ancestors().find(|d| d.exists()) else {
-        return false;
-    };
-    let Ok(c) = CString::new(dir.as_os_str().as_bytes()) else {
-        return false;
-    };
+    let Some(dir) = dir.ancestors().find(|d| d.exists()) else { return false };
+    let Ok(c) = CString::new(dir.as_os_str().as_bytes()) else { return false };
     // SAFETY: an all-zero statfs is a valid value of this plain C struct.
     let mut s: libc::statfs = unsafe { std::mem::zeroed() };
     // SAFETY: c is NUL-terminated and s a valid out-pointer.
@@ -463,9 +394,7 @@ pub fn in_memory(dir: &Path) -> bool {
 /// True when writing `len` more bytes under `dir` leaves a twentieth of its
 /// file system free.
 pub fn room_for(dir: &Path, len: u64) -> bool {
-    let Ok(c) = CString::new(dir.as_os_str().as_bytes()) else {
-        return false;
-    };
+    let Ok(c) = CString::new(dir.as_os_str().as_bytes()) else { return false };
     // SAFETY: an all-zero statvfs is a valid value of this plain C struct.
     let mut s: libc::statvfs = unsafe { std::mem::zeroed() };
     // SAFETY: c is NUL-terminated and s a valid out-pointer.
@@ -485,10 +414,7 @@ pub fn open_ro(path: &Path) -> Result<OwnedFd, i32> {
         .custom_flags(libc::O_CLOEXEC | libc::O_NOATIME)
         .open(path)
         .or_else(|e| match e.raw_os_error() {
-            Some(libc::EPERM) => std::fs::OpenOptions::new()
-                .read(true)
-                .custom_flags(libc::O_CLOEXEC)
-                .open(path),
+            Some(libc::EPERM) => std::fs::OpenOptions::new().read(true).custom_flags(libc::O_CLOEXEC).open(path),
             _ => Err(e),
         })
         .map(OwnedFd::from)
@@ -498,8 +424,7 @@ pub fn open_ro(path: &Path) -> Result<OwnedFd, i32> {
 /// Writes all of `bytes` at `offset` of `f`.
 pub fn write_all_at(f: &File, bytes: &[u8], offset: u64) -> Result<(), i32> {
     use std::os::unix::fs::FileExt;
-    f.write_all_at(bytes, offset)
-        .map_err(|e| fdlimit::errno_of(&e))
+    f.write_all_at(bytes, offset).map_err(|e| fdlimit::errno_of(&e))
 }
 
 #[cfg(test)]
@@ -533,17 +458,11 @@ mod tests {
             }
         };
         let w = Duration::from_secs(1);
-        assert_eq!(
-            read(c.open(1, 100, w, &|| {}, &fill(1)).unwrap()),
-            vec![1; 100]
-        );
+        assert_eq!(read(c.open(1, 100, w, &|| {}, &fill(1)).unwrap()), vec![1; 100]);
         assert_eq!(tiers.get(1), TIER_COPY);
         assert_eq!(std::fs::read(c.dir().join("1")).unwrap(), vec![1; 100]);
         // Served from the named file, no second load.
-        assert_eq!(
-            read(c.open(1, 100, w, &|| {}, &fill(9)).unwrap()),
-            vec![1; 100]
-        );
+        assert_eq!(read(c.open(1, 100, w, &|| {}, &fill(9)).unwrap()), vec![1; 100]);
         assert_eq!(loads.load(Ordering::Relaxed), 1);
         // A third page-sized copy evicts the oldest: tier byte cleared, file gone.
         c.open(2, 100, w, &|| {}, &fill(2)).unwrap();
@@ -561,11 +480,7 @@ mod tests {
     #[test]
     fn larger_than_the_budget_is_served_unnamed() {
         let (_d, tiers, c) = setup(4096);
-        let fd = c
-            .open(4, 10_000, Duration::from_secs(1), &|| {}, &|f| {
-                write_all_at(f, &[7; 10_000], 0)
-            })
-            .unwrap();
+        let fd = c.open(4, 10_000, Duration::from_secs(1), &|| {}, &|f| write_all_at(f, &[7; 10_000], 0)).unwrap();
         assert_eq!(read(fd), vec![7; 10_000]);
         assert!(!c.fits(10_000) && c.fits(4096) && c.fits(1));
         assert_eq!(tiers.get(4), TIER_NONE);
@@ -576,12 +491,9 @@ mod tests {
     fn a_copy_unlinked_behind_the_cache_is_made_again() {
         let (_d, _tiers, c) = setup(1 << 20);
         let w = Duration::from_secs(1);
-        c.open(5, 10, w, &|| {}, &|f| write_all_at(f, b"0123456789", 0))
-            .unwrap();
+        c.open(5, 10, w, &|| {}, &|f| write_all_at(f, b"0123456789", 0)).unwrap();
         std::fs::remove_file(c.dir().join("5")).unwrap();
-        let fd = c
-            .open(5, 10, w, &|| {}, &|f| write_all_at(f, b"abcdefghij", 0))
-            .unwrap();
+        let fd = c.open(5, 10, w, &|| {}, &|f| write_all_at(f, b"abcdefghij", 0)).unwrap();
         assert_eq!(read(fd), b"abcdefghij");
         assert!(c.dir().join("5").exists());
     }
@@ -606,11 +518,7 @@ mod tests {
     #[test]
     fn a_failed_fill_leaves_nothing() {
         let (_d, tiers, c) = setup(1 << 20);
-        assert_eq!(
-            c.open(6, 10, Duration::from_secs(1), &|| {}, &|_| Err(libc::EIO))
-                .err(),
-            Some(libc::EIO)
-        );
+        assert_eq!(c.open(6, 10, Duration::from_secs(1), &|| {}, &|_| Err(libc::EIO)).err(), Some(libc::EIO));
         assert_eq!(tiers.get(6), TIER_NONE);
         assert_eq!(std::fs::read_dir(c.dir()).unwrap().count(), 0);
     }
@@ -624,9 +532,7 @@ mod tests {
         // Room for two large copies on disk.
         let c = c.with_disk(&local, 2 * EXTRACT_MIN);
         let fill = |b: u8, len: usize| move |f: &File| write_all_at(f, &vec![b; len], 0);
-        assert!(
-            c.can_keep(EXTRACT_MIN) && c.fits_disk(EXTRACT_MIN) && !c.fits_disk(EXTRACT_MIN - 1)
-        );
+        assert!(c.can_keep(EXTRACT_MIN) && c.fits_disk(EXTRACT_MIN) && !c.fits_disk(EXTRACT_MIN - 1));
         assert!(c.prefill(1, EXTRACT_MIN, &|| {}, &fill(1, big)));
         let on_disk = |id| fanstore_core::runtime::local_file_path(&local, id);
         assert_eq!(tiers.get(1), TIER_EXTRACTED);
@@ -637,11 +543,7 @@ mod tests {
         assert!(c.prefill(2, 10, &|| {}, &fill(2, 10)));
         assert_eq!(tiers.get(2), TIER_COPY);
         // The daemon's OPEN finds the disk copy without loading it again.
-        let fd = c
-            .open(1, EXTRACT_MIN, Duration::from_secs(1), &|| {}, &|_| {
-                Err(libc::EIO)
-            })
-            .unwrap();
+        let fd = c.open(1, EXTRACT_MIN, Duration::from_secs(1), &|| {}, &|_| Err(libc::EIO)).unwrap();
         assert_eq!(read(fd), vec![1; big]);
         // Two more large copies: the least recently used one is evicted,
         // its tier byte cleared and its file unlinked.
@@ -652,15 +554,7 @@ mod tests {
         assert!(!on_disk(1).exists());
         assert!(on_disk(3).exists() && on_disk(4).exists());
         // An OPEN while a program waits makes its copy in memory.
-        let fd = c
-            .open(
-                5,
-                EXTRACT_MIN,
-                Duration::from_secs(1),
-                &|| {},
-                &fill(5, big),
-            )
-            .unwrap();
+        let fd = c.open(5, EXTRACT_MIN, Duration::from_secs(1), &|| {}, &fill(5, big)).unwrap();
         assert_eq!(read(fd), vec![5; big]);
         assert_eq!(tiers.get(5), TIER_COPY);
     }
@@ -672,22 +566,14 @@ mod tests {
         let c = c.with_disk(&d.path().join("missing"), 1 << 30);
         std::fs::create_dir_all(d.path().join("missing")).unwrap();
         let big = EXTRACT_MIN as usize;
-        assert!(c.prefill(6, EXTRACT_MIN, &|| {}, &|f| write_all_at(
-            f,
-            &vec![6; big],
-            0
-        )));
+        assert!(c.prefill(6, EXTRACT_MIN, &|| {}, &|f| write_all_at(f, &vec![6; big], 0)));
         assert_eq!(tiers.get(6), TIER_COPY);
         assert_eq!(std::fs::read(c.dir().join("6")).unwrap(), vec![6; big]);
         // --cache-disk 0: every copy in memory.
         let (_d2, tiers2, c2) = setup(1 << 20);
         let c2 = c2.with_disk(Path::new("/nonexistent"), 0);
         assert!(c2.disk().is_none() && !c2.fits_disk(EXTRACT_MIN));
-        assert!(c2.prefill(7, EXTRACT_MIN, &|| {}, &|f| write_all_at(
-            f,
-            &vec![7; big],
-            0
-        )));
+        assert!(c2.prefill(7, EXTRACT_MIN, &|| {}, &|f| write_all_at(f, &vec![7; big], 0)));
         assert_eq!(tiers2.get(7), TIER_COPY);
     }
 }

@@ -169,8 +169,7 @@ impl Held {
     /// Forgets the files of outputs whose checkpoint is no longer hot.
     fn trim_hot(&mut self) {
         let (store, keys) = (&self.store, &self.keys);
-        self.hot
-            .retain(|id, _| keys.get(id).is_some_and(|k| store.is_hot(k)));
+        self.hot.retain(|id, _| keys.get(id).is_some_and(|k| store.is_hot(k)));
     }
 
     /// Maps every hot copy afresh, unpopulated: the pages the commit read
@@ -181,26 +180,20 @@ impl Held {
     /// its mapping.
     fn unmap_hot(&mut self) {
         for (id, f) in &self.hot {
-            let Some(key) = self.keys.get(id) else {
-                continue;
-            };
+            let Some(key) = self.keys.get(id) else { continue };
             // SAFETY: read-only mapping of the file the store already maps,
             // which nothing can write any more (see Held::hot).
             match unsafe { memmap2::Mmap::map(&**f) } {
                 Ok(m) => {
                     self.store.replace_hot(key, Arc::new(m));
                 }
-                Err(e) => {
-                    log::debug!("checkpoint store: remapping the hot copy of output {id}: {e}")
-                }
+                Err(e) => log::debug!("checkpoint store: remapping the hot copy of output {id}: {e}"),
             }
         }
     }
 
     fn rename_key(&mut self, id: u64, to: &[u8]) {
-        let Some(from) = self.keys.get(&id).cloned() else {
-            return;
-        }; // dropped meanwhile
+        let Some(from) = self.keys.get(&id).cloned() else { return }; // dropped meanwhile
         if from == to {
             return;
         }
@@ -211,10 +204,7 @@ impl Held {
             Ok(_) => {
                 self.keys.insert(id, to.to_vec());
             }
-            Err(e) => log::warn!(
-                "checkpoint store: renaming '{}': {e}",
-                String::from_utf8_lossy(&from)
-            ),
+            Err(e) => log::warn!("checkpoint store: renaming '{}': {e}", String::from_utf8_lossy(&from)),
         }
     }
 }
@@ -256,27 +246,15 @@ fn commit_worker(
     // inherit it): a commit behind the close takes the cores the program
     // leaves, and a close waits for it only when the queue is full.
     // SAFETY: lowers this thread's own scheduling priority (Linux: per thread).
-    unsafe {
-        libc::setpriority(
-            libc::PRIO_PROCESS,
-            libc::gettid() as libc::id_t,
-            COMMIT_NICE,
-        )
-    };
+    unsafe { libc::setpriority(libc::PRIO_PROCESS, libc::gettid() as libc::id_t, COMMIT_NICE) };
     for id in rx {
         let _running = gate.lock().unwrap_or_else(|p| p.into_inner());
         let Some(held) = held.upgrade() else { return };
         let job = {
             let mut q = lock_queue(&queue);
-            let Some(mut job) = q.jobs.remove(&id) else {
-                continue;
-            }; // unlinked or replaced meanwhile
+            let Some(mut job) = q.jobs.remove(&id) else { continue }; // unlinked or replaced meanwhile
             q.bytes = q.bytes.saturating_sub(job.len);
-            q.running = Some(Running {
-                id,
-                settled: job.settled.take(),
-                dropped: false,
-            });
+            q.running = Some(Running { id, settled: job.settled.take(), dropped: false });
             job
         };
         let (started, len) = (std::time::Instant::now(), job.len);
@@ -287,31 +265,17 @@ fn commit_worker(
         // (see Dedup::enqueue); read-only mapping.
         let map = unsafe { memmap2::MmapOptions::new().populate().map(&file) }
             .map_err(|e| CkptError::io(&job.plain, e))
-            .and_then(|m| {
-                if m.len() as u64 == len {
-                    Ok(Arc::new(m))
-                } else {
-                    Err(CkptError::io(
-                        &job.plain,
-                        io::Error::other("its size changed"),
-                    ))
-                }
-            });
+            .and_then(|m| if m.len() as u64 == len { Ok(Arc::new(m)) } else { Err(CkptError::io(&job.plain, io::Error::other("its size changed"))) });
         let mut h = write_held(&held);
         // Adopting: a file of new incompressible tensors is linked into the
         // store as an extent instead of copied (it is already on this disk).
         let res = map.and_then(|m| h.store.commit_adopting(&job.key, m, &file, job.sum));
         // Lock order: the store's, then the queue's.
-        let Some(run) = lock_queue(&queue).running.take() else {
-            continue;
-        };
+        let Some(run) = lock_queue(&queue).running.take() else { continue };
         match res {
             Ok(_) if run.dropped => {
                 if let Err(e) = h.store.unlink(&job.key) {
-                    log::warn!(
-                        "checkpoint store: unlinking '{}': {e}",
-                        String::from_utf8_lossy(&job.key)
-                    );
+                    log::warn!("checkpoint store: unlinking '{}': {e}", String::from_utf8_lossy(&job.key));
                 }
                 log_repairs(&mut h.store);
             }
@@ -324,10 +288,7 @@ fn commit_worker(
                 log_repairs(&mut h.store);
                 // Under the store's lock: readers that miss the plain file find the checkpoint.
                 if let Err(e) = std::fs::remove_file(&job.plain) {
-                    log::warn!(
-                        "checkpoint store: removing the plain copy {} of a stored output: {e}",
-                        job.plain.display()
-                    );
+                    log::warn!("checkpoint store: removing the plain copy {} of a stored output: {e}", job.plain.display());
                 }
                 log::info!(
                     "checkpoint store: output {id} ({len} B) stored {:.1} ms after its close ({:.1} ms committing)",
@@ -365,33 +326,18 @@ fn write_held(held: &RwLock<Held>) -> RwLockWriteGuard<'_, Held> {
 /// still served from that memfd, swaps the file in (store and opens) and
 /// lets the memfd go: the memory is returned, and page-cache reads of a
 /// disk file run faster here than reads of a memfd (no huge pages for shmem).
-fn demote_worker(
-    dir: PathBuf,
-    held: std::sync::Weak<RwLock<Held>>,
-    rx: std::sync::mpsc::Receiver<Demote>,
-) {
+fn demote_worker(dir: PathBuf, held: std::sync::Weak<RwLock<Held>>, rx: std::sync::mpsc::Receiver<Demote>) {
     use std::os::unix::fs::OpenOptionsExt;
     for job in rx {
         let Some(held) = held.upgrade() else { return };
-        let still = |h: &Held| {
-            h.hot
-                .get(&job.id)
-                .is_some_and(|f| Arc::ptr_eq(f, &job.memfd))
-        };
+        let still = |h: &Held| h.hot.get(&job.id).is_some_and(|f| Arc::ptr_eq(f, &job.memfd));
         if !still(&held.read().unwrap_or_else(|p| p.into_inner())) {
             continue;
         }
         let started = std::time::Instant::now();
         let copied = (|| -> io::Result<(std::fs::File, memmap2::Mmap)> {
-            let mut to = std::fs::OpenOptions::new()
-                .read(true)
-                .write(true)
-                .custom_flags(libc::O_TMPFILE)
-                .mode(0o600)
-                .open(&dir)?;
-            let from = std::fs::File::from(
-                crate::open::reopen(&job.memfd).map_err(io::Error::from_raw_os_error)?,
-            );
+            let mut to = std::fs::OpenOptions::new().read(true).write(true).custom_flags(libc::O_TMPFILE).mode(0o600).open(&dir)?;
+            let from = std::fs::File::from(crate::open::reopen(&job.memfd).map_err(io::Error::from_raw_os_error)?);
             // SAFETY: the memfd is sealed against writes and shrinking (the
             // commit sealed it before keeping it hot); read-only mapping.
             let orig = unsafe { memmap2::Mmap::map(&from) }?;
@@ -429,10 +375,7 @@ fn demote_worker(
             }
             Err(e) => {
                 // Not kept in memory instead: the store reads it from its units.
-                log::warn!(
-                    "checkpoint store: moving a hot copy to {}: {e}",
-                    dir.display()
-                );
+                log::warn!("checkpoint store: moving a hot copy to {}: {e}", dir.display());
                 let mut h = write_held(&held);
                 if still(&h) {
                     let key = h.keys.get(&job.id).cloned().unwrap_or_default();
@@ -447,28 +390,10 @@ fn demote_worker(
 impl Dedup {
     /// Opens (creating) the store in `dir`, keeping at most `hot` hot
     /// copies of at most `hot_bytes` bytes in all (the newest always).
-    pub fn open(
-        dir: &Path,
-        min: u64,
-        fsync: bool,
-        hot: usize,
-        hot_bytes: u64,
-    ) -> Result<Dedup, CkptError> {
-        let mut store = CheckpointStore::open_with(
-            dir,
-            StoreOptions {
-                fsync,
-                hot,
-                hot_bytes,
-                ..StoreOptions::default()
-            },
-        )?;
+    pub fn open(dir: &Path, min: u64, fsync: bool, hot: usize, hot_bytes: u64) -> Result<Dedup, CkptError> {
+        let mut store = CheckpointStore::open_with(dir, StoreOptions { fsync, hot, hot_bytes, ..StoreOptions::default() })?;
         log_repairs(&mut store);
-        let held = Arc::new(RwLock::new(Held {
-            store,
-            keys: HashMap::new(),
-            hot: HashMap::new(),
-        }));
+        let held = Arc::new(RwLock::new(Held { store, keys: HashMap::new(), hot: HashMap::new() }));
         let (tx, rx) = std::sync::mpsc::channel();
         let (d, weak) = (dir.to_path_buf(), Arc::downgrade(&held));
         std::thread::Builder::new()
@@ -478,12 +403,7 @@ impl Dedup {
         let (ctx, crx) = std::sync::mpsc::channel();
         let gate = Arc::new(std::sync::Mutex::new(()));
         let queue = Arc::new(std::sync::Mutex::new(CommitQueue::default()));
-        let (d, weak, q, g) = (
-            dir.to_path_buf(),
-            Arc::downgrade(&held),
-            queue.clone(),
-            gate.clone(),
-        );
+        let (d, weak, q, g) = (dir.to_path_buf(), Arc::downgrade(&held), queue.clone(), gate.clone());
         std::thread::Builder::new()
             .name("ckpt-commit".into())
             .spawn(move || commit_worker(d, weak, q, g, crx))
@@ -513,10 +433,7 @@ impl Dedup {
         let key = pending_key(path, id);
         let mut h = self.write();
         let info = h.store.commit(&key, bytes).map_err(|e| {
-            log::warn!(
-                "checkpoint store: committing '{}': {e}",
-                String::from_utf8_lossy(path)
-            );
+            log::warn!("checkpoint store: committing '{}': {e}", String::from_utf8_lossy(path));
             errno_of(&e)
         })?;
         h.keys.insert(id, key);
@@ -534,36 +451,18 @@ impl Dedup {
     /// background, then served from there. Hot copies are dropped, oldest
     /// first, past the store's budget, and all but this one when the local
     /// disk has less than a twentieth free.
-    pub fn stage_handed(
-        &self,
-        path: &[u8],
-        id: u64,
-        file: OwnedFd,
-        map: Arc<memmap2::Mmap>,
-        memfd: bool,
-    ) -> Result<CommitInfo, i32> {
+    pub fn stage_handed(&self, path: &[u8], id: u64, file: OwnedFd, map: Arc<memmap2::Mmap>, memfd: bool) -> Result<CommitInfo, i32> {
         let key = pending_key(path, id);
         let mut h = self.write();
         let info = h.store.commit_shared(&key, map).map_err(|e| {
-            log::warn!(
-                "checkpoint store: committing '{}': {e}",
-                String::from_utf8_lossy(path)
-            );
+            log::warn!("checkpoint store: committing '{}': {e}", String::from_utf8_lossy(path));
             errno_of(&e)
         })?;
         h.keys.insert(id, key);
         let file = Arc::new(file);
         h.keep_hot(id, file.clone(), &self.dir);
         if memfd && h.hot.contains_key(&id) {
-            let _ = self
-                .demote
-                .lock()
-                .unwrap_or_else(|p| p.into_inner())
-                .send(Demote {
-                    id,
-                    memfd: file,
-                    queued: std::time::Instant::now(),
-                });
+            let _ = self.demote.lock().unwrap_or_else(|p| p.into_inner()).send(Demote { id, memfd: file, queued: std::time::Instant::now() });
         }
         Ok(info)
     }
@@ -573,24 +472,8 @@ impl Dedup {
     /// plain output `plain`, which serves it until it is stored; `sum`: its
     /// whole-file xxh3 if the close computed it. Waits first while the
     /// queue is full (see the module doc).
-    pub fn enqueue(
-        &self,
-        path: &[u8],
-        id: u64,
-        file: OwnedFd,
-        len: u64,
-        sum: Option<u64>,
-        plain: PathBuf,
-    ) {
-        let mut job = Some(Queued {
-            key: pending_key(path, id),
-            settled: None,
-            file,
-            len,
-            sum,
-            plain,
-            since: std::time::Instant::now(),
-        });
+    pub fn enqueue(&self, path: &[u8], id: u64, file: OwnedFd, len: u64, sum: Option<u64>, plain: PathBuf) {
+        let mut job = Some(Queued { key: pending_key(path, id), settled: None, file, len, sum, plain, since: std::time::Instant::now() });
         let mut waited = false;
         while let Some(j) = job.take() {
             let mut q = lock_queue(&self.queue);
@@ -607,11 +490,7 @@ impl Dedup {
             }
             std::thread::sleep(std::time::Duration::from_millis(2));
         }
-        let _ = self
-            .commits
-            .lock()
-            .unwrap_or_else(|p| p.into_inner())
-            .send(id);
+        let _ = self.commits.lock().unwrap_or_else(|p| p.into_inner()).send(id);
     }
 
     /// Waits until every queued output is stored (or has failed and stayed plain).
@@ -635,9 +514,7 @@ impl Dedup {
             std::mem::take(&mut q.jobs).len()
         };
         if n > 0 {
-            log::info!(
-                "checkpoint store: {n} outputs closed at stop stay plain outputs (not stored)"
-            );
+            log::info!("checkpoint store: {n} outputs closed at stop stay plain outputs (not stored)");
         }
         self.wait_committed();
     }
@@ -682,14 +559,9 @@ impl Dedup {
             }
         }
         let mut h = self.write();
-        let Some(key) = h.keys.remove(&id) else {
-            return false;
-        };
+        let Some(key) = h.keys.remove(&id) else { return false };
         if let Err(e) = h.store.unlink(&key) {
-            log::warn!(
-                "checkpoint store: unlinking '{}': {e}",
-                String::from_utf8_lossy(&key)
-            );
+            log::warn!("checkpoint store: unlinking '{}': {e}", String::from_utf8_lossy(&key));
         }
         log_repairs(&mut h.store);
         h.trim_hot();
@@ -725,19 +597,11 @@ impl Dedup {
     pub fn sweep_unclaimed(&self) -> usize {
         let mut h = self.write();
         let claimed: HashSet<Vec<u8>> = h.keys.values().cloned().collect();
-        let stale: Vec<Vec<u8>> = h
-            .store
-            .entries()
-            .iter()
-            .filter(|e| e.live && !claimed.contains(&e.path))
-            .map(|e| e.path.clone())
-            .collect();
+        let stale: Vec<Vec<u8>> =
+            h.store.entries().iter().filter(|e| e.live && !claimed.contains(&e.path)).map(|e| e.path.clone()).collect();
         for k in &stale {
             if let Err(e) = h.store.unlink(k) {
-                log::warn!(
-                    "checkpoint store: sweeping '{}': {e}",
-                    String::from_utf8_lossy(k)
-                );
+                log::warn!("checkpoint store: sweeping '{}': {e}", String::from_utf8_lossy(k));
             }
         }
         stale.len()
@@ -748,10 +612,7 @@ impl Dedup {
         let h = self.read();
         let key = h.keys.get(&id).ok_or(libc::ENOENT)?;
         h.store.read_to(key, out).map_err(|e| {
-            log::error!(
-                "checkpoint store: reading '{}': {e}",
-                String::from_utf8_lossy(key)
-            );
+            log::error!("checkpoint store: reading '{}': {e}", String::from_utf8_lossy(key));
             errno_of(&e)
         })
     }
@@ -777,26 +638,17 @@ impl Dedup {
         let key = h.keys.get(&id).ok_or(libc::ENOENT)?;
         if size == 0 {
             drop(h);
-            let m = crate::memfd::MemfdBuilder::unmapped(&format!("fanstore:ckpt:{id}"), 0)
-                .map_err(|_| libc::ENOMEM)?;
-            let mut w = MemfdWriter {
-                m: &m,
-                off: 0,
-                sum: StreamingChecksum::new(),
-            };
+            let m = crate::memfd::MemfdBuilder::unmapped(&format!("fanstore:ckpt:{id}"), 0).map_err(|_| libc::ENOMEM)?;
+            let mut w = MemfdWriter { m: &m, off: 0, sum: StreamingChecksum::new() };
             let n = self.read_output(id, &mut w)?;
             if n != 0 || w.sum.digest() != sum {
                 return Err(libc::EIO);
             }
             return m.seal().map_err(|_| libc::EIO);
         }
-        let mut m = crate::memfd::MemfdBuilder::new(&format!("fanstore:ckpt:{id}"), size)
-            .map_err(|_| libc::ENOMEM)?;
+        let mut m = crate::memfd::MemfdBuilder::new(&format!("fanstore:ckpt:{id}"), size).map_err(|_| libc::ENOMEM)?;
         h.store.read_into(key, m.bytes_mut()).map_err(|e| {
-            log::error!(
-                "checkpoint store: reading '{}': {e}",
-                String::from_utf8_lossy(key)
-            );
+            log::error!("checkpoint store: reading '{}': {e}", String::from_utf8_lossy(key));
             errno_of(&e)
         })?;
         if fanstore_core::checksum::xxh3(m.bytes()) != sum {
@@ -854,9 +706,7 @@ impl Dedup {
     pub fn drain_to(&self, dst: &Path) -> io::Result<usize> {
         self.wait_committed();
         let h = self.write();
-        h.store
-            .sync()
-            .map_err(|e| io::Error::other(e.to_string()))?;
+        h.store.sync().map_err(|e| io::Error::other(e.to_string()))?;
         for sub in [UNITS_DIR, RECIPES_DIR] {
             let (from, to) = (self.dir.join(sub), dst.join(sub));
             std::fs::create_dir_all(&to)?;
@@ -867,21 +717,16 @@ impl Dedup {
                     copy_pack(&e.path(), &target)?;
                 } else if !target.exists() {
                     let tmp = to.join(format!(".tmp.{}", std::process::id()));
-                    std::fs::copy(e.path(), &tmp)
-                        .and_then(|_| std::fs::rename(&tmp, &target))
-                        .inspect_err(|_| {
-                            let _ = std::fs::remove_file(&tmp);
-                        })?;
+                    std::fs::copy(e.path(), &tmp).and_then(|_| std::fs::rename(&tmp, &target)).inspect_err(|_| {
+                        let _ = std::fs::remove_file(&tmp);
+                    })?;
                 }
             }
         }
         crate::persist::flush(dst).map_err(|e| io::Error::other(e.to_string()))?;
         // The catalog is the commit point; what the store released since the
         // last drain goes once the new catalog is in place.
-        copy_synced(
-            &self.dir.join(catalog::FILE_NAME),
-            &dst.join(catalog::FILE_NAME),
-        )?;
+        copy_synced(&self.dir.join(catalog::FILE_NAME), &dst.join(catalog::FILE_NAME))?;
         for sub in [UNITS_DIR, RECIPES_DIR] {
             let local = self.dir.join(sub);
             for e in std::fs::read_dir(dst.join(sub))?.flatten() {
@@ -920,11 +765,9 @@ fn copy_pack(from: &Path, to: &Path) -> io::Result<()> {
         }
     }
     let tmp = to.with_file_name(format!(".tmp.{}", std::process::id()));
-    std::fs::copy(from, &tmp)
-        .and_then(|_| std::fs::rename(&tmp, to))
-        .inspect_err(|_| {
-            let _ = std::fs::remove_file(&tmp);
-        })?;
+    std::fs::copy(from, &tmp).and_then(|_| std::fs::rename(&tmp, to)).inspect_err(|_| {
+        let _ = std::fs::remove_file(&tmp);
+    })?;
     Ok(())
 }
 
@@ -982,28 +825,17 @@ pub fn drained_dir(persist: &Path, rank: u32) -> PathBuf {
 /// `persist` (an earlier job's ranks).
 pub fn persisted_catalogs(persist: &Path) -> Result<HashMap<Vec<u8>, u32>, CkptError> {
     let mut out = HashMap::new();
-    let Ok(rd) = std::fs::read_dir(persist.join(STORE_DIR)) else {
-        return Ok(out);
-    };
+    let Ok(rd) = std::fs::read_dir(persist.join(STORE_DIR)) else { return Ok(out) };
     for e in rd.flatten() {
         let name = e.file_name().to_string_lossy().into_owned();
-        let Some(rank) = name
-            .strip_prefix("rank-")
-            .and_then(|r| r.parse::<u32>().ok())
-        else {
-            continue;
-        };
+        let Some(rank) = name.strip_prefix("rank-").and_then(|r| r.parse::<u32>().ok()) else { continue };
         let file = e.path().join(catalog::FILE_NAME);
         let b = match std::fs::read(&file) {
             Ok(b) => b,
             Err(e) if e.kind() == io::ErrorKind::NotFound => continue,
             Err(e) => return Err(CkptError::io(&file, e)),
         };
-        for c in Catalog::decode(&file, &b)?
-            .entries
-            .into_iter()
-            .filter(|c| c.live)
-        {
+        for c in Catalog::decode(&file, &b)?.entries.into_iter().filter(|c| c.live) {
             out.insert(c.path, rank);
         }
     }
@@ -1049,37 +881,18 @@ impl Write for MemfdWriter<'_> {
 /// A `fanstore ckpt` query (wire op CKPT).
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum Query {
-    Ls {
-        dir: Vec<u8>,
-        json: bool,
-    },
-    Log {
-        path: Vec<u8>,
-        json: bool,
-    },
-    Owners {
-        path: Vec<u8>,
-        json: bool,
-    },
-    Diff {
-        a: Vec<u8>,
-        b: Vec<u8>,
-        json: bool,
-    },
+    Ls { dir: Vec<u8>, json: bool },
+    Log { path: Vec<u8>, json: bool },
+    Owners { path: Vec<u8>, json: bool },
+    Diff { a: Vec<u8>, b: Vec<u8>, json: bool },
     /// Always JSON: the CLI adds the ranks up.
     Du,
-    Verify {
-        path: Option<Vec<u8>>,
-        json: bool,
-    },
+    Verify { path: Option<Vec<u8>>, json: bool },
     /// Always JSON: the CLI ranks the ranks' rows together. `keys`: a
     /// key list (`fanstore_ckpt::matching`), sent in a memfd attached to
     /// the request (a model's list can exceed a message); `exclude`: the
     /// queried checkpoint's own path, or empty (the payload).
-    Match {
-        exclude: Vec<u8>,
-        keys: Vec<u8>,
-    },
+    Match { exclude: Vec<u8>, keys: Vec<u8> },
 }
 
 /// A query's answer: the report, and false when verify found damage.
@@ -1110,9 +923,7 @@ impl Query {
             Query::Owners { path, json } => (kind::OWNERS, j(json), path.clone()),
             Query::Diff { a, b, json } => (kind::DIFF, j(json), [&a[..], b"\0", &b[..]].concat()),
             Query::Du => (kind::DU, 1, Vec::new()),
-            Query::Verify { path, json } => {
-                (kind::VERIFY, j(json), path.clone().unwrap_or_default())
-            }
+            Query::Verify { path, json } => (kind::VERIFY, j(json), path.clone().unwrap_or_default()),
             Query::Match { exclude, .. } => (kind::MATCH, 1, exclude.clone()),
         }
     }
@@ -1132,10 +943,7 @@ impl Query {
             Query::Match { exclude, .. } => {
                 use std::io::Read;
                 let mut keys = Vec::new();
-                std::fs::File::from(file?)
-                    .take(64 << 20)
-                    .read_to_end(&mut keys)
-                    .ok()?;
+                std::fs::File::from(file?).take(64 << 20).read_to_end(&mut keys).ok()?;
                 Some(Query::Match { exclude, keys })
             }
             q => Some(q),
@@ -1151,21 +959,11 @@ impl Query {
             kind::OWNERS => Query::Owners { path: p, json },
             kind::DIFF => {
                 let i = payload.iter().position(|&b| b == 0)?;
-                Query::Diff {
-                    a: payload[..i].to_vec(),
-                    b: payload[i + 1..].to_vec(),
-                    json,
-                }
+                Query::Diff { a: payload[..i].to_vec(), b: payload[i + 1..].to_vec(), json }
             }
             kind::DU => Query::Du,
-            kind::VERIFY => Query::Verify {
-                path: (!p.is_empty()).then_some(p),
-                json,
-            },
-            kind::MATCH => Query::Match {
-                exclude: p,
-                keys: Vec::new(),
-            },
+            kind::VERIFY => Query::Verify { path: (!p.is_empty()).then_some(p), json },
+            kind::MATCH => Query::Match { exclude: p, keys: Vec::new() },
             _ => return None,
         })
     }
@@ -1177,10 +975,7 @@ mod tests {
 
     #[test]
     fn pending_keys_stay_in_the_directory_and_are_hidden() {
-        assert_eq!(
-            pending_key(b"run/a/ck.pt", 7),
-            b"run/a/.fanstore-pending-7".to_vec()
-        );
+        assert_eq!(pending_key(b"run/a/ck.pt", 7), b"run/a/.fanstore-pending-7".to_vec());
         assert_eq!(pending_key(b"ck.pt", 12), b".fanstore-pending-12".to_vec());
         assert!(is_pending(&pending_key(b"x/y", 3)));
         assert!(!is_pending(b"x/y"));
@@ -1189,54 +984,26 @@ mod tests {
     #[test]
     fn queries_roundtrip_on_the_wire() {
         for q in [
-            Query::Ls {
-                dir: b"run".to_vec(),
-                json: true,
-            },
-            Query::Log {
-                path: b"a/b".to_vec(),
-                json: false,
-            },
-            Query::Owners {
-                path: b"a".to_vec(),
-                json: true,
-            },
-            Query::Diff {
-                a: b"a".to_vec(),
-                b: b"b/c".to_vec(),
-                json: false,
-            },
+            Query::Ls { dir: b"run".to_vec(), json: true },
+            Query::Log { path: b"a/b".to_vec(), json: false },
+            Query::Owners { path: b"a".to_vec(), json: true },
+            Query::Diff { a: b"a".to_vec(), b: b"b/c".to_vec(), json: false },
             Query::Du,
-            Query::Verify {
-                path: None,
-                json: true,
-            },
-            Query::Verify {
-                path: Some(b"p".to_vec()),
-                json: false,
-            },
+            Query::Verify { path: None, json: true },
+            Query::Verify { path: Some(b"p".to_vec()), json: false },
         ] {
             let (a0, a1, p) = q.encode();
             assert_eq!(Query::decode(a0, a1, &p), Some(q));
         }
         assert_eq!(Query::decode(99, 0, b""), None);
         // match: the keys travel in an attached file
-        let q = Query::Match {
-            exclude: b"a/b".to_vec(),
-            keys: vec![0, 1, 0, 2],
-        };
+        let q = Query::Match { exclude: b"a/b".to_vec(), keys: vec![0, 1, 0, 2] };
         let (a0, a1, p) = q.encode();
         let m = crate::memfd::MemfdBuilder::unmapped("keys", 4).unwrap();
         m.write_at(q.attachment().unwrap(), 0).unwrap();
         let fd = m.seal().unwrap();
-        assert_eq!(
-            Query::decode(a0, a1, &p).and_then(|d| d.with_attachment(Some(fd))),
-            Some(q.clone())
-        );
-        assert_eq!(
-            Query::decode(a0, a1, &p).and_then(|d| d.with_attachment(None)),
-            None
-        );
+        assert_eq!(Query::decode(a0, a1, &p).and_then(|d| d.with_attachment(Some(fd))), Some(q.clone()));
+        assert_eq!(Query::decode(a0, a1, &p).and_then(|d| d.with_attachment(None)), None);
         assert_eq!(Query::decode(kind::DIFF, 0, b"no-separator"), None);
     }
 
@@ -1248,49 +1015,24 @@ mod tests {
         let info = dd.stage(b"run/ck1", 1, &bytes).unwrap();
         assert_eq!(info.file_xxh3, fanstore_core::checksum::xxh3(&bytes));
         // Staged: hidden from ls, readable by id.
-        let ls = dd
-            .query(&Query::Ls {
-                dir: Vec::new(),
-                json: true,
-            })
-            .unwrap();
+        let ls = dd.query(&Query::Ls { dir: Vec::new(), json: true }).unwrap();
         assert_eq!(ls.text, "[]");
         let mut out = Vec::new();
         assert_eq!(dd.read_output(1, &mut out), Ok(bytes.len() as u64));
         assert_eq!(out, bytes);
         dd.settle(1, b"run/ck1");
-        assert!(dd
-            .query(&Query::Ls {
-                dir: b"run".to_vec(),
-                json: true
-            })
-            .unwrap()
-            .text
-            .contains("run/ck1"));
+        assert!(dd.query(&Query::Ls { dir: b"run".to_vec(), json: true }).unwrap().text.contains("run/ck1"));
         // A second version staged, then settled at the same path, replaces the first.
         dd.stage(b"run/ck1", 2, &bytes[..100_000]).unwrap();
         dd.settle(2, b"run/ck1");
         assert!(!dd.holds(1));
         assert_eq!(dd.read_output(1, &mut Vec::new()), Err(libc::ENOENT));
         dd.rename_output(2, b"run/final");
-        let ls = dd
-            .query(&Query::Ls {
-                dir: Vec::new(),
-                json: true,
-            })
-            .unwrap()
-            .text;
+        let ls = dd.query(&Query::Ls { dir: Vec::new(), json: true }).unwrap().text;
         assert!(ls.contains("run/final") && !ls.contains("run/ck1"), "{ls}");
         assert!(dd.drop_output(2));
         assert!(!dd.drop_output(2));
-        assert_eq!(
-            dd.query(&Query::Log {
-                path: b"run/final".to_vec(),
-                json: true
-            })
-            .err(),
-            Some(libc::ENOENT)
-        );
+        assert_eq!(dd.query(&Query::Log { path: b"run/final".to_vec(), json: true }).err(), Some(libc::ENOENT));
     }
 
     /// The whole-file xxh3 the close computed for the plain output at `p`.
@@ -1301,9 +1043,7 @@ mod tests {
     /// A plain output file of `len` bytes at `dir/name`, handed over as the
     /// commit does: a read-only description.
     fn plain_output(dir: &Path, name: &str, len: u32, seed: u32) -> (Vec<u8>, OwnedFd, PathBuf) {
-        let bytes: Vec<u8> = (0..len)
-            .map(|i| (i.wrapping_mul(seed) % 251) as u8)
-            .collect();
+        let bytes: Vec<u8> = (0..len).map(|i| (i.wrapping_mul(seed) % 251) as u8).collect();
         let p = dir.join(name);
         std::fs::write(&p, &bytes).unwrap();
         (bytes, OwnedFd::from(std::fs::File::open(&p).unwrap()), p)
@@ -1328,24 +1068,12 @@ mod tests {
         dd.wait_committed();
         assert!(dd.holds(1) && !dd.holds(2));
         assert!(!p1.exists(), "the plain copy of a stored output is removed");
-        assert!(
-            p2.exists(),
-            "a cancelled output's plain file is the caller's to delete"
-        );
+        assert!(p2.exists(), "a cancelled output's plain file is the caller's to delete");
         let mut out = Vec::new();
         dd.read_output(1, &mut out).unwrap();
         assert_eq!(out, b1);
-        let ls = dd
-            .query(&Query::Ls {
-                dir: Vec::new(),
-                json: true,
-            })
-            .unwrap()
-            .text;
-        assert!(
-            ls.contains("run/b") && !ls.contains("run/a") && !ls.contains("run/c"),
-            "{ls}"
-        );
+        let ls = dd.query(&Query::Ls { dir: Vec::new(), json: true }).unwrap().text;
+        assert!(ls.contains("run/b") && !ls.contains("run/a") && !ls.contains("run/c"), "{ls}");
         assert!(dd.drop_output(1));
     }
 
@@ -1360,10 +1088,7 @@ mod tests {
         dd.enqueue(b"run/a", 1, f1, 300_000, Some(sum_of(&p1)), p1.clone());
         let t0 = std::time::Instant::now();
         while lock_queue(&dd.queue).running.is_none() {
-            assert!(
-                t0.elapsed() < std::time::Duration::from_secs(10),
-                "the worker never took the output"
-            );
+            assert!(t0.elapsed() < std::time::Duration::from_secs(10), "the worker never took the output");
             std::thread::sleep(std::time::Duration::from_millis(1));
         }
         // None of these needs the store's lock.
@@ -1374,26 +1099,14 @@ mod tests {
         dd.rename_output(2, b"run/c");
         drop(store);
         dd.wait_committed();
-        assert!(
-            !dd.holds(1),
-            "an output unlinked while it was being stored stays released"
-        );
+        assert!(!dd.holds(1), "an output unlinked while it was being stored stays released");
         assert!(p1.exists(), "its plain file is the caller's to delete");
         assert!(dd.holds(2) && !p2.exists());
         let mut out = Vec::new();
         dd.read_output(2, &mut out).unwrap();
         assert_eq!(out, b2);
-        let ls = dd
-            .query(&Query::Ls {
-                dir: Vec::new(),
-                json: true,
-            })
-            .unwrap()
-            .text;
-        assert!(
-            ls.contains("run/c") && !ls.contains("run/a") && !ls.contains("\"run/b\""),
-            "{ls}"
-        );
+        let ls = dd.query(&Query::Ls { dir: Vec::new(), json: true }).unwrap().text;
+        assert!(ls.contains("run/c") && !ls.contains("run/a") && !ls.contains("\"run/b\""), "{ls}");
         let du = dd.query(&Query::Du).unwrap().text;
         assert!(du.contains("\"checkpoints\":1"), "{du}");
     }
@@ -1413,11 +1126,7 @@ mod tests {
             dd2.enqueue(b"run/b", 2, f2, 300_000, Some(sum_of(&p2)), p2);
             tx.send(()).unwrap();
         });
-        assert!(
-            rx.recv_timeout(std::time::Duration::from_millis(200))
-                .is_err(),
-            "the second close waited for no commit"
-        );
+        assert!(rx.recv_timeout(std::time::Duration::from_millis(200)).is_err(), "the second close waited for no commit");
         drop(paused);
         rx.recv_timeout(std::time::Duration::from_secs(30)).unwrap();
         t.join().unwrap();
@@ -1433,52 +1142,33 @@ mod tests {
         use std::os::fd::AsRawFd;
         let d = tempfile::tempdir().unwrap();
         let dd = Dedup::open(&d.path().join("ckpt"), 0, false, 2, u64::MAX).unwrap();
-        let target =
-            |fd: &OwnedFd| std::fs::read_link(format!("/proc/self/fd/{}", fd.as_raw_fd())).unwrap();
+        let target = |fd: &OwnedFd| std::fs::read_link(format!("/proc/self/fd/{}", fd.as_raw_fd())).unwrap();
         let mut sums = Vec::new();
         for id in 1..=3u64 {
-            let bytes: Vec<u8> = (0..300_000u32)
-                .map(|i| (i * id as u32 % 251) as u8)
-                .collect();
+            let bytes: Vec<u8> = (0..300_000u32).map(|i| (i * id as u32 % 251) as u8).collect();
             let p = d.path().join(format!("client-{id}"));
-            std::fs::File::create(&p)
-                .unwrap()
-                .write_all(&bytes)
-                .unwrap();
+            std::fs::File::create(&p).unwrap().write_all(&bytes).unwrap();
             // As the daemon's commit does: a read-only description, mapped.
             let ro = std::fs::File::open(&p).unwrap();
             // SAFETY: test file, written above and never again; read-only mapping.
             let map = Arc::new(unsafe { memmap2::Mmap::map(&ro) }.unwrap());
-            let info = dd
-                .stage_handed(b"run/x", id, OwnedFd::from(ro), map, false)
-                .unwrap();
+            let info = dd.stage_handed(b"run/x", id, OwnedFd::from(ro), map, false).unwrap();
             dd.settle(id, format!("run/c{id}").as_bytes());
             sums.push((bytes, info.file_xxh3, p));
         }
         // The last two (hot: 2) come from their files; the first is rebuilt.
         for (i, (bytes, sum, p)) in sums.iter().enumerate() {
-            let fd = dd
-                .open_output(i as u64 + 1, bytes.len() as u64, *sum)
-                .unwrap();
+            let fd = dd.open_output(i as u64 + 1, bytes.len() as u64, *sum).unwrap();
             let t = target(&fd);
             if i == 0 {
-                assert!(
-                    t.to_string_lossy().starts_with("/memfd:fanstore:ckpt"),
-                    "{t:?}"
-                );
+                assert!(t.to_string_lossy().starts_with("/memfd:fanstore:ckpt"), "{t:?}");
             } else {
                 assert_eq!(&t, p);
             }
-            assert_eq!(
-                &std::fs::read(format!("/proc/self/fd/{}", fd.as_raw_fd())).unwrap(),
-                bytes
-            );
+            assert_eq!(&std::fs::read(format!("/proc/self/fd/{}", fd.as_raw_fd())).unwrap(), bytes);
         }
         assert!(dd.drop_output(3));
-        assert_eq!(
-            dd.open_output(3, 300_000, sums[2].1).err(),
-            Some(libc::ENOENT)
-        );
+        assert_eq!(dd.open_output(3, 300_000, sums[2].1).err(), Some(libc::ENOENT));
     }
 
     #[test]
@@ -1494,34 +1184,17 @@ mod tests {
         let mut f = unsafe { std::fs::File::from_raw_fd(raw) };
         std::io::Write::write_all(&mut f, &bytes).unwrap();
         // SAFETY: fcntl on our memfd.
-        assert_eq!(
-            unsafe {
-                libc::fcntl(
-                    f.as_raw_fd(),
-                    libc::F_ADD_SEALS,
-                    libc::F_SEAL_WRITE | libc::F_SEAL_SHRINK | libc::F_SEAL_GROW,
-                )
-            },
-            0
-        );
+        assert_eq!(unsafe { libc::fcntl(f.as_raw_fd(), libc::F_ADD_SEALS, libc::F_SEAL_WRITE | libc::F_SEAL_SHRINK | libc::F_SEAL_GROW) }, 0);
         // SAFETY: sealed above; read-only mapping.
         let map = Arc::new(unsafe { memmap2::Mmap::map(&f) }.unwrap());
-        let info = dd
-            .stage_handed(b"run/m", 7, OwnedFd::from(f), map, true)
-            .unwrap();
+        let info = dd.stage_handed(b"run/m", 7, OwnedFd::from(f), map, true).unwrap();
         dd.settle(7, b"run/m");
-        let target =
-            |fd: &OwnedFd| std::fs::read_link(format!("/proc/self/fd/{}", fd.as_raw_fd())).unwrap();
+        let target = |fd: &OwnedFd| std::fs::read_link(format!("/proc/self/fd/{}", fd.as_raw_fd())).unwrap();
         // The move happens in the background: poll until it is done (bounded).
         let mut moved = None;
         for _ in 0..1000 {
-            let fd = dd
-                .open_output(7, bytes.len() as u64, info.file_xxh3)
-                .unwrap();
-            assert_eq!(
-                std::fs::read(format!("/proc/self/fd/{}", fd.as_raw_fd())).unwrap(),
-                bytes
-            );
+            let fd = dd.open_output(7, bytes.len() as u64, info.file_xxh3).unwrap();
+            assert_eq!(std::fs::read(format!("/proc/self/fd/{}", fd.as_raw_fd())).unwrap(), bytes);
             let t = target(&fd);
             if !t.to_string_lossy().starts_with("/memfd:") {
                 moved = Some(t);
@@ -1542,21 +1215,15 @@ mod tests {
         let d = tempfile::tempdir().unwrap();
         let (src, dst) = (d.path().join("src.fsk"), d.path().join("dst.fsk"));
         let f = pack::create(&src, &pack::PackHeader { seq: 1, nonce: 5 }).unwrap();
-        f.write_all_at(&[1u8; 1000], pack::HEADER_LEN as u64)
-            .unwrap();
+        f.write_all_at(&[1u8; 1000], pack::HEADER_LEN as u64).unwrap();
         copy_pack(&src, &dst).unwrap();
         assert_eq!(std::fs::read(&dst).unwrap(), std::fs::read(&src).unwrap());
         let ino = std::fs::metadata(&dst).unwrap().ino();
         // The pack grew: only the tail is appended, in place.
-        f.write_all_at(&[2u8; 700], pack::HEADER_LEN as u64 + 1000)
-            .unwrap();
+        f.write_all_at(&[2u8; 700], pack::HEADER_LEN as u64 + 1000).unwrap();
         copy_pack(&src, &dst).unwrap();
         assert_eq!(std::fs::read(&dst).unwrap(), std::fs::read(&src).unwrap());
-        assert_eq!(
-            std::fs::metadata(&dst).unwrap().ino(),
-            ino,
-            "appended, not rewritten"
-        );
+        assert_eq!(std::fs::metadata(&dst).unwrap().ino(), ino, "appended, not rewritten");
         // A pack of the same name from another store (other nonce), shorter: replaced whole.
         std::fs::remove_file(&src).unwrap();
         let g = pack::create(&src, &pack::PackHeader { seq: 1, nonce: 6 }).unwrap();
@@ -1588,12 +1255,7 @@ mod tests {
             let local_units = d.path().join("a").join(UNITS_DIR);
             for e in std::fs::read_dir(&local_units).unwrap().flatten() {
                 let there = drained_dir(&persist, 3).join(UNITS_DIR).join(e.file_name());
-                assert_eq!(
-                    std::fs::read(e.path()).unwrap(),
-                    std::fs::read(there).unwrap(),
-                    "{:?}",
-                    e.file_name()
-                );
+                assert_eq!(std::fs::read(e.path()).unwrap(), std::fs::read(there).unwrap(), "{:?}", e.file_name());
             }
         }
         let cats = persisted_catalogs(&persist).unwrap();
@@ -1614,11 +1276,7 @@ mod tests {
         dd.read_output(11, &mut out).unwrap();
         assert_eq!(out, more);
         // A damaged unit is EIO, never wrong bytes: the last byte of every record.
-        let packs: Vec<_> = std::fs::read_dir(local.join(UNITS_DIR))
-            .unwrap()
-            .flatten()
-            .map(|e| e.path())
-            .collect();
+        let packs: Vec<_> = std::fs::read_dir(local.join(UNITS_DIR)).unwrap().flatten().map(|e| e.path()).collect();
         assert!(!packs.is_empty());
         for p in &packs {
             let records = pack::scan(p).unwrap().records;
@@ -1629,12 +1287,7 @@ mod tests {
             std::fs::write(p, b).unwrap();
         }
         assert_eq!(dd.read_output(9, &mut Vec::new()), Err(libc::EIO));
-        let v = dd
-            .query(&Query::Verify {
-                path: None,
-                json: false,
-            })
-            .unwrap();
+        let v = dd.query(&Query::Verify { path: None, json: false }).unwrap();
         assert!(!v.ok);
     }
 }

@@ -13,20 +13,14 @@ use std::time::Duration;
 
 /// Raises the soft RLIMIT_NOFILE to the hard limit. Returns (soft, hard, now).
 pub fn raise_nofile() -> (u64, u64, u64) {
-    let mut r = libc::rlimit {
-        rlim_cur: 0,
-        rlim_max: 0,
-    };
+    let mut r = libc::rlimit { rlim_cur: 0, rlim_max: 0 };
     // SAFETY: r is a valid out-pointer for getrlimit.
     if unsafe { libc::getrlimit(libc::RLIMIT_NOFILE, &mut r) } != 0 {
         return (0, 0, 0);
     }
     let (soft, hard) = (r.rlim_cur, r.rlim_max);
     if soft < hard {
-        let want = libc::rlimit {
-            rlim_cur: hard,
-            rlim_max: hard,
-        };
+        let want = libc::rlimit { rlim_cur: hard, rlim_max: hard };
         // SAFETY: want is a valid rlimit; raising the soft limit up to the hard one needs no privilege.
         if unsafe { libc::setrlimit(libc::RLIMIT_NOFILE, &want) } == 0 {
             return (soft, hard, hard);
@@ -37,10 +31,7 @@ pub fn raise_nofile() -> (u64, u64, u64) {
 
 /// The soft RLIMIT_NOFILE in force now.
 pub fn nofile() -> u64 {
-    let mut r = libc::rlimit {
-        rlim_cur: 0,
-        rlim_max: 0,
-    };
+    let mut r = libc::rlimit { rlim_cur: 0, rlim_max: 0 };
     // SAFETY: r is a valid out-pointer for getrlimit.
     if unsafe { libc::getrlimit(libc::RLIMIT_NOFILE, &mut r) } != 0 {
         return 1024;
@@ -94,31 +85,21 @@ mod tests {
             || relieved.set(relieved.get() + 1),
             || {
                 calls.set(calls.get() + 1);
-                if calls.get() < 3 {
-                    Err(libc::EMFILE)
-                } else {
-                    Ok(7)
-                }
+                if calls.get() < 3 { Err(libc::EMFILE) } else { Ok(7) }
             },
         );
         assert_eq!((r, calls.get(), relieved.get()), (Ok(7), 3, 2));
         calls.set(0);
-        let r: Result<u8, i32> = retry(
-            || {},
-            || {
-                calls.set(calls.get() + 1);
-                Err(libc::ENOENT)
-            },
-        );
+        let r: Result<u8, i32> = retry(|| {}, || {
+            calls.set(calls.get() + 1);
+            Err(libc::ENOENT)
+        });
         assert_eq!((r, calls.get()), (Err(libc::ENOENT), 1));
         calls.set(0);
-        let r: Result<u8, i32> = retry(
-            || {},
-            || {
-                calls.set(calls.get() + 1);
-                Err(libc::ENFILE)
-            },
-        );
+        let r: Result<u8, i32> = retry(|| {}, || {
+            calls.set(calls.get() + 1);
+            Err(libc::ENFILE)
+        });
         assert_eq!((r, calls.get()), (Err(libc::ENFILE), 5));
     }
 

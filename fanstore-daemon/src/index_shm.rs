@@ -24,28 +24,18 @@ pub struct IndexShm {
 impl IndexShm {
     /// Writes `bytes` to `path` (mode 0600), replacing a stale file of a previous run.
     pub fn publish(path: &Path, bytes: &[u8]) -> Result<IndexShm, IndexShmError> {
-        let err = |source| IndexShmError {
-            path: path.to_path_buf(),
-            source,
-        };
+        let err = |source| IndexShmError { path: path.to_path_buf(), source };
         let mut tmp = path.as_os_str().to_owned();
         tmp.push(format!(".tmp{}", std::process::id()));
         let tmp = PathBuf::from(tmp);
         let _ = std::fs::remove_file(&tmp);
-        let mut f = std::fs::OpenOptions::new()
-            .write(true)
-            .create_new(true)
-            .mode(0o600)
-            .open(&tmp)
-            .map_err(err)?;
+        let mut f = std::fs::OpenOptions::new().write(true).create_new(true).mode(0o600).open(&tmp).map_err(err)?;
         let res = f.write_all(bytes).and_then(|_| std::fs::rename(&tmp, path));
         if let Err(e) = res {
             let _ = std::fs::remove_file(&tmp);
             return Err(err(e));
         }
-        Ok(IndexShm {
-            path: path.to_path_buf(),
-        })
+        Ok(IndexShm { path: path.to_path_buf() })
     }
 
     pub fn path(&self) -> &Path {
@@ -73,10 +63,7 @@ mod tests {
         std::fs::write(&p, b"stale").unwrap();
         let s = IndexShm::publish(&p, b"index bytes").unwrap();
         assert_eq!(std::fs::read(&p).unwrap(), b"index bytes");
-        assert_eq!(
-            std::fs::metadata(&p).unwrap().permissions().mode() & 0o777,
-            0o600
-        );
+        assert_eq!(std::fs::metadata(&p).unwrap().permissions().mode() & 0o777, 0o600);
         s.remove();
         assert!(!p.exists());
         assert_eq!(std::fs::read_dir(d.path()).unwrap().count(), 0);

@@ -155,10 +155,10 @@ pub mod replica_writer;
 pub mod replicate;
 pub mod server;
 pub mod status;
-#[doc(hidden)]
-pub mod testkit;
 pub mod watch;
 pub mod watch_client;
+#[doc(hidden)]
+pub mod testkit;
 
 pub use fanstore_core::runtime::runtime_dir;
 use std::path::Path;
@@ -192,18 +192,12 @@ pub fn prepare_runtime_dir(dir: &Path) -> Result<(), RuntimeDirError> {
 /// Removes `node-<k>.sock` / `node-<k>.state` left by an earlier, larger job
 /// (k >= nranks), so `fanstore wait` only sees this job's ranks.
 pub fn remove_stale_ranks(dir: &Path, nranks: u32) {
-    let Ok(rd) = std::fs::read_dir(dir) else {
-        return;
-    };
+    let Ok(rd) = std::fs::read_dir(dir) else { return };
     for e in rd.flatten() {
         let name = e.file_name();
         let name = name.to_string_lossy();
-        let Some(rest) = name.strip_prefix("node-") else {
-            continue;
-        };
-        let Some((k, _)) = rest.split_once('.') else {
-            continue;
-        };
+        let Some(rest) = name.strip_prefix("node-") else { continue };
+        let Some((k, _)) = rest.split_once('.') else { continue };
         if k.parse::<u32>().is_ok_and(|k| k >= nranks) {
             let _ = std::fs::remove_file(e.path());
         }
@@ -222,28 +216,14 @@ mod tests {
         std::fs::create_dir(&rt).unwrap();
         std::fs::set_permissions(&rt, std::fs::Permissions::from_mode(0o755)).unwrap();
         prepare_runtime_dir(&rt).unwrap();
-        assert_eq!(
-            std::fs::metadata(&rt).unwrap().permissions().mode() & 0o777,
-            0o700
-        );
-        for f in [
-            "node-0.state",
-            "node-3.state",
-            "node-3.sock",
-            "node-12.state",
-            "other.txt",
-        ] {
+        assert_eq!(std::fs::metadata(&rt).unwrap().permissions().mode() & 0o777, 0o700);
+        for f in ["node-0.state", "node-3.state", "node-3.sock", "node-12.state", "other.txt"] {
             std::fs::write(rt.join(f), b"").unwrap();
         }
         remove_stale_ranks(&rt, 4);
-        let mut left: Vec<String> = std::fs::read_dir(&rt)
-            .unwrap()
-            .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
-            .collect();
+        let mut left: Vec<String> =
+            std::fs::read_dir(&rt).unwrap().map(|e| e.unwrap().file_name().to_string_lossy().into_owned()).collect();
         left.sort();
-        assert_eq!(
-            left,
-            ["node-0.state", "node-3.sock", "node-3.state", "other.txt"]
-        );
+        assert_eq!(left, ["node-0.state", "node-3.sock", "node-3.state", "other.txt"]);
     }
 }

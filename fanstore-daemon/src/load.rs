@@ -75,10 +75,7 @@ pub fn check_partition_table(view: &IndexView<'_>) -> Result<(), LoadError> {
     }
     for (i, p) in view.partitions().enumerate() {
         if p.id as usize != i {
-            return Err(LoadError::Manifest(format!(
-                "partition record {i} has id {} (expected ids 0..P-1 in order)",
-                p.id
-            )));
+            return Err(LoadError::Manifest(format!("partition record {i} has id {} (expected ids 0..P-1 in order)", p.id)));
         }
     }
     Ok(())
@@ -119,10 +116,7 @@ pub fn load(
     let start = Instant::now();
     check_partition_table(view)?;
     let parts = placement.partitions_of(rank);
-    prepare_local_dir(local).map_err(|source| LoadError::Write {
-        path: local.to_path_buf(),
-        source,
-    })?;
+    prepare_local_dir(local).map_err(|source| LoadError::Write { path: local.to_path_buf(), source })?;
     let maps = offset_maps(view, &parts);
     let workers = threads.max(1).min(parts.len()).max(1);
     let next = AtomicUsize::new(0);
@@ -138,8 +132,7 @@ pub fn load(
     };
     std::thread::scope(|s| {
         for _ in 0..workers {
-            let (next, abort, fail, parts, maps, bytes_read, files) =
-                (&next, &abort, &fail, &parts, &maps, &bytes_read, &files);
+            let (next, abort, fail, parts, maps, bytes_read, files) = (&next, &abort, &fail, &parts, &maps, &bytes_read, &files);
             s.spawn(move || loop {
                 let i = next.fetch_add(1, Relaxed);
                 let Some(&p) = parts.get(i) else { break };
@@ -149,14 +142,7 @@ pub fn load(
                 let file = data.join(partition::file_name(p));
                 let empty = OffsetMap::new();
                 let offsets = maps.get(&p).unwrap_or(&empty);
-                match copy_partition(
-                    &file,
-                    &local_partition_path(local, p),
-                    view,
-                    p,
-                    offsets,
-                    abort,
-                ) {
+                match copy_partition(&file, &local_partition_path(local, p), view, p, offsets, abort) {
                     Ok(n) => {
                         bytes_read.fetch_add(n, Relaxed);
                         files.fetch_add(offsets.len() as u64, Relaxed);
@@ -174,14 +160,10 @@ pub fn load(
     for &p in &parts {
         local_parts[p as usize] = true;
         let path = local_partition_path(local, p);
-        let f = std::fs::File::open(&path).map_err(|source| LoadError::Write {
-            path: path.clone(),
-            source,
-        })?;
+        let f = std::fs::File::open(&path).map_err(|source| LoadError::Write { path: path.clone(), source })?;
         // SAFETY: the daemon wrote this file just now and never changes or
         // truncates it while the job runs; the mapping is read-only.
-        let m = unsafe { memmap2::Mmap::map(&f) }
-            .map_err(|source| LoadError::Write { path, source })?;
+        let m = unsafe { memmap2::Mmap::map(&f) }.map_err(|source| LoadError::Write { path, source })?;
         part_maps[p as usize] = Some(Arc::new(m));
     }
     let bytes = bytes_read.load(Relaxed);
@@ -210,37 +192,21 @@ fn copy_partition(
     offsets: &OffsetMap,
     abort: &AtomicBool,
 ) -> Result<u64, LoadError> {
-    let werr = |source| LoadError::Write {
-        path: dest.to_path_buf(),
-        source,
-    };
+    let werr = |source| LoadError::Write { path: dest.to_path_buf(), source };
     let mut out: Option<std::io::BufWriter<std::fs::File>> = None;
     let open = || -> Result<std::io::BufWriter<std::fs::File>, LoadError> {
-        let f = std::fs::OpenOptions::new()
-            .write(true)
-            .create_new(true)
-            .mode(0o400)
-            .open(dest)
-            .map_err(werr)?;
+        let f = std::fs::OpenOptions::new().write(true).create_new(true).mode(0o400).open(dest).map_err(werr)?;
         Ok(std::io::BufWriter::with_capacity(4 << 20, f))
     };
-    let n = walk_partition(
-        file,
-        view,
-        p,
-        offsets,
-        abort,
-        &|_| false,
-        &mut |bytes: &[u8]| {
-            if out.is_none() {
-                out = Some(open()?);
-            }
-            match out.as_mut() {
-                Some(w) => w.write_all(bytes).map_err(werr),
-                None => Ok(()),
-            }
-        },
-    )?;
+    let n = walk_partition(file, view, p, offsets, abort, &|_| false, &mut |bytes: &[u8]| {
+        if out.is_none() {
+            out = Some(open()?);
+        }
+        match out.as_mut() {
+            Some(w) => w.write_all(bytes).map_err(werr),
+            None => Ok(()),
+        }
+    })?;
     match out {
         Some(mut w) => w.flush().map_err(werr)?,
         None => drop(open()?),
@@ -279,17 +245,9 @@ fn walk_partition(
     elsewhere: &dyn Fn(u64) -> bool,
     sink: &mut dyn FnMut(&[u8]) -> Result<(), LoadError>,
 ) -> Result<u64, LoadError> {
-    let mismatch = |problem: String| LoadError::Mismatch {
-        file: file.to_path_buf(),
-        problem,
-    };
-    let info = view
-        .partition(p)
-        .ok_or_else(|| mismatch(format!("no partition {p} in the manifest")))?;
-    let mut r = PartitionReader::open(file).map_err(|source| LoadError::Format {
-        file: file.to_path_buf(),
-        error: source,
-    })?;
+    let mismatch = |problem: String| LoadError::Mismatch { file: file.to_path_buf(), problem };
+    let info = view.partition(p).ok_or_else(|| mismatch(format!("no partition {p} in the manifest")))?;
+    let mut r = PartitionReader::open(file).map_err(|source| LoadError::Format { file: file.to_path_buf(), error: source })?;
     let h = *r.header();
     if h.checksum != info.header_checksum {
         return Err(mismatch(format!(
@@ -297,11 +255,7 @@ fn walk_partition(
             h.checksum, info.header_checksum
         )));
     }
-    if h.dataset_id != view.dataset_id()
-        || h.id != p
-        || h.entry_count != info.entry_count
-        || h.flags != info.flags
-    {
+    if h.dataset_id != view.dataset_id() || h.id != p || h.entry_count != info.entry_count || h.flags != info.flags {
         return Err(mismatch(format!(
             "header (id {}, dataset {:#x}, {} entries, flags {}) differs from the manifest (id {p}, dataset {:#x}, {} entries, flags {})",
             h.id,
@@ -314,33 +268,19 @@ fn walk_partition(
         )));
     }
     if h.entry_count != offsets.len() as u64 {
-        return Err(mismatch(format!(
-            "{} entries, but the manifest has {} files in it",
-            h.entry_count,
-            offsets.len()
-        )));
+        return Err(mismatch(format!("{} entries, but the manifest has {} files in it", h.entry_count, offsets.len())));
     }
     sink(&h.encode())?;
     loop {
         if abort.load(Relaxed) {
             return Ok(0);
         }
-        let e = r
-            .next_entry_with(elsewhere)
-            .map_err(|source| LoadError::Format {
-                file: file.to_path_buf(),
-                error: source,
-            })?;
+        let e = r.next_entry_with(elsewhere).map_err(|source| LoadError::Format { file: file.to_path_buf(), error: source })?;
         let Some(e) = e else { break };
         let node = offsets
             .get(&e.payload_offset)
             .and_then(|&id| view.node(id))
-            .ok_or_else(|| {
-                mismatch(format!(
-                    "entry at offset {} belongs to no file of the manifest",
-                    e.payload_offset
-                ))
-            })?;
+            .ok_or_else(|| mismatch(format!("entry at offset {} belongs to no file of the manifest", e.payload_offset)))?;
         let eh = &e.header;
         if eh.stored_len != node.stored_len()
             || eh.raw_len != node.size()
@@ -370,23 +310,10 @@ mod tests {
 
     fn dataset(dir: &Path) -> Vec<TestFile> {
         let files: Vec<TestFile> = (0..12)
-            .map(|i| TestFile {
-                path: format!("d{}/f{i}", i % 3),
-                bytes: testkit::pattern(i * 70_000 + 3, i as u64),
-            })
-            .chain(std::iter::once(TestFile {
-                path: "rep/x".into(),
-                bytes: b"everywhere".to_vec(),
-            }))
+            .map(|i| TestFile { path: format!("d{}/f{i}", i % 3), bytes: testkit::pattern(i * 70_000 + 3, i as u64) })
+            .chain(std::iter::once(TestFile { path: "rep/x".into(), bytes: b"everywhere".to_vec() }))
             .collect();
-        testkit::build(
-            dir,
-            9,
-            &files,
-            4,
-            Compression::parse("lz4").unwrap(),
-            Some("rep"),
-        );
+        testkit::build(dir, 9, &files, 4, Compression::parse("lz4").unwrap(), Some("rep"));
         files
     }
 
@@ -406,25 +333,14 @@ mod tests {
         for p in 0..5u32 {
             let copy = std::fs::read(local_partition_path(&local, p));
             if l.local[p as usize] {
-                assert_eq!(
-                    copy.unwrap(),
-                    std::fs::read(d.path().join("ds").join(partition::file_name(p))).unwrap()
-                );
-                assert_eq!(
-                    l.parts[p as usize].as_ref().unwrap().len() as u64,
-                    v.partition(p).unwrap().file_len
-                );
+                assert_eq!(copy.unwrap(), std::fs::read(d.path().join("ds").join(partition::file_name(p))).unwrap());
+                assert_eq!(l.parts[p as usize].as_ref().unwrap().len() as u64, v.partition(p).unwrap().file_len);
             } else {
                 assert!(copy.is_err() && l.parts[p as usize].is_none());
             }
         }
         assert!(walk_files(&local.join("in")).is_empty());
-        let store = LocalStore {
-            view: v,
-            local_dir: local.clone(),
-            parts: l.parts.clone(),
-            dedup: None,
-        };
+        let store = LocalStore { view: v, local_dir: local.clone(), parts: l.parts.clone(), dedup: None };
         let mut held = 0;
         for f in &files {
             let n = v.lookup(f.path.as_bytes()).unwrap();
@@ -437,19 +353,13 @@ mod tests {
                 if n.codec() == fanstore_core::codec::Codec::None {
                     assert_eq!(b, &f.bytes[..], "raw payloads are the file's exact bytes");
                 }
-                assert!(
-                    store.payload(n.id(), n.stored_len() + 1, None).is_none(),
-                    "length must match the manifest"
-                );
+                assert!(store.payload(n.id(), n.stored_len() + 1, None).is_none(), "length must match the manifest");
             } else {
                 assert!(store.payload(n.id(), n.stored_len(), None).is_none());
             }
         }
         assert_eq!(held as u64, l.report.files);
-        assert!(
-            store.payload(0, 0, None).is_none(),
-            "the root is not a file"
-        );
+        assert!(store.payload(0, 0, None).is_none(), "the root is not a file");
     }
 
     fn walk_files(dir: &Path) -> Vec<PathBuf> {
@@ -478,35 +388,19 @@ mod tests {
         let n = b.len();
         b[n - 2] ^= 1;
         std::fs::write(&p2, &b).unwrap();
-        let e = load(&ds, &v, &placement, 0, &d.path().join("l1"), 2)
-            .unwrap_err()
-            .to_string();
-        assert!(
-            e.contains("part-000002.fsp") && e.contains("checksum"),
-            "{e}"
-        );
+        let e = load(&ds, &v, &placement, 0, &d.path().join("l1"), 2).unwrap_err().to_string();
+        assert!(e.contains("part-000002.fsp") && e.contains("checksum"), "{e}");
         // A partition from another packing (valid on its own, but not this manifest's).
         b[n - 2] ^= 1;
         std::fs::write(&p2, &b).unwrap();
         let other = d.path().join("other");
         testkit::build(&other, 10, &dataset_variant(), 4, Compression::NONE, None);
-        std::fs::copy(
-            other.join(partition::file_name(3)),
-            ds.join(partition::file_name(3)),
-        )
-        .unwrap();
-        let e = load(&ds, &v, &placement, 0, &d.path().join("l2"), 2)
-            .unwrap_err()
-            .to_string();
-        assert!(
-            e.contains("part-000003.fsp") && e.contains("does not match the manifest"),
-            "{e}"
-        );
+        std::fs::copy(other.join(partition::file_name(3)), ds.join(partition::file_name(3))).unwrap();
+        let e = load(&ds, &v, &placement, 0, &d.path().join("l2"), 2).unwrap_err().to_string();
+        assert!(e.contains("part-000003.fsp") && e.contains("does not match the manifest"), "{e}");
         // Missing.
         std::fs::remove_file(ds.join(partition::file_name(0))).unwrap();
-        let e = load(&ds, &v, &placement, 0, &d.path().join("l3"), 1)
-            .unwrap_err()
-            .to_string();
+        let e = load(&ds, &v, &placement, 0, &d.path().join("l3"), 1).unwrap_err().to_string();
         assert!(e.contains("part-000000.fsp"), "{e}");
     }
 
@@ -521,10 +415,7 @@ mod tests {
         let abort = AtomicBool::new(false);
         let good = ds.join(partition::file_name(1));
         let len = std::fs::metadata(&good).unwrap().len();
-        assert_eq!(
-            verify_partition(&good, &v, 1, &maps[&1], &abort, &|_| false).unwrap(),
-            len
-        );
+        assert_eq!(verify_partition(&good, &v, 1, &maps[&1], &abort, &|_| false).unwrap(), len);
         // Every byte of the file matters: a flipped byte anywhere is refused, naming the file.
         let b = std::fs::read(&good).unwrap();
         let bad = d.path().join("fetched.fsp");
@@ -532,33 +423,17 @@ mod tests {
             let mut c = b.clone();
             c[i] ^= 0x10;
             std::fs::write(&bad, &c).unwrap();
-            let e = verify_partition(&bad, &v, 1, &maps[&1], &abort, &|_| false)
-                .unwrap_err()
-                .to_string();
+            let e = verify_partition(&bad, &v, 1, &maps[&1], &abort, &|_| false).unwrap_err().to_string();
             assert!(e.contains("fetched.fsp"), "byte {i}: {e}");
         }
         // Cut short, or another partition of the same dataset.
         std::fs::write(&bad, &b[..b.len() - 1]).unwrap();
         assert!(verify_partition(&bad, &v, 1, &maps[&1], &abort, &|_| false).is_err());
-        let e = verify_partition(
-            &ds.join(partition::file_name(2)),
-            &v,
-            1,
-            &maps[&1],
-            &abort,
-            &|_| false,
-        )
-        .unwrap_err()
-        .to_string();
+        let e = verify_partition(&ds.join(partition::file_name(2)), &v, 1, &maps[&1], &abort, &|_| false).unwrap_err().to_string();
         assert!(e.contains("does not match the manifest"), "{e}");
     }
 
     fn dataset_variant() -> Vec<TestFile> {
-        (0..5)
-            .map(|i| TestFile {
-                path: format!("v{i}"),
-                bytes: vec![i as u8; 100],
-            })
-            .collect()
+        (0..5).map(|i| TestFile { path: format!("v{i}"), bytes: vec![i as u8; 100] }).collect()
     }
 }

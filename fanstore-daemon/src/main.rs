@@ -2,7 +2,6 @@
 
 use anyhow::Context;
 use clap::Parser;
-use fanstore_core::manifest::{IndexView, Manifest, Verify};
 use fanstore_daemon::args::DaemonArgs;
 use fanstore_daemon::comm::raw::Comm;
 use fanstore_daemon::comm::{Engine, StopCause};
@@ -11,6 +10,7 @@ use fanstore_daemon::node::{self, Identity, LocalStore, Node, Phase};
 use fanstore_daemon::placement::Placement;
 use fanstore_daemon::server::{self, Listener};
 use fanstore_daemon::{load, runtime_dir};
+use fanstore_core::manifest::{IndexView, Manifest, Verify};
 use std::os::unix::ffi::OsStrExt;
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicBool, Ordering::Relaxed};
@@ -53,10 +53,7 @@ struct Cleanup {
 
 impl Cleanup {
     fn run(&mut self) {
-        for p in [self.socket.take(), self.state.take()]
-            .into_iter()
-            .flatten()
-        {
+        for p in [self.socket.take(), self.state.take()].into_iter().flatten() {
             let _ = std::fs::remove_file(&p);
         }
         if let Some(s) = self.shm.take() {
@@ -103,9 +100,7 @@ struct Prepared {
 }
 
 fn main() {
-    env_logger::Builder::from_env(env_logger::Env::default().default_filter_or("info"))
-        .format_timestamp_millis()
-        .init();
+    env_logger::Builder::from_env(env_logger::Env::default().default_filter_or("info")).format_timestamp_millis().init();
     let args = DaemonArgs::parse();
     let code = match run(&args) {
         Ok(code) => code,
@@ -122,8 +117,8 @@ fn run(args: &DaemonArgs) -> anyhow::Result<i32> {
     // Before MPI opens anything: the daemon's fds are bounded (no fd per
     // file), but connections and requests in flight want room.
     let (soft, hard, nofile) = fanstore_daemon::fdlimit::raise_nofile();
-    let (universe, granted) = mpi::initialize_with_threading(mpi::Threading::Multiple)
-        .context("MPI was already initialised")?;
+    let (universe, granted) =
+        mpi::initialize_with_threading(mpi::Threading::Multiple).context("MPI was already initialised")?;
     let comm = Comm::dup_world().map_err(|e| anyhow::anyhow!("duplicating MPI_COMM_WORLD: {e}"))?;
     let (rank, nranks) = (comm.rank, comm.size);
     // Now, before the daemon opens descriptors of its own: MPI's epoll sets.
@@ -134,9 +129,7 @@ fn run(args: &DaemonArgs) -> anyhow::Result<i32> {
         version.lines().next().unwrap_or("MPI").trim()
     );
     if nofile > soft {
-        log::info!(
-            "rank {rank}: RLIMIT_NOFILE soft {soft} hard {hard}: raised the soft limit to {nofile}"
-        );
+        log::info!("rank {rank}: RLIMIT_NOFILE soft {soft} hard {hard}: raised the soft limit to {nofile}");
     } else {
         log::info!("rank {rank}: RLIMIT_NOFILE soft {soft} hard {hard}");
     }
@@ -154,11 +147,7 @@ fn run(args: &DaemonArgs) -> anyhow::Result<i32> {
     let mut cleanup = Cleanup::default();
     let prepared = prepare(args, &id, &mut cleanup);
     let any_failed = comm
-        .allreduce_max(
-            i32::from(prepared.is_err()),
-            Duration::from_secs_f64(args.load_timeout),
-            || {},
-        )
+        .allreduce_max(i32::from(prepared.is_err()), Duration::from_secs_f64(args.load_timeout), || {})
         .unwrap_or(1);
     let p = match prepared {
         Err(e) => {
@@ -197,36 +186,22 @@ fn run(args: &DaemonArgs) -> anyhow::Result<i32> {
     let aside = args.local.join(format!("recovered-rank-{rank}"));
     if aside.is_dir() {
         let node = node.clone();
-        let spawned = std::thread::Builder::new()
-            .name("fanstore-recover".into())
-            .spawn(move || {
-                let n = node.recover(&aside);
-                log::info!(
-                    "rank {}: recovered {n} outputs of a killed run",
-                    node.id.rank
-                );
-            });
+        let spawned = std::thread::Builder::new().name("fanstore-recover".into()).spawn(move || {
+            let n = node.recover(&aside);
+            log::info!("rank {}: recovered {n} outputs of a killed run", node.id.rank);
+        });
         if let Err(e) = spawned {
             log::error!("rank {rank}: spawning the recovery thread: {e}");
         }
     }
-    let prefill = args
-        .prefill_mem
-        .unwrap_or(args.cache_mem / 2)
-        .min(args.cache_mem);
+    let prefill = args.prefill_mem.unwrap_or(args.cache_mem / 2).min(args.cache_mem);
     if prefill > 0 {
         let node = node.clone();
-        let spawned = std::thread::Builder::new()
-            .name("fanstore-prefill".into())
-            .spawn(move || {
-                let t = std::time::Instant::now();
-                let n = node.prefill(prefill);
-                log::info!(
-                    "rank {}: prefilled {n} small files into the copy directory in {:.2} s",
-                    node.id.rank,
-                    t.elapsed().as_secs_f64()
-                );
-            });
+        let spawned = std::thread::Builder::new().name("fanstore-prefill".into()).spawn(move || {
+            let t = std::time::Instant::now();
+            let n = node.prefill(prefill);
+            log::info!("rank {}: prefilled {n} small files into the copy directory in {:.2} s", node.id.rank, t.elapsed().as_secs_f64());
+        });
         if let Err(e) = spawned {
             log::error!("rank {rank}: spawning the prefill thread: {e}");
         }
@@ -237,9 +212,7 @@ fn run(args: &DaemonArgs) -> anyhow::Result<i32> {
         let (tx, rx) = crossbeam::channel::bounded(4096);
         let _ = node.warm.set(tx);
         let node = node.clone();
-        let spawned = std::thread::Builder::new()
-            .name("fanstore-warm".into())
-            .spawn(move || node.warm_copies(rx));
+        let spawned = std::thread::Builder::new().name("fanstore-warm".into()).spawn(move || node.warm_copies(rx));
         if let Err(e) = spawned {
             log::error!("rank {rank}: spawning the copier thread: {e}");
         }
@@ -247,20 +220,18 @@ fn run(args: &DaemonArgs) -> anyhow::Result<i32> {
     if args.prefetch_remote > 0 && nranks > 1 {
         let node = node.clone();
         let budget = args.prefetch_remote;
-        let spawned = std::thread::Builder::new()
-            .name("fanstore-prefetch".into())
-            .spawn(move || {
-                let t = std::time::Instant::now();
-                let r = fanstore_daemon::replicate::run(&node, budget);
-                log::info!(
-                    "rank {}: prefetched {} remote partitions ({} B) in {:.2} s ({} failed)",
-                    node.id.rank,
-                    r.partitions,
-                    r.bytes,
-                    t.elapsed().as_secs_f64(),
-                    r.failed
-                );
-            });
+        let spawned = std::thread::Builder::new().name("fanstore-prefetch".into()).spawn(move || {
+            let t = std::time::Instant::now();
+            let r = fanstore_daemon::replicate::run(&node, budget);
+            log::info!(
+                "rank {}: prefetched {} remote partitions ({} B) in {:.2} s ({} failed)",
+                node.id.rank,
+                r.partitions,
+                r.bytes,
+                t.elapsed().as_secs_f64(),
+                r.failed
+            );
+        });
         if let Err(e) = spawned {
             log::error!("rank {rank}: spawning the prefetch thread: {e}");
         }
@@ -286,44 +257,25 @@ fn run(args: &DaemonArgs) -> anyhow::Result<i32> {
             log::error!("rank {rank}: spawning the replication thread: {e}");
         }
     }
-    let mut engine = Engine::new(
-        &comm,
-        &store,
-        &node.counters,
-        args.mpi_piece,
-        args.mpi_pipeline,
-    )
-    .with_spin(Duration::from_micros(args.comm_spin_us))
-    .with_meta(&*node);
+    let mut engine = Engine::new(&comm, &store, &node.counters, args.mpi_piece, args.mpi_pipeline)
+        .with_spin(Duration::from_micros(args.comm_spin_us))
+        .with_meta(&*node);
     if let Some(bell) = p.bell.clone().filter(|_| args.comm_sleep == "fds") {
         let waiter = fanstore_daemon::comm::wake::Waiter::new(bell, transport_fds)
             .with_fd_bound(Duration::from_micros(args.comm_fd_bound_us));
-        log::info!(
-            "rank {rank}: the communication thread sleeps on its doorbell and {} MPI epoll fds",
-            waiter.transport_count()
-        );
+        log::info!("rank {rank}: the communication thread sleeps on its doorbell and {} MPI epoll fds", waiter.transport_count());
         engine = engine.with_waiter(waiter);
     }
     let cause = engine.run(&p.rx, &SIGNALLED);
     log::info!("rank {rank}: stopping ({cause:?})");
     node.set_phase(Phase::Stopping);
     node.stopping.store(true, Relaxed);
-    let clean = engine.shutdown(
-        if cause == StopCause::Orphaned {
-            StopCause::Local
-        } else {
-            cause
-        },
-        &p.rx,
-    );
+    let clean = engine.shutdown(if cause == StopCause::Orphaned { StopCause::Local } else { cause }, &p.rx);
     drop(engine);
     let _ = p.server.join();
     if let Some(dir) = node.persist.get() {
         match node.drain(dir) {
-            Ok((files, recs)) => log::info!(
-                "rank {rank}: drained {files} output files and {recs} records to {}",
-                dir.display()
-            ),
+            Ok((files, recs)) => log::info!("rank {rank}: drained {files} output files and {recs} records to {}", dir.display()),
             Err(e) => log::error!("rank {rank}: draining outputs to {}: {e}", dir.display()),
         }
     }
@@ -358,31 +310,21 @@ fn run(args: &DaemonArgs) -> anyhow::Result<i32> {
 fn open_checkpoint_store(args: &DaemonArgs, id: &Identity, node: &Node) -> anyhow::Result<bool> {
     use fanstore_daemon::dedup::{self, Dedup};
     let dir = id.local_dir.join("out").join(dedup::STORE_DIR);
-    let kept = args
-        .local
-        .join(format!("recovered-rank-{}", id.rank))
-        .join(dedup::STORE_DIR);
+    let kept = args.local.join(format!("recovered-rank-{}", id.rank)).join(dedup::STORE_DIR);
     let mut recovering = false;
     let mut exists = false;
     if kept.is_dir() {
-        std::fs::create_dir_all(id.local_dir.join("out"))
-            .with_context(|| format!("creating {}", id.local_dir.display()))?;
-        std::fs::rename(&kept, &dir)
-            .with_context(|| format!("taking back the checkpoint store {}", kept.display()))?;
+        std::fs::create_dir_all(id.local_dir.join("out")).with_context(|| format!("creating {}", id.local_dir.display()))?;
+        std::fs::rename(&kept, &dir).with_context(|| format!("taking back the checkpoint store {}", kept.display()))?;
         (recovering, exists) = (true, true);
     } else if let Some(p) = &args.persist {
         let src = dedup::drained_dir(p, id.rank);
-        exists = dedup::adopt_drained(&src, &dir)
-            .with_context(|| format!("copying the checkpoint store {}", src.display()))?;
+        exists = dedup::adopt_drained(&src, &dir).with_context(|| format!("copying the checkpoint store {}", src.display()))?;
     }
     let on = args.dedup == "on";
     if on || exists {
         let min = if on { args.dedup_min } else { u64::MAX };
-        let mut hot = if args.ckpt_hot_size == 0 {
-            0
-        } else {
-            args.ckpt_hot
-        };
+        let mut hot = if args.ckpt_hot_size == 0 { 0 } else { args.ckpt_hot };
         if hot > 1 && fanstore_daemon::copies::in_memory(&id.local_dir) {
             log::info!(
                 "rank {}: the local dir {} is in memory (tmpfs): the checkpoint store keeps only its newest commit as a hot copy",
@@ -391,8 +333,7 @@ fn open_checkpoint_store(args: &DaemonArgs, id: &Identity, node: &Node) -> anyho
             );
             hot = 1;
         }
-        let d = Dedup::open(&dir, min, args.fsync_outputs, hot, args.ckpt_hot_size)
-            .with_context(|| format!("opening the checkpoint store {}", dir.display()))?;
+        let d = Dedup::open(&dir, min, args.fsync_outputs, hot, args.ckpt_hot_size).with_context(|| format!("opening the checkpoint store {}", dir.display()))?;
         let _ = node.dedup.set(Arc::new(d));
     }
     Ok(recovering)
@@ -443,10 +384,7 @@ fn prepare(args: &DaemonArgs, id: &Identity, cleanup: &mut Cleanup) -> anyhow::R
         let aside = args.local.join(format!("recovered-rank-{rank}"));
         let _ = std::fs::remove_dir_all(&aside);
         match std::fs::rename(&recovered, &aside) {
-            Ok(()) => log::warn!(
-                "rank {rank}: outputs of a killed run kept at {}",
-                aside.display()
-            ),
+            Ok(()) => log::warn!("rank {rank}: outputs of a killed run kept at {}", aside.display()),
             Err(e) => log::error!("rank {rank}: keeping the outputs of a killed run: {e}"),
         }
     }
@@ -461,46 +399,25 @@ fn prepare(args: &DaemonArgs, id: &Identity, cleanup: &mut Cleanup) -> anyhow::R
     }
     let (tx, rx, bell) = fanstore_daemon::comm::wake::channel();
     let remote_timeout = Duration::from_secs_f64(args.remote_timeout.max(0.1));
-    let node = Arc::new(Node::new(
-        id.clone(),
-        view,
-        placement,
-        args.cache_mem,
-        tx,
-        remote_timeout,
-    ));
+    let node = Arc::new(Node::new(id.clone(), view, placement, args.cache_mem, tx, remote_timeout));
     node.fsync_outputs.store(args.fsync_outputs, Relaxed);
     let ipath = id.index_path.as_os_str().as_bytes();
-    let tiers_path = PathBuf::from(std::ffi::OsStr::from_bytes(
-        &fanstore_core::tiers::tier_map_path(ipath),
-    ));
-    let tiers = fanstore_daemon::copies::TierMap::create(
-        &tiers_path,
-        view.dataset_id(),
-        u64::from(view.node_count()),
-    )
-    .with_context(|| format!("creating the tier map {}", tiers_path.display()))?;
+    let tiers_path = PathBuf::from(std::ffi::OsStr::from_bytes(&fanstore_core::tiers::tier_map_path(ipath)));
+    let tiers = fanstore_daemon::copies::TierMap::create(&tiers_path, view.dataset_id(), u64::from(view.node_count()))
+        .with_context(|| format!("creating the tier map {}", tiers_path.display()))?;
     cleanup.tiers = Some(tiers_path);
     let tiers = Arc::new(tiers);
-    let copies_dir = PathBuf::from(std::ffi::OsStr::from_bytes(
-        &fanstore_core::tiers::copy_dir(ipath),
-    ));
-    let copies =
-        fanstore_daemon::copies::Copies::create(&copies_dir, tiers.clone(), args.cache_mem)
-            .with_context(|| format!("creating the copy directory {}", copies_dir.display()))?
-            .with_disk(&local_dir, if in_memory { 0 } else { args.cache_disk });
+    let copies_dir = PathBuf::from(std::ffi::OsStr::from_bytes(&fanstore_core::tiers::copy_dir(ipath)));
+    let copies = fanstore_daemon::copies::Copies::create(&copies_dir, tiers.clone(), args.cache_mem)
+        .with_context(|| format!("creating the copy directory {}", copies_dir.display()))?
+        .with_disk(&local_dir, if in_memory { 0 } else { args.cache_disk });
     cleanup.copies = Some(copies_dir);
     let _ = node.tiers.set(tiers);
     let _ = node.copies.set(copies);
     let recovering = open_checkpoint_store(args, id, &node)?;
     if let Some(dir) = &args.persist {
-        let n = node
-            .load_persisted(dir)
-            .with_context(|| format!("loading the outputs kept in {}", dir.display()))?;
-        log::info!(
-            "rank {rank}: {n} persisted output records from {}",
-            dir.display()
-        );
+        let n = node.load_persisted(dir).with_context(|| format!("loading the outputs kept in {}", dir.display()))?;
+        log::info!("rank {rank}: {n} persisted output records from {}", dir.display());
         let _ = node.persist.set(dir.clone());
     }
     if let Some(d) = node.dedup.get().filter(|_| !recovering) {
@@ -512,17 +429,13 @@ fn prepare(args: &DaemonArgs, id: &Identity, cleanup: &mut Cleanup) -> anyhow::R
     node.set_phase(Phase::Loading);
     let server = {
         let node = node.clone();
-        std::thread::Builder::new()
-            .name("fanstore-accept".into())
-            .spawn(move || server::serve(listener, node))
+        std::thread::Builder::new().name("fanstore-accept".into()).spawn(move || server::serve(listener, node))
     };
     let server = server.context("spawning the accept thread")?;
     if !args.keep_local {
         cleanup.local = Some(local_dir.clone());
     }
-    let threads = args
-        .load_threads
-        .unwrap_or_else(|| std::thread::available_parallelism().map_or(2, |n| n.get()));
+    let threads = args.load_threads.unwrap_or_else(|| std::thread::available_parallelism().map_or(2, |n| n.get()));
     log::info!(
         "rank {rank}: loading partitions {:?} of {} (replication {}) into {} with {threads} threads",
         node.placement.partitions_of(rank),
@@ -530,14 +443,7 @@ fn prepare(args: &DaemonArgs, id: &Identity, cleanup: &mut Cleanup) -> anyhow::R
         node.placement.replication(),
         local_dir.display()
     );
-    match load::load(
-        &args.data,
-        &node.view,
-        &node.placement,
-        rank,
-        &local_dir,
-        threads,
-    ) {
+    match load::load(&args.data, &node.view, &node.placement, rank, &local_dir, threads) {
         Ok(l) => {
             let r = l.report;
             log::info!(
@@ -552,12 +458,7 @@ fn prepare(args: &DaemonArgs, id: &Identity, cleanup: &mut Cleanup) -> anyhow::R
             let _ = node.local.set(l.local);
             let _ = node.parts.set(l.parts);
             let _ = node.load.set(r);
-            Ok(Prepared {
-                node,
-                server,
-                rx,
-                bell,
-            })
+            Ok(Prepared { node, server, rx, bell })
         }
         Err(e) => {
             node.stopping.store(true, Relaxed);

@@ -47,16 +47,11 @@ impl MemfdBuilder {
     }
 
     fn resize(&mut self, size: u64) -> Result<(), MemfdError> {
-        let len = libc::off_t::try_from(size).map_err(|_| MemfdError::Size {
-            size,
-            source: io::Error::from(io::ErrorKind::InvalidInput),
-        })?;
+        let len = libc::off_t::try_from(size)
+            .map_err(|_| MemfdError::Size { size, source: io::Error::from(io::ErrorKind::InvalidInput) })?;
         // SAFETY: fd is a valid memfd we own; it has no mapping.
         if unsafe { libc::ftruncate(self.fd.as_raw_fd(), len) } != 0 {
-            return Err(MemfdError::Size {
-                size,
-                source: io::Error::last_os_error(),
-            });
+            return Err(MemfdError::Size { size, source: io::Error::last_os_error() });
         }
         self.size = size;
         Ok(())
@@ -64,26 +59,15 @@ impl MemfdBuilder {
 
     /// Writes `bytes` at `offset` through the fd (the memfd keeps its size).
     pub fn write_at(&self, bytes: &[u8], offset: u64) -> io::Result<()> {
-        if offset
-            .checked_add(bytes.len() as u64)
-            .is_none_or(|e| e > self.size)
-        {
-            return Err(io::Error::new(
-                io::ErrorKind::InvalidInput,
-                "write past the end of the memfd",
-            ));
+        if offset.checked_add(bytes.len() as u64).is_none_or(|e| e > self.size) {
+            return Err(io::Error::new(io::ErrorKind::InvalidInput, "write past the end of the memfd"));
         }
         let mut done = 0usize;
         while done < bytes.len() {
             let rest = &bytes[done..];
             // SAFETY: rest is a live buffer of rest.len() bytes; fd is our memfd.
             let n = unsafe {
-                libc::pwrite(
-                    self.fd.as_raw_fd(),
-                    rest.as_ptr().cast(),
-                    rest.len(),
-                    (offset + done as u64) as libc::off_t,
-                )
+                libc::pwrite(self.fd.as_raw_fd(), rest.as_ptr().cast(), rest.len(), (offset + done as u64) as libc::off_t)
             };
             if n < 0 {
                 let e = io::Error::last_os_error();
@@ -112,32 +96,23 @@ impl MemfdBuilder {
         let cname = CString::new(name.replace('\0', "_")).unwrap_or_default();
         // SAFETY: cname is a valid NUL-terminated string; the flags are valid
         // memfd_create flags. The returned fd (if >= 0) is new and ours.
-        let raw = unsafe {
-            libc::memfd_create(cname.as_ptr(), libc::MFD_CLOEXEC | libc::MFD_ALLOW_SEALING)
-        };
+        let raw = unsafe { libc::memfd_create(cname.as_ptr(), libc::MFD_CLOEXEC | libc::MFD_ALLOW_SEALING) };
         if raw < 0 {
             return Err(MemfdError::Create(io::Error::last_os_error()));
         }
         // SAFETY: raw is a fresh fd that nothing else owns.
         let fd = unsafe { OwnedFd::from_raw_fd(raw) };
-        let len = libc::off_t::try_from(size).map_err(|_| MemfdError::Size {
-            size,
-            source: io::Error::from(io::ErrorKind::InvalidInput),
-        })?;
+        let len = libc::off_t::try_from(size)
+            .map_err(|_| MemfdError::Size { size, source: io::Error::from(io::ErrorKind::InvalidInput) })?;
         // SAFETY: fd is a valid memfd we own.
         if unsafe { libc::ftruncate(fd.as_raw_fd(), len) } != 0 {
-            return Err(MemfdError::Size {
-                size,
-                source: io::Error::last_os_error(),
-            });
+            return Err(MemfdError::Size { size, source: io::Error::last_os_error() });
         }
         let map = if size == 0 {
             None
         } else {
-            let len = usize::try_from(size).map_err(|_| MemfdError::Map {
-                size,
-                source: io::Error::from(io::ErrorKind::InvalidInput),
-            })?;
+            let len = usize::try_from(size)
+                .map_err(|_| MemfdError::Map { size, source: io::Error::from(io::ErrorKind::InvalidInput) })?;
             let mut opts = memmap2::MmapOptions::new();
             opts.len(len);
             if populate {
@@ -158,10 +133,7 @@ impl MemfdBuilder {
 
     /// A handle that allocates this memfd's pages through its own fd.
     pub fn preallocator(&self) -> Option<Preallocator> {
-        self.fd.try_clone().ok().map(|fd| Preallocator {
-            fd,
-            size: self.size,
-        })
+        self.fd.try_clone().ok().map(|fd| Preallocator { fd, size: self.size })
     }
 
     /// The file's bytes, writable until [`seal`](Self::seal).
@@ -177,8 +149,7 @@ impl MemfdBuilder {
     pub fn seal(mut self) -> Result<OwnedFd, MemfdError> {
         // F_SEAL_WRITE is refused (EBUSY) while a writable shared mapping exists.
         drop(self.map.take());
-        let seals =
-            libc::F_SEAL_WRITE | libc::F_SEAL_GROW | libc::F_SEAL_SHRINK | libc::F_SEAL_SEAL;
+        let seals = libc::F_SEAL_WRITE | libc::F_SEAL_GROW | libc::F_SEAL_SHRINK | libc::F_SEAL_SEAL;
         // SAFETY: fd is a valid memfd created with MFD_ALLOW_SEALING.
         if unsafe { libc::fcntl(self.fd.as_raw_fd(), libc::F_ADD_SEALS, seals) } != 0 {
             return Err(MemfdError::Seal(io::Error::last_os_error()));
@@ -204,14 +175,7 @@ impl Preallocator {
             let start = end.saturating_sub(STEP);
             // SAFETY: fd is a valid memfd; fallocate within its size only
             // allocates missing pages (zeroed) and never changes data or size.
-            let r = unsafe {
-                libc::fallocate(
-                    self.fd.as_raw_fd(),
-                    0,
-                    start as libc::off_t,
-                    (end - start) as libc::off_t,
-                )
-            };
+            let r = unsafe { libc::fallocate(self.fd.as_raw_fd(), 0, start as libc::off_t, (end - start) as libc::off_t) };
             if r != 0 {
                 return; // best effort: faults allocate whatever is left
             }
@@ -235,10 +199,7 @@ mod tests {
         f.read_to_string(&mut s).unwrap();
         assert_eq!(s, "hello");
         f.rewind().unwrap();
-        assert!(
-            f.write_all(b"x").is_err(),
-            "sealed memfd must refuse writes"
-        );
+        assert!(f.write_all(b"x").is_err(), "sealed memfd must refuse writes");
         assert!(f.set_len(1).is_err() && f.set_len(10).is_err());
         assert_eq!(f.metadata().unwrap().len(), 5);
         // SAFETY: f is a valid fd.

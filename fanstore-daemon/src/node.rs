@@ -127,23 +127,15 @@ impl Node {
     /// The mapped local copy of partition `p`: loaded at start, or
     /// replicated since.
     pub fn part_map(&self, p: u32) -> Option<&crate::load::PartMap> {
-        self.parts
-            .get()
-            .and_then(|v| v.get(p as usize))
-            .and_then(Option::as_ref)
-            .or_else(|| self.replicas.get(p as usize)?.get())
+        self.parts.get().and_then(|v| v.get(p as usize)).and_then(Option::as_ref).or_else(|| self.replicas.get(p as usize)?.get())
     }
 
     /// A file of remote partition `p` was just read from its holder: ask
     /// the read-driven replication thread (if it runs) for the whole
     /// partition, once. Costs two atomic loads when already asked.
     pub fn read_remotely(&self, p: u32) {
-        let Some(tx) = self.replicate_on_read.get() else {
-            return;
-        };
-        let Some(asked) = self.replica_asked.get(p as usize) else {
-            return;
-        };
+        let Some(tx) = self.replicate_on_read.get() else { return };
+        let Some(asked) = self.replica_asked.get(p as usize) else { return };
         if asked.load(Relaxed) || asked.swap(true, Relaxed) {
             return;
         }
@@ -159,9 +151,7 @@ impl Node {
     /// replica brings those bytes anyway, in large messages, and a file
     /// fetched alone now would cross twice. True when the replica is here.
     pub fn await_replica(&self, p: u32) -> bool {
-        let Some(pending) = self.replica_pending.get(p as usize) else {
-            return false;
-        };
+        let Some(pending) = self.replica_pending.get(p as usize) else { return false };
         let left = pending.load(Relaxed);
         if left == 0 || left > REPLICA_WAIT_BYTES {
             return false;
@@ -174,10 +164,7 @@ impl Node {
             if now >= deadline {
                 break;
             }
-            g = cv
-                .wait_timeout(g, deadline - now)
-                .unwrap_or_else(|e| e.into_inner())
-                .0;
+            g = cv.wait_timeout(g, deadline - now).unwrap_or_else(|e| e.into_inner()).0;
         }
         drop(g);
         self.part_map(p).is_some()
@@ -206,26 +193,14 @@ impl Node {
             id,
             view,
             placement,
-            cache: Cache::with_limits(
-                cache_mem,
-                crate::fdlimit::memfd_cache_entries(crate::fdlimit::nofile()),
-                None,
-            ),
+            cache: Cache::with_limits(cache_mem, crate::fdlimit::memfd_cache_entries(crate::fdlimit::nofile()), None),
             copies: OnceLock::new(),
             tiers: OnceLock::new(),
             parts: OnceLock::new(),
-            replicas: (0..view.partition_count())
-                .map(|_| OnceLock::new())
-                .collect(),
-            replica_claims: (0..view.partition_count())
-                .map(|_| AtomicBool::new(false))
-                .collect(),
-            replica_asked: (0..view.partition_count())
-                .map(|_| AtomicBool::new(false))
-                .collect(),
-            replica_pending: (0..view.partition_count())
-                .map(|_| std::sync::atomic::AtomicU64::new(0))
-                .collect(),
+            replicas: (0..view.partition_count()).map(|_| OnceLock::new()).collect(),
+            replica_claims: (0..view.partition_count()).map(|_| AtomicBool::new(false)).collect(),
+            replica_asked: (0..view.partition_count()).map(|_| AtomicBool::new(false)).collect(),
+            replica_pending: (0..view.partition_count()).map(|_| std::sync::atomic::AtomicU64::new(0)).collect(),
             replica_ended: (Mutex::new(()), Condvar::new()),
             replicate_on_read: OnceLock::new(),
             warm: OnceLock::new(),
@@ -260,11 +235,7 @@ impl Node {
         *self.phase.lock().unwrap_or_else(|p| p.into_inner()) = phase;
         self.phase_cv.notify_all();
         if let Err(e) = self.state(phase).publish(&self.state_path()) {
-            log::error!(
-                "rank {}: publishing {}: {e}",
-                self.id.rank,
-                self.state_path().display()
-            );
+            log::error!("rank {}: publishing {}: {e}", self.id.rank, self.state_path().display());
         }
     }
 
@@ -277,11 +248,7 @@ impl Node {
             if now >= deadline {
                 break;
             }
-            g = self
-                .phase_cv
-                .wait_timeout(g, deadline - now)
-                .unwrap_or_else(|p| p.into_inner())
-                .0;
+            g = self.phase_cv.wait_timeout(g, deadline - now).unwrap_or_else(|p| p.into_inner()).0;
         }
         *g
     }
@@ -296,23 +263,13 @@ impl Node {
 
     /// The NodeState this rank publishes in `phase`.
     pub fn state(&self, phase: Phase) -> NodeState {
-        let mut st = state_for(
-            &self.id,
-            self.view.dataset_id(),
-            phase,
-            self.local
-                .get()
-                .cloned()
-                .unwrap_or_else(|| vec![false; self.view.partition_count() as usize]),
-        );
+        let mut st = state_for(&self.id, self.view.dataset_id(), phase, self.local.get().cloned().unwrap_or_else(|| {
+            vec![false; self.view.partition_count() as usize]
+        }));
         if self.dedup.get().is_some_and(|d| d.min != u64::MAX) {
             st.flags |= fanstore_core::runtime::FLAG_DEDUP;
         }
-        if self
-            .copies
-            .get()
-            .is_some_and(|c| c.fits(1) || c.disk().is_some())
-        {
+        if self.copies.get().is_some_and(|c| c.fits(1) || c.disk().is_some()) {
             st.flags |= fanstore_core::runtime::FLAG_COPIES;
         }
         st
@@ -323,10 +280,7 @@ impl Node {
     pub fn relieve_fds(&self) {
         let n = self.cache.shed();
         self.counters.fd_pressure.fetch_add(1, Relaxed);
-        log::debug!(
-            "rank {}: out of file descriptors: released {n} cached memfds",
-            self.id.rank
-        );
+        log::debug!("rank {}: out of file descriptors: released {n} cached memfds", self.id.rank);
     }
 
     /// This rank's counters, for STATUS.
@@ -350,12 +304,7 @@ impl Node {
         }
         let caches = std::iter::once(&self.cache.stats)
             .chain(self.copies.get().map(|c| &c.cache.stats))
-            .chain(
-                self.copies
-                    .get()
-                    .and_then(|c| c.disk())
-                    .map(|d| &d.cache.stats),
-            )
+            .chain(self.copies.get().and_then(|c| c.disk()).map(|d| &d.cache.stats))
             .chain(std::iter::once(self.remote_outs.stats()));
         for st in caches {
             s.cache_hits += st.hits.load(Relaxed);
@@ -364,11 +313,7 @@ impl Node {
         }
         let (bytes, entries) = self.cache.usage();
         let (cbytes, centries) = self.copies.get().map(|c| c.usage()).unwrap_or_default();
-        let (dbytes, dentries) = self
-            .copies
-            .get()
-            .map(|c| c.disk_usage())
-            .unwrap_or_default();
+        let (dbytes, dentries) = self.copies.get().map(|c| c.disk_usage()).unwrap_or_default();
         s.cache_bytes = bytes + cbytes + dbytes;
         s.cache_entries = (entries + centries + dentries) as u64;
         s.cache_disk_bytes = dbytes;
@@ -408,12 +353,7 @@ pub struct LocalStore<'a> {
 const MAP_FROM: u64 = 1 << 20;
 
 impl PeerSource for LocalStore<'_> {
-    fn payload(
-        &self,
-        node_id: u32,
-        stored_len: u64,
-        mut spare: Option<Vec<u8>>,
-    ) -> Option<SendBuf> {
+    fn payload(&self, node_id: u32, stored_len: u64, mut spare: Option<Vec<u8>>) -> Option<SendBuf> {
         if node_id & crate::comm::OUT_BIT != 0 {
             let id = u64::from(node_id & !crate::comm::OUT_BIT);
             let path = self.local_dir.join("out").join(id.to_string());
@@ -453,10 +393,7 @@ impl PeerSource for LocalStore<'_> {
         let start = usize::try_from(offset).ok()?;
         let end = start.checked_add(usize::try_from(len).ok()?)?;
         if end > map.len() {
-            log::warn!(
-                "partition {p}: range {start}..{end} asked past the end of the local copy ({} B)",
-                map.len()
-            );
+            log::warn!("partition {p}: range {start}..{end} asked past the end of the local copy ({} B)", map.len());
             return None;
         }
         Some(SendBuf::Part(map.clone(), start..end))
@@ -465,11 +402,7 @@ impl PeerSource for LocalStore<'_> {
 
 /// The bytes of a local file of `stored_len` bytes: mapped when large, else
 /// read into `spare`.
-fn read_payload(
-    path: &std::path::Path,
-    stored_len: u64,
-    spare: Option<Vec<u8>>,
-) -> Option<SendBuf> {
+fn read_payload(path: &std::path::Path, stored_len: u64, spare: Option<Vec<u8>>) -> Option<SendBuf> {
     let f = std::fs::File::open(path).ok()?;
     if f.metadata().ok()?.len() != stored_len {
         log::error!("{}: local copy has the wrong length", path.display());

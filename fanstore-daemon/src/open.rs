@@ -61,10 +61,7 @@ impl Node {
         if dataset_id != self.view.dataset_id() {
             return Err(libc::ESTALE);
         }
-        let n = u32::try_from(node_id)
-            .ok()
-            .and_then(|id| self.view.node(id))
-            .ok_or(libc::ENOENT)?;
+        let n = u32::try_from(node_id).ok().and_then(|id| self.view.node(id)).ok_or(libc::ENOENT)?;
         if n.kind() != Some(NodeKind::File) {
             return Err(libc::ENOENT);
         }
@@ -94,16 +91,10 @@ impl Node {
             },
             (_, Some(copies)) => {
                 let wait = self.fetch_budget(n);
-                copies.open(
-                    n.id(),
-                    n.size(),
-                    wait,
-                    &|| self.relieve_fds(),
-                    &|f| match local {
-                        Some(map) => self.fill_local(n, map, f),
-                        None => self.fill_remote(n, f),
-                    },
-                )
+                copies.open(n.id(), n.size(), wait, &|| self.relieve_fds(), &|f| match local {
+                    Some(map) => self.fill_local(n, map, f),
+                    None => self.fill_remote(n, f),
+                })
             }
             _ => Err(libc::EIO),
         };
@@ -130,9 +121,7 @@ impl Node {
     pub fn prefill(&self, limit: u64) -> u64 {
         // SAFETY: lowers this thread's own scheduling priority (Linux: per thread).
         unsafe { libc::setpriority(libc::PRIO_PROCESS, libc::gettid() as libc::id_t, 19) };
-        let (Some(copies), Some(parts)) = (self.copies.get(), self.parts.get()) else {
-            return 0;
-        };
+        let (Some(copies), Some(parts)) = (self.copies.get(), self.parts.get()) else { return 0 };
         let (mut done, mut bytes) = (0, 0u64);
         for n in self.view.nodes() {
             if self.stopping.load(Relaxed) || bytes >= limit || copies.usage().0 >= limit {
@@ -140,17 +129,11 @@ impl Node {
             }
             // Large uncompressed files are extracted to the local disk on
             // first open instead (a plain file, read faster than a copy).
-            if n.kind() != Some(NodeKind::File)
-                || (n.size() >= EXTRACT_MIN && n.codec() == Codec::None)
-            {
+            if n.kind() != Some(NodeKind::File) || (n.size() >= EXTRACT_MIN && n.codec() == Codec::None) {
                 continue;
             }
-            let Some(Some(map)) = parts.get(n.partition() as usize) else {
-                continue;
-            };
-            if copies.prefill(n.id(), n.size(), &|| self.relieve_fds(), &|f| {
-                self.fill_local(n, map, f)
-            }) {
+            let Some(Some(map)) = parts.get(n.partition() as usize) else { continue };
+            if copies.prefill(n.id(), n.size(), &|| self.relieve_fds(), &|f| self.fill_local(n, map, f)) {
                 done += 1;
                 bytes += n.size();
             }
@@ -165,9 +148,7 @@ impl Node {
     pub fn warm_copies(&self, rx: crossbeam::channel::Receiver<u32>) {
         // SAFETY: lowers this thread's own scheduling priority (Linux: per thread).
         unsafe { libc::setpriority(libc::PRIO_PROCESS, libc::gettid() as libc::id_t, 19) };
-        let (Some(copies), Some(tiers)) = (self.copies.get(), self.tiers.get()) else {
-            return;
-        };
+        let (Some(copies), Some(tiers)) = (self.copies.get(), self.tiers.get()) else { return };
         while let Ok(id) = rx.recv() {
             if self.stopping.load(Relaxed) {
                 break;
@@ -175,22 +156,12 @@ impl Node {
             if matches!(tiers.get(id), TIER_COPY | TIER_EXTRACTED) {
                 continue;
             }
-            let Some(n) = self
-                .view
-                .node(id)
-                .filter(|n| n.kind() == Some(NodeKind::File))
-            else {
-                continue;
-            };
+            let Some(n) = self.view.node(id).filter(|n| n.kind() == Some(NodeKind::File)) else { continue };
             if !copies.can_keep(n.size()) {
                 continue; // could not be kept (no budget, or larger than it): decoding it would be wasted
             }
-            let Some(map) = self.part_map(n.partition()) else {
-                continue;
-            };
-            copies.prefill(n.id(), n.size(), &|| self.relieve_fds(), &|f| {
-                self.fill_local(n, map, f)
-            });
+            let Some(map) = self.part_map(n.partition()) else { continue };
+            copies.prefill(n.id(), n.size(), &|| self.relieve_fds(), &|f| self.fill_local(n, map, f));
         }
     }
 
@@ -208,15 +179,9 @@ impl Node {
     /// The stored payload of local file `n` in its partition's copy.
     fn stored<'m>(&self, n: NodeRef<'_>, map: &'m PartMap) -> Result<&'m [u8], i32> {
         let start = usize::try_from(n.payload_offset()).map_err(|_| libc::EIO)?;
-        let end = start
-            .checked_add(usize::try_from(n.stored_len()).map_err(|_| libc::EIO)?)
-            .ok_or(libc::EIO)?;
+        let end = start.checked_add(usize::try_from(n.stored_len()).map_err(|_| libc::EIO)?).ok_or(libc::EIO)?;
         map.get(start..end).ok_or_else(|| {
-            log::error!(
-                "rank {}: '{}' lies past the end of its partition copy",
-                self.id.rank,
-                String::from_utf8_lossy(n.path())
-            );
+            log::error!("rank {}: '{}' lies past the end of its partition copy", self.id.rank, String::from_utf8_lossy(n.path()));
             libc::EIO
         })
     }
@@ -264,21 +229,13 @@ impl Node {
                     }
                     return Err(libc::ENOSPC);
                 }
-                log::error!(
-                    "rank {}: extracting {}: errno {e}",
-                    self.id.rank,
-                    path.display()
-                );
+                log::error!("rank {}: extracting {}: errno {e}", self.id.rank, path.display());
                 return Err(libc::EIO);
             }
             tiers.set(n.id(), TIER_EXTRACTED);
         }
         fdlimit::retry(|| self.relieve_fds(), || open_ro(&path)).map_err(|e| {
-            log::error!(
-                "rank {}: opening {}: errno {e}",
-                self.id.rank,
-                path.display()
-            );
+            log::error!("rank {}: opening {}: errno {e}", self.id.rank, path.display());
             libc::EIO
         })
     }
@@ -294,11 +251,7 @@ impl Node {
     /// (decompressing if needed) into `f`.
     fn decode_into(&self, n: NodeRef<'_>, stored: &[u8], f: &File) -> Result<(), i32> {
         let eio = |what: &str, e: &dyn std::fmt::Display| {
-            log::error!(
-                "rank {}: {what} '{}': {e}",
-                self.id.rank,
-                String::from_utf8_lossy(n.path())
-            );
+            log::error!("rank {}: {what} '{}': {e}", self.id.rank, String::from_utf8_lossy(n.path()));
             libc::EIO
         };
         let write = |bytes: &[u8]| {
@@ -327,15 +280,8 @@ impl Node {
     /// Whether `n` belongs to a partition replicated in this job whose
     /// fetch wrote `n` straight to its extracted file `path`.
     fn replica_extracted(&self, n: NodeRef<'_>, path: &std::path::Path) -> bool {
-        let loaded = self
-            .local
-            .get()
-            .and_then(|l| l.get(n.partition() as usize).copied())
-            .unwrap_or(false);
-        let replicated = self
-            .replicas
-            .get(n.partition() as usize)
-            .is_some_and(|r| r.get().is_some());
+        let loaded = self.local.get().and_then(|l| l.get(n.partition() as usize).copied()).unwrap_or(false);
+        let replicated = self.replicas.get(n.partition() as usize).is_some_and(|r| r.get().is_some());
         !loaded && replicated && path.exists()
     }
 
@@ -359,12 +305,7 @@ impl Node {
         }
         let me = self.id.rank;
         let mut last = libc::EIO;
-        for holder in self
-            .placement
-            .holders_for(n.partition(), n.id())
-            .into_iter()
-            .filter(|&h| h != me)
-        {
+        for holder in self.placement.holders_for(n.partition(), n.id()).into_iter().filter(|&h| h != me) {
             match self.fetch_from(n, holder, f) {
                 Ok(()) => {
                     self.read_remotely(n.partition());
@@ -390,21 +331,10 @@ impl Node {
         let me = self.id.rank;
         let t0 = Instant::now();
         let len = n.stored_len() as usize;
-        let buf = RecvBuf {
-            buf: scratch(len),
-            len,
-        };
+        let buf = RecvBuf { buf: scratch(len), len };
         let (tx, rx) = crossbeam::channel::bounded(1);
         let timeout = self.fetch_timeout(n.stored_len());
-        let cmd = Command::Fetch(Fetch {
-            node_id: n.id(),
-            holder,
-            stored_len: n.stored_len(),
-            offset: 0,
-            buf,
-            reply: tx,
-            timeout,
-        });
+        let cmd = Command::Fetch(Fetch { node_id: n.id(), holder, stored_len: n.stored_len(), offset: 0, buf, reply: tx, timeout });
         if self.comm.send(cmd).is_err() {
             return Err(libc::EIO);
         }
@@ -418,24 +348,16 @@ impl Node {
         let res = match got {
             Ok(Ok((RecvBuf { buf, len }, sum))) => {
                 self.counters.remote_latency.record(t2 - t0);
-                let r = self
-                    .check_sum(n, sum)
-                    .and_then(|()| self.decode_into(n, &buf[..len], f));
+                let r = self.check_sum(n, sum).and_then(|()| self.decode_into(n, &buf[..len], f));
                 give_back(buf);
                 r
             }
             Ok(Err(e)) => {
-                log::warn!(
-                    "rank {me}: remote read of node {} from rank {holder}: {e}",
-                    n.id()
-                );
+                log::warn!("rank {me}: remote read of node {} from rank {holder}: {e}", n.id());
                 Err(libc::EIO)
             }
             Err(_) => {
-                log::warn!(
-                    "rank {me}: remote read of node {} from rank {holder}: no answer",
-                    n.id()
-                );
+                log::warn!("rank {me}: remote read of node {} from rank {holder}: no answer", n.id());
                 Err(libc::EIO)
             }
         };

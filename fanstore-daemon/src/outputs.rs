@@ -33,10 +33,7 @@ use std::sync::atomic::Ordering::Relaxed;
 /// fstat of it agrees with stat of the path (tar -c, rsync and cp -p read
 /// them from the fd). Best effort: the bytes are what matters.
 fn stamp(fd: &OwnedFd, rec: &OutRecord) {
-    let ts = |ns: i64| libc::timespec {
-        tv_sec: ns.div_euclid(1_000_000_000),
-        tv_nsec: ns.rem_euclid(1_000_000_000),
-    };
+    let ts = |ns: i64| libc::timespec { tv_sec: ns.div_euclid(1_000_000_000), tv_nsec: ns.rem_euclid(1_000_000_000) };
     let times = [ts(rec.atime_ns), ts(rec.mtime_ns)];
     // SAFETY: fchmod/futimens on an fd we own; times is two valid timespecs.
     unsafe {
@@ -56,12 +53,7 @@ fn io_errno(e: &std::io::Error) -> i32 {
 }
 /// Writes `out/<id>.rec`, the sidecar naming a held output for recovery
 /// after a kill (a temporary file renamed into place; fsynced with `fsync`).
-fn write_sidecar_in(
-    out: &std::path::Path,
-    path: &[u8],
-    rec: &OutRecord,
-    fsync: bool,
-) -> Result<(), i32> {
+fn write_sidecar_in(out: &std::path::Path, path: &[u8], rec: &OutRecord, fsync: bool) -> Result<(), i32> {
     let file = out.join(format!("{}.rec", rec.id));
     let tmp = out.join(format!("{}.rec.tmp", rec.id));
     let res = (|| {
@@ -82,26 +74,13 @@ fn write_sidecar_in(
 /// HOLDER_RENAME at the holder: output `id` is now named `path`, in its
 /// checkpoint store (if there) and in its sidecar, so a restart after a
 /// kill registers it under the new name.
-pub(crate) fn rename_held(
-    dedup: Option<&crate::dedup::Dedup>,
-    out: &std::path::Path,
-    id: u64,
-    path: &[u8],
-    fsync: bool,
-) {
+pub(crate) fn rename_held(dedup: Option<&crate::dedup::Dedup>, out: &std::path::Path, id: u64, path: &[u8], fsync: bool) {
     if let Some(d) = dedup {
         d.rename_output(id, path);
     }
     let file = out.join(format!("{id}.rec"));
-    let Ok(bytes) = std::fs::read(&file) else {
-        return;
-    };
-    let Some(rec) = crate::persist::decode_index(&file, &bytes)
-        .ok()
-        .and_then(|v| v.first().map(|(_, r)| *r))
-    else {
-        return;
-    };
+    let Ok(bytes) = std::fs::read(&file) else { return };
+    let Some(rec) = crate::persist::decode_index(&file, &bytes).ok().and_then(|v| v.first().map(|(_, r)| *r)) else { return };
     if let Err(e) = write_sidecar_in(out, path, &rec, fsync) {
         log::warn!("rewriting {}: errno {e}", file.display());
     }
@@ -166,12 +145,7 @@ impl Node {
         let path = &match self.real_entry(path) {
             // Its directory was renamed while the file was open: as natively,
             // the file is in the directory under its new name.
-            Err(libc::ENOENT) => match self
-                .meta
-                .lock()
-                .unwrap_or_else(|p| p.into_inner())
-                .moved(path)
-            {
+            Err(libc::ENOENT) => match self.meta.lock().unwrap_or_else(|p| p.into_inner()).moved(path) {
                 Some(p) => self.real_entry(&p)?,
                 None => return Err(libc::ENOENT),
             },
@@ -191,10 +165,7 @@ impl Node {
         // what the program set with futimens before closing (tar, cp -p, rsync).
         let (mtime_ns, atime_ns) = {
             use std::os::unix::fs::MetadataExt;
-            (
-                meta.mtime() * 1_000_000_000 + meta.mtime_nsec(),
-                meta.atime() * 1_000_000_000 + meta.atime_nsec(),
-            )
+            (meta.mtime() * 1_000_000_000 + meta.mtime_nsec(), meta.atime() * 1_000_000_000 + meta.atime_nsec())
         };
         let dedup = self.dedup.get().filter(|d| size >= d.min);
         // Before any mapping of ours: a shared mapping of this read-write fd
@@ -211,10 +182,7 @@ impl Node {
             // same file; the store keeps it as a hot copy only when nothing
             // can write it, COMMIT_SOLE); the mapping is read-only and
             // private, and with dedup it may live on as the hot copy.
-            Some(std::sync::Arc::new(
-                unsafe { memmap2::MmapOptions::new().populate().map(&src) }
-                    .map_err(|_| libc::EIO)?,
-            ))
+            Some(std::sync::Arc::new(unsafe { memmap2::MmapOptions::new().populate().map(&src) }.map_err(|_| libc::EIO)?))
         } else {
             None
         };
@@ -230,45 +198,29 @@ impl Node {
         // store keeps its mapping as a hot copy and reads are served from
         // the file itself.
         let handed = match (&map, dedup) {
-            (Some(m), Some(_)) if sole || sealed => src
-                .try_clone()
-                .ok()
-                .map(|f| (OwnedFd::from(f), std::sync::Arc::clone(m))),
+            (Some(m), Some(_)) if sole || sealed => {
+                src.try_clone().ok().map(|f| (OwnedFd::from(f), std::sync::Arc::clone(m)))
+            }
             _ => None,
         };
         let sum = match (dedup, handed) {
             // Stored behind the close: a plain output until the commit worker has it.
             (Some(d), Some((fd, m))) if sole => {
-                let sum = self
-                    .store_plain(&src, true, bytes, &file)
-                    .inspect_err(|_| undo())?;
+                let sum = self.store_plain(&src, true, bytes, &file).inspect_err(|_| undo())?;
                 drop(m); // the commit worker maps it when it gets to it
                 d.enqueue(path, id, fd, size, Some(sum), file.clone());
                 sum
             }
             (Some(d), Some((file, m))) => d.stage_handed(path, id, file, m, !unnamed)?.file_xxh3,
             (Some(d), None) => d.stage(path, id, bytes)?.file_xxh3,
-            (None, _) => self
-                .store_plain(&src, sole, bytes, &file)
-                .inspect_err(|_| undo())?,
+            (None, _) => self.store_plain(&src, sole, bytes, &file).inspect_err(|_| undo())?,
         };
-        let rec = OutRecord {
-            size,
-            mode: libc::S_IFREG | (mode & 0o7777),
-            holder: self.id.rank,
-            mtime_ns,
-            id,
-            sum,
-            atime_ns,
-            ctime_ns: now_ns(),
-        };
+        let rec = OutRecord { size, mode: libc::S_IFREG | (mode & 0o7777), holder: self.id.rank, mtime_ns, id, sum, atime_ns, ctime_ns: now_ns() };
         // A symlink at the name: the bytes go to its target (as open(2)
         // follows it), which must then be a file or nothing in a directory.
         let (path, replaced) = &match self.put_record(path, rec, excl) {
             Err(libc::ELOOP) if !excl => match self.lookup(path, true) {
-                Ok(crate::namespace::links::Looked::Output { rec: r, .. }) if r.is_dir() => {
-                    Err(libc::EISDIR)
-                }
+                Ok(crate::namespace::links::Looked::Output { rec: r, .. }) if r.is_dir() => Err(libc::EISDIR),
                 Ok(crate::namespace::links::Looked::Output { path: p, .. }) => Ok(p),
                 Ok(crate::namespace::links::Looked::Input { .. }) => Err(libc::EROFS),
                 Ok(crate::namespace::links::Looked::Outside(_)) => Err(libc::EXDEV),
@@ -293,13 +245,7 @@ impl Node {
     /// disk and nothing can write it any more (COMMIT_SOLE), so it is linked
     /// there; anything else (a memfd, a file something may still write) is
     /// copied, so that what readers get is what was committed.
-    fn store_plain(
-        &self,
-        src: &std::fs::File,
-        link: bool,
-        bytes: &[u8],
-        file: &std::path::Path,
-    ) -> Result<u64, i32> {
+    fn store_plain(&self, src: &std::fs::File, link: bool, bytes: &[u8], file: &std::path::Path) -> Result<u64, i32> {
         if link {
             self.link_unnamed(src, file)?;
             if self.fsync_outputs.load(Relaxed) {
@@ -309,11 +255,7 @@ impl Node {
         }
         let write = || -> std::io::Result<()> {
             use std::io::Write;
-            let mut f = std::fs::OpenOptions::new()
-                .write(true)
-                .create_new(true)
-                .mode(0o600)
-                .open(file)?;
+            let mut f = std::fs::OpenOptions::new().write(true).create_new(true).mode(0o600).open(file)?;
             f.write_all(bytes)?;
             if self.fsync_outputs.load(Relaxed) {
                 f.sync_all()?;
@@ -321,11 +263,7 @@ impl Node {
             Ok(())
         };
         write().map_err(|e| {
-            log::warn!(
-                "rank {}: storing an output at {}: {e}",
-                self.id.rank,
-                file.display()
-            );
+            log::warn!("rank {}: storing an output at {}: {e}", self.id.rank, file.display());
             io_errno(&e)
         })?;
         Ok(xxh3(bytes))
@@ -334,9 +272,7 @@ impl Node {
     /// Is `src` the client's unnamed file (O_TMPFILE) on the local disk?
     fn unnamed_local(&self, src: &std::fs::File) -> bool {
         use std::os::unix::fs::MetadataExt;
-        let (Ok(m), Ok(out)) = (src.metadata(), std::fs::metadata(self.out_dir())) else {
-            return false;
-        };
+        let (Ok(m), Ok(out)) = (src.metadata(), std::fs::metadata(self.out_dir())) else { return false };
         m.file_type().is_file() && m.nlink() == 0 && m.dev() == out.dev()
     }
 
@@ -344,9 +280,7 @@ impl Node {
     /// local file may then have failed, and a file cut short must not
     /// become visible: its commit is ENOSPC.
     fn local_disk_full(&self) -> bool {
-        let Ok(dir) = std::ffi::CString::new(self.out_dir().as_os_str().as_encoded_bytes()) else {
-            return false;
-        };
+        let Ok(dir) = std::ffi::CString::new(self.out_dir().as_os_str().as_encoded_bytes()) else { return false };
         // SAFETY: statvfs is plain data; all-zero is a valid value.
         let mut vfs: libc::statvfs = unsafe { std::mem::zeroed() };
         // SAFETY: dir is NUL-terminated and vfs a valid out-pointer.
@@ -356,28 +290,14 @@ impl Node {
 
     /// Links the client's unnamed local file `src` at `file` (no copy).
     fn link_unnamed(&self, src: &std::fs::File, file: &std::path::Path) -> Result<(), i32> {
-        let proc = std::ffi::CString::new(format!("/proc/self/fd/{}", src.as_raw_fd()))
-            .map_err(|_| libc::EINVAL)?;
-        let dst = std::ffi::CString::new(file.as_os_str().as_encoded_bytes())
-            .map_err(|_| libc::EINVAL)?;
+        let proc = std::ffi::CString::new(format!("/proc/self/fd/{}", src.as_raw_fd())).map_err(|_| libc::EINVAL)?;
+        let dst = std::ffi::CString::new(file.as_os_str().as_encoded_bytes()).map_err(|_| libc::EINVAL)?;
         // SAFETY: both paths are NUL-terminated; linkat of /proc/self/fd/N with
         // AT_SYMLINK_FOLLOW gives an O_TMPFILE file its name (open(2)).
-        let r = unsafe {
-            libc::linkat(
-                libc::AT_FDCWD,
-                proc.as_ptr(),
-                libc::AT_FDCWD,
-                dst.as_ptr(),
-                libc::AT_SYMLINK_FOLLOW,
-            )
-        };
+        let r = unsafe { libc::linkat(libc::AT_FDCWD, proc.as_ptr(), libc::AT_FDCWD, dst.as_ptr(), libc::AT_SYMLINK_FOLLOW) };
         if r != 0 {
             let e = std::io::Error::last_os_error();
-            log::warn!(
-                "rank {}: linking an output at {}: {e}",
-                self.id.rank,
-                file.display()
-            );
+            log::warn!("rank {}: linking an output at {}: {e}", self.id.rank, file.display());
             return Err(io_errno(&e));
         }
         Ok(())
@@ -401,13 +321,7 @@ impl Node {
             let (path, rec) = match self.lookup(path, true)? {
                 crate::namespace::links::Looked::Output { path, rec, .. } => (path, rec),
                 crate::namespace::links::Looked::Input { node, .. } => {
-                    return Ok((
-                        self.open(u64::from(node), self.view.dataset_id())?,
-                        OutRecord {
-                            holder: crate::persist::PERSISTED,
-                            ..Default::default()
-                        },
-                    ))
+                    return Ok((self.open(u64::from(node), self.view.dataset_id())?, OutRecord { holder: crate::persist::PERSISTED, ..Default::default() }))
                 }
                 crate::namespace::links::Looked::Outside(_) => return Err(libc::EXDEV),
             };
@@ -436,19 +350,12 @@ impl Node {
                 .open(crate::persist::data_path(dir, &rec))
                 .map(OwnedFd::from)
                 .map_err(|e| {
-                    log::error!(
-                        "rank {}: persisted output '{}': {e}",
-                        self.id.rank,
-                        String::from_utf8_lossy(path)
-                    );
+                    log::error!("rank {}: persisted output '{}': {e}", self.id.rank, String::from_utf8_lossy(path));
                     libc::EIO
                 });
         }
         if rec.holder == self.id.rank {
-            let plain = std::fs::OpenOptions::new()
-                .read(true)
-                .custom_flags(libc::O_CLOEXEC)
-                .open(self.out_file(rec.id));
+            let plain = std::fs::OpenOptions::new().read(true).custom_flags(libc::O_CLOEXEC).open(self.out_file(rec.id));
             return match (plain, self.dedup.get()) {
                 (Ok(f), _) => Ok(OwnedFd::from(f)),
                 // One rebuilt copy per node, shared by every process that
@@ -463,15 +370,9 @@ impl Node {
                     Some(fd) => fd,
                     None => self
                         .cache
-                        .get_or_load(
-                            OUT_BIT | rec.id as u32,
-                            self.remote_timeout,
-                            libc::EIO,
-                            || {
-                                d.open_output(rec.id, rec.size, rec.sum)
-                                    .map(|fd| (std::sync::Arc::new(fd), rec.size))
-                            },
-                        )
+                        .get_or_load(OUT_BIT | rec.id as u32, self.remote_timeout, libc::EIO, || {
+                            d.open_output(rec.id, rec.size, rec.sum).map(|fd| (std::sync::Arc::new(fd), rec.size))
+                        })
                         .and_then(|shared| crate::open::reopen(&shared)),
                 },
                 (Err(_), _) => Err(libc::ENOENT), // replaced or removed meanwhile
@@ -483,59 +384,39 @@ impl Node {
 
     /// A checkpoint drained by a rank this job does not have (it ran with
     /// fewer ranks), read in place from `--persist`.
-    fn open_drained_checkpoint(
-        &self,
-        dir: &std::path::Path,
-        path: &[u8],
-        rec: &OutRecord,
-    ) -> Result<OwnedFd, i32> {
+    fn open_drained_checkpoint(&self, dir: &std::path::Path, path: &[u8], rec: &OutRecord) -> Result<OwnedFd, i32> {
         let name = String::from_utf8_lossy(path);
         let cats = crate::dedup::persisted_catalogs(dir).map_err(|e| {
             log::error!("rank {}: persisted output '{name}': {e}", self.id.rank);
             libc::EIO
         })?;
         let rank = *cats.get(path).ok_or_else(|| {
-            log::error!(
-                "rank {}: persisted output '{name}': its bytes are in no drained store",
-                self.id.rank
-            );
+            log::error!("rank {}: persisted output '{name}': its bytes are in no drained store", self.id.rank);
             libc::EIO
         })?;
-        let bytes = crate::dedup::open_drained(dir, rank)
-            .and_then(|s| s.read(path))
-            .map_err(|e| {
-                log::error!("rank {}: persisted output '{name}': {e}", self.id.rank);
-                crate::dedup::errno_of(&e)
-            })?;
+        let bytes = crate::dedup::open_drained(dir, rank).and_then(|s| s.read(path)).map_err(|e| {
+            log::error!("rank {}: persisted output '{name}': {e}", self.id.rank);
+            crate::dedup::errno_of(&e)
+        })?;
         if bytes.len() as u64 != rec.size || xxh3(&bytes) != rec.sum {
-            log::error!(
-                "rank {}: persisted output '{name}' differs from its record",
-                self.id.rank
-            );
+            log::error!("rank {}: persisted output '{name}' differs from its record", self.id.rank);
             return Err(libc::EIO);
         }
-        let m = MemfdBuilder::unmapped(&format!("fanstore:out:{}", rec.id), rec.size)
-            .map_err(|_| libc::ENOMEM)?;
+        let m = MemfdBuilder::unmapped(&format!("fanstore:out:{}", rec.id), rec.size).map_err(|_| libc::ENOMEM)?;
         m.write_at(&bytes, 0).map_err(|_| libc::EIO)?;
         m.seal().map_err(|_| libc::EIO)
     }
+
 }
 
 impl Node {
     /// Loads the records drained to `dir` by an earlier job: those this rank
     /// owns now, and the listings of the directories it owns. Returns how
     /// many records it keeps.
-    pub fn load_persisted(
-        &self,
-        dir: &std::path::Path,
-    ) -> Result<usize, crate::persist::PersistError> {
+    pub fn load_persisted(&self, dir: &std::path::Path) -> Result<usize, crate::persist::PersistError> {
         let all = crate::persist::read_all(dir)?;
-        let stores = crate::dedup::persisted_catalogs(dir).map_err(|e| {
-            crate::persist::PersistError::Io(
-                dir.join(crate::dedup::STORE_DIR),
-                std::io::Error::other(e.to_string()),
-            )
-        })?;
+        let stores = crate::dedup::persisted_catalogs(dir)
+            .map_err(|e| crate::persist::PersistError::Io(dir.join(crate::dedup::STORE_DIR), std::io::Error::other(e.to_string())))?;
         let mut m = self.meta.lock().unwrap_or_else(|p| p.into_inner());
         let mut n = 0;
         for (path, mut rec) in all {
@@ -546,10 +427,7 @@ impl Node {
                 rec.holder = crate::persist::PERSISTED;
                 // A checkpoint drained with rank s's store is held by rank s
                 // again (which copied that store back at start).
-                if let Some(&s) = stores
-                    .get(&path)
-                    .filter(|_| !crate::persist::data_path(dir, &rec).exists())
-                {
+                if let Some(&s) = stores.get(&path).filter(|_| !crate::persist::data_path(dir, &rec).exists()) {
                     if s >= self.id.nranks {
                         log::warn!(
                             "rank {}: '{}' was drained by rank {s} of a larger job: only `fanstore export` can read it",
@@ -558,14 +436,8 @@ impl Node {
                         );
                     } else {
                         rec.holder = s;
-                        if s == self.id.rank
-                            && !self.dedup.get().is_some_and(|d| d.claim(rec.id, &path))
-                        {
-                            log::warn!(
-                                "rank {}: the drained store has no checkpoint '{}'",
-                                self.id.rank,
-                                String::from_utf8_lossy(&path)
-                            );
+                        if s == self.id.rank && !self.dedup.get().is_some_and(|d| d.claim(rec.id, &path)) {
+                            log::warn!("rank {}: the drained store has no checkpoint '{}'", self.id.rank, String::from_utf8_lossy(&path));
                         }
                         if s == self.id.rank {
                             self.out_seq.fetch_max(rec.id + 1, Relaxed);
@@ -577,13 +449,9 @@ impl Node {
                 if rec.is_link() {
                     // The owner keeps a symlink's target beside its record.
                     let file = crate::persist::data_path(dir, &rec);
-                    let target = std::fs::read(&file)
-                        .map_err(|e| crate::persist::PersistError::Io(file.clone(), e))?;
+                    let target = std::fs::read(&file).map_err(|e| crate::persist::PersistError::Io(file.clone(), e))?;
                     if target.len() as u64 != rec.size || xxh3(&target) != rec.sum {
-                        return Err(crate::persist::PersistError::Data(
-                            file,
-                            String::from_utf8_lossy(&path).into_owned(),
-                        ));
+                        return Err(crate::persist::PersistError::Data(file, String::from_utf8_lossy(&path).into_owned()));
                     }
                     m.insert_link(&path, rec, &target);
                 } else {
@@ -601,10 +469,7 @@ impl Node {
 
     /// Drains to `dir`: the output bytes this rank holds, then the records it
     /// owns (files now held by `dir`). Returns (files copied, records).
-    pub fn drain(
-        &self,
-        dir: &std::path::Path,
-    ) -> Result<(usize, usize), crate::persist::PersistError> {
+    pub fn drain(&self, dir: &std::path::Path) -> Result<(usize, usize), crate::persist::PersistError> {
         let files = self.drain_data(dir)?;
         let recs = self.drain_meta(dir, false)?;
         Ok((files, recs))
@@ -622,40 +487,29 @@ impl Node {
                 if e.path().extension().is_some() || e.file_type().map_or(true, |t| t.is_dir()) {
                     continue; // sidecars, the checkpoint store
                 }
-                let known = std::fs::read(
-                    self.out_dir()
-                        .join(format!("{}.rec", e.file_name().to_string_lossy())),
-                )
-                .ok()
-                .and_then(|b| crate::persist::decode_index(&e.path(), &b).ok())
-                .and_then(|mut r| r.pop())
-                .map(|(_, rec)| (rec.size, rec.sum));
+                let known = std::fs::read(self.out_dir().join(format!("{}.rec", e.file_name().to_string_lossy())))
+                    .ok()
+                    .and_then(|b| crate::persist::decode_index(&e.path(), &b).ok())
+                    .and_then(|mut r| r.pop())
+                    .map(|(_, rec)| (rec.size, rec.sum));
                 crate::persist::drain_file(dir, &e.path(), known)?;
                 files += 1;
             }
         }
         if let Some(d) = self.dedup.get() {
             let dst = crate::dedup::drained_dir(dir, self.id.rank);
-            files += d
-                .drain_to(&dst)
-                .map_err(|e| crate::persist::PersistError::Io(dst, e))?;
+            files += d.drain_to(&dst).map_err(|e| crate::persist::PersistError::Io(dst, e))?;
         }
         Ok(files)
     }
 
     /// Writes the records this rank owns to `dir`; with `only_present`, only
     /// files whose bytes are already there (a sync racing with commits).
-    pub fn drain_meta(
-        &self,
-        dir: &std::path::Path,
-        only_present: bool,
-    ) -> Result<usize, crate::persist::PersistError> {
+    pub fn drain_meta(&self, dir: &std::path::Path, only_present: bool) -> Result<usize, crate::persist::PersistError> {
         let mut recs = self.meta.lock().unwrap_or_else(|p| p.into_inner()).all();
         if only_present {
             let drained = crate::dedup::persisted_catalogs(dir).unwrap_or_default();
-            recs.retain(|(p, r)| {
-                r.is_dir() || crate::persist::data_path(dir, r).exists() || drained.contains_key(p)
-            });
+            recs.retain(|(p, r)| r.is_dir() || crate::persist::data_path(dir, r).exists() || drained.contains_key(p));
         }
         for (_, r) in recs.iter_mut() {
             if !r.is_dir() {
@@ -678,11 +532,7 @@ impl Node {
         self.ensure_dirs(parent(dir).0);
         match self.out_mkdir(dir, 0o755) {
             Ok(()) | Err(libc::EEXIST) => {}
-            Err(e) => log::warn!(
-                "rank {}: recreating '{}': errno {e}",
-                self.id.rank,
-                String::from_utf8_lossy(dir)
-            ),
+            Err(e) => log::warn!("rank {}: recreating '{}': errno {e}", self.id.rank, String::from_utf8_lossy(dir)),
         }
     }
 
@@ -692,9 +542,7 @@ impl Node {
     /// nothing newer: an existing record wins). Returns how many.
     pub fn recover(&self, from: &std::path::Path) -> usize {
         let mut n = 0;
-        let Ok(rd) = std::fs::read_dir(from) else {
-            return 0;
-        };
+        let Ok(rd) = std::fs::read_dir(from) else { return 0 };
         for e in rd.flatten() {
             let p = e.path();
             if p.extension().and_then(|x| x.to_str()) != Some("rec") {
@@ -705,9 +553,7 @@ impl Node {
                 log::warn!("rank {}: ignoring damaged {}", self.id.rank, p.display());
                 continue;
             };
-            let Some((path, mut rec)) = recs.pop() else {
-                continue;
-            };
+            let Some((path, mut rec)) = recs.pop() else { continue };
             let data = from.join(rec.id.to_string());
             let id = self.out_seq.fetch_add(1, Relaxed);
             let dedup = self.dedup.get();
@@ -715,26 +561,19 @@ impl Node {
                 Some(key) if !data.exists() => dedup.is_some_and(|d| d.claim(id, &key)),
                 _ => false,
             };
-            if !in_store
-                && (std::fs::create_dir_all(self.out_dir()).is_err()
-                    || std::fs::rename(&data, self.out_file(id)).is_err())
-            {
+            if !in_store && (std::fs::create_dir_all(self.out_dir()).is_err() || std::fs::rename(&data, self.out_file(id)).is_err()) {
                 continue;
             }
             rec.id = id;
             rec.holder = self.id.rank;
             self.ensure_dirs(parent(&path).0);
-            let put = || {
-                if rec.is_link() {
-                    match std::fs::read(self.out_file(id)) {
-                        Ok(target) if xxh3(&target) == rec.sum => {
-                            self.put_link(&path, rec, &target, wire::COMMIT_EXCL)
-                        }
-                        _ => Err(libc::EIO),
-                    }
-                } else {
-                    self.put(&path, rec, true)
+            let put = || if rec.is_link() {
+                match std::fs::read(self.out_file(id)) {
+                    Ok(target) if xxh3(&target) == rec.sum => self.put_link(&path, rec, &target, wire::COMMIT_EXCL),
+                    _ => Err(libc::EIO),
                 }
+            } else {
+                self.put(&path, rec, true)
             };
             let ok = self.write_sidecar(&path, &rec).is_ok()
                 && match put() {
@@ -744,9 +583,7 @@ impl Node {
             if ok {
                 if let Some(d) = dedup.filter(|_| in_store) {
                     d.settle(id, &path);
-                } else if let Some(d) =
-                    dedup.filter(|d| !rec.is_link() && !rec.is_dir() && rec.size >= d.min)
-                {
+                } else if let Some(d) = dedup.filter(|d| !rec.is_link() && !rec.is_dir() && rec.size >= d.min) {
                     // Closed but not stored when the run was killed (its commit
                     // was queued behind the close): stored now, as then.
                     self.enqueue_recovered(d, &path, id);
@@ -760,10 +597,7 @@ impl Node {
         if let Some(d) = self.dedup.get() {
             let swept = d.sweep_unclaimed();
             if swept > 0 {
-                log::info!(
-                    "rank {}: {swept} checkpoints of a killed run were never registered: released",
-                    self.id.rank
-                );
+                log::info!("rank {}: {swept} checkpoints of a killed run were never registered: released", self.id.rank);
             }
         }
         n
@@ -775,16 +609,8 @@ impl Node {
     /// daemon writes) for the checkpoint store's commit worker.
     fn enqueue_recovered(&self, d: &crate::dedup::Dedup, path: &[u8], id: u64) {
         let plain = self.out_file(id);
-        let Ok(f) = std::fs::OpenOptions::new()
-            .read(true)
-            .custom_flags(libc::O_CLOEXEC)
-            .open(&plain)
-        else {
-            return;
-        };
-        let Some(len) = f.metadata().ok().map(|m| m.len()).filter(|&l| l > 0) else {
-            return;
-        };
+        let Ok(f) = std::fs::OpenOptions::new().read(true).custom_flags(libc::O_CLOEXEC).open(&plain) else { return };
+        let Some(len) = f.metadata().ok().map(|m| m.len()).filter(|&l| l > 0) else { return };
         // No sum passed: the store computes it from the file itself.
         d.enqueue(path, id, OwnedFd::from(f), len, None, plain);
         d.settle(id, path);

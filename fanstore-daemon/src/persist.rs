@@ -91,11 +91,7 @@ fn write_atomic(path: &Path, bytes: &[u8]) -> Result<(), PersistError> {
 /// its own: one syncfs after 2 GiB of copies drained at 0.33x `cp -r` +
 /// `sync` on this VM, an fsync per file at 0.76x (the kernel throttles a
 /// writer that leaves that many dirty pages).
-pub fn drain_file(
-    dir: &Path,
-    src: &Path,
-    known: Option<(u64, u64)>,
-) -> Result<(u64, u64), PersistError> {
+pub fn drain_file(dir: &Path, src: &Path, known: Option<(u64, u64)>) -> Result<(u64, u64), PersistError> {
     let data = dir.join("data");
     std::fs::create_dir_all(&data).map_err(io_err(&data))?;
     let name = |size: u64, sum: u64| data.join(format!("{sum:016x}-{size}"));
@@ -104,12 +100,7 @@ pub fn drain_file(
             return Ok((size, sum));
         }
     }
-    let tmp = data.join(format!(
-        "drain.tmp.{}.{}",
-        std::process::id(),
-        src.file_name()
-            .map_or_else(String::new, |n| n.to_string_lossy().into_owned())
-    ));
+    let tmp = data.join(format!("drain.tmp.{}.{}", std::process::id(), src.file_name().map_or_else(String::new, |n| n.to_string_lossy().into_owned())));
     let copy = || -> io::Result<(u64, u64)> {
         std::fs::copy(src, &tmp)?;
         let mut f = std::fs::File::open(&tmp)?;
@@ -129,10 +120,7 @@ pub fn drain_file(
     };
     let res = copy().map_err(io_err(src)).and_then(|(size, sum)| {
         if known.is_some_and(|k| k != (size, sum)) {
-            return Err(PersistError::Data(
-                src.to_path_buf(),
-                "its held copy".into(),
-            ));
+            return Err(PersistError::Data(src.to_path_buf(), "its held copy".into()));
         }
         std::fs::rename(&tmp, name(size, sum)).map_err(io_err(&name(size, sum)))?;
         Ok((size, sum))
@@ -149,10 +137,7 @@ pub fn flush(dir: &Path) -> Result<(), PersistError> {
     let d = std::fs::File::open(dir).map_err(io_err(dir))?;
     // SAFETY: syncfs on a directory fd we own; no memory is shared.
     if unsafe { libc::syncfs(std::os::fd::AsRawFd::as_raw_fd(&d)) } != 0 {
-        return Err(PersistError::Io(
-            dir.to_path_buf(),
-            io::Error::last_os_error(),
-        ));
+        return Err(PersistError::Io(dir.to_path_buf(), io::Error::last_os_error()));
     }
     Ok(())
 }
@@ -183,11 +168,8 @@ pub fn decode_index(path: &Path, b: &[u8]) -> Result<Vec<(Vec<u8>, OutRecord)>, 
     if v != VERSION && v != 1 {
         return Err(PersistError::Version(p(), v));
     }
-    let (rec_len, decode): (usize, fn(&[u8]) -> Option<OutRecord>) = if v == 1 {
-        (OutRecord::LEN_V1, OutRecord::decode_v1)
-    } else {
-        (OutRecord::LEN, OutRecord::decode)
-    };
+    let (rec_len, decode): (usize, fn(&[u8]) -> Option<OutRecord>) =
+        if v == 1 { (OutRecord::LEN_V1, OutRecord::decode_v1) } else { (OutRecord::LEN, OutRecord::decode) };
     let (body, tail) = b.split_at(b.len() - 8);
     let mut s = [0u8; 8];
     s.copy_from_slice(tail);
@@ -198,19 +180,12 @@ pub fn decode_index(path: &Path, b: &[u8]) -> Result<Vec<(Vec<u8>, OutRecord)>, 
     let mut out = Vec::with_capacity(count.min(1 << 20));
     let mut off = 16;
     for _ in 0..count {
-        let len_b = body
-            .get(off..off + 4)
-            .ok_or_else(|| PersistError::Truncated(p()))?;
+        let len_b = body.get(off..off + 4).ok_or_else(|| PersistError::Truncated(p()))?;
         let len = u32::from_le_bytes([len_b[0], len_b[1], len_b[2], len_b[3]]) as usize;
         off += 4;
-        let path_b = body
-            .get(off..off + len)
-            .ok_or_else(|| PersistError::Truncated(p()))?;
+        let path_b = body.get(off..off + len).ok_or_else(|| PersistError::Truncated(p()))?;
         off += len;
-        let rec = body
-            .get(off..)
-            .and_then(decode)
-            .ok_or_else(|| PersistError::Truncated(p()))?;
+        let rec = body.get(off..).and_then(decode).ok_or_else(|| PersistError::Truncated(p()))?;
         off += rec_len;
         out.push((path_b.to_vec(), rec));
     }
@@ -218,12 +193,7 @@ pub fn decode_index(path: &Path, b: &[u8]) -> Result<Vec<(Vec<u8>, OutRecord)>, 
 }
 
 /// Writes rank `rank`'s index (and, for rank 0, `nranks`).
-pub fn write_index(
-    dir: &Path,
-    rank: u32,
-    nranks: u32,
-    recs: &[(Vec<u8>, OutRecord)],
-) -> Result<(), PersistError> {
+pub fn write_index(dir: &Path, rank: u32, nranks: u32, recs: &[(Vec<u8>, OutRecord)]) -> Result<(), PersistError> {
     let meta = dir.join("meta");
     std::fs::create_dir_all(&meta).map_err(io_err(&meta))?;
     write_atomic(&meta.join(format!("rank-{rank}.idx")), &encode_index(recs))?;
@@ -237,9 +207,7 @@ pub fn write_index(
 pub fn read_all(dir: &Path) -> Result<Vec<(Vec<u8>, OutRecord)>, PersistError> {
     let np = dir.join("meta").join("nranks");
     let n = match std::fs::read_to_string(&np) {
-        Ok(s) => s.trim().parse::<u32>().map_err(|e| {
-            PersistError::Io(np.clone(), io::Error::new(io::ErrorKind::InvalidData, e))
-        })?,
+        Ok(s) => s.trim().parse::<u32>().map_err(|e| PersistError::Io(np.clone(), io::Error::new(io::ErrorKind::InvalidData, e)))?,
         Err(e) if e.kind() == io::ErrorKind::NotFound => return Ok(Vec::new()),
         Err(e) => return Err(PersistError::Io(np, e)),
     };
@@ -261,30 +229,14 @@ pub fn read_all(dir: &Path) -> Result<Vec<(Vec<u8>, OutRecord)>, PersistError> {
 fn apply_attrs(dst: &Path, r: &OutRecord) -> Result<(), PersistError> {
     use std::os::unix::fs::PermissionsExt;
     if !r.is_link() {
-        std::fs::set_permissions(dst, std::fs::Permissions::from_mode(r.mode & 0o7777))
-            .map_err(io_err(dst))?;
+        std::fs::set_permissions(dst, std::fs::Permissions::from_mode(r.mode & 0o7777)).map_err(io_err(dst))?;
     }
-    let ts = |ns: i64| libc::timespec {
-        tv_sec: ns.div_euclid(1_000_000_000),
-        tv_nsec: ns.rem_euclid(1_000_000_000),
-    };
-    let c = std::ffi::CString::new(dst.as_os_str().as_bytes())
-        .map_err(|e| PersistError::Io(dst.to_path_buf(), io::Error::other(e)))?;
+    let ts = |ns: i64| libc::timespec { tv_sec: ns.div_euclid(1_000_000_000), tv_nsec: ns.rem_euclid(1_000_000_000) };
+    let c = std::ffi::CString::new(dst.as_os_str().as_bytes()).map_err(|e| PersistError::Io(dst.to_path_buf(), io::Error::other(e)))?;
     let times = [ts(r.atime_ns), ts(r.mtime_ns)];
     // SAFETY: c is a NUL-terminated path and times two valid timespecs.
-    if unsafe {
-        libc::utimensat(
-            libc::AT_FDCWD,
-            c.as_ptr(),
-            times.as_ptr(),
-            libc::AT_SYMLINK_NOFOLLOW,
-        )
-    } != 0
-    {
-        return Err(PersistError::Io(
-            dst.to_path_buf(),
-            io::Error::last_os_error(),
-        ));
+    if unsafe { libc::utimensat(libc::AT_FDCWD, c.as_ptr(), times.as_ptr(), libc::AT_SYMLINK_NOFOLLOW) } != 0 {
+        return Err(PersistError::Io(dst.to_path_buf(), io::Error::last_os_error()));
     }
     Ok(())
 }
@@ -317,15 +269,10 @@ pub fn export(dir: &Path, to: &Path) -> Result<usize, PersistError> {
         let bytes = if src.exists() {
             std::fs::read(&src).map_err(io_err(&src))?
         } else {
-            drained.read(dir, p).map_err(|e| {
-                PersistError::Data(src.clone(), format!("{}: {e}", String::from_utf8_lossy(p)))
-            })?
+            drained.read(dir, p).map_err(|e| PersistError::Data(src.clone(), format!("{}: {e}", String::from_utf8_lossy(p))))?
         };
         if bytes.len() as u64 != r.size || xxh3(&bytes) != r.sum {
-            return Err(PersistError::Data(
-                src,
-                String::from_utf8_lossy(p).into_owned(),
-            ));
+            return Err(PersistError::Data(src, String::from_utf8_lossy(p).into_owned()));
         }
         if r.is_link() {
             match std::fs::symlink_metadata(&dst) {
@@ -333,8 +280,7 @@ pub fn export(dir: &Path, to: &Path) -> Result<usize, PersistError> {
                 Err(e) if e.kind() == io::ErrorKind::NotFound => {}
                 Err(e) => return Err(PersistError::Io(dst, e)),
             }
-            std::os::unix::fs::symlink(std::ffi::OsStr::from_bytes(&bytes), &dst)
-                .map_err(io_err(&dst))?;
+            std::os::unix::fs::symlink(std::ffi::OsStr::from_bytes(&bytes), &dst).map_err(io_err(&dst))?;
         } else {
             std::fs::write(&dst, &bytes).map_err(io_err(&dst))?;
         }
@@ -365,9 +311,7 @@ impl DrainedStores {
             .catalogs
             .as_ref()
             .and_then(|c| c.get(path).copied())
-            .ok_or_else(|| fanstore_ckpt::CkptError::NotFound {
-                path: "no drained checkpoint store holds it".into(),
-            })?;
+            .ok_or_else(|| fanstore_ckpt::CkptError::NotFound { path: "no drained checkpoint store holds it".into() })?;
         if let std::collections::hash_map::Entry::Vacant(e) = self.open.entry(rank) {
             e.insert(crate::dedup::open_drained(dir, rank)?);
         }
@@ -381,59 +325,24 @@ mod tests {
 
     #[test]
     fn index_roundtrip_and_corruption() {
-        let r = OutRecord {
-            size: 3,
-            mode: libc::S_IFREG | 0o644,
-            holder: PERSISTED,
-            mtime_ns: 5,
-            id: 0,
-            sum: 9,
-            atime_ns: 4,
-            ctime_ns: 6,
-        };
-        let recs = vec![
-            (b"a/b".to_vec(), r),
-            (
-                b"d".to_vec(),
-                OutRecord {
-                    mode: libc::S_IFDIR | 0o755,
-                    ..r
-                },
-            ),
-        ];
+        let r = OutRecord { size: 3, mode: libc::S_IFREG | 0o644, holder: PERSISTED, mtime_ns: 5, id: 0, sum: 9, atime_ns: 4, ctime_ns: 6 };
+        let recs = vec![(b"a/b".to_vec(), r), (b"d".to_vec(), OutRecord { mode: libc::S_IFDIR | 0o755, ..r })];
         let b = encode_index(&recs);
         let p = Path::new("x.idx");
         assert_eq!(decode_index(p, &b).unwrap(), recs);
         let mut bad = b.clone();
         bad[20] ^= 1;
-        assert!(matches!(
-            decode_index(p, &bad),
-            Err(PersistError::Checksum(_))
-        ));
+        assert!(matches!(decode_index(p, &bad), Err(PersistError::Checksum(_))));
         let mut bad = b.clone();
         bad[8] = 7;
-        assert!(matches!(
-            decode_index(p, &bad),
-            Err(PersistError::Version(_, 7))
-        ));
-        assert!(matches!(
-            decode_index(p, b"nope"),
-            Err(PersistError::Magic(_))
-        ));
+        assert!(matches!(decode_index(p, &bad), Err(PersistError::Version(_, 7))));
+        assert!(matches!(decode_index(p, b"nope"), Err(PersistError::Magic(_))));
     }
 
     #[test]
     fn a_version_1_index_is_read_with_its_mtime_as_atime_and_ctime() {
         // Built by hand as version 1 wrote it: 40-byte records.
-        let r = OutRecord {
-            size: 3,
-            mode: libc::S_IFREG | 0o600,
-            holder: PERSISTED,
-            mtime_ns: 77,
-            id: 2,
-            sum: 9,
-            ..Default::default()
-        };
+        let r = OutRecord { size: 3, mode: libc::S_IFREG | 0o600, holder: PERSISTED, mtime_ns: 77, id: 2, sum: 9, ..Default::default() };
         let mut b = Vec::new();
         b.extend_from_slice(&MAGIC);
         b.extend_from_slice(&1u16.to_le_bytes());
@@ -447,22 +356,9 @@ mod tests {
         let sum = xxh3(&b);
         b.extend_from_slice(&sum.to_le_bytes());
         let got = decode_index(Path::new("v1.idx"), &b).unwrap();
-        assert_eq!(
-            got,
-            vec![(
-                b"a/b".to_vec(),
-                OutRecord {
-                    atime_ns: 77,
-                    ctime_ns: 77,
-                    ..r
-                }
-            )]
-        );
+        assert_eq!(got, vec![(b"a/b".to_vec(), OutRecord { atime_ns: 77, ctime_ns: 77, ..r })]);
         let cut = &b[..b.len() - 12];
-        assert!(
-            decode_index(Path::new("v1.idx"), cut).is_err(),
-            "a cut index is refused"
-        );
+        assert!(decode_index(Path::new("v1.idx"), cut).is_err(), "a cut index is refused");
     }
 
     #[test]
@@ -472,26 +368,11 @@ mod tests {
         std::fs::write(&src, b"hello").unwrap();
         let dir = d.path().join("persist");
         let (size, sum) = drain_file(&dir, &src, None).unwrap();
-        assert_eq!(
-            drain_file(&dir, &src, Some((size, sum))).unwrap(),
-            (size, sum)
-        );
-        assert!(matches!(
-            drain_file(&dir.join("other"), &src, Some((size, sum ^ 1))),
-            Err(PersistError::Data(..))
-        ));
+        assert_eq!(drain_file(&dir, &src, Some((size, sum))).unwrap(), (size, sum));
+        assert!(matches!(drain_file(&dir.join("other"), &src, Some((size, sum ^ 1))), Err(PersistError::Data(..))));
         assert_eq!((size, sum), (5, xxh3(b"hello")));
-        let r = OutRecord {
-            size,
-            sum,
-            mode: libc::S_IFREG | 0o644,
-            holder: PERSISTED,
-            ..Default::default()
-        };
-        let dr = OutRecord {
-            mode: libc::S_IFDIR | 0o755,
-            ..Default::default()
-        };
+        let r = OutRecord { size, sum, mode: libc::S_IFREG | 0o644, holder: PERSISTED, ..Default::default() };
+        let dr = OutRecord { mode: libc::S_IFDIR | 0o755, ..Default::default() };
         write_index(&dir, 0, 2, &[(b"ck/x".to_vec(), r)]).unwrap();
         write_index(&dir, 1, 2, &[(b"ck".to_vec(), dr)]).unwrap();
         assert_eq!(read_all(&dir).unwrap().len(), 2);
@@ -499,9 +380,6 @@ mod tests {
         assert_eq!(export(&dir, &plain).unwrap(), 1);
         assert_eq!(std::fs::read(plain.join("ck/x")).unwrap(), b"hello");
         std::fs::write(data_path(&dir, &r), b"HELLO").unwrap();
-        assert!(matches!(
-            export(&dir, &d.path().join("p2")),
-            Err(PersistError::Data(..))
-        ));
+        assert!(matches!(export(&dir, &d.path().join("p2")), Err(PersistError::Data(..))));
     }
 }

@@ -18,11 +18,7 @@ impl Placement {
     /// `replicated[p]` tells whether partition p is on every rank.
     pub fn new(nranks: u32, replication: u32, replicated: Vec<bool>) -> Placement {
         let nranks = nranks.max(1);
-        Placement {
-            nranks,
-            k: replication.clamp(1, nranks),
-            replicated,
-        }
+        Placement { nranks, k: replication.clamp(1, nranks), replicated }
     }
 
     pub fn replication(&self) -> u32 {
@@ -44,9 +40,7 @@ impl Placement {
 
     /// The partitions `rank` loads, in increasing order.
     pub fn partitions_of(&self, rank: u32) -> Vec<u32> {
-        (0..self.partition_count())
-            .filter(|&p| self.holds(rank, p))
-            .collect()
+        (0..self.partition_count()).filter(|&p| self.holds(rank, p)).collect()
     }
 
     /// The ranks holding partition `p`, in the order a reader of `node_id`
@@ -58,9 +52,7 @@ impl Placement {
         }
         let primary = p % self.nranks;
         let start = spread(node_id) % self.k;
-        (0..self.k)
-            .map(|i| (primary + (start + i) % self.k) % self.nranks)
-            .collect()
+        (0..self.k).map(|i| (primary + (start + i) % self.k) % self.nranks).collect()
     }
 }
 
@@ -94,8 +86,7 @@ mod tests {
             assert_eq!(h, holders);
         }
         // Reads spread over both holders.
-        let firsts: std::collections::HashSet<u32> =
-            (0..64).map(|n| p.holders_for(1, n)[0]).collect();
+        let firsts: std::collections::HashSet<u32> = (0..64).map(|n| p.holders_for(1, n)[0]).collect();
         assert_eq!(firsts.len(), 2);
     }
 

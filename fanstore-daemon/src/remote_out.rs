@@ -38,10 +38,7 @@ pub struct RemoteOutputs {
 
 impl RemoteOutputs {
     pub fn new(cache_mem: u64) -> RemoteOutputs {
-        RemoteOutputs {
-            cache: Cache::with_limits(cache_mem / 4, 4096, None),
-            budget: cache_mem / 4,
-        }
+        RemoteOutputs { cache: Cache::with_limits(cache_mem / 4, 4096, None), budget: cache_mem / 4 }
     }
 
     /// Would a copy of `size` bytes be kept?
@@ -76,74 +73,27 @@ impl Node {
 
     /// The node's copy of remote output `rec`, fetched if it is not there
     /// (None: its cache slot holds another output).
-    pub(crate) fn load_remote_output(
-        &self,
-        path: &[u8],
-        rec: &OutRecord,
-    ) -> Result<Option<Copy>, i32> {
+    pub(crate) fn load_remote_output(&self, path: &[u8], rec: &OutRecord) -> Result<Option<Copy>, i32> {
         let timeout = self.output_fetch_timeout(rec);
-        let load = || {
-            self.fetch_output(path, rec, timeout).map(|fd| {
-                (
-                    Copy {
-                        fd: Arc::new(fd),
-                        holder: rec.holder,
-                        id: rec.id,
-                    },
-                    rec.size,
-                )
-            })
-        };
-        let c = self.remote_outs.cache.get_or_load(
-            key(rec),
-            timeout + Duration::from_secs(3),
-            libc::EIO,
-            load,
-        )?;
+        let load = || self.fetch_output(path, rec, timeout).map(|fd| (Copy { fd: Arc::new(fd), holder: rec.holder, id: rec.id }, rec.size));
+        let c = self.remote_outs.cache.get_or_load(key(rec), timeout + Duration::from_secs(3), libc::EIO, load)?;
         Ok(((c.holder, c.id) == (rec.holder, rec.id)).then_some(c))
     }
 
     /// The bytes of remote output `rec` from its holder, in a sealed memfd.
-    fn fetch_output(
-        &self,
-        path: &[u8],
-        rec: &OutRecord,
-        timeout: Duration,
-    ) -> Result<OwnedFd, i32> {
-        let target =
-            MemfdBuilder::unmapped(&format!("fanstore:out:{}:{}", rec.holder, rec.id), rec.size)
-                .map_err(|_| libc::ENOMEM)?;
+    fn fetch_output(&self, path: &[u8], rec: &OutRecord, timeout: Duration) -> Result<OwnedFd, i32> {
+        let target = MemfdBuilder::unmapped(&format!("fanstore:out:{}:{}", rec.holder, rec.id), rec.size).map_err(|_| libc::ENOMEM)?;
         if rec.size > 0 {
             let len = usize::try_from(rec.size).map_err(|_| libc::EFBIG)?;
-            let node_id = u32::try_from(rec.id)
-                .ok()
-                .filter(|&i| i & OUT_BIT == 0)
-                .ok_or(libc::EIO)?;
-            let buf = RecvBuf {
-                buf: vec![0u8; len],
-                len,
-            };
+            let node_id = u32::try_from(rec.id).ok().filter(|&i| i & OUT_BIT == 0).ok_or(libc::EIO)?;
+            let buf = RecvBuf { buf: vec![0u8; len], len };
             let (tx, rx) = crossbeam::channel::bounded(1);
-            let cmd = Command::Fetch(Fetch {
-                node_id: OUT_BIT | node_id,
-                holder: rec.holder,
-                stored_len: rec.size,
-                offset: 0,
-                buf,
-                reply: tx,
-                timeout,
-            });
+            let cmd = Command::Fetch(Fetch { node_id: OUT_BIT | node_id, holder: rec.holder, stored_len: rec.size, offset: 0, buf, reply: tx, timeout });
             self.comm.send(cmd).map_err(|_| libc::EIO)?;
             match rx.recv_timeout(timeout + Duration::from_secs(2)) {
-                Ok(Ok((b, sum))) if sum == rec.sum => {
-                    target.write_at(b.bytes(), 0).map_err(|_| libc::EIO)?
-                }
+                Ok(Ok((b, sum))) if sum == rec.sum => target.write_at(b.bytes(), 0).map_err(|_| libc::EIO)?,
                 Ok(Ok(_)) => {
-                    log::warn!(
-                        "rank {}: output '{}' fails its checksum",
-                        self.id.rank,
-                        String::from_utf8_lossy(path)
-                    );
+                    log::warn!("rank {}: output '{}' fails its checksum", self.id.rank, String::from_utf8_lossy(path));
                     return Err(libc::EIO);
                 }
                 _ => return Err(libc::EIO),

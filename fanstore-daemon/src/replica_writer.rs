@@ -96,9 +96,7 @@ impl<'a> ReplicaWriter<'a> {
                 .mode(0o400)
                 .custom_flags(libc::O_CLOEXEC)
                 .open(&tmp)
-                .map_err(|e| {
-                    std::io::Error::new(e.kind(), format!("creating {}: {e}", tmp.display()))
-                })?;
+                .map_err(|e| std::io::Error::new(e.kind(), format!("creating {}: {e}", tmp.display())))?;
             self.made.push(id);
             self.current = Some((id, f));
         }
@@ -111,35 +109,23 @@ impl<'a> ReplicaWriter<'a> {
     /// Writes the fetched bytes `bytes` of partition offset `off`.
     pub fn write(&mut self, off: u64, bytes: &[u8]) -> std::io::Result<()> {
         let end = off + bytes.len() as u64;
-        let covering = self
-            .apart
-            .range(..=off)
-            .next_back()
-            .filter(|(&s, &(_, l))| s + l > off);
-        let spans: Vec<(u64, u32, u64)> = covering
-            .into_iter()
-            .chain(self.apart.range(off + 1..end))
-            .map(|(&s, &(id, l))| (s, id, l))
-            .collect();
+        let covering = self.apart.range(..=off).next_back().filter(|(&s, &(_, l))| s + l > off);
+        let spans: Vec<(u64, u32, u64)> =
+            covering.into_iter().chain(self.apart.range(off + 1..end)).map(|(&s, &(id, l))| (s, id, l)).collect();
         let mut pos = off;
         for (start, id, len) in spans {
             let (from, to) = (start.max(off), (start + len).min(end));
             if pos < from {
-                self.replica
-                    .write_all_at(&bytes[(pos - off) as usize..(from - off) as usize], pos)?;
+                self.replica.write_all_at(&bytes[(pos - off) as usize..(from - off) as usize], pos)?;
             }
-            self.large_file(id)?.write_all_at(
-                &bytes[(from - off) as usize..(to - off) as usize],
-                from - start,
-            )?;
+            self.large_file(id)?.write_all_at(&bytes[(from - off) as usize..(to - off) as usize], from - start)?;
             if start + len <= end {
                 self.current = None; // complete: its fd is closed
             }
             pos = to;
         }
         if pos < end {
-            self.replica
-                .write_all_at(&bytes[(pos - off) as usize..], pos)?;
+            self.replica.write_all_at(&bytes[(pos - off) as usize..], pos)?;
         }
         Ok(())
     }
@@ -156,17 +142,12 @@ impl<'a> ReplicaWriter<'a> {
         let mut buf = vec![0u8; 1 << 20];
         for &(id, len) in self.apart.values() {
             let tmp = fetch_name(&self.path(id));
-            let sum = view
-                .node(id)
-                .map(|n| n.checksum())
-                .ok_or_else(|| format!("no node {id} in the manifest"))?;
+            let sum = view.node(id).map(|n| n.checksum()).ok_or_else(|| format!("no node {id} in the manifest"))?;
             let mut f = File::open(&tmp).map_err(|e| format!("opening {}: {e}", tmp.display()))?;
             let mut h = StreamingChecksum::new();
             let mut total = 0u64;
             loop {
-                let n = f
-                    .read(&mut buf)
-                    .map_err(|e| format!("reading {}: {e}", tmp.display()))?;
+                let n = f.read(&mut buf).map_err(|e| format!("reading {}: {e}", tmp.display()))?;
                 if n == 0 {
                     break;
                 }
@@ -174,17 +155,11 @@ impl<'a> ReplicaWriter<'a> {
                 total += n as u64;
             }
             if total != len {
-                return Err(format!(
-                    "{}: {total} bytes, the manifest records {len}",
-                    tmp.display()
-                ));
+                return Err(format!("{}: {total} bytes, the manifest records {len}", tmp.display()));
             }
             let got = h.digest();
             if got != sum {
-                return Err(format!(
-                    "{}: checksum {got:#018x}, the manifest records {sum:#018x}",
-                    tmp.display()
-                ));
+                return Err(format!("{}: checksum {got:#018x}, the manifest records {sum:#018x}", tmp.display()));
             }
         }
         Ok(())
@@ -194,8 +169,7 @@ impl<'a> ReplicaWriter<'a> {
     pub fn commit(mut self) -> Result<Vec<u32>, String> {
         for &id in &self.made {
             let path = self.path(id);
-            std::fs::rename(fetch_name(&path), &path)
-                .map_err(|e| format!("renaming into {}: {e}", path.display()))?;
+            std::fs::rename(fetch_name(&path), &path).map_err(|e| format!("renaming into {}: {e}", path.display()))?;
         }
         self.committed = true;
         Ok(std::mem::take(&mut self.made))
@@ -226,9 +200,7 @@ mod tests {
     #[test]
     fn each_byte_goes_to_the_replica_or_to_its_own_file_in_any_range_split() {
         // 100 bytes; large payloads at 10..40 (id 7) and 60..61 (id 8), one at 90..100 (id 9, the tail).
-        let apart: Apart = [(10, (7, 30)), (60, (8, 1)), (90, (9, 10))]
-            .into_iter()
-            .collect();
+        let apart: Apart = [(10, (7, 30)), (60, (8, 1)), (90, (9, 10))].into_iter().collect();
         let data: Vec<u8> = (0..100u8).collect();
         for step in [1usize, 3, 10, 29, 30, 31, 60, 100] {
             let (d, rep) = setup();
@@ -244,12 +216,8 @@ mod tests {
             want[10..40].fill(0);
             want[60] = 0;
             want[90..].fill(0);
-            assert_eq!(
-                r, want,
-                "step {step}: the replica has holes where the large payloads were"
-            );
-            let own =
-                |id| std::fs::read(fanstore_core::runtime::local_file_path(d.path(), id)).unwrap();
+            assert_eq!(r, want, "step {step}: the replica has holes where the large payloads were");
+            let own = |id| std::fs::read(fanstore_core::runtime::local_file_path(d.path(), id)).unwrap();
             assert_eq!(own(7), &data[10..40]);
             assert_eq!(own(8), &data[60..61]);
             assert_eq!(own(9), &data[90..]);

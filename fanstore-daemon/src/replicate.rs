@@ -79,9 +79,7 @@ enum Skip {
 /// job spread their requests over all holders instead of all asking rank 0.
 pub fn order(partition_count: u32, nranks: u32, rank: u32, local: &[bool]) -> Vec<u32> {
     let nranks = nranks.max(1);
-    let mut ps: Vec<u32> = (0..partition_count)
-        .filter(|&p| !local.get(p as usize).copied().unwrap_or(false))
-        .collect();
+    let mut ps: Vec<u32> = (0..partition_count).filter(|&p| !local.get(p as usize).copied().unwrap_or(false)).collect();
     ps.sort_by_key(|&p| ((p % nranks + nranks - rank % nranks - 1) % nranks, p));
     ps
 }
@@ -92,12 +90,7 @@ pub fn run(node: &Node, budget: u64) -> Report {
     lowest_priority();
     let mut report = Report::default();
     let local = node.local.get().cloned().unwrap_or_default();
-    let wanted = order(
-        node.view.partition_count(),
-        node.id.nranks,
-        node.id.rank,
-        &local,
-    );
+    let wanted = order(node.view.partition_count(), node.id.nranks, node.id.rank, &local);
     if wanted.is_empty() {
         return report;
     }
@@ -121,9 +114,7 @@ pub fn on_read(node: &Node, budget: u64, queue: &crossbeam::channel::Receiver<u3
     loop {
         let first = match queue.recv_timeout(Duration::from_millis(500)) {
             Ok(p) => p,
-            Err(crossbeam::channel::RecvTimeoutError::Timeout) if !node.stopping.load(Relaxed) => {
-                continue
-            }
+            Err(crossbeam::channel::RecvTimeoutError::Timeout) if !node.stopping.load(Relaxed) => continue,
             Err(_) => return report,
         };
         // Everything asked for meanwhile: one pass over the index finds where
@@ -153,13 +144,7 @@ enum Flow {
 
 /// Replicates partition `p` unless another thread took it, it is over the
 /// budget (skipped), or the disk is short or the rank stops (`Flow::Stop`).
-fn step(
-    node: &Node,
-    p: u32,
-    offsets: Option<&OffsetMap>,
-    budget: u64,
-    report: &mut Report,
-) -> Flow {
+fn step(node: &Node, p: u32, offsets: Option<&OffsetMap>, budget: u64, report: &mut Report) -> Flow {
     if node.stopping.load(Relaxed) {
         return Flow::Stop;
     }
@@ -171,10 +156,7 @@ fn step(
     }
     let dir = node.id.local_dir.join("parts");
     if !room_for(&dir, info.file_len) {
-        log::info!(
-            "rank {}: replication stops: the local file system has no room for partition {p}",
-            node.id.rank
-        );
+        log::info!("rank {}: replication stops: the local file system has no room for partition {p}", node.id.rank);
         return Flow::Stop;
     }
     let Some(claim) = node.replica_claims.get(p as usize) else {
@@ -195,24 +177,14 @@ fn step(
             report.partitions += 1;
             report.bytes += info.file_len;
             node.counters.replicated_parts.fetch_add(1, Relaxed);
-            node.counters
-                .replicated_bytes
-                .fetch_add(info.file_len, Relaxed);
-            log::debug!(
-                "rank {}: partition {p} ({} B) replicated in {:?}",
-                node.id.rank,
-                info.file_len,
-                t.elapsed()
-            );
+            node.counters.replicated_bytes.fetch_add(info.file_len, Relaxed);
+            log::debug!("rank {}: partition {p} ({} B) replicated in {:?}", node.id.rank, info.file_len, t.elapsed());
             Flow::Next
         }
         Err(Skip::Stopping) => Flow::Stop,
         Err(Skip::Failed(why)) => {
             report.failed += 1;
-            log::warn!(
-                "rank {}: replication of partition {p}: {why}; its files are read remotely",
-                node.id.rank
-            );
+            log::warn!("rank {}: replication of partition {p}: {why}; its files are read remotely", node.id.rank);
             Flow::Next
         }
     }
@@ -233,9 +205,7 @@ fn replicate_one(node: &Node, p: u32, len: u64, offsets: &OffsetMap) -> Result<(
             return Err(e);
         }
     };
-    let failed = |what: &str, e: &dyn std::fmt::Display| {
-        Skip::Failed(format!("{what} {}: {e}", dest.display()))
-    };
+    let failed = |what: &str, e: &dyn std::fmt::Display| Skip::Failed(format!("{what} {}: {e}", dest.display()));
     // The large files first: once the replica is published, an open of one
     // of them finds its extracted file.
     let extracted = writer.commit().map_err(|e| {
@@ -250,10 +220,7 @@ fn replicate_one(node: &Node, p: u32, len: u64, offsets: &OffsetMap) -> Result<(
     // SAFETY: the daemon wrote and verified this file and never changes or
     // truncates it while the job runs; the mapping is read-only.
     let map = unsafe { memmap2::Mmap::map(&f) }.map_err(|e| failed("mapping", &e))?;
-    let slot = node
-        .replicas
-        .get(p as usize)
-        .ok_or_else(|| Skip::Failed(format!("no partition {p}")))?;
+    let slot = node.replicas.get(p as usize).ok_or_else(|| Skip::Failed(format!("no partition {p}")))?;
     if let Some(tiers) = node.tiers.get() {
         for &id in &extracted {
             tiers.set_if(id, TIER_NONE, TIER_EXTRACTED);
@@ -279,9 +246,7 @@ fn fetch_and_verify<'a>(
     apart: &'a Apart,
     tmp: &Path,
 ) -> Result<ReplicaWriter<'a>, Skip> {
-    let failed = |what: &str, e: &dyn std::fmt::Display| {
-        Skip::Failed(format!("{what} {}: {e}", tmp.display()))
-    };
+    let failed = |what: &str, e: &dyn std::fmt::Display| Skip::Failed(format!("{what} {}: {e}", tmp.display()));
     let out = std::fs::OpenOptions::new()
         .write(true)
         .create_new(true)
@@ -290,52 +255,35 @@ fn fetch_and_verify<'a>(
         .open(tmp)
         .map_err(|e| failed("creating", &e))?;
     let mut out = ReplicaWriter::new(out, apart, &node.id.local_dir);
-    let holders: Vec<u32> = node
-        .placement
-        .holders_for(p, 0)
-        .into_iter()
-        .filter(|&h| h != node.id.rank)
-        .collect();
+    let holders: Vec<u32> = node.placement.holders_for(p, 0).into_iter().filter(|&h| h != node.id.rank).collect();
     if holders.is_empty() {
         return Err(Skip::Failed("no other rank holds it".into()));
     }
-    let ranges: Vec<(u64, u64)> = (0..len.div_ceil(CHUNK))
-        .map(|i| (i * CHUNK, CHUNK.min(len - i * CHUNK)))
-        .collect();
+    let ranges: Vec<(u64, u64)> = (0..len.div_ceil(CHUNK)).map(|i| (i * CHUNK, CHUNK.min(len - i * CHUNK))).collect();
     // Warm buffers, reused for every range (fresh pages are costly).
     let mut spare: Vec<Vec<u8>> = Vec::new();
-    let mut inflight: std::collections::VecDeque<(
-        u64,
-        u64,
-        usize,
-        crossbeam::channel::Receiver<FetchReply>,
-    )> = Default::default();
+    let mut inflight: std::collections::VecDeque<(u64, u64, usize, crossbeam::channel::Receiver<FetchReply>)> =
+        Default::default();
     let mut next = 0;
     let timeout = node.remote_timeout + Duration::from_secs(CHUNK / (64 << 20) + 1);
-    let ask = |off: u64,
-               n: u64,
-               holder_ix: usize,
-               buf: Vec<u8>|
-     -> Result<crossbeam::channel::Receiver<FetchReply>, Skip> {
-        let (tx, rx) = crossbeam::channel::bounded(1);
-        let mut buf = buf;
-        buf.resize(n as usize, 0);
-        let holder = holders[holder_ix % holders.len()];
-        let cmd = Command::Fetch(Fetch {
-            node_id: PART_BIT | p,
-            holder,
-            stored_len: n,
-            offset: off,
-            buf: RecvBuf {
-                buf,
-                len: n as usize,
-            },
-            reply: tx,
-            timeout,
-        });
-        node.comm.send(cmd).map_err(|_| Skip::Stopping)?;
-        Ok(rx)
-    };
+    let ask =
+        |off: u64, n: u64, holder_ix: usize, buf: Vec<u8>| -> Result<crossbeam::channel::Receiver<FetchReply>, Skip> {
+            let (tx, rx) = crossbeam::channel::bounded(1);
+            let mut buf = buf;
+            buf.resize(n as usize, 0);
+            let holder = holders[holder_ix % holders.len()];
+            let cmd = Command::Fetch(Fetch {
+                node_id: PART_BIT | p,
+                holder,
+                stored_len: n,
+                offset: off,
+                buf: RecvBuf { buf, len: n as usize },
+                reply: tx,
+                timeout,
+            });
+            node.comm.send(cmd).map_err(|_| Skip::Stopping)?;
+            Ok(rx)
+        };
     loop {
         while inflight.len() < WINDOW && next < ranges.len() {
             let (off, n) = ranges[next];
@@ -351,11 +299,9 @@ fn fetch_and_verify<'a>(
         }
         match rx.recv_timeout(timeout + Duration::from_secs(2)) {
             Ok(Ok((RecvBuf { buf, len }, _))) if len as u64 == n => {
-                out.write(off, &buf[..len])
-                    .map_err(|e| failed("writing", &e))?;
+                out.write(off, &buf[..len]).map_err(|e| failed("writing", &e))?;
                 if let Some(pending) = node.replica_pending.get(p as usize) {
-                    let _ = pending
-                        .fetch_update(Relaxed, Relaxed, |v| Some(v.saturating_sub(n).max(1)));
+                    let _ = pending.fetch_update(Relaxed, Relaxed, |v| Some(v.saturating_sub(n).max(1)));
                 }
                 spare.push(buf);
             }
@@ -369,10 +315,7 @@ fn fetch_and_verify<'a>(
                     return Err(Skip::Stopping);
                 }
                 if tries + 1 >= holders.len() {
-                    return Err(Skip::Failed(format!(
-                        "bytes {off}..{} from every holder: {why}",
-                        off + n
-                    )));
+                    return Err(Skip::Failed(format!("bytes {off}..{} from every holder: {why}", off + n)));
                 }
                 // Ask the next holder for this range, ahead of the others.
                 let rx = ask(off, n, tries + 1, spare.pop().unwrap_or_default())?;
@@ -381,10 +324,8 @@ fn fetch_and_verify<'a>(
         }
     }
     out.finish(len).map_err(|e| failed("writing", &e))?;
-    let got = load::verify_partition(tmp, &node.view, p, offsets, &node.stopping, &|off| {
-        apart.contains_key(&off)
-    })
-    .map_err(|e| Skip::Failed(e.to_string()))?;
+    let got = load::verify_partition(tmp, &node.view, p, offsets, &node.stopping, &|off| apart.contains_key(&off))
+        .map_err(|e| Skip::Failed(e.to_string()))?;
     out.verify_apart(&node.view).map_err(Skip::Failed)?;
     if node.stopping.load(Relaxed) {
         return Err(Skip::Stopping);
@@ -405,9 +346,7 @@ mod tests {
         let local: Vec<bool> = (0..8).map(|p| p % 4 == 1).collect();
         assert_eq!(order(8, 4, 1, &local), vec![2, 6, 3, 7, 0, 4]);
         // Every rank starts with a different holder.
-        let firsts: Vec<u32> = (0..4)
-            .map(|r| order(8, 4, r, &vec![false; 8])[0] % 4)
-            .collect();
+        let firsts: Vec<u32> = (0..4).map(|r| order(8, 4, r, &vec![false; 8])[0] % 4).collect();
         assert_eq!(firsts, vec![1, 2, 3, 0]);
         assert!(order(3, 1, 0, &[true, true, true]).is_empty());
     }

@@ -39,11 +39,7 @@ pub struct Listener {
 impl Listener {
     /// Binds `path` (replacing a stale socket of an earlier run) with mode 0600.
     pub fn bind(path: &Path) -> Result<Listener, ServerError> {
-        let io = |what, source| ServerError::Io {
-            what,
-            path: path.to_path_buf(),
-            source,
-        };
+        let io = |what, source| ServerError::Io { what, path: path.to_path_buf(), source };
         let bytes = path.as_os_str().as_bytes();
         // SAFETY: sockaddr_un is plain data; zero is a valid initial value.
         let mut addr: libc::sockaddr_un = unsafe { std::mem::zeroed() };
@@ -55,8 +51,7 @@ impl Listener {
             *d = *s as libc::c_char;
         }
         // SAFETY: plain socket creation; the result is checked.
-        let raw =
-            unsafe { libc::socket(libc::AF_UNIX, libc::SOCK_SEQPACKET | libc::SOCK_CLOEXEC, 0) };
+        let raw = unsafe { libc::socket(libc::AF_UNIX, libc::SOCK_SEQPACKET | libc::SOCK_CLOEXEC, 0) };
         if raw < 0 {
             return Err(io("creating socket", io::Error::last_os_error()));
         }
@@ -69,14 +64,7 @@ impl Listener {
         }
         let len = std::mem::size_of::<libc::sockaddr_un>() as libc::socklen_t;
         // SAFETY: addr is a valid sockaddr_un of `len` bytes.
-        if unsafe {
-            libc::bind(
-                fd.as_raw_fd(),
-                &addr as *const _ as *const libc::sockaddr,
-                len,
-            )
-        } != 0
-        {
+        if unsafe { libc::bind(fd.as_raw_fd(), &addr as *const _ as *const libc::sockaddr, len) } != 0 {
             return Err(io("binding", io::Error::last_os_error()));
         }
         std::fs::set_permissions(path, std::os::unix::fs::PermissionsExt::from_mode(0o600))
@@ -85,10 +73,7 @@ impl Listener {
         if unsafe { libc::listen(fd.as_raw_fd(), 128) } != 0 {
             return Err(io("listening on", io::Error::last_os_error()));
         }
-        Ok(Listener {
-            fd,
-            path: path.to_path_buf(),
-        })
+        Ok(Listener { fd, path: path.to_path_buf() })
     }
 
     pub fn path(&self) -> &Path {
@@ -98,20 +83,12 @@ impl Listener {
 
 /// Waits up to POLL_MS for `fd` to be readable. Ok(false) on timeout.
 fn readable(fd: RawFd) -> io::Result<bool> {
-    let mut p = libc::pollfd {
-        fd,
-        events: libc::POLLIN,
-        revents: 0,
-    };
+    let mut p = libc::pollfd { fd, events: libc::POLLIN, revents: 0 };
     // SAFETY: p is one valid pollfd.
     let r = unsafe { libc::poll(&mut p, 1, POLL_MS) };
     if r < 0 {
         let e = io::Error::last_os_error();
-        return if e.kind() == io::ErrorKind::Interrupted {
-            Ok(false)
-        } else {
-            Err(e)
-        };
+        return if e.kind() == io::ErrorKind::Interrupted { Ok(false) } else { Err(e) };
     }
     Ok(r > 0)
 }
@@ -122,15 +99,7 @@ fn peer_uid(fd: RawFd) -> io::Result<u32> {
     let mut cred: libc::ucred = unsafe { std::mem::zeroed() };
     let mut len = std::mem::size_of::<libc::ucred>() as libc::socklen_t;
     // SAFETY: cred and len are valid out pointers of the right size.
-    let r = unsafe {
-        libc::getsockopt(
-            fd,
-            libc::SOL_SOCKET,
-            libc::SO_PEERCRED,
-            &mut cred as *mut _ as *mut _,
-            &mut len,
-        )
-    };
+    let r = unsafe { libc::getsockopt(fd, libc::SOL_SOCKET, libc::SO_PEERCRED, &mut cred as *mut _ as *mut _, &mut len) };
     if r != 0 {
         return Err(io::Error::last_os_error());
     }
@@ -153,24 +122,14 @@ pub fn serve(listener: Listener, node: Arc<Node>) {
             }
         }
         // SAFETY: accept4 on our listening socket; null address pointers are allowed.
-        let raw = unsafe {
-            libc::accept4(
-                listener.fd.as_raw_fd(),
-                std::ptr::null_mut(),
-                std::ptr::null_mut(),
-                libc::SOCK_CLOEXEC,
-            )
-        };
+        let raw = unsafe { libc::accept4(listener.fd.as_raw_fd(), std::ptr::null_mut(), std::ptr::null_mut(), libc::SOCK_CLOEXEC) };
         if raw < 0 {
             let e = std::io::Error::last_os_error();
             if e.raw_os_error().is_some_and(crate::fdlimit::exhausted) {
                 // The connection waits in the backlog: free what we can and
                 // try again shortly instead of spinning on a readable socket.
                 if !out_of_fds {
-                    log::warn!(
-                        "rank {}: accepting a connection: {e} (retrying)",
-                        node.id.rank
-                    );
+                    log::warn!("rank {}: accepting a connection: {e} (retrying)", node.id.rank);
                     out_of_fds = true;
                 }
                 node.relieve_fds();
@@ -195,9 +154,7 @@ pub fn serve(listener: Listener, node: Arc<Node>) {
         }
         node.counters.clients.fetch_add(1, Relaxed);
         let node = node.clone();
-        let spawned = std::thread::Builder::new()
-            .name("fanstore-conn".into())
-            .spawn(move || connection(conn, &node));
+        let spawned = std::thread::Builder::new().name("fanstore-conn".into()).spawn(move || connection(conn, &node));
         if let Err(e) = spawned {
             log::error!("spawning a connection thread: {e}");
         }
@@ -224,10 +181,7 @@ fn connection(conn: OwnedFd, node: &Node) {
         let req = match Request::decode(&buf[..n]) {
             Ok(r) => r,
             Err(e) => {
-                log::warn!(
-                    "rank {}: dropping a client that sent a bad message: {e}",
-                    node.id.rank
-                );
+                log::warn!("rank {}: dropping a client that sent a bad message: {e}", node.id.rank);
                 return;
             }
         };
@@ -260,14 +214,8 @@ fn handle(node: &Node, fd: RawFd, req: &Request, attached: Option<OwnedFd>) -> i
         }
         op::OUT_STAT => {
             let r = match node.out_stat_answer(path, req.arg0) {
-                Ok(payload) => Reply {
-                    payload,
-                    ..Reply::ok(req, 0)
-                },
-                Err((errno, payload)) => Reply {
-                    payload,
-                    ..Reply::err(req, errno)
-                },
+                Ok(payload) => Reply { payload, ..Reply::ok(req, 0) },
+                Err((errno, payload)) => Reply { payload, ..Reply::err(req, errno) },
             };
             wire::send_msg(fd, &r.encode(), None)
         }
@@ -296,9 +244,7 @@ fn handle(node: &Node, fd: RawFd, req: &Request, attached: Option<OwnedFd>) -> i
         op::UNLINK => done(fd, req, node.out_unlink(path)),
         op::SETATTR => done(fd, req, node.out_setattr(path, req.arg0, req.arg1)),
         op::SYNC => {
-            let Some(dir) = node.persist.get() else {
-                return done(fd, req, Err(libc::EINVAL));
-            };
+            let Some(dir) = node.persist.get() else { return done(fd, req, Err(libc::EINVAL)) };
             let r = match req.arg0 {
                 wire::SYNC_DATA => node.drain_data(dir),
                 wire::SYNC_META => node.drain_meta(dir, true),
@@ -313,29 +259,18 @@ fn handle(node: &Node, fd: RawFd, req: &Request, attached: Option<OwnedFd>) -> i
             }
         }
         op::RENAME => match path.iter().position(|&b| b == 0) {
-            Some(i) => done(
-                fd,
-                req,
-                node.out_rename(
-                    &path[..i],
-                    &path[i + 1..],
-                    req.arg0 & wire::RENAME_NOREPLACE != 0,
-                ),
-            ),
+            Some(i) => done(fd, req, node.out_rename(&path[..i], &path[i + 1..], req.arg0 & wire::RENAME_NOREPLACE != 0)),
             None => done(fd, req, Err(libc::EINVAL)),
         },
         op::CKPT => {
-            let q = crate::dedup::Query::decode(req.arg0, req.arg1, path)
-                .and_then(|q| q.with_attachment(attached));
+            let q = crate::dedup::Query::decode(req.arg0, req.arg1, path).and_then(|q| q.with_attachment(attached));
             let answer = match (node.dedup.get(), q) {
                 (_, None) => Err(libc::EINVAL),
                 (None, Some(_)) => Err(libc::ENOTSUP),
                 (Some(d), Some(q)) => d.query(&q),
             };
             let sent = answer.and_then(|a| {
-                let m =
-                    crate::memfd::MemfdBuilder::unmapped("fanstore:report", a.text.len() as u64)
-                        .map_err(|_| libc::ENOMEM)?;
+                let m = crate::memfd::MemfdBuilder::unmapped("fanstore:report", a.text.len() as u64).map_err(|_| libc::ENOMEM)?;
                 m.write_at(a.text.as_bytes(), 0).map_err(|_| libc::EIO)?;
                 Ok((m.seal().map_err(|_| libc::EIO)?, a.ok))
             });
@@ -367,16 +302,8 @@ fn handle(node: &Node, fd: RawFd, req: &Request, attached: Option<OwnedFd>) -> i
         }
         op::STOP => {
             log::info!("rank {}: STOP requested by a client", node.id.rank);
-            let errno = if node.comm.send(Command::Stop).is_ok() {
-                0
-            } else {
-                libc::EIO
-            };
-            let r = if errno == 0 {
-                Reply::ok(req, 0)
-            } else {
-                Reply::err(req, errno)
-            };
+            let errno = if node.comm.send(Command::Stop).is_ok() { 0 } else { libc::EIO };
+            let r = if errno == 0 { Reply::ok(req, 0) } else { Reply::err(req, errno) };
             wire::send_msg(fd, &r.encode(), None)
         }
         op::OPEN => match node.open(req.arg0, req.arg1) {

@@ -46,9 +46,7 @@ pub struct LatencyHistogram {
 
 impl Default for LatencyHistogram {
     fn default() -> Self {
-        LatencyHistogram {
-            buckets: [const { AtomicU64::new(0) }; 256],
-        }
+        LatencyHistogram { buckets: [const { AtomicU64::new(0) }; 256] }
     }
 }
 
@@ -291,11 +289,7 @@ pub fn table(rows: &[StatusRow]) -> String {
             Some(kv) => COLUMNS
                 .iter()
                 .map(|(_, key)| {
-                    let v = kv
-                        .iter()
-                        .find(|(k, _)| k == key)
-                        .map(|(_, v)| v.as_str())
-                        .unwrap_or("-");
+                    let v = kv.iter().find(|(k, _)| k == key).map(|(_, v)| v.as_str()).unwrap_or("-");
                     match (*key, v.parse::<u64>()) {
                         ("bytes_local" | "replicated_bytes", Ok(b)) => human_bytes(b),
                         _ => v.to_string(),
@@ -305,16 +299,10 @@ pub fn table(rows: &[StatusRow]) -> String {
         };
         cells.push(row);
     }
-    let widths: Vec<usize> = (0..COLUMNS.len())
-        .map(|c| cells.iter().map(|r| r[c].len()).max().unwrap_or(0))
-        .collect();
+    let widths: Vec<usize> = (0..COLUMNS.len()).map(|c| cells.iter().map(|r| r[c].len()).max().unwrap_or(0)).collect();
     let mut out = String::new();
     for r in &cells {
-        let line: Vec<String> = r
-            .iter()
-            .zip(&widths)
-            .map(|(c, w)| format!("{c:>w$}"))
-            .collect();
+        let line: Vec<String> = r.iter().zip(&widths).map(|(c, w)| format!("{c:>w$}")).collect();
         out.push_str(line.join("  ").trim_end());
         out.push('\n');
     }
@@ -332,54 +320,28 @@ mod tests {
             nranks: 4,
             host: "n1".into(),
             status: "ready".into(),
-            load: LoadReport {
-                partitions: 3,
-                files: 10,
-                bytes_read: 2_000_000,
-                bytes_local: 3 << 20,
-                seconds: 0.5,
-            },
+            load: LoadReport { partitions: 3, files: 10, bytes_read: 2_000_000, bytes_local: 3 << 20, seconds: 0.5 },
             cache_hits: 7,
             ..Default::default()
         };
         let kv = parse(&s.render());
-        let get = |k: &str| {
-            kv.iter()
-                .find(|(a, _)| a == k)
-                .map(|(_, v)| v.clone())
-                .unwrap()
-        };
+        let get = |k: &str| kv.iter().find(|(a, _)| a == k).map(|(_, v)| v.clone()).unwrap();
         assert_eq!(get("rank"), "2");
         assert_eq!(get("load_mbps"), "4.0");
         assert_eq!(get("cache_hits"), "7");
         let t = table(&[(2, Some(kv)), (3, None)]);
         let lines: Vec<&str> = t.lines().collect();
         assert_eq!(lines.len(), 3);
-        assert!(
-            lines[0].contains("load MB/s")
-                && lines[1].contains("3.0 MiB")
-                && lines[2].contains("unreachable"),
-            "{t}"
-        );
+        assert!(lines[0].contains("load MB/s") && lines[1].contains("3.0 MiB") && lines[2].contains("unreachable"), "{t}");
     }
 
     #[test]
     fn latency_buckets_and_percentiles() {
         for us in [0u64, 1, 3, 4, 5, 7, 8, 100, 1000, 123_456, 10_000_000] {
             let b = bucket_of(us);
-            assert!(
-                bucket_upper(b) >= us,
-                "{us} in bucket {b} ending {}",
-                bucket_upper(b)
-            );
-            assert!(
-                b == 0 || bucket_upper(b - 1) < us,
-                "{us}: bucket {b} is not the first that holds it"
-            );
-            assert!(
-                bucket_upper(b) as f64 <= (us as f64 * 1.25).max(3.0),
-                "{us}: bucket too wide"
-            );
+            assert!(bucket_upper(b) >= us, "{us} in bucket {b} ending {}", bucket_upper(b));
+            assert!(b == 0 || bucket_upper(b - 1) < us, "{us}: bucket {b} is not the first that holds it");
+            assert!(bucket_upper(b) as f64 <= (us as f64 * 1.25).max(3.0), "{us}: bucket too wide");
         }
         let h = LatencyHistogram::default();
         assert_eq!(h.percentile(0.5), 0);

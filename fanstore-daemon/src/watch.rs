@@ -34,9 +34,7 @@
 
 use crate::comm::{Command, MetaCall};
 use crate::node::Node;
-use fanstore_core::watchev::{
-    self, Kind, NsEvent, Rec, IN_ALL_EVENTS, IN_IGNORED, IN_ONLYDIR, IN_Q_OVERFLOW,
-};
+use fanstore_core::watchev::{self, Kind, NsEvent, Rec, IN_ALL_EVENTS, IN_IGNORED, IN_ONLYDIR, IN_Q_OVERFLOW};
 use fanstore_core::wire::{self, op, OutRecord, Reply, Request};
 use std::collections::{HashMap, HashSet, VecDeque};
 use std::os::fd::{AsRawFd, FromRawFd, OwnedFd, RawFd};
@@ -67,11 +65,7 @@ pub const QUEUE_MAX: usize = 16384;
 fn queue_max() -> usize {
     static Q: std::sync::OnceLock<usize> = std::sync::OnceLock::new();
     *Q.get_or_init(|| {
-        std::env::var("FANSTORE_WATCH_QUEUE")
-            .ok()
-            .and_then(|v| v.trim().parse().ok())
-            .filter(|&n| n > 0)
-            .unwrap_or(QUEUE_MAX)
+        std::env::var("FANSTORE_WATCH_QUEUE").ok().and_then(|v| v.trim().parse().ok()).filter(|&n| n > 0).unwrap_or(QUEUE_MAX)
     })
 }
 
@@ -212,9 +206,7 @@ impl Node {
     pub fn watch_meta(&self, req: &Request) -> Reply {
         match req.op {
             wop::SUB => {
-                let Some((&flags, path)) = req.payload.split_first() else {
-                    return Reply::err(req, libc::EINVAL);
-                };
+                let Some((&flags, path)) = req.payload.split_first() else { return Reply::err(req, libc::EINVAL) };
                 let on = flags & 1 != 0;
                 let key = (req.arg0 as u32, path.to_vec(), flags & 2 != 0);
                 let mut r = lock(&self.watch.routes);
@@ -226,18 +218,11 @@ impl Node {
                 Reply::ok(req, 0)
             }
             wop::PUBLISH => {
-                let Some(mut ev) = NsEvent::decode(&req.payload) else {
-                    return Reply::err(req, libc::EINVAL);
-                };
+                let Some(mut ev) = NsEvent::decode(&req.payload) else { return Reply::err(req, libc::EINVAL) };
                 let mut r = lock(&self.watch.routes);
                 r.seq += 1;
                 ev.seq = r.seq;
-                let nodes: HashSet<u32> = r
-                    .interests
-                    .iter()
-                    .filter(|(_, w, rec)| ev.concerns(w, *rec))
-                    .map(|k| k.0)
-                    .collect();
+                let nodes: HashSet<u32> = r.interests.iter().filter(|(_, w, rec)| ev.concerns(w, *rec)).map(|k| k.0).collect();
                 let mut msg = None;
                 for n in nodes {
                     if n == self.id.rank {
@@ -252,18 +237,9 @@ impl Node {
                     msg.id = DELIVER_IDS.fetch_add(1, Relaxed);
                     // Nobody waits for the answer: the receiver is dropped.
                     let (tx, _) = crossbeam::channel::bounded(1);
-                    let call = MetaCall {
-                        dest: n,
-                        id: msg.id,
-                        msg: msg.encode(),
-                        reply: tx,
-                        timeout: Duration::from_secs(10),
-                    };
+                    let call = MetaCall { dest: n, id: msg.id, msg: msg.encode(), reply: tx, timeout: Duration::from_secs(10) };
                     if self.comm.send(Command::Meta(call)).is_err() {
-                        log::warn!(
-                            "rank {}: event for rank {n} dropped: stopping",
-                            self.id.rank
-                        );
+                        log::warn!("rank {}: event for rank {n} dropped: stopping", self.id.rank);
                     }
                 }
                 Reply::ok(req, ev.seq)
@@ -280,8 +256,7 @@ impl Node {
     }
 
     fn deliver_local(&self, ev: &NsEvent) {
-        let sessions: Vec<Arc<Session>> =
-            lock(&self.watch.local).sessions.values().cloned().collect();
+        let sessions: Vec<Arc<Session>> = lock(&self.watch.local).sessions.values().cloned().collect();
         let mut wanted = false;
         for s in sessions {
             wanted |= s.deliver(ev);
@@ -296,40 +271,17 @@ impl Node {
     /// own: this may run on the MPI thread), so the consumer's open, which
     /// follows the event, finds it loaded or loading.
     fn prefetch(&self, ev: &NsEvent) {
-        if ev.holder == self.id.rank
-            || ev.holder >= self.id.nranks
-            || ev.size == 0
-            || !self.remote_outs.keeps(ev.size)
-        {
+        if ev.holder == self.id.rank || ev.holder >= self.id.nranks || ev.size == 0 || !self.remote_outs.keeps(ev.size) {
             return;
         }
-        let Some(node) = self.watch.me.get().and_then(std::sync::Weak::upgrade) else {
-            return;
-        };
-        let rec = OutRecord {
-            size: ev.size,
-            mode: libc::S_IFREG,
-            holder: ev.holder,
-            id: ev.id,
-            sum: ev.sum,
-            ..Default::default()
-        };
-        let path = if ev.kind == Kind::Rename {
-            ev.to.clone()
-        } else {
-            ev.path.clone()
-        };
-        let spawned = std::thread::Builder::new()
-            .name("fanstore-prefetch".into())
-            .spawn(move || {
-                if let Err(e) = node.load_remote_output(&path, &rec) {
-                    log::debug!(
-                        "rank {}: prefetching '{}': errno {e}",
-                        node.id.rank,
-                        String::from_utf8_lossy(&path)
-                    );
-                }
-            });
+        let Some(node) = self.watch.me.get().and_then(std::sync::Weak::upgrade) else { return };
+        let rec = OutRecord { size: ev.size, mode: libc::S_IFREG, holder: ev.holder, id: ev.id, sum: ev.sum, ..Default::default() };
+        let path = if ev.kind == Kind::Rename { ev.to.clone() } else { ev.path.clone() };
+        let spawned = std::thread::Builder::new().name("fanstore-prefetch".into()).spawn(move || {
+            if let Err(e) = node.load_remote_output(&path, &rec) {
+                log::debug!("rank {}: prefetching '{}': errno {e}", node.id.rank, String::from_utf8_lossy(&path));
+            }
+        });
         if let Err(e) = spawned {
             log::warn!("rank {}: spawning a prefetch thread: {e}", self.id.rank);
         }
@@ -340,56 +292,30 @@ impl Node {
     /// change's error.
     /// `rec`: the file's record (its size; for a close or a rename, where its
     /// bytes are, so watching nodes can fetch them at once).
-    pub(crate) fn publish(
-        &self,
-        kind: Kind,
-        path: &[u8],
-        to: &[u8],
-        is_dir: bool,
-        replaced: bool,
-        rec: Option<&OutRecord>,
-    ) {
+    pub(crate) fn publish(&self, kind: Kind, path: &[u8], to: &[u8], is_dir: bool, replaced: bool, rec: Option<&OutRecord>) {
         let bytes = rec.filter(|_| matches!(kind, Kind::Close | Kind::Rename) && !is_dir);
         let ev = NsEvent {
             kind,
             is_dir,
             replaced,
             node: self.id.rank,
-            cookie: if kind == Kind::Rename {
-                (COOKIES.fetch_add(1, Relaxed) as u32 & 0x00ff_ffff) | (self.id.rank << 24)
-            } else {
-                0
-            },
+            cookie: if kind == Kind::Rename { (COOKIES.fetch_add(1, Relaxed) as u32 & 0x00ff_ffff) | (self.id.rank << 24) } else { 0 },
             size: rec.map_or(0, |r| r.size),
             holder: bytes.map_or(u32::MAX, |r| r.holder),
             id: bytes.map_or(0, |r| r.id),
             sum: bytes.map_or(0, |r| r.sum),
-            time_ns: std::time::SystemTime::now()
-                .duration_since(std::time::UNIX_EPOCH)
-                .map_or(0, |d| d.as_nanos() as i64),
+            time_ns: std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map_or(0, |d| d.as_nanos() as i64),
             seq: 0,
             path: path.to_vec(),
             to: to.to_vec(),
         };
-        let wanted = lock(&self.watch.routes)
-            .interests
-            .iter()
-            .any(|(_, w, rec)| ev.concerns(w, *rec));
+        let wanted = lock(&self.watch.routes).interests.iter().any(|(_, w, rec)| ev.concerns(w, *rec));
         if !wanted {
             return;
         }
-        let dir = if kind == Kind::Rename {
-            watchev::parent(to).0
-        } else {
-            watchev::parent(path).0
-        };
+        let dir = if kind == Kind::Rename { watchev::parent(to).0 } else { watchev::parent(path).0 };
         if let Err(e) = self.meta_to(self.owner(dir), wop::PUBLISH, 0, ev.encode()) {
-            log::warn!(
-                "rank {}: publishing a {} event of '{}': errno {e}",
-                self.id.rank,
-                kind.name(),
-                String::from_utf8_lossy(path)
-            );
+            log::warn!("rank {}: publishing a {} event of '{}': errno {e}", self.id.rank, kind.name(), String::from_utf8_lossy(path));
         }
     }
 
@@ -399,10 +325,7 @@ impl Node {
         payload.extend_from_slice(path);
         for r in 0..self.id.nranks {
             if let Err(e) = self.meta_to(r, wop::SUB, u64::from(self.id.rank), payload.clone()) {
-                log::warn!(
-                    "rank {}: rank {r} did not take a watch interest: errno {e}",
-                    self.id.rank
-                );
+                log::warn!("rank {}: rank {r} did not take a watch interest: errno {e}", self.id.rank);
             }
         }
     }
@@ -455,16 +378,11 @@ impl Node {
 
     /// WATCH_INFO: sessions, watches, and interests routed by this rank.
     pub fn watch_info_reply(&self, req: &Request) -> Reply {
-        let sessions: Vec<Arc<Session>> =
-            lock(&self.watch.local).sessions.values().cloned().collect();
+        let sessions: Vec<Arc<Session>> = lock(&self.watch.local).sessions.values().cloned().collect();
         let watches: usize = sessions.iter().map(|s| lock(&s.state).watches.len()).sum();
         let interests = lock(&self.watch.routes).interests.len();
         let mut rep = Reply::ok(req, sessions.len() as u64);
-        rep.payload = format!(
-            "sessions={} watches={watches} interests={interests}\n",
-            sessions.len()
-        )
-        .into_bytes();
+        rep.payload = format!("sessions={} watches={watches} interests={interests}\n", sessions.len()).into_bytes();
         rep
     }
 }
@@ -483,10 +401,7 @@ pub fn session(node: &Node, conn: RawFd, first: Request, attached: Option<OwnedF
         let _ = wire::send_msg(conn, &Reply::err(&first, libc::EMFILE).encode(), None);
         return;
     };
-    let s = Arc::new(Session {
-        state: Mutex::new(SessState::default()),
-        wake,
-    });
+    let s = Arc::new(Session { state: Mutex::new(SessState::default()), wake });
     let id = {
         let mut l = lock(&node.watch.local);
         l.next += 1;
@@ -495,15 +410,7 @@ pub fn session(node: &Node, conn: RawFd, first: Request, attached: Option<OwnedF
         id
     };
     log::debug!("rank {}: watcher session {id} starts", node.id.rank);
-    let mut sess = Run {
-        node,
-        conn,
-        s: &s,
-        sink: None,
-        kernel: None,
-        pending: None,
-        kbuf: Vec::new(),
-    };
+    let mut sess = Run { node, conn, s: &s, sink: None, kernel: None, pending: None, kbuf: Vec::new() };
     let mut buf = vec![0u8; wire::MAX_MESSAGE];
     let mut next = Some((first, attached));
     let why = loop {
@@ -525,11 +432,7 @@ pub fn session(node: &Node, conn: RawFd, first: Request, attached: Option<OwnedF
     lock(&node.watch.local).sessions.remove(&id);
     let watches = std::mem::take(&mut lock(&s.state).watches);
     let ended = std::mem::take(&mut lock(&s.state).ended);
-    for (path, rec) in watches
-        .into_iter()
-        .map(|w| (w.path, w.recursive))
-        .chain(ended)
-    {
+    for (path, rec) in watches.into_iter().map(|w| (w.path, w.recursive)).chain(ended) {
         node.interest_drop(&path, rec);
     }
 }
@@ -569,15 +472,7 @@ impl Run<'_> {
                     let w = i.map(|i| st.watches.remove(i));
                     if w.is_some() && st.inotify {
                         let mut b = Vec::new();
-                        watchev::push_inotify(
-                            &mut b,
-                            wd,
-                            &Rec {
-                                mask: IN_IGNORED,
-                                cookie: 0,
-                                name: Vec::new(),
-                            },
-                        );
+                        watchev::push_inotify(&mut b, wd, &Rec { mask: IN_IGNORED, cookie: 0, name: Vec::new() });
                         Session::push(&mut st, Out::Ino(b));
                     }
                     w
@@ -629,12 +524,7 @@ impl Run<'_> {
         }
         let old = {
             let mut st = lock(&self.s.state);
-            let w = Watch {
-                wd,
-                path: path.clone(),
-                mask,
-                recursive,
-            };
+            let w = Watch { wd, path: path.clone(), mask, recursive };
             match st.watches.iter().position(|w| w.wd == wd) {
                 Some(i) => Some(std::mem::replace(&mut st.watches[i], w)),
                 None => {
@@ -661,31 +551,15 @@ impl Run<'_> {
         }
         let blocked = self.pending.is_some();
         let mut fds = vec![
-            libc::pollfd {
-                fd: self.conn,
-                events: libc::POLLIN,
-                revents: 0,
-            },
-            libc::pollfd {
-                fd: self.s.wake.as_raw_fd(),
-                events: libc::POLLIN,
-                revents: 0,
-            },
+            libc::pollfd { fd: self.conn, events: libc::POLLIN, revents: 0 },
+            libc::pollfd { fd: self.s.wake.as_raw_fd(), events: libc::POLLIN, revents: 0 },
         ];
         if let Some(k) = &self.kernel {
             // A full sink: the kernel's own queue holds its events meanwhile.
-            fds.push(libc::pollfd {
-                fd: k.as_raw_fd(),
-                events: if blocked { 0 } else { libc::POLLIN },
-                revents: 0,
-            });
+            fds.push(libc::pollfd { fd: k.as_raw_fd(), events: if blocked { 0 } else { libc::POLLIN }, revents: 0 });
         }
         if let Some(s) = &self.sink {
-            fds.push(libc::pollfd {
-                fd: s.as_raw_fd(),
-                events: if blocked { libc::POLLOUT } else { 0 },
-                revents: 0,
-            });
+            fds.push(libc::pollfd { fd: s.as_raw_fd(), events: if blocked { libc::POLLOUT } else { 0 }, revents: 0 });
         }
         // SAFETY: fds is a valid array of pollfds of the length given.
         let n = unsafe { libc::poll(fds.as_mut_ptr(), fds.len() as libc::nfds_t, POLL_MS) };
@@ -722,13 +596,7 @@ impl Run<'_> {
         let Some(k) = &self.kernel else { return };
         self.kbuf.resize(64 << 10, 0);
         // SAFETY: reading into our own buffer of its length.
-        let n = unsafe {
-            libc::read(
-                k.as_raw_fd(),
-                self.kbuf.as_mut_ptr().cast(),
-                self.kbuf.len(),
-            )
-        };
+        let n = unsafe { libc::read(k.as_raw_fd(), self.kbuf.as_mut_ptr().cast(), self.kbuf.len()) };
         if n <= 0 {
             return;
         }
@@ -751,15 +619,7 @@ impl Run<'_> {
                             st.overflow = false;
                             if st.inotify {
                                 let mut b = Vec::new();
-                                watchev::push_inotify(
-                                    &mut b,
-                                    -1,
-                                    &Rec {
-                                        mask: IN_Q_OVERFLOW,
-                                        cookie: 0,
-                                        name: Vec::new(),
-                                    },
-                                );
+                                watchev::push_inotify(&mut b, -1, &Rec { mask: IN_Q_OVERFLOW, cookie: 0, name: Vec::new() });
                                 Some(Out::Ino(b))
                             } else {
                                 Some(Out::Ns(Vec::new()))
@@ -772,14 +632,7 @@ impl Run<'_> {
             match item {
                 None => return Ok(()),
                 Some(Out::Ns(b)) => {
-                    let mut rep = Reply {
-                        op: op::WATCH_EVENT,
-                        id: 0,
-                        errno: 0,
-                        flags: 0,
-                        value: u64::from(b.is_empty()),
-                        payload: b,
-                    };
+                    let mut rep = Reply { op: op::WATCH_EVENT, id: 0, errno: 0, flags: 0, value: u64::from(b.is_empty()), payload: b };
                     rep.payload.truncate(wire::MAX_MESSAGE - wire::HEADER_LEN);
                     wire::send_msg(self.conn, &rep.encode(), None).map_err(|_| ())?;
                 }

@@ -29,25 +29,14 @@ pub enum WatchError {
 
 /// Event kinds by their names in `--events` and in the output.
 pub fn parse_events(list: &[String]) -> Result<Vec<Kind>, WatchError> {
-    let all = [
-        Kind::Close,
-        Kind::Rename,
-        Kind::Delete,
-        Kind::Mkdir,
-        Kind::Rmdir,
-    ];
+    let all = [Kind::Close, Kind::Rename, Kind::Delete, Kind::Mkdir, Kind::Rmdir];
     if list.is_empty() {
         return Ok(all.to_vec());
     }
     list.iter()
         .flat_map(|s| s.split(','))
         .filter(|s| !s.is_empty())
-        .map(|s| {
-            all.iter()
-                .copied()
-                .find(|k| k.name() == s.trim())
-                .ok_or_else(|| WatchError::Event(s.to_string()))
-        })
+        .map(|s| all.iter().copied().find(|k| k.name() == s.trim()).ok_or_else(|| WatchError::Event(s.to_string())))
         .collect()
 }
 
@@ -93,11 +82,7 @@ pub fn render(ev: &NsEvent, mount: &str, json: bool) -> String {
             ev.seq
         );
         if let Some(f) = &from {
-            s.push_str(&format!(
-                ",\"from\":{},\"cookie\":{}",
-                json_str(f),
-                ev.cookie
-            ));
+            s.push_str(&format!(",\"from\":{},\"cookie\":{}", json_str(f), ev.cookie));
         }
         if ev.replaced {
             s.push_str(",\"replaced\":true");
@@ -109,11 +94,7 @@ pub fn render(ev: &NsEvent, mount: &str, json: bool) -> String {
             Some(f) => format!("{f} -> {path}"),
             None => path,
         };
-        let kind = if ev.is_dir && ev.kind == Kind::Rename {
-            "rename-dir"
-        } else {
-            ev.kind.name()
-        };
+        let kind = if ev.is_dir && ev.kind == Kind::Rename { "rename-dir" } else { ev.kind.name() };
         format!("{time:.6} node={} {kind} {what} size={}", ev.node, ev.size)
     }
 }
@@ -121,32 +102,17 @@ pub fn render(ev: &NsEvent, mount: &str, json: bool) -> String {
 /// The rank this command talks to: FANSTORE_NODE, else the lowest-rank
 /// running daemon of this host, else the lowest running rank.
 fn pick(rt: &Path) -> Result<NodeState, WatchError> {
-    let states: Vec<NodeState> = runtime::list_states(rt)
-        .into_iter()
-        .filter(|s| s.status == Status::Ready)
-        .collect();
-    if let Some(k) = std::env::var("FANSTORE_NODE")
-        .ok()
-        .and_then(|v| v.trim().parse::<u32>().ok())
-    {
-        return states
-            .into_iter()
-            .find(|s| s.rank == k)
-            .ok_or(WatchError::NoNode(k));
+    let states: Vec<NodeState> = runtime::list_states(rt).into_iter().filter(|s| s.status == Status::Ready).collect();
+    if let Some(k) = std::env::var("FANSTORE_NODE").ok().and_then(|v| v.trim().parse::<u32>().ok()) {
+        return states.into_iter().find(|s| s.rank == k).ok_or(WatchError::NoNode(k));
     }
     let host = runtime::hostname();
-    let mut mine: Vec<NodeState> = states
-        .iter()
-        .filter(|s| s.hostname == host)
-        .cloned()
-        .collect();
+    let mut mine: Vec<NodeState> = states.iter().filter(|s| s.hostname == host).cloned().collect();
     if mine.is_empty() {
         mine = states;
     }
     mine.sort_by_key(|s| s.rank);
-    mine.into_iter()
-        .next()
-        .ok_or_else(|| WatchError::NoDaemon(rt.display().to_string()))
+    mine.into_iter().next().ok_or_else(|| WatchError::NoDaemon(rt.display().to_string()))
 }
 
 /// A watcher connection with its watches registered.
@@ -164,58 +130,33 @@ impl Watcher {
     pub fn open(rt: &Path, paths: &[String], recursive: bool) -> Result<Watcher, WatchError> {
         let st = pick(rt)?;
         let mount = String::from_utf8_lossy(&st.mount).into_owned();
-        let mut c = Client::connect(&runtime::socket_path(rt, st.rank), Duration::from_secs(30))
-            .map_err(|e| WatchError::Connect(st.rank, e))?;
+        let mut c = Client::connect(&runtime::socket_path(rt, st.rank), Duration::from_secs(30)).map_err(|e| WatchError::Connect(st.rank, e))?;
         for (i, p) in paths.iter().enumerate() {
-            let mut req = Request::new(
-                op::WATCH_ADD,
-                i as u64 + 1,
-                i as u64 + 1,
-                u64::from(IN_ALL_EVENTS) | if recursive { WATCH_RECURSIVE } else { 0 },
-            );
+            let mut req = Request::new(op::WATCH_ADD, i as u64 + 1, i as u64 + 1, u64::from(IN_ALL_EVENTS) | if recursive { WATCH_RECURSIVE } else { 0 });
             req.payload = crate::ckpt_query::relative(p, &mount);
             let (rep, _) = c.call(&req).map_err(|e| WatchError::Watch(p.clone(), e))?;
             if rep.errno != 0 {
-                return Err(WatchError::Watch(
-                    p.clone(),
-                    std::io::Error::from_raw_os_error(rep.errno),
-                ));
+                return Err(WatchError::Watch(p.clone(), std::io::Error::from_raw_os_error(rep.errno)));
             }
         }
         let fd = c.into_fd();
-        let tv = libc::timeval {
-            tv_sec: 0,
-            tv_usec: 0,
-        };
+        let tv = libc::timeval { tv_sec: 0, tv_usec: 0 };
         // SAFETY: tv is a valid timeval of the size given; zero: no timeout (block).
         unsafe {
-            libc::setsockopt(
-                fd.as_raw_fd(),
-                libc::SOL_SOCKET,
-                libc::SO_RCVTIMEO,
-                (&tv as *const libc::timeval).cast(),
-                std::mem::size_of_val(&tv) as libc::socklen_t,
-            )
+            libc::setsockopt(fd.as_raw_fd(), libc::SOL_SOCKET, libc::SO_RCVTIMEO, (&tv as *const libc::timeval).cast(), std::mem::size_of_val(&tv) as libc::socklen_t)
         };
-        Ok(Watcher {
-            fd,
-            mount,
-            rank: st.rank,
-            buf: vec![0u8; wire::MAX_MESSAGE],
-        })
+        Ok(Watcher { fd, mount, rank: st.rank, buf: vec![0u8; wire::MAX_MESSAGE] })
     }
 
     /// The next event (blocking). Ok(None): the daemon went away (stopped);
     /// Ok(Some(None)): the daemon dropped events (the reader fell behind).
     pub fn next_event(&mut self) -> Result<Option<Option<NsEvent>>, WatchError> {
         loop {
-            let (n, _) =
-                wire::recv_msg(self.fd.as_raw_fd(), &mut self.buf).map_err(WatchError::Read)?;
+            let (n, _) = wire::recv_msg(self.fd.as_raw_fd(), &mut self.buf).map_err(WatchError::Read)?;
             if n == 0 {
                 return Ok(None);
             }
-            let rep = Reply::decode(&self.buf[..n])
-                .map_err(|e| WatchError::Read(std::io::Error::other(e)))?;
+            let rep = Reply::decode(&self.buf[..n]).map_err(|e| WatchError::Read(std::io::Error::other(e)))?;
             if rep.op != op::WATCH_EVENT {
                 continue;
             }
@@ -250,18 +191,12 @@ mod tests {
             path: b"ck/a\"b.tmp".to_vec(),
             to: b"ck/a".to_vec(),
         };
-        assert_eq!(
-            render(&ev, "/fanstore", false),
-            "1.500000 node=3 rename /fanstore/ck/a\"b.tmp -> /fanstore/ck/a size=10"
-        );
+        assert_eq!(render(&ev, "/fanstore", false), "1.500000 node=3 rename /fanstore/ck/a\"b.tmp -> /fanstore/ck/a size=10");
         assert_eq!(
             render(&ev, "/fanstore", true),
             "{\"event\":\"rename\",\"path\":\"/fanstore/ck/a\",\"node\":3,\"size\":10,\"time\":1.500000,\"dir\":false,\"seq\":4,\"from\":\"/fanstore/ck/a\\\"b.tmp\",\"cookie\":7,\"replaced\":true}"
         );
-        assert_eq!(
-            parse_events(&["close,rename".into()]).unwrap(),
-            vec![Kind::Close, Kind::Rename]
-        );
+        assert_eq!(parse_events(&["close,rename".into()]).unwrap(), vec![Kind::Close, Kind::Rename]);
         assert!(parse_events(&["open".into()]).is_err());
         assert_eq!(parse_events(&[]).unwrap().len(), 5);
     }

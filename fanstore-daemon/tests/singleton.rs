@@ -22,28 +22,12 @@ fn connect(path: &Path) -> OwnedFd {
     // SAFETY: zeroed sockaddr_un is valid.
     let mut addr: libc::sockaddr_un = unsafe { std::mem::zeroed() };
     addr.sun_family = libc::AF_UNIX as _;
-    for (d, s) in addr
-        .sun_path
-        .iter_mut()
-        .zip(path.as_os_str().as_encoded_bytes())
-    {
+    for (d, s) in addr.sun_path.iter_mut().zip(path.as_os_str().as_encoded_bytes()) {
         *d = *s as _;
     }
     // SAFETY: addr is a valid sockaddr_un.
-    let r = unsafe {
-        libc::connect(
-            fd.as_raw_fd(),
-            &addr as *const _ as *const _,
-            std::mem::size_of_val(&addr) as _,
-        )
-    };
-    assert_eq!(
-        r,
-        0,
-        "connect {}: {}",
-        path.display(),
-        std::io::Error::last_os_error()
-    );
+    let r = unsafe { libc::connect(fd.as_raw_fd(), &addr as *const _ as *const _, std::mem::size_of_val(&addr) as _) };
+    assert_eq!(r, 0, "connect {}: {}", path.display(), std::io::Error::last_os_error());
     fd
 }
 
@@ -78,43 +62,19 @@ fn wait_ready(rt: &Path) -> NodeState {
 
 #[test]
 fn singleton_serves_every_file_and_stops_clean() {
-    let tmp = tempfile::Builder::new()
-        .prefix("fsd")
-        .tempdir_in("/tmp")
-        .unwrap();
+    let tmp = tempfile::Builder::new().prefix("fsd").tempdir_in("/tmp").unwrap();
     let data = tmp.path().join("ds");
     let mut files = Vec::new();
     for (i, size) in [0usize, 1, 100, 4096, 100_000, 3 << 20].iter().enumerate() {
-        files.push(TestFile {
-            path: format!("a/f{i}.bin"),
-            bytes: testkit::pattern(*size, i as u64),
-        });
+        files.push(TestFile { path: format!("a/f{i}.bin"), bytes: testkit::pattern(*size, i as u64) });
     }
-    files.push(TestFile {
-        path: "zeros".into(),
-        bytes: vec![0u8; 1 << 20],
-    });
-    files.push(TestFile {
-        path: "val/x".into(),
-        bytes: testkit::pattern(5000, 99),
-    });
-    testkit::build(
-        &data,
-        0xfeed,
-        &files,
-        3,
-        Compression::parse("zstd").unwrap(),
-        Some("val"),
-    );
+    files.push(TestFile { path: "zeros".into(), bytes: vec![0u8; 1 << 20] });
+    files.push(TestFile { path: "val/x".into(), bytes: testkit::pattern(5000, 99) });
+    testkit::build(&data, 0xfeed, &files, 3, Compression::parse("zstd").unwrap(), Some("val"));
     let rt = tmp.path().join("rt");
     let local = tmp.path().join("local");
     let child = Command::new(env!("CARGO_BIN_EXE_fanstore-daemon"))
-        .args([
-            "--data",
-            data.to_str().unwrap(),
-            "--local",
-            local.to_str().unwrap(),
-        ])
+        .args(["--data", data.to_str().unwrap(), "--local", local.to_str().unwrap()])
         .args(["--runtime-dir", rt.to_str().unwrap(), "--cache-mem", "2M"])
         .env_remove("PMI_RANK")
         .stdout(Stdio::null())
@@ -124,20 +84,11 @@ fn singleton_serves_every_file_and_stops_clean() {
     let st = wait_ready(&rt);
     assert_eq!((st.rank, st.nranks, st.dataset_id), (0, 1, 0xfeed));
     assert!(st.local_partitions.iter().all(|&b| b));
-    assert_eq!(
-        std::fs::metadata(&rt).unwrap().permissions().mode() & 0o777,
-        0o700
-    );
+    assert_eq!(std::fs::metadata(&rt).unwrap().permissions().mode() & 0o777, 0o700);
     let sock = runtime::socket_path(&rt, 0);
-    assert_eq!(
-        std::fs::metadata(&sock).unwrap().permissions().mode() & 0o777,
-        0o600
-    );
+    assert_eq!(std::fs::metadata(&sock).unwrap().permissions().mode() & 0o777, 0o600);
     let index_path = std::path::PathBuf::from(String::from_utf8(st.index_path.clone()).unwrap());
-    assert_eq!(
-        std::fs::metadata(&index_path).unwrap().permissions().mode() & 0o777,
-        0o600
-    );
+    assert_eq!(std::fs::metadata(&index_path).unwrap().permissions().mode() & 0o777, 0o600);
     let index = std::fs::read(&index_path).unwrap();
     let view = IndexView::parse(&index_path, &index, Verify::Full).unwrap();
 
@@ -180,29 +131,13 @@ fn singleton_serves_every_file_and_stops_clean() {
     // Errors: a directory, a bad id, a stale dataset id.
     let dir = view.lookup(b"a").unwrap();
     assert_eq!(dir.kind(), Some(NodeKind::Dir));
-    assert_eq!(
-        call(&c, &Request::new(op::OPEN, 2, dir.id() as u64, 0xfeed))
-            .0
-            .errno,
-        libc::ENOENT
-    );
-    assert_eq!(
-        call(&c, &Request::new(op::OPEN, 3, 1 << 40, 0xfeed))
-            .0
-            .errno,
-        libc::ENOENT
-    );
-    assert_eq!(
-        call(&c, &Request::new(op::OPEN, 4, 1, 0xbad)).0.errno,
-        libc::ESTALE
-    );
+    assert_eq!(call(&c, &Request::new(op::OPEN, 2, dir.id() as u64, 0xfeed)).0.errno, libc::ENOENT);
+    assert_eq!(call(&c, &Request::new(op::OPEN, 3, 1 << 40, 0xfeed)).0.errno, libc::ENOENT);
+    assert_eq!(call(&c, &Request::new(op::OPEN, 4, 1, 0xbad)).0.errno, libc::ESTALE);
     assert_eq!(call(&c, &Request::new(99, 5, 0, 0)).0.errno, libc::EINVAL);
     let (r, _) = call(&c, &Request::new(op::STATUS, 6, 0, 0));
     let text = String::from_utf8(r.payload).unwrap();
-    assert!(
-        text.contains("status=ready") && text.contains("partitions=4"),
-        "{text}"
-    );
+    assert!(text.contains("status=ready") && text.contains("partitions=4"), "{text}");
 
     let (r, _) = call(&c, &Request::new(op::STOP, 7, 0, 0));
     assert_eq!(r.errno, 0);

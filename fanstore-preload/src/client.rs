@@ -20,10 +20,7 @@ struct Pool {
     n: usize,
 }
 
-static POOL: Locked<Pool> = Locked::new(Pool {
-    fds: [(-1, 0); POOL_MAX],
-    n: 0,
-});
+static POOL: Locked<Pool> = Locked::new(Pool { fds: [(-1, 0); POOL_MAX], n: 0 });
 static NEXT_ID: AtomicU64 = AtomicU64::new(1);
 /// Set once this process has opened a connection (cheap gate for close hooks).
 static EVER: AtomicBool = AtomicBool::new(false);
@@ -58,9 +55,7 @@ pub fn forget_range(lo: c_int, hi: c_int) {
     if !EVER.load(Ordering::Relaxed) {
         return;
     }
-    let Some(_g) = crate::guard::Guard::enter() else {
-        return;
-    };
+    let Some(_g) = crate::guard::Guard::enter() else { return };
     POOL.with(|p| {
         let mut i = 0;
         while i < p.n {
@@ -78,9 +73,7 @@ fn inode(fd: c_int) -> u64 {
     // SAFETY: plain data, zero is valid; fstat on any int is safe.
     let mut st: libc::stat = unsafe { std::mem::zeroed() };
     // SAFETY: st is a valid out-pointer.
-    if unsafe { crate::real::fstat(fd, &mut st) } != 0
-        || st.st_mode & libc::S_IFMT != libc::S_IFSOCK
-    {
+    if unsafe { crate::real::fstat(fd, &mut st) } != 0 || st.st_mode & libc::S_IFMT != libc::S_IFSOCK {
         return 0;
     }
     st.st_ino
@@ -89,10 +82,7 @@ fn inode(fd: c_int) -> u64 {
 /// Moves a library-internal fd far above the numbers programs use (shells
 /// assume fds 3..9 are theirs: `exec 3< file`).
 pub(crate) fn move_high(fd: c_int) -> c_int {
-    let mut lim = libc::rlimit {
-        rlim_cur: 0,
-        rlim_max: 0,
-    };
+    let mut lim = libc::rlimit { rlim_cur: 0, rlim_max: 0 };
     // SAFETY: lim is a valid out-pointer.
     unsafe { libc::getrlimit(libc::RLIMIT_NOFILE, &mut lim) };
     let base = (lim.rlim_cur.min(1 << 20) as c_int - 64).max(100);
@@ -119,20 +109,11 @@ pub(crate) fn connect(st: &State) -> Result<c_int, c_int> {
     let s = move_high(s);
     EVER.store(true, Ordering::Relaxed);
     let ms = state::config().map_or(5000, |c| c.timeout_ms);
-    let tv = libc::timeval {
-        tv_sec: (ms / 1000) as _,
-        tv_usec: ((ms % 1000) * 1000) as _,
-    };
+    let tv = libc::timeval { tv_sec: (ms / 1000) as _, tv_usec: ((ms % 1000) * 1000) as _ };
     for opt in [libc::SO_RCVTIMEO, libc::SO_SNDTIMEO] {
         // SAFETY: tv is a valid timeval of the size we pass.
         unsafe {
-            libc::setsockopt(
-                s,
-                libc::SOL_SOCKET,
-                opt,
-                (&tv as *const libc::timeval).cast(),
-                std::mem::size_of::<libc::timeval>() as u32,
-            )
+            libc::setsockopt(s, libc::SOL_SOCKET, opt, (&tv as *const libc::timeval).cast(), std::mem::size_of::<libc::timeval>() as u32)
         };
     }
     // SAFETY: sockaddr_un is plain data; zero is a valid starting value.
@@ -145,8 +126,7 @@ pub(crate) fn connect(st: &State) -> Result<c_int, c_int> {
     for (d, &b) in addr.sun_path.iter_mut().zip(&st.sock_path) {
         *d = b as libc::c_char;
     }
-    let len =
-        (std::mem::size_of::<libc::sa_family_t>() + st.sock_path.len() + 1) as libc::socklen_t;
+    let len = (std::mem::size_of::<libc::sa_family_t>() + st.sock_path.len() + 1) as libc::socklen_t;
     loop {
         // SAFETY: addr is a valid sockaddr_un of at least `len` bytes.
         let r = unsafe { libc::connect(s, (&addr as *const libc::sockaddr_un).cast(), len) };
@@ -155,10 +135,7 @@ pub(crate) fn connect(st: &State) -> Result<c_int, c_int> {
         }
         // SAFETY: reading this thread's errno.
         if unsafe { *libc::__errno_location() } != libc::EINTR {
-            crate::dlog!(
-                "connect {} failed: daemon gone?",
-                crate::debug::B(&st.sock_path)
-            );
+            crate::dlog!("connect {} failed: daemon gone?", crate::debug::B(&st.sock_path));
             close_fd(s);
             return Err(libc::EIO);
         }
@@ -198,11 +175,7 @@ fn exchange(st: &State, s: c_int, req: &Request, send_fd: Option<c_int>) -> Resu
     let (n, fd) = loop {
         match wire::recv_msg(s, &mut buf) {
             Ok(r) => break r,
-            Err(e)
-                if e.kind() == std::io::ErrorKind::WouldBlock && waits < 11 && daemon_alive(st) =>
-            {
-                waits += 1
-            }
+            Err(e) if e.kind() == std::io::ErrorKind::WouldBlock && waits < 11 && daemon_alive(st) => waits += 1,
             Err(_) => return Err(Fail::Conn),
         }
     };
@@ -227,12 +200,7 @@ fn exchange(st: &State, s: c_int, req: &Request, send_fd: Option<c_int>) -> Resu
 /// Asks the daemon for an fd holding the bytes of `node`. The fd is the
 /// daemon's (shared) description, close-on-exec.
 pub fn fetch(st: &State, node: u32) -> Result<c_int, c_int> {
-    let req = Request::new(
-        op::OPEN,
-        NEXT_ID.fetch_add(1, Ordering::Relaxed),
-        node as u64,
-        st.dataset_id,
-    );
+    let req = Request::new(op::OPEN, NEXT_ID.fetch_add(1, Ordering::Relaxed), node as u64, st.dataset_id);
     match call(st, &req, None)? {
         Answer { fd: Some(fd), .. } => Ok(fd),
         // The daemon sent an fd the kernel could not install: this process
@@ -254,22 +222,10 @@ pub fn warm(st: &State, node: u32) {
             Err(_) => return,
         },
     };
-    let req = Request::new(
-        op::WARM,
-        NEXT_ID.fetch_add(1, Ordering::Relaxed),
-        node as u64,
-        st.dataset_id,
-    );
+    let req = Request::new(op::WARM, NEXT_ID.fetch_add(1, Ordering::Relaxed), node as u64, st.dataset_id);
     let b = req.encode();
     // SAFETY: b is a live buffer of b.len() bytes; s is our connected socket.
-    let sent = unsafe {
-        libc::send(
-            s,
-            b.as_ptr().cast(),
-            b.len(),
-            libc::MSG_DONTWAIT | libc::MSG_NOSIGNAL,
-        )
-    };
+    let sent = unsafe { libc::send(s, b.as_ptr().cast(), b.len(), libc::MSG_DONTWAIT | libc::MSG_NOSIGNAL) };
     if sent == b.len() as isize {
         put_back(s);
     } else {
@@ -295,11 +251,7 @@ pub fn call_reply(st: &State, req: &Request) -> Result<Reply, (c_int, Vec<u8>)> 
     call_full(st, req, None).map(|a| a.reply)
 }
 
-fn call_full(
-    st: &State,
-    req: &Request,
-    send_fd: Option<c_int>,
-) -> Result<Answer, (c_int, Vec<u8>)> {
+fn call_full(st: &State, req: &Request, send_fd: Option<c_int>) -> Result<Answer, (c_int, Vec<u8>)> {
     // A pooled connection may have died with a restarted daemon: one retry on a fresh one.
     for attempt in 0..2 {
         let pooled = if attempt == 0 { take_pooled() } else { None };
@@ -348,14 +300,14 @@ fn put_back(s: c_int) {
     let ino = inode(s);
     let kept = ino != 0
         && POOL.with(|p| {
-            if p.n < POOL_MAX {
-                p.fds[p.n] = (s, ino);
-                p.n += 1;
-                true
-            } else {
-                false
-            }
-        });
+        if p.n < POOL_MAX {
+            p.fds[p.n] = (s, ino);
+            p.n += 1;
+            true
+        } else {
+            false
+        }
+    });
     if !kept {
         close_fd(s);
     }

@@ -34,10 +34,7 @@ impl Write for StackBuf {
 
 /// Writes one line to stderr, whatever the debug setting.
 pub fn emit(args: fmt::Arguments) {
-    let mut w = StackBuf {
-        buf: [0; 1024],
-        len: 0,
-    };
+    let mut w = StackBuf { buf: [0; 1024], len: 0 };
     // SAFETY: getpid has no preconditions.
     let pid = unsafe { libc::getpid() };
     let _ = write!(w, "fanstore[{pid}]: ");

@@ -46,9 +46,7 @@ fn load_outs(st: &State, node: u32) -> Vec<(u64, u8, Vec<u8>)> {
     };
     let list = crate::ops::namespace::list(st, rel).unwrap_or_default();
     list.into_iter()
-        .filter(|(_, name)| {
-            node & crate::outputs::OUT_DIR != 0 || st.view.lookup(&join(rel, name)).is_none()
-        })
+        .filter(|(_, name)| node & crate::outputs::OUT_DIR != 0 || st.view.lookup(&join(rel, name)).is_none())
         .map(|(k, name)| {
             let ino = crate::ops::namespace::ino(&join(rel, &name));
             let t = match k {
@@ -90,25 +88,9 @@ pub fn dtype(n: &Node) -> u8 {
 /// Entry `pos` of directory `dir` without an iterator (O(pos)): for getdents64 and seekdir.
 pub fn entry_at(st: &State, dir: &Node, pos: u64) -> Option<DirEnt<'static>> {
     match pos {
-        0 => Some(DirEnt {
-            ino: ino(dir.id()),
-            dtype: libc::DT_DIR,
-            name: b".",
-        }),
-        1 => Some(DirEnt {
-            ino: ino(dir.parent()),
-            dtype: libc::DT_DIR,
-            name: b"..",
-        }),
-        p => st
-            .view
-            .children(*dir)
-            .nth((p - 2) as usize)
-            .map(|c| DirEnt {
-                ino: ino(c.id()),
-                dtype: dtype(&c),
-                name: c.name(),
-            }),
+        0 => Some(DirEnt { ino: ino(dir.id()), dtype: libc::DT_DIR, name: b"." }),
+        1 => Some(DirEnt { ino: ino(dir.parent()), dtype: libc::DT_DIR, name: b".." }),
+        p => st.view.children(*dir).nth((p - 2) as usize).map(|c| DirEnt { ino: ino(c.id()), dtype: dtype(&c), name: c.name() }),
     }
 }
 
@@ -151,11 +133,7 @@ impl VDir {
         }
         if self.pos < 2 {
             let e = if out_dir {
-                DirEnt {
-                    ino: out_dir_ino(st, self.node, self.pos == 1),
-                    dtype: libc::DT_DIR,
-                    name: if self.pos == 0 { b"." } else { b".." },
-                }
+                DirEnt { ino: out_dir_ino(st, self.node, self.pos == 1), dtype: libc::DT_DIR, name: if self.pos == 0 { b"." } else { b".." } }
             } else {
                 entry_at(st, &st.view.node(self.node)?, self.pos)?
             };
@@ -166,15 +144,9 @@ impl VDir {
         if self.nkids.is_none() {
             let dir = st.view.node(self.node)?;
             let skip = (self.pos - 2) as usize;
-            let it = self
-                .iter
-                .get_or_insert_with(|| Box::new(st.view.children(dir).skip(skip)));
+            let it = self.iter.get_or_insert_with(|| Box::new(st.view.children(dir).skip(skip)));
             if let Some(c) = it.next() {
-                let e = DirEnt {
-                    ino: ino(c.id()),
-                    dtype: dtype(&c),
-                    name: c.name(),
-                };
+                let e = DirEnt { ino: ino(c.id()), dtype: dtype(&c), name: c.name() };
                 self.pos += 1;
                 fill_dirent(&mut self.ent, &e, self.pos);
                 return Some(&mut self.ent);
@@ -187,15 +159,7 @@ impl VDir {
         let i = (self.pos - 2).checked_sub(kids)? as usize;
         let (ino, dtype, name) = outs.get(i)?;
         self.pos += 1;
-        fill_dirent(
-            &mut self.ent,
-            &DirEnt {
-                ino: *ino,
-                dtype: *dtype,
-                name,
-            },
-            self.pos,
-        );
+        fill_dirent(&mut self.ent, &DirEnt { ino: *ino, dtype: *dtype, name }, self.pos);
         Some(&mut self.ent)
     }
 }
@@ -204,9 +168,7 @@ impl VDir {
 /// parent, an input or output directory), for its `.` and `..` entries.
 fn out_dir_ino(st: &State, node: u32, parent: bool) -> u64 {
     let mut buf = [0u8; fanstore_core::path::MAX_PATH];
-    let Some(n) = crate::outputs::path_into(node, &mut buf) else {
-        return 1;
-    };
+    let Some(n) = crate::outputs::path_into(node, &mut buf) else { return 1 };
     let mut rel = &buf[..n];
     if parent {
         rel = &rel[..rel.iter().rposition(|&b| b == b'/').unwrap_or(0)];

@@ -26,8 +26,7 @@ struct Entry {
     ino: AtomicU64,
 }
 
-static CHUNKS: [AtomicPtr<Entry>; NCHUNKS] =
-    [const { AtomicPtr::new(std::ptr::null_mut()) }; NCHUNKS];
+static CHUNKS: [AtomicPtr<Entry>; NCHUNKS] = [const { AtomicPtr::new(std::ptr::null_mut()) }; NCHUNKS];
 static ANY: AtomicBool = AtomicBool::new(false);
 
 /// What a tracked fd refers to.
@@ -52,9 +51,7 @@ impl Tracked {
     fn encode(self) -> u64 {
         match self {
             Tracked::File(n) => (1u64 << KIND_SHIFT) | n as u64,
-            Tracked::Dir { node, pos } => {
-                (2u64 << KIND_SHIFT) | ((pos as u64 & POS_MASK) << 32) | node as u64
-            }
+            Tracked::Dir { node, pos } => (2u64 << KIND_SHIFT) | ((pos as u64 & POS_MASK) << 32) | node as u64,
             Tracked::Output(slot) => (3u64 << KIND_SHIFT) | slot as u64,
         }
     }
@@ -62,10 +59,7 @@ impl Tracked {
         let node = (t & 0xffff_ffff) as u32;
         match t >> KIND_SHIFT {
             1 => Some(Tracked::File(node)),
-            2 => Some(Tracked::Dir {
-                node,
-                pos: ((t >> 32) & POS_MASK) as u32,
-            }),
+            2 => Some(Tracked::Dir { node, pos: ((t >> 32) & POS_MASK) as u32 }),
             3 => Some(Tracked::Output(node)),
             _ => None,
         }
@@ -89,12 +83,7 @@ fn slot(fd: i32, create: bool) -> Option<&'static Entry> {
         if fresh.is_null() {
             return None;
         }
-        match cell.compare_exchange(
-            std::ptr::null_mut(),
-            fresh,
-            Ordering::AcqRel,
-            Ordering::Acquire,
-        ) {
+        match cell.compare_exchange(std::ptr::null_mut(), fresh, Ordering::AcqRel, Ordering::Acquire) {
             Ok(_) => p = fresh,
             Err(existing) => {
                 // SAFETY: `fresh` came from calloc above and was never published.
@@ -149,8 +138,7 @@ pub fn copy(from: i32, to: i32) {
         Some(t) => {
             set(to, t);
             if let (Some(a), Some(b)) = (slot(from, false), slot(to, false)) {
-                b.ino
-                    .store(a.ino.load(Ordering::Relaxed), Ordering::Relaxed);
+                b.ino.store(a.ino.load(Ordering::Relaxed), Ordering::Relaxed);
             }
         }
         None => clear(to),
@@ -160,8 +148,7 @@ pub fn copy(from: i32, to: i32) {
 /// Updates the getdents position of a tracked directory fd.
 pub fn set_pos(fd: i32, node: u32, pos: u32) {
     if let Some(e) = slot(fd, false) {
-        e.tag
-            .store(Tracked::Dir { node, pos }.encode(), Ordering::Release);
+        e.tag.store(Tracked::Dir { node, pos }.encode(), Ordering::Release);
     }
 }
 
@@ -187,24 +174,15 @@ pub fn recyclable(fd: i32) -> Option<u64> {
 pub fn forget_recyclable(fd: i32) {
     if let Some(e) = slot(fd, false) {
         // Directory fds keep their position in these bits: files only.
-        let _ = e
-            .tag
-            .fetch_update(Ordering::AcqRel, Ordering::Acquire, |t| {
-                (t >> KIND_SHIFT == 1).then_some(t & !RECYCLE_BIT)
-            });
+        let _ = e.tag.fetch_update(Ordering::AcqRel, Ordering::Acquire, |t| (t >> KIND_SHIFT == 1).then_some(t & !RECYCLE_BIT));
     }
 }
 
 /// Checks the real inode behind a tracked fd against the one first seen.
 /// Returns false (and forgets the fd) when they differ: the entry was stale.
 pub fn check_ino(fd: i32, real_ino: u64) -> bool {
-    let Some(e) = slot(fd, false) else {
-        return false;
-    };
-    match e
-        .ino
-        .compare_exchange(0, real_ino, Ordering::AcqRel, Ordering::Acquire)
-    {
+    let Some(e) = slot(fd, false) else { return false };
+    match e.ino.compare_exchange(0, real_ino, Ordering::AcqRel, Ordering::Acquire) {
         Ok(_) => true,
         Err(seen) if seen == real_ino => true,
         Err(_) => {
@@ -249,13 +227,7 @@ mod tests {
         assert_eq!(get(5001), Some(Tracked::File(7)));
         set(5002, Tracked::Dir { node: 3, pos: 0 });
         set_pos(5002, 3, 12345);
-        assert_eq!(
-            get(5002),
-            Some(Tracked::Dir {
-                node: 3,
-                pos: 12345
-            })
-        );
+        assert_eq!(get(5002), Some(Tracked::Dir { node: 3, pos: 12345 }));
         assert!(check_ino(5000, 99));
         assert!(check_ino(5000, 99));
         assert!(!check_ino(5000, 100));

@@ -27,7 +27,6 @@
 
 #![allow(clippy::missing_safety_doc)]
 
-mod client;
 pub mod debug;
 mod dirstream;
 mod fd_table;
@@ -37,12 +36,13 @@ mod lock;
 mod locks;
 mod memfd_pool;
 pub mod ops;
-mod outputs;
 mod parts;
 mod paths;
-mod pending;
 mod real;
 mod state;
+mod client;
+mod outputs;
+mod pending;
 mod sud;
 
 /// The constructor: the fork handlers, and raw-syscall catching for this

@@ -14,10 +14,7 @@ unsafe impl<T: Send> Sync for Locked<T> {}
 
 impl<T> Locked<T> {
     pub const fn new(v: T) -> Locked<T> {
-        Locked {
-            mutex: UnsafeCell::new(libc::PTHREAD_MUTEX_INITIALIZER),
-            data: UnsafeCell::new(v),
-        }
+        Locked { mutex: UnsafeCell::new(libc::PTHREAD_MUTEX_INITIALIZER), data: UnsafeCell::new(v) }
     }
 
     pub fn lock(&self) {

@@ -36,12 +36,8 @@ fn lock_key(fd: c_int) -> Option<u64> {
     let mut buf = [0u8; fanstore_core::path::MAX_PATH];
     let len = match fd_table::get(fd)? {
         Tracked::Output(idx) => crate::outputs::path_into(idx, &mut buf)?,
-        Tracked::Dir { node, .. } if node & crate::outputs::OUT_DIR != 0 => {
-            crate::outputs::path_into(node, &mut buf)?
-        }
-        Tracked::Dir { node, .. } => {
-            crate::paths::node_abs_path(crate::state::current()?, node, &mut buf)?
-        }
+        Tracked::Dir { node, .. } if node & crate::outputs::OUT_DIR != 0 => crate::outputs::path_into(node, &mut buf)?,
+        Tracked::Dir { node, .. } => crate::paths::node_abs_path(crate::state::current()?, node, &mut buf)?,
         Tracked::File(_) => return None,
     };
     let rel = &buf[..len];
@@ -59,13 +55,7 @@ fn open_lock_file(key: u64) -> Option<c_int> {
     dir.push(0);
     let open = || {
         // SAFETY: path is NUL-terminated; a plain open of our own lock file.
-        unsafe {
-            crate::real::open(
-                path.as_ptr().cast(),
-                libc::O_RDWR | libc::O_CREAT | libc::O_CLOEXEC,
-                0o600,
-            )
-        }
+        unsafe { crate::real::open(path.as_ptr().cast(), libc::O_RDWR | libc::O_CREAT | libc::O_CLOEXEC, 0o600) }
     };
     let mut fd = open();
     if fd < 0 {
@@ -88,9 +78,7 @@ pub fn target(fd: c_int) -> c_int {
         }
     }
     let Some(key) = lock_key(fd) else { return fd };
-    let Some(l) = open_lock_file(key) else {
-        return fd;
-    };
+    let Some(l) = open_lock_file(key) else { return fd };
     let kept = TABLE.with(|t| match t.iter_mut().find(|e| e.0 < 0) {
         Some(e) => {
             *e = (fd, l);
@@ -141,9 +129,7 @@ pub fn after_dup(old: c_int, new: c_int) {
     if new < 0 || USED.load(Relaxed) == 0 {
         return;
     }
-    let Some(l) = TABLE.with(|t| t.iter().find(|e| e.0 == old).map(|e| e.1)) else {
-        return;
-    };
+    let Some(l) = TABLE.with(|t| t.iter().find(|e| e.0 == old).map(|e| e.1)) else { return };
     // SAFETY: duplicating our own lock fd.
     let nl = unsafe { crate::real::fcntl(l, libc::F_DUPFD_CLOEXEC, 0) };
     if nl < 0 {
@@ -165,15 +151,7 @@ pub fn after_dup(old: c_int, new: c_int) {
 
 /// Is `cmd` an fcntl lock command?
 pub fn is_lock_cmd(cmd: c_int) -> bool {
-    matches!(
-        cmd,
-        libc::F_SETLK
-            | libc::F_SETLKW
-            | libc::F_GETLK
-            | libc::F_OFD_SETLK
-            | libc::F_OFD_SETLKW
-            | libc::F_OFD_GETLK
-    )
+    matches!(cmd, libc::F_SETLK | libc::F_SETLKW | libc::F_GETLK | libc::F_OFD_SETLK | libc::F_OFD_SETLKW | libc::F_OFD_GETLK)
 }
 
 pub fn fork_prepare() {

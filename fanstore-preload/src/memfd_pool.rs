@@ -64,11 +64,7 @@ struct Pool {
     n: usize,
 }
 
-static POOL: Locked<Pool> = Locked::new(Pool {
-    pid: 0,
-    slots: [Slot { fd: -1, size: 0 }; SLOTS],
-    n: 0,
-});
+static POOL: Locked<Pool> = Locked::new(Pool { pid: 0, slots: [Slot { fd: -1, size: 0 }; SLOTS], n: 0 });
 /// Set for good once the process used vmsplice or io_uring.
 static OFF: AtomicBool = AtomicBool::new(false);
 /// The device of the memfds made here (the kernel's internal shm mount).
@@ -157,9 +153,7 @@ fn take(len: u64) -> Option<Slot> {
                 return None;
             }
             // Smallest that holds len, else the largest.
-            let fits = (0..p.n)
-                .filter(|&i| p.slots[i].size >= len)
-                .min_by_key(|&i| p.slots[i].size);
+            let fits = (0..p.n).filter(|&i| p.slots[i].size >= len).min_by_key(|&i| p.slots[i].size);
             let i = fits.or_else(|| (0..p.n).max_by_key(|&i| p.slots[i].size))?;
             let s = p.slots[i];
             p.slots.copy_within(i + 1..p.n, i);
@@ -225,9 +219,7 @@ pub fn closing(fd: c_int, ino: u64) {
             let mut st: libc::stat = std::mem::zeroed();
             (libc::fstat(f, &mut st) == 0).then_some(st)
         }?;
-        let same = st.st_ino == ino
-            && st.st_dev == MEMFD_DEV.load(Relaxed)
-            && (st.st_mode & libc::S_IFMT) == libc::S_IFREG;
+        let same = st.st_ino == ino && st.st_dev == MEMFD_DEV.load(Relaxed) && (st.st_mode & libc::S_IFMT) == libc::S_IFREG;
         (same && st.st_size as u64 <= MAX_FILE).then_some(st.st_size as u64)
     };
     if ours(fd).is_none() {
@@ -235,26 +227,16 @@ pub fn closing(fd: c_int, ino: u64) {
     }
     let path = fanstore_core::runtime::proc_fd_path(fd as u32);
     // SAFETY: path is NUL-terminated; the new fd is ours.
-    let rw = unsafe {
-        crate::real::open(
-            path.as_ptr().cast(),
-            libc::O_RDWR | libc::O_CLOEXEC | libc::O_NOCTTY,
-            0,
-        )
-    };
+    let rw = unsafe { crate::real::open(path.as_ptr().cast(), libc::O_RDWR | libc::O_CLOEXEC | libc::O_NOCTTY, 0) };
     if rw < 0 {
         return;
     }
     // fds are numbered lowest first, so rw's number is about how many the
     // process has open: with half of RLIMIT_NOFILE in use the pool keeps
     // none (its fds would bring the program's EMFILE closer).
-    let mut lim = libc::rlimit {
-        rlim_cur: 0,
-        rlim_max: 0,
-    };
+    let mut lim = libc::rlimit { rlim_cur: 0, rlim_max: 0 };
     // SAFETY: getrlimit into a live struct.
-    let roomy = unsafe { libc::getrlimit(libc::RLIMIT_NOFILE, &mut lim) } == 0
-        && (rw as u64) < lim.rlim_cur / 2;
+    let roomy = unsafe { libc::getrlimit(libc::RLIMIT_NOFILE, &mut lim) } == 0 && (rw as u64) < lim.rlim_cur / 2;
     match ours(rw) {
         Some(size) if roomy && push(me, Slot { fd: rw, size }) => {}
         _ => close(rw),
@@ -338,25 +320,12 @@ mod tests {
         // Closed and unmapped: the next file gets its inode, with exactly its bytes.
         let (rw2, ino2) = filled(&[2u8; 50_000]).expect("memfd");
         assert_eq!(ino2, ino, "the closed memfd was not reused");
-        assert_eq!(
-            read_all(rw2),
-            vec![2u8; 50_000],
-            "old bytes past the new length"
-        );
+        assert_eq!(read_all(rw2), vec![2u8; 50_000], "old bytes past the new length");
         // Still mapped after its fd was closed: not reused.
         let ro2 = reopen_ro(rw2);
         close(rw2);
         // SAFETY: a read-only shared mapping of our memfd.
-        let map = unsafe {
-            libc::mmap(
-                std::ptr::null_mut(),
-                50_000,
-                libc::PROT_READ,
-                libc::MAP_SHARED,
-                ro2,
-                0,
-            )
-        };
+        let map = unsafe { libc::mmap(std::ptr::null_mut(), 50_000, libc::PROT_READ, libc::MAP_SHARED, ro2, 0) };
         assert_ne!(map, libc::MAP_FAILED);
         closing(ro2, ino2);
         close(ro2);
@@ -364,10 +333,7 @@ mod tests {
         assert_ne!(ino3, ino2, "a mapped memfd was reused");
         // SAFETY: the mapping made above.
         let mapped = unsafe { std::slice::from_raw_parts(map as *const u8, 50_000) };
-        assert!(
-            mapped.iter().all(|&b| b == 2),
-            "the mapping's bytes changed"
-        );
+        assert!(mapped.iter().all(|&b| b == 2), "the mapping's bytes changed");
         // SAFETY: unmapping it; from now on nothing refers to that memfd but the pool.
         unsafe { libc::munmap(map, 50_000) };
         let (rw4, ino4) = filled(&[4u8; 10]).expect("memfd");
@@ -396,34 +362,10 @@ mod tests {
         assert_eq!(POOL.with(|p| p.n), 0);
         // The byte cap (fd -1 stands for a memfd; nothing closes it).
         let me = pid();
-        assert!(push(
-            me,
-            Slot {
-                fd: -1,
-                size: 20 << 20
-            }
-        ));
-        assert!(
-            !push(
-                me,
-                Slot {
-                    fd: -1,
-                    size: 20 << 20
-                }
-            ),
-            "more than MAX_BYTES kept"
-        );
-        assert!(push(
-            me,
-            Slot {
-                fd: -1,
-                size: 1 << 20
-            }
-        ));
-        assert!(
-            !push(me + 1, Slot { fd: -1, size: 1 }),
-            "another process's pool"
-        );
+        assert!(push(me, Slot { fd: -1, size: 20 << 20 }));
+        assert!(!push(me, Slot { fd: -1, size: 20 << 20 }), "more than MAX_BYTES kept");
+        assert!(push(me, Slot { fd: -1, size: 1 << 20 }));
+        assert!(!push(me + 1, Slot { fd: -1, size: 1 }), "another process's pool");
         POOL.with(|p| p.n = 0);
         for fd in [rw4, rw5, rw6, rw7, dup] {
             close(fd);

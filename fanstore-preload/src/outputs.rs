@@ -56,14 +56,7 @@ fn take_slot(slot: Box<Slot>) -> Option<usize> {
 
 /// A slot for output directory `path`: its node id (`OUT_DIR | slot`).
 pub fn track_dir(path: &[u8]) -> Option<u32> {
-    let idx = take_slot(Box::new(Slot {
-        path: path.to_vec(),
-        excl: false,
-        mode: 0,
-        refs: 1,
-        unlinked: false,
-        pid: 0,
-    }))?;
+    let idx = take_slot(Box::new(Slot { path: path.to_vec(), excl: false, mode: 0, refs: 1, unlinked: false, pid: 0 }))?;
     Some(OUT_DIR | idx as u32)
 }
 
@@ -86,9 +79,7 @@ struct Table {
     slots: [Option<Box<Slot>>; SLOTS],
 }
 
-static TABLE: Locked<Table> = Locked::new(Table {
-    slots: [const { None }; SLOTS],
-});
+static TABLE: Locked<Table> = Locked::new(Table { slots: [const { None }; SLOTS] });
 /// Highest fd ever tracked as an output (bounds the scans of close_range and exit).
 static MAX_FD: AtomicI32 = AtomicI32::new(-1);
 static EXIT_HOOK: AtomicBool = AtomicBool::new(false);
@@ -102,16 +93,7 @@ pub fn fork_release() {
 
 /// Starts tracking output file `fd` as output `path`. False if the table is full.
 pub fn track(fd: c_int, path: &[u8], excl: bool, mode: u32) -> bool {
-    let Some(idx) = take_slot(Box::new(Slot {
-        path: path.to_vec(),
-        excl,
-        mode,
-        refs: 1,
-        unlinked: false,
-        pid: pid(),
-    })) else {
-        return false;
-    };
+    let Some(idx) = take_slot(Box::new(Slot { path: path.to_vec(), excl, mode, refs: 1, unlinked: false, pid: pid() })) else { return false };
     if !fd_table::set(fd, Tracked::Output(idx as u32)) {
         let s = TABLE.with(|t| t.slots[idx].take());
         drop(s);
@@ -143,12 +125,7 @@ pub fn open_fd_of(path: &[u8]) -> Option<c_int> {
 
 /// The mode (type and permission bits) output slot `idx` will be committed with.
 pub fn mode_of(idx: u32) -> Option<u32> {
-    TABLE.with(|t| {
-        t.slots
-            .get((idx & !OUT_DIR) as usize)?
-            .as_ref()
-            .map(|s| s.mode)
-    })
+    TABLE.with(|t| t.slots.get((idx & !OUT_DIR) as usize)?.as_ref().map(|s| s.mode))
 }
 
 /// fchmod of an output being written: the mode its commit registers.
@@ -167,14 +144,7 @@ pub fn open_slot_of(path: &[u8]) -> Option<(c_int, u32)> {
         return None;
     }
     let idx = TABLE.with(|t| {
-        t.slots.iter().position(|s| {
-            s.as_ref().is_some_and(|s| {
-                s.refs > 0
-                    && !s.unlinked
-                    && s.mode & libc::S_IFMT == libc::S_IFREG
-                    && s.path == path
-            })
-        })
+        t.slots.iter().position(|s| s.as_ref().is_some_and(|s| s.refs > 0 && !s.unlinked && s.mode & libc::S_IFMT == libc::S_IFREG && s.path == path))
     })?;
     let fd = (0..=max).find(|&fd| fd_table::get(fd) == Some(Tracked::Output(idx as u32)))?;
     Some((fd, idx as u32))
@@ -186,12 +156,7 @@ pub fn open_slot_of(path: &[u8]) -> Option<(c_int, u32)> {
 pub fn retarget(from: &[u8], to: Option<&[u8]>) -> bool {
     let mut new = to.map(|t| t.to_vec());
     let found = TABLE.with(|t| {
-        let Some(s) = t
-            .slots
-            .iter_mut()
-            .flatten()
-            .find(|s| s.mode & libc::S_IFMT == libc::S_IFREG && s.path == from)
-        else {
+        let Some(s) = t.slots.iter_mut().flatten().find(|s| s.mode & libc::S_IFMT == libc::S_IFREG && s.path == from) else {
             return None;
         };
         match new.as_mut() {
@@ -223,12 +188,7 @@ pub fn moved_dir(from: &[u8], to: &[u8]) {
         // allocation under the lock), then build its new path outside.
         let mut old = [0u8; fanstore_core::path::MAX_PATH];
         let found = TABLE.with(|t| {
-            let (i, s) = t
-                .slots
-                .iter()
-                .enumerate()
-                .skip(start)
-                .find_map(|(i, s)| s.as_ref().filter(|s| below(&s.path)).map(|s| (i, s)))?;
+            let (i, s) = t.slots.iter().enumerate().skip(start).find_map(|(i, s)| s.as_ref().filter(|s| below(&s.path)).map(|s| (i, s)))?;
             let n = s.path.len().min(old.len());
             old[..n].copy_from_slice(&s.path[..n]);
             Some((i, n))
@@ -325,12 +285,7 @@ pub fn commit(st: &State, fd: c_int, s: &Slot) -> Result<(), c_int> {
         // SAFETY: closing the fd read_only opened.
         unsafe { crate::real::close(r) };
     }
-    crate::dlog!(
-        "commit of {} (sole {}) = {:?}",
-        crate::debug::B(&s.path),
-        flags & wire::COMMIT_SOLE != 0,
-        r
-    );
+    crate::dlog!("commit of {} (sole {}) = {:?}", crate::debug::B(&s.path), flags & wire::COMMIT_SOLE != 0, r);
     r
 }
 
@@ -355,8 +310,7 @@ fn read_only(fd: c_int) -> Option<(c_int, bool)> {
     let digits = fd.to_string();
     path[14..14 + digits.len()].copy_from_slice(digits.as_bytes());
     // SAFETY: path is NUL-terminated (fd has at most 10 digits); the result is checked.
-    let ro =
-        unsafe { crate::real::open(path.as_ptr().cast(), libc::O_RDONLY | libc::O_CLOEXEC, 0) };
+    let ro = unsafe { crate::real::open(path.as_ptr().cast(), libc::O_RDONLY | libc::O_CLOEXEC, 0) };
     if ro < 0 {
         return None;
     }
@@ -372,8 +326,7 @@ fn read_only(fd: c_int) -> Option<(c_int, bool)> {
         return None;
     }
     // SAFETY: lease commands on a read-only fd of ours (taken and given back).
-    let sole =
-        unsafe { crate::real::fcntl(ro, libc::F_SETLEASE, libc::F_RDLCK as libc::c_ulong) } == 0;
+    let sole = unsafe { crate::real::fcntl(ro, libc::F_SETLEASE, libc::F_RDLCK as libc::c_ulong) } == 0;
     if sole {
         // SAFETY: as above.
         unsafe { crate::real::fcntl(ro, libc::F_SETLEASE, libc::F_UNLCK as libc::c_ulong) };
@@ -398,8 +351,6 @@ pub fn closing_range(lo: u32, hi: u32) {
 extern "C" fn at_exit() {
     // SAFETY: fflush(NULL) flushes every open output stream.
     unsafe { libc::fflush(std::ptr::null_mut()) };
-    let Some(_g) = crate::guard::Guard::enter() else {
-        return;
-    };
+    let Some(_g) = crate::guard::Guard::enter() else { return };
     closing_range(0, u32::MAX);
 }

@@ -19,11 +19,7 @@ pub struct PartMaps {
 
 impl PartMaps {
     pub fn new(partitions: usize) -> PartMaps {
-        PartMaps {
-            maps: (0..partitions)
-                .map(|_| AtomicPtr::new(std::ptr::null_mut()))
-                .collect(),
-        }
+        PartMaps { maps: (0..partitions).map(|_| AtomicPtr::new(std::ptr::null_mut())).collect() }
     }
 }
 
@@ -35,12 +31,7 @@ pub fn partition(st: &State, p: u32, len: u64) -> Option<&'static [u8]> {
     let mut addr = slot.load(Ordering::Acquire);
     if addr.is_null() {
         let fresh = map(st, p, len)?;
-        match slot.compare_exchange(
-            std::ptr::null_mut(),
-            fresh,
-            Ordering::AcqRel,
-            Ordering::Acquire,
-        ) {
+        match slot.compare_exchange(std::ptr::null_mut(), fresh, Ordering::AcqRel, Ordering::Acquire) {
             Ok(_) => addr = fresh,
             Err(winner) => {
                 // SAFETY: `fresh` is our own mapping of `len` bytes, not yet shared.
@@ -60,8 +51,7 @@ fn map(st: &State, p: u32, len: usize) -> Option<*mut u8> {
     w.write_all(&st.local_dir).ok()?;
     write!(w, "/parts/part-{p:06}.fsp\0").ok()?;
     // SAFETY: path is NUL-terminated (written above, or the write failed and we returned).
-    let fd =
-        unsafe { crate::real::open(path.as_ptr().cast(), libc::O_RDONLY | libc::O_CLOEXEC, 0) };
+    let fd = unsafe { crate::real::open(path.as_ptr().cast(), libc::O_RDONLY | libc::O_CLOEXEC, 0) };
     if fd < 0 {
         return None;
     }
@@ -70,16 +60,7 @@ fn map(st: &State, p: u32, len: usize) -> Option<*mut u8> {
     let ok = unsafe { crate::real::fstat(fd, &mut sb) } == 0 && sb.st_size as u64 == len as u64;
     let addr = if ok {
         // SAFETY: a fresh read-only private mapping of `len` bytes of a file we hold open.
-        unsafe {
-            libc::mmap(
-                std::ptr::null_mut(),
-                len,
-                libc::PROT_READ,
-                libc::MAP_SHARED,
-                fd,
-                0,
-            )
-        }
+        unsafe { libc::mmap(std::ptr::null_mut(), len, libc::PROT_READ, libc::MAP_SHARED, fd, 0) }
     } else {
         libc::MAP_FAILED
     };

@@ -19,9 +19,7 @@ pub struct Scratch {
 
 impl Scratch {
     pub fn new() -> Scratch {
-        Scratch {
-            buf: [0; MAX_PATH + 1],
-        }
+        Scratch { buf: [0; MAX_PATH + 1] }
     }
     /// The redirected path left by [`classify`] returning [`Class::Redirect`].
     pub fn ptr(&self) -> *const c_char {
@@ -160,8 +158,7 @@ pub fn rel_abs_path(rel: &[u8], out: &mut [u8]) -> Option<usize> {
     }
     if !rel.is_empty() {
         *out.get_mut(len)? = b'/';
-        out.get_mut(len + 1..len + 1 + rel.len())?
-            .copy_from_slice(rel);
+        out.get_mut(len + 1..len + 1 + rel.len())?.copy_from_slice(rel);
         len += 1 + rel.len();
     }
     Some(len)
@@ -199,9 +196,7 @@ pub fn classify<'s>(dirfd: c_int, path: &[u8], scratch: &'s mut Scratch) -> Clas
     }
     let out = &mut scratch.buf[..MAX_PATH];
     if path[0] == b'/' {
-        let Some(n) = normalize_into(b"/", path, out) else {
-            return Class::Real;
-        };
+        let Some(n) = normalize_into(b"/", path, out) else { return Class::Real };
         return match under_mount(&out[..n.len], &mount.path) {
             // "/fanstore/..": the kernel cannot walk through the virtual
             // mount, so hand libc the normalised path. Other paths go untouched.
@@ -214,11 +209,7 @@ pub fn classify<'s>(dirfd: c_int, path: &[u8], scratch: &'s mut Scratch) -> Clas
                 None => Class::Err(libc::ENOENT),
                 Some(st) => {
                     let rel = under_mount(&scratch.buf[..n.len], &mount.path).unwrap_or(b"");
-                    Class::Virtual(VPath {
-                        st,
-                        rel,
-                        must_be_dir: n.must_be_dir,
-                    })
+                    Class::Virtual(VPath { st, rel, must_be_dir: n.must_be_dir })
                 }
             },
         };
@@ -235,26 +226,16 @@ pub fn classify<'s>(dirfd: c_int, path: &[u8], scratch: &'s mut Scratch) -> Clas
             None => return Class::Real,
         }
     };
-    let Some(st) = state::current() else {
-        return Class::Real;
-    };
+    let Some(st) = state::current() else { return Class::Real };
     let mut cwd = [0u8; MAX_PATH];
-    let Some(cl) = node_abs_path(st, base, &mut cwd) else {
-        return Class::Err(libc::ENAMETOOLONG);
-    };
-    let Some(n) = normalize_into(&cwd[..cl], path, out) else {
-        return Class::Err(libc::ENAMETOOLONG);
-    };
+    let Some(cl) = node_abs_path(st, base, &mut cwd) else { return Class::Err(libc::ENAMETOOLONG) };
+    let Some(n) = normalize_into(&cwd[..cl], path, out) else { return Class::Err(libc::ENAMETOOLONG) };
     if under_mount(&out[..n.len], &mount.path).is_none() {
         scratch.buf[n.len] = 0;
         return Class::Redirect;
     }
     let rel = under_mount(&scratch.buf[..n.len], &mount.path).unwrap_or(b"");
-    Class::Virtual(VPath {
-        st,
-        rel,
-        must_be_dir: n.must_be_dir,
-    })
+    Class::Virtual(VPath { st, rel, must_be_dir: n.must_be_dir })
 }
 
 /// Does `path` have a ".." component?
@@ -285,9 +266,7 @@ fn classify_dotdot<'s>(dirfd: c_int, path: &[u8], scratch: &'s mut Scratch) -> C
             }
         };
         let Some(node) = node else { return Class::Real };
-        let Some(s) = state::current() else {
-            return Class::Real;
-        };
+        let Some(s) = state::current() else { return Class::Real };
         st = Some(s);
         match node_abs_path(s, node, &mut base) {
             Some(l) => bl = l,
@@ -309,9 +288,7 @@ fn classify_dotdot<'s>(dirfd: c_int, path: &[u8], scratch: &'s mut Scratch) -> C
                 let cur: &[u8] = if len == 0 { b"/" } else { &out[..len] };
                 if let Some(rel) = under_mount(cur, &mount.path) {
                     touched = true;
-                    let Some(s) = st.or_else(state::state) else {
-                        return Class::Err(libc::ENOENT);
-                    };
+                    let Some(s) = st.or_else(state::state) else { return Class::Err(libc::ENOENT) };
                     st = Some(s);
                     match crate::ops::resolve(s, rel, true, true) {
                         Ok(n) => match node_abs_path(s, n.id(), out) {
@@ -329,17 +306,14 @@ fn classify_dotdot<'s>(dirfd: c_int, path: &[u8], scratch: &'s mut Scratch) -> C
                                     }
                                     out[..m.len()].copy_from_slice(m);
                                     out[m.len()] = b'/';
-                                    out[m.len() + 1..m.len() + 1 + real.len()]
-                                        .copy_from_slice(&real);
+                                    out[m.len() + 1..m.len() + 1 + real.len()].copy_from_slice(&real);
                                     len = m.len() + 1 + real.len();
                                 }
                             }
-                            Ok(crate::ops::namespace::RealDir::Input(n)) => {
-                                match node_abs_path(s, n.id(), out) {
-                                    Some(l) => len = l,
-                                    None => return Class::Err(libc::ENAMETOOLONG),
-                                }
-                            }
+                            Ok(crate::ops::namespace::RealDir::Input(n)) => match node_abs_path(s, n.id(), out) {
+                                Some(l) => len = l,
+                                None => return Class::Err(libc::ENAMETOOLONG),
+                            },
                             Err(libc::ENOTDIR) => return Class::Err(libc::ENOTDIR),
                             // No such output (or no daemon to ask): the index's answer.
                             Err(_) => return Class::Err(libc::ENOENT),
@@ -366,8 +340,7 @@ fn classify_dotdot<'s>(dirfd: c_int, path: &[u8], scratch: &'s mut Scratch) -> C
         out[0] = b'/';
         len = 1;
     }
-    let must_be_dir =
-        path.ends_with(b"/") || path.ends_with(b"/.") || path.ends_with(b"/..") || path == b"..";
+    let must_be_dir = path.ends_with(b"/") || path.ends_with(b"/.") || path.ends_with(b"/..") || path == b"..";
     if under_mount(&out[..len], &mount.path).is_none() {
         if !touched {
             return Class::Real;
@@ -375,13 +348,7 @@ fn classify_dotdot<'s>(dirfd: c_int, path: &[u8], scratch: &'s mut Scratch) -> C
         scratch.buf[len] = 0;
         return Class::Redirect;
     }
-    let Some(s) = st.or_else(state::state) else {
-        return Class::Err(libc::ENOENT);
-    };
+    let Some(s) = st.or_else(state::state) else { return Class::Err(libc::ENOENT) };
     let rel = under_mount(&scratch.buf[..len], &mount.path).unwrap_or(b"");
-    Class::Virtual(VPath {
-        st: s,
-        rel,
-        must_be_dir,
-    })
+    Class::Virtual(VPath { st: s, rel, must_be_dir })
 }

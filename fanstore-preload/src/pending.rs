@@ -19,14 +19,7 @@ use libc::c_int;
 
 fn marker(st: &State, rel: &[u8]) -> Vec<u8> {
     let mut p = st.local_dir.clone();
-    p.extend_from_slice(
-        format!(
-            "/{}/pending/{:016x}\0",
-            crate::state::CLIENT_DIR,
-            fanstore_core::checksum::xxh3(rel)
-        )
-        .as_bytes(),
-    );
+    p.extend_from_slice(format!("/{}/pending/{:016x}\0", crate::state::CLIENT_DIR, fanstore_core::checksum::xxh3(rel)).as_bytes());
     p
 }
 
@@ -47,11 +40,7 @@ fn holder(m: &[u8]) -> Option<i32> {
     let n = unsafe { libc::read(fd, buf.as_mut_ptr().cast(), buf.len()) };
     // SAFETY: closing the fd we opened.
     unsafe { crate::real::close(fd) };
-    std::str::from_utf8(buf.get(..usize::try_from(n).ok()?)?)
-        .ok()?
-        .trim()
-        .parse()
-        .ok()
+    std::str::from_utf8(buf.get(..usize::try_from(n).ok()?)?).ok()?.trim().parse().ok()
 }
 
 /// Claims the exclusive create of `rel` on this node: EEXIST if a live
@@ -60,13 +49,7 @@ pub fn claim(st: &State, rel: &[u8]) -> Result<(), c_int> {
     let m = marker(st, rel);
     for _ in 0..3 {
         // SAFETY: m is NUL-terminated; an exclusive create of our marker.
-        let fd = unsafe {
-            crate::real::open(
-                m.as_ptr().cast(),
-                libc::O_WRONLY | libc::O_CREAT | libc::O_EXCL | libc::O_CLOEXEC,
-                0o600,
-            )
-        };
+        let fd = unsafe { crate::real::open(m.as_ptr().cast(), libc::O_WRONLY | libc::O_CREAT | libc::O_EXCL | libc::O_CLOEXEC, 0o600) };
         if fd >= 0 {
             // SAFETY: getpid has no preconditions.
             let pid = format!("{}\n", unsafe { libc::getpid() });
@@ -85,12 +68,7 @@ pub fn claim(st: &State, rel: &[u8]) -> Result<(), c_int> {
             }
             // SAFETY: kill with signal 0 only checks that the process exists.
             libc::EEXIST => match holder(&m) {
-                Some(pid)
-                    if pid > 0
-                        && (unsafe { libc::kill(pid, 0) } == 0 || errno() == libc::EPERM) =>
-                {
-                    return Err(libc::EEXIST)
-                }
+                Some(pid) if pid > 0 && (unsafe { libc::kill(pid, 0) } == 0 || errno() == libc::EPERM) => return Err(libc::EEXIST),
                 // A dead creator's marker (or one being written): take it over.
                 _ => {
                     // SAFETY: m is NUL-terminated.

@@ -84,10 +84,7 @@ pub fn fork_unlock() {
 }
 
 fn now_ms() -> u64 {
-    let mut ts = libc::timespec {
-        tv_sec: 0,
-        tv_nsec: 0,
-    };
+    let mut ts = libc::timespec { tv_sec: 0, tv_nsec: 0 };
     // SAFETY: ts is a valid out-pointer; CLOCK_MONOTONIC always exists.
     unsafe { libc::clock_gettime(libc::CLOCK_MONOTONIC, &mut ts) };
     ts.tv_sec as u64 * 1000 + ts.tv_nsec as u64 / 1_000_000
@@ -146,8 +143,7 @@ fn init_slow() {
             rt: env(c"FANSTORE_RUNTIME_DIR")
                 .map(|v| PathBuf::from(std::ffi::OsStr::from_bytes(&v)))
                 .unwrap_or_else(runtime::runtime_dir),
-            node: env(c"FANSTORE_NODE")
-                .and_then(|v| std::str::from_utf8(&v).ok()?.trim().parse().ok()),
+            node: env(c"FANSTORE_NODE").and_then(|v| std::str::from_utf8(&v).ok()?.trim().parse().ok()),
             timeout_ms: env(c"FANSTORE_TIMEOUT_MS")
                 .and_then(|v| std::str::from_utf8(&v).ok()?.trim().parse().ok())
                 .unwrap_or(5000),
@@ -171,9 +167,7 @@ fn init_slow() {
 fn load_locked() {
     LAST_TRY_MS.store(now_ms(), Ordering::Relaxed);
     // SAFETY: CONFIG is set before the first call and never freed.
-    let Some(cfg) = (unsafe { CONFIG.load(Ordering::Acquire).as_ref() }) else {
-        return;
-    };
+    let Some(cfg) = (unsafe { CONFIG.load(Ordering::Acquire).as_ref() }) else { return };
     match load(cfg) {
         Ok(st) => {
             if cfg.mount_env.is_none() {
@@ -218,26 +212,14 @@ fn load(cfg: &Config) -> Result<(State, Option<Vec<u8>>), String> {
     }
     let ipath = Path::new(std::ffi::OsStr::from_bytes(&ns.index_path));
     let f = std::fs::File::open(ipath).map_err(|e| format!("{}: {e}", ipath.display()))?;
-    let len = f
-        .metadata()
-        .map_err(|e| format!("{}: {e}", ipath.display()))?
-        .len() as usize;
+    let len = f.metadata().map_err(|e| format!("{}: {e}", ipath.display()))?.len() as usize;
     if len == 0 {
         return Err(format!("{}: empty index", ipath.display()));
     }
     use std::os::fd::AsRawFd;
     // SAFETY: a fresh read-only shared mapping of a file we hold open; the
     // daemon publishes the index once and never modifies it in place.
-    let p = unsafe {
-        libc::mmap(
-            std::ptr::null_mut(),
-            len,
-            libc::PROT_READ,
-            libc::MAP_SHARED,
-            f.as_raw_fd(),
-            0,
-        )
-    };
+    let p = unsafe { libc::mmap(std::ptr::null_mut(), len, libc::PROT_READ, libc::MAP_SHARED, f.as_raw_fd(), 0) };
     if p == libc::MAP_FAILED {
         return Err(format!("{}: mmap failed", ipath.display()));
     }
@@ -245,26 +227,14 @@ fn load(cfg: &Config) -> Result<(State, Option<Vec<u8>>), String> {
     let bytes: &'static [u8] = unsafe { std::slice::from_raw_parts(p as *const u8, len) };
     let view = IndexView::parse(ipath, bytes, Verify::Header).map_err(|e| e.to_string())?;
     if view.dataset_id() != ns.dataset_id {
-        return Err(format!(
-            "index dataset {:x} differs from daemon's {:x}",
-            view.dataset_id(),
-            ns.dataset_id
-        ));
+        return Err(format!("index dataset {:x} differs from daemon's {:x}", view.dataset_id(), ns.dataset_id));
     }
-    let tiers = map_tiers(
-        &ns.index_path,
-        view.dataset_id(),
-        u64::from(view.node_count()),
-    );
+    let tiers = map_tiers(&ns.index_path, view.dataset_id(), u64::from(view.node_count()));
     let client_dir = Path::new(std::ffi::OsStr::from_bytes(&ns.local_dir)).join(CLIENT_DIR);
     let (empty_dir, empty_ino) = make_empty_dir(&client_dir)?;
     // SAFETY: getuid/getgid have no preconditions.
     let (uid, gid) = unsafe { (libc::getuid(), libc::getgid()) };
-    let mount = if ns.mount.is_empty() {
-        None
-    } else {
-        normalise_mount(&ns.mount)
-    };
+    let mount = if ns.mount.is_empty() { None } else { normalise_mount(&ns.mount) };
     let sock = runtime::socket_path(&cfg.rt, ns.rank);
     let st = State {
         view,
@@ -295,11 +265,7 @@ fn map_tiers(index_path: &[u8], dataset_id: u64, nodes: u64) -> Option<TierView<
     let f = match std::fs::File::open(path) {
         Ok(f) => f,
         Err(e) => {
-            crate::dlog!(
-                "no tier map {} ({}): every open asks the daemon",
-                path.display(),
-                e
-            );
+            crate::dlog!("no tier map {} ({}): every open asks the daemon", path.display(), e);
             return None;
         }
     };
@@ -309,16 +275,7 @@ fn map_tiers(index_path: &[u8], dataset_id: u64, nodes: u64) -> Option<TierView<
     }
     // SAFETY: a fresh read-only shared mapping of a file we hold open; the
     // daemon never resizes it and changes its bytes only atomically.
-    let m = unsafe {
-        libc::mmap(
-            std::ptr::null_mut(),
-            len,
-            libc::PROT_READ,
-            libc::MAP_SHARED,
-            f.as_raw_fd(),
-            0,
-        )
-    };
+    let m = unsafe { libc::mmap(std::ptr::null_mut(), len, libc::PROT_READ, libc::MAP_SHARED, f.as_raw_fd(), 0) };
     if m == libc::MAP_FAILED {
         return None;
     }
@@ -342,10 +299,7 @@ fn make_empty_dir(client_dir: &Path) -> Result<(CString, u64), String> {
     // SAFETY: getuid has no preconditions.
     let uid = unsafe { libc::getuid() };
     let _ = std::fs::DirBuilder::new().mode(0o700).create(client_dir);
-    let candidates = [
-        client_dir.join("empty"),
-        std::env::temp_dir().join(format!("fanstore-empty-{uid}")),
-    ];
+    let candidates = [client_dir.join("empty"), std::env::temp_dir().join(format!("fanstore-empty-{uid}"))];
     for d in candidates {
         let _ = std::fs::DirBuilder::new().mode(0o500).create(&d);
         if let Ok(m) = std::fs::metadata(&d) {

@@ -71,53 +71,30 @@ fn weight(size: u64) -> u64 {
 }
 
 /// Plans the partitions of `files` (in pack order).
-pub fn plan(
-    files: &[FileWeight],
-    count: PartitionCount,
-) -> Result<Vec<PlannedPartition>, AssignError> {
+pub fn plan(files: &[FileWeight], count: PartitionCount) -> Result<Vec<PlannedPartition>, AssignError> {
     let regular: Vec<usize> = (0..files.len()).filter(|&i| !files[i].replicated).collect();
     let replicated: Vec<usize> = (0..files.len()).filter(|&i| files[i].replicated).collect();
-    let bytes = |idx: &[usize]| {
-        idx.iter()
-            .map(|&i| files[i].size)
-            .fold(0u64, u64::saturating_add)
-    };
+    let bytes = |idx: &[usize]| idx.iter().map(|&i| files[i].size).fold(0u64, u64::saturating_add);
     let (regular_bytes, replicated_bytes) = (bytes(&regular), bytes(&replicated));
-    let by_size = |total: u64, size: u64, n_files: usize| -> u64 {
-        total.div_ceil(size).clamp(1, (n_files as u64).max(1))
-    };
+    let by_size = |total: u64, size: u64, n_files: usize| -> u64 { total.div_ceil(size).clamp(1, (n_files as u64).max(1)) };
     let (n_regular, size_for_replicated) = match count {
         PartitionCount::Count(0) => return Err(AssignError::ZeroPartitions),
         PartitionCount::Size(0) => return Err(AssignError::ZeroSize),
         PartitionCount::Count(n) => {
-            let implied = if regular_bytes == 0 {
-                DEFAULT_PARTITION_BYTES
-            } else {
-                regular_bytes.div_ceil(n as u64)
-            };
+            let implied = if regular_bytes == 0 { DEFAULT_PARTITION_BYTES } else { regular_bytes.div_ceil(n as u64) };
             (n as u64, implied.max(1))
         }
         PartitionCount::Size(s) => (by_size(regular_bytes, s, regular.len()), s),
-        PartitionCount::Auto => (
-            by_size(regular_bytes, DEFAULT_PARTITION_BYTES, regular.len()),
-            DEFAULT_PARTITION_BYTES,
-        ),
+        PartitionCount::Auto => (by_size(regular_bytes, DEFAULT_PARTITION_BYTES, regular.len()), DEFAULT_PARTITION_BYTES),
     };
-    let n_replicated = if replicated.is_empty() {
-        0
-    } else {
-        by_size(replicated_bytes, size_for_replicated, replicated.len())
-    };
+    let n_replicated = if replicated.is_empty() { 0 } else { by_size(replicated_bytes, size_for_replicated, replicated.len()) };
     for n in [n_regular, n_replicated] {
         if n > MAX_PARTITIONS {
             return Err(AssignError::TooMany(n));
         }
     }
     let mut out = Vec::new();
-    for (group, n, replicated) in [
-        (&regular, n_regular, false),
-        (&replicated, n_replicated, true),
-    ] {
+    for (group, n, replicated) in [(&regular, n_regular, false), (&replicated, n_replicated, true)] {
         if n == 0 {
             continue;
         }
@@ -154,19 +131,13 @@ pub fn split_contiguous(weights: &[u64], n: usize) -> Vec<Range<usize>> {
         let target = total * k as u128 / n as u128;
         // First prefix index at or past the target, then the nearer neighbour.
         let above = prefix.partition_point(|&p| p < target);
-        let mut cut = if above > 0
-            && target - prefix[above - 1] <= prefix.get(above).map_or(u128::MAX, |&p| p - target)
-        {
+        let mut cut = if above > 0 && target - prefix[above - 1] <= prefix.get(above).map_or(u128::MAX, |&p| p - target) {
             above - 1
         } else {
             above
         };
         let prev = cuts[k - 1];
-        let (lo, hi) = if len >= n {
-            (prev + 1, len - (n - k))
-        } else {
-            (prev, len)
-        };
+        let (lo, hi) = if len >= n { (prev + 1, len - (n - k)) } else { (prev, len) };
         cut = cut.clamp(lo, hi);
         cuts.push(cut);
     }
@@ -179,13 +150,7 @@ mod tests {
     use super::*;
 
     fn files(sizes: &[u64]) -> Vec<FileWeight> {
-        sizes
-            .iter()
-            .map(|&size| FileWeight {
-                size,
-                replicated: false,
-            })
-            .collect()
+        sizes.iter().map(|&size| FileWeight { size, replicated: false }).collect()
     }
 
     /// A deterministic pseudo-random size stream (no dependency on a RNG crate).
@@ -228,12 +193,7 @@ mod tests {
         let biggest = *s.iter().max().unwrap();
         for part in &p {
             let dev = part.logical_bytes.abs_diff(ideal);
-            assert!(
-                dev <= biggest,
-                "partition {} has {} bytes, ideal {ideal}",
-                part.id,
-                part.logical_bytes
-            );
+            assert!(dev <= biggest, "partition {} has {} bytes, ideal {ideal}", part.id, part.logical_bytes);
         }
         assert_eq!(p.iter().map(|x| x.files.len()).sum::<usize>(), s.len());
     }
@@ -259,19 +219,10 @@ mod tests {
         let replicated: Vec<_> = p.iter().filter(|x| x.replicated).collect();
         assert_eq!(regular.len(), 4);
         assert!(!replicated.is_empty());
-        assert!(
-            p.iter().map(|x| x.id).eq(0..p.len() as u32),
-            "ids are 0..P in order"
-        );
-        assert!(replicated
-            .iter()
-            .all(|x| x.files.iter().all(|&i| f[i].replicated)));
-        assert!(regular
-            .iter()
-            .all(|x| x.files.iter().all(|&i| !f[i].replicated)));
-        assert!(regular
-            .iter()
-            .all(|r| replicated.iter().all(|q| r.id < q.id)));
+        assert!(p.iter().map(|x| x.id).eq(0..p.len() as u32), "ids are 0..P in order");
+        assert!(replicated.iter().all(|x| x.files.iter().all(|&i| f[i].replicated)));
+        assert!(regular.iter().all(|x| x.files.iter().all(|&i| !f[i].replicated)));
+        assert!(regular.iter().all(|r| replicated.iter().all(|q| r.id < q.id)));
     }
 
     #[test]
@@ -290,13 +241,7 @@ mod tests {
         // Auto never makes more partitions than files.
         let p = plan(&files(&[1 << 40, 1]), PartitionCount::Auto).unwrap();
         assert_eq!(p.len(), 2);
-        assert!(matches!(
-            plan(&[], PartitionCount::Count(0)),
-            Err(AssignError::ZeroPartitions)
-        ));
-        assert!(matches!(
-            plan(&[], PartitionCount::Size(0)),
-            Err(AssignError::ZeroSize)
-        ));
+        assert!(matches!(plan(&[], PartitionCount::Count(0)), Err(AssignError::ZeroPartitions)));
+        assert!(matches!(plan(&[], PartitionCount::Size(0)), Err(AssignError::ZeroSize)));
     }
 }

@@ -39,12 +39,7 @@ pub enum ExtractError {
     #[error(transparent)]
     Format(#[from] FormatError),
     #[error("{}: entry at offset {offset} does not match the manifest's file '{file}': {problem}", .partition.display())]
-    Mismatch {
-        partition: PathBuf,
-        offset: u64,
-        file: String,
-        problem: String,
-    },
+    Mismatch { partition: PathBuf, offset: u64, file: String, problem: String },
 }
 
 /// What an extraction restored.
@@ -72,10 +67,7 @@ impl std::fmt::Display for ExtractSummary {
 }
 
 fn io_at(path: &Path) -> impl Fn(io::Error) -> ExtractError + '_ {
-    move |source| ExtractError::Io {
-        path: path.into(),
-        source,
-    }
+    move |source| ExtractError::Io { path: path.into(), source }
 }
 
 /// Extracts the dataset in `dataset` into `to` (created if missing; if it
@@ -86,19 +78,11 @@ pub fn extract(dataset: &Path, to: &Path) -> Result<ExtractSummary, ExtractError
     let view = m.view();
     prepare_destination(to)?;
     let dest: OwnedFd = File::open(to).map_err(io_at(to))?.into();
-    let mut dirs = DirCache {
-        root: dest.as_fd(),
-        to,
-        last: None,
-    };
+    let mut dirs = DirCache { root: dest.as_fd(), to, last: None };
     let mut summary = ExtractSummary::default();
 
     // 1. Directories, parents first (node order is depth-first).
-    for n in view
-        .nodes()
-        .skip(1)
-        .filter(|n| n.kind() == Some(NodeKind::Dir))
-    {
+    for n in view.nodes().skip(1).filter(|n| n.kind() == Some(NodeKind::Dir)) {
         let parent = dirs.get(&view, n.parent())?;
         sys::mkdir_at(parent, n.name(), 0o700).map_err(io_at(&display_path(to, n.path())))?;
         summary.directories += 1;
@@ -123,9 +107,7 @@ pub fn extract(dataset: &Path, to: &Path) -> Result<ExtractSummary, ExtractError
             let shown = display_path(to, n.path());
             let parent = dirs.get(&view, n.parent())?;
             let flags = libc::O_WRONLY | libc::O_CREAT | libc::O_EXCL;
-            let out = File::from(
-                sys::open_beneath(parent, n.name(), flags, 0o600).map_err(io_at(&shown))?,
-            );
+            let out = File::from(sys::open_beneath(parent, n.name(), flags, 0o600).map_err(io_at(&shown))?);
             let out = restore_file(&part_path, &part, n, out, &shown, &mut buf)?;
             sys::chmod_fd(out.as_fd(), n.mode() & 0o7777).map_err(io_at(&shown))?;
             sys::set_times_fd(out.as_fd(), n.atime_ns(), n.mtime_ns()).map_err(io_at(&shown))?;
@@ -144,17 +126,10 @@ pub fn extract(dataset: &Path, to: &Path) -> Result<ExtractSummary, ExtractError
     }
 
     // 4. Directory modes and times, children before parents.
-    let dir_nodes: Vec<NodeRef<'_>> = view
-        .nodes()
-        .filter(|n| n.kind() == Some(NodeKind::Dir))
-        .collect();
+    let dir_nodes: Vec<NodeRef<'_>> = view.nodes().filter(|n| n.kind() == Some(NodeKind::Dir)).collect();
     for n in dir_nodes.iter().rev() {
         let shown = display_path(to, n.path());
-        let (parent, name): (BorrowedFd<'_>, &[u8]) = if n.id() == 0 {
-            (dest.as_fd(), b"")
-        } else {
-            (dirs.get(&view, n.parent())?, n.name())
-        };
+        let (parent, name): (BorrowedFd<'_>, &[u8]) = if n.id() == 0 { (dest.as_fd(), b"") } else { (dirs.get(&view, n.parent())?, n.name()) };
         sys::chmod_at(parent, name, n.mode() & 0o7777).map_err(io_at(&shown))?;
         sys::set_times_at(parent, name, n.atime_ns(), n.mtime_ns()).map_err(io_at(&shown))?;
     }
@@ -170,12 +145,8 @@ fn prepare_destination(to: &Path) -> Result<(), ExtractError> {
             }
             Ok(())
         }
-        Err(e) if e.kind() == io::ErrorKind::NotFound => {
-            std::fs::create_dir_all(to).map_err(io_at(to))
-        }
-        Err(e) if e.raw_os_error() == Some(libc::ENOTDIR) => {
-            Err(ExtractError::DestinationNotEmpty(to.into()))
-        }
+        Err(e) if e.kind() == io::ErrorKind::NotFound => std::fs::create_dir_all(to).map_err(io_at(to)),
+        Err(e) if e.raw_os_error() == Some(libc::ENOTDIR) => Err(ExtractError::DestinationNotEmpty(to.into())),
         Err(e) => Err(io_at(to)(e)),
     }
 }
@@ -208,14 +179,7 @@ impl DirCache<'_> {
 
 /// Writes the bytes of file node `n` from partition `part` into `out`,
 /// checking the entry header and checksum on the way.
-fn restore_file(
-    part_path: &Path,
-    part: &File,
-    n: &NodeRef<'_>,
-    out: File,
-    shown: &Path,
-    buf: &mut [u8],
-) -> Result<File, ExtractError> {
+fn restore_file(part_path: &Path, part: &File, n: &NodeRef<'_>, out: File, shown: &Path, buf: &mut [u8]) -> Result<File, ExtractError> {
     let payload_off = n.payload_offset();
     let mismatch = |offset: u64, problem: String| ExtractError::Mismatch {
         partition: part_path.into(),
@@ -225,30 +189,12 @@ fn restore_file(
     };
     let header_off = payload_off
         .checked_sub(ENTRY_HEADER_LEN as u64)
-        .ok_or_else(|| {
-            mismatch(
-                payload_off,
-                "payload offset inside the partition header".into(),
-            )
-        })?;
+        .ok_or_else(|| mismatch(payload_off, "payload offset inside the partition header".into()))?;
     let mut hb = [0u8; ENTRY_HEADER_LEN];
-    part.read_exact_at(&mut hb, header_off)
-        .map_err(|e| FormatError::io(part_path, e))?;
+    part.read_exact_at(&mut hb, header_off).map_err(|e| FormatError::io(part_path, e))?;
     let eh = EntryHeader::decode(part_path, header_off, &hb)?;
-    let expected = (
-        xxh3(n.path()),
-        n.size(),
-        n.stored_len(),
-        n.codec(),
-        n.checksum(),
-    );
-    let found = (
-        eh.path_hash,
-        eh.raw_len,
-        eh.stored_len,
-        eh.codec,
-        eh.payload_checksum,
-    );
+    let expected = (xxh3(n.path()), n.size(), n.stored_len(), n.codec(), n.checksum());
+    let found = (eh.path_hash, eh.raw_len, eh.stored_len, eh.codec, eh.payload_checksum);
     if expected != found {
         return Err(mismatch(header_off, format!("manifest says (path hash, size, stored, codec, checksum) = {expected:x?}, entry says {found:x?}")));
     }
@@ -267,8 +213,7 @@ fn restore_file(
         let mut done = 0u64;
         while done < eh.stored_len {
             let k = buf.len().min((eh.stored_len - done) as usize);
-            part.read_exact_at(&mut buf[..k], payload_off + done)
-                .map_err(|e| FormatError::io(part_path, e))?;
+            part.read_exact_at(&mut buf[..k], payload_off + done).map_err(|e| FormatError::io(part_path, e))?;
             sum.update(&buf[..k]);
             w.write_all(&buf[..k]).map_err(io_at(shown))?;
             done += k as u64;
@@ -279,8 +224,7 @@ fn restore_file(
         }
     } else {
         let mut stored = vec![0u8; eh.stored_len as usize];
-        part.read_exact_at(&mut stored, payload_off)
-            .map_err(|e| FormatError::io(part_path, e))?;
+        part.read_exact_at(&mut stored, payload_off).map_err(|e| FormatError::io(part_path, e))?;
         let computed = xxh3(&stored);
         if computed != eh.payload_checksum {
             return Err(checksum_fault(computed));
@@ -299,17 +243,13 @@ pub struct SparseWriter {
 
 fn is_zero(b: &[u8]) -> bool {
     let mut chunks = b.chunks_exact(64);
-    chunks.all(|c| c.iter().fold(0u8, |acc, &x| acc | x) == 0)
-        && chunks.remainder().iter().all(|&x| x == 0)
+    chunks.all(|c| c.iter().fold(0u8, |acc, &x| acc | x) == 0) && chunks.remainder().iter().all(|&x| x == 0)
 }
 
 impl SparseWriter {
     /// `file` must be empty and positioned at 0.
     pub fn new(file: File) -> SparseWriter {
-        SparseWriter {
-            file,
-            block: Vec::with_capacity(SPARSE_BLOCK),
-        }
+        SparseWriter { file, block: Vec::with_capacity(SPARSE_BLOCK) }
     }
 
     fn put_block(&mut self, block: &[u8]) -> io::Result<()> {
@@ -377,10 +317,7 @@ mod tests {
         w.finish(data.len() as u64).unwrap();
         assert_eq!(std::fs::read(&p).unwrap(), data);
         let blocks_bytes = std::fs::metadata(&p).unwrap().blocks() * 512;
-        assert!(
-            blocks_bytes <= 3 * SPARSE_BLOCK as u64,
-            "{blocks_bytes} bytes allocated"
-        );
+        assert!(blocks_bytes <= 3 * SPARSE_BLOCK as u64, "{blocks_bytes} bytes allocated");
     }
 
     #[test]

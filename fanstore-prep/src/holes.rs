@@ -36,13 +36,7 @@ fn seek(file: &File, offset: u64, whence: libc::c_int) -> io::Result<u64> {
 impl HoleAwareReader {
     /// Reads `file` from offset 0; `size` is its size when it was listed.
     pub fn new(file: File, size: u64) -> HoleAwareReader {
-        HoleAwareReader {
-            file,
-            size,
-            pos: 0,
-            data_start: 0,
-            data_end: 0,
-        }
+        HoleAwareReader { file, size, pos: 0, data_start: 0, data_end: 0 }
     }
 
     /// The file being read.
@@ -57,12 +51,7 @@ impl HoleAwareReader {
         } else {
             match seek(&self.file, self.pos, libc::SEEK_DATA) {
                 Ok(d) if d >= self.size => (self.size, u64::MAX),
-                Ok(d) => (
-                    d,
-                    seek(&self.file, d, libc::SEEK_HOLE)
-                        .unwrap_or(u64::MAX)
-                        .max(d + 1),
-                ),
+                Ok(d) => (d, seek(&self.file, d, libc::SEEK_HOLE).unwrap_or(u64::MAX).max(d + 1)),
                 // ENXIO: no data after pos; zeros up to the listed size, then real reads.
                 Err(e) if e.raw_os_error() == Some(libc::ENXIO) => (self.size, u64::MAX),
                 // No hole support: plain reads.
@@ -83,16 +72,12 @@ impl Read for HoleAwareReader {
             self.locate();
         }
         if self.pos < self.data_start {
-            let n = buf
-                .len()
-                .min((self.data_start - self.pos).min(usize::MAX as u64) as usize);
+            let n = buf.len().min((self.data_start - self.pos).min(usize::MAX as u64) as usize);
             buf[..n].fill(0);
             self.pos += n as u64;
             return Ok(n);
         }
-        let n = buf
-            .len()
-            .min((self.data_end - self.pos).min(usize::MAX as u64) as usize);
+        let n = buf.len().min((self.data_end - self.pos).min(usize::MAX as u64) as usize);
         let k = self.file.read_at(&mut buf[..n], self.pos)?;
         self.pos += k as u64;
         Ok(k)
@@ -123,11 +108,7 @@ mod tests {
         let mut f = File::create(&p).unwrap();
         let len = 20u64 << 20;
         f.set_len(len).unwrap();
-        for (off, data) in [
-            (0u64, &b"head"[..]),
-            (5 << 20, b"middle"),
-            (len - 3, b"end"),
-        ] {
+        for (off, data) in [(0u64, &b"head"[..]), (5 << 20, b"middle"), (len - 3, b"end")] {
             f.seek(SeekFrom::Start(off)).unwrap();
             f.write_all(data).unwrap();
         }
@@ -148,9 +129,6 @@ mod tests {
         let f = File::create(&q).unwrap();
         f.set_len(1 << 20).unwrap();
         // Listed as 1000 bytes, but it is now a 1 MiB hole: still 1 MiB read.
-        assert_eq!(
-            read_all(&mut HoleAwareReader::new(File::open(&q).unwrap(), 1000)).len(),
-            1 << 20
-        );
+        assert_eq!(read_all(&mut HoleAwareReader::new(File::open(&q).unwrap(), 1000)).len(), 1 << 20);
     }
 }

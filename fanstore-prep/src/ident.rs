@@ -14,11 +14,7 @@ use fanstore_core::checksum::StreamingChecksum;
 use fanstore_core::codec::Compression;
 
 /// The dataset id of `entries` packed with `compression` into `plan`.
-pub fn dataset_id(
-    entries: &[TreeEntry],
-    compression: Compression,
-    plan: &[PlannedPartition],
-) -> u64 {
+pub fn dataset_id(entries: &[TreeEntry], compression: Compression, plan: &[PlannedPartition]) -> u64 {
     let mut h = StreamingChecksum::new();
     h.update(b"fanstore-dataset-id-v1\0");
     for e in entries {

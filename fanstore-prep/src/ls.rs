@@ -25,17 +25,12 @@ pub enum LsError {
 pub fn ls(dataset: &Path, path: &[u8], out: &mut impl Write) -> Result<(), LsError> {
     let m = Manifest::open(&dataset.join(manifest::FILE_NAME))?;
     let view = m.view();
-    let comps: Vec<&[u8]> = path
-        .split(|&b| b == b'/')
-        .filter(|c| !c.is_empty() && *c != b".")
-        .collect();
+    let comps: Vec<&[u8]> = path.split(|&b| b == b'/').filter(|c| !c.is_empty() && *c != b".").collect();
     if comps.iter().any(|c| *c == b"..") {
         return Err(LsError::DotDot);
     }
     let rel = comps.join(&b'/');
-    let node = view
-        .lookup(&rel)
-        .ok_or_else(|| LsError::NotFound(path.to_vec()))?;
+    let node = view.lookup(&rel).ok_or_else(|| LsError::NotFound(path.to_vec()))?;
     if node.is_dir() {
         for child in view.children(node) {
             line(out, &child, child.name())?;
@@ -49,14 +44,7 @@ pub fn ls(dataset: &Path, path: &[u8], out: &mut impl Write) -> Result<(), LsErr
 
 fn line(out: &mut impl Write, n: &NodeRef<'_>, name: &[u8]) -> io::Result<()> {
     let size = if n.is_dir() { 0 } else { n.size() };
-    write!(
-        out,
-        "{} {:>3} {:>12} {} ",
-        mode_string(n.mode()),
-        n.nlink(),
-        size,
-        format_time_utc(n.mtime_ns())
-    )?;
+    write!(out, "{} {:>3} {:>12} {} ", mode_string(n.mode()), n.nlink(), size, format_time_utc(n.mtime_ns()))?;
     out.write_all(name)?;
     if n.kind() == Some(NodeKind::Symlink) {
         out.write_all(b" -> ")?;
@@ -75,11 +63,7 @@ pub fn mode_string(mode: u32) -> String {
     };
     let mut s = String::with_capacity(10);
     s.push(kind);
-    let special = [
-        (libc::S_ISUID, 's'),
-        (libc::S_ISGID, 's'),
-        (libc::S_ISVTX, 't'),
-    ];
+    let special = [(libc::S_ISUID, 's'), (libc::S_ISGID, 's'), (libc::S_ISVTX, 't')];
     for (i, (bit, letter)) in special.iter().enumerate() {
         let shift = 6 - 3 * i as u32;
         let rwx = (mode >> shift) & 7;
@@ -110,12 +94,7 @@ pub fn format_time_utc(ns: i64) -> String {
     let day = doy - (153 * mp + 2) / 5 + 1;
     let month = if mp < 10 { mp + 3 } else { mp - 9 };
     let year = yoe + era * 400 + i64::from(month <= 2);
-    format!(
-        "{year:04}-{month:02}-{day:02} {:02}:{:02}:{:02}",
-        sod / 3600,
-        sod % 3600 / 60,
-        sod % 60
-    )
+    format!("{year:04}-{month:02}-{day:02} {:02}:{:02}:{:02}", sod / 3600, sod % 3600 / 60, sod % 60)
 }
 
 #[cfg(test)]
@@ -135,14 +114,8 @@ mod tests {
     #[test]
     fn utc_times() {
         assert_eq!(format_time_utc(0), "1970-01-01 00:00:00");
-        assert_eq!(
-            format_time_utc(1_700_000_000_999_999_999),
-            "2023-11-14 22:13:20"
-        );
-        assert_eq!(
-            format_time_utc(951_782_400 * 1_000_000_000),
-            "2000-02-29 00:00:00"
-        );
+        assert_eq!(format_time_utc(1_700_000_000_999_999_999), "2023-11-14 22:13:20");
+        assert_eq!(format_time_utc(951_782_400 * 1_000_000_000), "2000-02-29 00:00:00");
         assert_eq!(format_time_utc(-1), "1969-12-31 23:59:59");
     }
 }

@@ -14,11 +14,7 @@ use std::path::PathBuf;
 use std::process::ExitCode;
 
 #[derive(Parser)]
-#[command(
-    name = "fanstore-prep",
-    version,
-    about = "Packs a directory tree into a FanStore dataset (partitions + manifest), and verifies, lists and extracts datasets."
-)]
+#[command(name = "fanstore-prep", version, about = "Packs a directory tree into a FanStore dataset (partitions + manifest), and verifies, lists and extracts datasets.")]
 struct Cli {
     #[command(subcommand)]
     command: Command,
@@ -121,9 +117,7 @@ fn run(cli: Cli) -> Result<ExitCode> {
             };
             let threads = match a.threads {
                 Some(t) => t as usize,
-                None => std::thread::available_parallelism()
-                    .map(|n| n.get())
-                    .unwrap_or(1),
+                None => std::thread::available_parallelism().map(|n| n.get()).unwrap_or(1),
             };
             let opts = PackOptions {
                 input: a.input,
@@ -162,11 +156,7 @@ fn run(cli: Cli) -> Result<ExitCode> {
                 for f in &r.faults {
                     eprintln!("fanstore-prep: fault: {f}");
                 }
-                eprintln!(
-                    "fanstore-prep: verify {}: {} fault(s)",
-                    dataset.display(),
-                    r.faults.len()
-                );
+                eprintln!("fanstore-prep: verify {}: {} fault(s)", dataset.display(), r.faults.len());
                 Ok(ExitCode::FAILURE)
             }
         }

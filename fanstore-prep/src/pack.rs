@@ -30,9 +30,7 @@ use crate::sys;
 use crate::walk::{self, display_path, EntryKind, Tree, WalkError, WalkOptions};
 use fanstore_core::checksum::xxh3;
 use fanstore_core::codec::{self, Codec, Compression};
-use fanstore_core::manifest::{
-    self, BuildEntry, BuildError, BuildKind, ManifestBuilder, PartitionInfo,
-};
+use fanstore_core::manifest::{self, BuildEntry, BuildError, BuildKind, ManifestBuilder, PartitionInfo};
 use fanstore_core::partition::{self, PartitionWriter, FLAG_REPLICATED, HEADER_LEN};
 use fanstore_core::FormatError;
 use std::collections::HashMap;
@@ -91,11 +89,7 @@ pub struct PackSummary {
 impl std::fmt::Display for PackSummary {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         let secs = self.seconds.max(1e-9);
-        let ratio = if self.bytes_stored == 0 {
-            1.0
-        } else {
-            self.bytes_in as f64 / self.bytes_stored as f64
-        };
+        let ratio = if self.bytes_stored == 0 { 1.0 } else { self.bytes_in as f64 / self.bytes_stored as f64 };
         write!(
             f,
             "packed {} files, {} directories, {} symlinks ({} skipped) into {} partitions ({} replicated): \
@@ -136,11 +130,7 @@ pub enum PackError {
     #[error("{}: read error while streaming it into a partition: {source}", .path.display())]
     ReadMidStream { path: PathBuf, source: io::Error },
     #[error("{}: changed size while being packed (listed with {listed} bytes, {found})", .path.display())]
-    ChangedSize {
-        path: PathBuf,
-        listed: u64,
-        found: String,
-    },
+    ChangedSize { path: PathBuf, listed: u64, found: String },
     #[error("{}: is no longer a regular file (it changed while being packed)", .path.display())]
     Replaced { path: PathBuf },
     #[error("{}: compression failed: {source}", .path.display())]
@@ -163,36 +153,23 @@ pub fn pack(opts: &PackOptions) -> Result<PackSummary, PackError> {
     refuse_output_inside_input(&opts.input, &opts.output)?;
 
     let mut scan = ScanProgress::new(opts.progress, opts.progress_interval);
-    let walk_opts = WalkOptions {
-        skip_unreadable: opts.skip_unreadable,
-        skip_special: opts.skip_special,
-        threads: opts.threads,
-    };
+    let walk_opts = WalkOptions { skip_unreadable: opts.skip_unreadable, skip_special: opts.skip_special, threads: opts.threads };
     let tree = walk::walk(&opts.input, walk_opts, |n| scan.update(n))?;
     scan.finish();
     phase.done("walk");
 
     let replicate = replicate_prefixes(&opts.replicate_dirs, &tree)?;
-    let files: Vec<usize> = (0..tree.entries.len())
-        .filter(|&i| matches!(tree.entries[i].kind, EntryKind::File { .. }))
-        .collect();
+    let files: Vec<usize> = (0..tree.entries.len()).filter(|&i| matches!(tree.entries[i].kind, EntryKind::File { .. })).collect();
     let weights: Vec<FileWeight> = files
         .iter()
         .map(|&i| {
             let e = &tree.entries[i];
-            FileWeight {
-                size: file_size(&e.kind),
-                replicated: replicate.iter().any(|r| is_under(&e.path, r)),
-            }
+            FileWeight { size: file_size(&e.kind), replicated: replicate.iter().any(|r| is_under(&e.path, r)) }
         })
         .collect();
     let plan = assign::plan(&weights, opts.partitions)?;
     let dataset_id = ident::dataset_id(&tree.entries, opts.compression, &plan);
-    log::debug!(
-        "{} files in {} partitions, dataset id {dataset_id:#018x}",
-        files.len(),
-        plan.len()
-    );
+    log::debug!("{} files in {} partitions, dataset id {dataset_id:#018x}", files.len(), plan.len());
     phase.done("plan and dataset id");
 
     let written = write_partitions(opts, &tree, &files, &plan, dataset_id, &mut out)?;
@@ -296,10 +273,7 @@ fn replicate_prefixes(dirs: &[PathBuf], tree: &Tree) -> Result<Vec<Vec<u8>>, Pac
     let mut out = Vec::new();
     for d in dirs {
         let shown = d.display().to_string();
-        let bad = |problem: &str| PackError::ReplicateDir {
-            dir: shown.clone(),
-            problem: problem.into(),
-        };
+        let bad = |problem: &str| PackError::ReplicateDir { dir: shown.clone(), problem: problem.into() };
         let raw = d.as_os_str().as_bytes();
         if raw.first() == Some(&b'/') {
             return Err(bad("must be relative to --input"));
@@ -309,9 +283,7 @@ fn replicate_prefixes(dirs: &[PathBuf], tree: &Tree) -> Result<Vec<Vec<u8>>, Pac
             return Err(bad("must not contain '..'"));
         }
         let rel = comps.join(&b'/');
-        let found = tree
-            .entries
-            .binary_search_by(|e| walk::tree_order(&e.path, &rel));
+        let found = tree.entries.binary_search_by(|e| walk::tree_order(&e.path, &rel));
         match found.map(|i| &tree.entries[i].kind) {
             Ok(EntryKind::Dir) => out.push(rel),
             Ok(_) => return Err(bad("is not a directory of the input")),
@@ -326,10 +298,7 @@ fn refuse_output_inside_input(input: &Path, output: &Path) -> Result<(), PackErr
         return Ok(()); // the walk reports a missing input with its own message
     };
     if o.starts_with(&i) {
-        return Err(PackError::OutputInsideInput {
-            output: output.into(),
-            input: input.into(),
-        });
+        return Err(PackError::OutputInsideInput { output: output.into(), input: input.into() });
     }
     Ok(())
 }
@@ -356,17 +325,9 @@ struct Written {
 
 /// A file read (and maybe compressed) by a worker.
 enum Loaded {
-    Memory {
-        codec: Codec,
-        bytes: Vec<u8>,
-        checksum: u64,
-    },
+    Memory { codec: Codec, bytes: Vec<u8>, checksum: u64 },
     /// A small file: its payload is the next `len` bytes of its batch's data.
-    Small {
-        codec: Codec,
-        len: usize,
-        checksum: u64,
-    },
+    Small { codec: Codec, len: usize, checksum: u64 },
     /// A big raw file: the writer streams it from this reader.
     Stream(HoleAwareReader),
 }
@@ -393,11 +354,7 @@ fn write_partitions(
     dataset_id: u64,
     out: &mut OutputDir,
 ) -> Result<Written, PackError> {
-    let jobs: Vec<Job> = plan
-        .iter()
-        .enumerate()
-        .flat_map(|(part, p)| p.files.iter().map(move |&file| Job { file, part }))
-        .collect();
+    let jobs: Vec<Job> = plan.iter().enumerate().flat_map(|(part, p)| p.files.iter().map(move |&file| Job { file, part })).collect();
     let size_of = |job: &Job| file_size(&tree.entries[files[job.file]].kind);
     let cost_of = |job: &Job| {
         let size = size_of(job);
@@ -411,13 +368,7 @@ fn write_partitions(
     let sched = Scheduler::new(jobs.len(), threads * 4 + 4, IN_FLIGHT_BUDGET);
     let pool = BufferPool::new(IN_FLIGHT_BUDGET as usize);
     let total_bytes: u64 = jobs.iter().map(size_of).sum();
-    let mut progress = Progress::new(
-        opts.progress,
-        opts.progress_interval,
-        "packing",
-        jobs.len() as u64,
-        total_bytes,
-    );
+    let mut progress = Progress::new(opts.progress, opts.progress_interval, "packing", jobs.len() as u64, total_bytes);
     let (tx, rx) = mpsc::channel::<Batch>();
     let root = tree.root_fd.as_fd();
     let result = std::thread::scope(|s| {
@@ -426,11 +377,7 @@ fn write_partitions(
             let (sched, jobs, pool) = (&sched, &jobs, &pool);
             s.spawn(move || {
                 let _guard = AbortOnPanic(sched);
-                let mut bufs = WorkerBuffers {
-                    z: codec::Compressor::new(),
-                    scratch: Vec::new(),
-                    data: Vec::new(),
-                };
+                let mut bufs = WorkerBuffers { z: codec::Compressor::new(), scratch: Vec::new(), data: Vec::new() };
                 while let Some(claim) = sched.claim(|i| size_of(&jobs[i]), |i| cost_of(&jobs[i])) {
                     let mut results = Vec::with_capacity(claim.costs.len());
                     let small: u64 = (claim.start..claim.start + claim.costs.len())
@@ -440,27 +387,10 @@ fn write_partitions(
                     bufs.data = pool.take(small as usize);
                     for (k, &cost) in claim.costs.iter().enumerate() {
                         let e = &tree.entries[files[jobs[claim.start + k].file]];
-                        results.push((
-                            cost,
-                            load(
-                                root,
-                                &e.path,
-                                file_size(&e.kind),
-                                opts.compression,
-                                pool,
-                                &mut bufs,
-                            ),
-                        ));
+                        results.push((cost, load(root, &e.path, file_size(&e.kind), opts.compression, pool, &mut bufs)));
                     }
                     let data = std::mem::take(&mut bufs.data);
-                    if tx
-                        .send(Batch {
-                            start: claim.start,
-                            results,
-                            data,
-                        })
-                        .is_err()
-                    {
+                    if tx.send(Batch { start: claim.start, results, data }).is_err() {
                         break;
                     }
                 }
@@ -556,25 +486,17 @@ impl Writer<'_> {
                 Ok(b) => {
                     self.pending.insert(b.start, b);
                 }
-                Err(_) => {
-                    return Err(PackError::Internal(
-                        "the worker threads stopped early".into(),
-                    ))
-                }
+                Err(_) => return Err(PackError::Internal("the worker threads stopped early".into())),
             }
         };
-        self.pool
-            .give(std::mem::replace(&mut self.batch_data, data));
+        self.pool.give(std::mem::replace(&mut self.batch_data, data));
         self.batch_pos = 0;
         self.batch_jobs = results.len();
         self.batch_cost = results.iter().map(|(cost, _)| cost).sum();
         self.batch = results.into_iter();
         match self.batch.next() {
             Some((_, r)) => Ok(r),
-            None => Err(PackError::Internal(format!(
-                "empty batch at job {}",
-                self.next
-            ))),
+            None => Err(PackError::Internal(format!("empty batch at job {}", self.next))),
         }
     }
 
@@ -588,12 +510,7 @@ impl Writer<'_> {
         }
     }
 
-    fn run(
-        &mut self,
-        dataset_id: u64,
-        out: &mut OutputDir,
-        progress: &mut Progress,
-    ) -> Result<Written, PackError> {
+    fn run(&mut self, dataset_id: u64, out: &mut OutputDir, progress: &mut Progress) -> Result<Written, PackError> {
         let mut places: Vec<Option<FilePlace>> = vec![None; self.files.len()];
         let mut infos = Vec::with_capacity(self.plan.len());
         let mut skipped = 0;
@@ -612,64 +529,34 @@ impl Writer<'_> {
                 let loaded = self.next_result()?;
                 let path_hash = xxh3(&entry.path);
                 let place = match loaded {
-                    Ok(Loaded::Small {
-                        codec,
-                        len,
-                        checksum,
-                    }) => {
+                    Ok(Loaded::Small { codec, len, checksum }) => {
                         let end = self.batch_pos + len;
                         let Some(bytes) = self.batch_data.get(self.batch_pos..end) else {
-                            return Err(PackError::Internal(format!(
-                                "batch data too short for job {}",
-                                self.next
-                            )));
+                            return Err(PackError::Internal(format!("batch data too short for job {}", self.next)));
                         };
                         let off = w.append(path_hash, size, codec, bytes)?;
                         self.batch_pos = end;
                         Some((off, len as u64, codec, checksum))
                     }
-                    Ok(Loaded::Memory {
-                        codec,
-                        bytes,
-                        checksum,
-                    }) => {
+                    Ok(Loaded::Memory { codec, bytes, checksum }) => {
                         let off = w.append(path_hash, size, codec, &bytes)?;
                         let stored_len = bytes.len() as u64;
                         self.pool.give(bytes);
                         Some((off, stored_len, codec, checksum))
                     }
                     Ok(Loaded::Stream(reader)) => {
-                        let mut input = TrackingReader {
-                            inner: reader,
-                            count: 0,
-                            error: None,
-                        };
+                        let mut input = TrackingReader { inner: reader, count: 0, error: None };
                         match w.append_raw_stream(path_hash, size, &mut input) {
-                            Ok((off, checksum)) => {
-                                match check_size_unchanged(input.inner.file(), size) {
-                                    Ok(()) => Some((off, size, Codec::None, checksum)),
-                                    Err(LoadError::ChangedSize(found)) => {
-                                        return Err(PackError::ChangedSize {
-                                            path: shown(),
-                                            listed: size,
-                                            found,
-                                        })
-                                    }
-                                    Err(_) => return Err(PackError::Replaced { path: shown() }),
-                                }
-                            }
+                            Ok((off, checksum)) => match check_size_unchanged(input.inner.file(), size) {
+                                Ok(()) => Some((off, size, Codec::None, checksum)),
+                                Err(LoadError::ChangedSize(found)) => return Err(PackError::ChangedSize { path: shown(), listed: size, found }),
+                                Err(_) => return Err(PackError::Replaced { path: shown() }),
+                            },
                             Err(e) => {
                                 return Err(if let Some(source) = input.error {
-                                    PackError::ReadMidStream {
-                                        path: shown(),
-                                        source,
-                                    }
+                                    PackError::ReadMidStream { path: shown(), source }
                                 } else if input.count != size {
-                                    PackError::ChangedSize {
-                                        path: shown(),
-                                        listed: size,
-                                        found: describe_count(input.count, size),
-                                    }
+                                    PackError::ChangedSize { path: shown(), listed: size, found: describe_count(input.count, size) }
                                 } else {
                                     PackError::Format(FormatError::io(&path, e))
                                 });
@@ -681,26 +568,10 @@ impl Writer<'_> {
                         skipped += 1;
                         None
                     }
-                    Err(LoadError::Unreadable(source)) => {
-                        return Err(PackError::Unreadable {
-                            path: shown(),
-                            source,
-                        })
-                    }
-                    Err(LoadError::ChangedSize(found)) => {
-                        return Err(PackError::ChangedSize {
-                            path: shown(),
-                            listed: size,
-                            found,
-                        })
-                    }
+                    Err(LoadError::Unreadable(source)) => return Err(PackError::Unreadable { path: shown(), source }),
+                    Err(LoadError::ChangedSize(found)) => return Err(PackError::ChangedSize { path: shown(), listed: size, found }),
                     Err(LoadError::Replaced) => return Err(PackError::Replaced { path: shown() }),
-                    Err(LoadError::Compress(source)) => {
-                        return Err(PackError::Compress {
-                            path: shown(),
-                            source,
-                        })
-                    }
+                    Err(LoadError::Compress(source)) => return Err(PackError::Compress { path: shown(), source }),
                 };
                 if let Some((payload_offset, stored_len, codec, checksum)) = place {
                     logical_bytes += size;
@@ -727,11 +598,7 @@ impl Writer<'_> {
                 header_checksum: header.checksum,
             });
         }
-        Ok(Written {
-            places,
-            infos,
-            skipped,
-        })
+        Ok(Written { places, infos, skipped })
     }
 }
 
@@ -757,14 +624,7 @@ fn open_input(root: BorrowedFd<'_>, rel: &[u8]) -> io::Result<File> {
 
 /// Reads one file, checks it still has its listed size, and compresses it
 /// if that shrinks it.
-fn load(
-    root: BorrowedFd<'_>,
-    rel: &[u8],
-    listed: u64,
-    c: Compression,
-    pool: &BufferPool,
-    bufs: &mut WorkerBuffers,
-) -> Result<Loaded, LoadError> {
+fn load(root: BorrowedFd<'_>, rel: &[u8], listed: u64, c: Compression, pool: &BufferPool, bufs: &mut WorkerBuffers) -> Result<Loaded, LoadError> {
     let mut file = open_input(root, rel).map_err(|e| match e.raw_os_error() {
         Some(libc::ELOOP) => LoadError::Replaced,
         _ => LoadError::Unreadable(e),
@@ -774,34 +634,19 @@ fn load(
         return Err(LoadError::Replaced);
     }
     if st.size != listed {
-        return Err(LoadError::ChangedSize(format!(
-            "it now has {} bytes",
-            st.size
-        )));
+        return Err(LoadError::ChangedSize(format!("it now has {} bytes", st.size)));
     }
     if listed > STREAM_THRESHOLD {
         if c.codec == Codec::None {
             return Ok(Loaded::Stream(HoleAwareReader::new(file, listed)));
         }
-        let mut counting = TrackingReader {
-            inner: HoleAwareReader::new(file.try_clone().map_err(LoadError::Unreadable)?, listed)
-                .take(listed + 1),
-            count: 0,
-            error: None,
-        };
+        let mut counting = TrackingReader { inner: HoleAwareReader::new(file.try_clone().map_err(LoadError::Unreadable)?, listed).take(listed + 1), count: 0, error: None };
         return match codec::compress(c, &mut counting, listed) {
             Ok(Some(bytes)) if counting.count == listed => {
                 check_size_unchanged(&file, listed)?;
-                Ok(Loaded::Memory {
-                    codec: c.codec,
-                    checksum: xxh3(&bytes),
-                    bytes,
-                })
+                Ok(Loaded::Memory { codec: c.codec, checksum: xxh3(&bytes), bytes })
             }
-            Ok(Some(_)) => Err(LoadError::ChangedSize(describe_count(
-                counting.count,
-                listed,
-            ))),
+            Ok(Some(_)) => Err(LoadError::ChangedSize(describe_count(counting.count, listed))),
             Ok(None) => Ok(Loaded::Stream(HoleAwareReader::new(file, listed))),
             Err(e) => Err(match counting.error {
                 Some(read_error) => LoadError::Unreadable(read_error),
@@ -815,58 +660,35 @@ fn load(
         raw.reserve(listed as usize + 1);
         read_listed(&mut file, listed, raw).map_err(LoadError::Unreadable)?;
         if raw.len() as u64 != listed {
-            return Err(LoadError::ChangedSize(describe_count(
-                raw.len() as u64,
-                listed,
-            )));
+            return Err(LoadError::ChangedSize(describe_count(raw.len() as u64, listed)));
         }
         check_size_unchanged(&file, listed)?;
         let start = bufs.data.len();
-        let compressed = c.codec != Codec::None
-            && listed > 0
-            && bufs
-                .z
-                .compress_into(c, raw, &mut bufs.data)
-                .map_err(LoadError::Compress)?;
+        let compressed = c.codec != Codec::None && listed > 0 && bufs.z.compress_into(c, raw, &mut bufs.data).map_err(LoadError::Compress)?;
         if !compressed {
             bufs.data.extend_from_slice(raw);
         }
         let payload = &bufs.data[start..];
         let codec = if compressed { c.codec } else { Codec::None };
-        return Ok(Loaded::Small {
-            codec,
-            len: payload.len(),
-            checksum: xxh3(payload),
-        });
+        return Ok(Loaded::Small { codec, len: payload.len(), checksum: xxh3(payload) });
     }
     let mut bytes = pool.take(listed as usize + 1);
     read_listed(&mut file, listed, &mut bytes).map_err(LoadError::Unreadable)?;
     if bytes.len() as u64 != listed {
-        return Err(LoadError::ChangedSize(describe_count(
-            bytes.len() as u64,
-            listed,
-        )));
+        return Err(LoadError::ChangedSize(describe_count(bytes.len() as u64, listed)));
     }
     check_size_unchanged(&file, listed)?;
     if c.codec != Codec::None && listed > 0 {
         match bufs.z.compress(c, &bytes) {
             Ok(Some(z)) => {
                 pool.give(bytes);
-                return Ok(Loaded::Memory {
-                    codec: c.codec,
-                    checksum: xxh3(&z),
-                    bytes: z,
-                });
+                return Ok(Loaded::Memory { codec: c.codec, checksum: xxh3(&z), bytes: z });
             }
             Ok(None) => {}
             Err(e) => return Err(LoadError::Compress(e)),
         }
     }
-    Ok(Loaded::Memory {
-        codec: Codec::None,
-        checksum: xxh3(&bytes),
-        bytes,
-    })
+    Ok(Loaded::Memory { codec: Codec::None, checksum: xxh3(&bytes), bytes })
 }
 
 /// Reads `file` into `buf` until it holds `listed` bytes or the file ends.
@@ -886,10 +708,7 @@ fn read_listed(file: &mut File, listed: u64, buf: &mut Vec<u8>) -> io::Result<()
 fn check_size_unchanged(file: &File, listed: u64) -> Result<(), LoadError> {
     let st = sys::fstat(file.as_fd()).map_err(LoadError::Unreadable)?;
     if st.size != listed {
-        return Err(LoadError::ChangedSize(format!(
-            "it has {} bytes after being read",
-            st.size
-        )));
+        return Err(LoadError::ChangedSize(format!("it has {} bytes after being read", st.size)));
     }
     Ok(())
 }
@@ -952,13 +771,7 @@ fn size_class(capacity: usize) -> usize {
 
 impl BufferPool {
     fn new(max_kept: usize) -> BufferPool {
-        BufferPool {
-            free: Mutex::new(PoolState {
-                classes: vec![Vec::new(); POOL_CLASSES],
-                kept: 0,
-            }),
-            max_kept,
-        }
+        BufferPool { free: Mutex::new(PoolState { classes: vec![Vec::new(); POOL_CLASSES], kept: 0 }), max_kept }
     }
 
     /// An empty buffer with room for at least `len` bytes.
@@ -977,12 +790,9 @@ impl BufferPool {
             let pick = if own_fits {
                 Some(want)
             } else {
-                (want + 1..POOL_CLASSES)
-                    .find(|&k| !st.classes[k].is_empty())
-                    .or_else(|| (0..=want).rev().find(|&k| !st.classes[k].is_empty()))
+                (want + 1..POOL_CLASSES).find(|&k| !st.classes[k].is_empty()).or_else(|| (0..=want).rev().find(|&k| !st.classes[k].is_empty()))
             };
-            pick.and_then(|k| st.classes[k].pop())
-                .inspect(|b| st.kept -= b.capacity())
+            pick.and_then(|k| st.classes[k].pop()).inspect(|b| st.kept -= b.capacity())
         };
         let mut buf = found.unwrap_or_default();
         buf.clear();
@@ -1044,13 +854,7 @@ struct Claim {
 impl Scheduler {
     fn new(jobs: usize, max_batches: usize, budget: u64) -> Scheduler {
         Scheduler {
-            state: Mutex::new(SchedState {
-                next_claim: 0,
-                next_write: 0,
-                in_flight: 0,
-                batches: 0,
-                aborted: false,
-            }),
+            state: Mutex::new(SchedState { next_claim: 0, next_write: 0, in_flight: 0, batches: 0, aborted: false }),
             changed: Condvar::new(),
             jobs,
             max_batches: max_batches.max(1),
@@ -1059,18 +863,12 @@ impl Scheduler {
     }
 
     fn lock(&self) -> std::sync::MutexGuard<'_, SchedState> {
-        self.state
-            .lock()
-            .unwrap_or_else(|poisoned| poisoned.into_inner())
+        self.state.lock().unwrap_or_else(|poisoned| poisoned.into_inner())
     }
 
     /// The next batch (`size_of(i)` is job i's file size, `cost_of(i)` what
     /// it holds in memory), or `None` when all are claimed or the run aborted.
-    fn claim(
-        &self,
-        size_of: impl Fn(usize) -> u64,
-        cost_of: impl Fn(usize) -> u64,
-    ) -> Option<Claim> {
+    fn claim(&self, size_of: impl Fn(usize) -> u64, cost_of: impl Fn(usize) -> u64) -> Option<Claim> {
         let mut s = self.lock();
         loop {
             if s.aborted || s.next_claim >= self.jobs {
@@ -1078,8 +876,7 @@ impl Scheduler {
             }
             let first = s.next_claim;
             let cost = cost_of(first);
-            let fits = first == s.next_write
-                || (s.batches < self.max_batches && s.in_flight + cost <= self.budget);
+            let fits = first == s.next_write || (s.batches < self.max_batches && s.in_flight + cost <= self.budget);
             if fits {
                 let mut costs = vec![cost];
                 let (mut bytes, mut in_flight) = (size_of(first), s.in_flight + cost);
@@ -1097,15 +894,9 @@ impl Scheduler {
                 s.next_claim = i;
                 s.in_flight = in_flight;
                 s.batches += 1;
-                return Some(Claim {
-                    start: first,
-                    costs,
-                });
+                return Some(Claim { start: first, costs });
             }
-            s = self
-                .changed
-                .wait(s)
-                .unwrap_or_else(|poisoned| poisoned.into_inner());
+            s = self.changed.wait(s).unwrap_or_else(|poisoned| poisoned.into_inner());
         }
     }
 
@@ -1150,10 +941,7 @@ fn is_partition_file_name(name: &[u8]) -> bool {
 
 impl OutputDir {
     fn prepare(dir: &Path) -> Result<OutputDir, PackError> {
-        let io_err = |source| PackError::OutputDir {
-            path: dir.into(),
-            source,
-        };
+        let io_err = |source| PackError::OutputDir { path: dir.into(), source };
         match std::fs::read_dir(dir) {
             Ok(listing) => {
                 let mut partitions = Vec::new();
@@ -1161,10 +949,7 @@ impl OutputDir {
                     let name = entry.map_err(io_err)?.file_name();
                     let name = name.as_bytes();
                     if name == manifest::FILE_NAME.as_bytes() {
-                        return Err(PackError::OutputHoldsDataset {
-                            dir: dir.into(),
-                            found: manifest::FILE_NAME.into(),
-                        });
+                        return Err(PackError::OutputHoldsDataset { dir: dir.into(), found: manifest::FILE_NAME.into() });
                     }
                     if is_partition_file_name(name) {
                         partitions.push(String::from_utf8_lossy(name).into_owned());
@@ -1176,21 +961,11 @@ impl OutputDir {
                         found: format!("{} partition files such as {first}, from an earlier or unfinished pack", partitions.len()),
                     });
                 }
-                Ok(OutputDir {
-                    dir: dir.into(),
-                    created: false,
-                    written: Vec::new(),
-                    committed: false,
-                })
+                Ok(OutputDir { dir: dir.into(), created: false, written: Vec::new(), committed: false })
             }
             Err(e) if e.kind() == io::ErrorKind::NotFound => {
                 std::fs::create_dir_all(dir).map_err(io_err)?;
-                Ok(OutputDir {
-                    dir: dir.into(),
-                    created: true,
-                    written: Vec::new(),
-                    committed: false,
-                })
+                Ok(OutputDir { dir: dir.into(), created: true, written: Vec::new(), committed: false })
             }
             Err(e) => Err(io_err(e)),
         }
@@ -1247,10 +1022,7 @@ mod tests {
     fn scheduler_keeps_the_window_and_always_serves_the_writer() {
         let s = Scheduler::new(10, 3, 100);
         let costs = [60u64, 60, 10, 0, 0, 0, 0, 0, 0, 0];
-        let claim = move |s: &Scheduler| {
-            s.claim(|i| costs[i], |i| costs[i])
-                .map(|c| (c.start, c.costs))
-        };
+        let claim = move |s: &Scheduler| s.claim(|i| costs[i], |i| costs[i]).map(|c| (c.start, c.costs));
         // Job 1 would exceed the byte budget while job 0 is not written: the batch stops.
         assert_eq!(claim(&s), Some((0, vec![60])));
         let s = std::sync::Arc::new(s);
@@ -1262,10 +1034,7 @@ mod tests {
         assert!(!t.is_finished());
         s.written(1, 60);
         // Now the writer waits for job 1: it is handed out, with the jobs that fit after it.
-        assert_eq!(
-            t.join().unwrap(),
-            Some((1, vec![60, 10, 0, 0, 0, 0, 0, 0, 0]))
-        );
+        assert_eq!(t.join().unwrap(), Some((1, vec![60, 10, 0, 0, 0, 0, 0, 0, 0])));
         s.abort();
         assert_eq!(claim(&s), None);
     }
@@ -1275,10 +1044,7 @@ mod tests {
         let big = BATCH_BYTES * 2;
         let sizes = [big, big, 10, 10, 10];
         let s = Scheduler::new(sizes.len(), 2, u64::MAX);
-        let claim = move |s: &Scheduler| {
-            s.claim(|i| sizes[i], |i| sizes[i])
-                .map(|c| (c.start, c.costs.len()))
-        };
+        let claim = move |s: &Scheduler| s.claim(|i| sizes[i], |i| sizes[i]).map(|c| (c.start, c.costs.len()));
         assert_eq!(claim(&s), Some((0, 1)));
         assert_eq!(claim(&s), Some((1, 1)));
         // Two batches are out: the third waits until the writer is done with one.
@@ -1310,14 +1076,7 @@ mod tests {
         }
         let st = pool.free.lock().unwrap();
         assert!(st.kept <= 3 * MIN_POOLED, "kept {} bytes", st.kept);
-        assert_eq!(
-            st.kept,
-            st.classes
-                .iter()
-                .flatten()
-                .map(Vec::capacity)
-                .sum::<usize>()
-        );
+        assert_eq!(st.kept, st.classes.iter().flatten().map(Vec::capacity).sum::<usize>());
     }
 
     #[test]

@@ -50,13 +50,7 @@ pub struct Progress {
 }
 
 impl Progress {
-    pub fn new(
-        mode: ProgressMode,
-        interval: Duration,
-        label: &'static str,
-        total_files: u64,
-        total_bytes: u64,
-    ) -> Progress {
+    pub fn new(mode: ProgressMode, interval: Duration, label: &'static str, total_files: u64, total_bytes: u64) -> Progress {
         let mode = mode.resolve();
         let bar = (mode == ProgressMode::Bar).then(|| {
             let b = ProgressBar::with_draw_target(Some(total_bytes), ProgressDrawTarget::stderr());
@@ -68,12 +62,7 @@ impl Progress {
             b.set_message(label);
             b
         });
-        let counters = Arc::new(Counters {
-            files: AtomicU64::new(0),
-            bytes: AtomicU64::new(0),
-            done: Mutex::new(false),
-            wake: Condvar::new(),
-        });
+        let counters = Arc::new(Counters { files: AtomicU64::new(0), bytes: AtomicU64::new(0), done: Mutex::new(false), wake: Condvar::new() });
         // Plain lines come from a ticker, so they keep coming while one huge file is packed.
         let ticker = (mode == ProgressMode::Plain).then(|| {
             let c = counters.clone();
@@ -98,11 +87,7 @@ impl Progress {
                 }
             })
         });
-        Progress {
-            bar,
-            counters,
-            ticker,
-        }
+        Progress { bar, counters, ticker }
     }
 
     /// Records `files` more files and `bytes` more bytes done.
@@ -150,18 +135,10 @@ impl ScanProgress {
         let mode = mode.resolve();
         let spinner = (mode == ProgressMode::Bar).then(|| {
             let s = ProgressBar::with_draw_target(None, ProgressDrawTarget::stderr());
-            s.set_style(
-                ProgressStyle::with_template("{spinner} scanning: {pos} entries")
-                    .unwrap_or_else(|_| ProgressStyle::default_spinner()),
-            );
+            s.set_style(ProgressStyle::with_template("{spinner} scanning: {pos} entries").unwrap_or_else(|_| ProgressStyle::default_spinner()));
             s
         });
-        ScanProgress {
-            spinner,
-            plain: mode == ProgressMode::Plain,
-            interval,
-            last_line: Instant::now(),
-        }
+        ScanProgress { spinner, plain: mode == ProgressMode::Plain, interval, last_line: Instant::now() }
     }
 
     pub fn update(&mut self, entries: usize) {

@@ -59,8 +59,7 @@ fn stat_from(st: &libc::stat) -> Stat {
 
 /// A NUL-terminated copy of `bytes`; a NUL inside is an `InvalidInput` error.
 pub fn c_string(bytes: &[u8]) -> io::Result<CString> {
-    CString::new(bytes)
-        .map_err(|_| io::Error::new(io::ErrorKind::InvalidInput, "NUL byte in a path"))
+    CString::new(bytes).map_err(|_| io::Error::new(io::ErrorKind::InvalidInput, "NUL byte in a path"))
 }
 
 /// A path as a NUL-terminated C string, kept on the stack when short: the
@@ -76,16 +75,10 @@ impl CPath {
 
     pub fn new(bytes: &[u8]) -> io::Result<CPath> {
         if bytes.len() >= CPath::SMALL {
-            return Ok(CPath {
-                small: [0; CPath::SMALL],
-                big: Some(c_string(bytes)?),
-            });
+            return Ok(CPath { small: [0; CPath::SMALL], big: Some(c_string(bytes)?) });
         }
         if bytes.contains(&0) {
-            return Err(io::Error::new(
-                io::ErrorKind::InvalidInput,
-                "NUL byte in a path",
-            ));
+            return Err(io::Error::new(io::ErrorKind::InvalidInput, "NUL byte in a path"));
         }
         let mut small = [0; CPath::SMALL];
         small[..bytes.len()].copy_from_slice(bytes); // the rest stays 0: NUL-terminated
@@ -115,14 +108,7 @@ pub fn openat(dir: BorrowedFd<'_>, rel: &[u8], flags: i32, mode: u32) -> io::Res
     let c = CPath::new(rel)?;
     // SAFETY: `c` is a valid NUL-terminated string that outlives the call and
     // `dir` is an open descriptor borrowed for the duration of the call.
-    let fd = check(unsafe {
-        libc::openat(
-            dir.as_raw_fd(),
-            c.as_ptr(),
-            flags | libc::O_CLOEXEC,
-            mode as libc::c_uint,
-        )
-    })?;
+    let fd = check(unsafe { libc::openat(dir.as_raw_fd(), c.as_ptr(), flags | libc::O_CLOEXEC, mode as libc::c_uint) })?;
     // SAFETY: openat returned a fresh descriptor that nothing else owns.
     Ok(unsafe { OwnedFd::from_raw_fd(fd) })
 }
@@ -142,12 +128,7 @@ const DIR_FLAGS: i32 = libc::O_RDONLY | libc::O_DIRECTORY | libc::O_NOFOLLOW;
 /// Opens `rel` (a relative path of any length, `/`-separated, no `..`)
 /// beneath `root` with `flags`, never following a symlink in any component.
 /// Long paths are opened one directory at a time.
-pub fn open_beneath(
-    root: BorrowedFd<'_>,
-    rel: &[u8],
-    flags: i32,
-    mode: u32,
-) -> io::Result<OwnedFd> {
+pub fn open_beneath(root: BorrowedFd<'_>, rel: &[u8], flags: i32, mode: u32) -> io::Result<OwnedFd> {
     if rel.len() < DIRECT_OPEN_LIMIT {
         return openat(root, rel, flags | libc::O_NOFOLLOW, mode);
     }
@@ -186,14 +167,7 @@ pub fn lstat_at(dir: BorrowedFd<'_>, name: &[u8]) -> io::Result<Stat> {
     let mut st = std::mem::MaybeUninit::<libc::stat>::uninit();
     // SAFETY: `c` is NUL-terminated, `st` points to writable memory of the
     // right type, and `dir` is open for the duration of the call.
-    check(unsafe {
-        libc::fstatat(
-            dir.as_raw_fd(),
-            c.as_ptr(),
-            st.as_mut_ptr(),
-            libc::AT_SYMLINK_NOFOLLOW,
-        )
-    })?;
+    check(unsafe { libc::fstatat(dir.as_raw_fd(), c.as_ptr(), st.as_mut_ptr(), libc::AT_SYMLINK_NOFOLLOW) })?;
     // SAFETY: fstatat succeeded, so it filled `st`.
     Ok(stat_from(unsafe { &st.assume_init() }))
 }
@@ -213,14 +187,7 @@ pub fn readlink_at(dir: BorrowedFd<'_>, name: &[u8]) -> io::Result<Vec<u8>> {
     let mut buf = vec![0u8; 4096];
     loop {
         // SAFETY: `buf` is writable for `buf.len()` bytes; `c` is NUL-terminated.
-        let n = unsafe {
-            libc::readlinkat(
-                dir.as_raw_fd(),
-                c.as_ptr(),
-                buf.as_mut_ptr().cast(),
-                buf.len(),
-            )
-        };
+        let n = unsafe { libc::readlinkat(dir.as_raw_fd(), c.as_ptr(), buf.as_mut_ptr().cast(), buf.len()) };
         if n < 0 {
             return Err(io::Error::last_os_error());
         }
@@ -262,11 +229,7 @@ pub fn read_dir_names(dir: BorrowedFd<'_>) -> io::Result<Vec<Vec<u8>>> {
         if ent.is_null() {
             // SAFETY: reading this thread's errno.
             let errno = unsafe { *libc::__errno_location() };
-            break if errno == 0 {
-                Ok(())
-            } else {
-                Err(io::Error::from_raw_os_error(errno))
-            };
+            break if errno == 0 { Ok(()) } else { Err(io::Error::from_raw_os_error(errno)) };
         }
         // SAFETY: readdir64 returned a valid entry whose d_name is a
         // NUL-terminated string living until the next readdir on `stream`.
@@ -299,8 +262,7 @@ pub fn symlink_at(target: &[u8], dir: BorrowedFd<'_>, name: &[u8]) -> io::Result
 pub fn chmod_at(dir: BorrowedFd<'_>, name: &[u8], perm: u32) -> io::Result<()> {
     let c = c_string(if name.is_empty() { b"." } else { name })?;
     // SAFETY: `c` is NUL-terminated; `dir` is open.
-    check(unsafe { libc::fchmodat(dir.as_raw_fd(), c.as_ptr(), perm as libc::mode_t, 0) })
-        .map(|_| ())
+    check(unsafe { libc::fchmodat(dir.as_raw_fd(), c.as_ptr(), perm as libc::mode_t, 0) }).map(|_| ())
 }
 
 /// `fchmod(fd, perm)`.
@@ -310,33 +272,17 @@ pub fn chmod_fd(fd: BorrowedFd<'_>, perm: u32) -> io::Result<()> {
 }
 
 fn timespec(ns: i64) -> libc::timespec {
-    libc::timespec {
-        tv_sec: ns.div_euclid(1_000_000_000),
-        tv_nsec: ns.rem_euclid(1_000_000_000),
-    }
+    libc::timespec { tv_sec: ns.div_euclid(1_000_000_000), tv_nsec: ns.rem_euclid(1_000_000_000) }
 }
 
 /// Sets access and modification times (ns since the epoch) of `name` in
 /// `dir` without following a symlink; an empty `name` means `dir` itself.
-pub fn set_times_at(
-    dir: BorrowedFd<'_>,
-    name: &[u8],
-    atime_ns: i64,
-    mtime_ns: i64,
-) -> io::Result<()> {
+pub fn set_times_at(dir: BorrowedFd<'_>, name: &[u8], atime_ns: i64, mtime_ns: i64) -> io::Result<()> {
     let c = c_string(if name.is_empty() { b"." } else { name })?;
     let times = [timespec(atime_ns), timespec(mtime_ns)];
     // SAFETY: `c` is NUL-terminated and `times` is an array of two timespecs
     // as utimensat requires; `dir` is open.
-    check(unsafe {
-        libc::utimensat(
-            dir.as_raw_fd(),
-            c.as_ptr(),
-            times.as_ptr(),
-            libc::AT_SYMLINK_NOFOLLOW,
-        )
-    })
-    .map(|_| ())
+    check(unsafe { libc::utimensat(dir.as_raw_fd(), c.as_ptr(), times.as_ptr(), libc::AT_SYMLINK_NOFOLLOW) }).map(|_| ())
 }
 
 /// Sets access and modification times of an open file.
@@ -364,14 +310,7 @@ mod tests {
             assert_eq!(back.to_bytes(), &p[..]);
         }
         assert!(CPath::new(b"a\0b").is_err());
-        assert!(CPath::new(
-            &[b'a'; 300]
-                .iter()
-                .chain(b"\0")
-                .copied()
-                .collect::<Vec<u8>>()
-        )
-        .is_err());
+        assert!(CPath::new(&[b'a'; 300].iter().chain(b"\0").copied().collect::<Vec<u8>>()).is_err());
     }
     use super::*;
 
@@ -399,17 +338,8 @@ mod tests {
         let d = tempfile::tempdir().unwrap();
         let root = std::fs::File::open(d.path()).unwrap();
         std::fs::write(d.path().join("f"), b"x").unwrap();
-        set_times_at(
-            root.as_fd(),
-            b"f",
-            -1_500_000_001,
-            1_700_000_000_123_456_789,
-        )
-        .unwrap();
+        set_times_at(root.as_fd(), b"f", -1_500_000_001, 1_700_000_000_123_456_789).unwrap();
         let st = lstat_at(root.as_fd(), b"f").unwrap();
-        assert_eq!(
-            (st.atime_ns, st.mtime_ns),
-            (-1_500_000_001, 1_700_000_000_123_456_789)
-        );
+        assert_eq!((st.atime_ns, st.mtime_ns), (-1_500_000_001, 1_700_000_000_123_456_789));
     }
 }

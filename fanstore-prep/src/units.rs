@@ -7,23 +7,16 @@ pub fn parse_size(s: &str) -> Result<u64, String> {
     let t = s.trim();
     let digits_end = t.find(|c: char| !c.is_ascii_digit()).unwrap_or(t.len());
     let (num, suffix) = t.split_at(digits_end);
-    let n: u64 = num
-        .parse()
-        .map_err(|_| format!("'{s}' is not a size (examples: 1048576, 64K, 256M, 2G)"))?;
+    let n: u64 = num.parse().map_err(|_| format!("'{s}' is not a size (examples: 1048576, 64K, 256M, 2G)"))?;
     let shift = match suffix.to_ascii_lowercase().as_str() {
         "" | "b" => 0,
         "k" | "kb" | "kib" => 10,
         "m" | "mb" | "mib" => 20,
         "g" | "gb" | "gib" => 30,
         "t" | "tb" | "tib" => 40,
-        _ => {
-            return Err(format!(
-                "'{s}': unknown size suffix '{suffix}' (use K, M, G or T)"
-            ))
-        }
+        _ => return Err(format!("'{s}': unknown size suffix '{suffix}' (use K, M, G or T)")),
     };
-    n.checked_mul(1u64 << shift)
-        .ok_or_else(|| format!("'{s}' is too large"))
+    n.checked_mul(1u64 << shift).ok_or_else(|| format!("'{s}' is too large"))
 }
 
 #[cfg(test)]

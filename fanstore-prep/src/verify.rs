@@ -16,12 +16,8 @@
 
 use fanstore_core::checksum::{xxh3, StreamingChecksum};
 use fanstore_core::codec::{self, Codec};
-use fanstore_core::manifest::{
-    self, IndexView, Manifest, NodeKind, PartitionInfo, NODE_FLAG_REPLICATED,
-};
-use fanstore_core::partition::{
-    self, EntryHeader, PartitionHeader, ENTRY_HEADER_LEN, FLAG_REPLICATED, HEADER_LEN,
-};
+use fanstore_core::manifest::{self, IndexView, Manifest, NodeKind, PartitionInfo, NODE_FLAG_REPLICATED};
+use fanstore_core::partition::{self, EntryHeader, PartitionHeader, ENTRY_HEADER_LEN, FLAG_REPLICATED, HEADER_LEN};
 use std::collections::HashMap;
 use std::fs::File;
 use std::io::{BufReader, Read};
@@ -141,11 +137,7 @@ pub fn verify(dir: &Path) -> VerifyReport {
     }
     check_stray_partitions(dir, &listed, &mut report);
 
-    let mut missing: Vec<((u32, u64), &[u8])> = refs
-        .iter()
-        .filter(|(_, r)| !r.seen)
-        .map(|(k, r)| (*k, r.path))
-        .collect();
+    let mut missing: Vec<((u32, u64), &[u8])> = refs.iter().filter(|(_, r)| !r.seen).map(|(k, r)| (*k, r.path)).collect();
     missing.sort_by_key(|(_, path)| *path);
     for ((part, off), path) in missing {
         report.fault(format!(
@@ -162,9 +154,7 @@ fn lossy(b: &[u8]) -> std::borrow::Cow<'_, str> {
 }
 
 fn check_stray_partitions(dir: &Path, listed: &[PartitionInfo], report: &mut VerifyReport) {
-    let Ok(rd) = std::fs::read_dir(dir) else {
-        return;
-    };
+    let Ok(rd) = std::fs::read_dir(dir) else { return };
     let mut stray: Vec<String> = rd
         .filter_map(|e| e.ok())
         .map(|e| e.file_name().to_string_lossy().into_owned())
@@ -173,29 +163,17 @@ fn check_stray_partitions(dir: &Path, listed: &[PartitionInfo], report: &mut Ver
         .collect();
     stray.sort();
     for n in stray {
-        report.fault(format!(
-            "{}: partition file not listed in the manifest",
-            dir.join(n).display()
-        ));
+        report.fault(format!("{}: partition file not listed in the manifest", dir.join(n).display()));
     }
 }
 
 /// Scans one partition file fully and checks it against the manifest.
-fn check_partition(
-    path: &Path,
-    info: &PartitionInfo,
-    view: &IndexView<'_>,
-    refs: &mut HashMap<(u32, u64), FileRef<'_>>,
-    report: &mut VerifyReport,
-) {
+fn check_partition(path: &Path, info: &PartitionInfo, view: &IndexView<'_>, refs: &mut HashMap<(u32, u64), FileRef<'_>>, report: &mut VerifyReport) {
     let shown = path.display();
     let file = match File::open(path) {
         Ok(f) => f,
         Err(e) => {
-            report.fault(format!(
-                "{shown}: partition {} listed in the manifest cannot be opened: {e}",
-                info.id
-            ));
+            report.fault(format!("{shown}: partition {} listed in the manifest cannot be opened: {e}", info.id));
             return;
         }
     };
@@ -209,10 +187,7 @@ fn check_partition(
     let mut input = BufReader::with_capacity(4 << 20, file);
     let mut hb = [0u8; HEADER_LEN];
     let got = read_up_to(&mut input, &mut hb);
-    let header = match got
-        .map_err(|e| e.to_string())
-        .and_then(|n| PartitionHeader::decode(path, &hb[..n]).map_err(|e| e.to_string()))
-    {
+    let header = match got.map_err(|e| e.to_string()).and_then(|n| PartitionHeader::decode(path, &hb[..n]).map_err(|e| e.to_string())) {
         Ok(h) => h,
         Err(e) => {
             report.fault(e);
@@ -228,41 +203,23 @@ fn check_partition(
         mismatch("id", header.id.to_string(), info.id.to_string());
     }
     if header.checksum != info.header_checksum {
-        mismatch(
-            "header checksum",
-            format!("{:#018x}", header.checksum),
-            format!("{:#018x}", info.header_checksum),
-        );
+        mismatch("header checksum", format!("{:#018x}", header.checksum), format!("{:#018x}", info.header_checksum));
     }
     if header.dataset_id != view.dataset_id() {
-        mismatch(
-            "dataset id",
-            format!("{:#018x}", header.dataset_id),
-            format!("{:#018x}", view.dataset_id()),
-        );
+        mismatch("dataset id", format!("{:#018x}", header.dataset_id), format!("{:#018x}", view.dataset_id()));
     }
     if header.flags != info.flags {
         mismatch("flags", header.flags.to_string(), info.flags.to_string());
     }
     if header.entry_count != info.entry_count {
-        mismatch(
-            "entry count",
-            header.entry_count.to_string(),
-            info.entry_count.to_string(),
-        );
+        mismatch("entry count", header.entry_count.to_string(), info.entry_count.to_string());
     }
     let header_len = HEADER_LEN as u64 + header.data_len;
     if header_len != info.file_len {
-        mismatch(
-            "file length",
-            header_len.to_string(),
-            info.file_len.to_string(),
-        );
+        mismatch("file length", header_len.to_string(), info.file_len.to_string());
     }
     if file_len != header_len {
-        report.fault(format!(
-            "{shown}: file has {file_len} bytes, its header says {header_len}"
-        ));
+        report.fault(format!("{shown}: file has {file_len} bytes, its header says {header_len}"));
     }
     report.bytes_read += file_len;
 
@@ -284,9 +241,7 @@ fn check_partition(
             Ok(h) => h,
             Err(e) => {
                 // Without a valid header the next entry cannot be found.
-                report.fault(format!(
-                    "{e} (entry {k}; the rest of the partition is not checked)"
-                ));
+                report.fault(format!("{e} (entry {k}; the rest of the partition is not checked)"));
                 return;
             }
         };
@@ -311,9 +266,7 @@ fn check_partition(
                 report.fault(format!("{shown}: payload of entry {k} at offset {payload_off} does not decompress: {e}"));
             }
             Err(e) => {
-                report.fault(format!(
-                    "{shown}: payload of entry {k} at offset {payload_off}: {e}"
-                ));
+                report.fault(format!("{shown}: payload of entry {k} at offset {payload_off}: {e}"));
                 return;
             }
         }
@@ -355,10 +308,7 @@ fn check_partition(
         pos = payload_off + eh.stored_len;
     }
     if pos != file_len {
-        report.fault(format!(
-            "{shown}: {} trailing bytes after the last entry at offset {pos}",
-            file_len.saturating_sub(pos)
-        ));
+        report.fault(format!("{shown}: {} trailing bytes after the last entry at offset {pos}", file_len.saturating_sub(pos)));
     }
     if logical != info.logical_bytes {
         report.fault(format!(
@@ -376,11 +326,7 @@ enum PayloadCheck {
 
 /// Reads one payload: raw ones streamed through the checksum, compressed
 /// ones in memory and then decompressed to check their length.
-fn check_payload(
-    input: &mut impl Read,
-    eh: &EntryHeader,
-    buf: &mut [u8],
-) -> std::io::Result<PayloadCheck> {
+fn check_payload(input: &mut impl Read, eh: &EntryHeader, buf: &mut [u8]) -> std::io::Result<PayloadCheck> {
     if eh.codec == Codec::None {
         let mut sum = StreamingChecksum::new();
         let mut left = eh.stored_len;

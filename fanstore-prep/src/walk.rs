@@ -52,14 +52,7 @@ pub struct TreeEntry {
 
 impl TreeEntry {
     fn new(path: Vec<u8>, kind: EntryKind, st: &sys::Stat) -> TreeEntry {
-        TreeEntry {
-            path,
-            kind,
-            perm: st.perm,
-            mtime_ns: st.mtime_ns,
-            atime_ns: st.atime_ns,
-            ctime_ns: st.ctime_ns,
-        }
+        TreeEntry { path, kind, perm: st.perm, mtime_ns: st.mtime_ns, atime_ns: st.atime_ns, ctime_ns: st.ctime_ns }
     }
 }
 
@@ -90,27 +83,15 @@ pub struct Tree {
 #[derive(Debug, thiserror::Error)]
 pub enum WalkError {
     #[error("input {}: {source}", .path.display())]
-    Root {
-        path: PathBuf,
-        source: std::io::Error,
-    },
+    Root { path: PathBuf, source: std::io::Error },
     #[error("input {} is not a directory", .0.display())]
     RootNotDir(PathBuf),
     #[error("{}: unreadable directory: {source} (use --skip-unreadable to leave it out)", .path.display())]
-    UnreadableDir {
-        path: PathBuf,
-        source: std::io::Error,
-    },
+    UnreadableDir { path: PathBuf, source: std::io::Error },
     #[error("{}: cannot stat: {source}", .path.display())]
-    Stat {
-        path: PathBuf,
-        source: std::io::Error,
-    },
+    Stat { path: PathBuf, source: std::io::Error },
     #[error("{}: cannot read symlink: {source}", .path.display())]
-    ReadLink {
-        path: PathBuf,
-        source: std::io::Error,
-    },
+    ReadLink { path: PathBuf, source: std::io::Error },
     #[error("{}: special file ({kind}): FanStore packs regular files, directories and symlinks (use --skip-special to leave it out)", .path.display())]
     Special { path: PathBuf, kind: &'static str },
     #[error("{}: symlink points outside the input tree (target '{}'); only links that stay inside the tree can be kept", .path.display(), String::from_utf8_lossy(.target))]
@@ -156,36 +137,16 @@ fn join(dir: &[u8], name: &[u8]) -> Vec<u8> {
 /// the listings, in linear time, so neither the result nor its order
 /// depends on the thread count or on timing. If several entries are bad,
 /// which one is reported may depend on timing; each error names its path.
-pub fn walk(
-    root: &Path,
-    opts: WalkOptions,
-    mut on_progress: impl FnMut(usize),
-) -> Result<Tree, WalkError> {
-    let root_file = std::fs::File::open(root).map_err(|e| WalkError::Root {
-        path: root.into(),
-        source: e,
-    })?;
+pub fn walk(root: &Path, opts: WalkOptions, mut on_progress: impl FnMut(usize)) -> Result<Tree, WalkError> {
+    let root_file = std::fs::File::open(root).map_err(|e| WalkError::Root { path: root.into(), source: e })?;
     let root_fd: OwnedFd = root_file.into();
-    let root_stat = sys::fstat(root_fd.as_fd()).map_err(|e| WalkError::Root {
-        path: root.into(),
-        source: e,
-    })?;
+    let root_stat = sys::fstat(root_fd.as_fd()).map_err(|e| WalkError::Root { path: root.into(), source: e })?;
     if root_stat.kind != InodeKind::Dir {
         return Err(WalkError::RootNotDir(root.into()));
     }
-    let ctx = WalkContext {
-        root,
-        root_fd: root_fd.as_fd(),
-        opts,
-        anchors: RootAnchors::new(root),
-    };
+    let ctx = WalkContext { root, root_fd: root_fd.as_fd(), opts, anchors: RootAnchors::new(root) };
     let shared = WalkQueue {
-        state: Mutex::new(QueueState {
-            pending: vec![(0, Vec::new())],
-            listings: vec![None],
-            busy: 0,
-            error: None,
-        }),
+        state: Mutex::new(QueueState { pending: vec![(0, Vec::new())], listings: vec![None], busy: 0, error: None }),
         changed: Condvar::new(),
         listed: AtomicUsize::new(1),
     };
@@ -200,19 +161,9 @@ pub fn walk(
     if let Some(e) = state.error {
         return Err(e);
     }
-    let (entries, skipped) = depth_first(
-        TreeEntry::new(Vec::new(), EntryKind::Dir, &root_stat),
-        state.listings,
-    );
-    debug_assert!(entries
-        .windows(2)
-        .all(|w| tree_order(&w[0].path, &w[1].path).is_lt()));
-    Ok(Tree {
-        root: root.into(),
-        root_fd,
-        entries,
-        skipped,
-    })
+    let (entries, skipped) = depth_first(TreeEntry::new(Vec::new(), EntryKind::Dir, &root_stat), state.listings);
+    debug_assert!(entries.windows(2).all(|w| tree_order(&w[0].path, &w[1].path).is_lt()));
+    Ok(Tree { root: root.into(), root_fd, entries, skipped })
 }
 
 /// What every walking thread reads.
@@ -308,8 +259,7 @@ impl WalkQueue {
 /// positions of its subdirectories among them.
 fn list_dir(ctx: &WalkContext<'_>, dir_rel: &[u8]) -> Result<(Listing, Vec<usize>), WalkError> {
     let (root, opts) = (ctx.root, ctx.opts);
-    let listing = sys::open_dir_beneath(ctx.root_fd, dir_rel)
-        .and_then(|fd| sys::read_dir_names(fd.as_fd()).map(|names| (fd, names)));
+    let listing = sys::open_dir_beneath(ctx.root_fd, dir_rel).and_then(|fd| sys::read_dir_names(fd.as_fd()).map(|names| (fd, names)));
     let (dir_fd, mut names) = match listing {
         Ok(x) => x,
         Err(e) => {
@@ -317,14 +267,7 @@ fn list_dir(ctx: &WalkContext<'_>, dir_rel: &[u8]) -> Result<(Listing, Vec<usize
             if opts.skip_unreadable && !dir_rel.is_empty() {
                 log::warn!("skipping unreadable directory {}: {e}", path.display());
                 let skipped = vec![format!("{} (unreadable directory)", path.display())];
-                return Ok((
-                    Listing {
-                        stat: None,
-                        entries: None,
-                        skipped,
-                    },
-                    Vec::new(),
-                ));
+                return Ok((Listing { stat: None, entries: None, skipped }, Vec::new()));
             }
             return Err(WalkError::UnreadableDir { path, source: e });
         }
@@ -340,60 +283,37 @@ fn list_dir(ctx: &WalkContext<'_>, dir_rel: &[u8]) -> Result<(Listing, Vec<usize
         let rel = join(dir_rel, &name);
         let path = || display_path(root, &rel);
         if name.len() > NAME_MAX {
-            return Err(WalkError::TooLong {
-                path: path(),
-                problem: format!("name is {} bytes, the limit is {NAME_MAX}", name.len()),
-            });
+            return Err(WalkError::TooLong { path: path(), problem: format!("name is {} bytes, the limit is {NAME_MAX}", name.len()) });
         }
         if rel.len() > PATH_MAX {
             return Err(WalkError::TooLong {
                 path: path(),
-                problem: format!(
-                    "path is {} bytes below the input, the limit is {PATH_MAX}",
-                    rel.len()
-                ),
+                problem: format!("path is {} bytes below the input, the limit is {PATH_MAX}", rel.len()),
             });
         }
         let st = match sys::lstat_at(dir_fd.as_fd(), &name) {
             Ok(st) => st,
             Err(e) if e.kind() == std::io::ErrorKind::NotFound => {
-                log::warn!(
-                    "{} vanished while the tree was walked; leaving it out",
-                    path().display()
-                );
+                log::warn!("{} vanished while the tree was walked; leaving it out", path().display());
                 continue;
             }
-            Err(e) => {
-                return Err(WalkError::Stat {
-                    path: path(),
-                    source: e,
-                })
-            }
+            Err(e) => return Err(WalkError::Stat { path: path(), source: e }),
         };
         match st.kind {
             InodeKind::Dir => {
                 subdirs.push(entries.len());
                 entries.push((TreeEntry::new(rel, EntryKind::Dir, &st), None));
             }
-            InodeKind::File => entries.push((
-                TreeEntry::new(rel, EntryKind::File { size: st.size }, &st),
-                None,
-            )),
+            InodeKind::File => entries.push((TreeEntry::new(rel, EntryKind::File { size: st.size }, &st), None)),
             InodeKind::Symlink => {
-                let target =
-                    sys::readlink_at(dir_fd.as_fd(), &name).map_err(|e| WalkError::ReadLink {
-                        path: path(),
-                        source: e,
-                    })?;
+                let target = sys::readlink_at(dir_fd.as_fd(), &name).map_err(|e| WalkError::ReadLink { path: path(), source: e })?;
                 // readlink may have updated the link's atime: record the
                 // stat taken after it, which the next pack sees again.
                 let st = sys::lstat_at(dir_fd.as_fd(), &name).unwrap_or(st);
-                let kept = ctx.anchors.check_symlink(&rel, &target).ok_or_else(|| {
-                    WalkError::SymlinkOutside {
-                        path: path(),
-                        target: target.clone(),
-                    }
-                })?;
+                let kept = ctx
+                    .anchors
+                    .check_symlink(&rel, &target)
+                    .ok_or_else(|| WalkError::SymlinkOutside { path: path(), target: target.clone() })?;
                 if kept != target {
                     log::info!(
                         "{}: absolute target '{}' is inside the tree: stored as '{}'",
@@ -402,10 +322,7 @@ fn list_dir(ctx: &WalkContext<'_>, dir_rel: &[u8]) -> Result<(Listing, Vec<usize
                         String::from_utf8_lossy(&kept)
                     );
                 }
-                entries.push((
-                    TreeEntry::new(rel, EntryKind::Symlink { target: kept }, &st),
-                    None,
-                ));
+                entries.push((TreeEntry::new(rel, EntryKind::Symlink { target: kept }, &st), None));
             }
             InodeKind::Special(kind) => {
                 if opts.skip_special {
@@ -417,44 +334,30 @@ fn list_dir(ctx: &WalkContext<'_>, dir_rel: &[u8]) -> Result<(Listing, Vec<usize
             }
         }
     }
-    Ok((
-        Listing {
-            stat,
-            entries: Some(entries),
-            skipped,
-        },
-        subdirs,
-    ))
+    Ok((Listing { stat, entries: Some(entries), skipped }, subdirs))
 }
 
 /// The entries in the manifest's order (depth-first from listing 0, the
 /// root, whose entry is `root`), unreadable directories left out, and the
 /// skipped entries in the same order.
-fn depth_first(
-    root: TreeEntry,
-    mut listings: Vec<Option<Listing>>,
-) -> (Vec<TreeEntry>, Vec<String>) {
+fn depth_first(root: TreeEntry, mut listings: Vec<Option<Listing>>) -> (Vec<TreeEntry>, Vec<String>) {
     let mut out = Vec::new();
     let mut skipped = Vec::new();
     // The listings being emitted, each with the entries it has left.
     let mut stack: Vec<std::vec::IntoIter<(TreeEntry, Option<usize>)>> = Vec::new();
-    let mut visit =
-        |mut dir: TreeEntry, id: usize, out: &mut Vec<TreeEntry>, stack: &mut Vec<_>| {
-            let Some(listing) = listings.get_mut(id).and_then(Option::take) else {
-                out.push(dir);
-                return;
-            };
-            skipped.extend(listing.skipped);
-            let Some(entries) = listing.entries else {
-                return;
-            }; // unreadable: left out
-            if let Some(st) = listing.stat {
-                (dir.perm, dir.mtime_ns, dir.atime_ns, dir.ctime_ns) =
-                    (st.perm, st.mtime_ns, st.atime_ns, st.ctime_ns);
-            }
+    let mut visit = |mut dir: TreeEntry, id: usize, out: &mut Vec<TreeEntry>, stack: &mut Vec<_>| {
+        let Some(listing) = listings.get_mut(id).and_then(Option::take) else {
             out.push(dir);
-            stack.push(entries.into_iter());
+            return;
         };
+        skipped.extend(listing.skipped);
+        let Some(entries) = listing.entries else { return }; // unreadable: left out
+        if let Some(st) = listing.stat {
+            (dir.perm, dir.mtime_ns, dir.atime_ns, dir.ctime_ns) = (st.perm, st.mtime_ns, st.atime_ns, st.ctime_ns);
+        }
+        out.push(dir);
+        stack.push(entries.into_iter());
+    };
     visit(root, 0, &mut out, &mut stack);
     while let Some(top) = stack.last_mut() {
         match top.next() {
@@ -583,48 +486,27 @@ mod tests {
     use super::*;
 
     fn anchors(root: &str) -> RootAnchors {
-        RootAnchors {
-            spellings: vec![root.as_bytes().to_vec()],
-        }
+        RootAnchors { spellings: vec![root.as_bytes().to_vec()] }
     }
 
     #[test]
     fn relative_targets_inside_are_kept_outside_refused() {
         let a = anchors("/data/in");
-        assert_eq!(
-            a.check_symlink(b"x/l", b"../y/f").as_deref(),
-            Some(&b"../y/f"[..])
-        );
+        assert_eq!(a.check_symlink(b"x/l", b"../y/f").as_deref(), Some(&b"../y/f"[..]));
         assert_eq!(a.check_symlink(b"x/l", b"f").as_deref(), Some(&b"f"[..]));
         assert_eq!(a.check_symlink(b"x/l", b"..").as_deref(), Some(&b".."[..]));
         assert_eq!(a.check_symlink(b"x/l", b"../..").as_deref(), None);
-        assert_eq!(
-            a.check_symlink(b"l", b"../in/f").as_deref(),
-            None,
-            "escapes, even if it comes back"
-        );
+        assert_eq!(a.check_symlink(b"l", b"../in/f").as_deref(), None, "escapes, even if it comes back");
         assert_eq!(a.check_symlink(b"l", b"").as_deref(), None);
     }
 
     #[test]
     fn absolute_targets_inside_are_rewritten_relative() {
         let a = anchors("/data/in");
-        assert_eq!(
-            a.check_symlink(b"x/y/l", b"/data/in/x/f").as_deref(),
-            Some(&b"../f"[..])
-        );
-        assert_eq!(
-            a.check_symlink(b"l", b"/data/in//z/./f").as_deref(),
-            Some(&b"z/f"[..])
-        );
-        assert_eq!(
-            a.check_symlink(b"x/l", b"/data/in").as_deref(),
-            Some(&b".."[..])
-        );
-        assert_eq!(
-            a.check_symlink(b"x/l", b"/data/in/x").as_deref(),
-            Some(&b"."[..])
-        );
+        assert_eq!(a.check_symlink(b"x/y/l", b"/data/in/x/f").as_deref(), Some(&b"../f"[..]));
+        assert_eq!(a.check_symlink(b"l", b"/data/in//z/./f").as_deref(), Some(&b"z/f"[..]));
+        assert_eq!(a.check_symlink(b"x/l", b"/data/in").as_deref(), Some(&b".."[..]));
+        assert_eq!(a.check_symlink(b"x/l", b"/data/in/x").as_deref(), Some(&b"."[..]));
         assert_eq!(a.check_symlink(b"l", b"/data/inner/f").as_deref(), None);
         assert_eq!(a.check_symlink(b"l", b"/etc/passwd").as_deref(), None);
         assert_eq!(a.check_symlink(b"l", b"/data/in/../out").as_deref(), None);
@@ -634,10 +516,7 @@ mod tests {
     fn tree_order_is_depth_first_by_name_bytes() {
         let mut v: Vec<&[u8]> = vec![b"a.b", b"a/z", b"a", b"", b"b", b"a/b/c", b"\xff"];
         v.sort_by(|a, b| tree_order(a, b));
-        assert_eq!(
-            v,
-            vec![&b""[..], b"a", b"a/b/c", b"a/z", b"a.b", b"b", b"\xff"]
-        );
+        assert_eq!(v, vec![&b""[..], b"a", b"a/b/c", b"a/z", b"a.b", b"b", b"\xff"]);
     }
 
     #[test]
@@ -646,25 +525,14 @@ mod tests {
         let r = d.path();
         // Names whose byte order differs from the order of whole paths
         // ("a.b" sorts after "a/z") and from creation order.
-        for (i, dir) in ["b", "a", "a/z", "a/z/y", "a.b", "c/d/e/f", "\u{e9}"]
-            .iter()
-            .enumerate()
-        {
+        for (i, dir) in ["b", "a", "a/z", "a/z/y", "a.b", "c/d/e/f", "\u{e9}"].iter().enumerate() {
             std::fs::create_dir_all(r.join(dir)).unwrap();
             for k in [3, 1, 20, 2] {
                 std::fs::write(r.join(dir).join(format!("f{k}")), vec![b'x'; i * k]).unwrap();
             }
         }
         std::os::unix::fs::symlink("../b/f1", r.join("a/l")).unwrap();
-        let one = walk(
-            r,
-            WalkOptions {
-                threads: 1,
-                ..Default::default()
-            },
-            |_| {},
-        )
-        .unwrap();
+        let one = walk(r, WalkOptions { threads: 1, ..Default::default() }, |_| {}).unwrap();
         let paths: Vec<&[u8]> = one.entries.iter().map(|e| e.path.as_slice()).collect();
         let mut sorted = paths.clone();
         sorted.sort_by(|a, b| tree_order(a, b));
@@ -672,15 +540,7 @@ mod tests {
         assert_eq!(paths, sorted, "depth-first, by name, no duplicates");
         assert_eq!(paths.len(), 1 + 10 + 7 * 4 + 1);
         for threads in [2, 3, 8] {
-            let many = walk(
-                r,
-                WalkOptions {
-                    threads,
-                    ..Default::default()
-                },
-                |_| {},
-            )
-            .unwrap();
+            let many = walk(r, WalkOptions { threads, ..Default::default() }, |_| {}).unwrap();
             assert_eq!(many.entries, one.entries, "{threads} threads");
         }
     }
@@ -693,11 +553,7 @@ mod tests {
         std::fs::write(r.join("a/f"), b"12345").unwrap();
         std::os::unix::fs::symlink("f", r.join("a/l")).unwrap();
         let t = walk(r, WalkOptions::default(), |_| {}).unwrap();
-        let got: Vec<(&[u8], &EntryKind)> = t
-            .entries
-            .iter()
-            .map(|e| (e.path.as_slice(), &e.kind))
-            .collect();
+        let got: Vec<(&[u8], &EntryKind)> = t.entries.iter().map(|e| (e.path.as_slice(), &e.kind)).collect();
         assert_eq!(
             got,
             vec![
@@ -705,37 +561,18 @@ mod tests {
                 (b"a", &EntryKind::Dir),
                 (b"a/empty", &EntryKind::Dir),
                 (b"a/f", &EntryKind::File { size: 5 }),
-                (
-                    b"a/l",
-                    &EntryKind::Symlink {
-                        target: b"f".to_vec()
-                    }
-                ),
+                (b"a/l", &EntryKind::Symlink { target: b"f".to_vec() }),
             ]
         );
         std::os::unix::fs::symlink("/etc/passwd", r.join("out")).unwrap();
-        assert!(matches!(
-            walk(r, WalkOptions::default(), |_| {}),
-            Err(WalkError::SymlinkOutside { .. })
-        ));
+        assert!(matches!(walk(r, WalkOptions::default(), |_| {}), Err(WalkError::SymlinkOutside { .. })));
         std::fs::remove_file(r.join("out")).unwrap();
         let fifo = sys::c_string(r.join("a/fifo").as_os_str().as_bytes()).unwrap();
         // SAFETY: `fifo` is a NUL-terminated path.
         assert_eq!(unsafe { libc::mkfifo(fifo.as_ptr(), 0o644) }, 0);
-        let e = walk(r, WalkOptions::default(), |_| {})
-            .err()
-            .unwrap()
-            .to_string();
+        let e = walk(r, WalkOptions::default(), |_| {}).err().unwrap().to_string();
         assert!(e.contains("a/fifo") && e.contains("fifo"), "{e}");
-        let t = walk(
-            r,
-            WalkOptions {
-                skip_special: true,
-                ..Default::default()
-            },
-            |_| {},
-        )
-        .unwrap();
+        let t = walk(r, WalkOptions { skip_special: true, ..Default::default() }, |_| {}).unwrap();
         assert_eq!(t.entries.len(), 5);
         assert_eq!(t.skipped.len(), 1);
     }

@@ -23,11 +23,7 @@ fn make_tree(root: &Path) {
         std::fs::create_dir_all(&dir).unwrap();
         for f in 0..40 {
             let size = (rnd() % 200_000) as usize;
-            let bytes: Vec<u8> = if f % 2 == 0 {
-                (0..size).map(|_| rnd() as u8).collect()
-            } else {
-                (0..size).map(|i| (i % 7) as u8).collect()
-            };
+            let bytes: Vec<u8> = if f % 2 == 0 { (0..size).map(|_| rnd() as u8).collect() } else { (0..size).map(|i| (i % 7) as u8).collect() };
             std::fs::write(dir.join(format!("f{f:03}.bin")), bytes).unwrap();
         }
     }
@@ -56,12 +52,7 @@ fn dataset_bytes(dir: &Path) -> Vec<(String, Vec<u8>)> {
     let mut v: Vec<(String, Vec<u8>)> = std::fs::read_dir(dir)
         .unwrap()
         .map(|e| e.unwrap())
-        .map(|e| {
-            (
-                e.file_name().to_string_lossy().into_owned(),
-                std::fs::read(e.path()).unwrap(),
-            )
-        })
+        .map(|e| (e.file_name().to_string_lossy().into_owned(), std::fs::read(e.path()).unwrap()))
         .collect();
     v.sort();
     v
@@ -96,11 +87,7 @@ fn real_partitions_are_balanced_and_replicated_ones_flagged() {
     let m = Manifest::open(&out.join("manifest.fsm")).unwrap();
     let v = m.view();
     let parts: Vec<_> = v.partitions().collect();
-    let regular: Vec<u64> = parts
-        .iter()
-        .filter(|p| !p.replicated())
-        .map(|p| p.logical_bytes)
-        .collect();
+    let regular: Vec<u64> = parts.iter().filter(|p| !p.replicated()).map(|p| p.logical_bytes).collect();
     let total: u64 = regular.iter().sum();
     for b in &regular {
         // Contiguous runs: each within one (largest, < 200 KB) file of the ideal.
@@ -108,10 +95,7 @@ fn real_partitions_are_balanced_and_replicated_ones_flagged() {
     }
     let val = v.lookup(b"val/a.txt").unwrap();
     assert!(parts[val.partition() as usize].replicated());
-    assert_eq!(
-        val.flags() & fanstore_core::manifest::NODE_FLAG_REPLICATED,
-        1
-    );
+    assert_eq!(val.flags() & fanstore_core::manifest::NODE_FLAG_REPLICATED, 1);
     assert!(!parts[v.lookup(b"class0/f000.bin").unwrap().partition() as usize].replicated());
 }
 
@@ -126,15 +110,9 @@ fn extract_restores_what_was_packed() {
     fanstore_prep::extract::extract(&out, &back).unwrap();
     for e in std::fs::read_dir(input.join("class3")).unwrap() {
         let e = e.unwrap();
-        assert_eq!(
-            std::fs::read(e.path()).unwrap(),
-            std::fs::read(back.join("class3").join(e.file_name())).unwrap()
-        );
+        assert_eq!(std::fs::read(e.path()).unwrap(), std::fs::read(back.join("class3").join(e.file_name())).unwrap());
     }
-    assert_eq!(
-        std::fs::read_link(back.join("link")).unwrap(),
-        Path::new("class0/f000.bin")
-    );
+    assert_eq!(std::fs::read_link(back.join("link")).unwrap(), Path::new("class0/f000.bin"));
     assert!(back.join("val/empty").is_dir());
     // Extracting into a non-empty directory is refused.
     assert!(fanstore_prep::extract::extract(&out, &back).is_err());
@@ -148,13 +126,8 @@ fn existing_dataset_is_refused_and_left_intact() {
     let out = d.path().join("out");
     pack(&options(&input, out.clone(), 2, "none")).unwrap();
     let before = dataset_bytes(&out);
-    let e = pack(&options(&input, out.clone(), 2, "none"))
-        .unwrap_err()
-        .to_string();
-    assert!(
-        e.contains("already holds a dataset") && e.contains("manifest.fsm"),
-        "{e}"
-    );
+    let e = pack(&options(&input, out.clone(), 2, "none")).unwrap_err().to_string();
+    assert!(e.contains("already holds a dataset") && e.contains("manifest.fsm"), "{e}");
     assert!(before == dataset_bytes(&out));
 }
 
@@ -188,19 +161,9 @@ fn big_files_stream_raw_and_incompressible_big_files_fall_back_to_raw() {
         assert!(report.faults.is_empty(), "{:?}", report.faults);
         let m = Manifest::open(&out.join("manifest.fsm")).unwrap();
         let v = m.view();
-        assert_eq!(
-            v.lookup(b"noise.bin").unwrap().codec(),
-            fanstore_core::codec::Codec::None
-        );
-        let expected_sparse_codec = if codec == "lz4" {
-            fanstore_core::codec::Codec::Lz4
-        } else {
-            fanstore_core::codec::Codec::None
-        };
-        assert_eq!(
-            v.lookup(b"sparse.bin").unwrap().codec(),
-            expected_sparse_codec
-        );
+        assert_eq!(v.lookup(b"noise.bin").unwrap().codec(), fanstore_core::codec::Codec::None);
+        let expected_sparse_codec = if codec == "lz4" { fanstore_core::codec::Codec::Lz4 } else { fanstore_core::codec::Codec::None };
+        assert_eq!(v.lookup(b"sparse.bin").unwrap().codec(), expected_sparse_codec);
         let back = d.path().join(format!("back-{codec}"));
         fanstore_prep::extract::extract(&out, &back).unwrap();
         assert!(std::fs::read(back.join("noise.bin")).unwrap() == noise);

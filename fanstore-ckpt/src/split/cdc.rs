@@ -22,11 +22,7 @@ pub struct CdcParams {
 
 impl Default for CdcParams {
     fn default() -> Self {
-        CdcParams {
-            min: 16 << 10,
-            avg: 64 << 10,
-            max: 256 << 10,
-        }
+        CdcParams { min: 16 << 10, avg: 64 << 10, max: 256 << 10 }
     }
 }
 
@@ -49,19 +45,11 @@ impl CdcParams {
     /// The sizes for a file of `len` bytes (see the module documentation).
     pub fn for_len(self, len: u64) -> CdcParams {
         let p = self.sanitized();
-        let scale = (len / (u64::from(p.avg) * MAX_CHUNKS))
-            .max(1)
-            .next_power_of_two()
-            .min(1 << 16) as u32;
+        let scale = (len / (u64::from(p.avg) * MAX_CHUNKS)).max(1).next_power_of_two().min(1 << 16) as u32;
         if scale == 1 {
             return p;
         }
-        CdcParams {
-            min: p.min.saturating_mul(scale),
-            avg: p.avg.saturating_mul(scale),
-            max: p.max.saturating_mul(scale),
-        }
-        .sanitized()
+        CdcParams { min: p.min.saturating_mul(scale), avg: p.avg.saturating_mul(scale), max: p.max.saturating_mul(scale) }.sanitized()
     }
 }
 
@@ -71,13 +59,7 @@ pub(super) fn chunk(bytes: &[u8], p: &CdcParams) -> Vec<Piece> {
         .enumerate()
         .map(|(i, c)| {
             let name = format!("chunk-{i}").into_bytes();
-            Piece::Unit(
-                c.offset..c.offset + c.length,
-                UnitMeta {
-                    name,
-                    ..UnitMeta::default()
-                },
-            )
+            Piece::Unit(c.offset..c.offset + c.length, UnitMeta { name, ..UnitMeta::default() })
         })
         .collect()
 }
@@ -93,24 +75,11 @@ mod tests {
         assert_eq!(p.for_len(1 << 20), p.sanitized());
         assert_eq!(p.for_len(16 << 20), p.sanitized());
         let big = p.for_len(1 << 30);
-        assert_eq!(
-            (big.min, big.avg, big.max),
-            (
-                p.min * 64,
-                p.avg * 64,
-                (p.max * 64).min(fastcdc::v2020::MAXIMUM_MAX)
-            )
-        );
+        assert_eq!((big.min, big.avg, big.max), (p.min * 64, p.avg * 64, (p.max * 64).min(fastcdc::v2020::MAXIMUM_MAX)));
         let n = 64 << 20;
-        let data: Vec<u8> = (0..n as u64)
-            .map(|i| (i.wrapping_mul(0x9E37_79B9_7F4A_7C15) >> 56) as u8)
-            .collect();
+        let data: Vec<u8> = (0..n as u64).map(|i| (i.wrapping_mul(0x9E37_79B9_7F4A_7C15) >> 56) as u8).collect();
         let pieces = chunk(&data, &p);
-        assert!(
-            pieces.len() as u64 <= 2 * MAX_CHUNKS,
-            "{} chunks for 64 MiB",
-            pieces.len()
-        );
+        assert!(pieces.len() as u64 <= 2 * MAX_CHUNKS, "{} chunks for 64 MiB", pieces.len());
     }
 
     #[test]
@@ -132,28 +101,11 @@ mod tests {
         let mut shifted = b"inserted!".to_vec();
         shifted.extend_from_slice(&data);
         let b = split(&shifted, &p);
-        let ha: std::collections::HashSet<_> = a
-            .pieces
-            .iter()
-            .map(|q| blake3::hash(&data[q.range().clone()]))
-            .collect();
-        let same = b
-            .pieces
-            .iter()
-            .filter(|q| ha.contains(&blake3::hash(&shifted[q.range().clone()])))
-            .count();
-        assert!(
-            same + 2 >= b.pieces.len(),
-            "{same} of {} chunks shared",
-            b.pieces.len()
-        );
+        let ha: std::collections::HashSet<_> = a.pieces.iter().map(|q| blake3::hash(&data[q.range().clone()])).collect();
+        let same = b.pieces.iter().filter(|q| ha.contains(&blake3::hash(&shifted[q.range().clone()]))).count();
+        assert!(same + 2 >= b.pieces.len(), "{same} of {} chunks shared", b.pieces.len());
         assert!(split(b"", &p).pieces.is_empty());
-        let bad = CdcParams {
-            min: 0,
-            avg: 1,
-            max: u32::MAX,
-        }
-        .sanitized();
+        let bad = CdcParams { min: 0, avg: 1, max: u32::MAX }.sanitized();
         assert!(bad.min <= bad.avg && bad.avg <= bad.max);
     }
 }

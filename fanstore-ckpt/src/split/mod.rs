@@ -118,10 +118,7 @@ impl Split {
 
     /// Number of unit pieces.
     pub fn unit_count(&self) -> usize {
-        self.pieces
-            .iter()
-            .filter(|p| matches!(p, Piece::Unit(..)))
-            .count()
+        self.pieces.iter().filter(|p| matches!(p, Piece::Unit(..))).count()
     }
 }
 
@@ -167,10 +164,7 @@ pub(crate) fn sort_disjoint(units: &mut [(Range<usize>, UnitMeta)]) -> bool {
 /// Recognises `bytes` and splits it. Never fails: anything not recognised,
 /// including every malformed input, becomes content-defined chunks.
 pub fn split(bytes: &[u8], cdc: &CdcParams) -> Split {
-    let s = split_structured(bytes).unwrap_or_else(|| Split {
-        format: Format::Opaque,
-        pieces: cdc::chunk(bytes, cdc),
-    });
+    let s = split_structured(bytes).unwrap_or_else(|| Split { format: Format::Opaque, pieces: cdc::chunk(bytes, cdc) });
     debug_assert!(s.check_cover(bytes.len()));
     s
 }

@@ -77,29 +77,15 @@ pub fn parse_npy_header(b: &[u8]) -> Option<NpyHeader> {
         Lit0::Tuple(v) => v,
         _ => return None,
     };
-    Some(NpyHeader {
-        major,
-        minor,
-        data_offset,
-        descr,
-        fortran_order,
-        shape,
-    })
+    Some(NpyHeader { major, minor, data_offset, descr, fortran_order, shape })
 }
 
 pub(super) fn split(bytes: &[u8]) -> Option<Split> {
     let h = parse_npy_header(bytes)?;
-    let meta = UnitMeta {
-        name: b"array".to_vec(),
-        dtype: h.descr,
-        shape: h.shape,
-    };
+    let meta = UnitMeta { name: b"array".to_vec(), dtype: h.descr, shape: h.shape };
     let mut pieces = vec![Piece::Glue(0..h.data_offset)];
     pieces.push(Piece::Unit(h.data_offset..bytes.len(), meta));
-    Some(Split {
-        format: Format::Npy,
-        pieces,
-    })
+    Some(Split { format: Format::Npy, pieces })
 }
 
 /// The values of the header dict that matter; everything else is `Other`
@@ -193,11 +179,7 @@ impl Lit<'_> {
         match self.peek()? {
             b'\'' | b'"' => self.string().map(Lit0::Str),
             b'(' | b'[' => {
-                let close = if self.peek() == Some(b'(') {
-                    b')'
-                } else {
-                    b']'
-                };
+                let close = if self.peek() == Some(b'(') { b')' } else { b']' };
                 self.pos += 1;
                 let mut ints = Some(Vec::new());
                 loop {
@@ -206,9 +188,7 @@ impl Lit<'_> {
                     }
                     match self.value(depth + 1)? {
                         Lit0::Other(r) if close == b')' => {
-                            let n = std::str::from_utf8(&self.b[r])
-                                .ok()
-                                .and_then(|t| t.parse::<u64>().ok());
+                            let n = std::str::from_utf8(&self.b[r]).ok().and_then(|t| t.parse::<u64>().ok());
                             match (n, ints.as_mut()) {
                                 (Some(n), Some(v)) => v.push(n),
                                 _ => ints = None,
@@ -274,40 +254,20 @@ mod tests {
     #[test]
     fn headers_of_every_version() {
         for major in [1, 2, 3] {
-            let f = npy(
-                major,
-                "{'descr': '<f4', 'fortran_order': False, 'shape': (2, 3), }",
-                &[7u8; 24],
-            );
+            let f = npy(major, "{'descr': '<f4', 'fortran_order': False, 'shape': (2, 3), }", &[7u8; 24]);
             let h = parse_npy_header(&f).unwrap();
-            assert_eq!(
-                (
-                    h.major,
-                    h.descr.as_str(),
-                    h.fortran_order,
-                    h.shape.as_slice()
-                ),
-                (major, "<f4", false, &[2u64, 3][..])
-            );
+            assert_eq!((h.major, h.descr.as_str(), h.fortran_order, h.shape.as_slice()), (major, "<f4", false, &[2u64, 3][..]));
             assert_eq!(h.data_offset, f.len() - 24);
             assert_eq!(h.data_offset % 64, 0);
             let s = split(&f).unwrap();
             assert!(s.check_cover(f.len()));
             assert_eq!(s.pieces[1].range(), &(h.data_offset..f.len()));
         }
-        let f = npy(
-            1,
-            "{'descr': [('a', '<i4'), ('b', '<f8', (2,))], 'fortran_order': True, 'shape': (5,), }",
-            b"",
-        );
+        let f = npy(1, "{'descr': [('a', '<i4'), ('b', '<f8', (2,))], 'fortran_order': True, 'shape': (5,), }", b"");
         let h = parse_npy_header(&f).unwrap();
         assert_eq!(h.descr, "[('a', '<i4'), ('b', '<f8', (2,))]");
         assert_eq!(h.shape, vec![5]);
-        let f = npy(
-            1,
-            "{'descr': '|O', 'fortran_order': False, 'shape': (), }",
-            b"pickle",
-        );
+        let f = npy(1, "{'descr': '|O', 'fortran_order': False, 'shape': (), }", b"pickle");
         assert_eq!(parse_npy_header(&f).unwrap().shape, Vec::<u64>::new());
     }
 
@@ -326,21 +286,13 @@ mod tests {
         ] {
             assert!(parse_npy_header(&npy(1, d, b"1234")).is_none(), "{d}");
         }
-        let mut f = npy(
-            1,
-            "{'descr': '<f4', 'fortran_order': False, 'shape': (1,), }",
-            b"1234",
-        );
+        let mut f = npy(1, "{'descr': '<f4', 'fortran_order': False, 'shape': (1,), }", b"1234");
         f[6] = 4;
         assert!(parse_npy_header(&f).is_none());
         f[6] = 1;
         f[8] = 0xff; // header length beyond EOF
         assert!(parse_npy_header(&f).is_none());
-        let deep = format!(
-            "{{'descr': {}{}, 'fortran_order': False, 'shape': (1,)}}",
-            "[".repeat(100),
-            "]".repeat(100)
-        );
+        let deep = format!("{{'descr': {}{}, 'fortran_order': False, 'shape': (1,)}}", "[".repeat(100), "]".repeat(100));
         assert!(parse_npy_header(&npy(1, &deep, b"")).is_none());
     }
 }

@@ -38,12 +38,7 @@ enum Node {
     List(Vec<Id>),
     Dict(Vec<(Id, Id)>),
     /// `func(*args)`, plus items a later SETITEMS/APPENDS added (OrderedDict).
-    Reduce {
-        func: Id,
-        args: Id,
-        items: Vec<(Id, Id)>,
-        list: Vec<Id>,
-    },
+    Reduce { func: Id, args: Id, items: Vec<(Id, Id)>, list: Vec<Id> },
     PersId(Id),
 }
 
@@ -215,11 +210,7 @@ impl<'a> Vm<'a> {
                 b'S' => {
                     let l = self.line()?;
                     let s = std::str::from_utf8(l).ok()?;
-                    let s = s
-                        .strip_prefix('\'')
-                        .and_then(|s| s.strip_suffix('\''))
-                        .unwrap_or(s)
-                        .to_string();
+                    let s = s.strip_prefix('\'').and_then(|s| s.strip_suffix('\'')).unwrap_or(s).to_string();
                     self.push(Node::Str(s))?
                 }
                 b'T' => self.str_len(4)?,
@@ -288,32 +279,20 @@ impl<'a> Vm<'a> {
                 0x93 => {
                     let n = self.pop()?;
                     let m = self.pop()?;
-                    let (Node::Str(m), Node::Str(n)) = (&self.nodes[m], &self.nodes[n]) else {
-                        return None;
-                    };
+                    let (Node::Str(m), Node::Str(n)) = (&self.nodes[m], &self.nodes[n]) else { return None };
                     let g = Node::Global(m.clone(), n.clone());
                     self.push(g)?
                 }
                 b'R' | 0x81 => {
                     let args = self.pop()?;
                     let func = self.pop()?;
-                    self.push(Node::Reduce {
-                        func,
-                        args,
-                        items: Vec::new(),
-                        list: Vec::new(),
-                    })?
+                    self.push(Node::Reduce { func, args, items: Vec::new(), list: Vec::new() })?
                 }
                 0x92 => {
                     let _kwargs = self.pop()?;
                     let args = self.pop()?;
                     let func = self.pop()?;
-                    self.push(Node::Reduce {
-                        func,
-                        args,
-                        items: Vec::new(),
-                        list: Vec::new(),
-                    })?
+                    self.push(Node::Reduce { func, args, items: Vec::new(), list: Vec::new() })?
                 }
                 b'b' => {
                     self.pop()?; // BUILD: state is not needed
@@ -358,14 +337,7 @@ impl<'a> Vm<'a> {
 
 /// Maps storage keys to the first tensor using each, from a torch.save `data.pkl`.
 pub fn torch_storages(pkl: &[u8]) -> Option<HashMap<String, StorageInfo>> {
-    let mut vm = Vm {
-        b: pkl,
-        pos: 0,
-        nodes: Vec::new(),
-        stack: Vec::new(),
-        marks: Vec::new(),
-        memo: HashMap::new(),
-    };
+    let mut vm = Vm { b: pkl, pos: 0, nodes: Vec::new(), stack: Vec::new(), marks: Vec::new(), memo: HashMap::new() };
     let root = vm.run()?;
     let mut w = Walker {
         nodes: &vm.nodes,
@@ -407,12 +379,7 @@ impl Walker<'_> {
         match &nodes[id] {
             Node::Dict(items) => self.items(items, depth),
             Node::List(v) | Node::Tuple(v) => self.seq(v, depth),
-            Node::Reduce {
-                func,
-                args,
-                items,
-                list,
-            } => {
+            Node::Reduce { func, args, items, list } => {
                 let torch = matches!(&nodes[*func], Node::Global(m, _) if m == "torch" || m.starts_with("torch."));
                 if torch {
                     if let Some((key, info)) = tensor(nodes, *args, &self.path) {
@@ -435,9 +402,7 @@ impl Walker<'_> {
 
     fn items(&mut self, items: &[(Id, Id)], depth: usize) {
         for &(k, v) in items {
-            let Some(k) = key_text(self.nodes, k) else {
-                continue;
-            };
+            let Some(k) = key_text(self.nodes, k) else { continue };
             self.path.push(k);
             self.walk(v, depth + 1);
             self.path.pop();
@@ -472,15 +437,9 @@ impl Walker<'_> {
 
 /// `args` of a tensor rebuild: (persistent storage id, offset, size, ...).
 fn tensor(nodes: &[Node], args: Id, path: &[String]) -> Option<(String, StorageInfo)> {
-    let Node::Tuple(a) = &nodes[args] else {
-        return None;
-    };
-    let Node::PersId(pid) = &nodes[*a.first()?] else {
-        return None;
-    };
-    let Node::Tuple(p) = &nodes[*pid] else {
-        return None;
-    };
+    let Node::Tuple(a) = &nodes[args] else { return None };
+    let Node::PersId(pid) = &nodes[*a.first()?] else { return None };
+    let Node::Tuple(p) = &nodes[*pid] else { return None };
     if p.len() < 3 || !matches!(&nodes[p[0]], Node::Str(s) if s == "storage") {
         return None;
     }
@@ -490,26 +449,12 @@ fn tensor(nodes: &[Node], args: Id, path: &[String]) -> Option<(String, StorageI
         _ => String::new(),
     };
     let shape = match a.get(2).map(|&s| &nodes[s]) {
-        Some(Node::Tuple(dims)) => dims
-            .iter()
-            .map(|&d| {
-                if let Node::Int(i) = nodes[d] {
-                    u64::try_from(i).ok()
-                } else {
-                    None
-                }
-            })
-            .collect::<Option<Vec<_>>>()?,
+        Some(Node::Tuple(dims)) => {
+            dims.iter().map(|&d| if let Node::Int(i) = nodes[d] { u64::try_from(i).ok() } else { None }).collect::<Option<Vec<_>>>()?
+        }
         _ => Vec::new(),
     };
-    Some((
-        key,
-        StorageInfo {
-            name: path.join("."),
-            dtype,
-            shape,
-        },
-    ))
+    Some((key, StorageInfo { name: path.join("."), dtype, shape }))
 }
 
 /// safetensors-style dtype names for torch's typed storage classes.
@@ -566,22 +511,8 @@ mod tests {
     #[test]
     fn names_dtypes_and_shapes_of_a_state_dict() {
         let m = torch_storages(&state_dict_pickle()).unwrap();
-        assert_eq!(
-            m["0"],
-            StorageInfo {
-                name: "enc.weight".into(),
-                dtype: "F32".into(),
-                shape: vec![2, 3]
-            }
-        );
-        assert_eq!(
-            m["1"],
-            StorageInfo {
-                name: "enc.bias".into(),
-                dtype: "F16".into(),
-                shape: vec![3]
-            }
-        );
+        assert_eq!(m["0"], StorageInfo { name: "enc.weight".into(), dtype: "F32".into(), shape: vec![2, 3] });
+        assert_eq!(m["1"], StorageInfo { name: "enc.bias".into(), dtype: "F16".into(), shape: vec![3] });
     }
 
     #[test]

@@ -30,15 +30,7 @@ pub(super) fn split(bytes: &[u8]) -> Option<Split> {
     if header[0] != b'{' {
         return None;
     }
-    let root = json::parse(
-        header,
-        Limits {
-            max_len: MAX_HEADER as usize,
-            max_depth: 16,
-            ..Limits::default()
-        },
-    )
-    .ok()?;
+    let root = json::parse(header, Limits { max_len: MAX_HEADER as usize, max_depth: 16, ..Limits::default() }).ok()?;
     let members = root.as_object()?;
     let data_len = bytes.len() - data_start;
     let mut units = Vec::with_capacity(members.len());
@@ -49,47 +41,28 @@ pub(super) fn split(bytes: &[u8]) -> Option<Split> {
         }
         if key == "__metadata__" {
             // Must be an object of strings per the spec; its content is not ours.
-            if !v
-                .as_object()?
-                .iter()
-                .all(|(_, s)| matches!(s, Value::String(_)))
-            {
+            if !v.as_object()?.iter().all(|(_, s)| matches!(s, Value::String(_))) {
                 return None;
             }
             continue;
         }
         let dtype = v.get("dtype")?.as_str()?;
-        let shape = v
-            .get("shape")?
-            .as_array()?
-            .iter()
-            .map(|d| d.as_u64())
-            .collect::<Option<Vec<u64>>>()?;
+        let shape = v.get("shape")?.as_array()?.iter().map(|d| d.as_u64()).collect::<Option<Vec<u64>>>()?;
         let offs = v.get("data_offsets")?.as_array()?;
         let [b, e] = offs else { return None };
-        let (b, e) = (
-            usize::try_from(b.as_u64()?).ok()?,
-            usize::try_from(e.as_u64()?).ok()?,
-        );
+        let (b, e) = (usize::try_from(b.as_u64()?).ok()?, usize::try_from(e.as_u64()?).ok()?);
         if b > e || e > data_len {
             return None;
         }
         units.push((
             data_start + b..data_start + e,
-            UnitMeta {
-                name: key.as_bytes().to_vec(),
-                dtype: dtype.to_string(),
-                shape,
-            },
+            UnitMeta { name: key.as_bytes().to_vec(), dtype: dtype.to_string(), shape },
         ));
     }
     if !sort_disjoint(&mut units) {
         return None;
     }
-    Some(Split {
-        format: Format::Safetensors,
-        pieces: fill_glue(bytes.len(), units),
-    })
+    Some(Split { format: Format::Safetensors, pieces: fill_glue(bytes.len(), units) })
 }
 
 #[cfg(test)]
@@ -115,27 +88,13 @@ mod tests {
             .pieces
             .iter()
             .map(|p| match p {
-                Piece::Unit(r, m) => format!(
-                    "{}@{}..{}",
-                    String::from_utf8_lossy(&m.name),
-                    r.start - ds,
-                    r.end - ds
-                ),
+                Piece::Unit(r, m) => format!("{}@{}..{}", String::from_utf8_lossy(&m.name), r.start - ds, r.end - ds),
                 Piece::Glue(r) => format!("glue{}", r.len()),
             })
             .collect();
-        assert_eq!(
-            names,
-            ["glue{}", "a@0..4", "z@4..4", "glue4", "b@8..12", "glue4"]
-                .map(|s| s.replace("{}", &ds.to_string()))
-        );
-        let Piece::Unit(_, m) = &s.pieces[1] else {
-            panic!()
-        };
-        assert_eq!(
-            (m.dtype.as_str(), m.shape.as_slice()),
-            ("U8", &[2u64, 2][..])
-        );
+        assert_eq!(names, ["glue{}", "a@0..4", "z@4..4", "glue4", "b@8..12", "glue4"].map(|s| s.replace("{}", &ds.to_string())));
+        let Piece::Unit(_, m) = &s.pieces[1] else { panic!() };
+        assert_eq!((m.dtype.as_str(), m.shape.as_slice()), ("U8", &[2u64, 2][..]));
     }
 
     #[test]
@@ -145,30 +104,12 @@ mod tests {
         // truncated data, overlapping, reversed, duplicate, bad types, not an object
         for (h, d) in [
             (ok, &b"123"[..]),
-            (
-                r#"{"a":{"dtype":"U8","shape":[4],"data_offsets":[0,4]},"b":{"dtype":"U8","shape":[2],"data_offsets":[2,6]}}"#,
-                b"123456",
-            ),
-            (
-                r#"{"a":{"dtype":"U8","shape":[4],"data_offsets":[4,0]}}"#,
-                b"1234",
-            ),
-            (
-                r#"{"a":{"dtype":"U8","shape":[4],"data_offsets":[0,4]},"a":{"dtype":"U8","shape":[4],"data_offsets":[0,4]}}"#,
-                b"1234",
-            ),
-            (
-                r#"{"a":{"dtype":"U8","shape":[-4],"data_offsets":[0,4]}}"#,
-                b"1234",
-            ),
-            (
-                r#"{"a":{"dtype":"U8","shape":[4],"data_offsets":[0]}}"#,
-                b"1234",
-            ),
-            (
-                r#"{"a":{"dtype":8,"shape":[4],"data_offsets":[0,4]}}"#,
-                b"1234",
-            ),
+            (r#"{"a":{"dtype":"U8","shape":[4],"data_offsets":[0,4]},"b":{"dtype":"U8","shape":[2],"data_offsets":[2,6]}}"#, b"123456"),
+            (r#"{"a":{"dtype":"U8","shape":[4],"data_offsets":[4,0]}}"#, b"1234"),
+            (r#"{"a":{"dtype":"U8","shape":[4],"data_offsets":[0,4]},"a":{"dtype":"U8","shape":[4],"data_offsets":[0,4]}}"#, b"1234"),
+            (r#"{"a":{"dtype":"U8","shape":[-4],"data_offsets":[0,4]}}"#, b"1234"),
+            (r#"{"a":{"dtype":"U8","shape":[4],"data_offsets":[0]}}"#, b"1234"),
+            (r#"{"a":{"dtype":8,"shape":[4],"data_offsets":[0,4]}}"#, b"1234"),
             (r#"{"__metadata__":{"k":1}}"#, b""),
             (r#"["a"]"#, b""),
         ] {

@@ -106,8 +106,7 @@ fn find_eocd(b: &[u8]) -> Option<usize> {
     let last = b.len().checked_sub(EOCD_LEN)?;
     let first = last.saturating_sub(u16::MAX as usize);
     (first..=last).rev().find(|&p| {
-        get_u32(b, p) == Some(EOCD_SIG)
-            && get_u16(b, p + 20).map(|c| p + EOCD_LEN + c as usize) == Some(b.len())
+        get_u32(b, p) == Some(EOCD_SIG) && get_u16(b, p + 20).map(|c| p + EOCD_LEN + c as usize) == Some(b.len())
     })
 }
 
@@ -186,30 +185,16 @@ fn central_entry(b: &[u8], at: &mut usize, cd_end: usize) -> Option<ZipEntry> {
         return None;
     }
     *at = next;
-    Some(ZipEntry {
-        name,
-        method,
-        local_header: l,
-        data: start..end,
-    })
+    Some(ZipEntry { name, method, local_header: l, data: start..end })
 }
 
 /// Renames `data/<key>` units after the tensors data.pkl says use them
 /// (state_dict names, dtype, shape), when every name found is unique.
-fn name_storages(
-    b: &[u8],
-    entries: &[ZipEntry],
-    dir: &[u8],
-    units: &mut [(Range<usize>, UnitMeta)],
-) {
+fn name_storages(b: &[u8], entries: &[ZipEntry], dir: &[u8], units: &mut [(Range<usize>, UnitMeta)]) {
     let mut pkl_name = dir.to_vec();
     pkl_name.extend_from_slice(b"data.pkl");
-    let Some(pkl) = entries.iter().find(|e| e.name == pkl_name && e.method == 0) else {
-        return;
-    };
-    let Some(map) = super::pickle::torch_storages(&b[pkl.data.clone()]) else {
-        return;
-    };
+    let Some(pkl) = entries.iter().find(|e| e.name == pkl_name && e.method == 0) else { return };
+    let Some(map) = super::pickle::torch_storages(&b[pkl.data.clone()]) else { return };
     let mut named: Vec<Option<&super::pickle::StorageInfo>> = Vec::with_capacity(units.len());
     let mut seen = std::collections::HashSet::new();
     for (_, m) in units.iter() {
@@ -223,11 +208,7 @@ fn name_storages(
     }
     for ((_, m), info) in units.iter_mut().zip(named) {
         if let Some(i) = info {
-            *m = UnitMeta {
-                name: i.name.as_bytes().to_vec(),
-                dtype: i.dtype.clone(),
-                shape: i.shape.clone(),
-            };
+            *m = UnitMeta { name: i.name.as_bytes().to_vec(), dtype: i.dtype.clone(), shape: i.shape.clone() };
         }
     }
 }
@@ -238,10 +219,7 @@ fn archive_dir(entries: &[ZipEntry]) -> Option<&[u8]> {
     let first = &entries.first()?.name;
     let slash = first.iter().position(|&c| c == b'/')?;
     let dir = &first[..=slash];
-    entries
-        .iter()
-        .all(|e| e.name.starts_with(dir))
-        .then_some(dir)
+    entries.iter().all(|e| e.name.starts_with(dir)).then_some(dir)
 }
 
 pub(super) fn split(b: &[u8]) -> Option<Split> {
@@ -261,13 +239,7 @@ pub(super) fn split(b: &[u8]) -> Option<Split> {
             let rest = &e.name[dir.len()..];
             if let Some(key) = rest.strip_prefix(b"data/") {
                 if !key.is_empty() && !key.contains(&b'/') {
-                    units.push((
-                        e.data.clone(),
-                        UnitMeta {
-                            name: rest.to_vec(),
-                            ..UnitMeta::default()
-                        },
-                    ));
+                    units.push((e.data.clone(), UnitMeta { name: rest.to_vec(), ..UnitMeta::default() }));
                 }
             }
         }
@@ -279,19 +251,9 @@ pub(super) fn split(b: &[u8]) -> Option<Split> {
             match parse_npy_header(payload).filter(|_| e.method == 0) {
                 Some(h) => units.push((
                     e.data.start + h.data_offset..e.data.end,
-                    UnitMeta {
-                        name: e.name.clone(),
-                        dtype: h.descr,
-                        shape: h.shape,
-                    },
+                    UnitMeta { name: e.name.clone(), dtype: h.descr, shape: h.shape },
                 )),
-                None => units.push((
-                    e.data.clone(),
-                    UnitMeta {
-                        name: e.name.clone(),
-                        ..UnitMeta::default()
-                    },
-                )),
+                None => units.push((e.data.clone(), UnitMeta { name: e.name.clone(), ..UnitMeta::default() })),
             }
         }
     } else {
@@ -300,8 +262,5 @@ pub(super) fn split(b: &[u8]) -> Option<Split> {
     if !sort_disjoint(&mut units) {
         return None;
     }
-    Some(Split {
-        format,
-        pieces: fill_glue(b.len(), units),
-    })
+    Some(Split { format, pieces: fill_glue(b.len(), units) })
 }

@@ -40,12 +40,7 @@ pub struct T {
 }
 
 pub fn t(name: &str, dtype: &'static str, shape: &[u64], data: Vec<u8>) -> T {
-    T {
-        name: name.into(),
-        dtype,
-        shape: shape.to_vec(),
-        data,
-    }
+    T { name: name.into(), dtype, shape: shape.to_vec(), data }
 }
 
 fn json_escape(s: &str) -> String {
@@ -92,10 +87,7 @@ pub fn safetensors(tensors: &[T], o: StOpts) -> Vec<u8> {
         entries.reverse();
     }
     if o.metadata {
-        entries.insert(
-            0,
-            "\"__metadata__\":{\"format\":\"pt\",\"step\":\"\\u0031\"}".into(),
-        );
+        entries.insert(0, "\"__metadata__\":{\"format\":\"pt\",\"step\":\"\\u0031\"}".into());
     }
     let mut header = format!("{{{}}}", entries.join(",")).into_bytes();
     while header.len() % 8 != 0 {
@@ -114,14 +106,7 @@ pub fn safetensors(tensors: &[T], o: StOpts) -> Vec<u8> {
 pub fn npy(descr: &str, shape: &[u64], data: &[u8], major: u8) -> Vec<u8> {
     let shape_txt = match shape.len() {
         1 => format!("({},)", shape[0]),
-        _ => format!(
-            "({})",
-            shape
-                .iter()
-                .map(u64::to_string)
-                .collect::<Vec<_>>()
-                .join(", ")
-        ),
+        _ => format!("({})", shape.iter().map(u64::to_string).collect::<Vec<_>>().join(", ")),
     };
     let dict = format!("{{'descr': '{descr}', 'fortran_order': False, 'shape': {shape_txt}, }}");
     let pre = if major == 1 { 10 } else { 12 };
@@ -147,11 +132,7 @@ pub fn crc32(data: &[u8]) -> u32 {
     for &b in data {
         c ^= b as u32;
         for _ in 0..8 {
-            c = if c & 1 != 0 {
-                (c >> 1) ^ 0xEDB8_8320
-            } else {
-                c >> 1
-            };
+            c = if c & 1 != 0 { (c >> 1) ^ 0xEDB8_8320 } else { c >> 1 };
         }
     }
     !c
@@ -172,12 +153,7 @@ pub struct ZipOpts {
 
 impl Default for ZipOpts {
     fn default() -> Self {
-        ZipOpts {
-            align: 64,
-            descriptors: false,
-            zip64: false,
-            crc: false,
-        }
+        ZipOpts { align: 64, descriptors: false, zip64: false, crc: false }
     }
 }
 
@@ -191,12 +167,7 @@ pub struct Member<'a> {
 }
 
 pub fn stored<'a>(name: &str, data: &'a [u8]) -> Member<'a> {
-    Member {
-        name: name.into(),
-        data,
-        method: 0,
-        usize: data.len() as u64,
-    }
+    Member { name: name.into(), data, method: 0, usize: data.len() as u64 }
 }
 
 /// A zip archive laid out like PyTorch's PyTorchStreamWriter (miniz):
@@ -276,11 +247,7 @@ pub fn zip(members: &[Member], o: ZipOpts) -> Vec<u8> {
         central.extend_from_slice(&m.method.to_le_bytes());
         central.extend_from_slice(&[0u8; 4]);
         central.extend_from_slice(&crc.to_le_bytes());
-        let (c32, u32_, o32) = if big {
-            (u32::MAX, u32::MAX, u32::MAX)
-        } else {
-            (csize as u32, m.usize as u32, lho as u32)
-        };
+        let (c32, u32_, o32) = if big { (u32::MAX, u32::MAX, u32::MAX) } else { (csize as u32, m.usize as u32, lho as u32) };
         central.extend_from_slice(&c32.to_le_bytes());
         central.extend_from_slice(&u32_.to_le_bytes());
         central.extend_from_slice(&(m.name.len() as u16).to_le_bytes());
@@ -320,11 +287,7 @@ pub fn zip(members: &[Member], o: ZipOpts) -> Vec<u8> {
     let n16 = if o.zip64 { 0xFFFF } else { n as u16 };
     b.extend_from_slice(&n16.to_le_bytes());
     b.extend_from_slice(&n16.to_le_bytes());
-    let (l32, o32) = if o.zip64 {
-        (u32::MAX, u32::MAX)
-    } else {
-        (cd_len as u32, cd_off as u32)
-    };
+    let (l32, o32) = if o.zip64 { (u32::MAX, u32::MAX) } else { (cd_len as u32, cd_off as u32) };
     b.extend_from_slice(&l32.to_le_bytes());
     b.extend_from_slice(&o32.to_le_bytes());
     b.extend_from_slice(&0u16.to_le_bytes());
@@ -345,13 +308,8 @@ pub fn torch_zip(dir: &str, storages: &[Vec<u8>], o: ZipOpts) -> Vec<u8> {
 /// As [`torch_zip`], with the given data.pkl.
 pub fn torch_zip_with_pkl(dir: &str, pkl: &[u8], storages: &[Vec<u8>], o: ZipOpts) -> Vec<u8> {
     let sid = b"00000000000000012345";
-    let names: Vec<String> = (0..storages.len())
-        .map(|i| format!("{dir}/data/{i}"))
-        .collect();
-    let mut members = vec![
-        stored(&format!("{dir}/data.pkl"), pkl),
-        stored(&format!("{dir}/byteorder"), b"little"),
-    ];
+    let names: Vec<String> = (0..storages.len()).map(|i| format!("{dir}/data/{i}")).collect();
+    let mut members = vec![stored(&format!("{dir}/data.pkl"), pkl), stored(&format!("{dir}/byteorder"), b"little")];
     for (i, s) in storages.iter().enumerate() {
         members.push(stored(&names[i], s));
     }

@@ -22,8 +22,7 @@ use std::path::PathBuf;
 use std::time::Instant;
 
 fn main() -> anyhow::Result<()> {
-    let (mut data, mut prefix, mut threads, mut rounds, mut memfd) =
-        (None, String::new(), 1usize, 3usize, false);
+    let (mut data, mut prefix, mut threads, mut rounds, mut memfd) = (None, String::new(), 1usize, 3usize, false);
     let mut args = std::env::args().skip(1);
     while let Some(a) = args.next() {
         let mut val = || args.next().with_context(|| format!("{a} needs a value"));
@@ -48,15 +47,7 @@ fn main() -> anyhow::Result<()> {
     let files: Vec<_> = view
         .nodes()
         .filter(|n| n.kind() == Some(NodeKind::File) && n.path().starts_with(prefix.as_bytes()))
-        .map(|n| {
-            (
-                n.partition() as usize,
-                n.payload_offset() as usize,
-                n.stored_len() as usize,
-                n.codec(),
-                n.size(),
-            )
-        })
+        .map(|n| (n.partition() as usize, n.payload_offset() as usize, n.stored_len() as usize, n.codec(), n.size()))
         .collect();
     anyhow::ensure!(!files.is_empty(), "no file under '{prefix}'");
     let bytes: u64 = files.iter().map(|f| f.4).sum();
@@ -74,9 +65,7 @@ fn main() -> anyhow::Result<()> {
                         let mut back: Vec<u8> = Vec::new();
                         let mut acc = 0u64;
                         for &(p, off, len, codec, size) in files.iter().skip(k).step_by(threads) {
-                            let stored = parts[p]
-                                .get(off..off + len)
-                                .context("payload past the partition's end")?;
+                            let stored = parts[p].get(off..off + len).context("payload past the partition's end")?;
                             out.resize(size as usize, 0);
                             fanstore_core::codec::decompress_into(codec, stored, &mut out)?;
                             let bytes: &[u8] = if memfd {
@@ -87,19 +76,13 @@ fn main() -> anyhow::Result<()> {
                                 &out
                             };
                             // Read every byte, as a reader of the file would.
-                            acc = acc.wrapping_add(
-                                bytes
-                                    .chunks(8)
-                                    .fold(0u64, |a, c| a ^ c[0] as u64 ^ (c.len() as u64)),
-                            );
+                            acc = acc.wrapping_add(bytes.chunks(8).fold(0u64, |a, c| a ^ c[0] as u64 ^ (c.len() as u64)));
                         }
                         Ok(acc)
                     })
                 })
                 .collect();
-            hs.into_iter()
-                .map(|h| h.join().map_err(|_| anyhow::anyhow!("a thread panicked"))?)
-                .try_fold(0u64, |a, r| r.map(|v| a ^ v))
+            hs.into_iter().map(|h| h.join().map_err(|_| anyhow::anyhow!("a thread panicked"))?).try_fold(0u64, |a, r| r.map(|v| a ^ v))
         })?;
         times.push(t.elapsed().as_secs_f64());
     }

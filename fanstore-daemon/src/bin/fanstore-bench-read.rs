@@ -29,15 +29,9 @@ fn main() -> anyhow::Result<()> {
             "--warmup" => warmup = val()?.parse()?,
             g => {
                 let (size, ids) = g.split_once('=').context("groups are SIZE=ID,ID,...")?;
-                let ids = ids
-                    .split(',')
-                    .map(str::parse)
-                    .collect::<Result<Vec<u64>, _>>()?;
+                let ids = ids.split(',').map(str::parse).collect::<Result<Vec<u64>, _>>()?;
                 anyhow::ensure!(!ids.is_empty(), "group {g} has no ids");
-                groups.push((
-                    fanstore_daemon::args::parse_size(size).map_err(anyhow::Error::msg)?,
-                    ids,
-                ));
+                groups.push((fanstore_daemon::args::parse_size(size).map_err(anyhow::Error::msg)?, ids));
             }
         }
     }

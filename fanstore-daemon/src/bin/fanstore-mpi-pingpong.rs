@@ -28,27 +28,14 @@ fn main() -> anyhow::Result<()> {
     let mut args = std::env::args().skip(1);
     while let Some(a) = args.next() {
         match a.as_str() {
-            "--iters" => {
-                iters = args
-                    .next()
-                    .ok_or_else(|| anyhow::anyhow!("--iters needs a value"))?
-                    .parse()?
-            }
+            "--iters" => iters = args.next().ok_or_else(|| anyhow::anyhow!("--iters needs a value"))?.parse()?,
             "--fresh-memfd" => fresh = true,
             "--nonblocking" => nonblocking = true,
-            "--warmup" => {
-                warmup = args
-                    .next()
-                    .ok_or_else(|| anyhow::anyhow!("--warmup needs a value"))?
-                    .parse()?
-            }
+            "--warmup" => warmup = args.next().ok_or_else(|| anyhow::anyhow!("--warmup needs a value"))?.parse()?,
             s => sizes.push(fanstore_daemon::args::parse_size(s).map_err(anyhow::Error::msg)?),
         }
     }
-    anyhow::ensure!(
-        !sizes.is_empty(),
-        "usage: fanstore-mpi-pingpong [--iters N] [--warmup N] SIZE..."
-    );
+    anyhow::ensure!(!sizes.is_empty(), "usage: fanstore-mpi-pingpong [--iters N] [--warmup N] SIZE...");
     let (universe, _threading) = mpi::initialize_with_threading(mpi::Threading::Multiple)
         .ok_or_else(|| anyhow::anyhow!("MPI was already initialised"))?;
     let world = universe.world();
@@ -76,24 +63,17 @@ fn main() -> anyhow::Result<()> {
                 let t = Instant::now();
                 world.process_at_rank(1).send_with_tag(&req[..], 1);
                 if fresh {
-                    let mut m =
-                        fanstore_daemon::memfd::MemfdBuilder::new_lazy("pingpong", size as u64)?;
-                    world
-                        .process_at_rank(1)
-                        .receive_into_with_tag(m.bytes_mut(), 2);
+                    let mut m = fanstore_daemon::memfd::MemfdBuilder::new_lazy("pingpong", size as u64)?;
+                    world.process_at_rank(1).receive_into_with_tag(m.bytes_mut(), 2);
                     drop(m.seal()?);
                 } else {
-                    world
-                        .process_at_rank(1)
-                        .receive_into_with_tag(&mut reply[..], 2);
+                    world.process_at_rank(1).receive_into_with_tag(&mut reply[..], 2);
                 }
                 if i >= warmup {
                     times.push(t.elapsed().as_secs_f64());
                 }
             } else if rank == 1 {
-                world
-                    .process_at_rank(0)
-                    .receive_into_with_tag(&mut req[..], 1);
+                world.process_at_rank(0).receive_into_with_tag(&mut req[..], 1);
                 world.process_at_rank(0).send_with_tag(&reply[..], 2);
             }
         }
@@ -102,13 +82,7 @@ fn main() -> anyhow::Result<()> {
             let med = times[times.len() / 2];
             println!(
                 "pingpong{} size={size} iters={iters} median_us={:.1} mbps={:.1}",
-                if fresh {
-                    "-fresh-memfd"
-                } else if nonblocking {
-                    "-nonblocking"
-                } else {
-                    ""
-                },
+                if fresh { "-fresh-memfd" } else if nonblocking { "-nonblocking" } else { "" },
                 med * 1e6,
                 size as f64 / med / 1e6
             );
@@ -123,21 +97,14 @@ fn main() -> anyhow::Result<()> {
 }
 
 /// One request/reply with the communication thread's nonblocking calls.
-fn nonblocking_round(
-    comm: &fanstore_daemon::comm::raw::Comm,
-    req: &mut [u8; 16],
-    reply: &mut [u8],
-) -> anyhow::Result<()> {
+fn nonblocking_round(comm: &fanstore_daemon::comm::raw::Comm, req: &mut [u8; 16], reply: &mut [u8]) -> anyhow::Result<()> {
     let mpi = |e: fanstore_daemon::comm::raw::MpiError| anyhow::anyhow!("{e}");
     let mut reqs = Vec::new();
     let mut done = Vec::new();
     if comm.rank == 0 {
         // SAFETY: `reply` and `req` outlive both requests, which complete before this returns.
         unsafe {
-            reqs.push(
-                comm.irecv(reply.as_mut_ptr(), reply.len(), 1, 2)
-                    .map_err(mpi)?,
-            );
+            reqs.push(comm.irecv(reply.as_mut_ptr(), reply.len(), 1, 2).map_err(mpi)?);
             reqs.push(comm.isend(req.as_ptr(), req.len(), 1, 1).map_err(mpi)?);
         }
     } else if comm.rank == 1 {

@@ -181,12 +181,7 @@ fn main() {
             .map(|n| outln!("fanstore: exported {n} files to {}", to.display()))
             .map_err(anyhow::Error::from),
         Cmd::Ckpt { cmd } => ckpt(&rt, cmd),
-        Cmd::Watch {
-            paths,
-            recursive,
-            json,
-            events,
-        } => watch(&rt, &paths, recursive, json, &events),
+        Cmd::Watch { paths, recursive, json, events } => watch(&rt, &paths, recursive, json, &events),
     };
     if let Err(e) = res {
         eprintln!("fanstore: {e:#}");
@@ -199,9 +194,7 @@ fn alive(s: &NodeState) -> bool {
     if s.hostname != runtime::hostname() {
         return true;
     }
-    let Ok(pid) = libc::pid_t::try_from(s.pid) else {
-        return false;
-    };
+    let Ok(pid) = libc::pid_t::try_from(s.pid) else { return false };
     // SAFETY: kill with signal 0 only checks for existence.
     let r = unsafe { libc::kill(pid, 0) };
     r == 0 || std::io::Error::last_os_error().raw_os_error() == Some(libc::EPERM)
@@ -213,10 +206,7 @@ fn wait(rt: &Path, timeout: Duration) -> anyhow::Result<()> {
     loop {
         let states = runtime::list_states(rt);
         if let Some(f) = states.iter().find(|s| s.status == Status::Failed) {
-            bail!(
-                "rank {} failed to start (see the daemon's log); the job is stopping",
-                f.rank
-            );
+            bail!("rank {} failed to start (see the daemon's log); the job is stopping", f.rank);
         }
         if let Some(n) = states.first().map(|s| s.nranks) {
             // A rank reports Ready only after every rank of the job loaded
@@ -224,31 +214,20 @@ fn wait(rt: &Path, timeout: Duration) -> anyhow::Result<()> {
             // directory a node sees only its own ranks: one live Ready rank
             // is then enough; when every rank's state is here, all of them
             // (so that every socket answers as Ready once this returns).
-            let ready = states
-                .iter()
-                .filter(|s| s.status == Status::Ready && s.nranks == n && alive(s))
-                .count();
+            let ready = states.iter().filter(|s| s.status == Status::Ready && s.nranks == n && alive(s)).count();
             let visible = states.iter().filter(|s| s.nranks == n).count();
             if ready == n as usize || (visible < n as usize && ready > 0) {
                 outln!("fanstore: {n} rank(s) ready");
                 return Ok(());
             }
-            let gone: Vec<u32> = states
-                .iter()
-                .filter(|s| !alive(s))
-                .map(|s| s.rank)
-                .collect();
+            let gone: Vec<u32> = states.iter().filter(|s| !alive(s)).map(|s| s.rank).collect();
             last = format!("{ready} of {n} ranks ready");
             if !gone.is_empty() {
                 last.push_str(&format!("; the process of rank(s) {gone:?} is gone"));
             }
         }
         if Instant::now() >= deadline {
-            bail!(
-                "timed out after {:.0} s waiting in {}: {last}",
-                timeout.as_secs_f64(),
-                rt.display()
-            );
+            bail!("timed out after {:.0} s waiting in {}: {last}", timeout.as_secs_f64(), rt.display());
         }
         std::thread::sleep(TICK);
     }
@@ -280,10 +259,7 @@ fn leftovers(rt: &Path) -> Vec<PathBuf> {
         .flatten()
         .map(|e| e.path())
         .filter(|p| {
-            let n = p
-                .file_name()
-                .map(|n| n.to_string_lossy().into_owned())
-                .unwrap_or_default();
+            let n = p.file_name().map(|n| n.to_string_lossy().into_owned()).unwrap_or_default();
             n.starts_with("node-") && (n.ends_with(".sock") || n.ends_with(".state"))
         })
         .collect()
@@ -293,64 +269,35 @@ fn leftovers(rt: &Path) -> Vec<PathBuf> {
 /// every rank writes the records it owns (only those whose bytes arrived).
 fn sync(rt: &Path, timeout: Duration) -> anyhow::Result<()> {
     let states = runtime::list_states(rt);
-    let live: Vec<&NodeState> = states
-        .iter()
-        .filter(|s| s.status == Status::Ready && alive(s))
-        .collect();
+    let live: Vec<&NodeState> = states.iter().filter(|s| s.status == Status::Ready && alive(s)).collect();
     if live.is_empty() {
         bail!("no running daemon in {}", rt.display());
     }
     let mut counts = [0u64; 2];
-    for (i, phase) in [
-        fanstore_core::wire::SYNC_DATA,
-        fanstore_core::wire::SYNC_META,
-    ]
-    .into_iter()
-    .enumerate()
-    {
+    for (i, phase) in [fanstore_core::wire::SYNC_DATA, fanstore_core::wire::SYNC_META].into_iter().enumerate() {
         for s in &live {
             let mut c = Client::connect(&runtime::socket_path(rt, s.rank), timeout)
                 .with_context(|| format!("connecting to rank {}", s.rank))?;
-            let (r, _) = c
-                .call(&Request::new(op::SYNC, 1, phase, 0))
-                .with_context(|| format!("rank {}", s.rank))?;
+            let (r, _) = c.call(&Request::new(op::SYNC, 1, phase, 0)).with_context(|| format!("rank {}", s.rank))?;
             if r.errno == libc::EINVAL {
                 bail!("rank {} has no --persist directory", s.rank);
             }
             if r.errno != 0 {
-                bail!(
-                    "rank {} failed to sync (errno {}; see its log)",
-                    s.rank,
-                    r.errno
-                );
+                bail!("rank {} failed to sync (errno {}; see its log)", s.rank, r.errno);
             }
             counts[i] += r.value;
         }
     }
-    outln!(
-        "fanstore: synced {} files, {} records",
-        counts[0],
-        counts[1]
-    );
+    outln!("fanstore: synced {} files, {} records", counts[0], counts[1]);
     Ok(())
 }
 
-fn watch(
-    rt: &Path,
-    paths: &[String],
-    recursive: bool,
-    json: bool,
-    events: &[String],
-) -> anyhow::Result<()> {
+fn watch(rt: &Path, paths: &[String], recursive: bool, json: bool, events: &[String]) -> anyhow::Result<()> {
     use fanstore_daemon::watch_client::{parse_events, render, Watcher};
     let kinds = parse_events(events)?;
     let mut w = Watcher::open(rt, paths, recursive)?;
     // Every event from here on is printed (tests and scripts wait for this line).
-    eprintln!(
-        "fanstore: watching {} path(s) through rank {}",
-        paths.len(),
-        w.rank
-    );
+    eprintln!("fanstore: watching {} path(s) through rank {}", paths.len(), w.rank);
     loop {
         match w.next_event()? {
             None => {
@@ -383,66 +330,22 @@ fn ckpt(rt: &Path, cmd: CkptCmd) -> anyhow::Result<()> {
         CkptCmd::Match { target, json } => {
             match_json = Some(json);
             let local = Path::new(&target);
-            let under_mount =
-                target == mount || target.starts_with(&format!("{}/", mount.trim_end_matches('/')));
+            let under_mount = target == mount || target.starts_with(&format!("{}/", mount.trim_end_matches('/')));
             let (keys, exclude) = if !under_mount && local.is_file() {
                 let bytes = std::fs::read(local).with_context(|| format!("reading {target}"))?;
-                (
-                    fanstore_ckpt::matching::keys_of_file(
-                        &bytes,
-                        &fanstore_ckpt::CdcParams::default(),
-                    ),
-                    Vec::new(),
-                )
+                (fanstore_ckpt::matching::keys_of_file(&bytes, &fanstore_ckpt::CdcParams::default()), Vec::new())
             } else {
                 let p = rel(&target);
                 (ckpt_query::stored_keys(rt, &p)?, p)
             };
-            (
-                Query::Match {
-                    exclude,
-                    keys: fanstore_ckpt::matching::encode_keys(&keys),
-                },
-                false,
-            )
+            (Query::Match { exclude, keys: fanstore_ckpt::matching::encode_keys(&keys) }, false)
         }
-        CkptCmd::Ls { dir, json } => (
-            Query::Ls {
-                dir: dir.as_deref().map(rel).unwrap_or_default(),
-                json,
-            },
-            false,
-        ),
-        CkptCmd::Log { path, json } => (
-            Query::Log {
-                path: rel(&path),
-                json,
-            },
-            false,
-        ),
-        CkptCmd::Owners { path, json } => (
-            Query::Owners {
-                path: rel(&path),
-                json,
-            },
-            false,
-        ),
-        CkptCmd::Diff { a, b, json } => (
-            Query::Diff {
-                a: rel(&a),
-                b: rel(&b),
-                json,
-            },
-            false,
-        ),
+        CkptCmd::Ls { dir, json } => (Query::Ls { dir: dir.as_deref().map(rel).unwrap_or_default(), json }, false),
+        CkptCmd::Log { path, json } => (Query::Log { path: rel(&path), json }, false),
+        CkptCmd::Owners { path, json } => (Query::Owners { path: rel(&path), json }, false),
+        CkptCmd::Diff { a, b, json } => (Query::Diff { a: rel(&a), b: rel(&b), json }, false),
         CkptCmd::Du { json } => (Query::Du, json),
-        CkptCmd::Verify { path, json } => (
-            Query::Verify {
-                path: path.as_deref().map(rel),
-                json,
-            },
-            false,
-        ),
+        CkptCmd::Verify { path, json } => (Query::Verify { path: path.as_deref().map(rel), json }, false),
     };
     let report = ckpt_query::run(rt, &q)?;
     if q == Query::Du && !du_json {
@@ -463,10 +366,7 @@ fn ckpt(rt: &Path, cmd: CkptCmd) -> anyhow::Result<()> {
 
 fn stop(rt: &Path, timeout: Duration) -> anyhow::Result<()> {
     let states = runtime::list_states(rt);
-    let live: Vec<&NodeState> = states
-        .iter()
-        .filter(|s| s.status != Status::Failed && alive(s))
-        .collect();
+    let live: Vec<&NodeState> = states.iter().filter(|s| s.status != Status::Failed && alive(s)).collect();
     let mut asked = None;
     for s in &live {
         let res = Client::connect(&runtime::socket_path(rt, s.rank), Duration::from_secs(5))
@@ -492,11 +392,7 @@ fn stop(rt: &Path, timeout: Duration) -> anyhow::Result<()> {
             break;
         }
         if Instant::now() >= deadline {
-            bail!(
-                "timed out after {:.0} s: rank(s) {running:?} still running; left: {:?}",
-                timeout.as_secs_f64(),
-                leftovers(rt)
-            );
+            bail!("timed out after {:.0} s: rank(s) {running:?} still running; left: {:?}", timeout.as_secs_f64(), leftovers(rt));
         }
         std::thread::sleep(TICK);
     }
@@ -516,3 +412,4 @@ fn stop(rt: &Path, timeout: Duration) -> anyhow::Result<()> {
     }
     Ok(())
 }
+

@@ -289,13 +289,7 @@ const SPARE_COUNT: usize = 8;
 impl<'a> Engine<'a> {
     /// `piece`: largest MPI message (at most 1 GiB); `pipeline`: piece size
     /// of large payloads (0: one message up to `piece`). Equal on every rank.
-    pub fn new(
-        comm: &'a Comm,
-        source: &'a dyn PeerSource,
-        counters: &'a Counters,
-        piece: u64,
-        pipeline: u64,
-    ) -> Self {
+    pub fn new(comm: &'a Comm, source: &'a dyn PeerSource, counters: &'a Counters, piece: u64, pipeline: u64) -> Self {
         Engine {
             comm,
             source,
@@ -326,28 +320,13 @@ impl<'a> Engine<'a> {
         let small = m.msg.into_boxed_slice();
         let id = self.id();
         // SAFETY: `small` is boxed and kept in `sends` until the send completes.
-        match unsafe {
-            self.comm
-                .isend(small.as_ptr(), small.len(), m.dest, TAG_META_REQ)
-        } {
+        match unsafe { self.comm.isend(small.as_ptr(), small.len(), m.dest, TAG_META_REQ) } {
             Ok(req) => {
                 self.table.push(req, Slot::Sent { send: id });
-                self.sends.insert(
-                    id,
-                    PendingSend {
-                        buf: None,
-                        _small: small,
-                        outstanding: 1,
-                    },
-                );
-                self.meta_pending
-                    .insert((m.dest, m.id), (m.reply, Instant::now() + m.timeout));
+                self.sends.insert(id, PendingSend { buf: None, _small: small, outstanding: 1 });
+                self.meta_pending.insert((m.dest, m.id), (m.reply, Instant::now() + m.timeout));
             }
-            Err(e) => log::warn!(
-                "rank {}: metadata request to rank {}: {e}",
-                self.comm.rank,
-                m.dest
-            ),
+            Err(e) => log::warn!("rank {}: metadata request to rank {}: {e}", self.comm.rank, m.dest),
         }
     }
 
@@ -361,20 +340,10 @@ impl<'a> Engine<'a> {
         let reply = m.handle_meta(&b).into_boxed_slice();
         let id = self.id();
         // SAFETY: `reply` is boxed and kept in `sends` until the send completes.
-        match unsafe {
-            self.comm
-                .isend(reply.as_ptr(), reply.len(), src, TAG_META_REP)
-        } {
+        match unsafe { self.comm.isend(reply.as_ptr(), reply.len(), src, TAG_META_REP) } {
             Ok(req) => {
                 self.table.push(req, Slot::Sent { send: id });
-                self.sends.insert(
-                    id,
-                    PendingSend {
-                        buf: None,
-                        _small: reply,
-                        outstanding: 1,
-                    },
-                );
+                self.sends.insert(id, PendingSend { buf: None, _small: reply, outstanding: 1 });
             }
             Err(e) => log::warn!("rank {}: metadata reply to rank {src}: {e}", self.comm.rank),
         }
@@ -386,9 +355,7 @@ impl<'a> Engine<'a> {
         if !matches!(self.comm.recv_probed(&mut b, src, TAG_META_REP), Ok(k) if k == n) {
             return;
         }
-        let Ok(rep) = fanstore_core::wire::Reply::decode(&b) else {
-            return;
-        };
+        let Ok(rep) = fanstore_core::wire::Reply::decode(&b) else { return };
         if let Some((tx, _)) = self.meta_pending.remove(&(src, rep.id)) {
             let _ = tx.send(b);
         }
@@ -468,10 +435,7 @@ impl<'a> Engine<'a> {
             // Transfers in flight progress only while we poll, but the
             // transport's fds wake a sleep when their sockets have work:
             // with them, poll only for `spin` after the last activity.
-            let wakes = self
-                .waiter
-                .as_ref()
-                .is_some_and(|w| w.transport_count() > 0);
+            let wakes = self.waiter.as_ref().is_some_and(|w| w.transport_count() > 0);
             if (self.busy() && !wakes) || now.duration_since(last_active) < self.spin {
                 std::thread::yield_now();
                 continue;
@@ -490,9 +454,7 @@ impl<'a> Engine<'a> {
                         return StopCause::Local;
                     }
                 }
-                Err(RecvTimeoutError::Timeout) => {
-                    nap = (nap * 2).min(nap_cap(now.duration_since(last_active)))
-                }
+                Err(RecvTimeoutError::Timeout) => nap = (nap * 2).min(nap_cap(now.duration_since(last_active))),
                 Err(RecvTimeoutError::Disconnected) => return StopCause::Orphaned,
             }
         }
@@ -500,9 +462,7 @@ impl<'a> Engine<'a> {
 
     /// Work that needs polling to progress: fetches someone waits for, and sends.
     fn busy(&self) -> bool {
-        !self.sends.is_empty()
-            || !self.meta_pending.is_empty()
-            || self.fetches.values().any(|f| !f.state.abandoned)
+        !self.sends.is_empty() || !self.meta_pending.is_empty() || self.fetches.values().any(|f| !f.state.abandoned)
     }
 
     fn id(&mut self) -> u64 {
@@ -517,18 +477,9 @@ impl<'a> Engine<'a> {
         };
         let id = self.id();
         let parts = table::plan(f.stored_len, self.piece, self.pipeline);
-        let request = Box::new(table::encode_request(
-            f.node_id,
-            tag,
-            f.stored_len,
-            f.offset,
-        ));
-        let mut state = FetchState::new(
-            f.holder,
-            tag,
-            Instant::now() + f.timeout,
-            parts.iter().map(|p| p.1).collect(),
-        );
+        let request = Box::new(table::encode_request(f.node_id, tag, f.stored_len, f.offset));
+        let mut state =
+            FetchState::new(f.holder, tag, Instant::now() + f.timeout, parts.iter().map(|p| p.1).collect());
         let base = f.buf.bytes_mut().as_mut_ptr();
         let mut posted = 0;
         let mut err = None;
@@ -539,13 +490,7 @@ impl<'a> Engine<'a> {
             // until every posted receive completed.
             match unsafe { self.comm.irecv(base.add(off as usize), len, f.holder, tag) } {
                 Ok(r) => {
-                    self.table.push(
-                        r,
-                        Slot::Piece {
-                            fetch: id,
-                            piece: i,
-                        },
-                    );
+                    self.table.push(r, Slot::Piece { fetch: id, piece: i });
                     posted += 1;
                 }
                 Err(e) => {
@@ -556,10 +501,7 @@ impl<'a> Engine<'a> {
         }
         if err.is_none() {
             // SAFETY: `request` is boxed and kept in `fetches` until the send completes.
-            match unsafe {
-                self.comm
-                    .isend(request.as_ptr(), request.len(), f.holder, TAG_REQUEST)
-            } {
+            match unsafe { self.comm.isend(request.as_ptr(), request.len(), f.holder, TAG_REQUEST) } {
                 Ok(r) => self.table.push(r, Slot::RequestSent { fetch: id }),
                 Err(e) => err = Some(e),
             }
@@ -567,11 +509,7 @@ impl<'a> Engine<'a> {
         if let Some(e) = err {
             // Receives already posted stay posted: the fetch is abandoned and
             // cleaned up when (if ever) they complete.
-            log::warn!(
-                "rank {}: posting a fetch from rank {}: {e}",
-                self.comm.rank,
-                f.holder
-            );
+            log::warn!("rank {}: posting a fetch from rank {}: {e}", self.comm.rank, f.holder);
             let _ = f.reply.send(Err(FetchError::Mpi(f.holder, e.0)));
             if posted == 0 {
                 self.tags.free(tag);
@@ -615,14 +553,8 @@ impl<'a> Engine<'a> {
                     let mut b = [0u8; table::REQUEST_LEN];
                     match self.comm.recv_probed(&mut b, src, TAG_REQUEST) {
                         Ok(table::REQUEST_LEN) => self.serve(src, &b),
-                        Ok(n) => log::warn!(
-                            "rank {}: {n}-byte request from rank {src} ignored",
-                            self.comm.rank
-                        ),
-                        Err(e) => log::warn!(
-                            "rank {}: receiving a request from rank {src}: {e}",
-                            self.comm.rank
-                        ),
+                        Ok(n) => log::warn!("rank {}: {n}-byte request from rank {src} ignored", self.comm.rank),
+                        Err(e) => log::warn!("rank {}: receiving a request from rank {src}: {e}", self.comm.rank),
                     }
                 }
                 TAG_META_REQ => self.meta_request(src, n),
@@ -632,10 +564,7 @@ impl<'a> Engine<'a> {
                     if let Ok(8) = self.comm.recv_probed(&mut b, src, TAG_CTRL) {
                         let op = u32::from_le_bytes([b[0], b[1], b[2], b[3]]);
                         if op == CTRL_STOP {
-                            log::info!(
-                                "rank {}: rank {src} asks every rank to stop",
-                                self.comm.rank
-                            );
+                            log::info!("rank {}: rank {src} asks every rank to stop", self.comm.rank);
                             return Err(StopCause::Peer(src));
                         }
                     }
@@ -675,30 +604,19 @@ impl<'a> Engine<'a> {
         let parts = table::plan(stored_len, self.piece, self.pipeline);
         let t = Instant::now();
         let buf = if node_id & (OUT_BIT | PART_BIT) == PART_BIT {
-            self.source
-                .partition_range(node_id & !PART_BIT, offset, stored_len)
+            self.source.partition_range(node_id & !PART_BIT, offset, stored_len)
         } else {
             let spare = self.spare.pop();
             self.source.payload(node_id, stored_len, spare)
         };
-        log::debug!(
-            "rank {}: payload of node {node_id} ({stored_len} B) for rank {src} ready in {:?}",
-            self.comm.rank,
-            t.elapsed()
-        );
+        log::debug!("rank {}: payload of node {node_id} ({stored_len} B) for rank {src} ready in {:?}", self.comm.rank, t.elapsed());
         if buf.is_none() {
-            log::warn!(
-                "rank {}: rank {src} asked for node {node_id}, which this rank cannot serve",
-                self.comm.rank
-            );
+            log::warn!("rank {}: rank {src} asked for node {node_id}, which this rank cannot serve", self.comm.rank);
             self.counters.errors.fetch_add(1, Relaxed);
         }
         let id = self.id();
         let mut outstanding = 0;
-        let base: *const u8 = buf.as_ref().map_or(
-            std::ptr::NonNull::<u8>::dangling().as_ptr() as *const u8,
-            |b| b.bytes().as_ptr(),
-        );
+        let base: *const u8 = buf.as_ref().map_or(std::ptr::NonNull::<u8>::dangling().as_ptr() as *const u8, |b| b.bytes().as_ptr());
         for &(off, len) in &parts {
             let (ptr, len) = match &buf {
                 // SAFETY: off + len <= stored_len == the buffer's length (checked by `payload`).
@@ -720,19 +638,10 @@ impl<'a> Engine<'a> {
         }
         if buf.is_some() {
             self.counters.remote_served.fetch_add(1, Relaxed);
-            self.counters
-                .remote_bytes_out
-                .fetch_add(stored_len, Relaxed);
+            self.counters.remote_bytes_out.fetch_add(stored_len, Relaxed);
         }
         if outstanding > 0 {
-            self.sends.insert(
-                id,
-                PendingSend {
-                    buf,
-                    _small: Box::new([]),
-                    outstanding,
-                },
-            );
+            self.sends.insert(id, PendingSend { buf, _small: Box::new([]), outstanding });
         }
     }
 
@@ -742,11 +651,7 @@ impl<'a> Engine<'a> {
                 if let Some(s) = self.sends.get_mut(&send) {
                     s.outstanding -= 1;
                     if s.outstanding == 0 {
-                        if let Some(PendingSend {
-                            buf: Some(SendBuf::Heap(v)),
-                            ..
-                        }) = self.sends.remove(&send)
-                        {
+                        if let Some(PendingSend { buf: Some(SendBuf::Heap(v)), .. }) = self.sends.remove(&send) {
                             // Keep a few small send buffers warm for the next replies.
                             if v.capacity() <= SPARE_MAX && self.spare.len() < SPARE_COUNT {
                                 self.spare.push(v);
@@ -778,9 +683,7 @@ impl<'a> Engine<'a> {
         if !self.fetches.get(&fetch).is_some_and(|f| f.state.complete()) {
             return;
         }
-        let Some(f) = self.fetches.remove(&fetch) else {
-            return;
-        };
+        let Some(f) = self.fetches.remove(&fetch) else { return };
         self.tags.free(f.state.tag);
         if let Some(reply) = f.reply {
             let complete = f.hashed == f.parts.len();
@@ -792,9 +695,7 @@ impl<'a> Engine<'a> {
                 }
             });
             if let Ok((b, _)) = &res {
-                self.counters
-                    .remote_bytes_in
-                    .fetch_add(b.bytes().len() as u64, Relaxed);
+                self.counters.remote_bytes_in.fetch_add(b.bytes().len() as u64, Relaxed);
             }
             log::debug!(
                 "rank {}: {} B from rank {} in {:?} ({} pieces)",
@@ -814,11 +715,7 @@ impl<'a> Engine<'a> {
         for f in self.fetches.values_mut() {
             if !f.state.abandoned && now >= f.state.deadline {
                 f.state.abandoned = true;
-                log::warn!(
-                    "rank {}: rank {} did not answer within the deadline",
-                    self.comm.rank,
-                    f.state.holder
-                );
+                log::warn!("rank {}: rank {} did not answer within the deadline", self.comm.rank, f.state.holder);
                 if let Some(reply) = f.reply.take() {
                     let _ = reply.send(Err(FetchError::Timeout(f.state.holder)));
                 }
@@ -851,14 +748,7 @@ impl<'a> Engine<'a> {
                 match unsafe { self.comm.isend(small.as_ptr(), small.len(), r, TAG_CTRL) } {
                     Ok(req) => {
                         self.table.push(req, Slot::Sent { send: id });
-                        self.sends.insert(
-                            id,
-                            PendingSend {
-                                buf: None,
-                                _small: small,
-                                outstanding: 1,
-                            },
-                        );
+                        self.sends.insert(id, PendingSend { buf: None, _small: small, outstanding: 1 });
                     }
                     Err(e) => log::warn!("rank {me}: telling rank {r} to stop: {e}"),
                 }
@@ -893,10 +783,7 @@ impl<'a> Engine<'a> {
         }
         let mut clean = self.table.is_empty();
         if !clean {
-            log::warn!(
-                "rank {me}: {} MPI operations still pending at shutdown",
-                self.table.len()
-            );
+            log::warn!("rank {me}: {} MPI operations still pending at shutdown", self.table.len());
         }
         let comm = self.comm;
         let met = comm.barrier(Duration::from_secs(10), || {
@@ -937,3 +824,4 @@ impl<'a> Engine<'a> {
         !done.is_empty()
     }
 }
+

@@ -57,38 +57,20 @@ impl Comm {
         check(unsafe { ffi::MPI_Comm_rank(comm, &mut rank) })?;
         // SAFETY: as above.
         check(unsafe { ffi::MPI_Comm_size(comm, &mut size) })?;
-        Ok(Comm {
-            comm,
-            rank: rank as u32,
-            size: size as u32,
-        })
+        Ok(Comm { comm, rank: rank as u32, size: size as u32 })
     }
 
     /// Starts sending `len` bytes at `buf` to `dest`.
     ///
     /// # Safety
     /// `buf..buf+len` must stay valid and unchanged until the request completes.
-    pub unsafe fn isend(
-        &self,
-        buf: *const u8,
-        len: usize,
-        dest: u32,
-        tag: i32,
-    ) -> Result<Request, MpiError> {
+    pub unsafe fn isend(&self, buf: *const u8, len: usize, dest: u32, tag: i32) -> Result<Request, MpiError> {
         let count = c_int::try_from(len).map_err(|_| MpiError(-1))?;
         // SAFETY: a zeroed handle is a placeholder that MPI_Isend overwrites.
         let mut req: Request = unsafe { std::mem::zeroed() };
         // SAFETY: the caller keeps the buffer alive; the communicator is valid.
         check(unsafe {
-            ffi::MPI_Isend(
-                buf as *const c_void,
-                count,
-                ffi::RSMPI_UINT8_T,
-                dest as c_int,
-                tag,
-                self.comm,
-                &mut req,
-            )
+            ffi::MPI_Isend(buf as *const c_void, count, ffi::RSMPI_UINT8_T, dest as c_int, tag, self.comm, &mut req)
         })?;
         Ok(req)
     }
@@ -98,27 +80,13 @@ impl Comm {
     /// # Safety
     /// `buf..buf+len` must stay valid, and not be otherwise accessed, until the
     /// request completes.
-    pub unsafe fn irecv(
-        &self,
-        buf: *mut u8,
-        len: usize,
-        src: u32,
-        tag: i32,
-    ) -> Result<Request, MpiError> {
+    pub unsafe fn irecv(&self, buf: *mut u8, len: usize, src: u32, tag: i32) -> Result<Request, MpiError> {
         let count = c_int::try_from(len).map_err(|_| MpiError(-1))?;
         // SAFETY: placeholder overwritten by MPI_Irecv.
         let mut req: Request = unsafe { std::mem::zeroed() };
         // SAFETY: the caller keeps the buffer alive and exclusive; valid communicator.
         check(unsafe {
-            ffi::MPI_Irecv(
-                buf as *mut c_void,
-                count,
-                ffi::RSMPI_UINT8_T,
-                src as c_int,
-                tag,
-                self.comm,
-                &mut req,
-            )
+            ffi::MPI_Irecv(buf as *mut c_void, count, ffi::RSMPI_UINT8_T, src as c_int, tag, self.comm, &mut req)
         })?;
         Ok(req)
     }
@@ -129,9 +97,7 @@ impl Comm {
         // SAFETY: MPI_Status is plain data; all-zero is a valid value to overwrite.
         let mut st: ffi::MPI_Status = unsafe { std::mem::zeroed() };
         // SAFETY: valid communicator and out pointers.
-        check(unsafe {
-            ffi::MPI_Iprobe(ffi::RSMPI_ANY_SOURCE, tag, self.comm, &mut flag, &mut st)
-        })?;
+        check(unsafe { ffi::MPI_Iprobe(ffi::RSMPI_ANY_SOURCE, tag, self.comm, &mut flag, &mut st) })?;
         if flag == 0 {
             return Ok(None);
         }
@@ -149,26 +115,14 @@ impl Comm {
         // SAFETY: MPI_Status is plain data; all-zero is a valid value to overwrite.
         let mut st: ffi::MPI_Status = unsafe { std::mem::zeroed() };
         // SAFETY: valid communicator and out pointers.
-        check(unsafe {
-            ffi::MPI_Iprobe(
-                ffi::RSMPI_ANY_SOURCE,
-                ffi::RSMPI_ANY_TAG,
-                self.comm,
-                &mut flag,
-                &mut st,
-            )
-        })?;
+        check(unsafe { ffi::MPI_Iprobe(ffi::RSMPI_ANY_SOURCE, ffi::RSMPI_ANY_TAG, self.comm, &mut flag, &mut st) })?;
         if flag == 0 {
             return Ok(None);
         }
         let mut count: c_int = 0;
         // SAFETY: st was filled by a successful probe.
         check(unsafe { ffi::MPI_Get_count(&st, ffi::RSMPI_UINT8_T, &mut count) })?;
-        Ok(Some((
-            st.MPI_SOURCE as u32,
-            st.MPI_TAG,
-            count.max(0) as usize,
-        )))
+        Ok(Some((st.MPI_SOURCE as u32, st.MPI_TAG, count.max(0) as usize)))
     }
 
     /// Receives a message already seen by [`iprobe`](Self::iprobe) (so this does not wait).
@@ -178,15 +132,7 @@ impl Comm {
         let count = c_int::try_from(buf.len()).map_err(|_| MpiError(-1))?;
         // SAFETY: buf is a live, exclusive buffer of `count` bytes for the duration of the call.
         check(unsafe {
-            ffi::MPI_Recv(
-                buf.as_mut_ptr() as *mut c_void,
-                count,
-                ffi::RSMPI_UINT8_T,
-                src as c_int,
-                tag,
-                self.comm,
-                &mut st,
-            )
+            ffi::MPI_Recv(buf.as_mut_ptr() as *mut c_void, count, ffi::RSMPI_UINT8_T, src as c_int, tag, self.comm, &mut st)
         })?;
         let mut got: c_int = 0;
         // SAFETY: st was filled by a successful receive.
@@ -204,17 +150,10 @@ impl Comm {
         let mut outcount: c_int = 0;
         let mut indices: Vec<c_int> = vec![0; n];
         // SAFETY: plain data placeholders.
-        let mut statuses: Vec<ffi::MPI_Status> =
-            (0..n).map(|_| unsafe { std::mem::zeroed() }).collect();
+        let mut statuses: Vec<ffi::MPI_Status> = (0..n).map(|_| unsafe { std::mem::zeroed() }).collect();
         // SAFETY: the three arrays have n entries each, as MPI_Testsome requires.
         let rc = unsafe {
-            ffi::MPI_Testsome(
-                n as c_int,
-                reqs.as_mut_ptr(),
-                &mut outcount,
-                indices.as_mut_ptr(),
-                statuses.as_mut_ptr(),
-            )
+            ffi::MPI_Testsome(n as c_int, reqs.as_mut_ptr(), &mut outcount, indices.as_mut_ptr(), statuses.as_mut_ptr())
         };
         // MPI_ERR_IN_STATUS: per-request errors are in the statuses; handled below.
         if rc != 0 && outcount <= 0 {
@@ -230,11 +169,7 @@ impl Comm {
             // SAFETY: st was filled by MPI_Testsome for a completed request.
             unsafe { ffi::MPI_Get_count(st, ffi::RSMPI_UINT8_T, &mut count) };
             let error = if rc == 0 { 0 } else { st.MPI_ERROR };
-            done.push(Done {
-                index: indices[k] as usize,
-                count: count.max(0) as usize,
-                error,
-            });
+            done.push(Done { index: indices[k] as usize, count: count.max(0) as usize, error });
         }
         Ok(())
     }
@@ -272,11 +207,7 @@ impl Comm {
             Some(recv)
         } else {
             // The buffers must outlive the request: leave them to process exit.
-            log::error!(
-                "rank {}: collective check timed out after {:?}; aborting the job",
-                self.rank,
-                timeout
-            );
+            log::error!("rank {}: collective check timed out after {:?}; aborting the job", self.rank, timeout);
             self.abort(3)
         }
     }
@@ -334,15 +265,13 @@ impl Drop for Comm {
 /// other in UCX progress) after every message completed. If finalising takes
 /// longer than `timeout`, the process exits with `code` from the watchdog.
 pub fn finalize(universe: mpi::environment::Universe, timeout: Duration, code: i32) {
-    let spawned = std::thread::Builder::new()
-        .name("finalize-watchdog".into())
-        .spawn(move || {
-            std::thread::sleep(timeout);
-            log::warn!("MPI_Finalize did not return within {timeout:?}; exiting anyway");
-            use std::io::Write;
-            let _ = std::io::stdout().flush();
-            std::process::exit(code);
-        });
+    let spawned = std::thread::Builder::new().name("finalize-watchdog".into()).spawn(move || {
+        std::thread::sleep(timeout);
+        log::warn!("MPI_Finalize did not return within {timeout:?}; exiting anyway");
+        use std::io::Write;
+        let _ = std::io::stdout().flush();
+        std::process::exit(code);
+    });
     if spawned.is_err() {
         log::warn!("no finalize watchdog: MPI_Finalize may hang");
     }

@@ -21,10 +21,7 @@ pub struct Tags {
 
 impl Default for Tags {
     fn default() -> Self {
-        Tags {
-            next: FIRST_REPLY_TAG,
-            in_use: HashSet::new(),
-        }
+        Tags { next: FIRST_REPLY_TAG, in_use: HashSet::new() }
     }
 }
 
@@ -34,11 +31,7 @@ impl Tags {
         let span = (TAG_LIMIT - FIRST_REPLY_TAG) as usize;
         for _ in 0..span {
             let t = self.next;
-            self.next = if t + 1 >= TAG_LIMIT {
-                FIRST_REPLY_TAG
-            } else {
-                t + 1
-            };
+            self.next = if t + 1 >= TAG_LIMIT { FIRST_REPLY_TAG } else { t + 1 };
             if self.in_use.insert(t) {
                 return Some(t);
             }
@@ -62,9 +55,7 @@ pub fn pieces(len: u64, piece: u64) -> Vec<(u64, usize)> {
     if len == 0 {
         return vec![(0, 0)];
     }
-    (0..len.div_ceil(piece))
-        .map(|i| (i * piece, (len - i * piece).min(piece) as usize))
-        .collect()
+    (0..len.div_ceil(piece)).map(|i| (i * piece, (len - i * piece).min(piece) as usize)).collect()
 }
 
 /// The pieces a payload of `len` bytes crosses in: payloads of at least
@@ -73,11 +64,7 @@ pub fn pieces(len: u64, piece: u64) -> Vec<(u64, usize)> {
 /// 0 disables this), and no piece exceeds `max_piece`. Both sides compute it
 /// from the stored length and the job-wide settings alone.
 pub fn plan(len: u64, max_piece: u64, pipeline: u64) -> Vec<(u64, usize)> {
-    let piece = if pipeline > 0 && len >= 2 * pipeline {
-        pipeline.min(max_piece)
-    } else {
-        max_piece
-    };
+    let piece = if pipeline > 0 && len >= 2 * pipeline { pipeline.min(max_piece) } else { max_piece };
     pieces(len, piece)
 }
 
@@ -103,10 +90,7 @@ pub struct ReqTable<R> {
 
 impl<R: Copy> Default for ReqTable<R> {
     fn default() -> Self {
-        ReqTable {
-            reqs: Vec::new(),
-            slots: Vec::new(),
-        }
+        ReqTable { reqs: Vec::new(), slots: Vec::new() }
     }
 }
 
@@ -187,15 +171,7 @@ impl FetchState {
     /// A fetch whose reply arrives as pieces of the `expected` lengths.
     pub fn new(holder: u32, tag: i32, deadline: Instant, expected: Vec<usize>) -> FetchState {
         let outstanding = expected.len() + 1;
-        FetchState {
-            holder,
-            tag,
-            deadline,
-            expected,
-            outstanding,
-            failed: false,
-            abandoned: false,
-        }
+        FetchState { holder, tag, deadline, expected, outstanding, failed: false, abandoned: false }
     }
     /// Piece `i` completed with `count` bytes. The holder signals an error
     /// by sending empty pieces; a short piece is a failure too.
@@ -257,12 +233,7 @@ pub fn decode_request(b: &[u8; REQUEST_LEN]) -> (u32, i32, u64, u64) {
     t.copy_from_slice(&b[4..8]);
     l.copy_from_slice(&b[8..16]);
     o.copy_from_slice(&b[16..24]);
-    (
-        u32::from_le_bytes(n),
-        i32::from_le_bytes(t),
-        u64::from_le_bytes(l),
-        u64::from_le_bytes(o),
-    )
+    (u32::from_le_bytes(n), i32::from_le_bytes(t), u64::from_le_bytes(l), u64::from_le_bytes(o))
 }
 
 #[cfg(test)]
@@ -274,20 +245,14 @@ mod tests {
         let mut t = Tags::default();
         let a = t.alloc().unwrap();
         assert_eq!(a, FIRST_REPLY_TAG);
-        let all: Vec<i32> = (1..(TAG_LIMIT - FIRST_REPLY_TAG))
-            .map(|_| t.alloc().unwrap())
-            .collect();
+        let all: Vec<i32> = (1..(TAG_LIMIT - FIRST_REPLY_TAG)).map(|_| t.alloc().unwrap()).collect();
         assert_eq!(all.last(), Some(&(TAG_LIMIT - 1)));
         assert_eq!(t.alloc(), None, "exhausted");
         t.free(FIRST_REPLY_TAG + 5);
         assert_eq!(t.alloc(), Some(FIRST_REPLY_TAG + 5));
         t.free(a);
         t.free(FIRST_REPLY_TAG + 7);
-        assert_eq!(
-            t.alloc(),
-            Some(FIRST_REPLY_TAG + 7),
-            "continues from where it was, skipping busy tags"
-        );
+        assert_eq!(t.alloc(), Some(FIRST_REPLY_TAG + 7), "continues from where it was, skipping busy tags");
         assert_eq!(t.in_use(), (TAG_LIMIT - FIRST_REPLY_TAG - 1) as usize);
     }
 
@@ -299,11 +264,7 @@ mod tests {
         let big = pieces(5 << 30, 1 << 30);
         assert_eq!(big.len(), 5);
         assert!(big.iter().all(|p| p.1 == 1 << 30));
-        assert_eq!(
-            pieces(3, u64::MAX),
-            vec![(0, 3)],
-            "pieces never exceed an MPI int count"
-        );
+        assert_eq!(pieces(3, u64::MAX), vec![(0, 3)], "pieces never exceed an MPI int count");
     }
 
     #[test]
@@ -311,11 +272,7 @@ mod tests {
         assert_eq!(plan(100, 1 << 30, 1 << 20), vec![(0, 100)]);
         assert_eq!(plan((2 << 20) - 1, 1 << 30, 1 << 20).len(), 1);
         assert_eq!(plan(5 << 20, 1 << 30, 1 << 20).len(), 5);
-        assert_eq!(
-            plan(5 << 20, 64 << 10, 1 << 20).len(),
-            80,
-            "a smaller --mpi-piece wins"
-        );
+        assert_eq!(plan(5 << 20, 64 << 10, 1 << 20).len(), 80, "a smaller --mpi-piece wins");
         assert_eq!(plan(5 << 20, 1 << 30, 0).len(), 1, "pipelining off");
     }
 

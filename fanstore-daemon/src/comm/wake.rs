@@ -64,10 +64,7 @@ impl Doorbell {
             return Err(std::io::Error::last_os_error());
         }
         // SAFETY: fd is a fresh descriptor nobody else owns.
-        Ok(Doorbell {
-            fd: unsafe { OwnedFd::from_raw_fd(fd) },
-            asleep: AtomicBool::new(false),
-        })
+        Ok(Doorbell { fd: unsafe { OwnedFd::from_raw_fd(fd) }, asleep: AtomicBool::new(false) })
     }
 
     /// Wakes the thread if it announced a sleep (one write per sleep at most).
@@ -114,22 +111,13 @@ pub fn channel() -> (CommTx, Receiver<Command>, Option<Arc<Doorbell>>) {
             None
         }
     };
-    (
-        CommTx {
-            tx,
-            bell: bell.clone(),
-        },
-        rx,
-        bell,
-    )
+    (CommTx { tx, bell: bell.clone() }, rx, bell)
 }
 
 /// The epoll descriptors open in this process: called right after MPI
 /// started and before the daemon opens its own, these are the transport's.
 pub fn transport_fds() -> Vec<RawFd> {
-    let Ok(dir) = std::fs::read_dir("/proc/self/fd") else {
-        return Vec::new();
-    };
+    let Ok(dir) = std::fs::read_dir("/proc/self/fd") else { return Vec::new() };
     let mut fds: Vec<RawFd> = dir
         .filter_map(|e| {
             let e = e.ok()?;
@@ -186,27 +174,9 @@ const EMPTY_WAKES_MAX: u32 = 1000;
 
 impl Waiter {
     pub fn new(bell: Arc<Doorbell>, transport: Vec<RawFd>) -> Waiter {
-        let mut fds = vec![libc::pollfd {
-            fd: bell.fd.as_raw_fd(),
-            events: libc::POLLIN,
-            revents: 0,
-        }];
-        fds.extend(transport.into_iter().map(|fd| libc::pollfd {
-            fd,
-            events: libc::POLLIN,
-            revents: 0,
-        }));
-        Waiter {
-            bell,
-            fds,
-            empty_wakes: 0,
-            fd_bound: FD_BOUND,
-            distrust: 0,
-            missed: 0,
-            penalty: DISTRUST_SLEEPS,
-            trusted: false,
-            tally: [0; 4],
-        }
+        let mut fds = vec![libc::pollfd { fd: bell.fd.as_raw_fd(), events: libc::POLLIN, revents: 0 }];
+        fds.extend(transport.into_iter().map(|fd| libc::pollfd { fd, events: libc::POLLIN, revents: 0 }));
+        Waiter { bell, fds, empty_wakes: 0, fd_bound: FD_BOUND, distrust: 0, missed: 0, penalty: DISTRUST_SLEEPS, trusted: false, tally: [0; 4] }
     }
 
     /// While the transport's fds are trusted, sleeps last at least `bound`
@@ -303,14 +273,7 @@ impl Waiter {
         }
         // SAFETY: `fds` is a live array of fds.len() pollfds; ts is a valid
         // timespec; no signal mask change (null).
-        unsafe {
-            libc::ppoll(
-                self.fds.as_mut_ptr(),
-                self.fds.len() as libc::nfds_t,
-                &ts,
-                std::ptr::null(),
-            )
-        };
+        unsafe { libc::ppoll(self.fds.as_mut_ptr(), self.fds.len() as libc::nfds_t, &ts, std::ptr::null()) };
         // Whoever rings from now on finds the flag clear and writes nothing.
         self.bell.asleep.store(false, SeqCst);
         let rung = self.fds[0].revents != 0;
@@ -343,21 +306,13 @@ mod tests {
         });
         let t = Instant::now();
         assert_eq!(w.sleep(&rx, Duration::from_secs(20)), Woke::Command);
-        assert!(
-            t.elapsed() < Duration::from_secs(10),
-            "the bell did not wake the sleep: {:?}",
-            t.elapsed()
-        );
+        assert!(t.elapsed() < Duration::from_secs(10), "the bell did not wake the sleep: {:?}", t.elapsed());
         assert!(matches!(rx.try_recv(), Ok(Command::Stop)));
         drop(sender.join());
         // Nothing queued, nothing rung: the sleep lasts its timeout.
         let t = Instant::now();
         assert_eq!(w.sleep(&rx, Duration::from_millis(30)), Woke::Timeout);
-        assert!(
-            t.elapsed() >= Duration::from_millis(25),
-            "woke early: {:?}",
-            t.elapsed()
-        );
+        assert!(t.elapsed() >= Duration::from_millis(25), "woke early: {:?}", t.elapsed());
     }
 
     #[test]
@@ -370,21 +325,13 @@ mod tests {
         assert!(fd >= 0);
         let mut w = Waiter::new(bell.expect("eventfd"), vec![fd]);
         for _ in 0..EMPTY_WAKES_MAX {
-            assert_eq!(
-                w.sleep(&rx, Duration::from_secs(5)),
-                Woke::Transport,
-                "the ready fd did not end the sleep"
-            );
+            assert_eq!(w.sleep(&rx, Duration::from_secs(5)), Woke::Transport, "the ready fd did not end the sleep");
             w.woke(Woke::Transport, false);
         }
         assert_eq!(w.transport_count(), 0);
         let t = Instant::now();
         assert_eq!(w.sleep(&rx, Duration::from_millis(30)), Woke::Timeout);
-        assert!(
-            t.elapsed() >= Duration::from_millis(25),
-            "woke early: {:?}",
-            t.elapsed()
-        );
+        assert!(t.elapsed() >= Duration::from_millis(25), "woke early: {:?}", t.elapsed());
         // SAFETY: closing the fd this test opened.
         unsafe { libc::close(fd) };
     }
@@ -394,21 +341,12 @@ mod tests {
         let (_tx, rx, bell) = channel();
         let mut pair = [0; 2];
         // SAFETY: socketpair into a live array of two ints.
-        assert_eq!(
-            unsafe { libc::socketpair(libc::AF_UNIX, libc::SOCK_STREAM, 0, pair.as_mut_ptr()) },
-            0
-        );
+        assert_eq!(unsafe { libc::socketpair(libc::AF_UNIX, libc::SOCK_STREAM, 0, pair.as_mut_ptr()) }, 0);
         // SAFETY: a new epoll set; the socket is registered for input.
         let ep = unsafe { libc::epoll_create1(libc::EPOLL_CLOEXEC) };
-        let mut ev = libc::epoll_event {
-            events: libc::EPOLLIN as u32,
-            u64: 0,
-        };
+        let mut ev = libc::epoll_event { events: libc::EPOLLIN as u32, u64: 0 };
         // SAFETY: ep and pair[0] are live fds; ev is a valid event.
-        assert_eq!(
-            unsafe { libc::epoll_ctl(ep, libc::EPOLL_CTL_ADD, pair[0], &mut ev) },
-            0
-        );
+        assert_eq!(unsafe { libc::epoll_ctl(ep, libc::EPOLL_CTL_ADD, pair[0], &mut ev) }, 0);
         assert!(transport_fds().contains(&ep));
         let mut w = Waiter::new(bell.expect("eventfd"), vec![ep]);
         let writer = pair[1];
@@ -419,11 +357,7 @@ mod tests {
             unsafe { libc::write(writer, b"x".as_ptr().cast(), 1) };
         });
         assert_eq!(w.sleep(&rx, Duration::from_secs(20)), Woke::Transport);
-        assert!(
-            t.elapsed() < Duration::from_secs(10),
-            "the socket did not wake the sleep: {:?}",
-            t.elapsed()
-        );
+        assert!(t.elapsed() < Duration::from_secs(10), "the socket did not wake the sleep: {:?}", t.elapsed());
         h.join().expect("writer");
         for fd in [ep, pair[0], pair[1]] {
             // SAFETY: closing fds this test opened.
@@ -438,21 +372,12 @@ mod tests {
         let ep = unsafe { libc::epoll_create1(libc::EPOLL_CLOEXEC) };
         assert!(ep >= 0);
         let nap = Duration::from_micros(50);
-        let mut w =
-            Waiter::new(bell.expect("eventfd"), vec![ep]).with_fd_bound(Duration::from_millis(40));
+        let mut w = Waiter::new(bell.expect("eventfd"), vec![ep]).with_fd_bound(Duration::from_millis(40));
         assert_eq!(w.bound(nap), Duration::from_millis(40));
-        assert_eq!(
-            w.bound(Duration::from_millis(100)),
-            Duration::from_millis(100),
-            "a longer nap stays longer"
-        );
+        assert_eq!(w.bound(Duration::from_millis(100)), Duration::from_millis(100), "a longer nap stays longer");
         let t = Instant::now();
         assert_eq!(w.sleep(&rx, w.bound(nap)), Woke::Timeout);
-        assert!(
-            t.elapsed() >= Duration::from_millis(35),
-            "the trusted sleep ended early: {:?}",
-            t.elapsed()
-        );
+        assert!(t.elapsed() >= Duration::from_millis(35), "the trusted sleep ended early: {:?}", t.elapsed());
         // A timeout followed by nothing to do keeps the trust.
         w.woke(Woke::Timeout, false);
         assert_eq!(w.bound(nap), Duration::from_millis(40));
@@ -469,11 +394,7 @@ mod tests {
             assert_eq!(w.bound(nap), nap);
             w.sleep(&rx, Duration::ZERO);
         }
-        assert_eq!(
-            w.bound(nap),
-            Duration::from_millis(40),
-            "trust comes back after DISTRUST_SLEEPS sleeps"
-        );
+        assert_eq!(w.bound(nap), Duration::from_millis(40), "trust comes back after DISTRUST_SLEEPS sleeps");
         // A second miss distrusts twice as long.
         w.sleep(&rx, w.bound(nap));
         w.woke(Woke::Timeout, true);
@@ -487,8 +408,7 @@ mod tests {
         let (_tx2, rx2, bell2) = channel();
         let plain = Waiter::new(bell2.expect("eventfd"), Vec::new());
         assert_eq!(plain.bound(nap), nap);
-        let off =
-            Waiter::new(channel().2.expect("eventfd"), vec![ep]).with_fd_bound(Duration::ZERO);
+        let off = Waiter::new(channel().2.expect("eventfd"), vec![ep]).with_fd_bound(Duration::ZERO);
         assert_eq!(off.bound(nap), nap);
         drop(rx2);
         // SAFETY: closing the fd this test opened.

@@ -17,8 +17,8 @@
 //! tree ([`Looked::Outside`]: the client re-runs the call on the kernel).
 
 use super::owner::mop;
-use super::parent;
 use crate::node::Node;
+use super::parent;
 use fanstore_core::checksum::xxh3;
 use fanstore_core::manifest::NodeKind;
 use fanstore_core::wire::{self, OutRecord};
@@ -31,11 +31,7 @@ pub const MAX_SYMLINKS: u32 = 40;
 #[derive(Debug)]
 pub enum Looked {
     /// An output record at `path` (a symlink's target in `target`).
-    Output {
-        path: Vec<u8>,
-        rec: OutRecord,
-        target: Vec<u8>,
-    },
+    Output { path: Vec<u8>, rec: OutRecord, target: Vec<u8> },
     /// An input node of the dataset at `path`.
     Input { path: Vec<u8>, node: u32 },
     /// An absolute path outside the mount (a symlink's target led there).
@@ -71,10 +67,7 @@ impl Node {
         };
         'walk: loop {
             if let Some(n) = self.view.lookup(&cur) {
-                return Ok(Looked::Input {
-                    path: cur,
-                    node: n.id(),
-                });
+                return Ok(Looked::Input { path: cur, node: n.id() });
             }
             match self.get_record(&cur) {
                 Ok((rec, target)) if rec.is_link() && follow => {
@@ -84,13 +77,7 @@ impl Node {
                         Spliced::Outside(p) => return Ok(Looked::Outside(p)),
                     }
                 }
-                Ok((rec, target)) => {
-                    return Ok(Looked::Output {
-                        path: cur,
-                        rec,
-                        target,
-                    })
-                }
+                Ok((rec, target)) => return Ok(Looked::Output { path: cur, rec, target }),
                 Err(libc::ENOENT) => {
                     // Why is it missing? The deepest existing ancestor says:
                     // a directory (ENOENT), a file (ENOTDIR), or a symlink
@@ -98,11 +85,7 @@ impl Node {
                     let mut p = parent(&cur).0;
                     while !p.is_empty() {
                         if let Some(n) = self.view.lookup(p) {
-                            return Err(if n.is_dir() {
-                                libc::ENOENT
-                            } else {
-                                libc::ENOTDIR
-                            });
+                            return Err(if n.is_dir() { libc::ENOENT } else { libc::ENOTDIR });
                         }
                         match self.get_record(p) {
                             Ok((rec, target)) if rec.is_link() => {
@@ -114,13 +97,7 @@ impl Node {
                                 }
                                 continue 'walk;
                             }
-                            Ok((rec, _)) => {
-                                return Err(if rec.is_dir() {
-                                    libc::ENOENT
-                                } else {
-                                    libc::ENOTDIR
-                                })
-                            }
+                            Ok((rec, _)) => return Err(if rec.is_dir() { libc::ENOENT } else { libc::ENOTDIR }),
                             Err(libc::ENOENT) => p = parent(p).0,
                             Err(e) => return Err(e),
                         }
@@ -170,20 +147,12 @@ impl Node {
         let mut cur = path.to_vec();
         for _ in 0..MAX_SYMLINKS {
             match self.get_record(&cur) {
-                Ok((rec, target)) if rec.is_link() => {
-                    match self.splice(parent(&cur).0, &target, b"") {
-                        Spliced::Inside(p) => cur = self.real_entry(&p)?,
-                        Spliced::Outside(_) => return Err(libc::EXDEV),
-                    }
-                }
+                Ok((rec, target)) if rec.is_link() => match self.splice(parent(&cur).0, &target, b"") {
+                    Spliced::Inside(p) => cur = self.real_entry(&p)?,
+                    Spliced::Outside(_) => return Err(libc::EXDEV),
+                },
                 Ok(_) => return Ok(cur),
-                Err(libc::ENOENT) => {
-                    return if self.view.lookup(&cur).is_some() {
-                        Err(libc::EROFS)
-                    } else {
-                        Ok(cur)
-                    }
-                }
+                Err(libc::ENOENT) => return if self.view.lookup(&cur).is_some() { Err(libc::EROFS) } else { Ok(cur) },
                 Err(e) => return Err(e),
             }
         }
@@ -234,15 +203,8 @@ impl Node {
             return Err(libc::ENOSPC);
         }
         let now = crate::namespace::now_ns();
-        let rec = OutRecord {
-            size: target.len() as u64,
-            mode: libc::S_IFLNK | 0o777,
-            holder: self.id.rank,
-            id,
-            sum: xxh3(target),
-            ..Default::default()
-        }
-        .with_times(now, now);
+        let rec = OutRecord { size: target.len() as u64, mode: libc::S_IFLNK | 0o777, holder: self.id.rank, id, sum: xxh3(target), ..Default::default() }
+            .with_times(now, now);
         self.hold_link(&path, &rec, target)?;
         if let Err(e) = self.put_link(&path, rec, target, wire::COMMIT_EXCL) {
             self.drop_held_here(id);
@@ -259,11 +221,7 @@ impl Node {
         let file = dir.join(rec.id.to_string());
         if let Err(e) = std::fs::write(&file, target) {
             let _ = std::fs::remove_file(&file);
-            return Err(if e.raw_os_error() == Some(libc::ENOSPC) {
-                libc::ENOSPC
-            } else {
-                libc::EIO
-            });
+            return Err(if e.raw_os_error() == Some(libc::ENOSPC) { libc::ENOSPC } else { libc::EIO });
         }
         if let Err(e) = self.write_sidecar(path, rec) {
             let _ = std::fs::remove_file(&file);
@@ -273,13 +231,7 @@ impl Node {
     }
 
     /// PUT of a symlink record (payload `record | path NUL target`).
-    pub(crate) fn put_link(
-        &self,
-        path: &[u8],
-        rec: OutRecord,
-        target: &[u8],
-        arg0: u64,
-    ) -> Result<bool, i32> {
+    pub(crate) fn put_link(&self, path: &[u8], rec: OutRecord, target: &[u8], arg0: u64) -> Result<bool, i32> {
         let mut p = Vec::with_capacity(OutRecord::LEN + path.len() + 1 + target.len());
         rec.encode_into(&mut p);
         p.extend_from_slice(path);
@@ -298,11 +250,7 @@ impl Node {
     pub fn input_record(&self, node: u32) -> OutRecord {
         match self.view.node(node) {
             Some(n) => OutRecord {
-                size: if n.kind() == Some(NodeKind::File) {
-                    n.size()
-                } else {
-                    0
-                },
+                size: if n.kind() == Some(NodeKind::File) { n.size() } else { 0 },
                 mode: n.mode(),
                 holder: u32::MAX - 1,
                 mtime_ns: n.mtime_ns(),

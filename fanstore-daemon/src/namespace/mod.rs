@@ -56,9 +56,7 @@ pub(crate) fn parent(path: &[u8]) -> (&[u8], &[u8]) {
 
 /// Now, in ns since the epoch (a new record's mtime).
 pub(crate) fn now_ns() -> i64 {
-    std::time::SystemTime::now()
-        .duration_since(std::time::UNIX_EPOCH)
-        .map_or(0, |d| d.as_nanos() as i64)
+    std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map_or(0, |d| d.as_nanos() as i64)
 }
 
 impl MetaServer for Node {
@@ -66,47 +64,20 @@ impl MetaServer for Node {
         match Request::decode(msg) {
             Ok(req) if req.op == mop::HOLDER_DROP || req.op == mop::HOLDER_RENAME => {
                 // Store work does not belong on the communication thread.
-                let (dedup, out, fsync) = (
-                    self.dedup.get().cloned(),
-                    self.out_dir(),
-                    self.fsync_outputs.load(Relaxed),
-                );
-                let spawned = std::thread::Builder::new()
-                    .name("fanstore-held".into())
-                    .spawn(move || {
-                        if req.op == mop::HOLDER_DROP {
-                            drop_held(dedup.as_deref(), &out, req.arg0);
-                        } else {
-                            rename_held(dedup.as_deref(), &out, req.arg0, &req.payload, fsync);
-                        }
-                    });
+                let (dedup, out, fsync) = (self.dedup.get().cloned(), self.out_dir(), self.fsync_outputs.load(Relaxed));
+                let spawned = std::thread::Builder::new().name("fanstore-held".into()).spawn(move || {
+                    if req.op == mop::HOLDER_DROP {
+                        drop_held(dedup.as_deref(), &out, req.arg0);
+                    } else {
+                        rename_held(dedup.as_deref(), &out, req.arg0, &req.payload, fsync);
+                    }
+                });
                 let errno = if spawned.is_ok() { 0 } else { libc::EAGAIN };
-                Reply {
-                    op: req.op,
-                    id: req.id,
-                    errno,
-                    flags: 0,
-                    value: 0,
-                    payload: Vec::new(),
-                }
-                .encode()
+                Reply { op: req.op, id: req.id, errno, flags: 0, value: 0, payload: Vec::new() }.encode()
             }
             Ok(req) if crate::watch::is_mop(req.op) => self.watch_meta(&req).encode(),
-            Ok(req) => self
-                .meta
-                .lock()
-                .unwrap_or_else(|p| p.into_inner())
-                .handle(&req)
-                .encode(),
-            Err(_) => Reply {
-                op: 0,
-                id: 0,
-                errno: libc::EINVAL,
-                flags: 0,
-                value: 0,
-                payload: Vec::new(),
-            }
-            .encode(),
+            Ok(req) => self.meta.lock().unwrap_or_else(|p| p.into_inner()).handle(&req).encode(),
+            Err(_) => Reply { op: 0, id: 0, errno: libc::EINVAL, flags: 0, value: 0, payload: Vec::new() }.encode(),
         }
     }
 }
@@ -119,26 +90,14 @@ impl Node {
 
     /// One metadata request at the owner of `key`: answered here when this
     /// rank owns it, else over MPI (bounded wait).
-    pub(crate) fn meta_at(
-        &self,
-        key: &[u8],
-        op: u16,
-        arg0: u64,
-        payload: Vec<u8>,
-    ) -> Result<Reply, i32> {
+    pub(crate) fn meta_at(&self, key: &[u8], op: u16, arg0: u64, payload: Vec<u8>) -> Result<Reply, i32> {
         self.meta_to(self.owner(key), op, arg0, payload)
     }
 
     /// One metadata request at rank `dest`.
     /// EBUSY (a path fenced by a directory move in flight) is retried until
     /// the move ends, at most [`META_TIMEOUT`].
-    pub(crate) fn meta_to(
-        &self,
-        dest: u32,
-        op: u16,
-        arg0: u64,
-        payload: Vec<u8>,
-    ) -> Result<Reply, i32> {
+    pub(crate) fn meta_to(&self, dest: u32, op: u16, arg0: u64, payload: Vec<u8>) -> Result<Reply, i32> {
         let deadline = std::time::Instant::now() + META_TIMEOUT;
         let mut pause = Duration::from_millis(1);
         loop {
@@ -152,39 +111,19 @@ impl Node {
         }
     }
 
-    pub(crate) fn meta_once(
-        &self,
-        dest: u32,
-        op: u16,
-        arg0: u64,
-        payload: Vec<u8>,
-    ) -> Result<Reply, i32> {
+    pub(crate) fn meta_once(&self, dest: u32, op: u16, arg0: u64, payload: Vec<u8>) -> Result<Reply, i32> {
         let id = META_IDS.fetch_add(1, Relaxed);
-        let req = Request {
-            op,
-            id,
-            arg0,
-            arg1: 0,
-            payload,
-        };
+        let req = Request { op, id, arg0, arg1: 0, payload };
         let rep = if dest == self.id.rank {
             Reply::decode(&self.handle_meta(&req.encode())).map_err(|_| libc::EIO)?
         } else {
             let (tx, rx) = crossbeam::channel::bounded(1);
-            let call = MetaCall {
-                dest,
-                id,
-                msg: req.encode(),
-                reply: tx,
-                timeout: META_TIMEOUT,
-            };
+            let call = MetaCall { dest, id, msg: req.encode(), reply: tx, timeout: META_TIMEOUT };
             self.comm.send(Command::Meta(call)).map_err(|_| libc::EIO)?;
-            let b = rx
-                .recv_timeout(META_TIMEOUT + Duration::from_secs(1))
-                .map_err(|_| {
-                    log::warn!("rank {}: metadata rank {dest} did not answer", self.id.rank);
-                    libc::EIO
-                })?;
+            let b = rx.recv_timeout(META_TIMEOUT + Duration::from_secs(1)).map_err(|_| {
+                log::warn!("rank {}: metadata rank {dest} did not answer", self.id.rank);
+                libc::EIO
+            })?;
             Reply::decode(&b).map_err(|_| libc::EIO)?
         };
         if rep.errno != 0 {
@@ -202,6 +141,7 @@ impl Node {
         self.meta_at(dir, op, kind as u64, p).map(|_| ())
     }
 
+
     /// The record of output `path` (file, directory or symlink itself):
     /// no symlink is followed.
     pub fn out_stat(&self, path: &[u8]) -> Result<OutRecord, i32> {
@@ -217,16 +157,8 @@ impl Node {
         let follow = flags & wire::STAT_NOFOLLOW == 0;
         let resolved = |p: &[u8]| if p == path { Vec::new() } else { p.to_vec() };
         match self.lookup(path, follow) {
-            Ok(Looked::Output {
-                path: p,
-                rec,
-                target,
-            }) => Ok(wire::StatAnswer::encode(&rec, &resolved(&p), &target)),
-            Ok(Looked::Input { path: p, node }) => Ok(wire::StatAnswer::encode(
-                &self.input_record(node),
-                &resolved(&p),
-                b"",
-            )),
+            Ok(Looked::Output { path: p, rec, target }) => Ok(wire::StatAnswer::encode(&rec, &resolved(&p), &target)),
+            Ok(Looked::Input { path: p, node }) => Ok(wire::StatAnswer::encode(&self.input_record(node), &resolved(&p), b"")),
             Ok(Looked::Outside(abs)) => Err((libc::EXDEV, abs)),
             Err(e) => Err((e, Vec::new())),
         }
@@ -238,11 +170,7 @@ impl Node {
         let mut p = parent(path).0;
         while !p.is_empty() {
             if let Some(n) = self.view.lookup(p) {
-                return if n.is_dir() {
-                    libc::ENOENT
-                } else {
-                    libc::ENOTDIR
-                };
+                return if n.is_dir() { libc::ENOENT } else { libc::ENOTDIR };
             }
             match self.meta_at(p, mop::GET, 0, p.to_vec()) {
                 Ok(r) => {
@@ -257,6 +185,7 @@ impl Node {
         }
         libc::ENOENT
     }
+
 
     /// Puts `rec` at the owner of `path`: Ok(true) when it replaced a record.
     pub(crate) fn put(&self, path: &[u8], rec: OutRecord, excl: bool) -> Result<bool, i32> {
@@ -292,27 +221,18 @@ impl Node {
         if old.holder == self.id.rank {
             self.drop_held_here(old.id);
         } else if let Err(e) = self.meta_to(old.holder, mop::HOLDER_DROP, old.id, Vec::new()) {
-            log::warn!(
-                "rank {}: rank {} did not drop output {}: errno {e}",
-                self.id.rank,
-                old.holder,
-                old.id
-            );
+            log::warn!("rank {}: rank {} did not drop output {}: errno {e}", self.id.rank, old.holder, old.id);
         }
     }
 
+
     /// A request about the record of `path` at its owner; a missing record
     /// is ENOENT or ENOTDIR as [`Self::missing_errno`] says.
-    pub(crate) fn on_record(
-        &self,
-        path: &[u8],
-        op: u16,
-        arg0: u64,
-        payload: Vec<u8>,
-    ) -> Result<Reply, i32> {
+    pub(crate) fn on_record(&self, path: &[u8], op: u16, arg0: u64, payload: Vec<u8>) -> Result<Reply, i32> {
         match self.meta_at(path, op, arg0, payload) {
             Err(libc::ENOENT) => Err(self.missing_errno(path)),
             other => other,
         }
     }
+
 }

@@ -126,13 +126,7 @@ impl Moved {
 
     /// The same entry with its path's `from` prefix replaced by `to`.
     pub fn renamed(self, from: &[u8], to: &[u8]) -> Moved {
-        let re = |p: Vec<u8>| {
-            if at_or_below(&p, from) {
-                [to, &p[from.len()..]].concat()
-            } else {
-                p
-            }
-        };
+        let re = |p: Vec<u8>| if at_or_below(&p, from) { [to, &p[from.len()..]].concat() } else { p };
         match self {
             Moved::Record(p, r) => Moved::Record(re(p), r),
             Moved::Link(p, r, t) => Moved::Link(re(p), r, t),
@@ -214,9 +208,7 @@ impl Moved {
 fn touched(req: &Request) -> Option<&[u8]> {
     let p = &req.payload[..];
     match req.op {
-        mop::PUT | mop::MKDIR => p
-            .get(OutRecord::LEN..)
-            .map(|r| split_nul(r).map_or(r, |(path, _)| path)),
+        mop::PUT | mop::MKDIR => p.get(OutRecord::LEN..).map(|r| split_nul(r).map_or(r, |(path, _)| path)),
         mop::GET | mop::DEL | mop::RMDIR | mop::LIST => Some(p),
         mop::SETATTR => p.get(8..),
         mop::ADD | mop::REMOVE => split_nul(p).map(|(dir, _)| dir),
@@ -250,11 +242,7 @@ impl MetaStore {
 
     /// Every file record (for draining and tests).
     pub fn files(&self) -> Vec<(Vec<u8>, OutRecord)> {
-        self.recs
-            .iter()
-            .filter(|(_, r)| !r.is_dir())
-            .map(|(p, r)| (p.clone(), *r))
-            .collect()
+        self.recs.iter().filter(|(_, r)| !r.is_dir()).map(|(p, r)| (p.clone(), *r)).collect()
     }
 
     /// Every record (files and directories), for draining.
@@ -275,41 +263,22 @@ impl MetaStore {
 
     /// Adds `name` (of `kind`) to the listing of `dir`.
     pub fn add_child(&mut self, dir: &[u8], name: &[u8], kind: u8) {
-        self.children
-            .entry(dir.to_vec())
-            .or_default()
-            .insert(name.to_vec(), kind);
+        self.children.entry(dir.to_vec()).or_default().insert(name.to_vec(), kind);
     }
 
     fn fenced(&self, path: &[u8]) -> bool {
-        self.fences
-            .iter()
-            .any(|(_, from, to)| at_or_below(path, from) || at_or_below(path, to))
+        self.fences.iter().any(|(_, from, to)| at_or_below(path, from) || at_or_below(path, to))
     }
 
     /// MOVE_PREP: fence, then take out everything at or below `from`.
     fn move_prep(&mut self, req: &Request) -> Reply {
-        let Some((from, to)) = split_nul(&req.payload) else {
-            return Reply::err(req, libc::EINVAL);
-        };
+        let Some((from, to)) = split_nul(&req.payload) else { return Reply::err(req, libc::EINVAL) };
         if from.is_empty() || to.is_empty() || self.fenced(from) || self.fenced(to) {
-            return Reply::err(
-                req,
-                if from.is_empty() || to.is_empty() {
-                    libc::EINVAL
-                } else {
-                    libc::EBUSY
-                },
-            );
+            return Reply::err(req, if from.is_empty() || to.is_empty() { libc::EINVAL } else { libc::EBUSY });
         }
         self.fences.push((req.arg0, from.to_vec(), to.to_vec()));
         let mut r = Reply::ok(req, 0);
-        let paths: Vec<Vec<u8>> = self
-            .recs
-            .keys()
-            .filter(|k| at_or_below(k, from))
-            .cloned()
-            .collect();
+        let paths: Vec<Vec<u8>> = self.recs.keys().filter(|k| at_or_below(k, from)).cloned().collect();
         for k in paths {
             if let Some(rec) = self.recs.remove(&k) {
                 match self.targets.remove(&k) {
@@ -319,12 +288,7 @@ impl MetaStore {
                 .encode_into(&mut r.payload);
             }
         }
-        let dirs: Vec<Vec<u8>> = self
-            .children
-            .keys()
-            .filter(|k| at_or_below(k, from))
-            .cloned()
-            .collect();
+        let dirs: Vec<Vec<u8>> = self.children.keys().filter(|k| at_or_below(k, from)).cloned().collect();
         for k in dirs {
             if let Some(c) = self.children.remove(&k) {
                 Moved::Listing(k, c.into_iter().collect()).encode_into(&mut r.payload);
@@ -335,9 +299,7 @@ impl MetaStore {
 
     /// MOVE_COMMIT: install the entries, lift the transaction's fence.
     fn move_commit(&mut self, req: &Request) -> Reply {
-        let Some(entries) = Moved::decode_all(&req.payload) else {
-            return Reply::err(req, libc::EINVAL);
-        };
+        let Some(entries) = Moved::decode_all(&req.payload) else { return Reply::err(req, libc::EINVAL) };
         for e in entries {
             match e {
                 Moved::Record(p, r) => {
@@ -386,8 +348,7 @@ impl MetaStore {
             mop::MOVE_PREP => self.move_prep(req),
             mop::MOVE_COMMIT => self.move_commit(req),
             mop::PUT | mop::MKDIR => {
-                let (Some(rec), Some(rest)) = (OutRecord::decode(p), p.get(OutRecord::LEN..))
-                else {
+                let (Some(rec), Some(rest)) = (OutRecord::decode(p), p.get(OutRecord::LEN..)) else {
                     return Reply::err(req, libc::EINVAL);
                 };
                 let (path, target) = match split_nul(rest) {
@@ -428,9 +389,7 @@ impl MetaStore {
                     None => Reply::err(req, libc::ENOENT),
                     Some(r) => {
                         match req.arg0 {
-                            wire::SETATTR_MODE => {
-                                r.mode = (r.mode & libc::S_IFMT) | (value as u32 & 0o7777)
-                            }
+                            wire::SETATTR_MODE => r.mode = (r.mode & libc::S_IFMT) | (value as u32 & 0o7777),
                             wire::SETATTR_MTIME => r.mtime_ns = value as i64,
                             wire::SETATTR_ATIME => r.atime_ns = value as i64,
                             _ => return Reply::err(req, libc::EINVAL),
@@ -456,9 +415,7 @@ impl MetaStore {
             mop::RMDIR => match self.recs.get(p) {
                 None => Reply::err(req, libc::ENOENT),
                 Some(r) if !r.is_dir() => Reply::err(req, libc::ENOTDIR),
-                Some(_) if self.children.get(p).is_some_and(|c| !c.is_empty()) => {
-                    Reply::err(req, libc::ENOTEMPTY)
-                }
+                Some(_) if self.children.get(p).is_some_and(|c| !c.is_empty()) => Reply::err(req, libc::ENOTEMPTY),
                 Some(_) => {
                     self.recs.remove(p);
                     self.children.remove(p);
@@ -466,14 +423,9 @@ impl MetaStore {
                 }
             },
             mop::ADD | mop::REMOVE => {
-                let Some((dir, name)) = split_nul(p) else {
-                    return Reply::err(req, libc::EINVAL);
-                };
+                let Some((dir, name)) = split_nul(p) else { return Reply::err(req, libc::EINVAL) };
                 if req.op == mop::ADD {
-                    self.children
-                        .entry(dir.to_vec())
-                        .or_default()
-                        .insert(name.to_vec(), req.arg0 as u8);
+                    self.children.entry(dir.to_vec()).or_default().insert(name.to_vec(), req.arg0 as u8);
                 } else if let Some(c) = self.children.get_mut(dir) {
                     c.remove(name);
                     if c.is_empty() {
@@ -521,22 +473,10 @@ mod tests {
     #[test]
     fn put_get_excl_replace_del() {
         let mut m = MetaStore::default();
-        let a = OutRecord {
-            size: 3,
-            mode: libc::S_IFREG | 0o644,
-            id: 1,
-            ..Default::default()
-        };
-        let b = OutRecord {
-            size: 4,
-            id: 2,
-            ..a
-        };
+        let a = OutRecord { size: 3, mode: libc::S_IFREG | 0o644, id: 1, ..Default::default() };
+        let b = OutRecord { size: 4, id: 2, ..a };
         assert_eq!(m.handle(&req(mop::PUT, 1, &rec_path(a, b"x/f"))).errno, 0);
-        assert_eq!(
-            m.handle(&req(mop::PUT, 1, &rec_path(b, b"x/f"))).errno,
-            libc::EEXIST
-        );
+        assert_eq!(m.handle(&req(mop::PUT, 1, &rec_path(b, b"x/f"))).errno, libc::EEXIST);
         let r = m.handle(&req(mop::PUT, 0, &rec_path(b, b"x/f")));
         assert_eq!(OutRecord::decode(&r.payload), Some(a));
         let g = m.handle(&req(mop::GET, 0, b"x/f"));
@@ -549,60 +489,27 @@ mod tests {
     #[test]
     fn setattr_changes_mode_bits_and_mtime_only() {
         let mut m = MetaStore::default();
-        let a = OutRecord {
-            size: 3,
-            mode: libc::S_IFREG | 0o644,
-            id: 1,
-            mtime_ns: 5,
-            ..Default::default()
-        };
+        let a = OutRecord { size: 3, mode: libc::S_IFREG | 0o644, id: 1, mtime_ns: 5, ..Default::default() };
         m.handle(&req(mop::PUT, 0, &rec_path(a, b"f")));
         let set = |m: &mut MetaStore, what, v: u64, path: &[u8]| {
             let mut p = v.to_le_bytes().to_vec();
             p.extend_from_slice(path);
             m.handle(&req(mop::SETATTR, what, &p)).errno
         };
-        assert_eq!(
-            set(
-                &mut m,
-                wire::SETATTR_MODE,
-                (libc::S_IFDIR | 0o4755) as u64,
-                b"f"
-            ),
-            0
-        );
+        assert_eq!(set(&mut m, wire::SETATTR_MODE, (libc::S_IFDIR | 0o4755) as u64, b"f"), 0);
         assert_eq!(set(&mut m, wire::SETATTR_MTIME, (-7i64) as u64, b"f"), 0);
         let g = OutRecord::decode(&m.handle(&req(mop::GET, 0, b"f")).payload).unwrap();
-        assert_eq!(
-            (g.mode, g.mtime_ns, g.size, g.id),
-            (libc::S_IFREG | 0o4755, -7, 3, 1),
-            "type bits kept"
-        );
-        assert_eq!(
-            set(&mut m, wire::SETATTR_MODE, 0o600, b"nope"),
-            libc::ENOENT
-        );
+        assert_eq!((g.mode, g.mtime_ns, g.size, g.id), (libc::S_IFREG | 0o4755, -7, 3, 1), "type bits kept");
+        assert_eq!(set(&mut m, wire::SETATTR_MODE, 0o600, b"nope"), libc::ENOENT);
         assert_eq!(set(&mut m, 9, 0, b"f"), libc::EINVAL);
-        assert_eq!(
-            m.handle(&req(mop::SETATTR, wire::SETATTR_MODE, b"short"))
-                .errno,
-            libc::EINVAL
-        );
+        assert_eq!(m.handle(&req(mop::SETATTR, wire::SETATTR_MODE, b"short")).errno, libc::EINVAL);
     }
 
     #[test]
     fn a_directory_move_fences_takes_out_and_installs() {
         let mut m = MetaStore::default();
-        let d = OutRecord {
-            mode: libc::S_IFDIR | 0o755,
-            ..Default::default()
-        };
-        let f = OutRecord {
-            size: 3,
-            mode: libc::S_IFREG | 0o644,
-            id: 1,
-            ..Default::default()
-        };
+        let d = OutRecord { mode: libc::S_IFDIR | 0o755, ..Default::default() };
+        let f = OutRecord { size: 3, mode: libc::S_IFREG | 0o644, id: 1, ..Default::default() };
         m.handle(&req(mop::MKDIR, 0, &rec_path(d, b"tmp")));
         m.handle(&req(mop::PUT, 0, &rec_path(f, b"tmp/a")));
         m.handle(&req(mop::PUT, 0, &rec_path(f, b"tmpx"))); // a sibling with the same prefix: stays
@@ -613,31 +520,14 @@ mod tests {
         assert_eq!(r.errno, 0);
         let moved = Moved::decode_all(&r.payload).unwrap();
         assert_eq!(moved.len(), 3, "{moved:?}");
-        assert!(moved.contains(&Moved::Listing(
-            b"tmp".to_vec(),
-            vec![(b"a".to_vec(), wire::KIND_FILE)]
-        )));
+        assert!(moved.contains(&Moved::Listing(b"tmp".to_vec(), vec![(b"a".to_vec(), wire::KIND_FILE)])));
         assert!(moved.contains(&Moved::Record(b"tmp/a".to_vec(), f)));
         // Fenced: both names and everything below them; not the sibling.
-        for (op, payload) in [
-            (mop::GET, &b"tmp/a"[..]),
-            (mop::GET, b"ck"),
-            (mop::LIST, b"ck/sub"),
-            (mop::ADD, b"tmp\0b"),
-        ] {
-            assert_eq!(
-                m.handle(&req(op, 0, payload)).errno,
-                libc::EBUSY,
-                "{}",
-                String::from_utf8_lossy(payload)
-            );
+        for (op, payload) in [(mop::GET, &b"tmp/a"[..]), (mop::GET, b"ck"), (mop::LIST, b"ck/sub"), (mop::ADD, b"tmp\0b")] {
+            assert_eq!(m.handle(&req(op, 0, payload)).errno, libc::EBUSY, "{}", String::from_utf8_lossy(payload));
         }
         assert_eq!(m.handle(&req(mop::GET, 0, b"tmpx")).errno, 0);
-        assert_eq!(
-            m.handle(&req(mop::MOVE_PREP, 78, b"ck/x\0y")).errno,
-            libc::EBUSY,
-            "no second move over a fenced name"
-        );
+        assert_eq!(m.handle(&req(mop::MOVE_PREP, 78, b"ck/x\0y")).errno, libc::EBUSY, "no second move over a fenced name");
         let mut payload = Vec::new();
         for e in moved {
             e.renamed(b"tmp", b"ck").encode_into(&mut payload);
@@ -646,134 +536,62 @@ mod tests {
         commit.arg0 = 77;
         assert_eq!(m.handle(&commit).errno, 0);
         assert_eq!(m.handle(&req(mop::GET, 0, b"ck/a")).value, 3);
-        assert!(
-            OutRecord::decode(&m.handle(&req(mop::GET, 0, b"ck")).payload)
-                .unwrap()
-                .is_dir()
-        );
+        assert!(OutRecord::decode(&m.handle(&req(mop::GET, 0, b"ck")).payload).unwrap().is_dir());
         assert_eq!(m.handle(&req(mop::GET, 0, b"tmp/a")).errno, libc::ENOENT);
         assert_eq!(m.handle(&req(mop::LIST, 0, b"ck")).value, 1);
-        assert_eq!(
-            Moved::decode_all(&[1, 9, 0, 0, 0, b'x']),
-            None,
-            "truncated entry"
-        );
+        assert_eq!(Moved::decode_all(&[1, 9, 0, 0, 0, b'x']), None, "truncated entry");
     }
 
     #[test]
     fn symlinks_keep_their_target_refuse_a_silent_replace_and_move() {
         let mut m = MetaStore::default();
-        let l = OutRecord {
-            size: 4,
-            mode: libc::S_IFLNK | 0o777,
-            id: 5,
-            ..Default::default()
-        };
-        let f = OutRecord {
-            size: 1,
-            mode: libc::S_IFREG | 0o644,
-            id: 6,
-            ..Default::default()
-        };
-        assert_eq!(
-            m.handle(&req(mop::PUT, 0, &rec_path(l, b"d/latest"))).errno,
-            libc::EINVAL,
-            "a link needs its target"
-        );
-        assert_eq!(
-            m.handle(&req(mop::PUT, 0, &rec_path(f, b"d/x\0t"))).errno,
-            libc::EINVAL,
-            "a file has none"
-        );
-        assert_eq!(
-            m.handle(&req(
-                mop::PUT,
-                wire::COMMIT_EXCL,
-                &rec_path(l, b"d/latest\0ck-9")
-            ))
-            .errno,
-            0
-        );
+        let l = OutRecord { size: 4, mode: libc::S_IFLNK | 0o777, id: 5, ..Default::default() };
+        let f = OutRecord { size: 1, mode: libc::S_IFREG | 0o644, id: 6, ..Default::default() };
+        assert_eq!(m.handle(&req(mop::PUT, 0, &rec_path(l, b"d/latest"))).errno, libc::EINVAL, "a link needs its target");
+        assert_eq!(m.handle(&req(mop::PUT, 0, &rec_path(f, b"d/x\0t"))).errno, libc::EINVAL, "a file has none");
+        assert_eq!(m.handle(&req(mop::PUT, wire::COMMIT_EXCL, &rec_path(l, b"d/latest\0ck-9"))).errno, 0);
         let g = m.handle(&req(mop::GET, 0, b"d/latest"));
-        assert_eq!(
-            (OutRecord::decode(&g.payload), &g.payload[OutRecord::LEN..]),
-            (Some(l), &b"ck-9"[..])
-        );
+        assert_eq!((OutRecord::decode(&g.payload), &g.payload[OutRecord::LEN..]), (Some(l), &b"ck-9"[..]));
         // A commit over a link is ELOOP (the daemon follows it); excl is EEXIST; rename replaces it.
-        assert_eq!(
-            m.handle(&req(mop::PUT, 0, &rec_path(f, b"d/latest"))).errno,
-            libc::ELOOP
-        );
-        assert_eq!(
-            m.handle(&req(mop::PUT, wire::COMMIT_EXCL, &rec_path(f, b"d/latest")))
-                .errno,
-            libc::EEXIST
-        );
+        assert_eq!(m.handle(&req(mop::PUT, 0, &rec_path(f, b"d/latest"))).errno, libc::ELOOP);
+        assert_eq!(m.handle(&req(mop::PUT, wire::COMMIT_EXCL, &rec_path(f, b"d/latest"))).errno, libc::EEXIST);
         // The target moves with its record.
         let mut prep = req(mop::MOVE_PREP, 0, b"d\0e");
         prep.arg0 = 9;
         let moved = Moved::decode_all(&m.handle(&prep).payload).unwrap();
-        assert_eq!(
-            moved,
-            vec![Moved::Link(b"d/latest".to_vec(), l, b"ck-9".to_vec())]
-        );
+        assert_eq!(moved, vec![Moved::Link(b"d/latest".to_vec(), l, b"ck-9".to_vec())]);
         let mut payload = Vec::new();
-        moved
-            .into_iter()
-            .for_each(|e| e.renamed(b"d", b"e").encode_into(&mut payload));
+        moved.into_iter().for_each(|e| e.renamed(b"d", b"e").encode_into(&mut payload));
         let mut commit = req(mop::MOVE_COMMIT, 0, &payload);
         commit.arg0 = 9;
         assert_eq!(m.handle(&commit).errno, 0);
-        assert_eq!(
-            &m.handle(&req(mop::GET, 0, b"e/latest")).payload[OutRecord::LEN..],
-            b"ck-9"
-        );
+        assert_eq!(&m.handle(&req(mop::GET, 0, b"e/latest")).payload[OutRecord::LEN..], b"ck-9");
         let r = m.handle(&req(mop::PUT, PUT_OVER_LINK, &rec_path(f, b"e/latest")));
-        assert_eq!(
-            (r.errno, OutRecord::decode(&r.payload)),
-            (0, Some(l)),
-            "the replaced link is answered"
-        );
-        assert_eq!(
-            m.handle(&req(mop::GET, 0, b"e/latest")).payload.len(),
-            OutRecord::LEN,
-            "its target is gone"
-        );
+        assert_eq!((r.errno, OutRecord::decode(&r.payload)), (0, Some(l)), "the replaced link is answered");
+        assert_eq!(m.handle(&req(mop::GET, 0, b"e/latest")).payload.len(), OutRecord::LEN, "its target is gone");
         // DEL answers a link's target, and forgets it.
         m.handle(&req(mop::PUT, 0, &rec_path(l, b"k\0t1")));
-        assert_eq!(
-            &m.handle(&req(mop::DEL, 0, b"k")).payload[OutRecord::LEN..],
-            b"t1"
-        );
+        assert_eq!(&m.handle(&req(mop::DEL, 0, b"k")).payload[OutRecord::LEN..], b"t1");
         assert!(m.targets.is_empty());
     }
 
     #[test]
     fn completed_moves_are_remembered_and_aborted_ones_are_not() {
         let mut m = MetaStore::default();
-        let d = OutRecord {
-            mode: libc::S_IFDIR | 0o755,
-            ..Default::default()
-        };
+        let d = OutRecord { mode: libc::S_IFDIR | 0o755, ..Default::default() };
         m.handle(&req(mop::MKDIR, 0, &rec_path(d, b"a")));
         let mut prep = req(mop::MOVE_PREP, 0, b"a\0b");
         prep.arg0 = 5;
         let moved = Moved::decode_all(&m.handle(&prep).payload).unwrap();
         let mut payload = Vec::new();
-        moved
-            .into_iter()
-            .for_each(|e| e.renamed(b"a", b"b").encode_into(&mut payload));
+        moved.into_iter().for_each(|e| e.renamed(b"a", b"b").encode_into(&mut payload));
         let mut commit = req(mop::MOVE_COMMIT, 0, &payload);
         commit.arg0 = 5 | MOVE_DONE;
         assert_eq!(m.handle(&commit).errno, 0);
         assert!(m.fences.is_empty(), "the fence is lifted whatever the flag");
         assert_eq!(m.moved(b"a/x/y"), Some(b"b/x/y".to_vec()));
         assert_eq!(m.moved(b"ab/x"), None, "a sibling with the same prefix");
-        assert_eq!(
-            m.moved(b"a"),
-            None,
-            "the directory itself is not an entry below it"
-        );
+        assert_eq!(m.moved(b"a"), None, "the directory itself is not an entry below it");
         // A later move of the new name chains; an aborted one is not remembered.
         let mut prep = req(mop::MOVE_PREP, 0, b"b\0c");
         prep.arg0 = 6;
@@ -794,25 +612,16 @@ mod tests {
     #[test]
     fn dirs_and_listings() {
         let mut m = MetaStore::default();
-        let d = OutRecord {
-            mode: libc::S_IFDIR | 0o755,
-            ..Default::default()
-        };
+        let d = OutRecord { mode: libc::S_IFDIR | 0o755, ..Default::default() };
         assert_eq!(m.handle(&req(mop::MKDIR, 0, &rec_path(d, b"ck"))).errno, 0);
-        assert_eq!(
-            m.handle(&req(mop::MKDIR, 0, &rec_path(d, b"ck"))).errno,
-            libc::EEXIST
-        );
+        assert_eq!(m.handle(&req(mop::MKDIR, 0, &rec_path(d, b"ck"))).errno, libc::EEXIST);
         m.handle(&req(mop::ADD, wire::KIND_FILE as u64, b"ck\0a"));
         m.handle(&req(mop::ADD, wire::KIND_DIR as u64, b"ck\0b"));
         assert_eq!(m.handle(&req(mop::RMDIR, 0, b"ck")).errno, libc::ENOTEMPTY);
         let l = m.handle(&req(mop::LIST, 0, b"ck"));
         assert_eq!(l.value, 2);
         let names: Vec<_> = wire::entries(&l.payload).collect();
-        assert_eq!(
-            names,
-            vec![(wire::KIND_FILE, &b"a"[..]), (wire::KIND_DIR, &b"b"[..])]
-        );
+        assert_eq!(names, vec![(wire::KIND_FILE, &b"a"[..]), (wire::KIND_DIR, &b"b"[..])]);
         assert_eq!(m.handle(&req(mop::LIST, 2, b"ck")).value, 0);
         m.handle(&req(mop::REMOVE, 0, b"ck\0a"));
         m.handle(&req(mop::REMOVE, 0, b"ck\0b"));

@@ -4,9 +4,9 @@
 //! destination; of a directory: the two-phase fenced move of [`super::owner`]).
 
 use super::owner::mop;
+use fanstore_core::watchev::Kind;
 use super::{now_ns, META_IDS};
 use crate::node::Node;
-use fanstore_core::watchev::Kind;
 use fanstore_core::wire::{self, OutRecord, Reply};
 use std::sync::atomic::Ordering::Relaxed;
 
@@ -35,12 +35,7 @@ impl Node {
             return Err(libc::EEXIST);
         }
         let now = now_ns();
-        let rec = OutRecord {
-            mode: libc::S_IFDIR | (mode & 0o7777),
-            holder: self.id.rank,
-            ..Default::default()
-        }
-        .with_times(now, now);
+        let rec = OutRecord { mode: libc::S_IFDIR | (mode & 0o7777), holder: self.id.rank, ..Default::default() }.with_times(now, now);
         let mut p = Vec::new();
         rec.encode_into(&mut p);
         p.extend_from_slice(path);
@@ -52,19 +47,11 @@ impl Node {
 
     pub fn out_rmdir(&self, path: &[u8]) -> Result<(), i32> {
         if let Some(n) = self.view.lookup(path) {
-            return Err(if n.is_dir() {
-                libc::EROFS
-            } else {
-                libc::ENOTDIR
-            });
+            return Err(if n.is_dir() { libc::EROFS } else { libc::ENOTDIR });
         }
         let path = &self.real_entry(path)?;
         if let Some(n) = self.view.lookup(path) {
-            return Err(if n.is_dir() {
-                libc::EROFS
-            } else {
-                libc::ENOTDIR
-            });
+            return Err(if n.is_dir() { libc::EROFS } else { libc::ENOTDIR });
         }
         self.on_record(path, mop::RMDIR, 0, path.to_vec())?;
         self.link(path, wire::KIND_DIR, false)?;
@@ -72,21 +59,14 @@ impl Node {
         Ok(())
     }
 
+
     pub fn out_unlink(&self, path: &[u8]) -> Result<(), i32> {
         if let Some(n) = self.view.lookup(path) {
-            return Err(if n.is_dir() {
-                libc::EISDIR
-            } else {
-                libc::EROFS
-            });
+            return Err(if n.is_dir() { libc::EISDIR } else { libc::EROFS });
         }
         let path = &self.real_entry(path)?;
         if let Some(n) = self.view.lookup(path) {
-            return Err(if n.is_dir() {
-                libc::EISDIR
-            } else {
-                libc::EROFS
-            });
+            return Err(if n.is_dir() { libc::EISDIR } else { libc::EROFS });
         }
         let r = self.on_record(path, mop::DEL, 0, path.to_vec())?;
         let old = OutRecord::decode(&r.payload);
@@ -145,29 +125,17 @@ impl Node {
                 // Never return before the commit: the fences must be lifted.
                 for (path, add) in [(from, false), (to, true)] {
                     if let Err(e) = self.link(path, wire::KIND_DIR, add) {
-                        log::error!(
-                            "rank {}: listing of the parent of '{}': errno {e}",
-                            self.id.rank,
-                            String::from_utf8_lossy(path)
-                        );
+                        log::error!("rank {}: listing of the parent of '{}': errno {e}", self.id.rank, String::from_utf8_lossy(path));
                     }
                 }
-                (
-                    moved
-                        .into_iter()
-                        .map(|m| m.renamed(from, to))
-                        .collect::<Vec<_>>(),
-                    Ok(()),
-                )
+                (moved.into_iter().map(|m| m.renamed(from, to)).collect::<Vec<_>>(), Ok(()))
             }
         };
         let mut per_rank = vec![Vec::new(); self.id.nranks as usize];
         let mut files = Vec::new();
         for e in &entries {
             match e {
-                Moved::Record(p, r) | Moved::Link(p, r, _) if !r.is_dir() => {
-                    files.push((p.clone(), *r))
-                }
+                Moved::Record(p, r) | Moved::Link(p, r, _) if !r.is_dir() => files.push((p.clone(), *r)),
                 _ => {}
             }
             e.encode_into(&mut per_rank[self.owner(e.path()) as usize]);
@@ -177,17 +145,9 @@ impl Node {
             if !prepared.contains(&r) && payload.is_empty() {
                 continue;
             }
-            let arg0 = if result.is_ok() {
-                tx | crate::namespace::owner::MOVE_DONE
-            } else {
-                tx
-            };
+            let arg0 = if result.is_ok() { tx | crate::namespace::owner::MOVE_DONE } else { tx };
             if let Err(e) = self.meta_once(r, mop::MOVE_COMMIT, arg0, payload) {
-                log::error!(
-                    "rank {}: moving '{}': rank {r} did not commit: errno {e}",
-                    self.id.rank,
-                    String::from_utf8_lossy(from)
-                );
+                log::error!("rank {}: moving '{}': rank {r} did not commit: errno {e}", self.id.rank, String::from_utf8_lossy(from));
             }
         }
         if result.is_ok() {
@@ -208,12 +168,7 @@ impl Node {
             }
         } else if rec.holder < self.id.nranks {
             if let Err(e) = self.meta_to(rec.holder, mop::HOLDER_RENAME, rec.id, path.to_vec()) {
-                log::warn!(
-                    "rank {}: rank {} did not rename output {}: errno {e}",
-                    self.id.rank,
-                    rec.holder,
-                    rec.id
-                );
+                log::warn!("rank {}: rank {} did not rename output {}: errno {e}", self.id.rank, rec.holder, rec.id);
             }
         }
     }
@@ -228,19 +183,14 @@ impl Node {
         let follow = what & wire::SETATTR_NOFOLLOW == 0;
         let what = what & !wire::SETATTR_NOFOLLOW;
         let path = &match self.lookup(path, follow)? {
-            crate::namespace::links::Looked::Output { rec, .. }
-                if rec.is_link() && what == wire::SETATTR_MODE =>
-            {
-                return Err(libc::EOPNOTSUPP)
-            }
+            crate::namespace::links::Looked::Output { rec, .. } if rec.is_link() && what == wire::SETATTR_MODE => return Err(libc::EOPNOTSUPP),
             crate::namespace::links::Looked::Output { path, .. } => path,
             crate::namespace::links::Looked::Input { .. } => return Err(libc::EROFS),
             crate::namespace::links::Looked::Outside(_) => return Err(libc::EXDEV),
         };
         let mut payload = value.to_le_bytes().to_vec();
         payload.extend_from_slice(path);
-        self.on_record(path, mop::SETATTR, what, payload)
-            .map(|_| ())
+        self.on_record(path, mop::SETATTR, what, payload).map(|_| ())
     }
 
     /// RENAME (`noreplace`: RENAME_NOREPLACE, EEXIST if `to` exists).
@@ -255,10 +205,7 @@ impl Node {
             return Err(libc::EROFS);
         }
         let (rec, target) = match self.meta_at(from, mop::GET, 0, from.to_vec()) {
-            Ok(r) => (
-                OutRecord::decode(&r.payload).ok_or(libc::EIO)?,
-                r.payload[OutRecord::LEN..].to_vec(),
-            ),
+            Ok(r) => (OutRecord::decode(&r.payload).ok_or(libc::EIO)?, r.payload[OutRecord::LEN..].to_vec()),
             Err(libc::ENOENT) => return Err(self.missing_errno(from)),
             Err(e) => return Err(e),
         };
@@ -278,20 +225,13 @@ impl Node {
             return Ok(());
         }
         // A rename changes the moved file's status time, as natively.
-        let rec = OutRecord {
-            ctime_ns: now_ns(),
-            ..rec
-        };
+        let rec = OutRecord { ctime_ns: now_ns(), ..rec };
         if rec.holder == self.id.rank {
             // A restart with the same --local recovers it under the new name.
             self.write_sidecar(to, &rec)?;
         }
         let put = if rec.is_link() {
-            let over = if noreplace {
-                wire::COMMIT_EXCL
-            } else {
-                crate::namespace::owner::PUT_OVER_LINK
-            };
+            let over = if noreplace { wire::COMMIT_EXCL } else { crate::namespace::owner::PUT_OVER_LINK };
             self.put_link(to, rec, &target, over)
         } else if noreplace {
             self.put(to, rec, true) // EEXIST at the owner, atomically
@@ -319,12 +259,7 @@ impl Node {
             }
         } else if rec.holder < self.id.nranks {
             if let Err(e) = self.meta_to(rec.holder, mop::HOLDER_RENAME, rec.id, to.to_vec()) {
-                log::warn!(
-                    "rank {}: rank {} did not rename output {}: errno {e}",
-                    self.id.rank,
-                    rec.holder,
-                    rec.id
-                );
+                log::warn!("rank {}: rank {} did not rename output {}: errno {e}", self.id.rank, rec.holder, rec.id);
             }
         }
         self.link(from, wire::KIND_FILE, false)?;

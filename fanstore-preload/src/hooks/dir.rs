@@ -19,16 +19,8 @@ fn vdir<'a>(d: *mut DIR) -> Option<&'a mut VDir> {
 }
 
 fn next(d: &mut VDir) -> *mut dirent64 {
-    let Some(st) = state::current() else {
-        return std::ptr::null_mut();
-    };
-    catch(
-        || {
-            d.next(st)
-                .map_or(std::ptr::null_mut(), |e| e as *mut dirent64)
-        },
-        std::ptr::null_mut(),
-    )
+    let Some(st) = state::current() else { return std::ptr::null_mut() };
+    catch(|| d.next(st).map_or(std::ptr::null_mut(), |e| e as *mut dirent64), std::ptr::null_mut())
 }
 
 fn readdir_r_common(d: &mut VDir, entry: *mut dirent64, result: *mut *mut dirent64) -> c_int {
@@ -47,12 +39,7 @@ fn readdir_r_common(d: &mut VDir, entry: *mut dirent64, result: *mut *mut dirent
 
 /// scandir over a virtual directory: entries malloc'd one by one, the array
 /// too (the caller frees both), filter and sort run as user code.
-unsafe fn scandir_virtual(
-    vp: &VPath,
-    namelist: *mut *mut *mut dirent,
-    filter: Filter,
-    compar: Compar,
-) -> Outcome<c_int> {
+unsafe fn scandir_virtual(vp: &VPath, namelist: *mut *mut *mut dirent, filter: Filter, compar: Compar) -> Outcome<c_int> {
     let n = match ops::resolve(vp.st, vp.rel, true, true) {
         Ok(n) => n,
         Err(e) => return Outcome::Errno(e),
@@ -82,8 +69,7 @@ unsafe fn scandir_virtual(
     });
     // SAFETY: an array of list.len() pointers, allocated with malloc as the caller will free() it.
     unsafe {
-        let arr = libc::malloc(list.len().max(1) * std::mem::size_of::<*mut dirent>())
-            as *mut *mut dirent;
+        let arr = libc::malloc(list.len().max(1) * std::mem::size_of::<*mut dirent>()) as *mut *mut dirent;
         if failed || arr.is_null() {
             for p in list {
                 libc::free(p.cast());
@@ -93,16 +79,8 @@ unsafe fn scandir_virtual(
         }
         std::ptr::copy_nonoverlapping(list.as_ptr(), arr, list.len());
         if let Some(c) = compar {
-            let c: unsafe extern "C" fn(*const c_void, *const c_void) -> c_int =
-                std::mem::transmute(c);
-            guard::outside(|| {
-                libc::qsort(
-                    arr.cast(),
-                    list.len(),
-                    std::mem::size_of::<*mut dirent>(),
-                    Some(c),
-                )
-            });
+            let c: unsafe extern "C" fn(*const c_void, *const c_void) -> c_int = std::mem::transmute(c);
+            guard::outside(|| libc::qsort(arr.cast(), list.len(), std::mem::size_of::<*mut dirent>(), Some(c)));
         }
         *namelist = arr;
     }

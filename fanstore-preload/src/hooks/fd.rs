@@ -9,9 +9,7 @@ use libc::{c_int, c_uint, c_ulong, off_t};
 /// lseek on a virtual directory fd moves its getdents64 position (d_off
 /// values are positions); on anything else it is libc's.
 fn dir_seek(fd: c_int, off: off_t, whence: c_int) -> Option<off_t> {
-    let Some(Tracked::Dir { node, pos }) = fd_table::get(fd) else {
-        return None;
-    };
+    let Some(Tracked::Dir { node, pos }) = fd_table::get(fd) else { return None };
     let new = match whence {
         libc::SEEK_SET => off,
         libc::SEEK_CUR => pos as off_t + off,

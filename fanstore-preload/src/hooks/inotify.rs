@@ -10,9 +10,7 @@ use libc::{c_char, c_int};
 
 /// A merged instance, or the kernel's when there is no daemon.
 fn init(flags: c_int, real: impl FnOnce() -> c_int) -> c_int {
-    let Some(g) = Guard::enter() else {
-        return real();
-    };
+    let Some(g) = Guard::enter() else { return real() };
     let fd = catch(|| ino::init1(flags), None);
     drop(g);
     fd.unwrap_or_else(real)

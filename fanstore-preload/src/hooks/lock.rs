@@ -30,8 +30,7 @@ fn lockf_on(fd: c_int, lock_fd: c_int, cmd: c_int, len: off_t) -> c_int {
     };
     fl.l_type = ty as i16;
     // SAFETY: fl is a valid struct flock for the lock file's fcntl.
-    let r =
-        unsafe { crate::real::fcntl(lock_fd, fcmd, &mut fl as *mut libc::flock as libc::c_ulong) };
+    let r = unsafe { crate::real::fcntl(lock_fd, fcmd, &mut fl as *mut libc::flock as libc::c_ulong) };
     if r == 0 && cmd == libc::F_TEST && fl.l_type != libc::F_UNLCK as i16 {
         // SAFETY: getpid has no preconditions.
         if fl.l_pid != unsafe { libc::getpid() } {

@@ -6,36 +6,13 @@ use crate::state;
 use fanstore_core::path::MAX_PATH;
 use libc::{c_char, c_int, c_void, size_t, ssize_t};
 
-unsafe fn access_common(
-    name: &'static str,
-    dirfd: c_int,
-    path: *const c_char,
-    mode: c_int,
-    flags: c_int,
-    real: impl FnOnce(*const c_char) -> c_int,
-) -> c_int {
+unsafe fn access_common(name: &'static str, dirfd: c_int, path: *const c_char, mode: c_int, flags: c_int, real: impl FnOnce(*const c_char) -> c_int) -> c_int {
     let follow = flags & libc::AT_SYMLINK_NOFOLLOW == 0;
     // SAFETY: path is the caller's C string.
-    unsafe {
-        path_hook(
-            name,
-            dirfd,
-            path,
-            -1,
-            |vp| meta::access(vp, mode, follow),
-            real,
-        )
-    }
+    unsafe { path_hook(name, dirfd, path, -1, |vp| meta::access(vp, mode, follow), real) }
 }
 
-unsafe fn readlink_common(
-    name: &'static str,
-    dirfd: c_int,
-    path: *const c_char,
-    buf: *mut c_char,
-    size: size_t,
-    real: impl FnOnce(*const c_char) -> ssize_t,
-) -> ssize_t {
+unsafe fn readlink_common(name: &'static str, dirfd: c_int, path: *const c_char, buf: *mut c_char, size: size_t, real: impl FnOnce(*const c_char) -> ssize_t) -> ssize_t {
     let copy = |src: &[u8]| -> ssize_t {
         let n = src.len().min(size);
         // SAFETY: buf is writable for `size` bytes (readlink contract); n <= size.
@@ -70,12 +47,7 @@ unsafe fn readlink_common(
     }
 }
 
-unsafe fn realpath_common(
-    name: &'static str,
-    path: *const c_char,
-    resolved: *mut c_char,
-    real: impl FnOnce(*const c_char) -> *mut c_char,
-) -> *mut c_char {
+unsafe fn realpath_common(name: &'static str, path: *const c_char, resolved: *mut c_char, real: impl FnOnce(*const c_char) -> *mut c_char) -> *mut c_char {
     // SAFETY: path is the caller's C string.
     unsafe {
         path_hook(
@@ -92,11 +64,7 @@ unsafe fn realpath_common(
                 if len >= libc::PATH_MAX as usize {
                     return Outcome::Errno(libc::ENAMETOOLONG);
                 }
-                let dst = if resolved.is_null() {
-                    libc::malloc(len + 1) as *mut c_char
-                } else {
-                    resolved
-                };
+                let dst = if resolved.is_null() { libc::malloc(len + 1) as *mut c_char } else { resolved };
                 if dst.is_null() {
                     return Outcome::Errno(libc::ENOMEM);
                 }
@@ -110,12 +78,7 @@ unsafe fn realpath_common(
     }
 }
 
-unsafe fn statfs_common(
-    name: &'static str,
-    path: *const c_char,
-    buf: *mut libc::statfs,
-    real: impl FnOnce(*const c_char) -> c_int,
-) -> c_int {
+unsafe fn statfs_common(name: &'static str, path: *const c_char, buf: *mut libc::statfs, real: impl FnOnce(*const c_char) -> c_int) -> c_int {
     // SAFETY: path is the caller's C string; buf the caller's out-pointer.
     unsafe {
         path_hook(
@@ -135,12 +98,7 @@ unsafe fn statfs_common(
     }
 }
 
-unsafe fn statvfs_common(
-    name: &'static str,
-    path: *const c_char,
-    buf: *mut libc::statvfs,
-    real: impl FnOnce(*const c_char) -> c_int,
-) -> c_int {
+unsafe fn statvfs_common(name: &'static str, path: *const c_char, buf: *mut libc::statvfs, real: impl FnOnce(*const c_char) -> c_int) -> c_int {
     // SAFETY: path is the caller's C string; buf the caller's out-pointer.
     unsafe {
         path_hook(
@@ -160,10 +118,7 @@ unsafe fn statvfs_common(
     }
 }
 
-fn fd_state<T>(
-    t: crate::fd_table::Tracked,
-    f: impl FnOnce(&'static state::State) -> Outcome<T>,
-) -> Outcome<T> {
+fn fd_state<T>(t: crate::fd_table::Tracked, f: impl FnOnce(&'static state::State) -> Outcome<T>) -> Outcome<T> {
     let _ = t;
     match state::current() {
         Some(st) => f(st),

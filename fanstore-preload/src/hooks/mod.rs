@@ -22,8 +22,8 @@ pub mod cwd;
 pub mod dir;
 pub mod dlsym;
 pub mod fd;
-pub mod inotify;
 pub mod lock;
+pub mod inotify;
 pub mod meta;
 pub mod open;
 pub mod signal;
@@ -45,10 +45,7 @@ const MISSING: usize = 1;
 
 impl Slot {
     pub const fn new(name_nul: &'static str) -> Slot {
-        Slot {
-            name: name_nul,
-            ptr: AtomicUsize::new(0),
-        }
+        Slot { name: name_nul, ptr: AtomicUsize::new(0) }
     }
 
     pub fn name(&self) -> &'static str {
@@ -71,20 +68,11 @@ impl Slot {
         if p == 0 {
             // Compat-only symbols (no default version) are invisible to dlsym.
             // SAFETY: as above, both strings are NUL-terminated.
-            p = unsafe {
-                libc::dlvsym(
-                    libc::RTLD_NEXT,
-                    self.name.as_ptr().cast(),
-                    c"GLIBC_2.2.5".as_ptr(),
-                )
-            } as usize;
+            p = unsafe { libc::dlvsym(libc::RTLD_NEXT, self.name.as_ptr().cast(), c"GLIBC_2.2.5".as_ptr()) } as usize;
         }
         if p == 0 {
             self.ptr.store(MISSING, Ordering::Relaxed);
-            crate::debug::emit(format_args!(
-                "libc has no symbol {}: calls to it fail with ENOSYS",
-                self.name()
-            ));
+            crate::debug::emit(format_args!("libc has no symbol {}: calls to it fail with ENOSYS", self.name()));
             None
         } else {
             self.ptr.store(p, Ordering::Relaxed);
@@ -99,16 +87,9 @@ impl Slot {
             let mut p = unsafe { libc::dlsym(libc::RTLD_NEXT, self.name.as_ptr().cast()) } as usize;
             if p == 0 {
                 // SAFETY: as in resolve.
-                p = unsafe {
-                    libc::dlvsym(
-                        libc::RTLD_NEXT,
-                        self.name.as_ptr().cast(),
-                        c"GLIBC_2.2.5".as_ptr(),
-                    )
-                } as usize;
+                p = unsafe { libc::dlvsym(libc::RTLD_NEXT, self.name.as_ptr().cast(), c"GLIBC_2.2.5".as_ptr()) } as usize;
             }
-            self.ptr
-                .store(if p == 0 { MISSING } else { p }, Ordering::Relaxed);
+            self.ptr.store(if p == 0 { MISSING } else { p }, Ordering::Relaxed);
         }
         self.ptr.load(Ordering::Relaxed) != MISSING
     }
@@ -238,11 +219,7 @@ pub fn report_symbols() {
                 len += n;
             }
         }
-        crate::debug::emit(format_args!(
-            "hooked {fam} [{} symbols, {missing} missing]: {}",
-            slots.len(),
-            B(&line[..len])
-        ));
+        crate::debug::emit(format_args!("hooked {fam} [{} symbols, {missing} missing]: {}", slots.len(), B(&line[..len])));
     }
 }
 
@@ -277,9 +254,7 @@ pub(crate) unsafe fn path_hook<T>(
     virt: impl FnOnce(&VPath) -> Outcome<T>,
     real: impl FnOnce(*const c_char) -> T,
 ) -> T {
-    let Some(g) = Guard::enter() else {
-        return real(path);
-    };
+    let Some(g) = Guard::enter() else { return real(path) };
     // SAFETY: path is null or NUL-terminated per this function's contract.
     if !unsafe { paths::maybe_ours(dirfd, path) } {
         drop(g);
@@ -319,11 +294,7 @@ unsafe fn path_slow<T>(
     match step {
         Step::Real => real(path),
         Step::Redirect => {
-            crate::dlog!(
-                "{name}({}) -> libc {}",
-                B(bytes),
-                B(until_nul(&scratch.buf))
-            );
+            crate::dlog!("{name}({}) -> libc {}", B(bytes), B(until_nul(&scratch.buf)));
             real(scratch.ptr())
         }
         Step::Done(v) => {
@@ -351,12 +322,8 @@ pub(crate) fn fd_hook<T>(
     virt: impl FnOnce(Tracked) -> Outcome<T>,
     real: impl FnOnce() -> T,
 ) -> T {
-    let Some(t) = fd_table::get(fd) else {
-        return real();
-    };
-    let Some(g) = Guard::enter() else {
-        return real();
-    };
+    let Some(t) = fd_table::get(fd) else { return real() };
+    let Some(g) = Guard::enter() else { return real() };
     let out = catch(|| virt(t), Outcome::Errno(libc::EIO));
     drop(g);
     match out {

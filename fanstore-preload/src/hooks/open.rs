@@ -17,16 +17,7 @@ unsafe fn open_common(
     real: impl FnOnce(*const c_char) -> c_int,
 ) -> c_int {
     // SAFETY: path is the caller's C string (hook contract).
-    unsafe {
-        path_hook(
-            name,
-            dirfd,
-            path,
-            -1,
-            |vp| ops::open::open(vp, flags, mode),
-            real,
-        )
-    }
+    unsafe { path_hook(name, dirfd, path, -1, |vp| ops::open::open(vp, flags, mode), real) }
 }
 
 crate::hooks! {

@@ -5,12 +5,7 @@
 use crate::sud::{self, signals};
 use libc::{c_int, sighandler_t, sigset_t};
 
-unsafe fn signal_common(
-    sig: c_int,
-    handler: sighandler_t,
-    flags: c_int,
-    real: impl FnOnce() -> sighandler_t,
-) -> sighandler_t {
+unsafe fn signal_common(sig: c_int, handler: sighandler_t, flags: c_int, real: impl FnOnce() -> sighandler_t) -> sighandler_t {
     if sig == libc::SIGSYS && sud::on() {
         return signals::signal_sys(handler, flags);
     }

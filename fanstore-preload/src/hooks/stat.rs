@@ -11,9 +11,7 @@ use libc::{c_char, c_int, c_uint};
 const _: () = assert!(std::mem::size_of::<libc::stat>() == std::mem::size_of::<libc::stat64>());
 
 fn put_stat(buf: *mut libc::stat, n: &Node) -> c_int {
-    let Some(st) = state::current() else {
-        return -1;
-    };
+    let Some(st) = state::current() else { return -1 };
     // SAFETY: buf is the caller's out-pointer for a struct stat (hook contract).
     unsafe { buf.write(stat_of(st, n)) };
     0
@@ -21,11 +19,7 @@ fn put_stat(buf: *mut libc::stat, n: &Node) -> c_int {
 
 /// The stat of output `vp` (a name that is not an input).
 fn out_stat(vp: &crate::ops::VPath, follow: bool) -> Result<libc::stat, c_int> {
-    let r = if follow || vp.must_be_dir {
-        crate::ops::namespace::stat(vp.st, vp.rel)?
-    } else {
-        crate::ops::namespace::lstat(vp.st, vp.rel)?
-    };
+    let r = if follow || vp.must_be_dir { crate::ops::namespace::stat(vp.st, vp.rel)? } else { crate::ops::namespace::lstat(vp.st, vp.rel)? };
     if vp.must_be_dir && !r.is_dir() {
         return Err(libc::ENOTDIR);
     }
@@ -69,12 +63,7 @@ unsafe fn stat_common(
     }
 }
 
-fn fstat_at_empty(
-    name: &'static str,
-    dirfd: c_int,
-    buf: *mut libc::stat,
-    real: impl FnOnce(*const c_char) -> c_int,
-) -> c_int {
+fn fstat_at_empty(name: &'static str, dirfd: c_int, buf: *mut libc::stat, real: impl FnOnce(*const c_char) -> c_int) -> c_int {
     let empty = c"".as_ptr();
     if dirfd == libc::AT_FDCWD && crate::paths::vcwd().is_none() {
         return real(empty);
@@ -82,9 +71,7 @@ fn fstat_at_empty(
     if dirfd != libc::AT_FDCWD && crate::fd_table::get(dirfd).is_none() {
         return real(empty);
     }
-    let Some(g) = crate::guard::Guard::enter() else {
-        return real(empty);
-    };
+    let Some(g) = crate::guard::Guard::enter() else { return real(empty) };
     let r = super::catch(|| empty_path_node(dirfd), Outcome::Errno(libc::EIO));
     drop(g);
     match r {
@@ -100,12 +87,7 @@ fn fstat_at_empty(
     }
 }
 
-fn fstat_common(
-    name: &'static str,
-    fd: c_int,
-    buf: *mut libc::stat,
-    real: impl FnOnce() -> c_int,
-) -> c_int {
+fn fstat_common(name: &'static str, fd: c_int, buf: *mut libc::stat, real: impl FnOnce() -> c_int) -> c_int {
     fd_hook(
         name,
         fd,
@@ -138,25 +120,17 @@ unsafe fn statx_common(
     real: impl Fn(*const c_char) -> c_int,
 ) -> c_int {
     let put = |n: &Node| -> c_int {
-        let Some(st) = state::current() else {
-            return -1;
-        };
+        let Some(st) = state::current() else { return -1 };
         // SAFETY: buf is the caller's out-pointer for a struct statx.
         unsafe { buf.write(statx_of(st, n)) };
         0
     };
     if flags & libc::AT_EMPTY_PATH != 0 && !path.is_null() && unsafe { *path } == 0 {
-        let tracked = if dirfd == libc::AT_FDCWD {
-            crate::paths::vcwd().is_some()
-        } else {
-            crate::fd_table::get(dirfd).is_some()
-        };
+        let tracked = if dirfd == libc::AT_FDCWD { crate::paths::vcwd().is_some() } else { crate::fd_table::get(dirfd).is_some() };
         if !tracked {
             return real(path);
         }
-        let Some(g) = crate::guard::Guard::enter() else {
-            return real(path);
-        };
+        let Some(g) = crate::guard::Guard::enter() else { return real(path) };
         let r = super::catch(|| empty_path_node(dirfd), Outcome::Errno(libc::EIO));
         drop(g);
         return match r {
@@ -178,11 +152,7 @@ unsafe fn statx_common(
             -1,
             |vp| match stat_path(vp, follow) {
                 Outcome::Handled(n) => Outcome::Handled(put(&n)),
-                Outcome::Errno(libc::ENOENT) => match if follow || vp.must_be_dir {
-                    crate::ops::namespace::stat(vp.st, vp.rel)
-                } else {
-                    crate::ops::namespace::lstat(vp.st, vp.rel)
-                } {
+                Outcome::Errno(libc::ENOENT) => match if follow || vp.must_be_dir { crate::ops::namespace::stat(vp.st, vp.rel) } else { crate::ops::namespace::lstat(vp.st, vp.rel) } {
                     Ok(r) if vp.must_be_dir && !r.is_dir() => Outcome::Errno(libc::ENOTDIR),
                     Ok(r) => {
                         // (inside the hook's unsafe block) buf is the caller's out-pointer for a struct statx.
@@ -266,12 +236,7 @@ crate::hooks! {
 /// `newfstatat` is the syscall's name, not a glibc symbol; a program that
 /// declares it itself gets fstatat semantics.
 #[no_mangle]
-pub unsafe extern "C" fn newfstatat(
-    dirfd: c_int,
-    path: *const c_char,
-    buf: *mut libc::stat,
-    flags: c_int,
-) -> c_int {
+pub unsafe extern "C" fn newfstatat(dirfd: c_int, path: *const c_char, buf: *mut libc::stat, flags: c_int) -> c_int {
     // SAFETY: same contract as fstatat.
     unsafe { fstatat(dirfd, path, buf, flags) }
 }

@@ -29,11 +29,7 @@ unsafe fn fopen_common(
                     Outcome::Errno(e) => return Outcome::Errno(e),
                     Outcome::Passthrough => return Outcome::Passthrough,
                 };
-                let m = if matches!(fd_table::get(fd), Some(fd_table::Tracked::Output(_))) {
-                    mode
-                } else {
-                    c"r".as_ptr()
-                };
+                let m = if matches!(fd_table::get(fd), Some(fd_table::Tracked::Output(_))) { mode } else { c"r".as_ptr() };
                 let f = libc::fdopen(fd, m);
                 if f.is_null() {
                     let e = *libc::__errno_location();

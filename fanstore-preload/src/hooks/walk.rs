@@ -33,36 +33,22 @@ unsafe fn prepare_glob(pattern: *const c_char, flags: c_int, g: *mut GlobT) -> c
     if flags & GLOB_ALTDIRFUNC != 0 || g.is_null() {
         return flags;
     }
-    let Some(guard) = Guard::enter() else {
-        return flags;
-    };
+    let Some(guard) = Guard::enter() else { return flags };
     // SAFETY: pattern is the caller's C string.
     let ours = unsafe { maybe_ours(libc::AT_FDCWD, pattern) } && crate::state::state().is_some();
     drop(guard);
     if !ours {
         return flags;
     }
-    crate::dlog!(
-        "glob({}) through the virtual tree",
-        crate::debug::B(unsafe { cbytes(pattern) }.unwrap_or(b""))
-    );
+    crate::dlog!("glob({}) through the virtual tree", crate::debug::B(unsafe { cbytes(pattern) }.unwrap_or(b"")));
     // SAFETY: g is the caller's glob_t; the function pointers are our exported
     // hooks, ABI-compatible with glob's callback types (DIR * is opaque; a
     // closedir's int result is ignored by glob).
     unsafe {
         let g = &mut *g;
-        g.gl_opendir = Some(std::mem::transmute::<
-            unsafe extern "C" fn(*const c_char) -> *mut libc::DIR,
-            unsafe extern "C" fn(*const c_char) -> *mut c_void,
-        >(super::dir::opendir));
-        g.gl_readdir = Some(std::mem::transmute::<
-            unsafe extern "C" fn(*mut libc::DIR) -> *mut dirent,
-            unsafe extern "C" fn(*mut c_void) -> *mut dirent,
-        >(super::dir::readdir));
-        g.gl_closedir = Some(std::mem::transmute::<
-            unsafe extern "C" fn(*mut libc::DIR) -> c_int,
-            unsafe extern "C" fn(*mut c_void),
-        >(super::dir::closedir));
+        g.gl_opendir = Some(std::mem::transmute::<unsafe extern "C" fn(*const c_char) -> *mut libc::DIR, unsafe extern "C" fn(*const c_char) -> *mut c_void>(super::dir::opendir));
+        g.gl_readdir = Some(std::mem::transmute::<unsafe extern "C" fn(*mut libc::DIR) -> *mut dirent, unsafe extern "C" fn(*mut c_void) -> *mut dirent>(super::dir::readdir));
+        g.gl_closedir = Some(std::mem::transmute::<unsafe extern "C" fn(*mut libc::DIR) -> c_int, unsafe extern "C" fn(*mut c_void)>(super::dir::closedir));
         g.gl_stat = Some(super::stat::stat);
         g.gl_lstat = Some(super::stat::lstat);
     }

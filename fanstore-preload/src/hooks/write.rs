@@ -19,9 +19,7 @@ unsafe fn two_paths(
     virt: impl FnOnce(Option<&VPath>, Option<&VPath>) -> Outcome<c_int>,
     real: impl FnOnce(*const c_char, *const c_char) -> c_int,
 ) -> c_int {
-    let Some(g) = Guard::enter() else {
-        return real(p1, p2);
-    };
+    let Some(g) = Guard::enter() else { return real(p1, p2) };
     // SAFETY: p1/p2 are the caller's C strings (or null).
     let (m1, m2) = unsafe { (maybe_ours(d1, p1), maybe_ours(d2, p2)) };
     if !m1 && !m2 {
@@ -33,16 +31,8 @@ unsafe fn two_paths(
     let (b1, b2) = unsafe { (cbytes(p1).unwrap_or(b""), cbytes(p2).unwrap_or(b"")) };
     let step = catch(
         || {
-            let c1 = if m1 {
-                classify(d1, b1, &mut s1)
-            } else {
-                Class::Real
-            };
-            let c2 = if m2 {
-                classify(d2, b2, &mut s2)
-            } else {
-                Class::Real
-            };
+            let c1 = if m1 { classify(d1, b1, &mut s1) } else { Class::Real };
+            let c2 = if m2 { classify(d2, b2, &mut s2) } else { Class::Real };
             if let Class::Err(e) = c1 {
                 return Err(e);
             }
@@ -51,16 +41,8 @@ unsafe fn two_paths(
             }
             let r1 = matches!(c1, Class::Redirect);
             let r2 = matches!(c2, Class::Redirect);
-            let v1 = if let Class::Virtual(v) = &c1 {
-                Some(v)
-            } else {
-                None
-            };
-            let v2 = if let Class::Virtual(v) = &c2 {
-                Some(v)
-            } else {
-                None
-            };
+            let v1 = if let Class::Virtual(v) = &c1 { Some(v) } else { None };
+            let v2 = if let Class::Virtual(v) = &c2 { Some(v) } else { None };
             if v1.is_none() && v2.is_none() {
                 return Ok(Some((r1, r2)));
             }
@@ -74,18 +56,10 @@ unsafe fn two_paths(
     );
     drop(g);
     match step {
-        Ok(Some((r1, r2))) => real(
-            if r1 { s1.ptr() } else { p1 },
-            if r2 { s2.ptr() } else { p2 },
-        ),
+        Ok(Some((r1, r2))) => real(if r1 { s1.ptr() } else { p1 }, if r2 { s2.ptr() } else { p2 }),
         Ok(None) => 0,
         Err(e) => {
-            crate::dlog!(
-                "{name}({}, {}) = {}",
-                crate::debug::B(b1),
-                crate::debug::B(b2),
-                crate::debug::E(e)
-            );
+            crate::dlog!("{name}({}, {}) = {}", crate::debug::B(b1), crate::debug::B(b2), crate::debug::E(e));
             set_errno(e);
             -1
         }
@@ -101,11 +75,7 @@ fn rename_like(a: Option<&VPath>, b: Option<&VPath>) -> Outcome<c_int> {
 /// /fanstore are EINVAL (documented).
 fn rename_flags(a: Option<&VPath>, b: Option<&VPath>, flags: c_uint) -> Outcome<c_int> {
     match (a, b) {
-        (Some(_), Some(_)) | (Some(_), None) | (None, Some(_))
-            if flags & !libc::RENAME_NOREPLACE != 0 =>
-        {
-            Outcome::Errno(libc::EINVAL)
-        }
+        (Some(_), Some(_)) | (Some(_), None) | (None, Some(_)) if flags & !libc::RENAME_NOREPLACE != 0 => Outcome::Errno(libc::EINVAL),
         (Some(a), Some(b)) => write::rename(a, b, flags & libc::RENAME_NOREPLACE != 0),
         (a, b) => link_like(a, b),
     }
@@ -122,10 +92,7 @@ fn link_like(a: Option<&VPath>, b: Option<&VPath>) -> Outcome<c_int> {
 
 /// The current time, ns since the epoch.
 fn now_ns() -> i64 {
-    let mut ts = libc::timespec {
-        tv_sec: 0,
-        tv_nsec: 0,
-    };
+    let mut ts = libc::timespec { tv_sec: 0, tv_nsec: 0 };
     // SAFETY: ts is a valid out-pointer; CLOCK_REALTIME always exists.
     unsafe { libc::clock_gettime(libc::CLOCK_REALTIME, &mut ts) };
     ts.tv_sec as i64 * 1_000_000_000 + ts.tv_nsec as i64
@@ -134,10 +101,7 @@ fn now_ns() -> i64 {
 /// Both times now (utime with a null argument).
 fn now() -> Attr {
     let t = now_ns();
-    Attr::Times {
-        atime: Some(t),
-        mtime: Some(t),
-    }
+    Attr::Times { atime: Some(t), mtime: Some(t) }
 }
 
 /// utimes' argument (null: now; else [atime, mtime]).
@@ -151,10 +115,7 @@ unsafe fn timeval_attr(times: *const libc::timeval) -> Attr {
     // SAFETY: the caller passes two timevals: [0] access, [1] modification.
     let (a, m) = unsafe { (*times, *times.add(1)) };
     let ns = |t: libc::timeval| t.tv_sec as i64 * 1_000_000_000 + t.tv_usec as i64 * 1000;
-    Attr::Times {
-        atime: Some(ns(a)),
-        mtime: Some(ns(m)),
-    }
+    Attr::Times { atime: Some(ns(a)), mtime: Some(ns(m)) }
 }
 
 /// utimensat's argument (null or UTIME_NOW: now; UTIME_OMIT: unchanged).

@@ -128,35 +128,19 @@ pub fn recover(st: &State) {
     let cwd = &buf[..buf.iter().position(|&b| b == 0).unwrap_or(0)];
     let mut prefix = cwd_root(st);
     prefix.push(b'/');
-    let Some(name) = cwd.strip_prefix(prefix.as_slice()) else {
-        return;
-    };
-    let Some((ds, node)) = std::str::from_utf8(name)
-        .ok()
-        .and_then(|s| s.split_once('-'))
-    else {
-        return;
-    };
+    let Some(name) = cwd.strip_prefix(prefix.as_slice()) else { return };
+    let Some((ds, node)) = std::str::from_utf8(name).ok().and_then(|s| s.split_once('-')) else { return };
     if let (Ok(ds), Some(hex)) = (u64::from_str_radix(ds, 16), node.strip_prefix('o')) {
-        let rel: Option<Vec<u8>> = (0..hex.len() / 2)
-            .map(|i| {
-                hex.get(2 * i..2 * i + 2)
-                    .and_then(|h| u8::from_str_radix(h, 16).ok())
-            })
-            .collect();
+        let rel: Option<Vec<u8>> =
+            (0..hex.len() / 2).map(|i| hex.get(2 * i..2 * i + 2).and_then(|h| u8::from_str_radix(h, 16).ok())).collect();
         if let Some(rel) = rel.filter(|_| ds == st.dataset_id) {
             if enter_output(st, &rel).is_ok() {
-                crate::dlog!(
-                    "virtual cwd restored from the real cwd: output directory {}",
-                    crate::debug::B(&rel)
-                );
+                crate::dlog!("virtual cwd restored from the real cwd: output directory {}", crate::debug::B(&rel));
             }
         }
         return;
     }
-    let (Ok(ds), Ok(node)) = (u64::from_str_radix(ds, 16), node.parse::<u32>()) else {
-        return;
-    };
+    let (Ok(ds), Ok(node)) = (u64::from_str_radix(ds, 16), node.parse::<u32>()) else { return };
     if ds == st.dataset_id && st.view.node(node).is_some_and(|n| n.is_dir()) {
         replace_vcwd(Some(node));
         crate::dlog!("virtual cwd restored from the real cwd: node {}", node);

@@ -52,12 +52,8 @@ pub fn closedir(d: Box<VDir>) -> c_int {
 /// callers (rustix's `Dir`, caught by syscall user dispatch) see what
 /// readdir sees.
 pub fn getdents64(fd: c_int, t: Tracked, buf: &mut [u8]) -> Outcome<isize> {
-    let Tracked::Dir { node, pos } = t else {
-        return Outcome::Errno(libc::ENOTDIR);
-    };
-    let Some(st) = state::current() else {
-        return Outcome::Errno(libc::EBADF);
-    };
+    let Tracked::Dir { node, pos } = t else { return Outcome::Errno(libc::ENOTDIR) };
+    let Some(st) = state::current() else { return Outcome::Errno(libc::EBADF) };
     if node & crate::outputs::OUT_DIR == 0 && st.view.node(node).is_none() {
         return Outcome::Errno(libc::EBADF);
     }
@@ -66,11 +62,7 @@ pub fn getdents64(fd: c_int, t: Tracked, buf: &mut [u8]) -> Outcome<isize> {
     let mut off = 0usize;
     let mut p = pos as u64;
     while let Some(e) = d.next(st) {
-        let name_len = e
-            .d_name
-            .iter()
-            .position(|&c| c == 0)
-            .unwrap_or(e.d_name.len());
+        let name_len = e.d_name.iter().position(|&c| c == 0).unwrap_or(e.d_name.len());
         let rl = reclen(name_len);
         if off + rl > buf.len() {
             if off == 0 {
@@ -96,9 +88,7 @@ pub fn getdents64(fd: c_int, t: Tracked, buf: &mut [u8]) -> Outcome<isize> {
 
 /// Entries of a directory as scandir sees them: ".", "..", then children.
 pub fn for_each_entry(st: &state::State, node: u32, mut f: impl FnMut(&libc::dirent64)) {
-    let Some(dir) = st.view.node(node) else {
-        return;
-    };
+    let Some(dir) = st.view.node(node) else { return };
     let mut d = VDir::new(-1, node);
     let _ = dir;
     while let Some(e) = d.next(st) {

@@ -58,9 +58,7 @@ pub fn after_dup(old: c_int, r: c_int) {
         fd_table::copy(old, r);
         match fd_table::get(r) {
             Some(Tracked::Output(idx)) => crate::outputs::add_ref(r, idx),
-            Some(Tracked::Dir { node, .. }) if node & crate::outputs::OUT_DIR != 0 => {
-                crate::outputs::add_ref(r, node)
-            }
+            Some(Tracked::Dir { node, .. }) if node & crate::outputs::OUT_DIR != 0 => crate::outputs::add_ref(r, node),
             _ => {}
         }
     }
@@ -88,10 +86,7 @@ pub fn before_dup2(old: c_int, new: c_int) {
 
 pub fn before_close_range(lo: u32, hi: u32, flags: c_int) {
     if flags & (libc::CLOSE_RANGE_CLOEXEC as c_int) == 0 {
-        crate::locks::forget_range(
-            lo.min(i32::MAX as u32) as c_int,
-            hi.min(i32::MAX as u32) as c_int,
-        );
+        crate::locks::forget_range(lo.min(i32::MAX as u32) as c_int, hi.min(i32::MAX as u32) as c_int);
         let (foreign, n) = if fd_table::any() {
             let _g = crate::guard::Guard::enter();
             crate::outputs::closing_range(lo, hi);
@@ -104,9 +99,6 @@ pub fn before_close_range(lo: u32, hi: u32, flags: c_int) {
         for &(fd, idx) in &foreign[..n] {
             fd_table::set(fd, Tracked::Output(idx));
         }
-        crate::client::forget_range(
-            lo.min(i32::MAX as u32) as c_int,
-            hi.min(i32::MAX as u32) as c_int,
-        );
+        crate::client::forget_range(lo.min(i32::MAX as u32) as c_int, hi.min(i32::MAX as u32) as c_int);
     }
 }

@@ -120,11 +120,7 @@ pub fn init1(flags: c_int) -> Option<c_int> {
     unsafe {
         crate::real::fcntl(theirs, libc::F_SETPIPE_SZ, 1 << 20);
         let fl = crate::real::fcntl(theirs, libc::F_GETFL, 0);
-        crate::real::fcntl(
-            theirs,
-            libc::F_SETFL,
-            (fl | libc::O_NONBLOCK) as libc::c_ulong,
-        );
+        crate::real::fcntl(theirs, libc::F_SETFL, (fl | libc::O_NONBLOCK) as libc::c_ulong);
     }
     let fail = |ctl: c_int| {
         for f in [kfd, fd, theirs, ctl] {
@@ -132,9 +128,7 @@ pub fn init1(flags: c_int) -> Option<c_int> {
         }
         None
     };
-    let Ok(ctl) = crate::client::connect(st) else {
-        return fail(-1);
-    };
+    let Ok(ctl) = crate::client::connect(st) else { return fail(-1) };
     let sink = Request::new(op::WATCH_SINK, 0, 0, 0);
     let kern = Request::new(op::WATCH_KERNEL, 0, 0, 0);
     if exchange(ctl, sink, Some(theirs)).is_err() || exchange(ctl, kern, Some(kfd)).is_err() {
@@ -151,19 +145,9 @@ pub fn init1(flags: c_int) -> Option<c_int> {
             crate::real::fcntl(fd, libc::F_SETFD, 0);
         }
     }
-    INSTS.with(|v| {
-        v.push(Inst {
-            fd,
-            ctl,
-            kfd,
-            next_wd: WD_BASE,
-            watches: Vec::new(),
-        })
-    });
+    INSTS.with(|v| v.push(Inst { fd, ctl, kfd, next_wd: WD_BASE, watches: Vec::new() }));
     ANY.store(true, Ordering::Relaxed);
-    crate::dlog!(
-        "inotify_init1({flags:#x}) = {fd} (merged: kernel fd {kfd}, daemon connection {ctl})"
-    );
+    crate::dlog!("inotify_init1({flags:#x}) = {fd} (merged: kernel fd {kfd}, daemon connection {ctl})");
     Some(fd)
 }
 
@@ -177,16 +161,10 @@ pub fn kernel_fd(fd: c_int) -> Option<c_int> {
 
 /// `inotify_add_watch` of a mount path on instance `fd`.
 pub fn add_watch(fd: c_int, vp: &VPath, mask: u32) -> Result<c_int, c_int> {
-    if mask & IN_ALL_EVENTS == 0
-        || mask & (IN_MASK_ADD | IN_MASK_CREATE) == (IN_MASK_ADD | IN_MASK_CREATE)
-    {
+    if mask & IN_ALL_EVENTS == 0 || mask & (IN_MASK_ADD | IN_MASK_CREATE) == (IN_MASK_ADD | IN_MASK_CREATE) {
         return Err(libc::EINVAL);
     }
-    let mask = if vp.must_be_dir {
-        mask | IN_ONLYDIR
-    } else {
-        mask
-    };
+    let mask = if vp.must_be_dir { mask | IN_ONLYDIR } else { mask };
     // Under the instance lock: one exchange at a time on its connection.
     INSTS.with(|v| {
         let inst = v.iter_mut().find(|i| i.fd == fd).ok_or(libc::EINVAL)?;
@@ -205,11 +183,7 @@ pub fn add_watch(fd: c_int, vp: &VPath, mask: u32) -> Result<c_int, c_int> {
             Some(i) => inst.watches[i].mask = keep,
             None => {
                 inst.next_wd += 1;
-                inst.watches.push(Watch {
-                    wd,
-                    path: vp.rel.to_vec(),
-                    mask: keep,
-                });
+                inst.watches.push(Watch { wd, path: vp.rel.to_vec(), mask: keep });
             }
         }
         Ok(wd)
@@ -220,11 +194,7 @@ pub fn add_watch(fd: c_int, vp: &VPath, mask: u32) -> Result<c_int, c_int> {
 pub fn rm_watch(fd: c_int, wd: c_int) -> Result<c_int, c_int> {
     INSTS.with(|v| {
         let inst = v.iter_mut().find(|i| i.fd == fd).ok_or(libc::EINVAL)?;
-        let i = inst
-            .watches
-            .iter()
-            .position(|w| w.wd == wd)
-            .ok_or(libc::EINVAL)?;
+        let i = inst.watches.iter().position(|w| w.wd == wd).ok_or(libc::EINVAL)?;
         inst.watches.remove(i);
         exchange(inst.ctl, Request::new(op::WATCH_RM, 0, wd as u64, 0), None).map(|_| 0)
     })
@@ -238,11 +208,7 @@ pub fn closing(fd: c_int) {
     }
     let gone = INSTS.with(|v| v.iter().position(|i| i.fd == fd).map(|i| v.swap_remove(i)));
     if let Some(i) = gone {
-        crate::dlog!(
-            "close({fd}): inotify instance ends (daemon connection {}, kernel fd {})",
-            i.ctl,
-            i.kfd
-        );
+        crate::dlog!("close({fd}): inotify instance ends (daemon connection {}, kernel fd {})", i.ctl, i.kfd);
         close(i.ctl);
         close(i.kfd);
     }

@@ -12,9 +12,7 @@ pub fn access(vp: &VPath, mode: c_int, follow: bool) -> Outcome<c_int> {
         Ok(n) => n,
         Err(libc::ENOENT) => {
             return match super::namespace::stat(vp.st, vp.rel) {
-                Ok(r) if mode & libc::X_OK != 0 && !r.is_dir() && r.mode & 0o111 == 0 => {
-                    Outcome::Errno(libc::EACCES)
-                }
+                Ok(r) if mode & libc::X_OK != 0 && !r.is_dir() && r.mode & 0o111 == 0 => Outcome::Errno(libc::EACCES),
                 Ok(r) if vp.must_be_dir && !r.is_dir() => Outcome::Errno(libc::ENOTDIR),
                 Ok(_) => Outcome::Handled(0),
                 Err(e) => Outcome::Errno(e),
@@ -49,12 +47,8 @@ pub fn readlink(vp: &VPath) -> Outcome<std::borrow::Cow<'static, [u8]>> {
     match resolve(vp.st, vp.rel, vp.must_be_dir, false) {
         Ok(n) if super::is_symlink(&n) => Outcome::Handled(n.symlink_target().into()),
         Ok(_) => Outcome::Errno(libc::EINVAL),
-        Err(libc::ENOENT) if vp.must_be_dir => {
-            Outcome::Errno(exists(vp, false).map_or_else(|e| e, |_| libc::EINVAL))
-        }
-        Err(libc::ENOENT) => super::namespace::readlink(vp.st, vp.rel)
-            .map(std::borrow::Cow::Owned)
-            .into(),
+        Err(libc::ENOENT) if vp.must_be_dir => Outcome::Errno(exists(vp, false).map_or_else(|e| e, |_| libc::EINVAL)),
+        Err(libc::ENOENT) => super::namespace::readlink(vp.st, vp.rel).map(std::borrow::Cow::Owned).into(),
         Err(e) => Outcome::Errno(e),
     }
 }

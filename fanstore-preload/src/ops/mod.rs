@@ -60,11 +60,7 @@ pub fn resolve(st: &State, rel: &[u8], must_be_dir: bool, follow: bool) -> Resul
     if let Some(n) = st.view.lookup(rel) {
         if !(follow && is_symlink(&n)) {
             if must_be_dir && !n.is_dir() {
-                return Err(if is_symlink(&n) {
-                    libc::ELOOP
-                } else {
-                    libc::ENOTDIR
-                });
+                return Err(if is_symlink(&n) { libc::ELOOP } else { libc::ENOTDIR });
             }
             return Ok(n);
         }
@@ -86,19 +82,12 @@ fn resolve_slow(st: &State, rel: &[u8], must_be_dir: bool, follow: bool) -> Resu
         // Walk the components: each prefix must be a directory (or a symlink to follow).
         let mut i = 0;
         loop {
-            let end = p[i..]
-                .iter()
-                .position(|&b| b == b'/')
-                .map_or(len, |k| i + k);
+            let end = p[i..].iter().position(|&b| b == b'/').map_or(len, |k| i + k);
             let last = end == len;
             let prefix = &p[..end];
             let Some(n) = st.view.lookup(prefix) else {
                 let name = &prefix[prefix.iter().rposition(|&b| b == b'/').map_or(0, |k| k + 1)..];
-                return Err(if name.len() > fanstore_core::manifest::NAME_MAX {
-                    libc::ENAMETOOLONG
-                } else {
-                    libc::ENOENT
-                });
+                return Err(if name.len() > fanstore_core::manifest::NAME_MAX { libc::ENAMETOOLONG } else { libc::ENOENT });
             };
             if is_symlink(&n) && (!last || follow) {
                 hops += 1;
@@ -148,8 +137,7 @@ fn splice_symlink(link: &Node, rest: &[u8], out: &mut [u8; MAX_PATH]) -> Result<
     }
     joined[..target.len()].copy_from_slice(target);
     joined[target.len()..target.len() + rest.len()].copy_from_slice(rest);
-    let n = normalize_into(&base[..bl], &joined[..target.len() + rest.len()], out)
-        .ok_or(libc::ENAMETOOLONG)?;
+    let n = normalize_into(&base[..bl], &joined[..target.len() + rest.len()], out).ok_or(libc::ENAMETOOLONG)?;
     let rel = under_mount(&out[..n.len], mount).ok_or(libc::ENOENT)?;
     let (start, rl) = (n.len - rel.len(), rel.len());
     out.copy_within(start..start + rl, 0);
@@ -212,110 +200,44 @@ mod tests {
     #[test]
     fn resolve_follows_symlinks_inside_the_tree() {
         let s = st();
-        assert_eq!(
-            path_of(resolve(s, b"a/link", false, true)),
-            Ok(&b"a/b.txt"[..])
-        );
-        assert_eq!(
-            path_of(resolve(s, b"a/link", false, false)),
-            Ok(&b"a/link"[..])
-        );
+        assert_eq!(path_of(resolve(s, b"a/link", false, true)), Ok(&b"a/b.txt"[..]));
+        assert_eq!(path_of(resolve(s, b"a/link", false, false)), Ok(&b"a/link"[..]));
         assert_eq!(path_of(resolve(s, b"a/up", false, true)), Ok(&b"c"[..]));
-        assert_eq!(
-            path_of(resolve(s, b"a/sub/x", false, true)),
-            Ok(&b"a/sub/x"[..])
-        );
+        assert_eq!(path_of(resolve(s, b"a/sub/x", false, true)), Ok(&b"a/sub/x"[..]));
         assert_eq!(path_of(resolve(s, b"", true, true)), Ok(&b""[..]));
         assert_eq!(resolve(s, b"loop1", false, true).err(), Some(libc::ELOOP));
-        assert_eq!(
-            resolve(s, b"loop1/x", false, false).err(),
-            Some(libc::ELOOP)
-        );
-        assert_eq!(
-            resolve(s, b"a/b.txt/x", false, true).err(),
-            Some(libc::ENOTDIR)
-        );
-        assert_eq!(
-            resolve(s, b"a/link/x", false, true).err(),
-            Some(libc::ENOTDIR)
-        );
-        assert_eq!(
-            resolve(s, b"a/b.txt", true, true).err(),
-            Some(libc::ENOTDIR)
-        );
+        assert_eq!(resolve(s, b"loop1/x", false, false).err(), Some(libc::ELOOP));
+        assert_eq!(resolve(s, b"a/b.txt/x", false, true).err(), Some(libc::ENOTDIR));
+        assert_eq!(resolve(s, b"a/link/x", false, true).err(), Some(libc::ENOTDIR));
+        assert_eq!(resolve(s, b"a/b.txt", true, true).err(), Some(libc::ENOTDIR));
         assert_eq!(resolve(s, b"a/nope", false, true).err(), Some(libc::ENOENT));
         assert_eq!(resolve(s, b"nope/x", false, true).err(), Some(libc::ENOENT));
         assert_eq!(resolve(s, b"out", false, true).err(), Some(libc::ENOENT));
         let long = "y".repeat(300);
-        assert_eq!(
-            resolve(s, long.as_bytes(), false, true).err(),
-            Some(libc::ENAMETOOLONG)
-        );
+        assert_eq!(resolve(s, long.as_bytes(), false, true).err(), Some(libc::ENAMETOOLONG));
     }
 
     #[test]
     fn create_errnos() {
         let s = st();
-        let vp = |rel: &'static [u8]| VPath {
-            st: s,
-            rel,
-            must_be_dir: false,
-        };
+        let vp = |rel: &'static [u8]| VPath { st: s, rel, must_be_dir: false };
         assert_eq!(create_errno(&vp(b"a")), libc::EEXIST);
         assert_eq!(create_errno(&vp(b"a/new")), libc::EROFS);
         assert_eq!(create_errno(&vp(b"nope/new")), libc::ENOENT);
         assert_eq!(create_errno(&vp(b"c/new")), libc::ENOTDIR);
-        assert_eq!(
-            open::open(&vp(b"a/b.txt"), libc::O_WRONLY, 0),
-            Outcome::Errno(libc::EROFS)
-        );
-        assert_eq!(
-            open::open(&vp(b"a"), libc::O_RDWR, 0),
-            Outcome::Errno(libc::EISDIR)
-        );
-        assert_eq!(
-            open::open(&vp(b"a/b.txt"), libc::O_RDONLY | libc::O_DIRECTORY, 0),
-            Outcome::Errno(libc::ENOTDIR)
-        );
-        assert_eq!(
-            open::open(&vp(b"a/link"), libc::O_RDONLY | libc::O_NOFOLLOW, 0),
-            Outcome::Errno(libc::ELOOP)
-        );
-        assert_eq!(
-            open::open(
-                &vp(b"a/b.txt"),
-                libc::O_CREAT | libc::O_EXCL | libc::O_WRONLY,
-                0
-            ),
-            Outcome::Errno(libc::EEXIST)
-        );
-        assert_eq!(
-            open::open(
-                &vp(b"a/b.txt"),
-                libc::O_CREAT | libc::O_TRUNC | libc::O_WRONLY,
-                0
-            ),
-            Outcome::Errno(libc::EROFS)
-        );
+        assert_eq!(open::open(&vp(b"a/b.txt"), libc::O_WRONLY, 0), Outcome::Errno(libc::EROFS));
+        assert_eq!(open::open(&vp(b"a"), libc::O_RDWR, 0), Outcome::Errno(libc::EISDIR));
+        assert_eq!(open::open(&vp(b"a/b.txt"), libc::O_RDONLY | libc::O_DIRECTORY, 0), Outcome::Errno(libc::ENOTDIR));
+        assert_eq!(open::open(&vp(b"a/link"), libc::O_RDONLY | libc::O_NOFOLLOW, 0), Outcome::Errno(libc::ELOOP));
+        assert_eq!(open::open(&vp(b"a/b.txt"), libc::O_CREAT | libc::O_EXCL | libc::O_WRONLY, 0), Outcome::Errno(libc::EEXIST));
+        assert_eq!(open::open(&vp(b"a/b.txt"), libc::O_CREAT | libc::O_TRUNC | libc::O_WRONLY, 0), Outcome::Errno(libc::EROFS));
         assert_eq!(write::unlink(&vp(b"a")), Outcome::Errno(libc::EISDIR));
         assert_eq!(write::rmdir(&vp(b"c")), Outcome::Errno(libc::ENOTDIR));
         assert_eq!(write::rmdir(&vp(b"")), Outcome::Errno(libc::EBUSY));
-        assert_eq!(
-            meta::access(&vp(b"c"), libc::W_OK, true),
-            Outcome::Errno(libc::EROFS)
-        );
-        assert_eq!(
-            meta::access(&vp(b"c"), libc::X_OK, true),
-            Outcome::Errno(libc::EACCES)
-        );
-        assert_eq!(
-            meta::access(&vp(b"a"), libc::X_OK | libc::R_OK, true),
-            Outcome::Handled(0)
-        );
-        assert_eq!(
-            meta::readlink(&vp(b"a/link")),
-            Outcome::Handled(std::borrow::Cow::Borrowed(&b"b.txt"[..]))
-        );
+        assert_eq!(meta::access(&vp(b"c"), libc::W_OK, true), Outcome::Errno(libc::EROFS));
+        assert_eq!(meta::access(&vp(b"c"), libc::X_OK, true), Outcome::Errno(libc::EACCES));
+        assert_eq!(meta::access(&vp(b"a"), libc::X_OK | libc::R_OK, true), Outcome::Handled(0));
+        assert_eq!(meta::readlink(&vp(b"a/link")), Outcome::Handled(std::borrow::Cow::Borrowed(&b"b.txt"[..])));
         assert_eq!(meta::readlink(&vp(b"c")), Outcome::Errno(libc::EINVAL));
     }
 
@@ -337,35 +259,17 @@ mod tests {
         st();
         let v = |rel: &str, d: bool| Ok((rel.as_bytes().to_vec(), d));
         assert_eq!(class(libc::AT_FDCWD, "/fst-unit"), v("", false));
-        assert_eq!(
-            class(libc::AT_FDCWD, "//fst-unit//a/./b.txt"),
-            v("a/b.txt", false)
-        );
+        assert_eq!(class(libc::AT_FDCWD, "//fst-unit//a/./b.txt"), v("a/b.txt", false));
         assert_eq!(class(libc::AT_FDCWD, "/fst-unit/a/"), v("a", true));
         assert_eq!(class(libc::AT_FDCWD, "/fst-unitx/a"), Err("real".into()));
         assert_eq!(class(libc::AT_FDCWD, "/tmp/./x"), Err("real".into()));
-        assert_eq!(
-            class(libc::AT_FDCWD, "/fst-unit/.."),
-            Err("redirect /".into())
-        );
-        assert_eq!(
-            class(libc::AT_FDCWD, "/fst-unit/a/sub/../b.txt"),
-            v("a/b.txt", false)
-        );
-        assert_eq!(
-            class(libc::AT_FDCWD, "/fst-unit/c/../a"),
-            Err(format!("errno {}", libc::ENOTDIR))
-        );
-        assert_eq!(
-            class(libc::AT_FDCWD, "/fst-unit/nope/../a"),
-            Err(format!("errno {}", libc::ENOENT))
-        );
+        assert_eq!(class(libc::AT_FDCWD, "/fst-unit/.."), Err("redirect /".into()));
+        assert_eq!(class(libc::AT_FDCWD, "/fst-unit/a/sub/../b.txt"), v("a/b.txt", false));
+        assert_eq!(class(libc::AT_FDCWD, "/fst-unit/c/../a"), Err(format!("errno {}", libc::ENOTDIR)));
+        assert_eq!(class(libc::AT_FDCWD, "/fst-unit/nope/../a"), Err(format!("errno {}", libc::ENOENT)));
         assert_eq!(class(libc::AT_FDCWD, "/tmp/../fst-unit/c"), v("c", false));
         let long = format!("/fst-unit/{}", "z/".repeat(2100));
-        assert_eq!(
-            class(libc::AT_FDCWD, &long),
-            Err(format!("errno {}", libc::ENAMETOOLONG))
-        );
+        assert_eq!(class(libc::AT_FDCWD, &long), Err(format!("errno {}", libc::ENAMETOOLONG)));
     }
 
     #[test]
@@ -374,11 +278,7 @@ mod tests {
         let sub = s.view.lookup(b"a/sub").unwrap().id();
         assert_eq!(class(libc::AT_FDCWD, "relative"), Err("real".into()));
         set_vcwd(Some(sub));
-        let got = (
-            class(libc::AT_FDCWD, "x"),
-            class(libc::AT_FDCWD, "../b.txt"),
-            class(libc::AT_FDCWD, "../../.."),
-        );
+        let got = (class(libc::AT_FDCWD, "x"), class(libc::AT_FDCWD, "../b.txt"), class(libc::AT_FDCWD, "../../.."));
         set_vcwd(None);
         assert_eq!(got.0, Ok((b"a/sub/x".to_vec(), false)));
         assert_eq!(got.1, Ok((b"a/b.txt".to_vec(), false)));
@@ -403,9 +303,7 @@ mod tests {
         let mut buf = [0u8; 64]; // small: forces several calls
         loop {
             let t = crate::fd_table::get(fd).unwrap();
-            let Outcome::Handled(n) = dir::getdents64(fd, t, &mut buf) else {
-                panic!()
-            };
+            let Outcome::Handled(n) = dir::getdents64(fd, t, &mut buf) else { panic!() };
             if n == 0 {
                 break;
             }
@@ -413,10 +311,7 @@ mod tests {
             while off < n as usize {
                 let rl = u16::from_ne_bytes([buf[off + 16], buf[off + 17]]) as usize;
                 let name = &buf[off + 19..off + rl];
-                names.push(
-                    String::from_utf8(name[..name.iter().position(|&b| b == 0).unwrap()].to_vec())
-                        .unwrap(),
-                );
+                names.push(String::from_utf8(name[..name.iter().position(|&b| b == 0).unwrap()].to_vec()).unwrap());
                 off += rl;
             }
         }
@@ -425,10 +320,7 @@ mod tests {
         assert_eq!(dir::getdents64(fd, t, &mut [0u8; 8]), Outcome::Handled(0));
         crate::fd_table::set(fd, crate::fd_table::Tracked::Dir { node: a, pos: 0 });
         let t = crate::fd_table::get(fd).unwrap();
-        assert_eq!(
-            dir::getdents64(fd, t, &mut [0u8; 8]),
-            Outcome::Errno(libc::EINVAL)
-        );
+        assert_eq!(dir::getdents64(fd, t, &mut [0u8; 8]), Outcome::Errno(libc::EINVAL));
         crate::fd_table::clear(fd);
     }
 
@@ -437,15 +329,9 @@ mod tests {
         let s = st();
         let n = s.view.lookup(b"a/b.txt").unwrap();
         let x = stat::stat_of(s, &n);
-        assert_eq!(
-            (x.st_size, x.st_mode, x.st_ino, x.st_mtime, x.st_mtime_nsec),
-            (5, libc::S_IFREG | 0o644, n.id() as u64 + 1, 1, 123)
-        );
+        assert_eq!((x.st_size, x.st_mode, x.st_ino, x.st_mtime, x.st_mtime_nsec), (5, libc::S_IFREG | 0o644, n.id() as u64 + 1, 1, 123));
         let sx = stat::statx_of(s, &n);
-        assert_eq!(
-            (sx.stx_size, sx.stx_ino, sx.stx_mtime.tv_nsec),
-            (5, x.st_ino, 123)
-        );
+        assert_eq!((sx.stx_size, sx.stx_ino, sx.stx_mtime.tv_nsec), (5, x.st_ino, 123));
         let d = stat::stat_of(s, &s.view.root());
         assert_eq!(d.st_mode & libc::S_IFMT, libc::S_IFDIR);
     }

@@ -17,11 +17,7 @@ pub enum Found {
     /// A record: of `rel` itself, or of `real` (relative to the mount) that
     /// symlinks led to; an input there has a record the daemon made up
     /// ([`INPUT_HOLDER`]). `target`: a symlink's, when not followed.
-    Here {
-        rec: OutRecord,
-        real: Vec<u8>,
-        target: Vec<u8>,
-    },
+    Here { rec: OutRecord, real: Vec<u8>, target: Vec<u8> },
     /// A symlink led out of the mount, to this absolute path.
     Outside(Vec<u8>),
 }
@@ -36,11 +32,7 @@ pub fn lookup(st: &State, rel: &[u8], follow: bool) -> Result<Found, c_int> {
     match client::call_reply(st, &client::request(op::OUT_STAT, flags, 0, rel)) {
         Ok(a) => {
             let s = wire::StatAnswer::decode(&a.payload).ok_or(libc::EIO)?;
-            Ok(Found::Here {
-                rec: s.rec,
-                real: s.resolved.to_vec(),
-                target: s.target.to_vec(),
-            })
+            Ok(Found::Here { rec: s.rec, real: s.resolved.to_vec(), target: s.target.to_vec() })
         }
         Err((libc::EXDEV, payload)) if !payload.is_empty() => Ok(Found::Outside(payload)),
         Err((e, _)) => Err(e),
@@ -148,11 +140,7 @@ fn split_ns(ns: i64) -> (i64, i64) {
 pub fn stat_of(st: &State, rel: &[u8], r: &OutRecord) -> libc::stat {
     // SAFETY: libc::stat is plain data; all-zero is valid.
     let mut s: libc::stat = unsafe { std::mem::zeroed() };
-    let size = if r.is_dir() {
-        4096
-    } else {
-        r.size.min(i64::MAX as u64) as i64
-    };
+    let size = if r.is_dir() { 4096 } else { r.size.min(i64::MAX as u64) as i64 };
     s.st_dev = libc::makedev(super::stat::DEV_MAJOR, super::stat::DEV_MINOR);
     s.st_ino = ino(rel);
     s.st_mode = r.mode;
@@ -203,13 +191,7 @@ fn simple(st: &State, op: u16, arg1: u64, payload: &[u8]) -> Outcome<c_int> {
 /// other owner EPERM.
 pub fn setattr(vp: &VPath, attr: super::write::Attr, follow: bool) -> Outcome<c_int> {
     use super::write::Attr;
-    let stat = |st: &State, rel: &[u8]| {
-        if follow {
-            stat(st, rel)
-        } else {
-            lstat(st, rel)
-        }
-    };
+    let stat = |st: &State, rel: &[u8]| if follow { stat(st, rel) } else { lstat(st, rel) };
     let (what, value) = match attr {
         Attr::Mode(m) => (wire::SETATTR_MODE, u64::from(m & 0o7777)),
         Attr::Times { atime, mtime } => {
@@ -217,11 +199,7 @@ pub fn setattr(vp: &VPath, attr: super::write::Attr, follow: bool) -> Outcome<c_
             let what = if follow { 0 } else { wire::SETATTR_NOFOLLOW };
             for (w, v) in [(wire::SETATTR_ATIME, atime), (wire::SETATTR_MTIME, mtime)] {
                 if let Some(v) = v {
-                    if let Err(e) = client::call(
-                        vp.st,
-                        &client::request(op::SETATTR, w | what, v as u64, vp.rel),
-                        None,
-                    ) {
+                    if let Err(e) = client::call(vp.st, &client::request(op::SETATTR, w | what, v as u64, vp.rel), None) {
                         return Outcome::Errno(e);
                     }
                 }
@@ -231,27 +209,14 @@ pub fn setattr(vp: &VPath, attr: super::write::Attr, follow: bool) -> Outcome<c_
         Attr::Owner { uid, gid } => {
             return match stat(vp.st, vp.rel) {
                 Err(e) => Outcome::Errno(e),
-                Ok(_)
-                    if (uid == u32::MAX || uid == vp.st.uid)
-                        && (gid == u32::MAX || gid == vp.st.gid) =>
-                {
-                    Outcome::Handled(0)
-                }
+                Ok(_) if (uid == u32::MAX || uid == vp.st.uid) && (gid == u32::MAX || gid == vp.st.gid) => Outcome::Handled(0),
                 Ok(_) => Outcome::Errno(libc::EPERM),
             };
         }
         Attr::Nothing => return stat(vp.st, vp.rel).map(|_| 0).into(),
     };
-    let what = if follow {
-        what
-    } else {
-        what | wire::SETATTR_NOFOLLOW
-    };
-    match client::call(
-        vp.st,
-        &client::request(op::SETATTR, what, value, vp.rel),
-        None,
-    ) {
+    let what = if follow { what } else { what | wire::SETATTR_NOFOLLOW };
+    match client::call(vp.st, &client::request(op::SETATTR, what, value, vp.rel), None) {
         Ok(_) => Outcome::Handled(0),
         Err(e) => Outcome::Errno(e),
     }
@@ -328,14 +293,11 @@ pub fn rename(from: &VPath, to: &VPath, noreplace: bool) -> Outcome<c_int> {
 pub fn list(st: &State, rel: &[u8]) -> Result<Vec<(u8, Vec<u8>)>, c_int> {
     let mut out = Vec::new();
     loop {
-        let a = client::call(
-            st,
-            &client::request(op::OUT_LIST, out.len() as u64, 0, rel),
-            None,
-        )?;
+        let a = client::call(st, &client::request(op::OUT_LIST, out.len() as u64, 0, rel), None)?;
         if a.reply.value == 0 {
             return Ok(out);
         }
         out.extend(fanstore_core::wire::entries(&a.reply.payload).map(|(k, n)| (k, n.to_vec())));
     }
 }
+

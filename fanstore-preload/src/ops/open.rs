@@ -88,13 +88,7 @@ pub fn open_dir(st: &State, n: &Node, flags: c_int) -> Result<c_int, c_int> {
         // SAFETY: reading this thread's errno.
         return Err(unsafe { *libc::__errno_location() });
     }
-    if !fd_table::set(
-        fd,
-        Tracked::Dir {
-            node: n.id(),
-            pos: 0,
-        },
-    ) {
+    if !fd_table::set(fd, Tracked::Dir { node: n.id(), pos: 0 }) {
         // SAFETY: closing the fd we just opened.
         unsafe { crate::real::close(fd) };
         return Err(libc::EMFILE);
@@ -158,9 +152,7 @@ pub fn open_file(st: &State, n: &Node, flags: c_int) -> Result<c_int, c_int> {
 fn open_direct(st: &State, n: &Node, flags: c_int) -> Option<Result<c_int, c_int>> {
     let mut buf = [0u8; 4200];
     let len = match st.tiers?.get(n.id()) {
-        TIER_EXTRACTED => {
-            fanstore_core::runtime::local_file_path_into(&st.local_dir, n.id(), &mut buf)
-        }
+        TIER_EXTRACTED => fanstore_core::runtime::local_file_path_into(&st.local_dir, n.id(), &mut buf),
         TIER_COPY => fanstore_core::tiers::copy_file_path_into(&st.copy_dir, n.id(), &mut buf),
         _ => return None,
     }?;
@@ -184,11 +176,7 @@ fn decode_local(st: &State, n: &Node, flags: c_int) -> Option<Result<(c_int, u64
     if n.size() >= EXTRACT_MIN && n.codec() == Codec::None {
         return None;
     }
-    let held = st
-        .local_parts
-        .get(n.partition() as usize)
-        .copied()
-        .unwrap_or(false)
+    let held = st.local_parts.get(n.partition() as usize).copied().unwrap_or(false)
         || st.tiers.is_some_and(|t| t.get(n.id()) == TIER_PART);
     if !held {
         return None;
@@ -198,10 +186,7 @@ fn decode_local(st: &State, n: &Node, flags: c_int) -> Option<Result<(c_int, u64
     let start = usize::try_from(n.payload_offset()).ok()?;
     let stored = map.get(start..start.checked_add(usize::try_from(n.stored_len()).ok()?)?)?;
     if fanstore_core::checksum::xxh3(stored) != n.checksum() {
-        crate::dlog!(
-            "node {}: payload fails its checksum in the partition copy: EIO",
-            n.id()
-        );
+        crate::dlog!("node {}: payload fails its checksum in the partition copy: EIO", n.id());
         return Some(Err(libc::EIO));
     }
     let onto = |(fd, ino)| private_onto(fd, flags).map(|fd| (fd, ino));
@@ -209,16 +194,14 @@ fn decode_local(st: &State, n: &Node, flags: c_int) -> Option<Result<(c_int, u64
         return Some(crate::memfd_pool::filled(stored).and_then(onto));
     }
     let size = usize::try_from(n.size()).ok()?;
-    Some(
-        with_scratch(size, |raw| {
-            if fanstore_core::codec::decompress_into(n.codec(), stored, raw).is_err() {
-                crate::dlog!("node {}: payload does not decode: EIO", n.id());
-                return Err(libc::EIO);
-            }
-            crate::memfd_pool::filled(raw)
-        })
-        .and_then(onto),
-    )
+    Some(with_scratch(size, |raw| {
+        if fanstore_core::codec::decompress_into(n.codec(), stored, raw).is_err() {
+            crate::dlog!("node {}: payload does not decode: EIO", n.id());
+            return Err(libc::EIO);
+        }
+        crate::memfd_pool::filled(raw)
+    })
+    .and_then(onto))
 }
 
 /// Decoded bytes up to this size reuse one buffer per thread (its pages stay
@@ -234,11 +217,7 @@ thread_local! {
 /// call simply gets a new one), else a new one.
 fn with_scratch<R>(len: usize, f: impl FnOnce(&mut [u8]) -> R) -> R {
     let reuse = len <= SCRATCH_MAX;
-    let mut buf = if reuse {
-        SCRATCH.try_with(|c| c.take()).unwrap_or_default()
-    } else {
-        Vec::new()
-    };
+    let mut buf = if reuse { SCRATCH.try_with(|c| c.take()).unwrap_or_default() } else { Vec::new() };
     buf.resize(len, 0);
     let r = f(&mut buf[..len]);
     if reuse {
@@ -262,26 +241,20 @@ fn open_remote(st: &State, n: &Node, flags: c_int) -> Result<c_int, c_int> {
 fn private_onto(shared: c_int, flags: c_int) -> Result<c_int, c_int> {
     let cloexec = flags & libc::O_CLOEXEC != 0;
     let path = fanstore_core::runtime::proc_fd_path(shared as u32);
-    let f = libc::O_RDONLY
-        | libc::O_CLOEXEC
-        | (flags & (libc::O_NONBLOCK | libc::O_NOCTTY | libc::O_PATH));
+    let f = libc::O_RDONLY | libc::O_CLOEXEC | (flags & (libc::O_NONBLOCK | libc::O_NOCTTY | libc::O_PATH));
     // SAFETY: path is NUL-terminated.
     let private = unsafe { crate::real::open(path.as_ptr().cast(), f, 0) };
     if private < 0 {
         let e = errno();
         // SAFETY: closing the fd the daemon sent us.
         unsafe { crate::real::close(shared) };
-        crate::dlog!(
-            "reopen of the daemon's fd failed ({}): EIO",
-            crate::debug::E(e)
-        );
+        crate::dlog!("reopen of the daemon's fd failed ({}): EIO", crate::debug::E(e));
         return Err(libc::EIO);
     }
     // Move the private description onto the received number: dup3 replaces
     // it atomically, so no other thread can grab the number in between.
     // SAFETY: both fds are ours.
-    let r =
-        unsafe { crate::real::dup3(private, shared, if cloexec { libc::O_CLOEXEC } else { 0 }) };
+    let r = unsafe { crate::real::dup3(private, shared, if cloexec { libc::O_CLOEXEC } else { 0 }) };
     if r < 0 {
         // SAFETY: closing our own fd.
         unsafe { crate::real::close(shared) };

@@ -11,10 +11,12 @@ use crate::state::State;
 use fanstore_core::wire::op;
 use libc::c_int;
 
+
 fn errno() -> c_int {
     // SAFETY: reading this thread's errno.
     unsafe { *libc::__errno_location() }
 }
+
 
 /// A read-only fd with the bytes of output `rel` (`flags`' O_CLOEXEC kept).
 pub fn open_read(st: &State, rel: &[u8], flags: c_int) -> Result<c_int, c_int> {
@@ -59,9 +61,7 @@ pub fn open(vp: &VPath, flags: c_int, mode: u32) -> Outcome<c_int> {
             }
             open_dir(vp, flags).map(|(fd, _)| fd).into()
         }
-        Some(_) if vp.must_be_dir || flags & libc::O_DIRECTORY != 0 => {
-            Outcome::Errno(libc::ENOTDIR)
-        }
+        Some(_) if vp.must_be_dir || flags & libc::O_DIRECTORY != 0 => Outcome::Errno(libc::ENOTDIR),
         Some(r) if write => {
             let keep = flags & libc::O_TRUNC == 0;
             create(vp, flags, r.mode, keep).into()
@@ -77,9 +77,7 @@ pub fn open(vp: &VPath, flags: c_int, mode: u32) -> Outcome<c_int> {
 }
 
 fn open_outside(abs: &[u8], flags: c_int, mode: u32) -> Outcome<c_int> {
-    let Ok(c) = std::ffi::CString::new(abs) else {
-        return Outcome::Errno(libc::ENOENT);
-    };
+    let Ok(c) = std::ffi::CString::new(abs) else { return Outcome::Errno(libc::ENOENT) };
     // SAFETY: c is NUL-terminated; a plain open of a path outside the mount.
     let fd = unsafe { crate::real::open(c.as_ptr(), flags, mode) };
     if fd < 0 {
@@ -98,11 +96,7 @@ pub fn truncate(vp: &VPath, len: i64) -> Outcome<c_int> {
     }
     if let Some(fd) = crate::outputs::open_fd_of(vp.rel) {
         // SAFETY: ftruncate of our own output file.
-        return if unsafe { libc::ftruncate(fd, len) } == 0 {
-            Outcome::Handled(0)
-        } else {
-            Outcome::Errno(errno())
-        };
+        return if unsafe { libc::ftruncate(fd, len) } == 0 { Outcome::Handled(0) } else { Outcome::Errno(errno()) };
     }
     match stat(vp.st, vp.rel) {
         Ok(r) if r.is_dir() => return Outcome::Errno(libc::EISDIR),
@@ -115,11 +109,7 @@ pub fn truncate(vp: &VPath, len: i64) -> Outcome<c_int> {
         Outcome::Passthrough => return Outcome::Errno(libc::EIO),
     };
     // SAFETY: ftruncate of the output file we just opened.
-    let cut = if unsafe { libc::ftruncate(fd, len) } == 0 {
-        None
-    } else {
-        Some(errno())
-    };
+    let cut = if unsafe { libc::ftruncate(fd, len) } == 0 { None } else { Some(errno()) };
     let committed = match fd_table::get(fd) {
         Some(Tracked::Output(idx)) if cut.is_none() => crate::outputs::closing(fd, idx),
         Some(Tracked::Output(idx)) => {
@@ -143,8 +133,7 @@ pub fn truncate(vp: &VPath, len: i64) -> Outcome<c_int> {
 /// and O_TRUNC), tracked on the same slot, so the commit waits for its close.
 fn reopen_own(fd: c_int, idx: u32, flags: c_int) -> Result<c_int, c_int> {
     let path = fanstore_core::runtime::proc_fd_path(fd as u32);
-    let f = flags
-        & (libc::O_ACCMODE | libc::O_APPEND | libc::O_TRUNC | libc::O_CLOEXEC | libc::O_NONBLOCK);
+    let f = flags & (libc::O_ACCMODE | libc::O_APPEND | libc::O_TRUNC | libc::O_CLOEXEC | libc::O_NONBLOCK);
     // SAFETY: path is NUL-terminated.
     let nfd = unsafe { crate::real::open(path.as_ptr().cast(), f, 0) };
     if nfd < 0 {
@@ -170,13 +159,7 @@ fn reopen_own(fd: c_int, idx: u32, flags: c_int) -> Result<c_int, c_int> {
 fn new_output_file(st: &State, flags: c_int) -> c_int {
     let cloexec = flags & libc::O_CLOEXEC;
     // SAFETY: empty_dir is a NUL-terminated path; the result is checked.
-    let fd = unsafe {
-        crate::real::open(
-            st.empty_dir.as_ptr(),
-            libc::O_TMPFILE | libc::O_RDWR | cloexec,
-            0o600,
-        )
-    };
+    let fd = unsafe { crate::real::open(st.empty_dir.as_ptr(), libc::O_TMPFILE | libc::O_RDWR | cloexec, 0o600) };
     if fd >= 0 {
         return fd;
     }

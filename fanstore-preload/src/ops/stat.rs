@@ -98,9 +98,7 @@ pub fn stat_path(vp: &VPath, follow: bool) -> Outcome<Node> {
 /// to what we opened (real fstat): a stale entry is dropped and the call
 /// passes through.
 pub fn fd_node(fd: c_int, t: Tracked) -> Outcome<Node> {
-    let Some(st) = state::current() else {
-        return Outcome::Passthrough;
-    };
+    let Some(st) = state::current() else { return Outcome::Passthrough };
     // SAFETY: plain data, zero is valid.
     let mut real: libc::stat = unsafe { std::mem::zeroed() };
     // SAFETY: real is a valid out-pointer; fstat on any int is safe.
@@ -128,10 +126,7 @@ pub fn fd_node(fd: c_int, t: Tracked) -> Outcome<Node> {
 pub fn empty_path_node(dirfd: c_int) -> Outcome<Node> {
     if dirfd == libc::AT_FDCWD {
         return match (crate::paths::vcwd(), state::current()) {
-            (Some(n), Some(st)) => st
-                .view
-                .node(n)
-                .map_or(Outcome::Passthrough, Outcome::Handled),
+            (Some(n), Some(st)) => st.view.node(n).map_or(Outcome::Passthrough, Outcome::Handled),
             _ => Outcome::Passthrough,
         };
     }
@@ -157,11 +152,7 @@ pub fn statfs_of(st: &State) -> libc::statfs {
     // glibc's f_flags is the first word after f_frsize (libc names it padding).
     // SAFETY: on LP64 glibc `struct statfs` has five fsword_t after f_frsize,
     // the first being f_flags; the write stays inside `s`.
-    unsafe {
-        std::ptr::addr_of_mut!(s.f_frsize)
-            .add(1)
-            .write(STATFS_FLAGS as _)
-    };
+    unsafe { std::ptr::addr_of_mut!(s.f_frsize).add(1).write(STATFS_FLAGS as _) };
     s
 }
 

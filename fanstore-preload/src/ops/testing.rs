@@ -10,46 +10,19 @@
 
 use crate::state::{install_for_test, State};
 use fanstore_core::codec::Codec;
-use fanstore_core::manifest::{
-    BuildEntry, BuildKind, IndexView, ManifestBuilder, PartitionInfo, Verify,
-};
+use fanstore_core::manifest::{BuildEntry, BuildKind, IndexView, ManifestBuilder, PartitionInfo, Verify};
 use std::sync::Once;
 
 pub const MOUNT: &[u8] = b"/fst-unit";
 
 fn e(path: &str, kind: BuildKind, size: u64) -> BuildEntry {
-    BuildEntry {
-        path: path.into(),
-        perm: 0o644,
-        size,
-        mtime_ns: 1_000_000_123,
-        atime_ns: 0,
-        ctime_ns: 0,
-        kind,
-    }
+    BuildEntry { path: path.into(), perm: 0o644, size, mtime_ns: 1_000_000_123, atime_ns: 0, ctime_ns: 0, kind }
 }
 fn file(path: &str, size: u64) -> BuildEntry {
-    e(
-        path,
-        BuildKind::File {
-            partition: 0,
-            payload_offset: 0,
-            stored_len: size,
-            codec: Codec::None,
-            checksum: 0,
-            replicated: false,
-        },
-        size,
-    )
+    e(path, BuildKind::File { partition: 0, payload_offset: 0, stored_len: size, codec: Codec::None, checksum: 0, replicated: false }, size)
 }
 fn link(path: &str, target: &str) -> BuildEntry {
-    e(
-        path,
-        BuildKind::Symlink {
-            target: target.into(),
-        },
-        target.len() as u64,
-    )
+    e(path, BuildKind::Symlink { target: target.into() }, target.len() as u64)
 }
 
 pub fn install() {
@@ -66,14 +39,7 @@ pub fn install() {
         b.add(link("loop1", "loop2"));
         b.add(link("loop2", "loop1"));
         b.add(link("out", "/etc/passwd"));
-        b.add_partition(PartitionInfo {
-            id: 0,
-            flags: 0,
-            file_len: 0,
-            entry_count: 2,
-            logical_bytes: 6,
-            header_checksum: 0,
-        });
+        b.add_partition(PartitionInfo { id: 0, flags: 0, file_len: 0, entry_count: 2, logical_bytes: 6, header_checksum: 0 });
         let bytes: &'static [u8] = Box::leak(b.finish().unwrap().into_boxed_slice());
         let view = IndexView::parse("unit".as_ref(), bytes, Verify::Full).unwrap();
         let st = State {

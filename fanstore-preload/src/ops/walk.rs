@@ -68,10 +68,7 @@ impl Walk {
         let s = node.map_or_else(|| unsafe { std::mem::zeroed() }, |n| stat_of(self.st, n));
         self.path.push(0);
         let p = self.path.as_ptr() as *const c_char;
-        let mut ftw = Ftw {
-            base: base as c_int,
-            level,
-        };
+        let mut ftw = Ftw { base: base as c_int, level };
         let cb = self.cb;
         // The callback is user code: its own file calls must see the hooks.
         let r = guard::outside(|| match cb {
@@ -176,13 +173,7 @@ pub fn walk(vp: &VPath, start: &[u8], cb: Callback, flags: c_int) -> Outcome<c_i
             // A dangling symlink as the start point is reported, like glibc does.
             if let (false, Ok(l)) = (phys, resolve(vp.st, vp.rel, false, false)) {
                 if is_symlink(&l) {
-                    let mut w = Walk {
-                        st: vp.st,
-                        cb,
-                        flags,
-                        path: start.to_vec(),
-                        seen: HashSet::new(),
-                    };
+                    let mut w = Walk { st: vp.st, cb, flags, path: start.to_vec(), seen: HashSet::new() };
                     return Outcome::Handled(match w.call(Some(&l), FTW_SLN, 0, 0) {
                         Flow::Stop(r) => r,
                         _ => 0,
@@ -198,13 +189,7 @@ pub fn walk(vp: &VPath, start: &[u8], cb: Callback, flags: c_int) -> Outcome<c_i
     }
     let base = path.iter().rposition(|&b| b == b'/').map_or(0, |i| i + 1);
     let base = if path.len() == 1 { 0 } else { base };
-    let mut w = Walk {
-        st: vp.st,
-        cb,
-        flags,
-        path,
-        seen: HashSet::new(),
-    };
+    let mut w = Walk { st: vp.st, cb, flags, path, seen: HashSet::new() };
     let flow = if root.is_dir() {
         w.dir(root, base, 0)
     } else if is_symlink(&root) {

@@ -40,9 +40,7 @@ pub fn create(vp: &VPath) -> Outcome<c_int> {
 /// symlink/symlinkat: a new output symlink where a new output could be
 /// created; elsewhere what creating the name gives (EEXIST, EROFS...).
 pub fn symlink(vp: &VPath, target: Option<&[u8]>) -> Outcome<c_int> {
-    let Some(target) = target else {
-        return Outcome::Errno(libc::EFAULT);
-    };
+    let Some(target) = target else { return Outcome::Errno(libc::EFAULT) };
     match create_errno(vp) {
         libc::EPERM => super::namespace::symlink(vp, target),
         e => Outcome::Errno(e),
@@ -64,10 +62,7 @@ pub enum Attr {
     Mode(u32),
     /// utime family: the access and modification times, ns since the
     /// epoch (None: unchanged, UTIME_OMIT).
-    Times {
-        atime: Option<i64>,
-        mtime: Option<i64>,
-    },
+    Times { atime: Option<i64>, mtime: Option<i64> },
     /// chown family (`u32::MAX`: unchanged).
     Owner { uid: u32, gid: u32 },
     /// A call that changes nothing (utimensat with UTIME_OMIT): only checks the name.

@@ -10,7 +10,7 @@
 //! and rt_sigreturn through the program's own restorer.
 
 use super::{raw, signals};
-use crate::hooks::{cwd, dir, fd, inotify, meta, open, stat, write};
+use crate::hooks::{dir, fd, inotify, meta, open, stat, write, cwd};
 use libc::{c_char, c_int, c_uint, c_ulong, c_void, mode_t, off_t, size_t};
 
 /// `-1` + errno (a hook's failure) to `-errno` (the kernel's).
@@ -81,9 +81,7 @@ pub unsafe fn file_call(nr: i64, a: [u64; 6]) -> Option<i64> {
             libc::SYS_openat => sys(open::openat(i(0), p(1), i(2), a[3] as mode_t) as i64),
             libc::SYS_openat2 => return openat2(a),
             libc::SYS_close => sys(fd::close(i(0)) as i64),
-            libc::SYS_close_range => {
-                sys(fd::close_range(a[0] as c_uint, a[1] as c_uint, i(2)) as i64)
-            }
+            libc::SYS_close_range => sys(fd::close_range(a[0] as c_uint, a[1] as c_uint, i(2)) as i64),
             libc::SYS_dup => sys(fd::dup(i(0)) as i64),
             libc::SYS_dup2 => sys(fd::dup2(i(0), i(1)) as i64),
             libc::SYS_dup3 => sys(fd::dup3(i(0), i(1), i(2)) as i64),
@@ -93,47 +91,27 @@ pub unsafe fn file_call(nr: i64, a: [u64; 6]) -> Option<i64> {
             libc::SYS_stat => sys(stat::stat(p(0), a[1] as *mut libc::stat) as i64),
             libc::SYS_lstat => sys(stat::lstat(p(0), a[1] as *mut libc::stat) as i64),
             libc::SYS_fstat => sys(stat::fstat(i(0), a[1] as *mut libc::stat) as i64),
-            libc::SYS_newfstatat => {
-                sys(stat::fstatat(i(0), p(1), a[2] as *mut libc::stat, i(3)) as i64)
-            }
-            libc::SYS_statx => {
-                sys(stat::statx(i(0), p(1), i(2), a[3] as c_uint, a[4] as *mut libc::statx) as i64)
-            }
+            libc::SYS_newfstatat => sys(stat::fstatat(i(0), p(1), a[2] as *mut libc::stat, i(3)) as i64),
+            libc::SYS_statx => sys(stat::statx(i(0), p(1), i(2), a[3] as c_uint, a[4] as *mut libc::statx) as i64),
             libc::SYS_access => sys(meta::access(p(0), i(1)) as i64),
             libc::SYS_faccessat => sys(meta::faccessat(i(0), p(1), i(2), 0) as i64),
             libc::SYS_faccessat2 => sys(meta::faccessat(i(0), p(1), i(2), i(3)) as i64),
-            libc::SYS_readlink => {
-                sys(meta::readlink(p(0), a[1] as *mut c_char, a[2] as size_t) as i64)
-            }
-            libc::SYS_readlinkat => {
-                sys(meta::readlinkat(i(0), p(1), a[2] as *mut c_char, a[3] as size_t) as i64)
-            }
-            libc::SYS_getxattr => {
-                sys(meta::getxattr(p(0), p(1), a[2] as *mut c_void, a[3] as size_t) as i64)
-            }
-            libc::SYS_lgetxattr => {
-                sys(meta::lgetxattr(p(0), p(1), a[2] as *mut c_void, a[3] as size_t) as i64)
-            }
-            libc::SYS_listxattr => {
-                sys(meta::listxattr(p(0), a[1] as *mut c_char, a[2] as size_t) as i64)
-            }
-            libc::SYS_llistxattr => {
-                sys(meta::llistxattr(p(0), a[1] as *mut c_char, a[2] as size_t) as i64)
-            }
+            libc::SYS_readlink => sys(meta::readlink(p(0), a[1] as *mut c_char, a[2] as size_t) as i64),
+            libc::SYS_readlinkat => sys(meta::readlinkat(i(0), p(1), a[2] as *mut c_char, a[3] as size_t) as i64),
+            libc::SYS_getxattr => sys(meta::getxattr(p(0), p(1), a[2] as *mut c_void, a[3] as size_t) as i64),
+            libc::SYS_lgetxattr => sys(meta::lgetxattr(p(0), p(1), a[2] as *mut c_void, a[3] as size_t) as i64),
+            libc::SYS_listxattr => sys(meta::listxattr(p(0), a[1] as *mut c_char, a[2] as size_t) as i64),
+            libc::SYS_llistxattr => sys(meta::llistxattr(p(0), a[1] as *mut c_char, a[2] as size_t) as i64),
             libc::SYS_statfs => sys(meta::statfs(p(0), a[1] as *mut libc::statfs) as i64),
             libc::SYS_fstatfs => sys(meta::fstatfs(i(0), a[1] as *mut libc::statfs) as i64),
-            libc::SYS_getdents64 => {
-                sys(dir::getdents64(i(0), a[1] as *mut c_void, a[2] as size_t) as i64)
-            }
+            libc::SYS_getdents64 => sys(dir::getdents64(i(0), a[1] as *mut c_void, a[2] as size_t) as i64),
             libc::SYS_chdir => sys(cwd::chdir(p(0)) as i64),
             libc::SYS_fchdir => sys(cwd::fchdir(i(0)) as i64),
             libc::SYS_getcwd => getcwd(a),
             libc::SYS_truncate => sys(write::truncate(p(0), a[1] as off_t) as i64),
             libc::SYS_rename => sys(write::rename(p(0), p(1)) as i64),
             libc::SYS_renameat => sys(write::renameat(i(0), p(1), i(2), p(3)) as i64),
-            libc::SYS_renameat2 => {
-                sys(write::renameat2(i(0), p(1), i(2), p(3), a[4] as c_uint) as i64)
-            }
+            libc::SYS_renameat2 => sys(write::renameat2(i(0), p(1), i(2), p(3), a[4] as c_uint) as i64),
             libc::SYS_unlink => sys(write::unlink(p(0)) as i64),
             libc::SYS_unlinkat => sys(write::unlinkat(i(0), p(1), i(2)) as i64),
             libc::SYS_mkdir => sys(write::mkdir(p(0), a[1] as mode_t) as i64),
@@ -144,35 +122,18 @@ pub unsafe fn file_call(nr: i64, a: [u64; 6]) -> Option<i64> {
             libc::SYS_symlink => sys(write::symlink(p(0), p(1)) as i64),
             libc::SYS_symlinkat => sys(write::symlinkat(p(0), i(1), p(2)) as i64),
             libc::SYS_mknod => sys(write::mknod(p(0), a[1] as mode_t, a[2] as libc::dev_t) as i64),
-            libc::SYS_mknodat => {
-                sys(write::mknodat(i(0), p(1), a[2] as mode_t, a[3] as libc::dev_t) as i64)
-            }
+            libc::SYS_mknodat => sys(write::mknodat(i(0), p(1), a[2] as mode_t, a[3] as libc::dev_t) as i64),
             libc::SYS_chmod => sys(write::chmod(p(0), a[1] as mode_t) as i64),
             libc::SYS_fchmod => sys(write::fchmod(i(0), a[1] as mode_t) as i64),
             libc::SYS_fchmodat => sys(write::fchmodat(i(0), p(1), a[2] as mode_t, 0) as i64),
-            libc::SYS_chown => {
-                sys(write::chown(p(0), a[1] as libc::uid_t, a[2] as libc::gid_t) as i64)
-            }
-            libc::SYS_lchown => {
-                sys(write::lchown(p(0), a[1] as libc::uid_t, a[2] as libc::gid_t) as i64)
-            }
-            libc::SYS_fchown => {
-                sys(write::fchown(i(0), a[1] as libc::uid_t, a[2] as libc::gid_t) as i64)
-            }
-            libc::SYS_fchownat => {
-                sys(
-                    write::fchownat(i(0), p(1), a[2] as libc::uid_t, a[3] as libc::gid_t, i(4))
-                        as i64,
-                )
-            }
-            libc::SYS_utimensat => {
-                sys(write::utimensat(i(0), p(1), a[2] as *const libc::timespec, i(3)) as i64)
-            }
+            libc::SYS_chown => sys(write::chown(p(0), a[1] as libc::uid_t, a[2] as libc::gid_t) as i64),
+            libc::SYS_lchown => sys(write::lchown(p(0), a[1] as libc::uid_t, a[2] as libc::gid_t) as i64),
+            libc::SYS_fchown => sys(write::fchown(i(0), a[1] as libc::uid_t, a[2] as libc::gid_t) as i64),
+            libc::SYS_fchownat => sys(write::fchownat(i(0), p(1), a[2] as libc::uid_t, a[3] as libc::gid_t, i(4)) as i64),
+            libc::SYS_utimensat => sys(write::utimensat(i(0), p(1), a[2] as *const libc::timespec, i(3)) as i64),
             libc::SYS_inotify_init => sys(inotify::inotify_init() as i64),
             libc::SYS_inotify_init1 => sys(inotify::inotify_init1(i(0)) as i64),
-            libc::SYS_inotify_add_watch => {
-                sys(inotify::inotify_add_watch(i(0), p(1), a[2] as u32) as i64)
-            }
+            libc::SYS_inotify_add_watch => sys(inotify::inotify_add_watch(i(0), p(1), a[2] as u32) as i64),
             libc::SYS_inotify_rm_watch => sys(inotify::inotify_rm_watch(i(0), i(1)) as i64),
             // Issued by the caller as they are; only the page reuse of
             // crate::memfd_pool needs to know (hooks/zerocopy.rs).
@@ -194,12 +155,7 @@ pub unsafe fn file_call(nr: i64, a: [u64; 6]) -> Option<i64> {
 /// (`resolve` restrictions are not applied to virtual paths); elsewhere the
 /// kernel's own call, unchanged.
 unsafe fn openat2(a: [u64; 6]) -> Option<i64> {
-    let (dirfd, path, how, size) = (
-        a[0] as c_int,
-        a[1] as *const c_char,
-        a[2] as *const u64,
-        a[3] as usize,
-    );
+    let (dirfd, path, how, size) = (a[0] as c_int, a[1] as *const c_char, a[2] as *const u64, a[3] as usize);
     // SAFETY: path is the program's string (or null: maybe_ours says no).
     let ours = unsafe { crate::paths::maybe_ours(dirfd, path) };
     if !ours || how.is_null() || size < 24 {
@@ -208,9 +164,7 @@ unsafe fn openat2(a: [u64; 6]) -> Option<i64> {
     // SAFETY: struct open_how starts with u64 flags, u64 mode (size >= 24).
     let (flags, mode) = unsafe { (how.read_unaligned(), how.add(1).read_unaligned()) };
     // SAFETY: the openat hook with the program's own arguments.
-    Some(sys(
-        unsafe { open::openat(dirfd, path, flags as c_int, mode as mode_t) } as i64,
-    ))
+    Some(sys(unsafe { open::openat(dirfd, path, flags as c_int, mode as mode_t) } as i64))
 }
 
 /// getcwd(2) returns the length including the NUL, not the buffer.
@@ -286,7 +240,5 @@ fn sigreturn(uc: &mut libc::ucontext_t) {
     // SAFETY: the program's signal frame lies at its rsp (above this
     // handler's own frame, so the two do not overlap); we copy the kernel's
     // struct ucontext, which glibc's ucontext_t starts with.
-    unsafe {
-        std::ptr::copy_nonoverlapping(theirs, uc as *mut libc::ucontext_t as *mut u8, KERNEL_PART)
-    };
+    unsafe { std::ptr::copy_nonoverlapping(theirs, uc as *mut libc::ucontext_t as *mut u8, KERNEL_PART) };
 }

@@ -83,10 +83,7 @@ extern "C" fn on_sigsys(sig: c_int, info: *mut siginfo_t, ctx: *mut c_void) {
     ];
     let ip = g[libc::REG_RIP as usize] as usize;
     // SAFETY: the program's own system call, with its own arguments.
-    let r = crate::hooks::catch(
-        || unsafe { dispatch::call(nr, a, ip, uc) },
-        Some(-(libc::EIO as i64)),
-    );
+    let r = crate::hooks::catch(|| unsafe { dispatch::call(nr, a, ip, uc) }, Some(-(libc::EIO as i64)));
     if let Some(r) = r {
         uc.uc_mcontext.gregs[libc::REG_RAX as usize] = r;
     }

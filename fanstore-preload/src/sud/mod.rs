@@ -24,8 +24,8 @@
 //! file, allocates nothing and calls no hooked function: one `getenv`, one
 //! `dl_iterate_phdr`, one `sigaction` and one `prctl`.
 
-pub mod dispatch;
 pub mod handler;
+pub mod dispatch;
 mod raw;
 pub mod signals;
 pub mod thread;
@@ -133,10 +133,7 @@ pub fn in_ldso(ip: usize) -> bool {
 }
 
 pub fn libc_range() -> (usize, usize) {
-    (
-        LIBC_LO.load(Ordering::Relaxed),
-        LIBC_HI.load(Ordering::Relaxed),
-    )
+    (LIBC_LO.load(Ordering::Relaxed), LIBC_HI.load(Ordering::Relaxed))
 }
 
 /// The constructor's part: decide, find libc's text, install the SIGSYS
@@ -197,15 +194,7 @@ fn prctl_on() -> Result<(), libc::c_int> {
     let (lo, hi) = libc_range();
     // SAFETY: the selector is this thread's TLS byte, alive until the thread
     // exits (after which the thread makes no more syscalls of its own).
-    let r = unsafe {
-        libc::prctl(
-            PR_SET_SYSCALL_USER_DISPATCH,
-            PR_SYS_DISPATCH_ON,
-            lo,
-            hi - lo,
-            selector(),
-        )
-    };
+    let r = unsafe { libc::prctl(PR_SET_SYSCALL_USER_DISPATCH, PR_SYS_DISPATCH_ON, lo, hi - lo, selector()) };
     if r == 0 {
         Ok(())
     } else {
@@ -216,15 +205,7 @@ fn prctl_on() -> Result<(), libc::c_int> {
 
 fn prctl_off() {
     // SAFETY: turning dispatch off takes no pointer.
-    unsafe {
-        libc::prctl(
-            PR_SET_SYSCALL_USER_DISPATCH,
-            PR_SYS_DISPATCH_OFF,
-            0usize,
-            0usize,
-            0usize,
-        )
-    };
+    unsafe { libc::prctl(PR_SET_SYSCALL_USER_DISPATCH, PR_SYS_DISPATCH_OFF, 0usize, 0usize, 0usize) };
 }
 
 const PT_LOAD: u32 = 1;
@@ -237,11 +218,7 @@ struct Ranges {
     ldso: Option<(usize, usize)>,
 }
 
-unsafe extern "C" fn phdr_cb(
-    info: *mut libc::dl_phdr_info,
-    _size: libc::size_t,
-    data: *mut libc::c_void,
-) -> libc::c_int {
+unsafe extern "C" fn phdr_cb(info: *mut libc::dl_phdr_info, _size: libc::size_t, data: *mut libc::c_void) -> libc::c_int {
     // SAFETY: dl_iterate_phdr passes a valid info and our `data` (a &mut Ranges).
     let (info, r) = unsafe { (&*info, &mut *(data as *mut Ranges)) };
     for i in 0..info.dlpi_phnum as usize {
@@ -269,12 +246,7 @@ fn find_ranges() -> Option<(usize, usize)> {
     let target = libc::gnu_get_libc_version as *const () as usize;
     // SAFETY: getauxval has no preconditions (0 when absent).
     let ldso_base = unsafe { libc::getauxval(libc::AT_BASE) } as usize;
-    let mut r = Ranges {
-        target,
-        ldso_base,
-        libc: None,
-        ldso: None,
-    };
+    let mut r = Ranges { target, ldso_base, libc: None, ldso: None };
     // SAFETY: the callback only reads the headers and writes into `r`.
     unsafe { libc::dl_iterate_phdr(Some(phdr_cb), &mut r as *mut Ranges as *mut libc::c_void) };
     if let Some((lo, hi)) = r.ldso {

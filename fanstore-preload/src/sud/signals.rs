@@ -35,12 +35,7 @@ fn record(handler: usize, flags: u64, mask: u64, restorer: usize) {
 }
 
 pub fn record_from(sa: &libc::sigaction) {
-    record(
-        sa.sa_sigaction,
-        sa.sa_flags as u64,
-        mask_word(&sa.sa_mask),
-        sa.sa_restorer.map_or(0, |f| f as usize),
-    );
+    record(sa.sa_sigaction, sa.sa_flags as u64, mask_word(&sa.sa_mask), sa.sa_restorer.map_or(0, |f| f as usize));
 }
 
 fn recorded() -> libc::sigaction {
@@ -49,9 +44,7 @@ fn recorded() -> libc::sigaction {
     sa.sa_sigaction = HANDLER.load(Ordering::Acquire);
     sa.sa_flags = FLAGS.load(Ordering::Relaxed) as libc::c_int;
     // SAFETY: sa_mask is writable; we set its first (kernel) word.
-    unsafe {
-        (&mut sa.sa_mask as *mut libc::sigset_t as *mut u64).write(MASK.load(Ordering::Relaxed))
-    };
+    unsafe { (&mut sa.sa_mask as *mut libc::sigset_t as *mut u64).write(MASK.load(Ordering::Relaxed)) };
     sa
 }
 
@@ -104,12 +97,7 @@ pub unsafe fn raw_sigaction(a: [u64; 6]) -> i64 {
         // SAFETY: the program's call (with SIGSYS taken out of the mask).
         return unsafe { raw::syscall6(libc::SYS_rt_sigaction, b) };
     }
-    let old = [
-        HANDLER.load(Ordering::Acquire) as u64,
-        FLAGS.load(Ordering::Relaxed),
-        RESTORER.load(Ordering::Relaxed) as u64,
-        MASK.load(Ordering::Relaxed),
-    ];
+    let old = [HANDLER.load(Ordering::Acquire) as u64, FLAGS.load(Ordering::Relaxed), RESTORER.load(Ordering::Relaxed) as u64, MASK.load(Ordering::Relaxed)];
     if a[1] != 0 {
         // SAFETY: as above (read before oact is written: they may alias).
         let k = unsafe { (a[1] as *const [u64; 4]).read_unaligned() };
@@ -171,8 +159,7 @@ pub unsafe fn chain(sig: libc::c_int, info: *mut libc::siginfo_t, ctx: *mut libc
             unsafe { crate::real::pthread_sigmask(libc::SIG_BLOCK, &add, &mut old) };
             if sa.sa_flags & libc::SA_SIGINFO != 0 {
                 // SAFETY: the program installed a three-argument handler.
-                let f: extern "C" fn(libc::c_int, *mut libc::siginfo_t, *mut libc::c_void) =
-                    unsafe { std::mem::transmute(h) };
+                let f: extern "C" fn(libc::c_int, *mut libc::siginfo_t, *mut libc::c_void) = unsafe { std::mem::transmute(h) };
                 f(sig, info, ctx);
             } else {
                 // SAFETY: the program installed a one-argument handler.

@@ -18,15 +18,7 @@ fn raw_getppid() -> i64 {
 fn kernel_has_sud() -> bool {
     // SAFETY: PR_SYS_DISPATCH_OFF on this thread takes no pointer; the
     // test thread is armed again right after.
-    let r = unsafe {
-        libc::prctl(
-            PR_SET_SYSCALL_USER_DISPATCH,
-            PR_SYS_DISPATCH_OFF,
-            0usize,
-            0usize,
-            0usize,
-        )
-    };
+    let r = unsafe { libc::prctl(PR_SET_SYSCALL_USER_DISPATCH, PR_SYS_DISPATCH_OFF, 0usize, 0usize, 0usize) };
     arm_thread();
     r == 0
 }
@@ -44,10 +36,7 @@ fn armed_with_libc_text() {
     assert_eq!(status(), Status::On, "syscall user dispatch not armed");
     let (lo, hi) = libc_range();
     let getpid = libc::getpid as *const () as usize;
-    assert!(
-        lo < hi && (lo..hi).contains(&getpid),
-        "{lo:#x}-{hi:#x} lacks getpid {getpid:#x}"
-    );
+    assert!(lo < hi && (lo..hi).contains(&getpid), "{lo:#x}-{hi:#x} lacks getpid {getpid:#x}");
     let ours = raw_getppid as *const () as usize;
     assert!(!(lo..hi).contains(&ours));
 }
@@ -73,10 +62,7 @@ fn raw_syscall_trapped_and_reissued() {
     .join()
     .unwrap_or((0, 0));
     assert_eq!(got, want);
-    assert!(
-        traps_in_thread >= 1,
-        "a thread from pthread_create is not armed"
-    );
+    assert!(traps_in_thread >= 1, "a thread from pthread_create is not armed");
     // libc's own calls and the library's unhooked raw call do not trap (the
     // count may grow meanwhile from other test threads: compare a batch).
     let t2 = handler::traps();
@@ -108,12 +94,6 @@ fn library_never_calls_libc_syscall() {
         }
     }
     let mut bad = Vec::new();
-    walk(
-        &std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("src"),
-        &mut bad,
-    );
-    assert!(
-        bad.is_empty(),
-        "libc::syscall called in {bad:?}: use crate::sud::syscall_unhooked"
-    );
+    walk(&std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("src"), &mut bad);
+    assert!(bad.is_empty(), "libc::syscall called in {bad:?}: use crate::sud::syscall_unhooked");
 }

@@ -46,7 +46,6 @@ extern "C-unwind" fn start(p: *mut c_void) -> *mut c_void {
     super::arm_thread();
     // SAFETY: routine is the program's start routine with the C prototype
     // void *(*)(void *) (pthread_create's contract).
-    let f: extern "C-unwind" fn(*mut c_void) -> *mut c_void =
-        unsafe { std::mem::transmute(routine) };
+    let f: extern "C-unwind" fn(*mut c_void) -> *mut c_void = unsafe { std::mem::transmute(routine) };
     f(arg)
 }
