@@ -112,7 +112,7 @@ pub fn on_read(node: &Node, budget: u64, queue: &crossbeam::channel::Receiver<u3
     let mut report = Report::default();
     let local = node.local.get().cloned().unwrap_or_default();
     loop {
-        let first = match queue.recv_timeout(Duration::from_millis(500)) {
+        let first = match queue.recv_timeout(Duration::from_millis(100)) {
             Ok(p) => p,
             Err(crossbeam::channel::RecvTimeoutError::Timeout) if !node.stopping.load(Relaxed) => continue,
             Err(_) => return report,
