@@ -217,12 +217,7 @@ fn run(args: &DaemonArgs) -> anyhow::Result<i32> {
             log::error!("rank {rank}: spawning the copier thread: {e}");
         }
     }
-    // The replication threads are joined before MPI_Finalize: with one of
-    // them still alive there (asleep on its queue, no MPI call of its own),
-    // MPICH over UCX hung in MPI_Finalize in 4 of 4 runs of
-    // test_replicate_on_read_fetches_the_partitions_read_and_no_other (one
-    // rank in UCX progress, the others in the PMI barrier), and in 0 of 5
-    // once joined.
+    // The replication threads, joined at stop by the clean-up thread (below).
     let mut replicators = Vec::new();
     if args.prefetch_remote > 0 && nranks > 1 {
         let node = node.clone();
