@@ -157,7 +157,7 @@ fn run(args: &DaemonArgs) -> anyhow::Result<i32> {
             cleanup.state = None; // leave the Failed state for `fanstore wait`
             cleanup.run();
             drop(comm);
-            finalize(universe, false, Box::new(|| {}));
+            finalize(universe, false);
             return Ok(1);
         }
         Ok(p) if any_failed != 0 => {
@@ -168,7 +168,7 @@ fn run(args: &DaemonArgs) -> anyhow::Result<i32> {
             cleanup.state = None;
             cleanup.run();
             drop(comm);
-            finalize(universe, false, Box::new(|| {}));
+            finalize(universe, false);
             return Ok(1);
         }
         Ok(p) => p,
@@ -217,8 +217,6 @@ fn run(args: &DaemonArgs) -> anyhow::Result<i32> {
             log::error!("rank {rank}: spawning the copier thread: {e}");
         }
     }
-    // The replication threads, joined at stop by the clean-up thread (below).
-    let mut replicators = Vec::new();
     if args.prefetch_remote > 0 && nranks > 1 {
         let node = node.clone();
         let budget = args.prefetch_remote;
@@ -234,9 +232,8 @@ fn run(args: &DaemonArgs) -> anyhow::Result<i32> {
                 r.failed
             );
         });
-        match spawned {
-            Ok(h) => replicators.push(h),
-            Err(e) => log::error!("rank {rank}: spawning the prefetch thread: {e}"),
+        if let Err(e) = spawned {
+            log::error!("rank {rank}: spawning the prefetch thread: {e}");
         }
     }
     if args.replicate_on_read > 0 && nranks > 1 {
@@ -256,9 +253,8 @@ fn run(args: &DaemonArgs) -> anyhow::Result<i32> {
                 r.failed
             );
         });
-        match spawned {
-            Ok(h) => replicators.push(h),
-            Err(e) => log::error!("rank {rank}: spawning the replication thread: {e}"),
+        if let Err(e) = spawned {
+            log::error!("rank {rank}: spawning the replication thread: {e}");
         }
     }
     let mut engine = Engine::new(&comm, &store, &node.counters, args.mpi_piece, args.mpi_pipeline)
@@ -299,31 +295,9 @@ fn run(args: &DaemonArgs) -> anyhow::Result<i32> {
         s.cache_evictions
     );
     node.cache.clear(); // closes the cached memfds: removing the tree needs fds too
-    // Joining the replication threads and removing the local tree take
-    // longer on some ranks than on others: they run beside MPI_Finalize, so
-    // that every rank enters it right after the shutdown barrier. MPICH 4.0
-    // over UCX hangs in MPI_Finalize when a rank still closing its endpoints
-    // needs a peer that already waits in the PMI barrier (pmodels/mpich#6596,
-    // fixed in later MPICH); with them before it, one rank replicating on
-    // read (~0.1 s more to remove) hung 4 of 4 runs of a 4-rank test.
-    let (tidied_tx, tidied_rx) = crossbeam::channel::bounded::<()>(1);
-    let tidy = std::thread::Builder::new().name("fanstore-tidy".into()).spawn(move || {
-        for h in replicators {
-            let _ = h.join(); // each sees `stopping` within 100 ms, or its fetch fails at once
-        }
-        cleanup.run();
-        let _ = tidied_tx.send(());
-    });
-    if let Err(e) = &tidy {
-        log::error!("rank {rank}: spawning the clean-up thread: {e}; the local directory stays");
-    }
+    cleanup.run();
     drop(comm);
-    let tidied = tidied_rx.clone();
-    let wait_tidy = move || {
-        let _ = tidied.recv_timeout(Duration::from_secs(120));
-    };
-    finalize(universe, clean, Box::new(wait_tidy));
-    let _ = tidied_rx.recv_timeout(Duration::from_secs(120));
+    finalize(universe, clean);
     log::info!("rank {rank}: stopped");
     Ok(0)
 }
@@ -367,9 +341,9 @@ fn open_checkpoint_store(args: &DaemonArgs, id: &Identity, node: &Node) -> anyho
 
 /// Finalises MPI under a watchdog: a peer that vanished, or a finalize
 /// hang, must not keep the rank alive.
-fn finalize(universe: mpi::environment::Universe, clean: bool, before_exit: Box<dyn FnOnce() + Send>) {
+fn finalize(universe: mpi::environment::Universe, clean: bool) {
     let code = if clean { 0 } else { 1 };
-    fanstore_daemon::comm::raw::finalize(universe, Duration::from_secs(10), code, before_exit);
+    fanstore_daemon::comm::raw::finalize(universe, Duration::from_secs(10), code);
 }
 
 fn publish_failed(id: &Identity, runtime: &Path) {

@@ -263,18 +263,11 @@ impl Drop for Comm {
 /// Finalises MPI (drops `universe`) under a watchdog: MPICH 4.0 over UCX
 /// has been seen to hang in MPI_Finalize (one rank in a PMI barrier, the
 /// other in UCX progress) after every message completed. If finalising takes
-/// longer than `timeout`, the process exits with `code` from the watchdog,
-/// after `before_exit` (work the rank does beside finalising) returned.
-pub fn finalize(
-    universe: mpi::environment::Universe,
-    timeout: Duration,
-    code: i32,
-    before_exit: Box<dyn FnOnce() + Send>,
-) {
+/// longer than `timeout`, the process exits with `code` from the watchdog.
+pub fn finalize(universe: mpi::environment::Universe, timeout: Duration, code: i32) {
     let spawned = std::thread::Builder::new().name("finalize-watchdog".into()).spawn(move || {
         std::thread::sleep(timeout);
         log::warn!("MPI_Finalize did not return within {timeout:?}; exiting anyway");
-        before_exit();
         use std::io::Write;
         let _ = std::io::stdout().flush();
         std::process::exit(code);
