@@ -2,7 +2,7 @@
 
     python3 bench/remote_profile.py [--quick]      (prints a markdown section)
 
-2 daemons under `mpiexec -n 2` (UCX_TLS=tcp, --cache-mem 0: every OPEN
+2 daemons under `mpiexec -n 2` (UCX_TLS=tcp, --cache-mem 0 --replicate-on-read off: every OPEN
 crosses MPI), a client on rank 0 OPENs files that only rank 1 holds and reads
 every byte (fanstore-bench-read), with the communication thread's
 `--comm-spin-us` at 0, the default and 1000 (how long it keeps polling after
@@ -74,7 +74,7 @@ def main():
     for k, (spin, sleep, bound) in enumerate(settings):
         rt = work / f"rt{k}"
         p = subprocess.Popen(["mpiexec", "-n", "2", str(B / "fanstore-daemon"), "--data", str(ds), "--local", str(work / f"l{k}"),
-                              "--runtime-dir", str(rt), "--cache-mem", "0", "--comm-spin-us", spin, "--comm-sleep", sleep,
+                              "--runtime-dir", str(rt), "--cache-mem", "0", "--replicate-on-read", "off", "--comm-spin-us", spin, "--comm-sleep", sleep,
                               "--comm-fd-bound-us", bound], env=env,
                              stdout=open(work / f"log{k}", "wb"), stderr=subprocess.STDOUT, start_new_session=True)
         try:
@@ -157,7 +157,7 @@ def stage_breakdown(work, ds, ds_id, ids):
     log = work / "log-stages"
     denv = dict(env, RUST_LOG="fanstore_daemon=debug")
     p = subprocess.Popen(["mpiexec", "-n", "2", str(B / "fanstore-daemon"), "--data", str(ds), "--local", str(work / "l-stages"),
-                          "--runtime-dir", str(rt), "--cache-mem", "0"], env=denv,
+                          "--runtime-dir", str(rt), "--cache-mem", "0", "--replicate-on-read", "off"], env=denv,
                          stdout=open(log, "wb"), stderr=subprocess.STDOUT, start_new_session=True)
     opens = []
     try:

@@ -83,7 +83,7 @@ for s in SIZES:
     ids = [n["id"] for p, n in nodes.items() if n["kind"] == 2 and n["size"] == s and n["partition"] % 2 == 1]
     assert ids, f"no file of {s} bytes on rank 1"
     groups.append(f"{s}=" + ",".join(map(str, ids)))
-p, rt = start(ds, "read", "--cache-mem", "0")
+p, rt = start(ds, "read", "--cache-mem", "0", "--replicate-on-read", "off")
 daemon = {s: [] for s in SIZES}
 raw = {s: [] for s in SIZES}
 fresh = {s: [] for s in SIZES}
@@ -123,7 +123,7 @@ def raw_pingpong():  # with no daemon running: ping-pong pairs compete with noth
             multi.setdefault((int(m[1]), "raw"), []).append((int(m[1]) / float(m[2]), 0))
 multi = {}
 raw_pingpong()
-p4, rt4 = start(mds, "multi", "--cache-mem", "0", n=4)
+p4, rt4 = start(mds, "multi", "--cache-mem", "0", "--replicate-on-read", "off", n=4)
 failures = []
 def readers4(lst, fanstore, rt=None, nodes=(0, 1, 2, 3)):
     ps = []
@@ -189,7 +189,7 @@ for s in SIZES:
     lf = work / f"m{s}.one.fs"
     lf.write_text("".join(f"/fanstore/{n}\n" for n in names))
     for r in range(rounds):
-        for key, extra in (("cold", []), ("on-read", ["--replicate-on-read", "all"])):
+        for key, extra in (("cold", ["--replicate-on-read", "off"]), ("on-read", ["--replicate-on-read", "all"])):
             # The local directory in tmpfs: this VM's ext4 has no journal, and
             # there each file creation after the mass deletions of the jobs
             # before skips every recently deleted inode (find_inode_bit /
@@ -243,7 +243,7 @@ med = statistics.median
 L = []
 L.append("# Remote read through the daemon vs raw MPI (UCX_TLS=tcp, 2 ranks, one host)\n")
 L.append(f"{time.strftime('%Y-%m-%d %H:%M')} · {os.cpu_count()} cores · {rounds} rounds × {iters} reads per size, "
-         "medians · daemon with --cache-mem 0 (every OPEN crosses MPI)\n")
+         "medians · daemon with --cache-mem 0 --replicate-on-read off (every OPEN crosses MPI)\n")
 L.append("`raw MPI`: 16-byte request + SIZE-byte reply between the same ranks (fanstore-mpi-pingpong), "
          "received into one reused buffer; `raw MPI, fresh memfd`: the same, received into a new memfd each time "
          "(the memory a remote file must land in: the client keeps it). "
@@ -276,7 +276,7 @@ for name, runs in loads.items():
 med = statistics.median
 L.append("")
 L.append("## Multi-node read: 4 daemons, 4 readers, each reading every file (paper Fig. 5/6)\n")
-L.append(f"`mpiexec -n 4` daemons on this host (UCX_TLS={os.environ.get('UCX_TLS')}, `--cache-mem 0` so every remote "
+L.append(f"`mpiexec -n 4` daemons on this host (UCX_TLS={os.environ.get('UCX_TLS')}, `--cache-mem 0 --replicate-on-read off` so every remote "
          f"open crosses MPI), {set_bytes >> 20} MiB of random files per size in 16 partitions (4 per rank). "
          "4 concurrent readers (bench/readfiles.c, 1 process each, FANSTORE_NODE=k) each read every file whole, "
          "so 3/4 of the reads are remote. Aggregate = bytes read by all 4 / slowest reader's seconds. "
@@ -288,7 +288,7 @@ L.append(f"`mpiexec -n 4` daemons on this host (UCX_TLS={os.environ.get('UCX_TLS
          f"rank had fetched the 12 partitions it does not hold ({prefetch_s:.1f} s after ready, the whole set of every "
          "size). `4 daemons, replicate on read`: `--replicate-on-read all --cache-mem 0`, a fresh job for every size and "
          "round on a dataset of that size alone (16 partitions), read once from cold and then once more (`again`), against `4 daemons, cold`: the same "
-         "fresh jobs without the option. These jobs keep their local directory in tmpfs (/dev/shm): this VM's ext4 has no "
+         "fresh jobs with `--replicate-on-read off`. These jobs keep their local directory in tmpfs (/dev/shm): this VM's ext4 has no "
          "journal, and there every file creation after the mass deletions of the jobs before scans past recently deleted "
          "inodes (perf: find_inode_bit, recently_deleted), ~1 ms per extracted file, which would swamp what is compared: each rank fetches a partition whole after the first remote read of one of its files, "
          "while the readers go on (files not yet replicated are fetched alone).\n")

@@ -133,7 +133,7 @@ def test_the_budget_bounds_what_is_replicated(cluster_factory, bins, tmp_path):
     assert got == "".join(f"{hashlib.sha256((src / n).read_bytes()).hexdigest()} {c.mount}/{n}\n" for n in names)
 
 
-def test_off_by_default_and_stop_during_prefetch(cluster_factory, bins, tmp_path):
+def test_prefetch_off_by_default_and_stop_during_prefetch(cluster_factory, bins, tmp_path):
     src, ds = make(tmp_path, bins)
     c = cluster_factory(ds, nranks=2)
     assert int(status(c, 0)["replicated_parts"]) == 0
@@ -175,6 +175,47 @@ def test_replicate_on_read_fetches_the_partitions_read_and_no_other(cluster_fact
     assert sorted(q.name for q in (local / "parts").glob("part-*")) == \
         sorted([f"part-{p:06d}.fsp" for p in st["local"]] + [f"part-{first:06d}.fsp", f"part-{second:06d}.fsp"])
     # The rank nothing was read on fetched nothing.
+    assert int(status(c, 1)["replicated_parts"]) == 0
+
+
+def test_by_default_a_partition_is_replicated_once_its_bytes_were_read_from_holders(cluster_factory, bins, tmp_path):
+    """The default, `--replicate-on-read auto` (ski rental): a node fetches a
+    remote partition whole only once it has read as many of its bytes from
+    holders as the partition holds. One pass over a partition's files (less
+    than its size: the partition also holds headers and an index) fetches
+    nothing more; the second pass tips it over; the third is local."""
+    src, ds = make(tmp_path, bins)
+    c = cluster_factory(ds, nranks=2, extra_args=["--cache-mem", "0", "--prefill-mem", "0"])
+    node = 0
+    st = node_state(c.runtime, node)
+    info, nodes = read_index(ds / "manifest.fsm")
+    remote = [p for p in range(8) if p not in st["local"]]
+    by_part = {p: sorted(n for n, v in nodes.items() if v["partition"] == p) for p in remote}
+    first, other = remote[0], remote[1]
+    paths = [f"{c.mount}/{n}" for n in by_part[first]]
+    want = "".join(f"{hashlib.sha256((src / n).read_bytes()).hexdigest()} {c.mount}/{n}\n" for n in by_part[first])
+    read_once = sum(nodes[n]["stored_len"] for n in by_part[first])
+    assert read_once < (ds / f"part-{first:06d}.fsp").stat().st_size
+
+    before = status(c, node)
+    assert digests(c, node, paths) == want
+    assert digests(c, node, [f"{c.mount}/{n}" for n in by_part[other]])
+    time.sleep(1.0)
+    s = status(c, node)
+    assert int(s["replicated_parts"]) == 0, "a single pass over a partition fetches nothing more"
+    sent = int(s["remote_sent"]) - int(before["remote_sent"])
+    assert sent == len(by_part[first]) + len(by_part[other]), s
+
+    assert digests(c, node, paths) == want  # the second pass: bytes read reach the partition's size
+    s = wait_replicated(c, node, 1)
+    assert int(s["replicated_bytes"]) == (ds / f"part-{first:06d}.fsp").stat().st_size, s
+    local = Path(st["local_dir"])
+    assert (local / "parts" / f"part-{first:06d}.fsp").read_bytes() == expected_replica(ds, first, nodes)
+    before = status(c, node)
+    assert digests(c, node, paths) == want
+    after = status(c, node)
+    assert int(after["remote_sent"]) == int(before["remote_sent"]), "the third pass is local"
+    assert int(after["replicated_parts"]) == 1, "the partition read once stays remote"
     assert int(status(c, 1)["replicated_parts"]) == 0
 
 

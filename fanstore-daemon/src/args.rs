@@ -92,16 +92,19 @@ pub struct DaemonArgs {
     /// by one when opened.
     #[arg(long, default_value = "0", value_parser = parse_size_or_all)]
     pub prefetch_remote: u64,
-    /// Once a file of a remote partition is read from its holder, fetch the
-    /// whole partition in the background, as --prefetch-remote does (large
-    /// MPI messages, verified, into the local directory while the local file
-    /// system keeps 5% free), so that the partition's other files are read
-    /// locally from then on: a reader that reads every file (an epoch) pays
-    /// the transport once per partition, not once per file. Up to this many
-    /// bytes in all ('all': no limit but the free space; 0: off, every remote
-    /// file is fetched alone when opened).
-    #[arg(long, default_value = "0", value_parser = parse_size_or_all)]
-    pub replicate_on_read: u64,
+    /// Fetch a remote partition whole (in the background, as
+    /// --prefetch-remote does: large MPI messages, verified, into the local
+    /// directory while the local file system keeps 5% free) once its files
+    /// are read from its holder, so that its other files and later epochs
+    /// are read locally. 'auto' (default): once this node has read from
+    /// holders as many bytes of the partition as it holds, so the whole
+    /// fetch never costs more than the reads already paid (a job reading
+    /// its files once or less pays nothing), within half of the local file
+    /// system's free space at start. SIZE or 'all': on the first read of
+    /// one of its files, up to SIZE bytes in all. 0 or 'off': never; every
+    /// remote file is fetched alone whenever it is opened and not cached.
+    #[arg(long, default_value = "auto", value_parser = parse_replicate_on_read)]
+    pub replicate_on_read: ReplicateOnRead,
     /// Loader threads (default: available cores).
     #[arg(long)]
     pub load_threads: Option<usize>,
@@ -146,6 +149,30 @@ pub fn parse_size_or_all(s: &str) -> Result<u64, String> {
     parse_size(s)
 }
 
+/// When a remote partition is fetched whole because its files are read
+/// (`--replicate-on-read`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum ReplicateOnRead {
+    /// Never.
+    Off,
+    /// Once the node has read from holders as many bytes of it as it holds.
+    Auto,
+    /// On the first remote read of one of its files, up to this many bytes in all.
+    FirstRead(u64),
+}
+
+/// Parses `auto`, `off`, `all` or a size (0 is `off`).
+pub fn parse_replicate_on_read(s: &str) -> Result<ReplicateOnRead, String> {
+    match s.trim().to_ascii_lowercase().as_str() {
+        "auto" => Ok(ReplicateOnRead::Auto),
+        "off" => Ok(ReplicateOnRead::Off),
+        _ => match parse_size_or_all(s)? {
+            0 => Ok(ReplicateOnRead::Off),
+            n => Ok(ReplicateOnRead::FirstRead(n)),
+        },
+    }
+}
+
 pub fn parse_size(s: &str) -> Result<u64, String> {
     let t = s.trim();
     let t = t.strip_suffix("iB").or_else(|| t.strip_suffix('B')).unwrap_or(t);
@@ -168,7 +195,7 @@ pub fn parse_size(s: &str) -> Result<u64, String> {
 
 #[cfg(test)]
 mod tests {
-    use super::parse_size;
+    use super::{parse_replicate_on_read, parse_size, ReplicateOnRead};
 
     #[test]
     fn sizes() {
@@ -180,5 +207,15 @@ mod tests {
         assert!(parse_size("1X").is_err());
         assert!(parse_size("").is_err());
         assert!(parse_size("99999999999T").is_err());
+    }
+
+    #[test]
+    fn replicate_on_read_values() {
+        assert_eq!(parse_replicate_on_read("auto"), Ok(ReplicateOnRead::Auto));
+        assert_eq!(parse_replicate_on_read("off"), Ok(ReplicateOnRead::Off));
+        assert_eq!(parse_replicate_on_read("0"), Ok(ReplicateOnRead::Off));
+        assert_eq!(parse_replicate_on_read("ALL"), Ok(ReplicateOnRead::FirstRead(u64::MAX)));
+        assert_eq!(parse_replicate_on_read("2G"), Ok(ReplicateOnRead::FirstRead(2 << 30)));
+        assert!(parse_replicate_on_read("sometimes").is_err());
     }
 }

@@ -394,17 +394,20 @@ pub fn in_memory(dir: &Path) -> bool {
 /// True when writing `len` more bytes under `dir` leaves a twentieth of its
 /// file system free.
 pub fn room_for(dir: &Path, len: u64) -> bool {
-    let Ok(c) = CString::new(dir.as_os_str().as_bytes()) else { return false };
+    space(dir).is_some_and(|(free, total)| free >= len.saturating_add(total / 20))
+}
+
+/// (bytes free for this user, total bytes) of the file system holding `dir`.
+pub fn space(dir: &Path) -> Option<(u64, u64)> {
+    let c = CString::new(dir.as_os_str().as_bytes()).ok()?;
     // SAFETY: an all-zero statvfs is a valid value of this plain C struct.
     let mut s: libc::statvfs = unsafe { std::mem::zeroed() };
     // SAFETY: c is NUL-terminated and s a valid out-pointer.
     if unsafe { libc::statvfs(c.as_ptr(), &mut s) } != 0 {
-        return false;
+        return None;
     }
     let frag = s.f_frsize as u64;
-    let free = (s.f_bavail as u64).saturating_mul(frag);
-    let total = (s.f_blocks as u64).saturating_mul(frag);
-    free >= len.saturating_add(total / 20)
+    Some(((s.f_bavail as u64).saturating_mul(frag), (s.f_blocks as u64).saturating_mul(frag)))
 }
 
 /// Opens `path` read-only (O_NOATIME where allowed); the errno on failure.

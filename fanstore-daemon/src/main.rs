@@ -2,7 +2,7 @@
 
 use anyhow::Context;
 use clap::Parser;
-use fanstore_daemon::args::DaemonArgs;
+use fanstore_daemon::args::{DaemonArgs, ReplicateOnRead};
 use fanstore_daemon::comm::raw::Comm;
 use fanstore_daemon::comm::{Engine, StopCause};
 use fanstore_daemon::index_shm::IndexShm;
@@ -236,13 +236,20 @@ fn run(args: &DaemonArgs) -> anyhow::Result<i32> {
             log::error!("rank {rank}: spawning the prefetch thread: {e}");
         }
     }
-    if args.replicate_on_read > 0 && nranks > 1 {
+    let on_read = match args.replicate_on_read {
+        ReplicateOnRead::Off => None,
+        ReplicateOnRead::FirstRead(budget) => Some((budget, false)),
+        ReplicateOnRead::Auto => {
+            let free = fanstore_daemon::copies::space(&node.id.local_dir).map_or(0, |(free, _)| free);
+            Some((free / 2, true))
+        }
+    };
+    if let Some((budget, after_its_size)) = on_read.filter(|_| nranks > 1) {
         // A bounded queue: a partition asked for while it is full is asked
         // again by a later read of one of its files.
         let (tx, rx) = crossbeam::channel::bounded(4096);
-        let _ = node.replicate_on_read.set(tx);
+        let _ = node.replicate_on_read.set(fanstore_daemon::node::ReplicationQueue { tx, after_its_size });
         let node = node.clone();
-        let budget = args.replicate_on_read;
         let spawned = std::thread::Builder::new().name("fanstore-replicate".into()).spawn(move || {
             let r = fanstore_daemon::replicate::on_read(&node, budget, &rx);
             log::info!(

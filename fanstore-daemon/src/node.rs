@@ -85,7 +85,11 @@ pub struct Node {
     pub replica_ended: (Mutex<()>, Condvar),
     /// The read-driven replication thread's queue (`--replicate-on-read`),
     /// set once ready when it runs.
-    pub replicate_on_read: OnceLock<crossbeam::channel::Sender<u32>>,
+    pub replicate_on_read: OnceLock<ReplicationQueue>,
+    /// `remote_read_bytes[p]`: bytes of partition p's files this node read
+    /// from holders (`--replicate-on-read auto` asks for p once they reach
+    /// p's size).
+    pub remote_read_bytes: Box<[std::sync::atomic::AtomicU64]>,
     /// Files clients decoded themselves, to copy in the background
     /// ([`Node::warm_copies`]); set once ready.
     pub warm: OnceLock<crossbeam::channel::Sender<u32>>,
@@ -117,6 +121,14 @@ pub struct Node {
     phase_cv: Condvar,
 }
 
+/// Where remote reads ask for their partition to be fetched whole.
+pub struct ReplicationQueue {
+    pub tx: crossbeam::channel::Sender<u32>,
+    /// Only once the bytes read from holders reach the partition's size
+    /// (`auto`); otherwise on the first read.
+    pub after_its_size: bool,
+}
+
 /// An open waits for a partition being fetched whole only when at most this
 /// many of its bytes are still to come (~10-20 ms at the bulk rate here).
 pub const REPLICA_WAIT_BYTES: u64 = 16 << 20;
@@ -130,16 +142,28 @@ impl Node {
         self.parts.get().and_then(|v| v.get(p as usize)).and_then(Option::as_ref).or_else(|| self.replicas.get(p as usize)?.get())
     }
 
-    /// A file of remote partition `p` was just read from its holder: ask
+    /// `bytes` of remote partition `p` were just read from its holder: ask
     /// the read-driven replication thread (if it runs) for the whole
-    /// partition, once. Costs two atomic loads when already asked.
-    pub fn read_remotely(&self, p: u32) {
-        let Some(tx) = self.replicate_on_read.get() else { return };
+    /// partition, once: at once, or (`auto`) once the bytes read from
+    /// holders reach the partition's size. Costs two atomic loads when
+    /// already asked, one more add before.
+    pub fn read_remotely(&self, p: u32, bytes: u64) {
+        let Some(queue) = self.replicate_on_read.get() else { return };
         let Some(asked) = self.replica_asked.get(p as usize) else { return };
-        if asked.load(Relaxed) || asked.swap(true, Relaxed) {
+        if asked.load(Relaxed) {
             return;
         }
-        if tx.try_send(p).is_err() {
+        if queue.after_its_size {
+            let Some(read) = self.remote_read_bytes.get(p as usize) else { return };
+            let total = read.fetch_add(bytes, Relaxed).saturating_add(bytes);
+            if total < self.view.partition(p).map_or(u64::MAX, |i| i.file_len) {
+                return;
+            }
+        }
+        if asked.swap(true, Relaxed) {
+            return;
+        }
+        if queue.tx.try_send(p).is_err() {
             // The queue is full (the thread is behind): a later read asks again.
             asked.store(false, Relaxed);
         }
@@ -203,6 +227,7 @@ impl Node {
             replica_pending: (0..view.partition_count()).map(|_| std::sync::atomic::AtomicU64::new(0)).collect(),
             replica_ended: (Mutex::new(()), Condvar::new()),
             replicate_on_read: OnceLock::new(),
+            remote_read_bytes: (0..view.partition_count()).map(|_| std::sync::atomic::AtomicU64::new(0)).collect(),
             warm: OnceLock::new(),
             counters: Counters::default(),
             comm,

@@ -308,7 +308,7 @@ impl Node {
         for holder in self.placement.holders_for(n.partition(), n.id()).into_iter().filter(|&h| h != me) {
             match self.fetch_from(n, holder, f) {
                 Ok(()) => {
-                    self.read_remotely(n.partition());
+                    self.read_remotely(n.partition(), n.stored_len());
                     return Ok(());
                 }
                 Err(e) => {

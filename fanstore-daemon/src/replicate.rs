@@ -29,8 +29,13 @@
 //!
 //! Two threads use this: [`run`] (`--prefetch-remote`) fetches every
 //! remote partition after ready; [`on_read`] (`--replicate-on-read`) fetches
-//! a partition once one of its files was read from a holder
-//! ([`Node::read_remotely`]). Both claim a partition before fetching it.
+//! a partition once its files were read from a holder
+//! ([`Node::read_remotely`]): by default (`auto`) once the node has read as
+//! many of its bytes from holders as the partition holds. That is the
+//! ski-rental rule: a node that reads a partition's files once or less
+//! never fetches it whole, and one that reads them again and again pays at
+//! most twice what fetching it at once would have cost, then reads locally.
+//! Both threads claim a partition before fetching it.
 //!
 //! Reads do not wait for either, except for the end of a fetch in flight
 //! ([`Node::await_replica`]: at most 16 MiB still to come, at most 500 ms);
@@ -104,8 +109,8 @@ pub fn run(node: &Node, budget: u64) -> Report {
 }
 
 /// Replicates the remote partitions whose files are read (`--replicate-on-read`):
-/// [`Node::read_remotely`] queues a partition on the first remote read of one
-/// of its files; this thread fetches the queued partitions one by one, within
+/// [`Node::read_remotely`] queues a partition after remote reads of its
+/// files (the first, or enough to add up to its size); this thread fetches the queued partitions one by one, within
 /// `budget` bytes, until the queue closes, the disk runs short or the rank stops.
 pub fn on_read(node: &Node, budget: u64, queue: &crossbeam::channel::Receiver<u32>) -> Report {
     lowest_priority();
