@@ -364,7 +364,7 @@ tr = subprocess.run([sys.executable, "bench/train_nodes.py"] + (["--quick"] if r
                     capture_output=True, text=True, env=env)
 L.append("")
 L.append(tr.stdout.strip() if tr.returncode == 0 else f"(bench/train_nodes.py failed: {tr.stderr.strip()[-500:]})")
-m = re.search(r"\| 4 \(3/4 remote.*\*\*([\d.]+)x\*\*", tr.stdout)
+m = re.search(r"\| 4, default \(3/4 remote.*\*\*([\d.]+)x\*\*", tr.stdout)
 if m:
     goals.append(["training-shaped reader", "4 nodes vs 1 node (scripts/train_reader.py, 4 workers, fresh job each run) >= 0.8x",
                   f"{float(m[1]):.2f}x", float(m[1]) >= 0.8])
