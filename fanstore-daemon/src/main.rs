@@ -14,7 +14,7 @@ use fanstore_core::manifest::{IndexView, Manifest, Verify};
 use std::os::unix::ffi::OsStrExt;
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicBool, Ordering::Relaxed};
-use std::sync::Arc;
+use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 /// Set by SIGTERM / SIGINT; the communication loop turns it into a job-wide stop.
@@ -52,7 +52,11 @@ struct Cleanup {
 }
 
 impl Cleanup {
-    fn run(&mut self) {
+    /// Removes the small things at once (socket, state, index, tier map) and
+    /// renames the trees (the copy directory, the local directory) aside,
+    /// so that every rank reaches MPI_Finalize at about the same time
+    /// however much it holds; [`Tombs::remove`] removes them afterwards.
+    fn set_aside(&mut self) -> Tombs {
         for p in [self.socket.take(), self.state.take()].into_iter().flatten() {
             let _ = std::fs::remove_file(&p);
         }
@@ -62,18 +66,40 @@ impl Cleanup {
         if let Some(t) = self.tiers.take() {
             let _ = std::fs::remove_file(t);
         }
-        if let Some(c) = self.copies.take() {
-            remove_tree(&c);
-        }
-        if let Some(l) = self.local.take() {
-            remove_tree(&l);
+        let mut tombs = Tombs::default();
+        if let Some(root) = self.local.as_ref().and_then(|l| l.parent()) {
             // The shared --local root goes when its last rank directory has gone.
-            if let Some(root) = l.parent() {
-                let _ = std::fs::remove_dir(root);
-            }
+            tombs.roots.push(root.to_path_buf());
+        }
+        for dir in [self.copies.take(), self.local.take()].into_iter().flatten() {
+            let mut name = dir.clone().into_os_string();
+            name.push(".removing");
+            let tomb = PathBuf::from(name);
+            tombs.trees.push(if std::fs::rename(&dir, &tomb).is_ok() { tomb } else { dir });
         }
         if let Some(rt) = self.runtime.take() {
-            let _ = std::fs::remove_dir(rt); // only once empty: the last rank removes it
+            let _ = std::fs::remove_dir(&rt); // only once empty: the last rank removes it
+            tombs.roots.push(rt);
+        }
+        tombs
+    }
+}
+
+/// Trees a stopping rank renamed aside, removed after MPI_Finalize (or by
+/// its watchdog), and the directories to remove once empty.
+#[derive(Default)]
+struct Tombs {
+    trees: Vec<PathBuf>,
+    roots: Vec<PathBuf>,
+}
+
+impl Tombs {
+    fn remove(self) {
+        for t in &self.trees {
+            remove_tree(t);
+        }
+        for r in &self.roots {
+            let _ = std::fs::remove_dir(r);
         }
     }
 }
@@ -155,9 +181,8 @@ fn run(args: &DaemonArgs) -> anyhow::Result<i32> {
             log::error!("rank {rank}: load failed; the whole job stops (no rank runs with missing partitions)");
             publish_failed(&id, &runtime);
             cleanup.state = None; // leave the Failed state for `fanstore wait`
-            cleanup.run();
             drop(comm);
-            finalize(universe, false);
+            finalize(universe, false, &mut cleanup);
             return Ok(1);
         }
         Ok(p) if any_failed != 0 => {
@@ -166,9 +191,8 @@ fn run(args: &DaemonArgs) -> anyhow::Result<i32> {
             p.node.stopping.store(true, Relaxed);
             let _ = p.server.join();
             cleanup.state = None;
-            cleanup.run();
             drop(comm);
-            finalize(universe, false);
+            finalize(universe, false, &mut cleanup);
             return Ok(1);
         }
         Ok(p) => p,
@@ -302,9 +326,8 @@ fn run(args: &DaemonArgs) -> anyhow::Result<i32> {
         s.cache_evictions
     );
     node.cache.clear(); // closes the cached memfds: removing the tree needs fds too
-    cleanup.run();
     drop(comm);
-    finalize(universe, clean);
+    finalize(universe, clean, &mut cleanup);
     log::info!("rank {rank}: stopped");
     Ok(0)
 }
@@ -348,9 +371,25 @@ fn open_checkpoint_store(args: &DaemonArgs, id: &Identity, node: &Node) -> anyho
 
 /// Finalises MPI under a watchdog: a peer that vanished, or a finalize
 /// hang, must not keep the rank alive.
-fn finalize(universe: mpi::environment::Universe, clean: bool) {
+fn finalize(universe: mpi::environment::Universe, clean: bool, cleanup: &mut Cleanup) {
     let code = if clean { 0 } else { 1 };
-    fanstore_daemon::comm::raw::finalize(universe, Duration::from_secs(10), code);
+    let mut aside = Some(cleanup.set_aside());
+    if !clean {
+        // A rank exiting non-zero makes the launcher kill the others: they
+        // must have removed their trees before any of them can exit.
+        if let Some(t) = aside.take() {
+            t.remove();
+        }
+    }
+    let tombs = Arc::new(Mutex::new(aside));
+    let by_watchdog = tombs.clone();
+    let remove = |t: &Mutex<Option<Tombs>>| {
+        if let Some(t) = t.lock().unwrap_or_else(|e| e.into_inner()).take() {
+            t.remove();
+        }
+    };
+    fanstore_daemon::comm::raw::finalize(universe, Duration::from_secs(10), code, move || remove(&by_watchdog));
+    remove(&tombs);
 }
 
 fn publish_failed(id: &Identity, runtime: &Path) {
@@ -398,6 +437,13 @@ fn prepare(args: &DaemonArgs, id: &Identity, cleanup: &mut Cleanup) -> anyhow::R
     if id.local_dir.exists() {
         log::warn!("rank {rank}: removing stale {}", id.local_dir.display());
         let _ = std::fs::remove_dir_all(&id.local_dir);
+    }
+    // What a rank killed while removing its trees after MPI_Finalize left.
+    let mut tomb = id.local_dir.clone().into_os_string();
+    tomb.push(".removing");
+    if Path::new(&tomb).exists() {
+        log::warn!("rank {rank}: removing stale {}", Path::new(&tomb).display());
+        let _ = std::fs::remove_dir_all(&tomb);
     }
     let local_dir = id.local_dir.clone();
     let in_memory = fanstore_daemon::copies::in_memory(&local_dir);

@@ -92,7 +92,7 @@ fn main() -> anyhow::Result<()> {
     use std::io::Write;
     std::io::stdout().flush()?;
     drop(comm);
-    fanstore_daemon::comm::raw::finalize(universe, std::time::Duration::from_secs(10), 0);
+    fanstore_daemon::comm::raw::finalize(universe, std::time::Duration::from_secs(10), 0, || ());
     Ok(())
 }
 

@@ -263,11 +263,18 @@ impl Drop for Comm {
 /// Finalises MPI (drops `universe`) under a watchdog: MPICH 4.0 over UCX
 /// has been seen to hang in MPI_Finalize (one rank in a PMI barrier, the
 /// other in UCX progress) after every message completed. If finalising takes
-/// longer than `timeout`, the process exits with `code` from the watchdog.
-pub fn finalize(universe: mpi::environment::Universe, timeout: Duration, code: i32) {
+/// longer than `timeout`, the watchdog runs `before_exit` and the process
+/// exits with `code`; once MPI_Finalize returned, the watchdog does nothing.
+pub fn finalize(universe: mpi::environment::Universe, timeout: Duration, code: i32, before_exit: impl FnOnce() + Send + 'static) {
+    let finalized = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let done = finalized.clone();
     let spawned = std::thread::Builder::new().name("finalize-watchdog".into()).spawn(move || {
         std::thread::sleep(timeout);
+        if done.load(std::sync::atomic::Ordering::Acquire) {
+            return;
+        }
         log::warn!("MPI_Finalize did not return within {timeout:?}; exiting anyway");
+        before_exit();
         use std::io::Write;
         let _ = std::io::stdout().flush();
         std::process::exit(code);
@@ -276,4 +283,5 @@ pub fn finalize(universe: mpi::environment::Universe, timeout: Duration, code: i
         log::warn!("no finalize watchdog: MPI_Finalize may hang");
     }
     drop(universe);
+    finalized.store(true, std::sync::atomic::Ordering::Release);
 }
