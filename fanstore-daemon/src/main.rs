@@ -72,9 +72,7 @@ impl Cleanup {
             tombs.roots.push(root.to_path_buf());
         }
         for dir in [self.copies.take(), self.local.take()].into_iter().flatten() {
-            let mut name = dir.clone().into_os_string();
-            name.push(".removing");
-            let tomb = PathBuf::from(name);
+            let tomb = tomb_of(&dir);
             tombs.trees.push(if std::fs::rename(&dir, &tomb).is_ok() { tomb } else { dir });
         }
         if let Some(rt) = self.runtime.take() {
@@ -82,6 +80,23 @@ impl Cleanup {
             tombs.roots.push(rt);
         }
         tombs
+    }
+}
+
+/// Where [`Cleanup::set_aside`] renames `dir`.
+fn tomb_of(dir: &Path) -> PathBuf {
+    let mut name = dir.as_os_str().to_os_string();
+    name.push(".removing");
+    PathBuf::from(name)
+}
+
+/// Removes what a rank killed while removing its trees after MPI_Finalize
+/// left of `dir`.
+fn remove_stale_tomb(dir: &Path, rank: u32) {
+    let tomb = tomb_of(dir);
+    if tomb.exists() {
+        log::warn!("rank {rank}: removing stale {}", tomb.display());
+        remove_tree(&tomb);
     }
 }
 
@@ -438,13 +453,7 @@ fn prepare(args: &DaemonArgs, id: &Identity, cleanup: &mut Cleanup) -> anyhow::R
         log::warn!("rank {rank}: removing stale {}", id.local_dir.display());
         let _ = std::fs::remove_dir_all(&id.local_dir);
     }
-    // What a rank killed while removing its trees after MPI_Finalize left.
-    let mut tomb = id.local_dir.clone().into_os_string();
-    tomb.push(".removing");
-    if Path::new(&tomb).exists() {
-        log::warn!("rank {rank}: removing stale {}", Path::new(&tomb).display());
-        let _ = std::fs::remove_dir_all(&tomb);
-    }
+    remove_stale_tomb(&id.local_dir, rank);
     let local_dir = id.local_dir.clone();
     let in_memory = fanstore_daemon::copies::in_memory(&local_dir);
     if in_memory && args.cache_disk > 0 {
@@ -461,6 +470,7 @@ fn prepare(args: &DaemonArgs, id: &Identity, cleanup: &mut Cleanup) -> anyhow::R
     cleanup.tiers = Some(tiers_path);
     let tiers = Arc::new(tiers);
     let copies_dir = PathBuf::from(std::ffi::OsStr::from_bytes(&fanstore_core::tiers::copy_dir(ipath)));
+    remove_stale_tomb(&copies_dir, id.rank);
     let copies = fanstore_daemon::copies::Copies::create(&copies_dir, tiers.clone(), args.cache_mem)
         .with_context(|| format!("creating the copy directory {}", copies_dir.display()))?
         .with_disk(&local_dir, if in_memory { 0 } else { args.cache_disk });
