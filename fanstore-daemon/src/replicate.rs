@@ -39,9 +39,10 @@
 //!
 //! Reads do not wait for either, except for the end of a fetch in flight
 //! ([`Node::await_replica`]: at most 16 MiB still to come, at most 500 ms);
-//! a file whose partition is not here yet is fetched alone, as before. The thread runs at the lowest CPU priority
-//! and stops at `fanstore stop`. Nothing it fetched outlives the job (the
-//! local directory is removed at stop).
+//! a file whose partition is not here yet is fetched alone, as before. Both
+//! threads run at the lowest CPU priority and stop at `fanstore stop`.
+//! Nothing they fetched outlives the job (the local directory is removed at
+//! stop).
 
 use crate::comm::{Command, Fetch, FetchReply, RecvBuf, PART_BIT};
 use crate::copies::room_for;
@@ -110,8 +111,9 @@ pub fn run(node: &Node, budget: u64) -> Report {
 
 /// Replicates the remote partitions whose files are read (`--replicate-on-read`):
 /// [`Node::read_remotely`] queues a partition after remote reads of its
-/// files (the first, or enough to add up to its size); this thread fetches the queued partitions one by one, within
-/// `budget` bytes, until the queue closes, the disk runs short or the rank stops.
+/// files (the first, or enough to add up to its size); this thread fetches
+/// the queued partitions one by one, within `budget` bytes, until the queue
+/// closes, the disk runs short or the rank stops.
 pub fn on_read(node: &Node, budget: u64, queue: &crossbeam::channel::Receiver<u32>) -> Report {
     lowest_priority();
     let mut report = Report::default();
@@ -267,28 +269,26 @@ fn fetch_and_verify<'a>(
     let ranges: Vec<(u64, u64)> = (0..len.div_ceil(CHUNK)).map(|i| (i * CHUNK, CHUNK.min(len - i * CHUNK))).collect();
     // Warm buffers, reused for every range (fresh pages are costly).
     let mut spare: Vec<Vec<u8>> = Vec::new();
-    let mut inflight: std::collections::VecDeque<(u64, u64, usize, crossbeam::channel::Receiver<FetchReply>)> =
-        Default::default();
+    let mut inflight: std::collections::VecDeque<(u64, u64, usize, crossbeam::channel::Receiver<FetchReply>)> = Default::default();
     let mut next = 0;
     let timeout = node.remote_timeout + Duration::from_secs(CHUNK / (64 << 20) + 1);
-    let ask =
-        |off: u64, n: u64, holder_ix: usize, buf: Vec<u8>| -> Result<crossbeam::channel::Receiver<FetchReply>, Skip> {
-            let (tx, rx) = crossbeam::channel::bounded(1);
-            let mut buf = buf;
-            buf.resize(n as usize, 0);
-            let holder = holders[holder_ix % holders.len()];
-            let cmd = Command::Fetch(Fetch {
-                node_id: PART_BIT | p,
-                holder,
-                stored_len: n,
-                offset: off,
-                buf: RecvBuf { buf, len: n as usize },
-                reply: tx,
-                timeout,
-            });
-            node.comm.send(cmd).map_err(|_| Skip::Stopping)?;
-            Ok(rx)
-        };
+    let ask = |off: u64, n: u64, holder_ix: usize, buf: Vec<u8>| -> Result<crossbeam::channel::Receiver<FetchReply>, Skip> {
+        let (tx, rx) = crossbeam::channel::bounded(1);
+        let mut buf = buf;
+        buf.resize(n as usize, 0);
+        let holder = holders[holder_ix % holders.len()];
+        let cmd = Command::Fetch(Fetch {
+            node_id: PART_BIT | p,
+            holder,
+            stored_len: n,
+            offset: off,
+            buf: RecvBuf { buf, len: n as usize },
+            reply: tx,
+            timeout,
+        });
+        node.comm.send(cmd).map_err(|_| Skip::Stopping)?;
+        Ok(rx)
+    };
     loop {
         while inflight.len() < WINDOW && next < ranges.len() {
             let (off, n) = ranges[next];
@@ -296,9 +296,7 @@ fn fetch_and_verify<'a>(
             inflight.push_back((off, n, 0, rx));
             next += 1;
         }
-        let Some((off, n, tries, rx)) = inflight.pop_front() else {
-            break;
-        };
+        let Some((off, n, tries, rx)) = inflight.pop_front() else { break };
         if node.stopping.load(Relaxed) {
             return Err(Skip::Stopping);
         }
