@@ -117,6 +117,15 @@ pub struct DaemonArgs {
     /// on every rank (tuning knob).
     #[arg(long, default_value = "1M", value_parser = parse_size, hide = true)]
     pub mpi_pipeline: u64,
+    /// Messages of at most this size cross UCX eagerly (straight into the
+    /// receive the requester posted before it asked), larger ones by
+    /// rendezvous: sets UCX_RNDV_THRESH to one byte more before MPI starts,
+    /// unless UCX_RNDV_THRESH is set in the environment; 0 leaves UCX's
+    /// choice. Over TCP, UCX's own threshold sends a 128 KiB file by
+    /// rendezvous, whose extra handshake needs both ranks' progress threads
+    /// awake (bench/remote_profile.py). MPI libraries without UCX ignore it.
+    #[arg(long, default_value = "256K", value_parser = parse_size)]
+    pub ucx_eager_max: u64,
     /// Microseconds the communication thread keeps polling after activity
     /// before it sleeps: a wake-up costs more than the polling on a virtual
     /// machine (bench/remote_profile.py: 128 KiB remote OPEN+read 677 µs at

@@ -158,6 +158,7 @@ fn run(args: &DaemonArgs) -> anyhow::Result<i32> {
     // Before MPI opens anything: the daemon's fds are bounded (no fd per
     // file), but connections and requests in flight want room.
     let (soft, hard, nofile) = fanstore_daemon::fdlimit::raise_nofile();
+    let eager = fanstore_daemon::comm::raw::set_ucx_eager_max(args.ucx_eager_max);
     let (universe, granted) =
         mpi::initialize_with_threading(mpi::Threading::Multiple).context("MPI was already initialised")?;
     let comm = Comm::dup_world().map_err(|e| anyhow::anyhow!("duplicating MPI_COMM_WORLD: {e}"))?;
@@ -169,6 +170,10 @@ fn run(args: &DaemonArgs) -> anyhow::Result<i32> {
         "rank {rank}/{nranks}: {} ; asked MPI_THREAD_MULTIPLE, granted {granted:?} (all MPI calls stay on one thread either way)",
         version.lines().next().unwrap_or("MPI").trim()
     );
+    match &eager {
+        Some(thresh) => log::info!("rank {rank}: UCX_RNDV_THRESH={thresh} (--ucx-eager-max)"),
+        None => log::debug!("rank {rank}: UCX_RNDV_THRESH left to the environment or UCX"),
+    }
     if nofile > soft {
         log::info!("rank {rank}: RLIMIT_NOFILE soft {soft} hard {hard}: raised the soft limit to {nofile}");
     } else {

@@ -16,6 +16,8 @@
 //! request, MPI_Testsome until both complete; rank 1: MPI_Iprobe of any tag,
 //! the probed MPI_Recv, MPI_Isend of the reply, MPI_Testsome), polling
 //! without pause: shows what the pattern costs apart from thread hand-offs.
+//! `--ucx-eager-max SIZE` (default 256K, as the daemon's): the same UCX
+//! eager/rendezvous threshold the daemon sets, so both cross the same way.
 use mpi::traits::*;
 use std::time::Instant;
 
@@ -25,17 +27,23 @@ fn main() -> anyhow::Result<()> {
     let mut sizes = Vec::new();
     let mut fresh = false;
     let mut nonblocking = false;
+    let mut eager_max = 256u64 << 10;
     let mut args = std::env::args().skip(1);
     while let Some(a) = args.next() {
         match a.as_str() {
             "--iters" => iters = args.next().ok_or_else(|| anyhow::anyhow!("--iters needs a value"))?.parse()?,
             "--fresh-memfd" => fresh = true,
             "--nonblocking" => nonblocking = true,
+            "--ucx-eager-max" => {
+                let v = args.next().ok_or_else(|| anyhow::anyhow!("--ucx-eager-max needs a value"))?;
+                eager_max = fanstore_daemon::args::parse_size(&v).map_err(anyhow::Error::msg)?;
+            }
             "--warmup" => warmup = args.next().ok_or_else(|| anyhow::anyhow!("--warmup needs a value"))?.parse()?,
             s => sizes.push(fanstore_daemon::args::parse_size(s).map_err(anyhow::Error::msg)?),
         }
     }
     anyhow::ensure!(!sizes.is_empty(), "usage: fanstore-mpi-pingpong [--iters N] [--warmup N] SIZE...");
+    fanstore_daemon::comm::raw::set_ucx_eager_max(eager_max);
     let (universe, _threading) = mpi::initialize_with_threading(mpi::Threading::Multiple)
         .ok_or_else(|| anyhow::anyhow!("MPI was already initialised"))?;
     let world = universe.world();

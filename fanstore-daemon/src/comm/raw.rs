@@ -285,3 +285,35 @@ pub fn finalize(universe: mpi::environment::Universe, timeout: Duration, code: i
     drop(universe);
     finalized.store(true, std::sync::atomic::Ordering::Release);
 }
+
+/// Before MPI starts (the process has no other thread yet): messages of at
+/// most `max` bytes cross UCX eagerly, by setting UCX_RNDV_THRESH to
+/// `max + 1`, unless the environment already sets it (the user's choice
+/// wins) or `max` is 0. Returns the value set, if any.
+pub fn set_ucx_eager_max(max: u64) -> Option<String> {
+    if max == 0 || std::env::var_os("UCX_RNDV_THRESH").is_some() {
+        return None;
+    }
+    let thresh = max.saturating_add(1).to_string();
+    std::env::set_var("UCX_RNDV_THRESH", &thresh);
+    Some(thresh)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::set_ucx_eager_max;
+
+    #[test]
+    fn ucx_eager_max_sets_the_threshold_unless_the_environment_does() {
+        // The only test touching this variable.
+        std::env::remove_var("UCX_RNDV_THRESH");
+        assert_eq!(set_ucx_eager_max(0), None);
+        assert!(std::env::var_os("UCX_RNDV_THRESH").is_none());
+        assert_eq!(set_ucx_eager_max(256 << 10).as_deref(), Some("262145"));
+        assert_eq!(std::env::var("UCX_RNDV_THRESH").as_deref(), Ok("262145"));
+        std::env::set_var("UCX_RNDV_THRESH", "8k");
+        assert_eq!(set_ucx_eager_max(256 << 10), None);
+        assert_eq!(std::env::var("UCX_RNDV_THRESH").as_deref(), Ok("8k"));
+        std::env::remove_var("UCX_RNDV_THRESH");
+    }
+}
