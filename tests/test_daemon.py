@@ -434,3 +434,38 @@ def test_idle_communication_thread_sleeps_on_the_mpi_library_fds(bins, pack, sou
         check_every_rank_serves_every_file(c, ds, source)
     finally:
         c.stop()
+
+
+def test_a_request_that_wakes_the_holder_is_served_by_that_wake_up(bins, pack, source, tmp_path):
+    """A peer's request wakes the holder's sleeping communication thread
+    through the MPI library's fds, and the round of progress after that
+    wake-up finds it. MPI_Iprobe drives progress only after it found
+    nothing, so the probe that reads a request off the socket reports no
+    message; a thread that slept again then waited for its sleep's timeout
+    (up to 2 ms) with the request sitting in the library, for every request
+    (status counters: idle fd wake-ups, and timeouts that found work)."""
+    ds = pack("none", replicate=False)
+    ds_id, files = files_of(ds)
+    # No polling after activity: every request arrives while the holder sleeps.
+    c = start_cluster(bins, ds, tmp_path, nranks=2,
+                      extra_args=["--cache-mem", "0", "--replicate-on-read", "off", "--comm-spin-us", "0"])
+    try:
+        held = set(node_state(c.runtime, 1)["local"])
+        remote = [(p, n) for p, n in files.items() if n["partition"] in held and n["size"] > 0]
+        assert remote, "rank 1 holds no file"
+        with c.client(0) as cl:
+            reads = 0
+            while reads < 150:
+                for p, n in remote:
+                    assert cl.read(n["id"], ds_id) == (source / p).read_bytes(), p
+                    reads += 1
+        with c.client(1) as cl:
+            st = cl.status()
+        served = int(st["remote_served"])
+        assert served >= 150, st
+        woken, idle, missed = (int(st[k]) for k in ("comm_woken_by_fd", "comm_fd_wakes_idle", "comm_missed_wakes"))
+        assert woken >= served // 2, f"requests did not wake the holder through the fds: {st}"
+        assert idle <= served // 10, f"{idle} of {woken} fd wake-ups found nothing to do ({served} requests served)"
+        assert missed <= served // 10, f"{missed} sleeps' timeouts found work no fd announced ({served} requests served)"
+    finally:
+        c.stop()

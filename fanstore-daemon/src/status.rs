@@ -35,6 +35,11 @@ pub struct Counters {
     /// (`--prefetch-remote`), and their bytes.
     pub replicated_parts: AtomicU64,
     pub replicated_bytes: AtomicU64,
+    /// How the communication thread's sleeps ended (see `comm::wake`): by a
+    /// command, by the MPI library's fds, by the timeout; fd wake-ups after
+    /// which it found nothing to do; and timeouts that found work no fd had
+    /// announced. Set by the communication thread after every sleep.
+    pub comm_wakes: [AtomicU64; 5],
 }
 
 /// Quarter-octave buckets of microseconds: bucket i < 4 holds i µs; above,
@@ -157,6 +162,8 @@ pub struct Snapshot {
     pub remote_mbps: f64,
     pub replicated_parts: u64,
     pub replicated_bytes: u64,
+    /// [`Counters::comm_wakes`].
+    pub comm_wakes: [u64; 5],
 }
 
 impl Counters {
@@ -175,6 +182,7 @@ impl Counters {
         s.remote_p99_us = self.remote_latency.percentile(0.99);
         s.replicated_parts = self.replicated_parts.load(Relaxed);
         s.replicated_bytes = self.replicated_bytes.load(Relaxed);
+        s.comm_wakes = std::array::from_fn(|i| self.comm_wakes[i].load(Relaxed));
     }
 }
 
@@ -187,7 +195,8 @@ impl Snapshot {
              bytes_local={}\nbytes_read={}\nload_seconds={:.3}\nload_mbps={:.1}\nopens={}\nopens_local={}\n\
              remote_sent={}\nremote_failed={}\nremote_served={}\nremote_bytes_in={}\nremote_bytes_out={}\n\
              cache_hits={}\ncache_misses={}\ncache_evictions={}\ncache_bytes={}\ncache_entries={}\ncache_disk_bytes={}\nerrors={}\nclients={}\nfd_pressure={}\n\
-             remote_p50_us={}\nremote_p99_us={}\nremote_mbps={:.3}\nreplicated_parts={}\nreplicated_bytes={}\n",
+             remote_p50_us={}\nremote_p99_us={}\nremote_mbps={:.3}\nreplicated_parts={}\nreplicated_bytes={}\n\
+             comm_woken_by_command={}\ncomm_woken_by_fd={}\ncomm_woken_by_timeout={}\ncomm_fd_wakes_idle={}\ncomm_missed_wakes={}\n",
             self.rank,
             self.nranks,
             self.host,
@@ -221,6 +230,11 @@ impl Snapshot {
             self.remote_mbps,
             self.replicated_parts,
             self.replicated_bytes,
+            self.comm_wakes[0],
+            self.comm_wakes[1],
+            self.comm_wakes[2],
+            self.comm_wakes[3],
+            self.comm_wakes[4],
         )
     }
 }

@@ -416,6 +416,10 @@ impl<'a> Engine<'a> {
                 let useful = active || (how == wake::Woke::Transport && self.busy());
                 if let Some(w) = self.waiter.as_mut() {
                     w.woke(how, useful);
+                    let [cmd, fd, timeout, idle] = w.tally();
+                    for (c, v) in self.counters.comm_wakes.iter().zip([cmd, fd, timeout, idle, w.missed_wakes()]) {
+                        c.store(v, Relaxed);
+                    }
                 }
             }
             if signal.load(Relaxed) {
@@ -538,9 +542,21 @@ impl<'a> Engine<'a> {
         // probe per tag cost an idle rank four times the work per nap.
         // Payload replies never show here: their receives are posted before
         // the request that asks for them is sent.
+        // MPI_Iprobe looks for a message, then drives progress when it finds
+        // none: a message that progress reads off the socket then waits in
+        // the library, with no fd to announce it. So a round ends only at
+        // the second probe in a row that finds nothing.
+        let mut empty = 0;
         for _ in 0..PROBES_PER_POLL {
             let (src, tag, n) = match self.comm.iprobe_any() {
-                Ok(Some(m)) => m,
+                Ok(Some(m)) => {
+                    empty = 0;
+                    m
+                }
+                Ok(None) if empty == 0 => {
+                    empty = 1;
+                    continue;
+                }
                 Ok(None) => break,
                 Err(e) => {
                     log::error!("rank {}: MPI_Iprobe: {e}", self.comm.rank);
