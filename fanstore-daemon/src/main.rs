@@ -159,6 +159,7 @@ fn run(args: &DaemonArgs) -> anyhow::Result<i32> {
     // file), but connections and requests in flight want room.
     let (soft, hard, nofile) = fanstore_daemon::fdlimit::raise_nofile();
     let eager = fanstore_daemon::comm::raw::set_ucx_eager_max(args.ucx_eager_max);
+    let epoll = fanstore_daemon::comm::raw::set_openmpi_event_epoll();
     let (universe, granted) =
         mpi::initialize_with_threading(mpi::Threading::Multiple).context("MPI was already initialised")?;
     let comm = Comm::dup_world().map_err(|e| anyhow::anyhow!("duplicating MPI_COMM_WORLD: {e}"))?;
@@ -173,6 +174,9 @@ fn run(args: &DaemonArgs) -> anyhow::Result<i32> {
     match &eager {
         Some(thresh) => log::info!("rank {rank}: UCX_RNDV_THRESH={thresh} (--ucx-eager-max)"),
         None => log::debug!("rank {rank}: UCX_RNDV_THRESH left to the environment or UCX"),
+    }
+    if epoll && version.contains("Open MPI") {
+        log::info!("rank {rank}: OMPI_MCA_opal_event_include=epoll (the communication thread sleeps on its connections)");
     }
     if nofile > soft {
         log::info!("rank {rank}: RLIMIT_NOFILE soft {soft} hard {hard}: raised the soft limit to {nofile}");
