@@ -127,12 +127,14 @@ pub struct DaemonArgs {
     #[arg(long, default_value = "256K", value_parser = parse_size)]
     pub ucx_eager_max: u64,
     /// Microseconds the communication thread keeps polling after activity
-    /// before it sleeps. Measured side by side (UCX eager up to 256K): one
-    /// reader, 2 ranks, 128 KiB OPEN+read 576-586 µs at 200, 624-747 at 50;
-    /// 4 daemons, 4 readers, 128 KiB: 482 MB/s at 200, 507 at 50, 352 at 0;
-    /// training reader on 4 ranks: 867 files/s at 200, 900 at 50, 896 at
-    /// 0, with 4.3, 3.8, 3.9 s of daemon CPU. Tuning knob.
-    #[arg(long, default_value_t = 200, hide = true)]
+    /// before it sleeps (0: it sleeps as soon as it has nothing in hand; a
+    /// peer's message or a command wakes it through its fds). Measured side
+    /// by side once a wake-up's round of progress found the request that
+    /// woke it: training reader on 4 ranks 1748 files/s at 0 against 1516
+    /// at 200 (5 runs each; 1.36 against 1.95 s of daemon CPU); 4 daemons,
+    /// 4 readers, 128 KiB: 611 against 633 MB/s; one reader, 2 ranks,
+    /// 128 KiB OPEN+read 502-569 against 408-491 µs. Tuning knob.
+    #[arg(long, default_value_t = 0, hide = true)]
     pub comm_spin_us: u64,
     /// How the idle communication thread waits: `fds` sleeps on a doorbell
     /// and the MPI library's epoll fds (woken by a peer's message), `nap`
