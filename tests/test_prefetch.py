@@ -74,15 +74,28 @@ def digests(c, node, paths):
     return r.stdout
 
 
+def expected_digests(src, mount, names):
+    """What `digests` prints for `names` when every byte is right."""
+    return "".join(f"{hashlib.sha256((src / n).read_bytes()).hexdigest()} {mount}/{n}\n" for n in names)
+
+
+def remote_files(c, ds, node):
+    """Rank `node`'s state, the manifest's nodes, and the files of each
+    partition the rank does not hold (partition -> sorted paths)."""
+    st = node_state(c.runtime, node)
+    _, nodes = read_index(ds / "manifest.fsm")
+    remote = [p for p in range(8) if p not in st["local"]]
+    return st, nodes, {p: sorted(n for n, v in nodes.items() if v["partition"] == p) for p in remote}
+
+
 def test_every_remote_partition_is_replicated_and_read_without_remote_fetches(cluster_factory, bins, tmp_path):
     src, ds = make(tmp_path, bins)
     c = cluster_factory(ds, nranks=4, extra_args=["--prefetch-remote", "all", "--prefill-mem", "0"])
     node = 2
-    st = node_state(c.runtime, node)
-    remote = [p for p in range(8) if p not in st["local"]]
+    st, nodes, by_part = remote_files(c, ds, node)
+    remote = list(by_part)
     assert len(remote) == 6
     s = wait_replicated(c, node, len(remote))
-    info, nodes = read_index(ds / "manifest.fsm")
     part_bytes = sum((ds / f"part-{p:06d}.fsp").stat().st_size for p in remote)
     assert int(s["replicated_bytes"]) == part_bytes, s
     table = c.cli("status").stdout
@@ -101,7 +114,7 @@ def test_every_remote_partition_is_replicated_and_read_without_remote_fetches(cl
     before = status(c, node)
     names = sorted(p.name for p in src.iterdir())
     got = digests(c, node, [f"{c.mount}/{n}" for n in names])
-    want = "".join(f"{hashlib.sha256((src / n).read_bytes()).hexdigest()} {c.mount}/{n}\n" for n in names)
+    want = expected_digests(src, c.mount, names)
     assert got == want
     after = status(c, node)
     assert int(after["remote_sent"]) == int(before["remote_sent"]), "no file crossed MPI on its own"
@@ -130,7 +143,7 @@ def test_the_budget_bounds_what_is_replicated(cluster_factory, bins, tmp_path):
     # Files of partitions not replicated are still read (remotely), with the right bytes.
     names = sorted(p.name for p in src.iterdir())
     got = digests(c, 0, [f"{c.mount}/{n}" for n in names])
-    assert got == "".join(f"{hashlib.sha256((src / n).read_bytes()).hexdigest()} {c.mount}/{n}\n" for n in names)
+    assert got == expected_digests(src, c.mount, names)
 
 
 def test_prefetch_off_by_default_and_stop_during_prefetch(cluster_factory, bins, tmp_path):
@@ -150,10 +163,8 @@ def test_replicate_on_read_fetches_the_partitions_read_and_no_other(cluster_fact
     src, ds = make(tmp_path, bins)
     c = cluster_factory(ds, nranks=2, extra_args=["--replicate-on-read", "all", "--prefill-mem", "0"])
     node = 0
-    st = node_state(c.runtime, node)
-    info, nodes = read_index(ds / "manifest.fsm")
-    remote = [p for p in range(8) if p not in st["local"]]
-    by_part = {p: sorted(n for n, v in nodes.items() if v["partition"] == p) for p in remote}
+    st, nodes, by_part = remote_files(c, ds, node)
+    remote = list(by_part)
     first, second = remote[0], remote[3]
     assert int(status(c, node)["replicated_parts"]) == 0, "nothing is fetched before a read"
     one = by_part[first][0]
@@ -165,7 +176,7 @@ def test_replicate_on_read_fetches_the_partitions_read_and_no_other(cluster_fact
     assert int(s["replicated_bytes"]) == (ds / f"part-{first:06d}.fsp").stat().st_size, s
     before = status(c, node)
     got = digests(c, node, [f"{c.mount}/{n}" for n in by_part[first]])
-    assert got == "".join(f"{hashlib.sha256((src / n).read_bytes()).hexdigest()} {c.mount}/{n}\n" for n in by_part[first])
+    assert got == expected_digests(src, c.mount, by_part[first])
     assert int(status(c, node)["remote_sent"]) == int(before["remote_sent"]), "the replicated partition's files are local"
     # A read of another partition replicates that one too; the rest stay remote.
     digests(c, node, [f"{c.mount}/{by_part[second][0]}"])
@@ -187,13 +198,11 @@ def test_by_default_a_partition_is_replicated_once_its_bytes_were_read_from_hold
     src, ds = make(tmp_path, bins)
     c = cluster_factory(ds, nranks=2, extra_args=["--cache-mem", "0", "--prefill-mem", "0"])
     node = 0
-    st = node_state(c.runtime, node)
-    info, nodes = read_index(ds / "manifest.fsm")
-    remote = [p for p in range(8) if p not in st["local"]]
-    by_part = {p: sorted(n for n, v in nodes.items() if v["partition"] == p) for p in remote}
+    st, nodes, by_part = remote_files(c, ds, node)
+    remote = list(by_part)
     first, other = remote[0], remote[1]
     paths = [f"{c.mount}/{n}" for n in by_part[first]]
-    want = "".join(f"{hashlib.sha256((src / n).read_bytes()).hexdigest()} {c.mount}/{n}\n" for n in by_part[first])
+    want = expected_digests(src, c.mount, by_part[first])
     read_once = sum(nodes[n]["stored_len"] for n in by_part[first])
     assert read_once < (ds / f"part-{first:06d}.fsp").stat().st_size
 
@@ -227,7 +236,7 @@ def test_replicate_on_read_within_its_budget_and_beside_prefetch(cluster_factory
     smallest = min((ds / f"part-{p:06d}.fsp").stat().st_size for p in range(1, 8, 2))  # rank 1's: remote on rank 0
     c = cluster_factory(ds, nranks=2, extra_args=["--replicate-on-read", str(smallest), "--prefill-mem", "0"])
     names = sorted(p.name for p in src.iterdir())
-    want = "".join(f"{hashlib.sha256((src / n).read_bytes()).hexdigest()} {c.mount}/{n}\n" for n in names)
+    want = expected_digests(src, c.mount, names)
     assert digests(c, 0, [f"{c.mount}/{n}" for n in names]) == want
     wait_replicated(c, 0, 1)
     time.sleep(1.0)
@@ -300,7 +309,7 @@ def test_a_full_local_directory_serves_large_files_from_copies(bins, tmp_path):
         c = start_cluster(bins, ds, tmp_path / "c", nranks=1, extra_args=["--prefill-mem", "0"])
         try:
             names = sorted(p.name for p in src.iterdir())
-            want = "".join(f"{hashlib.sha256((src / n).read_bytes()).hexdigest()} {c.mount}/{n}\n" for n in names)
+            want = expected_digests(src, c.mount, names)
             assert digests(c, 0, [f"{c.mount}/{n}" for n in names]) == want
             log = c.log()
             assert "the local directory is full" in log, log[-3000:]
