@@ -5,7 +5,8 @@
     env = cluster.env(node=2)          # FANSTORE_* (+ LD_PRELOAD) for a client of rank 2
     with cluster.client(2) as c:       # the wire protocol, straight to rank 2's socket
         data = c.read(node_id)
-    cluster.stop()                     # `fanstore stop`, asserts a clean exit (idempotent)
+    cluster.stop()                     # `fanstore stop`, asserts a clean exit (idempotent; MPICH's
+                                       # finalize hang after a clean teardown is a warning, see mpich_finalize_hang)
     cluster.kill()                     # kill -9 every daemon (failure tests)
 
     from fs_cluster import cluster_factory   # pytest fixture: start(dataset, nranks=4, ...) -> Cluster,
@@ -255,6 +256,12 @@ class Cluster:
         except BaseException:
             self._kill_all()
             raise
+        if rc != 0 and mpich_finalize_hang(self.log_path, self.nranks):
+            import warnings
+            warnings.warn(f"mpiexec exited {rc} after the MPICH 4.0 finalize hang (README, Known issue; "
+                          f"pmodels/mpich#6596): every rank stopped cleanly, then one never left MPI_Finalize "
+                          f"and its watchdog ended it ({self.log_path})")
+            return
         assert rc == 0, f"daemons exited {rc}\n{self.log()}"
 
     def kill(self) -> None:
@@ -384,6 +391,23 @@ def start_cluster(bins, dataset: Path, tmp_path: Path, nranks=4, mount="/fanstor
         raise AssertionError(f"daemons did not get ready: {r.stderr.strip()}\n--- log ---\n{c.log()}")
     check_mpi_library(c)
     return c
+
+
+def mpich_finalize_hang(log_path: Path, nranks: int) -> bool:
+    """Whether a job's non-zero exit is MPICH 4.0.2's hang in MPI_Finalize over
+    UCX/TCP and nothing of ours: under MPICH, every rank logged the end of its
+    clean teardown (the line written just before MPI_Finalize), no daemon logged
+    an error, and a rank's finalize watchdog fired. scripts/mpi_finalize_check.sh
+    shows the same hang with a 5-line MPI program; it is fixed upstream."""
+    if MPI != "mpich":
+        return False
+    try:
+        text = log_path.read_text(errors="replace")
+    except OSError:
+        return False
+    return ("MPI_Finalize did not return within" in text
+            and all(f"rank {r}: served " in text for r in range(nranks))
+            and " ERROR " not in text)
 
 
 def check_mpi_library(c: Cluster) -> None:
