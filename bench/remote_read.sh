@@ -18,8 +18,11 @@
 # every file (3/4 of them remote) of REMOTE_SET_MB [128] MiB per size, against
 # 4 readers of the native directory and the raw ping-pong, same run.
 # Then bench/remote_profile.py (one remote 128 KiB OPEN: latency, CPU per
-# file, idle CPU, per --comm-spin-us) and bench/train_nodes.py (the
-# training-shaped reader on 4 daemons vs 1), appended as sections.
+# file, idle CPU, per --comm-spin-us), bench/train_nodes.py (the
+# training-shaped reader on 4 daemons vs 1) and bench/halt_poll.py (what a
+# wake-up costs here; with FANSTORE_BENCH_HALT_POLL_NS=N, as root on a VM
+# guest, remote reads side by side with the guest's idle vCPUs polling N ns
+# before they halt), appended as sections.
 # Writes bench/out/remote_read.md and prints it.
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -386,6 +389,10 @@ m3 = re.search(r"\| 4, `--replicate-on-read all` .*\*\*([\d.]+)x\*\*", tr.stdout
 if m3:
     goals.append(["training-shaped reader", "4 nodes with `--replicate-on-read all` vs 1 node (the same reader, fresh job each run) >= 0.8x",
                   f"{float(m3[1]):.2f}x", float(m3[1]) >= 0.8])
+hp = subprocess.run([sys.executable, "bench/halt_poll.py"] + (["--quick"] if rounds <= 2 else []),
+                    capture_output=True, text=True, env=env)
+L.append("")
+L.append(hp.stdout.strip() if hp.returncode == 0 else f"(bench/halt_poll.py failed: {hp.stderr.strip()[-500:]})")
 if m or m2 or m3 or mp:
     saved = json.loads(Path("bench/out/remote.json").read_text())
     saved["goals"] = goals

@@ -14,7 +14,10 @@
 #                         metadata walk, training-shaped reader, preload overhead
 #   bench/remote_read.sh  remote read vs raw MPI ping-pong, load vs cat, 4-node read, then
 #                         bench/remote_profile.py (where one remote OPEN's time and CPU go, per
-#                         comm-thread spin) and bench/train_nodes.py (training reader, 4 vs 1 node)
+#                         comm-thread spin), bench/train_nodes.py (training reader, 4 vs 1 node)
+#                         and bench/halt_poll.py (the cost of a wake-up; as root on a VM guest,
+#                         FANSTORE_BENCH_HALT_POLL_NS=N adds remote reads side by side with the
+#                         guest's idle vCPUs polling N ns before they halt, restored after)
 #   bench/prep.sh         fanstore-prep pack none/lz4/zstd vs tar
 #   bench/dlio.sh         DLIO (time-boxed install attempt)
 #   bench/write_bench.py  write + close until visible vs native write (with and without fsync),
