@@ -436,6 +436,53 @@ def test_idle_communication_thread_sleeps_on_the_mpi_library_fds(bins, pack, sou
         c.stop()
 
 
+def test_copies_past_the_cache_reuse_pages_only_once_nobody_holds_them(bins, pack, source, tmp_path):
+    """With --cache-mem 0 no copy is kept: each remote OPEN gets an unnamed
+    copy, and the next one is written into a spare whose reader is done
+    (status copies_reused). A copy some program still holds (an fd, a dup
+    in a forked child, a mapping without an fd) keeps its bytes, however
+    many reads come after it."""
+    import mmap
+    ds = pack("none", replicate=False)
+    ds_id, files = files_of(ds)
+    c = start_cluster(bins, ds, tmp_path, nranks=2,
+                      extra_args=["--cache-mem", "0", "--replicate-on-read", "off", "--copy-spares", "64M"])
+    try:
+        held = set(node_state(c.runtime, 1)["local"])
+        remote = [(p, n) for p, n in files.items() if n["partition"] in held and n["size"] > 0]
+        assert len(remote) >= 3, "rank 1 holds too few files"
+        with c.client(0) as cl:
+            kept = [(p, cl.open_fd(n["id"], ds_id)) for p, n in remote[:3]]
+            # One held only by a forked child, one only by a mapping.
+            child_r, child_w = os.pipe()
+            pid = os.fork()
+            if pid == 0:  # the child keeps its copy of the fd until told to read it
+                os.close(child_w)
+                os.read(child_r, 1)
+                ok = read_fd(kept[1][1]) == (source / kept[1][0]).read_bytes()
+                os._exit(0 if ok else 1)
+            os.close(child_r)
+            os.close(kept[1][1])
+            m = mmap.mmap(kept[2][1], 0, prot=mmap.PROT_READ)
+            os.close(kept[2][1])
+            reads = 0
+            while reads < 60:
+                for p, n in remote:
+                    assert cl.read(n["id"], ds_id) == (source / p).read_bytes(), p
+                    reads += 1
+            st = cl.status()
+        assert int(st["copies_reused"]) >= reads // 2, f"spares were not reused: {st}"
+        assert read_fd(kept[0][1]) == (source / kept[0][0]).read_bytes(), "a held copy was written again"
+        os.close(kept[0][1])
+        assert m[:] == (source / kept[2][0]).read_bytes(), "a mapped copy was written again"
+        m.close()
+        os.write(child_w, b"x")
+        os.close(child_w)
+        assert os.waitpid(pid, 0)[1] == 0, "the copy a forked child held was written again"
+    finally:
+        c.stop()
+
+
 def test_a_request_that_wakes_the_holder_is_served_by_that_wake_up(bins, pack, source, tmp_path):
     """A peer's request wakes the holder's sleeping communication thread
     through the MPI library's fds, and the round of progress after that

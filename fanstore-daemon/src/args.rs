@@ -30,6 +30,12 @@ pub struct DaemonArgs {
     /// (also what a local dir on tmpfs gets).
     #[arg(long, default_value = "32G", value_parser = parse_size)]
     pub cache_disk: u64,
+    /// Memory kept for reuse from copies the cache does not keep (files
+    /// past --cache-mem, or all of them with --cache-mem 0): once their
+    /// readers closed them, the next such copy is written into their pages
+    /// instead of fresh ones. 0: never.
+    #[arg(long, default_value = "32M", value_parser = parse_size)]
+    pub copy_spares: u64,
     /// Runtime directory (sockets, state files). Default: $FANSTORE_RUNTIME_DIR,
     /// else $TMPDIR/fanstore-UID-JOB (or under /tmp).
     #[arg(long)]

@@ -21,12 +21,16 @@
 //! and recorded in its place's cache ([`crate::cache`]) with its size rounded
 //! up to pages; the cache's eviction hook clears the tier byte and unlinks
 //! the file under the cache lock, so a cached entry always has its file.
-//! Nothing keeps an fd open per copy; concurrent first opens of one file
-//! share one load. Clients that open a copy directly do not refresh its place
-//! in the LRU order, so for them eviction is first-in first-out.
+//! Nothing keeps an fd open per cached copy; concurrent first opens of one
+//! file share one load. A copy too large for the budget is served unnamed,
+//! and once its reader is done its pages serve a later one
+//! ([`crate::recycle`], a bounded set of fds). Clients that open a copy
+//! directly do not refresh its place in the LRU order, so for them eviction
+//! is first-in first-out.
 
 use crate::cache::Cache;
 use crate::fdlimit;
+use crate::recycle::Spares;
 use fanstore_core::tiers::{self, EXTRACT_MIN, TIER_COPY, TIER_EXTRACTED, TIER_NONE};
 use std::ffi::CString;
 use std::fs::File;
@@ -107,6 +111,8 @@ pub struct Copies {
     pub cache: Cache<CopyEntry, i32>,
     budget: u64,
     disk: Option<DiskCopies>,
+    /// Unnamed copies no one reads any more, written again for the next one.
+    pub spares: Spares,
 }
 
 /// Copies kept on the local disk, at the paths of extracted files.
@@ -143,7 +149,16 @@ impl Copies {
             cache: Cache::with_limits(budget, usize::MAX, Some(on_evict)),
             budget,
             disk: None,
+            spares: Spares::new(0),
         })
+    }
+
+    /// Keeps up to `budget` bytes of unnamed copies (those past the copy
+    /// budget) once their readers are done, to write later copies into
+    /// ([`crate::recycle`]); 0: never.
+    pub fn with_spares(mut self, budget: u64) -> Copies {
+        self.spares = Spares::new(budget);
+        self
     }
 
     /// Also keeps copies of [`EXTRACT_MIN`] bytes or more made in the
@@ -226,7 +241,12 @@ impl Copies {
             };
             if let Some(f) = fresh {
                 // Our own load: a read-only description of the file we filled.
-                return fdlimit::retry(relieve, || open_ro(Path::new(&format!("/proc/self/fd/{}", f.as_raw_fd()))));
+                let fd = fdlimit::retry(relieve, || open_ro(Path::new(&format!("/proc/self/fd/{}", f.as_raw_fd()))));
+                if fd.is_ok() && !self.fits(size) {
+                    // Unnamed: its pages serve a later copy once the reader is done.
+                    self.spares.keep(f, size);
+                }
+                return fd;
             }
             match fdlimit::retry(relieve, || open_ro(&self.path(id))) {
                 Ok(fd) => return Ok(fd),
@@ -244,8 +264,15 @@ impl Copies {
 
     /// An unnamed file in the copy directory, filled by `fill`, then linked
     /// as `<id>` and recorded in the tier map (unless larger than the whole
-    /// budget: then it is served unnamed and vanishes with its last fd).
+    /// budget: then it is served unnamed, written into a spare when one is
+    /// free, and kept as a spare after).
     fn make(&self, id: u32, size: u64, relieve: &dyn Fn(), fill: &dyn Fn(&File) -> Result<(), i32>) -> Result<File, i32> {
+        let named = charge(size) <= self.budget;
+        // `fill` writes every byte of the file, so a spare's old bytes never show.
+        if let Some(f) = if named { None } else { self.spares.take(size) } {
+            fill(&f)?;
+            return Ok(f);
+        }
         let f = fdlimit::retry(relieve, || {
             // SAFETY: dir_c is a NUL-terminated path; O_TMPFILE needs a mode.
             let fd = unsafe { libc::open(self.dir_c.as_ptr(), libc::O_TMPFILE | libc::O_RDWR | libc::O_CLOEXEC, 0o400) };
@@ -256,7 +283,7 @@ impl Copies {
             Ok(File::from(unsafe { OwnedFd::from_raw_fd(fd) }))
         })?;
         fill(&f)?;
-        if charge(size) <= self.budget {
+        if named {
             link_unnamed(&f, &self.path(id))?;
             self.tiers.set(id, TIER_COPY);
         }

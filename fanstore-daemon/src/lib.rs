@@ -150,6 +150,7 @@ pub mod open;
 pub mod outputs;
 pub mod persist;
 pub mod placement;
+pub mod recycle;
 pub mod remote_out;
 pub mod replica_writer;
 pub mod replicate;

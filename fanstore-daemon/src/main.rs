@@ -482,7 +482,8 @@ fn prepare(args: &DaemonArgs, id: &Identity, cleanup: &mut Cleanup) -> anyhow::R
     remove_stale_tomb(&copies_dir, id.rank);
     let copies = fanstore_daemon::copies::Copies::create(&copies_dir, tiers.clone(), args.cache_mem)
         .with_context(|| format!("creating the copy directory {}", copies_dir.display()))?
-        .with_disk(&local_dir, if in_memory { 0 } else { args.cache_disk });
+        .with_disk(&local_dir, if in_memory { 0 } else { args.cache_disk })
+        .with_spares(args.copy_spares);
     cleanup.copies = Some(copies_dir);
     let _ = node.tiers.set(tiers);
     let _ = node.copies.set(copies);

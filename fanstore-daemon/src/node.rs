@@ -304,8 +304,9 @@ impl Node {
     /// when a call fails with EMFILE/ENFILE, before it is tried again.
     pub fn relieve_fds(&self) {
         let n = self.cache.shed();
+        let spares = self.copies.get().map_or(0, |c| c.spares.shed());
         self.counters.fd_pressure.fetch_add(1, Relaxed);
-        log::debug!("rank {}: out of file descriptors: released {n} cached memfds", self.id.rank);
+        log::debug!("rank {}: out of file descriptors: released {n} cached memfds and {spares} spare copies", self.id.rank);
     }
 
     /// This rank's counters, for STATUS.
@@ -342,6 +343,10 @@ impl Node {
         s.cache_bytes = bytes + cbytes + dbytes;
         s.cache_entries = (entries + centries + dentries) as u64;
         s.cache_disk_bytes = dbytes;
+        if let Some(c) = self.copies.get() {
+            s.copies_reused = c.spares.reused.load(Relaxed);
+            s.copy_spares_bytes = c.spares.usage().0;
+        }
         s
     }
 }

@@ -152,6 +152,9 @@ pub struct Snapshot {
     pub cache_entries: u64,
     /// Of `cache_bytes`, the node copies on the local disk (`--cache-disk`).
     pub cache_disk_bytes: u64,
+    /// Copies written into a spare's pages ([`crate::recycle`]), and the bytes of spares kept.
+    pub copies_reused: u64,
+    pub copy_spares_bytes: u64,
     pub errors: u64,
     pub clients: u64,
     pub fd_pressure: u64,
@@ -194,7 +197,7 @@ impl Snapshot {
             "rank={}\nnranks={}\nhost={}\npid={}\nstatus={}\nmpi_threading={}\npartitions={}\nfiles={}\n\
              bytes_local={}\nbytes_read={}\nload_seconds={:.3}\nload_mbps={:.1}\nopens={}\nopens_local={}\n\
              remote_sent={}\nremote_failed={}\nremote_served={}\nremote_bytes_in={}\nremote_bytes_out={}\n\
-             cache_hits={}\ncache_misses={}\ncache_evictions={}\ncache_bytes={}\ncache_entries={}\ncache_disk_bytes={}\nerrors={}\nclients={}\nfd_pressure={}\n\
+             cache_hits={}\ncache_misses={}\ncache_evictions={}\ncache_bytes={}\ncache_entries={}\ncache_disk_bytes={}\ncopies_reused={}\ncopy_spares_bytes={}\nerrors={}\nclients={}\nfd_pressure={}\n\
              remote_p50_us={}\nremote_p99_us={}\nremote_mbps={:.3}\nreplicated_parts={}\nreplicated_bytes={}\n\
              comm_woken_by_command={}\ncomm_woken_by_fd={}\ncomm_woken_by_timeout={}\ncomm_fd_wakes_idle={}\ncomm_missed_wakes={}\n",
             self.rank,
@@ -222,6 +225,8 @@ impl Snapshot {
             self.cache_bytes,
             self.cache_entries,
             self.cache_disk_bytes,
+            self.copies_reused,
+            self.copy_spares_bytes,
             self.errors,
             self.clients,
             self.fd_pressure,
