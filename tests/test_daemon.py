@@ -436,6 +436,21 @@ def test_idle_communication_thread_sleeps_on_the_mpi_library_fds(bins, pack, sou
         c.stop()
 
 
+def remote_pair(bins, pack, tmp_path, *extra):
+    """2 ranks, no node cache, no replication on read: (cluster, dataset id,
+    [(path, node)] of the non-empty files only rank 1 holds, remote for rank 0)."""
+    ds = pack("none", replicate=False)
+    ds_id, files = files_of(ds)
+    c = start_cluster(bins, ds, tmp_path, nranks=2,
+                      extra_args=["--cache-mem", "0", "--replicate-on-read", "off", *extra])
+    try:
+        held = set(node_state(c.runtime, 1)["local"])
+    except BaseException:
+        c.stop()
+        raise
+    return c, ds_id, [(p, n) for p, n in files.items() if n["partition"] in held and n["size"] > 0]
+
+
 def test_copies_past_the_cache_reuse_pages_only_once_nobody_holds_them(bins, pack, source, tmp_path):
     """With --cache-mem 0 no copy is kept: each remote OPEN gets an unnamed
     copy, and the next one is written into a spare whose reader is done
@@ -443,13 +458,8 @@ def test_copies_past_the_cache_reuse_pages_only_once_nobody_holds_them(bins, pac
     in a forked child, a mapping without an fd) keeps its bytes, however
     many reads come after it."""
     import mmap
-    ds = pack("none", replicate=False)
-    ds_id, files = files_of(ds)
-    c = start_cluster(bins, ds, tmp_path, nranks=2,
-                      extra_args=["--cache-mem", "0", "--replicate-on-read", "off", "--copy-spares", "64M"])
+    c, ds_id, remote = remote_pair(bins, pack, tmp_path, "--copy-spares", "64M")
     try:
-        held = set(node_state(c.runtime, 1)["local"])
-        remote = [(p, n) for p, n in files.items() if n["partition"] in held and n["size"] > 0]
         assert len(remote) >= 3, "rank 1 holds too few files"
         with c.client(0) as cl:
             kept = [(p, cl.open_fd(n["id"], ds_id)) for p, n in remote[:3]]
@@ -491,14 +501,9 @@ def test_a_request_that_wakes_the_holder_is_served_by_that_wake_up(bins, pack, s
     message; a thread that slept again then waited for its sleep's timeout
     (up to 2 ms) with the request sitting in the library, for every request
     (status counters: idle fd wake-ups, and timeouts that found work)."""
-    ds = pack("none", replicate=False)
-    ds_id, files = files_of(ds)
     # No polling after activity: every request arrives while the holder sleeps.
-    c = start_cluster(bins, ds, tmp_path, nranks=2,
-                      extra_args=["--cache-mem", "0", "--replicate-on-read", "off", "--comm-spin-us", "0"])
+    c, ds_id, remote = remote_pair(bins, pack, tmp_path, "--comm-spin-us", "0")
     try:
-        held = set(node_state(c.runtime, 1)["local"])
-        remote = [(p, n) for p, n in files.items() if n["partition"] in held and n["size"] > 0]
         assert remote, "rank 1 holds no file"
         with c.client(0) as cl:
             reads = 0
