@@ -38,6 +38,8 @@ use std::sync::Mutex;
 const LOOKS: usize = 8;
 /// At most this many files are kept, whatever their size.
 const MAX_FILES: usize = 64;
+/// fcntl's F_SETSIG (Linux, every architecture; the libc crate lacks it).
+const F_SETSIG: libc::c_int = 10;
 
 /// A bounded set of unnamed copy files kept for reuse.
 pub struct Spares {
@@ -82,6 +84,16 @@ impl Spares {
     /// description of the file exists. Drops the oldest spares over budget.
     pub fn keep(&self, f: File, size: u64) {
         if !self.usable.load(Relaxed) || size == 0 || size > self.budget {
+            return;
+        }
+        // A lease's break (someone opening the file while the lease is
+        // held, for the microseconds of a take) signals the lease holder,
+        // with SIGIO by default, whose default action ends the process. No
+        // one can open an unnamed spare but through this process's
+        // /proc/PID/fd; should someone, SIGURG (ignored by default) is the
+        // signal instead.
+        // SAFETY: F_SETSIG on our own fd; no pointer arguments.
+        if unsafe { libc::fcntl(f.as_raw_fd(), F_SETSIG, libc::SIGURG) } != 0 {
             return;
         }
         let mut dropped = Vec::new();
@@ -227,6 +239,27 @@ mod tests {
         assert_eq!(f.metadata().unwrap().ino(), ino);
         f.write_all_at(&[2u8; 8192], 0).unwrap();
         assert_eq!(contents(&reader(&f)), vec![2u8; 8192]);
+    }
+
+    #[test]
+    fn an_open_that_breaks_a_held_lease_does_not_end_the_process() {
+        use std::os::unix::fs::OpenOptionsExt;
+        let d = tempfile::tempdir().unwrap();
+        let s = Spares::new(1 << 20);
+        s.keep(unnamed(d.path(), b"x"), 1);
+        let kept = s.kept.lock().unwrap();
+        let f = &kept[0].0;
+        // SAFETY: F_SETLEASE on our own fd.
+        assert_eq!(unsafe { libc::fcntl(f.as_raw_fd(), libc::F_SETLEASE, libc::F_WRLCK) }, 0);
+        // Breaks the lease and signals its holder, this process (SIGIO would end it).
+        let r = std::fs::OpenOptions::new()
+            .read(true)
+            .custom_flags(libc::O_NONBLOCK)
+            .open(format!("/proc/self/fd/{}", f.as_raw_fd()));
+        assert_eq!(r.err().and_then(|e| e.raw_os_error()), Some(libc::EWOULDBLOCK));
+        std::thread::sleep(std::time::Duration::from_millis(50));
+        // SAFETY: as above.
+        unsafe { libc::fcntl(f.as_raw_fd(), libc::F_SETLEASE, libc::F_UNLCK) };
     }
 
     #[test]
