@@ -365,8 +365,7 @@ mod tests {
         let mut pair = [0; 2];
         // SAFETY: socketpair into a live array of two ints.
         assert_eq!(unsafe { libc::socketpair(libc::AF_UNIX, libc::SOCK_STREAM, 0, pair.as_mut_ptr()) }, 0);
-        // SAFETY: a new epoll set; the socket is registered for input.
-        let ep = unsafe { libc::epoll_create1(libc::EPOLL_CLOEXEC) };
+        let ep = idle_epoll();
         let mut ev = libc::epoll_event { events: libc::EPOLLIN as u32, u64: 0 };
         // SAFETY: ep and pair[0] are live fds; ev is a valid event.
         assert_eq!(unsafe { libc::epoll_ctl(ep, libc::EPOLL_CTL_ADD, pair[0], &mut ev) }, 0);
@@ -388,12 +387,18 @@ mod tests {
         }
     }
 
+    /// A new epoll set with nothing registered: never ready.
+    fn idle_epoll() -> i32 {
+        // SAFETY: epoll_create1 takes no pointers.
+        let ep = unsafe { libc::epoll_create1(libc::EPOLL_CLOEXEC) };
+        assert!(ep >= 0);
+        ep
+    }
+
     #[test]
     fn trusted_fds_lengthen_sleeps_until_a_timeout_finds_work() {
         let (_tx, rx, bell) = channel();
-        // SAFETY: a new epoll set with nothing registered: never ready.
-        let ep = unsafe { libc::epoll_create1(libc::EPOLL_CLOEXEC) };
-        assert!(ep >= 0);
+        let ep = idle_epoll();
         let nap = Duration::from_micros(50);
         let mut w = Waiter::new(bell.expect("eventfd"), vec![ep]).with_fd_bound(Duration::from_millis(40));
         assert_eq!(w.bound(nap), Duration::from_millis(40));
@@ -441,9 +446,7 @@ mod tests {
     #[test]
     fn a_miss_after_a_long_trusted_stretch_distrusts_no_longer_than_the_first() {
         let (_tx, rx, bell) = channel();
-        // SAFETY: a new epoll set with nothing registered: never ready.
-        let ep = unsafe { libc::epoll_create1(libc::EPOLL_CLOEXEC) };
-        assert!(ep >= 0);
+        let ep = idle_epoll();
         let nap = Duration::from_micros(50);
         let bound = Duration::from_millis(1);
         let mut w = Waiter::new(bell.expect("eventfd"), vec![ep]).with_fd_bound(bound);
