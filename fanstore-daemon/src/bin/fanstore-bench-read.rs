@@ -14,10 +14,12 @@ use fanstore_daemon::client::Client;
 use std::os::unix::fs::FileExt;
 use std::time::{Duration, Instant};
 
+const PAGE: usize = 4096;
+
 fn main() -> anyhow::Result<()> {
     let mut socket = None;
     let mut dataset = None;
-    let (mut iters, mut warmup) = (50usize, 5usize);
+    let (mut iters, mut warmup, mut buf_offset) = (50usize, 5usize, 0usize);
     let mut groups: Vec<(u64, Vec<u64>)> = Vec::new();
     let mut args = std::env::args().skip(1);
     while let Some(a) = args.next() {
@@ -27,6 +29,7 @@ fn main() -> anyhow::Result<()> {
             "--dataset" => dataset = Some(val()?.parse::<u64>()?),
             "--iters" => iters = val()?.parse()?,
             "--warmup" => warmup = val()?.parse()?,
+            "--buf-offset" => buf_offset = val()?.parse::<usize>()?,
             g => {
                 let (size, ids) = g.split_once('=').context("groups are SIZE=ID,ID,...")?;
                 let ids = ids.split(',').map(str::parse).collect::<Result<Vec<u64>, _>>()?;
@@ -38,10 +41,13 @@ fn main() -> anyhow::Result<()> {
     let socket = socket.context("--socket is required")?;
     let dataset = dataset.context("--dataset is required")?;
     let mut c = Client::connect(socket.as_ref(), Duration::from_secs(60))?;
-    let mut buf = Vec::new();
+    anyhow::ensure!(buf_offset < PAGE, "--buf-offset must be below {PAGE}");
+    let mut backing = Vec::new();
     let mut rid = 0u64;
     for (size, ids) in groups {
-        buf.resize(size as usize, 0);
+        backing.resize(size as usize + 2 * PAGE, 0u8);
+        let start = (PAGE - backing.as_ptr() as usize % PAGE) % PAGE + buf_offset;
+        let buf = &mut backing[start..start + size as usize];
         let (mut opens, mut totals) = (Vec::new(), Vec::new());
         for i in 0..warmup + iters {
             let id = ids[i % ids.len()];
@@ -51,7 +57,7 @@ fn main() -> anyhow::Result<()> {
             let t_open = t.elapsed();
             anyhow::ensure!(rep.errno == 0, "OPEN {id}: errno {}", rep.errno);
             let f = std::fs::File::from(fd.context("OPEN reply without an fd")?);
-            f.read_exact_at(&mut buf, 0)?;
+            f.read_exact_at(buf, 0)?;
             let t_total = t.elapsed();
             drop(f);
             if i >= warmup {
