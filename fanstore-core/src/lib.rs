@@ -8,7 +8,8 @@
 //! - [`codec`]: raw, lz4 and zstd payloads;
 //! - [`path`]: path normalisation without allocation;
 //! - [`wire`]: the client <-> daemon messages;
-//! - [`runtime`]: where a job's sockets, shared memory and local files live.
+//! - [`runtime`]: where a job's sockets, shared memory and local files live;
+//! - [`align`]: read buffers the kernel copies into at full speed.
 //!
 //! ```no_run
 //! use fanstore_core::manifest::Manifest;
@@ -20,6 +21,7 @@
 //! # Ok::<(), fanstore_core::FormatError>(())
 //! ```
 
+pub mod align;
 pub mod checksum;
 pub mod codec;
 pub mod error;

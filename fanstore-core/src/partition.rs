@@ -242,7 +242,7 @@ impl PartitionWriter {
         let header_pos = self.pos;
         self.out.write_all(&[0u8; ENTRY_HEADER_LEN])?;
         let mut sum = StreamingChecksum::new();
-        let mut buf = vec![0u8; 1 << 20];
+        let mut buf = crate::align::AlignedBuf::zeroed(1 << 20);
         let mut left = len;
         while left > 0 {
             let want = buf.len().min(left as usize);
