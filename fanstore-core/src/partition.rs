@@ -34,7 +34,8 @@ use crate::codec::Codec;
 use crate::error::{FormatError, Result};
 use crate::le::*;
 use std::fs::File;
-use std::io::{BufReader, BufWriter, Read, Seek, SeekFrom, Write};
+use crate::align::AlignedReader;
+use std::io::{BufWriter, Read, Seek, SeekFrom, Write};
 use std::path::{Path, PathBuf};
 
 pub const MAGIC: [u8; 8] = *b"FANSTPT\0";
@@ -314,7 +315,7 @@ pub struct Entry {
 /// Reads a partition sequentially, verifying every checksum.
 pub struct PartitionReader {
     path: PathBuf,
-    input: BufReader<File>,
+    input: AlignedReader<File>,
     header: PartitionHeader,
     file_len: u64,
     pos: u64,
@@ -325,7 +326,7 @@ impl PartitionReader {
     pub fn open(path: &Path) -> Result<PartitionReader> {
         let f = File::open(path).map_err(|e| FormatError::io(path, e))?;
         let file_len = f.metadata().map_err(|e| FormatError::io(path, e))?.len();
-        let mut input = BufReader::with_capacity(4 << 20, f);
+        let mut input = AlignedReader::new(f, 0, 4 << 20);
         let mut hb = [0u8; HEADER_LEN];
         let got = read_full(&mut input, &mut hb).map_err(|e| FormatError::io(path, e))?;
         let header = PartitionHeader::decode(path, &hb[..got])?;
