@@ -261,7 +261,7 @@ L.append("`raw MPI`: 16-byte request + SIZE-byte reply between the same ranks (f
          "received into one reused buffer; `raw MPI, fresh memfd`: the same, received into a new memfd each time "
          "(the memory a remote file must land in: the client keeps it). "
          "`OPEN`: client -> rank 0 daemon -> rank 1 (MPI) -> verified, sealed memfd -> fd in the client's hand. "
-         "`OPEN+read`: plus reading every byte from the fd. Ratios are bandwidth ratios (raw time / daemon time).\n")
+         "`OPEN+read`: plus reading every byte from the fd into a page-aligned buffer (a buffer 16 bytes past a page, as malloc gives, adds 50-110 µs per 128 KiB on this AMD CPU, natively too: README). Ratios are bandwidth ratios (raw time / daemon time).\n")
 L.append("| size | raw MPI µs | raw MB/s | raw MPI, fresh memfd µs | OPEN µs | OPEN+read µs | OPEN+read MB/s | OPEN vs raw | OPEN+read vs raw | OPEN vs raw fresh memfd |")
 L.append("| ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: |")
 for s in SIZES:
