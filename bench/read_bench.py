@@ -321,15 +321,16 @@ def main():
                           f"ratio {ratios[c]:.2f})", min(rr) >= 0.8))
         rr = [med(cres, (s0, p, "FanStore lz4"), 0) / ceiling[(s0, p)] for p in PROCS]
         rf = [fdfloor[(s0, p)] / ceiling[(s0, p)] for p in PROCS]
-        # Any reader that hands the program a real fd pays the decode and
-        # then an open+read+close of an fd holding the bytes, which costs at
-        # least what native pays per file (the compressible set's native
-        # column): the most it can reach is t_decode / (t_decode + t_native).
+        # A reader that pays the decode and then what native pays per file
+        # (the compressible set's native column) reaches
+        # t_decode / (t_decode + t_native). Not a bound: FanStore's open skips
+        # the kernel's path walk, and decoding straight into the pages of a
+        # memfd kept mapped (a micro-benchmark, not built) skips the write.
         rb = [(1 / ceiling[(s0, p)]) / (1 / ceiling[(s0, p)] + 1 / med(cres, (s0, p, "native"), 0)) for p in PROCS]
         GOALS.append(("compression", f"lz4 first read >= 0.8x the decode ceiling (in-process from memory) at {fmt_size(s0)}",
                       "/".join(f"{r:.2f}x" for r in rr) + f" ({'/'.join(map(str, PROCS))} readers; decode + a real fd "
-                      "(new memfd, write, read back), no daemon: " + "/".join(f"{r:.2f}x" for r in rf) + "; the most "
-                      "any reader returning a real fd can reach, decode time / (decode time + native's "
+                      "(new memfd, write, read back), no daemon: " + "/".join(f"{r:.2f}x" for r in rf) + "; a reader "
+                      "that adds native's per-file cost to the decode, decode time / (decode time + native's "
                       "open+read+close time per file): " + "/".join(f"{r:.2f}x" for r in rb) + ")",
                       min(rr) >= 0.8))
         rr = [med(cres, (s0, p, "FanStore lz4 cached"), 0) / med(cres, (s0, p, "FanStore none"), 0) for p in PROCS]
