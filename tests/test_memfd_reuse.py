@@ -91,3 +91,65 @@ def test_pages_of_closed_decoded_files_are_reused_only_when_nothing_else_sees_th
     assert out["sent"] == want[names[4]], "bytes sent with sendfile changed before the peer read them"
     assert not out["fork_reused"], "a memfd a forked child still held was reused"
     assert out["child_ok"], "the child read other bytes than the file's"
+
+
+SCRIPT_TAKEN_NUMBERS = r'''
+import hashlib, json, os, sys
+root, mine = sys.argv[1], sys.argv[2]
+names = sys.argv[3:]
+md5 = lambda b: hashlib.md5(b).hexdigest()
+def read(name):
+    fd = os.open(os.path.join(root, name), os.O_RDONLY)
+    data = b""
+    while (b := os.read(fd, 1 << 20)):
+        data += b
+    os.close(fd)
+    return md5(data)
+out = {"read": {}}
+for n in names[:3]:
+    out["read"][n] = read(n)
+# The library's own fds: memfds it keeps for the next decodes.
+def link(f):
+    try:
+        return os.readlink(f"/proc/self/fd/{f}")
+    except FileNotFoundError:  # the fd listdir itself used
+        return ""
+pool = [int(f) for f in os.listdir("/proc/self/fd") if link(f).startswith("/memfd:fanstore")]
+out["pool"] = len(pool)
+# The program takes those numbers for files of its own (dup2 onto them,
+# as a shell's `exec N>file` does), then reads on.
+own = os.open(mine, os.O_RDWR)
+for n in pool:
+    os.dup2(own, n)
+for n in names[3:]:
+    out["read"][n] = read(n)
+for n in pool:
+    os.close(n)
+os.close(own)
+print(json.dumps(out))
+'''
+
+
+def test_numbers_the_program_takes_over_are_never_written(cluster_factory, bins, tmp_path):
+    """A pooled memfd's fd number that the program closes or dup2s onto
+    leaves the pool: the library never writes a decoded file into what the
+    program put at that number."""
+    src = tmp_path / "src"
+    src.mkdir()
+    names = [f"c{i:02d}.txt" for i in range(8)]
+    for i, n in enumerate(names):
+        (src / n).write_bytes((f"file {i} " * (9000 + 500 * i)).encode())
+    ds = tmp_path / "ds"
+    pack(bins, src, ds, "--partitions", "2", "--compress", "lz4")
+    mine = tmp_path / "mine.txt"
+    mine.write_bytes(b"the program's own bytes\n" * 100)
+    before = mine.read_bytes()
+    c = cluster_factory(ds, nranks=1, extra_args=["--cache-mem", "0", "--cache-disk", "0", "--prefill-mem", "0"])
+    r = subprocess.run([sys.executable, "-c", SCRIPT_TAKEN_NUMBERS, c.mount, str(mine), *names], env=c.env(node=0),
+                       capture_output=True, text=True, timeout=120)
+    assert r.returncode == 0, r.stderr
+    out = json.loads(r.stdout)
+    want = {n: hashlib.md5((src / n).read_bytes()).hexdigest() for n in names}
+    assert out["read"] == want, "a decoded file has wrong bytes"
+    assert out["pool"] >= 1, "no pooled memfd to take over: the test checks nothing"
+    assert mine.read_bytes() == before, "a decode wrote into the program's own file"

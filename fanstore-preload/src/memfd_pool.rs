@@ -1,44 +1,56 @@
 //! Memfds whose pages are used again: the decoded bytes of the next file a
 //! process opens go into the pages of a memfd it already closed, not into
-//! fresh ones.
+//! fresh ones, and straight through a mapping kept with the memfd, not
+//! through a write.
 //!
 //! Why: a file of a partition this node holds that is compressed, or under
 //! 64 KiB, is decoded here in the process into a memfd ([`crate::ops::open`]).
 //! On this machine a new memfd written with 128 KiB and read back costs
 //! 65.6 µs, the same bytes into a memfd whose pages exist 16.0 µs: the page
-//! allocation, not the decode, is most of a first read.
+//! allocation, not the decode, is most of a first read. Decoding into a
+//! buffer and writing it in is a pass more over the bytes than decoding
+//! into the memfd's own pages through a mapping that stays in place from
+//! file to file (lz4, decode + read back, per file: 128 KiB 58-61 against
+//! 42-44 µs; 8 MiB 6.1-6.4 against 4.1-4.2 ms). A mapping made per file
+//! costs as much as the write it saves (its page faults and unmapping).
 //!
 //! ```text
-//! open(2) of a compressed file        close(2) of that fd (before the real close)
-//!   take(len) ──► pooled memfd ◄──────── reopen /proc/self/fd/N read-write, push
-//!   (or memfd_create)                    (its pages stay allocated)
-//!   pwrite bytes, ftruncate(len)
-//!   reopen read-only onto the fd number, mark the fd recyclable
+//! open(2) of a compressed file           close(2) of that fd (before the real close)
+//!   fill(len): a pooled entry ──────────────── marked free (no system call)
+//!     (read-write memfd + its mapping,
+//!      lent to one file at a time),
+//!     or a new one, or none: the caller writes a memfd of its own
+//!   ftruncate(len), decode into the mapping
+//!   open /proc/self/fd/N read-only: the program's fd
 //! ```
 //!
 //! A pooled memfd is written again only when nothing but the pool can see
 //! its bytes:
-//! - the program's fd was closed by `close` (dup2 over it, close_range and
-//!   exec free it instead), and only fds this library marked (never a dup of
-//!   one) come back;
 //! - the kernel grants a write lease (`F_SETLEASE F_WRLCK`) on the pool's
-//!   description, which it does only when no other open description of the
-//!   file exists: no dup, no fd inherited by a child, no mapping (a mapping
-//!   keeps its description open), no read in flight;
+//!   read-write description, which it does only when no other open
+//!   description of the file exists: not the program's fd, no dup, no fd
+//!   inherited by a child, no mapping of the program's (a mapping keeps its
+//!   description open), no read in flight. The pool's own mapping does not
+//!   count (it holds the pool's description, and a shared mapping is not an
+//!   open for write);
+//! - an entry the program closed with `close` is tried first; one whose fd
+//!   went away otherwise (dup2 over it, close_range) only when the pool is
+//!   full, and the lease decides as always;
 //! - the fd was never passed to `sendfile` or `splice`, and the process never
 //!   called `vmsplice` or `io_uring_setup`: those leave references to the
 //!   pages in pipes, socket buffers or rings after the call returns, so such
-//!   an fd (or, after the latter two, every fd) is freed, not reused;
-//! - the pool belongs to the process that filled it: a fork child closes its
-//!   inherited copies (they share descriptions with the parent's), and a
-//!   vfork child, which shares the parent's memory, leaves it alone.
+//!   an entry (or, after the latter two, every entry) is dropped;
+//! - the pool belongs to the process that filled it: its mappings are not
+//!   inherited (`MADV_DONTFORK`), a fork child closes its inherited fds, and
+//!   a vfork child, which shares the parent's memory, leaves it alone.
 //!
-//! The pool holds at most [`SLOTS`] fds and 32 MiB of pages, and no fd
-//! while the process uses half of its `RLIMIT_NOFILE`.
+//! The pool holds at most [`SLOTS`] memfds (one fd and one mapping each) and
+//! 32 MiB of pages, and makes no new entry while the process uses half of
+//! its `RLIMIT_NOFILE`.
 
 use crate::lock::Locked;
 use libc::c_int;
-use std::sync::atomic::{AtomicBool, AtomicU64, Ordering::Relaxed};
+use std::sync::atomic::{AtomicBool, Ordering::Relaxed};
 
 /// Memfds kept per process.
 const SLOTS: usize = 8;
@@ -47,15 +59,25 @@ pub const MAX_FILE: u64 = 16 << 20;
 /// Bytes of pages the pool may keep per process (a DataLoader has one pool
 /// per worker): eight files of 128 KiB are 1 MiB, two of 16 MiB fill it.
 const MAX_BYTES: u64 = 32 << 20;
-/// Pooled candidates whose lease is tried per take (each try is 2 fcntl calls).
+/// Pooled candidates whose lease is tried per fill (each try is 2 fcntl calls).
 const TRIES: usize = 2;
 
 #[derive(Clone, Copy)]
 struct Slot {
+    /// The pool's read-write description of the memfd.
     fd: c_int,
-    /// The memfd's size when pooled (its pages).
+    /// Its inode number (the program's fd is marked with it).
+    ino: u64,
+    /// The memfd's size (its pages).
     size: u64,
+    /// A shared read-write mapping of the memfd, `map_len` bytes (0: none).
+    map: usize,
+    map_len: usize,
+    /// Handed out and not yet closed by the program (or being filled).
+    lent: bool,
 }
+
+const NO_SLOT: Slot = Slot { fd: -1, ino: 0, size: 0, map: 0, map_len: 0, lent: false };
 
 struct Pool {
     /// The process these fds belong to (0: not yet used).
@@ -64,11 +86,11 @@ struct Pool {
     n: usize,
 }
 
-static POOL: Locked<Pool> = Locked::new(Pool { pid: 0, slots: [Slot { fd: -1, size: 0 }; SLOTS], n: 0 });
+static POOL: Locked<Pool> = Locked::new(Pool { pid: 0, slots: [NO_SLOT; SLOTS], n: 0 });
 /// Set for good once the process used vmsplice or io_uring.
 static OFF: AtomicBool = AtomicBool::new(false);
-/// The device of the memfds made here (the kernel's internal shm mount).
-static MEMFD_DEV: AtomicU64 = AtomicU64::new(u64::MAX);
+/// Set once the pool made an entry (until then the close hooks skip it).
+static EVER: AtomicBool = AtomicBool::new(false);
 
 fn pid() -> i32 {
     // SAFETY: getpid has no preconditions.
@@ -80,21 +102,52 @@ fn close(fd: c_int) {
     unsafe { crate::real::close(fd) };
 }
 
-/// A memfd holding exactly `bytes`: a pooled one whose pages are free to
-/// reuse, else a new one. Returns the fd (read-write) and its inode number.
-pub fn filled(bytes: &[u8]) -> Result<(c_int, u64), c_int> {
-    let len = bytes.len() as u64;
-    let (fd, old) = match take(len) {
-        Some(s) => (s.fd, s.size),
-        None => {
-            // SAFETY: a NUL-terminated name and valid flags; the fd returned is ours.
-            let fd = unsafe { libc::memfd_create(c"fanstore".as_ptr(), libc::MFD_CLOEXEC) };
-            if fd < 0 {
-                return Err(errno());
-            }
-            (fd, 0)
+/// Unmaps and closes an entry that left the pool.
+fn release(s: Slot) {
+    if s.map != 0 {
+        // SAFETY: the pool's own mapping, which nothing else refers to.
+        unsafe { libc::munmap(s.map as *mut libc::c_void, s.map_len) };
+    }
+    if s.fd >= 0 {
+        close(s.fd);
+    }
+}
+
+/// A read-only fd of a memfd holding exactly `len` bytes, written by
+/// `write` into the memfd's pages, with the memfd's inode number; `flags`
+/// are the program's open flags (O_CLOEXEC, O_NONBLOCK, O_NOCTTY, O_PATH
+/// are kept). None when the pool has no memfd to give (off, full, or
+/// `len` over [`MAX_FILE`]): the caller writes a memfd of its own.
+pub fn fill(len: u64, flags: c_int, write: impl FnOnce(&mut [u8]) -> Result<(), c_int>) -> Option<Result<(c_int, u64), c_int>> {
+    if off() || len > MAX_FILE {
+        return None;
+    }
+    let me = pid();
+    let mut s = take(me, len).or_else(|| new_entry(me, len))?;
+    let res = fill_slot(&mut s, len, write).and_then(|()| reopen_ro(s.fd, flags));
+    match res {
+        Ok(ro) => {
+            put_back(me, s);
+            Some(Ok((ro, s.ino)))
         }
-    };
+        Err(e) => {
+            // Its bytes are unknown now: it goes back free (the next fill writes all of them).
+            s.lent = false;
+            put_back(me, s);
+            Some(Err(e))
+        }
+    }
+}
+
+/// A new memfd (not pooled) holding exactly `bytes`, written with pwrite:
+/// what a file gets when [`fill`] has no memfd to give. Returns the fd
+/// (read-write) and its inode number.
+pub fn written(bytes: &[u8]) -> Result<(c_int, u64), c_int> {
+    // SAFETY: a NUL-terminated name and valid flags; the fd returned is ours.
+    let fd = unsafe { libc::memfd_create(c"fanstore".as_ptr(), libc::MFD_CLOEXEC) };
+    if fd < 0 {
+        return Err(errno());
+    }
     let fail = |e: c_int| {
         close(fd);
         Err(e)
@@ -113,18 +166,71 @@ pub fn filled(bytes: &[u8]) -> Result<(c_int, u64), c_int> {
         }
         done += w as usize;
     }
-    // SAFETY: ftruncate of our memfd; fstat into a zeroed stat.
+    // SAFETY: fstat of our memfd into a zeroed stat.
     unsafe {
-        if old > len && libc::ftruncate(fd, len as libc::off_t) != 0 {
-            return fail(errno());
-        }
         let mut st: libc::stat = std::mem::zeroed();
         if libc::fstat(fd, &mut st) != 0 {
             return fail(errno());
         }
-        MEMFD_DEV.store(st.st_dev, Relaxed);
         Ok((fd, st.st_ino))
     }
+}
+
+/// Sizes `s`'s memfd to `len`, maps it whole and lets `write` fill it.
+fn fill_slot(s: &mut Slot, len: u64, write: impl FnOnce(&mut [u8]) -> Result<(), c_int>) -> Result<(), c_int> {
+    let n = len as usize;
+    if s.size != len {
+        // SAFETY: ftruncate of the pool's memfd.
+        if unsafe { libc::ftruncate(s.fd, len as libc::off_t) } != 0 {
+            return Err(errno());
+        }
+        s.size = len;
+    }
+    if n == 0 {
+        return write(&mut []);
+    }
+    if s.map_len < n {
+        if s.map != 0 {
+            // SAFETY: the pool's own mapping.
+            unsafe { libc::munmap(s.map as *mut libc::c_void, s.map_len) };
+            (s.map, s.map_len) = (0, 0);
+        }
+        let want = n.next_multiple_of(4096).max(64 << 10).min(MAX_FILE as usize);
+        // SAFETY: a new shared mapping of our memfd (the pages past the
+        // file's end are never touched).
+        let m = unsafe {
+            libc::mmap(std::ptr::null_mut(), want, libc::PROT_READ | libc::PROT_WRITE, libc::MAP_SHARED, s.fd, 0)
+        };
+        if m == libc::MAP_FAILED {
+            return Err(errno());
+        }
+        // Not inherited: a fork child never sees (or keeps alive) the pool's mapping.
+        // SAFETY: madvise on the mapping just made.
+        if unsafe { libc::madvise(m, want, libc::MADV_DONTFORK) } != 0 {
+            let e = errno();
+            // SAFETY: unmapping the mapping just made.
+            unsafe { libc::munmap(m, want) };
+            return Err(e);
+        }
+        (s.map, s.map_len) = (m as usize, want);
+    }
+    // SAFETY: the mapping covers `n` bytes of the memfd, which is `len` bytes
+    // long; the entry is lent to this call only and its lease was granted,
+    // so no other thread or description reads or writes these pages.
+    let dst = unsafe { std::slice::from_raw_parts_mut(s.map as *mut u8, n) };
+    write(dst)
+}
+
+/// A new read-only description of the pool's memfd `rw`: the program's fd.
+fn reopen_ro(rw: c_int, flags: c_int) -> Result<c_int, c_int> {
+    let path = fanstore_core::runtime::proc_fd_path(rw as u32);
+    let f = libc::O_RDONLY | (flags & (libc::O_CLOEXEC | libc::O_NONBLOCK | libc::O_NOCTTY | libc::O_PATH));
+    // SAFETY: path is NUL-terminated; the fd returned is the caller's.
+    let fd = unsafe { crate::real::open(path.as_ptr().cast(), f, 0) };
+    if fd < 0 {
+        return Err(errno());
+    }
+    Ok(fd)
 }
 
 /// `FANSTORE_MEMFD_REUSE=0` turns the reuse off (benchmarks compare both).
@@ -141,35 +247,125 @@ fn off() -> bool {
     OFF.load(Relaxed)
 }
 
-/// A pooled memfd nothing else refers to, the best fit for `len` bytes.
-fn take(len: u64) -> Option<Slot> {
-    if off() {
-        return None;
-    }
-    let me = pid();
-    for _ in 0..TRIES {
-        let s = POOL.with(|p| {
+/// A pooled entry nothing else refers to, lent to the caller: the best fit
+/// for `len` bytes among those the program closed, else (the pool full) one
+/// still lent whose fd went away without a `close`. Taken out of the pool.
+fn take(me: i32, len: u64) -> Option<Slot> {
+    let mut tried = [u64::MAX; TRIES];
+    for t in 0..TRIES {
+        let (s, was_lent) = POOL.with(|p| {
             if p.pid != me || p.n == 0 {
                 return None;
             }
-            // Smallest that holds len, else the largest.
-            let fits = (0..p.n).filter(|&i| p.slots[i].size >= len).min_by_key(|&i| p.slots[i].size);
-            let i = fits.or_else(|| (0..p.n).max_by_key(|&i| p.slots[i].size))?;
+            let untried = |i: usize| !tried[..t].contains(&p.slots[i].ino);
+            // Smallest free one that holds len, else the largest free one,
+            // else (full) the next lent one.
+            let cand = |i: &usize| !p.slots[*i].lent && untried(*i);
+            let fits = (0..p.n).filter(cand).filter(|&i| p.slots[i].size >= len).min_by_key(|&i| p.slots[i].size);
+            let i = match fits.or_else(|| (0..p.n).filter(cand).max_by_key(|&i| p.slots[i].size)) {
+                Some(i) => i,
+                // The first lent one: a failed try goes to the end, so
+                // successive fills go round the pool.
+                None if p.n == SLOTS => (0..p.n).find(|&i| p.slots[i].lent && untried(i))?,
+                None => return None,
+            };
             let s = p.slots[i];
             p.slots.copy_within(i + 1..p.n, i);
             p.n -= 1;
-            Some(s)
+            Some((s, s.lent))
         })?;
+        tried[t] = s.ino;
         if sole_description(s.fd) {
-            return Some(s);
+            return Some(Slot { lent: true, ..s });
         }
-        // Still referenced (a mapping, a child): back to the pool's end,
-        // or freed if the pool filled up meanwhile.
-        if !push(me, s) {
-            close(s.fd);
-        }
+        // Still referenced (a mapping, a dup, a child): back to the pool's end.
+        put_back(me, Slot { lent: was_lent, ..s });
     }
     None
+}
+
+/// A new memfd for the pool, lent to the caller; None if the pool has no
+/// room for it (or the process uses half of its fds).
+fn new_entry(me: i32, len: u64) -> Option<Slot> {
+    let room = POOL.with(|p| {
+        let held: u64 = p.slots[..p.n].iter().map(|s| s.size).sum();
+        (p.pid == 0 || p.pid == me) && p.n < SLOTS && held + len <= MAX_BYTES
+    });
+    if !room {
+        return None;
+    }
+    // SAFETY: a NUL-terminated name and valid flags; the fd returned is ours.
+    let made = unsafe { libc::memfd_create(c"fanstore".as_ptr(), libc::MFD_CLOEXEC) };
+    if made < 0 {
+        return None;
+    }
+    // fds are numbered lowest first, so this number is about how many the
+    // process has open: with half of RLIMIT_NOFILE in use the pool keeps
+    // none (its fds would bring the program's EMFILE closer).
+    let mut lim = libc::rlimit { rlim_cur: 0, rlim_max: 0 };
+    // SAFETY: getrlimit into a live struct.
+    let roomy = unsafe { libc::getrlimit(libc::RLIMIT_NOFILE, &mut lim) } == 0 && (made as u64) < lim.rlim_cur / 2;
+    // The kernel never grants a lease on memfd_create's own description (it
+    // is not counted as open for write): the pool keeps a reopened one, far
+    // above the numbers programs use.
+    let path = fanstore_core::runtime::proc_fd_path(made as u32);
+    // SAFETY: path is NUL-terminated; the new fd is ours.
+    let fd = if roomy { unsafe { crate::real::open(path.as_ptr().cast(), libc::O_RDWR | libc::O_CLOEXEC | libc::O_NOCTTY, 0) } } else { -1 };
+    close(made);
+    if fd < 0 {
+        return None;
+    }
+    let fd = crate::client::move_high(fd);
+    // SAFETY: fstat of our fd into a zeroed stat.
+    let st = unsafe {
+        let mut st: libc::stat = std::mem::zeroed();
+        (libc::fstat(fd, &mut st) == 0).then_some(st)
+    };
+    match st {
+        Some(st) => {
+            EVER.store(true, Relaxed);
+            Some(Slot { fd, ino: st.st_ino, size: 0, map: 0, map_len: 0, lent: true })
+        }
+        None => {
+            close(fd);
+            None
+        }
+    }
+}
+
+/// The program is closing or replacing fds `lo..=hi`: pool entries among
+/// them leave the pool (their mappings are unmapped; the numbers are the
+/// program's now, so they are not closed here). Skipped while this thread
+/// is already inside the library (our own closes keep the pool right).
+#[inline]
+pub fn forget_range(lo: c_int, hi: c_int) {
+    if !EVER.load(Relaxed) {
+        return;
+    }
+    let Some(_g) = crate::guard::Guard::enter() else { return };
+    let me = pid();
+    let mut gone = [NO_SLOT; SLOTS];
+    let n = POOL.with(|p| {
+        let mut k = 0;
+        if p.pid != me {
+            return 0;
+        }
+        let mut i = 0;
+        while i < p.n {
+            if (lo..=hi).contains(&p.slots[i].fd) {
+                gone[k] = p.slots[i];
+                k += 1;
+                p.slots.copy_within(i + 1..p.n, i);
+                p.n -= 1;
+            } else {
+                i += 1;
+            }
+        }
+        k
+    });
+    for s in &gone[..n] {
+        release(Slot { fd: -1, ..*s });
+    }
 }
 
 /// True when the kernel grants a write lease on `fd`: no other open
@@ -185,61 +381,57 @@ fn sole_description(fd: c_int) -> bool {
     true
 }
 
-/// Adds `s` to the pool of process `me`; false if the pool is full or not `me`'s.
-fn push(me: i32, s: Slot) -> bool {
-    POOL.with(|p| {
-        if p.pid == 0 {
-            p.pid = me;
-        }
-        let held: u64 = p.slots[..p.n].iter().map(|s| s.size).sum();
-        if p.pid != me || p.n == SLOTS || held + s.size > MAX_BYTES {
-            return false;
-        }
-        p.slots[p.n] = s;
-        p.n += 1;
-        true
-    })
+/// Returns `s` to the pool of process `me` (at its end), or releases it if
+/// the pool is full, over its byte cap, off, or not `me`'s.
+fn put_back(me: i32, s: Slot) {
+    let kept = !OFF.load(Relaxed)
+        && POOL.with(|p| {
+            if p.pid == 0 {
+                p.pid = me;
+            }
+            let held: u64 = p.slots[..p.n].iter().map(|s| s.size).sum();
+            if p.pid != me || p.n == SLOTS || held + s.size > MAX_BYTES {
+                return false;
+            }
+            p.slots[p.n] = s;
+            p.n += 1;
+            true
+        });
+    if !kept {
+        release(s);
+    }
 }
 
 /// Before the real close of `fd`, a memfd this library filled (inode `ino`):
-/// keep a read-write description of it for a later [`filled`].
-pub fn closing(fd: c_int, ino: u64) {
-    if off() {
-        return;
-    }
+/// its pool entry, if any, is free to fill again once its lease is granted.
+/// No system call: the lease, not this hint, decides.
+pub fn closing(_fd: c_int, ino: u64) {
     let me = pid();
-    if POOL.with(|p| p.pid != 0 && p.pid != me) {
-        return; // a vfork child: the pool is the parent's
-    }
-    // The number must still name that memfd (checked without opening
-    // anything: a stale entry could name a device or a FIFO).
-    let ours = |f: c_int| {
-        // SAFETY: fstat into a zeroed stat; f is an fd number of this process.
-        let st = unsafe {
-            let mut st: libc::stat = std::mem::zeroed();
-            (libc::fstat(f, &mut st) == 0).then_some(st)
-        }?;
-        let same = st.st_ino == ino && st.st_dev == MEMFD_DEV.load(Relaxed) && (st.st_mode & libc::S_IFMT) == libc::S_IFREG;
-        (same && st.st_size as u64 <= MAX_FILE).then_some(st.st_size as u64)
-    };
-    if ours(fd).is_none() {
-        return;
-    }
-    let path = fanstore_core::runtime::proc_fd_path(fd as u32);
-    // SAFETY: path is NUL-terminated; the new fd is ours.
-    let rw = unsafe { crate::real::open(path.as_ptr().cast(), libc::O_RDWR | libc::O_CLOEXEC | libc::O_NOCTTY, 0) };
-    if rw < 0 {
-        return;
-    }
-    // fds are numbered lowest first, so rw's number is about how many the
-    // process has open: with half of RLIMIT_NOFILE in use the pool keeps
-    // none (its fds would bring the program's EMFILE closer).
-    let mut lim = libc::rlimit { rlim_cur: 0, rlim_max: 0 };
-    // SAFETY: getrlimit into a live struct.
-    let roomy = unsafe { libc::getrlimit(libc::RLIMIT_NOFILE, &mut lim) } == 0 && (rw as u64) < lim.rlim_cur / 2;
-    match ours(rw) {
-        Some(size) if roomy && push(me, Slot { fd: rw, size }) => {}
-        _ => close(rw),
+    POOL.with(|p| {
+        if p.pid == me {
+            if let Some(s) = p.slots[..p.n].iter_mut().find(|s| s.ino == ino && s.lent) {
+                s.lent = false;
+            }
+        }
+    });
+}
+
+/// The memfd of inode `ino` went to a call that may keep references to its
+/// pages (sendfile, splice): its entry leaves the pool for good.
+pub fn discard(ino: u64) {
+    let me = pid();
+    let gone = POOL.with(|p| {
+        if p.pid != me {
+            return None;
+        }
+        let i = (0..p.n).find(|&i| p.slots[i].ino == ino)?;
+        let s = p.slots[i];
+        p.slots.copy_within(i + 1..p.n, i);
+        p.n -= 1;
+        Some(s)
+    });
+    if let Some(s) = gone {
+        release(s);
     }
 }
 
@@ -248,19 +440,17 @@ pub fn closing(fd: c_int, ino: u64) {
 pub fn turn_off() {
     if !OFF.swap(true, Relaxed) {
         let me = pid();
-        let mut fds = [-1; SLOTS];
+        let mut gone = [NO_SLOT; SLOTS];
         let n = POOL.with(|p| {
             if p.pid != me {
                 return 0;
             }
             let n = p.n;
-            for (d, s) in fds.iter_mut().zip(&p.slots[..n]) {
-                *d = s.fd;
-            }
+            gone[..n].copy_from_slice(&p.slots[..n]);
             p.n = 0;
             n
         });
-        fds[..n].iter().for_each(|&fd| close(fd));
+        gone[..n].iter().for_each(|&s| release(s));
     }
 }
 
@@ -273,7 +463,8 @@ pub fn fork_parent() {
 }
 
 /// In a fork child: the inherited fds share descriptions with the parent's
-/// pool, so they are closed; the child starts an empty pool of its own.
+/// pool, so they are closed (the mappings were not inherited:
+/// MADV_DONTFORK); the child starts an empty pool of its own.
 pub fn fork_child() {
     // SAFETY: the prepare handler took the lock and this is the child's only thread.
     let p = unsafe { POOL.force() };
@@ -295,80 +486,124 @@ mod tests {
     use super::*;
 
     fn read_all(fd: c_int) -> Vec<u8> {
-        let mut out = vec![0u8; 1 << 20];
+        let mut out = vec![0u8; 20 << 20];
         // SAFETY: pread into a live buffer of its length.
         let n = unsafe { libc::pread(fd, out.as_mut_ptr().cast(), out.len(), 0) };
         out.truncate(n.max(0) as usize);
         out
     }
 
-    fn reopen_ro(fd: c_int) -> c_int {
-        let path = fanstore_core::runtime::proc_fd_path(fd as u32);
-        // SAFETY: NUL-terminated path.
-        unsafe { libc::open(path.as_ptr().cast(), libc::O_RDONLY | libc::O_CLOEXEC) }
+    /// A file as `open` makes it through the pool: the program's fd and the inode.
+    #[track_caller]
+    fn put(bytes: &[u8]) -> (c_int, u64) {
+        match put_maybe(bytes) {
+            Some(r) => r,
+            None => panic!("the pool gave no memfd for {} bytes", bytes.len()),
+        }
+    }
+
+    fn put_maybe(bytes: &[u8]) -> Option<(c_int, u64)> {
+        fill(bytes.len() as u64, libc::O_CLOEXEC, |d| {
+            d.copy_from_slice(bytes);
+            Ok(())
+        })
+        .map(|r| r.expect("fill"))
+    }
+
+    fn lent(ino: u64) -> Option<bool> {
+        POOL.with(|p| p.slots[..p.n].iter().find(|s| s.ino == ino).map(|s| s.lent))
     }
 
     /// One test (the pool is per process): reuse, and every case that must not reuse.
     #[test]
     fn pages_are_reused_only_when_nothing_else_sees_them() {
-        // A memfd handed out, read-only, as an open() does.
-        let (rw, ino) = filled(&[1u8; 100_000]).expect("memfd");
-        let ro = reopen_ro(rw);
-        close(rw);
+        let (ro, ino) = put(&[1u8; 100_000]);
+        assert_eq!(read_all(ro), vec![1u8; 100_000]);
+        // SAFETY: a write attempt on our fd.
+        assert_eq!(unsafe { libc::write(ro, b"x".as_ptr().cast(), 1) }, -1, "the program's fd is writable");
+        assert_eq!(lent(ino), Some(true));
         closing(ro, ino);
         close(ro);
+        assert_eq!(lent(ino), Some(false));
         // Closed and unmapped: the next file gets its inode, with exactly its bytes.
-        let (rw2, ino2) = filled(&[2u8; 50_000]).expect("memfd");
+        let (ro2, ino2) = put(&[2u8; 50_000]);
         assert_eq!(ino2, ino, "the closed memfd was not reused");
-        assert_eq!(read_all(rw2), vec![2u8; 50_000], "old bytes past the new length");
-        // Still mapped after its fd was closed: not reused.
-        let ro2 = reopen_ro(rw2);
-        close(rw2);
+        assert_eq!(read_all(ro2), vec![2u8; 50_000], "old bytes past the new length");
+        // Mapped by the program after its fd was closed: not reused.
         // SAFETY: a read-only shared mapping of our memfd.
         let map = unsafe { libc::mmap(std::ptr::null_mut(), 50_000, libc::PROT_READ, libc::MAP_SHARED, ro2, 0) };
         assert_ne!(map, libc::MAP_FAILED);
         closing(ro2, ino2);
         close(ro2);
-        let (rw3, ino3) = filled(&[3u8; 60_000]).expect("memfd");
+        let (ro3, ino3) = put(&[3u8; 60_000]);
         assert_ne!(ino3, ino2, "a mapped memfd was reused");
         // SAFETY: the mapping made above.
         let mapped = unsafe { std::slice::from_raw_parts(map as *const u8, 50_000) };
         assert!(mapped.iter().all(|&b| b == 2), "the mapping's bytes changed");
         // SAFETY: unmapping it; from now on nothing refers to that memfd but the pool.
         unsafe { libc::munmap(map, 50_000) };
-        let (rw4, ino4) = filled(&[4u8; 10]).expect("memfd");
+        let (ro4, ino4) = put(&[4u8; 10]);
         assert_eq!(ino4, ino2, "the unmapped memfd was not reused");
-        assert_eq!(read_all(rw4), vec![4u8; 10]);
+        assert_eq!(read_all(ro4), vec![4u8; 10]);
         // A dup still open: not reused.
-        let ro3 = reopen_ro(rw3);
-        close(rw3);
         // SAFETY: dup of our fd.
         let dup = unsafe { libc::dup(ro3) };
         closing(ro3, ino3);
         close(ro3);
-        let (rw5, ino5) = filled(&[5u8; 10]).expect("memfd");
+        let (ro5, ino5) = put(&[5u8; 10]);
         assert_ne!(ino5, ino3, "a memfd with a dup open was reused");
         assert_eq!(read_all(dup), vec![3u8; 60_000]);
-        // The wrong inode (an fd number reused by another file): not pooled.
-        let (rw6, _) = filled(&[6u8; 10]).expect("memfd");
-        let before = POOL.with(|p| p.n);
-        closing(rw6, 12345);
-        assert_eq!(POOL.with(|p| p.n), before);
-        // Off: nothing pooled is reused.
+        // A hint for another inode frees nothing.
+        closing(ro5, 12345);
+        assert_eq!(lent(ino5), Some(true));
+        // Sent to sendfile or splice: the entry leaves the pool.
+        discard(ino5);
+        assert_eq!(lent(ino5), None);
+        assert_eq!(read_all(ro5), vec![5u8; 10], "the program's fd outlives the entry");
+        // The pool full of lent entries: one whose fd went away without a
+        // close hint (dup2 over it) is taken back once the lease says so;
+        // those still open never are.
+        let mut held = vec![ro4, ro5, dup];
+        while POOL.with(|p| p.n) < SLOTS {
+            held.push(put(&[6u8; 1000]).0);
+        }
+        let victim = held.pop().expect("an fd");
+        let victim_ino = POOL.with(|p| p.slots[SLOTS - 1].ino);
+        close(victim); // no closing(): the entry stays lent
+        // Each fill tries at most TRIES entries (the rest fall back to a
+        // memfd of their own): within a round of the pool, the one nobody
+        // holds is found.
+        let (ro7, ino7) = (0..2 * SLOTS).find_map(|_| put_maybe(&[7u8; 2000])).expect("the lent entry nobody holds was never taken back");
+        assert_eq!(ino7, victim_ino, "another entry than the one nobody holds was taken");
+        assert_eq!(read_all(ro7), vec![7u8; 2000]);
+        for &fd in &held {
+            let b = read_all(fd);
+            assert!(b.iter().all(|&x| x == b[0]), "a file still open changed");
+        }
+        held.push(ro7);
+        // Nothing free and every entry held: no memfd from the pool.
+        assert!(put_maybe(&[8u8; 10]).is_none(), "a held memfd was given out");
+        // The program closes a number the pool holds (closefrom, dup2 onto
+        // it): that entry leaves the pool, and no other.
+        let (pfd, pino) = POOL.with(|p| (p.slots[0].fd, p.slots[0].ino));
+        assert!(pfd > 100, "the pool's fd {pfd} sits among the program's numbers");
+        forget_range(pfd, pfd);
+        assert_eq!(lent(pino), None, "an entry whose number the program closed stayed");
+        assert_eq!(POOL.with(|p| p.n), SLOTS - 1);
+        close(pfd);
+        // Off: the pool is emptied and gives nothing.
         turn_off();
         assert_eq!(POOL.with(|p| p.n), 0);
-        let (rw7, ino7) = filled(&[7u8; 10]).expect("memfd");
-        closing(rw7, ino7);
-        assert_eq!(POOL.with(|p| p.n), 0);
-        // The byte cap (fd -1 stands for a memfd; nothing closes it).
-        let me = pid();
-        assert!(push(me, Slot { fd: -1, size: 20 << 20 }));
-        assert!(!push(me, Slot { fd: -1, size: 20 << 20 }), "more than MAX_BYTES kept");
-        assert!(push(me, Slot { fd: -1, size: 1 << 20 }));
-        assert!(!push(me + 1, Slot { fd: -1, size: 1 }), "another process's pool");
-        POOL.with(|p| p.n = 0);
-        for fd in [rw4, rw5, rw6, rw7, dup] {
+        assert!(put_maybe(&[9u8; 10]).is_none());
+        for fd in held {
             close(fd);
         }
+    }
+
+    #[test]
+    fn a_memfd_of_its_own_holds_exactly_the_bytes() {
+        let (fd, _) = written(&[7u8; 70_000]).expect("memfd");
+        assert_eq!(read_all(fd), vec![7u8; 70_000]);
+        close(fd);
     }
 }

@@ -17,6 +17,7 @@ pub fn before_close(fd: c_int) -> Option<c_int> {
             Some(Tracked::Output(idx)) if crate::outputs::is_foreign(idx) => {
                 // A (v)forked child closing the parent's output: not ours to touch.
                 crate::client::forget_range(fd, fd);
+                crate::memfd_pool::forget_range(fd, fd);
                 return None;
             }
             Some(Tracked::Output(idx)) => {
@@ -38,6 +39,7 @@ pub fn before_close(fd: c_int) -> Option<c_int> {
         fd_table::clear(fd);
     }
     crate::client::forget_range(fd, fd);
+    crate::memfd_pool::forget_range(fd, fd);
     err
 }
 
@@ -46,6 +48,10 @@ pub fn before_close(fd: c_int) -> Option<c_int> {
 #[inline]
 pub fn pages_lent(fd: c_int) {
     if fd_table::any() {
+        if let Some(ino) = fd_table::recyclable(fd) {
+            let _g = crate::guard::Guard::enter();
+            crate::memfd_pool::discard(ino);
+        }
         fd_table::forget_recyclable(fd);
     }
 }
@@ -81,6 +87,7 @@ pub fn before_dup2(old: c_int, new: c_int) {
             }
         }
         crate::client::forget_range(new, new);
+        crate::memfd_pool::forget_range(new, new);
     }
 }
 
@@ -100,5 +107,6 @@ pub fn before_close_range(lo: u32, hi: u32, flags: c_int) {
             fd_table::set(fd, Tracked::Output(idx));
         }
         crate::client::forget_range(lo.min(i32::MAX as u32) as c_int, hi.min(i32::MAX as u32) as c_int);
+        crate::memfd_pool::forget_range(lo.min(i32::MAX as u32) as c_int, hi.min(i32::MAX as u32) as c_int);
     }
 }

@@ -189,19 +189,29 @@ fn decode_local(st: &State, n: &Node, flags: c_int) -> Option<Result<(c_int, u64
         crate::dlog!("node {}: payload fails its checksum in the partition copy: EIO", n.id());
         return Some(Err(libc::EIO));
     }
-    let onto = |(fd, ino)| private_onto(fd, flags).map(|fd| (fd, ino));
-    if n.codec() == Codec::None {
-        return Some(crate::memfd_pool::filled(stored).and_then(onto));
-    }
     let size = usize::try_from(n.size()).ok()?;
-    Some(with_scratch(size, |raw| {
-        if fanstore_core::codec::decompress_into(n.codec(), stored, raw).is_err() {
+    let decode = |out: &mut [u8]| {
+        if n.codec() == Codec::None {
+            out.copy_from_slice(stored);
+        } else if fanstore_core::codec::decompress_into(n.codec(), stored, out).is_err() {
             crate::dlog!("node {}: payload does not decode: EIO", n.id());
             return Err(libc::EIO);
         }
-        crate::memfd_pool::filled(raw)
-    })
-    .and_then(onto))
+        Ok(())
+    };
+    if n.codec() == Codec::None && stored.len() != size {
+        return Some(Err(libc::EIO));
+    }
+    // Straight into the pages of a pooled memfd, else into a buffer written
+    // into a memfd of its own.
+    if let Some(r) = crate::memfd_pool::fill(n.size(), flags, decode) {
+        return Some(r);
+    }
+    let onto = |(fd, ino)| private_onto(fd, flags).map(|fd| (fd, ino));
+    if n.codec() == Codec::None {
+        return Some(crate::memfd_pool::written(stored).and_then(onto));
+    }
+    Some(with_scratch(size, |raw| decode(raw).and_then(|()| crate::memfd_pool::written(raw))).and_then(onto))
 }
 
 /// Decoded bytes up to this size reuse one buffer per thread (its pages stay
