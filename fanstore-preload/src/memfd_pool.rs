@@ -221,9 +221,11 @@ fn fill_slot(s: &mut Slot, len: u64, write: impl FnOnce(&mut [u8]) -> Result<(),
     write(dst)
 }
 
-/// A new read-only description of the pool's memfd `rw`: the program's fd.
-fn reopen_ro(rw: c_int, flags: c_int) -> Result<c_int, c_int> {
-    let path = fanstore_core::runtime::proc_fd_path(rw as u32);
+/// A new read-only description of the file of `fd` (the pool's memfd, or
+/// one the daemon sent): the program's fd, with its open flags (O_CLOEXEC,
+/// O_NONBLOCK, O_NOCTTY, O_PATH kept).
+pub fn reopen_ro(fd: c_int, flags: c_int) -> Result<c_int, c_int> {
+    let path = fanstore_core::runtime::proc_fd_path(fd as u32);
     let f = libc::O_RDONLY | (flags & (libc::O_CLOEXEC | libc::O_NONBLOCK | libc::O_NOCTTY | libc::O_PATH));
     // SAFETY: path is NUL-terminated; the fd returned is the caller's.
     let fd = unsafe { crate::real::open(path.as_ptr().cast(), f, 0) };
@@ -405,7 +407,7 @@ fn put_back(me: i32, s: Slot) {
 /// Before the real close of `fd`, a memfd this library filled (inode `ino`):
 /// its pool entry, if any, is free to fill again once its lease is granted.
 /// No system call: the lease, not this hint, decides.
-pub fn closing(_fd: c_int, ino: u64) {
+pub fn closing(ino: u64) {
     let me = pid();
     POOL.with(|p| {
         if p.pid == me {
@@ -522,7 +524,7 @@ mod tests {
         // SAFETY: a write attempt on our fd.
         assert_eq!(unsafe { libc::write(ro, b"x".as_ptr().cast(), 1) }, -1, "the program's fd is writable");
         assert_eq!(lent(ino), Some(true));
-        closing(ro, ino);
+        closing(ino);
         close(ro);
         assert_eq!(lent(ino), Some(false));
         // Closed and unmapped: the next file gets its inode, with exactly its bytes.
@@ -533,7 +535,7 @@ mod tests {
         // SAFETY: a read-only shared mapping of our memfd.
         let map = unsafe { libc::mmap(std::ptr::null_mut(), 50_000, libc::PROT_READ, libc::MAP_SHARED, ro2, 0) };
         assert_ne!(map, libc::MAP_FAILED);
-        closing(ro2, ino2);
+        closing(ino2);
         close(ro2);
         let (ro3, ino3) = put(&[3u8; 60_000]);
         assert_ne!(ino3, ino2, "a mapped memfd was reused");
@@ -548,13 +550,13 @@ mod tests {
         // A dup still open: not reused.
         // SAFETY: dup of our fd.
         let dup = unsafe { libc::dup(ro3) };
-        closing(ro3, ino3);
+        closing(ino3);
         close(ro3);
         let (ro5, ino5) = put(&[5u8; 10]);
         assert_ne!(ino5, ino3, "a memfd with a dup open was reused");
         assert_eq!(read_all(dup), vec![3u8; 60_000]);
         // A hint for another inode frees nothing.
-        closing(ro5, 12345);
+        closing(12345);
         assert_eq!(lent(ino5), Some(true));
         // Sent to sendfile or splice: the entry leaves the pool.
         discard(ino5);

@@ -31,7 +31,7 @@ pub fn before_close(fd: c_int) -> Option<c_int> {
             Some(Tracked::File(_)) => {
                 if let Some(ino) = fd_table::recyclable(fd) {
                     let _g = crate::guard::Guard::enter();
-                    crate::memfd_pool::closing(fd, ino);
+                    crate::memfd_pool::closing(ino);
                 }
             }
             _ => {}

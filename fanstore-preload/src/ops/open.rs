@@ -250,17 +250,15 @@ fn open_remote(st: &State, n: &Node, flags: c_int) -> Result<c_int, c_int> {
 /// description), moved onto `shared`'s number: the fd an open(2) returns.
 fn private_onto(shared: c_int, flags: c_int) -> Result<c_int, c_int> {
     let cloexec = flags & libc::O_CLOEXEC != 0;
-    let path = fanstore_core::runtime::proc_fd_path(shared as u32);
-    let f = libc::O_RDONLY | libc::O_CLOEXEC | (flags & (libc::O_NONBLOCK | libc::O_NOCTTY | libc::O_PATH));
-    // SAFETY: path is NUL-terminated.
-    let private = unsafe { crate::real::open(path.as_ptr().cast(), f, 0) };
-    if private < 0 {
-        let e = errno();
-        // SAFETY: closing the fd the daemon sent us.
-        unsafe { crate::real::close(shared) };
-        crate::dlog!("reopen of the daemon's fd failed ({}): EIO", crate::debug::E(e));
-        return Err(libc::EIO);
-    }
+    let private = match crate::memfd_pool::reopen_ro(shared, flags | libc::O_CLOEXEC) {
+        Ok(fd) => fd,
+        Err(e) => {
+            // SAFETY: closing the fd the daemon sent us.
+            unsafe { crate::real::close(shared) };
+            crate::dlog!("reopen of the daemon's fd failed ({}): EIO", crate::debug::E(e));
+            return Err(libc::EIO);
+        }
+    };
     // Move the private description onto the received number: dup3 replaces
     // it atomically, so no other thread can grab the number in between.
     // SAFETY: both fds are ours.
