@@ -30,7 +30,7 @@
 
 use crate::cache::Cache;
 use crate::fdlimit;
-use crate::recycle::Spares;
+use crate::recycle::{Spare, Spares};
 use fanstore_core::tiers::{self, EXTRACT_MIN, TIER_COPY, TIER_EXTRACTED, TIER_NONE};
 use std::ffi::CString;
 use std::fs::File;
@@ -197,7 +197,7 @@ impl Copies {
     }
 
     /// A read-only fd on the copy of node `id` (`size` bytes), made now by
-    /// `fill` (which writes the file's exact bytes into the file it is given)
+    /// `fill` (which writes the file's exact bytes into the destination it is given)
     /// unless a copy exists or is being made by another thread (then waits
     /// at most `wait`). `relieve` frees fds when the process runs out.
     pub fn open(
@@ -206,7 +206,7 @@ impl Copies {
         size: u64,
         wait: Duration,
         relieve: &dyn Fn(),
-        fill: &dyn Fn(&File) -> Result<(), i32>,
+        fill: &Fill<'_>,
     ) -> Result<OwnedFd, i32> {
         let placed = match self.tiers.get(id) {
             TIER_COPY => Some((self.path(id), &self.cache)),
@@ -222,10 +222,10 @@ impl Copies {
         }
         let mut last = libc::EIO;
         for _ in 0..3 {
-            let mut fresh: Option<File> = None;
+            let mut fresh: Option<Spare> = None;
             let entry = self.cache.get_or_load(id, wait, libc::EIO, || {
                 let f = self.make(id, size, relieve, fill)?;
-                let ino = f.metadata().map_err(|e| fdlimit::errno_of(&e))?.ino();
+                let ino = f.file().metadata().map_err(|e| fdlimit::errno_of(&e))?.ino();
                 fresh = Some(f);
                 Ok((CopyEntry { ino }, charge(size)))
             });
@@ -241,10 +241,10 @@ impl Copies {
             };
             if let Some(f) = fresh {
                 // Our own load: a read-only description of the file we filled.
-                let fd = fdlimit::retry(relieve, || open_ro(Path::new(&format!("/proc/self/fd/{}", f.as_raw_fd()))));
+                let fd = fdlimit::retry(relieve, || open_ro(Path::new(&format!("/proc/self/fd/{}", f.file().as_raw_fd()))));
                 if fd.is_ok() && !self.fits(size) {
                     // Unnamed: its pages serve a later copy once the reader is done.
-                    self.spares.keep(f, size);
+                    self.spares.keep(f);
                 }
                 return fd;
             }
@@ -265,13 +265,13 @@ impl Copies {
     /// An unnamed file in the copy directory, filled by `fill`, then linked
     /// as `<id>` and recorded in the tier map (unless larger than the whole
     /// budget: then it is served unnamed, written into a spare when one is
-    /// free, and kept as a spare after).
-    fn make(&self, id: u32, size: u64, relieve: &dyn Fn(), fill: &dyn Fn(&File) -> Result<(), i32>) -> Result<File, i32> {
+    /// free (through the mapping kept with it), and kept as a spare after).
+    fn make(&self, id: u32, size: u64, relieve: &dyn Fn(), fill: &Fill<'_>) -> Result<Spare, i32> {
         let named = charge(size) <= self.budget;
         // `fill` writes every byte of the file, so a spare's old bytes never show.
-        if let Some(f) = if named { None } else { self.spares.take(size) } {
-            fill(&f)?;
-            return Ok(f);
+        if let Some(mut s) = if named { None } else { self.spares.take(size) } {
+            fill(&mut CopyDst::spare(&mut s))?;
+            return Ok(s);
         }
         let f = fdlimit::retry(relieve, || {
             // SAFETY: dir_c is a NUL-terminated path; O_TMPFILE needs a mode.
@@ -282,19 +282,19 @@ impl Copies {
             // SAFETY: fd is a fresh fd that nothing else owns.
             Ok(File::from(unsafe { OwnedFd::from_raw_fd(fd) }))
         })?;
-        fill(&f)?;
+        fill(&mut CopyDst::file(&f))?;
         if named {
             link_unnamed(&f, &self.path(id))?;
             self.tiers.set(id, TIER_COPY);
         }
-        Ok(f)
+        Ok(Spare::new(f, size))
     }
 
     /// Makes the copy of node `id` now unless it exists (no fd for anyone):
     /// the background prefill and WARM copies. On the local disk when
     /// [`Copies::fits_disk`], else (or when that fails) in the copy
     /// directory. Returns false when the copy could not be made.
-    pub fn prefill(&self, id: u32, size: u64, relieve: &dyn Fn(), fill: &dyn Fn(&File) -> Result<(), i32>) -> bool {
+    pub fn prefill(&self, id: u32, size: u64, relieve: &dyn Fn(), fill: &Fill<'_>) -> bool {
         if matches!(self.tiers.get(id), TIER_COPY | TIER_EXTRACTED) {
             return true;
         }
@@ -314,7 +314,7 @@ impl Copies {
         }
         self.cache.get_or_load(id, Duration::from_secs(10), libc::EIO, || {
             let f = self.make(id, size, relieve, fill)?;
-            let ino = f.metadata().map_err(|e| fdlimit::errno_of(&e))?.ino();
+            let ino = f.file().metadata().map_err(|e| fdlimit::errno_of(&e))?.ino();
             Ok((CopyEntry { ino }, charge(size)))
         })
         .is_ok()
@@ -322,7 +322,7 @@ impl Copies {
 
     /// An unnamed file in `local/in/<bucket>/`, filled by `fill`, then
     /// linked at the file's extraction path and recorded in the tier map.
-    fn make_on_disk(&self, d: &DiskCopies, id: u32, relieve: &dyn Fn(), fill: &dyn Fn(&File) -> Result<(), i32>) -> Result<File, i32> {
+    fn make_on_disk(&self, d: &DiskCopies, id: u32, relieve: &dyn Fn(), fill: &Fill<'_>) -> Result<File, i32> {
         let name = d.path(id);
         let bucket = name.parent().ok_or(libc::EIO)?;
         let bucket_c = CString::new(bucket.as_os_str().as_bytes()).map_err(|_| libc::EIO)?;
@@ -335,7 +335,7 @@ impl Copies {
             // SAFETY: fd is a fresh fd that nothing else owns.
             Ok(File::from(unsafe { OwnedFd::from_raw_fd(fd) }))
         })?;
-        fill(&f)?;
+        fill(&mut CopyDst::file(&f))?;
         link_unnamed(&f, &name)?;
         self.tiers.set(id, TIER_EXTRACTED);
         Ok(f)
@@ -451,6 +451,66 @@ pub fn open_ro(path: &Path) -> Result<OwnedFd, i32> {
         .map_err(|e| fdlimit::errno_of(&e))
 }
 
+/// Where a copy's bytes are written: its file, through the mapping kept with
+/// it when it is a spare ([`crate::recycle`]), else with pwrite. Every byte
+/// of the file must be written.
+pub struct CopyDst<'a> {
+    file: &'a File,
+    map: Option<&'a mut [u8]>,
+}
+
+/// What a copy is filled by: it writes the file's exact bytes into the
+/// destination it is given.
+pub type Fill<'a> = dyn Fn(&mut CopyDst<'_>) -> Result<(), i32> + 'a;
+
+impl<'a> CopyDst<'a> {
+    /// A destination written with pwrite.
+    pub fn file(file: &'a File) -> CopyDst<'a> {
+        CopyDst { file, map: None }
+    }
+
+    fn spare(s: &'a mut Spare) -> CopyDst<'a> {
+        let (file, map) = s.parts();
+        CopyDst { file, map }
+    }
+
+    /// Whether the bytes go through a kept mapping (the file's pages exist).
+    pub fn is_mapped(&self) -> bool {
+        self.map.is_some()
+    }
+
+    pub fn as_file(&self) -> &File {
+        self.file
+    }
+
+    /// Writes `bytes` as the whole file. EIO if the file is not that long
+    /// (a mapped destination has the file's exact length).
+    pub fn write_all(&mut self, bytes: &[u8]) -> Result<(), i32> {
+        match self.map.as_deref_mut() {
+            Some(m) if m.len() == bytes.len() => {
+                m.copy_from_slice(bytes);
+                Ok(())
+            }
+            Some(_) => Err(libc::EIO),
+            None => write_all_at(self.file, bytes, 0),
+        }
+    }
+
+    /// Lets `make` produce the file's `len` bytes in memory: straight into
+    /// the mapping, else into `scratch` (resized to `len`), then written in.
+    pub fn write_with(&mut self, len: usize, scratch: &mut Vec<u8>, make: impl FnOnce(&mut [u8]) -> Result<(), i32>) -> Result<(), i32> {
+        match self.map.as_deref_mut() {
+            Some(m) if m.len() == len => make(m),
+            Some(_) => Err(libc::EIO),
+            None => {
+                scratch.resize(len, 0);
+                make(&mut scratch[..len])?;
+                write_all_at(self.file, &scratch[..len], 0)
+            }
+        }
+    }
+}
+
 /// Writes all of `bytes` at `offset` of `f`.
 pub fn write_all_at(f: &File, bytes: &[u8], offset: u64) -> Result<(), i32> {
     use std::os::unix::fs::FileExt;
@@ -482,9 +542,9 @@ mod tests {
         let loads = AtomicUsize::new(0);
         let fill = |b: u8| {
             let loads = &loads;
-            move |f: &File| {
+            move |d: &mut CopyDst<'_>| {
                 loads.fetch_add(1, Ordering::Relaxed);
-                write_all_at(f, &[b; 100], 0)
+                d.write_all(&[b; 100])
             }
         };
         let w = Duration::from_secs(1);
@@ -510,7 +570,7 @@ mod tests {
     #[test]
     fn larger_than_the_budget_is_served_unnamed() {
         let (_d, tiers, c) = setup(4096);
-        let fd = c.open(4, 10_000, Duration::from_secs(1), &|| {}, &|f| write_all_at(f, &[7; 10_000], 0)).unwrap();
+        let fd = c.open(4, 10_000, Duration::from_secs(1), &|| {}, &|d| d.write_all(&[7; 10_000])).unwrap();
         assert_eq!(read(fd), vec![7; 10_000]);
         assert!(!c.fits(10_000) && c.fits(4096) && c.fits(1));
         assert_eq!(tiers.get(4), TIER_NONE);
@@ -518,12 +578,48 @@ mod tests {
     }
 
     #[test]
+    fn unnamed_copies_are_written_again_through_the_spares_mapping() {
+        let (_d, _tiers, c) = setup(4096);
+        let c = c.with_spares(1 << 20);
+        let w = Duration::from_secs(1);
+        let mapped = std::sync::Mutex::new(Vec::new());
+        let fill = |b: u8, len: usize| {
+            let mapped = &mapped;
+            move |d: &mut CopyDst<'_>| {
+                mapped.lock().unwrap().push(d.is_mapped());
+                let mut scratch = Vec::new();
+                d.write_with(len, &mut scratch, |out| {
+                    out.iter_mut().enumerate().for_each(|(i, x)| *x = b ^ i as u8);
+                    Ok(())
+                })
+            }
+        };
+        let want = |b: u8, len: usize| (0..len).map(|i| b ^ i as u8).collect::<Vec<u8>>();
+        assert_eq!(read(c.open(4, 10_000, w, &|| {}, &fill(1, 10_000)).unwrap()), want(1, 10_000));
+        // The reader closed: its file is written again (through a mapping),
+        // larger, then smaller, with exactly the new bytes each time.
+        assert_eq!(read(c.open(5, 30_000, w, &|| {}, &fill(2, 30_000)).unwrap()), want(2, 30_000));
+        assert_eq!(read(c.open(6, 5_000, w, &|| {}, &fill(3, 5_000)).unwrap()), want(3, 5_000));
+        // A reader still open: a new file, written with pwrite.
+        let held = c.open(7, 6_000, w, &|| {}, &fill(4, 6_000)).unwrap();
+        assert_eq!(read(c.open(8, 6_000, w, &|| {}, &fill(5, 6_000)).unwrap()), want(5, 6_000));
+        assert_eq!(read(held), want(4, 6_000), "a file a reader holds was written again");
+        assert_eq!(*mapped.lock().unwrap(), [false, true, true, true, false]);
+        assert_eq!(c.spares.reused.load(Ordering::Relaxed), 3);
+        // A mapped destination of the wrong length is refused, not overrun.
+        let mut sp = c.spares.take(6_000).expect("a free spare");
+        let mut d = CopyDst::spare(&mut sp);
+        assert!(d.is_mapped());
+        assert_eq!(d.write_all(&[0u8; 10]), Err(libc::EIO));
+    }
+
+    #[test]
     fn a_copy_unlinked_behind_the_cache_is_made_again() {
         let (_d, _tiers, c) = setup(1 << 20);
         let w = Duration::from_secs(1);
-        c.open(5, 10, w, &|| {}, &|f| write_all_at(f, b"0123456789", 0)).unwrap();
+        c.open(5, 10, w, &|| {}, &|d| d.write_all(b"0123456789")).unwrap();
         std::fs::remove_file(c.dir().join("5")).unwrap();
-        let fd = c.open(5, 10, w, &|| {}, &|f| write_all_at(f, b"abcdefghij", 0)).unwrap();
+        let fd = c.open(5, 10, w, &|| {}, &|d| d.write_all(b"abcdefghij")).unwrap();
         assert_eq!(read(fd), b"abcdefghij");
         assert!(c.dir().join("5").exists());
     }
@@ -532,9 +628,9 @@ mod tests {
     fn prefill_publishes_without_an_fd_and_is_idempotent() {
         let (_d, tiers, c) = setup(1 << 20);
         let loads = AtomicUsize::new(0);
-        let fill = |f: &File| {
+        let fill = |d: &mut CopyDst<'_>| {
             loads.fetch_add(1, Ordering::Relaxed);
-            write_all_at(f, b"pre", 0)
+            d.write_all(b"pre")
         };
         assert!(c.prefill(7, 3, &|| {}, &fill));
         assert!(c.prefill(7, 3, &|| {}, &fill));
@@ -561,7 +657,7 @@ mod tests {
         let big = EXTRACT_MIN as usize;
         // Room for two large copies on disk.
         let c = c.with_disk(&local, 2 * EXTRACT_MIN);
-        let fill = |b: u8, len: usize| move |f: &File| write_all_at(f, &vec![b; len], 0);
+        let fill = |b: u8, len: usize| move |d: &mut CopyDst<'_>| d.write_all(&vec![b; len]);
         assert!(c.can_keep(EXTRACT_MIN) && c.fits_disk(EXTRACT_MIN) && !c.fits_disk(EXTRACT_MIN - 1));
         assert!(c.prefill(1, EXTRACT_MIN, &|| {}, &fill(1, big)));
         let on_disk = |id| fanstore_core::runtime::local_file_path(&local, id);
@@ -596,14 +692,14 @@ mod tests {
         let c = c.with_disk(&d.path().join("missing"), 1 << 30);
         std::fs::create_dir_all(d.path().join("missing")).unwrap();
         let big = EXTRACT_MIN as usize;
-        assert!(c.prefill(6, EXTRACT_MIN, &|| {}, &|f| write_all_at(f, &vec![6; big], 0)));
+        assert!(c.prefill(6, EXTRACT_MIN, &|| {}, &|d| d.write_all(&vec![6; big])));
         assert_eq!(tiers.get(6), TIER_COPY);
         assert_eq!(std::fs::read(c.dir().join("6")).unwrap(), vec![6; big]);
         // --cache-disk 0: every copy in memory.
         let (_d2, tiers2, c2) = setup(1 << 20);
         let c2 = c2.with_disk(Path::new("/nonexistent"), 0);
         assert!(c2.disk().is_none() && !c2.fits_disk(EXTRACT_MIN));
-        assert!(c2.prefill(7, EXTRACT_MIN, &|| {}, &|f| write_all_at(f, &vec![7; big], 0)));
+        assert!(c2.prefill(7, EXTRACT_MIN, &|| {}, &|d| d.write_all(&vec![7; big])));
         assert_eq!(tiers2.get(7), TIER_COPY);
     }
 }

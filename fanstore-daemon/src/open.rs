@@ -18,7 +18,7 @@
 
 use crate::bufpool::BufPool;
 use crate::comm::{Command, Fetch, RecvBuf};
-use crate::copies::{open_ro, write_all_at};
+use crate::copies::{open_ro, CopyDst};
 use crate::fdlimit;
 use crate::load::PartMap;
 use crate::node::{Node, Phase};
@@ -26,7 +26,6 @@ use fanstore_core::checksum::xxh3;
 use fanstore_core::codec::{self, Codec};
 use fanstore_core::manifest::{NodeKind, NodeRef};
 use fanstore_core::tiers::{EXTRACT_MIN, TIER_COPY, TIER_EXTRACTED};
-use std::fs::File;
 use std::os::fd::{AsRawFd, OwnedFd};
 use std::os::unix::fs::OpenOptionsExt;
 use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
@@ -84,16 +83,16 @@ impl Node {
                     n.size(),
                     self.fetch_budget(n),
                     &|| self.relieve_fds(),
-                    &|f| self.fill_local(n, map, f),
+                    &|d| self.fill_local(n, map, d),
                 ),
                 (Err(libc::ENOSPC), None) => Err(libc::EIO),
                 (r, _) => r,
             },
             (_, Some(copies)) => {
                 let wait = self.fetch_budget(n);
-                copies.open(n.id(), n.size(), wait, &|| self.relieve_fds(), &|f| match local {
-                    Some(map) => self.fill_local(n, map, f),
-                    None => self.fill_remote(n, f),
+                copies.open(n.id(), n.size(), wait, &|| self.relieve_fds(), &|d| match local {
+                    Some(map) => self.fill_local(n, map, d),
+                    None => self.fill_remote(n, d),
                 })
             }
             _ => Err(libc::EIO),
@@ -133,7 +132,7 @@ impl Node {
                 continue;
             }
             let Some(Some(map)) = parts.get(n.partition() as usize) else { continue };
-            if copies.prefill(n.id(), n.size(), &|| self.relieve_fds(), &|f| self.fill_local(n, map, f)) {
+            if copies.prefill(n.id(), n.size(), &|| self.relieve_fds(), &|d| self.fill_local(n, map, d)) {
                 done += 1;
                 bytes += n.size();
             }
@@ -161,7 +160,7 @@ impl Node {
                 continue; // could not be kept (no budget, or larger than it): decoding it would be wasted
             }
             let Some(map) = self.part_map(n.partition()) else { continue };
-            copies.prefill(n.id(), n.size(), &|| self.relieve_fds(), &|f| self.fill_local(n, map, f));
+            copies.prefill(n.id(), n.size(), &|| self.relieve_fds(), &|d| self.fill_local(n, map, d));
         }
     }
 
@@ -240,22 +239,22 @@ impl Node {
         })
     }
 
-    /// Writes local file `n`'s bytes (verified, decompressed) into `f`.
-    fn fill_local(&self, n: NodeRef<'_>, map: &PartMap, f: &File) -> Result<(), i32> {
+    /// Writes local file `n`'s bytes (verified, decompressed) into `dst`.
+    fn fill_local(&self, n: NodeRef<'_>, map: &PartMap, dst: &mut CopyDst<'_>) -> Result<(), i32> {
         let stored = self.stored(n, map)?;
         self.check_sum(n, xxh3(stored))?;
-        self.decode_into(n, stored, f)
+        self.decode_into(n, stored, dst)
     }
 
     /// Writes the file's bytes from its verified stored payload
     /// (decompressing if needed) into `f`.
-    fn decode_into(&self, n: NodeRef<'_>, stored: &[u8], f: &File) -> Result<(), i32> {
+    fn decode_into(&self, n: NodeRef<'_>, stored: &[u8], dst: &mut CopyDst<'_>) -> Result<(), i32> {
         let eio = |what: &str, e: &dyn std::fmt::Display| {
             log::error!("rank {}: {what} '{}': {e}", self.id.rank, String::from_utf8_lossy(n.path()));
             libc::EIO
         };
-        let write = |bytes: &[u8]| {
-            write_all_at(f, bytes, 0).map_err(|e| {
+        let written = |r: Result<(), i32>| {
+            r.map_err(|e| {
                 if e == libc::ENOSPC {
                     return e; // the copy directory is full: the caller makes room
                 }
@@ -266,14 +265,16 @@ impl Node {
             if stored.len() as u64 != n.size() {
                 return Err(eio("size of", &"stored length differs from the size"));
             }
-            write(stored)
+            written(dst.write_all(stored))
         } else {
-            let mut raw = scratch(n.size() as usize);
-            let res = codec::decompress_into(n.codec(), stored, &mut raw)
-                .map_err(|e| eio("decoding", &e))
-                .and_then(|()| write(&raw));
+            let mut decoded = Ok(());
+            let mut raw = scratch(0);
+            let res = dst.write_with(n.size() as usize, &mut raw, |out| {
+                decoded = codec::decompress_into(n.codec(), stored, out).map_err(|e| eio("decoding", &e));
+                decoded
+            });
             give_back(raw);
-            res
+            decoded.and(written(res))
         }
     }
 
@@ -298,15 +299,15 @@ impl Node {
         Ok(())
     }
 
-    /// Writes remote file `n`'s bytes into `f`, from the first holder that answers.
-    fn fill_remote(&self, n: NodeRef<'_>, f: &File) -> Result<(), i32> {
+    /// Writes remote file `n`'s bytes into `dst`, from the first holder that answers.
+    fn fill_remote(&self, n: NodeRef<'_>, dst: &mut CopyDst<'_>) -> Result<(), i32> {
         if n.stored_len() == 0 {
             return self.check_sum(n, xxh3(&[]));
         }
         let me = self.id.rank;
         let mut last = libc::EIO;
         for holder in self.placement.holders_for(n.partition(), n.id()).into_iter().filter(|&h| h != me) {
-            match self.fetch_from(n, holder, f) {
+            match self.fetch_from(n, holder, dst) {
                 Ok(()) => {
                     self.read_remotely(n.partition(), n.stored_len());
                     return Ok(());
@@ -323,11 +324,12 @@ impl Node {
         Err(last)
     }
 
-    /// One remote read of `n` from `holder` into `f`. The payload lands in a
-    /// warm scratch buffer; the file's pages are allocated while it travels
-    /// (page allocation costs as much as the transfer on some machines), then
-    /// the bytes are written in with one pwrite.
-    fn fetch_from(&self, n: NodeRef<'_>, holder: u32, f: &File) -> Result<(), i32> {
+    /// One remote read of `n` from `holder` into `dst`. The payload lands in
+    /// a warm scratch buffer; a new file's pages are allocated while it
+    /// travels (page allocation costs as much as the transfer on some
+    /// machines), then the bytes are copied in (through a spare's kept
+    /// mapping, or with one pwrite).
+    fn fetch_from(&self, n: NodeRef<'_>, holder: u32, dst: &mut CopyDst<'_>) -> Result<(), i32> {
         let me = self.id.rank;
         let t0 = Instant::now();
         let len = n.stored_len() as usize;
@@ -338,9 +340,10 @@ impl Node {
         if self.comm.send(cmd).is_err() {
             return Err(libc::EIO);
         }
-        if let Ok(size) = libc::off_t::try_from(n.size()) {
+        // (A spare's pages exist already.)
+        if let Some(size) = libc::off_t::try_from(n.size()).ok().filter(|_| !dst.is_mapped()) {
             // SAFETY: fallocate on our own file; best effort (faults allocate what is left).
-            unsafe { libc::fallocate(f.as_raw_fd(), 0, 0, size) };
+            unsafe { libc::fallocate(dst.as_file().as_raw_fd(), 0, 0, size) };
         }
         let t1 = Instant::now();
         let got = rx.recv_timeout(timeout + Duration::from_secs(2));
@@ -348,7 +351,7 @@ impl Node {
         let res = match got {
             Ok(Ok((RecvBuf { buf, len }, sum))) => {
                 self.counters.remote_latency.record(t2 - t0);
-                let r = self.check_sum(n, sum).and_then(|()| self.decode_into(n, &buf[..len], f));
+                let r = self.check_sum(n, sum).and_then(|()| self.decode_into(n, &buf[..len], dst));
                 give_back(buf);
                 r
             }

@@ -18,19 +18,30 @@
 //! the lease is released at once. A file system without leases turns the
 //! recycling off (logged once) and copies get fresh files, as before.
 //!
+//! A spare keeps a shared mapping of its file once it is written again, and
+//! the next copy is written through it: on this machine a pwrite into a
+//! memfd's existing pages costs about 4x a memcpy into a kept mapping of
+//! them (128 KiB 12.9-15.5 against 3.1-3.5 µs; 2 MiB 243-263 against
+//! 61-67 µs; 8 MiB 2.4-2.7 against 0.59-0.75 ms). A mapping of the
+//! daemon's own description does not count against the lease: it is the
+//! same open file description.
+//!
 //! ```no_run
-//! # use fanstore_daemon::recycle::Spares;
+//! # use fanstore_daemon::recycle::{Spare, Spares};
 //! # let (made, size) = (tempfile::tempfile().unwrap(), 4096);
 //! let spares = Spares::new(32 << 20);
-//! spares.keep(made, size);                 // after the reader got its own fd
-//! if let Some(f) = spares.take(size) {     // later: nobody holds it any more
-//!     // f is `size` bytes long; write every byte of the next copy into it
+//! spares.keep(Spare::new(made, size));     // after the reader got its own fd
+//! if let Some(mut s) = spares.take(size) { // later: nobody holds it any more
+//!     // s is `size` bytes long; write every byte of the next copy into it
+//!     let (_file, bytes) = s.parts();
+//!     if let Some(b) = bytes { b.fill(0) }
 //! }
 //! ```
 
 use std::collections::VecDeque;
 use std::fs::File;
 use std::os::fd::AsRawFd;
+use std::ptr::NonNull;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering::Relaxed};
 use std::sync::Mutex;
 
@@ -41,9 +52,85 @@ const MAX_FILES: usize = 64;
 /// fcntl's F_SETSIG (Linux, every architecture; the libc crate lacks it).
 const F_SETSIG: libc::c_int = 10;
 
+/// A shared read-write mapping of a spare's file, unmapped on drop.
+struct SpareMap {
+    ptr: NonNull<u8>,
+    len: usize,
+}
+
+// SAFETY: the mapping is plain memory owned by one `Spare` at a time.
+unsafe impl Send for SpareMap {}
+
+impl Drop for SpareMap {
+    fn drop(&mut self) {
+        // SAFETY: our own mapping of `len` bytes, referred to by nothing else.
+        unsafe { libc::munmap(self.ptr.as_ptr().cast(), self.len) };
+    }
+}
+
+/// The read-write fd of an unnamed copy file of `size` bytes that the
+/// daemon may write again, with the mapping it keeps of it, if any.
+pub struct Spare {
+    file: File,
+    size: u64,
+    map: Option<SpareMap>,
+}
+
+impl Spare {
+    /// A copy file (the daemon's own read-write description) of `size` bytes.
+    pub fn new(file: File, size: u64) -> Spare {
+        Spare { file, size, map: None }
+    }
+
+    pub fn file(&self) -> &File {
+        &self.file
+    }
+
+    pub fn size(&self) -> u64 {
+        self.size
+    }
+
+    /// The file, and its `size` bytes through the kept mapping (made or
+    /// grown now; None if mapping fails: write the file instead).
+    pub fn parts(&mut self) -> (&File, Option<&mut [u8]>) {
+        let len = usize::try_from(self.size).unwrap_or(usize::MAX);
+        if len == 0 {
+            return (&self.file, None);
+        }
+        if self.map.as_ref().is_none_or(|m| m.len < len) {
+            self.map = None;
+            let want = len.next_multiple_of(4096);
+            // SAFETY: a new shared mapping of our own file, which is `len`
+            // bytes long (the pages past its end are never touched).
+            let p = unsafe {
+                libc::mmap(std::ptr::null_mut(), want, libc::PROT_READ | libc::PROT_WRITE, libc::MAP_SHARED, self.file.as_raw_fd(), 0)
+            };
+            if p == libc::MAP_FAILED {
+                return (&self.file, None);
+            }
+            // Writable page table entries now, not one write fault per page
+            // later (best effort: older kernels lack it).
+            // SAFETY: madvise on the mapping just made.
+            unsafe { libc::madvise(p, len, MADV_POPULATE_WRITE) };
+            self.map = NonNull::new(p.cast::<u8>()).map(|ptr| SpareMap { ptr, len: want });
+        }
+        match &self.map {
+            // SAFETY: the mapping covers `len` bytes of the file, all of them
+            // allocated (see `Spares::take`); `&mut self` makes this the only
+            // reference to them in this process, and the lease granted at the
+            // take says no one else has the file open.
+            Some(m) => (&self.file, Some(unsafe { std::slice::from_raw_parts_mut(m.ptr.as_ptr(), len) })),
+            None => (&self.file, None),
+        }
+    }
+}
+
+/// madvise's MADV_POPULATE_WRITE (Linux 5.14).
+const MADV_POPULATE_WRITE: libc::c_int = 23;
+
 /// A bounded set of unnamed copy files kept for reuse.
 pub struct Spares {
-    kept: Mutex<VecDeque<(File, u64)>>,
+    kept: Mutex<VecDeque<Spare>>,
     budget: u64,
     bytes: AtomicU64,
     usable: AtomicBool,
@@ -79,10 +166,11 @@ impl Spares {
         }
     }
 
-    /// Keeps `f`, the read-write fd of an unnamed copy of `size` bytes,
+    /// Keeps `s`, the read-write fd of an unnamed copy (and its mapping),
     /// for a later [`Spares::take`]. Call it only after the reader's own
     /// description of the file exists. Drops the oldest spares over budget.
-    pub fn keep(&self, f: File, size: u64) {
+    pub fn keep(&self, s: Spare) {
+        let size = s.size;
         if !self.usable.load(Relaxed) || size == 0 || size > self.budget {
             return;
         }
@@ -93,28 +181,29 @@ impl Spares {
         // /proc/PID/fd; should someone, SIGURG (ignored by default) is the
         // signal instead.
         // SAFETY: F_SETSIG on our own fd; no pointer arguments.
-        if unsafe { libc::fcntl(f.as_raw_fd(), F_SETSIG, libc::SIGURG) } != 0 {
+        if unsafe { libc::fcntl(s.file.as_raw_fd(), F_SETSIG, libc::SIGURG) } != 0 {
             return;
         }
         let mut dropped = Vec::new();
         {
             let Ok(mut kept) = self.kept.lock() else { return };
-            kept.push_back((f, size));
+            kept.push_back(s);
             let mut bytes = self.bytes.load(Relaxed) + size;
             while bytes > self.budget || kept.len() > MAX_FILES {
-                let Some((old, n)) = kept.pop_front() else { break };
-                bytes -= n;
+                let Some(old) = kept.pop_front() else { break };
+                bytes -= old.size;
                 dropped.push(old);
             }
             self.bytes.store(bytes, Relaxed);
         }
-        drop(dropped); // closed outside the lock
+        drop(dropped); // closed and unmapped outside the lock
     }
 
-    /// A kept file nobody else holds, truncated (or extended) to `size`
-    /// bytes, oldest first; None when none is free. The caller must write
-    /// every byte of `0..size` before anyone reads it.
-    pub fn take(&self, size: u64) -> Option<File> {
+    /// A kept file nobody else holds, sized to `size` bytes, oldest first;
+    /// None when none is free. Every byte of `0..size` is allocated (a
+    /// write through the mapping never meets a full file system). The
+    /// caller must write every byte of `0..size` before anyone reads it.
+    pub fn take(&self, size: u64) -> Option<Spare> {
         if !self.usable.load(Relaxed) {
             return None;
         }
@@ -122,7 +211,7 @@ impl Spares {
             let mut kept = self.kept.lock().ok()?;
             let mut found = None;
             for i in 0..kept.len().min(LOOKS) {
-                match unshared(&kept[i].0) {
+                match unshared(&kept[i].file) {
                     Ok(true) => {
                         found = kept.remove(i);
                         break;
@@ -137,15 +226,25 @@ impl Spares {
                     }
                 }
             }
-            if let Some((_, n)) = &found {
-                self.bytes.fetch_sub(*n, Relaxed);
+            if let Some(s) = &found {
+                self.bytes.fetch_sub(s.size, Relaxed);
             }
             found
         };
-        let (f, _) = found?;
-        f.set_len(size).ok()?;
+        let mut s = found?;
+        if size > s.size {
+            // The pages up to the old size were all written; allocate the rest.
+            let (at, len) = (libc::off_t::try_from(s.size).ok()?, libc::off_t::try_from(size - s.size).ok()?);
+            // SAFETY: fallocate on our own file; no pointer arguments.
+            if unsafe { libc::fallocate(s.file.as_raw_fd(), 0, at, len) } != 0 {
+                return None;
+            }
+        } else if size < s.size {
+            s.file.set_len(size).ok()?;
+        }
+        s.size = size;
         self.reused.fetch_add(1, Relaxed);
-        Some(f)
+        Some(s)
     }
 
     /// Closes every spare (the process is short of fds). Returns how many.
@@ -199,7 +298,7 @@ mod tests {
         let s = Spares::new(1 << 20);
         let f = unnamed(d.path(), b"first copy");
         let r = reader(&f);
-        s.keep(f, 10);
+        s.keep(Spare::new(f, 10));
         assert!(s.take(10).is_none(), "a spare was handed out while a reader held it");
         let dup = r.try_clone().unwrap();
         drop(r);
@@ -207,7 +306,7 @@ mod tests {
         assert_eq!(contents(&dup), b"first copy");
         drop(dup);
         let again = s.take(4).expect("a spare nobody holds is reused");
-        assert_eq!(again.metadata().unwrap().len(), 4);
+        assert_eq!(again.file().metadata().unwrap().len(), 4);
         assert_eq!(s.reused.load(Relaxed), 1);
         assert_eq!(s.usage(), (0, 0));
     }
@@ -221,7 +320,7 @@ mod tests {
         // SAFETY: a read-only shared mapping of our own unnamed file.
         let m = unsafe { memmap2::Mmap::map(&r) }.unwrap();
         drop(r);
-        s.keep(f, 4096);
+        s.keep(Spare::new(f, 4096));
         assert!(s.take(4096).is_none(), "a spare was handed out while mapped");
         assert_eq!(m[4095], 7);
         drop(m);
@@ -234,11 +333,39 @@ mod tests {
         let s = Spares::new(1 << 20);
         let f = unnamed(d.path(), &[1u8; 8192]);
         let ino = f.metadata().unwrap().ino();
-        s.keep(f, 8192);
-        let f = s.take(8192).unwrap();
-        assert_eq!(f.metadata().unwrap().ino(), ino);
-        f.write_all_at(&[2u8; 8192], 0).unwrap();
-        assert_eq!(contents(&reader(&f)), vec![2u8; 8192]);
+        s.keep(Spare::new(f, 8192));
+        let sp = s.take(8192).unwrap();
+        assert_eq!(sp.file().metadata().unwrap().ino(), ino);
+        sp.file().write_all_at(&[2u8; 8192], 0).unwrap();
+        assert_eq!(contents(&reader(sp.file())), vec![2u8; 8192]);
+    }
+
+    #[test]
+    fn a_copy_written_through_the_kept_mapping_is_what_readers_read() {
+        let d = tempfile::tempdir().unwrap();
+        let s = Spares::new(1 << 20);
+        let f = unnamed(d.path(), &[1u8; 5000]);
+        let ino = f.metadata().unwrap().ino();
+        s.keep(Spare::new(f, 5000));
+        // Grown, shrunk, grown again: the reader sees exactly the bytes written.
+        for (round, size) in [(2u8, 9000usize), (3, 100), (4, 20_000), (5, 20_000)] {
+            let mut sp = s.take(size as u64).expect("a spare nobody holds");
+            assert_eq!(sp.file().metadata().unwrap().ino(), ino);
+            let (_, bytes) = sp.parts();
+            let bytes = bytes.expect("a mapping");
+            assert_eq!(bytes.len(), size);
+            bytes.fill(round);
+            let r = reader(sp.file());
+            assert_eq!(contents(&r), vec![round; size], "round {round}");
+            // The mapping kept with the spare does not hold it; the reader does.
+            s.keep(sp);
+            assert!(s.take(1).is_none(), "a spare was handed out while a reader held it");
+            drop(r);
+        }
+        // Every byte of a grown spare is allocated (the fallocate), so no
+        // write through the mapping can meet a full file system.
+        let sp = s.take(64 << 10).unwrap();
+        assert!(sp.file().metadata().unwrap().blocks() * 512 >= 64 << 10);
     }
 
     #[test]
@@ -246,9 +373,9 @@ mod tests {
         use std::os::unix::fs::OpenOptionsExt;
         let d = tempfile::tempdir().unwrap();
         let s = Spares::new(1 << 20);
-        s.keep(unnamed(d.path(), b"x"), 1);
+        s.keep(Spare::new(unnamed(d.path(), b"x"), 1));
         let kept = s.kept.lock().unwrap();
-        let f = &kept[0].0;
+        let f = &kept[0].file;
         // SAFETY: F_SETLEASE on our own fd.
         assert_eq!(unsafe { libc::fcntl(f.as_raw_fd(), libc::F_SETLEASE, libc::F_WRLCK) }, 0);
         // Breaks the lease and signals its holder, this process (SIGIO would end it).
@@ -267,18 +394,17 @@ mod tests {
         let d = tempfile::tempdir().unwrap();
         let s = Spares::new(10_000);
         for i in 0..4u8 {
-            s.keep(unnamed(d.path(), &[i; 4000]), 4000);
+            s.keep(Spare::new(unnamed(d.path(), &[i; 4000]), 4000));
         }
         assert_eq!(s.usage(), (8000, 2));
-        let f = s.take(4000).unwrap();
-        f.set_len(4000).unwrap();
-        assert_eq!(contents(&reader(&f))[0], 2, "the oldest kept spare comes first");
-        s.keep(unnamed(d.path(), b"x"), 20_000);
+        let sp = s.take(4000).unwrap();
+        assert_eq!(contents(&reader(sp.file()))[0], 2, "the oldest kept spare comes first");
+        s.keep(Spare::new(unnamed(d.path(), b"x"), 20_000));
         assert_eq!(s.usage(), (4000, 1), "a file over the whole budget is not kept");
         assert_eq!(s.shed(), 1);
         assert!(s.take(1).is_none());
         let none = Spares::new(0);
-        none.keep(unnamed(d.path(), b"y"), 1);
+        none.keep(Spare::new(unnamed(d.path(), b"y"), 1));
         assert_eq!(none.usage(), (0, 0));
     }
 }
