@@ -30,7 +30,7 @@
 
 use crate::cache::Cache;
 use crate::fdlimit;
-use crate::recycle::{Spare, Spares};
+use crate::recycle::{Evicted, Spare, Spares};
 use fanstore_core::tiers::{self, EXTRACT_MIN, TIER_COPY, TIER_EXTRACTED, TIER_NONE};
 use std::ffi::CString;
 use std::fs::File;
@@ -100,6 +100,7 @@ impl TierMap {
 #[derive(Clone, Copy, PartialEq, Eq, Debug)]
 pub struct CopyEntry {
     ino: u64,
+    size: u64,
 }
 
 /// The node copies: the copy directory in memory and its budget, and the
@@ -113,6 +114,8 @@ pub struct Copies {
     disk: Option<DiskCopies>,
     /// Unnamed copies no one reads any more, written again for the next one.
     pub spares: Spares,
+    /// Named copies the cache evicted, written again for the next named one.
+    pub evicted: Arc<Evicted>,
 }
 
 /// Copies kept on the local disk, at the paths of extracted files.
@@ -138,9 +141,12 @@ impl Copies {
         let dir_c = CString::new(dir.as_os_str().as_bytes()).map_err(|_| io::ErrorKind::InvalidInput)?;
         let hook_dir = dir.to_path_buf();
         let hook_tiers = tiers.clone();
-        let on_evict: crate::cache::EvictHook<CopyEntry> = Box::new(move |id, _| {
+        let evicted = Arc::new(Evicted::new(0));
+        let hook_evicted = evicted.clone();
+        let on_evict: crate::cache::EvictHook<CopyEntry> = Box::new(move |id, e| {
+            // The tier byte first: no client opens the name after this.
             hook_tiers.set(id, TIER_NONE);
-            let _ = std::fs::remove_file(hook_dir.join(id.to_string()));
+            hook_evicted.keep(&hook_dir, &hook_dir.join(id.to_string()), e.size);
         });
         Ok(Copies {
             dir: dir.to_path_buf(),
@@ -150,6 +156,7 @@ impl Copies {
             budget,
             disk: None,
             spares: Spares::new(0),
+            evicted,
         })
     }
 
@@ -158,6 +165,7 @@ impl Copies {
     /// ([`crate::recycle`]); 0: never.
     pub fn with_spares(mut self, budget: u64) -> Copies {
         self.spares = Spares::new(budget);
+        self.evicted.set_budget(budget);
         self
     }
 
@@ -227,13 +235,14 @@ impl Copies {
                 let f = self.make(id, size, relieve, fill)?;
                 let ino = f.file().metadata().map_err(|e| fdlimit::errno_of(&e))?.ino();
                 fresh = Some(f);
-                Ok((CopyEntry { ino }, charge(size)))
+                Ok((CopyEntry { ino, size }, charge(size)))
             });
             let entry = match entry {
                 Ok(e) => e,
                 Err(libc::ENOSPC) => {
                     // The copy directory's file system is full: make room, try again.
                     self.cache.shed();
+                    self.evicted.shed();
                     last = libc::ENOSPC;
                     continue;
                 }
@@ -266,12 +275,28 @@ impl Copies {
     /// as `<id>` and recorded in the tier map (unless larger than the whole
     /// budget: then it is served unnamed, written into a spare when one is
     /// free (through the mapping kept with it), and kept as a spare after).
+    /// A named copy is written into an evicted copy's file when one is free
+    /// ([`Evicted`]), renamed to `<id>` once filled.
     fn make(&self, id: u32, size: u64, relieve: &dyn Fn(), fill: &Fill<'_>) -> Result<Spare, i32> {
         let named = charge(size) <= self.budget;
         // `fill` writes every byte of the file, so a spare's old bytes never show.
         if let Some(mut s) = if named { None } else { self.spares.take(size) } {
             fill(&mut CopyDst::spare(&mut s))?;
             return Ok(s);
+        }
+        if let Some((f, private)) = if named { self.evicted.take(size) } else { None } {
+            let published = fill(&mut CopyDst::file(&f)).and_then(|()| {
+                std::fs::rename(&private, self.path(id)).map_err(|e| {
+                    log::error!("publishing the copy {}: {e}", self.path(id).display());
+                    libc::EIO
+                })
+            });
+            if let Err(e) = published {
+                let _ = std::fs::remove_file(&private);
+                return Err(e);
+            }
+            self.tiers.set(id, TIER_COPY);
+            return Ok(Spare::new(f, size));
         }
         let f = fdlimit::retry(relieve, || {
             // SAFETY: dir_c is a NUL-terminated path; O_TMPFILE needs a mode.
@@ -302,7 +327,7 @@ impl Copies {
             let made = d.cache.get_or_load(id, Duration::from_secs(10), libc::EIO, || {
                 let f = self.make_on_disk(d, id, relieve, fill)?;
                 let ino = f.metadata().map_err(|e| fdlimit::errno_of(&e))?.ino();
-                Ok((CopyEntry { ino }, charge(size)))
+                Ok((CopyEntry { ino, size }, charge(size)))
             });
             match made {
                 Ok(_) => return true,
@@ -315,7 +340,7 @@ impl Copies {
         self.cache.get_or_load(id, Duration::from_secs(10), libc::EIO, || {
             let f = self.make(id, size, relieve, fill)?;
             let ino = f.file().metadata().map_err(|e| fdlimit::errno_of(&e))?.ino();
-            Ok((CopyEntry { ino }, charge(size)))
+            Ok((CopyEntry { ino, size }, charge(size)))
         })
         .is_ok()
     }
@@ -611,6 +636,42 @@ mod tests {
         let mut d = CopyDst::spare(&mut sp);
         assert!(d.is_mapped());
         assert_eq!(d.write_all(&[0u8; 10]), Err(libc::EIO));
+    }
+
+    #[test]
+    fn named_copies_are_written_into_the_files_of_evicted_ones() {
+        let (_d, tiers, c) = setup(8192);
+        let c = c.with_spares(1 << 20);
+        let w = Duration::from_secs(1);
+        let ino = |id: u32| std::fs::metadata(c.dir().join(id.to_string())).unwrap().ino();
+        let fill = |b: u8, len: usize| move |d: &mut CopyDst<'_>| d.write_all(&vec![b; len]);
+        read(c.open(1, 4000, w, &|| {}, &fill(1, 4000)).unwrap());
+        read(c.open(2, 4000, w, &|| {}, &fill(2, 4000)).unwrap());
+        let (ino1, ino2) = (ino(1), ino(2));
+        // A reader of copy 2 keeps its fd. The cache evicts after a load:
+        // copy 3 evicts copy 1, whose file copy 4 takes (no reader holds
+        // it), under its own name.
+        let reader2 = c.open(2, 4000, w, &|| {}, &|_| Err(libc::EIO)).unwrap();
+        assert_eq!(read(c.open(3, 4000, w, &|| {}, &fill(3, 4000)).unwrap()), vec![3; 4000]);
+        let ino3 = ino(3);
+        assert_eq!(tiers.get(1), TIER_NONE);
+        assert!(!c.dir().join("1").exists(), "the evicted name still opens");
+        assert_eq!(read(c.open(4, 6000, w, &|| {}, &fill(4, 6000)).unwrap()), vec![4; 6000]);
+        assert_eq!(ino(4), ino1, "the evicted copy's file was not reused");
+        assert_eq!(std::fs::read(c.dir().join("4")).unwrap(), vec![4; 6000]);
+        // Copy 4 (a whole budget) evicted copies 2, still read, and 3: copy
+        // 5 passes over copy 2's file and takes copy 3's; copy 2's reader
+        // is untouched.
+        assert_eq!(read(c.open(5, 4000, w, &|| {}, &fill(5, 4000)).unwrap()), vec![5; 4000]);
+        assert_eq!(ino(5), ino3);
+        assert_ne!(ino(5), ino2, "a file a reader holds was written again");
+        assert_eq!(read(reader2), vec![2; 4000]);
+        assert_eq!(c.evicted.reused.load(Ordering::Relaxed), 2);
+        // Nothing but copies and private names in the directory.
+        for e in std::fs::read_dir(c.dir()).unwrap() {
+            let n = e.unwrap().file_name().into_string().unwrap();
+            assert!(n.parse::<u32>().is_ok() || n.starts_with(".evicted-"), "{n}");
+        }
     }
 
     #[test]

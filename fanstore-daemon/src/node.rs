@@ -344,7 +344,7 @@ impl Node {
         s.cache_entries = (entries + centries + dentries) as u64;
         s.cache_disk_bytes = dbytes;
         if let Some(c) = self.copies.get() {
-            s.copies_reused = c.spares.reused.load(Relaxed);
+            s.copies_reused = c.spares.reused.load(Relaxed) + c.evicted.reused.load(Relaxed);
             s.copy_spares_bytes = c.spares.usage().0;
         }
         s

@@ -41,6 +41,7 @@
 use std::collections::VecDeque;
 use std::fs::File;
 use std::os::fd::AsRawFd;
+use std::os::unix::fs::OpenOptionsExt;
 use std::ptr::NonNull;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering::Relaxed};
 use std::sync::Mutex;
@@ -262,6 +263,168 @@ impl Spares {
     }
 }
 
+/// Named copies the cache evicted, kept under private names in the copy
+/// directory for their pages: the next named copy is written into one of
+/// them and renamed to its own name, instead of new pages that are
+/// allocated while the evicted ones are freed. Beyond `--cache-mem` every
+/// new copy evicts one, and on this machine 4 daemons, 4 readers (3/4
+/// remote) read 0.71-0.75x as fast with `--cache-mem 16M` (evicting) as
+/// with `--cache-mem 0` (unnamed copies in [`Spares`]).
+///
+/// A private name (`.evicted-N`) is never opened by clients (they open a
+/// copy by its node id, after the tier map says it exists; the eviction
+/// clears the tier byte before the rename). So once renamed, a file only
+/// loses descriptions, and the write lease, asked after the rename, says
+/// when none but ours is left. Those still held are looked at again later.
+pub struct Evicted {
+    kept: Mutex<VecDeque<(std::path::PathBuf, u64)>>,
+    budget: AtomicU64,
+    bytes: AtomicU64,
+    seq: AtomicU64,
+    usable: AtomicBool,
+    /// Copies written into an evicted file (STATUS `copies_reused`).
+    pub reused: AtomicU64,
+}
+
+impl Default for Evicted {
+    fn default() -> Self {
+        Evicted::new(0)
+    }
+}
+
+impl Evicted {
+    /// Keeps at most `budget` bytes of evicted files (0: none).
+    pub fn new(budget: u64) -> Evicted {
+        Evicted {
+            kept: Mutex::new(VecDeque::new()),
+            budget: AtomicU64::new(budget),
+            bytes: AtomicU64::new(0),
+            seq: AtomicU64::new(0),
+            usable: AtomicBool::new(true),
+            reused: AtomicU64::new(0),
+        }
+    }
+
+    pub fn set_budget(&self, budget: u64) {
+        self.budget.store(budget, Relaxed);
+    }
+
+    /// The copy `name` (of `size` bytes, in directory `dir`) was evicted
+    /// and its tier byte cleared: renamed to a private name and kept, or
+    /// (over budget, or not reusable here) removed. Files over budget go
+    /// oldest first.
+    pub fn keep(&self, dir: &std::path::Path, name: &std::path::Path, size: u64) {
+        let budget = self.budget.load(Relaxed);
+        if !self.usable.load(Relaxed) || size == 0 || size > budget {
+            let _ = std::fs::remove_file(name);
+            return;
+        }
+        let private = dir.join(format!(".evicted-{}", self.seq.fetch_add(1, Relaxed)));
+        if std::fs::rename(name, &private).is_err() {
+            let _ = std::fs::remove_file(name);
+            return;
+        }
+        let mut dropped = Vec::new();
+        if let Ok(mut kept) = self.kept.lock() {
+            kept.push_back((private, size));
+            let mut bytes = self.bytes.load(Relaxed) + size;
+            while bytes > budget || kept.len() > MAX_FILES {
+                let Some((old, n)) = kept.pop_front() else { break };
+                bytes -= n;
+                dropped.push(old);
+            }
+            self.bytes.store(bytes, Relaxed);
+        }
+        for old in dropped {
+            let _ = std::fs::remove_file(old);
+        }
+    }
+
+    /// An evicted file nobody holds any more, opened read-write and sized
+    /// to `size` bytes (every byte allocated), with its private name; None
+    /// when none is free. The caller writes every byte of `0..size`, then
+    /// renames it to the copy's name (or removes it).
+    pub fn take(&self, size: u64) -> Option<(File, std::path::PathBuf)> {
+        if !self.usable.load(Relaxed) {
+            return None;
+        }
+        for _ in 0..LOOKS {
+            let (name, old) = self.kept.lock().ok()?.pop_front()?;
+            self.bytes.fetch_sub(old, Relaxed);
+            let f = match std::fs::OpenOptions::new()
+                .read(true)
+                .write(true)
+                .custom_flags(libc::O_CLOEXEC | libc::O_NOFOLLOW)
+                .open(&name)
+            {
+                Ok(f) => f,
+                Err(e) if matches!(e.raw_os_error(), Some(libc::EMFILE | libc::ENFILE)) => {
+                    if let Ok(mut kept) = self.kept.lock() {
+                        kept.push_front((name, old));
+                        self.bytes.fetch_add(old, Relaxed);
+                    }
+                    return None;
+                }
+                Err(_) => {
+                    let _ = std::fs::remove_file(&name);
+                    continue;
+                }
+            };
+            // As for spares: a lease break signals SIGURG, not SIGIO.
+            // SAFETY: F_SETSIG on our own fd; no pointer arguments.
+            unsafe { libc::fcntl(f.as_raw_fd(), F_SETSIG, libc::SIGURG) };
+            match unshared(&f) {
+                Ok(true) => {}
+                Ok(false) => {
+                    // A reader still has it: looked at again after the others.
+                    drop(f);
+                    if let Ok(mut kept) = self.kept.lock() {
+                        kept.push_back((name, old));
+                        self.bytes.fetch_add(old, Relaxed);
+                    }
+                    continue;
+                }
+                Err(e) => {
+                    log::warn!("evicted copies cannot be reused here (F_SETLEASE: errno {e}): each copy gets new pages");
+                    self.usable.store(false, Relaxed);
+                    let _ = std::fs::remove_file(&name);
+                    return None;
+                }
+            }
+            let sized = if size > old {
+                let (at, len) = (libc::off_t::try_from(old).ok()?, libc::off_t::try_from(size - old).ok()?);
+                // SAFETY: fallocate on our own file; no pointer arguments.
+                unsafe { libc::fallocate(f.as_raw_fd(), 0, at, len) == 0 }
+            } else {
+                f.set_len(size).is_ok()
+            };
+            if !sized {
+                let _ = std::fs::remove_file(&name);
+                return None;
+            }
+            self.reused.fetch_add(1, Relaxed);
+            return Some((f, name));
+        }
+        None
+    }
+
+    /// Removes every kept file (the copy directory's file system is full).
+    pub fn shed(&self) -> usize {
+        let Ok(mut kept) = self.kept.lock() else { return 0 };
+        let n = kept.len();
+        for (name, _) in kept.drain(..) {
+            let _ = std::fs::remove_file(name);
+        }
+        self.bytes.store(0, Relaxed);
+        n
+    }
+
+    /// (bytes, files) kept.
+    pub fn usage(&self) -> (u64, usize) {
+        (self.bytes.load(Relaxed), self.kept.lock().map(|k| k.len()).unwrap_or(0))
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -387,6 +550,49 @@ mod tests {
         std::thread::sleep(std::time::Duration::from_millis(50));
         // SAFETY: as above.
         unsafe { libc::fcntl(f.as_raw_fd(), libc::F_SETLEASE, libc::F_UNLCK) };
+    }
+
+    #[test]
+    fn an_evicted_copy_is_reused_only_once_no_reader_holds_it() {
+        let d = tempfile::tempdir().unwrap();
+        let e = Evicted::new(1 << 20);
+        let name = d.path().join("7");
+        std::fs::write(&name, [7u8; 5000]).unwrap();
+        let ino = std::fs::metadata(&name).unwrap().ino();
+        let reader = File::open(&name).unwrap();
+        e.keep(d.path(), &name, 5000);
+        assert!(!name.exists(), "the evicted name still opens");
+        assert_eq!(e.usage(), (5000, 1));
+        assert!(e.take(100).is_none(), "an evicted file was handed out while a reader held it");
+        assert_eq!(contents(&reader), vec![7u8; 5000]);
+        drop(reader);
+        // Grown: every new byte allocated; the same inode, under its private name.
+        let (f, private) = e.take(9000).expect("an evicted file nobody holds");
+        assert_eq!(f.metadata().unwrap().ino(), ino);
+        assert_eq!(f.metadata().unwrap().len(), 9000);
+        assert!(f.metadata().unwrap().blocks() * 512 >= 9000);
+        assert!(private.file_name().unwrap().to_str().unwrap().starts_with(".evicted-"));
+        assert_eq!(e.reused.load(Relaxed), 1);
+        assert_eq!(e.usage(), (0, 0));
+        // Over budget: removed, oldest first; none kept with budget 0.
+        let d2 = tempfile::tempdir().unwrap();
+        let small = Evicted::new(6000);
+        for i in 0..3 {
+            let n = d2.path().join(format!("n{i}"));
+            std::fs::write(&n, [i as u8; 4000]).unwrap();
+            small.keep(d2.path(), &n, 4000);
+            assert!(!n.exists());
+        }
+        assert_eq!(small.usage(), (4000, 1));
+        assert_eq!(std::fs::read_dir(d2.path()).unwrap().count(), 1, "files over budget stayed");
+        assert_eq!(small.shed(), 1);
+        assert_eq!(std::fs::read_dir(d2.path()).unwrap().count(), 0, "shed files stayed");
+        assert!(private.exists());
+        let none = Evicted::new(0);
+        let n = d.path().join("x");
+        std::fs::write(&n, b"x").unwrap();
+        none.keep(d.path(), &n, 1);
+        assert!(!n.exists() && none.usage() == (0, 0));
     }
 
     #[test]
