@@ -31,9 +31,10 @@ pub struct DaemonArgs {
     #[arg(long, default_value = "32G", value_parser = parse_size)]
     pub cache_disk: u64,
     /// Memory kept for reuse from copies the cache does not keep (files
-    /// past --cache-mem, or all of them with --cache-mem 0): once their
-    /// readers closed them, the next such copy is written into their pages
-    /// instead of fresh ones. 0: never.
+    /// past --cache-mem, or all of them with --cache-mem 0), and again from
+    /// copies it evicted: once their readers closed them, the next such
+    /// copy is written into their pages instead of fresh ones (up to SIZE
+    /// bytes of each kind). 0: never.
     #[arg(long, default_value = "32M", value_parser = parse_size)]
     pub copy_spares: u64,
     /// Runtime directory (sockets, state files). Default: $FANSTORE_RUNTIME_DIR,

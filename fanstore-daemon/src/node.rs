@@ -345,7 +345,7 @@ impl Node {
         s.cache_disk_bytes = dbytes;
         if let Some(c) = self.copies.get() {
             s.copies_reused = c.spares.reused.load(Relaxed) + c.evicted.reused.load(Relaxed);
-            s.copy_spares_bytes = c.spares.usage().0;
+            s.copy_spares_bytes = c.spares.usage().0 + c.evicted.usage().0;
         }
         s
     }
