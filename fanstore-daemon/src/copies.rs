@@ -284,7 +284,7 @@ impl Copies {
             fill(&mut CopyDst::spare(&mut s))?;
             return Ok(s);
         }
-        if let Some((f, private)) = if named { self.evicted.take(size) } else { None } {
+        if let Some((f, private)) = if named && self.evicted.wants(size) { self.evicted.take(size) } else { None } {
             let published = fill(&mut CopyDst::file(&f)).and_then(|()| {
                 std::fs::rename(&private, self.path(id)).map_err(|e| {
                     log::error!("publishing the copy {}: {e}", self.path(id).display());
@@ -642,6 +642,7 @@ mod tests {
     fn named_copies_are_written_into_the_files_of_evicted_ones() {
         let (_d, tiers, c) = setup(8192);
         let c = c.with_spares(1 << 20);
+        c.evicted.set_min_size(1);
         let w = Duration::from_secs(1);
         let ino = |id: u32| std::fs::metadata(c.dir().join(id.to_string())).unwrap().ino();
         let fill = |b: u8, len: usize| move |d: &mut CopyDst<'_>| d.write_all(&vec![b; len]);
