@@ -16,7 +16,8 @@
 # Then the multi-node read (paper Fig. 5/6): `mpiexec -n 4` daemons, 4 readers
 # (bench/readfiles.c, one per simulated node, FANSTORE_NODE=k) each reading
 # every file (3/4 of them remote) of REMOTE_SET_MB [128] MiB per size, against
-# 4 readers of the native directory and the raw ping-pong, same run.
+# 4 readers of the native directory and the raw ping-pong, same run; and the
+# same 4-daemon job with --cache-mem an eighth of the set (every copy evicts one).
 # Then bench/remote_profile.py (one remote 128 KiB OPEN: latency, CPU per
 # file, idle CPU, per --comm-spin-us), bench/train_nodes.py (the
 # training-shaped reader on 4 daemons vs 1) and bench/halt_poll.py (what a
@@ -190,6 +191,18 @@ for s in SIZES:
     for r in range(rounds):
         multi.setdefault((s, "prefetched"), []).append(readers4(lf, True, rt4p))
 stop(p4p, rt4p)
+# Beyond the cache, as an epoch over a dataset larger than --cache-mem meets
+# it: the same 4-daemon job with --cache-mem an eighth of the set, so that
+# every remote copy evicts an older one (the readers scan in one order: no hits).
+evict_mem = max(1, (set_bytes >> 20) // 8)
+p4e, rt4e = start(mds, "multie", "--cache-mem", f"{evict_mem}M", "--replicate-on-read", "off", n=4)
+for s in SIZES:
+    lf = work / f"m{s}.fs"
+    readers4(lf, True, rt4e)
+    for r in range(rounds):
+        multi.setdefault((s, "evicting"), []).append(readers4(lf, True, rt4e))
+st4e = [fs_cluster.Client(rt4e / f"node-{k}.sock").status() for k in range(4)]
+stop(p4e, rt4e)
 # And cold, as an epoch meets them: 4 daemons with --replicate-on-read all, a
 # fresh job for every size and round, on a dataset of that size alone (16
 # partitions): the first read of a file asks for its whole partition, which
@@ -297,7 +310,10 @@ L.append(f"`mpiexec -n 4` daemons on this host (UCX_TLS={os.environ.get('UCX_TLS
          f"(one 16-byte request + SIZE-byte reply, 2 ranks) of the same sizes, ROUNDS runs before the 4 daemons start and ROUNDS after they stop: the transport limit with nothing of ours competing (one sample taken alongside idle daemons was 40x slower at 128 KiB, not investigated). "
          f"Median of {rounds} rounds. Everything shares 2 cores: 4 daemons + 4 readers + MPI progress. "
          "`1 daemon`: the same 4 readers on one daemon holding every partition (`--cache-mem 0`), run after the 4-daemon "
-         "job stopped. `4 daemons, prefetched`: a third job, `--prefetch-remote all --cache-mem 0`, measured once every "
+         "job stopped. `4 daemons, evicting`: the 4-daemon job again with `--cache-mem` an eighth of the set "
+         f"({evict_mem} MiB), so every remote copy evicts an older one (a named copy in shared memory, whose pages "
+         "an evicted one of 256 KiB or more gives, fanstore-daemon/src/recycle.rs), against `--cache-mem 0`, whose "
+         "copies are unnamed spares written through kept mappings. `4 daemons, prefetched`: a third job, `--prefetch-remote all --cache-mem 0`, measured once every "
          f"rank had fetched the 12 partitions it does not hold ({prefetch_s:.1f} s after ready, the whole set of every "
          "size). `4 daemons, replicate on read`: `--replicate-on-read all --cache-mem 0`, a fresh job for every size and "
          "round on a dataset of that size alone (16 partitions), read once from cold and then once more (`again`), against `4 daemons, cold`: the same "
@@ -305,8 +321,8 @@ L.append(f"`mpiexec -n 4` daemons on this host (UCX_TLS={os.environ.get('UCX_TLS
          "journal, and there every file creation after the mass deletions of the jobs before scans past recently deleted "
          "inodes (perf: find_inode_bit, recently_deleted), ~1 ms per extracted file, which would swamp what is compared: each rank fetches a partition whole after the first remote read of one of its files, "
          "while the readers go on (files not yet replicated are fetched alone).\n")
-L.append("| size | FanStore aggregate MB/s | FanStore files/s | FanStore min-max MB/s | native 4 readers MB/s | raw MPI ping-pong MB/s | FanStore / raw MPI | FanStore / native | 1 daemon MB/s | 4 daemons / 1 daemon | 4 daemons, prefetched MB/s | prefetched / 1 daemon | 4 daemons, cold MB/s | again MB/s | 4 daemons, replicate on read, cold MB/s | again MB/s | replicate on read / 1 daemon, cold | again | replicate on read / cold | again |")
-L.append("| ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: |")
+L.append("| size | FanStore aggregate MB/s | FanStore files/s | FanStore min-max MB/s | native 4 readers MB/s | raw MPI ping-pong MB/s | FanStore / raw MPI | FanStore / native | 4 daemons, evicting MB/s | evicting / --cache-mem 0 | 1 daemon MB/s | 4 daemons / 1 daemon | 4 daemons, prefetched MB/s | prefetched / 1 daemon | 4 daemons, cold MB/s | again MB/s | 4 daemons, replicate on read, cold MB/s | again MB/s | replicate on read / 1 daemon, cold | again | replicate on read / cold | again |")
+L.append("| ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: |")
 goals = []
 for s in SIZES:
     f = med(x[0] for x in multi[(s, "FanStore")]); ff = med(x[1] for x in multi[(s, "FanStore")])
@@ -316,8 +332,9 @@ for s in SIZES:
     o = med(x[0] for x in multi[(s, "one")]); pf = med(x[0] for x in multi[(s, "prefetched")])
     orr = med(x[0] for x in multi[(s, "on-read")]); cold = med(x[0] for x in multi[(s, "cold")])
     orr2 = med(x[0] for x in multi[(s, "on-read-again")]); cold2 = med(x[0] for x in multi[(s, "cold-again")])
+    ev = med(x[0] for x in multi[(s, "evicting")])
     L.append(f"| {label} | {f:.0f} | {ff:.0f} | {lo:.0f}-{hi:.0f} | {n:.0f} | {r:.0f} | **{f / r:.2f}×** | {f / n:.2f}× "
-             f"| {o:.0f} | **{f / o:.2f}×** | {pf:.0f} | **{pf / o:.2f}×** | {cold:.0f} | {cold2:.0f} | {orr:.0f} | {orr2:.0f} "
+             f"| {ev:.0f} | {ev / f:.2f}× | {o:.0f} | **{f / o:.2f}×** | {pf:.0f} | **{pf / o:.2f}×** | {cold:.0f} | {cold2:.0f} | {orr:.0f} | {orr2:.0f} "
              f"| **{orr / o:.2f}×** | **{orr2 / o:.2f}×** | {orr / cold:.2f}× | {orr2 / cold2:.2f}× |")
 for s in (SIZES[0], 2 << 20):
     if (s, "FanStore") in multi:
@@ -348,7 +365,8 @@ if failures:
 L.append("")
 L.append("Counters after the 4-rank run (`fanstore status`): " + "; ".join(
     f"rank {k}: remote_sent={x.get('remote_sent')} served={x.get('remote_served', x.get('served'))} "
-    f"failed={x.get('remote_failed')}" for k, x in enumerate(st4)))
+    f"failed={x.get('remote_failed')}" for k, x in enumerate(st4)) + ". After the evicting run: " + "; ".join(
+    f"rank {k}: cache_evictions={x.get('cache_evictions')} copies_reused={x.get('copies_reused')}" for k, x in enumerate(st4e)))
 import json
 Path("bench/out/remote.json").write_text(json.dumps({"goals": goals, "multi": {f"{k[0]}|{k[1]}": v for k, v in multi.items()},
     "raw2": raw, "daemon2": daemon}))
