@@ -274,7 +274,8 @@ impl Node {
                 decoded
             });
             give_back(raw);
-            decoded.and(written(res))
+            // A payload that does not decode was logged as such, not as a write.
+            decoded.and_then(|()| written(res))
         }
     }
 

@@ -158,6 +158,18 @@ fn unshared(f: &File) -> Result<bool, i32> {
     }
 }
 
+/// Sizes `f`, a copy file of `old` bytes all written, to `new` bytes with
+/// every byte allocated: what it gains is allocated (so a write through a
+/// mapping never meets a full file system), what it loses is truncated.
+fn resize(f: &File, old: u64, new: u64) -> bool {
+    if new > old {
+        let (Ok(at), Ok(len)) = (libc::off_t::try_from(old), libc::off_t::try_from(new - old)) else { return false };
+        // SAFETY: fallocate on our own file; no pointer arguments.
+        return unsafe { libc::fallocate(f.as_raw_fd(), 0, at, len) } == 0;
+    }
+    new == old || f.set_len(new).is_ok()
+}
+
 impl Spares {
     /// Keeps at most `budget` bytes of spare files (0: none).
     pub fn new(budget: u64) -> Spares {
@@ -236,15 +248,8 @@ impl Spares {
             found
         };
         let mut s = found?;
-        if size > s.size {
-            // The pages up to the old size were all written; allocate the rest.
-            let (at, len) = (libc::off_t::try_from(s.size).ok()?, libc::off_t::try_from(size - s.size).ok()?);
-            // SAFETY: fallocate on our own file; no pointer arguments.
-            if unsafe { libc::fallocate(s.file.as_raw_fd(), 0, at, len) } != 0 {
-                return None;
-            }
-        } else if size < s.size {
-            s.file.set_len(size).ok()?;
+        if !resize(&s.file, s.size, size) {
+            return None;
         }
         s.size = size;
         self.reused.fetch_add(1, Relaxed);
@@ -411,14 +416,7 @@ impl Evicted {
                     return None;
                 }
             }
-            let sized = if size > old {
-                let (at, len) = (libc::off_t::try_from(old).ok()?, libc::off_t::try_from(size - old).ok()?);
-                // SAFETY: fallocate on our own file; no pointer arguments.
-                unsafe { libc::fallocate(f.as_raw_fd(), 0, at, len) == 0 }
-            } else {
-                f.set_len(size).is_ok()
-            };
-            if !sized {
+            if !resize(&f, old, size) {
                 let _ = std::fs::remove_file(&name);
                 return None;
             }

@@ -232,13 +232,18 @@ fn fill_slot(s: &mut Slot, len: u64, write: impl FnOnce(&mut [u8]) -> Result<(),
 /// O_NONBLOCK, O_NOCTTY, O_PATH kept).
 pub fn reopen_ro(fd: c_int, flags: c_int) -> Result<c_int, c_int> {
     let path = fanstore_core::runtime::proc_fd_path(fd as u32);
-    let f = libc::O_RDONLY | (flags & (libc::O_CLOEXEC | libc::O_NONBLOCK | libc::O_NOCTTY | libc::O_PATH));
     // SAFETY: path is NUL-terminated; the fd returned is the caller's.
-    let fd = unsafe { crate::real::open(path.as_ptr().cast(), f, 0) };
+    let fd = unsafe { crate::real::open(path.as_ptr().cast(), ro_flags(flags), 0) };
     if fd < 0 {
         return Err(errno());
     }
     Ok(fd)
+}
+
+/// The flags of the program's read-only description: its open flags'
+/// O_CLOEXEC, O_NONBLOCK, O_NOCTTY and O_PATH.
+fn ro_flags(flags: c_int) -> c_int {
+    libc::O_RDONLY | (flags & (libc::O_CLOEXEC | libc::O_NONBLOCK | libc::O_NOCTTY | libc::O_PATH))
 }
 
 /// Why [`reopen_pooled`] failed.
@@ -261,10 +266,9 @@ fn reopen_pooled(me: i32, s: &Slot, flags: c_int) -> Result<c_int, Reopen> {
     let dir = POOL.with(|p| (p.pid == me).then_some(p.fd_dir)).unwrap_or(-1);
     let dir = if dir >= 0 { dir } else { open_fd_dir(me).map_err(Reopen::Failed)? };
     let path = fanstore_core::runtime::proc_fd_path(s.fd as u32);
-    let f = libc::O_RDONLY | (flags & (libc::O_CLOEXEC | libc::O_NONBLOCK | libc::O_NOCTTY | libc::O_PATH));
     // SAFETY: path[14..] is the NUL-terminated decimal name of s.fd; the fd
     // returned is the caller's.
-    let fd = unsafe { libc::openat(dir, path[14..].as_ptr().cast(), f, 0) };
+    let fd = unsafe { crate::real::openat(dir, path[14..].as_ptr().cast(), ro_flags(flags), 0) };
     if fd >= 0 && ino_of(fd) == Some(s.ino) {
         return Ok(fd);
     }
@@ -295,10 +299,10 @@ fn reopen_pooled(me: i32, s: &Slot, flags: c_int) -> Result<c_int, Reopen> {
 
 /// The inode number of the file of `fd`.
 fn ino_of(fd: c_int) -> Option<u64> {
-    // SAFETY: fstat of a live fd into a zeroed stat.
+    // SAFETY: fstat (libc's, not the hook) of a live fd into a zeroed stat.
     unsafe {
         let mut st: libc::stat = std::mem::zeroed();
-        (libc::fstat(fd, &mut st) == 0).then_some(st.st_ino)
+        (crate::real::fstat(fd, &mut st) == 0).then_some(st.st_ino)
     }
 }
 
