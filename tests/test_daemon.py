@@ -454,7 +454,8 @@ def remote_pair(bins, pack, tmp_path, *extra):
 def test_copies_past_the_cache_reuse_pages_only_once_nobody_holds_them(bins, pack, source, tmp_path):
     """With --cache-mem 0 no copy is kept: each remote OPEN gets an unnamed
     copy, and the next one is written into a spare whose reader is done
-    (status copies_reused). A copy some program still holds (an fd, a dup
+    (status copies_reused; the payload is received into its pages, status
+    remote_in_place). A copy some program still holds (an fd, a dup
     in a forked child, a mapping without an fd) keeps its bytes, however
     many reads come after it."""
     import mmap
@@ -482,6 +483,8 @@ def test_copies_past_the_cache_reuse_pages_only_once_nobody_holds_them(bins, pac
                     reads += 1
             st = cl.status()
         assert int(st["copies_reused"]) >= reads // 2, f"spares were not reused: {st}"
+        # Stored uncompressed: the payload is received straight into a free spare's pages.
+        assert int(st["remote_in_place"]) >= reads // 2, f"payloads were not received into spares: {st}"
         assert read_fd(kept[0][1]) == (source / kept[0][0]).read_bytes(), "a held copy was written again"
         os.close(kept[0][1])
         assert m[:] == (source / kept[2][0]).read_bytes(), "a mapped copy was written again"

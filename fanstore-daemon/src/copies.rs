@@ -280,9 +280,20 @@ impl Copies {
     fn make(&self, id: u32, size: u64, relieve: &dyn Fn(), fill: &Fill<'_>) -> Result<Spare, i32> {
         let named = charge(size) <= self.budget;
         // `fill` writes every byte of the file, so a spare's old bytes never show.
-        if let Some(mut s) = if named { None } else { self.spares.take(size) } {
-            fill(&mut CopyDst::spare(&mut s))?;
-            return Ok(s);
+        if let Some(s) = if named { None } else { self.spares.take(size) } {
+            let mut slot = Some(s);
+            let renew = || {
+                let f = self.tmpfile(relieve)?;
+                let len = libc::off_t::try_from(size).map_err(|_| libc::EFBIG)?;
+                // SAFETY: fallocate on our own new file; no pointer arguments.
+                if size > 0 && unsafe { libc::fallocate(f.as_raw_fd(), 0, 0, len) } != 0 {
+                    return Err(fdlimit::errno_of(&io::Error::last_os_error()));
+                }
+                Ok(Spare::new(f, size))
+            };
+            fill(&mut CopyDst::spare(&mut slot, size, &renew))?;
+            // A fill that lent the spare out gives it back (or wrote a new one).
+            return slot.ok_or(libc::EIO);
         }
         if let Some((f, private)) = if named && self.evicted.wants(size) { self.evicted.take(size) } else { None } {
             let published = fill(&mut CopyDst::file(&f)).and_then(|()| {
@@ -298,7 +309,18 @@ impl Copies {
             self.tiers.set(id, TIER_COPY);
             return Ok(Spare::new(f, size));
         }
-        let f = fdlimit::retry(relieve, || {
+        let f = self.tmpfile(relieve)?;
+        fill(&mut CopyDst::file(&f))?;
+        if named {
+            link_unnamed(&f, &self.path(id))?;
+            self.tiers.set(id, TIER_COPY);
+        }
+        Ok(Spare::new(f, size))
+    }
+
+    /// A new unnamed read-write file in the copy directory.
+    fn tmpfile(&self, relieve: &dyn Fn()) -> Result<File, i32> {
+        fdlimit::retry(relieve, || {
             // SAFETY: dir_c is a NUL-terminated path; O_TMPFILE needs a mode.
             let fd = unsafe { libc::open(self.dir_c.as_ptr(), libc::O_TMPFILE | libc::O_RDWR | libc::O_CLOEXEC, 0o400) };
             if fd < 0 {
@@ -306,13 +328,7 @@ impl Copies {
             }
             // SAFETY: fd is a fresh fd that nothing else owns.
             Ok(File::from(unsafe { OwnedFd::from_raw_fd(fd) }))
-        })?;
-        fill(&mut CopyDst::file(&f))?;
-        if named {
-            link_unnamed(&f, &self.path(id))?;
-            self.tiers.set(id, TIER_COPY);
-        }
-        Ok(Spare::new(f, size))
+        })
     }
 
     /// Makes the copy of node `id` now unless it exists (no fd for anyone):
@@ -479,10 +495,25 @@ pub fn open_ro(path: &Path) -> Result<OwnedFd, i32> {
 /// Where a copy's bytes are written: its file, through the mapping kept with
 /// it when it is a spare ([`crate::recycle`]), else with pwrite. Every byte
 /// of the file must be written.
+///
+/// A spare can be lent to a remote read ([`CopyDst::lend`]) so the payload
+/// is received straight into its pages, and given back once verified
+/// ([`CopyDst::restore`]). A spare lent to a read that timed out stays with
+/// the communication thread until the late bytes are in; the destination
+/// then gets a new file of the same size for whatever writes it next.
 pub struct CopyDst<'a> {
-    file: &'a File,
-    map: Option<&'a mut [u8]>,
+    to: To<'a>,
 }
+
+enum To<'a> {
+    /// A new file, written with pwrite.
+    File(&'a File),
+    /// A spare of `size` bytes (None while lent); `renew` makes a new one.
+    Spare { slot: &'a mut Option<Spare>, size: u64, renew: &'a Renew<'a> },
+}
+
+/// Makes a new spare-shaped file of the copy's size, every byte allocated.
+pub type Renew<'a> = dyn Fn() -> Result<Spare, i32> + 'a;
 
 /// What a copy is filled by: it writes the file's exact bytes into the
 /// destination it is given.
@@ -491,46 +522,92 @@ pub type Fill<'a> = dyn Fn(&mut CopyDst<'_>) -> Result<(), i32> + 'a;
 impl<'a> CopyDst<'a> {
     /// A destination written with pwrite.
     pub fn file(file: &'a File) -> CopyDst<'a> {
-        CopyDst { file, map: None }
+        CopyDst { to: To::File(file) }
     }
 
-    fn spare(s: &'a mut Spare) -> CopyDst<'a> {
-        let (file, map) = s.parts();
-        CopyDst { file, map }
+    /// The spare in `slot` (`size` bytes long, mapped now); `renew` gives
+    /// a replacement should a lent spare not come back.
+    fn spare(slot: &'a mut Option<Spare>, size: u64, renew: &'a Renew<'a>) -> CopyDst<'a> {
+        if let Some(s) = slot.as_mut() {
+            s.parts();
+        }
+        CopyDst { to: To::Spare { slot, size, renew } }
     }
 
     /// Whether the bytes go through a kept mapping (the file's pages exist).
     pub fn is_mapped(&self) -> bool {
-        self.map.is_some()
+        match &self.to {
+            To::File(_) => false,
+            To::Spare { slot, size, .. } => slot.as_ref().is_some_and(|s| *size > 0 && s.mapped(*size as usize).len() as u64 == *size),
+        }
     }
 
-    pub fn as_file(&self) -> &File {
-        self.file
+    /// The file written with pwrite (None for a lent spare).
+    pub fn as_file(&self) -> Option<&File> {
+        match &self.to {
+            To::File(f) => Some(f),
+            To::Spare { slot, .. } => slot.as_ref().map(|s| s.file()),
+        }
     }
 
-    /// Writes `bytes` as the whole file. EIO if the file is not that long
-    /// (a mapped destination has the file's exact length).
+    /// The mapped spare itself, to receive the file's exact bytes into
+    /// (all of its mapping); None unless [`CopyDst::is_mapped`]. Give it
+    /// back with [`CopyDst::restore`] once they are verified.
+    pub fn lend(&mut self) -> Option<Spare> {
+        if !self.is_mapped() {
+            return None;
+        }
+        match &mut self.to {
+            To::Spare { slot, .. } => slot.take(),
+            To::File(_) => None,
+        }
+    }
+
+    /// Gives back a spare from [`CopyDst::lend`], written whole.
+    pub fn restore(&mut self, s: Spare) {
+        if let To::Spare { slot, .. } = &mut self.to {
+            **slot = Some(s);
+        }
+    }
+
+    /// Where `len` bytes of the whole file go: the file, and its mapping if
+    /// it is a mapped spare. EIO if a spare is not `len` bytes long.
+    fn target(&mut self, len: usize) -> Result<(&File, Option<&mut [u8]>), i32> {
+        match &mut self.to {
+            To::File(f) => Ok((*f, None)),
+            To::Spare { slot, size, renew } => {
+                if slot.is_none() {
+                    **slot = Some(renew()?);
+                }
+                match slot.as_mut() {
+                    Some(s) if len as u64 == *size => Ok(s.parts()),
+                    _ => Err(libc::EIO),
+                }
+            }
+        }
+    }
+
+    /// Writes `bytes` as the whole file. EIO if the file is a spare not
+    /// that long.
     pub fn write_all(&mut self, bytes: &[u8]) -> Result<(), i32> {
-        match self.map.as_deref_mut() {
-            Some(m) if m.len() == bytes.len() => {
+        match self.target(bytes.len())? {
+            (_, Some(m)) => {
                 m.copy_from_slice(bytes);
                 Ok(())
             }
-            Some(_) => Err(libc::EIO),
-            None => write_all_at(self.file, bytes, 0),
+            (f, None) => write_all_at(f, bytes, 0),
         }
     }
 
     /// Lets `make` produce the file's `len` bytes in memory: straight into
     /// the mapping, else into `scratch` (resized to `len`), then written in.
     pub fn write_with(&mut self, len: usize, scratch: &mut Vec<u8>, make: impl FnOnce(&mut [u8]) -> Result<(), i32>) -> Result<(), i32> {
-        match self.map.as_deref_mut() {
-            Some(m) if m.len() == len => make(m),
-            Some(_) => Err(libc::EIO),
-            None => {
+        match self.target(len)? {
+            (_, Some(m)) => make(m),
+            (f, None) => {
                 scratch.resize(len, 0);
                 make(&mut scratch[..len])?;
-                write_all_at(self.file, &scratch[..len], 0)
+                write_all_at(f, &scratch[..len], 0)
             }
         }
     }
@@ -632,10 +709,56 @@ mod tests {
         assert_eq!(*mapped.lock().unwrap(), [false, true, true, true, false]);
         assert_eq!(c.spares.reused.load(Ordering::Relaxed), 3);
         // A mapped destination of the wrong length is refused, not overrun.
-        let mut sp = c.spares.take(6_000).expect("a free spare");
-        let mut d = CopyDst::spare(&mut sp);
+        let mut slot = c.spares.take(6_000);
+        assert!(slot.is_some(), "no free spare");
+        let renew = || Err(libc::ENOSPC);
+        let mut d = CopyDst::spare(&mut slot, 6_000, &renew);
         assert!(d.is_mapped());
         assert_eq!(d.write_all(&[0u8; 10]), Err(libc::EIO));
+    }
+
+    /// A fill lends the spare (as a remote read does, to receive into its
+    /// pages) and writes the bytes through it: the reader sees exactly
+    /// them, in the spare's own file. A fill whose spare never comes back
+    /// (a receive that timed out keeps it) writes into a new file instead,
+    /// and one that neither gives it back nor writes fails the open.
+    #[test]
+    fn a_spare_lent_to_a_fill_is_given_back_or_replaced() {
+        let (_d, _tiers, c) = setup(4096);
+        let c = c.with_spares(1 << 20);
+        let w = Duration::from_secs(1);
+        let plain = |d: &mut CopyDst<'_>| d.write_all(&[7u8; 20_000]);
+        drop(c.open(1, 20_000, w, &|| {}, &plain).unwrap());
+        let spare_ino = std::sync::Mutex::new(0u64);
+        let lend_and_restore = |d: &mut CopyDst<'_>| {
+            let mut s = d.lend().expect("a mapped spare to lend");
+            assert!(d.lend().is_none() && d.as_file().is_none(), "lent twice");
+            *spare_ino.lock().unwrap() = s.file().metadata().unwrap().ino();
+            let (_, bytes) = s.parts();
+            bytes.expect("mapped").iter_mut().enumerate().for_each(|(i, x)| *x = i as u8);
+            d.restore(s);
+            Ok(())
+        };
+        let fd = c.open(2, 20_000, w, &|| {}, &lend_and_restore).unwrap();
+        let ino = std::fs::File::from(fd.try_clone().unwrap()).metadata().unwrap().ino();
+        assert_eq!(ino, *spare_ino.lock().unwrap(), "the lent spare is not the copy served");
+        assert_eq!(read(fd), (0..20_000).map(|i| i as u8).collect::<Vec<u8>>());
+        // Lost: the bytes go into a new file of the same size.
+        let lost = std::sync::Mutex::new(Vec::new());
+        let lend_and_lose = |d: &mut CopyDst<'_>| {
+            lost.lock().unwrap().push(d.lend().expect("a mapped spare to lend"));
+            d.write_all(&[9u8; 20_000])
+        };
+        let fd = c.open(3, 20_000, w, &|| {}, &lend_and_lose).unwrap();
+        let ino = std::fs::File::from(fd.try_clone().unwrap()).metadata().unwrap().ino();
+        assert_ne!(ino, lost.lock().unwrap()[0].file().metadata().unwrap().ino());
+        assert_eq!(read(fd), vec![9u8; 20_000]);
+        // Neither given back nor written: no copy, no fd.
+        let lend_only = |d: &mut CopyDst<'_>| {
+            lost.lock().unwrap().push(d.lend().expect("a mapped spare to lend"));
+            Ok(())
+        };
+        assert_eq!(c.open(4, 20_000, w, &|| {}, &lend_only).err(), Some(libc::EIO));
     }
 
     #[test]

@@ -17,7 +17,7 @@
 //! description (its own offset). No fd is kept per file.
 
 use crate::bufpool::BufPool;
-use crate::comm::{Command, Fetch, RecvBuf};
+use crate::comm::{Command, Fetch, RecvBuf, RecvMem};
 use crate::copies::{open_ro, CopyDst};
 use crate::fdlimit;
 use crate::load::PartMap;
@@ -325,16 +325,29 @@ impl Node {
         Err(last)
     }
 
-    /// One remote read of `n` from `holder` into `dst`. The payload lands in
-    /// a warm scratch buffer; a new file's pages are allocated while it
-    /// travels (page allocation costs as much as the transfer on some
-    /// machines), then the bytes are copied in (through a spare's kept
-    /// mapping, or with one pwrite).
+    /// One remote read of `n` from `holder` into `dst`. A file stored
+    /// uncompressed whose destination is a mapped spare is received
+    /// straight into the spare's pages (lent to the communication thread,
+    /// given back once verified). Otherwise the payload lands in a warm
+    /// scratch buffer; a new file's pages are allocated while it travels
+    /// (page allocation costs as much as the transfer on some machines),
+    /// then the bytes are copied in (through a spare's kept mapping, or
+    /// with one pwrite).
     fn fetch_from(&self, n: NodeRef<'_>, holder: u32, dst: &mut CopyDst<'_>) -> Result<(), i32> {
         let me = self.id.rank;
         let t0 = Instant::now();
         let len = n.stored_len() as usize;
-        let buf = RecvBuf { buf: scratch(len), len };
+        let in_place = n.codec() == Codec::None && n.stored_len() == n.size();
+        let lent = if in_place { dst.lend() } else { None };
+        // (A lent spare is the file's size: `stored_len` bytes here.)
+        let buf = match lent.map(RecvBuf::spare) {
+            Some(Ok(b)) => b,
+            Some(Err(s)) => {
+                dst.restore(s);
+                RecvBuf::heap(scratch(len), len)
+            }
+            None => RecvBuf::heap(scratch(len), len),
+        };
         let (tx, rx) = crossbeam::channel::bounded(1);
         let timeout = self.fetch_timeout(n.stored_len());
         let cmd = Command::Fetch(Fetch { node_id: n.id(), holder, stored_len: n.stored_len(), offset: 0, buf, reply: tx, timeout });
@@ -342,19 +355,32 @@ impl Node {
             return Err(libc::EIO);
         }
         // (A spare's pages exist already.)
-        if let Some(size) = libc::off_t::try_from(n.size()).ok().filter(|_| !dst.is_mapped()) {
+        if let (Some(size), Some(f)) = (libc::off_t::try_from(n.size()).ok().filter(|_| !dst.is_mapped()), dst.as_file()) {
             // SAFETY: fallocate on our own file; best effort (faults allocate what is left).
-            unsafe { libc::fallocate(dst.as_file().as_raw_fd(), 0, 0, size) };
+            unsafe { libc::fallocate(f.as_raw_fd(), 0, 0, size) };
         }
         let t1 = Instant::now();
         let got = rx.recv_timeout(timeout + Duration::from_secs(2));
         let t2 = Instant::now();
         let res = match got {
-            Ok(Ok((RecvBuf { buf, len }, sum))) => {
+            Ok(Ok((buf, sum))) => {
                 self.counters.remote_latency.record(t2 - t0);
-                let r = self.check_sum(n, sum).and_then(|()| self.decode_into(n, &buf[..len], dst));
-                give_back(buf);
-                r
+                let verified = self.check_sum(n, sum);
+                match buf.into_mem() {
+                    // The bytes are in the spare already.
+                    RecvMem::Spare(s) => {
+                        dst.restore(s);
+                        if verified.is_ok() {
+                            self.counters.remote_in_place.fetch_add(1, Relaxed);
+                        }
+                        verified
+                    }
+                    RecvMem::Heap(v) => {
+                        let r = verified.and_then(|()| self.decode_into(n, &v[..len], dst));
+                        give_back(v);
+                        r
+                    }
+                }
             }
             Ok(Err(e)) => {
                 log::warn!("rank {me}: remote read of node {} from rank {holder}: {e}", n.id());

@@ -91,6 +91,18 @@ impl Spare {
         self.size
     }
 
+    /// The first `len` bytes (at most `size`) through the kept mapping, if
+    /// one exists; empty otherwise.
+    pub fn mapped(&self, len: usize) -> &[u8] {
+        let len = len.min(usize::try_from(self.size).unwrap_or(usize::MAX));
+        match &self.map {
+            // SAFETY: the mapping covers at least `size` bytes of the file,
+            // all of them allocated; writes to them need `&mut self`.
+            Some(m) if len <= m.len => unsafe { std::slice::from_raw_parts(m.ptr.as_ptr(), len) },
+            _ => &[],
+        }
+    }
+
     /// The file, and its `size` bytes through the kept mapping (made or
     /// grown now; None if mapping fails: write the file instead).
     pub fn parts(&mut self) -> (&File, Option<&mut [u8]>) {

@@ -86,7 +86,7 @@ impl Node {
         if rec.size > 0 {
             let len = usize::try_from(rec.size).map_err(|_| libc::EFBIG)?;
             let node_id = u32::try_from(rec.id).ok().filter(|&i| i & OUT_BIT == 0).ok_or(libc::EIO)?;
-            let buf = RecvBuf { buf: vec![0u8; len], len };
+            let buf = RecvBuf::heap(vec![0u8; len], len);
             let (tx, rx) = crossbeam::channel::bounded(1);
             let cmd = Command::Fetch(Fetch { node_id: OUT_BIT | node_id, holder: rec.holder, stored_len: rec.size, offset: 0, buf, reply: tx, timeout });
             self.comm.send(cmd).map_err(|_| libc::EIO)?;

@@ -44,7 +44,7 @@
 //! Nothing they fetched outlives the job (the local directory is removed at
 //! stop).
 
-use crate::comm::{Command, Fetch, FetchReply, RecvBuf, PART_BIT};
+use crate::comm::{Command, Fetch, FetchReply, RecvBuf, RecvMem, PART_BIT};
 use crate::copies::room_for;
 use crate::load::{self, OffsetMap};
 use crate::node::Node;
@@ -274,15 +274,13 @@ fn fetch_and_verify<'a>(
     let timeout = node.remote_timeout + Duration::from_secs(CHUNK / (64 << 20) + 1);
     let ask = |off: u64, n: u64, holder_ix: usize, buf: Vec<u8>| -> Result<crossbeam::channel::Receiver<FetchReply>, Skip> {
         let (tx, rx) = crossbeam::channel::bounded(1);
-        let mut buf = buf;
-        buf.resize(n as usize, 0);
         let holder = holders[holder_ix % holders.len()];
         let cmd = Command::Fetch(Fetch {
             node_id: PART_BIT | p,
             holder,
             stored_len: n,
             offset: off,
-            buf: RecvBuf { buf, len: n as usize },
+            buf: RecvBuf::heap(buf, n as usize),
             reply: tx,
             timeout,
         });
@@ -301,12 +299,14 @@ fn fetch_and_verify<'a>(
             return Err(Skip::Stopping);
         }
         match rx.recv_timeout(timeout + Duration::from_secs(2)) {
-            Ok(Ok((RecvBuf { buf, len }, _))) if len as u64 == n => {
-                out.write(off, &buf[..len]).map_err(|e| failed("writing", &e))?;
+            Ok(Ok((buf, _))) if buf.len() as u64 == n => {
+                out.write(off, buf.bytes()).map_err(|e| failed("writing", &e))?;
                 if let Some(pending) = node.replica_pending.get(p as usize) {
                     let _ = pending.fetch_update(Relaxed, Relaxed, |v| Some(v.saturating_sub(n).max(1)));
                 }
-                spare.push(buf);
+                if let RecvMem::Heap(v) = buf.into_mem() {
+                    spare.push(v);
+                }
             }
             other => {
                 let why = match other {

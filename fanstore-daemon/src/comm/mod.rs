@@ -93,18 +93,67 @@ fn nap_cap(idle: Duration) -> Duration {
 }
 
 /// Where a fetched payload is received: the first `len` bytes of a
-/// (reusable, already faulted-in) buffer.
+/// (reusable, already faulted-in) buffer, or the whole of a spare copy
+/// file's kept mapping, so an uncompressed file's bytes land in the copy
+/// a client will read with no copy on arrival ([`crate::recycle::Spare`]).
+/// The communication thread owns it until every receive into it completed:
+/// a fetch that timed out keeps it (and a spare's file stays unreachable)
+/// until the late bytes are in.
 pub struct RecvBuf {
-    pub buf: Vec<u8>,
-    pub len: usize,
+    mem: RecvMem,
+    len: usize,
+}
+
+/// The memory behind a [`RecvBuf`].
+pub enum RecvMem {
+    Heap(Vec<u8>),
+    Spare(crate::recycle::Spare),
 }
 
 impl RecvBuf {
-    pub fn bytes(&self) -> &[u8] {
-        &self.buf[..self.len]
+    /// The first `len` bytes of `buf` (grown to `len` if shorter).
+    pub fn heap(mut buf: Vec<u8>, len: usize) -> RecvBuf {
+        if buf.len() < len {
+            buf.resize(len, 0);
+        }
+        RecvBuf { mem: RecvMem::Heap(buf), len }
     }
+
+    /// The whole of `s` through its kept mapping (made now). Err(s) if it
+    /// cannot be mapped.
+    pub fn spare(mut s: crate::recycle::Spare) -> Result<RecvBuf, crate::recycle::Spare> {
+        let len = match s.parts() {
+            (_, Some(b)) => b.len(),
+            (_, None) => return Err(s),
+        };
+        Ok(RecvBuf { mem: RecvMem::Spare(s), len })
+    }
+
+    pub fn len(&self) -> usize {
+        self.len
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.len == 0
+    }
+
+    pub fn bytes(&self) -> &[u8] {
+        match &self.mem {
+            RecvMem::Heap(v) => &v[..self.len],
+            RecvMem::Spare(s) => s.mapped(self.len),
+        }
+    }
+
     fn bytes_mut(&mut self) -> &mut [u8] {
-        &mut self.buf[..self.len]
+        match &mut self.mem {
+            RecvMem::Heap(v) => &mut v[..self.len],
+            RecvMem::Spare(s) => s.parts().1.unwrap_or_default(),
+        }
+    }
+
+    /// The memory back, for reuse.
+    pub fn into_mem(self) -> RecvMem {
+        self.mem
     }
 }
 
@@ -475,6 +524,10 @@ impl<'a> Engine<'a> {
     }
 
     fn start_fetch(&mut self, mut f: Fetch) {
+        if f.buf.bytes_mut().len() as u64 != f.stored_len {
+            let _ = f.reply.send(Err(FetchError::BadBuffer(f.buf.bytes_mut().len(), f.stored_len)));
+            return;
+        }
         let Some(tag) = self.tags.alloc() else {
             let _ = f.reply.send(Err(FetchError::Busy));
             return;
@@ -488,10 +541,11 @@ impl<'a> Engine<'a> {
         let mut posted = 0;
         let mut err = None;
         for (i, &(off, len)) in parts.iter().enumerate() {
-            // SAFETY: `buf` is exactly stored_len bytes and every piece lies
-            // inside it; the buffer moves into `fetches` below (moving a Vec
-            // or a mapping does not move its bytes) and stays there, untouched,
-            // until every posted receive completed.
+            // SAFETY: `buf` is exactly stored_len bytes (checked above) and
+            // every piece lies inside it; the buffer moves into `fetches`
+            // below (moving a Vec or a spare with its mapping does not move
+            // its bytes) and stays there, untouched, until every posted
+            // receive completed.
             match unsafe { self.comm.irecv(base.add(off as usize), len, f.holder, tag) } {
                 Ok(r) => {
                     self.table.push(r, Slot::Piece { fetch: id, piece: i });

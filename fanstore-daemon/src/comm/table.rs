@@ -151,6 +151,8 @@ pub enum FetchError {
     ShuttingDown,
     #[error("too many remote reads in flight")]
     Busy,
+    #[error("receive buffer of {0} bytes for a payload of {1}")]
+    BadBuffer(usize, u64),
 }
 
 /// The progress of one fetch: its pieces and its request message.
