@@ -335,6 +335,55 @@ def test_dead_client_and_hung_holder(bins, pack, source, tmp_path):
         c.stop()
 
 
+def test_a_hung_holder_fails_over_after_a_receive_into_a_spare(bins, pack, source, tmp_path):
+    """With --cache-mem 0 a remote payload stored uncompressed is received
+    straight into a free spare copy file's pages. When the first holder
+    hangs (SIGSTOP), that receive stays posted and keeps its spare: the
+    read fails over to the second holder, whose bytes go into a new file,
+    and the late answer, once the first holder runs again, lands in the
+    kept spare, never in a file a program reads."""
+    ds = pack("none")
+    ds_id, files = files_of(ds)
+    c = start_cluster(bins, ds, tmp_path, nranks=3,
+                      extra_args=["--replication", "2", "--cache-mem", "0", "--replicate-on-read", "off",
+                                  "--copy-spares", "64M", "--remote-timeout", "2"])
+
+    def holders(n):  # fanstore-daemon/src/placement.rs: 2 copies on 3 ranks
+        spread = (((n["id"] * 0x9E3779B1) & 0xFFFFFFFF) >> 16) ^ n["id"]
+        return [(n["partition"] % 3 + (spread % 2 + i) % 2) % 3 for i in range(2)]
+
+    try:
+        # Files both of whose holders are remote for rank 0, rank 1 asked first.
+        first_1 = [(p, n) for p, n in files.items() if n["size"] > 0 and holders(n) == [1, 2]]
+        others = [(p, n) for p, n in files.items() if n["size"] > 0 and 0 not in holders(n)]
+        assert len(first_1) >= 2, "too few files held by ranks 1 and 2 alone"
+        with c.client(0) as cl:
+            for p, n in others * 2:  # spares, free again once read
+                assert cl.read(n["id"], ds_id) == (source / p).read_bytes(), p
+            in_place = int(cl.status()["remote_in_place"])
+            assert in_place >= 1, "no payload was received into a spare"
+        pid1 = node_state(c.runtime, 1)["pid"]
+        os.kill(pid1, signal.SIGSTOP)
+        try:
+            with c.client(0, timeout=60) as cl:
+                for p, n in first_1[:2]:
+                    t = time.monotonic()
+                    assert cl.read(n["id"], ds_id) == (source / p).read_bytes(), p
+                    assert time.monotonic() - t < 15
+                st = cl.status()
+                assert int(st["remote_failed"]) >= 2, f"rank 1 was not asked first: {st}"
+        finally:
+            os.kill(pid1, signal.SIGCONT)
+        time.sleep(0.5)  # the late answers arrive
+        with c.client(0) as cl:
+            for _ in range(3):
+                for p, n in others:
+                    assert cl.read(n["id"], ds_id) == (source / p).read_bytes(), p
+            assert int(cl.status()["remote_in_place"]) > in_place
+    finally:
+        c.stop()
+
+
 def test_pieces_and_small_cache(bins, pack, source, tmp_path):
     """Payloads crossing in many MPI messages (--mpi-piece 64K, hidden testing knob),
     and a cache smaller than the files (evictions, still correct)."""
