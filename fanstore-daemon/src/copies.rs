@@ -282,15 +282,7 @@ impl Copies {
         // `fill` writes every byte of the file, so a spare's old bytes never show.
         if let Some(s) = if named { None } else { self.spares.take(size) } {
             let mut slot = Some(s);
-            let renew = || {
-                let f = self.tmpfile(relieve)?;
-                let len = libc::off_t::try_from(size).map_err(|_| libc::EFBIG)?;
-                // SAFETY: fallocate on our own new file; no pointer arguments.
-                if size > 0 && unsafe { libc::fallocate(f.as_raw_fd(), 0, 0, len) } != 0 {
-                    return Err(fdlimit::errno_of(&io::Error::last_os_error()));
-                }
-                Ok(Spare::new(f, size))
-            };
+            let renew = || Spare::allocated(self.tmpfile(relieve)?, size);
             fill(&mut CopyDst::spare(&mut slot, size, &renew))?;
             // A fill that lent the spare out gives it back (or wrote a new one).
             return slot.ok_or(libc::EIO);

@@ -83,6 +83,12 @@ impl Spare {
         Spare { file, size, map: None }
     }
 
+    /// A new, empty copy file grown to `size` bytes, every one allocated.
+    pub fn allocated(file: File, size: u64) -> Result<Spare, i32> {
+        resize(&file, 0, size)?;
+        Ok(Spare::new(file, size))
+    }
+
     pub fn file(&self) -> &File {
         &self.file
     }
@@ -173,13 +179,17 @@ fn unshared(f: &File) -> Result<bool, i32> {
 /// Sizes `f`, a copy file of `old` bytes all written, to `new` bytes with
 /// every byte allocated: what it gains is allocated (so a write through a
 /// mapping never meets a full file system), what it loses is truncated.
-fn resize(f: &File, old: u64, new: u64) -> bool {
+fn resize(f: &File, old: u64, new: u64) -> Result<(), i32> {
+    let last = || std::io::Error::last_os_error().raw_os_error().unwrap_or(libc::EIO);
     if new > old {
-        let (Ok(at), Ok(len)) = (libc::off_t::try_from(old), libc::off_t::try_from(new - old)) else { return false };
+        let (Ok(at), Ok(len)) = (libc::off_t::try_from(old), libc::off_t::try_from(new - old)) else { return Err(libc::EFBIG) };
         // SAFETY: fallocate on our own file; no pointer arguments.
-        return unsafe { libc::fallocate(f.as_raw_fd(), 0, at, len) } == 0;
+        return if unsafe { libc::fallocate(f.as_raw_fd(), 0, at, len) } == 0 { Ok(()) } else { Err(last()) };
     }
-    new == old || f.set_len(new).is_ok()
+    if new == old {
+        return Ok(());
+    }
+    f.set_len(new).map_err(|e| e.raw_os_error().unwrap_or(libc::EIO))
 }
 
 impl Spares {
@@ -260,7 +270,7 @@ impl Spares {
             found
         };
         let mut s = found?;
-        if !resize(&s.file, s.size, size) {
+        if resize(&s.file, s.size, size).is_err() {
             return None;
         }
         s.size = size;
@@ -428,7 +438,7 @@ impl Evicted {
                     return None;
                 }
             }
-            if !resize(&f, old, size) {
+            if resize(&f, old, size).is_err() {
                 let _ = std::fs::remove_file(&name);
                 return None;
             }

@@ -524,8 +524,9 @@ impl<'a> Engine<'a> {
     }
 
     fn start_fetch(&mut self, mut f: Fetch) {
-        if f.buf.bytes_mut().len() as u64 != f.stored_len {
-            let _ = f.reply.send(Err(FetchError::BadBuffer(f.buf.bytes_mut().len(), f.stored_len)));
+        let have = f.buf.bytes_mut().len();
+        if have as u64 != f.stored_len {
+            let _ = f.reply.send(Err(FetchError::BadBuffer(have, f.stored_len)));
             return;
         }
         let Some(tag) = self.tags.alloc() else {
