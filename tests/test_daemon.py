@@ -545,6 +545,55 @@ def test_copies_past_the_cache_reuse_pages_only_once_nobody_holds_them(bins, pac
         c.stop()
 
 
+@pytest.mark.parametrize("cache_mem", ["0", "64M"])
+def test_small_remote_opens_are_answered_by_the_communication_thread(bins, pack, source, tmp_path, cache_mem):
+    """A remote file stored uncompressed, of 512 KiB or less, is answered by
+    the communication thread itself once its payload is verified in the
+    copy's file (received into a spare's pages, or written into a new copy
+    file), status remote_direct; a larger one by the connection thread. A
+    payload that fails its checksum is never answered from there: EIO, and
+    the next reads are exact."""
+    ds = pack("none", replicate=False)
+    ds_id, files = files_of(ds)
+    c = start_cluster(bins, ds, tmp_path, nranks=2,
+                      extra_args=["--cache-mem", cache_mem, "--replicate-on-read", "off", "--copy-spares", "64M",
+                                  "--remote-timeout", "2"])
+    try:
+        st1 = node_state(c.runtime, 1)
+        held = set(st1["local"]) - set(node_state(c.runtime, 0)["local"])
+        remote = sorted((p, n) for p, n in files.items() if n["partition"] in held and n["size"] > 0)
+        small = [(p, n) for p, n in remote if n["size"] <= 512 << 10]
+        large = [(p, n) for p, n in remote if n["size"] > 512 << 10]
+        assert len(small) >= 3 and large, "rank 1 holds too few files"
+        victim, small = small[0], small[1:]
+        rounds = 3 if cache_mem == "0" else 1  # with a node cache, later reads are copies
+        with c.client(0) as cl:
+            for _ in range(rounds):
+                for p, n in small + large:
+                    assert cl.read(n["id"], ds_id) == (source / p).read_bytes(), p
+            st = cl.status()
+            assert int(st["remote_sent"]) == rounds * len(small + large), st
+            assert int(st["remote_direct"]) == rounds * len(small), st
+            # The holder's copy of one payload goes bad after its load.
+            part = Path(st1["local_dir"]) / "parts" / f"part-{victim[1]['partition']:06d}.fsp"
+            os.chmod(part, 0o600)
+            with open(part, "r+b") as f:
+                f.seek(victim[1]["payload_offset"] + victim[1]["stored_len"] // 2)
+                b = f.read(1)
+                f.seek(-1, os.SEEK_CUR)
+                f.write(bytes([b[0] ^ 0xFF]))
+            with pytest.raises(OSError) as e:
+                cl.read(victim[1]["id"], ds_id)
+            assert e.value.errno == 5, e.value
+            st2 = cl.status()
+            assert int(st2["remote_direct"]) == int(st["remote_direct"]), "a bad payload was answered"
+            assert int(st2["remote_failed"]) >= 1, st2
+            for p, n in small:
+                assert cl.read(n["id"], ds_id) == (source / p).read_bytes(), p
+    finally:
+        c.stop()
+
+
 def test_a_request_that_wakes_the_holder_is_served_by_that_wake_up(bins, pack, source, tmp_path):
     """A peer's request wakes the holder's sleeping communication thread
     through the MPI library's fds, and the round of progress after that

@@ -400,6 +400,17 @@ impl Reply {
 
 /// Sends one datagram on a connected SOCK_SEQPACKET socket, with `fd` attached if given.
 pub fn send_msg(sock: RawFd, bytes: &[u8], fd: Option<RawFd>) -> io::Result<()> {
+    sendmsg_with(sock, bytes, fd, libc::MSG_NOSIGNAL)
+}
+
+/// [`send_msg`] that never blocks: `WouldBlock` when the socket's buffer
+/// is full (a thread that must not wait on a client, as the communication
+/// thread, then leaves the reply to the client's connection thread).
+pub fn try_send_msg(sock: RawFd, bytes: &[u8], fd: Option<RawFd>) -> io::Result<()> {
+    sendmsg_with(sock, bytes, fd, libc::MSG_NOSIGNAL | libc::MSG_DONTWAIT)
+}
+
+fn sendmsg_with(sock: RawFd, bytes: &[u8], fd: Option<RawFd>, flags: libc::c_int) -> io::Result<()> {
     let mut iov = libc::iovec { iov_base: bytes.as_ptr() as *mut _, iov_len: bytes.len() };
     // Room for one cmsghdr carrying one int, 8-aligned.
     let mut cbuf = [0u64; 4];
@@ -425,7 +436,7 @@ pub fn send_msg(sock: RawFd, bytes: &[u8], fd: Option<RawFd>) -> io::Result<()> 
     }
     loop {
         // SAFETY: msg points at live buffers (iov over `bytes`, cbuf) for the call.
-        let r = unsafe { libc::sendmsg(sock, &msg, libc::MSG_NOSIGNAL) };
+        let r = unsafe { libc::sendmsg(sock, &msg, flags) };
         if r >= 0 {
             return Ok(());
         }

@@ -137,6 +137,7 @@ pub mod bufpool;
 pub mod cache;
 pub mod ckpt_query;
 pub mod client;
+pub mod client_reply;
 pub mod comm;
 pub mod copies;
 pub mod dedup;

@@ -283,6 +283,7 @@ fn fetch_and_verify<'a>(
             buf: RecvBuf::heap(buf, n as usize),
             reply: tx,
             timeout,
+            direct: None,
         });
         node.comm.send(cmd).map_err(|_| Skip::Stopping)?;
         Ok(rx)

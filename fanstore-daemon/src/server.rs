@@ -4,6 +4,7 @@
 //! poll with a short timeout so the threads notice a stop. A client that
 //! goes away mid-request only ends its own connection thread.
 
+use crate::client_reply::ClientReply;
 use crate::comm::Command;
 use crate::node::Node;
 use fanstore_core::wire::{self, op, Reply, Request};
@@ -306,14 +307,22 @@ fn handle(node: &Node, fd: RawFd, req: &Request, attached: Option<OwnedFd>) -> i
             let r = if errno == 0 { Reply::ok(req, 0) } else { Reply::err(req, errno) };
             wire::send_msg(fd, &r.encode(), None)
         }
-        op::OPEN => match node.open(req.arg0, req.arg1) {
-            Ok(file) => {
-                let mut r = Reply::ok(req, 0);
-                r.flags = wire::FLAG_FD;
-                wire::send_msg(fd, &r.encode(), Some(file.as_raw_fd()))
+        op::OPEN => {
+            // The communication thread may answer a remote file itself.
+            let client = ClientReply::new(fd, Reply::ok(req, 0));
+            let opened = node.open(req.arg0, req.arg1, Some(&client));
+            if !client.claim_for_conn() {
+                return Ok(());
             }
-            Err(errno) => wire::send_msg(fd, &Reply::err(req, errno).encode(), None),
-        },
+            match opened {
+                Ok(file) => {
+                    let mut r = Reply::ok(req, 0);
+                    r.flags = wire::FLAG_FD;
+                    wire::send_msg(fd, &r.encode(), Some(file.as_raw_fd()))
+                }
+                Err(errno) => wire::send_msg(fd, &Reply::err(req, errno).encode(), None),
+            }
+        }
         _ => wire::send_msg(fd, &Reply::err(req, libc::EINVAL).encode(), None),
     }
 }

@@ -24,6 +24,9 @@ pub struct Counters {
     /// Remote payloads received straight into the pages of the copy a
     /// client reads (a spare lent to the receive), with no copy on arrival.
     pub remote_in_place: AtomicU64,
+    /// Remote OPENs the communication thread answered itself, the payload
+    /// verified in the copy's file ([`crate::client_reply`]).
+    pub remote_direct: AtomicU64,
     /// Requests answered with an error other than ENOENT/ESTALE, and refused peers.
     pub errors: AtomicU64,
     /// Outputs committed through this rank.
@@ -149,6 +152,7 @@ pub struct Snapshot {
     pub remote_bytes_in: u64,
     pub remote_bytes_out: u64,
     pub remote_in_place: u64,
+    pub remote_direct: u64,
     pub cache_hits: u64,
     pub cache_misses: u64,
     pub cache_evictions: u64,
@@ -183,6 +187,7 @@ impl Counters {
         s.remote_bytes_in = self.remote_bytes_in.load(Relaxed);
         s.remote_bytes_out = self.remote_bytes_out.load(Relaxed);
         s.remote_in_place = self.remote_in_place.load(Relaxed);
+        s.remote_direct = self.remote_direct.load(Relaxed);
         s.errors = self.errors.load(Relaxed);
         s.clients = self.clients.load(Relaxed);
         s.fd_pressure = self.fd_pressure.load(Relaxed);
@@ -201,7 +206,7 @@ impl Snapshot {
         format!(
             "rank={}\nnranks={}\nhost={}\npid={}\nstatus={}\nmpi_threading={}\npartitions={}\nfiles={}\n\
              bytes_local={}\nbytes_read={}\nload_seconds={:.3}\nload_mbps={:.1}\nopens={}\nopens_local={}\n\
-             remote_sent={}\nremote_failed={}\nremote_served={}\nremote_bytes_in={}\nremote_bytes_out={}\nremote_in_place={}\n\
+             remote_sent={}\nremote_failed={}\nremote_served={}\nremote_bytes_in={}\nremote_bytes_out={}\nremote_in_place={}\nremote_direct={}\n\
              cache_hits={}\ncache_misses={}\ncache_evictions={}\ncache_bytes={}\ncache_entries={}\ncache_disk_bytes={}\ncopies_reused={}\ncopy_spares_bytes={}\nerrors={}\nclients={}\nfd_pressure={}\n\
              remote_p50_us={}\nremote_p99_us={}\nremote_mbps={:.3}\nreplicated_parts={}\nreplicated_bytes={}\n\
              comm_woken_by_command={}\ncomm_woken_by_fd={}\ncomm_woken_by_timeout={}\ncomm_fd_wakes_idle={}\ncomm_missed_wakes={}\n",
@@ -225,6 +230,7 @@ impl Snapshot {
             self.remote_bytes_in,
             self.remote_bytes_out,
             self.remote_in_place,
+            self.remote_direct,
             self.cache_hits,
             self.cache_misses,
             self.cache_evictions,

@@ -51,7 +51,9 @@ pub mod raw;
 pub mod table;
 pub mod wake;
 
+use crate::client_reply::Direct;
 use crate::status::Counters;
+use std::os::fd::AsRawFd;
 use crossbeam::channel::{Receiver, RecvTimeoutError, Sender, TryRecvError};
 use raw::{Comm, Done, Request};
 use std::collections::HashMap;
@@ -133,6 +135,11 @@ impl RecvBuf {
         self.len
     }
 
+    /// Whether the bytes go into a spare's pages (the copy's own file).
+    pub fn is_spare(&self) -> bool {
+        matches!(self.mem, RecvMem::Spare(_))
+    }
+
     pub fn is_empty(&self) -> bool {
         self.len == 0
     }
@@ -157,6 +164,31 @@ impl RecvBuf {
     }
 }
 
+/// Answers the client of `d` with the copy's file, once `buf` holds the
+/// file's verified bytes: the spare received into, else the copy's file
+/// written here with `buf`'s bytes. Never blocks on the client.
+fn answer_directly(d: &Direct, buf: &RecvBuf) -> bool {
+    d.client.send_from_comm(|| match (&buf.mem, d.dest) {
+        (RecvMem::Spare(s), _) => Some(s.file().as_raw_fd()),
+        (RecvMem::Heap(_), Some(dest)) => {
+            let bytes = buf.bytes();
+            let mut done = 0;
+            while done < bytes.len() {
+                let rest = &bytes[done..];
+                // SAFETY: pwrite from a live buffer into `dest`, an fd the
+                // connection thread keeps open while the answer is SENDING.
+                let r = unsafe { libc::pwrite(dest, rest.as_ptr().cast(), rest.len(), done as libc::off_t) };
+                if r <= 0 {
+                    return None;
+                }
+                done += r as usize;
+            }
+            Some(dest)
+        }
+        (RecvMem::Heap(_), None) => None,
+    })
+}
+
 /// The received payload and its xxh3, computed piece by piece as the pieces
 /// arrived (the requester compares it with the manifest).
 pub type FetchReply = Result<(RecvBuf, u64), FetchError>;
@@ -172,6 +204,9 @@ pub struct Fetch {
     pub buf: RecvBuf,
     pub reply: Sender<FetchReply>,
     pub timeout: Duration,
+    /// Answer the client of this remote OPEN from here once the payload is
+    /// verified and in the copy's file ([`crate::client_reply`]).
+    pub direct: Option<Direct>,
 }
 
 /// One metadata request to another rank (never to this one: the caller
@@ -255,6 +290,7 @@ struct PendingFetch {
     hasher: fanstore_core::checksum::StreamingChecksum,
     started: Instant,
     reply: Option<Sender<FetchReply>>,
+    direct: Option<Direct>,
     _request: Box<[u8; table::REQUEST_LEN]>,
 }
 
@@ -265,6 +301,7 @@ impl PendingFetch {
         base: *const u8,
         parts: Vec<(u64, usize)>,
         reply: Option<Sender<FetchReply>>,
+        direct: Option<Direct>,
         request: Box<[u8; table::REQUEST_LEN]>,
     ) -> Self {
         let n = parts.len();
@@ -278,6 +315,7 @@ impl PendingFetch {
             hasher: fanstore_core::checksum::StreamingChecksum::new(),
             started: Instant::now(),
             reply,
+            direct,
             _request: request,
         }
     }
@@ -580,12 +618,12 @@ impl<'a> Engine<'a> {
                 state.piece_done(usize::MAX, 0);
             }
             state.request_done(false);
-            let p = PendingFetch::new(state, f.buf, base, parts, None, request);
+            let p = PendingFetch::new(state, f.buf, base, parts, None, None, request);
             self.fetches.insert(id, p);
             return;
         }
         self.counters.remote_sent.fetch_add(1, Relaxed);
-        let p = PendingFetch::new(state, f.buf, base, parts, Some(f.reply), request);
+        let p = PendingFetch::new(state, f.buf, base, parts, Some(f.reply), f.direct, request);
         self.fetches.insert(id, p);
     }
 
@@ -765,8 +803,11 @@ impl<'a> Engine<'a> {
                     Err(FetchError::Holder(f.state.holder))
                 }
             });
-            if let Ok((b, _)) = &res {
+            if let Ok((b, sum)) = &res {
                 self.counters.remote_bytes_in.fetch_add(b.bytes().len() as u64, Relaxed);
+                if let Some(d) = f.direct.as_ref().filter(|d| d.expected == *sum) {
+                    answer_directly(d, b);
+                }
             }
             log::debug!(
                 "rank {}: {} B from rank {} in {:?} ({} pieces)",
