@@ -443,8 +443,9 @@ impl Node {
 /// Largest remote file the communication thread answers the client of
 /// itself (writing it into its copy with one pwrite when it was not received
 /// there: in the MPI progress loop). A larger file's transfer dwarfs the
-/// hand-off saved: 4 daemons, 4 readers, 2 MiB files, 3/4 remote, 4
-/// alternating rounds: 2563 against 2714 MB/s with them answered too.
+/// hand-off saved, and answering it here cost throughput: 4 daemons, 4
+/// readers, 2 MiB files, 3/4 remote, 5 alternating rounds: 2415 MB/s with
+/// them answered here, 2594 without, 2690 before any direct answer.
 const DIRECT_MAX: u64 = 512 << 10;
 
 /// Buffers for payloads and decoded bytes, shared by all connection threads.
