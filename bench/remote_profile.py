@@ -144,7 +144,10 @@ def main():
               "Against the raw ping-pong, the fetch itself costs the MPI transfer plus hashing; the other stages are "
               "hand-offs between threads (server thread -> communication thread -> server thread, each a wake-up "
               "that waits for a free core when two polling communication threads, a server thread and the client "
-              "share 2 cores), and the copy's creation."]
+              "share 2 cores), and the copy's creation. A 128 KiB file stored uncompressed is answered by the "
+              "communication thread itself once verified (README, the daemon's direct answer): the client has its fd "
+              "while the server thread still wakes from its wait, so the waiting row holds a wake-up the client no "
+              "longer waits for, and `the rest` (the round trip less the other rows) is smaller by as much."]
     print("\n".join(L))
 
 
