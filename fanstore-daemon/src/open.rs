@@ -23,7 +23,7 @@ use crate::copies::{open_ro, CopyDst};
 use crate::fdlimit;
 use crate::load::PartMap;
 use crate::node::{Node, Phase};
-use fanstore_core::checksum::xxh3;
+use fanstore_core::checksum::{xxh3, xxh3_cold};
 use fanstore_core::codec::{self, Codec};
 use fanstore_core::manifest::{NodeKind, NodeRef};
 use fanstore_core::tiers::{EXTRACT_MIN, TIER_COPY, TIER_EXTRACTED};
@@ -209,7 +209,7 @@ impl Node {
         }
         if tiers.get(n.id()) != TIER_EXTRACTED {
             let bytes = self.stored(n, map)?;
-            self.check_sum(n, xxh3(bytes))?;
+            self.check_sum(n, xxh3_cold(bytes))?;
             let mut tmp = path.clone().into_os_string();
             tmp.push(format!(".tmp{}", EXTRACT_SEQ.fetch_add(1, Relaxed)));
             let written = fdlimit::retry(
@@ -252,7 +252,7 @@ impl Node {
     /// Writes local file `n`'s bytes (verified, decompressed) into `dst`.
     fn fill_local(&self, n: NodeRef<'_>, map: &PartMap, dst: &mut CopyDst<'_>) -> Result<(), i32> {
         let stored = self.stored(n, map)?;
-        self.check_sum(n, xxh3(stored))?;
+        self.check_sum(n, xxh3_cold(stored))?;
         self.decode_into(n, stored, dst)
     }
 

@@ -14,8 +14,8 @@
 //! With `--copy-out`, each decoded file is copied into a reused 1 MiB buffer,
 //! a piece at a time, before its bytes are read: the copy a read(2) of a
 //! file holding the bytes makes, without the system call. With
-//! `--checksum`, each payload's xxh3 is computed before it is decoded, as
-//! every FanStore read checks it.
+//! `--checksum`, each payload's xxh3 is computed before it is decoded (with
+//! the prefetching `xxh3_cold`), as every FanStore read checks it.
 //!
 //! ```text
 //! fanstore-bench-decode --data DIR --prefix PATH [--threads N] [--rounds R] [--checksum]
@@ -78,7 +78,7 @@ fn main() -> anyhow::Result<()> {
                         for &(p, off, len, codec, size) in files.iter().skip(k).step_by(threads) {
                             let stored = parts[p].get(off..off + len).context("payload past the partition's end")?;
                             if checksum {
-                                acc ^= fanstore_core::checksum::xxh3(stored);
+                                acc ^= fanstore_core::checksum::xxh3_cold(stored);
                             }
                             out.resize(size as usize, 0);
                             fanstore_core::codec::decompress_into(codec, stored, &mut out)?;

@@ -185,7 +185,7 @@ fn decode_local(st: &State, n: &Node, flags: c_int) -> Option<Result<(c_int, u64
     let map = crate::parts::partition(st, n.partition(), len)?;
     let start = usize::try_from(n.payload_offset()).ok()?;
     let stored = map.get(start..start.checked_add(usize::try_from(n.stored_len()).ok()?)?)?;
-    if fanstore_core::checksum::xxh3(stored) != n.checksum() {
+    if fanstore_core::checksum::xxh3_cold(stored) != n.checksum() {
         crate::dlog!("node {}: payload fails its checksum in the partition copy: EIO", n.id());
         return Some(Err(libc::EIO));
     }
