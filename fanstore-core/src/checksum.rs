@@ -52,15 +52,8 @@ mod tests {
 
     #[test]
     fn the_prefetching_hash_is_xxh3() {
-        let mut x = 0x9E37_79B9_7F4A_7C15u64;
-        let bytes: Vec<u8> = (0..300_000)
-            .map(|_| {
-                x ^= x << 13;
-                x ^= x >> 7;
-                x ^= x << 17;
-                x as u8
-            })
-            .collect();
+        let mut rnd = crate::codec::tests::xorshift(0x9E37_79B9_7F4A_7C15);
+        let bytes: Vec<u8> = (0..300_000).map(|_| rnd() as u8).collect();
         for len in [0, 1, 63, 4095, 4096, 8191, 8192, 8193, 12288, 65537, 131072, 299_999] {
             assert_eq!(xxh3_cold(&bytes[..len]), xxh3(&bytes[..len]), "length {len}");
             assert_eq!(xxh3_cold(&bytes[1..=len]), xxh3(&bytes[1..=len]), "unaligned, length {len}");

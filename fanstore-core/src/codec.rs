@@ -307,9 +307,9 @@ pub fn decompress(codec: Codec, stored: &[u8], raw_len: u64) -> io::Result<Vec<u
 }
 
 #[cfg(test)]
-mod tests {
+pub(crate) mod tests {
     /// A deterministic stream of test bytes' sources (xorshift64).
-    fn xorshift(seed: u64) -> impl FnMut() -> u64 {
+    pub(crate) fn xorshift(seed: u64) -> impl FnMut() -> u64 {
         let mut x = seed;
         move || {
             x ^= x << 13;
@@ -417,15 +417,8 @@ mod tests {
 
     #[test]
     fn incompressible_is_stored_raw() {
-        let mut x = 0x9e3779b97f4a7c15u64;
-        let data: Vec<u8> = (0..65536)
-            .map(|_| {
-                x ^= x << 13;
-                x ^= x >> 7;
-                x ^= x << 17;
-                x as u8
-            })
-            .collect();
+        let mut rnd = xorshift(0x9e3779b97f4a7c15);
+        let data: Vec<u8> = (0..65536).map(|_| rnd() as u8).collect();
         for c in ["lz4", "zstd"] {
             let c = Compression::parse(c).unwrap();
             assert!(compress(c, &data[..], data.len() as u64).unwrap().is_none());
