@@ -19,9 +19,12 @@
 //! ```
 //!
 //! The connection thread claims before it answers or gives the request up,
-//! and waits out a SENDING. So the communication thread touches the client's
-//! socket and the copy's file (both the connection thread's own fds, not
-//! dups) only while the connection thread is still inside the request.
+//! and as soon as it stops waiting for a fetch that may be answered (its
+//! wait outlasts the communication thread's deadline by 2 s, past which the
+//! communication thread answers nothing either); it waits out a SENDING. So
+//! the communication thread touches the client's socket and the copy's file
+//! (both the connection thread's own fds, not dups) only while the
+//! connection thread still waits for it.
 //!
 //! ```
 //! use fanstore_daemon::client_reply::ClientReply;

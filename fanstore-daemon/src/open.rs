@@ -425,6 +425,14 @@ impl Node {
             }
             Err(_) => {
                 log::warn!("rank {me}: remote read of node {} from rank {holder}: no answer", n.id());
+                // A communication thread that stalled past its own deadline
+                // may still complete this fetch: from now on it must not
+                // touch the client's socket or `dst`'s fd (both may close
+                // once this OPEN is given up). If it answered meanwhile,
+                // the client has its file and nothing is sent again.
+                if let Some(c) = client.filter(|_| may_answer) {
+                    c.claim_for_conn();
+                }
                 Err(libc::EIO)
             }
         };

@@ -805,7 +805,8 @@ impl<'a> Engine<'a> {
             });
             if let Ok((b, sum)) = &res {
                 self.counters.remote_bytes_in.fetch_add(b.bytes().len() as u64, Relaxed);
-                if let Some(d) = f.direct.as_ref().filter(|d| d.expected == *sum) {
+                // (Never past the deadline: the waiting thread may have given up.)
+                if let Some(d) = f.direct.as_ref().filter(|d| d.expected == *sum && Instant::now() < f.state.deadline) {
                     answer_directly(d, b);
                 }
             }
