@@ -70,6 +70,12 @@ impl ClientReply {
         Arc::new(ClientReply { sock, reply: ok.encode(), state: AtomicU8::new(PENDING) })
     }
 
+    /// The encoded success reply (sent with the file's fd), for whichever
+    /// thread answers.
+    pub fn ok_reply(&self) -> &[u8] {
+        &self.reply
+    }
+
     /// Whether the communication thread answered the client.
     pub fn sent(&self) -> bool {
         self.state.load(Acquire) == SENT

@@ -28,9 +28,9 @@ use fanstore_core::codec::{self, Codec};
 use fanstore_core::manifest::{NodeKind, NodeRef};
 use fanstore_core::tiers::{EXTRACT_MIN, TIER_COPY, TIER_EXTRACTED};
 use std::os::fd::{AsRawFd, OwnedFd, RawFd};
-use std::sync::Arc;
 use std::os::unix::fs::OpenOptionsExt;
 use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
+use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 /// Opens a new read-only description of a cached memfd or file (through

@@ -315,11 +315,7 @@ fn handle(node: &Node, fd: RawFd, req: &Request, attached: Option<OwnedFd>) -> i
                 return Ok(());
             }
             match opened {
-                Ok(file) => {
-                    let mut r = Reply::ok(req, 0);
-                    r.flags = wire::FLAG_FD;
-                    wire::send_msg(fd, &r.encode(), Some(file.as_raw_fd()))
-                }
+                Ok(file) => wire::send_msg(fd, client.ok_reply(), Some(file.as_raw_fd())),
                 Err(errno) => wire::send_msg(fd, &Reply::err(req, errno).encode(), None),
             }
         }

@@ -53,10 +53,10 @@ pub mod wake;
 
 use crate::client_reply::Direct;
 use crate::status::Counters;
-use std::os::fd::AsRawFd;
 use crossbeam::channel::{Receiver, RecvTimeoutError, Sender, TryRecvError};
 use raw::{Comm, Done, Request};
 use std::collections::HashMap;
+use std::os::fd::{AsRawFd, FromRawFd};
 use std::sync::atomic::{AtomicBool, Ordering::Relaxed};
 use std::time::{Duration, Instant};
 pub use table::FetchError;
@@ -171,19 +171,10 @@ fn answer_directly(d: &Direct, buf: &RecvBuf) -> bool {
     d.client.send_from_comm(|| match (&buf.mem, d.dest) {
         (RecvMem::Spare(s), _) => Some(s.file().as_raw_fd()),
         (RecvMem::Heap(_), Some(dest)) => {
-            let bytes = buf.bytes();
-            let mut done = 0;
-            while done < bytes.len() {
-                let rest = &bytes[done..];
-                // SAFETY: pwrite from a live buffer into `dest`, an fd the
-                // connection thread keeps open while the answer is SENDING.
-                let r = unsafe { libc::pwrite(dest, rest.as_ptr().cast(), rest.len(), done as libc::off_t) };
-                if r <= 0 {
-                    return None;
-                }
-                done += r as usize;
-            }
-            Some(dest)
+            // SAFETY: `dest` is an fd the connection thread keeps open while
+            // the answer is SENDING; ManuallyDrop leaves it open here.
+            let file = std::mem::ManuallyDrop::new(unsafe { std::fs::File::from_raw_fd(dest) });
+            crate::copies::write_all_at(&file, buf.bytes(), 0).ok().map(|()| dest)
         }
         (RecvMem::Heap(_), None) => None,
     })
