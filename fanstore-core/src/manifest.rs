@@ -1013,6 +1013,64 @@ mod tests {
         assert!(accepted > 100, "only {accepted} mutated manifests parsed");
     }
 
+    /// A tree with nested directories, symlinks, several partitions, raw
+    /// name bytes and shuffled input order.
+    fn varied_tree() -> ManifestBuilder {
+        let mut b = ManifestBuilder::new(0x5eed);
+        let mut x = 0x9e3779b97f4a7c15u64;
+        let mut next = move || {
+            x ^= x << 13;
+            x ^= x >> 7;
+            x ^= x << 17;
+            x
+        };
+        let mut entries = Vec::new();
+        for d in 0..12 {
+            entries.push(dir(&format!("d{d}")));
+            for s in 0..(d % 3) {
+                entries.push(dir(&format!("d{d}/s{s}")));
+                for f in 0..(next() % 40) {
+                    entries.push(file(&format!("d{d}/s{s}/f{f}"), next() % 100_000, (next() % 3) as u32));
+                }
+            }
+            for f in 0..(next() % 200) {
+                let mut e = file(&format!("d{d}/g{f}"), next() % 1000, (next() % 3) as u32);
+                if let BuildKind::File { checksum, payload_offset, .. } = &mut e.kind {
+                    *checksum = next();
+                    *payload_offset = next() % (1 << 40);
+                }
+                e.mtime_ns = next() as i64;
+                entries.push(e);
+            }
+            let mut l = file(&format!("d{d}/link"), 0, 0);
+            l.kind = BuildKind::Symlink { target: format!("../d{}/g0", (d + 1) % 12).into_bytes() };
+            entries.push(l);
+        }
+        let mut raw = file("", 7, 1);
+        raw.path = b"d3/\xc3\xa9t\xc3\xa9-\xff".to_vec();
+        entries.push(raw);
+        for i in (1..entries.len()).rev() {
+            entries.swap(i, (next() % (i as u64 + 1)) as usize);
+        }
+        for e in entries {
+            b.add(e);
+        }
+        for id in 0..3 {
+            b.add_partition(PartitionInfo { id, flags: id, file_len: 1000 + id as u64, entry_count: 9, logical_bytes: 99, header_checksum: next() });
+        }
+        b
+    }
+
+    #[test]
+    fn the_written_layout_is_unchanged() {
+        // The bytes of one varied tree, pinned: a change of the layout
+        // (order, padding, offsets, checksums) must be a new version.
+        let bytes = varied_tree().finish().unwrap();
+        let v = IndexView::parse(Path::new("m"), &bytes, Verify::Full).unwrap();
+        assert!(v.node_count() > 500);
+        assert_eq!((bytes.len(), xxh3(&bytes)), (213_340, 15_033_959_725_640_890_019));
+    }
+
     #[test]
     fn million_node_manifest_opens_fast() {
         // Correctness of a large table (timing is a benchmark, not a test).
