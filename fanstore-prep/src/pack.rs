@@ -31,12 +31,12 @@ use crate::walk::{self, display_path, EntryKind, Tree, WalkError, WalkOptions};
 use fanstore_core::align;
 use fanstore_core::checksum::xxh3;
 use fanstore_core::codec::{self, Codec, Compression};
-use fanstore_core::manifest::{self, BuildEntry, BuildError, BuildKind, ManifestBuilder, PartitionInfo};
+use fanstore_core::manifest::{self, BuildEntry, BuildError, BuildKind, ManifestBuilder, ManifestLayout, PartitionInfo};
 use fanstore_core::partition::{self, PartitionWriter, FLAG_REPLICATED, HEADER_LEN};
 use fanstore_core::FormatError;
 use std::collections::HashMap;
 use std::fs::File;
-use std::io::{self, Read, Write};
+use std::io::{self, Read};
 use std::os::fd::{AsFd, BorrowedFd};
 use std::os::unix::ffi::OsStrExt;
 use std::path::{Path, PathBuf};
@@ -220,9 +220,9 @@ pub fn pack(opts: &PackOptions) -> Result<PackSummary, PackError> {
     for info in &written.infos {
         builder.add_partition(*info);
     }
-    let manifest_bytes = builder.finish()?;
+    let manifest = builder.build()?;
     phase.done("manifest build");
-    out.write_manifest(&manifest_bytes)?;
+    out.write_manifest(&manifest)?;
     out.commit();
     phase.done("manifest write");
 
@@ -991,7 +991,7 @@ impl OutputDir {
     }
 
     /// Writes the manifest durably under a temporary name, then renames it into place.
-    fn write_manifest(&mut self, bytes: &[u8]) -> Result<(), PackError> {
+    fn write_manifest(&mut self, manifest: &ManifestLayout) -> Result<(), PackError> {
         let tmp = self.dir.join(MANIFEST_TMP);
         let fin = self.dir.join(manifest::FILE_NAME);
         self.track(tmp.clone());
@@ -1000,7 +1000,7 @@ impl OutputDir {
             move |source| PackError::WriteManifest { path, source }
         };
         let mut f = File::create(&tmp).map_err(fail(&tmp))?;
-        f.write_all(bytes).map_err(fail(&tmp))?;
+        manifest.write_to(&mut f).map_err(fail(&tmp))?;
         f.sync_all().map_err(fail(&tmp))?;
         drop(f);
         self.track(fin.clone());
