@@ -9,6 +9,7 @@
 use std::ffi::CString;
 use std::io;
 use std::os::fd::{AsFd, AsRawFd, BorrowedFd, FromRawFd, IntoRawFd, OwnedFd};
+use std::sync::atomic::{AtomicU8, Ordering::Relaxed};
 
 /// Relative paths at least this long are opened one component at a time.
 const DIRECT_OPEN_LIMIT: usize = 3800;
@@ -125,12 +126,57 @@ pub fn openat_noatime(dir: BorrowedFd<'_>, rel: &[u8], flags: i32) -> io::Result
 
 const DIR_FLAGS: i32 = libc::O_RDONLY | libc::O_DIRECTORY | libc::O_NOFOLLOW;
 
+/// Whether this kernel has openat2 (0 unknown, 1 yes, 2 no: ENOSYS).
+static OPENAT2: AtomicU8 = AtomicU8::new(0);
+
+/// `openat2(dir, rel, flags, mode)` resolving beneath `dir` and refusing a
+/// symlink in any component (`RESOLVE_BENEATH | RESOLVE_NO_SYMLINKS`: ELOOP),
+/// or None where the kernel lacks openat2 (before Linux 5.6, or filtered
+/// out by a sandbox).
+fn openat2_beneath(dir: BorrowedFd<'_>, rel: &[u8], flags: i32, mode: u32) -> Option<io::Result<OwnedFd>> {
+    if OPENAT2.load(Relaxed) == 2 {
+        return None;
+    }
+    let rel = if rel.is_empty() { &b"."[..] } else { rel };
+    let c = match CPath::new(rel) {
+        Ok(c) => c,
+        Err(e) => return Some(Err(e)),
+    };
+    let creates = flags & (libc::O_CREAT | libc::O_TMPFILE) != 0;
+    // SAFETY: open_how is a plain struct of integers; all-zero is valid.
+    let mut how: libc::open_how = unsafe { std::mem::zeroed() };
+    how.flags = (flags | libc::O_CLOEXEC) as u32 as u64;
+    how.mode = if creates { mode as u64 } else { 0 };
+    how.resolve = libc::RESOLVE_BENEATH | libc::RESOLVE_NO_SYMLINKS;
+    // SAFETY: `c` is NUL-terminated and outlives the call, `how` is a valid
+    // open_how of the size passed, and `dir` is open for the call.
+    let r = unsafe { libc::syscall(libc::SYS_openat2, dir.as_raw_fd(), c.as_ptr(), &how as *const libc::open_how, std::mem::size_of::<libc::open_how>()) };
+    if r < 0 {
+        let e = io::Error::last_os_error();
+        if e.raw_os_error() == Some(libc::ENOSYS) {
+            OPENAT2.store(2, Relaxed);
+            return None;
+        }
+        if e.raw_os_error() == Some(libc::EPERM) && OPENAT2.load(Relaxed) == 0 {
+            // A sandbox may refuse the call itself: the walk below decides.
+            return None;
+        }
+        return Some(Err(e));
+    }
+    OPENAT2.store(1, Relaxed);
+    // SAFETY: openat2 returned a fresh descriptor that nothing else owns.
+    Some(Ok(unsafe { OwnedFd::from_raw_fd(r as i32) }))
+}
+
 /// Opens `rel` (a relative path of any length, `/`-separated, no `..`)
-/// beneath `root` with `flags`, never following a symlink in any component.
-/// Long paths are opened one directory at a time.
+/// beneath `root` with `flags`, never following a symlink in any component
+/// (ELOOP): one openat2 call where the kernel has it, else (and for long
+/// paths) one directory at a time, each opened with `O_NOFOLLOW`.
 pub fn open_beneath(root: BorrowedFd<'_>, rel: &[u8], flags: i32, mode: u32) -> io::Result<OwnedFd> {
     if rel.len() < DIRECT_OPEN_LIMIT {
-        return openat(root, rel, flags | libc::O_NOFOLLOW, mode);
+        if let Some(r) = openat2_beneath(root, rel, flags, mode) {
+            return r;
+        }
     }
     let (parent, name) = match rel.iter().rposition(|&b| b == b'/') {
         Some(k) => (&rel[..k], &rel[k + 1..]),
@@ -313,6 +359,40 @@ mod tests {
         assert!(CPath::new(&[b'a'; 300].iter().chain(b"\0").copied().collect::<Vec<u8>>()).is_err());
     }
     use super::*;
+
+    #[test]
+    fn a_symlink_in_any_component_is_refused() {
+        let d = tempfile::tempdir().unwrap();
+        std::fs::create_dir_all(d.path().join("real/sub")).unwrap();
+        std::fs::write(d.path().join("real/sub/f"), b"x").unwrap();
+        std::os::unix::fs::symlink("real", d.path().join("link")).unwrap();
+        std::os::unix::fs::symlink("f", d.path().join("real/sub/flink")).unwrap();
+        let root = std::fs::File::open(d.path()).unwrap();
+        assert!(open_beneath(root.as_fd(), b"real/sub/f", libc::O_RDONLY, 0).is_ok());
+        for rel in [&b"link/sub/f"[..], b"real/sub/flink", b"link"] {
+            let e = open_beneath(root.as_fd(), rel, libc::O_RDONLY, 0).err();
+            assert_eq!(e.and_then(|e| e.raw_os_error()), Some(libc::ELOOP), "{}", String::from_utf8_lossy(rel));
+        }
+        let e = open_dir_beneath(root.as_fd(), b"link/sub").err();
+        assert_eq!(e.and_then(|e| e.raw_os_error()), Some(libc::ELOOP));
+        // Creating through a symlinked directory is refused too.
+        let e = open_beneath(root.as_fd(), b"link/new", libc::O_WRONLY | libc::O_CREAT | libc::O_EXCL, 0o600).err();
+        assert_eq!(e.and_then(|e| e.raw_os_error()), Some(libc::ELOOP));
+        assert!(!d.path().join("real/new").exists());
+        // The fallback (as without openat2) refuses the same paths: ELOOP,
+        // or ENOTDIR for a symlinked directory opened with O_DIRECTORY.
+        // (Other tests running meanwhile take the fallback too: it is correct.)
+        OPENAT2.store(2, Relaxed);
+        let errors: Vec<Option<i32>> = [&b"link/sub/f"[..], b"real/sub/flink", b"link/new"]
+            .iter()
+            .map(|rel| open_beneath(root.as_fd(), rel, libc::O_RDONLY | libc::O_CREAT, 0o600).err().and_then(|e| e.raw_os_error()))
+            .collect();
+        let ok = open_beneath(root.as_fd(), b"real/sub/f", libc::O_RDONLY, 0).is_ok();
+        OPENAT2.store(0, Relaxed);
+        assert!(ok);
+        assert_eq!(errors, [Some(libc::ENOTDIR), Some(libc::ELOOP), Some(libc::ENOTDIR)]);
+        assert!(!d.path().join("real/new").exists());
+    }
 
     #[test]
     fn long_relative_paths_open_component_by_component() {
