@@ -614,7 +614,7 @@ impl ManifestBuilder {
     /// ([`ManifestBuilder::build`], then [`ManifestLayout::write_to`] into memory).
     pub fn finish(self) -> std::result::Result<Vec<u8>, BuildError> {
         let layout = self.build()?;
-        let mut out = std::io::Cursor::new(Vec::with_capacity(layout.len() as usize));
+        let mut out = std::io::Cursor::new(Vec::with_capacity(layout.file_len() as usize));
         layout.write_to(&mut out).expect("writing into a Vec cannot fail");
         Ok(out.into_inner())
     }
@@ -809,13 +809,9 @@ impl<'w, W: Write> SectionSink<'w, W> {
 }
 
 impl ManifestLayout {
-    /// Length of the manifest in bytes.
-    pub fn len(&self) -> u64 {
+    /// Length of the manifest file in bytes.
+    pub fn file_len(&self) -> u64 {
         self.len
-    }
-
-    pub fn is_empty(&self) -> bool {
-        self.len == 0
     }
 
     /// Writes the manifest at `w`'s position: a header placeholder, the
@@ -862,7 +858,9 @@ impl ManifestLayout {
                 }
             }
             let (written, sum) = sink.finish()?;
-            debug_assert_eq!(written, len, "section {}", SECTION_NAMES[i]);
+            if written != len {
+                return Err(std::io::Error::other(format!("manifest {} section: {written} bytes written, {len} laid out", SECTION_NAMES[i])));
+            }
             sums[i] = sum;
             at = off + len;
         }
@@ -1245,7 +1243,7 @@ mod tests {
     fn a_layout_is_written_where_the_writer_stands_and_write_faults_surface() {
         let whole = varied_tree().finish().unwrap();
         let layout = varied_tree().build().unwrap();
-        assert_eq!(layout.len(), whole.len() as u64);
+        assert_eq!(layout.file_len(), whole.len() as u64);
         let mut c = std::io::Cursor::new(b"prefix".to_vec());
         c.seek(SeekFrom::End(0)).unwrap();
         layout.write_to(&mut c).unwrap();
