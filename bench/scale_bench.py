@@ -29,7 +29,7 @@ process whose command line holds this run's --local directory.
 Writes bench/out/scale.md, bench/out/scale.json (rows and goals) and the
 log-log plot bench/scale.png. Nothing here asserts a time.
 Usage: python3 bench/scale_bench.py [--quick]
-Environment: FANSTORE_SCALE_NS [100000,400000,1280000], FANSTORE_SCALE_REPS [3],
+Environment: FANSTORE_SCALE_NS [100000,400000,1280000], FANSTORE_SCALE_REPS [5],
   FANSTORE_SCALE_READ_REPS [3], FANSTORE_SCALE_READS [20000] (per reader),
   FANSTORE_SCALE_CACHE [/tmp/fanstore-scale-cache] (generated trees),
   FANSTORE_SCALE_WORK [/tmp/fanstore-scale-work] (archives, datasets, daemons),
@@ -51,7 +51,7 @@ from benchlib import BIN, OUT, PRELOAD, ROOT, cc, machine, median, pyplot, table
 QUICK = "--quick" in sys.argv
 E = os.environ.get
 NS = [int(x) for x in E("FANSTORE_SCALE_NS", "100000" if QUICK else "100000,400000,1280000").split(",") if x.strip()]
-REPS = int(E("FANSTORE_SCALE_REPS", "3"))
+REPS = int(E("FANSTORE_SCALE_REPS", "5"))
 READ_REPS = int(E("FANSTORE_SCALE_READ_REPS", "3"))
 READS = int(E("FANSTORE_SCALE_READS", "20000"))
 READERS = 2
