@@ -16,7 +16,9 @@ bench/gensmall.c and kept under the cache directory for the next run):
   4. random reads: 2 processes each open+read+close 20k random files
      (bench/scale_readers.c), through /fanstore with LD_PRELOAD vs the same
      readers on the native tree (page cache warm: one untimed pass each
-     first), READ_REPS passes, medians; files/s and the ratio;
+     first), READ_REPS passes, medians; files/s and the ratio; then, once the
+     daemon's copy count (`fanstore status` cache_entries) stood still for
+     1 s, the same reads again: the rate of later epochs;
   5. shm index bytes per file (size of the daemon's new /dev/shm/*.index / N)
      and daemon VmRSS per file (after load and after the reads);
   6. `fanstore stop`: time until it returns and mpiexec has exited;
@@ -36,6 +38,7 @@ Environment: FANSTORE_SCALE_NS [100000,400000,1280000], FANSTORE_SCALE_REPS [5],
   FANSTORE_SCALE_ULIMIT [1] (0 skips step 7; a number above 1 runs it only for N up to that)
 """
 import json
+import re
 import os
 import random
 import shutil
@@ -181,6 +184,22 @@ class Job:
     def client_env(self) -> dict:
         return dict(self.env, FANSTORE_NODE="0", FANSTORE_MOUNT="/fanstore", LD_PRELOAD=str(PRELOAD))
 
+    def cache_entries(self) -> int:
+        r = subprocess.run([CLI, "--runtime-dir", str(self.rt), "status"], env=self.env, capture_output=True, text=True)
+        return sum(int(v) for v in re.findall(r"cache_entries=(\d+)", r.stdout))
+
+    def wait_copies(self, timeout=600.0) -> float:
+        """Seconds until the node's copy count stayed the same for 1 s."""
+        t = time.perf_counter()
+        last = self.cache_entries()
+        while time.perf_counter() - t < timeout:
+            time.sleep(1)
+            now = self.cache_entries()
+            if now == last:
+                break
+            last = now
+        return time.perf_counter() - t
+
     def stop(self) -> float:
         t = time.perf_counter()
         subprocess.run([CLI, "--runtime-dir", str(self.rt), "stop", "--timeout", "3600"], env=self.env, check=True,
@@ -278,6 +297,11 @@ def measure(n: int, gen: str, reader: str) -> dict:
         row["index_bytes"], row["rss_ready"] = job.index_bytes, job.rss_ready
         row["fanstore"] = reads(reader, fs_list, job.client_env())
         row["rss_after_reads"] = vm_rss(job.pid)
+        # Those passes ran while the daemon made node copies of the files
+        # the warm-up read (what the epoch after the first one meets). The
+        # same reads again once no copy is being made: later epochs.
+        row["copies_wait"] = job.wait_copies()
+        row["fanstore_copied"] = reads(reader, fs_list, job.client_env())
         row["stop"] = job.stop()
     except BaseException:
         job.kill()
@@ -344,7 +368,8 @@ def main():
     per_file = lambda r: r["pack"] / r["n"] * 1e6  # noqa: E731
     hdr = ["files", "tar -cf s", "pack s", "pack / tar", "CPU s tar, pack", "pack µs/file", "load (ready) s",
            "tar -xf s", "stop s",
-           "native reads/s", "FanStore reads/s", "FanStore / native", "index B/file", "RSS B/file (ready, after reads)",
+           "native reads/s", "FanStore reads/s", "FanStore / native", "FanStore reads/s, copies made",
+           "copies made / native", "index B/file", "RSS B/file (ready, after reads)",
            "errors with ulimit -n 1024"]
     out = []
     for r in rows:
@@ -353,7 +378,10 @@ def main():
             f"{r['n']:,}", f"{r['tar_c']:.2f}", f"{r['pack']:.2f}", f"{r['ratio']:.2f}x",
             f"{r['tar_c_cpu']:.2f}, {r['pack_cpu']:.2f}", f"{per_file(r):.1f}", f"{r['ready']:.2f}", f"{r['tar_x']:.2f}", f"{r['stop']:.2f}",
             f"{r['native']['rate']:,.0f}", f"{r['fanstore']['rate']:,.0f}",
-            f"{r['fanstore']['rate'] / r['native']['rate']:.2f}", f"{r['index_bytes'] / r['n']:.0f}",
+            f"{r['fanstore']['rate'] / r['native']['rate']:.2f}",
+            f"{r['fanstore_copied']['rate']:,.0f}" if "fanstore_copied" in r else "not run",
+            f"{r['fanstore_copied']['rate'] / r['native']['rate']:.2f}" if "fanstore_copied" in r else "",
+            f"{r['index_bytes'] / r['n']:.0f}",
             f"{r['rss_ready'] / r['n']:.0f}, {r['rss_after_reads'] / r['n']:.0f}",
             (f"{nofile['errors']} of {nofile['attempts']} ({nofile['eio']} EIO, {nofile['emfile']} EMFILE)"
              if nofile else "not run")
@@ -382,7 +410,10 @@ def main():
           "load (from `mpiexec -n 1 fanstore-daemon` until `fanstore wait` returns), `tar -xf` into a fresh "
           f"directory and `fanstore stop`. Reads: {READERS} processes x {READS:,} random files each "
           "(open, read, close; bench/scale_readers.c), warm, median of "
-          f"{READ_REPS} passes, through /fanstore with LD_PRELOAD vs the native tree. Index: the daemon's "
+          f"{READ_REPS} passes, through /fanstore with LD_PRELOAD vs the native tree: right after one warm-up "
+          "pass, while the daemon makes node copies of the files it read (an epoch after the first), and "
+          "`copies made`: the same passes again once the daemon's copy count stood still for 1 s (later "
+          "epochs: every open is a copy's file). Index: the daemon's "
           "/dev/shm index file size / N; RSS: the daemon's VmRSS / N. Errors: the same readers against a "
           "daemon launched under `ulimit -n 1024` (all passes counted). Plot: bench/scale.png.", "",
           table(hdr, out), ""]
