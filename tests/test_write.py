@@ -81,6 +81,74 @@ def test_python_write_read_other_node(cl):
         py(c, node, f"import os; assert sorted(os.listdir('{MOUNT}/pyw')) == ['a.bin', 'empty', 'small.txt'], os.listdir('{MOUNT}/pyw')")
 
 
+def names_asked(c, rank):
+    with c.client(rank) as k:
+        st = k.status()
+    return int(st["names_asked"]), int(st["dirs_with_outputs"])
+
+
+def test_outputs_in_input_dirs_are_seen_everywhere_and_clean_dirs_cost_no_message(cl):
+    """A walk of input directories that hold no output, and lookups of names absent from them, ask the
+    daemon nothing (the tier map says no output was ever listed there). The first output written into
+    an input directory, on any node, is listed and found on every node as soon as its close returns:
+    a file (node 0 into g), a directory (node 1 into d/e), a file renamed in from an output directory
+    (node 2 into a/b/c), each checked on all 4 nodes."""
+    c, src = cl
+    walk = f"""
+        import os
+        for d in ('g', 'd/e', 'a/b/c'):
+            names = sorted(os.listdir('{MOUNT}/' + d))
+            assert names == sorted(os.listdir('{src}/' + d)), (d, names)
+            assert not os.path.exists('{MOUNT}/' + d + '/absent.txt')
+            try:
+                open('{MOUNT}/' + d + '/absent.txt', 'rb')
+                raise SystemExit('opened a name that does not exist')
+            except FileNotFoundError:
+                pass
+        print(sum(len(fs) for _, _, fs in os.walk('{MOUNT}/g')))
+    """
+    before = [names_asked(c, r) for r in range(4)]
+    for node in range(4):
+        py(c, node, walk)
+    after = [names_asked(c, r) for r in range(4)]
+    assert [a[0] for a in after] == [b[0] for b in before], \
+        f"clean input directories were asked of the daemons: {before} -> {after}"
+    py(c, 0, f"open('{MOUNT}/g/new-in-input.txt', 'w').write('written on node 0')")
+    py(c, 1, f"import os; os.mkdir('{MOUNT}/d/e/made-on-1')")
+    py(c, 2, f"""
+        import os
+        os.makedirs('{MOUNT}/staging2', exist_ok=True)
+        open('{MOUNT}/staging2/moved.bin', 'wb').write(b'x' * 1000)
+        os.rename('{MOUNT}/staging2/moved.bin', '{MOUNT}/a/b/c/moved.bin')
+    """)
+    for node in range(4):
+        py(c, node, f"""
+            import os
+            assert 'new-in-input.txt' in os.listdir('{MOUNT}/g'), os.listdir('{MOUNT}/g')
+            assert open('{MOUNT}/g/new-in-input.txt').read() == 'written on node 0'
+            assert 'made-on-1' in os.listdir('{MOUNT}/d/e') and os.path.isdir('{MOUNT}/d/e/made-on-1')
+            assert 'moved.bin' in os.listdir('{MOUNT}/a/b/c')
+            assert os.stat('{MOUNT}/a/b/c/moved.bin').st_size == 1000
+            assert not os.path.exists('{MOUNT}/g/absent.txt')
+            seen = sum(len(fs) for _, _, fs in os.walk('{MOUNT}/g'))
+            assert seen == sum(len(fs) for _, _, fs in os.walk('{src}/g')) + 1, seen
+        """)
+    assert all(names_asked(c, r)[1] >= 3 for r in range(4)), [names_asked(c, r) for r in range(4)]
+    py(c, 3, f"""
+        import os, shutil
+        os.unlink('{MOUNT}/g/new-in-input.txt')
+        os.rmdir('{MOUNT}/d/e/made-on-1')
+        os.unlink('{MOUNT}/a/b/c/moved.bin')
+        shutil.rmtree('{MOUNT}/staging2')
+    """)
+    for node in range(4):
+        py(c, node, f"""
+            import os
+            for d in ('g', 'd/e', 'a/b/c'):
+                assert sorted(os.listdir('{MOUNT}/' + d)) == sorted(os.listdir('{src}/' + d)), d
+        """)
+
+
 def test_inputs_stay_read_only(cl):
     c, src = cl
     name = first_input_file(src)

@@ -23,14 +23,22 @@
 //! daemon publishes a file before it sets the byte and clears the byte before
 //! it unlinks the file. No fd is held per file by anyone but the program.
 //!
+//! The byte of a directory node says whether an output may be listed in
+//! that input directory: [`DIR_HAS_OUTPUTS`], set on every rank before the
+//! first output name is added to its listing, and never cleared. While it is
+//! 0, a client lists the directory and answers a lookup of a name that is
+//! not in the index (ENOENT) from shared memory alone, with no message: on
+//! a dataset nobody writes into, a walk of the tree asks the daemon nothing.
+//!
 //! ```text
 //! tier map file (/dev/shm, mode 0600; the header is written once)
 //!   0..8    magic "FANSTTM\0"          8..12   version (1)
 //!  12..16   reserved, zero             16..24  dataset id
 //!  24..32   node count N               32..56  reserved, zero
 //!  56..64   xxh3 of bytes 0..56
-//!  64..64+N one byte per node id: 0 none, 1 extracted, 2 copy,
-//!           3 partition replicated here
+//!  64..64+N one byte per node id: a file 0 none, 1 extracted, 2 copy,
+//!           3 partition replicated here; a directory 0 no output listed
+//!           in it, 4 outputs may be listed in it
 //! ```
 
 use crate::checksum::xxh3;
@@ -57,6 +65,10 @@ pub const TIER_COPY: u8 = 2;
 /// Its partition's verified copy is in the local directory (replicated from
 /// a peer after start); nothing of the file itself is yet.
 pub const TIER_PART: u8 = 3;
+/// The byte of an input directory in which an output may be listed: set on
+/// every rank before the first output name is added to its listing (a
+/// directory's byte is otherwise 0, and never any of the file tiers).
+pub const DIR_HAS_OUTPUTS: u8 = 4;
 
 /// Uncompressed local files of at least this size are extracted to the local
 /// disk (one file creation is small next to their bytes); smaller ones are

@@ -84,11 +84,9 @@ impl TierMap {
     }
 
     /// Sets the byte of `id` to `tier` only if it is `from` (a file already
-    /// extracted or copied keeps that tier).
-    pub fn set_if(&self, id: u32, from: u8, tier: u8) {
-        if let Some(c) = self.cell(id) {
-            let _ = c.compare_exchange(from, tier, Ordering::AcqRel, Ordering::Acquire);
-        }
+    /// extracted or copied keeps that tier); true if it did.
+    pub fn set_if(&self, id: u32, from: u8, tier: u8) -> bool {
+        self.cell(id).is_some_and(|c| c.compare_exchange(from, tier, Ordering::AcqRel, Ordering::Acquire).is_ok())
     }
 
     pub fn path(&self) -> &Path {

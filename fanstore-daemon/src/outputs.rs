@@ -463,6 +463,10 @@ impl Node {
             if self.owner(d) == self.id.rank {
                 m.add_child(d, name, rec.kind());
             }
+            // Every rank reads every record: each marks its own tier map.
+            if let Some(id) = self.input_dir(d) {
+                self.mark_input_dir_here(id);
+            }
         }
         Ok(n)
     }

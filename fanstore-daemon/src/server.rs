@@ -214,6 +214,7 @@ fn handle(node: &Node, fd: RawFd, req: &Request, attached: Option<OwnedFd>) -> i
             done(fd, req, r)
         }
         op::OUT_STAT => {
+            node.counters.names_asked.fetch_add(1, Relaxed);
             let r = match node.out_stat_answer(path, req.arg0) {
                 Ok(payload) => Reply { payload, ..Reply::ok(req, 0) },
                 Err((errno, payload)) => Reply { payload, ..Reply::err(req, errno) },
@@ -232,14 +233,17 @@ fn handle(node: &Node, fd: RawFd, req: &Request, attached: Option<OwnedFd>) -> i
             }
             Err(e) => done(fd, req, Err(e)),
         },
-        op::OUT_LIST => match node.out_list(path, req.arg0) {
-            Ok(mut r) => {
-                r.op = req.op;
-                r.id = req.id;
-                wire::send_msg(fd, &r.encode(), None)
+        op::OUT_LIST => {
+            node.counters.names_asked.fetch_add(1, Relaxed);
+            match node.out_list(path, req.arg0) {
+                Ok(mut r) => {
+                    r.op = req.op;
+                    r.id = req.id;
+                    wire::send_msg(fd, &r.encode(), None)
+                }
+                Err(e) => done(fd, req, Err(e)),
             }
-            Err(e) => done(fd, req, Err(e)),
-        },
+        }
         op::MKDIR => done(fd, req, node.out_mkdir(path, req.arg1 as u32)),
         op::RMDIR => done(fd, req, node.out_rmdir(path)),
         op::UNLINK => done(fd, req, node.out_unlink(path)),

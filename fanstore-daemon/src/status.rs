@@ -35,6 +35,12 @@ pub struct Counters {
     pub clients: AtomicU64,
     /// Times the rank ran out of file descriptors (EMFILE/ENFILE) and shed cached fds.
     pub fd_pressure: AtomicU64,
+    /// Clients' OUT_STAT and OUT_LIST requests: lookups and listings of
+    /// names the shared index could not answer.
+    pub names_asked: AtomicU64,
+    /// Input directories marked in this rank's tier map as ones in which
+    /// outputs may be listed (`Node::mark_input_dir`).
+    pub dirs_with_outputs: AtomicU64,
     /// Round trips of this rank's remote reads (request sent -> payload verified).
     pub remote_latency: LatencyHistogram,
     /// Remote partitions fetched, verified and mapped in the background
@@ -166,6 +172,8 @@ pub struct Snapshot {
     pub errors: u64,
     pub clients: u64,
     pub fd_pressure: u64,
+    pub names_asked: u64,
+    pub dirs_with_outputs: u64,
     /// Remote read round trips: p50 / p99 in µs (bucket upper bounds).
     pub remote_p50_us: u64,
     pub remote_p99_us: u64,
@@ -191,6 +199,8 @@ impl Counters {
         s.errors = self.errors.load(Relaxed);
         s.clients = self.clients.load(Relaxed);
         s.fd_pressure = self.fd_pressure.load(Relaxed);
+        s.names_asked = self.names_asked.load(Relaxed);
+        s.dirs_with_outputs = self.dirs_with_outputs.load(Relaxed);
         s.remote_p50_us = self.remote_latency.percentile(0.5);
         s.remote_p99_us = self.remote_latency.percentile(0.99);
         s.replicated_parts = self.replicated_parts.load(Relaxed);
@@ -207,7 +217,7 @@ impl Snapshot {
             "rank={}\nnranks={}\nhost={}\npid={}\nstatus={}\nmpi_threading={}\npartitions={}\nfiles={}\n\
              bytes_local={}\nbytes_read={}\nload_seconds={:.3}\nload_mbps={:.1}\nopens={}\nopens_local={}\n\
              remote_sent={}\nremote_failed={}\nremote_served={}\nremote_bytes_in={}\nremote_bytes_out={}\nremote_in_place={}\nremote_direct={}\n\
-             cache_hits={}\ncache_misses={}\ncache_evictions={}\ncache_bytes={}\ncache_entries={}\ncache_disk_bytes={}\ncopies_reused={}\ncopy_spares_bytes={}\nerrors={}\nclients={}\nfd_pressure={}\n\
+             cache_hits={}\ncache_misses={}\ncache_evictions={}\ncache_bytes={}\ncache_entries={}\ncache_disk_bytes={}\ncopies_reused={}\ncopy_spares_bytes={}\nerrors={}\nclients={}\nfd_pressure={}\nnames_asked={}\ndirs_with_outputs={}\n\
              remote_p50_us={}\nremote_p99_us={}\nremote_mbps={:.3}\nreplicated_parts={}\nreplicated_bytes={}\n\
              comm_woken_by_command={}\ncomm_woken_by_fd={}\ncomm_woken_by_timeout={}\ncomm_fd_wakes_idle={}\ncomm_missed_wakes={}\n",
             self.rank,
@@ -242,6 +252,8 @@ impl Snapshot {
             self.errors,
             self.clients,
             self.fd_pressure,
+            self.names_asked,
+            self.dirs_with_outputs,
             self.remote_p50_us,
             self.remote_p99_us,
             self.remote_mbps,

@@ -31,7 +31,12 @@ pub struct VDir {
 }
 
 /// The output entries of directory `node` (input node or output dir slot).
+/// None, with no message, for an input directory in which no output was
+/// ever listed ([`crate::ops::namespace::may_list_outputs`]).
 fn load_outs(st: &State, node: u32) -> Vec<(u64, u8, Vec<u8>)> {
+    if node & crate::outputs::OUT_DIR == 0 && !crate::ops::namespace::may_list_outputs(st, node) {
+        return Vec::new();
+    }
     let mut buf = [0u8; fanstore_core::path::MAX_PATH];
     let rel: &[u8] = if node & crate::outputs::OUT_DIR != 0 {
         match crate::outputs::path_into(node, &mut buf) {

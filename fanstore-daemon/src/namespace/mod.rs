@@ -36,6 +36,7 @@ use crate::comm::{Command, MetaCall, MetaServer};
 use crate::node::Node;
 use crate::outputs::{drop_held, rename_held};
 use fanstore_core::checksum::xxh3;
+use fanstore_core::tiers::DIR_HAS_OUTPUTS;
 use fanstore_core::wire::{self, OutRecord, Reply, Request};
 use owner::mop;
 use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
@@ -76,6 +77,10 @@ impl MetaServer for Node {
                 Reply { op: req.op, id: req.id, errno, flags: 0, value: 0, payload: Vec::new() }.encode()
             }
             Ok(req) if crate::watch::is_mop(req.op) => self.watch_meta(&req).encode(),
+            Ok(req) if req.op == mop::MARK_DIR => match u32::try_from(req.arg0).ok().filter(|&id| self.mark_input_dir_here(id)) {
+                Some(_) => Reply::ok(&req, 0).encode(),
+                None => Reply::err(&req, libc::EINVAL).encode(),
+            },
             Ok(req) => self.meta.lock().unwrap_or_else(|p| p.into_inner()).handle(&req).encode(),
             Err(_) => Reply { op: 0, id: 0, errno: libc::EINVAL, flags: 0, value: 0, payload: Vec::new() }.encode(),
         }
@@ -132,8 +137,14 @@ impl Node {
         Ok(rep)
     }
 
+    /// Adds `path` to (or removes it from) its directory's listing at the
+    /// directory's owner. The first name added to an input directory's
+    /// listing is preceded by its mark on every rank ([`Self::mark_input_dir`]).
     pub(crate) fn link(&self, path: &[u8], kind: u8, add: bool) -> Result<(), i32> {
         let (dir, name) = parent(path);
+        if add {
+            self.mark_input_dir(dir)?;
+        }
         let mut p = dir.to_vec();
         p.push(0);
         p.extend_from_slice(name);
@@ -141,6 +152,66 @@ impl Node {
         self.meta_at(dir, op, kind as u64, p).map(|_| ())
     }
 
+
+    /// The node id of input directory `dir`, if it is one.
+    pub(crate) fn input_dir(&self, dir: &[u8]) -> Option<u32> {
+        self.view.lookup(dir).filter(|n| n.is_dir()).map(|n| n.id())
+    }
+
+    /// Can an output be listed in `dir`? False only for an input directory
+    /// not marked ([`Self::mark_input_dir`]): no output name was ever added
+    /// to its listing, so its listing is empty and no name in it that is not
+    /// an input exists.
+    pub(crate) fn may_list_outputs(&self, dir: &[u8]) -> bool {
+        match (self.input_dir(dir), self.tiers.get()) {
+            (Some(id), Some(t)) => t.get(id) == DIR_HAS_OUTPUTS,
+            _ => true,
+        }
+    }
+
+    /// Before an output name is first listed in input directory `dir`:
+    /// every rank marks the directory in its tier map
+    /// ([`fanstore_core::tiers::DIR_HAS_OUTPUTS`]), all at once, and this
+    /// returns once all have. Clients answer a listing of an unmarked input
+    /// directory, and a lookup of a name in it that is not an input, from
+    /// shared memory with no message; so an output is never listed before
+    /// every node would ask for it. A rank that does not answer is EIO (the
+    /// name is not added). A directory already marked here costs nothing.
+    pub(crate) fn mark_input_dir(&self, dir: &[u8]) -> Result<(), i32> {
+        let Some(id) = self.input_dir(dir) else { return Ok(()) };
+        if self.tiers.get().is_some_and(|t| t.get(id) == DIR_HAS_OUTPUTS) {
+            return Ok(());
+        }
+        let mut waits = Vec::new();
+        for dest in (0..self.id.nranks).filter(|&r| r != self.id.rank) {
+            let mid = META_IDS.fetch_add(1, Relaxed);
+            let msg = Request { op: mop::MARK_DIR, id: mid, arg0: u64::from(id), arg1: 0, payload: Vec::new() }.encode();
+            let (tx, rx) = crossbeam::channel::bounded(1);
+            self.comm.send(Command::Meta(MetaCall { dest, id: mid, msg, reply: tx, timeout: META_TIMEOUT })).map_err(|_| libc::EIO)?;
+            waits.push((dest, rx));
+        }
+        self.mark_input_dir_here(id);
+        for (dest, rx) in waits {
+            let answered = rx.recv_timeout(META_TIMEOUT + Duration::from_secs(1)).ok().and_then(|b| Reply::decode(&b).ok());
+            if !answered.is_some_and(|r| r.errno == 0) {
+                log::warn!("rank {}: rank {dest} did not mark input directory '{}'", self.id.rank, String::from_utf8_lossy(dir));
+                return Err(libc::EIO);
+            }
+        }
+        Ok(())
+    }
+
+    /// Marks input directory node `id` in this rank's tier map (MARK_DIR,
+    /// and persisted outputs loaded at start). False if `id` is not a directory.
+    pub(crate) fn mark_input_dir_here(&self, id: u32) -> bool {
+        if !self.view.node(id).is_some_and(|n| n.is_dir()) {
+            return false;
+        }
+        if self.tiers.get().is_some_and(|t| t.set_if(id, 0, DIR_HAS_OUTPUTS)) {
+            self.counters.dirs_with_outputs.fetch_add(1, Relaxed);
+        }
+        true
+    }
 
     /// The record of output `path` (file, directory or symlink itself):
     /// no symlink is followed.

@@ -75,6 +75,11 @@ pub mod mop {
     /// value (u64 LE) + path, arg0 `wire::SETATTR_*`: sets the record's
     /// permission bits or mtime -> ENOENT if there is no record.
     pub const SETATTR: u16 = 111;
+    /// To every rank, arg0 the node id of an input directory: mark it in
+    /// this rank's tier map as one in which outputs may be listed (sent
+    /// before the first output name is added to its listing:
+    /// `Node::mark_input_dir`). Not a store operation.
+    pub const MARK_DIR: u16 = 114;
 }
 
 /// PUT arg0 bit: replace a symlink at the path (rename); without it a

@@ -16,6 +16,9 @@ impl Node {
     /// path (clients list the path they resolved at opendir; this is for
     /// one that lists the link's path).
     pub fn out_list(&self, dir: &[u8], skip: u64) -> Result<Reply, i32> {
+        if !self.may_list_outputs(dir) {
+            return Ok(Reply { op: mop::LIST, id: 0, errno: 0, flags: 0, value: 0, payload: Vec::new() });
+        }
         let r = self.meta_at(dir, mop::LIST, skip, dir.to_vec())?;
         if r.value > 0 || skip > 0 {
             return Ok(r);

@@ -26,8 +26,30 @@ pub enum Found {
 /// output symlink (its `id` is the input's node id).
 pub const INPUT_HOLDER: u32 = u32::MAX - 1;
 
+/// Can an output be listed in input directory node `dir`? No while the
+/// daemons have not marked it in the tier map
+/// ([`fanstore_core::tiers::DIR_HAS_OUTPUTS`], set on every node before the
+/// first output name is listed in it): then its listing holds no output.
+/// Without a tier map: yes (ask).
+pub fn may_list_outputs(st: &State, dir: u32) -> bool {
+    st.tiers.map_or(true, |t| t.get(dir) == fanstore_core::tiers::DIR_HAS_OUTPUTS)
+}
+
+/// Is `rel` (not an input) surely no output either: its parent is an input
+/// directory, reached with no symlink, in which no output was ever listed?
+fn surely_absent(st: &State, rel: &[u8]) -> bool {
+    match st.view.lookup(super::parent_of(rel)) {
+        Some(d) if d.is_dir() => !may_list_outputs(st, d.id()) && st.view.lookup(rel).is_none(),
+        _ => false,
+    }
+}
+
 /// OUT_STAT: `rel` through symlinks (the last one too when `follow`).
+/// A name in an input directory that holds no output is ENOENT at once.
 pub fn lookup(st: &State, rel: &[u8], follow: bool) -> Result<Found, c_int> {
+    if surely_absent(st, rel) {
+        return Err(libc::ENOENT);
+    }
     let flags = if follow { 0 } else { wire::STAT_NOFOLLOW };
     match client::call_reply(st, &client::request(op::OUT_STAT, flags, 0, rel)) {
         Ok(a) => {
