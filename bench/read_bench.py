@@ -447,13 +447,41 @@ def main():
             whdr[4:4] = ["squashfuse s"]
             whdr.append("vs squashfuse")
         wr = [median(walk[(p, "native")]) / median(walk[(p, "FanStore")]) for p in (1, 4)]
+        # The same traversal by C programs: what the metadata path costs without an interpreter around it.
+        ctools = [("find -type f -size +0", lambda root: ["find", root, "-type", "f", "-size", "+0"]),
+                  ("du -s", lambda root: ["du", "-s", root])]
+        cwalk = {}
+        for _ in range(REPS):
+            for label, argv in ctools:
+                order = wsys[:2]
+                random.shuffle(order)
+                for name, root, env in order:
+                    t0 = time.perf_counter()
+                    r = subprocess.run(argv(root), env=env, capture_output=True, text=True)
+                    cwalk.setdefault((label, name), []).append(time.perf_counter() - t0)
+                    assert r.returncode == 0, (label, name, r.stderr[-500:])
+                    assert not label.startswith("find") or len(r.stdout.splitlines()) == per * WALK_DIRS, (name, r.stdout[-200:])
+        cr = {label: median(cwalk[(label, "native")]) / median(cwalk[(label, "FanStore")]) for label, _ in ctools}
+        crows = [[label, f"{median(cwalk[(label, 'native')]):.3f}", f"{median(cwalk[(label, 'FanStore')]):.3f}",
+                  f"**{cr[label]:.2f}x**"] for label, _ in ctools]
         GOALS.append(("metadata", ">= 2x faster than native (os.walk + stat)",
-                      f"{wr[0]:.2f}x (1 walker), {wr[1]:.2f}x (4 walkers)", min(wr) >= 2))
+                      f"{wr[0]:.2f}x (1 walker), {wr[1]:.2f}x (4 walkers); the same traversal by C programs: "
+                      + ", ".join(f"`{label}` {x:.2f}x" for label, x in cr.items()), min(wr) >= 2))
         md += ["## Metadata: os.walk + stat of every file (paper §3.3; issue 4)", "",
                f"python3 bench/walkstat.py (os.walk + os.stat per file); N concurrent walkers of the whole tree; "
                f"seconds of the slowest walker, median of {REPS} interleaved runs.", "",
-               table(whdr, wrows), ""]
+               table(whdr, wrows), "",
+               f"The same tree walked by C programs (one process, the whole tree; seconds including the process "
+               f"start, median of {REPS} interleaved runs). FanStore answers their getdents64 and fstatat from the "
+               f"shared-memory index with no system call; listing an input directory asks the daemon nothing while "
+               f"no output was ever listed in it. In the Python walker the interpreter's own work per file "
+               f"(os.walk's entries, the path join, building each stat result) is the same on both sides: a perf "
+               f"profile of the FanStore walk (one walker, 2026-11-26) put the preload library at ~9% of the "
+               f"samples and the interpreter at ~75%, so no metadata path could make that walker 2x faster than "
+               f"native.", "",
+               table(["program", "native s", "FanStore s", "FanStore speed-up vs native"], crows), ""]
         js["walk"] = {f"{k[0]}|{k[1]}": v for k, v in walk.items()}
+        js["walk_c"] = {f"{k[0]}|{k[1]}": v for k, v in cwalk.items()}
         # ---------------- 4. training-shaped reader
         tr = {}
         workers = 4
