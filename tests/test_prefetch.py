@@ -189,43 +189,51 @@ def test_replicate_on_read_fetches_the_partitions_read_and_no_other(cluster_fact
     assert int(status(c, 1)["replicated_parts"]) == 0
 
 
-def test_by_default_a_partition_is_replicated_once_its_bytes_were_read_from_holders(cluster_factory, bins, tmp_path):
-    """The default, `--replicate-on-read auto` (ski rental): a node fetches a
-    remote partition whole only once it has read as many of its bytes from
-    holders as the partition holds. One pass over a partition's files (less
-    than its size: the partition also holds headers and an index) fetches
-    nothing more; the second pass tips it over; the third is local."""
-    src, ds = make(tmp_path, bins)
+def test_by_default_a_partition_is_replicated_once_its_remote_reads_cost_as_much_as_its_fetch(cluster_factory, bins, tmp_path):
+    """The default, `--replicate-on-read auto` (ski rental in time): a node
+    fetches a remote partition whole once its remote reads of the partition's
+    files have taken as long as the fetch would, each read counted as the
+    bytes the bulk transfer moves in its round trip (at least its own). A read
+    of a small file is nearly all round trip: a few hundred of them, whose own
+    bytes are a small part of the partition, fetch a partition of 8 MiB.
+    Counting bytes alone, they never would. One read does not."""
+    src = tmp_path / "src"
+    (src / "big").mkdir(parents=True)
+    (src / "small").mkdir()
+    for i in range(4):
+        (src / "big" / f"b{i}.bin").write_bytes(random.Random(i).randbytes(4 << 20))
+    for i in range(2000):
+        (src / "small" / f"s{i:04d}.txt").write_bytes(random.Random(1000 + i).randbytes(200))
+    ds = tmp_path / "ds"
+    pack(bins, src, ds, "--partitions", "2")
     c = cluster_factory(ds, nranks=2, extra_args=["--cache-mem", "0", "--prefill-mem", "0"])
     node = 0
-    st, nodes, by_part = remote_files(c, ds, node)
-    remote = list(by_part)
-    first, other = remote[0], remote[1]
-    paths = [f"{c.mount}/{n}" for n in by_part[first]]
-    want = expected_digests(src, c.mount, by_part[first])
-    read_once = sum(nodes[n]["stored_len"] for n in by_part[first])
-    assert read_once < (ds / f"part-{first:06d}.fsp").stat().st_size
+    st = node_state(c.runtime, node)
+    _, nodes = read_index(ds / "manifest.fsm")
+    (far,) = [p for p in range(2) if p not in st["local"]]
+    small = sorted(n for n, v in nodes.items() if v.get("kind") == 2 and v["partition"] == far and v["size"] == 200)
+    size = (ds / f"part-{far:06d}.fsp").stat().st_size
+    assert len(small) >= 400 and size >= 4 << 20, (len(small), size)
+    assert 400 * 200 < size / 50, "their own bytes are a small part of the partition"
+
+    one = digests(c, node, [f"{c.mount}/{small[0]}"])
+    assert one == expected_digests(src, c.mount, small[:1])
+    time.sleep(0.5)
+    assert int(status(c, node)["replicated_parts"]) == 0, "one remote read does not fetch the partition"
 
     before = status(c, node)
-    assert digests(c, node, paths) == want
-    assert digests(c, node, [f"{c.mount}/{n}" for n in by_part[other]])
-    time.sleep(1.0)
-    s = status(c, node)
-    assert int(s["replicated_parts"]) == 0, "a single pass over a partition fetches nothing more"
-    sent = int(s["remote_sent"]) - int(before["remote_sent"])
-    assert sent == len(by_part[first]) + len(by_part[other]), s
-
-    assert digests(c, node, paths) == want  # the second pass: bytes read reach the partition's size
+    paths = [f"{c.mount}/{n}" for n in small[1:400]]
+    assert digests(c, node, paths) == expected_digests(src, c.mount, small[1:400])
     s = wait_replicated(c, node, 1)
-    assert int(s["replicated_bytes"]) == (ds / f"part-{first:06d}.fsp").stat().st_size, s
-    local = Path(st["local_dir"])
-    assert (local / "parts" / f"part-{first:06d}.fsp").read_bytes() == expected_replica(ds, first, nodes)
+    assert int(s["replicated_bytes"]) == size, s
+    assert int(s["remote_sent"]) - int(before["remote_sent"]) < 399, "the partition arrived before the pass ended"
+    assert f"partition {far} ({size} B) asked for whole" in c.log(), c.log()[-3000:]
+    nodes_big = [n for n, v in nodes.items() if v.get("kind") == 2 and v["partition"] == far and v["size"] > 200]
     before = status(c, node)
-    assert digests(c, node, paths) == want
-    after = status(c, node)
-    assert int(after["remote_sent"]) == int(before["remote_sent"]), "the third pass is local"
-    assert int(after["replicated_parts"]) == 1, "the partition read once stays remote"
-    assert int(status(c, 1)["replicated_parts"]) == 0
+    rest = small[400:] + sorted(nodes_big)
+    assert digests(c, node, [f"{c.mount}/{n}" for n in rest]) == expected_digests(src, c.mount, rest)
+    assert int(status(c, node)["remote_sent"]) == int(before["remote_sent"]), "the rest of the partition is local"
+    assert int(status(c, 1)["replicated_parts"]) == 0, "the rank nothing was read on fetched nothing"
 
 
 def test_replicate_on_read_within_its_budget_and_beside_prefetch(cluster_factory, bins, tmp_path):

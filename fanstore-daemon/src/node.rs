@@ -86,10 +86,14 @@ pub struct Node {
     /// The read-driven replication thread's queue (`--replicate-on-read`),
     /// set once ready when it runs.
     pub replicate_on_read: OnceLock<ReplicationQueue>,
-    /// `remote_read_bytes[p]`: bytes of partition p's files this node read
-    /// from holders (`--replicate-on-read auto` asks for p once they reach
-    /// p's size).
-    pub remote_read_bytes: Box<[std::sync::atomic::AtomicU64]>,
+    /// `remote_rent[p]`: what this node's remote reads of partition p's
+    /// files cost, in bytes the bulk transfer moves in as much time
+    /// ([`Node::read_remotely`]; `--replicate-on-read auto` asks for p once
+    /// it reaches p's size).
+    pub remote_rent: Box<[std::sync::atomic::AtomicU64]>,
+    /// The rate of the last whole-partition fetch, bytes/s (0: none yet:
+    /// [`BULK_RATE_DEFAULT`]).
+    pub bulk_rate: std::sync::atomic::AtomicU64,
     /// Files clients decoded themselves, to copy in the background
     /// ([`Node::warm_copies`]); set once ready.
     pub warm: OnceLock<crossbeam::channel::Sender<u32>>,
@@ -124,10 +128,18 @@ pub struct Node {
 /// Where remote reads ask for their partition to be fetched whole.
 pub struct ReplicationQueue {
     pub tx: crossbeam::channel::Sender<u32>,
-    /// Only once the bytes read from holders reach the partition's size
-    /// (`auto`); otherwise on the first read.
+    /// Only once the remote reads of its files cost as much time as
+    /// fetching it whole (`auto`); otherwise on the first read.
     pub after_its_size: bool,
 }
+
+/// The bulk rate assumed before this node fetched a partition whole
+/// (bytes/s): about what this machine's whole-partition fetches reach
+/// (verified and written: 0.25-1 GB/s per rank with 4 ranks on 2 cores).
+pub const BULK_RATE_DEFAULT: u64 = 1 << 30;
+/// Bounds on a measured bulk rate (bytes/s): one slow fetch (a busy disk)
+/// or a tiny fast one must not make the rule fetch nothing or everything.
+pub const BULK_RATE_RANGE: (u64, u64) = (64 << 20, 16 << 30);
 
 /// An open waits for a partition being fetched whole only when at most this
 /// many of its bytes are still to come (~10-20 ms at the bulk rate here).
@@ -142,23 +154,40 @@ impl Node {
         self.parts.get().and_then(|v| v.get(p as usize)).and_then(Option::as_ref).or_else(|| self.replicas.get(p as usize)?.get())
     }
 
-    /// `bytes` of remote partition `p` were just read from its holder: ask
-    /// the read-driven replication thread (if it runs) for the whole
-    /// partition, once: at once, or (`auto`) once the bytes read from
-    /// holders reach the partition's size. Costs two atomic loads when
-    /// already asked, one more add before.
-    pub fn read_remotely(&self, p: u32, bytes: u64) {
+    /// A file of remote partition `p`, `bytes` stored, was just read from
+    /// its holder in `took`: ask the read-driven replication thread (if it
+    /// runs) for the whole partition, once: at once, or (`auto`) once the
+    /// remote reads of its files have cost as much as fetching it whole.
+    ///
+    /// That is the ski-rental rule in time: a read costs its round trip
+    /// (request, reply, the bytes landing), buying costs the partition's
+    /// bytes at the bulk rate. Counted in bytes, a read's rent is what the
+    /// bulk transfer moves in its round trip, and never less than its own
+    /// bytes: `max(bytes, took x bulk rate)`. A small file's read is nearly
+    /// all round trip: 100-byte files read remotely in 255 µs (p50, 4
+    /// readers, 4 ranks here) cost as much as 267 KB of bulk transfer, so
+    /// counting their bytes alone would have a node read a partition of
+    /// such files remotely ~2500 times over before fetching it. Costs two
+    /// atomic loads when already asked, one more add before.
+    pub fn read_remotely(&self, p: u32, bytes: u64, took: Duration) {
         let Some(queue) = self.replicate_on_read.get() else { return };
         let Some(asked) = self.replica_asked.get(p as usize) else { return };
         if asked.load(Relaxed) {
             return;
         }
         if queue.after_its_size {
-            let Some(read) = self.remote_read_bytes.get(p as usize) else { return };
-            let total = read.fetch_add(bytes, Relaxed).saturating_add(bytes);
-            if total < self.view.partition(p).map_or(u64::MAX, |i| i.file_len) {
+            let Some(rent) = self.remote_rent.get(p as usize) else { return };
+            let add = bytes.max(self.bulk_bytes_in(took));
+            let total = rent.fetch_add(add, Relaxed).saturating_add(add);
+            let size = self.view.partition(p).map_or(u64::MAX, |i| i.file_len);
+            if total < size {
                 return;
             }
+            log::info!(
+                "rank {}: partition {p} ({size} B) asked for whole: its remote reads cost as much ({total} B at {} MB/s)",
+                self.id.rank,
+                self.bulk_rate() / 1_000_000
+            );
         }
         if asked.swap(true, Relaxed) {
             return;
@@ -167,6 +196,20 @@ impl Node {
             // The queue is full (the thread is behind): a later read asks again.
             asked.store(false, Relaxed);
         }
+    }
+
+    /// The bulk rate, bytes/s: of the last whole-partition fetch, within
+    /// [`BULK_RATE_RANGE`], else [`BULK_RATE_DEFAULT`].
+    pub fn bulk_rate(&self) -> u64 {
+        match self.bulk_rate.load(Relaxed) {
+            0 => BULK_RATE_DEFAULT,
+            r => r.clamp(BULK_RATE_RANGE.0, BULK_RATE_RANGE.1),
+        }
+    }
+
+    /// Bytes the bulk transfer moves in `d`.
+    fn bulk_bytes_in(&self, d: Duration) -> u64 {
+        u64::try_from(d.as_nanos().saturating_mul(u128::from(self.bulk_rate())) / 1_000_000_000).unwrap_or(u64::MAX)
     }
 
     /// When partition `p` is being fetched whole and at most
@@ -227,7 +270,8 @@ impl Node {
             replica_pending: (0..view.partition_count()).map(|_| std::sync::atomic::AtomicU64::new(0)).collect(),
             replica_ended: (Mutex::new(()), Condvar::new()),
             replicate_on_read: OnceLock::new(),
-            remote_read_bytes: (0..view.partition_count()).map(|_| std::sync::atomic::AtomicU64::new(0)).collect(),
+            remote_rent: (0..view.partition_count()).map(|_| std::sync::atomic::AtomicU64::new(0)).collect(),
+            bulk_rate: std::sync::atomic::AtomicU64::new(0),
             warm: OnceLock::new(),
             counters: Counters::default(),
             comm,

@@ -318,9 +318,10 @@ impl Node {
         let me = self.id.rank;
         let mut last = libc::EIO;
         for holder in self.placement.holders_for(n.partition(), n.id()).into_iter().filter(|&h| h != me) {
+            let t = Instant::now();
             match self.fetch_from(n, holder, dst, client) {
                 Ok(()) => {
-                    self.read_remotely(n.partition(), n.stored_len());
+                    self.read_remotely(n.partition(), n.stored_len(), t.elapsed());
                     return Ok(());
                 }
                 Err(e) => {

@@ -30,11 +30,13 @@
 //! Two threads use this: [`run`] (`--prefetch-remote`) fetches every
 //! remote partition after ready; [`on_read`] (`--replicate-on-read`) fetches
 //! a partition once its files were read from a holder
-//! ([`Node::read_remotely`]): by default (`auto`) once the node has read as
-//! many of its bytes from holders as the partition holds. That is the
-//! ski-rental rule: a node that reads a partition's files once or less
-//! never fetches it whole, and one that reads them again and again pays at
-//! most twice what fetching it at once would have cost, then reads locally.
+//! ([`Node::read_remotely`]): by default (`auto`) once the node's remote
+//! reads of its files have taken as long as fetching it whole would (each
+//! read counted as the bytes the bulk transfer moves in its round trip, at
+//! least its own). That is the ski-rental rule: a node that spends less
+//! time reading a partition's files remotely than its fetch would take
+//! never fetches it whole, and one that goes on reading them pays at most
+//! twice what fetching it at once would have cost, then reads locally.
 //! Both threads claim a partition before fetching it.
 //!
 //! Reads do not wait for either, except for the end of a fetch in flight
@@ -185,7 +187,13 @@ fn step(node: &Node, p: u32, offsets: Option<&OffsetMap>, budget: u64, report: &
             report.bytes += info.file_len;
             node.counters.replicated_parts.fetch_add(1, Relaxed);
             node.counters.replicated_bytes.fetch_add(info.file_len, Relaxed);
-            log::debug!("rank {}: partition {p} ({} B) replicated in {:?}", node.id.rank, info.file_len, t.elapsed());
+            let took = t.elapsed();
+            // Partitions under a chunk are mostly the round trip: not a rate.
+            if info.file_len >= CHUNK {
+                let rate = u128::from(info.file_len) * 1_000_000_000 / took.as_nanos().max(1);
+                node.bulk_rate.store(u64::try_from(rate).unwrap_or(u64::MAX), Relaxed);
+            }
+            log::debug!("rank {}: partition {p} ({} B) replicated in {took:?}", node.id.rank, info.file_len);
             Flow::Next
         }
         Err(Skip::Stopping) => Flow::Stop,
