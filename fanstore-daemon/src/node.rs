@@ -165,10 +165,10 @@ impl Node {
     /// bulk transfer moves in its round trip, and never less than its own
     /// bytes: `max(bytes, took x bulk rate)`. A small file's read is nearly
     /// all round trip: 100-byte files read remotely in 255 µs (p50, 4
-    /// readers, 4 ranks here) cost as much as 267 KB of bulk transfer, so
-    /// counting their bytes alone would have a node read a partition of
-    /// such files remotely ~2500 times over before fetching it. Costs two
-    /// atomic loads when already asked, one more add before.
+    /// readers, 4 ranks here) cost as much as 267 KB of bulk transfer;
+    /// counting their bytes alone, a node read every file of a partition of
+    /// them remotely, more than once, before fetching it. Costs two atomic
+    /// loads when already asked, one more add before.
     pub fn read_remotely(&self, p: u32, bytes: u64, took: Duration) {
         let Some(queue) = self.replicate_on_read.get() else { return };
         let Some(asked) = self.replica_asked.get(p as usize) else { return };
