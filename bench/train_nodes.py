@@ -20,8 +20,8 @@ A second table runs the same reader for 3 epochs with `--cache-mem 0`, as
 when the dataset is larger than the node cache (every epoch's remote files
 cross again unless their partition is replicated): 1 daemon, and 4 daemons
 with `--replicate-on-read off`, `auto` (the default: a partition is fetched
-whole once the node has read as many of its bytes from holders as it holds)
-and `all` (on the first read).
+whole once the node's remote reads of its files took as long as its fetch
+would) and `all` (on the first read).
 """
 import os
 import statistics

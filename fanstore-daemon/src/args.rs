@@ -103,11 +103,12 @@ pub struct DaemonArgs {
     /// --prefetch-remote does: large MPI messages, verified, into the local
     /// directory while the local file system keeps 5% free) once its files
     /// are read from its holder, so that its other files and later epochs
-    /// are read locally. 'auto' (default): once this node has read from
-    /// holders as many bytes of the partition as it holds, so the whole
-    /// fetch never costs more than the reads already paid (a job reading
-    /// its files once or less pays nothing), within half of the local file
-    /// system's free space at start. SIZE or 'all': on the first read of
+    /// are read locally. 'auto' (default): once this node's remote reads of
+    /// its files have taken as long as fetching it whole would (each read
+    /// counted as the bytes the bulk transfer moves in its round trip, at
+    /// least its own), so the whole fetch never costs more than the reads
+    /// already paid, within half of the local file system's free space at
+    /// start. SIZE or 'all': on the first read of
     /// one of its files, up to SIZE bytes in all. 0 or 'off': never; every
     /// remote file is fetched alone whenever it is opened and not cached.
     #[arg(long, default_value = "auto", value_parser = parse_replicate_on_read)]
