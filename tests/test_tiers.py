@@ -39,7 +39,10 @@ def test_warm_opens_need_no_message(cluster_factory, bins, tmp_path):
     """Every file read once on node 0 (remote or large compressed: the daemon makes a copy;
     small local: decoded in the client); a second process then reads them all with no OPEN."""
     src, ds = make(tmp_path, bins)
-    c = cluster_factory(ds, nranks=2)
+    # Remote files stay remote here (each read asks the daemon): with the default
+    # `--replicate-on-read auto` a few remote reads of these small files would
+    # fetch their partition whole (tests/test_prefetch.py).
+    c = cluster_factory(ds, nranks=2, extra_args=["--replicate-on-read", "off"])
     _, nodes = read_index(ds / "manifest.fsm")
     node = next(r for r in (0, 1) if nodes["s0.txt"]["partition"] in node_state(c.runtime, r)["local"])
     local = node_state(c.runtime, node)["local"]
