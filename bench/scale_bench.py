@@ -23,7 +23,11 @@ bench/gensmall.c and kept under the cache directory for the next run):
      and daemon VmRSS per file (after load and after the reads);
   6. `fanstore stop`: time until it returns and mpiexec has exited;
   7. the readers again against a daemon launched from a shell with
-     `ulimit -n 1024`: errors (EIO and others) counted, not hidden.
+     `ulimit -n 1024`: errors (EIO and others) counted, not hidden;
+  8. at the largest N, a torch DataLoader (bench/loader_reader.py, the
+     frameworks' venv) on node 0 of `mpiexec -n 4` daemons, per
+     `--replicate-on-read` rule (off, auto), against the native tree:
+     the dataset scan, then 100k random files read twice.
 Only the command-line interface of the daemon is used (no internals): the
 index file is the one that appears in /dev/shm while it runs, its pid the
 process whose command line holds this run's --local directory.
@@ -35,10 +39,11 @@ Environment: FANSTORE_SCALE_NS [100000,400000,1280000], FANSTORE_SCALE_REPS [5],
   FANSTORE_SCALE_READ_REPS [3], FANSTORE_SCALE_READS [20000] (per reader),
   FANSTORE_SCALE_CACHE [/tmp/fanstore-scale-cache] (generated trees),
   FANSTORE_SCALE_WORK [/tmp/fanstore-scale-work] (archives, datasets, daemons),
-  FANSTORE_SCALE_ULIMIT [1] (0 skips step 7; a number above 1 runs it only for N up to that)
+  FANSTORE_SCALE_ULIMIT [1] (0 skips step 7; a number above 1 runs it only for N up to that),
+  FANSTORE_SCALE_LOADER_ROUNDS [3] (0 skips step 8), FANSTORE_SCALE_LOADER_READS [100000],
+  FANSTORE_VENV [/opt/fanstore-venv]
 """
 import json
-import re
 import os
 import random
 import shutil
@@ -49,7 +54,9 @@ import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).parent))
+sys.path.insert(0, str(Path(__file__).parent.parent / "tests"))
 from benchlib import BIN, OUT, PRELOAD, ROOT, cc, machine, median, pyplot, table  # noqa: E402
+import fs_cluster  # noqa: E402  (the daemons' STATUS counters, over their sockets)
 
 QUICK = "--quick" in sys.argv
 E = os.environ.get
@@ -63,6 +70,11 @@ WORK = Path(E("FANSTORE_SCALE_WORK", "/tmp/fanstore-scale-work"))
 # 1: step 7 at every N; 0: never; a larger number: only at N up to it.
 ULIMIT = int(E("FANSTORE_SCALE_ULIMIT", "1"))
 DIRS, SIZE, GEN_VERSION = 1000, 100, "v2"
+# Step 8: a torch DataLoader on 4 nodes (the frameworks' venv of scripts/setup.sh).
+LOADER_PY = Path(E("FANSTORE_VENV", "/opt/fanstore-venv")) / "bin" / "python"
+LOADER_READS = int(E("FANSTORE_SCALE_LOADER_READS", "100000"))
+LOADER_ROUNDS = int(E("FANSTORE_SCALE_LOADER_ROUNDS", "3"))
+LOADER_RULES = ("off", "auto")
 MPIEXEC = shutil.which("mpiexec") or "/usr/bin/mpiexec"
 PREP, DAEMON, CLI = str(BIN / "fanstore-prep"), str(BIN / "fanstore-daemon"), str(BIN / "fanstore")
 
@@ -151,10 +163,11 @@ def vm_rss(pid) -> int:
 
 
 class Job:
-    """`mpiexec -n 1 fanstore-daemon` launched in the background from a
-    shell (optionally with `ulimit -n`), timed until `fanstore wait` returns."""
+    """`mpiexec -n NRANKS fanstore-daemon` (1 by default) launched in the
+    background from a shell (optionally with `ulimit -n`), timed until
+    `fanstore wait` returns."""
 
-    def __init__(self, data: Path, work: Path, nofile=None):
+    def __init__(self, data: Path, work: Path, nofile=None, nranks=1, extra=()):
         self.rt = work / "rt"
         self.local = work / "local"
         rm(self.rt)
@@ -162,8 +175,9 @@ class Job:
         self.rt.mkdir(parents=True)
         self.env = daemon_env(self.rt)
         before = shm_indexes()
-        cmd = (f"{'ulimit -n %d && ' % nofile if nofile else ''}exec {MPIEXEC} -n 1 {DAEMON} --data {data} "
-               f"--local {self.local} --runtime-dir {self.rt} --mount /fanstore")
+        self.nranks = nranks
+        cmd = (f"{'ulimit -n %d && ' % nofile if nofile else ''}exec {MPIEXEC} -n {nranks} {DAEMON} --data {data} "
+               f"--local {self.local} --runtime-dir {self.rt} --mount /fanstore {' '.join(extra)}")
         self.log_path = work / f"daemon{'-nofile' if nofile else ''}.log"
         self.logf = open(self.log_path, "w")
         t = time.perf_counter()
@@ -184,9 +198,12 @@ class Job:
     def client_env(self) -> dict:
         return dict(self.env, FANSTORE_NODE="0", FANSTORE_MOUNT="/fanstore", LD_PRELOAD=str(PRELOAD))
 
+    def status(self, rank=0) -> dict:
+        """Rank `rank`'s STATUS counters (key -> value)."""
+        return fs_cluster.Client(self.rt / f"node-{rank}.sock").status()
+
     def cache_entries(self) -> int:
-        r = subprocess.run([CLI, "--runtime-dir", str(self.rt), "status"], env=self.env, capture_output=True, text=True)
-        return sum(int(v) for v in re.findall(r"cache_entries=(\d+)", r.stdout))
+        return sum(int(self.status(r)["cache_entries"]) for r in range(self.nranks))
 
     def wait_copies(self, timeout=600.0) -> float:
         """Seconds until the node's copy count stayed the same for 1 s."""
@@ -324,6 +341,75 @@ def measure(n: int, gen: str, reader: str) -> dict:
     return row
 
 
+def loader_run(root: str, env=None) -> dict:
+    """bench/loader_reader.py under `ulimit -n 1024`: its JSON line."""
+    cmd = f"ulimit -n 1024 && exec {LOADER_PY} {ROOT / 'bench' / 'loader_reader.py'} {root} {LOADER_READS}"
+    r = subprocess.run(["bash", "-c", cmd], env=env, capture_output=True, text=True, timeout=3600)
+    if r.returncode != 0:
+        raise RuntimeError(f"loader_reader.py failed (exit {r.returncode}): {r.stderr[-2000:]}")
+    return json.loads(r.stdout.strip().splitlines()[-1])
+
+
+def loader_nodes(n: int, gen: str) -> dict:
+    """Step 8: the DataLoader of bench/loader_reader.py on node 0 of 4
+    daemons (`mpiexec -n 4`, each under `ulimit -n 1024`, 16 partitions: 3/4
+    of the files remote), per `--replicate-on-read` rule, a fresh job each
+    run, against the same reader on the native tree; LOADER_ROUNDS rounds in
+    a rotating order."""
+    src = tree(n, gen)
+    work = WORK / f"loader{n}"
+    rm(work)
+    work.mkdir(parents=True)
+    ds = work / "ds"
+    subprocess.run([PREP, "pack", "--input", str(src), "--output", str(ds), "--partitions", "16", "--compress", "lz4",
+                    "--threads", "2"], check=True, stdout=subprocess.DEVNULL)
+    kinds = ["native", *LOADER_RULES]
+    runs = {k: [] for k in kinds}
+    for rnd in range(LOADER_ROUNDS):
+        for k in kinds[rnd % len(kinds):] + kinds[:rnd % len(kinds)]:
+            if k == "native":
+                runs[k].append(loader_run(str(src)))
+                log(f"loader N={n} native: {runs[k][-1]}")
+                continue
+            job = Job(ds, work / k, nofile=1024, nranks=4, extra=("--replicate-on-read", k))
+            try:
+                res = loader_run("/fanstore", job.client_env())
+                st = job.status(0)
+                res.update(remote_sent=int(st["remote_sent"]), replicated_parts=int(st["replicated_parts"]),
+                           remote_p50_us=int(st["remote_p50_us"]),
+                           errors=sum(int(job.status(r)["errors"]) for r in range(job.nranks)))
+            finally:
+                job.stop()
+            runs[k].append(res)
+            log(f"loader N={n} {k}: {res}")
+    return dict(n=n, reads=LOADER_READS, runs=runs)
+
+
+def loader_md(lo: dict) -> list:
+    nat = lo["runs"]["native"]
+    med = lambda k, f: median([r[f] for r in lo["runs"][k]])  # noqa: E731
+    rows = []
+    for k in ["native", *LOADER_RULES]:
+        label = "native tree" if k == "native" else f"FanStore, 4 nodes, `--replicate-on-read {k}`" + (" (default)" if k == "auto" else "")
+        fs = lo["runs"][k]
+        rows.append([label, f"{med(k, 'scan'):.2f}", f"{med(k, 'pass1'):.2f}",
+                     f"{lo['reads'] / med(k, 'pass1'):,.0f}", f"{med(k, 'pass2'):.2f}",
+                     f"{med('native', 'pass1') / med(k, 'pass1'):.2f}x",
+                     "" if k == "native" else f"{median([r['remote_sent'] for r in fs]):,.0f}",
+                     "" if k == "native" else f"{median([r['replicated_parts'] for r in fs]):.0f} of 12",
+                     "" if k == "native" else str(sum(r["errors"] for r in fs))])
+    return ["### A torch DataLoader on 4 nodes at this scale", "",
+            f"bench/loader_reader.py with the frameworks' venv ({LOADER_PY}): the dataset scan of torchvision's "
+            f"DatasetFolder (os.scandir, os.walk, os.path.isfile of every file) over all {lo['n']:,} files, then a "
+            f"DataLoader (4 workers, batches of 256) reading {lo['reads']:,} random files whole, twice (`pass 2`: the "
+            "same files again), the reader and each daemon under `ulimit -n 1024`. FanStore: `mpiexec -n 4` daemons "
+            "on this host (UCX_TLS=tcp), 16 partitions (lz4), the reader on node 0 (3/4 of the files remote), a "
+            f"fresh job per run; medians of {LOADER_ROUNDS} rounds in a rotating order. Remote reads and partitions "
+            "fetched whole are rank 0's counters after the run; errors: every rank's error counter.", "",
+            table(["reader", "scan s", "pass 1 s", "pass 1 files/s", "pass 2 s", "pass 1 vs native", "remote reads",
+                   "partitions fetched whole", "errors"], rows), ""]
+
+
 def plot(rows, path: Path):
     plt = pyplot(path)
     if plt is None:
@@ -364,6 +450,10 @@ def main():
     for n in NS:
         rows.append(measure(n, gen, reader))
         (OUT / "scale.json").write_text(json.dumps({"rows": rows, "goals": []}, indent=1))  # partial results survive
+    loader = None
+    if LOADER_PY.exists() and LOADER_ROUNDS > 0:
+        loader = loader_nodes(NS[-1], gen)
+        (OUT / "scale.json").write_text(json.dumps({"rows": rows, "loader": loader, "goals": []}, indent=1))
     base = rows[0]
     per_file = lambda r: r["pack"] / r["n"] * 1e6  # noqa: E731
     hdr = ["files", "tar -cf s", "pack s", "pack / tar", "CPU s tar, pack", "pack µs/file", "load (ready) s",
@@ -417,11 +507,12 @@ def main():
           "/dev/shm index file size / N; RSS: the daemon's VmRSS / N. Errors: the same readers against a "
           "daemon launched under `ulimit -n 1024` (all passes counted). Plot: bench/scale.png.", "",
           table(hdr, out), ""]
+    md += loader_md(loader) if loader else [f"(No DataLoader run: {LOADER_PY} missing; `bash scripts/setup.sh` makes it.)", ""]
     md += ["| experiment | goal | measured | met |", "|---|---|---|---|"]
     md += [f"| {a} | {b} | {c} | {'**yes**' if d else '**NO**'} |" for a, b, c, d in goals]
     md.append("")
     (OUT / "scale.md").write_text("\n".join(md))
-    (OUT / "scale.json").write_text(json.dumps({"rows": rows, "goals": goals}, indent=1))
+    (OUT / "scale.json").write_text(json.dumps({"rows": rows, "loader": loader, "goals": goals}, indent=1))
     plot(rows, ROOT / "bench" / "scale.png")
     print("\n".join(md))
 
