@@ -75,6 +75,7 @@ LOADER_PY = Path(E("FANSTORE_VENV", "/opt/fanstore-venv")) / "bin" / "python"
 LOADER_READS = int(E("FANSTORE_SCALE_LOADER_READS", "100000"))
 LOADER_ROUNDS = int(E("FANSTORE_SCALE_LOADER_ROUNDS", "3"))
 LOADER_RULES = ("off", "auto")
+LOADER_RANKS, LOADER_PARTS = 4, 16
 MPIEXEC = shutil.which("mpiexec") or "/usr/bin/mpiexec"
 PREP, DAEMON, CLI = str(BIN / "fanstore-prep"), str(BIN / "fanstore-daemon"), str(BIN / "fanstore")
 
@@ -361,7 +362,7 @@ def loader_nodes(n: int, gen: str) -> dict:
     rm(work)
     work.mkdir(parents=True)
     ds = work / "ds"
-    subprocess.run([PREP, "pack", "--input", str(src), "--output", str(ds), "--partitions", "16", "--compress", "lz4",
+    subprocess.run([PREP, "pack", "--input", str(src), "--output", str(ds), "--partitions", str(LOADER_PARTS), "--compress", "lz4",
                     "--threads", "2"], check=True, stdout=subprocess.DEVNULL)
     kinds = ["native", *LOADER_RULES]
     runs = {k: [] for k in kinds}
@@ -371,7 +372,7 @@ def loader_nodes(n: int, gen: str) -> dict:
                 runs[k].append(loader_run(str(src)))
                 log(f"loader N={n} native: {runs[k][-1]}")
                 continue
-            job = Job(ds, work / k, nofile=1024, nranks=4, extra=("--replicate-on-read", k))
+            job = Job(ds, work / k, nofile=1024, nranks=LOADER_RANKS, extra=("--replicate-on-read", k))
             try:
                 res = loader_run("/fanstore", job.client_env())
                 st = job.status(0)
@@ -396,7 +397,7 @@ def loader_md(lo: dict) -> list:
                      f"{lo['reads'] / med(k, 'pass1'):,.0f}", f"{med(k, 'pass2'):.2f}",
                      f"{med('native', 'pass1') / med(k, 'pass1'):.2f}x",
                      "" if k == "native" else f"{median([r['remote_sent'] for r in fs]):,.0f}",
-                     "" if k == "native" else f"{median([r['replicated_parts'] for r in fs]):.0f} of 12",
+                     "" if k == "native" else f"{median([r['replicated_parts'] for r in fs]):.0f} of {LOADER_PARTS - LOADER_PARTS // LOADER_RANKS}",
                      "" if k == "native" else str(sum(r["errors"] for r in fs))])
     return ["### A torch DataLoader on 4 nodes at this scale", "",
             f"bench/loader_reader.py with the frameworks' venv ({LOADER_PY}): the dataset scan of torchvision's "

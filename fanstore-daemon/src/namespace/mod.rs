@@ -117,24 +117,37 @@ impl Node {
     }
 
     pub(crate) fn meta_once(&self, dest: u32, op: u16, arg0: u64, payload: Vec<u8>) -> Result<Reply, i32> {
-        let id = META_IDS.fetch_add(1, Relaxed);
-        let req = Request { op, id, arg0, arg1: 0, payload };
         let rep = if dest == self.id.rank {
+            let req = Request { op, id: META_IDS.fetch_add(1, Relaxed), arg0, arg1: 0, payload };
             Reply::decode(&self.handle_meta(&req.encode())).map_err(|_| libc::EIO)?
         } else {
-            let (tx, rx) = crossbeam::channel::bounded(1);
-            let call = MetaCall { dest, id, msg: req.encode(), reply: tx, timeout: META_TIMEOUT };
-            self.comm.send(Command::Meta(call)).map_err(|_| libc::EIO)?;
-            let b = rx.recv_timeout(META_TIMEOUT + Duration::from_secs(1)).map_err(|_| {
-                log::warn!("rank {}: metadata rank {dest} did not answer", self.id.rank);
-                libc::EIO
-            })?;
-            Reply::decode(&b).map_err(|_| libc::EIO)?
+            let pending = self.meta_post(dest, op, arg0, payload)?;
+            self.meta_wait(dest, &pending)?
         };
         if rep.errno != 0 {
             return Err(rep.errno);
         }
         Ok(rep)
+    }
+
+    /// Sends one metadata request to another rank `dest` without waiting:
+    /// [`Self::meta_wait`] takes its reply (several can be in flight).
+    fn meta_post(&self, dest: u32, op: u16, arg0: u64, payload: Vec<u8>) -> Result<crossbeam::channel::Receiver<Vec<u8>>, i32> {
+        let id = META_IDS.fetch_add(1, Relaxed);
+        let msg = Request { op, id, arg0, arg1: 0, payload }.encode();
+        let (tx, rx) = crossbeam::channel::bounded(1);
+        self.comm.send(Command::Meta(MetaCall { dest, id, msg, reply: tx, timeout: META_TIMEOUT })).map_err(|_| libc::EIO)?;
+        Ok(rx)
+    }
+
+    /// The reply of a request [`Self::meta_post`] sent to `dest` (EIO if none
+    /// came within the bound); its errno is the caller's to check.
+    fn meta_wait(&self, dest: u32, pending: &crossbeam::channel::Receiver<Vec<u8>>) -> Result<Reply, i32> {
+        let b = pending.recv_timeout(META_TIMEOUT + Duration::from_secs(1)).map_err(|_| {
+            log::warn!("rank {}: metadata rank {dest} did not answer", self.id.rank);
+            libc::EIO
+        })?;
+        Reply::decode(&b).map_err(|_| libc::EIO)
     }
 
     /// Adds `path` to (or removes it from) its directory's listing at the
@@ -182,18 +195,11 @@ impl Node {
         if self.tiers.get().is_some_and(|t| t.get(id) == DIR_HAS_OUTPUTS) {
             return Ok(());
         }
-        let mut waits = Vec::new();
-        for dest in (0..self.id.nranks).filter(|&r| r != self.id.rank) {
-            let mid = META_IDS.fetch_add(1, Relaxed);
-            let msg = Request { op: mop::MARK_DIR, id: mid, arg0: u64::from(id), arg1: 0, payload: Vec::new() }.encode();
-            let (tx, rx) = crossbeam::channel::bounded(1);
-            self.comm.send(Command::Meta(MetaCall { dest, id: mid, msg, reply: tx, timeout: META_TIMEOUT })).map_err(|_| libc::EIO)?;
-            waits.push((dest, rx));
-        }
+        let others = (0..self.id.nranks).filter(|&r| r != self.id.rank);
+        let pending = others.map(|dest| Ok((dest, self.meta_post(dest, mop::MARK_DIR, u64::from(id), Vec::new())?))).collect::<Result<Vec<_>, i32>>()?;
         self.mark_input_dir_here(id);
-        for (dest, rx) in waits {
-            let answered = rx.recv_timeout(META_TIMEOUT + Duration::from_secs(1)).ok().and_then(|b| Reply::decode(&b).ok());
-            if !answered.is_some_and(|r| r.errno == 0) {
+        for (dest, rx) in pending {
+            if !self.meta_wait(dest, &rx).is_ok_and(|r| r.errno == 0) {
                 log::warn!("rank {}: rank {dest} did not mark input directory '{}'", self.id.rank, String::from_utf8_lossy(dir));
                 return Err(libc::EIO);
             }
