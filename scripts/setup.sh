@@ -53,7 +53,8 @@ fi
 # live in a venv OUTSIDE the repository that later runs reuse: torch (the
 # default PyPI wheel, ~2.5 min to install), transformers, accelerate,
 # safetensors, lightning, jax[cpu], orbax-checkpoint, tensorflow-cpu (33 s
-# more here), filelock. Installed only when missing; a failure here (no network) does
+# more here), filelock, and the dataset formats' libraries of
+# tests/test_data_formats.py: datasets (with pyarrow), lmdb. Installed only when missing; a failure here (no network) does
 # not stop the set-up: those tests then fail loudly under CI=true.
 FANSTORE_VENV="${FANSTORE_VENV:-/opt/fanstore-venv}"
 if [ ! -x "$FANSTORE_VENV/bin/python" ]; then
@@ -67,10 +68,10 @@ if [ ! -x "$FANSTORE_VENV/bin/python" ]; then
   fi
 fi
 if [ -x "$FANSTORE_VENV/bin/python" ] && \
-   ! "$FANSTORE_VENV/bin/python" -c 'import torch, transformers, accelerate, safetensors, numpy, pytest, lightning, jax, orbax.checkpoint, tensorflow, filelock' >/dev/null 2>&1; then
+   ! "$FANSTORE_VENV/bin/python" -c 'import torch, transformers, accelerate, safetensors, numpy, pytest, lightning, jax, orbax.checkpoint, tensorflow, filelock, datasets, pyarrow, lmdb' >/dev/null 2>&1; then
   t0=$(date +%s)
   "$FANSTORE_VENV/bin/python" -m pip install -q --disable-pip-version-check \
-      torch transformers accelerate safetensors numpy pytest lightning "jax[cpu]" orbax-checkpoint tensorflow-cpu filelock \
+      torch transformers accelerate safetensors numpy pytest lightning "jax[cpu]" orbax-checkpoint tensorflow-cpu filelock datasets lmdb \
     && echo "setup: frameworks installed into $FANSTORE_VENV in $(( $(date +%s) - t0 )) s" >&2 \
     || echo "setup: installing the frameworks into $FANSTORE_VENV failed" >&2
 fi

@@ -54,7 +54,7 @@ def run(cmd, check=True, timeout=300, **kw):
 def framework_python():
     """The python of the ML-framework venv that scripts/setup.sh fills
     (${FANSTORE_VENV:-/opt/fanstore-venv}: torch, transformers, accelerate,
-    safetensors). Missing or broken: a failure under CI=true (CI must not
+    safetensors, ..., datasets, lmdb). Missing or broken: a failure under CI=true (CI must not
     pass without these tests), a skip with the reason elsewhere."""
     venv = Path(os.environ.get("FANSTORE_VENV", "/opt/fanstore-venv"))
     py = venv / "bin" / "python"
@@ -62,7 +62,7 @@ def framework_python():
     if not py.exists():
         why = f"{py} missing: run scripts/setup.sh (it creates the venv and installs the frameworks)"
     else:
-        r = subprocess.run([str(py), "-c", "import torch, transformers, accelerate, safetensors, numpy, lightning, jax, orbax.checkpoint, tensorflow, filelock"],
+        r = subprocess.run([str(py), "-c", "import torch, transformers, accelerate, safetensors, numpy, lightning, jax, orbax.checkpoint, tensorflow, filelock, datasets, pyarrow, lmdb"],
                            capture_output=True, text=True, timeout=300)
         if r.returncode != 0:
             why = f"{py} cannot import the frameworks (scripts/setup.sh installs them):\n{r.stderr[-2000:]}"
