@@ -18,6 +18,20 @@
 //! without pause: shows what the pattern costs apart from thread hand-offs.
 //! `--ucx-eager-max SIZE` (default 256K, as the daemon's): the same UCX
 //! eager/rendezvous threshold the daemon sets, so both cross the same way.
+//!
+//! `--all-pairs` (any number of ranks): the traffic of the multi-node read
+//! with nothing of FanStore in it. Every rank is a reader and a holder at
+//! once: it asks the other ranks in turn for SIZE bytes, one request in
+//! flight (a reader reading files one after another), while it answers the
+//! others' requests, all with the communication thread's nonblocking calls
+//! polled without pause. Rank 0 prints
+//! `allpairs size=<bytes> ranks=<n> iters=<per rank> mbps=<MB/s>`: the bytes
+//! every rank received over the slowest rank's seconds, the transport's
+//! aggregate limit for that pattern on these cores. With `--verify` each
+//! requester also computes the xxh3 of every reply and copies it into a
+//! second buffer (the checksum FanStore computes of every remote payload and
+//! the copy a reader's read(2) makes): the least work a remote read must do
+//! on top of the transport.
 use mpi::traits::*;
 use std::time::Instant;
 
@@ -28,12 +42,16 @@ fn main() -> anyhow::Result<()> {
     let mut fresh = false;
     let mut nonblocking = false;
     let mut eager_max = 256u64 << 10;
+    let mut all_pairs = false;
+    let mut verify = false;
     let mut args = std::env::args().skip(1);
     while let Some(a) = args.next() {
         match a.as_str() {
             "--iters" => iters = args.next().ok_or_else(|| anyhow::anyhow!("--iters needs a value"))?.parse()?,
             "--fresh-memfd" => fresh = true,
             "--nonblocking" => nonblocking = true,
+            "--all-pairs" => all_pairs = true,
+            "--verify" => verify = true,
             "--ucx-eager-max" => {
                 let v = args.next().ok_or_else(|| anyhow::anyhow!("--ucx-eager-max needs a value"))?;
                 eager_max = fanstore_daemon::args::parse_size(&v).map_err(anyhow::Error::msg)?;
@@ -50,6 +68,33 @@ fn main() -> anyhow::Result<()> {
     anyhow::ensure!(world.size() >= 2, "run under mpiexec -n 2 (or more)");
     let rank = world.rank();
     let comm = fanstore_daemon::comm::raw::Comm::dup_world().map_err(|e| anyhow::anyhow!("{e}"))?;
+    if all_pairs {
+        for &size in &sizes {
+            let size = usize::try_from(size)?;
+            all_pairs_round(&comm, size, warmup.max(1), verify)?;
+            world.barrier();
+            let t = Instant::now();
+            all_pairs_round(&comm, size, iters, verify)?;
+            let secs = t.elapsed().as_secs_f64();
+            let mut slowest = 0f64;
+            world.all_reduce_into(&secs, &mut slowest, mpi::collective::SystemOperation::max());
+            if rank == 0 {
+                let bytes = (size * iters) as f64 * f64::from(world.size());
+                println!(
+                    "allpairs{} size={size} ranks={} iters={iters} mbps={:.1}",
+                    if verify { "-verify" } else { "" },
+                    world.size(),
+                    bytes / slowest / 1e6
+                );
+            }
+            world.barrier();
+        }
+        use std::io::Write;
+        std::io::stdout().flush()?;
+        drop(comm);
+        fanstore_daemon::comm::raw::finalize(universe, std::time::Duration::from_secs(10), 0, || ());
+        return Ok(());
+    }
     for &size in &sizes {
         let size = usize::try_from(size)?;
         let mut reply = vec![0u8; size];
@@ -138,4 +183,104 @@ fn nonblocking_round(comm: &fanstore_daemon::comm::raw::Comm, req: &mut [u8; 16]
         left -= done.len();
     }
     Ok(())
+}
+
+const TAG_ASK: i32 = 1;
+const TAG_REPLY: i32 = 2;
+/// "I asked for everything I wanted": a rank serves until every peer said so.
+const TAG_FINISHED: i32 = 3;
+
+/// `iters` requests of `size` bytes from this rank to the others in turn,
+/// one in flight, while answering theirs, until every rank finished asking.
+fn all_pairs_round(comm: &fanstore_daemon::comm::raw::Comm, size: usize, iters: usize, verify: bool) -> anyhow::Result<()> {
+    use fanstore_daemon::comm::raw::Request;
+    let mpi = |e: fanstore_daemon::comm::raw::MpiError| anyhow::anyhow!("{e}");
+    let (me, n) = (comm.rank, comm.size);
+    anyhow::ensure!(n >= 2, "--all-pairs needs 2 ranks or more");
+    let payload: Vec<u8> = (0..size).map(|i| i as u8).collect();
+    let mut inbox = vec![0u8; size];
+    let mut copy = vec![0u8; if verify { size } else { 0 }];
+    let ask = [0u8; 16];
+    let mut asked_buf = [0u8; 16];
+    let finished = [0u8; 4];
+    let mut sent = 0usize;
+    // The request and reply in flight: (reply receive, request send) with how many are left.
+    let mut mine: Vec<Request> = Vec::new();
+    let mut mine_left = 0usize;
+    // Replies and notices this rank sends (their buffers are `payload` and `finished`, alive throughout).
+    let mut out: Vec<Request> = Vec::new();
+    let mut peers_finished = 0u32;
+    let mut told = false;
+    let mut done = Vec::new();
+    let mut sink = 0u64;
+    loop {
+        // More ranks than cores here: a round that moved nothing gives the
+        // core to a rank that has work (pure spinning starves the holders).
+        let mut moved = false;
+        if mine_left == 0 && sent < iters {
+            let peer = (me + 1 + (sent as u32 % (n - 1))) % n;
+            // SAFETY: `inbox` and `ask` outlive the requests: this function
+            // completes both (mine_left reaches 0) before it returns.
+            unsafe {
+                mine = vec![comm.irecv(inbox.as_mut_ptr(), size, peer, TAG_REPLY).map_err(mpi)?,
+                            comm.isend(ask.as_ptr(), ask.len(), peer, TAG_ASK).map_err(mpi)?];
+            }
+            mine_left = 2;
+            moved = true;
+        }
+        if sent == iters && mine_left == 0 && !told {
+            for peer in (0..n).filter(|&p| p != me) {
+                // SAFETY: `finished` outlives the sends, completed below before returning.
+                out.push(unsafe { comm.isend(finished.as_ptr(), finished.len(), peer, TAG_FINISHED) }.map_err(mpi)?);
+            }
+            told = true;
+        }
+        while let Some((src, tag, len)) = comm.iprobe_any().map_err(mpi)? {
+            moved = true;
+            match tag {
+                TAG_ASK => {
+                    comm.recv_probed(&mut asked_buf[..len.min(16)], src, TAG_ASK).map_err(mpi)?;
+                    // SAFETY: `payload` is never written and outlives the send.
+                    out.push(unsafe { comm.isend(payload.as_ptr(), size, src, TAG_REPLY) }.map_err(mpi)?);
+                }
+                TAG_FINISHED => {
+                    let mut b = [0u8; 4];
+                    comm.recv_probed(&mut b, src, TAG_FINISHED).map_err(mpi)?;
+                    peers_finished += 1;
+                }
+                t => anyhow::bail!("unexpected tag {t} from rank {src}"),
+            }
+        }
+        if mine_left > 0 {
+            done.clear();
+            comm.testsome(&mut mine, &mut done).map_err(mpi)?;
+            mine_left -= done.len();
+            moved |= !done.is_empty();
+            if mine_left == 0 {
+                sent += 1;
+                if verify {
+                    sink ^= fanstore_core::checksum::xxh3(&inbox);
+                    copy.copy_from_slice(&inbox);
+                    sink ^= u64::from(copy[size / 2]);
+                }
+            }
+        }
+        if !out.is_empty() {
+            done.clear();
+            comm.testsome(&mut out, &mut done).map_err(mpi)?;
+            moved |= !done.is_empty();
+            let mut gone: Vec<usize> = done.iter().map(|d| d.index).collect();
+            gone.sort_unstable();
+            for i in gone.into_iter().rev() {
+                out.swap_remove(i);
+            }
+        }
+        if told && peers_finished == n - 1 && out.is_empty() {
+            std::hint::black_box(sink);
+            return Ok(());
+        }
+        if !moved {
+            std::thread::yield_now();
+        }
+    }
 }
