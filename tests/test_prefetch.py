@@ -90,7 +90,9 @@ def remote_files(c, ds, node):
 
 def test_every_remote_partition_is_replicated_and_read_without_remote_fetches(cluster_factory, bins, tmp_path):
     src, ds = make(tmp_path, bins)
-    c = cluster_factory(ds, nranks=4, extra_args=["--prefetch-remote", "all", "--prefill-mem", "0"])
+    # (--extract-ahead 0: the large raw files of the node's own partitions are
+    # extracted by their first OPEN, unlike those of the replicas.)
+    c = cluster_factory(ds, nranks=4, extra_args=["--prefetch-remote", "all", "--prefill-mem", "0", "--extract-ahead", "0"])
     node = 2
     st, nodes, by_part = remote_files(c, ds, node)
     remote = list(by_part)

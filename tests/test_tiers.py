@@ -172,3 +172,65 @@ def test_cache_disk_0_keeps_every_copy_in_memory(cluster_factory, bins, tmp_path
     assert [tiers[n] for n in big] == [2] * 3, tiers
     with c.client(0) as cl:
         assert int(cl.status()["cache_disk_bytes"]) == 0
+
+
+def test_large_local_files_are_extracted_ahead_of_their_first_open(cluster_factory, bins, tmp_path):
+    """After ready the daemon extracts the large uncompressed files of its own partitions in the
+    background (--extract-ahead, default: up to half the local file system's free space), so a
+    first epoch opens plain files with no OPEN message and no extraction in its path; a byte
+    budget stops it early, and 0 turns it off (each first open then extracts, one OPEN each)."""
+    import random
+    rng = random.Random(3)
+    src = tmp_path / "src"
+    src.mkdir()
+    for i in range(12):
+        (src / f"big{i:02d}.bin").write_bytes(rng.randbytes(200_000 + i))  # raw, >= 64 KiB: extracted
+    for i in range(5):
+        (src / f"small{i}.bin").write_bytes(rng.randbytes(1000))  # decoded by the client, never extracted
+    ds = tmp_path / "ds"
+    pack(bins, src, ds, "--partitions", "2", "--compress", "none")
+    _, nodes = read_index(ds / "manifest.fsm")
+    big = sorted(n for n in nodes if n.startswith("big"))
+    paths = [f"/{n}" for n in big]
+
+    def extraction_done(c):
+        deadline = time.monotonic() + 60
+        while "ahead of their first open" not in c.log() and time.monotonic() < deadline:
+            time.sleep(0.1)
+        assert "ahead of their first open" in c.log(), c.log()[-3000:]
+        with c.client(0) as cl:
+            return int(cl.status()["extracted_ahead"])
+
+    def tiers(c):
+        t = Path(node_state(c.runtime, 0)["index_path"][:-len(".index")] + ".tiers").read_bytes()
+        return [t[64 + nodes[n]["id"]] for n in big]
+
+    c = cluster_factory(ds, nranks=1, subdir="auto")
+    assert extraction_done(c) == len(big)
+    assert tiers(c) == [1] * len(big), "every large file extracted (tier 1) before any open"
+    check = "import sys\nfor p, n in zip(sys.argv[1::2], sys.argv[2::2]):\n" \
+            "    assert open(p, 'rb').read() == open(n, 'rb').read(), p\n"
+    args = [a for n in big for a in (f"{c.mount}/{n}", str(src / n))]
+    r = subprocess.run([sys.executable, "-c", check, *args], env=c.env(node=0), capture_output=True, text=True)
+    assert r.returncode == 0, r.stderr
+    assert opens(c, 0) == 0, "the first epoch opened the extracted files directly"
+    c.stop()
+
+    # A budget of two and a half files: the two first of partition order, then it stops.
+    c = cluster_factory(ds, nranks=1, subdir="budget", extra_args=["--extract-ahead", "500000"])
+    assert extraction_done(c) == 2
+    assert sorted(tiers(c)) == [0] * (len(big) - 2) + [1, 1]
+    r = read_all(c, 0, [c.mount + p for p in paths])
+    assert r.returncode == 0, r.stderr
+    assert opens(c, 0) == len(big) - 2, "the files not extracted ahead are extracted by their OPEN"
+    c.stop()
+
+    c = cluster_factory(ds, nranks=1, subdir="off", extra_args=["--extract-ahead", "0"])
+    time.sleep(1)
+    with c.client(0) as cl:
+        assert int(cl.status()["extracted_ahead"]) == 0
+    assert tiers(c) == [0] * len(big)
+    r = read_all(c, 0, [c.mount + p for p in paths])
+    assert r.returncode == 0, r.stderr
+    assert opens(c, 0) == len(big)
+    assert tiers(c) == [1] * len(big)

@@ -91,6 +91,16 @@ pub struct DaemonArgs {
     /// process is already a plain open; 0 turns it off.
     #[arg(long, value_parser = parse_size)]
     pub prefill_mem: Option<u64>,
+    /// After ready, extract the large uncompressed local files (64 KiB or
+    /// more, the ones an OPEN extracts to the local directory) in the
+    /// background, at low priority, up to this many bytes ('auto', the
+    /// default: half of the local file system's free space at ready, none
+    /// when the local directory is in memory (tmpfs); 0 turns it off), while
+    /// the local file system keeps a twentieth free: the
+    /// first epoch then opens plain files instead of extracting each one in
+    /// its OPEN.
+    #[arg(long, default_value = "auto", value_parser = parse_extract_ahead)]
+    pub extract_ahead: ExtractAhead,
     /// After ready, fetch whole remote partitions from their holders in the
     /// background (large MPI messages, verified like a loaded partition)
     /// into the local directory, up to this many bytes ('all': every remote
@@ -169,6 +179,36 @@ pub fn parse_size_or_all(s: &str) -> Result<u64, String> {
     parse_size(s)
 }
 
+/// How much the background extraction after ready may write (`--extract-ahead`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum ExtractAhead {
+    /// Half of the local file system's free space at ready.
+    Auto,
+    /// At most this many bytes (0: off).
+    Upto(u64),
+}
+
+impl ExtractAhead {
+    /// The byte budget, given the local file system's free bytes at ready
+    /// and whether it is memory (tmpfs, as on a diskless node: there `auto`
+    /// extracts nothing ahead, since every extracted byte would be a second
+    /// copy in RAM of bytes the partition copy holds).
+    pub fn budget(self, free: u64, in_memory: bool) -> u64 {
+        match self {
+            ExtractAhead::Auto if in_memory => 0,
+            ExtractAhead::Auto => free / 2,
+            ExtractAhead::Upto(n) => n,
+        }
+    }
+}
+
+pub fn parse_extract_ahead(s: &str) -> Result<ExtractAhead, String> {
+    if s.trim().eq_ignore_ascii_case("auto") {
+        return Ok(ExtractAhead::Auto);
+    }
+    parse_size(s).map(ExtractAhead::Upto)
+}
+
 /// When a remote partition is fetched whole because its files are read
 /// (`--replicate-on-read`).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -215,7 +255,7 @@ pub fn parse_size(s: &str) -> Result<u64, String> {
 
 #[cfg(test)]
 mod tests {
-    use super::{parse_replicate_on_read, parse_size, ReplicateOnRead};
+    use super::{parse_extract_ahead, parse_replicate_on_read, parse_size, ExtractAhead, ReplicateOnRead};
 
     #[test]
     fn sizes() {
@@ -227,6 +267,17 @@ mod tests {
         assert!(parse_size("1X").is_err());
         assert!(parse_size("").is_err());
         assert!(parse_size("99999999999T").is_err());
+    }
+
+    #[test]
+    fn extract_ahead_values() {
+        assert_eq!(parse_extract_ahead("auto"), Ok(ExtractAhead::Auto));
+        assert_eq!(parse_extract_ahead("0"), Ok(ExtractAhead::Upto(0)));
+        assert_eq!(parse_extract_ahead("3G"), Ok(ExtractAhead::Upto(3 << 30)));
+        assert!(parse_extract_ahead("lots").is_err());
+        assert_eq!(ExtractAhead::Auto.budget(10 << 30, false), 5 << 30);
+        assert_eq!(ExtractAhead::Auto.budget(10 << 30, true), 0);
+        assert_eq!(ExtractAhead::Upto(7).budget(10 << 30, true), 7);
     }
 
     #[test]

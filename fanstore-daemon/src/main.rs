@@ -254,6 +254,23 @@ fn run(args: &DaemonArgs) -> anyhow::Result<i32> {
             log::error!("rank {rank}: spawning the prefill thread: {e}");
         }
     }
+    let free = fanstore_daemon::copies::space(&node.id.local_dir).map_or(0, |(free, _)| free);
+    let extract = args.extract_ahead.budget(free, fanstore_daemon::copies::in_memory(&node.id.local_dir));
+    if extract > 0 {
+        let node = node.clone();
+        let spawned = std::thread::Builder::new().name("fanstore-extract".into()).spawn(move || {
+            let t = std::time::Instant::now();
+            let (files, bytes) = node.extract_ahead(extract);
+            log::info!(
+                "rank {}: extracted {files} large local files ({bytes} B) ahead of their first open in {:.2} s",
+                node.id.rank,
+                t.elapsed().as_secs_f64()
+            );
+        });
+        if let Err(e) = spawned {
+            log::error!("rank {rank}: spawning the extraction thread: {e}");
+        }
+    }
     {
         // WARM hints from clients: a bounded queue (a hint is dropped when
         // the copier is behind) and one low-priority copier thread.

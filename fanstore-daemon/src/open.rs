@@ -199,6 +199,19 @@ impl Node {
     /// extracting it first if needed (concurrent extractions write the same
     /// bytes under their own temporary names; the last rename wins).
     fn open_extracted(&self, n: NodeRef<'_>, map: &PartMap) -> Result<OwnedFd, i32> {
+        let path = self.extract(n, map)?;
+        fdlimit::retry(|| self.relieve_fds(), || open_ro(&path)).map_err(|e| {
+            log::error!("rank {}: opening {}: errno {e}", self.id.rank, path.display());
+            libc::EIO
+        })
+    }
+
+    /// Extracts local uncompressed file `n` (verified, written under a
+    /// temporary name and renamed) unless its tier byte says it is; returns
+    /// its path. Two concurrent extractions of one file (an OPEN and the
+    /// background extraction) each write their own temporary file and the
+    /// second rename replaces the first with the same bytes.
+    fn extract(&self, n: NodeRef<'_>, map: &PartMap) -> Result<std::path::PathBuf, i32> {
         let path = fanstore_core::runtime::local_file_path(&self.id.local_dir, n.id());
         let tiers = self.tiers.get().ok_or(libc::EIO)?;
         if tiers.get(n.id()) != TIER_EXTRACTED && self.replica_extracted(n, &path) {
@@ -243,10 +256,48 @@ impl Node {
             }
             tiers.set(n.id(), TIER_EXTRACTED);
         }
-        fdlimit::retry(|| self.relieve_fds(), || open_ro(&path)).map_err(|e| {
-            log::error!("rank {}: opening {}: errno {e}", self.id.rank, path.display());
-            libc::EIO
-        })
+        Ok(path)
+    }
+
+    /// Extracts the large uncompressed local files of this rank (those an
+    /// OPEN extracts, [`EXTRACT_MIN`] bytes or more), in partition order, at
+    /// the lowest priority, until `limit` bytes are extracted, the local file
+    /// system is down to its last twentieth or the rank stops: a training
+    /// job's first epoch then opens plain files, with no message and no
+    /// extraction in its path (DLIO's resnet50 workload read its first
+    /// epoch at a third of its later epochs' speed, each OPEN extracting).
+    /// Returns (files, bytes) extracted here.
+    pub fn extract_ahead(&self, limit: u64) -> (u64, u64) {
+        // SAFETY: lowers this thread's own scheduling priority (Linux: per thread).
+        unsafe { libc::setpriority(libc::PRIO_PROCESS, libc::gettid() as libc::id_t, 19) };
+        let (Some(tiers), Some(parts)) = (self.tiers.get(), self.parts.get()) else { return (0, 0) };
+        let (mut files, mut bytes) = (0u64, 0u64);
+        for n in self.view.nodes() {
+            if self.stopping.load(Relaxed) {
+                break;
+            }
+            if n.kind() != Some(NodeKind::File) || n.codec() != Codec::None || n.size() < EXTRACT_MIN {
+                continue;
+            }
+            let Some(Some(map)) = parts.get(n.partition() as usize) else { continue };
+            if tiers.get(n.id()) == TIER_EXTRACTED {
+                continue;
+            }
+            if bytes.saturating_add(n.size()) > limit || !crate::copies::room_for(&self.id.local_dir, n.size()) {
+                break;
+            }
+            match self.extract(n, map) {
+                Ok(_) => {
+                    files += 1;
+                    bytes += n.size();
+                    self.counters.extracted_ahead.fetch_add(1, Relaxed);
+                }
+                Err(libc::ENOSPC) => break,
+                // Logged by extract; an OPEN of this file reports it again.
+                Err(_) => {}
+            }
+        }
+        (files, bytes)
     }
 
     /// Writes local file `n`'s bytes (verified, decompressed) into `dst`.

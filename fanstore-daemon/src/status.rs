@@ -47,6 +47,9 @@ pub struct Counters {
     /// (`--prefetch-remote`), and their bytes.
     pub replicated_parts: AtomicU64,
     pub replicated_bytes: AtomicU64,
+    /// Large local files extracted in the background after ready
+    /// (`--extract-ahead`), before any OPEN asked for them.
+    pub extracted_ahead: AtomicU64,
     /// How the communication thread's sleeps ended (see `comm::wake`): by a
     /// command, by the MPI library's fds, by the timeout; fd wake-ups after
     /// which it found nothing to do; and timeouts that found work no fd had
@@ -181,6 +184,7 @@ pub struct Snapshot {
     pub remote_mbps: f64,
     pub replicated_parts: u64,
     pub replicated_bytes: u64,
+    pub extracted_ahead: u64,
     /// [`Counters::comm_wakes`].
     pub comm_wakes: [u64; 5],
 }
@@ -205,6 +209,7 @@ impl Counters {
         s.remote_p99_us = self.remote_latency.percentile(0.99);
         s.replicated_parts = self.replicated_parts.load(Relaxed);
         s.replicated_bytes = self.replicated_bytes.load(Relaxed);
+        s.extracted_ahead = self.extracted_ahead.load(Relaxed);
         s.comm_wakes = std::array::from_fn(|i| self.comm_wakes[i].load(Relaxed));
     }
 }
@@ -218,7 +223,7 @@ impl Snapshot {
              bytes_local={}\nbytes_read={}\nload_seconds={:.3}\nload_mbps={:.1}\nopens={}\nopens_local={}\n\
              remote_sent={}\nremote_failed={}\nremote_served={}\nremote_bytes_in={}\nremote_bytes_out={}\nremote_in_place={}\nremote_direct={}\n\
              cache_hits={}\ncache_misses={}\ncache_evictions={}\ncache_bytes={}\ncache_entries={}\ncache_disk_bytes={}\ncopies_reused={}\ncopy_spares_bytes={}\nerrors={}\nclients={}\nfd_pressure={}\nnames_asked={}\ndirs_with_outputs={}\n\
-             remote_p50_us={}\nremote_p99_us={}\nremote_mbps={:.3}\nreplicated_parts={}\nreplicated_bytes={}\n\
+             remote_p50_us={}\nremote_p99_us={}\nremote_mbps={:.3}\nreplicated_parts={}\nreplicated_bytes={}\nextracted_ahead={}\n\
              comm_woken_by_command={}\ncomm_woken_by_fd={}\ncomm_woken_by_timeout={}\ncomm_fd_wakes_idle={}\ncomm_missed_wakes={}\n",
             self.rank,
             self.nranks,
@@ -259,6 +264,7 @@ impl Snapshot {
             self.remote_mbps,
             self.replicated_parts,
             self.replicated_bytes,
+            self.extracted_ahead,
             self.comm_wakes[0],
             self.comm_wakes[1],
             self.comm_wakes[2],
