@@ -19,7 +19,8 @@
 #                         FANSTORE_BENCH_HALT_POLL_NS=N adds remote reads side by side with the
 #                         guest's idle vCPUs polling N ns before they halt, restored after)
 #   bench/prep.sh         fanstore-prep pack none/lz4/zstd vs tar
-#   bench/dlio.sh         DLIO (time-boxed install attempt)
+#   bench/dlio.sh         the DLIO benchmark's unet3d and resnet50 workloads natively, through one daemon
+#                         and through 4 (bench/dlio_run.py; installs DLIO into bench/out/dlio-venv once)
 #   bench/write_bench.py  write + close until visible vs native write (with and without fsync),
 #                         drain to --persist (`fanstore sync`) vs cp -r + sync
 #   bench/ckpt_bench.py   checkpoint series (small-update fine-tuning at 0%/75% frozen, random tensors,
@@ -93,7 +94,7 @@ if want prep; then step bash bench/prep.sh $QUICK; fi
 if want read; then step python3 bench/read_bench.py $QUICK; fi
 if want remote; then step bash bench/remote_read.sh $QUICK; fi
 if want dlio; then
-  if [ -n "$QUICK" ]; then DLIO_TIMEOUT=${DLIO_TIMEOUT:-60} step bash bench/dlio.sh; else step bash bench/dlio.sh; fi
+  step bash bench/dlio.sh $QUICK
 fi
 if want write; then step python3 bench/write_bench.py $QUICK; fi
 if want ckpt; then step python3 bench/ckpt_bench.py $QUICK; fi
