@@ -65,8 +65,9 @@
 //!
 //! Rank r copies each partition it holds, verified, to
 //! `--local`/`rank-<r>/parts/` ([`load`]) and maps the copies read-only.
-//! A file's own bytes appear on its first open ([`open`], [`copies`]): an
-//! uncompressed file of 64 KiB or more is extracted to
+//! A file's own bytes appear on its first open ([`open`], [`copies`]), or
+//! before it, from background threads after ready (`--extract-ahead`,
+//! `--prefill-mem`): an uncompressed file of 64 KiB or more is extracted to
 //! [`fanstore_core::runtime::local_file_path`] and kept; anything else
 //! (smaller, compressed, or remote) becomes a copy in the rank's copy
 //! directory in shared memory, within `--cache-mem`. The shared tier map
