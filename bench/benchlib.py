@@ -6,6 +6,7 @@ import platform
 import shutil
 import statistics
 import subprocess
+import sys
 import time
 from pathlib import Path
 
@@ -63,6 +64,13 @@ class Daemon:
         subprocess.run([str(BIN / "fanstore"), "wait", "--runtime-dir", str(self.runtime), "--timeout", "600"],
                        check=True, env=env)
         self.load_seconds = time.perf_counter() - t
+        # After ready the daemon extracts its large local files in the background
+        # (--extract-ahead; none when the local dir is on tmpfs): measure once it is
+        # done, not while it writes.
+        tmpfs = subprocess.run(["stat", "-f", "-c", "%T", str(self.local)], capture_output=True, text=True).stdout.strip()
+        if "--extract-ahead" not in extra and tmpfs != "tmpfs" and "--extract-ahead" in daemon_flags():
+            if not self.wait_log("ahead of their first open", timeout=600):
+                print(f"warning: {mount}: the extraction ahead is not done after 600 s", file=sys.stderr)
 
     def wait_log(self, text: str, timeout: float = 300) -> bool:
         """Waits until the daemon's log has a line containing `text`."""
