@@ -128,8 +128,7 @@ impl Node {
     /// copies are made or the rank stops. Runs on its own low-priority thread
     /// after ready. Returns the number of files copied.
     pub fn prefill(&self, limit: u64) -> u64 {
-        // SAFETY: lowers this thread's own scheduling priority (Linux: per thread).
-        unsafe { libc::setpriority(libc::PRIO_PROCESS, libc::gettid() as libc::id_t, 19) };
+        crate::replicate::lowest_priority();
         let (Some(copies), Some(parts)) = (self.copies.get(), self.parts.get()) else { return 0 };
         let (mut done, mut bytes) = (0, 0u64);
         for n in self.view.nodes() {
@@ -155,8 +154,7 @@ impl Node {
     /// until the rank stops: the first read of a compressed local file is
     /// decoded by the client (no round trip), later ones open this copy.
     pub fn warm_copies(&self, rx: crossbeam::channel::Receiver<u32>) {
-        // SAFETY: lowers this thread's own scheduling priority (Linux: per thread).
-        unsafe { libc::setpriority(libc::PRIO_PROCESS, libc::gettid() as libc::id_t, 19) };
+        crate::replicate::lowest_priority();
         let (Some(copies), Some(tiers)) = (self.copies.get(), self.tiers.get()) else { return };
         while let Ok(id) = rx.recv() {
             if self.stopping.load(Relaxed) {
@@ -268,8 +266,7 @@ impl Node {
     /// epoch at a third of its later epochs' speed, each OPEN extracting).
     /// Returns (files, bytes) extracted here.
     pub fn extract_ahead(&self, limit: u64) -> (u64, u64) {
-        // SAFETY: lowers this thread's own scheduling priority (Linux: per thread).
-        unsafe { libc::setpriority(libc::PRIO_PROCESS, libc::gettid() as libc::id_t, 19) };
+        crate::replicate::lowest_priority();
         let (Some(tiers), Some(parts)) = (self.tiers.get(), self.parts.get()) else { return (0, 0) };
         let (mut files, mut bytes) = (0u64, 0u64);
         for n in self.view.nodes() {

@@ -140,7 +140,10 @@ pub fn on_read(node: &Node, budget: u64, queue: &crossbeam::channel::Receiver<u3
     }
 }
 
-fn lowest_priority() {
+/// Gives the calling thread the lowest scheduling priority (nice 19): the
+/// daemon's background copiers (replication, prefill, WARM copies,
+/// extraction ahead) yield the cores to the programs' reads.
+pub(crate) fn lowest_priority() {
     // SAFETY: lowers this thread's own scheduling priority (Linux: per thread).
     unsafe { libc::setpriority(libc::PRIO_PROCESS, libc::gettid() as libc::id_t, 19) };
 }
