@@ -8,9 +8,12 @@ renamed into place, old steps removed), HF transformers' Trainer
 (save_total_limit=2: checkpoint-N directories rotated with rmtree, then
 resume_from_checkpoint on another node) and TensorFlow/Keras (model.save of a
 .keras zip, tf.train.CheckpointManager(max_to_keep=2), save_weights to
-HDF5). The frameworks come from the venv of scripts/setup.sh (fixture
+HDF5) and torch.distributed.checkpoint (2 ranks save, sync and async; 2
+ranks and 1 rank load). The frameworks come from the venv of scripts/setup.sh (fixture
 framework_python)."""
 import json
+import os
+import socket
 import subprocess
 import textwrap
 
@@ -75,6 +78,50 @@ else:
     print(json.dumps({"std": same, "steps": list(mgr.all_steps()), "latest_w_ok": bool(np.array_equal(latest["w"], state["w"] + 3))}))
 """
 
+
+DCP = r"""
+import json, os, sys, warnings
+warnings.filterwarnings("ignore")
+import torch, torch.distributed as dist
+import torch.distributed.checkpoint as dcp
+from torch.distributed.checkpoint.state_dict import get_state_dict, set_state_dict
+rank, world, port, root, mode = int(sys.argv[1]), int(sys.argv[2]), sys.argv[3], sys.argv[4], sys.argv[5]
+dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=world)
+def trained(steps):
+    torch.manual_seed(0)
+    m = torch.nn.Sequential(torch.nn.Linear(512, 512), torch.nn.Linear(512, 512), torch.nn.Linear(512, 16))
+    o = torch.optim.Adam(m.parameters())
+    m(torch.randn(4, 512)).sum().backward()
+    o.step()
+    with torch.no_grad():
+        m[2].weight.add_(0.01 * steps)   # only the head changes between checkpoints
+    return m, o
+if mode == "save":
+    for step in range(3):
+        m, _ = trained(step)
+        dcp.save({"model": m.state_dict()}, checkpoint_id=os.path.join(root, f"step{step}"))
+    m, o = trained(2)
+    msd, osd = get_state_dict(m, o)
+    dcp.async_save({"model": msd, "optim": osd}, checkpoint_id=os.path.join(root, "full")).result()
+    dist.barrier()
+    print(json.dumps({d: sorted(os.listdir(os.path.join(root, d))) for d in ("step0", "step2", "full")}))
+else:
+    want, want_o = trained(2)
+    m = torch.nn.Sequential(torch.nn.Linear(512, 512), torch.nn.Linear(512, 512), torch.nn.Linear(512, 16))
+    sd = {"model": m.state_dict()}
+    dcp.load(sd, checkpoint_id=os.path.join(root, "step2"))
+    m.load_state_dict(sd["model"])
+    m2 = torch.nn.Sequential(torch.nn.Linear(512, 512), torch.nn.Linear(512, 512), torch.nn.Linear(512, 16))
+    o2 = torch.optim.Adam(m2.parameters())
+    msd, osd = get_state_dict(m2, o2)
+    full = {"model": msd, "optim": osd}
+    dcp.load(full, checkpoint_id=os.path.join(root, "full"))
+    set_state_dict(m2, o2, model_state_dict=full["model"], optim_state_dict=full["optim"])
+    same = lambda a, b: all(torch.equal(x, y) for x, y in zip(a.state_dict().values(), b.state_dict().values()))
+    st = lambda o: [(v["step"].item(), v["exp_avg"].sum().item()) for v in o.state_dict()["state"].values()]
+    print(json.dumps({"step2": same(m, want), "full": same(m2, want), "optim": st(o2) == st(want_o)}))
+dist.destroy_process_group()
+"""
 
 HF_TRAINER = r"""
 import json, os, sys, warnings
@@ -146,6 +193,54 @@ def run(py, c, node, code, *args):
     r = subprocess.run([py, "-c", textwrap.dedent(code), *args], env=env, capture_output=True, text=True, timeout=600)
     assert r.returncode == 0, f"node {node}: {r.stderr[-4000:]}\n" + (c.log()[-2000:] if c else "")
     return json.loads(r.stdout.strip().splitlines()[-1])
+
+
+def run_ranks(py, c, nodes, code, *args):
+    """`code` as ranks 0..len(nodes)-1 of one torch.distributed job (gloo over
+    loopback), rank i on FanStore node nodes[i] (natively when c is None)."""
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = str(s.getsockname()[1])
+    procs = []
+    for rank, node in enumerate(nodes):
+        env = c.env(node) if c else dict(os.environ)
+        env.update(OMP_NUM_THREADS="1")
+        procs.append(subprocess.Popen([py, "-c", textwrap.dedent(code), str(rank), str(len(nodes)), port, *args],
+                                      env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True))
+    outs = []
+    for rank, p in enumerate(procs):
+        out, err = p.communicate(timeout=600)
+        assert p.returncode == 0, f"rank {rank} on node {nodes[rank]}: {err[-4000:]}\n" + (c.log()[-2000:] if c else "")
+        outs.append(json.loads(out.strip().splitlines()[-1]))
+    return outs
+
+
+def test_torch_distributed_checkpoint_shards_are_stored_per_tensor(framework_python, cl, tmp_path):
+    """torch.distributed.checkpoint (DCP): 2 ranks on nodes 1 and 2 write 3
+    checkpoints (only the head changes) and an async_save of model + optimizer;
+    2 ranks on nodes 3 and 0, then 1 rank alone, load them back. Each
+    __<rank>_0.distcp shard is stored per tensor: the frozen tensors once."""
+    native = run_ranks(framework_python, None, [0, 1], DCP, str(tmp_path / "native"), "save")
+    assert native[0]["step2"] == [".metadata", "__0_0.distcp", "__1_0.distcp"], native
+    assert run_ranks(framework_python, cl, [1, 2], DCP, f"{MOUNT}/dcp", "save") == native
+    for nodes in ([3, 0], [0]):
+        back = run_ranks(framework_python, cl, nodes, DCP, f"{MOUNT}/dcp", "load")
+        assert back == [{"step2": True, "full": True, "optim": True}] * len(nodes), (nodes, back)
+    rows = {row["path"]: row for row in json.loads(cl.cli("ckpt", "ls", "--json").stdout)}
+    shards = sorted(p for p in rows if p.startswith("dcp/step") and p.endswith(".distcp"))
+    assert len(shards) == 6 and all(rows[p]["format"] == "torch-dcp" for p in shards), rows
+    changed = []
+    for shard in ("__0_0.distcp", "__1_0.distcp"):
+        first, last = rows[f"dcp/step0/{shard}"], rows[f"dcp/step2/{shard}"]
+        assert last["parent"]["path"] == f"dcp/step1/{shard}", last
+        # A later shard stores at most the head (16 x 512 floats, 32 KiB) anew.
+        assert last["stored_new_bytes"] < 40_000 < first["stored_new_bytes"], (first, last)
+        owners = json.loads(cl.cli("ckpt", "owners", "--json", f"{MOUNT}/dcp/step2/{shard}").stdout)["tensors"]
+        assert owners and all(t["name"].startswith("item") and t["dtype"] == "F32" for t in owners), owners
+        for t in owners:
+            if t["owner"]["path"] != f"dcp/step0/{shard}":
+                changed.append((t["shape"], t["owner"]["path"]))
+    assert len(changed) == 1 and changed[0][0] == [16, 512] and changed[0][1].startswith("dcp/step2/"), changed
 
 
 def test_lightning_checkpoints_and_resume(framework_python, cl, tmp_path):

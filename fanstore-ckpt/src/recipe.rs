@@ -13,7 +13,7 @@
 //! header (HEADER_LEN = 176 bytes)
 //!   0..8     magic "FANSTRC\0"
 //!   8..12    version (1)
-//!  12..13    format (0 opaque, 1 safetensors, 2 torch zip, 3 npy, 4 npz)
+//!  12..13    format (0 opaque, 1 safetensors, 2 torch zip, 3 npy, 4 npz, 5 torch DCP shard)
 //!  13..16    reserved, zero
 //!  16..24    checkpoint id
 //!  24..32    parent checkpoint id (0: none)

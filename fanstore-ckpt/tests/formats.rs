@@ -404,3 +404,70 @@ fn torch_pickles_name_their_storages() {
     let diff = store.diff(b"pt/sd2.pkl.pt", b"pt/sd4.pkl.pt").unwrap();
     assert_eq!(diff.total(fanstore_ckpt::DiffStatus::Unchanged).0, 3);
 }
+
+/// A shard as torch.distributed.checkpoint writes it: one torch.save
+/// archive per item, back to back, each with offsets from its own start.
+fn dcp_shard(items: &[Vec<u8>]) -> Vec<u8> {
+    items.concat()
+}
+
+#[test]
+fn dcp_shards_split_per_item_and_deduplicate_across_checkpoints() {
+    let d = tempfile::tempdir().unwrap();
+    let mut store = CheckpointStore::open(d.path()).unwrap();
+    let mut rng = Rng(41);
+    let frozen = rng.bytes(40_000);
+    let mut changing = rng.bytes(30_000);
+    // A payload holding an end-record signature (comment length 0) that is not an archive's end.
+    let mut decoy = rng.bytes(5_000);
+    decoy[1000..1004].copy_from_slice(b"PK\x05\x06");
+    decoy[1020..1022].copy_from_slice(&[0, 0]);
+    let shard = |changing: &[u8]| {
+        dcp_shard(&[
+            torch_zip("archive", std::slice::from_ref(&frozen), ZipOpts { descriptors: true, ..ZipOpts::default() }),
+            torch_zip("archive", &[], ZipOpts::default()), // a non-tensor item (BYTE_IO)
+            torch_zip("archive", &[changing.to_vec()], ZipOpts { descriptors: true, align: 64, ..ZipOpts::default() }),
+            torch_zip("archive", &[decoy.clone(), rng_bytes(7, 300)], ZipOpts { zip64: true, ..ZipOpts::default() }),
+        ])
+    };
+    let f1 = shard(&changing);
+    let s = split::split(&f1, &CdcParams::default());
+    assert_eq!(s.format, Format::TorchDcp);
+    let units = unit_bytes(&f1, &s);
+    let names: Vec<&str> = units.iter().map(|u| u.0.as_str()).collect();
+    assert_eq!(names, ["item0", "item2", "item3/data/0", "item3/data/1"]);
+    assert_eq!(units[0].1, &frozen[..]);
+    assert_eq!(units[1].1, &changing[..]);
+    assert_eq!(units[2].1, &decoy[..]);
+    let (fmt, _) = round_trip(&mut store, "dcp/step1/__0_0.distcp", &f1);
+    assert_eq!(fmt, Format::TorchDcp);
+    // The next checkpoint changes one item: only its bytes are new.
+    changing[100] ^= 1;
+    let f2 = shard(&changing);
+    let info = store.commit(b"dcp/step2/__0_0.distcp", &f2).unwrap();
+    assert_eq!(info.format, Format::TorchDcp);
+    assert!(info.new_bytes < 31_000, "{} new bytes of {}", info.new_bytes, f2.len());
+    assert_eq!(store.read(b"dcp/step2/__0_0.distcp").unwrap(), f2);
+    let diff = store.diff(b"dcp/step1/__0_0.distcp", b"dcp/step2/__0_0.distcp").unwrap();
+    assert_eq!(diff.total(fanstore_ckpt::DiffStatus::Unchanged).0, 3);
+    assert_eq!(diff.total(fanstore_ckpt::DiffStatus::Changed).0, 1);
+    // Not shards: one archive alone is a torch.save file; a damaged end record, a
+    // trailing byte or a foreign archive in the sequence fall back to chunks.
+    let one = torch_zip("archive", std::slice::from_ref(&frozen), ZipOpts::default());
+    assert_eq!(split::split(&one, &CdcParams::default()).format, Format::TorchZip);
+    let first_len = torch_zip("archive", std::slice::from_ref(&frozen), ZipOpts { descriptors: true, ..ZipOpts::default() }).len();
+    let mut bad_end = f1.clone();
+    bad_end[first_len - 22 + 16] ^= 0x40; // archive 0's central directory offset
+    let mut trailing = f1.clone();
+    trailing.push(0);
+    let npz_inside = dcp_shard(&[one.clone(), zip(&[stored("x.npy", &npy("<f4", &[1], &[0; 4], 1))], ZipOpts::default())]);
+    for (what, b) in [("damaged end record", bad_end), ("trailing byte", trailing), ("an npz in the sequence", npz_inside)] {
+        assert!(split::split_dcp(&b).is_none(), "{what}");
+        let (fmt, _) = round_trip(&mut store, &format!("bad/{what}"), &b);
+        assert_eq!(fmt, Format::Opaque, "{what}");
+    }
+}
+
+fn rng_bytes(seed: u64, n: usize) -> Vec<u8> {
+    Rng(seed).bytes(n)
+}

@@ -185,6 +185,24 @@ fn zip_parser_survives_mutation() {
 }
 
 #[test]
+fn dcp_parser_survives_mutation() {
+    let mut rng = Rng(4);
+    let mut bases = Vec::new();
+    let items = [
+        torch_zip("archive", &[rng.bytes(60)], ZipOpts { descriptors: true, ..ZipOpts::default() }),
+        torch_zip("archive", &[], ZipOpts::default()),
+        torch_zip("archive", &[rng.bytes(9), rng.bytes(30)], ZipOpts { zip64: true, align: 0, ..ZipOpts::default() }),
+    ];
+    let f = items.concat();
+    // Mutations in the first archive's end records and the second archive, then anywhere.
+    let first = items[0].len();
+    bases.push((f.clone(), first - 60..first + items[1].len(), None));
+    let l = f.len();
+    bases.push((f, 0..l, None));
+    run("dcp", 0xdc9, &bases, split::split_dcp);
+}
+
+#[test]
 fn npy_parser_survives_mutation() {
     let mut rng = Rng(3);
     let mut bases = Vec::new();

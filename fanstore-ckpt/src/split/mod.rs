@@ -14,9 +14,11 @@
 //! | torch.save zip | central directory, an `X/data.pkl` entry | each `X/data/<key>` entry payload, named after the first tensor data.pkl says uses it (`state_dict.enc.weight`), else `data/<key>` |
 //! | .npy | `\x93NUMPY` v1/v2/v3 + header dict | the array data after the header |
 //! | .npz | zip whose members all end in `.npy` | each stored member's array data; a deflated member's payload as is |
+//! | torch.distributed.checkpoint shard (`.distcp`) | torch.save archives back to back, each ended by its own end record | each archive's storages, `item<k>` after the archive's place |
 //! | anything else | (fallback, and every malformed input above) | content-defined chunks (fastcdc) |
 
 mod cdc;
+mod dcp;
 mod npy;
 mod pickle;
 mod safetensors;
@@ -39,6 +41,8 @@ pub enum Format {
     TorchZip = 2,
     Npy = 3,
     Npz = 4,
+    /// torch.distributed.checkpoint shard: torch.save archives back to back.
+    TorchDcp = 5,
 }
 
 impl Format {
@@ -49,6 +53,7 @@ impl Format {
             2 => Format::TorchZip,
             3 => Format::Npy,
             4 => Format::Npz,
+            5 => Format::TorchDcp,
             _ => return None,
         })
     }
@@ -59,6 +64,7 @@ impl Format {
             Format::TorchZip => "torch-zip",
             Format::Npy => "npy",
             Format::Npz => "npz",
+            Format::TorchDcp => "torch-dcp",
         }
     }
 }
@@ -175,7 +181,7 @@ pub fn split_structured(bytes: &[u8]) -> Option<Split> {
         return npy::split(bytes);
     }
     if bytes.starts_with(b"PK\x03\x04") {
-        return zip::split(bytes);
+        return zip::split(bytes).or_else(|| dcp::split(bytes));
     }
     safetensors::split(bytes)
 }
@@ -188,6 +194,11 @@ pub fn split_safetensors(bytes: &[u8]) -> Option<Split> {
 /// Only the zip parser (torch.save archives and npz).
 pub fn split_zip(bytes: &[u8]) -> Option<Split> {
     zip::split(bytes)
+}
+
+/// Only the parser of torch.distributed.checkpoint shards.
+pub fn split_dcp(bytes: &[u8]) -> Option<Split> {
+    dcp::split(bytes)
 }
 
 /// Only the .npy parser.

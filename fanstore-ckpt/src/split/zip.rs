@@ -189,7 +189,8 @@ fn central_entry(b: &[u8], at: &mut usize, cd_end: usize) -> Option<ZipEntry> {
 }
 
 /// Renames `data/<key>` units after the tensors data.pkl says use them
-/// (state_dict names, dtype, shape), when every name found is unique.
+/// (state_dict names, dtype, shape), when every name found is unique; a
+/// tensor saved alone keeps its entry name and gains its dtype and shape.
 fn name_storages(b: &[u8], entries: &[ZipEntry], dir: &[u8], units: &mut [(Range<usize>, UnitMeta)]) {
     let mut pkl_name = dir.to_vec();
     pkl_name.extend_from_slice(b"data.pkl");
@@ -199,8 +200,9 @@ fn name_storages(b: &[u8], entries: &[ZipEntry], dir: &[u8], units: &mut [(Range
     let mut seen = std::collections::HashSet::new();
     for (_, m) in units.iter() {
         let key = std::str::from_utf8(&m.name[b"data/".len()..]).ok();
-        let info = key.and_then(|k| map.get(k)).filter(|i| !i.name.is_empty());
-        let name = info.map_or(&m.name[..], |i| i.name.as_bytes());
+        let info = key.and_then(|k| map.get(k));
+        // A tensor saved alone (the pickle's root) has an empty path: it keeps the entry name.
+        let name = info.filter(|i| !i.name.is_empty()).map_or(&m.name[..], |i| i.name.as_bytes());
         if !seen.insert(name) {
             return; // two units would share a name: keep the entry names
         }
@@ -208,7 +210,11 @@ fn name_storages(b: &[u8], entries: &[ZipEntry], dir: &[u8], units: &mut [(Range
     }
     for ((_, m), info) in units.iter_mut().zip(named) {
         if let Some(i) = info {
-            *m = UnitMeta { name: i.name.as_bytes().to_vec(), dtype: i.dtype.clone(), shape: i.shape.clone() };
+            if !i.name.is_empty() {
+                m.name = i.name.as_bytes().to_vec();
+            }
+            m.dtype = i.dtype.clone();
+            m.shape = i.shape.clone();
         }
     }
 }
