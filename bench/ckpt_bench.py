@@ -40,6 +40,7 @@ every timed write.
 Then: storage on disk (du of the native dir, the plain out/ dir and the
 checkpoint store), `fanstore ckpt du/ls`. Finally the checkpoints are
 unlinked through the mount and the store is checked to be empty again.
+Then bench/ckpt_dcp.py: the storage of torch.distributed.checkpoint shards.
 Writes bench/out/ckpt.md, bench/out/ckpt.json (goals) and bench/ckpt.png and bench/ckpt_storage.png (one storage panel per series).
 
 Usage: python3 bench/ckpt_bench.py [--quick]
@@ -63,6 +64,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).parent))
 from benchlib import BIN, OUT, ROOT, Daemon, daemon_flags, du, machine, tiny_dataset, median, pyplot, table  # noqa: E402
+from ckpt_dcp import dcp_storage  # noqa: E402
 
 QUICK = "--quick" in sys.argv
 E = os.environ.get
@@ -553,9 +555,13 @@ def main():
                 print(f"back to back, {label(key) if key[0] != 'blob' else 'blob'}, round {rnd + 1}: "
                       f"{time.perf_counter() - t:.0f} s", file=sys.stderr, flush=True)
         FROZEN_BOUND.update(frozen_bound(work, 0.75))
+        DCP.extend(dcp_storage(work, work / "ds"))
     finally:
         subprocess.run(["rm", "-rf", str(work)])
     report(runs, odd, time.perf_counter() - t0)
+
+
+DCP: list = []  # (markdown lines, goal rows) of bench/ckpt_dcp.py
 
 
 SUSTAINED: dict = {}
@@ -826,6 +832,9 @@ def report(runs, odd, secs):
                       "dedup close stall ms"], sust_rows), ""]
     md += ["![checkpoints](ckpt.png)", "", "Storage per series, after each checkpoint:", "",
            "![storage per series](ckpt_storage.png)", ""]
+    if DCP:
+        md += DCP[0]
+        goals += DCP[1]
     if notes:
         md += ["Notes:", ""] + ["- " + n for n in notes] + [""]
     if odd:
@@ -840,7 +849,7 @@ def report(runs, odd, secs):
     print("\n".join(md))
     print("\n## Goals\n\n| experiment | goal | measured | met |\n|---|---|---|---|")
     for exp, goal, measured, met in goals:
-        print(f"| {exp} | {goal} | {measured} | {'**yes**' if met else '**NO**'} |")
+        print(f"| {exp} | {goal} | {measured} | {'**yes**' if met else ('n/a' if met is None else '**NO**')} |")
 
 
 if __name__ == "__main__":

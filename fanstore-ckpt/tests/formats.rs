@@ -451,6 +451,15 @@ fn dcp_shards_split_per_item_and_deduplicate_across_checkpoints() {
     let diff = store.diff(b"dcp/step1/__0_0.distcp", b"dcp/step2/__0_0.distcp").unwrap();
     assert_eq!(diff.total(fanstore_ckpt::DiffStatus::Unchanged).0, 3);
     assert_eq!(diff.total(fanstore_ckpt::DiffStatus::Changed).0, 1);
+    // Items of one layout (same sizes): the last archive's relative offsets also
+    // fit the first archive, which must not be taken for one archive plus junk.
+    let (a, b) = (rng_bytes(1, 1000), rng_bytes(2, 1000));
+    for o in [ZipOpts::default(), ZipOpts { zip64: true, descriptors: true, ..ZipOpts::default() }] {
+        let same = dcp_shard(&[torch_zip("archive", &[a.clone()], o), torch_zip("archive", &[b.clone()], o)]);
+        let s = split::split(&same, &CdcParams::default());
+        assert_eq!(s.format, Format::TorchDcp, "{o:?}");
+        assert_eq!(unit_bytes(&same, &s), [("item0".to_string(), &a[..]), ("item1".to_string(), &b[..])], "{o:?}");
+    }
     // Not shards: one archive alone is a torch.save file; a damaged end record, a
     // trailing byte or a foreign archive in the sequence fall back to chunks.
     let one = torch_zip("archive", std::slice::from_ref(&frozen), ZipOpts::default());

@@ -13,7 +13,8 @@
 //!                         34 disk u16  42 local header offset u32
 //!                         46 name, extra (ZIP64 0x0001: usize, csize, offset,
 //!                            disk, each present only if its 32-bit field is all ones)
-//! ZIP64 EOCD record (56+)  0 sig PK\6\6  24 entries u64  40 cd size  48 cd offset
+//! ZIP64 EOCD record (56+)  0 sig PK\6\6  4 record size u64 (after this field)
+//!                         24 entries u64  40 cd size  48 cd offset
 //! ZIP64 EOCD locator (20)  0 sig PK\6\7  8 ZIP64 EOCD offset u64   (just before the EOCD)
 //! EOCD (22 + comment)      0 sig PK\5\6  10 entries u16  12 cd size u32  16 cd offset u32
 //!                         20 comment len
@@ -21,9 +22,10 @@
 //!
 //! A unit is an entry's payload (`data start .. data start + csize`);
 //! everything else (headers, padding, descriptors, the central directory,
-//! non-tensor entries) is glue. A bad central directory, a local header that
-//! disagrees with it, overlapping entries, encryption or multi-disk archives
-//! mean "not recognised" (the caller falls back to chunking).
+//! non-tensor entries) is glue. A bad central directory (or one that does
+//! not end where the end records begin), a local header that disagrees with
+//! it, overlapping entries, encryption or multi-disk archives mean "not
+//! recognised" (the caller falls back to chunking).
 
 use super::npy::parse_npy_header;
 use super::{fill_glue, sort_disjoint, Format, Split, UnitMeta};
@@ -65,7 +67,9 @@ pub fn parse_zip(b: &[u8]) -> Option<Vec<ZipEntry>> {
     if eocd >= Z64_LOC_LEN && get_u32(b, eocd - Z64_LOC_LEN)? == Z64_LOC_SIG {
         let loc = eocd - Z64_LOC_LEN;
         let rec = usize::try_from(get_u64(b, loc + 8)?).ok()?;
-        if rec.checked_add(Z64_EOCD_LEN)? > loc || get_u32(b, rec)? != Z64_EOCD_SIG {
+        // The record (12 bytes + its size field) ends where the locator begins.
+        let rec_end = rec.checked_add(12)?.checked_add(usize::try_from(get_u64(b, rec + 4)?).ok()?)?;
+        if rec.checked_add(Z64_EOCD_LEN)? > loc || get_u32(b, rec)? != Z64_EOCD_SIG || rec_end != loc {
             return None;
         }
         if get_u32(b, rec + 16)? != 0 || get_u32(b, rec + 20)? != 0 {
@@ -78,7 +82,12 @@ pub fn parse_zip(b: &[u8]) -> Option<Vec<ZipEntry>> {
     }
     let cd_off = usize::try_from(cd_off).ok()?;
     let cd_end = cd_off.checked_add(usize::try_from(cd_size).ok()?)?;
-    if cd_end > cd_limit || count == 0 || count > (cd_size / CENTRAL_LEN as u64) {
+    // The central directory ends where the end records begin. Checked with
+    // equality: in archives written back to back (a DCP shard), the last
+    // one's offsets are relative to its own start, and when the archives
+    // have the same layout they name the first archive's directory and
+    // entries, which would parse as one archive followed by junk.
+    if cd_end != cd_limit || count == 0 || count > (cd_size / CENTRAL_LEN as u64) {
         return None;
     }
     let mut entries = Vec::with_capacity(count as usize);

@@ -139,7 +139,7 @@ pub fn crc32(data: &[u8]) -> u32 {
 }
 
 /// Options of the zip writer.
-#[derive(Clone, Copy)]
+#[derive(Clone, Copy, Debug)]
 pub struct ZipOpts {
     /// Align each payload with PyTorch's "FB" extra-field padding (0: none).
     pub align: usize,
