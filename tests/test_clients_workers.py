@@ -1,7 +1,7 @@
 """Client matrix, DataLoader-shaped readers: forked worker pools and threads.
 
 The parent lists /fanstore, holds a virtual file open, then a multiprocessing
-Pool (start method 'fork', 4 workers) opens, reads and decodes random files
+Pool (start method 'fork', 4 workers; 'spawn' and 'forkserver' below) opens, reads and decodes random files
 (PNG with pillow, .npy with numpy, raw bytes) for 3 epochs. Every byte is
 checked against md5s of the SOURCE tree computed here, outside the cluster.
 """
@@ -107,6 +107,40 @@ def test_forked_pool_three_epochs(fs, node):
     assert out["seen"] >= 3 * n_samples > 0
     assert out["workers"] >= 2, "the pool did not use several forked workers"
     assert out["held"] == fs.src.md5(held), "the parent's open file read wrong bytes across forks"
+
+
+START_METHODS = r'''
+import hashlib, json, multiprocessing as mp, os, sys
+
+def md5(path):
+    with open(path, "rb") as f:
+        return path, hashlib.md5(f.read()).hexdigest(), os.getpid()
+
+if __name__ == "__main__":
+    root, listfile = sys.argv[1], sys.argv[2]
+    files = open(listfile, encoding="utf-8", errors="surrogateescape").read().splitlines()
+    out = {}
+    for method in ("spawn", "forkserver"):
+        with mp.get_context(method).Pool(2) as pool:
+            res = pool.map(md5, [os.path.join(root, f) for f in files], chunksize=8)
+        out[method] = {"digests": {os.path.relpath(p, root): h for p, h, _ in res},
+                       "workers": len({pid for _, _, pid in res} - {os.getpid()})}
+    print(json.dumps(out))
+'''
+
+
+def test_spawn_and_forkserver_pools_read_through_the_preload(fs):
+    """Workers started by exec (spawn), or forked by a forkserver process that
+    was itself started by exec: the start methods of torch DataLoaders with
+    multiprocessing_context= set, and Python 3.14's default on Linux. Each
+    worker inherits LD_PRELOAD from the environment, not from a forked parent."""
+    files = sorted(fs.src.files)[:120]
+    out = fs.py_json(START_METHODS, fs.file_list(files), node=3, timeout=240)
+    for method in ("spawn", "forkserver"):
+        got = out[method]
+        bad = [f for f in files if got["digests"].get(f) != fs.src.md5(f)]
+        assert not bad, f"{method}: {len(bad)} wrong or missing reads, e.g. {bad[:5]}"
+        assert got["workers"] >= 1, f"{method}: the reads did not run in the pool's workers"
 
 
 THREADS = r'''
