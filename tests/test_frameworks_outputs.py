@@ -9,7 +9,7 @@ renamed into place, old steps removed), HF transformers' Trainer
 resume_from_checkpoint on another node) and TensorFlow/Keras (model.save of a
 .keras zip, tf.train.CheckpointManager(max_to_keep=2), save_weights to
 HDF5) and torch.distributed.checkpoint (2 ranks save, sync and async; 2
-ranks and 1 rank load). The frameworks come from the venv of scripts/setup.sh (fixture
+ranks and 1 rank load; FSDP2 shards saved by 2 ranks, loaded by 2, 1 and 3). The frameworks come from the venv of scripts/setup.sh (fixture
 framework_python)."""
 import json
 import os
@@ -120,6 +120,42 @@ else:
     same = lambda a, b: all(torch.equal(x, y) for x, y in zip(a.state_dict().values(), b.state_dict().values()))
     st = lambda o: [(v["step"].item(), v["exp_avg"].sum().item()) for v in o.state_dict()["state"].values()]
     print(json.dumps({"step2": same(m, want), "full": same(m2, want), "optim": st(o2) == st(want_o)}))
+dist.destroy_process_group()
+"""
+
+FSDP2 = r"""
+import json, os, sys, warnings
+warnings.filterwarnings("ignore")
+import torch, torch.distributed as dist
+import torch.distributed.checkpoint as dcp
+from torch.distributed.device_mesh import init_device_mesh
+from torch.distributed.fsdp import fully_shard
+from torch.distributed.checkpoint.state_dict import get_state_dict, set_state_dict
+rank, world, port, root, mode = int(sys.argv[1]), int(sys.argv[2]), sys.argv[3], sys.argv[4], sys.argv[5]
+dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=world)
+mesh = init_device_mesh("cpu", (world,))
+torch.manual_seed(0)
+m = torch.nn.Sequential(torch.nn.Linear(256, 256), torch.nn.ReLU(), torch.nn.Linear(256, 8))
+for layer in (m[0], m[2]):
+    fully_shard(layer, mesh=mesh)
+fully_shard(m, mesh=mesh)
+o = torch.optim.Adam(m.parameters())
+msd, osd = get_state_dict(m, o)
+if mode == "save":
+    torch.manual_seed(1)
+    m(torch.randn(4, 256)).sum().backward()
+    o.step()
+    msd, osd = get_state_dict(m, o)
+    dcp.save({"model": msd, "optim": osd}, checkpoint_id=root)
+else:
+    state = {"model": msd, "optim": osd}
+    dcp.load(state, checkpoint_id=root)
+    set_state_dict(m, o, model_state_dict=state["model"], optim_state_dict=state["optim"])
+# Every rank gathers the whole tensors: the same digest on every rank and world size.
+digest = {k: v.full_tensor().numpy().tobytes().hex()[:64] + str(float(v.full_tensor().double().sum()))
+          for k, v in m.state_dict().items()}
+moments = {k: float(v["exp_avg"].full_tensor().double().sum()) for k, v in o.state_dict()["state"].items()}
+print(json.dumps({"model": digest, "exp_avg": moments}))
 dist.destroy_process_group()
 """
 
@@ -241,6 +277,20 @@ def test_torch_distributed_checkpoint_shards_are_stored_per_tensor(framework_pyt
             if t["owner"]["path"] != f"dcp/step0/{shard}":
                 changed.append((t["shape"], t["owner"]["path"]))
     assert len(changed) == 1 and changed[0][0] == [16, 512] and changed[0][1].startswith("dcp/step2/"), changed
+
+
+def test_fsdp2_sharded_checkpoint_reloads_on_other_world_sizes(framework_python, cl):
+    """FSDP2 (fully_shard on a CPU device mesh, gloo): 2 ranks on nodes 1 and 2
+    save their shards of the model and of Adam's state with DCP; 2, 1 and 3
+    ranks on other nodes load them back, resharded, and gather the same tensors."""
+    saved = run_ranks(framework_python, cl, [1, 2], FSDP2, f"{MOUNT}/fsdp", "save")
+    assert saved[0] == saved[1] and len(saved[0]["model"]) == 4 and len(saved[0]["exp_avg"]) == 4, saved
+    for nodes in ([3, 0], [0], [2, 3, 1]):
+        back = run_ranks(framework_python, cl, nodes, FSDP2, f"{MOUNT}/fsdp", "load")
+        assert back == [saved[0]] * len(nodes), nodes
+    rows = {row["path"]: row for row in json.loads(cl.cli("ckpt", "ls", "--json").stdout)}
+    assert {p: rows[p]["format"] for p in rows if p.startswith("fsdp/")} == \
+        {"fsdp/__0_0.distcp": "torch-dcp", "fsdp/__1_0.distcp": "torch-dcp"}, rows
 
 
 def test_lightning_checkpoints_and_resume(framework_python, cl, tmp_path):
