@@ -10,7 +10,9 @@ activity before it sleeps), and at the default with `--comm-sleep nap` (the
 idle thread naps on its channel, as before it slept on MPI's epoll fds). Per setting: OPEN and OPEN+read medians, the CPU
 each daemon used per remote file (all its threads, /proc ticks, and the share
 of its communication thread, the daemon's main thread), and the CPU of the
-idle daemons over 3 s (from 11 s after the last read: a rank idle for 10 s naps 20 ms at a time). Against, in the same run: the raw MPI ping-pong of the
+idle daemons over 3 s (from 11 s after the last read: a rank idle for 10 s naps 20 ms at a time).
+Then the default setting with the daemons and the client pinned to CPUs by
+hand (where the wake-ups between threads cost). Against, in the same run: the raw MPI ping-pong of the
 same message pattern (fanstore-mpi-pingpong, 2 ranks, no daemon running) and
 the same into a fresh memfd per reply (the memory a remote file must land in).
 """
@@ -148,7 +150,51 @@ def main():
               "communication thread itself once verified (README, the daemon's direct answer): the client has its fd "
               "while the server thread still wakes from its wait, so the waiting row holds a wake-up the client no "
               "longer waits for, and `the rest` (the round trip less the other rows) is smaller by as much."]
+    place = placement(work, ds, ds_id, ids)
+    L += ["", "Where the wake-ups cost: the same reads at the default settings with the processes placed by hand "
+          "(`taskset`; each daemon's threads together), a fresh job per row and round, medians. `node 0 on CPU 0, node 1 on CPU 1`: "
+          "rank 0's daemon and the client on CPU 0, rank 1's daemon on CPU 1, as if each node's work stayed on one "
+          "core; `all on CPU 0`: everything on one CPU, so every hand-off is a wake-up on the same CPU; "
+          "`the client away from its daemon`: rank 0's daemon on CPU 1 with rank 1's, the client on CPU 0.", "",
+          "| placement | OPEN+read µs | vs free | daemon CPU per remote file, both ranks µs |", "|---|---:|---:|---:|"]
+    free = place[0][1]
+    for name, t, cpu in place:
+        L.append(f"| {name} | {t:.0f} | {t / free:.2f}x | {cpu:.0f} |")
+    L += ["", "A hand-off to a thread whose CPU is idle costs this VM ~44 µs (bench/halt_poll.py: half a pipe round "
+          "trip across CPUs), one on the same CPU ~2 µs. A remote OPEN hands off five times (client -> server "
+          "thread -> communication thread -> holder -> communication thread -> client): kept on one CPU per node, "
+          "only the two crossings between the nodes remain; kept on one CPU, none."]
     print("\n".join(L))
+
+
+def placement(work, ds, ds_id, ids):
+    """OPEN+read and daemon CPU per remote file with the two daemons and the
+    client pinned to CPUs by hand: [(name, µs, CPU µs per file)], free first."""
+    configs = [("free (the scheduler's choice)", None, None, None), ("node 0 on CPU 0, node 1 on CPU 1", "0", "1", "0"),
+               ("all on CPU 0", "0", "0", "0"), ("the client away from its daemon", "1", "1", "0")]
+    got = {c[0]: ([], []) for c in configs}
+    for rnd in range(ROUNDS):
+        for k, (name, c0, c1, cc) in enumerate(configs):
+            rt = work / f"rt-place-{rnd}-{k}"
+            cpus = f"{c0 or '0-1'} {c1 or '0-1'}"
+            pin = f'set -- {cpus} "$@"; eval c=\\${{$((PMI_RANK + 1))}}; shift 2; exec taskset -c "$c" "$@"'
+            p = subprocess.Popen(["mpiexec", "-n", "2", "sh", "-c", pin, "pin", str(B / "fanstore-daemon"), "--data", str(ds),
+                                  "--local", str(work / f"l-place-{rnd}-{k}"), "--runtime-dir", str(rt), "--cache-mem", "0",
+                                  "--replicate-on-read", "off"], env=env,
+                                 stdout=open(work / "log-place", "ab"), stderr=subprocess.STDOUT, start_new_session=True)
+            try:
+                sh([str(B / "fanstore"), "--runtime-dir", str(rt), "wait", "--timeout", "120"])
+                pids = daemon_pids(rt)
+                t0 = ticks(pids)
+                out = sh((["taskset", "-c", cc] if cc else []) + [
+                    str(B / "fanstore-bench-read"), "--socket", str(rt / "node-0.sock"), "--dataset", str(ds_id),
+                    "--iters", str(ITERS), f"{SIZE}=" + ",".join(map(str, ids))])
+                got[name][0].append(float(re.search(r"total_us=([\d.]+)", out)[1]))
+                got[name][1].append((ticks(pids) - t0) / HZ / (ITERS + 5) * 1e6)
+            finally:
+                subprocess.run([str(B / "fanstore"), "--runtime-dir", str(rt), "stop"], capture_output=True, env=env)
+                p.wait(timeout=60)
+    return [(c[0], statistics.median(got[c[0]][0]), statistics.median(got[c[0]][1])) for c in configs]
 
 
 def stage_breakdown(work, ds, ds_id, ids):
