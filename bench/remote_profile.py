@@ -8,7 +8,8 @@ every byte (fanstore-bench-read), with the communication thread's
 `--comm-spin-us` at 0 (the default), 200 and 1000 (how long it keeps polling after
 activity before it sleeps), and at the default with `--comm-sleep nap` (the
 idle thread naps on its channel, as before it slept on MPI's epoll fds). Per setting: OPEN and OPEN+read medians, the CPU
-each daemon used per remote file (all its threads, /proc ticks, and the share
+each daemon used per remote file (all its threads: the daemon's own getrusage
+from STATUS, µs precise; and the share
 of its communication thread, the daemon's main thread), and the CPU of the
 idle daemons over 3 s (from 11 s after the last read: a rank idle for 10 s naps 20 ms at a time).
 Then the default setting with the daemons and the client pinned to CPUs by
@@ -36,21 +37,27 @@ ROUNDS, ITERS = (2, 100) if QUICK else (3, 200)
 DEFAULT_SPIN = "0"
 DEFAULT_FD_BOUND = "2000"
 env = dict(os.environ, UCX_TLS=os.environ.get("UCX_TLS", "tcp"), RUST_LOG="warn")
-HZ = os.sysconf("SC_CLK_TCK")
 
 
 def sh(cmd):
     return subprocess.run(cmd, check=True, capture_output=True, text=True, env=env).stdout
 
 
-def ticks(pids, main_only=False):
-    """utime+stime of every thread of `pids` (or only of each main thread)."""
-    t = 0
-    for pid in pids:
-        f = Path(f"/proc/{pid}/task/{pid}/stat" if main_only else f"/proc/{pid}/stat").read_text()
-        fs = f.rsplit(")", 1)[1].split()
-        t += int(fs[11]) + int(fs[12])
-    return t
+def daemon_cpu_us(rt, n=2):
+    """CPU time of every daemon of the job, all threads, in µs: each rank's own
+    getrusage (`cpu_user_us` + `cpu_sys_us` of STATUS), µs precise where /proc's
+    ticks are 10 ms coarse."""
+    total = 0
+    for r in range(n):
+        st = fs_cluster.Client(rt / f"node-{r}.sock").status()
+        total += int(st["cpu_user_us"]) + int(st["cpu_sys_us"])
+    return total
+
+
+def main_thread_cpu_us(pids):
+    """CPU time of each daemon's main thread (the communication thread), in µs
+    (/proc schedstat: nanoseconds on a CPU)."""
+    return sum(int(Path(f"/proc/{pid}/task/{pid}/schedstat").read_text().split()[0]) for pid in pids) / 1000
 
 
 def daemon_pids(rt):
@@ -82,7 +89,7 @@ def main():
         try:
             sh([str(B / "fanstore"), "--runtime-dir", str(rt), "wait", "--timeout", "120"])
             pids = daemon_pids(rt)
-            t0, m0 = ticks(pids), ticks(pids, main_only=True)
+            t0, m0 = daemon_cpu_us(rt), main_thread_cpu_us(pids)
             opens, totals = [], []
             for _ in range(ROUNDS):
                 out = sh([str(B / "fanstore-bench-read"), "--socket", str(rt / "node-0.sock"), "--dataset", str(ds_id),
@@ -91,12 +98,12 @@ def main():
                 opens.append(float(m[1]))
                 totals.append(float(m[2]))
             files = ROUNDS * (ITERS + 5)  # fanstore-bench-read's 5 warm-up reads count too
-            cpu = (ticks(pids) - t0) / HZ / files * 1e6
-            comm = (ticks(pids, main_only=True) - m0) / HZ / files * 1e6
+            cpu = (daemon_cpu_us(rt) - t0) / files
+            comm = (main_thread_cpu_us(pids) - m0) / files
             time.sleep(11)  # idle: the naps have grown to their cap
-            i0 = ticks(pids)
+            i0 = daemon_cpu_us(rt)
             time.sleep(3)
-            idle = (ticks(pids) - i0) / HZ / 3 / max(1, len(pids)) * 100
+            idle = (daemon_cpu_us(rt) - i0) / 1e6 / 3 / 2 * 100
         finally:
             subprocess.run([str(B / "fanstore"), "--runtime-dir", str(rt), "stop"], capture_output=True, env=env)
             p.wait(timeout=60)
@@ -184,13 +191,12 @@ def placement(work, ds, ds_id, ids):
                                  stdout=open(work / "log-place", "ab"), stderr=subprocess.STDOUT, start_new_session=True)
             try:
                 sh([str(B / "fanstore"), "--runtime-dir", str(rt), "wait", "--timeout", "120"])
-                pids = daemon_pids(rt)
-                t0 = ticks(pids)
+                t0 = daemon_cpu_us(rt)
                 out = sh((["taskset", "-c", cc] if cc else []) + [
                     str(B / "fanstore-bench-read"), "--socket", str(rt / "node-0.sock"), "--dataset", str(ds_id),
                     "--iters", str(ITERS), f"{SIZE}=" + ",".join(map(str, ids))])
                 got[name][0].append(float(re.search(r"total_us=([\d.]+)", out)[1]))
-                got[name][1].append((ticks(pids) - t0) / HZ / (ITERS + 5) * 1e6)
+                got[name][1].append((daemon_cpu_us(rt) - t0) / (ITERS + 5))
             finally:
                 subprocess.run([str(B / "fanstore"), "--runtime-dir", str(rt), "stop"], capture_output=True, env=env)
                 p.wait(timeout=60)

@@ -187,6 +187,25 @@ pub struct Snapshot {
     pub extracted_ahead: u64,
     /// [`Counters::comm_wakes`].
     pub comm_wakes: [u64; 5],
+    /// CPU time of the whole daemon process (every thread, those that
+    /// ended too), user and system, in µs: [`process_cpu_us`].
+    pub cpu_user_us: u64,
+    pub cpu_sys_us: u64,
+}
+
+/// User and system CPU time of this process in µs (getrusage(RUSAGE_SELF):
+/// every thread, including threads that have exited; /proc's ticks are
+/// 10 ms coarse).
+pub fn process_cpu_us() -> (u64, u64) {
+    let mut ru = std::mem::MaybeUninit::<libc::rusage>::zeroed();
+    // SAFETY: getrusage writes one rusage into the buffer it is given.
+    if unsafe { libc::getrusage(libc::RUSAGE_SELF, ru.as_mut_ptr()) } != 0 {
+        return (0, 0);
+    }
+    // SAFETY: getrusage succeeded, so it filled `ru` (zeroed before anyway).
+    let ru = unsafe { ru.assume_init() };
+    let us = |t: libc::timeval| (t.tv_sec.max(0) as u64) * 1_000_000 + t.tv_usec.max(0) as u64;
+    (us(ru.ru_utime), us(ru.ru_stime))
 }
 
 impl Counters {
@@ -211,6 +230,7 @@ impl Counters {
         s.replicated_bytes = self.replicated_bytes.load(Relaxed);
         s.extracted_ahead = self.extracted_ahead.load(Relaxed);
         s.comm_wakes = std::array::from_fn(|i| self.comm_wakes[i].load(Relaxed));
+        (s.cpu_user_us, s.cpu_sys_us) = process_cpu_us();
     }
 }
 
@@ -224,7 +244,8 @@ impl Snapshot {
              remote_sent={}\nremote_failed={}\nremote_served={}\nremote_bytes_in={}\nremote_bytes_out={}\nremote_in_place={}\nremote_direct={}\n\
              cache_hits={}\ncache_misses={}\ncache_evictions={}\ncache_bytes={}\ncache_entries={}\ncache_disk_bytes={}\ncopies_reused={}\ncopy_spares_bytes={}\nerrors={}\nclients={}\nfd_pressure={}\nnames_asked={}\ndirs_with_outputs={}\n\
              remote_p50_us={}\nremote_p99_us={}\nremote_mbps={:.3}\nreplicated_parts={}\nreplicated_bytes={}\nextracted_ahead={}\n\
-             comm_woken_by_command={}\ncomm_woken_by_fd={}\ncomm_woken_by_timeout={}\ncomm_fd_wakes_idle={}\ncomm_missed_wakes={}\n",
+             comm_woken_by_command={}\ncomm_woken_by_fd={}\ncomm_woken_by_timeout={}\ncomm_fd_wakes_idle={}\ncomm_missed_wakes={}\n\
+             cpu_user_us={}\ncpu_sys_us={}\ncpu_seconds={:.2}\n",
             self.rank,
             self.nranks,
             self.host,
@@ -270,6 +291,9 @@ impl Snapshot {
             self.comm_wakes[2],
             self.comm_wakes[3],
             self.comm_wakes[4],
+            self.cpu_user_us,
+            self.cpu_sys_us,
+            (self.cpu_user_us + self.cpu_sys_us) as f64 / 1e6,
         )
     }
 }
@@ -299,7 +323,7 @@ pub fn human_bytes(v: u64) -> String {
 }
 
 /// The columns of `fanstore status`: header and the STATUS key each shows.
-const COLUMNS: [(&str, &str); 19] = [
+const COLUMNS: [(&str, &str); 20] = [
     ("rank", "rank"),
     ("host", "host"),
     ("status", "status"),
@@ -319,6 +343,7 @@ const COLUMNS: [(&str, &str); 19] = [
     ("misses", "cache_misses"),
     ("evictions", "cache_evictions"),
     ("errors", "errors"),
+    ("cpu s", "cpu_seconds"),
 ];
 
 /// One rank's parsed STATUS text, `None` when it did not answer.
@@ -403,6 +428,20 @@ mod tests {
         let (p50, p99) = (h.percentile(0.5), h.percentile(0.99));
         assert!((100..=111).contains(&p50), "{p50}");
         assert!((5000..=6143).contains(&p99), "{p99}");
+    }
+
+    #[test]
+    fn process_cpu_counts_this_process() {
+        let (u0, s0) = process_cpu_us();
+        let t = std::time::Instant::now();
+        let mut x = 0u64;
+        while t.elapsed() < std::time::Duration::from_millis(30) {
+            x = std::hint::black_box(x.wrapping_mul(6364136223846793005).wrapping_add(1));
+        }
+        let (u1, s1) = process_cpu_us();
+        assert!(u1 + s1 >= u0 + s0 + 10_000, "{u0}+{s0} -> {u1}+{s1} after 30 ms of spinning");
+        let kv = parse(&Snapshot { cpu_user_us: 1_500_000, cpu_sys_us: 250_000, ..Default::default() }.render());
+        assert!(kv.contains(&("cpu_seconds".into(), "1.75".into())), "{kv:?}");
     }
 
     #[test]
