@@ -182,8 +182,12 @@ class Worker:
                                   stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
 
     def send(self, op):
-        self.p.stdin.write(json.dumps(op) + "\n")
-        self.p.stdin.flush()
+        try:
+            self.p.stdin.write(json.dumps(op) + "\n")
+            self.p.stdin.flush()
+        except BrokenPipeError:
+            raise AssertionError(f"worker died (status {self.p.wait(timeout=60)}) before {json.dumps(op)[:200]}: "
+                                 + self.p.stderr.read()[-3000:]) from None
 
     def recv(self):
         line = self.p.stdout.readline()
@@ -192,7 +196,10 @@ class Worker:
         return json.loads(line)
 
     def close(self):
-        self.p.stdin.close()
+        try:
+            self.p.stdin.close()
+        except BrokenPipeError:
+            pass  # already dead: send or recv reported it
         self.p.wait(timeout=60)
 
 
