@@ -120,6 +120,7 @@ else:
     same = lambda a, b: all(torch.equal(x, y) for x, y in zip(a.state_dict().values(), b.state_dict().values()))
     st = lambda o: [(v["step"].item(), v["exp_avg"].sum().item()) for v in o.state_dict()["state"].values()]
     print(json.dumps({"step2": same(m, want), "full": same(m2, want), "optim": st(o2) == st(want_o)}))
+dist.barrier()  # no rank tears gloo down while a peer still uses it
 dist.destroy_process_group()
 """
 
@@ -156,6 +157,7 @@ digest = {k: v.full_tensor().numpy().tobytes().hex()[:64] + str(float(v.full_ten
           for k, v in m.state_dict().items()}
 moments = {k: float(v["exp_avg"].full_tensor().double().sum()) for k, v in o.state_dict()["state"].items()}
 print(json.dumps({"model": digest, "exp_avg": moments}))
+dist.barrier()  # no rank tears gloo down while a peer still uses it
 dist.destroy_process_group()
 """
 
@@ -246,7 +248,8 @@ def run_ranks(py, c, nodes, code, *args):
     outs = []
     for rank, p in enumerate(procs):
         out, err = p.communicate(timeout=600)
-        assert p.returncode == 0, f"rank {rank} on node {nodes[rank]}: {err[-4000:]}\n" + (c.log()[-2000:] if c else "")
+        assert p.returncode == 0, (f"rank {rank} on node {nodes[rank]} exited {p.returncode}; its last output: "
+                                   f"{out.strip()[-300:]!r}\n{err[-4000:]}\n" + (c.log()[-2000:] if c else ""))
         outs.append(json.loads(out.strip().splitlines()[-1]))
     return outs
 
