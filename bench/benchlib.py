@@ -14,6 +14,8 @@ ROOT = Path(__file__).resolve().parent.parent
 BIN = ROOT / "target" / "release"
 OUT = ROOT / "bench" / "out"
 PRELOAD = BIN / "libfanstore_preload.so"
+# The python of the frameworks' venv (scripts/setup.sh: torch, transformers, ...).
+FRAMEWORK_PY = Path(os.environ.get("FANSTORE_VENV", "/opt/fanstore-venv")) / "bin" / "python"
 
 
 def cc(src: str, out_dir: Path) -> str:

@@ -26,7 +26,7 @@ import textwrap
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).parent))
-from benchlib import BIN, Daemon, table  # noqa: E402
+from benchlib import BIN, FRAMEWORK_PY, Daemon, table  # noqa: E402
 
 E = os.environ.get
 TENSORS = int(E("BENCH_DCP_TENSORS", "24"))
@@ -72,13 +72,9 @@ print(json.dumps({"ok": ok}))
 """
 
 
-def venv_python() -> Path:
-    return Path(E("FANSTORE_VENV", "/opt/fanstore-venv")) / "bin" / "python"
-
-
 def dcp_storage(work: Path, data: Path):
     """Runs the series; returns (markdown lines, goal rows)."""
-    py = venv_python()
+    py = FRAMEWORK_PY
     head = ["## Checkpoints: torch.distributed.checkpoint shards (bench/ckpt_dcp.py)", ""]
     r = subprocess.run([str(py), "-c", "import torch, safetensors"], capture_output=True, text=True) \
         if py.exists() else None

@@ -55,7 +55,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).parent))
 sys.path.insert(0, str(Path(__file__).parent.parent / "tests"))
-from benchlib import BIN, OUT, PRELOAD, ROOT, cc, machine, median, pyplot, table  # noqa: E402
+from benchlib import BIN, FRAMEWORK_PY, OUT, PRELOAD, ROOT, cc, machine, median, pyplot, table  # noqa: E402
 import fs_cluster  # noqa: E402  (the daemons' STATUS counters, over their sockets)
 
 QUICK = "--quick" in sys.argv
@@ -71,7 +71,7 @@ WORK = Path(E("FANSTORE_SCALE_WORK", "/tmp/fanstore-scale-work"))
 ULIMIT = int(E("FANSTORE_SCALE_ULIMIT", "1"))
 DIRS, SIZE, GEN_VERSION = 1000, 100, "v2"
 # Step 8: a torch DataLoader on 4 nodes (the frameworks' venv of scripts/setup.sh).
-LOADER_PY = Path(E("FANSTORE_VENV", "/opt/fanstore-venv")) / "bin" / "python"
+LOADER_PY = FRAMEWORK_PY
 LOADER_READS = int(E("FANSTORE_SCALE_LOADER_READS", "100000"))
 LOADER_ROUNDS = int(E("FANSTORE_SCALE_LOADER_ROUNDS", "3"))
 LOADER_RULES = ("off", "auto")
