@@ -77,14 +77,16 @@ def main():
     ds_id, nodes = fs_cluster.read_index(ds / "manifest.fsm")
     ids = [n["id"] for n in nodes.values() if n["kind"] == 2 and n["partition"] % 2 == 1]
     rows = []
-    # (spin, sleep, fd bound): the fd bound "0" is the sleeps before they trusted MPI's fds (a 10-50 µs nap each).
-    settings = [(DEFAULT_SPIN, "fds", DEFAULT_FD_BOUND), ("200", "fds", DEFAULT_FD_BOUND), ("1000", "fds", DEFAULT_FD_BOUND),
-                (DEFAULT_SPIN, "fds", "0"), (DEFAULT_SPIN, "nap", DEFAULT_FD_BOUND)]
-    for k, (spin, sleep, bound) in enumerate(settings):
+    # (spin, sleep, fd bound, who posts a fetch): the fd bound "0" is the sleeps before they trusted MPI's
+    # fds (a 10-50 µs nap each); `--fetch-post comm` the communication thread posting every fetch, woken for it.
+    settings = [(DEFAULT_SPIN, "fds", DEFAULT_FD_BOUND, "server"), (DEFAULT_SPIN, "fds", DEFAULT_FD_BOUND, "comm"),
+                ("200", "fds", DEFAULT_FD_BOUND, "server"), ("1000", "fds", DEFAULT_FD_BOUND, "server"),
+                (DEFAULT_SPIN, "fds", "0", "server"), (DEFAULT_SPIN, "nap", DEFAULT_FD_BOUND, "server")]
+    for k, (spin, sleep, bound, post) in enumerate(settings):
         rt = work / f"rt{k}"
         p = subprocess.Popen(["mpiexec", "-n", "2", str(B / "fanstore-daemon"), "--data", str(ds), "--local", str(work / f"l{k}"),
                               "--runtime-dir", str(rt), "--cache-mem", "0", "--replicate-on-read", "off", "--comm-spin-us", spin, "--comm-sleep", sleep,
-                              "--comm-fd-bound-us", bound], env=env,
+                              "--comm-fd-bound-us", bound, "--fetch-post", post], env=env,
                              stdout=open(work / f"log{k}", "wb"), stderr=subprocess.STDOUT, start_new_session=True)
         try:
             sh([str(B / "fanstore"), "--runtime-dir", str(rt), "wait", "--timeout", "120"])
@@ -107,7 +109,7 @@ def main():
         finally:
             subprocess.run([str(B / "fanstore"), "--runtime-dir", str(rt), "stop"], capture_output=True, env=env)
             p.wait(timeout=60)
-        rows.append((spin, sleep, bound, statistics.median(opens), statistics.median(totals), cpu, comm, idle))
+        rows.append((spin, sleep, bound, post, statistics.median(opens), statistics.median(totals), cpu, comm, idle))
     raw, fresh, nb = [], [], []
     for _ in range(ROUNDS):
         raw.append(float(re.search(r"median_us=([\d.]+)", sh(["mpiexec", "-n", "2", str(B / "fanstore-mpi-pingpong"), "--iters", str(ITERS), str(SIZE)]))[1]))
@@ -123,9 +125,11 @@ def main():
          f"<= 2 x raw + 20 µs = {2 * r + 20:.0f} µs; daemon CPU per remote file <= 150 µs; idle daemons <= 1% of a core each.", "",
          "| `--comm-spin-us` | OPEN µs | OPEN+read µs | vs goal | daemon CPU per remote file, both ranks µs | of which the communication threads µs | idle CPU per daemon |",
          "|---|---:|---:|---:|---:|---:|---:|"]
-    for spin, sleep, bound, o, t, cpu, comm, idle in rows:
+    for spin, sleep, bound, post, o, t, cpu, comm, idle in rows:
         name = f"{spin} (default)" if spin == DEFAULT_SPIN else spin
-        if sleep != "fds":
+        if post != "server":
+            name += f", `--fetch-post {post}`"
+        elif sleep != "fds":
             name += f", `--comm-sleep {sleep}`"
         elif bound != DEFAULT_FD_BOUND:
             name += f", `--comm-fd-bound-us {bound}`"

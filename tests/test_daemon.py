@@ -10,6 +10,7 @@ import re
 import signal
 import stat
 import subprocess
+import threading
 import time
 from pathlib import Path
 
@@ -592,6 +593,60 @@ def test_small_remote_opens_are_answered_by_the_communication_thread(bins, pack,
                 assert cl.read(n["id"], ds_id) == (source / p).read_bytes(), p
     finally:
         c.stop()
+
+
+@pytest.mark.parametrize("fetch_post", ["server", "comm"])
+def test_remote_reads_are_posted_by_the_thread_that_needs_them(bins, pack, source, tmp_path, fetch_post):
+    """Where MPI granted MPI_THREAD_MULTIPLE, the server thread of a remote
+    OPEN posts the fetch's receives and request itself, and the
+    communication thread adopts the posted fetch (status remote_posted);
+    with `--fetch-post comm` the communication thread posts every fetch.
+    Either way every byte is exact, payloads in several pieces too (a
+    64 KiB `--mpi-pipeline`), and a stop with fetches in flight ends
+    cleanly."""
+    ds = pack("none", replicate=False)
+    ds_id, files = files_of(ds)
+    c = start_cluster(bins, ds, tmp_path, nranks=2,
+                      extra_args=["--cache-mem", "0", "--replicate-on-read", "off", "--mpi-pipeline", "64K",
+                                  "--fetch-post", fetch_post])
+    wrong, done, threads = [], threading.Event(), []
+    try:
+        held = set(node_state(c.runtime, 1)["local"]) - set(node_state(c.runtime, 0)["local"])
+        remote = sorted((p, n) for p, n in files.items() if n["partition"] in held and n["size"] > 0)
+        assert any(n["size"] >= 128 << 10 for _, n in remote), "no file crosses in several pieces"
+        with c.client(0) as cl:
+            for _ in range(2):
+                for p, n in remote:
+                    assert cl.read(n["id"], ds_id) == (source / p).read_bytes(), p
+            st = cl.status()
+        assert int(st["remote_sent"]) == 2 * len(remote), st
+        posts = int(st["remote_posted"])
+        if fetch_post == "comm" or st["mpi_threading"] != "multiple":
+            assert posts == 0, st
+        else:
+            assert posts == int(st["remote_sent"]), st
+        # Readers in a loop while the job stops: fetches posted but not yet
+        # adopted or answered are cancelled, and every rank exits cleanly.
+        def read_until_stopped(k):
+            try:
+                with c.client(0) as cl:
+                    while not done.is_set():
+                        for p, n in remote[k::3]:
+                            if cl.read(n["id"], ds_id) != (source / p).read_bytes():
+                                wrong.append(p)
+            except OSError:
+                pass  # the daemon went away mid-read: EIO or a closed socket
+
+        threads += [threading.Thread(target=read_until_stopped, args=(k,)) for k in range(3)]
+        for t in threads:
+            t.start()
+        time.sleep(0.5)
+    finally:
+        c.stop()
+        done.set()
+    for t in threads:
+        t.join(timeout=30)
+    assert not wrong, wrong
 
 
 def test_a_request_that_wakes_the_holder_is_served_by_that_wake_up(bins, pack, source, tmp_path):

@@ -168,6 +168,13 @@ pub struct DaemonArgs {
     /// side-by-side rows of bench/remote_profile.py and bench/train_nodes.py.
     #[arg(long, default_value_t = 2000, hide = true)]
     pub comm_fd_bound_us: u64,
+    /// Who posts a remote read's MPI receives and request: `server`, the
+    /// server thread that needs it, where MPI granted MPI_THREAD_MULTIPLE
+    /// (the communication thread adopts the posted fetch without a wake-up
+    /// of its own), or `comm`, the communication thread (the behaviour
+    /// before). Tuning knob for bench/remote_profile.py's side-by-side rows.
+    #[arg(long, default_value = "server", value_parser = ["server", "comm"], hide = true)]
+    pub fetch_post: String,
 }
 
 /// Parses `123`, `64K`, `512M`, `2G`, `1T` (binary units; optional `iB`/`B` suffix).

@@ -13,7 +13,9 @@
 //! ## Life of a rank
 //!
 //! 1. MPI is initialised asking for `MPI_THREAD_MULTIPLE` (the level granted
-//!    is logged; every MPI call stays on the main thread regardless).
+//!    is logged). Every MPI call runs on the main thread, except that under
+//!    that level a server thread posts its own remote read's receives and
+//!    request ([`comm::post`]).
 //! 2. The runtime directory (`--runtime-dir`, `$FANSTORE_RUNTIME_DIR`, else
 //!    `$TMPDIR/fanstore-<uid>-<job>`) is created mode 0700; the rank publishes
 //!    `node-<r>.state` ([`fanstore_core::runtime::NodeState`], status Loading).

@@ -168,7 +168,7 @@ fn run(args: &DaemonArgs) -> anyhow::Result<i32> {
     let transport_fds = fanstore_daemon::comm::wake::transport_fds();
     let version = mpi::environment::library_version().unwrap_or_default();
     log::info!(
-        "rank {rank}/{nranks}: {} ; asked MPI_THREAD_MULTIPLE, granted {granted:?} (all MPI calls stay on one thread either way)",
+        "rank {rank}/{nranks}: {} ; asked MPI_THREAD_MULTIPLE, granted {granted:?}",
         version.lines().next().unwrap_or("MPI").trim()
     );
     match &eager {
@@ -337,6 +337,15 @@ fn run(args: &DaemonArgs) -> anyhow::Result<i32> {
             .with_fd_bound(Duration::from_micros(args.comm_fd_bound_us));
         log::info!("rank {rank}: the communication thread sleeps on its doorbell and {} MPI epoll fds", waiter.transport_count());
         engine = engine.with_waiter(waiter);
+    }
+    // SAFETY: the engine closes the poster in `shutdown` (waiting for posts
+    // in progress) before `comm` is dropped at the end of this function.
+    let shared = unsafe { comm.share(granted == mpi::Threading::Multiple && args.fetch_post == "server") };
+    if let Some(h) = shared {
+        let poster = Arc::new(fanstore_daemon::comm::post::Poster::new(h, args.mpi_piece, args.mpi_pipeline));
+        node.comm.enable_posting(poster.clone());
+        engine = engine.with_poster(poster);
+        log::info!("rank {rank}: server threads post their remote reads (MPI_THREAD_MULTIPLE)");
     }
     let cause = engine.run(&p.rx, &SIGNALLED);
     log::info!("rank {rank}: stopping ({cause:?})");

@@ -18,7 +18,7 @@
 
 use crate::bufpool::BufPool;
 use crate::client_reply::{ClientReply, Direct};
-use crate::comm::{Command, Fetch, RecvBuf, RecvMem};
+use crate::comm::{Fetch, RecvBuf, RecvMem};
 use crate::copies::{open_ro, CopyDst};
 use crate::fdlimit;
 use crate::load::PartMap;
@@ -420,7 +420,7 @@ impl Node {
         let may_answer = direct.is_some();
         let (tx, rx) = crossbeam::channel::bounded(1);
         let timeout = self.fetch_timeout(n.stored_len());
-        let cmd = Command::Fetch(Fetch {
+        let f = Fetch {
             node_id: n.id(),
             holder,
             stored_len: n.stored_len(),
@@ -429,8 +429,8 @@ impl Node {
             reply: tx,
             timeout,
             direct,
-        });
-        if self.comm.send(cmd).is_err() {
+        };
+        if self.comm.fetch(f).is_err() {
             return Err(libc::EIO);
         }
         // (A spare's pages exist already.)

@@ -13,7 +13,7 @@
 //! `--cache-mem` (an fd a program holds stays valid).
 
 use crate::cache::Cache;
-use crate::comm::{Command, Fetch, RecvBuf, OUT_BIT};
+use crate::comm::{Fetch, RecvBuf, OUT_BIT};
 use crate::memfd::MemfdBuilder;
 use crate::node::Node;
 use fanstore_core::wire::OutRecord;
@@ -88,8 +88,8 @@ impl Node {
             let node_id = u32::try_from(rec.id).ok().filter(|&i| i & OUT_BIT == 0).ok_or(libc::EIO)?;
             let buf = RecvBuf::heap(vec![0u8; len], len);
             let (tx, rx) = crossbeam::channel::bounded(1);
-            let cmd = Command::Fetch(Fetch { node_id: OUT_BIT | node_id, holder: rec.holder, stored_len: rec.size, offset: 0, buf, reply: tx, timeout, direct: None });
-            self.comm.send(cmd).map_err(|_| libc::EIO)?;
+            let f = Fetch { node_id: OUT_BIT | node_id, holder: rec.holder, stored_len: rec.size, offset: 0, buf, reply: tx, timeout, direct: None };
+            self.comm.fetch(f).map_err(|_| libc::EIO)?;
             match rx.recv_timeout(timeout + Duration::from_secs(2)) {
                 Ok(Ok((b, sum))) if sum == rec.sum => target.write_at(b.bytes(), 0).map_err(|_| libc::EIO)?,
                 Ok(Ok(_)) => {

@@ -46,7 +46,7 @@
 //! Nothing they fetched outlives the job (the local directory is removed at
 //! stop).
 
-use crate::comm::{Command, Fetch, FetchReply, RecvBuf, RecvMem, PART_BIT};
+use crate::comm::{Fetch, FetchReply, RecvBuf, RecvMem, PART_BIT};
 use crate::copies::room_for;
 use crate::load::{self, OffsetMap};
 use crate::node::Node;
@@ -286,7 +286,7 @@ fn fetch_and_verify<'a>(
     let ask = |off: u64, n: u64, holder_ix: usize, buf: Vec<u8>| -> Result<crossbeam::channel::Receiver<FetchReply>, Skip> {
         let (tx, rx) = crossbeam::channel::bounded(1);
         let holder = holders[holder_ix % holders.len()];
-        let cmd = Command::Fetch(Fetch {
+        let f = Fetch {
             node_id: PART_BIT | p,
             holder,
             stored_len: n,
@@ -295,8 +295,8 @@ fn fetch_and_verify<'a>(
             reply: tx,
             timeout,
             direct: None,
-        });
-        node.comm.send(cmd).map_err(|_| Skip::Stopping)?;
+        };
+        node.comm.fetch(f).map_err(|_| Skip::Stopping)?;
         Ok(rx)
     };
     loop {

@@ -27,6 +27,9 @@ pub struct Counters {
     /// Remote OPENs the communication thread answered itself, the payload
     /// verified in the copy's file ([`crate::client_reply`]).
     pub remote_direct: AtomicU64,
+    /// Remote reads whose receives and request the server thread that
+    /// needed them posted itself ([`crate::comm::post`]).
+    pub remote_posted: AtomicU64,
     /// Requests answered with an error other than ENOENT/ESTALE, and refused peers.
     pub errors: AtomicU64,
     /// Outputs committed through this rank.
@@ -162,6 +165,7 @@ pub struct Snapshot {
     pub remote_bytes_out: u64,
     pub remote_in_place: u64,
     pub remote_direct: u64,
+    pub remote_posted: u64,
     pub cache_hits: u64,
     pub cache_misses: u64,
     pub cache_evictions: u64,
@@ -219,6 +223,7 @@ impl Counters {
         s.remote_bytes_out = self.remote_bytes_out.load(Relaxed);
         s.remote_in_place = self.remote_in_place.load(Relaxed);
         s.remote_direct = self.remote_direct.load(Relaxed);
+        s.remote_posted = self.remote_posted.load(Relaxed);
         s.errors = self.errors.load(Relaxed);
         s.clients = self.clients.load(Relaxed);
         s.fd_pressure = self.fd_pressure.load(Relaxed);
@@ -241,7 +246,7 @@ impl Snapshot {
         format!(
             "rank={}\nnranks={}\nhost={}\npid={}\nstatus={}\nmpi_threading={}\npartitions={}\nfiles={}\n\
              bytes_local={}\nbytes_read={}\nload_seconds={:.3}\nload_mbps={:.1}\nopens={}\nopens_local={}\n\
-             remote_sent={}\nremote_failed={}\nremote_served={}\nremote_bytes_in={}\nremote_bytes_out={}\nremote_in_place={}\nremote_direct={}\n\
+             remote_sent={}\nremote_failed={}\nremote_served={}\nremote_bytes_in={}\nremote_bytes_out={}\nremote_in_place={}\nremote_direct={}\nremote_posted={}\n\
              cache_hits={}\ncache_misses={}\ncache_evictions={}\ncache_bytes={}\ncache_entries={}\ncache_disk_bytes={}\ncopies_reused={}\ncopy_spares_bytes={}\nerrors={}\nclients={}\nfd_pressure={}\nnames_asked={}\ndirs_with_outputs={}\n\
              remote_p50_us={}\nremote_p99_us={}\nremote_mbps={:.3}\nreplicated_parts={}\nreplicated_bytes={}\nextracted_ahead={}\n\
              comm_woken_by_command={}\ncomm_woken_by_fd={}\ncomm_woken_by_timeout={}\ncomm_fd_wakes_idle={}\ncomm_missed_wakes={}\n\
@@ -267,6 +272,7 @@ impl Snapshot {
             self.remote_bytes_out,
             self.remote_in_place,
             self.remote_direct,
+            self.remote_posted,
             self.cache_hits,
             self.cache_misses,
             self.cache_evictions,

@@ -1,7 +1,9 @@
-//! The communication thread: every MPI call of the daemon runs here.
+//! The communication thread: every MPI call of the daemon runs here, but
+//! the two that post a server thread's own fetch ([`post`]).
 //!
 //! Other threads talk to it through a crossbeam channel of [`Command`]s;
-//! each fetch carries its own reply channel. The thread never blocks in
+//! each fetch carries its own reply channel (and arrives posted already
+//! where MPI granted `MPI_THREAD_MULTIPLE`). The thread never blocks in
 //! MPI: it polls nonblocking operations (MPI_Iprobe for incoming requests
 //! and control messages, MPI_Testsome over a table of Isend/Irecv requests),
 //! so any number of remote reads are in flight at once, in both directions.
@@ -47,6 +49,7 @@
 //! its receives stay posted (its tag stays reserved) until they complete, so
 //! a late reply can never land in another fetch's buffer.
 
+pub mod post;
 pub mod raw;
 pub mod table;
 pub mod wake;
@@ -200,6 +203,78 @@ pub struct Fetch {
     pub direct: Option<Direct>,
 }
 
+/// A fetch whose receives and request message are posted, waiting for a
+/// communication thread to test them ([`Engine::adopt`]).
+pub struct Posted {
+    pending: PendingFetch,
+    /// The requests posted, each with the piece it receives (None: the request message).
+    reqs: Vec<(Request, Option<usize>)>,
+}
+
+// SAFETY: `pending.base` points into `pending.buf`, which moves with it
+// (its bytes do not move); the requests are handles of this process's MPI,
+// which any thread may use under MPI_THREAD_MULTIPLE, the only level at
+// which a Posted crosses threads ([`post`]).
+unsafe impl Send for Posted {}
+
+/// Posts the receives of `f`'s payload (one per piece, straight into its
+/// buffer) and then its request on reply tag `tag`. A fetch that cannot be
+/// posted is answered with its error here; its receives already posted stay
+/// in the result (abandoned), to complete before the buffer is dropped.
+pub(crate) fn post_fetch(comm: &raw::Handle, mut f: Fetch, tag: i32, piece: u64, pipeline: u64) -> Posted {
+    let parts = table::plan(f.stored_len, piece, pipeline);
+    let request = Box::new(table::encode_request(f.node_id, tag, f.stored_len, f.offset));
+    let mut state = FetchState::new(f.holder, tag, Instant::now() + f.timeout, parts.iter().map(|p| p.1).collect());
+    let have = f.buf.bytes_mut().len();
+    if have as u64 != f.stored_len {
+        let _ = f.reply.send(Err(FetchError::BadBuffer(have, f.stored_len)));
+        state.abandoned = true;
+        let pending = PendingFetch::new(state, f.buf, std::ptr::null(), Vec::new(), None, None, request);
+        return Posted { pending, reqs: Vec::new() };
+    }
+    let base = f.buf.bytes_mut().as_mut_ptr();
+    let mut reqs = Vec::with_capacity(parts.len() + 1);
+    let mut err = None;
+    for (i, &(off, len)) in parts.iter().enumerate() {
+        // SAFETY: `buf` is exactly stored_len bytes (checked above) and
+        // every piece lies inside it; the buffer moves into the Posted
+        // below, then into the engine's fetches (moving a Vec or a spare
+        // with its mapping does not move its bytes), and stays there,
+        // untouched, until every posted receive completed.
+        match unsafe { comm.irecv(base.add(off as usize), len, f.holder, tag) } {
+            Ok(r) => reqs.push((r, Some(i))),
+            Err(e) => {
+                err = Some(e);
+                break;
+            }
+        }
+    }
+    if err.is_none() {
+        // SAFETY: `request` is boxed and kept with the fetch until the send completes.
+        match unsafe { comm.isend(request.as_ptr(), request.len(), f.holder, TAG_REQUEST) } {
+            Ok(r) => reqs.push((r, None)),
+            Err(e) => err = Some(e),
+        }
+    }
+    if let Some(e) = err {
+        // Receives already posted stay posted: the fetch is abandoned and
+        // cleaned up when (if ever) they complete.
+        log::warn!("rank {}: posting a fetch from rank {}: {e}", comm.rank, f.holder);
+        let _ = f.reply.send(Err(FetchError::Mpi(f.holder, e.0)));
+        let posted = reqs.len();
+        state.abandoned = true;
+        state.fail();
+        for _ in posted..parts.len() {
+            state.piece_done(usize::MAX, 0);
+        }
+        state.request_done(false);
+        let pending = PendingFetch::new(state, f.buf, base, parts, None, None, request);
+        return Posted { pending, reqs };
+    }
+    let pending = PendingFetch::new(state, f.buf, base, parts, Some(f.reply), f.direct, request);
+    Posted { pending, reqs }
+}
+
 /// One metadata request to another rank (never to this one: the caller
 /// answers those itself). `msg` is an encoded wire Request with id `id`.
 pub struct MetaCall {
@@ -221,6 +296,8 @@ pub trait MetaServer {
 
 pub enum Command {
     Fetch(Fetch),
+    /// A fetch a server thread posted itself ([`post`]).
+    Posted(Posted),
     Meta(MetaCall),
     /// Shut the whole job down (this rank tells the others).
     Stop,
@@ -343,7 +420,10 @@ pub struct Engine<'a> {
     piece: u64,
     pipeline: u64,
     table: ReqTable<Request>,
+    /// Reply tags of the fetches this thread posts.
     tags: Tags,
+    /// Where server threads post their own fetches (MPI_THREAD_MULTIPLE).
+    poster: Option<std::sync::Arc<post::Poster>>,
     fetches: HashMap<u64, PendingFetch>,
     sends: HashMap<u64, PendingSend>,
     next_id: u64,
@@ -375,7 +455,8 @@ impl<'a> Engine<'a> {
             piece: piece.clamp(1, 1 << 30),
             pipeline,
             table: ReqTable::default(),
-            tags: Tags::default(),
+            tags: Tags::span(table::FIRST_REPLY_TAG, table::POSTER_FIRST_TAG),
+            poster: None,
             fetches: HashMap::new(),
             sends: HashMap::new(),
             next_id: 0,
@@ -442,10 +523,18 @@ impl<'a> Engine<'a> {
     fn command(&mut self, c: Command) -> bool {
         match c {
             Command::Fetch(f) => self.start_fetch(f),
+            Command::Posted(p) => self.adopt(p),
             Command::Meta(m) => self.start_meta(m),
             Command::Stop => return false,
         }
         true
+    }
+
+    /// Adopts the fetches server threads post through `p`, and closes it
+    /// before shutting down.
+    pub fn with_poster(mut self, p: std::sync::Arc<post::Poster>) -> Self {
+        self.poster = Some(p);
+        self
     }
 
     /// Sleeps through `w` when idle (see [`wake`]) instead of napping on the channel.
@@ -552,70 +641,40 @@ impl<'a> Engine<'a> {
         self.next_id
     }
 
-    fn start_fetch(&mut self, mut f: Fetch) {
-        let have = f.buf.bytes_mut().len();
-        if have as u64 != f.stored_len {
-            let _ = f.reply.send(Err(FetchError::BadBuffer(have, f.stored_len)));
-            return;
-        }
+    fn start_fetch(&mut self, f: Fetch) {
         let Some(tag) = self.tags.alloc() else {
             let _ = f.reply.send(Err(FetchError::Busy));
             return;
         };
-        let id = self.id();
-        let parts = table::plan(f.stored_len, self.piece, self.pipeline);
-        let request = Box::new(table::encode_request(f.node_id, tag, f.stored_len, f.offset));
-        let mut state =
-            FetchState::new(f.holder, tag, Instant::now() + f.timeout, parts.iter().map(|p| p.1).collect());
-        let base = f.buf.bytes_mut().as_mut_ptr();
-        let mut posted = 0;
-        let mut err = None;
-        for (i, &(off, len)) in parts.iter().enumerate() {
-            // SAFETY: `buf` is exactly stored_len bytes (checked above) and
-            // every piece lies inside it; the buffer moves into `fetches`
-            // below (moving a Vec or a spare with its mapping does not move
-            // its bytes) and stays there, untouched, until every posted
-            // receive completed.
-            match unsafe { self.comm.irecv(base.add(off as usize), len, f.holder, tag) } {
-                Ok(r) => {
-                    self.table.push(r, Slot::Piece { fetch: id, piece: i });
-                    posted += 1;
-                }
-                Err(e) => {
-                    err = Some(e);
-                    break;
-                }
-            }
-        }
-        if err.is_none() {
-            // SAFETY: `request` is boxed and kept in `fetches` until the send completes.
-            match unsafe { self.comm.isend(request.as_ptr(), request.len(), f.holder, TAG_REQUEST) } {
-                Ok(r) => self.table.push(r, Slot::RequestSent { fetch: id }),
-                Err(e) => err = Some(e),
-            }
-        }
-        if let Some(e) = err {
-            // Receives already posted stay posted: the fetch is abandoned and
-            // cleaned up when (if ever) they complete.
-            log::warn!("rank {}: posting a fetch from rank {}: {e}", self.comm.rank, f.holder);
-            let _ = f.reply.send(Err(FetchError::Mpi(f.holder, e.0)));
-            if posted == 0 {
-                self.tags.free(tag);
-                return;
-            }
-            state.abandoned = true;
-            state.fail();
-            for _ in posted..parts.len() {
-                state.piece_done(usize::MAX, 0);
-            }
-            state.request_done(false);
-            let p = PendingFetch::new(state, f.buf, base, parts, None, None, request);
-            self.fetches.insert(id, p);
+        let posted = post_fetch(self.comm, f, tag, self.piece, self.pipeline);
+        self.adopt(posted);
+    }
+
+    /// Takes over a posted fetch: tests its requests from now on.
+    fn adopt(&mut self, p: Posted) {
+        let tag = p.pending.state.tag;
+        if p.reqs.is_empty() {
+            self.free_tag(tag);
             return;
         }
-        self.counters.remote_sent.fetch_add(1, Relaxed);
-        let p = PendingFetch::new(state, f.buf, base, parts, Some(f.reply), f.direct, request);
-        self.fetches.insert(id, p);
+        let id = self.id();
+        for (r, piece) in p.reqs {
+            self.table.push(r, piece.map_or(Slot::RequestSent { fetch: id }, |piece| Slot::Piece { fetch: id, piece }));
+        }
+        if !p.pending.state.abandoned {
+            self.counters.remote_sent.fetch_add(1, Relaxed);
+            if self.poster.is_some() && tag >= table::POSTER_FIRST_TAG {
+                self.counters.remote_posted.fetch_add(1, Relaxed);
+            }
+        }
+        self.fetches.insert(id, p.pending);
+    }
+
+    fn free_tag(&mut self, tag: i32) {
+        match &self.poster {
+            Some(p) if tag >= table::POSTER_FIRST_TAG => p.free_tag(tag),
+            _ => self.tags.free(tag),
+        }
     }
 
     /// One round of progress. Returns whether anything happened.
@@ -784,7 +843,7 @@ impl<'a> Engine<'a> {
             return;
         }
         let Some(f) = self.fetches.remove(&fetch) else { return };
-        self.tags.free(f.state.tag);
+        self.free_tag(f.state.tag);
         if let Some(reply) = f.reply {
             let complete = f.hashed == f.parts.len();
             let res = f.state.result().and_then(|()| {
@@ -858,6 +917,11 @@ impl<'a> Engine<'a> {
                 }
             }
         }
+        // No server thread posts from here on (posts in progress end first):
+        // every fetch posted is in the channel or adopted.
+        if let Some(p) = &self.poster {
+            p.close();
+        }
         // Nobody gets an answer from here on.
         for f in self.fetches.values_mut() {
             if let Some(reply) = f.reply.take() {
@@ -866,8 +930,20 @@ impl<'a> Engine<'a> {
             f.state.abandoned = true;
         }
         while let Ok(c) = rx.try_recv() {
-            if let Command::Fetch(f) = c {
-                let _ = f.reply.send(Err(FetchError::ShuttingDown));
+            match c {
+                Command::Fetch(f) => {
+                    let _ = f.reply.send(Err(FetchError::ShuttingDown));
+                }
+                // Its receives are posted: adopted, to be cancelled below.
+                Command::Posted(mut p) => {
+                    if let Some(reply) = p.pending.reply.take() {
+                        let _ = reply.send(Err(FetchError::ShuttingDown));
+                    }
+                    p.pending.direct = None;
+                    p.pending.state.abandoned = true;
+                    self.adopt(p);
+                }
+                Command::Meta(_) | Command::Stop => {}
             }
         }
         self.meta_pending.clear();

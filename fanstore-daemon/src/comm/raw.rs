@@ -1,9 +1,12 @@
-//! Thin wrappers over the few MPI calls the communication thread makes.
+//! Thin wrappers over the few MPI calls the daemon makes.
 //!
-//! Everything here runs on one thread (the daemon's main thread, which also
-//! initialised MPI), so no MPI handle ever crosses threads: [`Comm`] is
-//! deliberately neither `Send` nor `Sync` under MPI implementations whose
-//! handles are pointers (OpenMPI), and nothing needs it to be.
+//! The communication thread (the daemon's main thread, which also
+//! initialised MPI) makes every call but two: where MPI granted
+//! `MPI_THREAD_MULTIPLE`, a server thread posts the receives and the request
+//! message of its own fetch ([`super::post`]) through a [`SharedHandle`].
+//! [`Comm`] owns the communicator and is deliberately neither `Send` nor
+//! `Sync` under MPI implementations whose handles are pointers (OpenMPI);
+//! a [`SharedHandle`] is made only from it, only under that threading level.
 //! Errors are returned, not fatal: the communicator uses MPI_ERRORS_RETURN.
 
 use mpi::ffi;
@@ -26,11 +29,42 @@ fn check(code: c_int) -> Result<(), MpiError> {
 }
 
 /// The daemon's own communicator (a duplicate of MPI_COMM_WORLD, so no
-/// other library's traffic can match ours), with its rank and size.
+/// other library's traffic can match ours): owns it, frees it when dropped.
 pub struct Comm {
+    handle: Handle,
+}
+
+impl std::ops::Deref for Comm {
+    type Target = Handle;
+    fn deref(&self) -> &Handle {
+        &self.handle
+    }
+}
+
+/// The communicator's handle, with this rank and the job's size: the calls.
+#[derive(Clone, Copy)]
+pub struct Handle {
     comm: ffi::MPI_Comm,
     pub rank: u32,
     pub size: u32,
+}
+
+/// A [`Handle`] other threads may call through (posting only).
+#[derive(Clone, Copy)]
+pub struct SharedHandle(Handle);
+
+// SAFETY: made only by `Comm::share` when MPI granted MPI_THREAD_MULTIPLE,
+// under which any thread may call MPI concurrently; its users stop calling
+// before the communicator is freed (the gate of `super::post::Poster`).
+unsafe impl Send for SharedHandle {}
+// SAFETY: as above: MPI itself serialises concurrent calls on one handle.
+unsafe impl Sync for SharedHandle {}
+
+impl std::ops::Deref for SharedHandle {
+    type Target = Handle;
+    fn deref(&self) -> &Handle {
+        &self.0
+    }
 }
 
 /// A completed request reported by [`Comm::testsome`].
@@ -57,8 +91,20 @@ impl Comm {
         check(unsafe { ffi::MPI_Comm_rank(comm, &mut rank) })?;
         // SAFETY: as above.
         check(unsafe { ffi::MPI_Comm_size(comm, &mut size) })?;
-        Ok(Comm { comm, rank: rank as u32, size: size as u32 })
+        Ok(Comm { handle: Handle { comm, rank: rank as u32, size: size as u32 } })
     }
+
+    /// A handle other threads may call through, if MPI granted
+    /// `MPI_THREAD_MULTIPLE` (`multiple`).
+    ///
+    /// # Safety
+    /// Every call through the handle must end before this `Comm` is dropped.
+    pub unsafe fn share(&self, multiple: bool) -> Option<SharedHandle> {
+        multiple.then_some(SharedHandle(self.handle))
+    }
+}
+
+impl Handle {
 
     /// Starts sending `len` bytes at `buf` to `dest`.
     ///
@@ -255,8 +301,8 @@ impl Comm {
 
 impl Drop for Comm {
     fn drop(&mut self) {
-        // SAFETY: self.comm is the communicator we duplicated and still own.
-        unsafe { ffi::MPI_Comm_free(&mut self.comm) };
+        // SAFETY: the communicator we duplicated and still own.
+        unsafe { ffi::MPI_Comm_free(&mut self.handle.comm) };
     }
 }
 

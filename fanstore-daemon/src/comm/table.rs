@@ -10,28 +10,38 @@ use std::time::Instant;
 pub const FIRST_REPLY_TAG: i32 = 16;
 /// Tags stay below the MPI standard's guaranteed minimum `MPI_TAG_UB` (32767).
 pub const TAG_LIMIT: i32 = 32767;
+/// Reply tags from here up belong to fetches posted by server threads
+/// ([`super::post`]); those below, to the communication thread's own.
+pub const POSTER_FIRST_TAG: i32 = 16384;
 
 /// Reply tags: each fetch in flight owns one until all its pieces completed,
 /// so a late reply can never land in another fetch's buffer.
 #[derive(Debug)]
 pub struct Tags {
+    first: i32,
+    limit: i32,
     next: i32,
     in_use: HashSet<i32>,
 }
 
 impl Default for Tags {
     fn default() -> Self {
-        Tags { next: FIRST_REPLY_TAG, in_use: HashSet::new() }
+        Tags::span(FIRST_REPLY_TAG, TAG_LIMIT)
     }
 }
 
 impl Tags {
+    /// The tags `first..limit`.
+    pub fn span(first: i32, limit: i32) -> Tags {
+        Tags { first, limit, next: first, in_use: HashSet::new() }
+    }
+
     /// A free tag, or `None` when every tag is taken.
     pub fn alloc(&mut self) -> Option<i32> {
-        let span = (TAG_LIMIT - FIRST_REPLY_TAG) as usize;
+        let span = (self.limit - self.first).max(0) as usize;
         for _ in 0..span {
             let t = self.next;
-            self.next = if t + 1 >= TAG_LIMIT { FIRST_REPLY_TAG } else { t + 1 };
+            self.next = if t + 1 >= self.limit { self.first } else { t + 1 };
             if self.in_use.insert(t) {
                 return Some(t);
             }
@@ -256,6 +266,20 @@ mod tests {
         t.free(FIRST_REPLY_TAG + 7);
         assert_eq!(t.alloc(), Some(FIRST_REPLY_TAG + 7), "continues from where it was, skipping busy tags");
         assert_eq!(t.in_use(), (TAG_LIMIT - FIRST_REPLY_TAG - 1) as usize);
+    }
+
+    #[test]
+    fn spans_of_tags_never_overlap() {
+        let mut own = Tags::span(FIRST_REPLY_TAG, POSTER_FIRST_TAG);
+        let mut posted = Tags::span(POSTER_FIRST_TAG, TAG_LIMIT);
+        let a: Vec<i32> = std::iter::from_fn(|| own.alloc()).collect();
+        let b: Vec<i32> = std::iter::from_fn(|| posted.alloc()).collect();
+        assert_eq!(a.len(), (POSTER_FIRST_TAG - FIRST_REPLY_TAG) as usize);
+        assert_eq!(b.len(), (TAG_LIMIT - POSTER_FIRST_TAG) as usize);
+        assert!(a.iter().all(|t| (FIRST_REPLY_TAG..POSTER_FIRST_TAG).contains(t)));
+        assert!(b.iter().all(|t| (POSTER_FIRST_TAG..TAG_LIMIT).contains(t)));
+        posted.free(TAG_LIMIT - 1);
+        assert_eq!(posted.alloc(), Some(TAG_LIMIT - 1), "a freed tag of the span comes back");
     }
 
     #[test]

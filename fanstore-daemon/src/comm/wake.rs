@@ -56,17 +56,21 @@
 //! # drop(tx);
 //! ```
 
-use super::Command;
+use super::post::Poster;
+use super::{Command, Fetch};
 use crossbeam::channel::{Receiver, SendError, Sender};
 use std::os::fd::{AsRawFd, FromRawFd, OwnedFd, RawFd};
 use std::sync::atomic::{AtomicBool, Ordering::SeqCst};
-use std::sync::Arc;
+use std::sync::{Arc, OnceLock};
 use std::time::Duration;
 
 /// An eventfd rung by command senders while the communication thread sleeps.
 pub struct Doorbell {
     fd: OwnedFd,
     asleep: AtomicBool,
+    /// The thread's current sleep waits on the transport's fds, trusted to
+    /// announce every message (set before `asleep`).
+    on_fds: AtomicBool,
 }
 
 impl Doorbell {
@@ -77,7 +81,7 @@ impl Doorbell {
             return Err(std::io::Error::last_os_error());
         }
         // SAFETY: fd is a fresh descriptor nobody else owns.
-        Ok(Doorbell { fd: unsafe { OwnedFd::from_raw_fd(fd) }, asleep: AtomicBool::new(false) })
+        Ok(Doorbell { fd: unsafe { OwnedFd::from_raw_fd(fd) }, asleep: AtomicBool::new(false), on_fds: AtomicBool::new(false) })
     }
 
     /// Wakes the thread if it announced a sleep (one write per sleep at most).
@@ -87,6 +91,16 @@ impl Doorbell {
             // SAFETY: writing 8 bytes from a live u64 to our eventfd.
             unsafe { libc::write(self.fd.as_raw_fd(), (&one as *const u64).cast(), 8) };
         }
+    }
+
+    /// After a fetch was posted and queued by another thread: wakes the
+    /// thread unless it sleeps on the transport's fds, trusted, so that the
+    /// reply's arrival will wake it ([`super::post`]); always if `late`.
+    fn ring_after_post(&self, late: bool) {
+        if !late && self.asleep.load(SeqCst) && self.on_fds.load(SeqCst) {
+            return;
+        }
+        self.ring();
     }
 
     /// Resets the counter after a wake-up by the bell.
@@ -102,6 +116,8 @@ impl Doorbell {
 pub struct CommTx {
     tx: Sender<Command>,
     bell: Option<Arc<Doorbell>>,
+    /// Set once MPI runs with `MPI_THREAD_MULTIPLE` (shared by every clone).
+    poster: Arc<OnceLock<Arc<Poster>>>,
 }
 
 impl CommTx {
@@ -111,6 +127,40 @@ impl CommTx {
             b.ring();
         }
         Ok(())
+    }
+
+    /// Lets every clone post its fetches itself through `p` ([`super::post`]).
+    pub fn enable_posting(&self, p: Arc<Poster>) {
+        let _ = self.poster.set(p);
+    }
+
+    /// Starts a remote read: posted by this thread where it may, else sent
+    /// to the communication thread to post. Err when neither can be done
+    /// (the communication thread is gone; `f`'s reply was not sent).
+    pub fn fetch(&self, f: Fetch) -> Result<(), SendError<Command>> {
+        let f = match self.poster.get() {
+            Some(p) => {
+                let mut queued = Ok(());
+                match p.post(f, |post| {
+                    queued = self.tx.send(post.command);
+                    if let Some(b) = &self.bell {
+                        b.ring_after_post(post.sent.elapsed() > super::post::LATE);
+                    }
+                }) {
+                    Ok(()) => {
+                        // (Open while it queued: the receiver lives until the
+                        // communication thread closed the poster and drained.)
+                        return queued.map_err(|e| {
+                            log::error!("a posted fetch found the communication thread gone");
+                            e
+                        });
+                    }
+                    Err(f) => f,
+                }
+            }
+            None => f,
+        };
+        self.send(Command::Fetch(f))
     }
 }
 
@@ -124,7 +174,7 @@ pub fn channel() -> (CommTx, Receiver<Command>, Option<Arc<Doorbell>>) {
             None
         }
     };
-    (CommTx { tx, bell: bell.clone() }, rx, bell)
+    (CommTx { tx, bell: bell.clone(), poster: Arc::new(OnceLock::new()) }, rx, bell)
 }
 
 /// The epoll descriptors open in this process: called right after MPI
@@ -281,6 +331,7 @@ impl Waiter {
             self.trusted_run = self.trusted_run.saturating_add(1);
         }
         self.distrust = self.distrust.saturating_sub(1);
+        self.bell.on_fds.store(self.trusted, SeqCst);
         self.bell.asleep.store(true, SeqCst);
         // A command queued before the flag was set rang no bell: look first.
         if !rx.is_empty() {
