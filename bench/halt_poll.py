@@ -126,10 +126,10 @@ def main():
     L = ["## Waking a sleeping thread: what it costs here, and what it costs a remote read (bench/halt_poll.py)", ""]
     cross, same = wakeups(probe)
     L.append(f"Pipe round trip between two sleeping processes (two wake-ups, median of 5 x 20000): across CPUs "
-             f"**{cross:.1f} µs**, on one CPU **{same:.1f} µs**. A remote OPEN through sleeping threads wakes six "
-             f"(client -> server thread -> communication thread -> holder -> communication thread -> server thread -> "
-             f"client): at half a round trip each, **{3 * cross:.0f} µs** of wake-ups when every hand-off crosses "
-             f"CPUs, before any work.")
+             f"**{cross:.1f} µs**, on one CPU **{same:.1f} µs**. A small remote OPEN through sleeping threads wakes four "
+             f"(client -> server thread -> holder -> communication thread -> client; the server thread posts the "
+             f"fetch, the communication thread answers the client once the payload is verified): at half a round "
+             f"trip each, **{2 * cross:.0f} µs** of wake-ups when every hand-off crosses CPUs, before any work.")
     if not want:
         L.append("")
         L.append("(No side-by-side run with the guest's halt polling: set FANSTORE_BENCH_HALT_POLL_NS, as root, on a "

@@ -147,7 +147,7 @@ def main():
               "the logging itself adds a few µs):", "",
               "| stage | µs |", "|---|---:|",
               f"| client OPEN, fd in hand (whole round trip) | {stages['open']:.0f} |",
-              f"| requester: request handed to the communication thread + the copy's pages allocated (fallocate, overlaps the transfer) | {stages['send']:.0f} |",
+              f"| requester: receives and request posted by the server thread, queued for the communication thread, + the copy's pages allocated (fallocate, overlaps the transfer) | {stages['send']:.0f} |",
               f"| requester: waiting for the verified payload | {stages['wait']:.0f} |",
               f"| of which the communication thread's fetch (request posted -> last byte in, hashed) | {stages['comm']:.0f} |",
               f"| holder: payload ready to send (a slice of the mapped partition copy) | {stages['ready']:.2f} |",
@@ -155,9 +155,11 @@ def main():
               f"| the rest: client request and reply, the copy's creation and link, the fd's reopen on both sides | "
               f"{stages['open'] - stages['send'] - stages['wait'] - stages['fill']:.0f} |", "",
               "Against the raw ping-pong, the fetch itself costs the MPI transfer plus hashing; the other stages are "
-              "hand-offs between threads (server thread -> communication thread -> server thread, each a wake-up "
-              "that waits for a free core when two polling communication threads, a server thread and the client "
-              "share 2 cores), and the copy's creation. A 128 KiB file stored uncompressed is answered by the "
+              "hand-offs between threads (the reply wakes the communication thread, which wakes the client and the "
+              "server thread, each a wake-up that waits for a free core when two communication threads, a server "
+              "thread and the client share 2 cores), and the copy's creation. The server thread posts the fetch "
+              "itself and queues it without waking the communication thread (README, MPI); `--fetch-post comm` "
+              "above is the hand-off before, the communication thread woken to post it. A 128 KiB file stored uncompressed is answered by the "
               "communication thread itself once verified (README, the daemon's direct answer): the client has its fd "
               "while the server thread still wakes from its wait, so the waiting row holds a wake-up the client no "
               "longer waits for, and `the rest` (the round trip less the other rows) is smaller by as much."]
@@ -172,9 +174,9 @@ def main():
     for name, t, cpu in place:
         L.append(f"| {name} | {t:.0f} | {t / free:.2f}x | {cpu:.0f} |")
     L += ["", "A hand-off to a thread whose CPU is idle costs this VM ~44 µs (bench/halt_poll.py: half a pipe round "
-          "trip across CPUs), one on the same CPU ~2 µs. A remote OPEN hands off five times (client -> server "
-          "thread -> communication thread -> holder -> communication thread -> client): kept on one CPU per node, "
-          "only the two crossings between the nodes remain; kept on one CPU, none."]
+          "trip across CPUs), one on the same CPU ~2 µs. A small remote OPEN hands off four times (client -> server "
+          "thread -> holder -> communication thread -> client; the server thread posts the fetch itself): kept on "
+          "one CPU per node, only the two crossings between the nodes remain; kept on one CPU, none."]
     print("\n".join(L))
 
 
