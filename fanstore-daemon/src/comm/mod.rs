@@ -217,11 +217,26 @@ pub struct Posted {
 // which a Posted crosses threads ([`post`]).
 unsafe impl Send for Posted {}
 
+/// The request message of a fetch, to send once its receives are posted.
+pub type RequestMsg = Box<[u8; table::REQUEST_LEN]>;
+
+/// A request message in flight, sent by a server thread ([`post`]).
+pub struct SentRequest {
+    request: Request,
+    msg: RequestMsg,
+}
+
+// SAFETY: `msg` is boxed (its bytes do not move with it); `request` is a
+// handle of this process's MPI, which any thread may use under
+// MPI_THREAD_MULTIPLE, the only level at which one crosses threads.
+unsafe impl Send for SentRequest {}
+
 /// Posts the receives of `f`'s payload (one per piece, straight into its
-/// buffer) and then its request on reply tag `tag`. A fetch that cannot be
-/// posted is answered with its error here; its receives already posted stay
-/// in the result (abandoned), to complete before the buffer is dropped.
-pub(crate) fn post_fetch(comm: &raw::Handle, mut f: Fetch, tag: i32, piece: u64, pipeline: u64) -> Posted {
+/// buffer) on reply tag `tag`, and returns the fetch with its request
+/// message, not sent yet. A fetch that cannot be posted is answered with
+/// its error here and comes back abandoned, without a request, with its
+/// receives already posted (to complete before the buffer is dropped).
+pub(crate) fn post_receives(comm: &raw::Handle, mut f: Fetch, tag: i32, piece: u64, pipeline: u64) -> (Posted, Option<RequestMsg>) {
     let parts = table::plan(f.stored_len, piece, pipeline);
     let request = Box::new(table::encode_request(f.node_id, tag, f.stored_len, f.offset));
     let mut state = FetchState::new(f.holder, tag, Instant::now() + f.timeout, parts.iter().map(|p| p.1).collect());
@@ -229,12 +244,11 @@ pub(crate) fn post_fetch(comm: &raw::Handle, mut f: Fetch, tag: i32, piece: u64,
     if have as u64 != f.stored_len {
         let _ = f.reply.send(Err(FetchError::BadBuffer(have, f.stored_len)));
         state.abandoned = true;
-        let pending = PendingFetch::new(state, f.buf, std::ptr::null(), Vec::new(), None, None, request);
-        return Posted { pending, reqs: Vec::new() };
+        let pending = PendingFetch::new(state, f.buf, std::ptr::null(), Vec::new(), None, None);
+        return (Posted { pending, reqs: Vec::new() }, None);
     }
     let base = f.buf.bytes_mut().as_mut_ptr();
     let mut reqs = Vec::with_capacity(parts.len() + 1);
-    let mut err = None;
     for (i, &(off, len)) in parts.iter().enumerate() {
         // SAFETY: `buf` is exactly stored_len bytes (checked above) and
         // every piece lies inside it; the buffer moves into the Posted
@@ -244,35 +258,30 @@ pub(crate) fn post_fetch(comm: &raw::Handle, mut f: Fetch, tag: i32, piece: u64,
         match unsafe { comm.irecv(base.add(off as usize), len, f.holder, tag) } {
             Ok(r) => reqs.push((r, Some(i))),
             Err(e) => {
-                err = Some(e);
-                break;
+                let posted = reqs.len();
+                let pending = failed(comm, f, state, base, parts, posted, e);
+                return (Posted { pending, reqs }, None);
             }
         }
     }
-    if err.is_none() {
-        // SAFETY: `request` is boxed and kept with the fetch until the send completes.
-        match unsafe { comm.isend(request.as_ptr(), request.len(), f.holder, TAG_REQUEST) } {
-            Ok(r) => reqs.push((r, None)),
-            Err(e) => err = Some(e),
-        }
+    let pending = PendingFetch::new(state, f.buf, base, parts, Some(f.reply), f.direct);
+    (Posted { pending, reqs }, Some(request))
+}
+
+/// A fetch that could not be posted whole (`posted` receives were): answered
+/// with `e` now, kept abandoned until those receives complete.
+fn failed(comm: &raw::Handle, f: Fetch, mut state: FetchState, base: *mut u8, parts: Vec<(u64, usize)>, posted: usize, e: raw::MpiError) -> PendingFetch {
+    // Receives already posted stay posted: the fetch is abandoned and
+    // cleaned up when (if ever) they complete.
+    log::warn!("rank {}: posting a fetch from rank {}: {e}", comm.rank, f.holder);
+    let _ = f.reply.send(Err(FetchError::Mpi(f.holder, e.0)));
+    state.abandoned = true;
+    state.fail();
+    for _ in posted..parts.len() {
+        state.piece_done(usize::MAX, 0);
     }
-    if let Some(e) = err {
-        // Receives already posted stay posted: the fetch is abandoned and
-        // cleaned up when (if ever) they complete.
-        log::warn!("rank {}: posting a fetch from rank {}: {e}", comm.rank, f.holder);
-        let _ = f.reply.send(Err(FetchError::Mpi(f.holder, e.0)));
-        let posted = reqs.len();
-        state.abandoned = true;
-        state.fail();
-        for _ in posted..parts.len() {
-            state.piece_done(usize::MAX, 0);
-        }
-        state.request_done(false);
-        let pending = PendingFetch::new(state, f.buf, base, parts, None, None, request);
-        return Posted { pending, reqs };
-    }
-    let pending = PendingFetch::new(state, f.buf, base, parts, Some(f.reply), f.direct, request);
-    Posted { pending, reqs }
+    state.request_done(false);
+    PendingFetch::new(state, f.buf, base, parts, None, None)
 }
 
 /// One metadata request to another rank (never to this one: the caller
@@ -296,8 +305,12 @@ pub trait MetaServer {
 
 pub enum Command {
     Fetch(Fetch),
-    /// A fetch a server thread posted itself ([`post`]).
+    /// A fetch a server thread posted itself ([`post`]); its request is
+    /// sent after it was queued, and tracked apart ([`Command::Sent`]).
     Posted(Posted),
+    /// A request message a server thread sent after queueing its fetch:
+    /// kept until the send completes.
+    Sent(SentRequest),
     Meta(MetaCall),
     /// Shut the whole job down (this rank tells the others).
     Stop,
@@ -359,7 +372,8 @@ struct PendingFetch {
     started: Instant,
     reply: Option<Sender<FetchReply>>,
     direct: Option<Direct>,
-    _request: Box<[u8; table::REQUEST_LEN]>,
+    /// The request message while its send is in flight (sent by this thread).
+    _request: Option<RequestMsg>,
 }
 
 impl PendingFetch {
@@ -370,7 +384,6 @@ impl PendingFetch {
         parts: Vec<(u64, usize)>,
         reply: Option<Sender<FetchReply>>,
         direct: Option<Direct>,
-        request: Box<[u8; table::REQUEST_LEN]>,
     ) -> Self {
         let n = parts.len();
         PendingFetch {
@@ -384,7 +397,7 @@ impl PendingFetch {
             started: Instant::now(),
             reply,
             direct,
-            _request: request,
+            _request: None,
         }
     }
 
@@ -524,6 +537,7 @@ impl<'a> Engine<'a> {
         match c {
             Command::Fetch(f) => self.start_fetch(f),
             Command::Posted(p) => self.adopt(p),
+            Command::Sent(s) => self.track_send(s),
             Command::Meta(m) => self.start_meta(m),
             Command::Stop => return false,
         }
@@ -646,7 +660,27 @@ impl<'a> Engine<'a> {
             let _ = f.reply.send(Err(FetchError::Busy));
             return;
         };
-        let posted = post_fetch(self.comm, f, tag, self.piece, self.pipeline);
+        let (mut posted, request) = post_receives(self.comm, f, tag, self.piece, self.pipeline);
+        if let Some(request) = request {
+            // SAFETY: `request` is boxed and kept with the fetch until the send completes.
+            match unsafe { self.comm.isend(request.as_ptr(), request.len(), posted.pending.state.holder, TAG_REQUEST) } {
+                Ok(r) => {
+                    posted.reqs.push((r, None));
+                    posted.pending._request = Some(request);
+                }
+                Err(e) => {
+                    let p = &mut posted.pending;
+                    log::warn!("rank {}: sending a request to rank {}: {e}", self.comm.rank, p.state.holder);
+                    if let Some(reply) = p.reply.take() {
+                        let _ = reply.send(Err(FetchError::Mpi(p.state.holder, e.0)));
+                    }
+                    p.direct = None;
+                    p.state.abandoned = true;
+                    p.state.fail();
+                    p.state.request_done(false);
+                }
+            }
+        }
         self.adopt(posted);
     }
 
@@ -668,6 +702,14 @@ impl<'a> Engine<'a> {
             }
         }
         self.fetches.insert(id, p.pending);
+    }
+
+    /// Keeps a request message until its send, made by another thread, completes.
+    fn track_send(&mut self, s: SentRequest) {
+        let id = self.id();
+        self.table.push(s.request, Slot::Sent { send: id });
+        let small: Box<[u8]> = s.msg;
+        self.sends.insert(id, PendingSend { buf: None, _small: small, outstanding: 1 });
     }
 
     fn free_tag(&mut self, tag: i32) {
@@ -943,6 +985,7 @@ impl<'a> Engine<'a> {
                     p.pending.state.abandoned = true;
                     self.adopt(p);
                 }
+                Command::Sent(s) => self.track_send(s),
                 Command::Meta(_) | Command::Stop => {}
             }
         }

@@ -16,15 +16,15 @@
 //! these two calls leave the communication thread; no other thread ever
 //! drives MPI's progress.
 //!
-//! The queue rings the doorbell only when it must. A communication thread
-//! asleep on the transport's epoll fds, which it trusts to announce every
-//! message ([`super::wake`]), is woken by the reply's arrival and finds the
-//! posted fetch in its queue then: no wake-up for the post. It is rung when
-//! the thread naps instead (a transport without fds), and when the post
-//! took long enough ([`LATE`]) that the reply may have arrived before the
-//! fetch was queued (a preempted server thread): a wake-up by the reply that
-//! found nothing to adopt, followed by a sleep that nothing ends.
-//!
+//! The fetch is queued before its request leaves: the reply cannot arrive
+//! before the communication thread can find the fetch. So the queue rings
+//! the doorbell only when the thread's sleep would not end at the reply's
+//! arrival: a thread asleep on the transport's epoll fds, which it trusts to
+//! announce every message ([`super::wake`]), is woken by the reply and
+//! adopts the fetch then, with no wake-up for the post. The request's send
+//! is queued after it (never rung: the reply's arrival, or the fetch's
+//! deadline, wakes the thread), and kept until it completes.
+
 //! Reply tags: the fetches posted here draw theirs from their own span
 //! ([`super::table::POSTER_FIRST_TAG`] up), under a mutex, so the
 //! communication thread's tags need no lock; it frees a posted fetch's tag
@@ -37,14 +37,8 @@
 
 use super::raw::SharedHandle;
 use super::table::{Tags, POSTER_FIRST_TAG, TAG_LIMIT};
-use super::{Command, Fetch, Posted};
+use super::{Command, Fetch, SentRequest, TAG_REQUEST};
 use std::sync::{Mutex, PoisonError, RwLock};
-use std::time::{Duration, Instant};
-
-/// A post that took longer than this from its request's send to its queueing
-/// rings the doorbell: the holder may have answered already (the fastest
-/// 24-byte request and reply here take ~30 µs).
-pub const LATE: Duration = Duration::from_micros(15);
 
 /// Where server threads post their fetches.
 pub struct Poster {
@@ -56,11 +50,13 @@ pub struct Poster {
     pipeline: u64,
 }
 
-/// A fetch posted by [`Poster::post`], to queue for the communication thread.
-pub struct Post {
-    pub command: Command,
-    /// When its request was sent.
-    pub sent: Instant,
+/// How a command from [`Poster::post`] is queued.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Ring {
+    /// Wake the communication thread unless the reply's arrival will.
+    UnlessFdsWake,
+    /// Never wake it for this one.
+    Never,
 }
 
 impl Poster {
@@ -75,11 +71,12 @@ impl Poster {
         }
     }
 
-    /// Posts `f` and hands the posted fetch to `queue` (which must accept
-    /// it: it goes to the communication thread), while posting is allowed.
-    /// `Err(f)` when it is not, or every tag of the span is taken: the
-    /// caller sends `f` as a command instead.
-    pub fn post(&self, f: Fetch, queue: impl FnOnce(Post)) -> Result<(), Fetch> {
+    /// Posts `f`'s receives, hands the posted fetch to `queue`, then sends
+    /// its request and hands that over too, while posting is allowed.
+    /// `queue` must accept every command: they go to the communication
+    /// thread. `Err(f)` when posting is closed, or every tag of the span is
+    /// taken: the caller sends `f` as a command instead.
+    pub fn post(&self, f: Fetch, mut queue: impl FnMut(Command, Ring)) -> Result<(), Fetch> {
         let open = self.open.read().unwrap_or_else(PoisonError::into_inner);
         if !*open {
             return Err(f);
@@ -87,8 +84,24 @@ impl Poster {
         let Some(tag) = self.tags.lock().unwrap_or_else(PoisonError::into_inner).alloc() else {
             return Err(f);
         };
-        let posted: Posted = super::post_fetch(&self.handle, f, tag, self.piece, self.pipeline);
-        queue(Post { command: Command::Posted(posted), sent: Instant::now() });
+        let holder = f.holder;
+        let (mut posted, request) = super::post_receives(&self.handle, f, tag, self.piece, self.pipeline);
+        let Some(msg) = request else {
+            // Answered with its error already; queued for its receives to complete.
+            queue(Command::Posted(posted), Ring::UnlessFdsWake);
+            return Ok(());
+        };
+        // The fetch completes on its pieces alone; the send is tracked apart.
+        posted.pending.state.request_done(true);
+        queue(Command::Posted(posted), Ring::UnlessFdsWake);
+        // SAFETY: `msg` is boxed; it is handed to the communication thread,
+        // which keeps it until the send completes (or dropped here if the
+        // send was never started).
+        match unsafe { self.handle.isend(msg.as_ptr(), msg.len(), holder, TAG_REQUEST) } {
+            Ok(request) => queue(Command::Sent(SentRequest { request, msg }), Ring::Never),
+            // Rare (MPI refused a 24-byte send): the fetch times out at its deadline.
+            Err(e) => log::warn!("rank {}: sending a request to rank {holder}: {e}", self.handle.rank),
+        }
         drop(open);
         Ok(())
     }

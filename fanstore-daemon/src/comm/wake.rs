@@ -56,7 +56,7 @@
 //! # drop(tx);
 //! ```
 
-use super::post::Poster;
+use super::post::{Poster, Ring};
 use super::{Command, Fetch};
 use crossbeam::channel::{Receiver, SendError, Sender};
 use std::os::fd::{AsRawFd, FromRawFd, OwnedFd, RawFd};
@@ -93,11 +93,11 @@ impl Doorbell {
         }
     }
 
-    /// After a fetch was posted and queued by another thread: wakes the
-    /// thread unless it sleeps on the transport's fds, trusted, so that the
-    /// reply's arrival will wake it ([`super::post`]); always if `late`.
-    fn ring_after_post(&self, late: bool) {
-        if !late && self.asleep.load(SeqCst) && self.on_fds.load(SeqCst) {
+    /// After another thread queued a posted fetch: wakes the thread unless
+    /// it sleeps on the transport's fds, trusted, so that the reply's
+    /// arrival will wake it ([`super::post`]).
+    fn ring_unless_fds_wake(&self) {
+        if self.asleep.load(SeqCst) && self.on_fds.load(SeqCst) {
             return;
         }
         self.ring();
@@ -141,20 +141,19 @@ impl CommTx {
         let f = match self.poster.get() {
             Some(p) => {
                 let mut queued = Ok(());
-                match p.post(f, |post| {
-                    queued = self.tx.send(post.command);
-                    if let Some(b) = &self.bell {
-                        b.ring_after_post(post.sent.elapsed() > super::post::LATE);
+                let res = p.post(f, |c, ring| {
+                    if let Err(e) = self.tx.send(c) {
+                        queued = Err(e);
+                        return;
                     }
-                }) {
-                    Ok(()) => {
-                        // (Open while it queued: the receiver lives until the
-                        // communication thread closed the poster and drained.)
-                        return queued.map_err(|e| {
-                            log::error!("a posted fetch found the communication thread gone");
-                            e
-                        });
+                    if let (Some(b), Ring::UnlessFdsWake) = (&self.bell, ring) {
+                        b.ring_unless_fds_wake();
                     }
+                });
+                match res {
+                    // (The receiver lives until the communication thread
+                    // closed the poster and drained the queue: cannot fail.)
+                    Ok(()) => return queued.inspect_err(|_| log::error!("a posted fetch found the communication thread gone")),
                     Err(f) => f,
                 }
             }
