@@ -54,6 +54,12 @@ def daemon_cpu_us(rt, n=2):
     return total
 
 
+def daemon_sleeps(rt, n=2):
+    """Voluntary context switches of each daemon of the job (every thread,
+    STATUS `ctx_voluntary`): each is a thread that blocked, then was woken."""
+    return [int(fs_cluster.Client(rt / f"node-{r}.sock").status()["ctx_voluntary"]) for r in range(n)]
+
+
 def main_thread_cpu_us(pids):
     """CPU time of each daemon's main thread (the communication thread), in µs
     (/proc schedstat: nanoseconds on a CPU)."""
@@ -91,7 +97,7 @@ def main():
         try:
             sh([str(B / "fanstore"), "--runtime-dir", str(rt), "wait", "--timeout", "120"])
             pids = daemon_pids(rt)
-            t0, m0 = daemon_cpu_us(rt), main_thread_cpu_us(pids)
+            t0, m0, v0 = daemon_cpu_us(rt), main_thread_cpu_us(pids), daemon_sleeps(rt)
             opens, totals = [], []
             for _ in range(ROUNDS):
                 out = sh([str(B / "fanstore-bench-read"), "--socket", str(rt / "node-0.sock"), "--dataset", str(ds_id),
@@ -102,6 +108,7 @@ def main():
             files = ROUNDS * (ITERS + 5)  # fanstore-bench-read's 5 warm-up reads count too
             cpu = (daemon_cpu_us(rt) - t0) / files
             comm = (main_thread_cpu_us(pids) - m0) / files
+            sleeps = [(b - a) / files for a, b in zip(v0, daemon_sleeps(rt))]
             time.sleep(11)  # idle: the naps have grown to their cap
             i0 = daemon_cpu_us(rt)
             time.sleep(3)
@@ -109,7 +116,7 @@ def main():
         finally:
             subprocess.run([str(B / "fanstore"), "--runtime-dir", str(rt), "stop"], capture_output=True, env=env)
             p.wait(timeout=60)
-        rows.append((spin, sleep, bound, post, statistics.median(opens), statistics.median(totals), cpu, comm, idle))
+        rows.append((spin, sleep, bound, post, statistics.median(opens), statistics.median(totals), cpu, comm, sleeps, idle))
     raw, fresh, nb = [], [], []
     for _ in range(ROUNDS):
         raw.append(float(re.search(r"median_us=([\d.]+)", sh(["mpiexec", "-n", "2", str(B / "fanstore-mpi-pingpong"), "--iters", str(ITERS), str(SIZE)]))[1]))
@@ -123,9 +130,9 @@ def main():
          f"communication thread's nonblocking calls polled without pause (Irecv + Isend / Iprobe + Recv + Isend, Testsome) "
          f"**{n:.0f} µs**. Goal: OPEN+read "
          f"<= 2 x raw + 20 µs = {2 * r + 20:.0f} µs; daemon CPU per remote file <= 150 µs; idle daemons <= 1% of a core each.", "",
-         "| `--comm-spin-us` | OPEN µs | OPEN+read µs | vs goal | daemon CPU per remote file, both ranks µs | of which the communication threads µs | idle CPU per daemon |",
-         "|---|---:|---:|---:|---:|---:|---:|"]
-    for spin, sleep, bound, post, o, t, cpu, comm, idle in rows:
+         "| `--comm-spin-us` | OPEN µs | OPEN+read µs | vs goal | daemon CPU per remote file, both ranks µs | of which the communication threads µs | threads blocked per remote file, rank 0 / rank 1 | idle CPU per daemon |",
+         "|---|---:|---:|---:|---:|---:|---:|---:|"]
+    for spin, sleep, bound, post, o, t, cpu, comm, sleeps, idle in rows:
         name = f"{spin} (default)" if spin == DEFAULT_SPIN else spin
         if post != "server":
             name += f", `--fetch-post {post}`"
@@ -133,7 +140,8 @@ def main():
             name += f", `--comm-sleep {sleep}`"
         elif bound != DEFAULT_FD_BOUND:
             name += f", `--comm-fd-bound-us {bound}`"
-        L.append(f"| {name} | {o:.0f} | {t:.0f} | {t / (2 * r + 20):.2f}x | {cpu:.0f} | {comm:.0f} | {idle:.2f}% |")
+        L.append(f"| {name} | {o:.0f} | {t:.0f} | {t / (2 * r + 20):.2f}x | {cpu:.0f} | {comm:.0f} | "
+                 f"{sleeps[0]:.2f} / {sleeps[1]:.2f} | {idle:.2f}% |")
     L += ["", "Reading the rows: the communication thread of each rank runs the MPI progress loop. It polls for "
           "`--comm-spin-us` after the last message, then sleeps in ppoll on its doorbell and MPI's epoll fds (a "
           "peer's message or the next bytes of a transfer wake it); while those fds announce every message, a sleep "
@@ -141,7 +149,9 @@ def main():
           "`--comm-fd-bound-us 0` is the sleeps before: each one a 10-50 µs nap during a burst, whose timer fires "
           "(a fired timer costs ~35 µs of CPU and ~160 µs of wall time on this VM, an fd wake-up ~4 µs). "
           "`--comm-sleep nap` is the behaviour before the fds were used at all: naps on the command channel, and "
-          "polling without pause while a transfer is in flight."]
+          "polling without pause while a transfer is in flight. `threads blocked per remote file`: the daemon's voluntary "
+          "context switches (STATUS `ctx_voluntary`, every thread) over the reads: each is a thread that went to sleep "
+          "and had to be woken, the hand-offs a remote OPEN pays for on the requester (rank 0) and the holder (rank 1)."]
     if stages:
         L += ["", f"Stages of one remote OPEN at the default spin (the daemons' debug log, {stages['n']} fetches, medians; "
               "the logging itself adds a few µs):", "",

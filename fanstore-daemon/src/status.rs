@@ -192,24 +192,40 @@ pub struct Snapshot {
     /// [`Counters::comm_wakes`].
     pub comm_wakes: [u64; 5],
     /// CPU time of the whole daemon process (every thread, those that
-    /// ended too), user and system, in µs: [`process_cpu_us`].
+    /// ended too), user and system, in µs: [`process_usage`].
     pub cpu_user_us: u64,
     pub cpu_sys_us: u64,
+    /// Context switches of the whole process: voluntary (a thread blocked:
+    /// each is followed by a wake-up) and involuntary (preempted).
+    pub ctx_voluntary: u64,
+    pub ctx_involuntary: u64,
 }
 
-/// User and system CPU time of this process in µs (getrusage(RUSAGE_SELF):
-/// every thread, including threads that have exited; /proc's ticks are
-/// 10 ms coarse).
-pub fn process_cpu_us() -> (u64, u64) {
+/// What this process has used, every thread, including threads that have
+/// exited (getrusage(RUSAGE_SELF); /proc's ticks are 10 ms coarse).
+#[derive(Debug, Default, Clone, Copy)]
+pub struct ProcessUsage {
+    pub user_us: u64,
+    pub sys_us: u64,
+    pub ctx_voluntary: u64,
+    pub ctx_involuntary: u64,
+}
+
+pub fn process_usage() -> ProcessUsage {
     let mut ru = std::mem::MaybeUninit::<libc::rusage>::zeroed();
     // SAFETY: getrusage writes one rusage into the buffer it is given.
     if unsafe { libc::getrusage(libc::RUSAGE_SELF, ru.as_mut_ptr()) } != 0 {
-        return (0, 0);
+        return ProcessUsage::default();
     }
     // SAFETY: getrusage succeeded, so it filled `ru` (zeroed before anyway).
     let ru = unsafe { ru.assume_init() };
     let us = |t: libc::timeval| (t.tv_sec.max(0) as u64) * 1_000_000 + t.tv_usec.max(0) as u64;
-    (us(ru.ru_utime), us(ru.ru_stime))
+    ProcessUsage {
+        user_us: us(ru.ru_utime),
+        sys_us: us(ru.ru_stime),
+        ctx_voluntary: ru.ru_nvcsw.max(0) as u64,
+        ctx_involuntary: ru.ru_nivcsw.max(0) as u64,
+    }
 }
 
 impl Counters {
@@ -235,7 +251,8 @@ impl Counters {
         s.replicated_bytes = self.replicated_bytes.load(Relaxed);
         s.extracted_ahead = self.extracted_ahead.load(Relaxed);
         s.comm_wakes = std::array::from_fn(|i| self.comm_wakes[i].load(Relaxed));
-        (s.cpu_user_us, s.cpu_sys_us) = process_cpu_us();
+        let u = process_usage();
+        (s.cpu_user_us, s.cpu_sys_us, s.ctx_voluntary, s.ctx_involuntary) = (u.user_us, u.sys_us, u.ctx_voluntary, u.ctx_involuntary);
     }
 }
 
@@ -250,7 +267,7 @@ impl Snapshot {
              cache_hits={}\ncache_misses={}\ncache_evictions={}\ncache_bytes={}\ncache_entries={}\ncache_disk_bytes={}\ncopies_reused={}\ncopy_spares_bytes={}\nerrors={}\nclients={}\nfd_pressure={}\nnames_asked={}\ndirs_with_outputs={}\n\
              remote_p50_us={}\nremote_p99_us={}\nremote_mbps={:.3}\nreplicated_parts={}\nreplicated_bytes={}\nextracted_ahead={}\n\
              comm_woken_by_command={}\ncomm_woken_by_fd={}\ncomm_woken_by_timeout={}\ncomm_fd_wakes_idle={}\ncomm_missed_wakes={}\n\
-             cpu_user_us={}\ncpu_sys_us={}\ncpu_seconds={:.2}\n",
+             cpu_user_us={}\ncpu_sys_us={}\ncpu_seconds={:.2}\nctx_voluntary={}\nctx_involuntary={}\n",
             self.rank,
             self.nranks,
             self.host,
@@ -300,6 +317,8 @@ impl Snapshot {
             self.cpu_user_us,
             self.cpu_sys_us,
             (self.cpu_user_us + self.cpu_sys_us) as f64 / 1e6,
+            self.ctx_voluntary,
+            self.ctx_involuntary,
         )
     }
 }
@@ -437,15 +456,25 @@ mod tests {
     }
 
     #[test]
-    fn process_cpu_counts_this_process() {
-        let (u0, s0) = process_cpu_us();
+    fn process_usage_counts_this_process() {
+        let u = process_usage();
+        let (u0, s0) = (u.user_us, u.sys_us);
         let t = std::time::Instant::now();
         let mut x = 0u64;
         while t.elapsed() < std::time::Duration::from_millis(30) {
             x = std::hint::black_box(x.wrapping_mul(6364136223846793005).wrapping_add(1));
         }
-        let (u1, s1) = process_cpu_us();
+        let u = process_usage();
+        let (u1, s1) = (u.user_us, u.sys_us);
         assert!(u1 + s1 >= u0 + s0 + 10_000, "{u0}+{s0} -> {u1}+{s1} after 30 ms of spinning");
+        // A thread that sleeps 5 times blocks 5 times at least (the
+        // process's count includes threads that ended).
+        let v0 = u.ctx_voluntary;
+        std::thread::spawn(|| (0..5).for_each(|_| std::thread::sleep(std::time::Duration::from_millis(1))))
+            .join()
+            .expect("the sleeping thread");
+        let v1 = process_usage().ctx_voluntary;
+        assert!(v1 >= v0 + 5, "voluntary switches {v0} -> {v1} around 5 sleeps");
         let kv = parse(&Snapshot { cpu_user_us: 1_500_000, cpu_sys_us: 250_000, ..Default::default() }.render());
         assert!(kv.contains(&("cpu_seconds".into(), "1.75".into())), "{kv:?}");
     }
