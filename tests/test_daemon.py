@@ -468,7 +468,14 @@ def test_idle_communication_thread_sleeps_on_the_mpi_library_fds(bins, pack, sou
     ds = pack("none")
     c = start_cluster(bins, ds, tmp_path, nranks=2)
     try:
-        found = re.findall(r"rank (\d+): the communication thread sleeps on its doorbell and (\d+) MPI epoll fds", c.log())
+        # (Logged as the communication thread starts, after the rank
+        # published ready: `fanstore wait` may return before both lines.)
+        deadline = time.monotonic() + 10
+        while True:
+            found = re.findall(r"rank (\d+): the communication thread sleeps on its doorbell and (\d+) MPI epoll fds", c.log())
+            if sorted(r for r, _ in found) == ["0", "1"] or time.monotonic() > deadline:
+                break
+            time.sleep(0.05)
         assert sorted(r for r, _ in found) == ["0", "1"], c.log()
         assert all(int(n) >= 1 for _, n in found), f"no epoll fd of the MPI library found: {found}"
         # After a second of silence a sleep lasts up to 2 ms (the bound
