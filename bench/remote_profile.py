@@ -88,35 +88,41 @@ def main():
     settings = [(DEFAULT_SPIN, "fds", DEFAULT_FD_BOUND, "server"), (DEFAULT_SPIN, "fds", DEFAULT_FD_BOUND, "comm"),
                 ("200", "fds", DEFAULT_FD_BOUND, "server"), ("1000", "fds", DEFAULT_FD_BOUND, "server"),
                 (DEFAULT_SPIN, "fds", "0", "server"), (DEFAULT_SPIN, "nap", DEFAULT_FD_BOUND, "server")]
-    for k, (spin, sleep, bound, post) in enumerate(settings):
-        rt = work / f"rt{k}"
-        p = subprocess.Popen(["mpiexec", "-n", "2", str(B / "fanstore-daemon"), "--data", str(ds), "--local", str(work / f"l{k}"),
-                              "--runtime-dir", str(rt), "--cache-mem", "0", "--replicate-on-read", "off", "--comm-spin-us", spin, "--comm-sleep", sleep,
-                              "--comm-fd-bound-us", bound, "--fetch-post", post], env=env,
-                             stdout=open(work / f"log{k}", "wb"), stderr=subprocess.STDOUT, start_new_session=True)
-        try:
-            sh([str(B / "fanstore"), "--runtime-dir", str(rt), "wait", "--timeout", "120"])
-            pids = daemon_pids(rt)
-            t0, m0, v0 = daemon_cpu_us(rt), main_thread_cpu_us(pids), daemon_sleeps(rt)
-            opens, totals = [], []
-            for _ in range(ROUNDS):
+    # A fresh job per setting and round, the settings in turn (reversed every other round), so that a
+    # noisy stretch of this shared machine falls on every setting alike; the idle CPU once per setting.
+    got = {k: [] for k in range(len(settings))}
+    idles = {}
+    for rnd in range(ROUNDS):
+        order = list(enumerate(settings))
+        for k, (spin, sleep, bound, post) in (order if rnd % 2 == 0 else order[::-1]):
+            rt = work / f"rt{k}-{rnd}"
+            p = subprocess.Popen(["mpiexec", "-n", "2", str(B / "fanstore-daemon"), "--data", str(ds), "--local", str(work / f"l{k}-{rnd}"),
+                                  "--runtime-dir", str(rt), "--cache-mem", "0", "--replicate-on-read", "off", "--comm-spin-us", spin,
+                                  "--comm-sleep", sleep, "--comm-fd-bound-us", bound, "--fetch-post", post], env=env,
+                                 stdout=open(work / f"log{k}-{rnd}", "wb"), stderr=subprocess.STDOUT, start_new_session=True)
+            try:
+                sh([str(B / "fanstore"), "--runtime-dir", str(rt), "wait", "--timeout", "120"])
+                pids = daemon_pids(rt)
+                t0, m0, v0 = daemon_cpu_us(rt), main_thread_cpu_us(pids), daemon_sleeps(rt)
                 out = sh([str(B / "fanstore-bench-read"), "--socket", str(rt / "node-0.sock"), "--dataset", str(ds_id),
                           "--iters", str(ITERS), f"{SIZE}=" + ",".join(map(str, ids))])
                 m = re.search(r"open_us=([\d.]+) total_us=([\d.]+)", out)
-                opens.append(float(m[1]))
-                totals.append(float(m[2]))
-            files = ROUNDS * (ITERS + 5)  # fanstore-bench-read's 5 warm-up reads count too
-            cpu = (daemon_cpu_us(rt) - t0) / files
-            comm = (main_thread_cpu_us(pids) - m0) / files
-            sleeps = [(b - a) / files for a, b in zip(v0, daemon_sleeps(rt))]
-            time.sleep(11)  # idle: the naps have grown to their cap
-            i0 = daemon_cpu_us(rt)
-            time.sleep(3)
-            idle = (daemon_cpu_us(rt) - i0) / 1e6 / 3 / 2 * 100
-        finally:
-            subprocess.run([str(B / "fanstore"), "--runtime-dir", str(rt), "stop"], capture_output=True, env=env)
-            p.wait(timeout=60)
-        rows.append((spin, sleep, bound, post, statistics.median(opens), statistics.median(totals), cpu, comm, sleeps, idle))
+                files = ITERS + 5  # fanstore-bench-read's 5 warm-up reads count too
+                got[k].append((float(m[1]), float(m[2]), (daemon_cpu_us(rt) - t0) / files, (main_thread_cpu_us(pids) - m0) / files,
+                               [(b - a) / files for a, b in zip(v0, daemon_sleeps(rt))]))
+                if rnd == ROUNDS - 1:
+                    time.sleep(11)  # idle: the naps have grown to their cap
+                    i0 = daemon_cpu_us(rt)
+                    time.sleep(3)
+                    idles[k] = (daemon_cpu_us(rt) - i0) / 1e6 / 3 / 2 * 100
+            finally:
+                subprocess.run([str(B / "fanstore"), "--runtime-dir", str(rt), "stop"], capture_output=True, env=env)
+                p.wait(timeout=60)
+    for k, (spin, sleep, bound, post) in enumerate(settings):
+        g = got[k]
+        med = lambda i: statistics.median(x[i] for x in g)  # noqa: E731
+        sleeps = [statistics.median(x[4][r] for x in g) for r in range(2)]
+        rows.append((spin, sleep, bound, post, med(0), med(1), med(2), med(3), sleeps, idles[k]))
     raw, fresh, nb = [], [], []
     for _ in range(ROUNDS):
         raw.append(float(re.search(r"median_us=([\d.]+)", sh(["mpiexec", "-n", "2", str(B / "fanstore-mpi-pingpong"), "--iters", str(ITERS), str(SIZE)]))[1]))
@@ -125,7 +131,7 @@ def main():
     r, f, n = statistics.median(raw), statistics.median(fresh), statistics.median(nb)
     stages = stage_breakdown(work, ds, ds_id, ids)
     L = ["## Where the time goes: one remote 128 KiB OPEN (bench/remote_profile.py)", "",
-         f"{ROUNDS} rounds x {ITERS} reads, medians; raw MPI ping-pong (no daemon running) **{r:.0f} µs**, the same into a "
+         f"{ROUNDS} rounds x {ITERS} reads, a fresh job per row and round, the rows in turn, medians; raw MPI ping-pong (no daemon running) **{r:.0f} µs**, the same into a "
          f"fresh memfd per reply **{f:.0f} µs** (landing 128 KiB in new pages costs {f - r:.0f} µs here), the same with the "
          f"communication thread's nonblocking calls polled without pause (Irecv + Isend / Iprobe + Recv + Isend, Testsome) "
          f"**{n:.0f} µs**. Goal: OPEN+read "
