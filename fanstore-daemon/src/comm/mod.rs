@@ -204,7 +204,7 @@ pub struct Fetch {
 }
 
 /// A fetch whose receives and request message are posted, waiting for a
-/// communication thread to test them ([`Engine::adopt`]).
+/// communication thread to test them (`Engine::adopt`).
 pub struct Posted {
     pending: PendingFetch,
     /// The requests posted, each with the piece it receives (None: the request message).

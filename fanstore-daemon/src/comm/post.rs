@@ -8,13 +8,14 @@
 //! client), and on a virtual machine a wake-up of a thread whose vCPU is
 //! idle costs ~44 µs (bench/remote_profile.py, bench/halt_poll.py).
 //!
-//! Where MPI granted `MPI_THREAD_MULTIPLE`, the server thread now posts them
-//! itself (MPI_Irecv per piece, then MPI_Isend of the request, exactly as the
-//! communication thread would, [`super::post_fetch`]) and queues the posted
-//! fetch; the communication thread adopts it and does the rest as for any
-//! fetch: tests the requests, hashes the pieces, answers, expires. Only
-//! these two calls leave the communication thread; no other thread ever
-//! drives MPI's progress.
+//! Where MPI granted `MPI_THREAD_MULTIPLE`, the server thread now posts the
+//! receives itself (MPI_Irecv per piece, exactly as the communication thread
+//! would, `super::post_receives`), queues the posted fetch, then sends the
+//! request (MPI_Isend) and queues that send; the communication thread adopts
+//! both and does the rest as for any fetch: tests the requests, hashes the
+//! pieces, answers, expires. Only these two calls leave the communication
+//! thread: no other thread probes or tests (the calls that drive MPI's
+//! progress).
 //!
 //! The fetch is queued before its request leaves: the reply cannot arrive
 //! before the communication thread can find the fetch. So the queue rings

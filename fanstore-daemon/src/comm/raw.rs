@@ -67,7 +67,7 @@ impl std::ops::Deref for SharedHandle {
     }
 }
 
-/// A completed request reported by [`Comm::testsome`].
+/// A completed request reported by [`Handle::testsome`].
 #[derive(Debug, Clone, Copy)]
 pub struct Done {
     pub index: usize,
