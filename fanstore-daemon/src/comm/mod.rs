@@ -203,8 +203,8 @@ pub struct Fetch {
     pub direct: Option<Direct>,
 }
 
-/// A fetch whose receives and request message are posted, waiting for a
-/// communication thread to test them (`Engine::adopt`).
+/// A fetch whose receives are posted (and its request sent, or about to
+/// be), waiting for the communication thread to test them (`Engine::adopt`).
 pub struct Posted {
     pending: PendingFetch,
     /// The requests posted, each with the piece it receives (None: the request message).

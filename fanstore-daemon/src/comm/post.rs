@@ -25,7 +25,7 @@
 //! adopts the fetch then, with no wake-up for the post. The request's send
 //! is queued after it (never rung: the reply's arrival, or the fetch's
 //! deadline, wakes the thread), and kept until it completes.
-
+//!
 //! Reply tags: the fetches posted here draw theirs from their own span
 //! ([`super::table::POSTER_FIRST_TAG`] up), under a mutex, so the
 //! communication thread's tags need no lock; it frees a posted fetch's tag
@@ -51,15 +51,6 @@ pub struct Poster {
     pipeline: u64,
 }
 
-/// How a command from [`Poster::post`] is queued.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Ring {
-    /// Wake the communication thread unless the reply's arrival will.
-    UnlessFdsWake,
-    /// Never wake it for this one.
-    Never,
-}
-
 impl Poster {
     /// Posts through `handle`; `piece` and `pipeline` as the engine's.
     pub fn new(handle: SharedHandle, piece: u64, pipeline: u64) -> Poster {
@@ -75,9 +66,9 @@ impl Poster {
     /// Posts `f`'s receives, hands the posted fetch to `queue`, then sends
     /// its request and hands that over too, while posting is allowed.
     /// `queue` must accept every command: they go to the communication
-    /// thread. `Err(f)` when posting is closed, or every tag of the span is
+    /// thread (which needs waking for a [`Command::Posted`] only, [`super::wake`]). `Err(f)` when posting is closed, or every tag of the span is
     /// taken: the caller sends `f` as a command instead.
-    pub fn post(&self, f: Fetch, mut queue: impl FnMut(Command, Ring)) -> Result<(), Fetch> {
+    pub fn post(&self, f: Fetch, mut queue: impl FnMut(Command)) -> Result<(), Fetch> {
         let open = self.open.read().unwrap_or_else(PoisonError::into_inner);
         if !*open {
             return Err(f);
@@ -89,17 +80,17 @@ impl Poster {
         let (mut posted, request) = super::post_receives(&self.handle, f, tag, self.piece, self.pipeline);
         let Some(msg) = request else {
             // Answered with its error already; queued for its receives to complete.
-            queue(Command::Posted(posted), Ring::UnlessFdsWake);
+            queue(Command::Posted(posted));
             return Ok(());
         };
         // The fetch completes on its pieces alone; the send is tracked apart.
         posted.pending.state.request_done(true);
-        queue(Command::Posted(posted), Ring::UnlessFdsWake);
+        queue(Command::Posted(posted));
         // SAFETY: `msg` is boxed; it is handed to the communication thread,
         // which keeps it until the send completes (or dropped here if the
         // send was never started).
         match unsafe { self.handle.isend(msg.as_ptr(), msg.len(), holder, TAG_REQUEST) } {
-            Ok(request) => queue(Command::Sent(SentRequest { request, msg }), Ring::Never),
+            Ok(request) => queue(Command::Sent(SentRequest { request, msg })),
             // Rare (MPI refused a 24-byte send): the fetch times out at its deadline.
             Err(e) => log::warn!("rank {}: sending a request to rank {holder}: {e}", self.handle.rank),
         }

@@ -56,7 +56,7 @@
 //! # drop(tx);
 //! ```
 
-use super::post::{Poster, Ring};
+use super::post::Poster;
 use super::{Command, Fetch};
 use crossbeam::channel::{Receiver, SendError, Sender};
 use std::os::fd::{AsRawFd, FromRawFd, OwnedFd, RawFd};
@@ -141,12 +141,15 @@ impl CommTx {
         let f = match self.poster.get() {
             Some(p) => {
                 let mut queued = Ok(());
-                let res = p.post(f, |c, ring| {
+                let res = p.post(f, |c| {
+                    // (The request's send needs no wake-up: the reply's
+                    // arrival, or the fetch's deadline, wakes the thread.)
+                    let posted = matches!(c, Command::Posted(_));
                     if let Err(e) = self.tx.send(c) {
                         queued = Err(e);
                         return;
                     }
-                    if let (Some(b), Ring::UnlessFdsWake) = (&self.bell, ring) {
+                    if let Some(b) = self.bell.as_ref().filter(|_| posted) {
                         b.ring_unless_fds_wake();
                     }
                 });
