@@ -3,12 +3,11 @@
     python3 bench/halt_poll.py [--quick]          (prints a markdown section)
     FANSTORE_BENCH_HALT_POLL_NS=200000 python3 bench/halt_poll.py
 
-One remote OPEN through sleeping threads is a chain of six wake-ups: the
-client's request wakes a server thread, which wakes the communication
-thread, whose MPI request wakes the holder's communication thread, whose
-reply wakes the requester's communication thread, which wakes the server
-thread, whose reply wakes the client. A raw MPI ping-pong busy-polls on both
-ends and pays none. Always measured: the wake-up cost itself (bench/wakeup.c,
+One small remote OPEN through sleeping threads is a chain of four wake-ups:
+the client's request wakes a server thread, which posts the fetch; its MPI
+request wakes the holder's communication thread, whose reply wakes the
+requester's communication thread, whose answer wakes the client. A raw MPI
+ping-pong busy-polls on both ends and pays none. Always measured: the wake-up cost itself (bench/wakeup.c,
 two processes bouncing a byte over pipes, pinned to different CPUs or to one).
 
 On a virtual machine whose kernel runs cpuidle-haltpoll, an idle vCPU halts
@@ -34,12 +33,12 @@ import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-import remote_profile as rp  # noqa: E402  (sh, ticks, daemon_pids, read_index)
+import remote_profile as rp  # noqa: E402  (sh, daemon_cpu_us, fs_cluster)
 
 B = rp.B
 QUICK = "--quick" in sys.argv
 ROUNDS = 2 if QUICK else 3
-ITERS = 300 if QUICK else 1000  # /proc ticks are 10 ms: enough files for a CPU figure per file
+ITERS = 300 if QUICK else 1000
 SET_MB = 24 if QUICK else 64
 KNOB = Path("/sys/module/haltpoll/parameters/guest_halt_poll_ns")
 SIZES = (128 << 10, 2 << 20)
@@ -81,11 +80,10 @@ def remote_open(work, ds, ds_id, ids, name):
     """(OPEN+read µs, daemon CPU µs per remote file) of one 2-rank job."""
     p, rt = start(work, ds, name, 2)
     try:
-        pids = rp.daemon_pids(rt)
-        t0 = rp.ticks(pids)
+        t0 = rp.daemon_cpu_us(rt)
         out = rp.sh([str(B / "fanstore-bench-read"), "--socket", str(rt / "node-0.sock"), "--dataset", str(ds_id),
                      "--iters", str(ITERS), f"{128 << 10}=" + ",".join(map(str, ids))])
-        cpu = (rp.ticks(pids) - t0) / rp.HZ / (ITERS + 5) * 1e6
+        cpu = (rp.daemon_cpu_us(rt) - t0) / (ITERS + 5)  # fanstore-bench-read's 5 warm-up reads count too
         return float(re.search(r"total_us=([\d.]+)", out)[1]), cpu
     finally:
         stop(p, rt)
@@ -179,7 +177,7 @@ def main():
     L += ["", f"Side by side, {ROUNDS} alternating rounds, medians: `guest_halt_poll_ns` {base} (this machine's setting: an "
           f"idle vCPU halts at once) against {want} (it polls up to {int(want) / 1000:.0f} µs first), restored after. "
           f"Remote OPEN+read: 2 ranks, {ITERS} reads of 128 KiB that only rank 1 holds, `--cache-mem 0 "
-          f"--replicate-on-read off`; daemon CPU per remote file from /proc (both ranks, every thread). Aggregate: "
+          f"--replicate-on-read off`; daemon CPU per remote file from each rank's getrusage (both ranks, every thread). Aggregate: "
           f"4 daemons (`mpiexec -n 4`, UCX_TLS=tcp, `--cache-mem 0 --replicate-on-read off`), 4 readers "
           f"(bench/readfiles.c, FANSTORE_NODE=0..3) each reading all {SET_MB} MiB of a size, 3/4 remote; raw: "
           f"fanstore-mpi-pingpong, no daemon running.", "",
