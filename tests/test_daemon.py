@@ -123,8 +123,16 @@ def test_every_rank_serves_every_file(bins, pack, source, tmp_path, codec):
         served = []
         for r in range(NRANKS):
             with c.client(r) as cl:
-                served.append(int(cl.status()["remote_served"]))
+                st = cl.status()
+            served.append(int(st["remote_served"]))
+            # The wake-up cost each rank measured at start (fanstore_daemon::wake_cost).
+            assert float(st["wake_same_us"]) > 0, st
+            if len(os.sched_getaffinity(0)) >= 2:
+                assert float(st["wake_across_us"]) > 0, st
+            else:
+                assert st["wake_across_us"] == "-", st
         assert all(s > 0 for s in served), served
+        assert "wake us" in table.splitlines()[0], table
         shm = shm_files_of(c)
         local = c.local
     finally:

@@ -160,6 +160,7 @@ pub mod replica_writer;
 pub mod replicate;
 pub mod server;
 pub mod status;
+pub mod wake_cost;
 pub mod watch;
 pub mod watch_client;
 #[doc(hidden)]

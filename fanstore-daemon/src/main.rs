@@ -178,6 +178,18 @@ fn run(args: &DaemonArgs) -> anyhow::Result<i32> {
     if epoll && version.contains("Open MPI") {
         log::info!("rank {rank}: OMPI_MCA_opal_event_include=epoll (the communication thread sleeps on its connections)");
     }
+    // Before loading, while the node is as idle as between reads.
+    let wake = fanstore_daemon::wake_cost::measure_once(200);
+    let us = |v: Option<f64>| v.map_or_else(|| "not measured".to_string(), |v| format!("{v:.1} µs"));
+    log::info!(
+        "rank {rank}: waking a sleeping thread costs {} across CPUs, {} on one CPU (measured at start; STATUS wake_across_us)",
+        us(wake.across_us),
+        us(wake.same_us)
+    );
+    // (A job of one rank reads nothing remotely.)
+    if let Some(why) = fanstore_daemon::wake_cost::advice(&wake, &fanstore_daemon::wake_cost::IdlePolicy::read()).filter(|_| nranks > 1) {
+        log::info!("rank {rank}: {why}");
+    }
     if nofile > soft {
         log::info!("rank {rank}: RLIMIT_NOFILE soft {soft} hard {hard}: raised the soft limit to {nofile}");
     } else {

@@ -366,6 +366,7 @@ impl Node {
             ..Default::default()
         };
         self.counters.fill(&mut s);
+        s.wake = crate::wake_cost::measured().unwrap_or_default();
         if let Some(t) = self.ready_at.get() {
             let secs = t.elapsed().as_secs_f64();
             if secs > 0.0 {

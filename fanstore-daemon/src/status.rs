@@ -199,6 +199,9 @@ pub struct Snapshot {
     /// each is followed by a wake-up) and involuntary (preempted).
     pub ctx_voluntary: u64,
     pub ctx_involuntary: u64,
+    /// One wake-up of a sleeping thread on this node, measured at start:
+    /// [`crate::wake_cost`].
+    pub wake: crate::wake_cost::WakeCost,
 }
 
 /// What this process has used, every thread, including threads that have
@@ -267,7 +270,8 @@ impl Snapshot {
              cache_hits={}\ncache_misses={}\ncache_evictions={}\ncache_bytes={}\ncache_entries={}\ncache_disk_bytes={}\ncopies_reused={}\ncopy_spares_bytes={}\nerrors={}\nclients={}\nfd_pressure={}\nnames_asked={}\ndirs_with_outputs={}\n\
              remote_p50_us={}\nremote_p99_us={}\nremote_mbps={:.3}\nreplicated_parts={}\nreplicated_bytes={}\nextracted_ahead={}\n\
              comm_woken_by_command={}\ncomm_woken_by_fd={}\ncomm_woken_by_timeout={}\ncomm_fd_wakes_idle={}\ncomm_missed_wakes={}\n\
-             cpu_user_us={}\ncpu_sys_us={}\ncpu_seconds={:.2}\nctx_voluntary={}\nctx_involuntary={}\n",
+             cpu_user_us={}\ncpu_sys_us={}\ncpu_seconds={:.2}\nctx_voluntary={}\nctx_involuntary={}\n\
+             wake_across_us={}\nwake_same_us={}\n",
             self.rank,
             self.nranks,
             self.host,
@@ -319,8 +323,15 @@ impl Snapshot {
             (self.cpu_user_us + self.cpu_sys_us) as f64 / 1e6,
             self.ctx_voluntary,
             self.ctx_involuntary,
+            us_or_dash(self.wake.across_us),
+            us_or_dash(self.wake.same_us),
         )
     }
+}
+
+/// A measured µs figure with one decimal, or `-` when it was not measured.
+fn us_or_dash(v: Option<f64>) -> String {
+    v.map_or_else(|| "-".to_string(), |v| format!("{v:.1}"))
 }
 
 /// `key=value` lines as pairs, in order; lines without `=` are skipped.
@@ -348,7 +359,7 @@ pub fn human_bytes(v: u64) -> String {
 }
 
 /// The columns of `fanstore status`: header and the STATUS key each shows.
-const COLUMNS: [(&str, &str); 20] = [
+const COLUMNS: [(&str, &str); 21] = [
     ("rank", "rank"),
     ("host", "host"),
     ("status", "status"),
@@ -363,6 +374,7 @@ const COLUMNS: [(&str, &str); 20] = [
     ("remote p50 us", "remote_p50_us"),
     ("p99 us", "remote_p99_us"),
     ("remote MB/s", "remote_mbps"),
+    ("wake us", "wake_across_us"),
     ("prefetched", "replicated_bytes"),
     ("hits", "cache_hits"),
     ("misses", "cache_misses"),
@@ -421,6 +433,7 @@ mod tests {
             status: "ready".into(),
             load: LoadReport { partitions: 3, files: 10, bytes_read: 2_000_000, bytes_local: 3 << 20, seconds: 0.5 },
             cache_hits: 7,
+            wake: crate::wake_cost::WakeCost { across_us: Some(43.96), same_us: None },
             ..Default::default()
         };
         let kv = parse(&s.render());
@@ -428,10 +441,12 @@ mod tests {
         assert_eq!(get("rank"), "2");
         assert_eq!(get("load_mbps"), "4.0");
         assert_eq!(get("cache_hits"), "7");
+        assert_eq!((get("wake_across_us").as_str(), get("wake_same_us").as_str()), ("44.0", "-"));
         let t = table(&[(2, Some(kv)), (3, None)]);
         let lines: Vec<&str> = t.lines().collect();
         assert_eq!(lines.len(), 3);
         assert!(lines[0].contains("load MB/s") && lines[1].contains("3.0 MiB") && lines[2].contains("unreachable"), "{t}");
+        assert!(lines[0].contains("wake us") && lines[1].contains("44.0"), "{t}");
     }
 
     #[test]
