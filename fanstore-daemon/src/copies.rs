@@ -206,6 +206,11 @@ impl Copies {
     /// `fill` (which writes the file's exact bytes into the destination it is given)
     /// unless a copy exists or is being made by another thread (then waits
     /// at most `wait`). `relieve` frees fds when the process runs out.
+    ///
+    /// `answered` tells, after `fill`, whether the reader has its own fd of
+    /// the copy already (the communication thread sent it one,
+    /// [`crate::client_reply`]): then no fd is made here, and the result is
+    /// `Ok(None)`.
     pub fn open(
         &self,
         id: u32,
@@ -213,7 +218,8 @@ impl Copies {
         wait: Duration,
         relieve: &dyn Fn(),
         fill: &Fill<'_>,
-    ) -> Result<OwnedFd, i32> {
+        answered: &dyn Fn() -> bool,
+    ) -> Result<Option<OwnedFd>, i32> {
         let placed = match self.tiers.get(id) {
             TIER_COPY => Some((self.path(id), &self.cache)),
             TIER_EXTRACTED => self.disk.as_ref().map(|d| (d.path(id), &d.cache)),
@@ -223,15 +229,15 @@ impl Copies {
             if let Ok(fd) = fdlimit::retry(relieve, || open_ro(&path)) {
                 cache.touch(id);
                 cache.stats.hits.fetch_add(1, Ordering::Relaxed);
-                return Ok(fd);
+                return Ok(Some(fd));
             }
         }
         let mut last = libc::EIO;
         for _ in 0..3 {
             let mut fresh: Option<Spare> = None;
             let entry = self.cache.get_or_load(id, wait, libc::EIO, || {
-                let f = self.make(id, size, relieve, fill)?;
-                let ino = f.file().metadata().map_err(|e| fdlimit::errno_of(&e))?.ino();
+                let mut f = self.make(id, size, relieve, fill)?;
+                let ino = f.ino()?;
                 fresh = Some(f);
                 Ok((CopyEntry { ino, size }, charge(size)))
             });
@@ -247,16 +253,21 @@ impl Copies {
                 Err(e) => return Err(e),
             };
             if let Some(f) = fresh {
-                // Our own load: a read-only description of the file we filled.
-                let fd = fdlimit::retry(relieve, || open_ro(Path::new(&format!("/proc/self/fd/{}", f.file().as_raw_fd()))));
-                if fd.is_ok() && !self.fits(size) {
+                // Our own load. The reader has its own description of the
+                // file already, or gets a read-only one of the file we filled.
+                let fd = if answered() {
+                    None
+                } else {
+                    Some(fdlimit::retry(relieve, || open_ro(Path::new(&format!("/proc/self/fd/{}", f.file().as_raw_fd()))))?)
+                };
+                if !self.fits(size) {
                     // Unnamed: its pages serve a later copy once the reader is done.
                     self.spares.keep(f);
                 }
-                return fd;
+                return Ok(fd);
             }
             match fdlimit::retry(relieve, || open_ro(&self.path(id))) {
-                Ok(fd) => return Ok(fd),
+                Ok(fd) => return Ok(Some(fd)),
                 // Evicted between the lookup and the open: load it again.
                 Err(libc::ENOENT) => {
                     self.cache.invalidate(id, |e| *e == entry);
@@ -622,6 +633,13 @@ mod tests {
         (d, tiers, copies)
     }
 
+    impl Copies {
+        /// `open` for a reader that gets its fd from it (nobody answered).
+        fn open_fd(&self, id: u32, size: u64, wait: Duration, relieve: &dyn Fn(), fill: &Fill<'_>) -> Result<OwnedFd, i32> {
+            self.open(id, size, wait, relieve, fill, &|| false).map(|fd| fd.expect("not answered: an fd is made"))
+        }
+    }
+
     fn read(fd: OwnedFd) -> Vec<u8> {
         let mut v = Vec::new();
         File::from(fd).read_to_end(&mut v).unwrap();
@@ -640,21 +658,21 @@ mod tests {
             }
         };
         let w = Duration::from_secs(1);
-        assert_eq!(read(c.open(1, 100, w, &|| {}, &fill(1)).unwrap()), vec![1; 100]);
+        assert_eq!(read(c.open_fd(1, 100, w, &|| {}, &fill(1)).unwrap()), vec![1; 100]);
         assert_eq!(tiers.get(1), TIER_COPY);
         assert_eq!(std::fs::read(c.dir().join("1")).unwrap(), vec![1; 100]);
         // Served from the named file, no second load.
-        assert_eq!(read(c.open(1, 100, w, &|| {}, &fill(9)).unwrap()), vec![1; 100]);
+        assert_eq!(read(c.open_fd(1, 100, w, &|| {}, &fill(9)).unwrap()), vec![1; 100]);
         assert_eq!(loads.load(Ordering::Relaxed), 1);
         // A third page-sized copy evicts the oldest: tier byte cleared, file gone.
-        c.open(2, 100, w, &|| {}, &fill(2)).unwrap();
-        c.open(3, 100, w, &|| {}, &fill(3)).unwrap();
+        c.open_fd(2, 100, w, &|| {}, &fill(2)).unwrap();
+        c.open_fd(3, 100, w, &|| {}, &fill(3)).unwrap();
         assert_eq!(c.usage(), (8192, 2));
         let gone: Vec<u32> = (1..=3).filter(|&i| tiers.get(i) == TIER_NONE).collect();
         assert_eq!(gone.len(), 1);
         assert!(!c.dir().join(gone[0].to_string()).exists());
         // The fd of a copy is read-only.
-        let fd = c.open(3, 100, w, &|| {}, &fill(3)).unwrap();
+        let fd = c.open_fd(3, 100, w, &|| {}, &fill(3)).unwrap();
         let mut f = File::from(fd);
         assert!(std::io::Write::write_all(&mut f, b"x").is_err());
     }
@@ -662,7 +680,7 @@ mod tests {
     #[test]
     fn larger_than_the_budget_is_served_unnamed() {
         let (_d, tiers, c) = setup(4096);
-        let fd = c.open(4, 10_000, Duration::from_secs(1), &|| {}, &|d| d.write_all(&[7; 10_000])).unwrap();
+        let fd = c.open_fd(4, 10_000, Duration::from_secs(1), &|| {}, &|d| d.write_all(&[7; 10_000])).unwrap();
         assert_eq!(read(fd), vec![7; 10_000]);
         assert!(!c.fits(10_000) && c.fits(4096) && c.fits(1));
         assert_eq!(tiers.get(4), TIER_NONE);
@@ -687,14 +705,14 @@ mod tests {
             }
         };
         let want = |b: u8, len: usize| (0..len).map(|i| b ^ i as u8).collect::<Vec<u8>>();
-        assert_eq!(read(c.open(4, 10_000, w, &|| {}, &fill(1, 10_000)).unwrap()), want(1, 10_000));
+        assert_eq!(read(c.open_fd(4, 10_000, w, &|| {}, &fill(1, 10_000)).unwrap()), want(1, 10_000));
         // The reader closed: its file is written again (through a mapping),
         // larger, then smaller, with exactly the new bytes each time.
-        assert_eq!(read(c.open(5, 30_000, w, &|| {}, &fill(2, 30_000)).unwrap()), want(2, 30_000));
-        assert_eq!(read(c.open(6, 5_000, w, &|| {}, &fill(3, 5_000)).unwrap()), want(3, 5_000));
+        assert_eq!(read(c.open_fd(5, 30_000, w, &|| {}, &fill(2, 30_000)).unwrap()), want(2, 30_000));
+        assert_eq!(read(c.open_fd(6, 5_000, w, &|| {}, &fill(3, 5_000)).unwrap()), want(3, 5_000));
         // A reader still open: a new file, written with pwrite.
-        let held = c.open(7, 6_000, w, &|| {}, &fill(4, 6_000)).unwrap();
-        assert_eq!(read(c.open(8, 6_000, w, &|| {}, &fill(5, 6_000)).unwrap()), want(5, 6_000));
+        let held = c.open_fd(7, 6_000, w, &|| {}, &fill(4, 6_000)).unwrap();
+        assert_eq!(read(c.open_fd(8, 6_000, w, &|| {}, &fill(5, 6_000)).unwrap()), want(5, 6_000));
         assert_eq!(read(held), want(4, 6_000), "a file a reader holds was written again");
         assert_eq!(*mapped.lock().unwrap(), [false, true, true, true, false]);
         assert_eq!(c.spares.reused.load(Ordering::Relaxed), 3);
@@ -718,7 +736,7 @@ mod tests {
         let c = c.with_spares(1 << 20);
         let w = Duration::from_secs(1);
         let plain = |d: &mut CopyDst<'_>| d.write_all(&[7u8; 20_000]);
-        drop(c.open(1, 20_000, w, &|| {}, &plain).unwrap());
+        drop(c.open_fd(1, 20_000, w, &|| {}, &plain).unwrap());
         let spare_ino = std::sync::Mutex::new(0u64);
         let lend_and_restore = |d: &mut CopyDst<'_>| {
             let mut s = d.lend().expect("a mapped spare to lend");
@@ -729,7 +747,7 @@ mod tests {
             d.restore(s);
             Ok(())
         };
-        let fd = c.open(2, 20_000, w, &|| {}, &lend_and_restore).unwrap();
+        let fd = c.open_fd(2, 20_000, w, &|| {}, &lend_and_restore).unwrap();
         let ino = std::fs::File::from(fd.try_clone().unwrap()).metadata().unwrap().ino();
         assert_eq!(ino, *spare_ino.lock().unwrap(), "the lent spare is not the copy served");
         assert_eq!(read(fd), (0..20_000).map(|i| i as u8).collect::<Vec<u8>>());
@@ -739,7 +757,7 @@ mod tests {
             lost.lock().unwrap().push(d.lend().expect("a mapped spare to lend"));
             d.write_all(&[9u8; 20_000])
         };
-        let fd = c.open(3, 20_000, w, &|| {}, &lend_and_lose).unwrap();
+        let fd = c.open_fd(3, 20_000, w, &|| {}, &lend_and_lose).unwrap();
         let ino = std::fs::File::from(fd.try_clone().unwrap()).metadata().unwrap().ino();
         assert_ne!(ino, lost.lock().unwrap()[0].file().metadata().unwrap().ino());
         assert_eq!(read(fd), vec![9u8; 20_000]);
@@ -748,7 +766,38 @@ mod tests {
             lost.lock().unwrap().push(d.lend().expect("a mapped spare to lend"));
             Ok(())
         };
-        assert_eq!(c.open(4, 20_000, w, &|| {}, &lend_only).err(), Some(libc::EIO));
+        assert_eq!(c.open_fd(4, 20_000, w, &|| {}, &lend_only).err(), Some(libc::EIO));
+    }
+
+    /// A reader answered during the fill (the communication thread sent it
+    /// its own fd of the copy) gets no second fd, and the copy's file is
+    /// still kept as a spare: the next copy of its size is written into it
+    /// once the reader is done, and not while it reads.
+    #[test]
+    fn a_copy_whose_reader_was_answered_during_the_fill_makes_no_fd_and_stays_a_spare() {
+        let (_d, _tiers, c) = setup(4096);
+        let c = c.with_spares(1 << 20);
+        let w = Duration::from_secs(1);
+        let sent: std::sync::Mutex<Option<OwnedFd>> = std::sync::Mutex::new(None);
+        let answer = |d: &mut CopyDst<'_>| {
+            d.write_all(&[5u8; 20_000])?;
+            let f = d.as_file().expect("an unnamed copy file");
+            *sent.lock().unwrap() = Some(crate::open::reopen_raw(f.as_raw_fd())?);
+            Ok(())
+        };
+        assert!(c.open(1, 20_000, w, &|| {}, &answer, &|| true).unwrap().is_none());
+        let reader = sent.lock().unwrap().take().unwrap();
+        let ino = |fd: &OwnedFd| std::fs::File::from(fd.try_clone().unwrap()).metadata().unwrap().ino();
+        let first = ino(&reader);
+        // Held by its reader: the next copy gets another file.
+        let fd = c.open_fd(2, 20_000, w, &|| {}, &|d| d.write_all(&[6u8; 20_000])).unwrap();
+        assert_ne!(ino(&fd), first);
+        assert_eq!(read(reader), vec![5u8; 20_000]);
+        drop(fd);
+        // Both are done: copy 3 is written into the first copy's file.
+        let fd = c.open_fd(3, 20_000, w, &|| {}, &|d| d.write_all(&[7u8; 20_000])).unwrap();
+        assert_eq!(ino(&fd), first, "the answered copy's file was not kept");
+        assert_eq!(read(fd), vec![7u8; 20_000]);
     }
 
     #[test]
@@ -759,24 +808,24 @@ mod tests {
         let w = Duration::from_secs(1);
         let ino = |id: u32| std::fs::metadata(c.dir().join(id.to_string())).unwrap().ino();
         let fill = |b: u8, len: usize| move |d: &mut CopyDst<'_>| d.write_all(&vec![b; len]);
-        read(c.open(1, 4000, w, &|| {}, &fill(1, 4000)).unwrap());
-        read(c.open(2, 4000, w, &|| {}, &fill(2, 4000)).unwrap());
+        read(c.open_fd(1, 4000, w, &|| {}, &fill(1, 4000)).unwrap());
+        read(c.open_fd(2, 4000, w, &|| {}, &fill(2, 4000)).unwrap());
         let (ino1, ino2) = (ino(1), ino(2));
         // A reader of copy 2 keeps its fd. The cache evicts after a load:
         // copy 3 evicts copy 1, whose file copy 4 takes (no reader holds
         // it), under its own name.
-        let reader2 = c.open(2, 4000, w, &|| {}, &|_| Err(libc::EIO)).unwrap();
-        assert_eq!(read(c.open(3, 4000, w, &|| {}, &fill(3, 4000)).unwrap()), vec![3; 4000]);
+        let reader2 = c.open_fd(2, 4000, w, &|| {}, &|_| Err(libc::EIO)).unwrap();
+        assert_eq!(read(c.open_fd(3, 4000, w, &|| {}, &fill(3, 4000)).unwrap()), vec![3; 4000]);
         let ino3 = ino(3);
         assert_eq!(tiers.get(1), TIER_NONE);
         assert!(!c.dir().join("1").exists(), "the evicted name still opens");
-        assert_eq!(read(c.open(4, 6000, w, &|| {}, &fill(4, 6000)).unwrap()), vec![4; 6000]);
+        assert_eq!(read(c.open_fd(4, 6000, w, &|| {}, &fill(4, 6000)).unwrap()), vec![4; 6000]);
         assert_eq!(ino(4), ino1, "the evicted copy's file was not reused");
         assert_eq!(std::fs::read(c.dir().join("4")).unwrap(), vec![4; 6000]);
         // Copy 4 (a whole budget) evicted copies 2, still read, and 3: copy
         // 5 passes over copy 2's file and takes copy 3's; copy 2's reader
         // is untouched.
-        assert_eq!(read(c.open(5, 4000, w, &|| {}, &fill(5, 4000)).unwrap()), vec![5; 4000]);
+        assert_eq!(read(c.open_fd(5, 4000, w, &|| {}, &fill(5, 4000)).unwrap()), vec![5; 4000]);
         assert_eq!(ino(5), ino3);
         assert_ne!(ino(5), ino2, "a file a reader holds was written again");
         assert_eq!(read(reader2), vec![2; 4000]);
@@ -792,9 +841,9 @@ mod tests {
     fn a_copy_unlinked_behind_the_cache_is_made_again() {
         let (_d, _tiers, c) = setup(1 << 20);
         let w = Duration::from_secs(1);
-        c.open(5, 10, w, &|| {}, &|d| d.write_all(b"0123456789")).unwrap();
+        c.open_fd(5, 10, w, &|| {}, &|d| d.write_all(b"0123456789")).unwrap();
         std::fs::remove_file(c.dir().join("5")).unwrap();
-        let fd = c.open(5, 10, w, &|| {}, &|d| d.write_all(b"abcdefghij")).unwrap();
+        let fd = c.open_fd(5, 10, w, &|| {}, &|d| d.write_all(b"abcdefghij")).unwrap();
         assert_eq!(read(fd), b"abcdefghij");
         assert!(c.dir().join("5").exists());
     }
@@ -819,7 +868,7 @@ mod tests {
     #[test]
     fn a_failed_fill_leaves_nothing() {
         let (_d, tiers, c) = setup(1 << 20);
-        assert_eq!(c.open(6, 10, Duration::from_secs(1), &|| {}, &|_| Err(libc::EIO)).err(), Some(libc::EIO));
+        assert_eq!(c.open_fd(6, 10, Duration::from_secs(1), &|| {}, &|_| Err(libc::EIO)).err(), Some(libc::EIO));
         assert_eq!(tiers.get(6), TIER_NONE);
         assert_eq!(std::fs::read_dir(c.dir()).unwrap().count(), 0);
     }
@@ -844,7 +893,7 @@ mod tests {
         assert!(c.prefill(2, 10, &|| {}, &fill(2, 10)));
         assert_eq!(tiers.get(2), TIER_COPY);
         // The daemon's OPEN finds the disk copy without loading it again.
-        let fd = c.open(1, EXTRACT_MIN, Duration::from_secs(1), &|| {}, &|_| Err(libc::EIO)).unwrap();
+        let fd = c.open_fd(1, EXTRACT_MIN, Duration::from_secs(1), &|| {}, &|_| Err(libc::EIO)).unwrap();
         assert_eq!(read(fd), vec![1; big]);
         // Two more large copies: the least recently used one is evicted,
         // its tier byte cleared and its file unlinked.
@@ -855,7 +904,7 @@ mod tests {
         assert!(!on_disk(1).exists());
         assert!(on_disk(3).exists() && on_disk(4).exists());
         // An OPEN while a program waits makes its copy in memory.
-        let fd = c.open(5, EXTRACT_MIN, Duration::from_secs(1), &|| {}, &fill(5, big)).unwrap();
+        let fd = c.open_fd(5, EXTRACT_MIN, Duration::from_secs(1), &|| {}, &fill(5, big)).unwrap();
         assert_eq!(read(fd), vec![5; big]);
         assert_eq!(tiers.get(5), TIER_COPY);
     }

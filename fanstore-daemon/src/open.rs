@@ -65,8 +65,9 @@ impl Node {
     /// Resolves OPEN(node id, dataset id) to a new read-only fd, or an errno.
     /// With `client`, the communication thread may answer the client of a
     /// remote file itself ([`crate::client_reply`]): the caller claims the
-    /// answer before it sends one.
-    pub fn open(&self, node_id: u64, dataset_id: u64, client: Option<&Arc<ClientReply>>) -> Result<OwnedFd, i32> {
+    /// answer before it sends one. No fd is made for a client answered so
+    /// (`Ok(None)`; never without `client`).
+    pub fn open(&self, node_id: u64, dataset_id: u64, client: Option<&Arc<ClientReply>>) -> Result<Option<OwnedFd>, i32> {
         if dataset_id != self.view.dataset_id() {
             return Err(libc::ESTALE);
         }
@@ -84,6 +85,7 @@ impl Node {
             local = self.part_map(n.partition());
         }
         let extracted = local.is_some() && n.codec() == Codec::None && n.size() >= EXTRACT_MIN;
+        let answered = || client.is_some_and(|c| c.sent());
         let res = match (local, self.copies.get()) {
             (Some(map), copies) if extracted => match (self.open_extracted(n, map), copies) {
                 // The local directory is full: a copy in the copy directory
@@ -94,16 +96,18 @@ impl Node {
                     self.fetch_budget(n),
                     &|| self.relieve_fds(),
                     &|d| self.fill_local(n, map, d),
+                    &answered,
                 ),
                 (Err(libc::ENOSPC), None) => Err(libc::EIO),
-                (r, _) => r,
+                (r, _) => r.map(Some),
             },
             (_, Some(copies)) => {
                 let wait = self.fetch_budget(n);
-                copies.open(n.id(), n.size(), wait, &|| self.relieve_fds(), &|d| match local {
+                let fill = |d: &mut CopyDst<'_>| match local {
                     Some(map) => self.fill_local(n, map, d),
                     None => self.fill_remote(n, d, client),
-                })
+                };
+                copies.open(n.id(), n.size(), wait, &|| self.relieve_fds(), &fill, &answered)
             }
             _ => Err(libc::EIO),
         };

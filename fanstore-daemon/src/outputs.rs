@@ -321,7 +321,7 @@ impl Node {
             let (path, rec) = match self.lookup(path, true)? {
                 crate::namespace::links::Looked::Output { path, rec, .. } => (path, rec),
                 crate::namespace::links::Looked::Input { node, .. } => {
-                    return Ok((self.open(u64::from(node), self.view.dataset_id(), None)?, OutRecord { holder: crate::persist::PERSISTED, ..Default::default() }))
+                    return Ok((self.open(u64::from(node), self.view.dataset_id(), None)?.ok_or(libc::EIO)?, OutRecord { holder: crate::persist::PERSISTED, ..Default::default() }))
                 }
                 crate::namespace::links::Looked::Outside(_) => return Err(libc::EXDEV),
             };

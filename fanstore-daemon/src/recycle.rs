@@ -75,12 +75,28 @@ pub struct Spare {
     file: File,
     size: u64,
     map: Option<SpareMap>,
+    /// The file's inode number, once asked ([`Spare::ino`]): a spare
+    /// written again is the same file.
+    ino: Option<u64>,
+    /// Whether a lease break on it signals SIGURG already ([`Spares::keep`]).
+    signal_set: bool,
 }
 
 impl Spare {
     /// A copy file (the daemon's own read-write description) of `size` bytes.
     pub fn new(file: File, size: u64) -> Spare {
-        Spare { file, size, map: None }
+        Spare { file, size, map: None, ino: None, signal_set: false }
+    }
+
+    /// The file's inode number (one fstat the first time only).
+    pub fn ino(&mut self) -> Result<u64, i32> {
+        if let Some(i) = self.ino {
+            return Ok(i);
+        }
+        use std::os::unix::fs::MetadataExt;
+        let i = self.file.metadata().map_err(|e| e.raw_os_error().unwrap_or(libc::EIO))?.ino();
+        self.ino = Some(i);
+        Ok(i)
     }
 
     /// A new, empty copy file grown to `size` bytes, every one allocated.
@@ -207,7 +223,7 @@ impl Spares {
     /// Keeps `s`, the read-write fd of an unnamed copy (and its mapping),
     /// for a later [`Spares::take`]. Call it only after the reader's own
     /// description of the file exists. Drops the oldest spares over budget.
-    pub fn keep(&self, s: Spare) {
+    pub fn keep(&self, mut s: Spare) {
         let size = s.size;
         if !self.usable.load(Relaxed) || size == 0 || size > self.budget {
             return;
@@ -219,9 +235,10 @@ impl Spares {
         // /proc/PID/fd; should someone, SIGURG (ignored by default) is the
         // signal instead.
         // SAFETY: F_SETSIG on our own fd; no pointer arguments.
-        if unsafe { libc::fcntl(s.file.as_raw_fd(), F_SETSIG, libc::SIGURG) } != 0 {
+        if !s.signal_set && unsafe { libc::fcntl(s.file.as_raw_fd(), F_SETSIG, libc::SIGURG) } != 0 {
             return;
         }
+        s.signal_set = true;
         let mut dropped = Vec::new();
         {
             let Ok(mut kept) = self.kept.lock() else { return };

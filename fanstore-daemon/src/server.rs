@@ -319,7 +319,9 @@ fn handle(node: &Node, fd: RawFd, req: &Request, attached: Option<OwnedFd>) -> i
                 return Ok(());
             }
             match opened {
-                Ok(file) => wire::send_msg(fd, client.ok_reply(), Some(file.as_raw_fd())),
+                Ok(Some(file)) => wire::send_msg(fd, client.ok_reply(), Some(file.as_raw_fd())),
+                // (No fd is made only for a client the communication thread answered.)
+                Ok(None) => wire::send_msg(fd, &Reply::err(req, libc::EIO).encode(), None),
                 Err(errno) => wire::send_msg(fd, &Reply::err(req, errno).encode(), None),
             }
         }
