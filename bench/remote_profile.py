@@ -20,6 +20,8 @@ the same into a fresh memfd per reply (the memory a remote file must land in).
 import os
 import random
 import re
+import shutil
+import signal
 import statistics
 import subprocess
 import sys
@@ -179,6 +181,19 @@ def main():
               "communication thread itself once verified (README, the daemon's direct answer): the client has its fd "
               "while the server thread still wakes from its wait, so the waiting row holds a wake-up the client no "
               "longer waits for, and `the rest` (the round trip less the other rows) is smaller by as much."]
+    counts = syscall_counts(work, ds, ds_id, ids)
+    if counts:
+        files, per_rank = counts
+        L += ["", f"System calls per remote file at the default settings (`strace -f -c` attached to both daemons, every "
+              f"thread, over {files} reads; the tracing slows the reads, the counts are what they are): the requester "
+              "(rank 0) and the holder (rank 1).", "",
+              "| rank | all | the most frequent, per remote file |", "|---|---:|---|"]
+        for rank, (total, top) in enumerate(per_rank):
+            L.append(f"| {rank} | {total:.1f} | " + ", ".join(f"{name} {n:.1f}" for name, n in top) + " |")
+        L += ["", "`epoll_wait` is MPI's progress (UCX over TCP): one non-blocking wait per network device UCX opened, on "
+              "every progress call (here `lo` and `eth0`: with `UCX_NET_DEVICES=lo` the count halves). Each wake-up of a "
+              "communication thread makes a round of progress calls: until two probes in a row find nothing, then the "
+              "test of the requests in flight."]
     place = placement(work, ds, ds_id, ids)
     L += ["", "Where the wake-ups cost: the same reads at the default settings with the processes placed by hand "
           "(`taskset`; each daemon's threads together), a fresh job per row and round, medians. `node 0 on CPU 0, node 1 on CPU 1`: "
@@ -194,6 +209,48 @@ def main():
           "thread -> holder -> communication thread -> client; the server thread posts the fetch itself): kept on "
           "one CPU per node, only the two crossings between the nodes remain; kept on one CPU, none."]
     print("\n".join(L))
+
+
+def syscall_counts(work, ds, ds_id, ids):
+    """(files read, [(system calls per file, [(name, per file)] of the most
+    frequent)] per rank) of one 2-rank job at the default settings, from
+    `strace -f -c` attached to both daemons; None without strace."""
+    if shutil.which("strace") is None:
+        return None
+    rt = work / "rt-strace"
+    p = subprocess.Popen(["mpiexec", "-n", "2", str(B / "fanstore-daemon"), "--data", str(ds), "--local", str(work / "l-strace"),
+                          "--runtime-dir", str(rt), "--cache-mem", "0", "--replicate-on-read", "off"], env=env,
+                         stdout=open(work / "log-strace", "wb"), stderr=subprocess.STDOUT, start_new_session=True)
+    try:
+        sh([str(B / "fanstore"), "--runtime-dir", str(rt), "wait", "--timeout", "120"])
+        pids = daemon_pids(rt)
+        ranks = {int(fs_cluster.Client(rt / f"node-{r}.sock").status()["pid"]): r for r in range(2)}
+        tracers = [(ranks.get(pid), work / f"strace-{pid}", subprocess.Popen(
+            ["strace", "-f", "-c", "-o", str(work / f"strace-{pid}"), "-p", str(pid)],
+            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)) for pid in pids]
+        time.sleep(1)  # attached to every thread
+        sh([str(B / "fanstore-bench-read"), "--socket", str(rt / "node-0.sock"), "--dataset", str(ds_id),
+            "--iters", str(ITERS), f"{SIZE}=" + ",".join(map(str, ids))])
+        for _, _, t in tracers:
+            t.send_signal(signal.SIGINT)
+            t.wait(timeout=30)
+    finally:
+        subprocess.run([str(B / "fanstore"), "--runtime-dir", str(rt), "stop"], capture_output=True, env=env)
+        p.wait(timeout=60)
+    files = ITERS + 5
+    per_rank = [None, None]
+    for rank, path, _ in tracers:
+        calls = {}
+        for line in path.read_text(errors="replace").splitlines():
+            f = line.split()
+            # % time, seconds, usecs/call, calls, [errors], syscall
+            if len(f) >= 5 and f[3].isdigit() and f[-1] != "total" and not line.startswith("%"):
+                calls[f[-1]] = int(f[3])
+        if rank is None or not calls:
+            return None
+        top = sorted(calls.items(), key=lambda kv: -kv[1])[:8]
+        per_rank[rank] = (sum(calls.values()) / files, [(n, c / files) for n, c in top])
+    return (files, per_rank) if all(per_rank) else None
 
 
 def placement(work, ds, ds_id, ids):
