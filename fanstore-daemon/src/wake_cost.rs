@@ -157,7 +157,9 @@ fn ping_pong(a: usize, b: usize, round_trips: usize) -> Option<f64> {
         .name("fanstore-wakeprobe".into())
         .spawn(move || {
             let (mut rx, mut tx) = (ping_rx, pong_tx);
-            if !pin(b) {
+            // First byte: whether this side is pinned (it echoes either way,
+            // so the other side never writes into a closed pipe).
+            if tx.write(&[u8::from(pin(b))]).is_err() {
                 return;
             }
             let mut x = [0u8; 1];
@@ -172,11 +174,11 @@ fn ping_pong(a: usize, b: usize, round_trips: usize) -> Option<f64> {
     // Pinned on a thread of our own: the caller's affinity is not touched.
     let timed = std::thread::scope(|s| {
         s.spawn(|| {
-            if !pin(a) {
+            let mut x = [0u8; 1];
+            if pong_rx.read(&mut x).ok() != Some(1) || x[0] != 1 || !pin(a) {
                 return None;
             }
             let start = Instant::now();
-            let mut x = [0u8; 1];
             let mut times = Vec::with_capacity(round_trips);
             for i in 0..round_trips + 8 {
                 let t = Instant::now();
