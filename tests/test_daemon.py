@@ -238,6 +238,37 @@ def test_files_are_served_from_extracted_files_and_copies(bins, pack, source, tm
         c.stop()
 
 
+@pytest.mark.skipif(len(os.sched_getaffinity(0)) < 2, reason="needs 2 usable CPUs")
+def test_a_daemon_confined_to_one_cpu_says_so(bins, pack, tmp_path):
+    """A launcher that binds the daemon to one core confines every thread of
+    it: the daemon says so at start and in STATUS, and names the launchers'
+    options that unbind it (fanstore_daemon::wake_cost)."""
+    ds = pack("none")
+    mine = os.sched_getaffinity(0)
+    os.sched_setaffinity(0, {min(mine)})  # inherited by the singleton started now
+    try:
+        c = start_cluster(bins, ds, tmp_path, nranks=0)
+    finally:
+        os.sched_setaffinity(0, mine)
+    try:
+        with c.client(0) as cl:
+            st = cl.status()
+        assert (int(st["cpus_usable"]), int(st["cpus_online"])) == (1, os.cpu_count()), st
+        assert st["wake_across_us"] == "-" and float(st["wake_same_us"]) > 0, st
+        log = c.log()
+        assert f"may run on 1 of the node's {os.cpu_count()} CPUs" in log and "--cpu-bind=none" in log, log[-3000:]
+    finally:
+        c.stop()
+    # Unbound, nothing is said.
+    c = start_cluster(bins, ds, tmp_path / "free", nranks=0)
+    try:
+        with c.client(0) as cl:
+            assert int(cl.status()["cpus_usable"]) == len(mine)
+        assert "may run on" not in c.log()
+    finally:
+        c.stop()
+
+
 def test_singleton_without_launcher(bins, pack, source, tmp_path):
     ds = pack("lz4")
     c = start_cluster(bins, ds, tmp_path, nranks=0)

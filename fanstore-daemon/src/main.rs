@@ -180,12 +180,22 @@ fn run(args: &DaemonArgs) -> anyhow::Result<i32> {
     }
     // Before loading, while the node is as idle as between reads.
     let wake = fanstore_daemon::wake_cost::measure_once(200);
-    let us = |v: Option<f64>| v.map_or_else(|| "not measured".to_string(), |v| format!("{v:.1} µs"));
-    log::info!(
-        "rank {rank}: waking a sleeping thread costs {} across CPUs, {} on one CPU (measured at start; STATUS wake_across_us)",
-        us(wake.across_us),
-        us(wake.same_us)
-    );
+    let (usable, online) = fanstore_daemon::wake_cost::cpu_counts();
+    let us = |v: Option<f64>| v.map_or_else(|| "-".to_string(), |v| format!("{v:.1} µs"));
+    match wake.across_us {
+        Some(_) => log::info!(
+            "rank {rank}: waking a sleeping thread costs {} across CPUs, {} on one CPU (measured at start; STATUS wake_across_us)",
+            us(wake.across_us),
+            us(wake.same_us)
+        ),
+        None => log::info!(
+            "rank {rank}: waking a sleeping thread costs {} on one CPU (measured at start; across CPUs not measured: this process may run on {usable} CPU)",
+            us(wake.same_us)
+        ),
+    }
+    if let Some(why) = fanstore_daemon::wake_cost::binding_advice(usable, online) {
+        log::info!("rank {rank}: {why}");
+    }
     // (A job of one rank reads nothing remotely.)
     if let Some(why) = fanstore_daemon::wake_cost::advice(&wake, &fanstore_daemon::wake_cost::IdlePolicy::read()).filter(|_| nranks > 1) {
         log::info!("rank {rank}: {why}");

@@ -202,6 +202,10 @@ pub struct Snapshot {
     /// One wake-up of a sleeping thread on this node, measured at start:
     /// [`crate::wake_cost`].
     pub wake: crate::wake_cost::WakeCost,
+    /// CPUs this process may run on (its affinity) and CPUs online:
+    /// [`crate::wake_cost::cpu_counts`].
+    pub cpus_usable: usize,
+    pub cpus_online: usize,
 }
 
 /// What this process has used, every thread, including threads that have
@@ -271,7 +275,7 @@ impl Snapshot {
              remote_p50_us={}\nremote_p99_us={}\nremote_mbps={:.3}\nreplicated_parts={}\nreplicated_bytes={}\nextracted_ahead={}\n\
              comm_woken_by_command={}\ncomm_woken_by_fd={}\ncomm_woken_by_timeout={}\ncomm_fd_wakes_idle={}\ncomm_missed_wakes={}\n\
              cpu_user_us={}\ncpu_sys_us={}\ncpu_seconds={:.2}\nctx_voluntary={}\nctx_involuntary={}\n\
-             wake_across_us={}\nwake_same_us={}\n",
+             wake_across_us={}\nwake_same_us={}\ncpus_usable={}\ncpus_online={}\n",
             self.rank,
             self.nranks,
             self.host,
@@ -325,6 +329,8 @@ impl Snapshot {
             self.ctx_involuntary,
             us_or_dash(self.wake.across_us),
             us_or_dash(self.wake.same_us),
+            self.cpus_usable,
+            self.cpus_online,
         )
     }
 }

@@ -115,6 +115,27 @@ pub fn advice(cost: &WakeCost, policy: &IdlePolicy) -> Option<String> {
     ))
 }
 
+/// How many CPUs this process may run on (its affinity, which a launcher
+/// that binds ranks narrows), and how many the node has online.
+pub fn cpu_counts() -> (usize, usize) {
+    // SAFETY: sysconf has no memory effects.
+    let online = unsafe { libc::sysconf(libc::_SC_NPROCESSORS_ONLN) };
+    (usable_cpus().len(), usize::try_from(online).unwrap_or(0))
+}
+
+/// What a daemon confined to fewer CPUs than its node has should know:
+/// None when it may use them all.
+pub fn binding_advice(usable: usize, online: usize) -> Option<String> {
+    (usable > 0 && usable < online).then(|| {
+        format!(
+            "this daemon may run on {usable} of the node's {online} CPUs (its affinity, set by the launcher: OpenMPI \
+             binds each rank to a core when it starts 2 or fewer, srun binds tasks where its task/affinity plugin \
+             runs); all its threads (connections, MPI, decoding, prefetch) share them; start the daemons with \
+             `mpiexec --bind-to none` (OpenMPI), `mpiexec -bind-to none` (MPICH) or `srun --cpu-bind=none`"
+        )
+    })
+}
+
 /// The CPUs this process may run on (its affinity mask), lowest first.
 fn usable_cpus() -> Vec<usize> {
     // SAFETY: cpu_set_t is plain data; zeroed is an empty set.
@@ -238,6 +259,16 @@ mod tests {
         let first = measure_once(16);
         assert_eq!(measured(), Some(first));
         assert_eq!(measure_once(16), first);
+    }
+
+    #[test]
+    fn a_daemon_bound_to_fewer_cpus_than_its_node_is_told_how_to_unbind() {
+        assert_eq!(binding_advice(4, 4), None);
+        assert_eq!(binding_advice(0, 4), None, "affinity unknown: nothing said");
+        let a = binding_advice(1, 2).unwrap();
+        assert!(a.contains("1 of the node's 2 CPUs") && a.contains("--bind-to none") && a.contains("--cpu-bind=none"), "{a}");
+        let (usable, online) = cpu_counts();
+        assert!(usable >= 1 && online >= usable, "{usable} usable of {online}");
     }
 
     #[test]
