@@ -47,7 +47,7 @@ ROOT = Path(__file__).resolve().parent.parent
 MPIS = {
     # name: (launcher, its extra arguments, environment, what the daemon logs as its library)
     "mpich": ("/usr/bin/mpiexec.mpich", [], {"UCX_TLS": "tcp"}, "MPICH"),
-    "openmpi": ("/usr/bin/mpiexec.openmpi", ["--oversubscribe", "--bind-to", "none"],
+    "openmpi": ("/usr/bin/mpiexec.openmpi", ["--oversubscribe"],
                 {"OMPI_ALLOW_RUN_AS_ROOT": "1", "OMPI_ALLOW_RUN_AS_ROOT_CONFIRM": "1",
                  "OMPI_MCA_pml": "ob1", "OMPI_MCA_btl": "tcp,self"}, "Open MPI"),
 }

@@ -44,7 +44,7 @@ MODES = {
                            "OMPI_MCA_pml": "ob1", "OMPI_MCA_btl": "tcp,self"}, "Open MPI"),
     # OpenMPI's mpiexec refuses root unless told (test box only, never in the script).
     "mpiexec-openmpi": ({"FANSTORE_LAUNCH": "mpiexec", "FANSTORE_MPIEXEC": "/usr/bin/mpiexec.openmpi",
-                         "FANSTORE_MPIEXEC_ARGS": "--map-by ppr:1:node --bind-to none",
+                         "FANSTORE_MPIEXEC_ARGS": "--map-by ppr:1:node",
                          "OMPI_ALLOW_RUN_AS_ROOT": "1", "OMPI_ALLOW_RUN_AS_ROOT_CONFIRM": "1",
                          "OMPI_MCA_pml": "ob1", "OMPI_MCA_btl": "tcp,self"}, "Open MPI"),
 }

@@ -130,8 +130,9 @@ pub fn binding_advice(usable: usize, online: usize) -> Option<String> {
         format!(
             "this daemon may run on {usable} of the node's {online} CPUs (its affinity, set by the launcher: OpenMPI \
              binds each rank to a core when it starts 2 or fewer, srun binds tasks where its task/affinity plugin \
-             runs); all its threads (connections, MPI, decoding, prefetch) share them; start the daemons with \
-             `mpiexec --bind-to none` (OpenMPI), `mpiexec -bind-to none` (MPICH) or `srun --cpu-bind=none`"
+             runs); all its threads (connections, MPI, decoding, prefetch) share them: hand-offs between them stay \
+             cheap, but their work is capped there, and a training task bound there by its own launcher competes \
+             for them; `mpiexec --bind-to none` (OpenMPI) or `srun --cpu-bind=none` leaves the daemon free"
         )
     })
 }
@@ -267,6 +268,7 @@ mod tests {
         assert_eq!(binding_advice(0, 4), None, "affinity unknown: nothing said");
         let a = binding_advice(1, 2).unwrap();
         assert!(a.contains("1 of the node's 2 CPUs") && a.contains("--bind-to none") && a.contains("--cpu-bind=none"), "{a}");
+        assert!(a.contains("hand-offs between them stay cheap") && a.contains("competes"), "both sides of binding: {a}");
         let (usable, online) = cpu_counts();
         assert!(usable >= 1 && online >= usable, "{usable} usable of {online}");
     }
