@@ -126,8 +126,9 @@ def test_every_rank_serves_every_file(bins, pack, source, tmp_path, codec):
                 st = cl.status()
             served.append(int(st["remote_served"]))
             # The wake-up cost each rank measured at start (fanstore_daemon::wake_cost).
+            # (Across CPUs only where the rank may use two: a launcher may bind it to one.)
             assert float(st["wake_same_us"]) > 0, st
-            if len(os.sched_getaffinity(0)) >= 2:
+            if int(st["cpus_usable"]) >= 2:
                 assert float(st["wake_across_us"]) > 0, st
             else:
                 assert st["wake_across_us"] == "-", st
