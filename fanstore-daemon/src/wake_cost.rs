@@ -19,6 +19,11 @@
 //! `wake_same_us`), and the log says what it means for remote reads, with
 //! the knob when the platform has one ([`advice`]).
 //!
+//! It also tells how many of the node's CPUs the daemon may run on
+//! ([`cpu_counts`]): a launcher that binds ranks confines every thread of
+//! the daemon to its cores, which keeps hand-offs cheap but caps the
+//! daemon's work there ([`binding_advice`]).
+//!
 //! ```no_run
 //! let cost = fanstore_daemon::wake_cost::measure(64);
 //! if let Some(line) = fanstore_daemon::wake_cost::advice(&cost, &fanstore_daemon::wake_cost::IdlePolicy::read()) {
