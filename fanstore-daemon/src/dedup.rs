@@ -700,7 +700,7 @@ impl Dedup {
     /// Copies the store to `dst` (`--persist/ckpt/rank-<r>`), pausing
     /// commits and unlinks meanwhile: recipes and unit files not there yet
     /// (content-named, immutable), packs that are new or grew (see
-    /// [`copy_pack`]), one syncfs, then the catalog (fsynced, renamed into
+    /// `copy_pack`), one syncfs, then the catalog (fsynced, renamed into
     /// place: the commit point), then what the store no longer has (packs
     /// compaction deleted, released recipes). Returns the checkpoints it holds.
     pub fn drain_to(&self, dst: &Path) -> io::Result<usize> {

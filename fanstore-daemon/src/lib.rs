@@ -77,7 +77,7 @@
 //! directly with no message. The daemon keeps no fd per file, so the file
 //! count a job can read does not depend on RLIMIT_NOFILE ([`fdlimit`]).
 //!
-//! ## Outputs (write path: [`outputs`], [`meta`])
+//! ## Outputs (write path: [`outputs`], [`namespace`])
 //!
 //! - `COMMIT(path, fd, excl, mode)`: the client's unnamed local file
 //!   (O_TMPFILE) is linked at `rank-<r>/out/<id>` (a memfd is copied there;

@@ -2,7 +2,7 @@
 //! and sidecars this rank holds, their drain to `--persist` and their
 //! recovery after a kill. Names, records, directories and renames are
 //! [`crate::namespace`]'s: this module stores bytes, then registers them
-//! there ([`Node::put_record`]), and asks it where a path leads before it
+//! there (`Node::put_record`), and asks it where a path leads before it
 //! opens one ([`Node::lookup`]).
 //!
 //! COMMIT: the bytes go into the checkpoint store ([`crate::dedup`]) when

@@ -16,7 +16,7 @@
 //! ```
 //!
 //! The replica keeps its full length with holes where the large payloads
-//! were; [`crate::load::verify_partition`] checks it with those payloads
+//! were; `crate::load::verify_partition` checks it with those payloads
 //! skipped (their entry headers are checked), and [`ReplicaWriter::verify_apart`]
 //! checks each large file's length and xxh3 against the manifest. Only then
 //! does [`ReplicaWriter::commit`] rename each to its extracted name. Nothing

@@ -18,7 +18,7 @@
 //!    ([`crate::replica_writer`]); a failed range is asked of the next holder;
 //! 2. the file is verified entry by entry against the manifest, with every
 //!    checksum, exactly as a partition the loader reads from the dataset
-//!    directory ([`crate::load::verify_partition`]), and each large file's
+//!    directory (`crate::load::verify_partition`), and each large file's
 //!    length and checksum too: a peer's damaged copy is refused, never served;
 //! 3. the large files are renamed to their extracted names and marked
 //!    extracted in the tier map (clients open them directly); the partition

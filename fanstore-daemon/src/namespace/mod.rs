@@ -2,7 +2,7 @@
 //! directories, symlinks, listings, renames) and the MPI operations that
 //! keep them, on every rank. [`crate::outputs`] (the bytes: COMMIT, OUT_OPEN,
 //! held files, drain, recovery), [`crate::dedup`] (checkpoints) and
-//! [`crate::persist`] use it through [`Node::lookup`], [`Node::put_record`]
+//! [`crate::persist`] use it through [`Node::lookup`], `Node::put_record`
 //! and the calls below; nothing else talks to an owner rank.
 //!
 //! ```text
