@@ -46,7 +46,7 @@ extern "C" fn replacement(handle: *mut c_void, name: *const c_char) -> usize {
     }
 }
 
-/// `dlsym(handle, name)`: [`replacement`], else a tail jump to libc's.
+/// `dlsym(handle, name)`: `replacement`, else a tail jump to libc's.
 ///
 /// # Safety
 /// dlsym's C contract.

@@ -1,6 +1,6 @@
 //! close, close_range, closefrom, dup, dup2, dup3, fcntl(F_DUPFD*): the fd
 //! table follows the kernel's fd numbers. fcntl's lock commands act on a
-//! lock file for outputs ([`crate::locks`]).
+//! lock file for outputs (`crate::locks`).
 
 use crate::fd_table::{self, Tracked};
 use crate::ops::fd::{after_dup, before_close, before_close_range, before_dup2};

@@ -1,6 +1,6 @@
 //! flock and lockf; fcntl's lock commands come here from hooks/fd.rs. On
 //! an output or a virtual directory they act on the node's lock file of
-//! its path ([`crate::locks`]); on anything else they are libc's.
+//! its path (`crate::locks`); on anything else they are libc's.
 
 use crate::locks;
 use libc::{c_int, off_t};

@@ -1,7 +1,7 @@
 //! The exported libc symbols. Each family file declares its hooks with
-//! [`hooks!`], which also declares the original of each one (`orig::name`,
+//! `hooks!`, which also declares the original of each one (`orig::name`,
 //! resolved lazily with `dlsym(RTLD_NEXT)`). Hook bodies only convert
-//! pointers and dispatch through [`path_hook`] / [`fd_hook`] to safe
+//! pointers and dispatch through `path_hook` / `fd_hook` to safe
 //! functions in `crate::ops`.
 //!
 //! Contract shared by every hook (the reason hook bodies are `unsafe`): the

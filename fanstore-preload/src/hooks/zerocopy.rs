@@ -1,7 +1,7 @@
 //! sendfile, sendfile64, splice, vmsplice: calls that can leave references
 //! to a file's pages in a pipe or a socket buffer after they return. A
 //! memfd this library filled and whose pages it would reuse after the
-//! close ([`crate::memfd_pool`]) is freed instead once it went through
+//! close (`crate::memfd_pool`) is freed instead once it went through
 //! sendfile or splice; vmsplice turns the reuse off for the process. The
 //! calls themselves are libc's, unchanged.
 
