@@ -189,7 +189,7 @@ fn run(args: &DaemonArgs) -> anyhow::Result<i32> {
             us(wake.same_us)
         ),
         None => log::info!(
-            "rank {rank}: waking a sleeping thread costs {} on one CPU (measured at start; across CPUs not measured: this process may run on {usable} CPU)",
+            "rank {rank}: waking a sleeping thread costs {} on one CPU (measured at start; across CPUs not measured: {usable} of {online} CPUs usable here, or pinning refused)",
             us(wake.same_us)
         ),
     }
