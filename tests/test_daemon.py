@@ -603,9 +603,11 @@ def test_small_remote_opens_are_answered_by_the_communication_thread(bins, pack,
     the next reads are exact."""
     ds = pack("none", replicate=False)
     ds_id, files = files_of(ds)
+    # (--read-ahead 0: these reads in order would otherwise be fetched by the
+    # read-ahead threads, tests/test_read_ahead.py, not answered one by one.)
     c = start_cluster(bins, ds, tmp_path, nranks=2,
                       extra_args=["--cache-mem", cache_mem, "--replicate-on-read", "off", "--copy-spares", "64M",
-                                  "--remote-timeout", "2"])
+                                  "--remote-timeout", "2", "--read-ahead", "0"])
     try:
         st1 = node_state(c.runtime, 1)
         held = set(st1["local"]) - set(node_state(c.runtime, 0)["local"])

@@ -41,8 +41,9 @@ def test_warm_opens_need_no_message(cluster_factory, bins, tmp_path):
     src, ds = make(tmp_path, bins)
     # Remote files stay remote here (each read asks the daemon): with the default
     # `--replicate-on-read auto` a few remote reads of these small files would
-    # fetch their partition whole (tests/test_prefetch.py).
-    c = cluster_factory(ds, nranks=2, extra_args=["--replicate-on-read", "off"])
+    # fetch their partition whole (tests/test_prefetch.py), and these reads in
+    # order would be fetched ahead (tests/test_read_ahead.py).
+    c = cluster_factory(ds, nranks=2, extra_args=["--replicate-on-read", "off", "--read-ahead", "0"])
     _, nodes = read_index(ds / "manifest.fsm")
     node = next(r for r in (0, 1) if nodes["s0.txt"]["partition"] in node_state(c.runtime, r)["local"])
     local = node_state(c.runtime, node)["local"]

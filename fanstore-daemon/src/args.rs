@@ -123,6 +123,13 @@ pub struct DaemonArgs {
     /// remote file is fetched alone whenever it is opened and not cached.
     #[arg(long, default_value = "auto", value_parser = parse_replicate_on_read)]
     pub replicate_on_read: ReplicateOnRead,
+    /// When a node opens remote files in the manifest's order (a directory
+    /// read in order), fetch its next remote files this many bytes ahead
+    /// of the reader (at most 64 files), several at once, into the copy
+    /// directory (within --cache-mem): the reader then opens them with no
+    /// round trip. 0 turns it off.
+    #[arg(long, default_value = "4M", value_parser = parse_size)]
+    pub read_ahead: u64,
     /// Loader threads (default: available cores).
     #[arg(long)]
     pub load_threads: Option<usize>,

@@ -351,15 +351,31 @@ impl Copies {
                 Err(e) => log::debug!("copy of node {id} on the local disk: errno {e}; trying the copy directory"),
             }
         }
-        if !self.fits(size) {
-            return false;
+        self.keep(id, size, relieve, fill).is_some()
+    }
+
+    /// Makes the named copy of node `id` in the copy directory now unless
+    /// it exists or is being made (then waits for that), with no fd for
+    /// anyone: a concurrent OPEN of the file waits for this copy instead of
+    /// making its own. `Some(true)`: made by this call; `Some(false)`: it
+    /// was there; `None`: it does not fit the budget, or the fill failed.
+    pub fn keep(&self, id: u32, size: u64, relieve: &dyn Fn(), fill: &Fill<'_>) -> Option<bool> {
+        if matches!(self.tiers.get(id), TIER_COPY | TIER_EXTRACTED) {
+            return Some(false);
         }
-        self.cache.get_or_load(id, Duration::from_secs(10), libc::EIO, || {
-            let f = self.make(id, size, relieve, fill)?;
-            let ino = f.file().metadata().map_err(|e| fdlimit::errno_of(&e))?.ino();
-            Ok((CopyEntry { ino, size }, charge(size)))
-        })
-        .is_ok()
+        if !self.fits(size) {
+            return None;
+        }
+        let mut made = false;
+        self.cache
+            .get_or_load(id, Duration::from_secs(10), libc::EIO, || {
+                let f = self.make(id, size, relieve, fill)?;
+                let ino = f.file().metadata().map_err(|e| fdlimit::errno_of(&e))?.ino();
+                made = true;
+                Ok((CopyEntry { ino, size }, charge(size)))
+            })
+            .ok()
+            .map(|_| made)
     }
 
     /// An unnamed file in `local/in/<bucket>/`, filled by `fill`, then

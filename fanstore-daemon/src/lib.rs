@@ -154,6 +154,7 @@ pub mod open;
 pub mod outputs;
 pub mod persist;
 pub mod placement;
+pub mod read_ahead;
 pub mod recycle;
 pub mod remote_out;
 pub mod replica_writer;

@@ -304,6 +304,19 @@ fn run(args: &DaemonArgs) -> anyhow::Result<i32> {
             log::error!("rank {rank}: spawning the copier thread: {e}");
         }
     }
+    if args.read_ahead > 0 && args.cache_mem > 0 && nranks > 1 {
+        // A bounded queue: a file that does not fit is asked for again by
+        // the stream's next open.
+        let (tx, rx) = crossbeam::channel::bounded(256);
+        let _ = node.read_ahead.set(fanstore_daemon::read_ahead::ReadAhead::new(args.read_ahead, tx));
+        for k in 0..fanstore_daemon::read_ahead::THREADS {
+            let (node, rx) = (node.clone(), rx.clone());
+            let spawned = std::thread::Builder::new().name(format!("fanstore-ahead-{k}")).spawn(move || node.read_ahead_loop(rx));
+            if let Err(e) = spawned {
+                log::error!("rank {rank}: spawning read-ahead thread {k}: {e}");
+            }
+        }
+    }
     if args.prefetch_remote > 0 && nranks > 1 {
         let node = node.clone();
         let budget = args.prefetch_remote;

@@ -97,6 +97,9 @@ pub struct Node {
     /// Files clients decoded themselves, to copy in the background
     /// ([`Node::warm_copies`]); set once ready.
     pub warm: OnceLock<crossbeam::channel::Sender<u32>>,
+    /// Read-ahead of remote files read in order ([`crate::read_ahead`]);
+    /// set once ready when `--read-ahead` is on.
+    pub read_ahead: OnceLock<crate::read_ahead::ReadAhead>,
     pub counters: Counters,
     pub comm: crate::comm::wake::CommTx,
     pub remote_timeout: Duration,
@@ -273,6 +276,7 @@ impl Node {
             remote_rent: (0..view.partition_count()).map(|_| std::sync::atomic::AtomicU64::new(0)).collect(),
             bulk_rate: std::sync::atomic::AtomicU64::new(0),
             warm: OnceLock::new(),
+            read_ahead: OnceLock::new(),
             counters: Counters::default(),
             comm,
             remote_timeout,

@@ -102,6 +102,9 @@ impl Node {
                 (r, _) => r.map(Some),
             },
             (_, Some(copies)) => {
+                if local.is_none() {
+                    self.read_ahead_after(n.id());
+                }
                 let wait = self.fetch_budget(n);
                 let fill = |d: &mut CopyDst<'_>| match local {
                     Some(map) => self.fill_local(n, map, d),
@@ -363,7 +366,7 @@ impl Node {
     }
 
     /// Writes remote file `n`'s bytes into `dst`, from the first holder that answers.
-    fn fill_remote(&self, n: NodeRef<'_>, dst: &mut CopyDst<'_>, client: Option<&Arc<ClientReply>>) -> Result<(), i32> {
+    pub(crate) fn fill_remote(&self, n: NodeRef<'_>, dst: &mut CopyDst<'_>, client: Option<&Arc<ClientReply>>) -> Result<(), i32> {
         if n.stored_len() == 0 {
             return self.check_sum(n, xxh3(&[]));
         }

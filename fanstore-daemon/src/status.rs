@@ -53,6 +53,9 @@ pub struct Counters {
     /// Large local files extracted in the background after ready
     /// (`--extract-ahead`), before any OPEN asked for them.
     pub extracted_ahead: AtomicU64,
+    /// Remote files fetched ahead of a reader reading in order
+    /// ([`crate::read_ahead`]).
+    pub read_ahead: AtomicU64,
     /// How the communication thread's sleeps ended (see `comm::wake`): by a
     /// command, by the MPI library's fds, by the timeout; fd wake-ups after
     /// which it found nothing to do; and timeouts that found work no fd had
@@ -189,6 +192,7 @@ pub struct Snapshot {
     pub replicated_parts: u64,
     pub replicated_bytes: u64,
     pub extracted_ahead: u64,
+    pub read_ahead: u64,
     /// [`Counters::comm_wakes`].
     pub comm_wakes: [u64; 5],
     /// CPU time of the whole daemon process (every thread, those that
@@ -257,6 +261,7 @@ impl Counters {
         s.replicated_parts = self.replicated_parts.load(Relaxed);
         s.replicated_bytes = self.replicated_bytes.load(Relaxed);
         s.extracted_ahead = self.extracted_ahead.load(Relaxed);
+        s.read_ahead = self.read_ahead.load(Relaxed);
         s.comm_wakes = std::array::from_fn(|i| self.comm_wakes[i].load(Relaxed));
         let u = process_usage();
         (s.cpu_user_us, s.cpu_sys_us, s.ctx_voluntary, s.ctx_involuntary) = (u.user_us, u.sys_us, u.ctx_voluntary, u.ctx_involuntary);
@@ -272,7 +277,7 @@ impl Snapshot {
              bytes_local={}\nbytes_read={}\nload_seconds={:.3}\nload_mbps={:.1}\nopens={}\nopens_local={}\n\
              remote_sent={}\nremote_failed={}\nremote_served={}\nremote_bytes_in={}\nremote_bytes_out={}\nremote_in_place={}\nremote_direct={}\nremote_posted={}\n\
              cache_hits={}\ncache_misses={}\ncache_evictions={}\ncache_bytes={}\ncache_entries={}\ncache_disk_bytes={}\ncopies_reused={}\ncopy_spares_bytes={}\nerrors={}\nclients={}\nfd_pressure={}\nnames_asked={}\ndirs_with_outputs={}\n\
-             remote_p50_us={}\nremote_p99_us={}\nremote_mbps={:.3}\nreplicated_parts={}\nreplicated_bytes={}\nextracted_ahead={}\n\
+             remote_p50_us={}\nremote_p99_us={}\nremote_mbps={:.3}\nreplicated_parts={}\nreplicated_bytes={}\nextracted_ahead={}\nread_ahead={}\n\
              comm_woken_by_command={}\ncomm_woken_by_fd={}\ncomm_woken_by_timeout={}\ncomm_fd_wakes_idle={}\ncomm_missed_wakes={}\n\
              cpu_user_us={}\ncpu_sys_us={}\ncpu_seconds={:.2}\nctx_voluntary={}\nctx_involuntary={}\n\
              wake_across_us={}\nwake_same_us={}\ncpus_usable={}\ncpus_online={}\n",
@@ -317,6 +322,7 @@ impl Snapshot {
             self.replicated_parts,
             self.replicated_bytes,
             self.extracted_ahead,
+            self.read_ahead,
             self.comm_wakes[0],
             self.comm_wakes[1],
             self.comm_wakes[2],

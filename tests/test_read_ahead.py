@@ -1,0 +1,96 @@
+"""Read-ahead of remote files read in order (`--read-ahead`,
+fanstore-daemon/src/read_ahead.rs): once a node's remote opens follow the
+manifest's order, its daemon fetches the next remote files into the copy
+directory ahead of the reader, who then opens them as node copies with no
+message. Readers out of order start nothing; `--read-ahead 0` and
+`--cache-mem 0` turn it off.
+"""
+import hashlib
+import random
+import subprocess
+import sys
+from pathlib import Path
+
+from fs_cluster import cluster_factory, node_state, read_index  # noqa: F401 (fixture)
+from fs_prep import pack
+
+DIGESTS = ("import hashlib, sys\n"
+           "for p in sys.argv[1:]:\n"
+           "    print(hashlib.sha256(open(p, 'rb').read()).hexdigest(), p)\n")
+
+
+def make(tmp_path, bins):
+    src = tmp_path / "src"
+    src.mkdir()
+    for i in range(96):
+        (src / f"f{i:03d}.bin").write_bytes(random.Random(i).randbytes(100_000 + i))
+    ds = tmp_path / "ds"
+    pack(bins, src, ds, "--partitions", "4", "--compress", "none")
+    return src, ds
+
+
+def status(c, rank):
+    with c.client(rank) as cl:
+        return {k: int(v) for k, v in cl.status().items() if v.lstrip("-").isdigit()}
+
+
+def read_in(c, src, node, names):
+    """Reads `names` in this order in one process on `node`; checks every byte."""
+    r = subprocess.run([sys.executable, "-c", DIGESTS, *[f"{c.mount}/{n}" for n in names]],
+                       env=c.env(node=node), capture_output=True, text=True, timeout=120)
+    assert r.returncode == 0, r.stderr
+    want = "".join(f"{hashlib.sha256((src / n).read_bytes()).hexdigest()} {c.mount}/{n}\n" for n in names)
+    assert r.stdout == want
+
+
+def remote_names(c, ds, node):
+    _, nodes = read_index(ds / "manifest.fsm")
+    local = node_state(c.runtime, node)["local"]
+    names = sorted(n for n, v in nodes.items() if v.get("kind") == 2 and v["partition"] not in local)
+    return nodes, names
+
+
+ARGS = ["--replicate-on-read", "off", "--prefill-mem", "0", "--extract-ahead", "0"]
+
+
+def test_files_read_in_order_are_fetched_ahead_and_opened_as_copies(cluster_factory, bins, tmp_path):
+    src, ds = make(tmp_path, bins)
+    c = cluster_factory(ds, nranks=2, extra_args=ARGS)
+    nodes, remote = remote_names(c, ds, 0)
+    assert len(remote) >= 40
+    before = status(c, 0)
+    read_in(c, src, 0, remote)
+    after = status(c, 0)
+    ahead = after["read_ahead"] - before["read_ahead"]
+    opened = after["opens"] - before["opens"]
+    assert after["remote_sent"] - before["remote_sent"] == len(remote), "every remote file crossed MPI once"
+    assert ahead >= len(remote) // 2, after
+    assert opened <= len(remote) - ahead + 8, \
+        f"the files fetched ahead were opened as copies, with no OPEN ({opened} OPENs, {ahead} read ahead)"
+    tiers = Path(node_state(c.runtime, 0)["index_path"][:-len(".index")] + ".tiers").read_bytes()
+    assert all(tiers[64 + nodes[n]["id"]] == 2 for n in remote), "each one is a node copy now (tier 2)"
+    # Nothing was read ahead on the node that read nothing.
+    assert status(c, 1)["read_ahead"] == 0
+
+
+def test_reads_out_of_order_fetch_nothing_ahead(cluster_factory, bins, tmp_path):
+    src, ds = make(tmp_path, bins)
+    c = cluster_factory(ds, nranks=2, extra_args=ARGS)
+    _, remote = remote_names(c, ds, 0)
+    # Backwards: no open follows the one before it.
+    read_in(c, src, 0, remote[::-1][:len(remote) // 2])
+    st = status(c, 0)
+    assert st["read_ahead"] == 0, st
+    assert st["opens"] == st["remote_sent"] == len(remote) // 2, st
+
+
+def test_read_ahead_0_and_cache_mem_0_turn_it_off(cluster_factory, bins, tmp_path):
+    src, ds = make(tmp_path, bins)
+    for i, extra in enumerate((["--read-ahead", "0"], ["--cache-mem", "0"])):
+        c = cluster_factory(ds, nranks=2, subdir=f"off{i}", extra_args=ARGS + extra)
+        _, remote = remote_names(c, ds, 0)
+        read_in(c, src, 0, remote)
+        st = status(c, 0)
+        assert st["read_ahead"] == 0, (extra, st)
+        assert st["opens"] == st["remote_sent"] == len(remote), (extra, st)
+        c.stop()
