@@ -305,9 +305,9 @@ fn run(args: &DaemonArgs) -> anyhow::Result<i32> {
         }
     }
     if args.read_ahead > 0 && args.cache_mem > 0 && nranks > 1 {
-        // A bounded queue: a file that does not fit is asked for again by
+        // A bounded queue: a run that does not fit is asked for again by
         // the stream's next open.
-        let (tx, rx) = crossbeam::channel::bounded(256);
+        let (tx, rx) = crossbeam::channel::bounded(64);
         let _ = node.read_ahead.set(fanstore_daemon::read_ahead::ReadAhead::new(args.read_ahead, tx));
         for k in 0..fanstore_daemon::read_ahead::THREADS {
             let (node, rx) = (node.clone(), rx.clone());

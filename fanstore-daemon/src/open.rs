@@ -103,7 +103,11 @@ impl Node {
             },
             (_, Some(copies)) => {
                 if local.is_none() {
-                    self.read_ahead_after(n.id());
+                    if let Some(ra) = self.read_ahead.get() {
+                        self.read_ahead_after(n.id());
+                        // A file queued or in flight ahead: its copy, not a fetch of its own.
+                        ra.wait_for(n.id(), self.fetch_budget(n));
+                    }
                 }
                 let wait = self.fetch_budget(n);
                 let fill = |d: &mut CopyDst<'_>| match local {
@@ -186,7 +190,7 @@ impl Node {
     }
 
     /// The deadline of one remote request: `--remote-timeout` plus 1 s per 64 MiB.
-    fn fetch_timeout(&self, stored_len: u64) -> Duration {
+    pub(crate) fn fetch_timeout(&self, stored_len: u64) -> Duration {
         self.remote_timeout + Duration::from_secs(stored_len / (64 << 20))
     }
 
@@ -313,7 +317,7 @@ impl Node {
 
     /// Writes the file's bytes from its verified stored payload
     /// (decompressing if needed) into `f`.
-    fn decode_into(&self, n: NodeRef<'_>, stored: &[u8], dst: &mut CopyDst<'_>) -> Result<(), i32> {
+    pub(crate) fn decode_into(&self, n: NodeRef<'_>, stored: &[u8], dst: &mut CopyDst<'_>) -> Result<(), i32> {
         let eio = |what: &str, e: &dyn std::fmt::Display| {
             log::error!("rank {}: {what} '{}': {e}", self.id.rank, String::from_utf8_lossy(n.path()));
             libc::EIO
@@ -352,7 +356,7 @@ impl Node {
         !loaded && replicated && path.exists()
     }
 
-    fn check_sum(&self, n: NodeRef<'_>, sum: u64) -> Result<(), i32> {
+    pub(crate) fn check_sum(&self, n: NodeRef<'_>, sum: u64) -> Result<(), i32> {
         if sum != n.checksum() {
             log::error!(
                 "rank {}: '{}' fails its checksum (stored {:#018x}, computed {sum:#018x})",
@@ -515,9 +519,9 @@ const DIRECT_MAX: u64 = 512 << 10;
 /// Buffers for payloads and decoded bytes, shared by all connection threads.
 static POOL: BufPool = BufPool::new(64 << 20);
 
-fn scratch(len: usize) -> Vec<u8> {
+pub(crate) fn scratch(len: usize) -> Vec<u8> {
     POOL.take(len)
 }
-fn give_back(v: Vec<u8>) {
+pub(crate) fn give_back(v: Vec<u8>) {
     POOL.put(v)
 }

@@ -1,16 +1,20 @@
 //! Read-ahead of remote files that a node reads in order.
 //!
 //! Only a node's remote opens reach its daemon: clients open local files
-//! and node copies themselves. When a remote open continues a stream, the
-//! next file of the manifest's order after the stream's last open (or after
-//! what was read ahead for it), the daemon fetches the next remote files
-//! of that order into the copy directory, `--read-ahead` bytes ahead of the
-//! reader, on [`THREADS`] threads (several requests in flight). Node ids
-//! follow the manifest's depth-first order, which is the order of a
-//! directory listed and read (`cp -r`, `tar`, an evaluation pass that does
-//! not shuffle). The reader then opens each file as a node copy, with no
-//! message; an open of a file still in flight waits for that fetch, as any
-//! second opener of a copy does ([`crate::copies`]).
+//! and node copies themselves. A remote open continues a stream when it is
+//! the next file of the manifest's order after the stream's last open (or
+//! after what was read ahead for it). Node ids follow the manifest's
+//! depth-first order, the order of a directory listed and read (`cp -r`,
+//! `tar`, an evaluation pass that does not shuffle).
+//!
+//! Then the daemon fetches the next remote files of that order into the
+//! copy directory, `--read-ahead` bytes ahead of the reader, on [`THREADS`]
+//! threads (several requests in flight). Consecutive files of one partition
+//! lie side by side in it: a run of them (up to [`RUN_BYTES`]) crosses as
+//! one partition range, one MPI message. Each file is checked against its
+//! own checksum before it becomes a copy; a damaged one is not kept (its own
+//! OPEN fetches it again, and gets EIO). The reader opens each copy with no
+//! message; an OPEN of a file still queued or in flight waits for it.
 //!
 //! A shuffled reader starts no stream: two remote opens in a row seldom
 //! follow each other. The copies count against `--cache-mem` like any other
@@ -19,16 +23,21 @@
 //!
 //! ```text
 //! opens seen:   17 ............ 18            (stream: last 18)
-//! read ahead:                   19 20 21 .. 48 (window bytes of remote files)
+//! read ahead:                   [19 .. 26] [27 .. 34] .. 48 (runs, one message each)
 //! reader:       19 20 .. 48 open copies directly, unseen
 //! opens seen:   49            (the next after the read-ahead: the stream goes on)
 //! ```
 
+use crate::comm::{Fetch, RecvBuf, RecvMem, PART_BIT};
 use crate::node::Node;
-use fanstore_core::manifest::NodeKind;
+use crate::open::{give_back, scratch};
+use fanstore_core::checksum::xxh3;
+use fanstore_core::manifest::{NodeKind, NodeRef};
 use fanstore_core::tiers::{TIER_COPY, TIER_EXTRACTED};
+use std::collections::HashSet;
 use std::sync::atomic::Ordering::Relaxed;
-use std::sync::Mutex;
+use std::sync::{Condvar, Mutex};
+use std::time::{Duration, Instant};
 
 /// Streams followed at once per node (the least recently continued one is
 /// replaced by a new one).
@@ -42,6 +51,8 @@ const MAX_SCAN: u32 = 4096;
 const GAP: u32 = 8;
 /// Threads that fetch ahead: as many requests in flight per node.
 pub const THREADS: usize = 4;
+/// Most stored bytes of one run of files fetched in one MPI message.
+pub const RUN_BYTES: u64 = 1 << 20;
 
 /// One reader's progress through the manifest's order.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -96,17 +107,58 @@ impl Streams {
     }
 }
 
-/// A node's read-ahead: its streams and the queue of its fetching threads.
+/// A node's read-ahead: its streams, the files queued or in flight, and the
+/// queue of its fetching threads.
 pub struct ReadAhead {
     streams: Mutex<Streams>,
-    tx: crossbeam::channel::Sender<u32>,
+    tx: crossbeam::channel::Sender<Vec<u32>>,
     window: u64,
+    /// Files queued or being fetched ahead; an OPEN of one waits for it.
+    in_flight: Mutex<HashSet<u32>>,
+    /// Notified whenever files leave `in_flight`.
+    landed: Condvar,
 }
 
 impl ReadAhead {
-    /// Read-ahead of `window` bytes per stream, fetched by whoever receives from `tx`.
-    pub fn new(window: u64, tx: crossbeam::channel::Sender<u32>) -> ReadAhead {
-        ReadAhead { streams: Mutex::new(Streams::default()), tx, window }
+    /// Read-ahead of `window` bytes per stream, fetched by whoever receives
+    /// from `tx` (runs of files of one partition, in order).
+    pub fn new(window: u64, tx: crossbeam::channel::Sender<Vec<u32>>) -> ReadAhead {
+        ReadAhead { streams: Mutex::new(Streams::default()), tx, window, in_flight: Mutex::default(), landed: Condvar::new() }
+    }
+
+    /// Sends one run to the fetching threads, marking its files in flight.
+    fn send(&self, run: Vec<u32>) -> bool {
+        let mut f = self.in_flight.lock().unwrap_or_else(|p| p.into_inner());
+        f.extend(run.iter().copied());
+        match self.tx.try_send(run) {
+            Ok(()) => true,
+            Err(e) => {
+                for id in e.into_inner() {
+                    f.remove(&id);
+                }
+                false
+            }
+        }
+    }
+
+    /// Files `ids` are copies now, or will not be: wake their waiters.
+    fn landed(&self, ids: &[u32]) {
+        let mut f = self.in_flight.lock().unwrap_or_else(|p| p.into_inner());
+        for id in ids {
+            f.remove(id);
+        }
+        drop(f);
+        self.landed.notify_all();
+    }
+
+    /// Waits (at most `limit`) while node `id` is queued or being fetched ahead.
+    pub fn wait_for(&self, id: u32, limit: Duration) {
+        let deadline = Instant::now() + limit;
+        let mut f = self.in_flight.lock().unwrap_or_else(|p| p.into_inner());
+        while f.contains(&id) {
+            let Some(left) = deadline.checked_duration_since(Instant::now()) else { return };
+            f = self.landed.wait_timeout(f, left).unwrap_or_else(|p| p.into_inner()).0;
+        }
     }
 }
 
@@ -114,7 +166,8 @@ impl Node {
     /// A remote open of node `id` reached this daemon: if it continues a
     /// stream, queue the next remote files of the manifest's order until
     /// the reader has `--read-ahead` bytes (at most [`MAX_FILES`] files)
-    /// ahead of it.
+    /// ahead of it, in runs of consecutive files of one partition (each
+    /// run at most [`RUN_BYTES`] of stored bytes: one MPI message).
     pub(crate) fn read_ahead_after(&self, id: u32) {
         let (Some(ra), Some(tiers)) = (self.read_ahead.get(), self.tiers.get()) else { return };
         let mut streams = ra.streams.lock().unwrap_or_else(|p| p.into_inner());
@@ -133,6 +186,9 @@ impl Node {
             }
         }
         let (mut i, mut scanned) = (ahead_to, 0u32);
+        let mut run: Vec<u32> = Vec::new();
+        let (mut run_part, mut run_bytes) = (0u32, 0u64);
+        let mut sent_to = ahead_to;
         while bytes < ra.window && files < MAX_FILES && scanned < MAX_SCAN {
             i = match i.checked_add(1) {
                 Some(i) if i < self.view.node_count() => i,
@@ -142,34 +198,131 @@ impl Node {
             let Some(n) = remote_file(i) else { continue };
             bytes += n.size();
             files += 1;
-            if matches!(tiers.get(i), TIER_COPY | TIER_EXTRACTED) {
+            let copied = matches!(tiers.get(i), TIER_COPY | TIER_EXTRACTED);
+            if !run.is_empty() && (copied || n.partition() != run_part || run_bytes + n.stored_len() > RUN_BYTES) {
+                if !ra.send(std::mem::take(&mut run)) {
+                    // The fetching threads are behind: the stream's next open asks again.
+                    streams.advanced(id, sent_to);
+                    return;
+                }
+                sent_to = i - 1;
+            }
+            if copied {
+                sent_to = i;
                 continue;
             }
-            if ra.tx.try_send(i).is_err() {
-                // The fetching threads are behind: the stream's next open asks again.
-                i -= 1;
-                break;
+            if run.is_empty() {
+                (run_part, run_bytes) = (n.partition(), 0);
             }
+            run.push(i);
+            run_bytes += n.stored_len();
         }
-        streams.advanced(id, i);
+        if run.is_empty() || ra.send(run) {
+            sent_to = i;
+        }
+        streams.advanced(id, sent_to);
     }
 
-    /// The loop of one read-ahead thread: fetch each queued remote file
-    /// into the copy directory unless it is there, until the rank stops.
-    pub fn read_ahead_loop(&self, rx: crossbeam::channel::Receiver<u32>) {
-        let Some(copies) = self.copies.get() else { return };
-        while let Ok(id) = rx.recv() {
+    /// The loop of one read-ahead thread: fetch each queued run of remote
+    /// files into the copy directory (the files not there yet), until the
+    /// rank stops.
+    pub fn read_ahead_loop(&self, rx: crossbeam::channel::Receiver<Vec<u32>>) {
+        let (Some(copies), Some(ra)) = (self.copies.get(), self.read_ahead.get()) else { return };
+        while let Ok(run) = rx.recv() {
+            if self.stopping.load(Relaxed) {
+                ra.landed(&run);
+                break;
+            }
+            let todo: Vec<NodeRef<'_>> = run
+                .iter()
+                .filter_map(|&id| self.view.node(id))
+                .filter(|n| self.part_map(n.partition()).is_none() && !matches!(self.tiers.get().map(|t| t.get(n.id())), Some(TIER_COPY | TIER_EXTRACTED)))
+                .collect();
+            let fetched = if todo.len() > 1 { self.fetch_run(&todo) } else { None };
+            match fetched {
+                Some((off, bytes)) => {
+                    for n in &todo {
+                        let at = (n.payload_offset() - off) as usize;
+                        let stored = &bytes[at..at + n.stored_len() as usize];
+                        // (A payload that fails its checksum is logged; the file's own OPEN fetches it again.)
+                        let made = self.check_sum(*n, xxh3(stored)).is_ok()
+                            && copies.keep(n.id(), n.size(), &|| self.relieve_fds(), &|d| self.decode_into(*n, stored, d)) == Some(true);
+                        if made {
+                            self.counters.read_ahead.fetch_add(1, Relaxed);
+                        }
+                        ra.landed(&[n.id()]);
+                    }
+                    give_back(bytes);
+                }
+                None => {
+                    // One file, or the run's message failed: each file alone,
+                    // from the first holder that answers.
+                    for n in &todo {
+                        if copies.keep(n.id(), n.size(), &|| self.relieve_fds(), &|d| self.fill_remote(*n, d, None)) == Some(true) {
+                            self.counters.read_ahead.fetch_add(1, Relaxed);
+                        }
+                        ra.landed(&[n.id()]);
+                    }
+                }
+            }
+            ra.landed(&run);
+        }
+    }
+
+    /// The stored bytes of `run` (files of one partition, in payload order)
+    /// in one MPI message from the first holder that answers: (the range's
+    /// offset in the partition, its bytes). `None` when every holder failed.
+    fn fetch_run(&self, run: &[NodeRef<'_>]) -> Option<(u64, Vec<u8>)> {
+        let p = run[0].partition();
+        let off = run.iter().map(|n| n.payload_offset()).min()?;
+        let end = run.iter().map(|n| n.payload_offset() + n.stored_len()).max()?;
+        let len = end - off;
+        // Files of one partition in order lie side by side; anything else is
+        // fetched file by file.
+        let stored: u64 = run.iter().map(|n| n.stored_len()).sum();
+        if len > stored + run.len() as u64 * 4096 {
+            return None;
+        }
+        let me = self.id.rank;
+        let t = Instant::now();
+        for holder in self.placement.holders_for(p, run[0].id()).into_iter().filter(|&h| h != me) {
+            let (tx, rx) = crossbeam::channel::bounded(1);
+            let timeout = self.fetch_timeout(len);
+            let f = Fetch {
+                node_id: PART_BIT | p,
+                holder,
+                stored_len: len,
+                offset: off,
+                buf: RecvBuf::heap(scratch(len as usize), len as usize),
+                reply: tx,
+                timeout,
+                direct: None,
+            };
+            self.comm.fetch(f).ok()?;
+            match rx.recv_timeout(timeout + Duration::from_secs(2)) {
+                Ok(Ok((buf, _))) if buf.len() as u64 == len => {
+                    self.counters.remote_latency.record(t.elapsed());
+                    self.read_remotely(p, len, t.elapsed());
+                    if let RecvMem::Heap(v) = buf.into_mem() {
+                        return Some((off, v));
+                    }
+                    return None;
+                }
+                other => {
+                    self.counters.remote_failed.fetch_add(1, Relaxed);
+                    let why = match other {
+                        Ok(Err(e)) => e.to_string(),
+                        Ok(Ok(_)) => "a short answer".into(),
+                        Err(_) => "no answer".into(),
+                    };
+                    log::warn!("rank {me}: read-ahead of partition {p} bytes {off}..{end} from rank {holder}: {why}");
+                }
+            }
             if self.stopping.load(Relaxed) {
                 break;
             }
-            let Some(n) = self.view.node(id) else { continue };
-            if self.part_map(n.partition()).is_some() {
-                continue; // replicated since it was queued
-            }
-            if copies.keep(id, n.size(), &|| self.relieve_fds(), &|d| self.fill_remote(n, d, None)) == Some(true) {
-                self.counters.read_ahead.fetch_add(1, Relaxed);
-            }
         }
+        None
     }
 }
 

@@ -184,7 +184,8 @@ fn answer_directly(d: &Direct, buf: &RecvBuf) -> bool {
 }
 
 /// The received payload and its xxh3, computed piece by piece as the pieces
-/// arrived (the requester compares it with the manifest).
+/// arrived (the requester compares it with the manifest); 0 for a partition
+/// range, whose reader checks each file in it.
 pub type FetchReply = Result<(RecvBuf, u64), FetchError>;
 
 /// One remote read: ask `holder` for the stored payload of `node_id`.
@@ -264,7 +265,10 @@ pub(crate) fn post_receives(comm: &raw::Handle, mut f: Fetch, tag: i32, piece: u
             }
         }
     }
-    let pending = PendingFetch::new(state, f.buf, base, parts, Some(f.reply), f.direct);
+    let mut pending = PendingFetch::new(state, f.buf, base, parts, Some(f.reply), f.direct);
+    // A partition range spans many files: its reader checks each file's
+    // checksum itself (replication, read-ahead), so no whole-range hash.
+    pending.hashes = f.node_id & (OUT_BIT | PART_BIT) != PART_BIT;
     (Posted { pending, reqs }, Some(request))
 }
 
@@ -369,6 +373,8 @@ struct PendingFetch {
     /// Pieces hashed so far (a prefix of `parts`).
     hashed: usize,
     hasher: fanstore_core::checksum::StreamingChecksum,
+    /// Whether the pieces are hashed (not for a partition range: the reply's sum is then 0).
+    hashes: bool,
     started: Instant,
     reply: Option<Sender<FetchReply>>,
     direct: Option<Direct>,
@@ -394,6 +400,7 @@ impl PendingFetch {
             arrived: vec![false; n],
             hashed: 0,
             hasher: fanstore_core::checksum::StreamingChecksum::new(),
+            hashes: true,
             started: Instant::now(),
             reply,
             direct,
@@ -413,7 +420,9 @@ impl PendingFetch {
             // the same buffer may still be written), inside the buffer that
             // `self.buf` keeps alive.
             let piece = unsafe { std::slice::from_raw_parts(self.base.add(off as usize), len) };
-            self.hasher.update(piece);
+            if self.hashes {
+                self.hasher.update(piece);
+            }
             self.hashed += 1;
         }
     }
@@ -890,7 +899,7 @@ impl<'a> Engine<'a> {
             let complete = f.hashed == f.parts.len();
             let res = f.state.result().and_then(|()| {
                 if complete {
-                    Ok((f.buf, f.hasher.digest()))
+                    Ok((f.buf, if f.hashes { f.hasher.digest() } else { 0 }))
                 } else {
                     Err(FetchError::Holder(f.state.holder))
                 }
