@@ -172,7 +172,6 @@ for s in SIZES:
     for r in range(rounds):
         multi.setdefault((s, "FanStore"), []).append(readers4(lf, True))
         multi.setdefault((s, "native"), []).append(readers4(ln, False))
-        multi.setdefault((s, "FanStore-1r"), []).append(readers4(lf, True, nodes=(0,)))
     print(f"multi {s}: " + ", ".join(f"{k}={statistics.median(x[0] for x in multi[(s, k)]):.0f}" for k in ("FanStore", "native", "raw")), file=sys.stderr)
 st4 = [fs_cluster.Client(rt4 / f"node-{k}.sock").status() for k in range(4)]
 stop(p4, rt4)
@@ -188,16 +187,6 @@ for s in SIZES:
         multi.setdefault((s, "one"), []).append(readers4(lf, True, rt1, (0, 0, 0, 0)))
         multi.setdefault((s, "one-1r"), []).append(readers4(lf, True, rt1, (0,)))
 stop(p1, rt1)
-# Read-ahead (the readers read in the manifest's order): 4 daemons with the
-# default --cache-mem and --read-ahead, --replicate-on-read off, a fresh job
-# for every round so that every read is a first one.
-for r in range(rounds):
-    for key, nodes in (("ahead", (0, 1, 2, 3)), ("ahead-1r", (0,))):
-        p4a, rt4a = start(mds, f"multia-{r}-{key}", "--replicate-on-read", "off", n=4)
-        for s in SIZES:
-            multi.setdefault((s, key), []).append(readers4(work / f"m{s}.fs", True, rt4a, nodes))
-        st4a = [fs_cluster.Client(rt4a / f"node-{k}.sock").status() for k in range(4)]
-        stop(p4a, rt4a)
 p4p, rt4p = start(mds, "multip", "--cache-mem", "0", "--prefetch-remote", "all", n=4)
 t_pre = time.perf_counter()
 while time.perf_counter() - t_pre < 300:
@@ -235,15 +224,26 @@ for s in SIZES:
     lf = work / f"m{s}.one.fs"
     lf.write_text("".join(f"/fanstore/{n}\n" for n in names))
     for r in range(rounds):
-        for key, extra in (("cold", ["--replicate-on-read", "off"]), ("on-read", ["--replicate-on-read", "all"])):
+        # (`cached`/`ahead`: the default --cache-mem, --read-ahead 0 / the
+        # default --read-ahead; `-1r`: one reader, on node 0.)
+        for key, extra in (("cold", ["--cache-mem", "0", "--replicate-on-read", "off"]),
+                           ("on-read", ["--cache-mem", "0", "--replicate-on-read", "all"]),
+                           ("cached", ["--replicate-on-read", "off", "--read-ahead", "0"]),
+                           ("ahead", ["--replicate-on-read", "off"]),
+                           ("cached-1r", ["--replicate-on-read", "off", "--read-ahead", "0"]),
+                           ("ahead-1r", ["--replicate-on-read", "off"])):
             # The local directory in tmpfs: this VM's ext4 has no journal, and
             # there each file creation after the mass deletions of the jobs
             # before skips every recently deleted inode (find_inode_bit /
             # recently_deleted in perf: ~1 ms per extracted 128 KiB file).
-            p4r, rt4r = start(sds, f"multir-{s}-{r}-{key}", "--cache-mem", "0", *extra, n=4,
+            p4r, rt4r = start(sds, f"multir-{s}-{r}-{key}", *extra, n=4,
                               local=Path(f"/dev/shm/fsbench-{work.name}-{s}-{r}-{key}"))
-            multi.setdefault((s, key), []).append(readers4(lf, True, rt4r))
-            multi.setdefault((s, key + "-again"), []).append(readers4(lf, True, rt4r))
+            nodes = (0,) if key.endswith("-1r") else (0, 1, 2, 3)
+            multi.setdefault((s, key), []).append(readers4(lf, True, rt4r, nodes))
+            if key in ("cold", "on-read"):
+                multi.setdefault((s, key + "-again"), []).append(readers4(lf, True, rt4r))
+            if key == "ahead":
+                st4a = [fs_cluster.Client(rt4r / f"node-{k}.sock").status() for k in range(4)]
             stop(p4r, rt4r)
 
 # --- load vs cat ------------------------------------------------------------------
@@ -378,7 +378,8 @@ for s in (SIZES[0], 2 << 20):
                       f"{f / o:.2f}x ({f:.0f} vs {o:.0f} MB/s; the raw transport in the same pattern moves {allpairs(s):.0f} MB/s: "
                       f"at that rate for the remote 3/4 and no other work, at most {allpairs(s) / REMOTE / o:.2f}x); "
                       f"with --prefetch-remote all, once fetched: {pf / o:.2f}x; "
-                      f"with the default --read-ahead (the readers read in order), cold: {med(x[0] for x in multi[(s, 'ahead')]) / o:.2f}x; "
+                      f"with the default --read-ahead (the readers read in order), cold: {med(x[0] for x in multi[(s, 'ahead')]) / o:.2f}x "
+                      f"(--read-ahead 0: {med(x[0] for x in multi[(s, 'cached')]) / o:.2f}x); "
                       f"with --replicate-on-read all, cold: {orr / o:.2f}x, read again: {orr2 / o:.2f}x",
                       f / o >= 0.6])
 for s in (2 << 20, 8 << 20):
@@ -405,24 +406,27 @@ L.append("Counters after the 4-rank run (`fanstore status`): " + "; ".join(
     f"failed={x.get('remote_failed')}" for k, x in enumerate(st4)) + ". After the evicting run: " + "; ".join(
     f"rank {k}: cache_evictions={x.get('cache_evictions')} copies_reused={x.get('copies_reused')}" for k, x in enumerate(st4e)))
 L.append("")
-L.append("Read-ahead (`--read-ahead`, default 4 MiB; fanstore-daemon/src/read_ahead.rs): the readers above read "
+L.append("Read-ahead (`--read-ahead`, default 4 MiB; fanstore-daemon/src/read_ahead.rs): the readers read "
          "in the manifest's order, so a daemon that sees a node's remote opens follow each other fetches the next "
-         "remote files into the node cache, 4 at a time, and the readers open them as copies with no message. "
-         "`per file`: the `--cache-mem 0` job above (every remote file fetched by its OPEN). `read ahead`: a fresh "
-         "4-daemon job per round with the default `--cache-mem` and `--read-ahead`, `--replicate-on-read off`, "
-         "every read a first one. `1 reader`: one reader on node 0 alone (3/4 of its files remote).")
+         "remote files into the node cache (runs of files of one partition, up to 1 MiB per MPI message, 4 in "
+         "flight), and the readers open them as copies with no message. Fresh jobs as in `4 daemons, cold` above "
+         "(a dataset of one size, local directory in tmpfs, every read a first one), `--replicate-on-read off`: "
+         "`--cache-mem 0` is that column; `cached` the default `--cache-mem` with `--read-ahead 0` (every remote "
+         "file fetched by its OPEN into a named copy); `read ahead` the defaults. `1 reader`: one reader on node "
+         "0 alone (3/4 of its files remote), each in its own fresh job; `1 daemon, 1 reader`: the same reader on "
+         "the 1-daemon job above.")
 L.append("")
-L.append("| size | 4 readers, per file MB/s | read ahead MB/s | read ahead / per file | read ahead / 1 daemon | "
-         "1 reader, per file MB/s | read ahead MB/s | read ahead / per file | 1 daemon, 1 reader MB/s | read ahead / 1 daemon |")
-L.append("| ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: |")
+L.append("| size | 4 readers, `--cache-mem 0` MB/s | cached MB/s | read ahead MB/s | read ahead / cached | read ahead / 1 daemon | "
+         "1 reader, cached MB/s | read ahead MB/s | read ahead / cached | 1 daemon, 1 reader MB/s | read ahead / 1 daemon |")
+L.append("| ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: |")
 for s in SIZES:
-    f = med(x[0] for x in multi[(s, "FanStore")]); a = med(x[0] for x in multi[(s, "ahead")]); o = med(x[0] for x in multi[(s, "one")])
-    f1 = med(x[0] for x in multi[(s, "FanStore-1r")]); a1 = med(x[0] for x in multi[(s, "ahead-1r")])
-    o1 = med(x[0] for x in multi[(s, "one-1r")])
+    m = lambda k: med(x[0] for x in multi[(s, k)])
+    cold, c4, a4, o = m("cold"), m("cached"), m("ahead"), m("one")
+    c1, a1, o1 = m("cached-1r"), m("ahead-1r"), m("one-1r")
     label = f"{s >> 10} KiB" if s < (1 << 20) else f"{s >> 20} MiB"
-    L.append(f"| {label} | {f:.0f} | {a:.0f} | **{a / f:.2f}×** | {a / o:.2f}× | {f1:.0f} | {a1:.0f} | **{a1 / f1:.2f}×** | {o1:.0f} | {a1 / o1:.2f}× |")
+    L.append(f"| {label} | {cold:.0f} | {c4:.0f} | {a4:.0f} | **{a4 / c4:.2f}×** | {a4 / o:.2f}× | {c1:.0f} | {a1:.0f} | **{a1 / c1:.2f}×** | {o1:.0f} | {a1 / o1:.2f}× |")
 L.append("")
-L.append("Counters after the last read-ahead job: " + "; ".join(
+L.append("Counters after the last 4-reader read-ahead job: " + "; ".join(
     f"rank {k}: opens={x.get('opens')} remote_sent={x.get('remote_sent')} read_ahead={x.get('read_ahead')} "
     f"cache_hits={x.get('cache_hits')}" for k, x in enumerate(st4a)) + ".")
 import json

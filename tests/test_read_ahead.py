@@ -135,3 +135,48 @@ def test_a_payload_damaged_on_the_holder_is_eio_and_the_rest_of_its_run_is_exact
     assert r.stdout == want
     assert status(c, 0)["read_ahead"] >= len(remote) // 2
     assert "fails its checksum" in c.log()
+
+
+def test_cp_r_of_the_dataset_reads_ahead_and_copies_every_byte(cluster_factory, bins, tmp_path):
+    """coreutils `cp -r` walks each directory in name order: the manifest's order."""
+    src = tmp_path / "src"
+    for d in range(3):
+        (src / f"d{d}").mkdir(parents=True)
+        for i in range(40):
+            (src / f"d{d}" / f"f{i:03d}.bin").write_bytes(random.Random(d * 100 + i).randbytes(70_000 + i))
+    ds = tmp_path / "ds"
+    pack(bins, src, ds, "--partitions", "4", "--compress", "none")
+    c = cluster_factory(ds, nranks=2, extra_args=ARGS)
+    out = tmp_path / "out"
+    r = subprocess.run(["cp", "-r", f"{c.mount}/.", str(out)], env=c.env(node=0), capture_output=True, text=True, timeout=120)
+    assert r.returncode == 0, r.stderr
+    r = subprocess.run(["diff", "-r", str(src), str(out)], capture_output=True, text=True)
+    assert r.returncode == 0, r.stdout[-2000:]
+    _, remote = remote_names(c, ds, 0)
+    st = status(c, 0)
+    assert st["read_ahead"] >= len(remote) // 2, st
+
+
+def test_a_hung_holder_gives_eio_and_pauses_read_ahead(cluster_factory, bins, tmp_path):
+    """A run that no holder answers pauses read-ahead for --remote-timeout:
+    the reader's own opens fail alone (EIO), none waits for a read-ahead of
+    its file first, and read-ahead asks the hung holder once, not per open."""
+    import signal
+    import time
+    src, ds = make(tmp_path, bins)
+    c = cluster_factory(ds, nranks=2, extra_args=ARGS + ["--read-ahead", "300000", "--remote-timeout", "1"])
+    _, remote = remote_names(c, ds, 0)
+    read_in(c, src, 0, remote[:2])
+    holder = int(node_state(c.runtime, 1)["pid"])
+    os.kill(holder, signal.SIGSTOP)
+    try:
+        args = [a for n in remote[8:14] for a in (f"{c.mount}/{n}", str(src / n))]
+        r = subprocess.run([sys.executable, "-c", READ_EACH, *args], env=c.env(node=0), capture_output=True, text=True, timeout=120)
+    finally:
+        os.kill(holder, signal.SIGCONT)
+    assert r.returncode == 0, r.stderr
+    assert r.stdout == "".join(f"errno 5 {c.mount}/{n}\n" for n in remote[8:14])
+    assert c.log().count("read-ahead of partition") == 1, c.log()[-3000:]
+    # Once the holder answers again (and the pause is over), the same files read right.
+    time.sleep(1.5)
+    read_in(c, src, 0, remote[8:20])

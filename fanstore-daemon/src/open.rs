@@ -381,6 +381,9 @@ impl Node {
             match self.fetch_from(n, holder, dst, client) {
                 Ok(()) => {
                     self.read_remotely(n.partition(), n.stored_len(), t.elapsed());
+                    if let Some(ra) = self.read_ahead.get() {
+                        ra.resume();
+                    }
                     return Ok(());
                 }
                 Err(e) => {

@@ -14,7 +14,10 @@
 //! one partition range, one MPI message. Each file is checked against its
 //! own checksum before it becomes a copy; a damaged one is not kept (its own
 //! OPEN fetches it again, and gets EIO). The reader opens each copy with no
-//! message; an OPEN of a file still queued or in flight waits for it.
+//! message; an OPEN of a file still queued or in flight waits for it. A run
+//! that no holder answers pauses read-ahead until a remote read of the node
+//! succeeds again: meanwhile the reader's own OPENs fail over, or fail
+//! alone, without first waiting for a read-ahead of the same file.
 //!
 //! A shuffled reader starts no stream: two remote opens in a row seldom
 //! follow each other. The copies count against `--cache-mem` like any other
@@ -35,7 +38,7 @@ use fanstore_core::checksum::xxh3;
 use fanstore_core::manifest::{NodeKind, NodeRef};
 use fanstore_core::tiers::{TIER_COPY, TIER_EXTRACTED};
 use std::collections::HashSet;
-use std::sync::atomic::Ordering::Relaxed;
+use std::sync::atomic::{AtomicBool, Ordering::Relaxed};
 use std::sync::{Condvar, Mutex};
 use std::time::{Duration, Instant};
 
@@ -117,13 +120,50 @@ pub struct ReadAhead {
     in_flight: Mutex<HashSet<u32>>,
     /// Notified whenever files leave `in_flight`.
     landed: Condvar,
+    /// No read-ahead: a fetch ahead found no holder answering, and no
+    /// remote read of this node succeeded since (the reader's own OPENs
+    /// fail over or fail alone, never after waiting for a read-ahead too).
+    paused: AtomicBool,
+}
+
+/// What asking for a run of files in one message gave.
+enum RunFetch {
+    /// (The range's offset in the partition, its bytes.)
+    Got(u64, Vec<u8>),
+    /// The files do not lie side by side: fetch them one by one.
+    Scattered,
+    /// No holder answered (logged).
+    Failed,
 }
 
 impl ReadAhead {
     /// Read-ahead of `window` bytes per stream, fetched by whoever receives
     /// from `tx` (runs of files of one partition, in order).
     pub fn new(window: u64, tx: crossbeam::channel::Sender<Vec<u32>>) -> ReadAhead {
-        ReadAhead { streams: Mutex::new(Streams::default()), tx, window, in_flight: Mutex::default(), landed: Condvar::new() }
+        ReadAhead {
+            streams: Mutex::new(Streams::default()),
+            tx,
+            window,
+            in_flight: Mutex::default(),
+            landed: Condvar::new(),
+            paused: AtomicBool::new(false),
+        }
+    }
+
+    /// Stops reading ahead until a remote read succeeds ([`ReadAhead::resume`]).
+    fn pause(&self) {
+        self.paused.store(true, Relaxed);
+    }
+
+    /// A remote read of this node succeeded: holders answer (again).
+    pub fn resume(&self) {
+        if self.paused.load(Relaxed) {
+            self.paused.store(false, Relaxed);
+        }
+    }
+
+    fn paused(&self) -> bool {
+        self.paused.load(Relaxed)
     }
 
     /// Sends one run to the fetching threads, marking its files in flight.
@@ -170,6 +210,9 @@ impl Node {
     /// run at most [`RUN_BYTES`] of stored bytes: one MPI message).
     pub(crate) fn read_ahead_after(&self, id: u32) {
         let (Some(ra), Some(tiers)) = (self.read_ahead.get(), self.tiers.get()) else { return };
+        if ra.paused() {
+            return;
+        }
         let mut streams = ra.streams.lock().unwrap_or_else(|p| p.into_inner());
         let Some(ahead_to) = streams.observe(id) else { return };
         let remote_file = |i: u32| {
@@ -233,14 +276,18 @@ impl Node {
                 ra.landed(&run);
                 break;
             }
+            if ra.paused() {
+                ra.landed(&run);
+                continue;
+            }
             let todo: Vec<NodeRef<'_>> = run
                 .iter()
                 .filter_map(|&id| self.view.node(id))
                 .filter(|n| self.part_map(n.partition()).is_none() && !matches!(self.tiers.get().map(|t| t.get(n.id())), Some(TIER_COPY | TIER_EXTRACTED)))
                 .collect();
-            let fetched = if todo.len() > 1 { self.fetch_run(&todo) } else { None };
+            let fetched = if todo.len() > 1 { self.fetch_run(&todo) } else { RunFetch::Scattered };
             match fetched {
-                Some((off, bytes)) => {
+                RunFetch::Got(off, bytes) => {
                     for n in &todo {
                         let at = (n.payload_offset() - off) as usize;
                         let stored = &bytes[at..at + n.stored_len() as usize];
@@ -254,12 +301,19 @@ impl Node {
                     }
                     give_back(bytes);
                 }
-                None => {
-                    // One file, or the run's message failed: each file alone,
-                    // from the first holder that answers.
-                    for n in &todo {
-                        if copies.keep(n.id(), n.size(), &|| self.relieve_fds(), &|d| self.fill_remote(*n, d, None)) == Some(true) {
-                            self.counters.read_ahead.fetch_add(1, Relaxed);
+                RunFetch::Failed => ra.pause(),
+                RunFetch::Scattered => {
+                    // One file (or files apart): each alone, from the first holder that answers.
+                    for n in todo.iter().filter(|n| copies.fits(n.size())) {
+                        match copies.keep(n.id(), n.size(), &|| self.relieve_fds(), &|d| self.fill_remote(*n, d, None)) {
+                            Some(true) => {
+                                self.counters.read_ahead.fetch_add(1, Relaxed);
+                            }
+                            Some(false) => {}
+                            None => {
+                                ra.pause();
+                                break;
+                            }
                         }
                         ra.landed(&[n.id()]);
                     }
@@ -270,22 +324,22 @@ impl Node {
     }
 
     /// The stored bytes of `run` (files of one partition, in payload order)
-    /// in one MPI message from the first holder that answers: (the range's
-    /// offset in the partition, its bytes). `None` when every holder failed.
-    fn fetch_run(&self, run: &[NodeRef<'_>]) -> Option<(u64, Vec<u8>)> {
-        let p = run[0].partition();
-        let off = run.iter().map(|n| n.payload_offset()).min()?;
-        let end = run.iter().map(|n| n.payload_offset() + n.stored_len()).max()?;
+    /// in one MPI message from the first holder that answers.
+    fn fetch_run(&self, run: &[NodeRef<'_>]) -> RunFetch {
+        let Some(first) = run.first() else { return RunFetch::Scattered };
+        let p = first.partition();
+        let off = run.iter().map(|n| n.payload_offset()).min().unwrap_or(0);
+        let end = run.iter().map(|n| n.payload_offset() + n.stored_len()).max().unwrap_or(0);
         let len = end - off;
         // Files of one partition in order lie side by side; anything else is
         // fetched file by file.
         let stored: u64 = run.iter().map(|n| n.stored_len()).sum();
-        if len > stored + run.len() as u64 * 4096 {
-            return None;
+        if len > stored + run.len() as u64 * 4096 || run.iter().any(|n| n.partition() != p) {
+            return RunFetch::Scattered;
         }
         let me = self.id.rank;
         let t = Instant::now();
-        for holder in self.placement.holders_for(p, run[0].id()).into_iter().filter(|&h| h != me) {
+        for holder in self.placement.holders_for(p, first.id()).into_iter().filter(|&h| h != me) {
             let (tx, rx) = crossbeam::channel::bounded(1);
             let timeout = self.fetch_timeout(len);
             let f = Fetch {
@@ -298,15 +352,17 @@ impl Node {
                 timeout,
                 direct: None,
             };
-            self.comm.fetch(f).ok()?;
+            if self.comm.fetch(f).is_err() {
+                return RunFetch::Failed; // the rank is stopping
+            }
             match rx.recv_timeout(timeout + Duration::from_secs(2)) {
                 Ok(Ok((buf, _))) if buf.len() as u64 == len => {
                     self.counters.remote_latency.record(t.elapsed());
                     self.read_remotely(p, len, t.elapsed());
-                    if let RecvMem::Heap(v) = buf.into_mem() {
-                        return Some((off, v));
-                    }
-                    return None;
+                    return match buf.into_mem() {
+                        RecvMem::Heap(v) => RunFetch::Got(off, v),
+                        RecvMem::Spare(_) => RunFetch::Scattered, // (never: the buffer was a heap one)
+                    };
                 }
                 other => {
                     self.counters.remote_failed.fetch_add(1, Relaxed);
@@ -322,7 +378,7 @@ impl Node {
                 break;
             }
         }
-        None
+        RunFetch::Failed
     }
 }
 
