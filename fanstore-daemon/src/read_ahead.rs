@@ -219,6 +219,7 @@ impl Node {
             self.view
                 .node(i)
                 .filter(|n| n.kind() == Some(NodeKind::File) && n.size() > 0 && self.part_map(n.partition()).is_none())
+                .filter(|n| !self.being_replicated(n.partition()))
         };
         // What is ahead of the reader already.
         let (mut bytes, mut files) = (0u64, 0u32);
@@ -283,7 +284,8 @@ impl Node {
             let todo: Vec<NodeRef<'_>> = run
                 .iter()
                 .filter_map(|&id| self.view.node(id))
-                .filter(|n| self.part_map(n.partition()).is_none() && !matches!(self.tiers.get().map(|t| t.get(n.id())), Some(TIER_COPY | TIER_EXTRACTED)))
+                .filter(|n| self.part_map(n.partition()).is_none() && !self.being_replicated(n.partition()))
+                .filter(|n| !matches!(self.tiers.get().map(|t| t.get(n.id())), Some(TIER_COPY | TIER_EXTRACTED)))
                 .collect();
             let fetched = if todo.len() > 1 { self.fetch_run(&todo) } else { RunFetch::Scattered };
             match fetched {
@@ -321,6 +323,12 @@ impl Node {
             }
             ra.landed(&run);
         }
+    }
+
+    /// Whether partition `p` is being fetched whole ([`crate::replicate`]):
+    /// its files arrive with it (an OPEN waits for it), not read ahead too.
+    fn being_replicated(&self, p: u32) -> bool {
+        self.replica_pending.get(p as usize).is_some_and(|left| left.load(Relaxed) != 0)
     }
 
     /// The stored bytes of `run` (files of one partition, in payload order)
