@@ -180,3 +180,37 @@ def test_a_hung_holder_gives_eio_and_pauses_read_ahead(cluster_factory, bins, tm
     # Once the holder answers again (and the pause is over), the same files read right.
     time.sleep(1.5)
     read_in(c, src, 0, remote[8:20])
+
+
+EVAL_PASS = r'''
+import hashlib, os, sys
+import torch
+from torch.utils.data import DataLoader, Dataset
+root = sys.argv[1]
+names = sorted(os.path.relpath(os.path.join(d, f), root) for d, _, fl in os.walk(root) for f in fl)
+
+class Files(Dataset):
+    def __len__(self):
+        return len(names)
+    def __getitem__(self, i):
+        with open(os.path.join(root, names[i]), "rb") as f:
+            return names[i], hashlib.sha256(f.read()).hexdigest()
+
+for batch in DataLoader(Files(), batch_size=16, shuffle=False, num_workers=2, collate_fn=lambda b: b):
+    for name, digest in batch:
+        print(digest, name)
+'''
+
+
+def test_an_unshuffled_torch_dataloader_pass_reads_ahead(cluster_factory, bins, tmp_path, framework_python):
+    """An evaluation pass: a torch DataLoader with shuffle=False and 2
+    workers, each reading whole batches in order; both streams are followed."""
+    src, ds = make(tmp_path, bins)
+    c = cluster_factory(ds, nranks=2, extra_args=ARGS)
+    r = subprocess.run([framework_python, "-c", EVAL_PASS, c.mount], env=c.env(node=0), capture_output=True, text=True, timeout=300)
+    assert r.returncode == 0, r.stderr[-3000:]
+    names = sorted(p.name for p in src.iterdir())
+    assert r.stdout == "".join(f"{hashlib.sha256((src / n).read_bytes()).hexdigest()} {n}\n" for n in names)
+    _, remote = remote_names(c, ds, 0)
+    st = status(c, 0)
+    assert st["read_ahead"] >= len(remote) // 2, st
