@@ -77,6 +77,10 @@ def test_files_read_in_order_are_fetched_ahead_and_opened_as_copies(cluster_fact
     assert all(tiers[64 + nodes[n]["id"]] == 2 for n in remote), "each one is a node copy now (tier 2)"
     # Nothing was read ahead on the node that read nothing.
     assert status(c, 1)["read_ahead"] == 0
+    # `fanstore status` shows the count (right-aligned under its header).
+    lines = c.cli("status").stdout.splitlines()
+    end = lines[0].index("read ahead") + len("read ahead")
+    assert [ln[:end].split()[-1] for ln in lines[1:3]] == [str(after["read_ahead"]), "0"], lines
 
 
 def test_reads_out_of_order_fetch_nothing_ahead(cluster_factory, bins, tmp_path):

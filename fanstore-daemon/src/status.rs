@@ -371,7 +371,7 @@ pub fn human_bytes(v: u64) -> String {
 }
 
 /// The columns of `fanstore status`: header and the STATUS key each shows.
-const COLUMNS: [(&str, &str); 21] = [
+const COLUMNS: [(&str, &str); 22] = [
     ("rank", "rank"),
     ("host", "host"),
     ("status", "status"),
@@ -388,6 +388,7 @@ const COLUMNS: [(&str, &str); 21] = [
     ("remote MB/s", "remote_mbps"),
     ("wake us", "wake_across_us"),
     ("prefetched", "replicated_bytes"),
+    ("read ahead", "read_ahead"),
     ("hits", "cache_hits"),
     ("misses", "cache_misses"),
     ("evictions", "cache_evictions"),
