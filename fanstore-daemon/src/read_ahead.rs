@@ -49,9 +49,14 @@ const STREAMS: usize = 16;
 const MAX_FILES: u32 = 64;
 /// Most node ids one scan looks at (local files and directories are passed over).
 const MAX_SCAN: u32 = 4096;
-/// Node ids an open may skip past a stream's end and still continue it
-/// (directory entries between two directories' files).
+/// Node ids an open may skip past what was read ahead for a stream and
+/// still continue it (directory entries between two directories' files).
 const GAP: u32 = 8;
+/// The same for a stream with nothing read ahead yet: only the next node.
+/// Kept tight, as a shuffled reader's open lands this close after one of
+/// [`STREAMS`] others STREAMS times in N (a stream that starts at a
+/// directory's end starts again at its next two files).
+const NEAR: u32 = 1;
 /// Threads that fetch ahead: as many requests in flight per node.
 pub const THREADS: usize = 4;
 /// Most stored bytes of one run of files fetched in one MPI message.
@@ -64,6 +69,9 @@ struct Stream {
     last: u32,
     /// The last node id read ahead for it (`last` when none).
     ahead_to: u32,
+    /// Opens that continued it: the read-ahead doubles with each, from 2
+    /// files up to the window (a chance continuation reads little).
+    hits: u32,
     /// When it was last continued (for replacement).
     used: u64,
 }
@@ -76,24 +84,27 @@ pub struct Streams {
 }
 
 impl Streams {
-    /// Records a remote open of node `id`. Returns the stream it continues
-    /// (`Some(ahead_to)`: read ahead after that id), or `None` when it
+    /// Records a remote open of node `id`. Returns what the stream it
+    /// continues may read ahead (`Some((ahead_to, files))`: up to `files`
+    /// files ahead of the reader, after node `ahead_to`), or `None` when it
     /// starts a new one (nothing to read ahead yet).
-    pub fn observe(&mut self, id: u32) -> Option<u32> {
+    pub fn observe(&mut self, id: u32) -> Option<(u32, u32)> {
         self.tick += 1;
         let tick = self.tick;
-        if let Some(s) = self.slots.iter_mut().find(|s| s.last < id && id <= s.ahead_to.max(s.last).saturating_add(GAP)) {
+        let reach = |s: &Stream| if s.ahead_to > s.last { s.ahead_to.saturating_add(GAP) } else { s.last.saturating_add(NEAR) };
+        if let Some(s) = self.slots.iter_mut().find(|s| s.last < id && id <= reach(s)) {
             s.last = id;
             s.ahead_to = s.ahead_to.max(id);
             s.used = tick;
-            return Some(s.ahead_to);
+            s.hits += 1;
+            return Some((s.ahead_to, (1u32 << s.hits.min(16)).min(MAX_FILES)));
         }
         if let Some(s) = self.slots.iter_mut().find(|s| s.last == id) {
             // The same file opened again through the daemon: no progress.
             s.used = tick;
             return None;
         }
-        let fresh = Stream { last: id, ahead_to: id, used: tick };
+        let fresh = Stream { last: id, ahead_to: id, hits: 0, used: tick };
         if self.slots.len() < STREAMS {
             self.slots.push(fresh);
         } else if let Some(s) = self.slots.iter_mut().min_by_key(|s| s.used) {
@@ -205,8 +216,8 @@ impl ReadAhead {
 impl Node {
     /// A remote open of node `id` reached this daemon: if it continues a
     /// stream, queue the next remote files of the manifest's order until
-    /// the reader has `--read-ahead` bytes (at most [`MAX_FILES`] files)
-    /// ahead of it, in runs of consecutive files of one partition (each
+    /// the reader has `--read-ahead` bytes ahead of it (at most 2, 4, 8 ..
+    /// [`MAX_FILES`] files as the stream goes on), in runs of consecutive files of one partition (each
     /// run at most [`RUN_BYTES`] of stored bytes: one MPI message).
     pub(crate) fn read_ahead_after(&self, id: u32) {
         let (Some(ra), Some(tiers)) = (self.read_ahead.get(), self.tiers.get()) else { return };
@@ -214,7 +225,7 @@ impl Node {
             return;
         }
         let mut streams = ra.streams.lock().unwrap_or_else(|p| p.into_inner());
-        let Some(ahead_to) = streams.observe(id) else { return };
+        let Some((ahead_to, max_files)) = streams.observe(id) else { return };
         let remote_file = |i: u32| {
             self.view
                 .node(i)
@@ -233,7 +244,7 @@ impl Node {
         let mut run: Vec<u32> = Vec::new();
         let (mut run_part, mut run_bytes) = (0u32, 0u64);
         let mut sent_to = ahead_to;
-        while bytes < ra.window && files < MAX_FILES && scanned < MAX_SCAN {
+        while bytes < ra.window && files < max_files && scanned < MAX_SCAN {
             i = match i.checked_add(1) {
                 Some(i) if i < self.view.node_count() => i,
                 _ => break,
@@ -395,16 +406,21 @@ mod tests {
     use super::*;
 
     #[test]
-    fn a_second_open_in_order_continues_the_stream() {
+    fn a_second_open_in_order_continues_the_stream_and_each_one_after_reads_twice_as_far() {
         let mut s = Streams::default();
         assert_eq!(s.observe(10), None, "a first open only starts a stream");
-        assert_eq!(s.observe(11), Some(11));
-        s.advanced(11, 40);
-        // The reader opened 12..=40 as copies, unseen; 41 continues the stream.
-        assert_eq!(s.observe(41), Some(41));
+        assert_eq!(s.observe(11), Some((11, 2)));
+        s.advanced(11, 13);
+        // The reader opened 12 and 13 as copies, unseen; 14 continues the stream.
+        assert_eq!(s.observe(14), Some((14, 4)));
+        s.advanced(14, 18);
         // Within the read-ahead (a file still in flight) too.
-        s.advanced(41, 70);
-        assert_eq!(s.observe(50), Some(70));
+        assert_eq!(s.observe(16), Some((18, 8)));
+        for want in [16, 32, 64, 64] {
+            let (to, files) = s.observe(s.slots[0].ahead_to + 1).expect("the stream goes on");
+            assert_eq!(files, want);
+            s.advanced(to, to + files);
+        }
     }
 
     #[test]
@@ -417,11 +433,40 @@ mod tests {
     }
 
     #[test]
-    fn a_gap_of_directory_entries_is_passed_over_but_not_a_jump() {
+    fn a_shuffled_epoch_over_few_files_reads_little_ahead() {
+        // Every id of 0..1000 once, shuffled (Fisher-Yates, xorshift64).
+        let n = 1000u32;
+        let mut order: Vec<u32> = (0..n).collect();
+        let mut x: u64 = 0x9E37_79B9_7F4A_7C15;
+        for i in (1..order.len()).rev() {
+            x ^= x << 13;
+            x ^= x >> 7;
+            x ^= x << 17;
+            order.swap(i, (x % (i as u64 + 1)) as usize);
+        }
+        let mut s = Streams::default();
+        let mut ahead = 0u32;
+        for id in order {
+            if let Some((to, files)) = s.observe(id) {
+                ahead += files;
+                s.advanced(id, to + files);
+            }
+        }
+        // (Every stream reaching GAP past its last open and reading 64
+        // files at once, as a first version did: 24000 files for this order.)
+        assert!(ahead * 20 < n, "{ahead} files read ahead for {n} shuffled opens");
+    }
+
+    #[test]
+    fn once_read_ahead_a_stream_passes_over_directory_entries_but_not_a_jump() {
         let mut s = Streams::default();
         s.observe(100);
-        assert_eq!(s.observe(100 + GAP), Some(100 + GAP));
-        assert_eq!(s.observe(100 + 3 * GAP), None);
+        s.observe(200);
+        assert_eq!(s.observe(202), None, "a stream with nothing read ahead goes on with the next node only");
+        assert_eq!(s.observe(101), Some((101, 2)));
+        s.advanced(101, 110);
+        assert_eq!(s.observe(110 + GAP), Some((110 + GAP, 4)));
+        assert_eq!(s.observe(110 + 3 * GAP), None);
     }
 
     #[test]
@@ -429,7 +474,7 @@ mod tests {
         let mut s = Streams::default();
         s.observe(5);
         assert_eq!(s.observe(5), None);
-        assert_eq!(s.observe(6), Some(6));
+        assert_eq!(s.observe(6), Some((6, 2)));
     }
 
     #[test]
@@ -439,12 +484,12 @@ mod tests {
             s.observe(r * 1000);
         }
         for r in 0..STREAMS as u32 {
-            assert_eq!(s.observe(r * 1000 + 1), Some(r * 1000 + 1), "reader {r}");
+            assert_eq!(s.observe(r * 1000 + 1), Some((r * 1000 + 1, 2)), "reader {r}");
         }
         // A new reader replaces the least recently continued stream (reader 0's).
         s.observe(99_000);
         for r in 1..STREAMS as u32 {
-            assert_eq!(s.observe(r * 1000 + 2), Some(r * 1000 + 2), "reader {r}");
+            assert_eq!(s.observe(r * 1000 + 2), Some((r * 1000 + 2, 4)), "reader {r}");
         }
         assert_eq!(s.observe(2), None, "reader 0's stream gave way");
     }
