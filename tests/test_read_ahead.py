@@ -2,9 +2,9 @@
 fanstore-daemon/src/read_ahead.rs): once a node's remote opens follow the
 manifest's order, its daemon fetches the next remote files into the copy
 directory ahead of the reader (runs of files of one partition in one
-message), who then opens them as node copies with no
-message. Readers out of order start nothing; `--read-ahead 0` and
-`--cache-mem 0` turn it off.
+message), and the reader opens them as node copies with no message.
+Readers out of order start nothing; `--read-ahead 0` and `--cache-mem 0`
+turn it off.
 """
 import hashlib
 import os

@@ -217,8 +217,9 @@ impl Node {
     /// A remote open of node `id` reached this daemon: if it continues a
     /// stream, queue the next remote files of the manifest's order until
     /// the reader has `--read-ahead` bytes ahead of it (at most 2, 4, 8 ..
-    /// [`MAX_FILES`] files as the stream goes on), in runs of consecutive files of one partition (each
-    /// run at most [`RUN_BYTES`] of stored bytes: one MPI message).
+    /// [`MAX_FILES`] files as the stream goes on), in runs of consecutive
+    /// files of one partition (each run at most [`RUN_BYTES`] of stored
+    /// bytes: one MPI message).
     pub(crate) fn read_ahead_after(&self, id: u32) {
         let (Some(ra), Some(tiers)) = (self.read_ahead.get(), self.tiers.get()) else { return };
         if ra.paused() {
@@ -302,11 +303,13 @@ impl Node {
             match fetched {
                 RunFetch::Got(off, bytes) => {
                     for n in &todo {
+                        // (Inside the range by its making; a payload that fails
+                        // its checksum is logged, and the file's own OPEN fetches it again.)
                         let at = (n.payload_offset() - off) as usize;
-                        let stored = &bytes[at..at + n.stored_len() as usize];
-                        // (A payload that fails its checksum is logged; the file's own OPEN fetches it again.)
-                        let made = self.check_sum(*n, xxh3(stored)).is_ok()
-                            && copies.keep(n.id(), n.size(), &|| self.relieve_fds(), &|d| self.decode_into(*n, stored, d)) == Some(true);
+                        let made = bytes.get(at..at + n.stored_len() as usize).is_some_and(|stored| {
+                            self.check_sum(*n, xxh3(stored)).is_ok()
+                                && copies.keep(n.id(), n.size(), &|| self.relieve_fds(), &|d| self.decode_into(*n, stored, d)) == Some(true)
+                        });
                         if made {
                             self.counters.read_ahead.fetch_add(1, Relaxed);
                         }
