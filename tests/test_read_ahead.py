@@ -165,9 +165,10 @@ def test_cp_r_of_the_dataset_reads_ahead_and_copies_every_byte(cluster_factory, 
 
 
 def test_a_hung_holder_gives_eio_and_pauses_read_ahead(cluster_factory, bins, tmp_path):
-    """A run that no holder answers pauses read-ahead for --remote-timeout:
-    the reader's own opens fail alone (EIO), none waits for a read-ahead of
-    its file first, and read-ahead asks the hung holder once, not per open."""
+    """A run or a file that no holder gives pauses read-ahead until a remote
+    read succeeds again: the reader's own opens fail alone (EIO), none waits
+    for a read-ahead of its file first, and read-ahead asks the hung holder
+    at most once, not per open."""
     import signal
     import time
     src, ds = make(tmp_path, bins)
@@ -183,7 +184,7 @@ def test_a_hung_holder_gives_eio_and_pauses_read_ahead(cluster_factory, bins, tm
         os.kill(holder, signal.SIGCONT)
     assert r.returncode == 0, r.stderr
     assert r.stdout == "".join(f"errno 5 {c.mount}/{n}\n" for n in remote[8:14])
-    assert c.log().count("read-ahead of partition") == 1, c.log()[-3000:]
+    assert c.log().count("read-ahead of partition") <= 1, c.log()[-3000:]
     # Once the holder answers again (and the pause is over), the same files read right.
     time.sleep(1.5)
     read_in(c, src, 0, remote[8:20])

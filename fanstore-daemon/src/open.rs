@@ -395,6 +395,11 @@ impl Node {
                 break;
             }
         }
+        // No holder gave the file: no read-ahead either until one answers
+        // again (the next open would otherwise wait for a run first).
+        if let Some(ra) = self.read_ahead.get() {
+            ra.pause();
+        }
         Err(last)
     }
 

@@ -15,9 +15,9 @@
 //! own checksum before it becomes a copy; a damaged one is not kept (its own
 //! OPEN fetches it again, and gets EIO). The reader opens each copy with no
 //! message; an OPEN of a file still queued or in flight waits for it. A run
-//! that no holder answers pauses read-ahead until a remote read of the node
-//! succeeds again: meanwhile the reader's own OPENs fail over, or fail
-//! alone, without first waiting for a read-ahead of the same file.
+//! or a file that no holder gives pauses read-ahead until a remote read of
+//! the node succeeds again: meanwhile the reader's own OPENs fail over, or
+//! fail alone, without first waiting for a read-ahead of the same file.
 //!
 //! A shuffled reader starts no stream: two remote opens in a row seldom
 //! follow each other. The copies count against `--cache-mem` like any other
@@ -162,7 +162,7 @@ impl ReadAhead {
     }
 
     /// Stops reading ahead until a remote read succeeds ([`ReadAhead::resume`]).
-    fn pause(&self) {
+    pub fn pause(&self) {
         self.paused.store(true, Relaxed);
     }
 
