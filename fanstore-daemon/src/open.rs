@@ -102,14 +102,14 @@ impl Node {
                 (r, _) => r.map(Some),
             },
             (_, Some(copies)) => {
+                let wait = self.fetch_budget(n);
                 if local.is_none() {
                     if let Some(ra) = self.read_ahead.get() {
                         self.read_ahead_after(n.id());
                         // A file queued or in flight ahead: its copy, not a fetch of its own.
-                        ra.wait_for(n.id(), self.fetch_budget(n));
+                        ra.wait_for(n.id(), wait);
                     }
                 }
-                let wait = self.fetch_budget(n);
                 let fill = |d: &mut CopyDst<'_>| match local {
                     Some(map) => self.fill_local(n, map, d),
                     None => self.fill_remote(n, d, client),

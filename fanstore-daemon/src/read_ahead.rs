@@ -319,17 +319,16 @@ impl Node {
                 }
                 RunFetch::Failed => ra.pause(),
                 RunFetch::Scattered => {
-                    // One file (or files apart): each alone, from the first holder that answers.
+                    // One file (or files apart): each alone, from the first
+                    // holder that answers (a file no holder gave pauses
+                    // read-ahead there, in `fill_remote`).
                     for n in todo.iter().filter(|n| copies.fits(n.size())) {
                         match copies.keep(n.id(), n.size(), &|| self.relieve_fds(), &|d| self.fill_remote(*n, d, None)) {
                             Some(true) => {
                                 self.counters.read_ahead.fetch_add(1, Relaxed);
                             }
                             Some(false) => {}
-                            None => {
-                                ra.pause();
-                                break;
-                            }
+                            None => break,
                         }
                         ra.landed(&[n.id()]);
                     }
