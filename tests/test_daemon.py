@@ -10,6 +10,7 @@ import re
 import signal
 import stat
 import subprocess
+import sys
 import threading
 import time
 from pathlib import Path
@@ -725,4 +726,71 @@ def test_a_request_that_wakes_the_holder_is_served_by_that_wake_up(bins, pack, s
         assert idle <= served // 10, f"{idle} of {woken} fd wake-ups found nothing to do ({served} requests served)"
         assert missed <= served // 10, f"{missed} sleeps' timeouts found work no fd announced ({served} requests served)"
     finally:
+        c.stop()
+
+
+def _remote_reads_then_status(c, remote, source, reads):
+    """`cat` on node 0 reads the small remote files back to back (OPEN, read,
+    close of each, a few µs apart) until `reads` reads; (status of rank 0, of rank 1)."""
+    small = [(p, n) for p, n in remote if n["size"] <= 128 << 10]
+    assert small, "rank 1 holds no file of 128 KiB or less"
+    order = (small * (reads // len(small) + 1))[:reads]
+    # Into a file, not a pipe: a test process reading the pipe would be one
+    # more runnable thread.
+    out = c.local.parent / "cat.out"
+    with open(out, "wb") as f:
+        subprocess.run(["cat", *(f"{c.mount}/{p}" for p, _ in order)], env=c.env(0), stdout=f, check=True)
+    assert out.read_bytes() == b"".join((source / p).read_bytes() for p, _ in order), "cat read other bytes"
+    with c.client(0) as cl0, c.client(1) as cl1:
+        return cl0.status(), cl1.status()
+
+
+def test_the_communication_thread_polls_between_requests_while_a_cpu_is_free(bins, pack, source, tmp_path):
+    """After a message the communication thread polls MPI for
+    --comm-spin-us (default 200 µs) before it sleeps, while no runnable
+    thread waits for a CPU: a reader's next request then finds the holder
+    polling instead of waking it through the fds (a wake-up costs ~40 µs
+    on a VM whose idle vCPUs halt). With --comm-spin-us 0 every request
+    wakes the holder (the test above). The polling threads count
+    themselves on the host's board in /dev/shm, which the stop removes."""
+    c, ds_id, remote = remote_pair(bins, pack, tmp_path)
+    board = Path(str(c.index_path(0)).rsplit("-r", 1)[0] + ".polling")
+    try:
+        assert remote, "rank 1 holds no file"
+        assert board.exists(), f"no polling board at {board}"
+        _, st = _remote_reads_then_status(c, remote, source, 150)
+        served = int(st["remote_served"])
+        assert served >= 150, st
+        woken = int(st["comm_woken_by_fd"]) + int(st["comm_woken_by_timeout"])
+        # With --comm-spin-us 0 every request wakes it (woken >= served); polling,
+        # 38-99 of 150 in runs here: a moment of crowding (a kernel thread, the
+        # test's own process) stops a polling period.
+        assert woken < served * 3 // 4, f"{woken} wake-ups of the holder for {served} requests: it did not poll between them: {st}"
+    finally:
+        c.stop()
+    assert not board.exists(), f"the stop left {board}"
+
+
+def test_the_communication_thread_stops_polling_when_threads_wait_for_a_cpu(bins, pack, source, tmp_path):
+    """Threads that want every CPU (here busy loops, one more than the CPUs
+    the daemons may use, and the reader): the communication threads stop
+    polling after a message and sleep, so that they take no CPU from
+    them (STATUS comm_spins_stopped), and requests wake the holder through
+    the fds again. With polling regardless of the CPUs
+    (--comm-spin-while always) no polling would stop."""
+    c, ds_id, remote = remote_pair(bins, pack, tmp_path)
+    hogs = []
+    try:
+        assert remote, "rank 1 holds no file"
+        busy = "import time\nend = time.monotonic() + 120\nwhile time.monotonic() < end: pass\n"
+        hogs = [subprocess.Popen([sys.executable, "-c", busy]) for _ in range(len(os.sched_getaffinity(0)) + 1)]
+        st0, st1 = _remote_reads_then_status(c, remote, source, 60)
+        for rank, st in ((0, st0), (1, st1)):
+            assert int(st["comm_spins_stopped"]) > 0, f"rank {rank} polled on while threads waited for a CPU: {st}"
+        served = int(st1["remote_served"])
+        assert int(st1["comm_woken_by_fd"]) >= served // 2, f"requests did not wake the holder through the fds: {st1}"
+    finally:
+        for h in hogs:
+            h.kill()
+            h.wait()
         c.stop()

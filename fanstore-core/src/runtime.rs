@@ -204,10 +204,21 @@ pub fn state_path(runtime: &Path, rank: u32) -> PathBuf {
 
 /// The shared-memory path of a rank's index for this user and job.
 pub fn index_shm_path(runtime: &Path, rank: u32) -> PathBuf {
+    PathBuf::from(format!("{}-r{rank}.index", shm_stem(runtime)))
+}
+
+/// The shared-memory file where the daemons of this job on one host count
+/// their communication threads that poll (every rank of the host maps it).
+pub fn polling_board_path(runtime: &Path) -> PathBuf {
+    PathBuf::from(format!("{}.polling", shm_stem(runtime)))
+}
+
+/// `/dev/shm/fanstore-<uid>-<job>-<hash of the runtime dir>`.
+fn shm_stem(runtime: &Path) -> String {
     // SAFETY: getuid has no preconditions and cannot fail.
     let uid = unsafe { libc::getuid() };
     let tag = xxh3(runtime.as_os_str().as_encoded_bytes()) & 0xffff_ffff;
-    PathBuf::from(format!("/dev/shm/fanstore-{uid}-{}-{tag:08x}-r{rank}.index", job_id()))
+    format!("/dev/shm/fanstore-{uid}-{}-{tag:08x}", job_id())
 }
 
 /// Where the daemon extracts file `node_id` in its local directory.

@@ -153,14 +153,22 @@ pub struct DaemonArgs {
     pub ucx_eager_max: u64,
     /// Microseconds the communication thread keeps polling after activity
     /// before it sleeps (0: it sleeps as soon as it has nothing in hand; a
-    /// peer's message or a command wakes it through its fds). Measured side
-    /// by side once a wake-up's round of progress found the request that
-    /// woke it: training reader on 4 ranks 1748 files/s at 0 against 1516
-    /// at 200 (5 runs each; 1.36 against 1.95 s of daemon CPU); 4 daemons,
-    /// 4 readers, 128 KiB: 611 against 633 MB/s; one reader, 2 ranks,
-    /// 128 KiB OPEN+read 502-569 against 408-491 µs. Tuning knob.
-    #[arg(long, default_value_t = 0, hide = true)]
+    /// peer's message or a command wakes it through its fds). It polls only
+    /// while no runnable thread of the node waits for a CPU behind one that
+    /// does not yield (`--comm-spin-while free-cpu`, comm/spin.rs), and not
+    /// while a payload over 256 KiB crosses. Side by side (2 ranks and 4 on
+    /// 2 vCPUs, fresh jobs): one reader's remote 128 KiB OPEN+read 64
+    /// against 173 µs (daemon CPU per file 129 against 159 µs); 4 daemons,
+    /// 4 readers, 2 MiB and the training reader on 4 ranks within this
+    /// machine's noise of 0. Polling with no such check cost those 5-12%.
+    /// Tuning knob.
+    #[arg(long, default_value_t = 200, hide = true)]
     pub comm_spin_us: u64,
+    /// With `--comm-spin-us`: `free-cpu` polls only while no runnable
+    /// thread of the node waits for a CPU (/proc/loadavg; comm/spin.rs),
+    /// `always` for all of `--comm-spin-us`. Tuning knob.
+    #[arg(long, default_value = "free-cpu", value_parser = ["free-cpu", "always"], hide = true)]
+    pub comm_spin_while: String,
     /// How the idle communication thread waits: `fds` sleeps on a doorbell
     /// and the MPI library's epoll fds (woken by a peer's message), `nap`
     /// naps on its command channel only (the behaviour before; a transport

@@ -364,8 +364,18 @@ fn run(args: &DaemonArgs) -> anyhow::Result<i32> {
             log::error!("rank {rank}: spawning the replication thread: {e}");
         }
     }
+    let board_path = fanstore_core::runtime::polling_board_path(&runtime);
+    let spin_check = if args.comm_spin_us > 0 && args.comm_spin_while == "free-cpu" {
+        let board = fanstore_daemon::comm::spin::PollingBoard::open(&board_path)
+            .map_err(|e| log::warn!("rank {rank}: the polling board {}: {e}", board_path.display()))
+            .ok();
+        fanstore_daemon::comm::spin::RunQueue::open(board)
+    } else {
+        None
+    };
     let mut engine = Engine::new(&comm, &store, &node.counters, args.mpi_piece, args.mpi_pipeline)
         .with_spin(Duration::from_micros(args.comm_spin_us))
+        .with_spin_check(spin_check)
         .with_meta(&*node);
     if let Some(bell) = p.bell.clone().filter(|_| args.comm_sleep == "fds") {
         let waiter = fanstore_daemon::comm::wake::Waiter::new(bell, transport_fds)
@@ -383,6 +393,7 @@ fn run(args: &DaemonArgs) -> anyhow::Result<i32> {
         log::info!("rank {rank}: server threads post their remote reads (MPI_THREAD_MULTIPLE)");
     }
     let cause = engine.run(&p.rx, &SIGNALLED);
+    let _ = std::fs::remove_file(&board_path);
     log::info!("rank {rank}: stopping ({cause:?})");
     node.set_phase(Phase::Stopping);
     node.stopping.store(true, Relaxed);

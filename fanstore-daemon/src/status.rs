@@ -61,6 +61,9 @@ pub struct Counters {
     /// which it found nothing to do; and timeouts that found work no fd had
     /// announced. Set by the communication thread after every sleep.
     pub comm_wakes: [AtomicU64; 5],
+    /// Polling periods after activity (`--comm-spin-us`) the communication
+    /// thread cut short because a runnable thread waited for a CPU.
+    pub comm_spins_stopped: AtomicU64,
 }
 
 /// Quarter-octave buckets of microseconds: bucket i < 4 holds i µs; above,
@@ -195,6 +198,8 @@ pub struct Snapshot {
     pub read_ahead: u64,
     /// [`Counters::comm_wakes`].
     pub comm_wakes: [u64; 5],
+    /// [`Counters::comm_spins_stopped`].
+    pub comm_spins_stopped: u64,
     /// CPU time of the whole daemon process (every thread, those that
     /// ended too), user and system, in µs: [`process_usage`].
     pub cpu_user_us: u64,
@@ -263,6 +268,7 @@ impl Counters {
         s.extracted_ahead = self.extracted_ahead.load(Relaxed);
         s.read_ahead = self.read_ahead.load(Relaxed);
         s.comm_wakes = std::array::from_fn(|i| self.comm_wakes[i].load(Relaxed));
+        s.comm_spins_stopped = self.comm_spins_stopped.load(Relaxed);
         let u = process_usage();
         (s.cpu_user_us, s.cpu_sys_us, s.ctx_voluntary, s.ctx_involuntary) = (u.user_us, u.sys_us, u.ctx_voluntary, u.ctx_involuntary);
     }
@@ -278,7 +284,7 @@ impl Snapshot {
              remote_sent={}\nremote_failed={}\nremote_served={}\nremote_bytes_in={}\nremote_bytes_out={}\nremote_in_place={}\nremote_direct={}\nremote_posted={}\n\
              cache_hits={}\ncache_misses={}\ncache_evictions={}\ncache_bytes={}\ncache_entries={}\ncache_disk_bytes={}\ncopies_reused={}\ncopy_spares_bytes={}\nerrors={}\nclients={}\nfd_pressure={}\nnames_asked={}\ndirs_with_outputs={}\n\
              remote_p50_us={}\nremote_p99_us={}\nremote_mbps={:.3}\nreplicated_parts={}\nreplicated_bytes={}\nextracted_ahead={}\nread_ahead={}\n\
-             comm_woken_by_command={}\ncomm_woken_by_fd={}\ncomm_woken_by_timeout={}\ncomm_fd_wakes_idle={}\ncomm_missed_wakes={}\n\
+             comm_woken_by_command={}\ncomm_woken_by_fd={}\ncomm_woken_by_timeout={}\ncomm_fd_wakes_idle={}\ncomm_missed_wakes={}\ncomm_spins_stopped={}\n\
              cpu_user_us={}\ncpu_sys_us={}\ncpu_seconds={:.2}\nctx_voluntary={}\nctx_involuntary={}\n\
              wake_across_us={}\nwake_same_us={}\ncpus_usable={}\ncpus_online={}\n",
             self.rank,
@@ -328,6 +334,7 @@ impl Snapshot {
             self.comm_wakes[2],
             self.comm_wakes[3],
             self.comm_wakes[4],
+            self.comm_spins_stopped,
             self.cpu_user_us,
             self.cpu_sys_us,
             (self.cpu_user_us + self.cpu_sys_us) as f64 / 1e6,

@@ -405,6 +405,9 @@ fn stop(rt: &Path, timeout: Duration) -> anyhow::Result<()> {
         let _ = std::fs::remove_file(runtime::socket_path(rt, s.rank));
         let _ = std::fs::remove_file(runtime::state_path(rt, s.rank));
     }
+    // Every rank has stopped: the host's polling board goes too (a daemon
+    // removes it when it stops, a killed one cannot).
+    let _ = std::fs::remove_file(runtime::polling_board_path(rt));
     let _ = std::fs::remove_dir(rt);
     match asked {
         Some(r) => outln!("fanstore: stopped (via rank {r})"),
