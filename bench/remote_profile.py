@@ -5,8 +5,9 @@
 2 daemons under `mpiexec -n 2` (UCX_TLS=tcp, --cache-mem 0 --replicate-on-read off: every OPEN
 crosses MPI), a client on rank 0 OPENs files that only rank 1 holds and reads
 every byte (fanstore-bench-read), with the communication thread's
-`--comm-spin-us` at 0 (the default), 200 and 1000 (how long it keeps polling after
-activity before it sleeps), and at the default with `--comm-sleep nap` (the
+`--comm-spin-us` at 200 (the default: how long it keeps polling after activity
+before it sleeps, while no thread waits for a CPU), at 0, and at 200 polling
+whether or not threads wait (`--comm-spin-while always`), and at the default with `--comm-sleep nap` (the
 idle thread naps on its channel, as before it slept on MPI's epoll fds). Per setting: OPEN and OPEN+read medians, the CPU
 each daemon used per remote file (all its threads: the daemon's own getrusage
 from STATUS, µs precise; and the share
@@ -36,7 +37,7 @@ B = Path(__file__).resolve().parent.parent / "target" / "release"
 QUICK = "--quick" in sys.argv
 SIZE = 128 << 10
 ROUNDS, ITERS = (2, 100) if QUICK else (3, 200)
-DEFAULT_SPIN = "0"
+DEFAULT_SPIN = "200"
 DEFAULT_FD_BOUND = "2000"
 env = dict(os.environ, UCX_TLS=os.environ.get("UCX_TLS", "tcp"), RUST_LOG="warn")
 
@@ -85,22 +86,23 @@ def main():
     ds_id, nodes = fs_cluster.read_index(ds / "manifest.fsm")
     ids = [n["id"] for n in nodes.values() if n["kind"] == 2 and n["partition"] % 2 == 1]
     rows = []
-    # (spin, sleep, fd bound, who posts a fetch): the fd bound "0" is the sleeps before they trusted MPI's
-    # fds (a 10-50 µs nap each); `--fetch-post comm` the communication thread posting every fetch, woken for it.
-    settings = [(DEFAULT_SPIN, "fds", DEFAULT_FD_BOUND, "server"), (DEFAULT_SPIN, "fds", DEFAULT_FD_BOUND, "comm"),
-                ("200", "fds", DEFAULT_FD_BOUND, "server"), ("1000", "fds", DEFAULT_FD_BOUND, "server"),
-                (DEFAULT_SPIN, "fds", "0", "server"), (DEFAULT_SPIN, "nap", DEFAULT_FD_BOUND, "server")]
+    # (row label, daemon arguments): the fd bound "0" is the sleeps before they trusted MPI's fds (a 10-50 µs
+    # nap each); `--fetch-post comm` the communication thread posting every fetch, woken for it; spin 0 the
+    # default before polling after a message watched the CPUs; `always` polling whether or not threads wait.
+    d = f"{DEFAULT_SPIN} (default)"
+    settings = [(d, []), (f"{d}, `--fetch-post comm`", ["--fetch-post", "comm"]), ("0", ["--comm-spin-us", "0"]),
+                (f"{DEFAULT_SPIN}, `--comm-spin-while always`", ["--comm-spin-while", "always"]),
+                (f"{d}, `--comm-fd-bound-us 0`", ["--comm-fd-bound-us", "0"]), (f"{d}, `--comm-sleep nap`", ["--comm-sleep", "nap"])]
     # A fresh job per setting and round, the settings in turn (reversed every other round), so that a
     # noisy stretch of this shared machine falls on every setting alike; the idle CPU once per setting.
     got = {k: [] for k in range(len(settings))}
     idles = {}
     for rnd in range(ROUNDS):
         order = list(enumerate(settings))
-        for k, (spin, sleep, bound, post) in (order if rnd % 2 == 0 else order[::-1]):
+        for k, (_, extra) in (order if rnd % 2 == 0 else order[::-1]):
             rt = work / f"rt{k}-{rnd}"
             p = subprocess.Popen(["mpiexec", "-n", "2", str(B / "fanstore-daemon"), "--data", str(ds), "--local", str(work / f"l{k}-{rnd}"),
-                                  "--runtime-dir", str(rt), "--cache-mem", "0", "--replicate-on-read", "off", "--comm-spin-us", spin,
-                                  "--comm-sleep", sleep, "--comm-fd-bound-us", bound, "--fetch-post", post], env=env,
+                                  "--runtime-dir", str(rt), "--cache-mem", "0", "--replicate-on-read", "off", *extra], env=env,
                                  stdout=open(work / f"log{k}-{rnd}", "wb"), stderr=subprocess.STDOUT, start_new_session=True)
             try:
                 sh([str(B / "fanstore"), "--runtime-dir", str(rt), "wait", "--timeout", "120"])
@@ -120,11 +122,11 @@ def main():
             finally:
                 subprocess.run([str(B / "fanstore"), "--runtime-dir", str(rt), "stop"], capture_output=True, env=env)
                 p.wait(timeout=60)
-    for k, (spin, sleep, bound, post) in enumerate(settings):
+    for k, (label, _) in enumerate(settings):
         g = got[k]
         med = lambda i: statistics.median(x[i] for x in g)  # noqa: E731
         sleeps = [statistics.median(x[4][r] for x in g) for r in range(2)]
-        rows.append((spin, sleep, bound, post, med(0), med(1), med(2), med(3), sleeps, idles[k]))
+        rows.append((label, med(0), med(1), med(2), med(3), sleeps, idles[k]))
     raw, fresh, nb = [], [], []
     for _ in range(ROUNDS):
         raw.append(float(re.search(r"median_us=([\d.]+)", sh(["mpiexec", "-n", "2", str(B / "fanstore-mpi-pingpong"), "--iters", str(ITERS), str(SIZE)]))[1]))
@@ -140,18 +142,14 @@ def main():
          f"<= 2 x raw + 20 µs = {2 * r + 20:.0f} µs; daemon CPU per remote file <= 150 µs; idle daemons <= 1% of a core each.", "",
          "| `--comm-spin-us` | OPEN µs | OPEN+read µs | vs goal | daemon CPU per remote file, both ranks µs | of which the communication threads µs | threads blocked per remote file, rank 0 / rank 1 | idle CPU per daemon |",
          "|---|---:|---:|---:|---:|---:|---:|---:|"]
-    for spin, sleep, bound, post, o, t, cpu, comm, sleeps, idle in rows:
-        name = f"{spin} (default)" if spin == DEFAULT_SPIN else spin
-        if post != "server":
-            name += f", `--fetch-post {post}`"
-        elif sleep != "fds":
-            name += f", `--comm-sleep {sleep}`"
-        elif bound != DEFAULT_FD_BOUND:
-            name += f", `--comm-fd-bound-us {bound}`"
+    for name, o, t, cpu, comm, sleeps, idle in rows:
         L.append(f"| {name} | {o:.0f} | {t:.0f} | {t / (2 * r + 20):.2f}x | {cpu:.0f} | {comm:.0f} | "
                  f"{sleeps[0]:.2f} / {sleeps[1]:.2f} | {idle:.2f}% |")
     L += ["", "Reading the rows: the communication thread of each rank runs the MPI progress loop. It polls for "
-          "`--comm-spin-us` after the last message, then sleeps in ppoll on its doorbell and MPI's epoll fds (a "
+          "`--comm-spin-us` after the last message while no runnable thread of the node waits for a CPU (the "
+          "kernel's runnable count in /proc/loadavg, less the polling threads of the host's daemons, which yield: "
+          "fanstore-daemon/src/comm/spin.rs; `always`: whether or not threads wait) and no payload over 256 KiB "
+          "crosses, then sleeps in ppoll on its doorbell and MPI's epoll fds (a "
           "peer's message or the next bytes of a transfer wake it); while those fds announce every message, a sleep "
           f"lasts up to `--comm-fd-bound-us` ({DEFAULT_FD_BOUND} µs), its timer a guard only. "
           "`--comm-fd-bound-us 0` is the sleeps before: each one a 10-50 µs nap during a burst, whose timer fires "

@@ -51,9 +51,10 @@ def main():
     sh([str(B / "fanstore-prep"), "pack", "--input", str(src), "--output", str(ds), "--partitions", "8"], env=env)
     # configuration -> (daemons, extra daemon arguments)
     configs = {1: (1, []), 4: (4, []), "4b": (4, ["--comm-fd-bound-us", "0"]), "4p": (4, ["--prefetch-remote", "all"]),
-               "4r": (4, ["--replicate-on-read", "all"]),
+               "4r": (4, ["--replicate-on-read", "all"]), "4s": (4, ["--comm-spin-us", "0"]),
                # the dataset larger than the node cache, 3 epochs
                "c1": (1, ["--cache-mem", "0"]), "c4off": (4, ["--cache-mem", "0", "--replicate-on-read", "off"]),
+               "c4offs": (4, ["--cache-mem", "0", "--replicate-on-read", "off", "--comm-spin-us", "0"]),
                "c4auto": (4, ["--cache-mem", "0"]), "c4all": (4, ["--cache-mem", "0", "--replicate-on-read", "all"])}
     epochs = {k: "3" if str(k).startswith("c") else "2" for k in configs}
     res = {k: [] for k in configs}
@@ -84,7 +85,7 @@ def main():
                 p.wait(timeout=60)
     nfiles = sum(1 for f in (src / "train").rglob("*") if f.is_file())
     same = all(len({d for k in configs if epochs[k] == e for _, d in res[k]}) == 1 for e in set(epochs.values()))
-    one, four, naps, pre, onread = (statistics.median(x for x, _ in res[k]) for k in (1, 4, "4b", "4p", "4r"))
+    one, four, naps, pre, onread, nospin = (statistics.median(x for x, _ in res[k]) for k in (1, 4, "4b", "4p", "4r", "4s"))
     c = {k: statistics.median(v) for k, v in cpu.items()}
     big = statistics.median(x for x, _ in res["c1"])
     print("\n".join([
@@ -96,10 +97,12 @@ def main():
         "reader (/proc), median of the runs. `--comm-fd-bound-us 0`: every sleep of the communication thread is "
         "a 10-50 µs nap during a burst (its timer fires), as before a sleep trusted MPI's epoll fds to announce "
         "every message (the default: a sleep lasts up to 2 ms unless a message, a command or the next bytes of a "
-        "transfer end it).", "",
+        "transfer end it). `--comm-spin-us 0`: the communication thread sleeps as soon as it has nothing in hand "
+        "(the default polls 200 µs after a message while no thread of the node waits for a CPU).", "",
         "| daemons | files/s | runs | vs 1 node | daemon CPU s |", "|---:|---:|---|---:|---:|",
         f"| 1 (every partition local) | {one:.0f} | {', '.join(f'{x:.0f}' for x, _ in res[1])} | 1.00x | {c[1]:.2f} |",
         f"| 4, default (3/4 remote on the first epoch) | {four:.0f} | {', '.join(f'{x:.0f}' for x, _ in res[4])} | **{four / one:.2f}x** | {c[4]:.2f} |",
+        f"| 4, `--comm-spin-us 0` | {nospin:.0f} | {', '.join(f'{x:.0f}' for x, _ in res['4s'])} | **{nospin / one:.2f}x** | {c['4s']:.2f} |",
         f"| 4, `--comm-fd-bound-us 0` | {naps:.0f} | {', '.join(f'{x:.0f}' for x, _ in res['4b'])} | **{naps / one:.2f}x** | {c['4b']:.2f} |",
         f"| 4, `--prefetch-remote all` | {pre:.0f} | {', '.join(f'{x:.0f}' for x, _ in res['4p'])} | **{pre / one:.2f}x** | {c['4p']:.2f} |",
         f"| 4, `--replicate-on-read all` | {onread:.0f} | {', '.join(f'{x:.0f}' for x, _ in res['4r'])} | **{onread / one:.2f}x** | {c['4r']:.2f} |",
@@ -110,6 +113,7 @@ def main():
         *(f"| {label} | {m:.0f} | {', '.join(f'{x:.0f}' for x, _ in res[k])} | **{m / big:.2f}x** | {c[k]:.2f} |"
           for k, label, m in ((k, label, statistics.median(x for x, _ in res[k])) for k, label in (
               ("c1", "1, `--cache-mem 0`"), ("c4off", "4, `--replicate-on-read off`"),
+              ("c4offs", "4, `--replicate-on-read off --comm-spin-us 0`"),
               ("c4auto", "4, `--replicate-on-read auto` (default)"), ("c4all", "4, `--replicate-on-read all`")))),
     ]))
 

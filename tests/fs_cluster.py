@@ -285,7 +285,8 @@ class Cluster:
         for p in shm:
             if p.startswith("/dev/shm/") and p.endswith(".index"):
                 stem = p[:-len(".index")]
-                for leftover in (p, stem + ".tiers"):
+                # The host's polling board (fanstore-daemon/src/comm/spin.rs) has no rank.
+                for leftover in (p, stem + ".tiers", stem.rsplit("-r", 1)[0] + ".polling"):
                     with contextlib.suppress(OSError):
                         os.unlink(leftover)
                 shutil.rmtree(stem + ".copies", ignore_errors=True)
