@@ -758,14 +758,23 @@ def test_the_communication_thread_polls_between_requests_while_a_cpu_is_free(bin
     try:
         assert remote, "rank 1 holds no file"
         assert board.exists(), f"no polling board at {board}"
-        _, st = _remote_reads_then_status(c, remote, source, 150)
-        served = int(st["remote_served"])
-        assert served >= 150, st
-        woken = int(st["comm_woken_by_fd"]) + int(st["comm_woken_by_timeout"])
-        # With --comm-spin-us 0 every request wakes it (woken >= served); polling,
-        # 38-99 of 150 in runs here: a moment of crowding (a kernel thread, the
-        # test's own process) stops a polling period.
-        assert woken < served * 3 // 4, f"{woken} wake-ups of the holder for {served} requests: it did not poll between them: {st}"
+        # With --comm-spin-us 0 every request wakes it: 154-163 wake-ups for 150
+        # requests in runs here; polling, 38-125: a moment when more threads are
+        # runnable than CPUs (the reader, its daemon's threads at work, a kernel
+        # thread, another program on this machine) stops a polling period. So
+        # up to 3 batches: one of them must show the polling.
+        batches, before = [], (0, 0)
+        for _ in range(3):
+            _, st = _remote_reads_then_status(c, remote, source, 100)
+            now = (int(st["remote_served"]), int(st["comm_woken_by_fd"]) + int(st["comm_woken_by_timeout"]))
+            served, woken = now[0] - before[0], now[1] - before[1]
+            before = now
+            assert served >= 100, st
+            batches.append((woken, served))
+            if woken < served * 9 // 10:
+                break
+        else:
+            pytest.fail(f"(wake-ups of the holder, requests) per batch {batches}: it did not poll between them: {st}")
     finally:
         c.stop()
     assert not board.exists(), f"the stop left {board}"

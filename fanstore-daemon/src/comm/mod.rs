@@ -693,6 +693,9 @@ impl<'a> Engine<'a> {
                 if !crowded {
                     crowded = true;
                     self.counters.comm_spins_stopped.fetch_add(1, Relaxed);
+                    if let Some(q) = self.spin_check.as_ref().filter(|_| log::log_enabled!(log::Level::Debug)) {
+                        log::debug!("rank {}: polling stops: (runnable, polling) {:?}, {} CPUs", self.comm.rank, q.waiting(), q.cpus());
+                    }
                 }
             }
             self.set_polling(false);

@@ -17,9 +17,11 @@
 //! `pread` of an open fd, ~1 µs here. Of those, the polling threads of this
 //! job's daemons on the host yield their CPU to any thread queued there;
 //! they count themselves on a [`PollingBoard`] in shared memory. While the
-//! other runnable threads are at most the CPUs the daemon may run on, no
-//! thread waits behind one that does not yield, and polling takes nothing
-//! from anyone; above, the thread stops polling until its next message.
+//! other runnable threads are at most the job's CPUs (its cpuset cgroup,
+//! else the node's online CPUs: not the daemon's affinity, which a launcher
+//! that binds ranks narrows to one core), no thread waits behind one that
+//! does not yield, and polling takes nothing from anyone; above, the thread
+//! stops polling until its next message.
 //!
 //! ```no_run
 //! # use std::path::Path;
@@ -53,8 +55,8 @@ impl RunQueue {
     /// `board`: where the host's polling threads count themselves (None:
     /// every runnable thread counts as one that may wait).
     pub fn open(board: Option<PollingBoard>) -> Option<RunQueue> {
-        let (usable, _) = crate::wake_cost::cpu_counts();
-        Self::with_cpus(usable, board)
+        let (_, online) = crate::wake_cost::cpu_counts();
+        Self::with_cpus(job_cpus().unwrap_or(online), board)
     }
 
     fn with_cpus(cpus: usize, board: Option<PollingBoard>) -> Option<RunQueue> {
@@ -89,8 +91,18 @@ impl RunQueue {
     /// of the board: one of them waits behind a thread that does not yield
     /// (also when the count cannot be read).
     pub fn crowded(&self) -> bool {
+        self.waiting().is_none_or(|(runnable, polling)| runnable.saturating_sub(polling) > self.cpus)
+    }
+
+    /// (runnable threads, polling threads of the board) now.
+    pub fn waiting(&self) -> Option<(usize, usize)> {
         let polling = self.board.as_ref().map_or(0, |b| b.counter().load(Relaxed) as usize);
-        self.runnable().is_none_or(|r| r.saturating_sub(polling) > self.cpus)
+        Some((self.runnable()?, polling))
+    }
+
+    /// The CPUs this daemon may run on.
+    pub fn cpus(&self) -> usize {
+        self.cpus
     }
 }
 
@@ -134,6 +146,48 @@ impl PollingBoard {
     }
 }
 
+/// The CPUs of this job: those of its cpuset cgroup (what a batch system
+/// gives the job), not this process's affinity, which a launcher that binds
+/// ranks narrows to one core while the job's other threads (the training
+/// program, the other ranks' daemons) run on the rest. The runnable count
+/// is the node's: compared against one core it would stop every polling
+/// period of a bound daemon (OpenMPI binds 2 ranks or fewer).
+fn job_cpus() -> Option<usize> {
+    let groups = std::fs::read_to_string("/proc/self/cgroup").ok()?;
+    cpuset_files(&groups).iter().find_map(|f| std::fs::read_to_string(f).ok().and_then(|t| count_cpu_list(t.trim())))
+}
+
+/// The files that may list the CPUs of the cpuset cgroup named in
+/// /proc/self/cgroup's text: the unified hierarchy's, then cgroup v1's.
+fn cpuset_files(groups: &str) -> Vec<PathBuf> {
+    let mut files = Vec::new();
+    for line in groups.lines() {
+        let mut f = line.splitn(3, ':');
+        let (Some(_), Some(controllers), Some(path)) = (f.next(), f.next(), f.next()) else { continue };
+        let path = path.trim_start_matches('/');
+        if controllers.is_empty() {
+            files.insert(0, Path::new("/sys/fs/cgroup").join(path).join("cpuset.cpus.effective"));
+        } else if controllers.split(',').any(|c| c == "cpuset") {
+            let dir = Path::new("/sys/fs/cgroup/cpuset").join(path);
+            files.push(dir.join("cpuset.effective_cpus"));
+            files.push(dir.join("cpuset.cpus"));
+        }
+    }
+    files
+}
+
+/// How many CPUs a list such as "0-3,8,10-11" names (None: empty or malformed).
+fn count_cpu_list(list: &str) -> Option<usize> {
+    let mut n = 0;
+    for part in list.split(',') {
+        n += match part.split_once('-') {
+            Some((a, b)) => b.parse::<usize>().ok()?.checked_sub(a.parse::<usize>().ok()?)? + 1,
+            None => part.parse::<usize>().map(|_| 1).ok()?,
+        };
+    }
+    (n > 0).then_some(n)
+}
+
 /// The numerator of the 4th field of /proc/loadavg ("0.50 0.40 0.30 2/345 678").
 fn parse_runnable(text: &[u8]) -> Option<usize> {
     let field = text.split(|&b| b == b' ').nth(3)?;
@@ -152,6 +206,28 @@ mod tests {
         assert_eq!(parse_runnable(b"0.50 0.40 0.30\n"), None);
         assert_eq!(parse_runnable(b"0.50 0.40 0.30 x/345 678\n"), None);
         assert_eq!(parse_runnable(b""), None);
+    }
+
+    #[test]
+    fn cpu_lists_count_their_cpus() {
+        assert_eq!(count_cpu_list("0-1"), Some(2));
+        assert_eq!(count_cpu_list("0-3,8,10-11"), Some(7));
+        assert_eq!(count_cpu_list("5"), Some(1));
+        assert_eq!(count_cpu_list(""), None);
+        assert_eq!(count_cpu_list("3-1"), None);
+        assert_eq!(count_cpu_list("0-x"), None);
+    }
+
+    #[test]
+    fn the_cpuset_is_looked_up_in_the_unified_hierarchy_first() {
+        let v1 = "9:name=systemd:/\n3:cpuset:/slurm/uid_0/job_7\n1:cpu,cpuacct:/\n0::/\n";
+        let files = cpuset_files(v1);
+        assert_eq!(files[0], Path::new("/sys/fs/cgroup/cpuset.cpus.effective"));
+        assert_eq!(files[1], Path::new("/sys/fs/cgroup/cpuset/slurm/uid_0/job_7/cpuset.effective_cpus"));
+        assert_eq!(files[2], Path::new("/sys/fs/cgroup/cpuset/slurm/uid_0/job_7/cpuset.cpus"));
+        let v2 = "0::/system.slice/slurmstepd.scope/job_7/step_0\n";
+        assert_eq!(cpuset_files(v2), vec![PathBuf::from("/sys/fs/cgroup/system.slice/slurmstepd.scope/job_7/step_0/cpuset.cpus.effective")]);
+        assert!(cpuset_files("garbage").is_empty());
     }
 
     #[test]
