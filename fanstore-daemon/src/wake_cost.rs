@@ -116,7 +116,8 @@ pub fn advice(cost: &WakeCost, policy: &IdlePolicy) -> Option<String> {
     };
     Some(format!(
         "a small remote read hands off between sleeping threads four times, about {per_read:.0} µs of wake-ups \
-         before any work; {why}"
+         before any work (two fewer while the communication threads poll after a message, which they do while \
+         no thread waits for a CPU); {why}"
     ))
 }
 
