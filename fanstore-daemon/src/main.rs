@@ -365,16 +365,24 @@ fn run(args: &DaemonArgs) -> anyhow::Result<i32> {
         }
     }
     let board_path = fanstore_core::runtime::polling_board_path(&runtime);
-    let spin_check = if args.comm_spin_us > 0 && args.comm_spin_while == "free-cpu" {
+    // Polling after a message watches the CPUs (comm/spin.rs); where it
+    // cannot see them, the thread does not poll.
+    let (spin_us, spin_check) = if args.comm_spin_us > 0 && args.comm_spin_while == "free-cpu" {
         let board = fanstore_daemon::comm::spin::PollingBoard::open(&board_path)
             .map_err(|e| log::warn!("rank {rank}: the polling board {}: {e}", board_path.display()))
             .ok();
-        fanstore_daemon::comm::spin::RunQueue::open(board)
+        match fanstore_daemon::comm::spin::RunQueue::open(board) {
+            Some(q) => (args.comm_spin_us, Some(q)),
+            None => {
+                log::warn!("rank {rank}: /proc/loadavg cannot be read: the communication thread sleeps right after each message");
+                (0, None)
+            }
+        }
     } else {
-        None
+        (args.comm_spin_us, None)
     };
     let mut engine = Engine::new(&comm, &store, &node.counters, args.mpi_piece, args.mpi_pipeline)
-        .with_spin(Duration::from_micros(args.comm_spin_us))
+        .with_spin(Duration::from_micros(spin_us))
         .with_spin_check(spin_check)
         .with_meta(&*node);
     if let Some(bell) = p.bell.clone().filter(|_| args.comm_sleep == "fds") {

@@ -9,7 +9,7 @@
 //! daemons and 4 readers on 2 CPUs read 2 MiB files ~5-9% slower with
 //! polling for 200 µs than with none.
 //!
-//! A yield of the polling thread does not tell: a yield only hands the CPU
+//! The polling thread cannot tell by its own yields: a yield hands the CPU
 //! to a thread queued on the same CPU, and a CPU that never idles takes no
 //! thread from the other CPUs' queues, so threads waiting on the other CPU
 //! are not seen. The kernel's count of runnable threads does
@@ -50,8 +50,9 @@ pub struct RunQueue {
 }
 
 impl RunQueue {
-    /// None where /proc/loadavg cannot be read (then nothing polls after
-    /// activity: the sleep is the safe side).
+    /// None where /proc/loadavg cannot be read (the daemon then does not
+    /// poll after activity: the sleep is the safe side).
+    ///
     /// `board`: where the host's polling threads count themselves (None:
     /// every runnable thread counts as one that may wait).
     pub fn open(board: Option<PollingBoard>) -> Option<RunQueue> {
