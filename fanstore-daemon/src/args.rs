@@ -166,7 +166,8 @@ pub struct DaemonArgs {
     pub comm_spin_us: u64,
     /// With `--comm-spin-us`: `free-cpu` polls only while no runnable
     /// thread of the node waits for a CPU (/proc/loadavg; comm/spin.rs),
-    /// `always` for all of `--comm-spin-us`. Tuning knob.
+    /// `always` whether or not threads wait (either way not while a
+    /// payload over 256 KiB crosses). Tuning knob.
     #[arg(long, default_value = "free-cpu", value_parser = ["free-cpu", "always"], hide = true)]
     pub comm_spin_while: String,
     /// How the idle communication thread waits: `fds` sleeps on a doorbell
