@@ -83,6 +83,12 @@ const CTRL_STOP: u32 = 1;
 /// ~50 µs of CPU on a virtual machine whose timers are expensive: 200 naps a
 /// second were ~1% of a core per idle rank, 50 are a quarter of that.
 const FIRST_NAP: Duration = Duration::from_micros(10);
+/// How long a polling thread trusts its last look at the CPUs' run queues.
+/// Each look reads /proc/loadavg, which the kernel formats anew (~0.5 µs):
+/// looked at on every round of polling, that was ~8% of the daemons' CPU
+/// for one reader's remote opens (perf), while a thread that waits behind
+/// a polling one waits for a time slice of milliseconds, not microseconds.
+const CROWD_RECHECK: Duration = Duration::from_micros(20);
 /// Polling after activity (`spin`) pauses while a larger payload crosses.
 const SPIN_MAX_BYTES: usize = 256 << 10;
 
@@ -460,6 +466,8 @@ pub struct Engine<'a> {
     /// Polls after activity only while no runnable thread waits for a CPU
     /// (None: for all of `spin` regardless). See [`spin`].
     spin_check: Option<spin::RunQueue>,
+    /// When `spin_check` last found a CPU idle.
+    idle_cpu_seen: Option<Instant>,
     /// Counted on the polling board now.
     polling: bool,
     meta: Option<&'a dyn MetaServer>,
@@ -494,6 +502,7 @@ impl<'a> Engine<'a> {
             spare: Vec::new(),
             spin: Duration::ZERO,
             spin_check: None,
+            idle_cpu_seen: None,
             polling: false,
             meta: None,
             meta_pending: HashMap::new(),
@@ -619,6 +628,19 @@ impl<'a> Engine<'a> {
         }
     }
 
+    /// Whether a runnable thread waits for a CPU ([`spin::RunQueue::crowded`];
+    /// false without a check). After a look that found a CPU idle, the next
+    /// [`CROWD_RECHECK`] poll without looking again.
+    fn crowded(&mut self, now: Instant) -> bool {
+        let Some(q) = &self.spin_check else { return false };
+        if self.idle_cpu_seen.is_some_and(|at| now.duration_since(at) < CROWD_RECHECK) {
+            return false;
+        }
+        let spare = q.spare();
+        self.idle_cpu_seen = spare.filter(|&s| s >= 1).map(|_| now);
+        spare.is_none_or(|s| s < 0)
+    }
+
     fn progress_loop(&mut self, rx: &Receiver<Command>, signal: &AtomicBool) -> StopCause {
         let mut last_active = Instant::now();
         let mut last_expiry = Instant::now();
@@ -686,7 +708,7 @@ impl<'a> Engine<'a> {
             }
             if now.duration_since(last_active) < self.spin && !self.large_in_flight() {
                 self.set_polling(true);
-                if !self.spin_check.as_ref().is_some_and(spin::RunQueue::crowded) {
+                if !self.crowded(now) {
                     std::thread::yield_now();
                     continue;
                 }

@@ -14,7 +14,8 @@
 //! thread from the other CPUs' queues, so threads waiting on the other CPU
 //! are not seen. The kernel's count of runnable threads does
 //! (`/proc/loadavg`, the 4th field's numerator, summed over every CPU): one
-//! `pread` of an open fd, ~1 µs here. Of those, the polling threads of this
+//! `pread` of an open fd, ~0.5-1 µs here (the communication thread looks
+//! again only 20 µs after a look that found a CPU idle). Of those, the polling threads of this
 //! job's daemons on the host yield their CPU to any thread queued there;
 //! they count themselves on a [`PollingBoard`] in shared memory. While the
 //! other runnable threads are at most the job's CPUs (its cpuset cgroup,
@@ -92,7 +93,14 @@ impl RunQueue {
     /// of the board: one of them waits behind a thread that does not yield
     /// (also when the count cannot be read).
     pub fn crowded(&self) -> bool {
-        self.waiting().is_none_or(|(runnable, polling)| runnable.saturating_sub(polling) > self.cpus)
+        self.spare().is_none_or(|spare| spare < 0)
+    }
+
+    /// CPUs left over by the runnable threads that are not polling ones
+    /// (negative: that many wait for a CPU; None: the count cannot be read).
+    pub fn spare(&self) -> Option<isize> {
+        let (runnable, polling) = self.waiting()?;
+        Some(self.cpus as isize - runnable.saturating_sub(polling) as isize)
     }
 
     /// (runnable threads, polling threads of the board) now.
@@ -239,6 +247,8 @@ mod tests {
         let many = RunQueue::with_cpus(1000, None).expect("/proc/loadavg");
         assert!(many.runnable().is_some_and(|r| r >= 1));
         assert!(!many.crowded());
+        // This thread takes one of them, at least.
+        assert!(many.spare().is_some_and(|s| (0..1000).contains(&s)), "{:?}", many.spare());
         let stop = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
         let spinners: Vec<_> = (0..2)
             .map(|_| {
