@@ -647,7 +647,7 @@ impl<'a> Engine<'a> {
         let mut nap = FIRST_NAP;
         let mut woke: Option<wake::Woke> = None;
         // This polling period was cut short: a thread waited for a CPU.
-        let mut crowded = false;
+        let mut cut_short = false;
         // Short naps are only short with a small timer slack (default 50 µs).
         // SAFETY: PR_SET_TIMERSLACK only changes this thread's timer slack.
         unsafe { libc::prctl(libc::PR_SET_TIMERSLACK, 1000u64, 0u64, 0u64, 0u64) };
@@ -695,7 +695,7 @@ impl<'a> Engine<'a> {
                 self.set_polling(false);
                 last_active = now;
                 nap = FIRST_NAP;
-                crowded = false;
+                cut_short = false;
                 continue;
             }
             // Transfers in flight progress only while we poll, but the
@@ -712,8 +712,8 @@ impl<'a> Engine<'a> {
                     std::thread::yield_now();
                     continue;
                 }
-                if !crowded {
-                    crowded = true;
+                if !cut_short {
+                    cut_short = true;
                     self.counters.comm_spins_stopped.fetch_add(1, Relaxed);
                     if let Some(q) = self.spin_check.as_ref().filter(|_| log::log_enabled!(log::Level::Debug)) {
                         log::debug!("rank {}: polling stops: (runnable, polling) {:?}, {} CPUs", self.comm.rank, q.waiting(), q.cpus());
