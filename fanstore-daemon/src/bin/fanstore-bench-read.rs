@@ -8,6 +8,8 @@
 //! For each group it prints one line:
 //! `read size=<bytes> iters=<n> open_us=<median OPEN round trip, fd in hand>
 //!  total_us=<median OPEN + read of all bytes> mbps=<size / total>`.
+//! `--each`: then also `each size=<bytes> total_us=<t1>,<t2>,...`, every
+//! timed read in the order read (what a median hides: a slow start).
 use anyhow::Context;
 use fanstore_core::wire::{op, Request};
 use fanstore_daemon::client::Client;
@@ -20,6 +22,7 @@ fn main() -> anyhow::Result<()> {
     let mut socket = None;
     let mut dataset = None;
     let (mut iters, mut warmup, mut buf_offset) = (50usize, 5usize, 0usize);
+    let mut each = false;
     let mut groups: Vec<(u64, Vec<u64>)> = Vec::new();
     let mut args = std::env::args().skip(1);
     while let Some(a) = args.next() {
@@ -29,6 +32,7 @@ fn main() -> anyhow::Result<()> {
             "--dataset" => dataset = Some(val()?.parse::<u64>()?),
             "--iters" => iters = val()?.parse()?,
             "--warmup" => warmup = val()?.parse()?,
+            "--each" => each = true,
             "--buf-offset" => buf_offset = val()?.parse::<usize>()?,
             g => {
                 let (size, ids) = g.split_once('=').context("groups are SIZE=ID,ID,...")?;
@@ -65,6 +69,7 @@ fn main() -> anyhow::Result<()> {
                 totals.push(t_total.as_secs_f64());
             }
         }
+        let in_order: Vec<String> = totals.iter().map(|t| format!("{:.0}", t * 1e6)).collect();
         opens.sort_by(f64::total_cmp);
         totals.sort_by(f64::total_cmp);
         let (o, t) = (opens[opens.len() / 2], totals[totals.len() / 2]);
@@ -74,6 +79,9 @@ fn main() -> anyhow::Result<()> {
             t * 1e6,
             size as f64 / t / 1e6
         );
+        if each {
+            println!("each size={size} total_us={}", in_order.join(","));
+        }
     }
     Ok(())
 }

@@ -16,6 +16,9 @@
 //! request, MPI_Testsome until both complete; rank 1: MPI_Iprobe of any tag,
 //! the probed MPI_Recv, MPI_Isend of the reply, MPI_Testsome), polling
 //! without pause: shows what the pattern costs apart from thread hand-offs.
+//! `--idle-before SECS`: every rank sleeps SECS before each size's warm-up
+//! and timed round trips: the raw pattern after the idle a daemon job meets
+//! between a reader's bursts (a VM's vCPUs halt and the host may park them).
 //! `--ucx-eager-max SIZE` (default 256K, as the daemon's): the same UCX
 //! eager/rendezvous threshold the daemon sets, so both cross the same way.
 //!
@@ -44,6 +47,7 @@ fn main() -> anyhow::Result<()> {
     let mut eager_max = 256u64 << 10;
     let mut all_pairs = false;
     let mut verify = false;
+    let mut idle_before = 0f64;
     let mut args = std::env::args().skip(1);
     while let Some(a) = args.next() {
         match a.as_str() {
@@ -55,6 +59,9 @@ fn main() -> anyhow::Result<()> {
             "--ucx-eager-max" => {
                 let v = args.next().ok_or_else(|| anyhow::anyhow!("--ucx-eager-max needs a value"))?;
                 eager_max = fanstore_daemon::args::parse_size(&v).map_err(anyhow::Error::msg)?;
+            }
+            "--idle-before" => {
+                idle_before = args.next().ok_or_else(|| anyhow::anyhow!("--idle-before needs a value"))?.parse()?;
             }
             "--warmup" => warmup = args.next().ok_or_else(|| anyhow::anyhow!("--warmup needs a value"))?.parse()?,
             s => sizes.push(fanstore_daemon::args::parse_size(s).map_err(anyhow::Error::msg)?),
@@ -102,6 +109,10 @@ fn main() -> anyhow::Result<()> {
         let mut times = Vec::with_capacity(iters);
         if rank == 1 {
             reply.iter_mut().enumerate().for_each(|(i, b)| *b = i as u8);
+        }
+        if idle_before > 0.0 {
+            world.barrier();
+            std::thread::sleep(std::time::Duration::from_secs_f64(idle_before));
         }
         for i in 0..warmup + iters {
             if nonblocking {
