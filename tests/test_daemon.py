@@ -780,6 +780,51 @@ def test_the_communication_thread_polls_between_requests_while_a_cpu_is_free(bin
     assert not board.exists(), f"the stop left {board}"
 
 
+def _thread_cpus(pid):
+    """{thread id: the CPUs it may run on} of every thread of process `pid`."""
+    out = {}
+    for t in Path(f"/proc/{pid}/task").iterdir():
+        try:
+            out[int(t.name)] = frozenset(os.sched_getaffinity(int(t.name)))
+        except OSError:  # the thread ended meanwhile
+            pass
+    return out
+
+
+def test_daemons_sharing_a_host_keep_to_their_own_shares_of_its_cpus(bins, pack, source, tmp_path):
+    """Two daemons of one job on this host (as on one node): each keeps every
+    thread, MPI's and those it starts later (a connection's, after reads),
+    on its own share of the CPUs, the shares disjoint and together all of
+    them, as two nodes would be (a launcher that binds ranks, OpenMPI with
+    2 ranks, has made such shares already, and the daemons keep them). With
+    --share-cpus off under a launcher that does not bind (MPICH), every
+    thread may run on every CPU."""
+    cpus = frozenset(os.sched_getaffinity(0))
+    assert len(cpus) >= 2, f"this test needs 2 CPUs or more, it has {sorted(cpus)}"
+    for extra in ((), ("--share-cpus", "off")):
+        c, ds_id, remote = remote_pair(bins, pack, tmp_path / ("-".join(extra) or "auto"), *extra)
+        try:
+            _remote_reads_then_status(c, remote, source, 20)
+            shares = []
+            for rank, pid in enumerate(c.pids()):
+                per_thread = _thread_cpus(pid)
+                assert len(per_thread) >= 3, f"rank {rank}: threads {per_thread}"
+                kinds = set(per_thread.values())
+                assert len(kinds) == 1, f"rank {rank}: its threads may run on different CPUs: {per_thread}"
+                shares.append(kinds.pop())
+            log = c.log()
+        finally:
+            c.stop()
+        if extra and fs_cluster.MPI == "mpich":
+            assert shares == [cpus, cpus], f"--share-cpus off: {shares}, not every CPU {sorted(cpus)}\n{log}"
+            assert "keeps its threads" not in log, log
+            continue
+        assert not shares[0] & shares[1], f"the daemons' CPUs overlap: {shares}\n{log}"
+        assert shares[0] | shares[1] == cpus, f"the shares {shares} are not all of {sorted(cpus)}\n{log}"
+        if fs_cluster.MPI == "mpich":
+            assert "keeps its threads" in log, log
+
+
 def test_the_communication_thread_stops_polling_when_threads_wait_for_a_cpu(bins, pack, source, tmp_path):
     """Threads that want every CPU (here busy loops, one more than the CPUs
     the daemons may use, and the reader): the communication threads stop

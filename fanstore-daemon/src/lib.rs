@@ -143,6 +143,7 @@ pub mod client;
 pub mod client_reply;
 pub mod comm;
 pub mod copies;
+pub mod cpu_share;
 pub mod dedup;
 pub mod fdlimit;
 pub mod index_shm;

@@ -178,9 +178,19 @@ fn run(args: &DaemonArgs) -> anyhow::Result<i32> {
     if epoll && version.contains("Open MPI") {
         log::info!("rank {rank}: OMPI_MCA_opal_event_include=epoll (the communication thread sleeps on its connections)");
     }
-    // Before loading, while the node is as idle as between reads.
-    let wake = fanstore_daemon::wake_cost::measure_once(200);
+    // The CPUs the launcher left this daemon.
     let (usable, online) = fanstore_daemon::wake_cost::cpu_counts();
+    if let Some(why) = fanstore_daemon::wake_cost::binding_advice(usable, online) {
+        log::info!("rank {rank}: {why}");
+    }
+    // Before the daemon spawns a thread of its own (they inherit the binding).
+    if args.share_cpus == "auto" && nranks > 1 {
+        share_host_cpus(&universe, rank, online);
+    }
+    // Before loading, while the node is as idle as between reads, on the
+    // CPUs this daemon keeps to.
+    let wake = fanstore_daemon::wake_cost::measure_once(200);
+    let (usable, _) = fanstore_daemon::wake_cost::cpu_counts();
     let us = |v: Option<f64>| v.map_or_else(|| "-".to_string(), |v| format!("{v:.1} µs"));
     match wake.across_us {
         Some(_) => log::info!(
@@ -192,9 +202,6 @@ fn run(args: &DaemonArgs) -> anyhow::Result<i32> {
             "rank {rank}: waking a sleeping thread costs {} on one CPU (measured at start; across CPUs not measured: {usable} of {online} CPUs usable here, or pinning refused)",
             us(wake.same_us)
         ),
-    }
-    if let Some(why) = fanstore_daemon::wake_cost::binding_advice(usable, online) {
-        log::info!("rank {rank}: {why}");
     }
     // (A job of one rank reads nothing remotely.)
     if let Some(why) = fanstore_daemon::wake_cost::advice(&wake, &fanstore_daemon::wake_cost::IdlePolicy::read()).filter(|_| nranks > 1) {
@@ -471,6 +478,36 @@ fn open_checkpoint_store(args: &DaemonArgs, id: &Identity, node: &Node) -> anyho
         let _ = node.dedup.set(Arc::new(d));
     }
     Ok(recovering)
+}
+
+/// Daemons of this job on this host keep to their own shares of its CPUs
+/// (fanstore_daemon::cpu_share). Collective: every rank calls it.
+fn share_host_cpus(universe: &mpi::environment::Universe, rank: u32, online: usize) {
+    use mpi::topology::Communicator;
+    // Ordered by world rank (equal keys).
+    let host = universe.world().split_shared(0);
+    let (index, count) = (host.rank() as usize, host.size() as usize);
+    let usable = fanstore_daemon::wake_cost::usable_cpus();
+    let job = fanstore_daemon::comm::spin::job_cpus().unwrap_or(online);
+    if count < 2 {
+        return;
+    }
+    if usable.len() < job {
+        log::info!("rank {rank}: {count} daemons of this job on this host; the launcher bound this one already (CPUs {})", fanstore_daemon::cpu_share::describe(&usable));
+        return;
+    }
+    let Some(mine) = fanstore_daemon::cpu_share::share(&usable, index, count) else {
+        log::info!("rank {rank}: {count} daemons of this job share this host's {} CPUs: fewer CPUs than daemons, left to the scheduler", usable.len());
+        return;
+    };
+    match fanstore_daemon::cpu_share::bind_process(&mine) {
+        Ok(threads) => log::info!(
+            "rank {rank}: {count} daemons of this job share this host: this one keeps its threads ({threads} now, and those it starts) on CPUs {} of {}, as a node's daemon keeps to its node (--share-cpus off leaves them free)",
+            fanstore_daemon::cpu_share::describe(&mine),
+            fanstore_daemon::cpu_share::describe(&usable)
+        ),
+        Err(e) => log::warn!("rank {rank}: binding to CPUs {}: {e}; left to the scheduler", fanstore_daemon::cpu_share::describe(&mine)),
+    }
 }
 
 /// Finalises MPI under a watchdog: a peer that vanished, or a finalize

@@ -144,7 +144,7 @@ pub fn binding_advice(usable: usize, online: usize) -> Option<String> {
 }
 
 /// The CPUs this process may run on (its affinity mask), lowest first.
-fn usable_cpus() -> Vec<usize> {
+pub fn usable_cpus() -> Vec<usize> {
     // SAFETY: cpu_set_t is plain data; zeroed is an empty set.
     let mut set: libc::cpu_set_t = unsafe { std::mem::zeroed() };
     // SAFETY: sched_getaffinity writes at most size_of(set) bytes into `set`.

@@ -161,7 +161,7 @@ impl PollingBoard {
 /// program, the other ranks' daemons) run on the rest. The runnable count
 /// is the node's: compared against one core it would stop every polling
 /// period of a bound daemon (OpenMPI binds 2 ranks or fewer).
-fn job_cpus() -> Option<usize> {
+pub fn job_cpus() -> Option<usize> {
     let groups = std::fs::read_to_string("/proc/self/cgroup").ok()?;
     cpuset_files(&groups).iter().find_map(|f| std::fs::read_to_string(f).ok().and_then(|t| count_cpu_list(t.trim())))
 }

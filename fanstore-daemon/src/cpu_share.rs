@@ -1,0 +1,144 @@
+//! Daemons of one job that share a host share its CPUs out, as nodes would.
+//!
+//! A job runs one daemon per node; on a cluster no two share a host. Where
+//! several do (a job tried on one machine, the quickstart, these tests and
+//! benchmarks, a launcher that placed two ranks on one node), the kernel
+//! spreads every thread of every daemon over every CPU. A remote read then
+//! hands off between the threads of two daemons and the reader (the reader
+//! wakes its daemon's server thread, which asks the holder's communication
+//! thread, whose reply wakes the requester's communication thread, which
+//! wakes the server thread, which wakes the reader), and the scheduler's
+//! placement decides what each hand-off costs: a wake-up on a CPU that a
+//! polling thread keeps busy costs ~5 µs here, one on an idle vCPU, which
+//! halts, 40-60 µs. Left to the scheduler, both daemons' polling threads
+//! often end up on one CPU while the other idles (a chain of wake-ups pulls
+//! each woken thread to its waker's CPU), and a remote 128 KiB OPEN+read
+//! then takes 130-150 µs instead of 70-80.
+//!
+//! So when `count` daemons of the job run on one host and the CPUs this
+//! daemon may use number at least `count` (and no launcher narrowed them:
+//! a launcher that binds ranks has placed them already), daemon `index`
+//! keeps every thread on its own contiguous share of them, as a node's
+//! daemon keeps to its node. Its threads (MPI's included) are bound when
+//! it starts, before it spawns any of its own, which inherit the binding.
+//! The reading programs are not bound. One daemon per host, which is every
+//! cluster job, is left as it is. `--share-cpus off` turns it off.
+//!
+//! ```
+//! use fanstore_daemon::cpu_share::share;
+//! // Two daemons on a host of 4 CPUs: the second keeps to CPUs 2 and 3.
+//! assert_eq!(share(&[0, 1, 2, 3], 1, 2), Some(vec![2, 3]));
+//! // One daemon on the host: left alone.
+//! assert_eq!(share(&[0, 1, 2, 3], 0, 1), None);
+//! ```
+
+use std::io;
+
+/// The CPUs daemon `index` of `count` on one host keeps to, out of `cpus`
+/// (the CPUs each of them may use): a contiguous share, the shares of all
+/// `count` together covering `cpus` with no overlap. None when there is
+/// nothing to share (one daemon) or too little (fewer CPUs than daemons),
+/// or `index` is not below `count`.
+pub fn share(cpus: &[usize], index: usize, count: usize) -> Option<Vec<usize>> {
+    let n = cpus.len();
+    if count < 2 || n < count || index >= count {
+        return None;
+    }
+    Some(cpus[index * n / count..(index + 1) * n / count].to_vec())
+}
+
+/// Binds every thread of this process to `cpus`; threads spawned later
+/// inherit it from their creator. Returns how many threads were bound.
+/// Err if `cpus` is empty or any thread refused (the first error; threads
+/// that exited meanwhile are skipped).
+pub fn bind_process(cpus: &[usize]) -> io::Result<usize> {
+    if cpus.is_empty() {
+        return Err(io::Error::new(io::ErrorKind::InvalidInput, "no CPU to bind to"));
+    }
+    // SAFETY: cpu_set_t is plain data; zeroed is an empty set.
+    let mut set: libc::cpu_set_t = unsafe { std::mem::zeroed() };
+    for &c in cpus {
+        if c >= libc::CPU_SETSIZE as usize {
+            return Err(io::Error::new(io::ErrorKind::InvalidInput, format!("CPU {c} is beyond the CPU set's size")));
+        }
+        // SAFETY: CPU_SET writes one bit of `set`; c is below CPU_SETSIZE.
+        unsafe { libc::CPU_SET(c, &mut set) };
+    }
+    let mut bound = 0;
+    for entry in std::fs::read_dir("/proc/self/task")? {
+        let Some(tid) = entry?.file_name().to_str().and_then(|s| s.parse::<libc::pid_t>().ok()) else { continue };
+        // SAFETY: sched_setaffinity reads size_of(set) bytes of `set`; tid
+        // is a thread of this process (or one that exited: ESRCH).
+        if unsafe { libc::sched_setaffinity(tid, std::mem::size_of::<libc::cpu_set_t>(), &set) } != 0 {
+            let e = io::Error::last_os_error();
+            if e.raw_os_error() == Some(libc::ESRCH) {
+                continue;
+            }
+            return Err(e);
+        }
+        bound += 1;
+    }
+    Ok(bound)
+}
+
+/// How a list of CPUs reads in a log line: "2-3", "0,2,5".
+pub fn describe(cpus: &[usize]) -> String {
+    let mut out: Vec<String> = Vec::new();
+    let mut i = 0;
+    while i < cpus.len() {
+        let mut j = i;
+        while j + 1 < cpus.len() && cpus[j + 1] == cpus[j] + 1 {
+            j += 1;
+        }
+        out.push(if j > i { format!("{}-{}", cpus[i], cpus[j]) } else { cpus[i].to_string() });
+        i = j + 1;
+    }
+    out.join(",")
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn shares_cover_the_cpus_without_overlap() {
+        for n in 1..=9usize {
+            let cpus: Vec<usize> = (0..n).map(|c| c * 2).collect();
+            for count in 2..=n {
+                let mut all: Vec<usize> = Vec::new();
+                for index in 0..count {
+                    let s = share(&cpus, index, count).expect("a share");
+                    assert!(!s.is_empty(), "{n} CPUs, {count} daemons: daemon {index} got none");
+                    all.extend(s);
+                }
+                assert_eq!(all, cpus, "{n} CPUs, {count} daemons");
+            }
+        }
+    }
+
+    #[test]
+    fn nothing_is_shared_by_one_daemon_or_among_more_daemons_than_cpus() {
+        assert_eq!(share(&[0, 1], 0, 1), None);
+        assert_eq!(share(&[0, 1], 0, 3), None);
+        assert_eq!(share(&[0, 1], 2, 2), None);
+        assert_eq!(share(&[], 0, 2), None);
+        assert_eq!(share(&[0, 1], 0, 2), Some(vec![0]));
+        assert_eq!(share(&[0, 1], 1, 2), Some(vec![1]));
+        assert_eq!(share(&[4, 5, 6, 7, 8], 0, 2), Some(vec![4, 5]));
+        assert_eq!(share(&[4, 5, 6, 7, 8], 1, 2), Some(vec![6, 7, 8]));
+    }
+
+    #[test]
+    fn cpu_lists_read_as_ranges() {
+        assert_eq!(describe(&[2, 3]), "2-3");
+        assert_eq!(describe(&[0, 2, 5]), "0,2,5");
+        assert_eq!(describe(&[0, 1, 2, 4, 6, 7]), "0-2,4,6-7");
+        assert_eq!(describe(&[]), "");
+    }
+
+    #[test]
+    fn binding_to_no_cpu_is_refused() {
+        assert!(bind_process(&[]).is_err());
+        assert!(bind_process(&[libc::CPU_SETSIZE as usize]).is_err());
+    }
+}
