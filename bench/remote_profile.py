@@ -14,7 +14,9 @@ from STATUS, µs precise; and the share
 of its communication thread, the daemon's main thread), and the CPU of the
 idle daemons over 3 s (from 11 s after the last read: a rank idle for 10 s naps 20 ms at a time).
 Then the default setting with the daemons and the client pinned to CPUs by
-hand (where the wake-ups between threads cost). Against, in the same run: the raw MPI ping-pong of the
+hand (where the wake-ups between threads cost), against the daemons' own
+placement (`--share-cpus auto`: each keeps to its share of the CPUs) and the
+scheduler's (`--share-cpus off`). Against, in the same run: the raw MPI ping-pong of the
 same message pattern (fanstore-mpi-pingpong, 2 ranks, no daemon running) and
 the same into a fresh memfd per reply (the memory a remote file must land in).
 """
@@ -92,7 +94,12 @@ def main():
     # nap each); `--fetch-post comm` the communication thread posting every fetch, woken for it; spin 0 the
     # default before polling after a message watched the CPUs; `always` polling whether or not threads wait.
     d = f"{DEFAULT_SPIN} (default)"
-    settings = [(d, []), (f"{d}, the reads {IDLE_BEFORE} s after ready", []), (f"{d}, `--fetch-post comm`", ["--fetch-post", "comm"]), ("0", ["--comm-spin-us", "0"]),
+    # `--share-cpus off`: both daemons' threads left to the scheduler (the default keeps each daemon on its
+    # own share of the CPUs, fanstore-daemon/src/cpu_share.rs).
+    idle = f", the reads {IDLE_BEFORE} s after ready"
+    settings = [(d, []), (d + idle, []), (f"{d}, `--share-cpus off`", ["--share-cpus", "off"]),
+                (f"{d}, `--share-cpus off`{idle}", ["--share-cpus", "off"]),
+                (f"{d}, `--fetch-post comm`", ["--fetch-post", "comm"]), ("0", ["--comm-spin-us", "0"]),
                 (f"{DEFAULT_SPIN}, `--comm-spin-while always`", ["--comm-spin-while", "always"]),
                 (f"{d}, `--comm-fd-bound-us 0`", ["--comm-fd-bound-us", "0"]), (f"{d}, `--comm-sleep nap`", ["--comm-sleep", "nap"])]
     # A fresh job per setting and round, the settings in turn (reversed every other round), so that a
@@ -109,7 +116,7 @@ def main():
             try:
                 sh([str(B / "fanstore"), "--runtime-dir", str(rt), "wait", "--timeout", "120"])
                 pids = daemon_pids(rt)
-                if k == 1:
+                if settings[k][0].endswith(idle):
                     time.sleep(IDLE_BEFORE)  # the daemons idle first, as before a job's first reads
                 t0, m0, v0 = daemon_cpu_us(rt), main_thread_cpu_us(pids), daemon_sleeps(rt)
                 out = sh([str(B / "fanstore-bench-read"), "--socket", str(rt / "node-0.sock"), "--dataset", str(ds_id),
@@ -209,7 +216,10 @@ def main():
           "(`taskset`; each daemon's threads together), a fresh job per row and round, medians. `node 0 on CPU 0, node 1 on CPU 1`: "
           "rank 0's daemon and the client on CPU 0, rank 1's daemon on CPU 1, as if each node's work stayed on one "
           "core; `all on CPU 0`: everything on one CPU, so every hand-off is a wake-up on the same CPU; "
-          "`the client away from its daemon`: rank 0's daemon on CPU 1 with rank 1's, the client on CPU 0.", "",
+          "`the client away from its daemon`: rank 0's daemon on CPU 1 with rank 1's, the client on CPU 0. "
+          "The first two rows place nothing by hand: `free` leaves every thread to the scheduler, `the default` "
+          "lets each daemon keep its threads on its own share of the CPUs (fanstore-daemon/src/cpu_share.rs; a "
+          "daemon placed by `taskset`, as by a launcher that binds, keeps that placement).", "",
           "| placement | OPEN+read µs | vs free | daemon CPU per remote file, both ranks µs |", "|---|---:|---:|---:|"]
     free = place[0][1]
     for name, t, cpu in place:
@@ -266,17 +276,19 @@ def syscall_counts(work, ds, ds_id, ids):
 def placement(work, ds, ds_id, ids):
     """OPEN+read and daemon CPU per remote file with the two daemons and the
     client pinned to CPUs by hand: [(name, µs, CPU µs per file)], free first."""
-    configs = [("free (the scheduler's choice)", None, None, None), ("node 0 on CPU 0, node 1 on CPU 1", "0", "1", "0"),
-               ("all on CPU 0", "0", "0", "0"), ("the client away from its daemon", "1", "1", "0")]
+    configs = [("free (the scheduler's choice, `--share-cpus off`)", None, None, None, ["--share-cpus", "off"]),
+               ("the default: each daemon on its own share (`--share-cpus auto`), the client free", None, None, None, []),
+               ("node 0 on CPU 0, node 1 on CPU 1", "0", "1", "0", []),
+               ("all on CPU 0", "0", "0", "0", []), ("the client away from its daemon", "1", "1", "0", [])]
     got = {c[0]: ([], []) for c in configs}
     for rnd in range(ROUNDS):
-        for k, (name, c0, c1, cc) in enumerate(configs):
+        for k, (name, c0, c1, cc, extra) in enumerate(configs):
             rt = work / f"rt-place-{rnd}-{k}"
             cpus = f"{c0 or '0-1'} {c1 or '0-1'}"
             pin = f'set -- {cpus} "$@"; eval c=\\${{$((PMI_RANK + 1))}}; shift 2; exec taskset -c "$c" "$@"'
             p = subprocess.Popen(["mpiexec", "-n", "2", "sh", "-c", pin, "pin", str(B / "fanstore-daemon"), "--data", str(ds),
                                   "--local", str(work / f"l-place-{rnd}-{k}"), "--runtime-dir", str(rt), "--cache-mem", "0",
-                                  "--replicate-on-read", "off"], env=env,
+                                  "--replicate-on-read", "off", *extra], env=env,
                                  stdout=open(work / "log-place", "ab"), stderr=subprocess.STDOUT, start_new_session=True)
             try:
                 sh([str(B / "fanstore"), "--runtime-dir", str(rt), "wait", "--timeout", "120"])
