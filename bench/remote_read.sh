@@ -56,7 +56,10 @@ SIZES = [128 << 10, 512 << 10, 2 << 20, 8 << 20]
 env = dict(os.environ)
 
 def sh(cmd, **kw):
-    return subprocess.run(cmd, check=True, capture_output=True, text=True, env=env, **kw).stdout
+    r = subprocess.run(cmd, capture_output=True, text=True, env=env, **kw)
+    if r.returncode != 0:  # what it said, not only its status
+        raise RuntimeError(f"{' '.join(map(str, cmd))} exited {r.returncode}: {r.stderr.strip()[-3000:]}")
+    return r.stdout
 
 def start(ds, name, *extra, n=2, local=None):
     rt = work / f"rt-{name}"
