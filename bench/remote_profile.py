@@ -170,13 +170,18 @@ def main():
           "context switches (STATUS `ctx_voluntary`, every thread) over the reads: each is a thread that went to sleep "
           "and had to be woken, the hand-offs a remote OPEN pays for on the requester (rank 0) and the holder (rank 1). "
           f"`the reads {IDLE_BEFORE} s after ready`: the same job idles first, as a training job's daemons do while the "
-          "program starts. Measured side by side with fresh jobs (8 each): 102-198 µs after 3 s idle against 65-129 µs "
-          "right after ready, with the requester's threads blocked 1.2-2.3 times per file against 0.3-0.9, while the "
-          "communication threads poll throughout (few polling periods stopped): the server thread sleeps on the "
-          "fetch's completion and on its socket, and the fetch it posts contends with the polling thread for the MPI "
-          "library's lock. A server thread that polled for both, with `--fetch-post comm`, read 66-121 µs after the "
-          "idle (median 75 against 110), but 4 daemons and 4 readers of 128 KiB files read 1353 and 1319 MB/s "
-          "against 1339 and 1452 with it, at 4-25 µs more daemon CPU per file (not kept)."]
+          "program starts. Where the two daemons' threads were left to the scheduler, the slow reads after idle "
+          "were a placement: sampled during the reads, both communication threads sat on one vCPU while the other, "
+          "with the server thread and the reader, halted whenever they slept, and a wake-up on a halted vCPU costs "
+          "40-60 µs against ~5 µs on one that a yielding thread keeps busy (a pipe wake-up measured both ways). "
+          "Each daemon keeping to its own share of the CPUs (`--share-cpus auto`, the default; "
+          "fanstore-daemon/src/cpu_share.rs), fresh jobs alternating (10 each): right after ready 90 against 124 µs "
+          "with `--share-cpus off`, 3 s after ready 90 against 182 µs. What is left is bimodal by where the scheduler "
+          "puts the reader, which nothing binds: with its daemon ~65-90 µs, beside the other daemon ~130-160 µs (the "
+          "placement table below). A server thread that polled for its fetch and its socket, with `--fetch-post comm`, "
+          "read 66-121 µs after idle (median 75 against 110) before the daemons kept to their shares, but 4 daemons "
+          "and 4 readers of 128 KiB files read 1353 and 1319 MB/s against 1339 and 1452 with it, at 4-25 µs more "
+          "daemon CPU per file (not kept)."]
     if stages:
         L += ["", f"Stages of one remote OPEN at the default spin (the daemons' debug log, {stages['n']} fetches, medians; "
               "the logging itself adds a few µs):", "",
