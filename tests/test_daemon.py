@@ -825,6 +825,33 @@ def test_daemons_sharing_a_host_keep_to_their_own_shares_of_its_cpus(bins, pack,
             assert "keeps its threads" in log, log
 
 
+def test_four_daemons_on_one_host_spread_over_its_cpus(bins, pack, tmp_path):
+    """Four daemons of one job on this host: each keeps every thread on the
+    share of the CPUs fanstore_daemon::cpu_share gives daemon i of 4 (with
+    fewer CPUs than daemons, one CPU each, consecutive ranks together, as
+    evenly as can be: 2 and 2 on 2 CPUs), unless the launcher bound the
+    ranks itself, which the daemon then says and keeps."""
+    cpus = sorted(os.sched_getaffinity(0))
+    n, k = len(cpus), 4
+
+    def expected(i):
+        return frozenset(cpus[i * n // k:(i + 1) * n // k] if n >= k else [cpus[i * n // k]])
+
+    c = start_cluster(bins, pack("none"), tmp_path, nranks=k)
+    try:
+        with c.client(0) as cl:
+            cl.ping()
+        log = c.log()
+        for rank, pid in enumerate(c.pids()):
+            kinds = set(_thread_cpus(pid).values())
+            assert len(kinds) == 1, f"rank {rank}: its threads may run on different CPUs: {kinds}"
+            if re.search(rf"rank {rank}: .*the launcher bound this one already", log):
+                continue
+            assert kinds.pop() == expected(rank), f"rank {rank} of {k} on CPUs {cpus}: not on {sorted(expected(rank))}\n{log}"
+    finally:
+        c.stop()
+
+
 def test_the_communication_thread_stops_polling_when_threads_wait_for_a_cpu(bins, pack, source, tmp_path):
     """Threads that want every CPU (here busy loops, one more than the CPUs
     the daemons may use, and the reader): the communication threads stop

@@ -103,11 +103,12 @@ pub struct DaemonArgs {
     pub extract_ahead: ExtractAhead,
     /// Where several daemons of the job run on one host (a job tried on one
     /// machine, or two ranks on a node), `auto` keeps each daemon's threads
-    /// on its own share of the CPUs it may use, as separate nodes would be
-    /// (src/cpu_share.rs; a remote 128 KiB read 70-80 µs instead of
-    /// 130-150 here); not when there are fewer CPUs than daemons, nor when
-    /// the launcher bound the ranks already. `off` leaves them to the
-    /// scheduler. One daemon per host (a cluster job) is never bound.
+    /// on its own share of the CPUs it may use, as separate nodes would be,
+    /// one CPU each where there are more daemons than CPUs
+    /// (src/cpu_share.rs; a remote 128 KiB read 90 µs instead of 124-182
+    /// here); not when the launcher bound the ranks already. `off` leaves
+    /// them to the scheduler. One daemon per host (a cluster job) is never
+    /// bound.
     #[arg(long, default_value = "auto", value_parser = ["auto", "off"])]
     pub share_cpus: String,
     /// After ready, fetch whole remote partitions from their holders in the

@@ -496,10 +496,7 @@ fn share_host_cpus(universe: &mpi::environment::Universe, rank: u32, online: usi
         log::info!("rank {rank}: {count} daemons of this job on this host; the launcher bound this one already (CPUs {})", fanstore_daemon::cpu_share::describe(&usable));
         return;
     }
-    let Some(mine) = fanstore_daemon::cpu_share::share(&usable, index, count) else {
-        log::info!("rank {rank}: {count} daemons of this job share this host's {} CPUs: fewer CPUs than daemons, left to the scheduler", usable.len());
-        return;
-    };
+    let Some(mine) = fanstore_daemon::cpu_share::share(&usable, index, count) else { return };
     match fanstore_daemon::cpu_share::bind_process(&mine) {
         Ok(threads) => log::info!(
             "rank {rank}: {count} daemons of this job share this host: this one keeps its threads ({threads} now, and those it starts) on CPUs {} of {}, as a node's daemon keeps to its node (--share-cpus off leaves them free)",
