@@ -62,6 +62,26 @@ pub fn share(cpus: &[usize], index: usize, count: usize) -> Option<Vec<usize>> {
 /// Err if `cpus` is empty or any thread refused (the first error; threads
 /// that exited meanwhile are skipped).
 pub fn bind_process(cpus: &[usize]) -> io::Result<usize> {
+    let set = cpu_set(cpus)?;
+    let mut bound = 0;
+    for entry in std::fs::read_dir("/proc/self/task")? {
+        let Some(tid) = entry?.file_name().to_str().and_then(|s| s.parse::<libc::pid_t>().ok()) else { continue };
+        match set_affinity(tid, &set) {
+            Err(e) if e.raw_os_error() == Some(libc::ESRCH) => continue,
+            r => r?,
+        }
+        bound += 1;
+    }
+    Ok(bound)
+}
+
+/// Binds the calling thread to `cpus`.
+pub fn bind_this_thread(cpus: &[usize]) -> io::Result<()> {
+    set_affinity(0, &cpu_set(cpus)?)
+}
+
+/// The kernel's CPU set of `cpus` (Err: none, or one beyond its size).
+fn cpu_set(cpus: &[usize]) -> io::Result<libc::cpu_set_t> {
     if cpus.is_empty() {
         return Err(io::Error::new(io::ErrorKind::InvalidInput, "no CPU to bind to"));
     }
@@ -74,21 +94,17 @@ pub fn bind_process(cpus: &[usize]) -> io::Result<usize> {
         // SAFETY: CPU_SET writes one bit of `set`; c is below CPU_SETSIZE.
         unsafe { libc::CPU_SET(c, &mut set) };
     }
-    let mut bound = 0;
-    for entry in std::fs::read_dir("/proc/self/task")? {
-        let Some(tid) = entry?.file_name().to_str().and_then(|s| s.parse::<libc::pid_t>().ok()) else { continue };
-        // SAFETY: sched_setaffinity reads size_of(set) bytes of `set`; tid
-        // is a thread of this process (or one that exited: ESRCH).
-        if unsafe { libc::sched_setaffinity(tid, std::mem::size_of::<libc::cpu_set_t>(), &set) } != 0 {
-            let e = io::Error::last_os_error();
-            if e.raw_os_error() == Some(libc::ESRCH) {
-                continue;
-            }
-            return Err(e);
-        }
-        bound += 1;
+    Ok(set)
+}
+
+/// sched_setaffinity of thread `tid` (0: the calling thread).
+fn set_affinity(tid: libc::pid_t, set: &libc::cpu_set_t) -> io::Result<()> {
+    // SAFETY: sched_setaffinity reads size_of(set) bytes of a live `set`;
+    // tid is 0 or a thread of this process (one that exited: ESRCH).
+    if unsafe { libc::sched_setaffinity(tid, std::mem::size_of::<libc::cpu_set_t>(), set) } != 0 {
+        return Err(io::Error::last_os_error());
     }
-    Ok(bound)
+    Ok(())
 }
 
 /// How a list of CPUs reads in a log line: "2-3", "0,2,5".
@@ -173,5 +189,6 @@ mod tests {
     fn binding_to_no_cpu_is_refused() {
         assert!(bind_process(&[]).is_err());
         assert!(bind_process(&[libc::CPU_SETSIZE as usize]).is_err());
+        assert!(bind_this_thread(&[]).is_err());
     }
 }

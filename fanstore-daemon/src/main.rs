@@ -487,11 +487,11 @@ fn share_host_cpus(universe: &mpi::environment::Universe, rank: u32, online: usi
     // Ordered by world rank (equal keys).
     let host = universe.world().split_shared(0);
     let (index, count) = (host.rank() as usize, host.size() as usize);
-    let usable = fanstore_daemon::wake_cost::usable_cpus();
-    let job = fanstore_daemon::comm::spin::job_cpus().unwrap_or(online);
     if count < 2 {
         return;
     }
+    let usable = fanstore_daemon::wake_cost::usable_cpus();
+    let job = fanstore_daemon::comm::spin::job_cpus().unwrap_or(online);
     if usable.len() < job {
         log::info!("rank {rank}: {count} daemons of this job on this host; the launcher bound this one already (CPUs {})", fanstore_daemon::cpu_share::describe(&usable));
         return;

@@ -157,12 +157,7 @@ pub fn usable_cpus() -> Vec<usize> {
 
 /// Pins the calling thread to `cpu`.
 fn pin(cpu: usize) -> bool {
-    // SAFETY: cpu_set_t is plain data; zeroed is an empty set.
-    let mut set: libc::cpu_set_t = unsafe { std::mem::zeroed() };
-    // SAFETY: CPU_SET writes one bit of `set`; cpu came from the affinity mask.
-    unsafe { libc::CPU_SET(cpu, &mut set) };
-    // SAFETY: sched_setaffinity reads size_of(set) bytes of `set`; 0 is this thread.
-    unsafe { libc::sched_setaffinity(0, std::mem::size_of::<libc::cpu_set_t>(), &set) == 0 }
+    crate::cpu_share::bind_this_thread(&[cpu]).is_ok()
 }
 
 fn pipe() -> Option<(File, File)> {
