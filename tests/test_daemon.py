@@ -791,20 +791,30 @@ def _thread_cpus(pid):
     return out
 
 
+def _cpu_list(text):
+    """The CPUs of a list as `taskset -c` takes it ("0-2,5")."""
+    out = set()
+    for part in text.split(","):
+        lo, _, hi = part.partition("-")
+        out.update(range(int(lo), int(hi or lo) + 1))
+    return frozenset(out)
+
+
 def test_daemons_sharing_a_host_keep_to_their_own_shares_of_its_cpus(bins, pack, source, tmp_path):
     """Two daemons of one job on this host (as on one node): each keeps every
     thread, MPI's and those it starts later (a connection's, after reads),
     on its own share of the CPUs, the shares disjoint and together all of
     them, as two nodes would be (a launcher that binds ranks, OpenMPI with
-    2 ranks, has made such shares already, and the daemons keep them). With
-    --share-cpus off under a launcher that does not bind (MPICH), every
+    2 ranks, has made such shares already, and the daemons keep them), and
+    STATUS `cpus` names that share (a node's programs can be started there).
+    With --share-cpus off under a launcher that does not bind (MPICH), every
     thread may run on every CPU."""
     cpus = frozenset(os.sched_getaffinity(0))
     assert len(cpus) >= 2, f"this test needs 2 CPUs or more, it has {sorted(cpus)}"
     for extra in ((), ("--share-cpus", "off")):
         c, ds_id, remote = remote_pair(bins, pack, tmp_path / ("-".join(extra) or "auto"), *extra)
         try:
-            _remote_reads_then_status(c, remote, source, 20)
+            statuses = _remote_reads_then_status(c, remote, source, 20)
             shares = []
             for rank, pid in enumerate(c.pids()):
                 per_thread = _thread_cpus(pid)
@@ -812,6 +822,7 @@ def test_daemons_sharing_a_host_keep_to_their_own_shares_of_its_cpus(bins, pack,
                 kinds = set(per_thread.values())
                 assert len(kinds) == 1, f"rank {rank}: its threads may run on different CPUs: {per_thread}"
                 shares.append(kinds.pop())
+                assert _cpu_list(statuses[rank]["cpus"]) == shares[-1], f"rank {rank}: STATUS {statuses[rank]['cpus']}, threads on {shares[-1]}"
             log = c.log()
         finally:
             c.stop()

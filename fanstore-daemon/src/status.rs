@@ -215,6 +215,11 @@ pub struct Snapshot {
     /// [`crate::wake_cost::cpu_counts`].
     pub cpus_usable: usize,
     pub cpus_online: usize,
+    /// Those usable CPUs as a list (`0-3,6`, as `taskset -c` takes it): a
+    /// program meant to run as on this daemon's node, where several daemons
+    /// share a host and each keeps to its share ([`crate::cpu_share`]), can
+    /// be started on them.
+    pub cpus: String,
 }
 
 /// What this process has used, every thread, including threads that have
@@ -286,7 +291,7 @@ impl Snapshot {
              remote_p50_us={}\nremote_p99_us={}\nremote_mbps={:.3}\nreplicated_parts={}\nreplicated_bytes={}\nextracted_ahead={}\nread_ahead={}\n\
              comm_woken_by_command={}\ncomm_woken_by_fd={}\ncomm_woken_by_timeout={}\ncomm_fd_wakes_idle={}\ncomm_missed_wakes={}\ncomm_spins_stopped={}\n\
              cpu_user_us={}\ncpu_sys_us={}\ncpu_seconds={:.2}\nctx_voluntary={}\nctx_involuntary={}\n\
-             wake_across_us={}\nwake_same_us={}\ncpus_usable={}\ncpus_online={}\n",
+             wake_across_us={}\nwake_same_us={}\ncpus_usable={}\ncpus_online={}\ncpus={}\n",
             self.rank,
             self.nranks,
             self.host,
@@ -344,6 +349,7 @@ impl Snapshot {
             us_or_dash(self.wake.same_us),
             self.cpus_usable,
             self.cpus_online,
+            self.cpus,
         )
     }
 }
@@ -378,7 +384,7 @@ pub fn human_bytes(v: u64) -> String {
 }
 
 /// The columns of `fanstore status`: header and the STATUS key each shows.
-const COLUMNS: [(&str, &str); 22] = [
+const COLUMNS: [(&str, &str); 23] = [
     ("rank", "rank"),
     ("host", "host"),
     ("status", "status"),
@@ -401,6 +407,7 @@ const COLUMNS: [(&str, &str); 22] = [
     ("evictions", "cache_evictions"),
     ("errors", "errors"),
     ("cpu s", "cpu_seconds"),
+    ("cpus", "cpus"),
 ];
 
 /// One rank's parsed STATUS text, `None` when it did not answer.
@@ -454,6 +461,7 @@ mod tests {
             load: LoadReport { partitions: 3, files: 10, bytes_read: 2_000_000, bytes_local: 3 << 20, seconds: 0.5 },
             cache_hits: 7,
             wake: crate::wake_cost::WakeCost { across_us: Some(43.96), same_us: None },
+            cpus: "2-3".into(),
             ..Default::default()
         };
         let kv = parse(&s.render());
@@ -462,11 +470,13 @@ mod tests {
         assert_eq!(get("load_mbps"), "4.0");
         assert_eq!(get("cache_hits"), "7");
         assert_eq!((get("wake_across_us").as_str(), get("wake_same_us").as_str()), ("44.0", "-"));
+        assert_eq!(get("cpus"), "2-3");
         let t = table(&[(2, Some(kv)), (3, None)]);
         let lines: Vec<&str> = t.lines().collect();
         assert_eq!(lines.len(), 3);
         assert!(lines[0].contains("load MB/s") && lines[1].contains("3.0 MiB") && lines[2].contains("unreachable"), "{t}");
         assert!(lines[0].contains("wake us") && lines[1].contains("44.0"), "{t}");
+        assert!(lines[0].ends_with("cpus") && lines[1].ends_with("2-3"), "{t}");
     }
 
     #[test]
