@@ -13,6 +13,9 @@ each daemon used per remote file (all its threads: the daemon's own getrusage
 from STATUS, µs precise; and the share
 of its communication thread, the daemon's main thread), and the CPU of the
 idle daemons over 3 s (from 11 s after the last read: a rank idle for 10 s naps 20 ms at a time).
+The reader runs as a program of node 0 would: on the CPUs rank 0's daemon keeps
+to (STATUS `cpus`; the two daemons share this host, each on its own share of
+its CPUs, as on two nodes), except in the row where it is left to the scheduler.
 Then the default setting with the daemons and the client pinned to CPUs by
 hand (where the wake-ups between threads cost), against the daemons' own
 placement (`--share-cpus auto`: each keeps to its share of the CPUs) and the
@@ -73,6 +76,11 @@ def main_thread_cpu_us(pids):
     return sum(int(Path(f"/proc/{pid}/task/{pid}/schedstat").read_text().split()[0]) for pid in pids) / 1000
 
 
+def node_cpus(rt, rank):
+    """The CPUs daemon `rank` keeps to (STATUS `cpus`, as `taskset -c` takes them)."""
+    return fs_cluster.Client(rt / f"node-{rank}.sock").status()["cpus"]
+
+
 def daemon_pids(rt):
     out = subprocess.run(["pgrep", "-f", f"fanstore-daemon .*--runtime-dir {rt}"], capture_output=True, text=True).stdout
     return [int(x) for x in out.split() if Path(f"/proc/{x}/exe").exists() and os.readlink(f"/proc/{x}/exe").endswith("fanstore-daemon")]
@@ -97,7 +105,8 @@ def main():
     # `--share-cpus off`: both daemons' threads left to the scheduler (the default keeps each daemon on its
     # own share of the CPUs, fanstore-daemon/src/cpu_share.rs).
     idle = f", the reads {IDLE_BEFORE} s after ready"
-    settings = [(d, []), (d + idle, []), (f"{d}, `--share-cpus off`", ["--share-cpus", "off"]),
+    free = ", the reader left to the scheduler"
+    settings = [(d, []), (d + free, []), (d + idle, []), (f"{d}, `--share-cpus off`", ["--share-cpus", "off"]),
                 (f"{d}, `--share-cpus off`{idle}", ["--share-cpus", "off"]),
                 (f"{d}, `--fetch-post comm`", ["--fetch-post", "comm"]), ("0", ["--comm-spin-us", "0"]),
                 (f"{DEFAULT_SPIN}, `--comm-spin-while always`", ["--comm-spin-while", "always"]),
@@ -118,8 +127,10 @@ def main():
                 pids = daemon_pids(rt)
                 if settings[k][0].endswith(idle):
                     time.sleep(IDLE_BEFORE)  # the daemons idle first, as before a job's first reads
+                # The reader runs as node 0's programs would: on the CPUs rank 0's daemon keeps to.
+                place = [] if settings[k][0].endswith(free) else ["taskset", "-c", node_cpus(rt, 0)]
                 t0, m0, v0 = daemon_cpu_us(rt), main_thread_cpu_us(pids), daemon_sleeps(rt)
-                out = sh([str(B / "fanstore-bench-read"), "--socket", str(rt / "node-0.sock"), "--dataset", str(ds_id),
+                out = sh(place + [str(B / "fanstore-bench-read"), "--socket", str(rt / "node-0.sock"), "--dataset", str(ds_id),
                           "--iters", str(ITERS), f"{SIZE}=" + ",".join(map(str, ids))])
                 m = re.search(r"open_us=([\d.]+) total_us=([\d.]+)", out)
                 files = ITERS + 5  # fanstore-bench-read's 5 warm-up reads count too
@@ -176,9 +187,10 @@ def main():
           "40-60 µs against ~5 µs on one that a yielding thread keeps busy (a pipe wake-up measured both ways). "
           "Each daemon keeping to its own share of the CPUs (`--share-cpus auto`, the default; "
           "fanstore-daemon/src/cpu_share.rs), fresh jobs alternating (10 each): right after ready 90 against 124 µs "
-          "with `--share-cpus off`, 3 s after ready 90 against 182 µs. What is left is bimodal by where the scheduler "
-          "puts the reader, which nothing binds: with its daemon ~65-90 µs, beside the other daemon ~130-160 µs (the "
-          "placement table below). A server thread that polled for its fetch and its socket, with `--fetch-post comm`, "
+          "with `--share-cpus off`, 3 s after ready 90 against 182 µs. The reader runs on rank 0's CPUs (STATUS "
+          "`cpus`) in every row but `the reader left to the scheduler`: left alone, the scheduler may put it beside "
+          "rank 1's daemon, where a program of node 0 could not be on two nodes, and where it reads ~130-160 µs "
+          "against ~65-90 µs beside its own (the placement table below). A server thread that polled for its fetch and its socket, with `--fetch-post comm`, "
           "read 66-121 µs after idle (median 75 against 110) before the daemons kept to their shares, but 4 daemons "
           "and 4 readers of 128 KiB files read 1353 and 1319 MB/s against 1339 and 1452 with it, at 4-25 µs more "
           "daemon CPU per file (not kept)."]

@@ -101,14 +101,22 @@ for s in SIZES:
     assert ids, f"no file of {s} bytes on rank 1"
     groups.append(f"{s}=" + ",".join(map(str, ids)))
 p, rt = start(ds, "read", "--cache-mem", "0", "--replicate-on-read", "off")
+# The reader runs as a program of node 0 would: on the CPUs rank 0's daemon
+# keeps to (STATUS `cpus`; the two daemons share this host, each on its own
+# share, as on two nodes), and, alternating, left to the scheduler, which may
+# put it beside rank 1's daemon: on two real nodes it could not be there.
+node0_cpus = fs_cluster.Client(rt / "node-0.sock").status()["cpus"]
 daemon = {s: [] for s in SIZES}
+daemon_free = {s: [] for s in SIZES}
 raw = {s: [] for s in SIZES}
 fresh = {s: [] for s in SIZES}
 for r in range(rounds):
-    out = sh([str(B / "fanstore-bench-read"), "--socket", str(rt / "node-0.sock"), "--dataset", str(ds_id),
-              "--iters", str(iters), *groups])
-    for m in re.finditer(r"size=(\d+) .*open_us=([\d.]+) total_us=([\d.]+)", out):
-        daemon[int(m[1])].append((float(m[2]), float(m[3])))
+    for placed in ((True, False) if r % 2 == 0 else (False, True)):
+        out = sh((["taskset", "-c", node0_cpus] if placed else []) + [
+            str(B / "fanstore-bench-read"), "--socket", str(rt / "node-0.sock"), "--dataset", str(ds_id),
+            "--iters", str(iters), *groups])
+        for m in re.finditer(r"size=(\d+) .*open_us=([\d.]+) total_us=([\d.]+)", out):
+            (daemon if placed else daemon_free)[int(m[1])].append((float(m[2]), float(m[3])))
     out = sh(["mpiexec", "-n", "2", str(B / "fanstore-mpi-pingpong"), "--iters", str(iters),
               *map(str, SIZES)])
     for m in re.finditer(r"size=(\d+) .*median_us=([\d.]+)", out):
@@ -297,13 +305,18 @@ L.append("`raw MPI`: 16-byte request + SIZE-byte reply between the same ranks (f
          "received into one reused buffer; `raw MPI, fresh memfd`: the same, received into a new memfd each time "
          "(the memory a remote file must land in: the client keeps it). "
          "`OPEN`: client -> rank 0 daemon -> rank 1 (MPI) -> verified, sealed memfd -> fd in the client's hand. "
-         "`OPEN+read`: plus reading every byte from the fd into a page-aligned buffer (a buffer 16 bytes past a page, as malloc gives, adds 50-110 µs per 128 KiB on this AMD CPU, natively too: README). Ratios are bandwidth ratios (raw time / daemon time).\n")
-L.append("| size | raw MPI µs | raw MB/s | raw MPI, fresh memfd µs | OPEN µs | OPEN+read µs | OPEN+read MB/s | OPEN vs raw | OPEN+read vs raw | OPEN vs raw fresh memfd |")
-L.append("| ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: |")
+         "`OPEN+read`: plus reading every byte from the fd into a page-aligned buffer (a buffer 16 bytes past a page, as malloc gives, adds 50-110 µs per 128 KiB on this AMD CPU, natively too: README). Ratios are bandwidth ratios (raw time / daemon time). "
+         f"The reader (fanstore-bench-read) runs on the CPUs rank 0's daemon keeps to ({node0_cpus}: STATUS `cpus`; "
+         "the two daemons share this host, each on its own share of its CPUs, as on two nodes), as a program of node 0 "
+         "would; `reader left to the scheduler`: the same reads in turn with the reader unbound, where the scheduler "
+         "may put it beside rank 1's daemon, which on two nodes it could not be.\n")
+L.append("| size | raw MPI µs | raw MB/s | raw MPI, fresh memfd µs | OPEN µs | OPEN+read µs | OPEN+read MB/s | OPEN vs raw | OPEN+read vs raw | OPEN vs raw fresh memfd | OPEN+read, reader left to the scheduler µs |")
+L.append("| ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: |")
 for s in SIZES:
     rw = med(raw[s]); fr = med(fresh[s]); o = med(x[0] for x in daemon[s]); t = med(x[1] for x in daemon[s])
+    tf = med(x[1] for x in daemon_free[s])
     label = f"{s >> 10} KiB" if s < (1 << 20) else f"{s >> 20} MiB"
-    L.append(f"| {label} | {rw:.0f} | {s / rw:.0f} | {fr:.0f} | {o:.0f} | {t:.0f} | {s / t:.0f} | {rw / o:.2f}× | {rw / t:.2f}× | {fr / o:.2f}× |")
+    L.append(f"| {label} | {rw:.0f} | {s / rw:.0f} | {fr:.0f} | {o:.0f} | {t:.0f} | {s / t:.0f} | {rw / o:.2f}× | {rw / t:.2f}× | {fr / o:.2f}× | {tf:.0f} |")
 rw = med(raw[SIZES[0]]); t = med(x[1] for x in daemon[SIZES[0]])
 L.append("")
 L.append("The raw ping-pong in this table runs while the 2 daemons are up (idle) on the 2 shared cores; both MPI "
@@ -396,8 +409,9 @@ for s in (2 << 20, 8 << 20):
         goals.append(["remote read (2 ranks)", f">= 0.8x raw MPI at {s >> 20} MiB (one remote OPEN+read vs ping-pong with no daemon running)",
                       f"{rw / t:.2f}x ({t:.0f} vs {rw:.0f} us)", rw / t >= 0.8])
 rw = SIZES[0] / med(x[0] for x in multi[(SIZES[0], "raw")]); t = med(x[1] for x in daemon[SIZES[0]])
-goals.append(["remote read (2 ranks)", "128 KiB OPEN+read latency <= 2x raw (no daemon running) + 20 us", f"{t:.0f} us vs {2 * rw + 20:.0f} us",
-              t <= 2 * rw + 20])
+tf = med(x[1] for x in daemon_free[SIZES[0]])
+goals.append(["remote read (2 ranks)", "128 KiB OPEN+read latency <= 2x raw (no daemon running) + 20 us (the reader on node 0's CPUs)",
+              f"{t:.0f} us vs {2 * rw + 20:.0f} us (the reader left to the scheduler: {tf:.0f} us)", t <= 2 * rw + 20])
 if failures:
     log4 = (work / "multi.log").read_text(errors="replace").strip().splitlines()
     L.append("")
@@ -434,7 +448,7 @@ L.append("Counters after the last 4-reader read-ahead job: " + "; ".join(
     f"cache_hits={x.get('cache_hits')}" for k, x in enumerate(st4a)) + ".")
 import json
 Path("bench/out/remote.json").write_text(json.dumps({"goals": goals, "multi": {f"{k[0]}|{k[1]}": v for k, v in multi.items()},
-    "raw2": raw, "daemon2": daemon}))
+    "raw2": raw, "daemon2": daemon, "daemon2_free": daemon_free}))
 try:
     sys.path.insert(0, "bench")
     from benchlib import plot_lines
