@@ -81,7 +81,8 @@ def remote_open(work, ds, ds_id, ids, name):
     p, rt = start(work, ds, name, 2)
     try:
         t0 = rp.daemon_cpu_us(rt)
-        out = rp.sh([str(B / "fanstore-bench-read"), "--socket", str(rt / "node-0.sock"), "--dataset", str(ds_id),
+        # The reader on rank 0's CPUs, as node 0's programs (bench/remote_profile.py).
+        out = rp.sh(["taskset", "-c", rp.node_cpus(rt, 0), str(B / "fanstore-bench-read"), "--socket", str(rt / "node-0.sock"), "--dataset", str(ds_id),
                      "--iters", str(ITERS), f"{128 << 10}=" + ",".join(map(str, ids))])
         cpu = (rp.daemon_cpu_us(rt) - t0) / (ITERS + 5)  # fanstore-bench-read's 5 warm-up reads count too
         return float(re.search(r"total_us=([\d.]+)", out)[1]), cpu
@@ -177,7 +178,7 @@ def main():
     L += ["", f"Side by side, {ROUNDS} alternating rounds, medians: `guest_halt_poll_ns` {base} (this machine's setting: an "
           f"idle vCPU halts at once) against {want} (it polls up to {int(want) / 1000:.0f} µs first), restored after. "
           f"Remote OPEN+read: 2 ranks, {ITERS} reads of 128 KiB that only rank 1 holds, `--cache-mem 0 "
-          f"--replicate-on-read off`; daemon CPU per remote file from each rank's getrusage (both ranks, every thread). Aggregate: "
+          f"--replicate-on-read off`, the reader on rank 0's CPUs (STATUS `cpus`); daemon CPU per remote file from each rank's getrusage (both ranks, every thread). Aggregate: "
           f"4 daemons (`mpiexec -n 4`, UCX_TLS=tcp, `--cache-mem 0 --replicate-on-read off`), 4 readers "
           f"(bench/readfiles.c, FANSTORE_NODE=0..3) each reading all {SET_MB} MiB of a size, 3/4 remote; raw: "
           f"fanstore-mpi-pingpong, no daemon running.", "",
