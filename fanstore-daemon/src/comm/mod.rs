@@ -89,6 +89,8 @@ const FIRST_NAP: Duration = Duration::from_micros(10);
 /// for one reader's remote opens (perf), while a thread that waits behind
 /// a polling one waits for a time slice of milliseconds, not microseconds.
 const CROWD_RECHECK: Duration = Duration::from_micros(20);
+/// Polling after activity (`spin`) pauses while a larger payload crosses.
+const SPIN_MAX_BYTES: usize = 256 << 10;
 
 fn nap_cap(idle: Duration) -> Duration {
     if idle < Duration::from_millis(20) {
@@ -696,27 +698,15 @@ impl<'a> Engine<'a> {
                 cut_short = false;
                 continue;
             }
-            // Transfers in flight progress only while we poll. The
-            // transport's fds wake a sleep when their sockets have work, but
-            // a large reply crosses the socket in many rounds, each a
-            // wake-up of a CPU that may have halted meanwhile (perf during
-            // one reader's 2 MiB remote reads: 87% of the samples in the
-            // halt). So while a transfer someone waits for is in flight,
-            // and for `spin` after the last activity, poll; either way only
-            // while no thread waits for a CPU. One reader, 2 ranks, 2 MiB
-            // remote OPEN+read, 5 fresh jobs of 2 rounds each, alternating,
-            // twice: 1205 against 1608 µs and 1325 against 2018 µs (without
-            // it, some jobs read 5-14 ms per file: sleeps waited out their
-            // bound where the fds did not announce the next bytes); 4
-            // daemons, 4 readers, 3/4 remote, 3 jobs each: 2335 against 2365
-            // MB/s at 2 MiB, 1041 against 1070 at 128 KiB.
+            // Transfers in flight progress only while we poll, but the
+            // transport's fds wake a sleep when their sockets have work:
+            // with them, poll only for `spin` after the last activity.
             let wakes = self.waiter.as_ref().is_some_and(|w| w.transport_count() > 0);
-            let busy = self.busy();
-            if busy && !wakes {
+            if self.busy() && !wakes {
                 std::thread::yield_now();
                 continue;
             }
-            if now.duration_since(last_active) < self.spin || (busy && !self.spin.is_zero()) {
+            if now.duration_since(last_active) < self.spin && !self.large_in_flight() {
                 self.set_polling(true);
                 if !self.crowded(now) {
                     std::thread::yield_now();
@@ -749,6 +739,15 @@ impl<'a> Engine<'a> {
                 Err(RecvTimeoutError::Disconnected) => return StopCause::Orphaned,
             }
         }
+    }
+
+    /// A payload larger than [`SPIN_MAX_BYTES`] crosses, to or from this
+    /// rank: its bytes take long enough that a wake-up by the transport's
+    /// fds costs little against them, and polling through them takes a CPU
+    /// from the peer that sends or hashes them.
+    fn large_in_flight(&self) -> bool {
+        self.fetches.values().any(|f| f.parts.iter().map(|p| p.1).sum::<usize>() > SPIN_MAX_BYTES)
+            || self.sends.values().any(|s| s.buf.as_ref().is_some_and(|b| b.bytes().len() > SPIN_MAX_BYTES))
     }
 
     /// Work that needs polling to progress: fetches someone waits for, and sends.
