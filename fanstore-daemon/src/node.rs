@@ -371,8 +371,8 @@ impl Node {
         };
         self.counters.fill(&mut s);
         s.wake = crate::wake_cost::measured().unwrap_or_default();
-        (s.cpus_usable, s.cpus_online) = crate::wake_cost::cpu_counts();
-        s.cpus = crate::cpu_share::describe(&crate::wake_cost::usable_cpus());
+        let usable = crate::wake_cost::usable_cpus();
+        (s.cpus_usable, s.cpus_online, s.cpus) = (usable.len(), crate::wake_cost::online_cpus(), crate::cpu_share::describe(&usable));
         if let Some(t) = self.ready_at.get() {
             let secs = t.elapsed().as_secs_f64();
             if secs > 0.0 {

@@ -124,9 +124,14 @@ pub fn advice(cost: &WakeCost, policy: &IdlePolicy) -> Option<String> {
 /// How many CPUs this process may run on (its affinity, which a launcher
 /// that binds ranks narrows), and how many the node has online.
 pub fn cpu_counts() -> (usize, usize) {
+    (usable_cpus().len(), online_cpus())
+}
+
+/// How many CPUs the node has online.
+pub fn online_cpus() -> usize {
     // SAFETY: sysconf has no memory effects.
     let online = unsafe { libc::sysconf(libc::_SC_NPROCESSORS_ONLN) };
-    (usable_cpus().len(), usize::try_from(online).unwrap_or(0))
+    usize::try_from(online).unwrap_or(0)
 }
 
 /// What a daemon confined to fewer CPUs than its node has should know:
