@@ -358,13 +358,16 @@ def tmpfs_local_dir(tmp_path: Path, size: str, why: str):
         subprocess.run(["umount", "-l", str(local)], capture_output=True)
 
 
-def launch(bins, dataset: Path, tmp_path: Path, nranks=4, mount="/fanstore", extra_args=(), nofile=None):
+def launch(bins, dataset: Path, tmp_path: Path, nranks=4, mount="/fanstore", extra_args=(), nofile=None,
+           runtime=None, local=None):
     """Starts the daemons without waiting: returns (proc, runtime, local, log path).
-    ``nofile``: the launcher and the daemons run under `ulimit -n nofile`."""
+    ``nofile``: the launcher and the daemons run under `ulimit -n nofile`.
+    ``runtime``, ``local``: the directories (default: a new runtime directory
+    under /tmp, ``tmp_path/local``)."""
     tmp_path = Path(tmp_path)
     tmp_path.mkdir(parents=True, exist_ok=True)
-    runtime = Path(tempfile.mkdtemp(prefix="fsrt-", dir="/tmp"))
-    local = tmp_path / "local"
+    runtime = Path(runtime) if runtime else Path(tempfile.mkdtemp(prefix="fsrt-", dir="/tmp"))
+    local = Path(local) if local else tmp_path / "local"
     log_path = tmp_path / f"daemons-{runtime.name}.log"
     cmd = [bins["daemon"], "--data", str(dataset), "--local", str(local), "--runtime-dir", str(runtime),
            "--mount", mount, *map(str, extra_args)]

@@ -315,6 +315,59 @@ def test_corrupt_partition_aborts_the_job(bins, pack, tmp_path):
     assert not runtime.exists()
 
 
+def test_a_second_job_on_a_running_jobs_directories_is_refused_and_takes_nothing(bins, pack, source, tmp_path):
+    """A second job started with a running job's --local directory (or its
+    runtime directory) must not take the running job's rank directories for
+    a killed run's (remove them under its readers, set its outputs aside):
+    each of its ranks refuses to start, naming the lock file and the pid that
+    holds it, and the first job reads and writes on as before."""
+    ds = pack("none")
+    _, files = files_of(ds)
+    paths = sorted(p for p, n in files.items() if n["size"] > 0)
+    c = start_cluster(bins, ds, tmp_path / "a", nranks=2)
+    try:
+        def read_every_file():
+            for node in (0, 1):
+                out = tmp_path / f"cat{node}.out"
+                with open(out, "wb") as f:
+                    subprocess.run(["cat", *(f"{c.mount}/{p}" for p in paths)], env=c.env(node), stdout=f, check=True)
+                assert out.read_bytes() == b"".join((source / p).read_bytes() for p in paths), f"node {node} read other bytes"
+        subprocess.run(["sh", "-c", f"echo kept > {c.mount}/out.txt"], env=c.env(1), check=True)
+        read_every_file()
+        pids = c.pids()
+        held = {r: sorted(q.relative_to(c.local) for q in (c.local / f"rank-{r}").rglob("*")) for r in (0, 1)}
+        # The same --local, a runtime directory of its own; then the first
+        # job's runtime directory, a --local of its own.
+        for name, kw, lock in (("same-local", dict(local=c.local), lambda r: c.local / f"rank-{r}.lock"),
+                               ("same-runtime", dict(runtime=c.runtime), lambda r: c.runtime / f"node-{r}.lock")):
+            proc, runtime, _, log_path = launch(bins, ds, tmp_path / name, nranks=2, **kw)
+            try:
+                rc = proc.wait(timeout=90)
+            except subprocess.TimeoutExpired:
+                os.killpg(proc.pid, signal.SIGKILL)
+                pytest.fail(f"{name}: the second job kept running")
+            log = log_path.read_text()
+            assert rc != 0, log
+            for r in (0, 1):
+                assert f"{lock(r)}: rank {r} of a running FanStore job (pid {pids[r]})" in log, log
+            assert "removing stale" not in log and "killed run" not in log, log
+            for r in (0, 1):
+                st = node_state(c.runtime, r)
+                assert st["status"] == 1 and st["pid"] == pids[r], f"{name}: rank {r}'s state is no longer the first job's"
+                now = sorted(q.relative_to(c.local) for q in (c.local / f"rank-{r}").rglob("*"))
+                assert now == held[r], f"{name}: rank {r}'s local directory changed"
+            assert not list(c.local.glob("recovered-rank-*")), f"{name}: the first job's outputs were set aside"
+            read_every_file()
+            r = subprocess.run(["cat", f"{c.mount}/out.txt"], env=c.env(0), capture_output=True, text=True, check=True)
+            assert r.stdout == "kept\n"
+            if name == "same-local":
+                assert not runtime.exists() or not list(runtime.glob("*.lock")), list(runtime.iterdir())
+    finally:
+        c.stop()
+    # The first job's stop leaves no lock file behind.
+    assert not list(c.local.glob("*.lock")) and not c.runtime.exists()
+
+
 def test_missing_partition_names_it(bins, pack, tmp_path):
     good = pack("lz4")
     bad = tmp_path / "missing-ds"

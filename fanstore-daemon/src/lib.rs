@@ -155,6 +155,7 @@ pub mod open;
 pub mod outputs;
 pub mod persist;
 pub mod placement;
+pub mod rank_lock;
 pub mod read_ahead;
 pub mod recycle;
 pub mod remote_out;
@@ -207,6 +208,10 @@ pub fn remove_stale_ranks(dir: &Path, nranks: u32) {
         let Some(rest) = name.strip_prefix("node-") else { continue };
         let Some((k, _)) = rest.split_once('.') else { continue };
         if k.parse::<u32>().is_ok_and(|k| k >= nranks) {
+            if name.ends_with(".lock") {
+                rank_lock::remove_if_unheld(&e.path());
+                continue;
+            }
             let _ = std::fs::remove_file(e.path());
         }
     }
@@ -225,13 +230,16 @@ mod tests {
         std::fs::set_permissions(&rt, std::fs::Permissions::from_mode(0o755)).unwrap();
         prepare_runtime_dir(&rt).unwrap();
         assert_eq!(std::fs::metadata(&rt).unwrap().permissions().mode() & 0o777, 0o700);
-        for f in ["node-0.state", "node-3.state", "node-3.sock", "node-12.state", "other.txt"] {
+        for f in ["node-0.state", "node-3.state", "node-3.sock", "node-12.state", "node-5.lock", "other.txt"] {
             std::fs::write(rt.join(f), b"").unwrap();
         }
+        // Rank 6 of a running job: its lock file stays.
+        let held = rank_lock::RankLock::claim(&rt, &d.path().join("local"), 6).unwrap();
         remove_stale_ranks(&rt, 4);
         let mut left: Vec<String> =
             std::fs::read_dir(&rt).unwrap().map(|e| e.unwrap().file_name().to_string_lossy().into_owned()).collect();
         left.sort();
-        assert_eq!(left, ["node-0.state", "node-3.sock", "node-3.state", "other.txt"]);
+        assert_eq!(left, ["node-0.state", "node-3.sock", "node-3.state", "node-6.lock", "other.txt"]);
+        held.release();
     }
 }

@@ -49,6 +49,9 @@ struct Cleanup {
     local: Option<PathBuf>,
     state: Option<PathBuf>,
     runtime: Option<PathBuf>,
+    /// This rank's hold on its files (fanstore_daemon::rank_lock): None
+    /// until taken, and where another job's daemon holds them.
+    lock: Option<fanstore_daemon::rank_lock::RankLock>,
 }
 
 impl Cleanup {
@@ -74,6 +77,9 @@ impl Cleanup {
         for dir in [self.copies.take(), self.local.take()].into_iter().flatten() {
             let tomb = tomb_of(&dir);
             tombs.trees.push(if std::fs::rename(&dir, &tomb).is_ok() { tomb } else { dir });
+        }
+        if let Some(l) = self.lock.take() {
+            l.release();
         }
         if let Some(rt) = self.runtime.take() {
             let _ = std::fs::remove_dir(&rt); // only once empty: the last rank removes it
@@ -232,7 +238,11 @@ fn run(args: &DaemonArgs) -> anyhow::Result<i32> {
         Err(e) => {
             log::error!("rank {rank}: {e:#}");
             log::error!("rank {rank}: load failed; the whole job stops (no rank runs with missing partitions)");
-            publish_failed(&id, &runtime);
+            if cleanup.lock.is_some() {
+                // (A rank refused because another job's daemon holds its
+                // files leaves that job's state alone.)
+                publish_failed(&id, &runtime);
+            }
             cleanup.state = None; // leave the Failed state for `fanstore wait`
             drop(comm);
             finalize(universe, false, &mut cleanup);
@@ -539,6 +549,8 @@ fn publish_failed(id: &Identity, runtime: &Path) {
 fn prepare(args: &DaemonArgs, id: &Identity, cleanup: &mut Cleanup) -> anyhow::Result<Prepared> {
     let rank = id.rank;
     fanstore_daemon::prepare_runtime_dir(&id.runtime)?;
+    // Before anything of this rank is touched: a running job's files are not a killed one's.
+    cleanup.lock = Some(fanstore_daemon::rank_lock::RankLock::claim(&id.runtime, &args.local, rank)?);
     cleanup.runtime = Some(id.runtime.clone());
     let state_path = fanstore_core::runtime::state_path(&id.runtime, rank);
     node::state_for(id, 0, Phase::Loading, Vec::new())

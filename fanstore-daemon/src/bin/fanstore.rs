@@ -18,7 +18,7 @@ use clap::{Parser, Subcommand};
 use fanstore_core::runtime::{self, NodeState, Status};
 use fanstore_core::wire::{op, Request};
 use fanstore_daemon::client::Client;
-use fanstore_daemon::status;
+use fanstore_daemon::{rank_lock, status};
 use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
 
@@ -404,6 +404,11 @@ fn stop(rt: &Path, timeout: Duration) -> anyhow::Result<()> {
         }
         let _ = std::fs::remove_file(runtime::socket_path(rt, s.rank));
         let _ = std::fs::remove_file(runtime::state_path(rt, s.rank));
+        rank_lock::remove_if_unheld(&rank_lock::runtime_lock_path(rt, s.rank));
+        let local_dir = PathBuf::from(String::from_utf8_lossy(&s.local_dir).into_owned());
+        if let Some(root) = local_dir.parent() {
+            rank_lock::remove_if_unheld(&rank_lock::local_lock_path(root, s.rank));
+        }
     }
     // Every rank has stopped: the host's polling board goes too (a daemon
     // removes it when it stops, a killed one cannot).
