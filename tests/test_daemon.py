@@ -839,6 +839,50 @@ def test_the_communication_thread_polls_between_requests_while_a_cpu_is_free(bin
     assert not board.exists(), f"the stop left {board}"
 
 
+def _comm_thread_sleeps(pid):
+    """Times the communication thread (the daemon's main thread) blocked so far."""
+    status = Path(f"/proc/{pid}/task/{pid}/status").read_text()
+    return int(re.search(r"^voluntary_ctxt_switches:\s+(\d+)", status, re.M)[1])
+
+
+def test_the_communication_thread_polls_through_a_large_transfer_while_a_cpu_is_free(bins, pack, source, tmp_path):
+    """While a fetch of more than 256 KiB that someone waits for is in
+    flight, the requester's communication thread polls MPI (while no thread
+    waits for a CPU), however long the transfer: a reply of megabytes
+    crosses the socket in many rounds, and a thread asleep between them is
+    woken for each, on a CPU that may have halted. With --comm-spin-us 0 it
+    sleeps through them."""
+    per_file = {}
+    for spin in ("200", "0"):
+        c, ds_id, remote = remote_pair(bins, pack, tmp_path / f"spin{spin}", "--comm-spin-us", spin)
+        try:
+            large = [(p, n) for p, n in remote if n["size"] >= 1 << 20]
+            assert large, "rank 1 holds no file of 1 MiB or more"
+            order = (large * (24 // len(large) + 1))[:24]
+            pid = c.pids()[0]
+            out = c.local.parent / f"cat-{spin}.out"
+            batches = []
+            # A moment when more threads are runnable than CPUs stops the
+            # polling: up to 3 batches, one of which must show it.
+            for _ in range(3):
+                before = _comm_thread_sleeps(pid)
+                with open(out, "wb") as f:
+                    subprocess.run(["cat", *(f"{c.mount}/{p}" for p, _ in order)], env=c.env(0), stdout=f, check=True)
+                batches.append((_comm_thread_sleeps(pid) - before) / len(order))
+                assert out.read_bytes() == b"".join((source / p).read_bytes() for p, _ in order), "cat read other bytes"
+                # (about one sleep per file is the reader's own time between its files)
+                if spin == "0" or batches[-1] < 2.5:
+                    break
+            per_file[spin] = min(batches)
+        finally:
+            c.stop()
+    print(f"sleeps of rank 0's communication thread per remote file of 1-5 MiB: {per_file}")
+    # Here: 1.7-1.9 polling (one sleep in the reader's own time between its
+    # files, one until the reply's first bytes), 3.9-8.8 with --comm-spin-us 0;
+    # 3.3-5.4 when it slept through payloads over 256 KiB.
+    assert per_file["200"] < 2.5 and per_file["200"] < per_file["0"], per_file
+
+
 def _thread_cpus(pid):
     """{thread id: the CPUs it may run on} of every thread of process `pid`."""
     out = {}

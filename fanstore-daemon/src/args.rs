@@ -165,8 +165,10 @@ pub struct DaemonArgs {
     /// before it sleeps (0: it sleeps as soon as it has nothing in hand; a
     /// peer's message or a command wakes it through its fds). It polls only
     /// while no runnable thread of the node waits for a CPU behind one that
-    /// does not yield (`--comm-spin-while free-cpu`, comm/spin.rs), and not
-    /// while a payload over 256 KiB crosses. Side by side (2 ranks and 4 on
+    /// does not yield (`--comm-spin-while free-cpu`, comm/spin.rs); on the
+    /// same terms it also polls for as long as a payload over 256 KiB
+    /// crosses, which takes the transport many rounds (comm/mod.rs has the
+    /// side-by-side figures). Side by side (2 ranks and 4 on
     /// 2 vCPUs, fresh jobs): one reader's remote 128 KiB OPEN+read 64
     /// against 173 µs (daemon CPU per file 129 against 159 µs); 4 daemons,
     /// 4 readers, 2 MiB and the training reader on 4 ranks within this
@@ -176,8 +178,7 @@ pub struct DaemonArgs {
     pub comm_spin_us: u64,
     /// With `--comm-spin-us`: `free-cpu` polls only while no runnable
     /// thread of the node waits for a CPU (/proc/loadavg; comm/spin.rs),
-    /// `always` whether or not threads wait (either way not while a
-    /// payload over 256 KiB crosses). Tuning knob.
+    /// `always` whether or not threads wait. Tuning knob.
     #[arg(long, default_value = "free-cpu", value_parser = ["free-cpu", "always"], hide = true)]
     pub comm_spin_while: String,
     /// How the idle communication thread waits: `fds` sleeps on a doorbell
