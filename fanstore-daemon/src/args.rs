@@ -10,7 +10,9 @@ pub struct DaemonArgs {
     #[arg(long)]
     pub data: PathBuf,
     /// Node-local directory (SSD). Rank R extracts into DIR/rank-R, created
-    /// by the daemon and removed at stop unless --keep-local.
+    /// by the daemon and removed at stop unless --keep-local. Rank R of a
+    /// second job refuses to start while a running daemon holds
+    /// DIR/rank-R.lock (give each job its own DIR).
     #[arg(long)]
     pub local: PathBuf,
     /// Where the dataset appears to clients.
