@@ -361,7 +361,14 @@ def test_a_second_job_on_a_running_jobs_directories_is_refused_and_takes_nothing
             r = subprocess.run(["cat", f"{c.mount}/out.txt"], env=c.env(0), capture_output=True, text=True, check=True)
             assert r.stdout == "kept\n"
             if name == "same-local":
-                assert not runtime.exists() or not list(runtime.glob("*.lock")), list(runtime.iterdir())
+                # Its own runtime directory says it failed (no lock file left
+                # there), and `fanstore stop` clears it.
+                assert not list(runtime.glob("*.lock")), list(runtime.iterdir())
+                w = subprocess.run([bins["cli"], "--runtime-dir", str(runtime), "wait", "--timeout", "5"],
+                                   capture_output=True, text=True)
+                assert w.returncode == 1 and "failed" in w.stderr, w.stderr
+                subprocess.run([bins["cli"], "--runtime-dir", str(runtime), "stop"], check=True, capture_output=True)
+                assert not runtime.exists(), list(runtime.iterdir())
     finally:
         c.stop()
     # The first job's stop leaves no lock file behind.

@@ -234,7 +234,7 @@ mod tests {
             std::fs::write(rt.join(f), b"").unwrap();
         }
         // Rank 6 of a running job: its lock file stays.
-        let held = rank_lock::RankLock::claim(&rt, &d.path().join("local"), 6).unwrap();
+        let held = rank_lock::RankLock::claim_runtime(&rt, 6).unwrap();
         remove_stale_ranks(&rt, 4);
         let mut left: Vec<String> =
             std::fs::read_dir(&rt).unwrap().map(|e| e.unwrap().file_name().to_string_lossy().into_owned()).collect();

@@ -549,9 +549,12 @@ fn publish_failed(id: &Identity, runtime: &Path) {
 fn prepare(args: &DaemonArgs, id: &Identity, cleanup: &mut Cleanup) -> anyhow::Result<Prepared> {
     let rank = id.rank;
     fanstore_daemon::prepare_runtime_dir(&id.runtime)?;
-    // Before anything of this rank is touched: a running job's files are not a killed one's.
-    cleanup.lock = Some(fanstore_daemon::rank_lock::RankLock::claim(&id.runtime, &args.local, rank)?);
-    cleanup.runtime = Some(id.runtime.clone());
+    cleanup.runtime = Some(id.runtime.clone()); // (removed at the end only if empty)
+    // Before anything of this rank is touched: a running job's files are
+    // not a killed one's. Once the runtime directory's is held, a failure
+    // (the --local one held) is reported there.
+    let lock = cleanup.lock.insert(fanstore_daemon::rank_lock::RankLock::claim_runtime(&id.runtime, rank)?);
+    lock.claim_local(&args.local, rank)?;
     let state_path = fanstore_core::runtime::state_path(&id.runtime, rank);
     node::state_for(id, 0, Phase::Loading, Vec::new())
         .publish(&state_path)

@@ -26,7 +26,8 @@
 //! ```no_run
 //! # use std::path::Path;
 //! use fanstore_daemon::rank_lock::RankLock;
-//! let lock = RankLock::claim(Path::new("/tmp/fanstore-rt"), Path::new("/local/fanstore"), 0)?;
+//! let mut lock = RankLock::claim_runtime(Path::new("/tmp/fanstore-rt"), 0)?;
+//! lock.claim_local(Path::new("/local/fanstore"), 0)?;
 //! // ... serve ...
 //! lock.release();
 //! # Ok::<(), fanstore_daemon::rank_lock::RankLockError>(())
@@ -75,33 +76,37 @@ pub fn local_lock_path(local_root: &Path, rank: u32) -> PathBuf {
 }
 
 impl RankLock {
-    /// Locks `rank`'s files in `runtime` (which must exist) and in
-    /// `local_root` (created if missing), or says which job holds them.
-    pub fn claim(runtime: &Path, local_root: &Path, rank: u32) -> Result<RankLock, RankLockError> {
-        Self::claim_waiting(runtime, local_root, rank, HOLDER_EXIT_WAIT)
+    /// Locks `rank`'s file in `runtime` (which must exist), or says which
+    /// job holds it. [`claim_local`](Self::claim_local) takes the other.
+    pub fn claim_runtime(runtime: &Path, rank: u32) -> Result<RankLock, RankLockError> {
+        Self::claim_runtime_waiting(runtime, rank, HOLDER_EXIT_WAIT)
     }
 
-    /// [`claim`](Self::claim), waiting up to `wait` for a holder to exit.
-    fn claim_waiting(runtime: &Path, local_root: &Path, rank: u32, wait: Duration) -> Result<RankLock, RankLockError> {
+    /// Also locks `rank`'s file in `local_root` (created if missing), or
+    /// says which job holds it (the runtime directory's lock is kept: the
+    /// rank may still report its failure there).
+    pub fn claim_local(&mut self, local_root: &Path, rank: u32) -> Result<(), RankLockError> {
+        self.claim_local_waiting(local_root, rank, HOLDER_EXIT_WAIT)
+    }
+
+    fn claim_runtime_waiting(runtime: &Path, rank: u32, wait: Duration) -> Result<RankLock, RankLockError> {
+        let mut lock = RankLock { held: Vec::with_capacity(2) };
+        let option = "runtime directory (--runtime-dir, FANSTORE_RUNTIME_DIR)";
+        lock.add(runtime_lock_path(runtime, rank), rank, "runtime directory", option, wait)?;
+        Ok(lock)
+    }
+
+    fn claim_local_waiting(&mut self, local_root: &Path, rank: u32, wait: Duration) -> Result<(), RankLockError> {
         std::fs::create_dir_all(local_root).map_err(|source| RankLockError::Io { path: local_root.to_path_buf(), source })?;
-        let mut held = Vec::with_capacity(2);
-        for (path, what, option) in [
-            (runtime_lock_path(runtime, rank), "runtime directory", "runtime directory (--runtime-dir, FANSTORE_RUNTIME_DIR)"),
-            (local_lock_path(local_root, rank), "local directory", "--local directory"),
-        ] {
-            let locked = match lock_file(&path, rank, what, option, wait) {
-                Ok(l) => l,
-                Err(e) => {
-                    RankLock { held }.release();
-                    return Err(e);
-                }
-            };
-            match locked {
-                Some(f) => held.push((path, f)),
-                None => log::warn!("{}: the file system refuses flock: rank {rank} runs without checking that no other job uses it", path.display()),
-            }
+        self.add(local_lock_path(local_root, rank), rank, "local directory", "--local directory", wait)
+    }
+
+    fn add(&mut self, path: PathBuf, rank: u32, what: &'static str, option: &'static str, wait: Duration) -> Result<(), RankLockError> {
+        match lock_file(&path, rank, what, option, wait)? {
+            Some(f) => self.held.push((path, f)),
+            None => log::warn!("{}: the file system refuses flock: rank {rank} runs without checking that no other job uses it", path.display()),
         }
-        Ok(RankLock { held })
+        Ok(())
     }
 
     /// Removes the lock files (a directory they leave empty can go) and
@@ -170,7 +175,18 @@ mod tests {
     #[test]
     fn a_second_claim_of_a_held_rank_is_refused_naming_the_file_and_the_holder() {
         let (_base, rt, local) = dirs();
-        let first = RankLock::claim(&rt, &local, 3).unwrap();
+        let claim = |rt: &Path, local: &Path, rank, wait| -> Result<RankLock, RankLockError> {
+            let mut l = RankLock::claim_runtime_waiting(rt, rank, wait)?;
+            match l.claim_local_waiting(local, rank, wait) {
+                Ok(()) => Ok(l),
+                Err(e) => {
+                    l.release();
+                    Err(e)
+                }
+            }
+        };
+        let long = HOLDER_EXIT_WAIT;
+        let first = claim(&rt, &local, 3, long).unwrap();
         assert_eq!(std::fs::read_to_string(local_lock_path(&local, 3)).unwrap().trim(), std::process::id().to_string());
         // flock locks belong to the open file description: a second open in
         // this process conflicts like another process's would.
@@ -178,21 +194,21 @@ mod tests {
         std::fs::create_dir_all(&other_rt).unwrap();
         let wait = Duration::from_millis(200);
         let t = Instant::now();
-        let err = RankLock::claim_waiting(&other_rt, &local, 3, wait).unwrap_err();
+        let err = claim(&other_rt, &local, 3, wait).unwrap_err();
         assert!(t.elapsed() >= wait, "refused before the holder had time to exit");
         let msg = err.to_string();
         assert!(msg.contains(&local_lock_path(&local, 3).display().to_string()), "{msg}");
         assert!(msg.contains(&format!("pid {}", std::process::id())) && msg.contains("--local"), "{msg}");
         // Another rank of the same directories is free.
-        let other = RankLock::claim(&rt, &local, 4).unwrap();
+        let other = claim(&rt, &local, 4, long).unwrap();
         // The same local directory, but the runtime directory held: refused too.
-        let err = RankLock::claim_waiting(&rt, &local.join("elsewhere"), 3, wait).unwrap_err();
+        let err = claim(&rt, &local.join("elsewhere"), 3, wait).unwrap_err();
         assert!(err.to_string().contains(&runtime_lock_path(&rt, 3).display().to_string()), "{err}");
         first.release();
         other.release();
         assert!(!local_lock_path(&local, 3).exists() && !runtime_lock_path(&rt, 3).exists());
         // Released: the rank can be claimed again.
-        RankLock::claim(&other_rt, &local, 3).unwrap().release();
+        claim(&other_rt, &local, 3, long).unwrap().release();
     }
 
     #[test]
@@ -202,7 +218,8 @@ mod tests {
         // A killed daemon leaves its file, with its pid, but no lock.
         std::fs::write(local_lock_path(&local, 0), "999999\n").unwrap();
         std::fs::write(runtime_lock_path(&rt, 0), "999999\n").unwrap();
-        let lock = RankLock::claim(&rt, &local, 0).unwrap();
+        let mut lock = RankLock::claim_runtime(&rt, 0).unwrap();
+        lock.claim_local(&local, 0).unwrap();
         assert_eq!(std::fs::read_to_string(runtime_lock_path(&rt, 0)).unwrap(), format!("{}\n", std::process::id()));
         lock.release();
     }
