@@ -367,6 +367,7 @@ def test_a_second_job_on_a_running_jobs_directories_is_refused_and_takes_nothing
                 w = subprocess.run([bins["cli"], "--runtime-dir", str(runtime), "wait", "--timeout", "5"],
                                    capture_output=True, text=True)
                 assert w.returncode == 1 and "failed" in w.stderr, w.stderr
+                fs_cluster.wait_ranks_gone(runtime, 2)  # (OpenMPI's launcher may exit first)
                 subprocess.run([bins["cli"], "--runtime-dir", str(runtime), "stop"], check=True, capture_output=True)
                 assert not runtime.exists(), list(runtime.iterdir())
     finally:
