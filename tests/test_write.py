@@ -447,6 +447,59 @@ def test_visibility_on_close_200_rounds(cl):
             p.wait(timeout=TIMEOUT)
 
 
+def test_a_persist_directory_serves_one_running_job_at_a_time(bins, tmp_path):
+    """Two jobs running at once on one --persist directory would drain over
+    each other (the later drain drops the earlier's index and prunes its
+    checkpoint units): the second job refuses to start, naming the lease and
+    the job that holds it; a job started after the first stopped sees its
+    outputs, and so does export, with its own. A lease left by a killed job
+    (its pid gone on this host) is taken over."""
+    import fs_cluster
+    src = make_tree(tmp_path / "src", "mixed", n_files=6, seed=4)
+    data = tmp_path / "data"
+    pack(bins, src, data, "--partitions", "2")
+    persist = tmp_path / "persist"
+    lease = persist / "meta" / "lease"
+    c = start_cluster(bins, data, tmp_path / "a", nranks=2, mount=MOUNT, extra_args=["--persist", persist])
+    try:
+        py(c, 1, f"""
+            import os
+            os.makedirs('{MOUNT}/res', exist_ok=True)
+            open('{MOUNT}/res/a.bin', 'wb').write(b'a' * 300000)
+        """)
+        holder = lease.read_text().split()
+        assert int(holder[1]) == c.pids()[0], (holder, c.pids())
+        proc, runtime, _, log_path = fs_cluster.launch(bins, data, tmp_path / "b", nranks=0, mount=MOUNT,
+                                                       extra_args=["--persist", persist])
+        rc = proc.wait(timeout=90)
+        log = log_path.read_text()
+        assert rc != 0, log
+        assert f"{lease}: --persist directory in use by a running FanStore job (host {holder[0]}, pid {holder[1]}," in log, log
+        fs_cluster.wait_ranks_gone(runtime, 1)
+        subprocess.run([bins["cli"], "--runtime-dir", str(runtime), "stop"], check=True, capture_output=True)
+        assert lease.read_text().split() == holder, "the refused job touched the lease"
+        r = py(c, 0, f"print(len(open('{MOUNT}/res/a.bin', 'rb').read()))")
+        assert r.stdout.strip() == "300000"
+    finally:
+        c.stop()
+    assert not lease.exists(), "the first job's stop left its lease"
+    # A killed job's lease (this host, a pid that is gone) does not block the next.
+    lease.write_text(f"{holder[0]} 999999999 killed\n")
+    c2 = start_cluster(bins, data, tmp_path / "c", nranks=2, mount=MOUNT, extra_args=["--persist", persist])
+    try:
+        assert "taking over the lease of a job that is gone" in c2.log()
+        py(c2, 0, f"""
+            assert open('{MOUNT}/res/a.bin', 'rb').read() == b'a' * 300000
+            open('{MOUNT}/res/c.bin', 'wb').write(b'c' * 200000)
+        """)
+    finally:
+        c2.stop()
+    out = tmp_path / "exported"
+    r = subprocess.run([bins["cli"], "export", str(persist), "--to", str(out)], capture_output=True, text=True)
+    assert r.returncode == 0, r.stderr
+    assert (out / "res/a.bin").read_bytes() == b"a" * 300000 and (out / "res/c.bin").read_bytes() == b"c" * 200000
+
+
 def test_persist_stop_restart_export(bins, tmp_path):
     src = make_tree(tmp_path / "src", "mixed", n_files=8, seed=9)
     data = tmp_path / "data"

@@ -154,6 +154,7 @@ pub mod node;
 pub mod open;
 pub mod outputs;
 pub mod persist;
+pub mod persist_lease;
 pub mod placement;
 pub mod rank_lock;
 pub mod read_ahead;

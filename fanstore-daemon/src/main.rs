@@ -52,6 +52,9 @@ struct Cleanup {
     /// This rank's hold on its files (fanstore_daemon::rank_lock): None
     /// until taken, and where another job's daemon holds them.
     lock: Option<fanstore_daemon::rank_lock::RankLock>,
+    /// Rank 0's lease on `--persist` (fanstore_daemon::persist_lease),
+    /// released once its drain is done.
+    lease: Option<fanstore_daemon::persist_lease::PersistLease>,
 }
 
 impl Cleanup {
@@ -77,6 +80,9 @@ impl Cleanup {
         for dir in [self.copies.take(), self.local.take()].into_iter().flatten() {
             let tomb = tomb_of(&dir);
             tombs.trees.push(if std::fs::rename(&dir, &tomb).is_ok() { tomb } else { dir });
+        }
+        if let Some(l) = self.lease.take() {
+            l.release();
         }
         if let Some(l) = self.lock.take() {
             l.release();
@@ -616,6 +622,10 @@ fn prepare(args: &DaemonArgs, id: &Identity, cleanup: &mut Cleanup) -> anyhow::R
     cleanup.copies = Some(copies_dir);
     let _ = node.tiers.set(tiers);
     let _ = node.copies.set(copies);
+    if let Some(dir) = args.persist.as_ref().filter(|_| rank == 0) {
+        // Before this job reads it: one running job per --persist directory.
+        cleanup.lease = Some(fanstore_daemon::persist_lease::PersistLease::acquire(dir)?);
+    }
     let recovering = open_checkpoint_store(args, id, &node)?;
     if let Some(dir) = &args.persist {
         let n = node.load_persisted(dir).with_context(|| format!("loading the outputs kept in {}", dir.display()))?;
