@@ -63,6 +63,11 @@ impl Cleanup {
     /// so that every rank reaches MPI_Finalize at about the same time
     /// however much it holds; [`Tombs::remove`] removes them afterwards.
     fn set_aside(&mut self) -> Tombs {
+        // Before the state goes: `fanstore stop` returns once no rank's state
+        // is left, and a job started right after must find the lease free.
+        if let Some(l) = self.lease.take() {
+            l.release();
+        }
         for p in [self.socket.take(), self.state.take()].into_iter().flatten() {
             let _ = std::fs::remove_file(&p);
         }
@@ -80,9 +85,6 @@ impl Cleanup {
         for dir in [self.copies.take(), self.local.take()].into_iter().flatten() {
             let tomb = tomb_of(&dir);
             tombs.trees.push(if std::fs::rename(&dir, &tomb).is_ok() { tomb } else { dir });
-        }
-        if let Some(l) = self.lease.take() {
-            l.release();
         }
         if let Some(l) = self.lock.take() {
             l.release();
