@@ -376,6 +376,34 @@ def test_a_second_job_on_a_running_jobs_directories_is_refused_and_takes_nothing
     assert not list(c.local.glob("*.lock")) and not c.runtime.exists()
 
 
+def test_copy_directories_left_by_killed_ranks_are_swept_at_start(bins, pack, tmp_path):
+    """A rank killed while removing its copy directory (renamed
+    `*.copies.removing` in /dev/shm) leaves it in memory, under a name no
+    later job with another runtime directory meets: a starting daemon
+    removes this user's tombs untouched for a minute, and nothing else."""
+    uid = os.getuid()
+    old = time.time() - 600
+    tombs = {}
+    for name, age in ((f"fanstore-{uid}-testjob-0badc0de-r0.copies.removing", old),
+                      (f"fanstore-{uid}-testjob-0badc0de-r1.copies.removing", None)):
+        p = Path("/dev/shm") / name
+        p.mkdir()
+        (p / "7").write_bytes(b"x" * 4096)
+        if age:
+            os.utime(p, (age, age))
+        tombs[name] = p
+    c = start_cluster(bins, pack("none"), tmp_path, nranks=2)
+    try:
+        old_tomb, fresh_tomb = tombs.values()
+        assert not old_tomb.exists(), "an abandoned tomb was left"
+        assert fresh_tomb.exists(), "a tomb still being removed (touched within the minute) was swept"
+        assert "copy directories in /dev/shm that ranks of earlier jobs were killed while removing" in c.log()
+    finally:
+        c.stop()
+        for p in tombs.values():
+            subprocess.run(["rm", "-rf", str(p)])
+
+
 def test_missing_partition_names_it(bins, pack, tmp_path):
     good = pack("lz4")
     bad = tmp_path / "missing-ds"

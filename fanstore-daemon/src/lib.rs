@@ -199,6 +199,41 @@ pub fn prepare_runtime_dir(dir: &Path) -> Result<(), RuntimeDirError> {
     Ok(())
 }
 
+/// A tomb (a tree renamed `*.removing` to be removed) untouched for this
+/// long is no one's: a removal in progress unlinks its entries, which
+/// touches it.
+pub const TOMB_ABANDONED: std::time::Duration = std::time::Duration::from_secs(60);
+
+/// Removes the trees in `dir` whose names start with `prefix` and hold
+/// `.removing`, untouched for `idle`: copy directories in /dev/shm that a
+/// rank of an earlier job renamed aside and was killed while removing (the
+/// MPICH 4.0 finalize hang: one rank's watchdog ends it, and the launcher
+/// kills the others mid-removal; 96 + 15 + 38 MiB were left so here by one
+/// benchmark job). A later job with another runtime directory never meets
+/// them by name. Each is renamed first, so that ranks sweeping at once
+/// remove each tree once. Returns how many went.
+pub fn sweep_abandoned_tombs(dir: &Path, prefix: &str, idle: std::time::Duration) -> usize {
+    let Ok(rd) = std::fs::read_dir(dir) else { return 0 };
+    let mut swept = 0;
+    for e in rd.flatten() {
+        let name = e.file_name();
+        let name = name.to_string_lossy();
+        if !name.starts_with(prefix) || !name.contains(".removing") {
+            continue;
+        }
+        let Ok(md) = e.metadata() else { continue };
+        let age = md.modified().ok().and_then(|m| std::time::SystemTime::now().duration_since(m).ok()).unwrap_or_default();
+        if !md.is_dir() || age < idle {
+            continue;
+        }
+        let mine = dir.join(format!("{name}.swept-{}", std::process::id()));
+        if std::fs::rename(e.path(), &mine).is_ok() && std::fs::remove_dir_all(&mine).is_ok() {
+            swept += 1;
+        }
+    }
+    swept
+}
+
 /// Removes `node-<k>.sock` / `node-<k>.state` left by an earlier, larger job
 /// (k >= nranks), so `fanstore wait` only sees this job's ranks.
 pub fn remove_stale_ranks(dir: &Path, nranks: u32) {
@@ -222,6 +257,31 @@ pub fn remove_stale_ranks(dir: &Path, nranks: u32) {
 mod tests {
     use super::*;
     use std::os::unix::fs::PermissionsExt;
+
+    #[test]
+    fn abandoned_tombs_of_this_prefix_go_and_nothing_else() {
+        let d = tempfile::tempdir().unwrap();
+        let old = std::time::SystemTime::now() - std::time::Duration::from_secs(600);
+        let mk = |name: &str, age_old: bool| {
+            let p = d.path().join(name);
+            std::fs::create_dir(&p).unwrap();
+            std::fs::write(p.join("1"), b"x").unwrap();
+            if age_old {
+                std::fs::File::open(&p).unwrap().set_modified(old).unwrap();
+            }
+        };
+        mk("fanstore-7-job-aa-r0.copies.removing", true); // abandoned
+        mk("fanstore-7-job-aa-r1.copies.removing.swept-1", true); // a sweeper killed mid-removal
+        mk("fanstore-7-job-bb-r0.copies.removing", false); // a removal in progress
+        mk("fanstore-7-job-cc-r0.copies", true); // a live copy directory
+        mk("fanstore-8-job-aa-r0.copies.removing", true); // another user's
+        let n = sweep_abandoned_tombs(d.path(), "fanstore-7-", TOMB_ABANDONED);
+        let mut left: Vec<String> =
+            std::fs::read_dir(d.path()).unwrap().map(|e| e.unwrap().file_name().to_string_lossy().into_owned()).collect();
+        left.sort();
+        assert_eq!(n, 2);
+        assert_eq!(left, ["fanstore-7-job-bb-r0.copies.removing", "fanstore-7-job-cc-r0.copies", "fanstore-8-job-aa-r0.copies.removing"]);
+    }
 
     #[test]
     fn runtime_dir_is_private_and_stale_ranks_go() {

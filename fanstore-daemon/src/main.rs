@@ -563,6 +563,12 @@ fn prepare(args: &DaemonArgs, id: &Identity, cleanup: &mut Cleanup) -> anyhow::R
     // (the --local one held) is reported there.
     let lock = cleanup.lock.insert(fanstore_daemon::rank_lock::RankLock::claim_runtime(&id.runtime, rank)?);
     lock.claim_local(&args.local, rank)?;
+    // SAFETY: getuid has no preconditions and cannot fail.
+    let uid = unsafe { libc::getuid() };
+    let swept = fanstore_daemon::sweep_abandoned_tombs(Path::new("/dev/shm"), &format!("fanstore-{uid}-"), fanstore_daemon::TOMB_ABANDONED);
+    if swept > 0 {
+        log::warn!("rank {rank}: removed {swept} copy directories in /dev/shm that ranks of earlier jobs were killed while removing");
+    }
     let state_path = fanstore_core::runtime::state_path(&id.runtime, rank);
     node::state_for(id, 0, Phase::Loading, Vec::new())
         .publish(&state_path)
