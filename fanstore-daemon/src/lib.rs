@@ -199,6 +199,17 @@ pub fn prepare_runtime_dir(dir: &Path) -> Result<(), RuntimeDirError> {
     Ok(())
 }
 
+/// Whether process `pid` of this host exists (one of another user's too).
+pub fn pid_alive(pid: u64) -> bool {
+    let Ok(pid) = libc::pid_t::try_from(pid) else { return false };
+    if pid <= 0 {
+        return false;
+    }
+    // SAFETY: kill with signal 0 only checks that the process exists.
+    let r = unsafe { libc::kill(pid, 0) };
+    r == 0 || std::io::Error::last_os_error().raw_os_error() == Some(libc::EPERM)
+}
+
 /// A tomb (a tree renamed `*.removing` to be removed) untouched for this
 /// long is no one's: a removal in progress unlinks its entries, which
 /// touches it.

@@ -35,8 +35,6 @@
 
 use std::io::Write;
 use std::path::{Path, PathBuf};
-use std::sync::atomic::{AtomicBool, Ordering::Relaxed};
-use std::sync::Arc;
 use std::time::{Duration, SystemTime};
 
 /// How often the holder touches its lease.
@@ -69,7 +67,8 @@ pub fn lease_path(dir: &Path) -> PathBuf {
 pub struct PersistLease {
     path: PathBuf,
     content: String,
-    stop: Arc<AtomicBool>,
+    /// Dropped at release: ends the heartbeat thread's wait at once.
+    _heartbeat: crossbeam::channel::Sender<()>,
 }
 
 /// Who holds a lease, as its file says.
@@ -103,15 +102,15 @@ impl PersistLease {
             match std::fs::OpenOptions::new().write(true).create_new(true).open(&path) {
                 Ok(mut f) => {
                     f.write_all(content.as_bytes()).and_then(|_| f.sync_all()).map_err(io)?;
-                    let stop = Arc::new(AtomicBool::new(false));
-                    spawn_heartbeat(path.clone(), content.clone(), stop.clone(), heartbeat);
-                    return Ok(PersistLease { path, content, stop });
+                    let (tx, rx) = crossbeam::channel::bounded(0);
+                    spawn_heartbeat(path.clone(), content.clone(), rx, heartbeat);
+                    return Ok(PersistLease { path, content, _heartbeat: tx });
                 }
                 Err(e) if e.kind() == std::io::ErrorKind::AlreadyExists => {}
                 Err(e) => return Err(io(e)),
             }
             let Some(h) = read_holder(&path) else { continue }; // released meanwhile: try again
-            let gone = (h.host == host && !pid_alive(h.pid)) || h.age > stale;
+            let gone = (h.host == host && !crate::pid_alive(u64::from(h.pid))) || h.age > stale;
             if gone {
                 log::warn!("{}: taking over the lease of a job that is gone (host {}, pid {}, heartbeat {} s ago)", path.display(), h.host, h.pid, h.age.as_secs());
                 // Only the lease judged stale goes (not one created since).
@@ -134,25 +133,17 @@ impl PersistLease {
 
     /// Stops the heartbeat and removes the lease (if it is still this one).
     pub fn release(self) {
-        self.stop.store(true, Relaxed);
         if read_holder(&self.path).is_some_and(|h| h.content == self.content) {
             let _ = std::fs::remove_file(&self.path);
         }
     }
 }
 
-fn spawn_heartbeat(path: PathBuf, content: String, stop: Arc<AtomicBool>, every: Duration) {
+fn spawn_heartbeat(path: PathBuf, content: String, stop: crossbeam::channel::Receiver<()>, every: Duration) {
     let shown = path.display().to_string();
+    // Wakes once per `every`, and at once when the lease (its sender) goes.
     let spawned = std::thread::Builder::new().name("fanstore-lease".into()).spawn(move || {
-        let tick = Duration::from_millis(100).min(every);
-        let mut since = Duration::ZERO;
-        while !stop.load(Relaxed) {
-            std::thread::sleep(tick);
-            since += tick;
-            if since < every {
-                continue;
-            }
-            since = Duration::ZERO;
+        while let Err(crossbeam::channel::RecvTimeoutError::Timeout) = stop.recv_timeout(every) {
             match std::fs::File::options().write(true).open(&path) {
                 Ok(f) if read_holder(&path).is_some_and(|h| h.content == content) => {
                     if let Err(e) = f.set_modified(SystemTime::now()) {
@@ -178,16 +169,6 @@ fn read_holder(path: &Path) -> Option<Holder> {
     let host = it.next().unwrap_or("unknown").to_string();
     let pid = it.next().and_then(|p| p.parse().ok()).unwrap_or(0);
     Some(Holder { host, pid, content, age })
-}
-
-fn pid_alive(pid: u32) -> bool {
-    let Ok(pid) = i32::try_from(pid) else { return false };
-    if pid <= 0 {
-        return false;
-    }
-    // SAFETY: kill with signal 0 only checks that the process exists.
-    let r = unsafe { libc::kill(pid, 0) };
-    r == 0 || std::io::Error::last_os_error().raw_os_error() == Some(libc::EPERM)
 }
 
 #[cfg(test)]

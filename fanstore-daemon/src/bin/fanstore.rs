@@ -194,10 +194,7 @@ fn alive(s: &NodeState) -> bool {
     if s.hostname != runtime::hostname() {
         return true;
     }
-    let Ok(pid) = libc::pid_t::try_from(s.pid) else { return false };
-    // SAFETY: kill with signal 0 only checks for existence.
-    let r = unsafe { libc::kill(pid, 0) };
-    r == 0 || std::io::Error::last_os_error().raw_os_error() == Some(libc::EPERM)
+    fanstore_daemon::pid_alive(s.pid)
 }
 
 fn wait(rt: &Path, timeout: Duration) -> anyhow::Result<()> {
