@@ -30,6 +30,7 @@ pub mod signal;
 pub mod stat;
 pub mod stdio;
 pub mod syscall;
+pub mod tempname;
 pub mod thread;
 pub mod walk;
 pub mod write;
@@ -188,7 +189,7 @@ macro_rules! hooks {
 
 /// FANSTORE_DEBUG=1: which symbols this library hooks and whether each original resolved.
 pub fn report_symbols() {
-    let families: [(&str, &[&Slot]); 14] = [
+    let families: [(&str, &[&Slot]); 15] = [
         ("open", open::symbols()),
         ("stdio", stdio::symbols()),
         ("stat", stat::symbols()),
@@ -198,6 +199,7 @@ pub fn report_symbols() {
         ("fd", fd::symbols()),
         ("lock", lock::symbols()),
         ("write", write::symbols()),
+        ("tempname", tempname::symbols()),
         ("walk", walk::symbols()),
         ("thread", thread::symbols()),
         ("signal", signal::symbols()),

@@ -16,6 +16,7 @@ pub mod namespace;
 pub mod open;
 pub mod out;
 pub mod stat;
+pub mod tempname;
 pub mod walk;
 pub mod write;
 

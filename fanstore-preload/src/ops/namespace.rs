@@ -213,6 +213,9 @@ fn simple(st: &State, op: u16, arg1: u64, payload: &[u8]) -> Outcome<c_int> {
 /// other owner EPERM.
 pub fn setattr(vp: &VPath, attr: super::write::Attr, follow: bool) -> Outcome<c_int> {
     use super::write::Attr;
+    if let Some((fd, idx)) = crate::outputs::open_slot_of(vp.rel) {
+        return setattr_own(vp.st, fd, idx, attr);
+    }
     let stat = |st: &State, rel: &[u8]| if follow { stat(st, rel) } else { lstat(st, rel) };
     let (what, value) = match attr {
         Attr::Mode(m) => (wire::SETATTR_MODE, u64::from(m & 0o7777)),
@@ -241,6 +244,40 @@ pub fn setattr(vp: &VPath, attr: super::write::Attr, follow: bool) -> Outcome<c_
     match client::call(vp.st, &client::request(op::SETATTR, what, value, vp.rel), None) {
         Ok(_) => Outcome::Handled(0),
         Err(e) => Outcome::Errno(e),
+    }
+}
+
+/// chmod, chown or utime by name of an output this process is still
+/// writing (git chmods its `config.lock` before closing it): the open file
+/// itself changes, as fchmod and futimens change it, and its commit takes
+/// the mode and the times from there. The daemon knows no such name yet.
+fn setattr_own(st: &State, fd: c_int, idx: u32, attr: super::write::Attr) -> Outcome<c_int> {
+    use super::write::Attr;
+    let done = |r: c_int| if r == 0 { Outcome::Handled(0) } else { Outcome::Errno(errno()) };
+    match attr {
+        Attr::Mode(m) => {
+            crate::outputs::set_mode(idx, m);
+            // SAFETY: fchmod of an fd this process tracks as open.
+            done(unsafe { crate::real::fchmod(fd, m & 0o7777) })
+        }
+        Attr::Times { atime, mtime } => {
+            let ts = |t: Option<i64>| match t {
+                Some(ns) => libc::timespec { tv_sec: ns.div_euclid(1_000_000_000), tv_nsec: ns.rem_euclid(1_000_000_000) },
+                None => libc::timespec { tv_sec: 0, tv_nsec: libc::UTIME_OMIT },
+            };
+            let times = [ts(atime), ts(mtime)];
+            // SAFETY: futimens of an fd this process tracks as open, with two timespecs.
+            done(unsafe { crate::real::futimens(fd, times.as_ptr()) })
+        }
+        // Only the owner's own ids are accepted, as for a committed output.
+        Attr::Owner { uid, gid } => {
+            if (uid == u32::MAX || uid == st.uid) && (gid == u32::MAX || gid == st.gid) {
+                Outcome::Handled(0)
+            } else {
+                Outcome::Errno(libc::EPERM)
+            }
+        }
+        Attr::Nothing => Outcome::Handled(0),
     }
 }
 
