@@ -5,8 +5,10 @@
 //! with the rest of memory, which matches the inherited fds. fds above the
 //! table's range are simply not tracked (their fstat shows the real file).
 //!
-//! Entry tag: bits 62..64 kind (1 file, 2 directory, 3 output being
-//! written: bits 0..32 its slot in [`crate::outputs`]), bits 32..62 the
+//! Entry tag: bits 62..64 kind (1 file, 2 directory, 3 output: being
+//! written, bits 0..32 its slot in [`crate::outputs`]; or, with bit 60 set,
+//! a committed output opened for reading, bits 0..12 its permission bits
+//! and `alias` the inode number stat of its path gives), bits 32..62 the
 //! getdents position of a directory fd, bit 61 of a file fd: a memfd this
 //! library filled whose pages may be reused after its close
 //! ([`crate::memfd_pool`]; never set on a dup), bits 0..32 the node id. `ino` holds
@@ -20,10 +22,13 @@ const NCHUNKS: usize = 4096;
 const KIND_SHIFT: u32 = 62;
 const POS_MASK: u64 = (1 << 30) - 1;
 const RECYCLE_BIT: u64 = 1 << 61;
+const COMMITTED_BIT: u64 = 1 << 60;
 
 struct Entry {
     tag: AtomicU64,
     ino: AtomicU64,
+    /// The virtual inode number of a [`Tracked::Committed`] fd.
+    alias: AtomicU64,
 }
 
 static CHUNKS: [AtomicPtr<Entry>; NCHUNKS] = [const { AtomicPtr::new(std::ptr::null_mut()) }; NCHUNKS];
@@ -38,6 +43,10 @@ pub enum Tracked {
     Dir { node: u32, pos: u32 },
     /// A memfd being written as an output (slot `.0` of [`crate::outputs`]).
     Output(u32),
+    /// A committed output opened for reading (a real fd on the daemon's
+    /// file or a copy of it), with the permission bits of its record; its
+    /// virtual inode number is in [`alias`].
+    Committed { perm: u16 },
 }
 
 impl Tracked {
@@ -45,7 +54,7 @@ impl Tracked {
         match self {
             Tracked::File(n) => n,
             Tracked::Dir { node, .. } => node,
-            Tracked::Output(_) => u32::MAX,
+            Tracked::Output(_) | Tracked::Committed { .. } => u32::MAX,
         }
     }
     fn encode(self) -> u64 {
@@ -53,6 +62,7 @@ impl Tracked {
             Tracked::File(n) => (1u64 << KIND_SHIFT) | n as u64,
             Tracked::Dir { node, pos } => (2u64 << KIND_SHIFT) | ((pos as u64 & POS_MASK) << 32) | node as u64,
             Tracked::Output(slot) => (3u64 << KIND_SHIFT) | slot as u64,
+            Tracked::Committed { perm } => (3u64 << KIND_SHIFT) | COMMITTED_BIT | (perm & 0o7777) as u64,
         }
     }
     fn decode(t: u64) -> Option<Tracked> {
@@ -60,6 +70,7 @@ impl Tracked {
         match t >> KIND_SHIFT {
             1 => Some(Tracked::File(node)),
             2 => Some(Tracked::Dir { node, pos: ((t >> 32) & POS_MASK) as u32 }),
+            3 if t & COMMITTED_BIT != 0 => Some(Tracked::Committed { perm: (t & 0o7777) as u16 }),
             3 => Some(Tracked::Output(node)),
             _ => None,
         }
@@ -139,9 +150,29 @@ pub fn copy(from: i32, to: i32) {
             set(to, t);
             if let (Some(a), Some(b)) = (slot(from, false), slot(to, false)) {
                 b.ino.store(a.ino.load(Ordering::Relaxed), Ordering::Relaxed);
+                b.alias.store(a.alias.load(Ordering::Relaxed), Ordering::Relaxed);
             }
         }
         None => clear(to),
+    }
+}
+
+/// Starts tracking `fd` as a committed output opened for reading, whose
+/// path's stat gives inode number `alias` and permission bits `perm`.
+pub fn set_committed(fd: i32, perm: u32, alias: u64) -> bool {
+    let Some(e) = slot(fd, true) else { return false };
+    ANY.store(true, Ordering::Relaxed);
+    e.ino.store(0, Ordering::Relaxed);
+    e.alias.store(alias, Ordering::Relaxed);
+    e.tag.store(Tracked::Committed { perm: (perm & 0o7777) as u16 }.encode(), Ordering::Release);
+    true
+}
+
+/// The virtual inode number of a [`Tracked::Committed`] fd (0 for any other).
+pub fn alias(fd: i32) -> u64 {
+    match (get(fd), slot(fd, false)) {
+        (Some(Tracked::Committed { .. }), Some(e)) => e.alias.load(Ordering::Relaxed),
+        _ => 0,
     }
 }
 
@@ -257,5 +288,20 @@ mod tests {
         mark_recyclable(6002, 5);
         assert_eq!(recyclable(6002), None);
         clear_range(6000, 6002);
+    }
+
+    #[test]
+    fn a_committed_output_keeps_its_alias_and_mode_through_dup() {
+        assert!(set_committed(7000, 0o100640, 0x8000_0000_0000_0042));
+        assert_eq!(get(7000), Some(Tracked::Committed { perm: 0o640 }));
+        assert_eq!(alias(7000), 0x8000_0000_0000_0042);
+        copy(7000, 7001);
+        assert_eq!(get(7001), Some(Tracked::Committed { perm: 0o640 }));
+        assert_eq!(alias(7001), 0x8000_0000_0000_0042);
+        assert!(set(7002, Tracked::Output(4095)));
+        assert_eq!(get(7002), Some(Tracked::Output(4095)), "an output's slot never reads as committed");
+        assert_eq!(alias(7002), 0);
+        clear_range(7000, 7002);
+        assert_eq!(get(7001), None);
     }
 }

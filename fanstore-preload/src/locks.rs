@@ -38,7 +38,8 @@ fn lock_key(fd: c_int) -> Option<u64> {
         Tracked::Output(idx) => crate::outputs::path_into(idx, &mut buf)?,
         Tracked::Dir { node, .. } if node & crate::outputs::OUT_DIR != 0 => crate::outputs::path_into(node, &mut buf)?,
         Tracked::Dir { node, .. } => crate::paths::node_abs_path(crate::state::current()?, node, &mut buf)?,
-        Tracked::File(_) => return None,
+        // (a committed output read: its fd's own lock, as before it was tracked)
+        Tracked::File(_) | Tracked::Committed { .. } => return None,
     };
     let rel = &buf[..len];
     // Directories are hashed by absolute path and outputs by relative one:

@@ -222,7 +222,7 @@ pub fn classify<'s>(dirfd: c_int, path: &[u8], scratch: &'s mut Scratch) -> Clas
     } else {
         match fd_table::get(dirfd) {
             Some(Tracked::Dir { node, .. }) => node,
-            Some(Tracked::File(_) | Tracked::Output(_)) => return Class::Err(libc::ENOTDIR),
+            Some(Tracked::File(_) | Tracked::Output(_) | Tracked::Committed { .. }) => return Class::Err(libc::ENOTDIR),
             None => return Class::Real,
         }
     };
@@ -261,7 +261,7 @@ fn classify_dotdot<'s>(dirfd: c_int, path: &[u8], scratch: &'s mut Scratch) -> C
         } else {
             match fd_table::get(dirfd) {
                 Some(Tracked::Dir { node, .. }) => Some(node),
-                Some(Tracked::File(_) | Tracked::Output(_)) => return Class::Err(libc::ENOTDIR),
+                Some(Tracked::File(_) | Tracked::Output(_) | Tracked::Committed { .. }) => return Class::Err(libc::ENOTDIR),
                 None => None,
             }
         };

@@ -72,6 +72,21 @@ fn fstat_at_empty(name: &'static str, dirfd: c_int, buf: *mut libc::stat, real: 
         return real(empty);
     }
     let Some(g) = crate::guard::Guard::enter() else { return real(empty) };
+    // An output's fd (being written, read, a directory): as its fstat.
+    if let Some(r) = crate::fd_table::get(dirfd).and_then(|t| super::catch(|| crate::ops::out::fd_stat(dirfd, t), Some(Err(libc::EIO)))) {
+        drop(g);
+        return match r {
+            Ok(s) => {
+                // SAFETY: buf is the caller's out-pointer for a struct stat.
+                unsafe { buf.write(s) };
+                0
+            }
+            Err(e) => {
+                super::set_errno(e);
+                -1
+            }
+        };
+    }
     let r = super::catch(|| empty_path_node(dirfd), Outcome::Errno(libc::EIO));
     drop(g);
     match r {
@@ -93,7 +108,7 @@ fn fstat_common(name: &'static str, fd: c_int, buf: *mut libc::stat, real: impl 
         fd,
         -1,
         |t| {
-            if let Some(r) = crate::ops::out::fd_stat(t) {
+            if let Some(r) = crate::ops::out::fd_stat(fd, t) {
                 return match r {
                     Ok(s) => {
                         // SAFETY: buf is the caller's out-pointer for a struct stat.
@@ -131,6 +146,22 @@ unsafe fn statx_common(
             return real(path);
         }
         let Some(g) = crate::guard::Guard::enter() else { return real(path) };
+        // An output's fd (being written, read, a directory): as its fstat
+        // (Rust's File::metadata is statx of the fd).
+        if let Some(r) = crate::fd_table::get(dirfd).and_then(|t| super::catch(|| crate::ops::out::fd_stat(dirfd, t), Some(Err(libc::EIO)))) {
+            drop(g);
+            return match r {
+                Ok(s) => {
+                    // SAFETY: buf is the caller's out-pointer for a struct statx.
+                    unsafe { buf.write(crate::ops::stat::statx_from(&s)) };
+                    0
+                }
+                Err(e) => {
+                    super::set_errno(e);
+                    -1
+                }
+            };
+        }
         let r = super::catch(|| empty_path_node(dirfd), Outcome::Errno(libc::EIO));
         drop(g);
         return match r {

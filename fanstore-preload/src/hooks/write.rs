@@ -276,7 +276,14 @@ crate::hooks! {
         path_hook("lsetxattr", libc::AT_FDCWD, path, -1, |vp| write::modify(vp, false), |p| orig::lsetxattr(p, name, value, size, flags))
     }
     fn fsetxattr(fd: c_int, name: *const c_char, value: *const c_void, size: size_t, flags: c_int) -> c_int {
-        fd_hook("fsetxattr", fd, -1, ro_fd, || orig::fsetxattr(fd, name, value, size, flags))
+        let r = fd_hook("fsetxattr", fd, -1, ro_fd, || orig::fsetxattr(fd, name, value, size, flags));
+        // An access ACL sets the file's mode bits too (sed -i and cp -p copy
+        // the original's permissions that way): its commit takes them.
+        // SAFETY: name is the caller's C string.
+        if r == 0 && unsafe { super::cbytes(name) } == Some(b"system.posix_acl_access") {
+            crate::ops::out::mode_from_file(fd);
+        }
+        r
     }
     fn removexattr(path: *const c_char, name: *const c_char) -> c_int {
         path_hook("removexattr", libc::AT_FDCWD, path, -1, |vp| write::modify(vp, true), |p| orig::removexattr(p, name))

@@ -52,7 +52,7 @@ pub fn fchdir(_fd: c_int, t: Tracked) -> Outcome<c_int> {
             Outcome::Handled(0)
         }
         (Tracked::Dir { .. }, None) => Outcome::Passthrough,
-        (Tracked::File(_) | Tracked::Output(_), _) => Outcome::Errno(libc::ENOTDIR),
+        (Tracked::File(_) | Tracked::Output(_) | Tracked::Committed { .. }, _) => Outcome::Errno(libc::ENOTDIR),
     }
 }
 

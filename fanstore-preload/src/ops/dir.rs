@@ -29,7 +29,7 @@ pub fn opendir(vp: &VPath) -> Outcome<Box<VDir>> {
 pub fn fdopendir(fd: c_int, t: Tracked) -> Outcome<Box<VDir>> {
     match t {
         Tracked::Dir { node, .. } => Outcome::Handled(VDir::new(fd, node)),
-        Tracked::File(_) | Tracked::Output(_) => Outcome::Errno(libc::ENOTDIR),
+        Tracked::File(_) | Tracked::Output(_) | Tracked::Committed { .. } => Outcome::Errno(libc::ENOTDIR),
     }
 }
 

@@ -29,6 +29,16 @@ pub fn open_read(st: &State, rel: &[u8], flags: c_int) -> Result<c_int, c_int> {
     Ok(fd)
 }
 
+/// open(2) for reading of committed output `rel` (mode `mode`): its fd,
+/// tracked so that fstat gives the identity stat of its path gives
+/// (cp refuses a source whose fstat names another file: "replaced while
+/// being copied"). An fd the table has no room for stays untracked.
+fn open_committed(st: &State, rel: &[u8], flags: c_int, mode: u32) -> Result<c_int, c_int> {
+    let fd = open_read(st, rel, flags)?;
+    fd_table::set_committed(fd, mode, super::namespace::ino(rel));
+    Ok(fd)
+}
+
 /// open(2) of a name that is not an input: an output (existing or new).
 pub fn open(vp: &VPath, flags: c_int, mode: u32) -> Outcome<c_int> {
     if let Some((fd, idx)) = crate::outputs::open_slot_of(vp.rel) {
@@ -66,7 +76,7 @@ pub fn open(vp: &VPath, flags: c_int, mode: u32) -> Outcome<c_int> {
             let keep = flags & libc::O_TRUNC == 0;
             create(vp, flags, r.mode, keep).into()
         }
-        Some(_) => open_read(st, vp.rel, flags).into(),
+        Some(r) => open_committed(st, vp.rel, flags, r.mode).into(),
         None if !creat => Outcome::Errno(libc::ENOENT),
         None if vp.must_be_dir => Outcome::Errno(libc::EISDIR),
         None => match dir_exists(st, parent_of(vp.rel)) {
@@ -271,6 +281,21 @@ pub fn is_output(t: Tracked) -> bool {
     matches!(t, Tracked::Output(_))
 }
 
+/// After a change of output `fd`'s mode bits made by the kernel (an access
+/// ACL set through fsetxattr): the mode its commit registers is the file's
+/// own again. Nothing for any other fd; errno is left as it was.
+pub fn mode_from_file(fd: c_int) {
+    let Some(Tracked::Output(idx)) = fd_table::get(fd) else { return };
+    // SAFETY: plain data, zero is valid.
+    let mut s: libc::stat = unsafe { std::mem::zeroed() };
+    let saved = errno();
+    // SAFETY: s is a valid out-pointer; fd is the caller's open output.
+    if unsafe { crate::real::fstat(fd, &mut s) } == 0 {
+        crate::outputs::set_mode(idx, s.st_mode);
+    }
+    crate::hooks::set_errno(saved);
+}
+
 /// Forget `fd` if it is an output (used where an fd is replaced internally).
 pub fn untrack(fd: c_int) {
     if let Some(Tracked::Output(_)) = fd_table::get(fd) {
@@ -278,9 +303,30 @@ pub fn untrack(fd: c_int) {
     }
 }
 
-/// fstat of an fd standing for an output directory (None: not one).
-pub fn fd_stat(t: Tracked) -> Option<Result<libc::stat, c_int>> {
+/// fstat of an fd standing for an output directory, an output being
+/// written or a committed output read (None: not one of those).
+pub fn fd_stat(fd: c_int, t: Tracked) -> Option<Result<libc::stat, c_int>> {
     let slot = match t {
+        // A committed output read: the real file's size and times under
+        // the identity (device, inode, mode) that stat of its path gave.
+        Tracked::Committed { perm } => {
+            let alias = fd_table::alias(fd);
+            // SAFETY: plain data, zero is valid.
+            let mut s: libc::stat = unsafe { std::mem::zeroed() };
+            // SAFETY: s is a valid out-pointer; fstat on any int is safe.
+            if unsafe { crate::real::fstat(fd, &mut s) } != 0 {
+                fd_table::clear(fd);
+                return None;
+            }
+            // A close we did not see left the entry: the fd is another file now.
+            if !fd_table::check_ino(fd, s.st_ino) {
+                return None;
+            }
+            s.st_dev = libc::makedev(super::stat::DEV_MAJOR, super::stat::DEV_MINOR);
+            s.st_ino = alias;
+            s.st_mode = libc::S_IFREG | u32::from(perm);
+            return Some(Ok(s));
+        }
         Tracked::Dir { node, .. } if node & crate::outputs::OUT_DIR != 0 => node,
         // An output being written: the identity (device, inode, mode) that
         // stat of its path gives, size and times of the real file, so that

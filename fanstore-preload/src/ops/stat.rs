@@ -109,8 +109,8 @@ pub fn fd_node(fd: c_int, t: Tracked) -> Outcome<Node> {
     let fresh = match t {
         Tracked::Dir { .. } => real.st_ino == st.empty_ino,
         Tracked::File(_) => fd_table::check_ino(fd, real.st_ino),
-        // An output being written: the memfd's own fstat is the truth.
-        Tracked::Output(_) => return Outcome::Passthrough,
+        // Outputs have no node (their stat: `ops::out::fd_stat`).
+        Tracked::Output(_) | Tracked::Committed { .. } => return Outcome::Passthrough,
     };
     if !fresh {
         fd_table::clear(fd);

@@ -47,10 +47,21 @@ pub fn symlink(vp: &VPath, target: Option<&[u8]>) -> Outcome<c_int> {
     }
 }
 
-/// chmod, chown, utimes, setxattr, removexattr: the node must exist, then EROFS.
+/// setxattr, removexattr: the node must exist; then EROFS on an input, and
+/// EOPNOTSUPP on an output, as on a file system without extended
+/// attributes (cp -a and sed -i then set the mode with chmod instead of an
+/// access ACL).
 pub fn modify(vp: &VPath, follow: bool) -> Outcome<c_int> {
     Outcome::Errno(match resolve(vp.st, vp.rel, vp.must_be_dir, follow) {
         Ok(_) => libc::EROFS,
+        Err(libc::ENOENT) if crate::outputs::open_slot_of(vp.rel).is_some() => libc::EOPNOTSUPP,
+        Err(libc::ENOENT) => {
+            let found = if follow { super::namespace::stat(vp.st, vp.rel) } else { super::namespace::lstat(vp.st, vp.rel) };
+            match found {
+                Ok(_) => libc::EOPNOTSUPP,
+                Err(e) => e,
+            }
+        }
         Err(e) => e,
     })
 }
