@@ -15,7 +15,7 @@
 //! the real inode seen by the first fstat (0: not seen yet) so that an entry
 //! left stale by a close we did not see is detected and dropped.
 
-use std::sync::atomic::{AtomicBool, AtomicPtr, AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicI32, AtomicPtr, AtomicU64, Ordering};
 
 const CHUNK: usize = 1024;
 const NCHUNKS: usize = 4096;
@@ -33,6 +33,27 @@ struct Entry {
 
 static CHUNKS: [AtomicPtr<Entry>; NCHUNKS] = [const { AtomicPtr::new(std::ptr::null_mut()) }; NCHUNKS];
 static ANY: AtomicBool = AtomicBool::new(false);
+/// The process whose memory this is: set at load and in every fork child
+/// ([`set_owner`]).
+static OWNER: AtomicI32 = AtomicI32::new(0);
+
+/// This process owns its memory from now on (the library's load, a fork
+/// child). A vfork child never runs fork handlers: until it execs it runs
+/// in its parent's memory, where [`borrowed`] tells it so.
+pub fn set_owner() {
+    // SAFETY: getpid cannot fail.
+    OWNER.store(unsafe { libc::getpid() }, Ordering::Relaxed);
+}
+
+/// Whether this is a vfork child, running in its parent's memory: the
+/// tables are the parent's, whose fds stay open whatever the child closes
+/// or dups (Python's subprocess: dup2 onto 0-2, close_range, execve). One
+/// getpid: ask only about a tracked fd.
+pub fn borrowed() -> bool {
+    let owner = OWNER.load(Ordering::Relaxed);
+    // SAFETY: getpid cannot fail.
+    owner != 0 && owner != unsafe { libc::getpid() }
+}
 
 /// What a tracked fd refers to.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]

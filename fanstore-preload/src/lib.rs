@@ -23,12 +23,14 @@
 //! and serves them through the same hooks.
 //!
 //! The library links no MPI and does nothing at load time beyond
-//! registering its fork handlers and arming syscall user dispatch.
+//! registering its fork handlers, arming syscall user dispatch and adopting
+//! the outputs an exec carried over (`exec_outputs.rs`).
 
 #![allow(clippy::missing_safety_doc)]
 
 pub mod debug;
 mod dirstream;
+mod exec_outputs;
 mod fd_table;
 mod guard;
 pub mod hooks;
@@ -45,14 +47,17 @@ mod outputs;
 mod pending;
 mod sud;
 
-/// The constructor: the fork handlers, and raw-syscall catching for this
+/// The constructor: the fork handlers, raw-syscall catching for this
 /// thread (other libraries' constructors may call fopen before this runs;
-/// everything else is lazy). Arming must happen here, not lazily: a raw
+/// everything else is lazy), and the outputs the image before an exec was
+/// writing (they must be tracked before the program can close them). Arming must happen here, not lazily: a raw
 /// syscall can precede every hooked call (see sud/mod.rs for what it does).
 extern "C" fn on_load() {
     // SAFETY: registering plain extern "C" handlers.
     unsafe { libc::pthread_atfork(Some(fork_prepare), Some(fork_parent), Some(fork_child)) };
     sud::init();
+    fd_table::set_owner();
+    exec_outputs::adopt_inherited();
 }
 
 #[used]
@@ -82,6 +87,7 @@ pub(crate) extern "C" fn fork_parent() {
 /// In the child: drop the parent's daemon connections (reconnect lazily);
 /// the fd table stays, since the fds are inherited.
 pub(crate) extern "C" fn fork_child() {
+    fd_table::set_owner();
     sud::arm_thread();
     memfd_pool::fork_child();
     locks::fork_release();

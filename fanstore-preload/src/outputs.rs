@@ -107,6 +107,33 @@ pub fn track(fd: c_int, path: &[u8], excl: bool, mode: u32) -> bool {
     true
 }
 
+/// Tracks `fd` as output `path` created by process `pid`, inherited across
+/// an exec ([`crate::exec_outputs`]): false if the table is full.
+pub fn adopt(fd: c_int, path: &[u8], excl: bool, mode: u32, pid: i32) -> Option<u32> {
+    let idx = take_slot(Box::new(Slot { path: path.to_vec(), excl, mode, refs: 1, unlinked: false, pid }))? as u32;
+    if !fd_table::set(fd, Tracked::Output(idx)) {
+        let s = TABLE.with(|t| t.slots[idx as usize].take());
+        drop(s);
+        return None;
+    }
+    MAX_FD.fetch_max(fd, Ordering::Relaxed);
+    if !EXIT_HOOK.swap(true, Ordering::Relaxed) {
+        // SAFETY: registering a plain extern "C" fn with no arguments.
+        unsafe { libc::atexit(at_exit) };
+    }
+    Some(idx)
+}
+
+/// Output slot `idx`'s creating process, O_EXCL claim and mode.
+pub fn slot_info(idx: u32) -> Option<(i32, bool, u32)> {
+    TABLE.with(|t| t.slots.get(idx as usize)?.as_ref().filter(|s| !s.unlinked && s.refs > 0).map(|s| (s.pid, s.excl, s.mode)))
+}
+
+/// The highest fd ever tracked as an output (-1: none).
+pub fn max_fd() -> c_int {
+    MAX_FD.load(Ordering::Relaxed)
+}
+
 /// Another fd (dup) now refers to output slot `idx`.
 pub fn add_ref(fd: c_int, idx: u32) {
     TABLE.with(|t| {
@@ -264,7 +291,9 @@ pub fn closing(fd: c_int, idx: u32) -> Option<c_int> {
     if slot.unlinked {
         return None;
     }
-    let st = crate::state::current()?;
+    // (Loaded here if need be: a program exec'd with an output as its
+    // stdout may never name a path under the mount.)
+    let Some(st) = crate::state::state() else { return Some(libc::EIO) };
     let r = commit(st, fd, &slot).err();
     if slot.excl {
         crate::pending::release(st, &slot.path); // after the record exists

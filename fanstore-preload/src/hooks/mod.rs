@@ -21,6 +21,7 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 pub mod cwd;
 pub mod dir;
 pub mod dlsym;
+pub mod exec;
 pub mod fd;
 pub mod lock;
 pub mod inotify;
@@ -189,7 +190,7 @@ macro_rules! hooks {
 
 /// FANSTORE_DEBUG=1: which symbols this library hooks and whether each original resolved.
 pub fn report_symbols() {
-    let families: [(&str, &[&Slot]); 15] = [
+    let families: [(&str, &[&Slot]); 16] = [
         ("open", open::symbols()),
         ("stdio", stdio::symbols()),
         ("stat", stat::symbols()),
@@ -200,6 +201,7 @@ pub fn report_symbols() {
         ("lock", lock::symbols()),
         ("write", write::symbols()),
         ("tempname", tempname::symbols()),
+        ("exec", exec::symbols()),
         ("walk", walk::symbols()),
         ("thread", thread::symbols()),
         ("signal", signal::symbols()),

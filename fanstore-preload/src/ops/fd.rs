@@ -13,7 +13,12 @@ pub fn before_close(fd: c_int) -> Option<c_int> {
     let mut err = None;
     super::inotify::closing(fd);
     if fd_table::any() {
-        match fd_table::get(fd) {
+        let t = fd_table::get(fd);
+        if t.is_some() && fd_table::borrowed() {
+            // A vfork child closing its parent's fd: the parent's tables stay.
+            return None;
+        }
+        match t {
             Some(Tracked::Output(idx)) if crate::outputs::is_foreign(idx) => {
                 // A (v)forked child closing the parent's output: not ours to touch.
                 crate::client::forget_range(fd, fd);
@@ -61,6 +66,11 @@ pub fn pages_lent(fd: c_int) {
 pub fn after_dup(old: c_int, r: c_int) {
     crate::locks::after_dup(old, r);
     if r >= 0 && fd_table::any() {
+        if fd_table::get(old).is_some() && fd_table::borrowed() {
+            // A vfork child (dup2 onto its stdout before exec): the parent's
+            // tables stay; the exec passes the fd on as the parent's.
+            return;
+        }
         fd_table::copy(old, r);
         match fd_table::get(r) {
             Some(Tracked::Output(idx)) => crate::outputs::add_ref(r, idx),
@@ -76,7 +86,11 @@ pub fn before_dup2(old: c_int, new: c_int) {
     if old != new {
         crate::locks::forget(new);
         if fd_table::any() {
-            match fd_table::get(new) {
+            let t = fd_table::get(new);
+            if t.is_some() && fd_table::borrowed() {
+                return;
+            }
+            match t {
                 Some(Tracked::Output(idx)) if crate::outputs::is_foreign(idx) => {}
                 Some(Tracked::Output(idx)) => {
                     let _g = crate::guard::Guard::enter();
@@ -94,6 +108,10 @@ pub fn before_dup2(old: c_int, new: c_int) {
 pub fn before_close_range(lo: u32, hi: u32, flags: c_int) {
     if flags & (libc::CLOSE_RANGE_CLOEXEC as c_int) == 0 {
         crate::locks::forget_range(lo.min(i32::MAX as u32) as c_int, hi.min(i32::MAX as u32) as c_int);
+        if fd_table::any() && fd_table::borrowed() {
+            // A vfork child closing its fds before exec: the parent's stay tracked.
+            return;
+        }
         let (foreign, n) = if fd_table::any() {
             let _g = crate::guard::Guard::enter();
             crate::outputs::closing_range(lo, hi);

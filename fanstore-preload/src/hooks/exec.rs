@@ -1,0 +1,85 @@
+//! execve, execv, execvp, execvpe, fexecve, posix_spawn, posix_spawnp: the
+//! outputs this process is writing reach the new image through its
+//! environment ([`crate::exec_outputs`]). With no output open, each passes
+//! the caller's arguments to libc untouched.
+//!
+//! Not hooked: the variadic execl, execle and execlp (stable Rust cannot
+//! define a C variadic function), and system/popen (glibc spawns their shell
+//! internally, with the process's environment): an output open in a
+//! process that calls those is still committed by that process, but one
+//! that a child opens and then execs through them is not.
+
+use libc::{c_char, c_int, pid_t};
+
+extern "C" {
+    static environ: *const *const c_char;
+}
+
+/// Calls `exec` with `envp`, or with a copy of it that also carries the
+/// outputs the new image inherits (`replaces`: an exec, which ends this
+/// image; false for a spawn).
+///
+/// # Safety
+/// `envp` is null or a null-terminated array of NUL-terminated strings.
+unsafe fn with_outputs<T>(envp: *const *const c_char, replaces: bool, exec: impl FnOnce(*const *const c_char) -> T) -> T {
+    if crate::outputs::max_fd() < 0 {
+        return exec(envp);
+    }
+    let Some(var) = super::catch(|| crate::exec_outputs::entries(replaces), None) else { return exec(envp) };
+    let mut env: Vec<*const c_char> = Vec::new();
+    let mut p = envp;
+    // SAFETY: per the contract, envp is walked up to its null entry, and
+    // each entry is a NUL-terminated string.
+    unsafe {
+        while !p.is_null() && !(*p).is_null() {
+            if !std::ffi::CStr::from_ptr(*p).to_bytes().starts_with(crate::exec_outputs::VAR) {
+                env.push(*p);
+            }
+            p = p.add(1);
+        }
+    }
+    env.push(var.as_ptr().cast());
+    env.push(std::ptr::null());
+    let r = exec(env.as_ptr());
+    drop(env);
+    drop(var);
+    r
+}
+
+crate::hooks! {
+    fn execve(path: *const c_char, argv: *const *const c_char, envp: *const *const c_char) -> c_int {
+        with_outputs(envp, true, |e| orig::execve(path, argv, e))
+    }
+    fn execv(path: *const c_char, argv: *const *const c_char) -> c_int {
+        with_outputs(environ, true, |e| orig::execve(path, argv, e))
+    }
+    fn execvp(file: *const c_char, argv: *const *const c_char) -> c_int {
+        with_outputs(environ, true, |e| orig::execvpe(file, argv, e))
+    }
+    fn execvpe(file: *const c_char, argv: *const *const c_char, envp: *const *const c_char) -> c_int {
+        with_outputs(envp, true, |e| orig::execvpe(file, argv, e))
+    }
+    fn fexecve(fd: c_int, argv: *const *const c_char, envp: *const *const c_char) -> c_int {
+        with_outputs(envp, true, |e| orig::fexecve(fd, argv, e))
+    }
+    fn posix_spawn(
+        pid: *mut pid_t,
+        path: *const c_char,
+        actions: *const libc::posix_spawn_file_actions_t,
+        attr: *const libc::posix_spawnattr_t,
+        argv: *const *mut c_char,
+        envp: *const *mut c_char,
+    ) -> c_int {
+        with_outputs(envp.cast(), false, |e| orig::posix_spawn(pid, path, actions, attr, argv, e.cast()))
+    }
+    fn posix_spawnp(
+        pid: *mut pid_t,
+        file: *const c_char,
+        actions: *const libc::posix_spawn_file_actions_t,
+        attr: *const libc::posix_spawnattr_t,
+        argv: *const *mut c_char,
+        envp: *const *mut c_char,
+    ) -> c_int {
+        with_outputs(envp.cast(), false, |e| orig::posix_spawnp(pid, file, actions, attr, argv, e.cast()))
+    }
+}
