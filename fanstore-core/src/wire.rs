@@ -24,7 +24,7 @@
 //!
 //! ```text
 //! COMMIT    payload path, fd attached (the output file: an unnamed local
-//!           file or a memfd), arg0 COMMIT_EXCL and COMMIT_SOLE bits,
+//!           file or a memfd), arg0 COMMIT_EXCL, COMMIT_SOLE, COMMIT_LATE bits,
 //!           arg1 mode bits; reply errno once the owner rank registered it
 //! OUT_STAT  payload path; reply value = size, payload = StatAnswer (OutRecord, 56 bytes, first)
 //! OUT_OPEN  payload path; reply: an fd with the output's bytes
@@ -154,6 +154,14 @@ pub const COMMIT_EXCL: u64 = 1;
 /// mapped writable) when the client closed it: nothing can change its bytes
 /// any more, so the daemon may serve reads from it as it is.
 pub const COMMIT_SOLE: u64 = 4;
+/// COMMIT arg0 bit: the last close, in a program started by exec, of an
+/// output its parent created and may have committed already while this
+/// program still wrote it (`Popen(cmd, stdout=open(path, "w"))`). The daemon
+/// stores it as a new version only if the path's current version was
+/// committed here from this same file while something still wrote it;
+/// otherwise the parent's own commit is still to come (or another file
+/// replaced it), and this one is dropped.
+pub const COMMIT_LATE: u64 = 8;
 
 /// RENAME arg0 bit: fail with EEXIST if the new name exists (renameat2's
 /// RENAME_NOREPLACE), checked at its owner for a file.

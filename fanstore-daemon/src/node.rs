@@ -112,6 +112,9 @@ pub struct Node {
     pub meta: Mutex<crate::namespace::owner::MetaStore>,
     /// Next output id (`out/<id>` in the local directory).
     pub out_seq: std::sync::atomic::AtomicU64,
+    /// Outputs committed while another process still wrote them, for that
+    /// process's late commit ([`crate::outputs::SharedCommits`]).
+    pub shared_commits: Mutex<crate::outputs::SharedCommits>,
     /// `--persist` directory, if any ([`crate::persist`]).
     pub persist: OnceLock<PathBuf>,
     /// The checkpoint store ([`crate::dedup`]), set at start.
@@ -285,6 +288,7 @@ impl Node {
             stopping: AtomicBool::new(false),
             meta: Mutex::new(crate::namespace::owner::MetaStore::default()),
             out_seq: std::sync::atomic::AtomicU64::new(1),
+            shared_commits: Mutex::new(crate::outputs::SharedCommits::default()),
             persist: OnceLock::new(),
             dedup: OnceLock::new(),
             fsync_outputs: AtomicBool::new(false),

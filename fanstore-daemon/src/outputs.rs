@@ -44,6 +44,45 @@ fn stamp(fd: &OwnedFd, rec: &OutRecord) {
 }
 /// Free bytes under which the local disk counts as full at a commit.
 const FULL_DISK: u64 = 64 << 10;
+
+/// How many outputs committed while still written elsewhere are remembered.
+const SHARED_MAX: usize = 1024;
+
+/// Outputs committed here while another process still had the file open
+/// for writing (no COMMIT_SOLE): path -> (device, inode of the committed
+/// file, output id). A program started by exec with such a file as its
+/// stdout commits it again at its last close (COMMIT_LATE), and that commit
+/// is stored only if the path's current version is the one noted here from
+/// the same file. At most [`SHARED_MAX`], the oldest forgotten first.
+#[derive(Default)]
+pub struct SharedCommits {
+    order: std::collections::VecDeque<Vec<u8>>,
+    map: std::collections::HashMap<Vec<u8>, (u64, u64, u64)>,
+}
+
+impl SharedCommits {
+    fn note(&mut self, path: &[u8], file: (u64, u64), id: u64) {
+        if self.map.insert(path.to_vec(), (file.0, file.1, id)).is_none() {
+            self.order.push_back(path.to_vec());
+        }
+        while self.order.len() > SHARED_MAX {
+            if let Some(old) = self.order.pop_front() {
+                self.map.remove(&old);
+            }
+        }
+    }
+
+    fn forget(&mut self, path: &[u8]) {
+        if self.map.remove(path).is_some() {
+            self.order.retain(|p| p != path);
+        }
+    }
+
+    /// The output id committed from `file` at `path`, if that is noted.
+    fn id_from(&self, path: &[u8], file: (u64, u64)) -> Option<u64> {
+        self.map.get(path).filter(|e| (e.0, e.1) == file).map(|e| e.2)
+    }
+}
 fn io_errno(e: &std::io::Error) -> i32 {
     match e.raw_os_error() {
         Some(libc::ENOSPC) => libc::ENOSPC,
@@ -160,6 +199,13 @@ impl Node {
         }
         let src = std::fs::File::from(fd);
         let meta = src.metadata().map_err(|_| libc::EIO)?;
+        let file_id = {
+            use std::os::unix::fs::MetadataExt;
+            (meta.dev(), meta.ino())
+        };
+        if flags & wire::COMMIT_LATE != 0 && !self.late_commit_due(path, file_id) {
+            return Ok(());
+        }
         let size = meta.len();
         // The file's own modification and access times: its last write, or
         // what the program set with futimens before closing (tar, cp -p, rsync).
@@ -234,10 +280,27 @@ impl Node {
         if let Some(d) = dedup {
             d.settle(id, path);
         }
+        {
+            let mut shared = self.shared_commits.lock().unwrap_or_else(|p| p.into_inner());
+            if sole {
+                shared.forget(path);
+            } else {
+                shared.note(path, file_id, id);
+            }
+        }
         self.link(path, wire::KIND_FILE, true)?;
         self.counters.outputs.fetch_add(1, Relaxed);
         self.publish(Kind::Close, path, b"", false, *replaced, Some(&rec));
         Ok(())
+    }
+
+    /// Whether a late commit (COMMIT_LATE) of `file` at `path` is a new
+    /// version: the path's current version was committed here from that
+    /// same file while it was still being written ([`SharedCommits`]).
+    fn late_commit_due(&self, path: &[u8], file: (u64, u64)) -> bool {
+        let noted = self.shared_commits.lock().unwrap_or_else(|p| p.into_inner()).id_from(path, file);
+        let Some(id) = noted else { return false };
+        matches!(self.get_record(path), Ok((rec, _)) if rec.id == id && rec.holder == self.id.rank)
     }
 
     /// Keeps the bytes of `src` at `file` (fsynced with `--fsync-outputs`):
@@ -630,4 +693,29 @@ fn seal_memfd(f: &std::fs::File) -> bool {
     // SAFETY: fcntl on a descriptor we own; F_ADD_SEALS only changes the
     // file's seal set (EINVAL/EPERM/EBUSY when it cannot).
     unsafe { libc::fcntl(f.as_raw_fd(), libc::F_ADD_SEALS, seals) == 0 }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_shared_commit_is_found_only_for_its_own_file_and_the_oldest_are_forgotten() {
+        let mut s = SharedCommits::default();
+        s.note(b"out/log", (7, 42), 3);
+        assert_eq!(s.id_from(b"out/log", (7, 42)), Some(3));
+        assert_eq!(s.id_from(b"out/log", (7, 43)), None, "another file at the same path");
+        assert_eq!(s.id_from(b"out/other", (7, 42)), None);
+        s.note(b"out/log", (7, 42), 9);
+        assert_eq!(s.id_from(b"out/log", (7, 42)), Some(9), "the newest version");
+        s.forget(b"out/log");
+        assert_eq!(s.id_from(b"out/log", (7, 42)), None);
+        for i in 0..SHARED_MAX as u64 + 10 {
+            s.note(format!("f{i}").as_bytes(), (1, i), i);
+        }
+        assert_eq!(s.map.len(), SHARED_MAX);
+        assert_eq!(s.order.len(), SHARED_MAX);
+        assert_eq!(s.id_from(b"f0", (1, 0)), None, "the oldest went first");
+        assert_eq!(s.id_from(format!("f{}", SHARED_MAX + 9).as_bytes(), (1, SHARED_MAX as u64 + 9)), Some(SHARED_MAX as u64 + 9));
+    }
 }

@@ -15,12 +15,20 @@
 //! ```
 //!
 //! `slot` groups the fds of one output (`cmd > log 2>&1`), `pid` is the
-//! process that created it (the new image commits only its own: a child
-//! started by posix_spawn, or exec'd after vfork, leaves its parent's
-//! outputs to the parent), `dev`/`ino` identify the file, so that an entry
+//! process that created it (0: none of the new image's ancestors since the
+//! last exec), `dev`/`ino` identify the file, so that an entry
 //! that reached an unrelated process (through a program without the
 //! library in between) names no other file of it. The library's
 //! constructor in the new image adopts them and removes the variable.
+//!
+//! The new image commits each at its last close there. Its own (bash's
+//! child opened it before the exec) as any output. Its parent's (a child
+//! started by posix_spawn, or exec'd after vfork with the parent's file as
+//! its stdout) late (COMMIT_LATE): the parent commits at its own last
+//! close, maybe while the child still writes (`Popen(cmd, stdout=open(..))`
+//! closes its file at once), and the daemon stores the child's commit as a
+//! new version only if the current one came from this same file then;
+//! a child that ends first leaves the whole file to its parent's commit.
 //! An exec also closes the outputs whose fds are close-on-exec: those whose
 //! last fd this was are committed first, as a close would.
 
@@ -36,10 +44,7 @@ pub const VAR: &[u8] = b"FANSTORE_EXEC_OUTPUTS=";
 const MAX_LEN: usize = 120 << 10;
 
 fn file_id(fd: c_int) -> Option<(u64, u64)> {
-    // SAFETY: plain data, zero is valid.
-    let mut s: libc::stat = unsafe { std::mem::zeroed() };
-    // SAFETY: s is a valid out-pointer; fstat on any int is safe.
-    (unsafe { crate::real::fstat(fd, &mut s) } == 0).then_some((s.st_dev, s.st_ino))
+    Some(crate::outputs::file_id(fd)).filter(|&f| f != (0, 0))
 }
 
 /// Before an exec (`exec`: this image ends) or a spawn (the caller goes on):
@@ -53,13 +58,24 @@ pub fn entries(exec: bool) -> Option<Vec<u8>> {
     }
     let mut out = VAR.to_vec();
     let mut path = [0u8; fanstore_core::path::MAX_PATH];
-    for fd in 0..=max {
-        let Some(Tracked::Output(idx)) = fd_table::get(fd) else { continue };
+    // A vfork child (Python's subprocess) dup2s an output onto its stdout
+    // without tracking the copy (the tables are its parent's,
+    // [`fd_table::borrowed`]) and may close the original: an untracked fd
+    // is the output whose file it is.
+    for fd in 0..=max.max(2) {
         // SAFETY: fcntl query on an fd number; no pointers.
         let flags = unsafe { crate::real::fcntl(fd, libc::F_GETFD, 0) };
         if flags < 0 {
             continue;
         }
+        let idx = match fd_table::get(fd) {
+            Some(Tracked::Output(idx)) => idx,
+            None if flags & libc::FD_CLOEXEC == 0 => match file_id(fd).and_then(crate::outputs::slot_of_file) {
+                Some(idx) => idx,
+                None => continue,
+            },
+            _ => continue,
+        };
         if flags & libc::FD_CLOEXEC != 0 {
             if exec {
                 let _g = crate::guard::Guard::enter();

@@ -36,6 +36,24 @@ pub struct Slot {
     /// The process that created it: a forked child that closes (or exits
     /// with) an inherited fd never commits the parent's unfinished file.
     pid: i32,
+    /// Inherited across exec from the process that created it: committed
+    /// at its last close here with COMMIT_LATE ([`crate::exec_outputs`]).
+    late: bool,
+    /// The file's device and inode (0, 0: unknown), by which an exec finds
+    /// the fds a vfork child dup'd from it without tracking them.
+    file: (u64, u64),
+}
+
+/// The device and inode of `fd`'s file ((0, 0) if fstat fails).
+pub fn file_id(fd: c_int) -> (u64, u64) {
+    // SAFETY: plain data, zero is valid.
+    let mut s: libc::stat = unsafe { std::mem::zeroed() };
+    // SAFETY: s is a valid out-pointer; fstat on any int is safe.
+    if unsafe { crate::real::fstat(fd, &mut s) } == 0 {
+        (s.st_dev, s.st_ino)
+    } else {
+        (0, 0)
+    }
 }
 
 fn pid() -> i32 {
@@ -56,7 +74,7 @@ fn take_slot(slot: Box<Slot>) -> Option<usize> {
 
 /// A slot for output directory `path`: its node id (`OUT_DIR | slot`).
 pub fn track_dir(path: &[u8]) -> Option<u32> {
-    let idx = take_slot(Box::new(Slot { path: path.to_vec(), excl: false, mode: 0, refs: 1, unlinked: false, pid: 0 }))?;
+    let idx = take_slot(Box::new(Slot { path: path.to_vec(), excl: false, mode: 0, refs: 1, unlinked: false, pid: 0, late: false, file: (0, 0) }))?;
     Some(OUT_DIR | idx as u32)
 }
 
@@ -93,7 +111,8 @@ pub fn fork_release() {
 
 /// Starts tracking output file `fd` as output `path`. False if the table is full.
 pub fn track(fd: c_int, path: &[u8], excl: bool, mode: u32) -> bool {
-    let Some(idx) = take_slot(Box::new(Slot { path: path.to_vec(), excl, mode, refs: 1, unlinked: false, pid: pid() })) else { return false };
+    let file = file_id(fd);
+    let Some(idx) = take_slot(Box::new(Slot { path: path.to_vec(), excl, mode, refs: 1, unlinked: false, pid: pid(), late: false, file })) else { return false };
     if !fd_table::set(fd, Tracked::Output(idx as u32)) {
         let s = TABLE.with(|t| t.slots[idx].take());
         drop(s);
@@ -107,10 +126,15 @@ pub fn track(fd: c_int, path: &[u8], excl: bool, mode: u32) -> bool {
     true
 }
 
-/// Tracks `fd` as output `path` created by process `pid`, inherited across
-/// an exec ([`crate::exec_outputs`]): false if the table is full.
-pub fn adopt(fd: c_int, path: &[u8], excl: bool, mode: u32, pid: i32) -> Option<u32> {
-    let idx = take_slot(Box::new(Slot { path: path.to_vec(), excl, mode, refs: 1, unlinked: false, pid }))? as u32;
+/// Tracks `fd` as output `path` created by process `creator`, inherited
+/// across an exec ([`crate::exec_outputs`]): None if the table is full.
+/// This process commits it at its last close: as its own if it created it
+/// (bash's child opened it before the exec), else late (COMMIT_LATE: the
+/// creator's commit may have come first, while this process still wrote).
+pub fn adopt(fd: c_int, path: &[u8], excl: bool, mode: u32, creator: i32) -> Option<u32> {
+    let late = creator != pid();
+    let slot = Slot { path: path.to_vec(), excl: excl && !late, mode, refs: 1, unlinked: false, pid: pid(), late, file: file_id(fd) };
+    let idx = take_slot(Box::new(slot))? as u32;
     if !fd_table::set(fd, Tracked::Output(idx)) {
         let s = TABLE.with(|t| t.slots[idx as usize].take());
         drop(s);
@@ -124,9 +148,21 @@ pub fn adopt(fd: c_int, path: &[u8], excl: bool, mode: u32, pid: i32) -> Option<
     Some(idx)
 }
 
-/// Output slot `idx`'s creating process, O_EXCL claim and mode.
+/// Output slot `idx`'s creating process (0 for one this process inherited
+/// late: whoever it goes to next commits it late too), O_EXCL claim and mode.
 pub fn slot_info(idx: u32) -> Option<(i32, bool, u32)> {
-    TABLE.with(|t| t.slots.get(idx as usize)?.as_ref().filter(|s| !s.unlinked && s.refs > 0).map(|s| (s.pid, s.excl, s.mode)))
+    TABLE.with(|t| {
+        t.slots.get(idx as usize)?.as_ref().filter(|s| !s.unlinked && s.refs > 0).map(|s| (if s.late { 0 } else { s.pid }, s.excl, s.mode))
+    })
+}
+
+/// The output slot whose file is `file` (device, inode), if any.
+pub fn slot_of_file(file: (u64, u64)) -> Option<u32> {
+    if file == (0, 0) {
+        return None;
+    }
+    TABLE.with(|t| t.slots.iter().position(|s| s.as_ref().is_some_and(|s| s.refs > 0 && !s.unlinked && s.mode & libc::S_IFMT == libc::S_IFREG && s.file == file)))
+        .map(|i| i as u32)
 }
 
 /// The highest fd ever tracked as an output (-1: none).
@@ -305,6 +341,9 @@ pub fn closing(fd: c_int, idx: u32) -> Option<c_int> {
 pub fn commit(st: &State, fd: c_int, s: &Slot) -> Result<(), c_int> {
     let ro = read_only(fd);
     let mut flags = if s.excl { wire::COMMIT_EXCL } else { 0 };
+    if s.late {
+        flags |= wire::COMMIT_LATE;
+    }
     if ro.is_some_and(|(_, sole)| sole) {
         flags |= wire::COMMIT_SOLE;
     }

@@ -45,7 +45,7 @@ enum Spliced {
 
 impl Node {
     /// GET at the owner: the record of `path` and a symlink's target.
-    fn get_record(&self, path: &[u8]) -> Result<(OutRecord, Vec<u8>), i32> {
+    pub(crate) fn get_record(&self, path: &[u8]) -> Result<(OutRecord, Vec<u8>), i32> {
         let r = self.meta_at(path, mop::GET, 0, path.to_vec())?;
         let rec = OutRecord::decode(&r.payload).ok_or(libc::EIO)?;
         Ok((rec, r.payload[OutRecord::LEN..].to_vec()))
