@@ -119,7 +119,12 @@ unsafe fn statvfs_common(name: &'static str, path: *const c_char, buf: *mut libc
 }
 
 fn fd_state<T>(t: crate::fd_table::Tracked, f: impl FnOnce(&'static state::State) -> Outcome<T>) -> Outcome<T> {
-    let _ = t;
+    // A committed output's fd is the real file's, as when it was not
+    // tracked: its file system (a local one: tail -F watches it with
+    // inotify, not by polling as it would an unknown type) and its xattrs.
+    if matches!(t, crate::fd_table::Tracked::Committed { .. }) {
+        return Outcome::Passthrough;
+    }
     match state::current() {
         Some(st) => f(st),
         None => Outcome::Passthrough,

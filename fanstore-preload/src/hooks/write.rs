@@ -140,8 +140,10 @@ unsafe fn timespec_attr(times: *const libc::timespec) -> Attr {
 }
 
 /// fchmod, fchown, futimens, fsetxattr of a tracked fd: an input (or a
-/// directory) is read-only; an output being written is a real file of ours,
-/// changed natively (its record takes the mode of its creating open).
+/// directory) is read-only; an output's fd is a real file of ours, changed
+/// natively (one being written: its commit takes the mode and times; a
+/// committed one opened: its record stays as it is, as before such fds
+/// were tracked).
 fn ro_fd(t: crate::fd_table::Tracked) -> Outcome<c_int> {
     if crate::ops::out::is_output(t) {
         return Outcome::Passthrough;

@@ -155,6 +155,24 @@ pub fn ino(rel: &[u8]) -> u64 {
     fanstore_core::checksum::xxh3(rel) | (1 << 63)
 }
 
+/// The inode number of output `rel` with record `r`. A committed file with
+/// bytes has one per version (its holder and output id): a rewrite or a
+/// rename over it gives a new one, as a replaced file has natively, so
+/// `tail -F` reopens a log rewritten on another node, where the copy it has
+/// open never changes. The path's own number otherwise: for directories and
+/// symlinks, for a file its process is still writing (sqlite compares the
+/// number its open saw with stat of its path before each write), and for
+/// an empty file (`tar -x` leaves an empty placeholder for a symlink, then
+/// checks that stat of it still gives the number fstat gave while it was open).
+pub fn file_ino(rel: &[u8], r: &OutRecord) -> u64 {
+    if r.mode & libc::S_IFMT == libc::S_IFREG && r.id != 0 && r.size > 0 {
+        let version = r.id ^ (u64::from(r.holder) << 40);
+        ino(rel) ^ (version.wrapping_mul(0x9e37_79b9_7f4a_7c15) & !(1 << 63))
+    } else {
+        ino(rel)
+    }
+}
+
 fn split_ns(ns: i64) -> (i64, i64) {
     (ns.div_euclid(1_000_000_000), ns.rem_euclid(1_000_000_000))
 }
@@ -164,7 +182,7 @@ pub fn stat_of(st: &State, rel: &[u8], r: &OutRecord) -> libc::stat {
     let mut s: libc::stat = unsafe { std::mem::zeroed() };
     let size = if r.is_dir() { 4096 } else { r.size.min(i64::MAX as u64) as i64 };
     s.st_dev = libc::makedev(super::stat::DEV_MAJOR, super::stat::DEV_MINOR);
-    s.st_ino = ino(rel);
+    s.st_ino = file_ino(rel, r);
     s.st_mode = r.mode;
     s.st_nlink = if r.is_dir() { 2 } else { 1 };
     s.st_uid = st.uid;

@@ -8,7 +8,7 @@ use super::{parent_of, Outcome, VPath};
 use crate::client;
 use crate::fd_table::{self, Tracked};
 use crate::state::State;
-use fanstore_core::wire::op;
+use fanstore_core::wire::{op, OutRecord};
 use libc::c_int;
 
 
@@ -29,13 +29,13 @@ pub fn open_read(st: &State, rel: &[u8], flags: c_int) -> Result<c_int, c_int> {
     Ok(fd)
 }
 
-/// open(2) for reading of committed output `rel` (mode `mode`): its fd,
+/// open(2) for reading of committed output `rel` (record `r`): its fd,
 /// tracked so that fstat gives the identity stat of its path gives
 /// (cp refuses a source whose fstat names another file: "replaced while
 /// being copied"). An fd the table has no room for stays untracked.
-fn open_committed(st: &State, rel: &[u8], flags: c_int, mode: u32) -> Result<c_int, c_int> {
+fn open_committed(st: &State, rel: &[u8], flags: c_int, r: &OutRecord) -> Result<c_int, c_int> {
     let fd = open_read(st, rel, flags)?;
-    fd_table::set_committed(fd, mode, super::namespace::ino(rel));
+    fd_table::set_committed(fd, r.mode, super::namespace::file_ino(rel, r));
     Ok(fd)
 }
 
@@ -76,7 +76,7 @@ pub fn open(vp: &VPath, flags: c_int, mode: u32) -> Outcome<c_int> {
             let keep = flags & libc::O_TRUNC == 0;
             create(vp, flags, r.mode, keep).into()
         }
-        Some(r) => open_committed(st, vp.rel, flags, r.mode).into(),
+        Some(r) => open_committed(st, vp.rel, flags, &r).into(),
         None if !creat => Outcome::Errno(libc::ENOENT),
         None if vp.must_be_dir => Outcome::Errno(libc::EISDIR),
         None => match dir_exists(st, parent_of(vp.rel)) {
@@ -276,9 +276,9 @@ pub fn open_dir(vp: &VPath, flags: c_int) -> Result<(c_int, u32), c_int> {
     Ok((fd, node))
 }
 
-/// Is `t` an output being written?
+/// Is `t` an output's file (being written, or a committed one opened)?
 pub fn is_output(t: Tracked) -> bool {
-    matches!(t, Tracked::Output(_))
+    matches!(t, Tracked::Output(_) | Tracked::Committed { .. })
 }
 
 /// After a change of output `fd`'s mode bits made by the kernel (an access
