@@ -22,6 +22,8 @@ command -v sbatch >/dev/null 2>&1 || need_apt+=(slurm-client)
 ls /usr/lib/llvm-*/lib/libclang.so* /usr/lib/llvm-*/lib/libclang-[0-9]*.so* >/dev/null 2>&1 || need_apt+=(libclang-dev clang)
 command -v pkg-config >/dev/null 2>&1 || need_apt+=(pkg-config)
 command -v g++ >/dev/null 2>&1 || need_apt+=(g++)
+# Command-line tools the output tests run (tests/test_output_tools.py).
+for t in git patch; do command -v $t >/dev/null 2>&1 || need_apt+=($t); done
 
 # The current choice of each MPI alternative (empty when unset).
 alt() { update-alternatives --query "$1" 2>/dev/null | awk '/^Value:/ {print $2}'; }
