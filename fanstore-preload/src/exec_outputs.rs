@@ -157,11 +157,10 @@ pub fn adopt_inherited() {
     unsafe { libc::unsetenv(name.as_ptr()) };
     let mut slots: Vec<(u32, u32)> = Vec::new();
     for e in value.split(|&c| c == b';').filter(|e| !e.is_empty()).filter_map(parse) {
+        // (No log here: FANSTORE_DEBUG is read later, at the first call.)
         if file_id(e.fd) != Some((e.dev, e.ino)) || fd_table::get(e.fd).is_some() {
-            crate::dlog!("exec: fd {} is no longer output {}", e.fd, crate::debug::B(&e.path));
             continue;
         }
-        crate::dlog!("exec: fd {} is output {} (of pid {})", e.fd, crate::debug::B(&e.path), e.pid);
         match slots.iter().find(|(old, _)| *old == e.slot) {
             Some(&(_, new)) => {
                 if fd_table::set(e.fd, Tracked::Output(new)) {
