@@ -58,23 +58,28 @@ pub fn entries(exec: bool) -> Option<Vec<u8>> {
     }
     let mut out = VAR.to_vec();
     let mut path = [0u8; fanstore_core::path::MAX_PATH];
-    // A vfork child (Python's subprocess) dup2s an output onto its stdout
-    // without tracking the copy (the tables are its parent's,
-    // [`fd_table::borrowed`]) and may close the original: an untracked fd
-    // is the output whose file it is.
     for fd in 0..=max.max(2) {
+        let tracked = match fd_table::get(fd) {
+            Some(Tracked::Output(idx)) => Some(idx),
+            // A vfork child (Python's subprocess) dup2s an output onto its
+            // stdin, stdout or stderr without tracking the copy (the tables
+            // are its parent's, [`fd_table::borrowed`]) and may close the
+            // original: such an fd is the output whose file it is.
+            None if fd <= 2 => None,
+            _ => continue,
+        };
         // SAFETY: fcntl query on an fd number; no pointers.
         let flags = unsafe { crate::real::fcntl(fd, libc::F_GETFD, 0) };
         if flags < 0 {
             continue;
         }
-        let idx = match fd_table::get(fd) {
-            Some(Tracked::Output(idx)) => idx,
+        let idx = match tracked {
+            Some(idx) => idx,
             None if flags & libc::FD_CLOEXEC == 0 => match file_id(fd).and_then(crate::outputs::slot_of_file) {
                 Some(idx) => idx,
                 None => continue,
             },
-            _ => continue,
+            None => continue,
         };
         if flags & libc::FD_CLOEXEC != 0 {
             if exec {

@@ -199,6 +199,9 @@ crate::hooks! {
     fn rmdir(path: *const c_char) -> c_int {
         path_hook("rmdir", libc::AT_FDCWD, path, -1, write::rmdir, |p| orig::rmdir(p))
     }
+    fn remove(path: *const c_char) -> c_int {
+        path_hook("remove", libc::AT_FDCWD, path, -1, write::remove, |p| orig::remove(p))
+    }
     fn mkdir(path: *const c_char, mode: mode_t) -> c_int {
         path_hook("mkdir", libc::AT_FDCWD, path, -1, |vp| write::mkdir(vp, mode as u32), |p| orig::mkdir(p, mode))
     }

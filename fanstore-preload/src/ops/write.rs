@@ -27,6 +27,15 @@ pub fn rmdir(vp: &VPath) -> Outcome<c_int> {
     })
 }
 
+/// remove(3): unlink, and rmdir where that is a directory (EISDIR), as
+/// glibc's remove does with its internal calls, which no hook sees.
+pub fn remove(vp: &VPath) -> Outcome<c_int> {
+    match unlink(vp) {
+        Outcome::Errno(libc::EISDIR) => rmdir(vp),
+        other => other,
+    }
+}
+
 /// mkdir: an output directory (EEXIST on an input name).
 pub fn mkdir(vp: &VPath, mode: u32) -> Outcome<c_int> {
     super::namespace::mkdir(vp, mode)
