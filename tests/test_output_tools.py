@@ -1,6 +1,7 @@
 """Command-line tools writing outputs, each compared with the same tool on a
 native directory: sed -i and git (mkstemp, chmod of a lock file still open),
-libc's remove (a file, a directory),
+libc's remove (a file, a directory), outputs left open by programs that
+end with _exit (dash, Python's os._exit),
 cp and cp -p (fstat of the source against its stat), cp -a (an access ACL
 refused as on a file system without one), install -m, perl -pi, patch,
 gzip, tar, sort -o, split, mv, touch -r, truncate, dd conv=notrunc, and
@@ -52,6 +53,8 @@ step bash_redirect bash -c 'ls -1 u > ls.txt; wc -l < new.txt > wc.txt 2>&1'
 step subshell_redirect bash -c '(printf x; ls u) > sub.txt'
 step stderr_redirect bash -c 'ls missing-file 2> err.txt; test -s err.txt'
 step python_subprocess python3 -c 'import subprocess; f = open("py.txt", "w"); subprocess.run(["ls", "u"], stdout=f, check=True); f.close(); subprocess.run("ls u > py2.txt", shell=True, check=True)'
+step dash_exit bash -c 'sh -c "ls u >&2" 2> dash.txt; test -s dash.txt'
+step os_exit python3 -c 'import os; f = open("osexit.txt", "w"); f.write("kept"); f.flush(); os._exit(0)'
 step popen_late python3 -c 'import subprocess; p = subprocess.Popen(["sh", "-c", "sleep 0.5; ls u"], stdout=open("late.txt", "w")); p.wait()'
 step c_remove sh -c 'echo x > gone.txt && mkdir gone.d && python3 -c "import ctypes; libc = ctypes.CDLL(None); assert libc.remove(b\"gone.txt\") == 0 and libc.remove(b\"gone.d\") == 0" && test ! -e gone.txt && test ! -e gone.d'
 step git_init git init -q repo

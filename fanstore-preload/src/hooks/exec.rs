@@ -3,6 +3,10 @@
 //! environment ([`crate::exec_outputs`]). With no output open, each passes
 //! the caller's arguments to libc untouched.
 //!
+//! `_exit` and `_Exit` commit the outputs still open first, as `exit`
+//! does through its handler (glibc's `exit` calls its internal `_exit`, not
+//! this one, so nothing is committed twice).
+//!
 //! Not hooked: the variadic execl, execle and execlp (stable Rust cannot
 //! define a C variadic function), and system/popen (glibc spawns their shell
 //! internally, with the process's environment): an output open in a
@@ -81,5 +85,13 @@ crate::hooks! {
         envp: *const *mut c_char,
     ) -> c_int {
         with_outputs(envp.cast(), false, |e| orig::posix_spawnp(pid, file, actions, attr, argv, e.cast()))
+    }
+    fn _exit(status: c_int) -> () {
+        super::catch(crate::outputs::commit_all, ());
+        orig::_exit(status)
+    }
+    fn _Exit(status: c_int) -> () {
+        super::catch(crate::outputs::commit_all, ());
+        orig::_Exit(status)
     }
 }
