@@ -16,7 +16,8 @@
 //! - `paths.rs` (prefix test, classification, virtual cwd), `fd_table.rs`
 //!   (lock-free fd -> node), `dirstream.rs` (virtual `DIR *`), `client.rs`
 //!   (daemon connection pool), `outputs.rs` (outputs being written, their
-//!   commit on the last close), `state.rs` (lazy init, index mapping),
+//!   commit on the last close), `exec_outputs.rs` (those carried across
+//!   exec), `state.rs` (lazy init, index mapping),
 //!   `guard.rs` (re-entrancy), `debug.rs` (`FANSTORE_DEBUG=1`).
 //!
 //! `sud/` catches system calls made outside libc (syscall user dispatch)
