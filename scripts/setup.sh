@@ -70,10 +70,10 @@ if [ ! -x "$FANSTORE_VENV/bin/python" ]; then
   fi
 fi
 if [ -x "$FANSTORE_VENV/bin/python" ] && \
-   ! "$FANSTORE_VENV/bin/python" -c 'import torch, transformers, accelerate, safetensors, numpy, pytest, lightning, jax, orbax.checkpoint, tensorflow, filelock, datasets, pyarrow, lmdb' >/dev/null 2>&1; then
+   ! "$FANSTORE_VENV/bin/python" -c 'import torch, transformers, accelerate, safetensors, numpy, pytest, lightning, jax, orbax.checkpoint, tensorflow, filelock, datasets, pyarrow, lmdb, tensorboard' >/dev/null 2>&1; then
   t0=$(date +%s)
   "$FANSTORE_VENV/bin/python" -m pip install -q --disable-pip-version-check \
-      torch transformers accelerate safetensors numpy pytest lightning "jax[cpu]" orbax-checkpoint tensorflow-cpu filelock datasets lmdb \
+      torch transformers accelerate safetensors numpy pytest lightning "jax[cpu]" orbax-checkpoint tensorflow-cpu filelock datasets lmdb tensorboard \
     && echo "setup: frameworks installed into $FANSTORE_VENV in $(( $(date +%s) - t0 )) s" >&2 \
     || echo "setup: installing the frameworks into $FANSTORE_VENV failed" >&2
 fi

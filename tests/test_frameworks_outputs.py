@@ -9,8 +9,10 @@ renamed into place, old steps removed), HF transformers' Trainer
 resume_from_checkpoint on another node) and TensorFlow/Keras (model.save of a
 .keras zip, tf.train.CheckpointManager(max_to_keep=2), save_weights to
 HDF5) and torch.distributed.checkpoint (2 ranks save, sync and async; 2
-ranks and 1 rank load; FSDP2 shards saved by 2 ranks, loaded by 2, 1 and 3). The frameworks come from the venv of scripts/setup.sh (fixture
-framework_python)."""
+ranks and 1 rank load; FSDP2 shards saved by 2 ranks, loaded by 2, 1 and 3),
+and TensorBoard event files (tf.summary, torch's SummaryWriter) read back by
+TensorBoard's reader. The frameworks come from the venv of scripts/setup.sh
+(fixture framework_python)."""
 import json
 import os
 import socket
@@ -224,6 +226,39 @@ def cl(bins, tmp_path_factory):
     c.stop()
 
 
+TENSORBOARD = r"""
+import json, os, sys
+os.environ["TF_CPP_MIN_LOG_LEVEL"] = "3"
+root, mode = sys.argv[1], sys.argv[2]
+if mode == "write":
+    import tensorflow as tf
+    from torch.utils.tensorboard import SummaryWriter
+    w = tf.summary.create_file_writer(os.path.join(root, "tf"))
+    with w.as_default():
+        for step in range(5):
+            tf.summary.scalar("loss", 1.0 / (step + 1), step=step)
+    w.close()
+    sw = SummaryWriter(os.path.join(root, "pt"))
+    for step in range(5):
+        sw.add_scalar("loss", 2.0 / (step + 1), step)
+    sw.close()
+    print(json.dumps({d: len(os.listdir(os.path.join(root, d))) for d in ("tf", "pt")}))
+else:
+    import tensorflow as tf
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+    out = {}
+    for d in ("tf", "pt"):
+        ea = EventAccumulator(os.path.join(root, d))
+        ea.Reload()
+        if "loss" in ea.Tags()["scalars"]:  # torch's SummaryWriter: scalar summaries
+            values = [e.value for e in ea.Scalars("loss")]
+        else:  # tf.summary in TF 2: tensor summaries
+            values = [float(tf.make_ndarray(e.tensor_proto)) for e in ea.Tensors("loss")]
+        out[d] = [round(v, 4) for v in values]
+    print(json.dumps(out))
+"""
+
+
 def run(py, c, node, code, *args):
     env = c.env(node) if c else None
     if env is not None:
@@ -329,3 +364,14 @@ def test_tensorflow_and_keras_checkpoints(framework_python, cl, tmp_path):
     assert run(framework_python, cl, 2, TENSORFLOW, f"{MOUNT}/tf", "save") == native
     back = run(framework_python, cl, 0, TENSORFLOW, f"{MOUNT}/tf", "load")
     assert back == {"latest": "ckpt-3", "kernel": 2.0, "keras": 2.0, "h5": 2.0}, back
+
+
+def test_tensorboard_event_files_from_tensorflow_and_torch(framework_python, cl, tmp_path):
+    """tf.summary and torch's SummaryWriter write event files through /fanstore;
+    TensorBoard's own reader reads them back on another node as natively."""
+    native = run(framework_python, None, 0, TENSORBOARD, str(tmp_path / "native"), "write")
+    assert native == {"tf": 1, "pt": 1}, native
+    assert run(framework_python, cl, 1, TENSORBOARD, f"{MOUNT}/tb", "write") == native
+    want = run(framework_python, None, 0, TENSORBOARD, str(tmp_path / "native"), "read")
+    assert want["pt"] == [2.0, 1.0, 0.6667, 0.5, 0.4] and want["tf"] == [1.0, 0.5, 0.3333, 0.25, 0.2], want
+    assert run(framework_python, cl, 3, TENSORBOARD, f"{MOUNT}/tb", "read") == want
