@@ -58,6 +58,7 @@ extern "C" fn on_load() {
     unsafe { libc::pthread_atfork(Some(fork_prepare), Some(fork_parent), Some(fork_child)) };
     sud::init();
     fd_table::set_owner();
+    hooks::exec::resolve_exits();
     exec_outputs::adopt_inherited();
 }
 

@@ -19,6 +19,15 @@ extern "C" {
     static environ: *const *const c_char;
 }
 
+/// Resolves the originals of `_exit` and `_Exit` now (the constructor):
+/// a program may call `_exit` from a signal handler, where a first `dlsym`
+/// could wait for the dynamic loader's lock held by the thread it
+/// interrupted.
+pub fn resolve_exits() {
+    let _ = slot::_exit.get();
+    let _ = slot::_Exit.get();
+}
+
 /// Calls `exec` with `envp`, or with a copy of it that also carries the
 /// outputs the new image inherits (`replaces`: an exec, which ends this
 /// image; false for a spawn).
