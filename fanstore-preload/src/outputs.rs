@@ -296,26 +296,6 @@ pub fn is_foreign(idx: u32) -> bool {
     TABLE.with(|t| matches!(t.slots.get(idx as usize), Some(Some(s)) if s.pid != me))
 }
 
-/// The fds in `lo..=hi` tracked as outputs of another process (at most 64),
-/// to be tracked again after a range clear.
-pub fn foreign_in_range(lo: u32, hi: u32) -> ([(c_int, u32); 64], usize) {
-    let mut out = [(0, 0); 64];
-    let mut n = 0;
-    let max = MAX_FD.load(Ordering::Relaxed);
-    if max < 0 || lo > max as u32 {
-        return (out, 0);
-    }
-    for fd in lo..=hi.min(max as u32) {
-        if let Some(Tracked::Output(idx)) = fd_table::get(fd as c_int) {
-            if n < out.len() && is_foreign(idx) {
-                out[n] = (fd as c_int, idx);
-                n += 1;
-            }
-        }
-    }
-    (out, n)
-}
-
 /// `fd` (tracked as output slot `idx`) is about to be closed: commits the
 /// output if this was its last fd. Returns the errno close must report.
 pub fn closing(fd: c_int, idx: u32) -> Option<c_int> {

@@ -19,12 +19,8 @@ pub fn before_close(fd: c_int) -> Option<c_int> {
             return None;
         }
         match t {
-            Some(Tracked::Output(idx)) if crate::outputs::is_foreign(idx) => {
-                // A (v)forked child closing the parent's output: not ours to touch.
-                crate::client::forget_range(fd, fd);
-                crate::memfd_pool::forget_range(fd, fd);
-                return None;
-            }
+            // A fork child's copy of its parent's output: the parent commits it.
+            Some(Tracked::Output(idx)) if crate::outputs::is_foreign(idx) => {}
             Some(Tracked::Output(idx)) => {
                 let _g = crate::guard::Guard::enter();
                 err = crate::outputs::closing(fd, idx);
@@ -91,8 +87,7 @@ pub fn before_dup2(old: c_int, new: c_int) {
                 return;
             }
             match t {
-                Some(Tracked::Output(idx)) if crate::outputs::is_foreign(idx) => {}
-                Some(Tracked::Output(idx)) => {
+                Some(Tracked::Output(idx)) if !crate::outputs::is_foreign(idx) => {
                     let _g = crate::guard::Guard::enter();
                     let _ = crate::outputs::closing(new, idx);
                     fd_table::clear(new);
@@ -112,18 +107,11 @@ pub fn before_close_range(lo: u32, hi: u32, flags: c_int) {
             // A vfork child closing its fds before exec: the parent's stay tracked.
             return;
         }
-        let (foreign, n) = if fd_table::any() {
+        if fd_table::any() {
             let _g = crate::guard::Guard::enter();
             crate::outputs::closing_range(lo, hi);
-            crate::outputs::foreign_in_range(lo, hi)
-        } else {
-            ([(0, 0); 64], 0)
-        };
-        fd_table::clear_range(lo, hi);
-        // After vfork the table is the parent's: its outputs stay tracked.
-        for &(fd, idx) in &foreign[..n] {
-            fd_table::set(fd, Tracked::Output(idx));
         }
+        fd_table::clear_range(lo, hi);
         crate::client::forget_range(lo.min(i32::MAX as u32) as c_int, hi.min(i32::MAX as u32) as c_int);
         crate::memfd_pool::forget_range(lo.min(i32::MAX as u32) as c_int, hi.min(i32::MAX as u32) as c_int);
     }
