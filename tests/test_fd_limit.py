@@ -157,3 +157,52 @@ def test_fd_exhaustion_then_stop_removes_everything(cluster_factory, fd_dataset)
     left = {n for n in os.listdir("/dev/shm") if n.startswith(stem)}
     assert not left, left
     assert "accepting a connection: Too many open files" in c.log(), c.log()
+
+
+OUTPUTS_WRITER = r"""
+import os, sys
+root, n = sys.argv[1], int(sys.argv[2])
+for i in range(n):
+    d = '%s/d%02d' % (root, i % 10)
+    if i < 10:
+        os.makedirs(d)
+    with open('%s/o%05d.txt' % (d, i), 'w') as f:
+        f.write('output %d\n' % i)
+print('wrote', n)
+"""
+
+OUTPUTS_READER = r"""
+import os, sys
+root, n = sys.argv[1], int(sys.argv[2])
+errors = mismatches = 0
+for i in range(n):
+    try:
+        with open('%s/d%02d/o%05d.txt' % (root, i % 10, i)) as f:
+            if f.read() != 'output %d\n' % i:
+                mismatches += 1
+    except OSError as e:
+        errors += 1
+        if errors < 3:
+            print(i, e, file=sys.stderr)
+print('files=%d errors=%d mismatches=%d' % (n, errors, mismatches))
+"""
+
+
+def test_reading_more_outputs_of_another_node_than_the_fd_limit(cluster_factory, fd_dataset):
+    """Node 0 writes 1,200 small outputs; node 1 reads every one, twice, its daemon under
+    `ulimit -n 256`. Each remote output read is a copy (a memfd) the reading node keeps for later
+    opens: their count must stay within the fd limit (it was capped at 4,096 whatever the limit,
+    and the daemon ran out of fds: EIO from about the 250th)."""
+    _, ds, _ = fd_dataset
+    c = cluster_factory(ds, nranks=2, nofile=256)
+    n = 1200
+    w = subprocess.run([sys.executable, "-c", OUTPUTS_WRITER, "/fanstore/outs", str(n)], env=c.env(0),
+                       capture_output=True, text=True, timeout=600)
+    assert w.returncode == 0 and w.stdout.strip() == f"wrote {n}", (w.stdout, w.stderr, c.log()[-3000:])
+    for _ in range(2):
+        r = subprocess.run([sys.executable, "-c", OUTPUTS_READER, "/fanstore/outs", str(n)], env=c.env(1),
+                           capture_output=True, text=True, timeout=600)
+        assert r.stdout.strip() == f"files={n} errors=0 mismatches=0", (r.stdout, r.stderr, c.log()[-3000:])
+    assert "Too many open files" not in c.log(), c.log()[-3000:]
+    st = c.client(1).status()
+    assert int(st["remote_sent"]) >= n, st  # node 1 fetched them from node 0: the remote path ran

@@ -4,7 +4,8 @@
 //! (see [`crate::copies`]), partition copies are mapped and closed. What it
 //! does hold is bounded: one socket per client connection, a few fds per
 //! request in flight, and the sealed memfds of read-back outputs in the node
-//! cache (bounded by count, [`memfd_cache_entries`]). At start it raises its
+//! cache and in the cache of remote outputs (bounded by count,
+//! [`memfd_cache_entries`], [`remote_output_entries`]). At start it raises its
 //! soft limit to the hard one; an fd-creating call that still fails with
 //! EMFILE/ENFILE is retried after shedding cached memfds, and a client gets
 //! EIO only when every retry failed.
@@ -44,6 +45,15 @@ pub fn nofile() -> u64 {
 /// flight always have room.
 pub fn memfd_cache_entries(nofile: u64) -> usize {
     (nofile / 4).clamp(16, 1 << 20) as usize
+}
+
+/// How many sealed memfds the cache of remote outputs read on this node
+/// ([`crate::remote_out`]) may hold under a soft limit of `nofile` fds: an
+/// eighth of them, beside [`memfd_cache_entries`]' quarter. (It had 4096
+/// whatever the limit: reading 1,000 small outputs of another node under
+/// `ulimit -n 1024` took every fd, and the next open was EIO.)
+pub fn remote_output_entries(nofile: u64) -> usize {
+    (nofile / 8).clamp(8, 1 << 19) as usize
 }
 
 /// Whether `errno` says the process or the system is out of fds.
@@ -107,6 +117,8 @@ mod tests {
     fn bounds() {
         assert_eq!(memfd_cache_entries(1024), 256);
         assert_eq!(memfd_cache_entries(20), 16);
+        assert_eq!(remote_output_entries(1024), 128);
+        assert_eq!(remote_output_entries(20), 8);
         assert!(nofile() > 0);
     }
 }

@@ -294,7 +294,7 @@ impl Node {
             fsync_outputs: AtomicBool::new(false),
             ready_at: OnceLock::new(),
             watch: Default::default(),
-            remote_outs: crate::remote_out::RemoteOutputs::new(cache_mem),
+            remote_outs: crate::remote_out::RemoteOutputs::new(cache_mem, crate::fdlimit::remote_output_entries(crate::fdlimit::nofile())),
             phase: Mutex::new(Phase::Loading),
             phase_cv: Condvar::new(),
         }
@@ -355,7 +355,7 @@ impl Node {
     /// Frees what fds the rank can spare (the output cache's memfds); called
     /// when a call fails with EMFILE/ENFILE, before it is tried again.
     pub fn relieve_fds(&self) {
-        let n = self.cache.shed();
+        let n = self.cache.shed() + self.remote_outs.shed();
         let spares = self.copies.get().map_or(0, |c| c.spares.shed());
         self.counters.fd_pressure.fetch_add(1, Relaxed);
         log::debug!("rank {}: out of file descriptors: released {n} cached memfds and {spares} spare copies", self.id.rank);

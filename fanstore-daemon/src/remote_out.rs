@@ -37,8 +37,14 @@ pub struct RemoteOutputs {
 }
 
 impl RemoteOutputs {
-    pub fn new(cache_mem: u64) -> RemoteOutputs {
-        RemoteOutputs { cache: Cache::with_limits(cache_mem / 4, 4096, None), budget: cache_mem / 4 }
+    /// At most a quarter of `cache_mem` bytes and `max_entries` memfds.
+    pub fn new(cache_mem: u64, max_entries: usize) -> RemoteOutputs {
+        RemoteOutputs { cache: Cache::with_limits(cache_mem / 4, max_entries, None), budget: cache_mem / 4 }
+    }
+
+    /// Evicts the older half (out of fds; open fds of programs stay valid).
+    pub fn shed(&self) -> usize {
+        self.cache.shed()
     }
 
     /// Would a copy of `size` bytes be kept?
@@ -62,7 +68,7 @@ impl Node {
     /// A new read-only description of the node's copy of remote output `rec`.
     pub(crate) fn open_remote_output(&self, path: &[u8], rec: &OutRecord) -> Result<OwnedFd, i32> {
         match self.load_remote_output(path, rec)? {
-            Some(c) => crate::open::reopen(&c.fd),
+            Some(c) => crate::fdlimit::retry(|| self.relieve_fds(), || crate::open::reopen(&c.fd)),
             None => self.fetch_output(path, rec, self.output_fetch_timeout(rec)), // a key collision: not shared
         }
     }
@@ -82,7 +88,14 @@ impl Node {
 
     /// The bytes of remote output `rec` from its holder, in a sealed memfd.
     fn fetch_output(&self, path: &[u8], rec: &OutRecord, timeout: Duration) -> Result<OwnedFd, i32> {
-        let target = MemfdBuilder::unmapped(&format!("fanstore:out:{}:{}", rec.holder, rec.id), rec.size).map_err(|_| libc::ENOMEM)?;
+        let name = format!("fanstore:out:{}:{}", rec.holder, rec.id);
+        let target = crate::fdlimit::retry(
+            || self.relieve_fds(),
+            || MemfdBuilder::unmapped(&name, rec.size).map_err(|e| match e {
+                crate::memfd::MemfdError::Create(e) => crate::fdlimit::errno_of(&e),
+                _ => libc::ENOMEM,
+            }),
+        )?;
         if rec.size > 0 {
             let len = usize::try_from(rec.size).map_err(|_| libc::EFBIG)?;
             let node_id = u32::try_from(rec.id).ok().filter(|&i| i & OUT_BIT == 0).ok_or(libc::EIO)?;
