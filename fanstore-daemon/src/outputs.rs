@@ -549,6 +549,7 @@ impl Node {
             d.wait_committed(); // queued checkpoints go in as deduplicated, not as plain files
         }
         let mut files = 0;
+        let mut unsynced = 0;
         if let Ok(rd) = std::fs::read_dir(self.out_dir()) {
             for e in rd.flatten() {
                 if e.path().extension().is_some() || e.file_type().map_or(true, |t| t.is_dir()) {
@@ -559,9 +560,16 @@ impl Node {
                     .and_then(|b| crate::persist::decode_index(&e.path(), &b).ok())
                     .and_then(|mut r| r.pop())
                     .map(|(_, rec)| (rec.size, rec.sum));
-                crate::persist::drain_file(dir, &e.path(), known)?;
+                crate::persist::drain_file(dir, &e.path(), known, &mut unsynced)?;
                 files += 1;
+                if unsynced >= crate::persist::UNSYNCED_MAX {
+                    crate::persist::flush(dir)?;
+                    unsynced = 0;
+                }
             }
+        }
+        if unsynced > 0 {
+            crate::persist::flush(dir)?; // before the index names them (drain_meta)
         }
         if let Some(d) = self.dedup.get() {
             let dst = crate::dedup::drained_dir(dir, self.id.rank);
