@@ -26,7 +26,9 @@
 //! COMMIT    payload path, fd attached (the output file: an unnamed local
 //!           file or a memfd), arg0 COMMIT_EXCL, COMMIT_SOLE, COMMIT_LATE bits,
 //!           arg1 mode bits; reply errno once the owner rank registered it
-//! OUT_STAT  payload path; reply value = size, payload = StatAnswer (OutRecord, 56 bytes, first)
+//! OUT_STAT  payload path, arg0 STAT_NOFOLLOW, STAT_PARENT bits; reply value = size,
+//!           payload = StatAnswer (OutRecord, 56 bytes, first); with STAT_PARENT an
+//!           ENOENT reply carries the errno of the name's directory
 //! OUT_OPEN  payload path; reply: an fd with the output's bytes
 //! OUT_LIST  payload directory path, arg0 = entries to skip; reply value =
 //!           entries in this reply (0: end), payload = entries, each
@@ -108,6 +110,13 @@ pub mod op {
 /// (lstat, readlink). Symlinks in the directories of the path are always
 /// followed.
 pub const STAT_NOFOLLOW: u64 = 1;
+/// OUT_STAT arg0 bit, for an open that may create the name: when the path
+/// has no record (ENOENT), the reply's payload is the errno (u32 LE) that
+/// the name's directory gives, 0 when it is a directory the name can be
+/// created in (ENOENT, ENOTDIR otherwise); an empty payload when the daemon
+/// did not look (a directory reached through a symlink out of the mount).
+/// Saves the open a second round trip to the daemon.
+pub const STAT_PARENT: u64 = 2;
 
 /// The OUT_STAT reply payload after the record: the path the daemon
 /// resolved (relative to the mount; empty if it is the asked path), then a

@@ -237,7 +237,27 @@ impl Node {
             Ok(Looked::Output { path: p, rec, target }) => Ok(wire::StatAnswer::encode(&rec, &resolved(&p), &target)),
             Ok(Looked::Input { path: p, node }) => Ok(wire::StatAnswer::encode(&self.input_record(node), &resolved(&p), b"")),
             Ok(Looked::Outside(abs)) => Err((libc::EXDEV, abs)),
+            Err(libc::ENOENT) if flags & wire::STAT_PARENT != 0 => {
+                let dir = self.dir_errno(parent(path).0);
+                Err((libc::ENOENT, dir.map(|e| (e as u32).to_le_bytes().to_vec()).unwrap_or_default()))
+            }
             Err(e) => Err((e, Vec::new())),
+        }
+    }
+
+    /// Whether a name can be created in `dir` (symlinks followed): 0 when it
+    /// is a directory, else the errno an open with O_CREAT gives (ENOENT,
+    /// ENOTDIR); None when `dir` leads out of the mount (the client looks).
+    fn dir_errno(&self, dir: &[u8]) -> Option<i32> {
+        use crate::namespace::links::Looked;
+        if dir.is_empty() {
+            return Some(0);
+        }
+        match self.lookup(dir, true) {
+            Ok(Looked::Output { rec, .. }) => Some(if rec.is_dir() { 0 } else { libc::ENOTDIR }),
+            Ok(Looked::Input { node, .. }) => Some(if self.view.node(node).is_some_and(|n| n.is_dir()) { 0 } else { libc::ENOTDIR }),
+            Ok(Looked::Outside(_)) => None,
+            Err(e) => Some(e),
         }
     }
 

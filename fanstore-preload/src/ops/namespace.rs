@@ -61,6 +61,29 @@ pub fn lookup(st: &State, rel: &[u8], follow: bool) -> Result<Found, c_int> {
     }
 }
 
+/// [`lookup`] (symlinks followed) for an open that may create `rel`: when
+/// `rel` has no record, `Err((ENOENT, dir))` also says whether its
+/// directory can hold it, from the same answer of the daemon:
+/// `Some(0)` yes, `Some(errno)` why not, `None` not known (ask
+/// [`dir_exists`]). One round trip where lookup + dir_exists took two.
+pub fn lookup_creatable(st: &State, rel: &[u8]) -> Result<Found, (c_int, Option<c_int>)> {
+    if surely_absent(st, rel) {
+        return Err((libc::ENOENT, None)); // its directory is an input one: dir_exists asks no one
+    }
+    match client::call_reply(st, &client::request(op::OUT_STAT, wire::STAT_PARENT, 0, rel)) {
+        Ok(a) => {
+            let s = wire::StatAnswer::decode(&a.payload).ok_or((libc::EIO, None))?;
+            Ok(Found::Here { rec: s.rec, real: s.resolved.to_vec(), target: s.target.to_vec() })
+        }
+        Err((libc::EXDEV, payload)) if !payload.is_empty() => Ok(Found::Outside(payload)),
+        Err((libc::ENOENT, payload)) => {
+            let dir = <[u8; 4]>::try_from(payload.as_slice()).ok().map(|b| u32::from_le_bytes(b) as c_int);
+            Err((libc::ENOENT, dir))
+        }
+        Err((e, _)) => Err((e, None)),
+    }
+}
+
 /// The record of an output this process is still writing.
 fn own_record(rel: &[u8]) -> Option<OutRecord> {
     let (fd, idx) = crate::outputs::open_slot_of(rel)?;

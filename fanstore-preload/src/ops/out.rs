@@ -3,7 +3,7 @@
 //! to the daemon at its last close), truncate, and output directory fds.
 //! Names are asked of [`super::namespace`].
 
-use super::namespace::{dir_exists, lookup, real_dir, stat, stat_of, Found, RealDir, INPUT_HOLDER};
+use super::namespace::{dir_exists, lookup, lookup_creatable, real_dir, stat, stat_of, Found, RealDir, INPUT_HOLDER};
 use super::{parent_of, Outcome, VPath};
 use crate::client;
 use crate::fd_table::{self, Tracked};
@@ -53,12 +53,18 @@ pub fn open(vp: &VPath, flags: c_int, mode: u32) -> Outcome<c_int> {
     let st = vp.st;
     let creat = flags & libc::O_CREAT != 0;
     let write = super::open::wants_write(flags);
-    let existing = match lookup(st, vp.rel, true) {
+    // With O_CREAT, a missing name's answer also says whether its directory exists.
+    let found = if creat { lookup_creatable(st, vp.rel) } else { lookup(st, vp.rel, true).map_err(|e| (e, None)) };
+    let mut dir_known = None;
+    let existing = match found {
         Ok(Found::Here { rec, .. }) => Some(rec),
         // A symlink to a file outside the mount: the kernel opens it.
         Ok(Found::Outside(abs)) => return open_outside(&abs, flags, mode),
-        Err(libc::ENOENT) => None,
-        Err(e) => return Outcome::Errno(e),
+        Err((libc::ENOENT, dir)) => {
+            dir_known = dir;
+            None
+        }
+        Err((e, _)) => return Outcome::Errno(e),
     };
     if write && existing.is_some_and(|r| r.holder == INPUT_HOLDER) {
         return Outcome::Errno(libc::EROFS); // an input, through a symlink
@@ -79,7 +85,7 @@ pub fn open(vp: &VPath, flags: c_int, mode: u32) -> Outcome<c_int> {
         Some(r) => open_committed(st, vp.rel, flags, &r).into(),
         None if !creat => Outcome::Errno(libc::ENOENT),
         None if vp.must_be_dir => Outcome::Errno(libc::EISDIR),
-        None => match dir_exists(st, parent_of(vp.rel)) {
+        None => match dir_known.map_or_else(|| dir_exists(st, parent_of(vp.rel)), |e| if e == 0 { Ok(()) } else { Err(e) }) {
             Ok(()) => create(vp, flags, libc::S_IFREG | (mode & 0o7777 & !0o022), false).into(),
             Err(e) => Outcome::Errno(e),
         },
