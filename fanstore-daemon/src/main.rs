@@ -253,7 +253,7 @@ fn run(args: &DaemonArgs) -> anyhow::Result<i32> {
             }
             cleanup.state = None; // leave the Failed state for `fanstore wait`
             drop(comm);
-            finalize(universe, false, &mut cleanup);
+            finalize(universe, false, Duration::ZERO, &mut cleanup);
             return Ok(1);
         }
         Ok(p) if any_failed != 0 => {
@@ -263,7 +263,7 @@ fn run(args: &DaemonArgs) -> anyhow::Result<i32> {
             let _ = p.server.join();
             cleanup.state = None;
             drop(comm);
-            finalize(universe, false, &mut cleanup);
+            finalize(universe, false, Duration::ZERO, &mut cleanup);
             return Ok(1);
         }
         Ok(p) => p,
@@ -436,7 +436,18 @@ fn run(args: &DaemonArgs) -> anyhow::Result<i32> {
     log::info!("rank {rank}: stopping ({cause:?})");
     node.set_phase(Phase::Stopping);
     node.stopping.store(true, Relaxed);
-    let clean = engine.shutdown(if cause == StopCause::Orphaned { StopCause::Local } else { cause }, &p.rx);
+    // What this rank will drain to --persist, as seconds at a pessimistic
+    // rate: the ranks agree on the longest at the shutdown barrier, and each
+    // lets MPI_Finalize wait that much more for the others (below).
+    let drain_secs = node.persist.get().map_or(0, |_| node.drain_estimate_secs());
+    let (clean, slowest_drain) = engine.shutdown(if cause == StopCause::Orphaned { StopCause::Local } else { cause }, &p.rx, drain_secs);
+    // A rank that finished its stop early waits in MPI_Finalize for the
+    // others; its watchdog (10 s, for MPICH 4.0's finalize hang) must not end
+    // it while a peer still drains: its launcher would then kill the peer
+    // mid-drain (measured, 2 ranks, one draining 100,000 outputs: most never
+    // reached --persist). A barrier after the drains instead made MPICH's
+    // finalize hang on every rank (4 ranks, 5 runs of 5).
+    let drain_allowance = Duration::from_secs(u64::try_from(slowest_drain).unwrap_or(0));
     drop(engine);
     let _ = p.server.join();
     if let Some(dir) = node.persist.get() {
@@ -461,21 +472,8 @@ fn run(args: &DaemonArgs) -> anyhow::Result<i32> {
         s.cache_evictions
     );
     node.cache.clear(); // closes the cached memfds: removing the tree needs fds too
-    if clean {
-        // Every rank drains before any enters MPI_Finalize, whose watchdog
-        // (10 s) would otherwise end a rank that finished early, and its
-        // launcher then kill a rank still draining: measured, 2 ranks, one
-        // draining 100,000 outputs: killed 10 s into its drain, most of its
-        // outputs never reached --persist.
-        let waited = comm.barrier_unbounded(Duration::from_secs(10), |t| {
-            log::info!("rank {rank}: waiting for the other ranks to finish their stop (drains to --persist), {} s so far", t.as_secs())
-        });
-        if !waited {
-            log::warn!("rank {rank}: the barrier after the drain failed; finalizing anyway");
-        }
-    }
     drop(comm);
-    finalize(universe, clean, &mut cleanup);
+    finalize(universe, clean, drain_allowance, &mut cleanup);
     log::info!("rank {rank}: stopped");
     Ok(0)
 }
@@ -546,7 +544,7 @@ fn share_host_cpus(universe: &mpi::environment::Universe, rank: u32, online: usi
 
 /// Finalises MPI under a watchdog: a peer that vanished, or a finalize
 /// hang, must not keep the rank alive.
-fn finalize(universe: mpi::environment::Universe, clean: bool, cleanup: &mut Cleanup) {
+fn finalize(universe: mpi::environment::Universe, clean: bool, allowance: Duration, cleanup: &mut Cleanup) {
     let code = if clean { 0 } else { 1 };
     let mut aside = Some(cleanup.set_aside());
     if !clean {
@@ -563,7 +561,7 @@ fn finalize(universe: mpi::environment::Universe, clean: bool, cleanup: &mut Cle
             t.remove();
         }
     };
-    fanstore_daemon::comm::raw::finalize(universe, Duration::from_secs(10), code, move || remove(&by_watchdog));
+    fanstore_daemon::comm::raw::finalize(universe, Duration::from_secs(10) + allowance, code, move || remove(&by_watchdog));
     remove(&tombs);
 }
 

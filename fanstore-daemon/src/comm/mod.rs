@@ -1053,7 +1053,10 @@ impl<'a> Engine<'a> {
     /// ours, fails fetches in flight, lets sends finish (bounded), and meets
     /// every rank in a barrier (bounded) so no rank finalises while others
     /// still talk to it. Returns false if a bounded wait ran out.
-    pub fn shutdown(&mut self, cause: StopCause, rx: &Receiver<Command>) -> bool {
+    /// Returns whether every rank took part (the stop is clean), and the
+    /// largest `drain_secs` of the ranks (0 when not every rank reached the
+    /// barrier).
+    pub fn shutdown(&mut self, cause: StopCause, rx: &Receiver<Command>, drain_secs: i32) -> (bool, i32) {
         let me = self.comm.rank;
         if let Some(w) = &self.waiter {
             let [cmd, fd, timeout, idle] = w.tally();
@@ -1138,7 +1141,16 @@ impl<'a> Engine<'a> {
             log::warn!("rank {me}: not every rank reached the shutdown barrier within 10 s");
             clean = false;
         }
-        clean
+        if !met {
+            return (false, 0);
+        }
+        // Every rank passed the barrier, so every rank asks: the maximum
+        // arrives at once (a timeout would abort the job).
+        let slowest = comm.allreduce_max(drain_secs, Duration::from_secs(10), || {
+            let _ = self.drain_incoming();
+            let _ = self.poll_completions_only();
+        });
+        (clean, slowest.unwrap_or(0))
     }
 
     /// Receives and drops requests and control messages (used when stopping).

@@ -269,37 +269,6 @@ impl Handle {
         self.wait(&mut req, timeout, &mut idle)
     }
 
-    /// A barrier with no time limit, for work every rank must finish before
-    /// any of them may leave (the drain to `--persist` at stop): `waiting`
-    /// is called with the time waited so far, every `every`. False on an
-    /// MPI error. A rank that dies instead ends the job through its
-    /// launcher, which kills the ranks waiting here.
-    pub fn barrier_unbounded(&self, every: Duration, mut waiting: impl FnMut(Duration)) -> bool {
-        // SAFETY: placeholder overwritten by MPI_Ibarrier.
-        let mut req: Request = unsafe { std::mem::zeroed() };
-        // SAFETY: valid communicator and out pointer.
-        if unsafe { ffi::MPI_Ibarrier(self.comm, &mut req) } != 0 {
-            return false;
-        }
-        let start = Instant::now();
-        loop {
-            if self.wait(&mut req, every, &mut || {}) {
-                return true;
-            }
-            if self.failed(&mut req) {
-                return false;
-            }
-            waiting(start.elapsed());
-        }
-    }
-
-    /// Whether testing `req` fails (an MPI error, not "not yet").
-    fn failed(&self, req: &mut Request) -> bool {
-        let mut flag: c_int = 0;
-        // SAFETY: req is an active request; status is ignored.
-        unsafe { ffi::MPI_Test(req, &mut flag, ffi::RSMPI_STATUS_IGNORE) != 0 }
-    }
-
     fn wait(&self, req: &mut Request, timeout: Duration, idle: &mut dyn FnMut()) -> bool {
         let deadline = Instant::now() + timeout;
         let mut nap = Duration::from_micros(20);
