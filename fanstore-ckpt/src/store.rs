@@ -760,6 +760,11 @@ impl CheckpointStore {
             });
             match same.and_then(|_| self.packs().adopt(f, len)) {
                 Ok(x) => st.extent = Some(x),
+                // The file lost its last name since its commit (a program
+                // removed the output before this queued commit ran): it
+                // cannot be linked any more, and is copied as any file not
+                // adopted. Adopting others still works.
+                Err(CkptError::Io { source, .. }) if source.kind() == std::io::ErrorKind::NotFound => {}
                 Err(e) => st.adopt_error = Some(e),
             }
         }

@@ -92,6 +92,34 @@ fn an_incompressible_file_is_adopted_not_copied_and_reads_back_after_reopen() {
 }
 
 #[test]
+fn a_file_removed_before_its_commit_is_copied_and_later_files_are_still_adopted() {
+    let d = tempfile::tempdir().unwrap();
+    let (sdir, files) = (d.path().join("store"), d.path().join("files"));
+    let mut store = CheckpointStore::open(&sdir).unwrap();
+    let mut rng = Rng(5);
+    // As when a program removes an output before the daemon's queued commit runs:
+    // the file is open but has no name left, so it cannot be linked.
+    std::fs::create_dir_all(&files).unwrap();
+    let gone = file(&mut rng, 100, 0, 12);
+    let p = files.join("gone");
+    std::fs::write(&p, &gone).unwrap();
+    let f = std::fs::File::open(&p).unwrap();
+    std::fs::remove_file(&p).unwrap();
+    // SAFETY (test): nothing writes the file while it is mapped.
+    let map = Arc::new(unsafe { memmap2::Mmap::map(&f) }.unwrap());
+    store.commit_adopting(b"gone", map, &f, None).unwrap();
+    assert!(extents(&sdir).is_empty(), "nothing to link");
+    assert_eq!(store.read(b"gone").unwrap(), gone, "copied");
+    assert!(store.repairs().is_empty(), "not a fault of the store: {:?}", store.repairs());
+    let next = file(&mut rng, 101, 0, 12);
+    let (p2, _) = commit_file(&mut store, &files, "next", &next);
+    let xs = extents(&sdir);
+    assert_eq!(xs.len(), 1, "the next file is adopted: {xs:?}");
+    assert_eq!(std::fs::metadata(&xs[0]).unwrap().ino(), std::fs::metadata(&p2).unwrap().ino());
+    assert_eq!(store.read(b"next").unwrap(), next);
+}
+
+#[test]
 fn files_that_share_or_compress_are_copied_as_before() {
     let d = tempfile::tempdir().unwrap();
     let (sdir, files) = (d.path().join("store"), d.path().join("files"));
