@@ -30,11 +30,18 @@ rotating order each run):
      Each run writes new bytes (so the content-addressed drain cannot skip
      them) and removes them afterwards; `sync` is run before each timing so
      neither side pays for the other's dirty pages.
+  3. many small outputs (as a job writing one prediction or log file per
+     sample): SMALL_FILES files of ~100 B, each opened, written and closed by
+     Python, through the mount (the default daemon, and one with
+     `--client-spin-us 0`: its server threads sleep right after each answer)
+     vs a native directory on the same disk, interleaved, µs per file; then
+     SMALL_DRAIN such outputs drained by `fanstore sync` vs `cp -r` + `sync`
+     of the same files written natively.
 One daemon (MPI singleton) per configuration, local dir next to the native dirs.
 Writes bench/out/write.md and bench/out/write.json (goals).
 Usage: python3 bench/write_bench.py [--quick]
 Environment: BENCH_REPS [3/3], BENCH_DRAIN_REPS [3/3], BENCH_DRAIN_FILES [64/16],
-  BENCH_DRAIN_BIG_MB [1024/128], BENCH_DIR [/tmp]
+  BENCH_DRAIN_BIG_MB [1024/128], BENCH_SMALL_FILES [5000/1000], BENCH_SMALL_DRAIN [20000/4000], BENCH_DIR [/tmp]
 """
 import json
 import os
@@ -54,6 +61,28 @@ SIZES = [(1 << 20, 32), (64 << 20, 2), ((256 if QUICK else 1024) << 20, 1)]
 DRAIN_REPS = int(E("BENCH_DRAIN_REPS", "3"))
 DRAIN_FILES = int(E("BENCH_DRAIN_FILES", "16" if QUICK else "64"))
 DRAIN_BIG = int(E("BENCH_DRAIN_BIG_MB", "128" if QUICK else "1024")) << 20
+SMALL_FILES = int(E("BENCH_SMALL_FILES", "1000" if QUICK else "5000"))
+SMALL_DRAIN = int(E("BENCH_SMALL_DRAIN", "4000" if QUICK else "20000"))
+
+# Creates `n` files of ~100 B in directory argv[1] (made if missing), one
+# open/write/close each, as a job writing per-sample outputs; prints JSON {total}.
+SMALL_WRITER = r"""
+import json, os, sys, time
+d, n, seed = sys.argv[1], int(sys.argv[2]), int(sys.argv[3])
+os.makedirs(d, exist_ok=True)
+t = time.perf_counter()
+for i in range(n):
+    with open('%s/p%06d.txt' % (d, i), 'w') as f:
+        f.write('%d prediction %d %s\n' % (seed, i, 'x' * 80))
+print(json.dumps({"total": time.perf_counter() - t}))
+"""
+
+
+def small(env, d, n, seed):
+    r = subprocess.run([sys.executable, "-c", SMALL_WRITER, d, str(n), str(seed)], env=env, capture_output=True, text=True)
+    if r.returncode:
+        raise RuntimeError(f"small-file writer into {d} failed (exit {r.returncode}): {r.stderr.strip()[-800:]}")
+    return json.loads(r.stdout)["total"]
 
 # Writes `count` files of `size` distinct bytes into directory argv[1] (made
 # if missing); prints JSON {total, write, fsync, close} seconds (sums).
@@ -227,6 +256,55 @@ def main():
                                 f"({drain_mb / median([x['total'] for x in drains[label]]):.0f} vs "
                                 f"{drain_mb / cp_t:.0f} MB/s)" for label, _ in dcfgs), None))
         sync_out = "; ".join(f"{label}: `{drains[label][-1]['out']}`" for label, _ in dcfgs)
+        # ---------------- 3. many small outputs
+        daemons["fanstore --client-spin-us 0"] = Daemon(work / "ds", work / "dspin0", "/fanstore-wspin0",
+                                                        extra=("--client-spin-us", "0"))
+        sschemes = [("fanstore", daemons["fanstore"].env(), daemons["fanstore"].mount),
+                    ("fanstore --client-spin-us 0", daemons["fanstore --client-spin-us 0"].env(),
+                     daemons["fanstore --client-spin-us 0"].mount),
+                    ("native", None, str(native))]
+        sres = {}
+        for rep in range(REPS):
+            rot = rep % len(sschemes)
+            for name, env, root in sschemes[rot:] + sschemes[:rot]:
+                d = f"{root}/small-{rep}"
+                os.sync()
+                sres.setdefault(name, []).append(small(env, d, SMALL_FILES, rep))
+                rm(d, env)
+        su = {n: median(sres[n]) / SMALL_FILES * 1e6 for n in sres}
+        srows = [[n, f"{su[n]:.0f}", f"{su['native'] / su[n]:.2f}x"] for n, _, _ in sschemes]
+        js["small"] = sres
+        goals.append(("many small outputs", f"no goal set: Python creating {SMALL_FILES} files of ~100 B, µs per "
+                      "file (FanStore / native speed)", f"fanstore {su['fanstore']:.0f} vs native {su['native']:.0f} µs "
+                      f"({su['native'] / su['fanstore']:.2f}x); with --client-spin-us 0: "
+                      f"{su['fanstore --client-spin-us 0']:.0f} µs", None))
+        dm, pdir = daemons["fanstore"], work / "persist0"
+        sdrain = {}
+        for rep in range(DRAIN_REPS):
+            small(dm.env(), f"{dm.mount}/small-drain-{rep}", SMALL_DRAIN, 100 + rep)
+            nat = work / f"small-src-{rep}"
+            small(None, str(nat), SMALL_DRAIN, 100 + rep)
+            for label in (["fanstore", "cp"] if rep % 2 == 0 else ["cp", "fanstore"]):
+                os.sync()
+                if label == "cp":
+                    t = time.perf_counter()
+                    timed(["cp", "-r", str(nat), str(work / f"small-cp-{rep}")])
+                    timed(["sync"])
+                    sdrain.setdefault(label, []).append(time.perf_counter() - t)
+                else:
+                    secs, _ = timed([str(BIN / "fanstore"), "--runtime-dir", str(dm.runtime), "sync"],
+                                    env=dict(os.environ, FANSTORE_RUNTIME_DIR=str(dm.runtime)))
+                    sdrain.setdefault(label, []).append(secs)
+            rm(f"{dm.mount}/small-drain-{rep}", dm.env())
+            rm(nat)
+            rm(work / f"small-cp-{rep}")
+            for p in pdir.iterdir() if pdir.exists() else ():
+                rm(p)
+        js["small_drain"] = sdrain
+        fs_d, cp_d = median(sdrain["fanstore"]), median(sdrain["cp"])
+        goals.append(("drain of many small outputs", f"no goal set: `fanstore sync` of {SMALL_DRAIN} files of "
+                      "~100 B vs `cp -r` + `sync`", f"{cp_d / fs_d:.2f}x ({SMALL_DRAIN / fs_d:.0f} vs "
+                      f"{SMALL_DRAIN / cp_d:.0f} files/s)", None))
     finally:
         for label, d in daemons.items():
             try:
@@ -273,6 +351,19 @@ def main():
           table(["drain", "seconds", "MB/s", "disk MiB", "files", "vs cp -r + sync"], drows), "",
           f"Output of the last `fanstore sync`: {sync_out}.", ""]
     md += ["- " + x for x in where_writes(res, names, cfgs, dcfgs, drains, drain_mb)] + [""]
+    md += [f"## Many small outputs: {SMALL_FILES} files of ~100 B created by Python, and their drain", "",
+           f"Medians of {REPS} interleaved runs: one Python process opens, writes (~100 B) and closes each file "
+           "(`with open(p, 'w')`), through the mount or into a native directory on the same disk; µs per file "
+           "from the first open to the last close. Each FanStore file costs two calls to the daemon: the open "
+           "(does the name exist, can its directory hold it) and the commit at close; `--client-spin-us 0` is "
+           "the daemon whose server threads sleep right after each answer, so each call wakes one (README, MPI "
+           "and threads).", "",
+           table(["scheme", "µs per file", "vs native"], srows), "",
+           f"Drain: {SMALL_DRAIN} such outputs, `fanstore sync` (each copied into DIR/data under its content "
+           "name, files under 1 MiB flushed together by one syncfs per 64 MiB and before the index) against "
+           "`cp -r` + `sync` of the same files written natively, alternating, medians of "
+           f"{DRAIN_REPS}: {fs_d:.2f} s ({SMALL_DRAIN / fs_d:.0f} files/s) against {cp_d:.2f} s "
+           f"({SMALL_DRAIN / cp_d:.0f} files/s): **{cp_d / fs_d:.2f}x**.", ""]
     if odd:
         md += ["Odd things seen in this run:", ""] + ["- " + x for x in odd] + [""]
     js["goals"] = goals
