@@ -29,10 +29,20 @@ fn file(rng: &mut Rng, shared_seed: u64, shared: usize, n: usize) -> Vec<u8> {
 /// it through [`CheckpointStore::commit_adopting`], as the daemon does with
 /// a program's closed output. Returns the file's path.
 fn commit_file(store: &mut CheckpointStore, dir: &Path, path: &str, bytes: &[u8]) -> (PathBuf, fanstore_ckpt::store::CommitInfo) {
+    commit_file_named(store, dir, path, bytes, true)
+}
+
+/// [`commit_file`]; with `named` false, the file's name is removed before
+/// the commit (a program removed the output before the daemon's queued
+/// commit ran).
+fn commit_file_named(store: &mut CheckpointStore, dir: &Path, path: &str, bytes: &[u8], named: bool) -> (PathBuf, fanstore_ckpt::store::CommitInfo) {
     std::fs::create_dir_all(dir).unwrap();
     let p = dir.join(path);
     std::fs::write(&p, bytes).unwrap();
     let f = std::fs::File::open(&p).unwrap();
+    if !named {
+        std::fs::remove_file(&p).unwrap();
+    }
     // SAFETY (test): nothing writes the file while it is mapped.
     let map = Arc::new(unsafe { memmap2::Mmap::map(&f) }.unwrap());
     let info = store.commit_adopting(path.as_bytes(), map, &f, None).unwrap();
@@ -99,15 +109,8 @@ fn a_file_removed_before_its_commit_is_copied_and_later_files_are_still_adopted(
     let mut rng = Rng(5);
     // As when a program removes an output before the daemon's queued commit runs:
     // the file is open but has no name left, so it cannot be linked.
-    std::fs::create_dir_all(&files).unwrap();
     let gone = file(&mut rng, 100, 0, 12);
-    let p = files.join("gone");
-    std::fs::write(&p, &gone).unwrap();
-    let f = std::fs::File::open(&p).unwrap();
-    std::fs::remove_file(&p).unwrap();
-    // SAFETY (test): nothing writes the file while it is mapped.
-    let map = Arc::new(unsafe { memmap2::Mmap::map(&f) }.unwrap());
-    store.commit_adopting(b"gone", map, &f, None).unwrap();
+    commit_file_named(&mut store, &files, "gone", &gone, false);
     assert!(extents(&sdir).is_empty(), "nothing to link");
     assert_eq!(store.read(b"gone").unwrap(), gone, "copied");
     assert!(store.repairs().is_empty(), "not a fault of the store: {:?}", store.repairs());
