@@ -199,16 +199,6 @@ pub struct DaemonArgs {
     /// side-by-side rows of bench/remote_profile.py and bench/train_nodes.py.
     #[arg(long, default_value_t = 2000, hide = true)]
     pub comm_fd_bound_us: u64,
-    /// Microseconds a connection's server thread keeps polling its client's
-    /// socket after answering, before it sleeps, while no runnable thread of
-    /// the node waits for a CPU (the check of `--comm-spin-us`, comm/spin.rs):
-    /// a program's next call then finds it awake instead of waking it, and
-    /// a wake-up across CPUs costs ~35 µs of CPU on each side on a VM whose
-    /// idle vCPUs halt. Measured, one daemon, a Python loop creating 5,000
-    /// small outputs (two calls each): 173-204 µs per file against 288-344
-    /// with 0. 0 turns it off. Tuning knob.
-    #[arg(long, default_value_t = 100, hide = true)]
-    pub client_spin_us: u64,
     /// Who posts a remote read's MPI receives and request: `server`, the
     /// server thread that needs it, where MPI granted MPI_THREAD_MULTIPLE
     /// (the communication thread adopts the posted fetch without a wake-up

@@ -406,12 +406,6 @@ fn run(args: &DaemonArgs) -> anyhow::Result<i32> {
     } else {
         (args.comm_spin_us, None)
     };
-    if args.client_spin_us > 0 {
-        let board = fanstore_daemon::comm::spin::PollingBoard::open(&board_path).ok();
-        if let Some(queue) = fanstore_daemon::comm::spin::RunQueue::open(board) {
-            let _ = node.client_spin.set(fanstore_daemon::server::ClientSpin { span: Duration::from_micros(args.client_spin_us), queue });
-        }
-    }
     let mut engine = Engine::new(&comm, &store, &node.counters, args.mpi_piece, args.mpi_pipeline)
         .with_spin(Duration::from_micros(spin_us))
         .with_spin_check(spin_check)

@@ -127,8 +127,6 @@ pub struct Node {
     pub watch: crate::watch::WatchState,
     /// This node's copies of outputs held by other ranks ([`crate::remote_out`]).
     pub remote_outs: crate::remote_out::RemoteOutputs,
-    /// How server threads poll their client's socket after an answer (unset: they do not).
-    pub client_spin: OnceLock<crate::server::ClientSpin>,
     phase: Mutex<Phase>,
     phase_cv: Condvar,
 }
@@ -296,7 +294,6 @@ impl Node {
             fsync_outputs: AtomicBool::new(false),
             ready_at: OnceLock::new(),
             watch: Default::default(),
-            client_spin: OnceLock::new(),
             remote_outs: crate::remote_out::RemoteOutputs::new(cache_mem, crate::fdlimit::remote_output_entries(crate::fdlimit::nofile())),
             phase: Mutex::new(Phase::Loading),
             phase_cv: Condvar::new(),

@@ -14,7 +14,6 @@ use std::os::unix::ffi::OsStrExt;
 use std::path::{Path, PathBuf};
 use std::sync::atomic::Ordering::Relaxed;
 use std::sync::Arc;
-use std::time::{Duration, Instant};
 
 #[derive(Debug, thiserror::Error)]
 pub enum ServerError {
@@ -163,50 +162,11 @@ pub fn serve(listener: Listener, node: Arc<Node>) {
     }
 }
 
-/// A server thread's polling of its client's socket after each answer
-/// (`--client-spin-us`): for up to `span`, yielding its CPU to any thread
-/// queued there, and only while no runnable thread of the node waits for a
-/// CPU (`queue`, the communication thread's check: comm/spin.rs).
-pub struct ClientSpin {
-    pub span: Duration,
-    pub queue: crate::comm::spin::RunQueue,
-}
-
-impl ClientSpin {
-    /// Polls `fd` until it is readable (true) or the span ends, or not at
-    /// all when a thread waits for a CPU (false).
-    fn poll(&self, fd: RawFd) -> bool {
-        if self.queue.crowded() {
-            return false;
-        }
-        self.queue.enter();
-        let start = Instant::now();
-        let ready = loop {
-            let mut p = libc::pollfd { fd, events: libc::POLLIN, revents: 0 };
-            // SAFETY: p is one valid pollfd; a zero timeout does not block.
-            if unsafe { libc::poll(&mut p, 1, 0) } != 0 {
-                break true;
-            }
-            if start.elapsed() >= self.span {
-                break false;
-            }
-            std::thread::yield_now();
-        };
-        self.queue.leave();
-        ready
-    }
-}
-
 fn connection(conn: OwnedFd, node: &Node) {
     let fd = conn.as_raw_fd();
     let mut buf = vec![0u8; wire::MAX_MESSAGE];
-    let mut answered = false;
     while !node.stopping.load(Relaxed) {
-        // After an answer, the client's next call usually follows within
-        // microseconds: poll for it a while before sleeping in poll(2).
-        let early = answered && node.client_spin.get().is_some_and(|s| s.poll(fd));
-        answered = true;
-        match if early { Ok(true) } else { readable(fd) } {
+        match readable(fd) {
             Ok(false) => continue,
             Ok(true) => {}
             Err(_) => return,
