@@ -50,15 +50,7 @@ pub fn lookup(st: &State, rel: &[u8], follow: bool) -> Result<Found, c_int> {
     if surely_absent(st, rel) {
         return Err(libc::ENOENT);
     }
-    let flags = if follow { 0 } else { wire::STAT_NOFOLLOW };
-    match client::call_reply(st, &client::request(op::OUT_STAT, flags, 0, rel)) {
-        Ok(a) => {
-            let s = wire::StatAnswer::decode(&a.payload).ok_or(libc::EIO)?;
-            Ok(Found::Here { rec: s.rec, real: s.resolved.to_vec(), target: s.target.to_vec() })
-        }
-        Err((libc::EXDEV, payload)) if !payload.is_empty() => Ok(Found::Outside(payload)),
-        Err((e, _)) => Err(e),
-    }
+    call_out_stat(st, rel, if follow { 0 } else { wire::STAT_NOFOLLOW }).map_err(|(e, _)| e)
 }
 
 /// [`lookup`] (symlinks followed) for an open that may create `rel`: when
@@ -70,17 +62,22 @@ pub fn lookup_creatable(st: &State, rel: &[u8]) -> Result<Found, (c_int, Option<
     if surely_absent(st, rel) {
         return Err((libc::ENOENT, None)); // its directory is an input one: dir_exists asks no one
     }
-    match client::call_reply(st, &client::request(op::OUT_STAT, wire::STAT_PARENT, 0, rel)) {
+    call_out_stat(st, rel, wire::STAT_PARENT).map_err(|(e, payload)| {
+        let dir = (e == libc::ENOENT).then(|| <[u8; 4]>::try_from(payload.as_slice()).ok()).flatten();
+        (e, dir.map(|b| u32::from_le_bytes(b) as c_int))
+    })
+}
+
+/// One OUT_STAT call with `flags`: the record found, or (errno, the error
+/// reply's payload).
+fn call_out_stat(st: &State, rel: &[u8], flags: u64) -> Result<Found, (c_int, Vec<u8>)> {
+    match client::call_reply(st, &client::request(op::OUT_STAT, flags, 0, rel)) {
         Ok(a) => {
-            let s = wire::StatAnswer::decode(&a.payload).ok_or((libc::EIO, None))?;
+            let s = wire::StatAnswer::decode(&a.payload).ok_or((libc::EIO, Vec::new()))?;
             Ok(Found::Here { rec: s.rec, real: s.resolved.to_vec(), target: s.target.to_vec() })
         }
         Err((libc::EXDEV, payload)) if !payload.is_empty() => Ok(Found::Outside(payload)),
-        Err((libc::ENOENT, payload)) => {
-            let dir = <[u8; 4]>::try_from(payload.as_slice()).ok().map(|b| u32::from_le_bytes(b) as c_int);
-            Err((libc::ENOENT, dir))
-        }
-        Err((e, _)) => Err((e, None)),
+        Err(e) => Err(e),
     }
 }
 
