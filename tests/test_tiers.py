@@ -175,6 +175,48 @@ def test_cache_disk_0_keeps_every_copy_in_memory(cluster_factory, bins, tmp_path
         assert int(cl.status()["cache_disk_bytes"]) == 0
 
 
+def test_small_files_get_copies_in_the_free_room_and_the_others_are_declined(cluster_factory, bins, tmp_path):
+    """Small uncompressed local files decoded by the client get node copies too (a later open is a plain
+    open, not a memfd filled per open), but only in the copy directory's free room: with room for 8 copies
+    (32 KiB, 4 KiB each), 8 of 30 files get one and the other 22 are marked declined (tier 5) without
+    evicting anything (a training epoch would hit as many copies either way, and pay a copy per miss).
+    Later reads of every file send no hint and no OPEN, and give the files' bytes."""
+    import random
+    rng = random.Random(5)
+    src = tmp_path / "src"
+    src.mkdir()
+    for i in range(30):
+        (src / f"r{i:02d}.bin").write_bytes(rng.randbytes(3000 + i))
+    ds = tmp_path / "ds"
+    pack(bins, src, ds, "--partitions", "1", "--compress", "none")
+    c = cluster_factory(ds, nranks=1, extra_args=["--prefill-mem", "0", "--cache-mem", "32K"])
+    _, nodes = read_index(ds / "manifest.fsm")
+    names = sorted(p.name for p in src.iterdir())
+    tiers_path = Path(node_state(c.runtime, 0)["index_path"][:-len(".index")] + ".tiers")
+    tiers = lambda: [tiers_path.read_bytes()[64 + nodes[n]["id"]] for n in names]  # noqa: E731
+    assert set(tiers()) == {0}
+    r = read_all(c, 0, [f"{c.mount}/{n}" for n in names])
+    assert r.returncode == 0, r.stderr
+    assert opens(c, 0) == 0, "decoded by the client"
+    deadline = time.monotonic() + 20
+    while 0 in tiers() and time.monotonic() < deadline:
+        time.sleep(0.05)
+    got = tiers()
+    assert sorted(got) == [2] * 8 + [5] * 22, (got, c.log()[-3000:])
+    with c.client(0) as cl:
+        st = cl.status()
+    assert (st["warm_hints"], st["copies_declined"], st["cache_evictions"]) == ("30", "22", "0"), st
+    check = "import sys\nfor p, n in zip(sys.argv[1::2], sys.argv[2::2]):\n" \
+            "    assert open(p, 'rb').read() == open(n, 'rb').read(), p\n"
+    args = [a for n in names for a in (f"{c.mount}/{n}", str(src / n))]
+    for _ in range(2):
+        r = subprocess.run([sys.executable, "-c", check, *args], env=c.env(node=0), capture_output=True, text=True)
+        assert r.returncode == 0, r.stderr
+    with c.client(0) as cl:
+        st = cl.status()
+    assert (st["warm_hints"], st["opens"], st["cache_evictions"]) == ("30", "0", "0"), st
+    assert tiers() == got
+
 def test_large_local_files_are_extracted_ahead_of_their_first_open(cluster_factory, bins, tmp_path):
     """After ready the daemon extracts the large uncompressed files of its own partitions in the
     background (--extract-ahead, default: up to half the local file system's free space), so a

@@ -16,7 +16,11 @@
 //! - [`TIER_PART`]: the file's partition was fetched whole from a peer after
 //!   the job started (`--prefetch-remote`) and lies, verified, where a
 //!   partition loaded at start lies (`local/parts/`): the client decodes a
-//!   small file from it itself; a large one is extracted by the daemon.
+//!   small file from it itself; a large one is extracted by the daemon;
+//! - [`TIER_DECLINED`]: a file of a partition loaded here at start that a
+//!   client decoded and asked a copy of (`WARM`) when the copy directory
+//!   had no free room: clients go on decoding it themselves, and send no
+//!   more hints for it.
 //!
 //! A client reads the byte, opens the named file if there is one, and asks
 //! the daemon when the byte is 0 or the open fails (evicted in between). The
@@ -37,8 +41,8 @@
 //!  24..32   node count N               32..56  reserved, zero
 //!  56..64   xxh3 of bytes 0..56
 //!  64..64+N one byte per node id: a file 0 none, 1 extracted, 2 copy,
-//!           3 partition replicated here; a directory 0 no output listed
-//!           in it, 4 outputs may be listed in it
+//!           3 partition replicated here, 5 copy declined; a directory
+//!           0 no output listed in it, 4 outputs may be listed in it
 //! ```
 
 use crate::checksum::xxh3;
@@ -69,6 +73,15 @@ pub const TIER_PART: u8 = 3;
 /// every rank before the first output name is added to its listing (a
 /// directory's byte is otherwise 0, and never any of the file tiers).
 pub const DIR_HAS_OUTPUTS: u8 = 4;
+/// A file of a partition loaded at start whose copy the daemon declined:
+/// the copy directory had no free room when a client asked for the copy
+/// (`WARM`). Making room would evict another file's copy, and a training
+/// epoch reads every file once in a random order: the node would hit its
+/// copies as often (as many fit either way) and pay a copy per miss.
+/// Clients decode it as they do a [`TIER_NONE`] file of a local partition,
+/// without the hint. A copy made since (a daemon OPEN) replaces the byte
+/// with [`TIER_COPY`].
+pub const TIER_DECLINED: u8 = 5;
 
 /// Uncompressed local files of at least this size are extracted to the local
 /// disk (one file creation is small next to their bytes); smaller ones are

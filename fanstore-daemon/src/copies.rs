@@ -413,6 +413,12 @@ impl Copies {
         })
     }
 
+    /// Whether a copy of `size` bytes fits the copy directory's free room
+    /// now, evicting nothing.
+    pub fn has_room(&self, size: u64) -> bool {
+        self.cache.usage().0.saturating_add(charge(size)) <= self.budget
+    }
+
     /// Whether a background copy of `size` bytes can be kept somewhere.
     pub fn can_keep(&self, size: u64) -> bool {
         self.fits(size) || self.fits_disk(size)

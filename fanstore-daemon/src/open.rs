@@ -26,7 +26,7 @@ use crate::node::{Node, Phase};
 use fanstore_core::checksum::{xxh3, xxh3_cold};
 use fanstore_core::codec::{self, Codec};
 use fanstore_core::manifest::{NodeKind, NodeRef};
-use fanstore_core::tiers::{EXTRACT_MIN, TIER_COPY, TIER_EXTRACTED};
+use fanstore_core::tiers::{EXTRACT_MIN, TIER_COPY, TIER_DECLINED, TIER_EXTRACTED, TIER_NONE};
 use std::os::fd::{AsRawFd, OwnedFd, RawFd};
 use std::os::unix::fs::OpenOptionsExt;
 use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
@@ -162,8 +162,12 @@ impl Node {
 
     /// Makes the node copies of the files clients decoded themselves (WARM
     /// hints), one at a time at the lowest priority, within `--cache-mem`,
-    /// until the rank stops: the first read of a compressed local file is
-    /// decoded by the client (no round trip), later ones open this copy.
+    /// until the rank stops: the first read of a compressed or small local
+    /// file is decoded by the client (no round trip), later ones open this
+    /// copy. A copy in the copy directory only takes its free room, else the
+    /// file's byte says [`TIER_DECLINED`]: evicting another copy for it would
+    /// cost a copy per epoch for no more hits (see there). Copies on the
+    /// local disk evict as before.
     pub fn warm_copies(&self, rx: crossbeam::channel::Receiver<u32>) {
         crate::replicate::lowest_priority();
         let (Some(copies), Some(tiers)) = (self.copies.get(), self.tiers.get()) else { return };
@@ -177,6 +181,13 @@ impl Node {
             let Some(n) = self.view.node(id).filter(|n| n.kind() == Some(NodeKind::File)) else { continue };
             if !copies.can_keep(n.size()) {
                 continue; // could not be kept (no budget, or larger than it): decoding it would be wasted
+            }
+            if !copies.fits_disk(n.size()) && !copies.has_room(n.size()) {
+                // Not worth an eviction (TIER_DECLINED); the clients stop asking.
+                if tiers.set_if(id, TIER_NONE, TIER_DECLINED) {
+                    self.counters.copies_declined.fetch_add(1, Relaxed);
+                }
+                continue;
             }
             let Some(map) = self.part_map(n.partition()) else { continue };
             copies.prefill(n.id(), n.size(), &|| self.relieve_fds(), &|d| self.fill_local(n, map, d));

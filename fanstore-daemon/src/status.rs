@@ -38,6 +38,12 @@ pub struct Counters {
     pub clients: AtomicU64,
     /// Times the rank ran out of file descriptors (EMFILE/ENFILE) and shed cached fds.
     pub fd_pressure: AtomicU64,
+    /// WARM hints received: clients that decoded a local file themselves
+    /// asking for its node copy.
+    pub warm_hints: AtomicU64,
+    /// ... of which declined for want of free room in the copy directory
+    /// (`tiers::TIER_DECLINED`).
+    pub copies_declined: AtomicU64,
     /// Clients' OUT_STAT and OUT_LIST requests: lookups and listings of
     /// names the shared index could not answer.
     pub names_asked: AtomicU64,
@@ -185,6 +191,9 @@ pub struct Snapshot {
     pub errors: u64,
     pub clients: u64,
     pub fd_pressure: u64,
+    /// [`Counters::warm_hints`], [`Counters::copies_declined`].
+    pub warm_hints: u64,
+    pub copies_declined: u64,
     pub names_asked: u64,
     pub dirs_with_outputs: u64,
     /// Remote read round trips: p50 / p99 in µs (bucket upper bounds).
@@ -264,6 +273,8 @@ impl Counters {
         s.errors = self.errors.load(Relaxed);
         s.clients = self.clients.load(Relaxed);
         s.fd_pressure = self.fd_pressure.load(Relaxed);
+        s.warm_hints = self.warm_hints.load(Relaxed);
+        s.copies_declined = self.copies_declined.load(Relaxed);
         s.names_asked = self.names_asked.load(Relaxed);
         s.dirs_with_outputs = self.dirs_with_outputs.load(Relaxed);
         s.remote_p50_us = self.remote_latency.percentile(0.5);
@@ -287,7 +298,7 @@ impl Snapshot {
             "rank={}\nnranks={}\nhost={}\npid={}\nstatus={}\nmpi_threading={}\npartitions={}\nfiles={}\n\
              bytes_local={}\nbytes_read={}\nload_seconds={:.3}\nload_mbps={:.1}\nopens={}\nopens_local={}\n\
              remote_sent={}\nremote_failed={}\nremote_served={}\nremote_bytes_in={}\nremote_bytes_out={}\nremote_in_place={}\nremote_direct={}\nremote_posted={}\n\
-             cache_hits={}\ncache_misses={}\ncache_evictions={}\ncache_bytes={}\ncache_entries={}\ncache_disk_bytes={}\ncopies_reused={}\ncopy_spares_bytes={}\nerrors={}\nclients={}\nfd_pressure={}\nnames_asked={}\ndirs_with_outputs={}\n\
+             cache_hits={}\ncache_misses={}\ncache_evictions={}\ncache_bytes={}\ncache_entries={}\ncache_disk_bytes={}\ncopies_reused={}\ncopy_spares_bytes={}\nerrors={}\nclients={}\nfd_pressure={}\nwarm_hints={}\ncopies_declined={}\nnames_asked={}\ndirs_with_outputs={}\n\
              remote_p50_us={}\nremote_p99_us={}\nremote_mbps={:.3}\nreplicated_parts={}\nreplicated_bytes={}\nextracted_ahead={}\nread_ahead={}\n\
              comm_woken_by_command={}\ncomm_woken_by_fd={}\ncomm_woken_by_timeout={}\ncomm_fd_wakes_idle={}\ncomm_missed_wakes={}\ncomm_spins_stopped={}\n\
              cpu_user_us={}\ncpu_sys_us={}\ncpu_seconds={:.2}\nctx_voluntary={}\nctx_involuntary={}\n\
@@ -325,6 +336,8 @@ impl Snapshot {
             self.errors,
             self.clients,
             self.fd_pressure,
+            self.warm_hints,
+            self.copies_declined,
             self.names_asked,
             self.dirs_with_outputs,
             self.remote_p50_us,

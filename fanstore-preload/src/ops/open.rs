@@ -10,7 +10,8 @@
 //!   into a memfd, here in the process, no message (a round trip to the
 //!   daemon, its decode and its copy cost more); the daemon makes a named
 //!   copy of such a file in the background for later opens (its prefill,
-//!   or the one-way WARM hint sent after decoding a compressed file);
+//!   or the one-way WARM hint sent after decoding it, unless the tier map
+//!   says the daemon declined that copy);
 //! - anything else: the daemon makes it a named file and sends an fd, reopened
 //!   through /proc/self/fd so that this open has its own offset, and moved
 //!   onto the received fd's number (the lowest free one, as open(2) promises);
@@ -22,7 +23,7 @@ use crate::client;
 use crate::fd_table::{self, Tracked};
 use crate::state::State;
 use fanstore_core::codec::Codec;
-use fanstore_core::tiers::{EXTRACT_MIN, TIER_COPY, TIER_EXTRACTED, TIER_PART};
+use fanstore_core::tiers::{EXTRACT_MIN, TIER_COPY, TIER_DECLINED, TIER_EXTRACTED, TIER_PART};
 use libc::c_int;
 
 /// Flags of the caller's open we carry over to the real open.
@@ -123,9 +124,13 @@ pub fn open_file(st: &State, n: &Node, flags: c_int) -> Result<c_int, c_int> {
         _ => match decode_local(st, n, flags) {
             Some(r) => {
                 let (fd, ino) = r?;
-                if n.codec() != Codec::None && st.flags & fanstore_core::runtime::FLAG_COPIES != 0 {
+                if st.flags & fanstore_core::runtime::FLAG_COPIES != 0
+                    && st.tiers.is_none_or(|t| t.get(n.id()) != TIER_DECLINED)
+                {
                     // A compressed file costs a decode per open until the
-                    // node has a copy: ask the daemon for one, not waiting.
+                    // node has a copy, a small one a memfd filled (five
+                    // system calls more than a plain open): ask the daemon
+                    // for a copy, not waiting.
                     client::warm(st, n.id());
                 }
                 if !fd_table::set(fd, Tracked::File(n.id())) {
