@@ -180,7 +180,8 @@ def test_small_files_get_copies_in_the_free_room_and_the_others_are_declined(clu
     open, not a memfd filled per open), but only in the copy directory's free room: with room for 8 copies
     (32 KiB, 4 KiB each), 8 of 30 files get one and the other 22 are marked declined (tier 5) without
     evicting anything (a training epoch would hit as many copies either way, and pay a copy per miss).
-    Later reads of every file send no hint and no OPEN, and give the files' bytes."""
+    Later reads of every file send no hint and no OPEN, and give the files' bytes. The reader ends with
+    os._exit: the hints still queued in the process are sent then, once (a fork child sends none)."""
     import random
     rng = random.Random(5)
     src = tmp_path / "src"
@@ -195,7 +196,12 @@ def test_small_files_get_copies_in_the_free_room_and_the_others_are_declined(clu
     tiers_path = Path(node_state(c.runtime, 0)["index_path"][:-len(".index")] + ".tiers")
     tiers = lambda: [tiers_path.read_bytes()[64 + nodes[n]["id"]] for n in names]  # noqa: E731
     assert set(tiers()) == {0}
-    r = read_all(c, 0, [f"{c.mount}/{n}" for n in names])
+    # The hints go in batches; the last one when the process ends, here by os._exit (as a DataLoader
+    # worker does), and a fork child sends none of its parent's.
+    read_exit = "import os, sys\nfor p in sys.argv[1:]:\n    open(p, 'rb').read()\n" \
+                "pid = os.fork()\nif pid == 0:\n    os._exit(0)\nos.waitpid(pid, 0)\nos._exit(0)\n"
+    r = subprocess.run([sys.executable, "-c", read_exit, *[f"{c.mount}/{n}" for n in names]], env=c.env(node=0),
+                       capture_output=True, text=True, timeout=120)
     assert r.returncode == 0, r.stderr
     assert opens(c, 0) == 0, "decoded by the client"
     deadline = time.monotonic() + 20

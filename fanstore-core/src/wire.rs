@@ -86,11 +86,12 @@ pub mod op {
     /// Payload `link path NUL target`: creates an output symlink (EEXIST if
     /// the name exists).
     pub const SYMLINK: u16 = 16;
-    /// One-way (the daemon sends no reply): arg0 = node id of a dataset file
-    /// the client has just decoded itself from a local partition copy; the
-    /// daemon makes its node copy in the background (within `--cache-mem`),
-    /// so later opens on the node are plain opens. Dropped when the daemon
-    /// is busy.
+    /// One-way (the daemon sends no reply): node ids of dataset files the
+    /// client has just decoded itself from a local partition copy, as
+    /// little-endian u32s in the payload (empty payload: the one id in
+    /// arg0; arg1 = dataset id); the daemon makes their node copies in the
+    /// background (within `--cache-mem`), so later opens on the node are
+    /// plain opens. Dropped when the daemon is busy. See [`warm_ids`].
     pub const WARM: u16 = 17;
     /// Namespace events (`fanstore watch`, inotify): see [`crate::watchev`].
     pub const WATCH_ADD: u16 = 40;
@@ -319,6 +320,13 @@ pub struct Request {
     pub payload: Vec<u8>,
 }
 
+/// The node ids a [`op::WARM`] request carries: its payload's little-endian
+/// u32s (a trailing partial id is ignored), or arg0 when the payload is empty.
+pub fn warm_ids(req: &Request) -> impl Iterator<Item = u32> + '_ {
+    let single = req.payload.is_empty().then(|| u32::try_from(req.arg0).ok()).flatten();
+    req.payload.chunks_exact(4).map(|c| u32::from_le_bytes([c[0], c[1], c[2], c[3]])).chain(single)
+}
+
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Reply {
     pub op: u16,
@@ -530,6 +538,19 @@ mod tests {
     }
     use std::io::{Read, Seek, Write};
     use std::os::fd::AsRawFd;
+
+    #[test]
+    fn warm_ids_from_the_payload_or_arg0() {
+        let mut r = Request::new(op::WARM, 1, 5, 99);
+        assert_eq!(warm_ids(&r).collect::<Vec<_>>(), [5]);
+        r.payload = [7u32, 8, 1 << 31].iter().flat_map(|i| i.to_le_bytes()).collect();
+        assert_eq!(warm_ids(&Request::decode(&r.encode()).unwrap()).collect::<Vec<_>>(), [7, 8, 1 << 31]);
+        r.payload.push(3); // a cut id is not one
+        assert_eq!(warm_ids(&r).count(), 3);
+        r.payload.clear();
+        r.arg0 = u64::MAX; // not a node id
+        assert_eq!(warm_ids(&r).count(), 0);
+    }
 
     #[test]
     fn encode_decode() {

@@ -291,10 +291,12 @@ fn handle(node: &Node, fd: RawFd, req: &Request, attached: Option<OwnedFd>) -> i
         op::PING => wire::send_msg(fd, &Reply::ok(req, node.id.rank as u64).encode(), None),
         op::WARM => {
             // One-way: queued for the background copier, no reply; dropped when it is behind.
-            node.counters.warm_hints.fetch_add(1, Relaxed);
             if req.arg1 == node.view.dataset_id() {
-                if let (Some(tx), Ok(id)) = (node.warm.get(), u32::try_from(req.arg0)) {
-                    let _ = tx.try_send(id);
+                if let Some(tx) = node.warm.get() {
+                    for id in wire::warm_ids(&req) {
+                        node.counters.warm_hints.fetch_add(1, Relaxed);
+                        let _ = tx.try_send(id);
+                    }
                 }
             }
             Ok(())

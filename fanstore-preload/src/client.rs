@@ -211,10 +211,12 @@ pub fn fetch(st: &State, node: u32) -> Result<c_int, c_int> {
 }
 
 /// Tells the daemon, without waiting for an answer, that this process has
-/// just decoded dataset file `node` itself, so the daemon makes the node's
-/// copy of it in the background (see [`op::WARM`]). Best effort: a missing
-/// daemon or a full socket drops the hint.
-pub fn warm(st: &State, node: u32) {
+/// just decoded dataset files `nodes` itself, so the daemon makes the node's
+/// copies of them in the background (see [`op::WARM`]; batched by
+/// [`crate::warm`]). Best effort: a missing daemon or a full socket drops
+/// the hints.
+pub fn warm(st: &State, nodes: &[u32]) {
+    let Some(&first) = nodes.first() else { return };
     let s = match take_pooled() {
         Some(s) => s,
         None => match connect(st) {
@@ -222,7 +224,8 @@ pub fn warm(st: &State, node: u32) {
             Err(_) => return,
         },
     };
-    let req = Request::new(op::WARM, NEXT_ID.fetch_add(1, Ordering::Relaxed), node as u64, st.dataset_id);
+    let mut req = Request::new(op::WARM, NEXT_ID.fetch_add(1, Ordering::Relaxed), first as u64, st.dataset_id);
+    req.payload = nodes.iter().flat_map(|id| id.to_le_bytes()).collect();
     let b = req.encode();
     // SAFETY: b is a live buffer of b.len() bytes; s is our connected socket.
     let sent = unsafe { libc::send(s, b.as_ptr().cast(), b.len(), libc::MSG_DONTWAIT | libc::MSG_NOSIGNAL) };

@@ -15,7 +15,8 @@
 //! - `ops/<family>.rs`: safe implementations returning an [`ops::Outcome`];
 //! - `paths.rs` (prefix test, classification, virtual cwd), `fd_table.rs`
 //!   (lock-free fd -> node), `dirstream.rs` (virtual `DIR *`), `client.rs`
-//!   (daemon connection pool), `outputs.rs` (outputs being written, their
+//!   (daemon connection pool), `warm.rs` (batched hints of files decoded
+//!   here), `outputs.rs` (outputs being written, their
 //!   commit on the last close), `exec_outputs.rs` (those carried across
 //!   exec), `state.rs` (lazy init, index mapping),
 //!   `guard.rs` (re-entrancy), `debug.rs` (`FANSTORE_DEBUG=1`).
@@ -47,6 +48,7 @@ mod client;
 mod outputs;
 mod pending;
 mod sud;
+mod warm;
 
 /// The constructor: the fork handlers, raw-syscall catching for this
 /// thread (other libraries' constructors may call fopen before this runs;
@@ -75,9 +77,11 @@ pub(crate) extern "C" fn fork_prepare() {
     locks::fork_prepare();
     ops::inotify::fork_prepare();
     memfd_pool::fork_prepare();
+    warm::fork_prepare();
 }
 
 pub(crate) extern "C" fn fork_parent() {
+    warm::fork_parent();
     memfd_pool::fork_parent();
     ops::inotify::fork_release();
     locks::fork_release();
@@ -91,6 +95,7 @@ pub(crate) extern "C" fn fork_parent() {
 pub(crate) extern "C" fn fork_child() {
     fd_table::set_owner();
     sud::arm_thread();
+    warm::fork_child();
     memfd_pool::fork_child();
     locks::fork_release();
     ops::inotify::fork_release();

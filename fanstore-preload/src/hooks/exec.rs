@@ -3,8 +3,8 @@
 //! environment ([`crate::exec_outputs`]). With no output open, each passes
 //! the caller's arguments to libc untouched.
 //!
-//! `_exit` and `_Exit` commit the outputs still open first, as `exit`
-//! does through its handler (glibc's `exit` calls its internal `_exit`, not
+//! `_exit` and `_Exit` commit the outputs still open first, and send the
+//! hints still queued ([`crate::warm`]), as `exit` does through its handlers (glibc's `exit` calls its internal `_exit`, not
 //! this one, so nothing is committed twice).
 //!
 //! Not hooked: the variadic execl, execle and execlp (stable Rust cannot
@@ -97,10 +97,12 @@ crate::hooks! {
     }
     fn _exit(status: c_int) -> () {
         super::catch(crate::outputs::commit_all, ());
+        super::catch(crate::warm::flush, ());
         orig::_exit(status)
     }
     fn _Exit(status: c_int) -> () {
         super::catch(crate::outputs::commit_all, ());
+        super::catch(crate::warm::flush, ());
         orig::_Exit(status)
     }
 }

@@ -131,7 +131,7 @@ pub fn open_file(st: &State, n: &Node, flags: c_int) -> Result<c_int, c_int> {
                     // node has a copy, a small one a memfd filled (five
                     // system calls more than a plain open): ask the daemon
                     // for a copy, not waiting.
-                    client::warm(st, n.id());
+                    crate::warm::hint(st, n.id());
                 }
                 if !fd_table::set(fd, Tracked::File(n.id())) {
                     // SAFETY: closing the fd we just opened.
