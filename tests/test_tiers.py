@@ -223,6 +223,49 @@ def test_small_files_get_copies_in_the_free_room_and_the_others_are_declined(clu
     assert (st["warm_hints"], st["opens"], st["cache_evictions"]) == ("30", "0", "0"), st
     assert tiers() == got
 
+def test_copies_of_files_of_replicated_partitions_are_declined_too(cluster_factory, bins, tmp_path):
+    """Small files of a partition replicated here after start (tier 3) are decoded by the client too; their
+    copies take only the copy directory's free room, and the others are marked declined with the partition
+    still known to be here (tier 6): later reads decode them with no OPEN, no remote fetch, and no hint."""
+    import random
+    rng = random.Random(6)
+    src = tmp_path / "src"
+    src.mkdir()
+    for i in range(40):
+        (src / f"r{i:02d}.bin").write_bytes(rng.randbytes(3000 + i))
+    ds = tmp_path / "ds"
+    pack(bins, src, ds, "--partitions", "2", "--compress", "none")
+    c = cluster_factory(ds, nranks=2, extra_args=["--prefetch-remote", "all", "--prefill-mem", "0", "--cache-mem", "32K"])
+    _, nodes = read_index(ds / "manifest.fsm")
+    local = node_state(c.runtime, 0)["local"]
+    remote = sorted(n for n, v in nodes.items() if v["kind"] == 2 and v["partition"] not in local)
+    assert len(remote) > 8
+    tiers_path = Path(node_state(c.runtime, 0)["index_path"][:-len(".index")] + ".tiers")
+    tiers = lambda: [tiers_path.read_bytes()[64 + nodes[n]["id"]] for n in remote]  # noqa: E731
+    deadline = time.monotonic() + 60
+    while set(tiers()) != {3} and time.monotonic() < deadline:
+        time.sleep(0.1)
+    assert set(tiers()) == {3}, c.log()[-3000:]
+    r = read_all(c, 0, [f"{c.mount}/{n}" for n in remote])
+    assert r.returncode == 0, r.stderr
+    deadline = time.monotonic() + 20
+    while 3 in tiers() and time.monotonic() < deadline:
+        time.sleep(0.05)
+    got = tiers()
+    assert sorted(got) == [2] * 8 + [6] * (len(remote) - 8), (got, c.log()[-3000:])
+    with c.client(0) as cl:
+        st = cl.status()
+    assert (int(st["warm_hints"]), int(st["copies_declined"]), st["cache_evictions"]) == \
+        (len(remote), len(remote) - 8, "0"), st
+    check = "import sys\nfor p, n in zip(sys.argv[1::2], sys.argv[2::2]):\n" \
+            "    assert open(p, 'rb').read() == open(n, 'rb').read(), p\n"
+    args = [a for n in remote for a in (f"{c.mount}/{n}", str(src / n))]
+    r = subprocess.run([sys.executable, "-c", check, *args], env=c.env(node=0), capture_output=True, text=True)
+    assert r.returncode == 0, r.stderr
+    with c.client(0) as cl:
+        after = cl.status()
+    assert (after["warm_hints"], after["opens"], after["remote_sent"]) == (st["warm_hints"], "0", st["remote_sent"]), after
+
 def test_large_local_files_are_extracted_ahead_of_their_first_open(cluster_factory, bins, tmp_path):
     """After ready the daemon extracts the large uncompressed files of its own partitions in the
     background (--extract-ahead, default: up to half the local file system's free space), so a

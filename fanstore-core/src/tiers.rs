@@ -20,7 +20,8 @@
 //! - [`TIER_DECLINED`]: a file of a partition loaded here at start that a
 //!   client decoded and asked a copy of (`WARM`) when the copy directory
 //!   had no free room: clients go on decoding it themselves, and send no
-//!   more hints for it.
+//!   more hints for it; [`TIER_PART_DECLINED`], the same for a file of a
+//!   partition replicated here ([`TIER_PART`]).
 //!
 //! A client reads the byte, opens the named file if there is one, and asks
 //! the daemon when the byte is 0 or the open fails (evicted in between). The
@@ -41,8 +42,9 @@
 //!  24..32   node count N               32..56  reserved, zero
 //!  56..64   xxh3 of bytes 0..56
 //!  64..64+N one byte per node id: a file 0 none, 1 extracted, 2 copy,
-//!           3 partition replicated here, 5 copy declined; a directory
-//!           0 no output listed in it, 4 outputs may be listed in it
+//!           3 partition replicated here, 5 copy declined, 6 partition
+//!           replicated here and copy declined; a directory 0 no output
+//!           listed in it, 4 outputs may be listed in it
 //! ```
 
 use crate::checksum::xxh3;
@@ -82,6 +84,21 @@ pub const DIR_HAS_OUTPUTS: u8 = 4;
 /// without the hint. A copy made since (a daemon OPEN) replaces the byte
 /// with [`TIER_COPY`].
 pub const TIER_DECLINED: u8 = 5;
+/// [`TIER_PART`] and [`TIER_DECLINED`] at once: the file's partition was
+/// replicated here, and its copy declined.
+pub const TIER_PART_DECLINED: u8 = 6;
+
+/// Whether a file's byte says that its partition was replicated here
+/// (clients decode a small file of it themselves).
+pub fn part_replicated(tier: u8) -> bool {
+    matches!(tier, TIER_PART | TIER_PART_DECLINED)
+}
+
+/// Whether a file's byte says that the daemon declined its copy (clients
+/// send no `WARM` hint for it).
+pub fn copy_declined(tier: u8) -> bool {
+    matches!(tier, TIER_DECLINED | TIER_PART_DECLINED)
+}
 
 /// Uncompressed local files of at least this size are extracted to the local
 /// disk (one file creation is small next to their bytes); smaller ones are
@@ -203,6 +220,9 @@ mod tests {
         m[HEADER_LEN + 3] = TIER_COPY;
         let v = TierView::parse(&m, 7, 5).unwrap();
         assert_eq!((v.get(0), v.get(3), v.get(5), v.get(u32::MAX)), (TIER_NONE, TIER_COPY, TIER_NONE, TIER_NONE));
+        let all = [TIER_NONE, TIER_EXTRACTED, TIER_COPY, TIER_PART, DIR_HAS_OUTPUTS, TIER_DECLINED, TIER_PART_DECLINED];
+        assert_eq!(all.map(part_replicated), [false, false, false, true, false, false, true]);
+        assert_eq!(all.map(copy_declined), [false, false, false, false, false, true, true]);
     }
 
     #[test]

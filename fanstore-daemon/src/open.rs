@@ -26,7 +26,7 @@ use crate::node::{Node, Phase};
 use fanstore_core::checksum::{xxh3, xxh3_cold};
 use fanstore_core::codec::{self, Codec};
 use fanstore_core::manifest::{NodeKind, NodeRef};
-use fanstore_core::tiers::{EXTRACT_MIN, TIER_COPY, TIER_DECLINED, TIER_EXTRACTED, TIER_NONE};
+use fanstore_core::tiers::{EXTRACT_MIN, TIER_COPY, TIER_DECLINED, TIER_EXTRACTED, TIER_NONE, TIER_PART, TIER_PART_DECLINED};
 use std::os::fd::{AsRawFd, OwnedFd, RawFd};
 use std::os::unix::fs::OpenOptionsExt;
 use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
@@ -184,7 +184,7 @@ impl Node {
             }
             if !copies.fits_disk(n.size()) && !copies.has_room(n.size()) {
                 // Not worth an eviction (TIER_DECLINED); the clients stop asking.
-                if tiers.set_if(id, TIER_NONE, TIER_DECLINED) {
+                if tiers.set_if(id, TIER_NONE, TIER_DECLINED) || tiers.set_if(id, TIER_PART, TIER_PART_DECLINED) {
                     self.counters.copies_declined.fetch_add(1, Relaxed);
                 }
                 continue;

@@ -23,7 +23,7 @@ use crate::client;
 use crate::fd_table::{self, Tracked};
 use crate::state::State;
 use fanstore_core::codec::Codec;
-use fanstore_core::tiers::{EXTRACT_MIN, TIER_COPY, TIER_DECLINED, TIER_EXTRACTED, TIER_PART};
+use fanstore_core::tiers::{self, EXTRACT_MIN, TIER_COPY, TIER_EXTRACTED};
 use libc::c_int;
 
 /// Flags of the caller's open we carry over to the real open.
@@ -125,7 +125,7 @@ pub fn open_file(st: &State, n: &Node, flags: c_int) -> Result<c_int, c_int> {
             Some(r) => {
                 let (fd, ino) = r?;
                 if st.flags & fanstore_core::runtime::FLAG_COPIES != 0
-                    && st.tiers.is_none_or(|t| t.get(n.id()) != TIER_DECLINED)
+                    && st.tiers.is_none_or(|t| !tiers::copy_declined(t.get(n.id())))
                 {
                     // A compressed file costs a decode per open until the
                     // node has a copy, a small one a memfd filled (five
@@ -173,7 +173,7 @@ fn open_direct(st: &State, n: &Node, flags: c_int) -> Option<Result<c_int, c_int
 
 /// A memfd with the bytes of `n` decoded from the mapped local partition
 /// copy, if `n` is a small or a compressed file of a partition this node
-/// holds (loaded at start, or replicated since: [`TIER_PART`]; None: ask the
+/// holds (loaded at start, or replicated since: [`tiers::TIER_PART`]; None: ask the
 /// daemon, which extracts large uncompressed files to the local disk once).
 /// A payload that fails its checksum is EIO, never wrong bytes. With the fd,
 /// the memfd's inode number ([`crate::memfd_pool`]).
@@ -182,7 +182,7 @@ fn decode_local(st: &State, n: &Node, flags: c_int) -> Option<Result<(c_int, u64
         return None;
     }
     let held = st.local_parts.get(n.partition() as usize).copied().unwrap_or(false)
-        || st.tiers.is_some_and(|t| t.get(n.id()) == TIER_PART);
+        || st.tiers.is_some_and(|t| tiers::part_replicated(t.get(n.id())));
     if !held {
         return None;
     }
