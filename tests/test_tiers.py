@@ -19,6 +19,29 @@ def read_all(c, node, paths):
                           capture_output=True, text=True, timeout=120)
 
 
+SAME_BYTES = "import sys\nfor p, n in zip(sys.argv[1::2], sys.argv[2::2]):\n" \
+             "    assert open(p, 'rb').read() == open(n, 'rb').read(), p\n"
+
+
+def check_bytes(c, node, src, names):
+    """A process on `node` reads each of `names` through the mount and compares it with its file in `src`."""
+    args = [a for n in names for a in (f"{c.mount}/{n}", str(src / n))]
+    r = subprocess.run([sys.executable, "-c", SAME_BYTES, *args], env=c.env(node=node), capture_output=True, text=True)
+    assert r.returncode == 0, r.stderr
+
+
+def random_dataset(tmp_path, bins, count, seed, partitions):
+    """`count` files of ~3 KB of random bytes (uncompressed, small: decoded by the client), packed."""
+    import random
+    rng = random.Random(seed)
+    src = tmp_path / "src"
+    src.mkdir()
+    for i in range(count):
+        (src / f"r{i:02d}.bin").write_bytes(rng.randbytes(3000 + i))
+    ds = tmp_path / "ds"
+    pack(bins, src, ds, "--partitions", str(partitions), "--compress", "none")
+    return src, ds
+
 def make(tmp_path, bins):
     src = tmp_path / "src"
     src.mkdir()
@@ -76,11 +99,7 @@ def test_warm_opens_need_no_message(cluster_factory, bins, tmp_path):
     table = c.cli("status").stdout
     assert "remote p50 us" in table and "remote MB/s" in table, table
     # And the bytes are the files' own.
-    check = "import sys\nfor p, n in zip(sys.argv[1::2], sys.argv[2::2]):\n" \
-            "    assert open(p, 'rb').read() == open(n, 'rb').read(), p\n"
-    args = [a for p in sorted(src.iterdir()) for a in (f"{c.mount}/{p.name}", str(p))]
-    r = subprocess.run([sys.executable, "-c", check, *args], env=c.env(node=node), capture_output=True, text=True)
-    assert r.returncode == 0, r.stderr
+    check_bytes(c, node, src, names)
 
 
 def test_a_damaged_partition_copy_is_eio_not_wrong_bytes(cluster_factory, bins, tmp_path):
@@ -133,11 +152,7 @@ def copies_after_one_read(c, src, nodes, big, small):
     tiers = {n: tier(n) for n in big + small}
     assert all(tiers.values()), (tiers, c.log()[-3000:])
     # Later reads: the copies, with the files' own bytes, still no message.
-    check = "import sys\nfor p, n in zip(sys.argv[1::2], sys.argv[2::2]):\n" \
-            "    assert open(p, 'rb').read() == open(n, 'rb').read(), p\n"
-    args = [a for n in big + small for a in (f"{c.mount}/{n}", str(src / n))]
-    r = subprocess.run([sys.executable, "-c", check, *args], env=c.env(node=0), capture_output=True, text=True)
-    assert r.returncode == 0, r.stderr
+    check_bytes(c, 0, src, big + small)
     assert opens(c, 0) == 0
     return tiers
 
@@ -182,14 +197,7 @@ def test_small_files_get_copies_in_the_free_room_and_the_others_are_declined(clu
     evicting anything (a training epoch would hit as many copies either way, and pay a copy per miss).
     Later reads of every file send no hint and no OPEN, and give the files' bytes. The reader ends with
     os._exit: the hints still queued in the process are sent then, once (a fork child sends none)."""
-    import random
-    rng = random.Random(5)
-    src = tmp_path / "src"
-    src.mkdir()
-    for i in range(30):
-        (src / f"r{i:02d}.bin").write_bytes(rng.randbytes(3000 + i))
-    ds = tmp_path / "ds"
-    pack(bins, src, ds, "--partitions", "1", "--compress", "none")
+    src, ds = random_dataset(tmp_path, bins, 30, seed=5, partitions=1)
     c = cluster_factory(ds, nranks=1, extra_args=["--prefill-mem", "0", "--cache-mem", "32K"])
     _, nodes = read_index(ds / "manifest.fsm")
     names = sorted(p.name for p in src.iterdir())
@@ -212,12 +220,8 @@ def test_small_files_get_copies_in_the_free_room_and_the_others_are_declined(clu
     with c.client(0) as cl:
         st = cl.status()
     assert (st["warm_hints"], st["copies_declined"], st["cache_evictions"]) == ("30", "22", "0"), st
-    check = "import sys\nfor p, n in zip(sys.argv[1::2], sys.argv[2::2]):\n" \
-            "    assert open(p, 'rb').read() == open(n, 'rb').read(), p\n"
-    args = [a for n in names for a in (f"{c.mount}/{n}", str(src / n))]
     for _ in range(2):
-        r = subprocess.run([sys.executable, "-c", check, *args], env=c.env(node=0), capture_output=True, text=True)
-        assert r.returncode == 0, r.stderr
+        check_bytes(c, 0, src, names)
     with c.client(0) as cl:
         st = cl.status()
     assert (st["warm_hints"], st["opens"], st["cache_evictions"]) == ("30", "0", "0"), st
@@ -227,14 +231,7 @@ def test_copies_of_files_of_replicated_partitions_are_declined_too(cluster_facto
     """Small files of a partition replicated here after start (tier 3) are decoded by the client too; their
     copies take only the copy directory's free room, and the others are marked declined with the partition
     still known to be here (tier 6): later reads decode them with no OPEN, no remote fetch, and no hint."""
-    import random
-    rng = random.Random(6)
-    src = tmp_path / "src"
-    src.mkdir()
-    for i in range(40):
-        (src / f"r{i:02d}.bin").write_bytes(rng.randbytes(3000 + i))
-    ds = tmp_path / "ds"
-    pack(bins, src, ds, "--partitions", "2", "--compress", "none")
+    src, ds = random_dataset(tmp_path, bins, 40, seed=6, partitions=2)
     c = cluster_factory(ds, nranks=2, extra_args=["--prefetch-remote", "all", "--prefill-mem", "0", "--cache-mem", "32K"])
     _, nodes = read_index(ds / "manifest.fsm")
     local = node_state(c.runtime, 0)["local"]
@@ -257,11 +254,7 @@ def test_copies_of_files_of_replicated_partitions_are_declined_too(cluster_facto
         st = cl.status()
     assert (int(st["warm_hints"]), int(st["copies_declined"]), st["cache_evictions"]) == \
         (len(remote), len(remote) - 8, "0"), st
-    check = "import sys\nfor p, n in zip(sys.argv[1::2], sys.argv[2::2]):\n" \
-            "    assert open(p, 'rb').read() == open(n, 'rb').read(), p\n"
-    args = [a for n in remote for a in (f"{c.mount}/{n}", str(src / n))]
-    r = subprocess.run([sys.executable, "-c", check, *args], env=c.env(node=0), capture_output=True, text=True)
-    assert r.returncode == 0, r.stderr
+    check_bytes(c, 0, src, remote)
     with c.client(0) as cl:
         after = cl.status()
     assert (after["warm_hints"], after["opens"], after["remote_sent"]) == (st["warm_hints"], "0", st["remote_sent"]), after
@@ -300,11 +293,7 @@ def test_large_local_files_are_extracted_ahead_of_their_first_open(cluster_facto
     c = cluster_factory(ds, nranks=1, subdir="auto")
     assert extraction_done(c) == len(big)
     assert tiers(c) == [1] * len(big), "every large file extracted (tier 1) before any open"
-    check = "import sys\nfor p, n in zip(sys.argv[1::2], sys.argv[2::2]):\n" \
-            "    assert open(p, 'rb').read() == open(n, 'rb').read(), p\n"
-    args = [a for n in big for a in (f"{c.mount}/{n}", str(src / n))]
-    r = subprocess.run([sys.executable, "-c", check, *args], env=c.env(node=0), capture_output=True, text=True)
-    assert r.returncode == 0, r.stderr
+    check_bytes(c, 0, src, big)
     assert opens(c, 0) == 0, "the first epoch opened the extracted files directly"
     c.stop()
 
