@@ -230,10 +230,12 @@ def test_small_files_get_copies_in_the_free_room_and_the_others_are_declined(clu
 def test_copies_of_files_of_replicated_partitions_are_declined_too(cluster_factory, bins, tmp_path):
     """Small files of a partition replicated here after start (tier 3) are decoded by the client too; their
     copies take only the copy directory's free room, and the others are marked declined with the partition
-    still known to be here (tier 6): later reads decode them with no OPEN, no remote fetch, and no hint."""
+    still known to be here (tier 6): later reads decode them with no OPEN, no remote fetch, and no hint.
+    A copy evicted later (by the daemon's own copies of other files) gives its file back its tier 3, so
+    clients go on decoding it themselves rather than asking the daemon."""
     src, ds = random_dataset(tmp_path, bins, 40, seed=6, partitions=2)
     c = cluster_factory(ds, nranks=2, extra_args=["--prefetch-remote", "all", "--prefill-mem", "0", "--cache-mem", "32K"])
-    _, nodes = read_index(ds / "manifest.fsm")
+    ds_id, nodes = read_index(ds / "manifest.fsm")
     local = node_state(c.runtime, 0)["local"]
     remote = sorted(n for n, v in nodes.items() if v["kind"] == 2 and v["partition"] not in local)
     assert len(remote) > 8
@@ -258,6 +260,18 @@ def test_copies_of_files_of_replicated_partitions_are_declined_too(cluster_facto
     with c.client(0) as cl:
         after = cl.status()
     assert (after["warm_hints"], after["opens"], after["remote_sent"]) == (st["warm_hints"], "0", st["remote_sent"]), after
+    # Ten OPENs of node 0's own files: the daemon's copies of them evict the eight.
+    own = sorted(n for n, v in nodes.items() if v["kind"] == 2 and v["partition"] in local)[:10]
+    with c.client(0) as cl:
+        for n in own:
+            assert cl.read(nodes[n]["id"], ds_id) == (src / n).read_bytes(), n
+        evicted = int(cl.status()["cache_evictions"])
+    assert evicted >= 8, evicted
+    assert sorted(tiers()) == [3] * 8 + [6] * (len(remote) - 8), tiers()
+    check_bytes(c, 0, src, remote)
+    with c.client(0) as cl:
+        last = cl.status()
+    assert (last["opens"], last["remote_sent"]) == (str(len(own)), st["remote_sent"]), last
 
 def test_large_local_files_are_extracted_ahead_of_their_first_open(cluster_factory, bins, tmp_path):
     """After ready the daemon extracts the large uncompressed files of its own partitions in the

@@ -19,8 +19,10 @@
 //!
 //! A copy is created unnamed (O_TMPFILE), filled, linked under its node id
 //! and recorded in its place's cache ([`crate::cache`]) with its size rounded
-//! up to pages; the cache's eviction hook clears the tier byte and unlinks
-//! the file under the cache lock, so a cached entry always has its file.
+//! up to pages; the cache's eviction hook sets the tier byte back (to what
+//! it said before the copy when that still holds without it: a replicated
+//! partition, a declined copy; else 0) and unlinks the file under the cache
+//! lock, so a cached entry always has its file.
 //! Nothing keeps an fd open per cached copy; concurrent first opens of one
 //! file share one load. A copy too large for the budget is served unnamed,
 //! and once its reader is done its pages serve a later one
@@ -31,7 +33,7 @@
 use crate::cache::Cache;
 use crate::fdlimit;
 use crate::recycle::{Evicted, Spare, Spares};
-use fanstore_core::tiers::{self, EXTRACT_MIN, TIER_COPY, TIER_EXTRACTED, TIER_NONE};
+use fanstore_core::tiers::{self, EXTRACT_MIN, TIER_COPY, TIER_DECLINED, TIER_EXTRACTED, TIER_NONE, TIER_PART, TIER_PART_DECLINED};
 use std::ffi::CString;
 use std::fs::File;
 use std::io;
@@ -99,6 +101,21 @@ impl TierMap {
 pub struct CopyEntry {
     ino: u64,
     size: u64,
+    /// The file's tier byte once the copy is evicted: what it said before
+    /// the copy was made when that is still true without the copy
+    /// ([`rest_tier`]), else [`TIER_NONE`].
+    rest: u8,
+}
+
+/// The byte a file goes back to when its copy is evicted, from the byte it
+/// had when the copy was made: a replicated partition stays replicated
+/// (clients go on decoding its files themselves), a declined copy stays
+/// declined; anything else is [`TIER_NONE`].
+fn rest_tier(before: u8) -> u8 {
+    match before {
+        TIER_PART | TIER_DECLINED | TIER_PART_DECLINED => before,
+        _ => TIER_NONE,
+    }
 }
 
 /// The node copies: the copy directory in memory and its budget, and the
@@ -143,7 +160,7 @@ impl Copies {
         let hook_evicted = evicted.clone();
         let on_evict: crate::cache::EvictHook<CopyEntry> = Box::new(move |id, e| {
             // The tier byte first: no client opens the name after this.
-            hook_tiers.set(id, TIER_NONE);
+            hook_tiers.set(id, e.rest);
             hook_evicted.keep(&hook_dir, &hook_dir.join(id.to_string()), e.size);
         });
         Ok(Copies {
@@ -177,8 +194,8 @@ impl Copies {
         }
         let hook_dir = local_dir.to_path_buf();
         let hook_tiers = self.tiers.clone();
-        let on_evict: crate::cache::EvictHook<CopyEntry> = Box::new(move |id, _| {
-            hook_tiers.set(id, TIER_NONE);
+        let on_evict: crate::cache::EvictHook<CopyEntry> = Box::new(move |id, e| {
+            hook_tiers.set(id, e.rest);
             let _ = std::fs::remove_file(fanstore_core::runtime::local_file_path(&hook_dir, id));
         });
         self.disk = Some(DiskCopies {
@@ -236,10 +253,11 @@ impl Copies {
         for _ in 0..3 {
             let mut fresh: Option<Spare> = None;
             let entry = self.cache.get_or_load(id, wait, libc::EIO, || {
+                let rest = rest_tier(self.tiers.get(id));
                 let mut f = self.make(id, size, relieve, fill)?;
                 let ino = f.ino()?;
                 fresh = Some(f);
-                Ok((CopyEntry { ino, size }, charge(size)))
+                Ok((CopyEntry { ino, size, rest }, charge(size)))
             });
             let entry = match entry {
                 Ok(e) => e,
@@ -342,9 +360,10 @@ impl Copies {
         }
         if let Some(d) = self.disk.as_ref().filter(|_| self.fits_disk(size)) {
             let made = d.cache.get_or_load(id, Duration::from_secs(10), libc::EIO, || {
+                let rest = rest_tier(self.tiers.get(id));
                 let f = self.make_on_disk(d, id, relieve, fill)?;
                 let ino = f.metadata().map_err(|e| fdlimit::errno_of(&e))?.ino();
-                Ok((CopyEntry { ino, size }, charge(size)))
+                Ok((CopyEntry { ino, size, rest }, charge(size)))
             });
             match made {
                 Ok(_) => return true,
@@ -369,10 +388,11 @@ impl Copies {
         let mut made = false;
         self.cache
             .get_or_load(id, Duration::from_secs(10), libc::EIO, || {
+                let rest = rest_tier(self.tiers.get(id));
                 let f = self.make(id, size, relieve, fill)?;
                 let ino = f.file().metadata().map_err(|e| fdlimit::errno_of(&e))?.ino();
                 made = true;
-                Ok((CopyEntry { ino, size }, charge(size)))
+                Ok((CopyEntry { ino, size, rest }, charge(size)))
             })
             .ok()
             .map(|_| made)
