@@ -25,8 +25,10 @@
 //!
 //! A client reads the byte, opens the named file if there is one, and asks
 //! the daemon when the byte is 0 or the open fails (evicted in between). The
-//! daemon publishes a file before it sets the byte and clears the byte before
-//! it unlinks the file. No fd is held per file by anyone but the program.
+//! daemon publishes a file before it sets the byte, and sets the byte back
+//! before it unlinks the file: to 0, or to what it said before the copy when
+//! that still holds (3, 5, 6). No fd is held per file by anyone but the
+//! program.
 //!
 //! The byte of a directory node says whether an output may be listed in
 //! that input directory: [`DIR_HAS_OUTPUTS`], set on every rank before the

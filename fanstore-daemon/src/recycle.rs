@@ -320,7 +320,7 @@ impl Spares {
 ///
 /// A private name (`.evicted-N`) is never opened by clients (they open a
 /// copy by its node id, after the tier map says it exists; the eviction
-/// clears the tier byte before the rename). So once renamed, a file only
+/// sets the tier byte back before the rename). So once renamed, a file only
 /// loses descriptions, and the write lease, asked after the rename, says
 /// when none but ours is left. Those still held are looked at again later.
 ///
