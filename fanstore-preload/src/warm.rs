@@ -35,8 +35,8 @@ struct Hints {
 }
 
 static HINTS: Locked<Hints> = Locked::new(Hints { ids: [0; BATCH], n: 0, since: 0, dataset: 0 });
-static EXIT_HOOK: AtomicBool = AtomicBool::new(false);
-/// Set once a hint was queued (until then the exit paths skip the lock).
+/// Set once a hint was queued, when the exit handler is registered (until
+/// then the exit paths skip the lock).
 static EVER: AtomicBool = AtomicBool::new(false);
 
 fn now_ns() -> u64 {
@@ -49,8 +49,8 @@ fn now_ns() -> u64 {
 /// Queues the hint that this process decoded file `node` of `st`'s dataset
 /// itself; sends the batch when it is full or old.
 pub fn hint(st: &State, node: u32) {
-    EVER.store(true, Ordering::Relaxed);
-    if !EXIT_HOOK.swap(true, Ordering::Relaxed) {
+    // A plain load per hint; the read-modify-write only the first time.
+    if !EVER.load(Ordering::Relaxed) && !EVER.swap(true, Ordering::Relaxed) {
         // SAFETY: registering a plain extern "C" fn with no arguments.
         unsafe { libc::atexit(at_exit) };
     }

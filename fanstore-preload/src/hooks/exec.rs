@@ -4,8 +4,9 @@
 //! the caller's arguments to libc untouched.
 //!
 //! `_exit` and `_Exit` commit the outputs still open first, and send the
-//! hints still queued ([`crate::warm`]), as `exit` does through its handlers (glibc's `exit` calls its internal `_exit`, not
-//! this one, so nothing is committed twice).
+//! hints still queued ([`crate::warm`]), as `exit` does through its
+//! handlers (glibc's `exit` calls its internal `_exit`, not this one, so
+//! nothing is committed or sent twice).
 //!
 //! Not hooked: the variadic execl, execle and execlp (stable Rust cannot
 //! define a C variadic function), and system/popen (glibc spawns their shell
