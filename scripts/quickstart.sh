@@ -9,7 +9,11 @@
 #   their lineage -> stop.
 set -euo pipefail
 cd "$(dirname "$0")/.."
-bash scripts/setup.sh
+. scripts/lib.sh
+fs_trap_errors quickstart
+bash scripts/setup.sh --quickstart
+fs_find_cargo; fs_use_venv; fs_pick_mpi       # python3 is the venv's; MPICC, MPIEXEC
+mapfile -t MPIEXEC_ARGS < <(fs_mpiexec_args)
 cargo build --release --workspace
 BIN=$PWD/target/release
 WORK=${QUICKSTART_DIR:-$(mktemp -d /tmp/fanstore-quickstart.XXXXXX)}
@@ -29,9 +33,9 @@ echo "== 3. verify every checksum"
 echo "== 4. list it"
 "$BIN/fanstore-prep" ls "$WORK/dataset.fs" train/class000 | head -5
 
-echo "== 5. start one daemon per simulated node: mpiexec -n 4 (MPICH over TCP sockets, as between nodes)"
+echo "== 5. start one daemon per simulated node: $MPIEXEC -n 4 (over TCP sockets, as between nodes)"
 export FANSTORE_RUNTIME_DIR=$WORK/runtime UCX_TLS=tcp
-mpiexec -n 4 "$BIN/fanstore-daemon" --data "$WORK/dataset.fs" --local "$WORK/local" > "$WORK/daemons.log" 2>&1 &
+"$MPIEXEC" "${MPIEXEC_ARGS[@]}" -n 4 "$BIN/fanstore-daemon" --data "$WORK/dataset.fs" --local "$WORK/local" > "$WORK/daemons.log" 2>&1 &
 DAEMONS=$!
 trap '"$BIN/fanstore" stop >/dev/null 2>&1 || kill $DAEMONS 2>/dev/null || true' EXIT
 "$BIN/fanstore" wait --timeout 120

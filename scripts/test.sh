@@ -12,10 +12,13 @@
 # cluster (as root) with both builds.
 set -euo pipefail
 cd "$(dirname "$0")/.."
+. scripts/lib.sh
+fs_trap_errors test.sh
 t0=$SECONDS
 step() { echo "== test.sh: $1 (at $((SECONDS - t0)) s)"; }
 step "set-up"
 bash scripts/setup.sh
+fs_find_cargo; fs_use_venv     # python3 (and pytest) are the venv's from here on
 step "build (MPICH)"
 MPICC=/usr/bin/mpicc.mpich cargo build --release --workspace
 step "build the daemon against OpenMPI (target-ompi)"
