@@ -45,3 +45,9 @@ pub fn outside<R>(f: impl FnOnce() -> R) -> R {
     BUSY.with(|b| b.set(was));
     r
 }
+
+/// Runs `f`, containing a panic (no unwinding into C callers): `on_panic`
+/// is returned instead.
+pub fn catch<R>(f: impl FnOnce() -> R, on_panic: R) -> R {
+    std::panic::catch_unwind(std::panic::AssertUnwindSafe(f)).unwrap_or(on_panic)
+}

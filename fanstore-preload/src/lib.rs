@@ -32,6 +32,7 @@
 
 pub mod debug;
 mod dirstream;
+mod errno;
 mod exec_outputs;
 mod fd_table;
 mod guard;

@@ -49,6 +49,7 @@
 //! 32 MiB of pages, and makes no new entry while the process uses half of
 //! its `RLIMIT_NOFILE`.
 
+use crate::errno::errno;
 use crate::lock::Locked;
 use libc::c_int;
 use std::sync::atomic::{AtomicBool, Ordering::Relaxed};
@@ -587,11 +588,6 @@ pub fn fork_child() {
     p.n = 0;
     p.pid = pid();
     POOL.unlock();
-}
-
-fn errno() -> c_int {
-    // SAFETY: reading this thread's errno.
-    unsafe { *libc::__errno_location() }
 }
 
 #[cfg(test)]

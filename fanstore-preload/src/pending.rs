@@ -14,6 +14,7 @@
 //! Across nodes the owner rank still decides at the first close (EEXIST
 //! from close for the later of two creators), as the README says.
 
+use crate::errno::errno;
 use crate::state::State;
 use libc::c_int;
 
@@ -21,11 +22,6 @@ fn marker(st: &State, rel: &[u8]) -> Vec<u8> {
     let mut p = st.local_dir.clone();
     p.extend_from_slice(format!("/{}/pending/{:016x}\0", crate::state::CLIENT_DIR, fanstore_core::checksum::xxh3(rel)).as_bytes());
     p
-}
-
-fn errno() -> c_int {
-    // SAFETY: reading this thread's errno.
-    unsafe { *libc::__errno_location() }
 }
 
 /// The pid written in marker `m`, if it can be read.

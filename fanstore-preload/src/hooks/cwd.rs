@@ -15,22 +15,22 @@ unsafe fn put_cwd(buf: *mut c_char, size: size_t, path: &[u8]) -> *mut c_char {
         let dst = if buf.is_null() {
             let p = libc::malloc(need.max(size)) as *mut c_char;
             if p.is_null() {
-                super::set_errno(libc::ENOMEM);
+                crate::errno::set_errno(libc::ENOMEM);
                 return p;
             }
             if size != 0 && size < need {
                 libc::free(p.cast());
-                super::set_errno(libc::ERANGE);
+                crate::errno::set_errno(libc::ERANGE);
                 return std::ptr::null_mut();
             }
             p
         } else {
             if size == 0 {
-                super::set_errno(libc::EINVAL);
+                crate::errno::set_errno(libc::EINVAL);
                 return std::ptr::null_mut();
             }
             if size < need {
-                super::set_errno(libc::ERANGE);
+                crate::errno::set_errno(libc::ERANGE);
                 return std::ptr::null_mut();
             }
             buf

@@ -2,9 +2,9 @@
 //! `VDir` (see dirstream.rs); every stream function checks its magic first
 //! and hands glibc's own streams to glibc untouched.
 
-use super::{catch, fd_hook, path_hook};
+use super::{fd_hook, path_hook};
 use crate::dirstream::VDir;
-use crate::guard;
+use crate::guard::{self, catch};
 use crate::ops::{self, Outcome, VPath};
 use crate::state;
 use libc::{c_char, c_int, c_long, c_void, dirent, dirent64, size_t, ssize_t, DIR};

@@ -39,7 +39,7 @@ unsafe fn with_outputs<T>(envp: *const *const c_char, replaces: bool, exec: impl
     if crate::outputs::max_fd() < 0 {
         return exec(envp);
     }
-    let Some(var) = super::catch(|| crate::exec_outputs::entries(replaces), None) else { return exec(envp) };
+    let Some(var) = crate::guard::catch(|| crate::exec_outputs::entries(replaces), None) else { return exec(envp) };
     let mut env: Vec<*const c_char> = Vec::new();
     let mut p = envp;
     // SAFETY: per the contract, envp is walked up to its null entry, and
@@ -97,13 +97,13 @@ crate::hooks! {
         with_outputs(envp.cast(), false, |e| orig::posix_spawnp(pid, file, actions, attr, argv, e.cast()))
     }
     fn _exit(status: c_int) -> () {
-        super::catch(crate::outputs::commit_all, ());
-        super::catch(crate::warm::flush, ());
+        crate::guard::catch(crate::outputs::commit_all, ());
+        crate::guard::catch(crate::warm::flush, ());
         orig::_exit(status)
     }
     fn _Exit(status: c_int) -> () {
-        super::catch(crate::outputs::commit_all, ());
-        super::catch(crate::warm::flush, ());
+        crate::guard::catch(crate::outputs::commit_all, ());
+        crate::guard::catch(crate::warm::flush, ());
         orig::_Exit(status)
     }
 }

@@ -28,7 +28,7 @@ crate::hooks! {
             None => orig::close(fd),
             Some(e) => {
                 orig::close(fd);
-                crate::hooks::set_errno(e);
+                crate::errno::set_errno(e);
                 -1
             }
         }
@@ -73,7 +73,7 @@ crate::hooks! {
     fn lseek(fd: c_int, off: off_t, whence: c_int) -> off_t {
         match dir_seek(fd, off, whence) {
             Some(-1) => {
-                super::set_errno(libc::EINVAL);
+                crate::errno::set_errno(libc::EINVAL);
                 -1
             }
             Some(p) => p,
@@ -83,7 +83,7 @@ crate::hooks! {
     fn lseek64(fd: c_int, off: off_t, whence: c_int) -> off_t {
         match dir_seek(fd, off, whence) {
             Some(-1) => {
-                super::set_errno(libc::EINVAL);
+                crate::errno::set_errno(libc::EINVAL);
                 -1
             }
             Some(p) => p,

@@ -2,8 +2,9 @@
 //! instance watches paths under the mount (events from the daemons) and
 //! outside it (the kernel's), merged into one real fd ([`crate::ops::inotify`]).
 
-use super::{catch, cbytes, set_errno};
-use crate::guard::Guard;
+use super::cbytes;
+use crate::errno::set_errno;
+use crate::guard::{catch, Guard};
 use crate::ops::inotify as ino;
 use crate::paths::{classify, maybe_ours, Class, Scratch};
 use libc::{c_char, c_int};

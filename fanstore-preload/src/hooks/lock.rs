@@ -24,7 +24,7 @@ fn lockf_on(fd: c_int, lock_fd: c_int, cmd: c_int, len: off_t) -> c_int {
         libc::F_ULOCK => (libc::F_SETLK, libc::F_UNLCK),
         libc::F_TEST => (libc::F_GETLK, libc::F_WRLCK),
         _ => {
-            crate::hooks::set_errno(libc::EINVAL);
+            crate::errno::set_errno(libc::EINVAL);
             return -1;
         }
     };
@@ -34,7 +34,7 @@ fn lockf_on(fd: c_int, lock_fd: c_int, cmd: c_int, len: off_t) -> c_int {
     if r == 0 && cmd == libc::F_TEST && fl.l_type != libc::F_UNLCK as i16 {
         // SAFETY: getpid has no preconditions.
         if fl.l_pid != unsafe { libc::getpid() } {
-            crate::hooks::set_errno(libc::EACCES);
+            crate::errno::set_errno(libc::EACCES);
             return -1;
         }
     }

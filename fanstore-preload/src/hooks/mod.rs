@@ -11,7 +11,8 @@
 
 use crate::debug::{B, E};
 use crate::fd_table::{self, Tracked};
-use crate::guard::Guard;
+use crate::errno::set_errno;
+use crate::guard::{catch, Guard};
 use crate::ops::Outcome;
 use crate::paths::{self, Class, Scratch, VPath};
 use libc::{c_char, c_int};
@@ -225,16 +226,6 @@ pub fn report_symbols() {
         }
         crate::debug::emit(format_args!("hooked {fam} [{} symbols, {missing} missing]: {}", slots.len(), B(&line[..len])));
     }
-}
-
-#[inline]
-pub fn set_errno(e: c_int) {
-    // SAFETY: __errno_location returns this thread's errno slot.
-    unsafe { *libc::__errno_location() = e };
-}
-
-pub(crate) fn catch<R>(f: impl FnOnce() -> R, on_panic: R) -> R {
-    std::panic::catch_unwind(std::panic::AssertUnwindSafe(f)).unwrap_or(on_panic)
 }
 
 enum Step<T> {

@@ -73,7 +73,7 @@ fn fstat_at_empty(name: &'static str, dirfd: c_int, buf: *mut libc::stat, real: 
     }
     let Some(g) = crate::guard::Guard::enter() else { return real(empty) };
     // An output's fd (being written, read, a directory): as its fstat.
-    if let Some(r) = crate::fd_table::get(dirfd).and_then(|t| super::catch(|| crate::ops::out::fd_stat(dirfd, t), Some(Err(libc::EIO)))) {
+    if let Some(r) = crate::fd_table::get(dirfd).and_then(|t| crate::guard::catch(|| crate::ops::out::fd_stat(dirfd, t), Some(Err(libc::EIO)))) {
         drop(g);
         return match r {
             Ok(s) => {
@@ -82,12 +82,12 @@ fn fstat_at_empty(name: &'static str, dirfd: c_int, buf: *mut libc::stat, real: 
                 0
             }
             Err(e) => {
-                super::set_errno(e);
+                crate::errno::set_errno(e);
                 -1
             }
         };
     }
-    let r = super::catch(|| empty_path_node(dirfd), Outcome::Errno(libc::EIO));
+    let r = crate::guard::catch(|| empty_path_node(dirfd), Outcome::Errno(libc::EIO));
     drop(g);
     match r {
         Outcome::Handled(n) => {
@@ -96,7 +96,7 @@ fn fstat_at_empty(name: &'static str, dirfd: c_int, buf: *mut libc::stat, real: 
         }
         Outcome::Passthrough => real(empty),
         Outcome::Errno(e) => {
-            super::set_errno(e);
+            crate::errno::set_errno(e);
             -1
         }
     }
@@ -148,7 +148,7 @@ unsafe fn statx_common(
         let Some(g) = crate::guard::Guard::enter() else { return real(path) };
         // An output's fd (being written, read, a directory): as its fstat
         // (Rust's File::metadata is statx of the fd).
-        if let Some(r) = crate::fd_table::get(dirfd).and_then(|t| super::catch(|| crate::ops::out::fd_stat(dirfd, t), Some(Err(libc::EIO)))) {
+        if let Some(r) = crate::fd_table::get(dirfd).and_then(|t| crate::guard::catch(|| crate::ops::out::fd_stat(dirfd, t), Some(Err(libc::EIO)))) {
             drop(g);
             return match r {
                 Ok(s) => {
@@ -157,18 +157,18 @@ unsafe fn statx_common(
                     0
                 }
                 Err(e) => {
-                    super::set_errno(e);
+                    crate::errno::set_errno(e);
                     -1
                 }
             };
         }
-        let r = super::catch(|| empty_path_node(dirfd), Outcome::Errno(libc::EIO));
+        let r = crate::guard::catch(|| empty_path_node(dirfd), Outcome::Errno(libc::EIO));
         drop(g);
         return match r {
             Outcome::Handled(n) => put(&n),
             Outcome::Passthrough => real(path),
             Outcome::Errno(e) => {
-                super::set_errno(e);
+                crate::errno::set_errno(e);
                 -1
             }
         };

@@ -127,7 +127,7 @@ crate::hooks! {
         let r = orig::fclose(stream);
         match err {
             Some(e) => {
-                super::set_errno(e);
+                crate::errno::set_errno(e);
                 -1
             }
             None => r,

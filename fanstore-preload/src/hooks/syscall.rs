@@ -13,7 +13,7 @@ crate::hooks! {
         let a = [a1 as u64, a2 as u64, a3 as u64, a4 as u64, a5 as u64, a6 as u64];
         match crate::sud::dispatch::file_call(nr, a) {
             Some(r) if r < 0 => {
-                crate::hooks::set_errno(-r as i32);
+                crate::errno::set_errno(-r as i32);
                 -1
             }
             Some(r) => r,

@@ -2,8 +2,9 @@
 //! system (EROFS, after the lookup errors Linux reports first). Outputs
 //! under the mount arrive with the write-path issue.
 
-use super::{catch, cbytes, fd_hook, path_hook, set_errno};
-use crate::guard::Guard;
+use super::{cbytes, fd_hook, path_hook};
+use crate::errno::set_errno;
+use crate::guard::{catch, Guard};
 use crate::ops::write::{self, Attr};
 use crate::ops::{Outcome, VPath};
 use crate::paths::{classify, maybe_ours, Class, Scratch};

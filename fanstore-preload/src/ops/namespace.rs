@@ -7,6 +7,7 @@
 
 use super::{resolve, Outcome, VPath};
 use crate::client;
+use crate::errno::errno;
 use crate::state::State;
 use fanstore_core::wire::{self, op, OutRecord};
 use libc::c_int;
@@ -231,11 +232,6 @@ pub fn dir_exists(st: &State, dir: &[u8]) -> Result<(), c_int> {
         },
         Err(e) => Err(e),
     }
-}
-
-fn errno() -> c_int {
-    // SAFETY: reading this thread's errno.
-    unsafe { *libc::__errno_location() }
 }
 
 fn simple(st: &State, op: u16, arg1: u64, payload: &[u8]) -> Outcome<c_int> {

@@ -20,6 +20,7 @@
 
 use super::{is_symlink, resolve, Node, Outcome, VPath};
 use crate::client;
+use crate::errno::errno;
 use crate::fd_table::{self, Tracked};
 use crate::state::State;
 use fanstore_core::codec::Codec;
@@ -239,11 +240,6 @@ fn with_scratch<R>(len: usize, f: impl FnOnce(&mut [u8]) -> R) -> R {
         let _ = SCRATCH.try_with(|c| c.set(buf));
     }
     r
-}
-
-fn errno() -> c_int {
-    // SAFETY: reading this thread's errno.
-    unsafe { *libc::__errno_location() }
 }
 
 fn open_remote(st: &State, n: &Node, flags: c_int) -> Result<c_int, c_int> {

@@ -6,16 +6,12 @@
 use super::namespace::{dir_exists, lookup, lookup_creatable, real_dir, stat, stat_of, Found, RealDir, INPUT_HOLDER};
 use super::{parent_of, Outcome, VPath};
 use crate::client;
+use crate::errno::errno;
 use crate::fd_table::{self, Tracked};
 use crate::state::State;
 use fanstore_core::wire::{op, OutRecord};
 use libc::c_int;
 
-
-fn errno() -> c_int {
-    // SAFETY: reading this thread's errno.
-    unsafe { *libc::__errno_location() }
-}
 
 
 /// A read-only fd with the bytes of output `rel` (`flags`' O_CLOEXEC kept).
@@ -299,7 +295,7 @@ pub fn mode_from_file(fd: c_int) {
     if unsafe { crate::real::fstat(fd, &mut s) } == 0 {
         crate::outputs::set_mode(idx, s.st_mode);
     }
-    crate::hooks::set_errno(saved);
+    crate::errno::set_errno(saved);
 }
 
 /// Forget `fd` if it is an output (used where an fd is replaced internally).

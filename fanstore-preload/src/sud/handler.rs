@@ -10,6 +10,7 @@
 //! untouched, so its raw syscalls are caught too.
 
 use super::{dispatch, get_selector, set_selector, signals, ALLOW};
+use crate::errno::{errno, set_errno};
 use libc::{c_int, c_void, siginfo_t};
 use std::sync::atomic::{AtomicU64, Ordering};
 
@@ -44,16 +45,6 @@ pub fn install() -> bool {
     true
 }
 
-fn errno() -> c_int {
-    // SAFETY: errno is this thread's.
-    unsafe { *libc::__errno_location() }
-}
-
-fn set_errno(e: c_int) {
-    // SAFETY: errno is this thread's.
-    unsafe { *libc::__errno_location() = e };
-}
-
 extern "C" fn on_sigsys(sig: c_int, info: *mut siginfo_t, ctx: *mut c_void) {
     // SAFETY: the kernel passes a valid siginfo (SA_SIGINFO).
     let code = unsafe { info.as_ref() }.map_or(0, |i| i.si_code);
@@ -83,7 +74,7 @@ extern "C" fn on_sigsys(sig: c_int, info: *mut siginfo_t, ctx: *mut c_void) {
     ];
     let ip = g[libc::REG_RIP as usize] as usize;
     // SAFETY: the program's own system call, with its own arguments.
-    let r = crate::hooks::catch(|| unsafe { dispatch::call(nr, a, ip, uc) }, Some(-(libc::EIO as i64)));
+    let r = crate::guard::catch(|| unsafe { dispatch::call(nr, a, ip, uc) }, Some(-(libc::EIO as i64)));
     if let Some(r) = r {
         uc.uc_mcontext.gregs[libc::REG_RAX as usize] = r;
     }
