@@ -13,29 +13,33 @@ use crate::debug::{B, E};
 use crate::fd_table::{self, Tracked};
 use crate::errno::set_errno;
 use crate::guard::{catch, Guard};
-use crate::ops::Outcome;
+use crate::ops::{self, Outcome, TwoPaths};
 use crate::paths::{self, Class, Scratch, VPath};
 use libc::{c_char, c_int};
 use std::ffi::CStr;
 use std::sync::atomic::{AtomicUsize, Ordering};
 
+pub mod attr;
 pub mod cwd;
 pub mod dir;
 pub mod dlsym;
 pub mod exec;
 pub mod fd;
-pub mod lock;
 pub mod inotify;
+pub mod lock;
 pub mod meta;
+pub mod mknod;
 pub mod open;
+pub mod rename;
 pub mod signal;
 pub mod stat;
 pub mod stdio;
 pub mod syscall;
 pub mod tempname;
 pub mod thread;
+pub mod unlink;
 pub mod walk;
-pub mod write;
+pub mod xattr;
 pub mod zerocopy;
 
 /// The lazily resolved address of one original libc function.
@@ -191,7 +195,7 @@ macro_rules! hooks {
 
 /// FANSTORE_DEBUG=1: which symbols this library hooks and whether each original resolved.
 pub fn report_symbols() {
-    let families: [(&str, &[&Slot]); 16] = [
+    let families: [(&str, &[&Slot]); 20] = [
         ("open", open::symbols()),
         ("stdio", stdio::symbols()),
         ("stat", stat::symbols()),
@@ -200,7 +204,11 @@ pub fn report_symbols() {
         ("cwd", cwd::symbols()),
         ("fd", fd::symbols()),
         ("lock", lock::symbols()),
-        ("write", write::symbols()),
+        ("attr", attr::symbols()),
+        ("xattr", xattr::symbols()),
+        ("unlink", unlink::symbols()),
+        ("mknod", mknod::symbols()),
+        ("rename", rename::symbols()),
         ("tempname", tempname::symbols()),
         ("exec", exec::symbols()),
         ("walk", walk::symbols()),
@@ -331,6 +339,51 @@ pub(crate) fn fd_hook<T>(
             crate::dlog!("{name}(fd {fd}: node {}) = {}", t.node(), E(e));
             set_errno(e);
             fail
+        }
+    }
+}
+
+/// Dispatches a call that names two paths (rename, link), each relative to
+/// its dirfd: libc for calls with neither path under the mount (the
+/// caller's own paths, untouched); [`ops::two_paths`] decides the others.
+///
+/// # Safety
+/// `p1` and `p2` are null or NUL-terminated strings.
+pub(crate) unsafe fn two_path_hook(
+    name: &'static str,
+    d1: c_int,
+    p1: *const c_char,
+    d2: c_int,
+    p2: *const c_char,
+    virt: impl FnOnce(Option<&VPath>, Option<&VPath>) -> Outcome<c_int>,
+    real: impl FnOnce(*const c_char, *const c_char) -> c_int,
+) -> c_int {
+    let Some(g) = Guard::enter() else { return real(p1, p2) };
+    // SAFETY: p1/p2 are the caller's C strings (or null).
+    let (m1, m2) = unsafe { (paths::maybe_ours(d1, p1), paths::maybe_ours(d2, p2)) };
+    if !m1 && !m2 {
+        drop(g);
+        return real(p1, p2);
+    }
+    let (mut s1, mut s2) = (Scratch::new(), Scratch::new());
+    // SAFETY: as above.
+    let (b1, b2) = unsafe { (cbytes(p1).unwrap_or(b""), cbytes(p2).unwrap_or(b"")) };
+    let step = catch(
+        || {
+            let c1 = if m1 { paths::classify(d1, b1, &mut s1) } else { Class::Real };
+            let c2 = if m2 { paths::classify(d2, b2, &mut s2) } else { Class::Real };
+            ops::two_paths(c1, c2, virt)
+        },
+        TwoPaths::Errno(libc::EIO),
+    );
+    drop(g);
+    match step {
+        TwoPaths::Libc(r1, r2) => real(if r1 { s1.ptr() } else { p1 }, if r2 { s2.ptr() } else { p2 }),
+        TwoPaths::Done => 0,
+        TwoPaths::Errno(e) => {
+            crate::dlog!("{name}({}, {}) = {}", B(b1), B(b2), E(e));
+            set_errno(e);
+            -1
         }
     }
 }

@@ -199,17 +199,6 @@ unsafe fn statx_common(
     }
 }
 
-impl<T> Outcome<T> {
-    /// Re-types an outcome that carries no value.
-    pub fn map_none<U>(self) -> Outcome<U> {
-        match self {
-            Outcome::Handled(_) => Outcome::Errno(libc::EIO),
-            Outcome::Passthrough => Outcome::Passthrough,
-            Outcome::Errno(e) => Outcome::Errno(e),
-        }
-    }
-}
-
 crate::hooks! {
     fn stat(path: *const c_char, buf: *mut libc::stat) -> c_int {
         stat_common("stat", libc::AT_FDCWD, path, buf, 0, |p| orig::stat(p, buf))

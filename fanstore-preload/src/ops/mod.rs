@@ -2,6 +2,7 @@
 //! and call these with a [`VPath`] (a path under the mount) or a tracked fd;
 //! each returns an [`Outcome`].
 
+use crate::paths::Class;
 use crate::state::State;
 use fanstore_core::manifest::{NodeKind, NodeRef};
 use fanstore_core::path::{normalize_into, under_mount, MAX_PATH};
@@ -33,6 +34,26 @@ pub enum Outcome<T> {
     Errno(c_int),
 }
 
+impl<T> Outcome<T> {
+    /// Re-types an outcome that carries no value.
+    pub fn map_none<U>(self) -> Outcome<U> {
+        match self {
+            Outcome::Handled(_) => Outcome::Errno(libc::EIO),
+            Outcome::Passthrough => Outcome::Passthrough,
+            Outcome::Errno(e) => Outcome::Errno(e),
+        }
+    }
+
+    /// The value of a handled call through `f`.
+    pub fn map<U>(self, f: impl FnOnce(T) -> U) -> Outcome<U> {
+        match self {
+            Outcome::Handled(v) => Outcome::Handled(f(v)),
+            Outcome::Passthrough => Outcome::Passthrough,
+            Outcome::Errno(e) => Outcome::Errno(e),
+        }
+    }
+}
+
 impl<T> From<Result<T, c_int>> for Outcome<T> {
     fn from(r: Result<T, c_int>) -> Outcome<T> {
         match r {
@@ -43,6 +64,42 @@ impl<T> From<Result<T, c_int>> for Outcome<T> {
 }
 
 pub type Node = NodeRef<'static>;
+
+/// How a call that names two paths (rename, link) ends.
+#[derive(Debug, PartialEq, Eq)]
+pub enum TwoPaths {
+    /// libc's call; a `true` side takes the normalised path its
+    /// classification left in its scratch buffer ([`Class::Redirect`]).
+    Libc(bool, bool),
+    /// Served: 0.
+    Done,
+    Errno(c_int),
+}
+
+/// Decides a call naming two paths from their classifications (a side
+/// that cannot be ours is [`Class::Real`]): a lookup error of either side
+/// first; libc's call when neither is under the mount; else `virt` with
+/// whichever are (passing a call to libc is not an answer here: EROFS).
+pub fn two_paths(c1: Class, c2: Class, virt: impl FnOnce(Option<&VPath>, Option<&VPath>) -> Outcome<c_int>) -> TwoPaths {
+    if let Class::Err(e) = c1 {
+        return TwoPaths::Errno(e);
+    }
+    if let Class::Err(e) = c2 {
+        return TwoPaths::Errno(e);
+    }
+    let r1 = matches!(c1, Class::Redirect);
+    let r2 = matches!(c2, Class::Redirect);
+    let v1 = if let Class::Virtual(v) = &c1 { Some(v) } else { None };
+    let v2 = if let Class::Virtual(v) = &c2 { Some(v) } else { None };
+    if v1.is_none() && v2.is_none() {
+        return TwoPaths::Libc(r1, r2);
+    }
+    match virt(v1, v2) {
+        Outcome::Errno(e) => TwoPaths::Errno(e),
+        Outcome::Handled(_) => TwoPaths::Done,
+        Outcome::Passthrough => TwoPaths::Errno(libc::EROFS),
+    }
+}
 
 /// Maximum symlinks followed in one resolution (Linux's limit).
 pub const MAX_SYMLINKS: u32 = 40;

@@ -3,7 +3,8 @@
 //! names that are not inputs are outputs, handled by [`super::out`].
 
 use super::{create_errno, resolve, Outcome, VPath};
-use libc::c_int;
+use crate::fd_table::Tracked;
+use libc::{c_int, c_uint};
 
 /// unlink/unlinkat(0): ENOENT, EISDIR for directories, else EROFS.
 pub fn unlink(vp: &VPath) -> Outcome<c_int> {
@@ -142,5 +143,101 @@ pub fn rename(a: &VPath, b: &VPath, noreplace: bool) -> Outcome<c_int> {
     match resolve(a.st, a.rel, false, false) {
         Err(libc::ENOENT) => super::namespace::rename(a, b, noreplace),
         _ => source(a, true),
+    }
+}
+
+/// rename, renameat, renameat2 with whichever of the two paths are under
+/// the mount. RENAME_NOREPLACE is honoured (EEXIST, atomically at the
+/// destination's owner for a file); RENAME_EXCHANGE and RENAME_WHITEOUT on
+/// /fanstore are EINVAL (documented).
+pub fn rename_paths(a: Option<&VPath>, b: Option<&VPath>, flags: c_uint) -> Outcome<c_int> {
+    match (a, b) {
+        (Some(_), Some(_)) | (Some(_), None) | (None, Some(_)) if flags & !libc::RENAME_NOREPLACE != 0 => Outcome::Errno(libc::EINVAL),
+        (Some(a), Some(b)) => rename(a, b, flags & libc::RENAME_NOREPLACE != 0),
+        (a, b) => link_paths(a, b),
+    }
+}
+
+/// link and linkat with whichever of the two paths are under the mount
+/// (also rename's answer when one side is outside it).
+pub fn link_paths(a: Option<&VPath>, b: Option<&VPath>) -> Outcome<c_int> {
+    match (a, b) {
+        (Some(a), Some(b)) => link(a, b),
+        (Some(a), b) => source(a, b.is_some()),
+        (None, Some(_)) => Outcome::Errno(libc::EXDEV),
+        (None, None) => Outcome::Passthrough,
+    }
+}
+
+/// fchown, futimens, fsetxattr, fremovexattr of a tracked fd: an input
+/// (or a directory) is read-only; an output's fd is a real file of ours,
+/// changed natively (one being written: its commit takes the mode and
+/// times; a committed one opened: its record stays as it is, as before
+/// such fds were tracked).
+pub fn fd_attr(t: Tracked) -> Outcome<c_int> {
+    if super::out::is_output(t) {
+        return Outcome::Passthrough;
+    }
+    Outcome::Errno(libc::EROFS)
+}
+
+/// fchmod of a tracked fd: an output being written changes natively and
+/// its commit registers the new mode (fstat shows it too); else [`fd_attr`].
+pub fn fchmod(t: Tracked, mode: u32) -> Outcome<c_int> {
+    match t {
+        Tracked::Output(idx) => {
+            crate::outputs::set_mode(idx, mode);
+            Outcome::Passthrough
+        }
+        other => fd_attr(other),
+    }
+}
+
+/// After a successful fsetxattr of `fd` named `name`: an access ACL sets
+/// the file's mode bits too (sed -i and cp -p copy the original's
+/// permissions that way): an output's commit takes them.
+pub fn xattr_set(fd: c_int, name: Option<&[u8]>) {
+    if name == Some(b"system.posix_acl_access") {
+        super::out::mode_from_file(fd);
+    }
+}
+
+/// The current time, ns since the epoch.
+fn now_ns() -> i64 {
+    let mut ts = libc::timespec { tv_sec: 0, tv_nsec: 0 };
+    // SAFETY: ts is a valid out-pointer; CLOCK_REALTIME always exists.
+    unsafe { libc::clock_gettime(libc::CLOCK_REALTIME, &mut ts) };
+    ts.tv_sec as i64 * 1_000_000_000 + ts.tv_nsec as i64
+}
+
+/// Both times now (a utime family call with a null argument).
+fn now() -> Attr {
+    let t = now_ns();
+    Attr::Times { atime: Some(t), mtime: Some(t) }
+}
+
+/// utime's argument (None: now).
+pub fn utimbuf_times(t: Option<&libc::utimbuf>) -> Attr {
+    t.map_or_else(now, |t| Attr::Times { atime: Some(t.actime as i64 * 1_000_000_000), mtime: Some(t.modtime as i64 * 1_000_000_000) })
+}
+
+/// utimes' argument (None: now; else [atime, mtime]).
+pub fn timeval_times(t: Option<&[libc::timeval; 2]>) -> Attr {
+    let Some(&[a, m]) = t else { return now() };
+    let ns = |t: libc::timeval| t.tv_sec as i64 * 1_000_000_000 + t.tv_usec as i64 * 1000;
+    Attr::Times { atime: Some(ns(a)), mtime: Some(ns(m)) }
+}
+
+/// utimensat's argument (None or UTIME_NOW: now; UTIME_OMIT: unchanged).
+pub fn timespec_times(t: Option<&[libc::timespec; 2]>) -> Attr {
+    let Some(&[a, m]) = t else { return now() };
+    let one = |t: libc::timespec| match t.tv_nsec {
+        libc::UTIME_NOW => Some(now_ns()),
+        libc::UTIME_OMIT => None,
+        ns => Some(t.tv_sec as i64 * 1_000_000_000 + ns as i64),
+    };
+    match (one(a), one(m)) {
+        (None, None) => Attr::Nothing,
+        (atime, mtime) => Attr::Times { atime, mtime },
     }
 }

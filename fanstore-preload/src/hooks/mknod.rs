@@ -1,0 +1,36 @@
+//! mkdir, mknod, mkfifo, symlink and their *at forms: names made other
+//! than by opening a file. Under the mount a directory or a symlink is an
+//! output; a special file fails with what creating the name gives
+//! ([`crate::ops::write`]).
+
+use super::{cbytes, path_hook};
+use crate::ops::write;
+use crate::real;
+use libc::{c_char, c_int, dev_t, mode_t};
+
+crate::hooks! {
+    fn mkdir(path: *const c_char, mode: mode_t) -> c_int {
+        path_hook("mkdir", libc::AT_FDCWD, path, -1, |vp| write::mkdir(vp, mode as u32), |p| real::mkdir(p, mode))
+    }
+    fn mkdirat(dirfd: c_int, path: *const c_char, mode: mode_t) -> c_int {
+        path_hook("mkdirat", dirfd, path, -1, |vp| write::mkdir(vp, mode as u32), |p| real::mkdirat(dirfd, p, mode))
+    }
+    fn mknod(path: *const c_char, mode: mode_t, dev: dev_t) -> c_int {
+        path_hook("mknod", libc::AT_FDCWD, path, -1, write::create, |p| real::mknod(p, mode, dev))
+    }
+    fn mknodat(dirfd: c_int, path: *const c_char, mode: mode_t, dev: dev_t) -> c_int {
+        path_hook("mknodat", dirfd, path, -1, write::create, |p| real::mknodat(dirfd, p, mode, dev))
+    }
+    fn mkfifo(path: *const c_char, mode: mode_t) -> c_int {
+        path_hook("mkfifo", libc::AT_FDCWD, path, -1, write::create, |p| real::mkfifo(p, mode))
+    }
+    fn mkfifoat(dirfd: c_int, path: *const c_char, mode: mode_t) -> c_int {
+        path_hook("mkfifoat", dirfd, path, -1, write::create, |p| real::mkfifoat(dirfd, p, mode))
+    }
+    fn symlink(target: *const c_char, linkpath: *const c_char) -> c_int {
+        path_hook("symlink", libc::AT_FDCWD, linkpath, -1, |vp| write::symlink(vp, cbytes(target)), |p| real::symlink(target, p))
+    }
+    fn symlinkat(target: *const c_char, dirfd: c_int, linkpath: *const c_char) -> c_int {
+        path_hook("symlinkat", dirfd, linkpath, -1, |vp| write::symlink(vp, cbytes(target)), |p| real::symlinkat(target, dirfd, p))
+    }
+}
