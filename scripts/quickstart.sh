@@ -11,10 +11,15 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 . scripts/lib.sh
 fs_trap_errors quickstart
+T0=$SECONDS
 bash scripts/setup.sh --quickstart
 fs_find_cargo; fs_use_venv; fs_pick_mpi       # python3 is the venv's; MPICC, MPIEXEC
 mapfile -t MPIEXEC_ARGS < <(fs_mpiexec_args)
+echo "== set-up: $((SECONDS - T0)) s"
+T1=$SECONDS
 cargo build --release --workspace
+echo "== build: $((SECONDS - T1)) s"
+T1=$SECONDS
 BIN=$PWD/target/release
 WORK=${QUICKSTART_DIR:-$(mktemp -d /tmp/fanstore-quickstart.XXXXXX)}
 echo "== working in $WORK"
@@ -67,4 +72,5 @@ echo "== 9. stop"
 "$BIN/fanstore" stop
 wait $DAEMONS
 trap - EXIT
+echo "== the job (steps 1-9): $((SECONDS - T1)) s; the quickstart in all: $((SECONDS - T0)) s"
 echo "quickstart: OK (every byte read through /fanstore on nodes 0 and 2 matches the original tree; checkpoints written on node 0 read on node 3 and listed with their lineage)"
