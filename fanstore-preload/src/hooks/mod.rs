@@ -343,6 +343,38 @@ pub(crate) fn fd_hook<T>(
     }
 }
 
+/// Dispatches a call whose path is empty with `AT_EMPTY_PATH`, about
+/// `dirfd` itself: `virt` when it is a tracked fd (or AT_FDCWD with a
+/// virtual cwd), libc otherwise.
+#[inline]
+pub(crate) fn empty_path_hook<T>(
+    name: &'static str,
+    dirfd: c_int,
+    fail: T,
+    virt: impl FnOnce() -> Outcome<T>,
+    real: impl FnOnce() -> T,
+) -> T {
+    let ours = if dirfd == libc::AT_FDCWD { paths::vcwd().is_some() } else { fd_table::get(dirfd).is_some() };
+    if !ours {
+        return real();
+    }
+    let Some(g) = Guard::enter() else { return real() };
+    let out = catch(virt, Outcome::Errno(libc::EIO));
+    drop(g);
+    match out {
+        Outcome::Handled(v) => {
+            crate::dlog!("{name}(fd {dirfd}, \"\") ok");
+            v
+        }
+        Outcome::Passthrough => real(),
+        Outcome::Errno(e) => {
+            crate::dlog!("{name}(fd {dirfd}, \"\") = {}", E(e));
+            set_errno(e);
+            fail
+        }
+    }
+}
+
 /// Dispatches a call that names two paths (rename, link), each relative to
 /// its dirfd: libc for calls with neither path under the mount (the
 /// caller's own paths, untouched); [`ops::two_paths`] decides the others.
@@ -395,4 +427,13 @@ pub(crate) unsafe fn two_path_hook(
 pub(crate) unsafe fn cbytes<'a>(p: *const c_char) -> Option<&'a [u8]> {
     // SAFETY: per the contract.
     (!p.is_null()).then(|| unsafe { CStr::from_ptr(p) }.to_bytes())
+}
+
+/// Reads a C string argument that may be null, as a `CStr`.
+///
+/// # Safety
+/// `p` is null or NUL-terminated and outlives the returned reference.
+pub(crate) unsafe fn cstr<'a>(p: *const c_char) -> Option<&'a CStr> {
+    // SAFETY: per the contract.
+    (!p.is_null()).then(|| unsafe { CStr::from_ptr(p) })
 }

@@ -17,6 +17,7 @@ pub mod namespace;
 pub mod open;
 pub mod out;
 pub mod stat;
+pub mod stdio;
 pub mod tempname;
 pub mod walk;
 pub mod write;

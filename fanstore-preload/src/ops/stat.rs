@@ -94,6 +94,59 @@ pub fn stat_path(vp: &VPath, follow: bool) -> Outcome<Node> {
     resolve(vp.st, vp.rel, vp.must_be_dir, follow).into()
 }
 
+/// stat/lstat/fstatat/statx of a path under the mount: an input's, else
+/// (ENOENT in the index) an output's.
+pub fn stat_any(vp: &VPath, follow: bool) -> Outcome<libc::stat> {
+    match stat_path(vp, follow) {
+        Outcome::Handled(n) => Outcome::Handled(stat_of(vp.st, &n)),
+        Outcome::Errno(libc::ENOENT) => out_stat(vp, follow).into(),
+        Outcome::Errno(e) => Outcome::Errno(e),
+        Outcome::Passthrough => Outcome::Passthrough,
+    }
+}
+
+/// The stat of output `vp` (a name that is not an input).
+fn out_stat(vp: &VPath, follow: bool) -> Result<libc::stat, c_int> {
+    let r = if follow || vp.must_be_dir { super::namespace::stat(vp.st, vp.rel)? } else { super::namespace::lstat(vp.st, vp.rel)? };
+    if vp.must_be_dir && !r.is_dir() {
+        return Err(libc::ENOTDIR);
+    }
+    Ok(super::namespace::stat_of(vp.st, vp.rel, &r))
+}
+
+/// The stat of a node, with the loaded state's owner (none: not ours).
+fn node_stat(n: &Node) -> Outcome<libc::stat> {
+    match state::current() {
+        Some(st) => Outcome::Handled(stat_of(st, n)),
+        None => Outcome::Passthrough,
+    }
+}
+
+/// fstat of a tracked fd: an output's (being written, read, a directory)
+/// as its own file says ([`super::out::fd_stat`]), else its node's.
+pub fn fstat(fd: c_int, t: Tracked) -> Outcome<libc::stat> {
+    if let Some(r) = super::out::fd_stat(fd, t) {
+        return r.into();
+    }
+    match fd_node(fd, t) {
+        Outcome::Handled(n) => node_stat(&n),
+        other => other.map_none(),
+    }
+}
+
+/// fstatat/statx with `AT_EMPTY_PATH` and an empty path: the stat of
+/// `dirfd` itself (an output's fd as its fstat; Rust's File::metadata is
+/// statx of the fd), or of the virtual cwd.
+pub fn empty_path_stat(dirfd: c_int) -> Outcome<libc::stat> {
+    if let Some(r) = fd_table::get(dirfd).and_then(|t| super::out::fd_stat(dirfd, t)) {
+        return r.into();
+    }
+    match empty_path_node(dirfd) {
+        Outcome::Handled(n) => node_stat(&n),
+        other => other.map_none(),
+    }
+}
+
 /// The node behind a tracked fd, after checking that the fd still refers
 /// to what we opened (real fstat): a stale entry is dropped and the call
 /// passes through.
