@@ -152,7 +152,7 @@ fn init_slow() {
         set_mount(mount_env.unwrap_or_else(|| DEFAULT_MOUNT.to_vec()));
         CONFIG.store(Box::into_raw(Box::new(cfg)), Ordering::Release);
         if debug {
-            crate::hooks::report_symbols();
+            crate::real::report_symbols();
         }
         load_locked();
         INIT_DONE.store(true, Ordering::Release);

@@ -2,6 +2,7 @@
 
 use super::{fd_hook, path_hook};
 use crate::ops::cwd;
+use crate::real;
 use fanstore_core::path::MAX_PATH;
 use libc::{c_char, c_int, size_t};
 
@@ -52,7 +53,7 @@ fn init_for_cwd() {
 crate::hooks! {
     fn chdir(path: *const c_char) -> c_int {
         path_hook("chdir", libc::AT_FDCWD, path, -1, cwd::chdir, |p| {
-            let r = orig::chdir(p);
+            let r = real::chdir(p);
             if r == 0 {
                 cwd::left_virtual();
             }
@@ -61,7 +62,7 @@ crate::hooks! {
     }
     fn fchdir(fd: c_int) -> c_int {
         fd_hook("fchdir", fd, -1, |t| cwd::fchdir(fd, t), || {
-            let r = orig::fchdir(fd);
+            let r = real::fchdir(fd);
             if r == 0 {
                 cwd::left_virtual();
             }
@@ -76,7 +77,7 @@ crate::hooks! {
                 return put_cwd(buf, size, &out[..len]);
             }
         }
-        orig::getcwd(buf, size)
+        real::getcwd(buf, size)
     }
     fn get_current_dir_name() -> *mut c_char {
         init_for_cwd();
@@ -86,6 +87,6 @@ crate::hooks! {
                 return put_cwd(std::ptr::null_mut(), 0, &out[..len]);
             }
         }
-        orig::get_current_dir_name()
+        real::get_current_dir_name()
     }
 }

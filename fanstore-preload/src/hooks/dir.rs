@@ -6,11 +6,9 @@ use super::{fd_hook, path_hook};
 use crate::dirstream::VDir;
 use crate::guard::{self, catch};
 use crate::ops::{self, Outcome, VPath};
+use crate::real::{self, Compar, Filter};
 use crate::state;
 use libc::{c_char, c_int, c_long, c_void, dirent, dirent64, size_t, ssize_t, DIR};
-
-type Filter = Option<unsafe extern "C" fn(*const dirent) -> c_int>;
-type Compar = Option<unsafe extern "C" fn(*mut *const dirent, *mut *const dirent) -> c_int>;
 
 fn vdir<'a>(d: *mut DIR) -> Option<&'a mut VDir> {
     // SAFETY: d is null or a live DIR * (stream function contract); when the
@@ -94,7 +92,7 @@ crate::hooks! {
                 Outcome::Handled(d) => Outcome::Handled(Box::into_raw(d) as *mut DIR),
                 other => other.map_none(),
             },
-            |p| orig::opendir(p))
+            |p| real::opendir(p))
     }
     fn fdopendir(fd: c_int) -> *mut DIR {
         fd_hook("fdopendir", fd, std::ptr::null_mut(),
@@ -102,30 +100,30 @@ crate::hooks! {
                 Outcome::Handled(d) => Outcome::Handled(Box::into_raw(d) as *mut DIR),
                 other => other.map_none(),
             },
-            || orig::fdopendir(fd))
+            || real::fdopendir(fd))
     }
     fn readdir(d: *mut DIR) -> *mut dirent {
         match vdir(d) {
             Some(v) => next(v) as *mut dirent,
-            None => orig::readdir(d),
+            None => real::readdir(d),
         }
     }
     fn readdir64(d: *mut DIR) -> *mut dirent64 {
         match vdir(d) {
             Some(v) => next(v),
-            None => orig::readdir64(d),
+            None => real::readdir64(d),
         }
     }
     fn readdir_r(d: *mut DIR, entry: *mut dirent, result: *mut *mut dirent) -> c_int {
         match vdir(d) {
             Some(v) => readdir_r_common(v, entry.cast(), result.cast()),
-            None => orig::readdir_r(d, entry, result),
+            None => real::readdir_r(d, entry, result),
         }
     }
     fn readdir64_r(d: *mut DIR, entry: *mut dirent64, result: *mut *mut dirent64) -> c_int {
         match vdir(d) {
             Some(v) => readdir_r_common(v, entry, result),
-            None => orig::readdir64_r(d, entry, result),
+            None => real::readdir64_r(d, entry, result),
         }
     }
     fn closedir(d: *mut DIR) -> c_int {
@@ -133,51 +131,51 @@ crate::hooks! {
             crate::dlog!("closedir(virtual)");
             return ops::dir::closedir(Box::from_raw(d as *mut VDir));
         }
-        orig::closedir(d)
+        real::closedir(d)
     }
     fn rewinddir(d: *mut DIR) -> () {
         match vdir(d) {
             Some(v) => v.seek(0),
-            None => orig::rewinddir(d),
+            None => real::rewinddir(d),
         }
     }
     fn seekdir(d: *mut DIR, loc: c_long) -> () {
         match vdir(d) {
             Some(v) => v.seek(loc.max(0) as u64),
-            None => orig::seekdir(d, loc),
+            None => real::seekdir(d, loc),
         }
     }
     fn telldir(d: *mut DIR) -> c_long {
         match vdir(d) {
             Some(v) => v.pos as c_long,
-            None => orig::telldir(d),
+            None => real::telldir(d),
         }
     }
     fn dirfd(d: *mut DIR) -> c_int {
         match vdir(d) {
             Some(v) => v.fd,
-            None => orig::dirfd(d),
+            None => real::dirfd(d),
         }
     }
     fn scandir(path: *const c_char, namelist: *mut *mut *mut dirent, filter: Filter, compar: Compar) -> c_int {
         path_hook("scandir", libc::AT_FDCWD, path, -1,
             |vp| scandir_virtual(vp, namelist, filter, compar),
-            |p| orig::scandir(p, namelist, filter, compar))
+            |p| real::scandir(p, namelist, filter, compar))
     }
     fn scandir64(path: *const c_char, namelist: *mut *mut *mut dirent, filter: Filter, compar: Compar) -> c_int {
         path_hook("scandir64", libc::AT_FDCWD, path, -1,
             |vp| scandir_virtual(vp, namelist, filter, compar),
-            |p| orig::scandir64(p, namelist, filter, compar))
+            |p| real::scandir64(p, namelist, filter, compar))
     }
     fn scandirat(dirfd: c_int, path: *const c_char, namelist: *mut *mut *mut dirent, filter: Filter, compar: Compar) -> c_int {
         path_hook("scandirat", dirfd, path, -1,
             |vp| scandir_virtual(vp, namelist, filter, compar),
-            |p| orig::scandirat(dirfd, p, namelist, filter, compar))
+            |p| real::scandirat(dirfd, p, namelist, filter, compar))
     }
     fn scandirat64(dirfd: c_int, path: *const c_char, namelist: *mut *mut *mut dirent, filter: Filter, compar: Compar) -> c_int {
         path_hook("scandirat64", dirfd, path, -1,
             |vp| scandir_virtual(vp, namelist, filter, compar),
-            |p| orig::scandirat64(dirfd, p, namelist, filter, compar))
+            |p| real::scandirat64(dirfd, p, namelist, filter, compar))
     }
     fn getdents64(fd: c_int, buf: *mut c_void, count: size_t) -> ssize_t {
         fd_hook("getdents64", fd, -1,
@@ -186,6 +184,6 @@ crate::hooks! {
                 let b = std::slice::from_raw_parts_mut(buf as *mut u8, count);
                 ops::dir::getdents64(fd, t, b)
             },
-            || orig::getdents64(fd, buf, count))
+            || real::getdents64(fd, buf, count))
     }
 }

@@ -14,6 +14,7 @@
 //! process that calls those is still committed by that process, but one
 //! that a child opens and then execs through them is not.
 
+use crate::real;
 use libc::{c_char, c_int, pid_t};
 
 extern "C" {
@@ -25,8 +26,8 @@ extern "C" {
 /// could wait for the dynamic loader's lock held by the thread it
 /// interrupted.
 pub fn resolve_exits() {
-    let _ = slot::_exit.get();
-    let _ = slot::_Exit.get();
+    let _ = crate::real::slot::_exit.get();
+    let _ = crate::real::slot::_Exit.get();
 }
 
 /// Calls `exec` with `envp`, or with a copy of it that also carries the
@@ -62,19 +63,19 @@ unsafe fn with_outputs<T>(envp: *const *const c_char, replaces: bool, exec: impl
 
 crate::hooks! {
     fn execve(path: *const c_char, argv: *const *const c_char, envp: *const *const c_char) -> c_int {
-        with_outputs(envp, true, |e| orig::execve(path, argv, e))
+        with_outputs(envp, true, |e| real::execve(path, argv, e))
     }
     fn execv(path: *const c_char, argv: *const *const c_char) -> c_int {
-        with_outputs(environ, true, |e| orig::execve(path, argv, e))
+        with_outputs(environ, true, |e| real::execve(path, argv, e))
     }
     fn execvp(file: *const c_char, argv: *const *const c_char) -> c_int {
-        with_outputs(environ, true, |e| orig::execvpe(file, argv, e))
+        with_outputs(environ, true, |e| real::execvpe(file, argv, e))
     }
     fn execvpe(file: *const c_char, argv: *const *const c_char, envp: *const *const c_char) -> c_int {
-        with_outputs(envp, true, |e| orig::execvpe(file, argv, e))
+        with_outputs(envp, true, |e| real::execvpe(file, argv, e))
     }
     fn fexecve(fd: c_int, argv: *const *const c_char, envp: *const *const c_char) -> c_int {
-        with_outputs(envp, true, |e| orig::fexecve(fd, argv, e))
+        with_outputs(envp, true, |e| real::fexecve(fd, argv, e))
     }
     fn posix_spawn(
         pid: *mut pid_t,
@@ -84,7 +85,7 @@ crate::hooks! {
         argv: *const *mut c_char,
         envp: *const *mut c_char,
     ) -> c_int {
-        with_outputs(envp.cast(), false, |e| orig::posix_spawn(pid, path, actions, attr, argv, e.cast()))
+        with_outputs(envp.cast(), false, |e| real::posix_spawn(pid, path, actions, attr, argv, e.cast()))
     }
     fn posix_spawnp(
         pid: *mut pid_t,
@@ -94,16 +95,16 @@ crate::hooks! {
         argv: *const *mut c_char,
         envp: *const *mut c_char,
     ) -> c_int {
-        with_outputs(envp.cast(), false, |e| orig::posix_spawnp(pid, file, actions, attr, argv, e.cast()))
+        with_outputs(envp.cast(), false, |e| real::posix_spawnp(pid, file, actions, attr, argv, e.cast()))
     }
     fn _exit(status: c_int) -> () {
         crate::guard::catch(crate::outputs::commit_all, ());
         crate::guard::catch(crate::warm::flush, ());
-        orig::_exit(status)
+        real::_exit(status)
     }
     fn _Exit(status: c_int) -> () {
         crate::guard::catch(crate::outputs::commit_all, ());
         crate::guard::catch(crate::warm::flush, ());
-        orig::_Exit(status)
+        real::_Exit(status)
     }
 }

@@ -4,6 +4,7 @@
 
 use crate::fd_table::{self, Tracked};
 use crate::ops::fd::{after_dup, before_close, before_close_range, before_dup2};
+use crate::real;
 use libc::{c_int, c_uint, c_ulong, off_t};
 
 /// lseek on a virtual directory fd moves its getdents64 position (d_off
@@ -25,9 +26,9 @@ fn dir_seek(fd: c_int, off: off_t, whence: c_int) -> Option<off_t> {
 crate::hooks! {
     fn close(fd: c_int) -> c_int {
         match before_close(fd) {
-            None => orig::close(fd),
+            None => real::close(fd),
             Some(e) => {
-                orig::close(fd);
+                real::close(fd);
                 crate::errno::set_errno(e);
                 -1
             }
@@ -35,20 +36,20 @@ crate::hooks! {
     }
     fn close_range(first: c_uint, last: c_uint, flags: c_int) -> c_int {
         before_close_range(first, last, flags);
-        orig::close_range(first, last, flags)
+        real::close_range(first, last, flags)
     }
     fn closefrom(lowfd: c_int) -> () {
         before_close_range(lowfd.max(0) as u32, u32::MAX, 0);
-        orig::closefrom(lowfd)
+        real::closefrom(lowfd)
     }
     fn dup(fd: c_int) -> c_int {
-        let r = orig::dup(fd);
+        let r = real::dup(fd);
         after_dup(fd, r);
         r
     }
     fn dup2(old: c_int, new: c_int) -> c_int {
         before_dup2(old, new);
-        let r = orig::dup2(old, new);
+        let r = real::dup2(old, new);
         if old != new {
             after_dup(old, r);
         }
@@ -56,15 +57,15 @@ crate::hooks! {
     }
     fn dup3(old: c_int, new: c_int, flags: c_int) -> c_int {
         before_dup2(old, new);
-        let r = orig::dup3(old, new, flags);
+        let r = real::dup3(old, new, flags);
         after_dup(old, r);
         r
     }
     fn fcntl(fd: c_int, cmd: c_int, arg: c_ulong) -> c_int {
         if crate::locks::is_lock_cmd(cmd) {
-            return orig::fcntl(crate::locks::target(fd), cmd, arg);
+            return real::fcntl(crate::locks::target(fd), cmd, arg);
         }
-        let r = orig::fcntl(fd, cmd, arg);
+        let r = real::fcntl(fd, cmd, arg);
         if cmd == libc::F_DUPFD || cmd == libc::F_DUPFD_CLOEXEC {
             after_dup(fd, r);
         }
@@ -77,7 +78,7 @@ crate::hooks! {
                 -1
             }
             Some(p) => p,
-            None => orig::lseek(fd, off, whence),
+            None => real::lseek(fd, off, whence),
         }
     }
     fn lseek64(fd: c_int, off: off_t, whence: c_int) -> off_t {
@@ -87,14 +88,14 @@ crate::hooks! {
                 -1
             }
             Some(p) => p,
-            None => orig::lseek64(fd, off, whence),
+            None => real::lseek64(fd, off, whence),
         }
     }
     fn fcntl64(fd: c_int, cmd: c_int, arg: c_ulong) -> c_int {
         if crate::locks::is_lock_cmd(cmd) {
-            return orig::fcntl64(crate::locks::target(fd), cmd, arg);
+            return real::fcntl64(crate::locks::target(fd), cmd, arg);
         }
-        let r = orig::fcntl64(fd, cmd, arg);
+        let r = real::fcntl64(fd, cmd, arg);
         if cmd == libc::F_DUPFD || cmd == libc::F_DUPFD_CLOEXEC {
             after_dup(fd, r);
         }

@@ -7,6 +7,7 @@ use crate::errno::set_errno;
 use crate::guard::{catch, Guard};
 use crate::ops::inotify as ino;
 use crate::paths::{classify, maybe_ours, Class, Scratch};
+use crate::real;
 use libc::{c_char, c_int};
 
 /// A merged instance, or the kernel's when there is no daemon.
@@ -37,18 +38,18 @@ fn done(r: Result<c_int, c_int>) -> c_int {
 
 crate::hooks! {
     fn inotify_init() -> c_int {
-        init(0, || orig::inotify_init())
+        init(0, || real::inotify_init())
     }
     fn inotify_init1(flags: c_int) -> c_int {
-        init(flags, || orig::inotify_init1(flags))
+        init(flags, || real::inotify_init1(flags))
     }
     fn inotify_add_watch(fd: c_int, path: *const c_char, mask: u32) -> c_int {
-        let Some(kfd) = ino::kernel_fd(fd) else { return orig::inotify_add_watch(fd, path, mask) };
+        let Some(kfd) = ino::kernel_fd(fd) else { return real::inotify_add_watch(fd, path, mask) };
         // SAFETY: path is the caller's C string (or null).
         if !unsafe { maybe_ours(libc::AT_FDCWD, path) } {
-            return orig::inotify_add_watch(kfd, path, mask);
+            return real::inotify_add_watch(kfd, path, mask);
         }
-        let Some(g) = Guard::enter() else { return orig::inotify_add_watch(kfd, path, mask) };
+        let Some(g) = Guard::enter() else { return real::inotify_add_watch(kfd, path, mask) };
         let mut scratch = Scratch::new();
         // SAFETY: maybe_ours returned true: path is a non-null C string.
         let bytes = unsafe { cbytes(path) }.unwrap_or(b"");
@@ -63,8 +64,8 @@ crate::hooks! {
         );
         drop(g);
         match r {
-            Ok(Add::Kernel) => orig::inotify_add_watch(kfd, path, mask),
-            Ok(Add::Redirect) => orig::inotify_add_watch(kfd, scratch.ptr(), mask),
+            Ok(Add::Kernel) => real::inotify_add_watch(kfd, path, mask),
+            Ok(Add::Redirect) => real::inotify_add_watch(kfd, scratch.ptr(), mask),
             Ok(Add::Ours(wd)) => {
                 crate::dlog!("inotify_add_watch({fd}, {}) = {wd}", crate::debug::B(bytes));
                 wd
@@ -73,11 +74,11 @@ crate::hooks! {
         }
     }
     fn inotify_rm_watch(fd: c_int, wd: c_int) -> c_int {
-        let Some(kfd) = ino::kernel_fd(fd) else { return orig::inotify_rm_watch(fd, wd) };
+        let Some(kfd) = ino::kernel_fd(fd) else { return real::inotify_rm_watch(fd, wd) };
         if wd < ino::WD_BASE {
-            return orig::inotify_rm_watch(kfd, wd);
+            return real::inotify_rm_watch(kfd, wd);
         }
-        let Some(g) = Guard::enter() else { return orig::inotify_rm_watch(kfd, wd) };
+        let Some(g) = Guard::enter() else { return real::inotify_rm_watch(kfd, wd) };
         let r = catch(|| ino::rm_watch(fd, wd), Err(libc::EIO));
         drop(g);
         done(r)

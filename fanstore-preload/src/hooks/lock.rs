@@ -3,6 +3,7 @@
 //! its path (`crate::locks`); on anything else they are libc's.
 
 use crate::locks;
+use crate::real;
 use libc::{c_int, off_t};
 
 /// lockf(3) on a lock file: the range starts at `fd`'s offset, as lockf
@@ -43,17 +44,17 @@ fn lockf_on(fd: c_int, lock_fd: c_int, cmd: c_int, len: off_t) -> c_int {
 
 crate::hooks! {
     fn flock(fd: c_int, op: c_int) -> c_int {
-        orig::flock(locks::target(fd), op)
+        real::flock(locks::target(fd), op)
     }
     fn lockf(fd: c_int, cmd: c_int, len: off_t) -> c_int {
         match locks::target(fd) {
-            t if t == fd => orig::lockf(fd, cmd, len),
+            t if t == fd => real::lockf(fd, cmd, len),
             t => lockf_on(fd, t, cmd, len),
         }
     }
     fn lockf64(fd: c_int, cmd: c_int, len: off_t) -> c_int {
         match locks::target(fd) {
-            t if t == fd => orig::lockf64(fd, cmd, len),
+            t if t == fd => real::lockf64(fd, cmd, len),
             t => lockf_on(fd, t, cmd, len),
         }
     }

@@ -3,6 +3,7 @@
 use super::{cbytes, fd_hook, path_hook};
 use crate::ops::{meta, stat, Outcome};
 use crate::state;
+use crate::real;
 use fanstore_core::path::MAX_PATH;
 use libc::{c_char, c_int, c_void, size_t, ssize_t};
 
@@ -133,69 +134,69 @@ fn fd_state<T>(t: crate::fd_table::Tracked, f: impl FnOnce(&'static state::State
 
 crate::hooks! {
     fn access(path: *const c_char, mode: c_int) -> c_int {
-        access_common("access", libc::AT_FDCWD, path, mode, 0, |p| orig::access(p, mode))
+        access_common("access", libc::AT_FDCWD, path, mode, 0, |p| real::access(p, mode))
     }
     fn faccessat(dirfd: c_int, path: *const c_char, mode: c_int, flags: c_int) -> c_int {
-        access_common("faccessat", dirfd, path, mode, flags, |p| orig::faccessat(dirfd, p, mode, flags))
+        access_common("faccessat", dirfd, path, mode, flags, |p| real::faccessat(dirfd, p, mode, flags))
     }
     fn euidaccess(path: *const c_char, mode: c_int) -> c_int {
-        access_common("euidaccess", libc::AT_FDCWD, path, mode, 0, |p| orig::euidaccess(p, mode))
+        access_common("euidaccess", libc::AT_FDCWD, path, mode, 0, |p| real::euidaccess(p, mode))
     }
     fn eaccess(path: *const c_char, mode: c_int) -> c_int {
-        access_common("eaccess", libc::AT_FDCWD, path, mode, 0, |p| orig::eaccess(p, mode))
+        access_common("eaccess", libc::AT_FDCWD, path, mode, 0, |p| real::eaccess(p, mode))
     }
     fn readlink(path: *const c_char, buf: *mut c_char, size: size_t) -> ssize_t {
-        readlink_common("readlink", libc::AT_FDCWD, path, buf, size, |p| orig::readlink(p, buf, size))
+        readlink_common("readlink", libc::AT_FDCWD, path, buf, size, |p| real::readlink(p, buf, size))
     }
     fn readlinkat(dirfd: c_int, path: *const c_char, buf: *mut c_char, size: size_t) -> ssize_t {
-        readlink_common("readlinkat", dirfd, path, buf, size, |p| orig::readlinkat(dirfd, p, buf, size))
+        readlink_common("readlinkat", dirfd, path, buf, size, |p| real::readlinkat(dirfd, p, buf, size))
     }
     fn realpath(path: *const c_char, resolved: *mut c_char) -> *mut c_char {
-        realpath_common("realpath", path, resolved, |p| orig::realpath(p, resolved))
+        realpath_common("realpath", path, resolved, |p| real::realpath(p, resolved))
     }
     fn canonicalize_file_name(path: *const c_char) -> *mut c_char {
-        realpath_common("canonicalize_file_name", path, std::ptr::null_mut(), |p| orig::canonicalize_file_name(p))
+        realpath_common("canonicalize_file_name", path, std::ptr::null_mut(), |p| real::canonicalize_file_name(p))
     }
     fn getxattr(path: *const c_char, name: *const c_char, value: *mut c_void, size: size_t) -> ssize_t {
-        path_hook("getxattr", libc::AT_FDCWD, path, -1, |vp| meta::getxattr(vp, true), |p| orig::getxattr(p, name, value, size))
+        path_hook("getxattr", libc::AT_FDCWD, path, -1, |vp| meta::getxattr(vp, true), |p| real::getxattr(p, name, value, size))
     }
     fn lgetxattr(path: *const c_char, name: *const c_char, value: *mut c_void, size: size_t) -> ssize_t {
-        path_hook("lgetxattr", libc::AT_FDCWD, path, -1, |vp| meta::getxattr(vp, false), |p| orig::lgetxattr(p, name, value, size))
+        path_hook("lgetxattr", libc::AT_FDCWD, path, -1, |vp| meta::getxattr(vp, false), |p| real::lgetxattr(p, name, value, size))
     }
     fn fgetxattr(fd: c_int, name: *const c_char, value: *mut c_void, size: size_t) -> ssize_t {
-        fd_hook("fgetxattr", fd, -1, |t| fd_state(t, |_| Outcome::Errno(libc::ENODATA)), || orig::fgetxattr(fd, name, value, size))
+        fd_hook("fgetxattr", fd, -1, |t| fd_state(t, |_| Outcome::Errno(libc::ENODATA)), || real::fgetxattr(fd, name, value, size))
     }
     fn listxattr(path: *const c_char, list: *mut c_char, size: size_t) -> ssize_t {
-        path_hook("listxattr", libc::AT_FDCWD, path, -1, |vp| meta::listxattr(vp, true), |p| orig::listxattr(p, list, size))
+        path_hook("listxattr", libc::AT_FDCWD, path, -1, |vp| meta::listxattr(vp, true), |p| real::listxattr(p, list, size))
     }
     fn llistxattr(path: *const c_char, list: *mut c_char, size: size_t) -> ssize_t {
-        path_hook("llistxattr", libc::AT_FDCWD, path, -1, |vp| meta::listxattr(vp, false), |p| orig::llistxattr(p, list, size))
+        path_hook("llistxattr", libc::AT_FDCWD, path, -1, |vp| meta::listxattr(vp, false), |p| real::llistxattr(p, list, size))
     }
     fn flistxattr(fd: c_int, list: *mut c_char, size: size_t) -> ssize_t {
-        fd_hook("flistxattr", fd, -1, |t| fd_state(t, |_| Outcome::Handled(0)), || orig::flistxattr(fd, list, size))
+        fd_hook("flistxattr", fd, -1, |t| fd_state(t, |_| Outcome::Handled(0)), || real::flistxattr(fd, list, size))
     }
     fn statfs(path: *const c_char, buf: *mut libc::statfs) -> c_int {
-        statfs_common("statfs", path, buf, |p| orig::statfs(p, buf))
+        statfs_common("statfs", path, buf, |p| real::statfs(p, buf))
     }
     fn statfs64(path: *const c_char, buf: *mut libc::statfs) -> c_int {
-        statfs_common("statfs64", path, buf, |p| orig::statfs64(p, buf))
+        statfs_common("statfs64", path, buf, |p| real::statfs64(p, buf))
     }
     fn fstatfs(fd: c_int, buf: *mut libc::statfs) -> c_int {
-        fd_hook("fstatfs", fd, -1, |t| fd_state(t, |st| { buf.write(stat::statfs_of(st)); Outcome::Handled(0) }), || orig::fstatfs(fd, buf))
+        fd_hook("fstatfs", fd, -1, |t| fd_state(t, |st| { buf.write(stat::statfs_of(st)); Outcome::Handled(0) }), || real::fstatfs(fd, buf))
     }
     fn fstatfs64(fd: c_int, buf: *mut libc::statfs) -> c_int {
-        fd_hook("fstatfs64", fd, -1, |t| fd_state(t, |st| { buf.write(stat::statfs_of(st)); Outcome::Handled(0) }), || orig::fstatfs64(fd, buf))
+        fd_hook("fstatfs64", fd, -1, |t| fd_state(t, |st| { buf.write(stat::statfs_of(st)); Outcome::Handled(0) }), || real::fstatfs64(fd, buf))
     }
     fn statvfs(path: *const c_char, buf: *mut libc::statvfs) -> c_int {
-        statvfs_common("statvfs", path, buf, |p| orig::statvfs(p, buf))
+        statvfs_common("statvfs", path, buf, |p| real::statvfs(p, buf))
     }
     fn statvfs64(path: *const c_char, buf: *mut libc::statvfs) -> c_int {
-        statvfs_common("statvfs64", path, buf, |p| orig::statvfs64(p, buf))
+        statvfs_common("statvfs64", path, buf, |p| real::statvfs64(p, buf))
     }
     fn fstatvfs(fd: c_int, buf: *mut libc::statvfs) -> c_int {
-        fd_hook("fstatvfs", fd, -1, |t| fd_state(t, |st| { buf.write(stat::statvfs_of(st)); Outcome::Handled(0) }), || orig::fstatvfs(fd, buf))
+        fd_hook("fstatvfs", fd, -1, |t| fd_state(t, |st| { buf.write(stat::statvfs_of(st)); Outcome::Handled(0) }), || real::fstatvfs(fd, buf))
     }
     fn fstatvfs64(fd: c_int, buf: *mut libc::statvfs) -> c_int {
-        fd_hook("fstatvfs64", fd, -1, |t| fd_state(t, |st| { buf.write(stat::statvfs_of(st)); Outcome::Handled(0) }), || orig::fstatvfs64(fd, buf))
+        fd_hook("fstatvfs64", fd, -1, |t| fd_state(t, |st| { buf.write(stat::statvfs_of(st)); Outcome::Handled(0) }), || real::fstatvfs64(fd, buf))
     }
 }

@@ -1,8 +1,8 @@
 //! The exported libc symbols. Each family file declares its hooks with
-//! `hooks!`, which also declares the original of each one (`orig::name`,
-//! resolved lazily with `dlsym(RTLD_NEXT)`). Hook bodies only convert
-//! pointers and dispatch through `path_hook` / `fd_hook` to safe
-//! functions in `crate::ops`.
+//! `hooks!`; the original of each one is `crate::real::name` (the ground
+//! floor resolves it lazily with `dlsym(RTLD_NEXT)`). Hook bodies only
+//! convert pointers and dispatch through `path_hook`, `fd_hook`,
+//! `two_path_hook` or `empty_path_hook` to safe functions in `crate::ops`.
 //!
 //! Contract shared by every hook (the reason hook bodies are `unsafe`): the
 //! caller passes pointers that satisfy the C prototype of the libc function
@@ -17,7 +17,6 @@ use crate::ops::{self, Outcome, TwoPaths};
 use crate::paths::{self, Class, Scratch, VPath};
 use libc::{c_char, c_int};
 use std::ffi::CStr;
-use std::sync::atomic::{AtomicUsize, Ordering};
 
 pub mod attr;
 pub mod cwd;
@@ -42,198 +41,29 @@ pub mod walk;
 pub mod xattr;
 pub mod zerocopy;
 
-/// The lazily resolved address of one original libc function.
-pub struct Slot {
-    name: &'static str,
-    ptr: AtomicUsize,
-}
-
-const MISSING: usize = 1;
-
-impl Slot {
-    pub const fn new(name_nul: &'static str) -> Slot {
-        Slot { name: name_nul, ptr: AtomicUsize::new(0) }
-    }
-
-    pub fn name(&self) -> &'static str {
-        self.name.trim_end_matches('\0')
-    }
-
-    #[inline]
-    pub fn get(&self) -> Option<usize> {
-        match self.ptr.load(Ordering::Relaxed) {
-            0 => self.resolve(),
-            MISSING => None,
-            p => Some(p),
-        }
-    }
-
-    #[cold]
-    fn resolve(&self) -> Option<usize> {
-        // SAFETY: name is NUL-terminated; dlsym/dlvsym only read it.
-        let mut p = unsafe { libc::dlsym(libc::RTLD_NEXT, self.name.as_ptr().cast()) } as usize;
-        if p == 0 {
-            // Compat-only symbols (no default version) are invisible to dlsym.
-            // SAFETY: as above, both strings are NUL-terminated.
-            p = unsafe { libc::dlvsym(libc::RTLD_NEXT, self.name.as_ptr().cast(), c"GLIBC_2.2.5".as_ptr()) } as usize;
-        }
-        if p == 0 {
-            self.ptr.store(MISSING, Ordering::Relaxed);
-            crate::debug::emit(format_args!("libc has no symbol {}: calls to it fail with ENOSYS", self.name()));
-            None
-        } else {
-            self.ptr.store(p, Ordering::Relaxed);
-            Some(p)
-        }
-    }
-
-    /// Resolved (or known missing) without logging: for the debug report.
-    fn probe(&self) -> bool {
-        if self.ptr.load(Ordering::Relaxed) == 0 {
-            // SAFETY: as in resolve.
-            let mut p = unsafe { libc::dlsym(libc::RTLD_NEXT, self.name.as_ptr().cast()) } as usize;
-            if p == 0 {
-                // SAFETY: as in resolve.
-                p = unsafe { libc::dlvsym(libc::RTLD_NEXT, self.name.as_ptr().cast(), c"GLIBC_2.2.5".as_ptr()) } as usize;
-            }
-            self.ptr.store(if p == 0 { MISSING } else { p }, Ordering::Relaxed);
-        }
-        self.ptr.load(Ordering::Relaxed) != MISSING
-    }
-}
-
-/// What an original returns when libc lacks it: failure with ENOSYS.
-pub trait Missing {
-    fn missing() -> Self;
-}
-
-fn enosys() {
-    set_errno(libc::ENOSYS);
-}
-
-macro_rules! missing_int {
-    ($($t:ty),*) => {$(
-        impl Missing for $t {
-            fn missing() -> $t {
-                enosys();
-                -1
-            }
-        }
-    )*};
-}
-missing_int!(i32, i64, isize);
-
-/// `sighandler_t`: SIG_ERR.
-impl Missing for usize {
-    fn missing() -> usize {
-        enosys();
-        libc::SIG_ERR
-    }
-}
-
-impl<T> Missing for *mut T {
-    fn missing() -> *mut T {
-        enosys();
-        std::ptr::null_mut()
-    }
-}
-impl Missing for () {
-    fn missing() {
-        enosys();
-    }
-}
-
-/// Declares hooks and their originals. Inside a body, `orig::name(..)` is
-/// the next definition of the symbol (libc's).
+/// Declares hooks. Each must have an original of the same name and
+/// prototype in `crate::real` (checked here at compile time); a body calls
+/// it as `real::name(..)`.
 #[macro_export]
 macro_rules! hooks {
     ($(
         $(#[$meta:meta])*
         fn $name:ident($($arg:ident : $ty:ty),* $(,)?) -> $ret:ty $body:block
     )*) => {
-        #[allow(non_upper_case_globals)]
-        mod slot {
-            $( pub static $name: $crate::hooks::Slot = $crate::hooks::Slot::new(concat!(stringify!($name), "\0")); )*
-        }
-
-        /// The originals of this family's hooks.
-        pub mod orig {
-            #[allow(unused_imports)]
-            use super::*;
-            $(
-                #[allow(non_snake_case, clippy::missing_safety_doc, clippy::too_many_arguments)]
-                #[inline]
-                pub unsafe fn $name($($arg: $ty),*) -> $ret {
-                    match super::slot::$name.get() {
-                        Some(p) => {
-                            // SAFETY: p is the address dlsym returned for the libc
-                            // symbol of this name, whose C prototype is this signature.
-                            let f: unsafe extern "C" fn($($ty),*) -> $ret = unsafe { std::mem::transmute(p) };
-                            // SAFETY: arguments forwarded under the caller's contract.
-                            unsafe { f($($arg),*) }
-                        }
-                        None => <$ret as $crate::hooks::Missing>::missing(),
-                    }
-                }
-            )*
-        }
-
-        /// This family's symbols, for the FANSTORE_DEBUG report.
-        pub fn symbols() -> &'static [&'static $crate::hooks::Slot] {
-            static ALL: &[&$crate::hooks::Slot] = &[$(&slot::$name),*];
-            ALL
-        }
+        /// This family's hooked names (tested against `crate::real::FAMILIES`).
+        #[cfg(test)]
+        pub const NAMES: &[&str] = &[$(stringify!($name)),*];
 
         $(
+            // The original has the hook's very prototype.
+            const _: unsafe fn($($ty),*) -> $ret = $crate::real::$name;
+
             $(#[$meta])*
             #[no_mangle]
             #[allow(clippy::missing_safety_doc, clippy::too_many_arguments)]
             pub unsafe extern "C" fn $name($($arg: $ty),*) -> $ret $body
         )*
     };
-}
-
-/// FANSTORE_DEBUG=1: which symbols this library hooks and whether each original resolved.
-pub fn report_symbols() {
-    let families: [(&str, &[&Slot]); 20] = [
-        ("open", open::symbols()),
-        ("stdio", stdio::symbols()),
-        ("stat", stat::symbols()),
-        ("meta", meta::symbols()),
-        ("dir", dir::symbols()),
-        ("cwd", cwd::symbols()),
-        ("fd", fd::symbols()),
-        ("lock", lock::symbols()),
-        ("attr", attr::symbols()),
-        ("xattr", xattr::symbols()),
-        ("unlink", unlink::symbols()),
-        ("mknod", mknod::symbols()),
-        ("rename", rename::symbols()),
-        ("tempname", tempname::symbols()),
-        ("exec", exec::symbols()),
-        ("walk", walk::symbols()),
-        ("thread", thread::symbols()),
-        ("signal", signal::symbols()),
-        ("syscall", syscall::symbols()),
-        ("inotify", inotify::symbols()),
-    ];
-    for (fam, slots) in families {
-        let mut line = [0u8; 900];
-        let mut len = 0;
-        let mut missing = 0;
-        for s in slots {
-            let ok = s.probe();
-            if !ok {
-                missing += 1;
-            }
-            for part in [s.name().as_bytes(), if ok { b" " } else { b"(MISSING) " }] {
-                let n = part.len().min(line.len() - len);
-                line[len..len + n].copy_from_slice(&part[..n]);
-                len += n;
-            }
-        }
-        crate::debug::emit(format_args!("hooked {fam} [{} symbols, {missing} missing]: {}", slots.len(), B(&line[..len])));
-    }
 }
 
 enum Step<T> {
@@ -436,4 +266,40 @@ pub(crate) unsafe fn cbytes<'a>(p: *const c_char) -> Option<&'a [u8]> {
 pub(crate) unsafe fn cstr<'a>(p: *const c_char) -> Option<&'a CStr> {
     // SAFETY: per the contract.
     (!p.is_null()).then(|| unsafe { CStr::from_ptr(p) })
+}
+
+#[cfg(test)]
+mod tests {
+    /// The report (crate::real::report_symbols) says which symbols are
+    /// hooked: each family of originals is exactly one hook file's.
+    #[test]
+    fn each_family_of_originals_is_one_hook_file() {
+        let files: &[(&str, &[&str])] = &[
+            ("open", super::open::NAMES),
+            ("stdio", super::stdio::NAMES),
+            ("stat", super::stat::NAMES),
+            ("meta", super::meta::NAMES),
+            ("dir", super::dir::NAMES),
+            ("cwd", super::cwd::NAMES),
+            ("fd", super::fd::NAMES),
+            ("lock", super::lock::NAMES),
+            ("attr", super::attr::NAMES),
+            ("xattr", super::xattr::NAMES),
+            ("unlink", super::unlink::NAMES),
+            ("mknod", super::mknod::NAMES),
+            ("rename", super::rename::NAMES),
+            ("tempname", super::tempname::NAMES),
+            ("exec", super::exec::NAMES),
+            ("walk", super::walk::NAMES),
+            ("thread", super::thread::NAMES),
+            ("signal", super::signal::NAMES),
+            ("syscall", super::syscall::NAMES),
+            ("inotify", super::inotify::NAMES),
+            ("zerocopy", super::zerocopy::NAMES),
+        ];
+        let want: Vec<(&str, Vec<&str>)> = files.iter().map(|(f, n)| (*f, n.to_vec())).collect();
+        let got: Vec<(&str, Vec<&str>)> =
+            crate::real::FAMILIES.iter().map(|(f, slots)| (*f, slots.iter().map(|s| s.name()).collect())).collect();
+        assert_eq!(got, want);
+    }
 }

@@ -2,6 +2,7 @@
 //! the program's SIGSYS disposition is recorded (ours stays installed and
 //! chains to it) and SIGSYS is never blocked (see sud/signals.rs).
 
+use crate::real;
 use crate::sud::{self, signals};
 use libc::{c_int, sighandler_t, sigset_t};
 
@@ -24,35 +25,35 @@ crate::hooks! {
             Some((a, m)) => {
                 let mut copy = *a;
                 copy.sa_mask = m;
-                orig::sigaction(sig, &copy, oact)
+                real::sigaction(sig, &copy, oact)
             }
-            None => orig::sigaction(sig, act, oact),
+            None => real::sigaction(sig, act, oact),
         }
     }
     fn signal(sig: c_int, handler: sighandler_t) -> sighandler_t {
-        signal_common(sig, handler, libc::SA_RESTART, || orig::signal(sig, handler))
+        signal_common(sig, handler, libc::SA_RESTART, || real::signal(sig, handler))
     }
     fn bsd_signal(sig: c_int, handler: sighandler_t) -> sighandler_t {
-        signal_common(sig, handler, libc::SA_RESTART, || orig::bsd_signal(sig, handler))
+        signal_common(sig, handler, libc::SA_RESTART, || real::bsd_signal(sig, handler))
     }
     fn sysv_signal(sig: c_int, handler: sighandler_t) -> sighandler_t {
-        signal_common(sig, handler, libc::SA_RESETHAND | libc::SA_NODEFER, || orig::sysv_signal(sig, handler))
+        signal_common(sig, handler, libc::SA_RESETHAND | libc::SA_NODEFER, || real::sysv_signal(sig, handler))
     }
     fn __sysv_signal(sig: c_int, handler: sighandler_t) -> sighandler_t {
-        signal_common(sig, handler, libc::SA_RESETHAND | libc::SA_NODEFER, || orig::__sysv_signal(sig, handler))
+        signal_common(sig, handler, libc::SA_RESETHAND | libc::SA_NODEFER, || real::__sysv_signal(sig, handler))
     }
     fn sigprocmask(how: c_int, set: *const sigset_t, oset: *mut sigset_t) -> c_int {
         let stripped = if how == libc::SIG_UNBLOCK { None } else { signals::strip(set.as_ref()) };
         match stripped {
-            Some(m) => orig::sigprocmask(how, &m, oset),
-            None => orig::sigprocmask(how, set, oset),
+            Some(m) => real::sigprocmask(how, &m, oset),
+            None => real::sigprocmask(how, set, oset),
         }
     }
     fn pthread_sigmask(how: c_int, set: *const sigset_t, oset: *mut sigset_t) -> c_int {
         let stripped = if how == libc::SIG_UNBLOCK { None } else { signals::strip(set.as_ref()) };
         match stripped {
-            Some(m) => orig::pthread_sigmask(how, &m, oset),
-            None => orig::pthread_sigmask(how, set, oset),
+            Some(m) => real::pthread_sigmask(how, &m, oset),
+            None => real::pthread_sigmask(how, set, oset),
         }
     }
 }

@@ -6,6 +6,7 @@
 //! registers and the stack slot like named ones, and glibc's own
 //! implementation reads all six the same way.
 
+use crate::real;
 use libc::c_long;
 
 crate::hooks! {
@@ -17,7 +18,7 @@ crate::hooks! {
                 -1
             }
             Some(r) => r,
-            None => orig::syscall(nr, a1, a2, a3, a4, a5, a6),
+            None => real::syscall(nr, a1, a2, a3, a4, a5, a6),
         }
     }
 }

@@ -11,6 +11,7 @@
 use super::{cbytes, path_hook};
 use crate::ops::tempname::{self, Kind, X_LEN};
 use crate::ops::Outcome;
+use crate::real;
 use libc::{c_char, c_int};
 
 /// The six characters libc chose in `p`, a redirected copy of the template
@@ -61,32 +62,32 @@ unsafe fn create(name: &'static str, template: *mut c_char, suffix: c_int, kind:
 
 crate::hooks! {
     fn mkstemp(template: *mut c_char) -> c_int {
-        create("mkstemp", template, 0, Kind::File { flags: 0 }, |p| orig::mkstemp(p))
+        create("mkstemp", template, 0, Kind::File { flags: 0 }, |p| real::mkstemp(p))
     }
     fn mkstemp64(template: *mut c_char) -> c_int {
-        create("mkstemp64", template, 0, Kind::File { flags: 0 }, |p| orig::mkstemp64(p))
+        create("mkstemp64", template, 0, Kind::File { flags: 0 }, |p| real::mkstemp64(p))
     }
     fn mkostemp(template: *mut c_char, flags: c_int) -> c_int {
-        create("mkostemp", template, 0, Kind::File { flags }, |p| orig::mkostemp(p, flags))
+        create("mkostemp", template, 0, Kind::File { flags }, |p| real::mkostemp(p, flags))
     }
     fn mkostemp64(template: *mut c_char, flags: c_int) -> c_int {
-        create("mkostemp64", template, 0, Kind::File { flags }, |p| orig::mkostemp64(p, flags))
+        create("mkostemp64", template, 0, Kind::File { flags }, |p| real::mkostemp64(p, flags))
     }
     fn mkstemps(template: *mut c_char, suffixlen: c_int) -> c_int {
-        create("mkstemps", template, suffixlen, Kind::File { flags: 0 }, |p| orig::mkstemps(p, suffixlen))
+        create("mkstemps", template, suffixlen, Kind::File { flags: 0 }, |p| real::mkstemps(p, suffixlen))
     }
     fn mkstemps64(template: *mut c_char, suffixlen: c_int) -> c_int {
-        create("mkstemps64", template, suffixlen, Kind::File { flags: 0 }, |p| orig::mkstemps64(p, suffixlen))
+        create("mkstemps64", template, suffixlen, Kind::File { flags: 0 }, |p| real::mkstemps64(p, suffixlen))
     }
     fn mkostemps(template: *mut c_char, suffixlen: c_int, flags: c_int) -> c_int {
-        create("mkostemps", template, suffixlen, Kind::File { flags }, |p| orig::mkostemps(p, suffixlen, flags))
+        create("mkostemps", template, suffixlen, Kind::File { flags }, |p| real::mkostemps(p, suffixlen, flags))
     }
     fn mkostemps64(template: *mut c_char, suffixlen: c_int, flags: c_int) -> c_int {
-        create("mkostemps64", template, suffixlen, Kind::File { flags }, |p| orig::mkostemps64(p, suffixlen, flags))
+        create("mkostemps64", template, suffixlen, Kind::File { flags }, |p| real::mkostemps64(p, suffixlen, flags))
     }
     fn mkdtemp(template: *mut c_char) -> *mut c_char {
         // libc's mkdtemp returns the template it was given: success is non-null.
-        let r = create("mkdtemp", template, 0, Kind::Dir, |p| if orig::mkdtemp(p).is_null() { -1 } else { 0 });
+        let r = create("mkdtemp", template, 0, Kind::Dir, |p| if real::mkdtemp(p).is_null() { -1 } else { 0 });
         if r == 0 { template } else { std::ptr::null_mut() }
     }
 }

@@ -8,25 +8,10 @@ use super::{cbytes, path_hook};
 use crate::guard::Guard;
 use crate::ops::walk::{walk, Callback, FtwFn, NftwFn};
 use crate::paths::maybe_ours;
-use libc::{c_char, c_int, c_void, dirent, size_t};
-
-/// glibc's glob_t, including the GLOB_ALTDIRFUNC members.
-#[repr(C)]
-pub struct GlobT {
-    pub gl_pathc: size_t,
-    pub gl_pathv: *mut *mut c_char,
-    pub gl_offs: size_t,
-    pub gl_flags: c_int,
-    pub gl_closedir: Option<unsafe extern "C" fn(*mut c_void)>,
-    pub gl_readdir: Option<unsafe extern "C" fn(*mut c_void) -> *mut dirent>,
-    pub gl_opendir: Option<unsafe extern "C" fn(*const c_char) -> *mut c_void>,
-    pub gl_lstat: Option<unsafe extern "C" fn(*const c_char, *mut libc::stat) -> c_int>,
-    pub gl_stat: Option<unsafe extern "C" fn(*const c_char, *mut libc::stat) -> c_int>,
-}
+use crate::real::{self, ErrFunc, GlobT};
+use libc::{c_char, c_int, c_void, dirent};
 
 pub const GLOB_ALTDIRFUNC: c_int = 1 << 9;
-
-type ErrFunc = Option<unsafe extern "C" fn(*const c_char, c_int) -> c_int>;
 
 /// Points glob's directory functions at our hooks when `pattern` may be ours.
 unsafe fn prepare_glob(pattern: *const c_char, flags: c_int, g: *mut GlobT) -> c_int {
@@ -58,34 +43,34 @@ unsafe fn prepare_glob(pattern: *const c_char, flags: c_int, g: *mut GlobT) -> c
 crate::hooks! {
     fn glob(pattern: *const c_char, flags: c_int, errfunc: ErrFunc, g: *mut GlobT) -> c_int {
         let flags = prepare_glob(pattern, flags, g);
-        orig::glob(pattern, flags, errfunc, g)
+        real::glob(pattern, flags, errfunc, g)
     }
     fn glob64(pattern: *const c_char, flags: c_int, errfunc: ErrFunc, g: *mut GlobT) -> c_int {
         let flags = prepare_glob(pattern, flags, g);
-        orig::glob64(pattern, flags, errfunc, g)
+        real::glob64(pattern, flags, errfunc, g)
     }
     fn nftw(path: *const c_char, f: Option<NftwFn>, nopenfd: c_int, flags: c_int) -> c_int {
-        let Some(cb) = f else { return orig::nftw(path, f, nopenfd, flags) };
+        let Some(cb) = f else { return real::nftw(path, f, nopenfd, flags) };
         path_hook("nftw", libc::AT_FDCWD, path, -1,
             |vp| walk(vp, cbytes(path).unwrap_or(b""), Callback::Nftw(cb), flags),
-            |p| orig::nftw(p, f, nopenfd, flags))
+            |p| real::nftw(p, f, nopenfd, flags))
     }
     fn nftw64(path: *const c_char, f: Option<NftwFn>, nopenfd: c_int, flags: c_int) -> c_int {
-        let Some(cb) = f else { return orig::nftw64(path, f, nopenfd, flags) };
+        let Some(cb) = f else { return real::nftw64(path, f, nopenfd, flags) };
         path_hook("nftw64", libc::AT_FDCWD, path, -1,
             |vp| walk(vp, cbytes(path).unwrap_or(b""), Callback::Nftw(cb), flags),
-            |p| orig::nftw64(p, f, nopenfd, flags))
+            |p| real::nftw64(p, f, nopenfd, flags))
     }
     fn ftw(path: *const c_char, f: Option<FtwFn>, nopenfd: c_int) -> c_int {
-        let Some(cb) = f else { return orig::ftw(path, f, nopenfd) };
+        let Some(cb) = f else { return real::ftw(path, f, nopenfd) };
         path_hook("ftw", libc::AT_FDCWD, path, -1,
             |vp| walk(vp, cbytes(path).unwrap_or(b""), Callback::Ftw(cb), 0),
-            |p| orig::ftw(p, f, nopenfd))
+            |p| real::ftw(p, f, nopenfd))
     }
     fn ftw64(path: *const c_char, f: Option<FtwFn>, nopenfd: c_int) -> c_int {
-        let Some(cb) = f else { return orig::ftw64(path, f, nopenfd) };
+        let Some(cb) = f else { return real::ftw64(path, f, nopenfd) };
         path_hook("ftw64", libc::AT_FDCWD, path, -1,
             |vp| walk(vp, cbytes(path).unwrap_or(b""), Callback::Ftw(cb), 0),
-            |p| orig::ftw64(p, f, nopenfd))
+            |p| real::ftw64(p, f, nopenfd))
     }
 }

@@ -6,23 +6,24 @@
 //! calls themselves are libc's, unchanged.
 
 use crate::ops::fd::pages_lent;
+use crate::real;
 use libc::{c_int, c_uint, loff_t, off64_t, off_t, size_t, ssize_t};
 
 crate::hooks! {
     fn sendfile(out_fd: c_int, in_fd: c_int, offset: *mut off_t, count: size_t) -> ssize_t {
         pages_lent(in_fd);
-        orig::sendfile(out_fd, in_fd, offset, count)
+        real::sendfile(out_fd, in_fd, offset, count)
     }
     fn sendfile64(out_fd: c_int, in_fd: c_int, offset: *mut off64_t, count: size_t) -> ssize_t {
         pages_lent(in_fd);
-        orig::sendfile64(out_fd, in_fd, offset, count)
+        real::sendfile64(out_fd, in_fd, offset, count)
     }
     fn splice(fd_in: c_int, off_in: *mut loff_t, fd_out: c_int, off_out: *mut loff_t, len: size_t, flags: c_uint) -> ssize_t {
         pages_lent(fd_in);
-        orig::splice(fd_in, off_in, fd_out, off_out, len, flags)
+        real::splice(fd_in, off_in, fd_out, off_out, len, flags)
     }
     fn vmsplice(fd: c_int, iov: *const libc::iovec, nr_segs: size_t, flags: c_uint) -> ssize_t {
         crate::memfd_pool::turn_off();
-        orig::vmsplice(fd, iov, nr_segs, flags)
+        real::vmsplice(fd, iov, nr_segs, flags)
     }
 }

@@ -31,14 +31,7 @@ pub const FTW_STOP: c_int = 1;
 pub const FTW_SKIP_SUBTREE: c_int = 2;
 pub const FTW_SKIP_SIBLINGS: c_int = 3;
 
-#[repr(C)]
-pub struct Ftw {
-    pub base: c_int,
-    pub level: c_int,
-}
-
-pub type NftwFn = unsafe extern "C" fn(*const c_char, *const libc::stat, c_int, *mut Ftw) -> c_int;
-pub type FtwFn = unsafe extern "C" fn(*const c_char, *const libc::stat, c_int) -> c_int;
+pub use crate::real::{Ftw, FtwFn, NftwFn};
 
 #[derive(Clone, Copy)]
 pub enum Callback {
