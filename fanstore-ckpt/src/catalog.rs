@@ -24,20 +24,23 @@
 //!  54..56 reserved   56 tensor count u64
 //! strings: paths (bytes, relative to the mount), after the entries
 //! ```
+//!
+//! The header's frame (magic, version, checksum) is checked by
+//! [`fanstore_core::format`].
 
 use crate::error::{CkptError, Result};
 use fanstore_core::le::*;
 use crate::split::Format;
 use fanstore_core::checksum::xxh3;
+use fanstore_core::format::{self, FormatHeader, HeaderVersion};
+use fanstore_core::FormatError;
 use std::path::Path;
 
 pub const MAGIC: [u8; 8] = *b"FANSTCK\0";
 pub const VERSION: u32 = 1;
 pub const FILE_NAME: &str = "catalog.fsc";
 
-const MAGIC_OFF: usize = 0;
-const VERSION_OFF: usize = MAGIC_OFF + 8;
-const RESERVED_OFF: usize = VERSION_OFF + 4;
+const RESERVED_OFF: usize = format::FIELDS_OFFSET;
 const NEXT_ID_OFF: usize = RESERVED_OFF + 4;
 const GENERATION_OFF: usize = NEXT_ID_OFF + 8;
 const COUNT_OFF: usize = GENERATION_OFF + 8;
@@ -46,7 +49,11 @@ const ENTRIES_SUM_OFF: usize = STRINGS_LEN_OFF + 8;
 const STRINGS_SUM_OFF: usize = ENTRIES_SUM_OFF + 8;
 const HEADER_SUM_OFF: usize = STRINGS_SUM_OFF + 8;
 /// Length of the catalog header.
-pub const HEADER_LEN: usize = HEADER_SUM_OFF + 8;
+pub const HEADER_LEN: usize = HEADER_SUM_OFF + format::CHECKSUM_LEN;
+
+/// The catalog header's frame.
+pub const HEADER: FormatHeader =
+    FormatHeader { what: "catalog", magic: MAGIC, versions: &[HeaderVersion { version: VERSION, len: HEADER_LEN }] };
 
 const E_ID: usize = 0;
 const E_PARENT: usize = E_ID + 8;
@@ -113,46 +120,20 @@ impl Catalog {
             strings.extend_from_slice(&e.path);
         }
         let mut b = vec![0u8; HEADER_LEN];
-        b[..8].copy_from_slice(&MAGIC);
-        put_u32(&mut b, VERSION_OFF, VERSION);
         put_u64(&mut b, NEXT_ID_OFF, self.next_id);
         put_u64(&mut b, GENERATION_OFF, self.generation);
         put_u64(&mut b, COUNT_OFF, self.entries.len() as u64);
         put_u64(&mut b, STRINGS_LEN_OFF, strings.len() as u64);
         put_u64(&mut b, ENTRIES_SUM_OFF, xxh3(&entries));
         put_u64(&mut b, STRINGS_SUM_OFF, xxh3(&strings));
-        let sum = xxh3(&b[..HEADER_SUM_OFF]);
-        put_u64(&mut b, HEADER_SUM_OFF, sum);
+        HEADER.seal(&mut b);
         b.extend_from_slice(&entries);
         b.extend_from_slice(&strings);
         b
     }
 
     pub fn decode(file: &Path, b: &[u8]) -> Result<Catalog> {
-        if b.len() < HEADER_LEN {
-            if b.len() >= 8 && b[..8] != MAGIC {
-                return Err(CkptError::BadMagic { file: file.into(), what: "catalog" });
-            }
-            return Err(CkptError::Truncated {
-                file: file.into(),
-                entry: "catalog header".into(),
-                offset: 0,
-                needed: HEADER_LEN as u64,
-                len: b.len() as u64,
-            });
-        }
-        if b[..8] != MAGIC {
-            return Err(CkptError::BadMagic { file: file.into(), what: "catalog" });
-        }
-        let version = u32_at(b, VERSION_OFF);
-        if version != VERSION {
-            return Err(CkptError::UnsupportedVersion { file: file.into(), what: "catalog", found: version, supported: VERSION });
-        }
-        let stored = u64_at(b, HEADER_SUM_OFF);
-        let computed = xxh3(&b[..HEADER_SUM_OFF]);
-        if stored != computed {
-            return Err(CkptError::Checksum { file: file.into(), entry: "catalog header".into(), offset: 0, stored, computed });
-        }
+        HEADER.check(file, b)?;
         let count = u64_at(b, COUNT_OFF);
         let strings_len = u64_at(b, STRINGS_LEN_OFF);
         let need = count
@@ -160,12 +141,13 @@ impl Catalog {
             .and_then(|n| n.checked_add(strings_len))
             .and_then(|n| n.checked_add(HEADER_LEN as u64));
         if need != Some(b.len() as u64) {
-            return Err(CkptError::Corrupt {
+            return Err(FormatError::Corrupt {
                 file: file.into(),
                 entry: "catalog header".into(),
                 offset: COUNT_OFF as u64,
                 problem: format!("{count} entries and {strings_len} string bytes do not fit a {}-byte file", b.len()),
-            });
+            }
+            .into());
         }
         let ents_end = HEADER_LEN + count as usize * ENTRY_LEN;
         let (ents, strings) = (&b[HEADER_LEN..ents_end], &b[ents_end..]);
@@ -175,13 +157,14 @@ impl Catalog {
             let stored = u64_at(b, sum_off);
             let computed = xxh3(sec);
             if stored != computed {
-                return Err(CkptError::Checksum {
+                return Err(FormatError::Checksum {
                     file: file.into(),
                     entry: format!("catalog {name}"),
                     offset: off as u64,
                     stored,
                     computed,
-                });
+                }
+                .into());
             }
         }
         let next_id = u64_at(b, NEXT_ID_OFF);
@@ -190,11 +173,8 @@ impl Catalog {
         for i in 0..count as usize {
             let r = &ents[i * ENTRY_LEN..(i + 1) * ENTRY_LEN];
             let at = (HEADER_LEN + i * ENTRY_LEN) as u64;
-            let corrupt = |problem: String| CkptError::Corrupt {
-                file: file.into(),
-                entry: format!("catalog entry {i}"),
-                offset: at,
-                problem,
+            let corrupt = |problem: String| -> CkptError {
+                FormatError::Corrupt { file: file.into(), entry: format!("catalog entry {i}"), offset: at, problem }.into()
             };
             let (po, pl) = (u64_at(r, E_PATH_OFF), u32_at(r, E_PATH_LEN) as u64);
             let Some(path) = po.checked_add(pl).filter(|&e| e <= strings.len() as u64).map(|e| &strings[po as usize..e as usize])
@@ -235,6 +215,12 @@ impl Catalog {
 mod tests {
     use super::*;
 
+    #[test]
+    fn the_written_layout_is_unchanged() {
+        let b = sample().encode();
+        assert_eq!((b.len(), xxh3(&b)), (279, 14_749_468_446_664_810_576));
+    }
+
     fn sample() -> Catalog {
         let e = |id, path: &str, live| CatalogEntry {
             id,
@@ -258,6 +244,14 @@ mod tests {
     }
 
     #[test]
+    fn every_header_fault_is_named() {
+        let good = sample().encode();
+        format::testing::assert_header_faults_named(&HEADER, "store/catalog.fsc", &good, |b| {
+            Catalog::decode(Path::new("store/catalog.fsc"), b)
+        });
+    }
+
+    #[test]
     fn flipped_bytes_are_named() {
         let b = sample().encode();
         let p = Path::new("catalog.fsc");
@@ -272,9 +266,8 @@ mod tests {
         let e = Catalog::decode(p, &dup.encode()).unwrap_err().to_string();
         assert!(e.contains("catalog entry 1") && e.contains("second live checkpoint at run/a"), "{e}");
         let mut v = b.clone();
-        put_u32(&mut v, VERSION_OFF, 3);
-        let sum = xxh3(&v[..HEADER_SUM_OFF]);
-        put_u64(&mut v, HEADER_SUM_OFF, sum);
+        put_u32(&mut v, format::VERSION_OFFSET, 3);
+        format::testing::reseal(&mut v, HEADER_LEN);
         assert!(Catalog::decode(p, &v).unwrap_err().to_string().contains("unsupported catalog format version 3"));
         assert!(Catalog::decode(p, &b[..b.len() - 1]).is_err());
     }

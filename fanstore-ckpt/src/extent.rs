@@ -40,6 +40,8 @@
 use crate::error::{CkptError, Result};
 use crate::unit::{self, UnitHeader};
 use fanstore_core::checksum::xxh3;
+use fanstore_core::format::read_full_at;
+use fanstore_core::FormatError;
 use std::fs::File;
 use std::path::{Path, PathBuf};
 
@@ -103,17 +105,18 @@ pub fn read_checked(file: &Path, f: &File, head: &UnitHeader, dst: &mut [u8], fu
     let entry = || "external payload".to_string();
     let computed = xxh3(dst);
     if computed != head.xxh3 {
-        return Err(CkptError::Checksum { file: file.into(), entry: entry(), offset: x.off, stored: head.xxh3, computed });
+        return Err(FormatError::Checksum { file: file.into(), entry: entry(), offset: x.off, stored: head.xxh3, computed }.into());
     }
     if full {
         let b = unit::hash(dst);
         if b != head.blake3 {
-            return Err(CkptError::Corrupt {
+            return Err(FormatError::Corrupt {
                 file: file.into(),
                 entry: entry(),
                 offset: x.off,
                 problem: format!("blake3 is {}", unit::hex(&b)),
-            });
+            }
+            .into());
         }
     }
     Ok(())
@@ -122,15 +125,16 @@ pub fn read_checked(file: &Path, f: &File, head: &UnitHeader, dst: &mut [u8], fu
 /// Reads `dst.len()` payload bytes at `off` of the extent file `f` (named
 /// `file` in errors), unchecked.
 pub fn read_into(file: &Path, f: &File, off: u64, dst: &mut [u8]) -> Result<()> {
-    let n = crate::unit::read_full_at(f, dst, off).map_err(|e| CkptError::io(file, e))?;
+    let n = read_full_at(f, dst, off).map_err(|e| CkptError::io(file, e))?;
     if n < dst.len() {
-        return Err(CkptError::Truncated {
+        return Err(FormatError::Truncated {
             file: file.into(),
             entry: "extent".into(),
             offset: off,
             needed: dst.len() as u64,
             len: n as u64,
-        });
+        }
+        .into());
     }
     Ok(())
 }

@@ -25,6 +25,9 @@
 //!   +128..+128+B  body (B = the header's body length)
 //! ```
 //!
+//! The header's frame (magic, version, checksum) is checked by
+//! [`fanstore_core::format`].
+//!
 //! Records are only appended; a pack is never rewritten. Appending threads
 //! reserve disjoint ranges and pwrite into them, so a crash can leave a
 //! *torn tail*: a record whose header or body is incomplete, possibly
@@ -37,8 +40,9 @@
 
 use crate::error::{CkptError, Result};
 use crate::unit::{self, UnitHeader};
-use fanstore_core::checksum::xxh3;
+use fanstore_core::format::{self, read_full_at, FormatHeader, HeaderVersion};
 use fanstore_core::le::*;
+use fanstore_core::FormatError;
 use std::fs::File;
 use std::os::unix::fs::FileExt;
 use std::path::{Path, PathBuf};
@@ -47,14 +51,16 @@ pub const MAGIC: [u8; 8] = *b"FANSTPK\0";
 /// The version this build writes (and the only one it reads).
 pub const VERSION: u32 = 1;
 
-const MAGIC_OFF: usize = 0;
-const VERSION_OFF: usize = MAGIC_OFF + 8;
-const RESERVED_OFF: usize = VERSION_OFF + 4;
+const RESERVED_OFF: usize = format::FIELDS_OFFSET;
 const SEQ_OFF: usize = RESERVED_OFF + 4;
 const NONCE_OFF: usize = SEQ_OFF + 8;
 const CHECKSUM_OFF: usize = NONCE_OFF + 8;
 /// Length of the pack header; the first record starts here.
-pub const HEADER_LEN: usize = CHECKSUM_OFF + 8;
+pub const HEADER_LEN: usize = CHECKSUM_OFF + format::CHECKSUM_LEN;
+
+/// The pack header's frame.
+pub const HEADER: FormatHeader =
+    FormatHeader { what: "pack", magic: MAGIC, versions: &[HeaderVersion { version: VERSION, len: HEADER_LEN }] };
 
 /// The file name of pack `seq`.
 pub fn file_name(seq: u64) -> String {
@@ -85,49 +91,24 @@ pub struct PackHeader {
 impl PackHeader {
     pub fn encode(&self) -> [u8; HEADER_LEN] {
         let mut b = [0u8; HEADER_LEN];
-        b[MAGIC_OFF..MAGIC_OFF + 8].copy_from_slice(&MAGIC);
-        put_u32(&mut b, VERSION_OFF, VERSION);
         put_u64(&mut b, SEQ_OFF, self.seq);
         put_u64(&mut b, NONCE_OFF, self.nonce);
-        let sum = xxh3(&b[..CHECKSUM_OFF]);
-        put_u64(&mut b, CHECKSUM_OFF, sum);
+        HEADER.seal(&mut b);
         b
     }
 
     /// Decodes the first bytes of pack `file` (all of them if shorter than a header).
     pub fn decode(file: &Path, b: &[u8]) -> Result<PackHeader> {
-        if b.len() >= 8 && b[..8] != MAGIC {
-            return Err(CkptError::BadMagic { file: file.into(), what: "pack" });
-        }
-        let truncated = CkptError::Truncated {
-            file: file.into(),
-            entry: "pack header".into(),
-            offset: 0,
-            needed: HEADER_LEN as u64,
-            len: b.len() as u64,
-        };
-        if b.len() < VERSION_OFF + 4 {
-            return Err(truncated);
-        }
-        let version = u32_at(b, VERSION_OFF);
-        if version != VERSION {
-            return Err(CkptError::UnsupportedVersion { file: file.into(), what: "pack", found: version, supported: VERSION });
-        }
-        if b.len() < HEADER_LEN {
-            return Err(truncated);
-        }
-        let (stored, computed) = (u64_at(b, CHECKSUM_OFF), xxh3(&b[..CHECKSUM_OFF]));
-        if stored != computed {
-            return Err(CkptError::Checksum { file: file.into(), entry: "pack header".into(), offset: 0, stored, computed });
-        }
+        HEADER.check(file, b)?;
         let seq = u64_at(b, SEQ_OFF);
         if u32_at(b, RESERVED_OFF) != 0 || seq == 0 {
-            return Err(CkptError::Corrupt {
+            return Err(FormatError::Corrupt {
                 file: file.into(),
                 entry: "pack header".into(),
                 offset: RESERVED_OFF as u64,
                 problem: format!("reserved field {} and sequence number {seq}", u32_at(b, RESERVED_OFF)),
-            });
+            }
+            .into());
         }
         Ok(PackHeader { seq, nonce: u64_at(b, NONCE_OFF) })
     }
@@ -159,7 +140,7 @@ pub fn create(file: &Path, header: &PackHeader) -> Result<File> {
 pub fn open(file: &Path) -> Result<(File, PackHeader)> {
     let f = File::options().read(true).write(true).open(file).map_err(|e| CkptError::io(file, e))?;
     let mut b = [0u8; HEADER_LEN];
-    let n = unit::read_full_at(&f, &mut b, 0).map_err(|e| CkptError::io(file, e))?;
+    let n = read_full_at(&f, &mut b, 0).map_err(|e| CkptError::io(file, e))?;
     let head = PackHeader::decode(file, &b[..n])?;
     Ok((f, head))
 }
@@ -215,24 +196,24 @@ pub fn scan_open(file: &Path, f: &File, header: PackHeader) -> Result<Scan> {
     while off < file_len {
         match unit::read_header_at(file, f, off) {
             Ok(head) if head.header_len != unit::HEADER_LEN as u64 => {
-                tail = Some(CkptError::Corrupt {
+                tail = Some(CkptError::from(FormatError::Corrupt {
                     file: file.into(),
                     entry: "pack record".into(),
                     offset: off,
                     problem: "a version 1 unit header (packs hold version 2 records)".into(),
-                });
+                }));
                 break;
             }
             Ok(head) => {
                 let r = Record { off, head };
                 if r.end() > file_len {
-                    tail = Some(CkptError::Truncated {
+                    tail = Some(CkptError::from(FormatError::Truncated {
                         file: file.into(),
                         entry: format!("record of unit {}", unit::hex(&head.blake3)),
                         offset: off,
                         needed: r.len(),
                         len: file_len - off,
-                    });
+                    }));
                     break;
                 }
                 off = r.end();
@@ -257,6 +238,21 @@ pub fn body_ok(file: &Path, f: &File, r: &Record) -> bool {
 mod tests {
     use super::*;
     use crate::unit::Hash;
+    use fanstore_core::checksum::xxh3;
+
+    #[test]
+    fn every_header_fault_is_named() {
+        let good = PackHeader { seq: 3, nonce: 0x1234_5678 }.encode();
+        format::testing::assert_header_faults_named(&HEADER, "units/0000000000000003.fsk", &good, |b| {
+            PackHeader::decode(Path::new("units/0000000000000003.fsk"), b)
+        });
+    }
+
+    #[test]
+    fn the_written_layout_is_unchanged() {
+        let b = PackHeader { seq: 3, nonce: 0x1234_5678 }.encode();
+        assert_eq!(xxh3(&b), 13_279_227_832_005_055_774);
+    }
 
     struct Built {
         _t: tempfile::TempDir,
@@ -330,14 +326,13 @@ mod tests {
         }
         // An unknown version is refused even with a valid checksum.
         let mut m = orig.clone();
-        put_u32(&mut m, VERSION_OFF, 2);
-        let sum = xxh3(&m[..CHECKSUM_OFF]);
-        put_u64(&mut m, CHECKSUM_OFF, sum);
+        put_u32(&mut m, format::VERSION_OFFSET, 2);
+        format::testing::reseal(&mut m, HEADER_LEN);
         std::fs::write(&b.path, &m).unwrap();
         let e = scan(&b.path).unwrap_err().to_string();
         assert!(e.contains("unsupported pack format version 2") && e.contains(&file_name(7)), "{e}");
         std::fs::write(&b.path, &orig[..20]).unwrap();
-        assert!(matches!(scan(&b.path), Err(CkptError::Truncated { .. })));
+        assert!(matches!(scan(&b.path), Err(CkptError::Format(FormatError::Truncated { .. }))));
     }
 
     #[test]

@@ -48,6 +48,7 @@ use crate::error::{CkptError, Result};
 use crate::pack::{self, PackHeader, Record};
 use crate::store::CheckpointStore;
 use crate::unit::{self, Hash, UnitHeader};
+use fanstore_core::FormatError;
 use std::collections::{BTreeMap, BTreeSet, HashMap};
 use std::fs::File;
 use std::os::unix::fs::FileExt;
@@ -303,14 +304,16 @@ fn copy_range(src: &File, from: u64, dst: &File, to: u64, len: u64) -> std::io::
 /// Names unit `h` in a format error found in its pack record.
 fn name_unit(e: CkptError, h: &Hash) -> CkptError {
     let tag = |entry: String| format!("{entry} of {}", unit::hex(h));
-    match e {
-        CkptError::Checksum { file, entry, offset, stored, computed } => {
-            CkptError::Checksum { file, entry: tag(entry), offset, stored, computed }
+    let CkptError::Format(e) = e else { return e };
+    let named = match e {
+        FormatError::Checksum { file, entry, offset, stored, computed } => {
+            FormatError::Checksum { file, entry: tag(entry), offset, stored, computed }
         }
-        CkptError::Corrupt { file, entry, offset, problem } => CkptError::Corrupt { file, entry: tag(entry), offset, problem },
-        CkptError::Truncated { file, entry, offset, needed, len } => CkptError::Truncated { file, entry: tag(entry), offset, needed, len },
+        FormatError::Corrupt { file, entry, offset, problem } => FormatError::Corrupt { file, entry: tag(entry), offset, problem },
+        FormatError::Truncated { file, entry, offset, needed, len } => FormatError::Truncated { file, entry: tag(entry), offset, needed, len },
         other => other,
-    }
+    };
+    named.into()
 }
 
 /// The records of one unit found by the scans at open: (pack, record).
@@ -520,12 +523,13 @@ impl CheckpointStore {
             let path = ent.path();
             let opened = pack::open(&path).and_then(|(f, h)| {
                 if h.seq != seq {
-                    return Err(CkptError::Corrupt {
+                    return Err(FormatError::Corrupt {
                         file: path.clone(),
                         entry: "pack header".into(),
                         offset: 16,
                         problem: format!("sequence number {}, the file is named {seq}", h.seq),
-                    });
+                    }
+                    .into());
                 }
                 pack::scan_open(&path, &f, h).map(|s| (f, s))
             });

@@ -38,20 +38,23 @@
 //! strings: tensor names, dtypes, shapes
 //! glue:    the glue pieces' bytes, in order
 //! ```
+//!
+//! The header's frame (magic, version, checksum) is checked by
+//! [`fanstore_core::format`].
 
 use crate::error::{CkptError, Result};
 use fanstore_core::le::*;
 use crate::split::Format;
 use crate::unit::Hash;
 use fanstore_core::checksum::xxh3;
+use fanstore_core::format::{self, FormatHeader, HeaderVersion};
+use fanstore_core::FormatError;
 use std::path::Path;
 
 pub const MAGIC: [u8; 8] = *b"FANSTRC\0";
 pub const VERSION: u32 = 1;
 
-const MAGIC_OFF: usize = 0;
-const VERSION_OFF: usize = MAGIC_OFF + 8;
-const FORMAT_OFF: usize = VERSION_OFF + 4;
+const FORMAT_OFF: usize = format::FIELDS_OFFSET;
 const ID_OFF: usize = FORMAT_OFF + 4;
 const PARENT_OFF: usize = ID_OFF + 8;
 const LOGICAL_OFF: usize = PARENT_OFF + 8;
@@ -64,7 +67,11 @@ const SECTION_ENTRY_LEN: usize = 24;
 const SECTION_COUNT: usize = 4;
 const HEADER_SUM_OFF: usize = SECTIONS_OFF + SECTION_COUNT * SECTION_ENTRY_LEN;
 /// Length of the recipe header.
-pub const HEADER_LEN: usize = HEADER_SUM_OFF + 8;
+pub const HEADER_LEN: usize = HEADER_SUM_OFF + format::CHECKSUM_LEN;
+
+/// The recipe header's frame.
+pub const HEADER: FormatHeader =
+    FormatHeader { what: "recipe", magic: MAGIC, versions: &[HeaderVersion { version: VERSION, len: HEADER_LEN }] };
 
 const SECTION_NAMES: [&str; SECTION_COUNT] = ["tensors", "pieces", "strings", "glue"];
 const S_TENSORS: usize = 0;
@@ -172,8 +179,6 @@ impl Recipe {
         let total = HEADER_LEN + sections.iter().map(|s| s.len()).sum::<usize>();
         let mut b = vec![0u8; HEADER_LEN];
         b.reserve(total - HEADER_LEN);
-        b[MAGIC_OFF..MAGIC_OFF + 8].copy_from_slice(&MAGIC);
-        put_u32(&mut b, VERSION_OFF, VERSION);
         b[FORMAT_OFF] = self.format as u8;
         put_u64(&mut b, ID_OFF, self.id);
         put_u64(&mut b, PARENT_OFF, self.parent);
@@ -190,8 +195,7 @@ impl Recipe {
             put_u64(&mut b, e + 16, xxh3(s));
             off += s.len();
         }
-        let sum = xxh3(&b[..HEADER_SUM_OFF]);
-        put_u64(&mut b, HEADER_SUM_OFF, sum);
+        HEADER.seal(&mut b);
         for s in sections {
             b.extend_from_slice(s);
         }
@@ -210,21 +214,19 @@ impl Recipe {
     /// `with_glue` is false), checking every checksum and reference.
     pub fn decode(file: &Path, b: &[u8], with_glue: bool) -> Result<Recipe> {
         let h = Header::decode(file, b)?;
-        let corrupt = |entry: String, offset: usize, problem: String| CkptError::Corrupt {
-            file: file.into(),
-            entry,
-            offset: offset as u64,
-            problem,
+        let corrupt = |entry: String, offset: usize, problem: String| -> CkptError {
+            FormatError::Corrupt { file: file.into(), entry, offset: offset as u64, problem }.into()
         };
         let need = if with_glue { h.sections[S_GLUE].0 + h.sections[S_GLUE].1 } else { h.sections[S_GLUE].0 };
         if (b.len() as u64) < need {
-            return Err(CkptError::Truncated {
+            return Err(FormatError::Truncated {
                 file: file.into(),
                 entry: "recipe sections".into(),
                 offset: HEADER_LEN as u64,
                 needed: need,
                 len: b.len() as u64,
-            });
+            }
+            .into());
         }
         if with_glue && b.len() as u64 != need {
             return Err(corrupt("recipe".into(), need as usize, format!("{} trailing bytes", b.len() as u64 - need)));
@@ -236,13 +238,14 @@ impl Recipe {
             let bytes = &b[off as usize..(off + len) as usize];
             let computed = xxh3(bytes);
             if computed != stored {
-                return Err(CkptError::Checksum {
+                return Err(FormatError::Checksum {
                     file: file.into(),
                     entry: format!("recipe section {}", SECTION_NAMES[i]),
                     offset: off,
                     stored,
                     computed,
-                });
+                }
+                .into());
             }
             *s = bytes;
         }
@@ -341,35 +344,9 @@ struct Header {
 
 impl Header {
     fn decode(file: &Path, b: &[u8]) -> Result<Header> {
-        if b.len() < HEADER_LEN {
-            if b.len() >= 8 && b[..8] != MAGIC {
-                return Err(CkptError::BadMagic { file: file.into(), what: "recipe" });
-            }
-            return Err(CkptError::Truncated {
-                file: file.into(),
-                entry: "recipe header".into(),
-                offset: 0,
-                needed: HEADER_LEN as u64,
-                len: b.len() as u64,
-            });
-        }
-        if b[..8] != MAGIC {
-            return Err(CkptError::BadMagic { file: file.into(), what: "recipe" });
-        }
-        let version = u32_at(b, VERSION_OFF);
-        if version != VERSION {
-            return Err(CkptError::UnsupportedVersion { file: file.into(), what: "recipe", found: version, supported: VERSION });
-        }
-        let stored = u64_at(b, HEADER_SUM_OFF);
-        let computed = xxh3(&b[..HEADER_SUM_OFF]);
-        if stored != computed {
-            return Err(CkptError::Checksum { file: file.into(), entry: "recipe header".into(), offset: 0, stored, computed });
-        }
-        let corrupt = |offset: usize, problem: String| CkptError::Corrupt {
-            file: file.into(),
-            entry: "recipe header".into(),
-            offset: offset as u64,
-            problem,
+        HEADER.check(file, b)?;
+        let corrupt = |offset: usize, problem: String| -> CkptError {
+            FormatError::Corrupt { file: file.into(), entry: "recipe header".into(), offset: offset as u64, problem }.into()
         };
         let format =
             Format::from_u8(b[FORMAT_OFF]).ok_or_else(|| corrupt(FORMAT_OFF, format!("unknown format {}", b[FORMAT_OFF])))?;
@@ -408,6 +385,12 @@ impl Header {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn the_written_layout_is_unchanged() {
+        let b = sample().encode();
+        assert_eq!((b.len(), xxh3(&b)), (439, 13_233_508_174_490_665_414));
+    }
 
     fn sample() -> Recipe {
         let t = |name: &str, n: u8, len: u64| TensorEntry {
@@ -450,20 +433,18 @@ mod tests {
         assert!(meta.glue.is_empty());
     }
 
+    /// Re-seals every section and header checksum so a mutation reaches the structural checks.
     fn reseal(b: &mut [u8]) {
-        if b.len() < HEADER_LEN {
-            return;
-        }
-        for i in 0..SECTION_COUNT {
-            let e = SECTIONS_OFF + i * SECTION_ENTRY_LEN;
-            let (off, len) = (u64_at(b, e) as usize, u64_at(b, e + 8) as usize);
-            if off.checked_add(len).is_some_and(|end| end <= b.len()) {
-                let sum = xxh3(&b[off..off + len]);
-                put_u64(b, e + 16, sum);
-            }
-        }
-        let sum = xxh3(&b[..HEADER_SUM_OFF]);
-        put_u64(b, HEADER_SUM_OFF, sum);
+        format::testing::reseal_sections(b, SECTIONS_OFF, SECTION_COUNT);
+        format::testing::reseal(b, HEADER_LEN);
+    }
+
+    #[test]
+    fn every_header_fault_is_named() {
+        let good = sample().encode();
+        format::testing::assert_header_faults_named(&HEADER, "recipes/0000000000000007.fsr", &good, |b| {
+            Recipe::decode(Path::new("recipes/0000000000000007.fsr"), b, true)
+        });
     }
 
     #[test]
@@ -482,11 +463,11 @@ mod tests {
             assert!(e.contains(&format!("recipe section {name} at offset {off}")), "{e}");
         }
         let mut v = b.clone();
-        put_u32(&mut v, VERSION_OFF, 2);
+        put_u32(&mut v, format::VERSION_OFFSET, 2);
         reseal(&mut v);
         assert!(Recipe::decode(p, &v, true).unwrap_err().to_string().contains("unsupported recipe format version 2"));
-        assert!(matches!(Recipe::decode(p, &b[..b.len() - 1], true), Err(CkptError::Truncated { .. })));
-        assert!(matches!(Recipe::decode(p, b"FANSTPT\0", true), Err(CkptError::BadMagic { .. })));
+        assert!(matches!(Recipe::decode(p, &b[..b.len() - 1], true), Err(CkptError::Format(FormatError::Truncated { .. }))));
+        assert!(matches!(Recipe::decode(p, b"FANSTPT\0", true), Err(CkptError::Format(FormatError::BadMagic { .. }))));
         // A unit piece that names the wrong tensor length, re-sealed: a named structural error.
         let mut s = b.clone();
         let pieces = u64_at(&s, SECTIONS_OFF + S_PIECES * SECTION_ENTRY_LEN) as usize;

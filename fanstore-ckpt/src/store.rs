@@ -17,6 +17,8 @@ use crate::unit::{self, Hash, UnitHeader};
 use crate::packs::{PackSet, UnitLoc};
 use crate::units::{Hot, SharedBytes, UnitInfo};
 use fanstore_core::checksum::{xxh3, StreamingChecksum};
+use fanstore_core::format::read_full;
+use fanstore_core::FormatError;
 use std::collections::{BTreeMap, HashMap, HashSet};
 use std::fs::File;
 use std::io::{Read, Write};
@@ -249,12 +251,13 @@ impl CheckpointStore {
                 // A new store, unless something is already there: then the
                 // catalog was lost and sweeping would delete everything.
                 if dir_has_entries(&dir.join(RECIPES_DIR))? {
-                    return Err(CkptError::Corrupt {
+                    return Err(FormatError::Corrupt {
                         file: cat_path,
                         entry: "catalog".into(),
                         offset: 0,
                         problem: "missing, but the store holds recipes".into(),
-                    });
+                    }
+                    .into());
                 }
                 let c = Catalog::default();
                 store.write_catalog(&c)?;
@@ -267,12 +270,13 @@ impl CheckpointStore {
             let r = store.load_recipe(e.id, false)?;
             if r.logical != e.logical {
                 let file = store.recipe_path(e.id);
-                return Err(CkptError::Corrupt {
+                return Err(FormatError::Corrupt {
                     file,
                     entry: "recipe header".into(),
                     offset: 0,
                     problem: format!("{} logical bytes, the catalog says {}", r.logical, e.logical),
-                });
+                }
+                .into());
             }
             store.check_lengths(e.id, &r.tensors)?;
             store.add_refs(e.id, &r.tensors);
@@ -321,12 +325,13 @@ impl CheckpointStore {
         }
         let r = Recipe::decode(&file, &b, with_glue)?;
         if r.id != id {
-            return Err(CkptError::Corrupt {
+            return Err(FormatError::Corrupt {
                 file,
                 entry: "recipe header".into(),
                 offset: 16,
                 problem: format!("recipe of checkpoint {}, expected {id}", r.id),
-            });
+            }
+            .into());
         }
         Ok(r)
     }
@@ -336,12 +341,13 @@ impl CheckpointStore {
     fn check_lengths(&self, id: u64, tensors: &[TensorEntry]) -> Result<()> {
         for t in tensors {
             if let Some(u) = self.units.get(&t.hash).filter(|u| u.len != t.len) {
-                return Err(CkptError::Corrupt {
+                return Err(FormatError::Corrupt {
                     file: self.recipe_path(id),
                     entry: format!("tensor {}", String::from_utf8_lossy(&t.name)),
                     offset: 0,
                     problem: format!("unit {} is {} bytes here and {} bytes elsewhere", unit::hex(&t.hash), t.len, u.len),
-                });
+                }
+                .into());
             }
         }
         Ok(())
@@ -732,12 +738,13 @@ impl CheckpointStore {
             let len = plans[i].range.len() as u64;
             match self.units.get(&h) {
                 Some(info) if info.len != len => {
-                    return Err(CkptError::Corrupt {
+                    return Err(FormatError::Corrupt {
                         file: self.unit_path(&h),
                         entry: "unit".into(),
                         offset: 0,
                         problem: format!("blake3 collision: {} and {len} bytes", info.len),
-                    });
+                    }
+                    .into());
                 }
                 Some(_) => {}
                 None if fresh.insert(h) => new.push((i, h, x)),
@@ -764,7 +771,7 @@ impl CheckpointStore {
                 // removed the output before this queued commit ran): it
                 // cannot be linked any more, and is copied as any file not
                 // adopted. Adopting others still works.
-                Err(CkptError::Io { source, .. }) if source.kind() == std::io::ErrorKind::NotFound => {}
+                Err(CkptError::Format(FormatError::Io { source, .. })) if source.kind() == std::io::ErrorKind::NotFound => {}
                 Err(e) => st.adopt_error = Some(e),
             }
         }
@@ -1069,17 +1076,6 @@ fn clip_dtype(d: &str) -> String {
         end -= 1;
     }
     d[..end].to_string()
-}
-
-fn read_full(r: &mut impl Read, buf: &mut [u8]) -> std::io::Result<usize> {
-    let mut n = 0;
-    while n < buf.len() {
-        match r.read(&mut buf[n..])? {
-            0 => break,
-            k => n += k,
-        }
-    }
-    Ok(n)
 }
 
 fn remove_file(p: &Path) -> Result<()> {

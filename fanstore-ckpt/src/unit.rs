@@ -36,6 +36,9 @@
 //!  72.. payload
 //! ```
 //!
+//! The header's frame (magic, version, checksum; both versions) is checked
+//! by [`fanstore_core::format`].
+//!
 //! Reads check the header, the body's xxh3 before decoding, and the decoded
 //! payload's xxh3 before a byte is handed out; `verify` also recomputes the
 //! blake3. A delta's base is another unit file: the store keeps a base alive
@@ -44,7 +47,9 @@
 use crate::codec::{self, Encoding};
 use crate::error::{CkptError, Result};
 use fanstore_core::checksum::xxh3;
+use fanstore_core::format::{self, read_full_at, FormatHeader, HeaderVersion};
 use fanstore_core::le::*;
+use fanstore_core::FormatError;
 use std::fs::File;
 use std::io::Write;
 use std::os::unix::fs::FileExt;
@@ -54,9 +59,7 @@ pub const MAGIC: [u8; 8] = *b"FANSTUN\0";
 /// The version this build writes.
 pub const VERSION: u32 = 2;
 
-const MAGIC_OFF: usize = 0;
-const VERSION_OFF: usize = MAGIC_OFF + 8;
-const ENCODING_OFF: usize = VERSION_OFF + 4;
+const ENCODING_OFF: usize = format::FIELDS_OFFSET;
 const WIDTH_OFF: usize = ENCODING_OFF + 1;
 const DEPTH_OFF: usize = WIDTH_OFF + 1;
 const LEN_OFF: usize = DEPTH_OFF + 2;
@@ -68,10 +71,16 @@ const BODY_SUM_OFF: usize = BODY_LEN_OFF + 8;
 const RESERVED2_OFF: usize = BODY_SUM_OFF + 8;
 const CHECKSUM_OFF: usize = RESERVED2_OFF + 8;
 /// Length of a version 2 unit file header.
-pub const HEADER_LEN: usize = CHECKSUM_OFF + 8;
+pub const HEADER_LEN: usize = CHECKSUM_OFF + format::CHECKSUM_LEN;
 /// Length of a version 1 unit file header.
 pub const V1_HEADER_LEN: usize = 72;
-const V1_CHECKSUM_OFF: usize = 64;
+
+/// The unit header's frame: version 1 is still read, version 2 written.
+pub const HEADER: FormatHeader = FormatHeader {
+    what: "unit",
+    magic: MAGIC,
+    versions: &[HeaderVersion { version: 1, len: V1_HEADER_LEN }, HeaderVersion { version: VERSION, len: HEADER_LEN }],
+};
 
 /// Bodies at least this long are memory-mapped on read instead of copied.
 const MAP_THRESHOLD: u64 = 1 << 20;
@@ -164,8 +173,6 @@ impl UnitHeader {
     /// The version 2 header.
     pub fn encode(&self) -> [u8; HEADER_LEN] {
         let mut b = [0u8; HEADER_LEN];
-        b[MAGIC_OFF..MAGIC_OFF + 8].copy_from_slice(&MAGIC);
-        put_u32(&mut b, VERSION_OFF, VERSION);
         b[ENCODING_OFF] = self.encoding.to_u8();
         b[WIDTH_OFF] = self.width;
         b[DEPTH_OFF] = self.depth;
@@ -182,57 +189,24 @@ impl UnitHeader {
         }
         put_u64(&mut b, BODY_LEN_OFF, self.body_len);
         put_u64(&mut b, BODY_SUM_OFF, self.body_xxh3);
-        let sum = xxh3(&b[..CHECKSUM_OFF]);
-        put_u64(&mut b, CHECKSUM_OFF, sum);
+        HEADER.seal(&mut b);
         b
     }
 
     /// Decodes a header from the first bytes of a unit file (at least the
     /// header's length, or all of a shorter file).
     pub fn decode(file: &Path, b: &[u8]) -> Result<UnitHeader> {
-        let truncated = |needed: usize| CkptError::Truncated {
-            file: file.into(),
-            entry: "unit header".into(),
-            offset: 0,
-            needed: needed as u64,
-            len: b.len() as u64,
-        };
-        if b.len() < VERSION_OFF + 4 {
-            if b.len() >= 8 && b[..8] != MAGIC {
-                return Err(CkptError::BadMagic { file: file.into(), what: "unit" });
-            }
-            return Err(truncated(V1_HEADER_LEN));
-        }
-        if b[..8] != MAGIC {
-            return Err(CkptError::BadMagic { file: file.into(), what: "unit" });
-        }
-        let version = u32_at(b, VERSION_OFF);
-        let sum_off = match version {
-            1 => V1_CHECKSUM_OFF,
-            2 => CHECKSUM_OFF,
-            _ => return Err(CkptError::UnsupportedVersion { file: file.into(), what: "unit", found: version, supported: VERSION }),
-        };
-        if b.len() < sum_off + 8 {
-            return Err(truncated(sum_off + 8));
-        }
-        let stored = u64_at(b, sum_off);
-        let computed = xxh3(&b[..sum_off]);
-        if stored != computed {
-            return Err(CkptError::Checksum { file: file.into(), entry: "unit header".into(), offset: 0, stored, computed });
-        }
+        let version = HEADER.check(file, b)?;
         let mut blake3 = [0u8; 32];
         blake3.copy_from_slice(&b[BLAKE3_OFF..BLAKE3_OFF + 32]);
         let (len, x) = (u64_at(b, LEN_OFF), u64_at(b, XXH3_OFF));
-        if version == 1 {
+        if version.version == 1 {
             let mut h = UnitHeader::raw(len, blake3, x);
-            h.header_len = V1_HEADER_LEN as u64;
+            h.header_len = version.len as u64;
             return Ok(h);
         }
-        let corrupt = |offset: usize, problem: String| CkptError::Corrupt {
-            file: file.into(),
-            entry: "unit header".into(),
-            offset: offset as u64,
-            problem,
+        let corrupt = |offset: usize, problem: String| -> CkptError {
+            FormatError::Corrupt { file: file.into(), entry: "unit header".into(), offset: offset as u64, problem }.into()
         };
         let encoding = Encoding::from_u8(b[ENCODING_OFF])
             .ok_or_else(|| corrupt(ENCODING_OFF, format!("unknown encoding {}", b[ENCODING_OFF])))?;
@@ -360,41 +334,30 @@ impl Payload {
     }
 }
 
-pub(crate) fn read_full_at(f: &File, buf: &mut [u8], off: u64) -> std::io::Result<usize> {
-    let mut n = 0;
-    while n < buf.len() {
-        match f.read_at(&mut buf[n..], off + n as u64) {
-            Ok(0) => break,
-            Ok(k) => n += k,
-            Err(e) if e.kind() == std::io::ErrorKind::Interrupted => {}
-            Err(e) => return Err(e),
-        }
-    }
-    Ok(n)
-}
-
 /// Shifts the offset of a format error found in a unit that starts at byte
 /// `at` of `file` (a record inside a pack), so that it is the file's offset.
 pub fn rebase(e: CkptError, at: u64) -> CkptError {
-    match e {
-        CkptError::Checksum { file, entry, offset, stored, computed } => {
-            CkptError::Checksum { file, entry, offset: offset + at, stored, computed }
+    let CkptError::Format(e) = e else { return e };
+    let rebased = match e {
+        FormatError::Checksum { file, entry, offset, stored, computed } => {
+            FormatError::Checksum { file, entry, offset: offset + at, stored, computed }
         }
-        CkptError::Corrupt { file, entry, offset, problem } => CkptError::Corrupt { file, entry, offset: offset + at, problem },
-        CkptError::Truncated { file, entry, offset, needed, len } => CkptError::Truncated { file, entry, offset: offset + at, needed, len },
+        FormatError::Corrupt { file, entry, offset, problem } => FormatError::Corrupt { file, entry, offset: offset + at, problem },
+        FormatError::Truncated { file, entry, offset, needed, len } => FormatError::Truncated { file, entry, offset: offset + at, needed, len },
         // Inside a pack a record with another magic or version is damage
         // at that record, not a file of another kind.
-        CkptError::BadMagic { file, .. } if at > 0 => {
-            CkptError::Corrupt { file, entry: "unit header".into(), offset: at, problem: "bad magic".into() }
+        FormatError::BadMagic { file, .. } if at > 0 => {
+            FormatError::Corrupt { file, entry: "unit header".into(), offset: at, problem: "bad magic".into() }
         }
-        CkptError::UnsupportedVersion { file, found, .. } if at > 0 => CkptError::Corrupt {
+        FormatError::UnsupportedVersion { file, found, .. } if at > 0 => FormatError::Corrupt {
             file,
             entry: "unit header".into(),
             offset: at,
             problem: format!("unit header version {found}"),
         },
         other => other,
-    }
+    };
+    rebased.into()
 }
 
 /// Decodes the header of the unit that starts at byte `at` of the open file
@@ -420,7 +383,7 @@ pub fn read_header(file: &Path) -> Result<UnitHeader> {
 /// Checks that the header names unit `h` of `len` bytes.
 pub fn check_header(file: &Path, head: &UnitHeader, h: &Hash, len: u64) -> Result<()> {
     if head.blake3 != *h || head.len != len {
-        return Err(CkptError::Corrupt {
+        return Err(FormatError::Corrupt {
             file: file.into(),
             entry: "unit header".into(),
             offset: LEN_OFF as u64,
@@ -430,19 +393,21 @@ pub fn check_header(file: &Path, head: &UnitHeader, h: &Hash, len: u64) -> Resul
                 head.len,
                 hex(h)
             ),
-        });
+        }
+        .into());
     }
     Ok(())
 }
 
 fn truncated_body(file: &Path, at: u64, head: &UnitHeader, have: u64) -> CkptError {
-    CkptError::Truncated {
+    FormatError::Truncated {
         file: file.into(),
         entry: "unit body".into(),
         offset: at + head.header_len,
         needed: head.body_len,
         len: have,
     }
+    .into()
 }
 
 /// Reads the body of the unit at byte `at` of an open file (a unit file:
@@ -473,13 +438,14 @@ pub fn read_body(file: &Path, f: &File, at: u64, head: &UnitHeader) -> Result<Pa
     };
     let computed = xxh3(body.bytes());
     if computed != head.body_xxh3 {
-        return Err(CkptError::Checksum {
+        return Err(FormatError::Checksum {
             file: file.into(),
             entry: "unit body".into(),
             offset: start,
             stored: head.body_xxh3,
             computed,
-        });
+        }
+        .into());
     }
     Ok(body)
 }
@@ -498,11 +464,14 @@ pub fn read_raw_into(file: &Path, f: &File, at: u64, head: &UnitHeader, dst: &mu
 /// Decodes a grouped or delta body into `dst` (for a delta, `dst` holds the
 /// base's payload).
 pub fn decode_body(file: &Path, head: &UnitHeader, body: &[u8], dst: &mut [u8]) -> Result<()> {
-    codec::decode_into(body, head.width as usize, dst, head.encoding == Encoding::Delta).map_err(|e| CkptError::Corrupt {
-        file: file.into(),
-        entry: format!("unit body ({})", head.encoding.name()),
-        offset: head.header_len + e.offset,
-        problem: e.problem,
+    codec::decode_into(body, head.width as usize, dst, head.encoding == Encoding::Delta).map_err(|e| {
+        FormatError::Corrupt {
+            file: file.into(),
+            entry: format!("unit body ({})", head.encoding.name()),
+            offset: head.header_len + e.offset,
+            problem: e.problem,
+        }
+        .into()
     })
 }
 
@@ -510,23 +479,25 @@ pub fn decode_body(file: &Path, head: &UnitHeader, body: &[u8], dst: &mut [u8]) 
 pub fn check_payload(file: &Path, head: &UnitHeader, payload: &[u8], full: bool) -> Result<()> {
     let computed = xxh3(payload);
     if computed != head.xxh3 {
-        return Err(CkptError::Checksum {
+        return Err(FormatError::Checksum {
             file: file.into(),
             entry: "unit payload".into(),
             offset: head.header_len,
             stored: head.xxh3,
             computed,
-        });
+        }
+        .into());
     }
     if full {
         let b = hash(payload);
         if b != head.blake3 {
-            return Err(CkptError::Corrupt {
+            return Err(FormatError::Corrupt {
                 file: file.into(),
                 entry: "unit payload".into(),
                 offset: head.header_len,
                 problem: format!("blake3 is {}, the unit is named {}", hex(&b), hex(&head.blake3)),
-            });
+            }
+            .into());
         }
     }
     Ok(())
@@ -595,12 +566,15 @@ pub fn load_with(
     let own = |e: CkptError| rebase(e, at);
     check_header(file, &head, h, dst.len() as u64).map_err(own)?;
     if head.depth > budget {
-        return Err(own(CkptError::Corrupt {
-            file: file.into(),
-            entry: "unit header".into(),
-            offset: DEPTH_OFF as u64,
-            problem: format!("delta chain depth {} where at most {budget} is possible", head.depth),
-        }));
+        return Err(own(
+            FormatError::Corrupt {
+                file: file.into(),
+                entry: "unit header".into(),
+                offset: DEPTH_OFF as u64,
+                problem: format!("delta chain depth {} where at most {budget} is possible", head.depth),
+            }
+            .into(),
+        ));
     }
     match (head.encoding, head.base) {
         (Encoding::Raw, _) => read_raw_into(file, f, at, &head, dst)?,
@@ -627,6 +601,20 @@ pub fn load_with(
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn the_written_layout_is_unchanged() {
+        let mut head = UnitHeader::raw(12_345, [7; 32], 0xfeed);
+        let raw = head.encode();
+        head.encoding = Encoding::Delta;
+        head.depth = 1;
+        head.width = 4;
+        head.base = Some([9; 32]);
+        head.body_len = 99;
+        head.body_xxh3 = 0xbeef;
+        let delta = head.encode();
+        assert_eq!((xxh3(&raw), xxh3(&delta)), (4_665_811_220_935_316_719, 15_891_533_394_258_682_550));
+    }
 
     fn floats(n: usize, seed: u32, scale: f32) -> Vec<u8> {
         let mut x = seed.wrapping_mul(2654435761) | 1;
@@ -709,8 +697,14 @@ mod tests {
     }
 
     fn reseal(b: &mut [u8]) {
-        let sum = xxh3(&b[..CHECKSUM_OFF]);
-        put_u64(b, CHECKSUM_OFF, sum);
+        format::testing::reseal(b, HEADER_LEN);
+    }
+
+    #[test]
+    fn every_header_fault_is_named() {
+        let a = floats(3000, 7, 1.0);
+        let good = UnitHeader::raw(a.len() as u64, hash(&a), xxh3(&a)).encode();
+        format::testing::assert_header_faults_named(&HEADER, "units/x.fsu", &good, |b| UnitHeader::decode(Path::new("units/x.fsu"), b));
     }
 
     #[test]
@@ -743,15 +737,15 @@ mod tests {
         // Wrong length expected, truncation, bad magic, unknown version.
         assert!(load(&d, &ha, a.len() - 4, false).unwrap_err().to_string().contains("the recipe expects"));
         std::fs::write(&pa, &orig[..orig.len() - 3]).unwrap();
-        assert!(matches!(load(&d, &ha, a.len(), false), Err(CkptError::Truncated { .. })));
+        assert!(matches!(load(&d, &ha, a.len(), false), Err(CkptError::Format(FormatError::Truncated { .. }))));
         std::fs::write(&pa, &orig[..40]).unwrap();
-        assert!(matches!(load(&d, &ha, a.len(), false), Err(CkptError::Truncated { .. })));
+        assert!(matches!(load(&d, &ha, a.len(), false), Err(CkptError::Format(FormatError::Truncated { .. }))));
         let mut m = orig.clone();
         m[0] = b'X';
         std::fs::write(&pa, &m).unwrap();
-        assert!(matches!(load(&d, &ha, a.len(), false), Err(CkptError::BadMagic { .. })));
+        assert!(matches!(load(&d, &ha, a.len(), false), Err(CkptError::Format(FormatError::BadMagic { .. }))));
         let mut v = orig.clone();
-        put_u32(&mut v, VERSION_OFF, 3);
+        put_u32(&mut v, format::VERSION_OFFSET, 3);
         reseal(&mut v);
         std::fs::write(&pa, &v).unwrap();
         assert!(load(&d, &ha, a.len(), false).unwrap_err().to_string().contains("unsupported unit format version 3"));
@@ -785,12 +779,11 @@ mod tests {
         let h = hash(&payload);
         let mut b = vec![0u8; V1_HEADER_LEN];
         b[..8].copy_from_slice(&MAGIC);
-        put_u32(&mut b, VERSION_OFF, 1);
+        put_u32(&mut b, format::VERSION_OFFSET, 1);
         put_u64(&mut b, LEN_OFF, payload.len() as u64);
         b[BLAKE3_OFF..BLAKE3_OFF + 32].copy_from_slice(&h);
         put_u64(&mut b, XXH3_OFF, xxh3(&payload));
-        let sum = xxh3(&b[..V1_CHECKSUM_OFF]);
-        put_u64(&mut b, V1_CHECKSUM_OFF, sum);
+        format::testing::reseal(&mut b, V1_HEADER_LEN);
         b.extend_from_slice(&payload);
         std::fs::write(path(&d.units, &h), &b).unwrap();
         assert_eq!(load(&d, &h, payload.len(), true).unwrap(), payload);

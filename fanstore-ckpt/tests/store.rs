@@ -7,6 +7,7 @@ mod common;
 use common::*;
 use fanstore_ckpt::json::{self, Limits};
 use fanstore_ckpt::{unit, CheckpointStore, CkptError};
+use fanstore_core::FormatError;
 use std::path::Path;
 
 fn st(tensors: &[(&str, &[u8])]) -> Vec<u8> {
@@ -103,7 +104,7 @@ fn a_corrupt_unit_is_named_by_verify_and_never_read_back() {
     drop(store);
     let store = CheckpointStore::open(d.path()).unwrap();
     assert!(store.repairs().iter().any(|r| r.contains(".fsk") && r.contains("left in place")), "{:?}", store.repairs());
-    assert!(matches!(store.read(b"c/3"), Err(CkptError::Io { .. })));
+    assert!(matches!(store.read(b"c/3"), Err(CkptError::Format(FormatError::Io { .. }))));
     assert_eq!(std::fs::metadata(&opath).unwrap().len(), damaged_len, "a pack with missing units is not truncated");
 }
 

@@ -49,6 +49,15 @@ impl FormatError {
     pub fn io(file: impl Into<PathBuf>, source: std::io::Error) -> Self {
         FormatError::Io { file: file.into(), source }
     }
+
+    /// True for faults that mean stored bytes are damaged: not for I/O
+    /// errors, nor for a version this build does not read.
+    pub fn is_corruption(&self) -> bool {
+        matches!(
+            self,
+            FormatError::BadMagic { .. } | FormatError::Checksum { .. } | FormatError::Corrupt { .. } | FormatError::Truncated { .. }
+        )
+    }
 }
 
 pub type Result<T> = std::result::Result<T, FormatError>;

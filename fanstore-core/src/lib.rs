@@ -25,6 +25,7 @@ pub mod align;
 pub mod checksum;
 pub mod codec;
 pub mod error;
+pub mod format;
 pub mod le;
 pub mod manifest;
 pub mod partition;

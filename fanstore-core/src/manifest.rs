@@ -5,6 +5,8 @@
 //!
 //! All integers are little-endian. Sections are 8-byte aligned and each has
 //! its own xxh3 in the header, so a fault is named by section and offset.
+//! The header's frame (magic, version, checksum) is checked by
+//! [`crate::format`].
 //!
 //! ```text
 //! header (HEADER_LEN = 184 bytes)
@@ -46,6 +48,7 @@
 use crate::checksum::xxh3;
 use crate::codec::Codec;
 use crate::error::{FormatError, Result};
+use crate::format::{self, FormatHeader, HeaderVersion};
 use crate::le::*;
 use std::io::{Seek, SeekFrom, Write};
 use std::path::Path;
@@ -55,9 +58,7 @@ pub const VERSION: u32 = 1;
 /// The manifest's file name inside a dataset directory.
 pub const FILE_NAME: &str = "manifest.fsm";
 
-const MAGIC_OFF: usize = 0;
-const VERSION_OFF: usize = MAGIC_OFF + 8;
-const HEADER_LEN_OFF: usize = VERSION_OFF + 4;
+const HEADER_LEN_OFF: usize = format::FIELDS_OFFSET;
 const DATASET_OFF: usize = HEADER_LEN_OFF + 4;
 const NODE_COUNT_OFF: usize = DATASET_OFF + 8;
 const CHILD_COUNT_OFF: usize = NODE_COUNT_OFF + 8;
@@ -69,7 +70,11 @@ const SECTION_ENTRY_LEN: usize = 24;
 const SECTION_COUNT: usize = 5;
 const HEADER_SUM_OFF: usize = SECTIONS_OFF + SECTION_COUNT * SECTION_ENTRY_LEN;
 /// Length of the manifest header.
-pub const HEADER_LEN: usize = HEADER_SUM_OFF + 8;
+pub const HEADER_LEN: usize = HEADER_SUM_OFF + format::CHECKSUM_LEN;
+
+/// The manifest header's frame.
+pub const HEADER: FormatHeader =
+    FormatHeader { what: "manifest", magic: MAGIC, versions: &[HeaderVersion { version: VERSION, len: HEADER_LEN }] };
 
 const SECTION_NAMES: [&str; SECTION_COUNT] = ["nodes", "children", "buckets", "partitions", "strings"];
 const S_NODES: usize = 0;
@@ -188,41 +193,7 @@ impl<'a> IndexView<'a> {
             offset,
             problem,
         };
-        if bytes.len() < HEADER_LEN {
-            if bytes.len() >= 8 && bytes[..8] != MAGIC {
-                return Err(FormatError::BadMagic { file: file.into(), what: "manifest" });
-            }
-            return Err(FormatError::Truncated {
-                file: file.into(),
-                entry: "manifest header".into(),
-                offset: 0,
-                needed: HEADER_LEN as u64,
-                len: bytes.len() as u64,
-            });
-        }
-        if bytes[..8] != MAGIC {
-            return Err(FormatError::BadMagic { file: file.into(), what: "manifest" });
-        }
-        let version = u32_at(bytes, VERSION_OFF);
-        if version != VERSION {
-            return Err(FormatError::UnsupportedVersion {
-                file: file.into(),
-                what: "manifest",
-                found: version,
-                supported: VERSION,
-            });
-        }
-        let stored = u64_at(bytes, HEADER_SUM_OFF);
-        let computed = xxh3(&bytes[..HEADER_SUM_OFF]);
-        if stored != computed {
-            return Err(FormatError::Checksum {
-                file: file.into(),
-                entry: "manifest header".into(),
-                offset: 0,
-                stored,
-                computed,
-            });
-        }
+        HEADER.check(file, bytes)?;
         if u32_at(bytes, HEADER_LEN_OFF) as usize != HEADER_LEN {
             return Err(corrupt("manifest header", HEADER_LEN_OFF as u64, "unexpected header length".into()));
         }
@@ -865,8 +836,6 @@ impl ManifestLayout {
             at = off + len;
         }
         let mut h = [0u8; HEADER_LEN];
-        h[..8].copy_from_slice(&MAGIC);
-        put_u32(&mut h, VERSION_OFF, VERSION);
         put_u32(&mut h, HEADER_LEN_OFF, HEADER_LEN as u32);
         put_u64(&mut h, DATASET_OFF, self.dataset_id);
         put_u64(&mut h, NODE_COUNT_OFF, self.entries.len() as u64);
@@ -880,8 +849,7 @@ impl ManifestLayout {
             put_u64(&mut h, e + 8, len);
             put_u64(&mut h, e + 16, sums[i]);
         }
-        let sum = xxh3(&h[..HEADER_SUM_OFF]);
-        put_u64(&mut h, HEADER_SUM_OFF, sum);
+        HEADER.seal(&mut h);
         w.seek(SeekFrom::Start(base))?;
         w.write_all(&h)?;
         w.seek(SeekFrom::Start(base + self.len))?;
@@ -1117,9 +1085,8 @@ mod tests {
     #[test]
     fn version_magic_and_truncation_are_refused() {
         let mut bytes = sample();
-        put_u32(&mut bytes, VERSION_OFF, 2);
-        let sum = xxh3(&bytes[..HEADER_SUM_OFF]);
-        put_u64(&mut bytes, HEADER_SUM_OFF, sum);
+        put_u32(&mut bytes, format::VERSION_OFFSET, 2);
+        format::testing::reseal(&mut bytes, HEADER_LEN);
         let e = IndexView::parse(Path::new("m"), &bytes, Verify::Full).err().unwrap();
         assert!(matches!(e, FormatError::UnsupportedVersion { found: 2, .. }));
         let b = sample();
@@ -1128,21 +1095,18 @@ mod tests {
         assert!(matches!(IndexView::parse(Path::new("m"), b"not a manifest at all", Verify::Full), Err(FormatError::BadMagic { .. })));
     }
 
+    #[test]
+    fn every_header_fault_is_named() {
+        let good = sample();
+        format::testing::assert_header_faults_named(&HEADER, "ds/manifest.fsm", &good, |b| {
+            IndexView::parse(Path::new("ds/manifest.fsm"), b, Verify::Full).map(|_| ())
+        });
+    }
+
     /// Re-seals every section and header checksum so a mutation reaches the structural checks.
     fn reseal(b: &mut [u8]) {
-        if b.len() < HEADER_LEN {
-            return;
-        }
-        for i in 0..SECTION_COUNT {
-            let e = SECTIONS_OFF + i * SECTION_ENTRY_LEN;
-            let (off, len) = (u64_at(b, e) as usize, u64_at(b, e + 8) as usize);
-            if off.checked_add(len).is_some_and(|end| end <= b.len()) {
-                let sum = xxh3(&b[off..off + len]);
-                put_u64(b, e + 16, sum);
-            }
-        }
-        let sum = xxh3(&b[..HEADER_SUM_OFF]);
-        put_u64(b, HEADER_SUM_OFF, sum);
+        format::testing::reseal_sections(b, SECTIONS_OFF, SECTION_COUNT);
+        format::testing::reseal(b, HEADER_LEN);
     }
 
     #[test]

@@ -26,12 +26,16 @@
 //! 56..64  xxh3 of header bytes 0..56
 //! ```
 //!
+//! The header's frame (magic, version, checksum) is checked by
+//! [`crate::format`]; the entry headers have a checksum but no frame.
+//!
 //! The manifest records, for every file, the offset of its *payload* (just
 //! past its entry header), so a single file can be read without scanning.
 
 use crate::checksum::{xxh3, StreamingChecksum};
 use crate::codec::Codec;
 use crate::error::{FormatError, Result};
+use crate::format::{self, read_full, FormatHeader, HeaderVersion};
 use crate::le::*;
 use std::fs::File;
 use crate::align::AlignedReader;
@@ -41,9 +45,7 @@ use std::path::{Path, PathBuf};
 pub const MAGIC: [u8; 8] = *b"FANSTPT\0";
 pub const VERSION: u32 = 1;
 
-const MAGIC_OFF: usize = 0;
-const VERSION_OFF: usize = MAGIC_OFF + 8;
-const ID_OFF: usize = VERSION_OFF + 4;
+const ID_OFF: usize = format::FIELDS_OFFSET;
 const COUNT_OFF: usize = ID_OFF + 4;
 const DATA_LEN_OFF: usize = COUNT_OFF + 8;
 const DATASET_OFF: usize = DATA_LEN_OFF + 8;
@@ -51,7 +53,11 @@ const FLAGS_OFF: usize = DATASET_OFF + 8;
 const RESERVED_OFF: usize = FLAGS_OFF + 4;
 const CHECKSUM_OFF: usize = RESERVED_OFF + 12;
 /// Length of the partition header.
-pub const HEADER_LEN: usize = CHECKSUM_OFF + 8;
+pub const HEADER_LEN: usize = CHECKSUM_OFF + format::CHECKSUM_LEN;
+
+/// The partition header's frame.
+pub const HEADER: FormatHeader =
+    FormatHeader { what: "partition", magic: MAGIC, versions: &[HeaderVersion { version: VERSION, len: HEADER_LEN }] };
 
 const E_PATH_HASH_OFF: usize = 0;
 const E_RAW_OFF: usize = E_PATH_HASH_OFF + 8;
@@ -85,58 +91,25 @@ pub struct PartitionHeader {
 impl PartitionHeader {
     pub fn encode(&self) -> [u8; HEADER_LEN] {
         let mut b = [0u8; HEADER_LEN];
-        b[MAGIC_OFF..MAGIC_OFF + 8].copy_from_slice(&MAGIC);
-        put_u32(&mut b, VERSION_OFF, VERSION);
         put_u32(&mut b, ID_OFF, self.id);
         put_u64(&mut b, COUNT_OFF, self.entry_count);
         put_u64(&mut b, DATA_LEN_OFF, self.data_len);
         put_u64(&mut b, DATASET_OFF, self.dataset_id);
         put_u32(&mut b, FLAGS_OFF, self.flags);
-        let sum = xxh3(&b[..CHECKSUM_OFF]);
-        put_u64(&mut b, CHECKSUM_OFF, sum);
+        HEADER.seal(&mut b);
         b
     }
 
+    /// Decodes the first bytes of partition `file` (all of them if shorter than a header).
     pub fn decode(file: &Path, b: &[u8]) -> Result<PartitionHeader> {
-        if b.len() < HEADER_LEN {
-            return Err(FormatError::Truncated {
-                file: file.into(),
-                entry: "partition header".into(),
-                offset: 0,
-                needed: HEADER_LEN as u64,
-                len: b.len() as u64,
-            });
-        }
-        if b[..8] != MAGIC {
-            return Err(FormatError::BadMagic { file: file.into(), what: "partition" });
-        }
-        let version = u32_at(b, VERSION_OFF);
-        if version != VERSION {
-            return Err(FormatError::UnsupportedVersion {
-                file: file.into(),
-                what: "partition",
-                found: version,
-                supported: VERSION,
-            });
-        }
-        let stored = u64_at(b, CHECKSUM_OFF);
-        let computed = xxh3(&b[..CHECKSUM_OFF]);
-        if stored != computed {
-            return Err(FormatError::Checksum {
-                file: file.into(),
-                entry: "partition header".into(),
-                offset: 0,
-                stored,
-                computed,
-            });
-        }
+        HEADER.check(file, b)?;
         Ok(PartitionHeader {
             id: u32_at(b, ID_OFF),
             entry_count: u64_at(b, COUNT_OFF),
             data_len: u64_at(b, DATA_LEN_OFF),
             dataset_id: u64_at(b, DATASET_OFF),
             flags: u32_at(b, FLAGS_OFF),
-            checksum: stored,
+            checksum: u64_at(b, CHECKSUM_OFF),
         })
     }
 }
@@ -455,20 +428,17 @@ pub fn read_payload_at(path: &Path, f: &File, payload_offset: u64, stored_len: u
     Ok(payload)
 }
 
-fn read_full(r: &mut impl Read, buf: &mut [u8]) -> std::io::Result<usize> {
-    let mut n = 0;
-    while n < buf.len() {
-        match r.read(&mut buf[n..])? {
-            0 => break,
-            k => n += k,
-        }
-    }
-    Ok(n)
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn the_written_layout_is_unchanged() {
+        let d = tempfile::tempdir().unwrap();
+        let (p, _) = write_sample(d.path());
+        let b = std::fs::read(&p).unwrap();
+        assert_eq!((b.len(), xxh3(&b)), (219, 1_246_941_140_916_333_872));
+    }
 
     fn write_sample(dir: &Path) -> (PathBuf, Vec<u64>) {
         let p = dir.join(file_name(3));
@@ -571,15 +541,25 @@ mod tests {
         let d = tempfile::tempdir().unwrap();
         let (p, _) = write_sample(d.path());
         let mut b = std::fs::read(&p).unwrap();
-        b[VERSION_OFF] = 9;
-        let sum = xxh3(&b[..CHECKSUM_OFF]);
-        put_u64(&mut b, CHECKSUM_OFF, sum);
+        b[format::VERSION_OFFSET] = 9;
+        format::testing::reseal(&mut b, HEADER_LEN);
         std::fs::write(&p, &b).unwrap();
         let e = read_all(&p).unwrap_err().to_string();
         assert!(e.contains("unsupported partition format version 9"), "{e}");
         b[0] = b'X';
         std::fs::write(&p, &b).unwrap();
         assert!(matches!(read_all(&p), Err(FormatError::BadMagic { .. })));
+    }
+
+    #[test]
+    fn every_header_fault_is_named() {
+        let d = tempfile::tempdir().unwrap();
+        let (p, _) = write_sample(d.path());
+        let good = std::fs::read(&p).unwrap();
+        format::testing::assert_header_faults_named(&HEADER, "part-000003.fsp", &good, |b| {
+            std::fs::write(&p, b).unwrap();
+            read_all(&p)
+        });
     }
 
     #[test]

@@ -61,6 +61,7 @@ use fanstore_ckpt::pack;
 use fanstore_ckpt::store::{RECIPES_DIR, UNITS_DIR};
 use fanstore_ckpt::{CheckpointStore, CkptError, CommitInfo, StoreOptions};
 use fanstore_core::checksum::StreamingChecksum;
+use fanstore_core::FormatError;
 use std::collections::{HashMap, HashSet};
 use std::io::{self, Write};
 use std::os::fd::OwnedFd;
@@ -93,7 +94,7 @@ pub fn is_pending(key: &[u8]) -> bool {
 /// The errno a store failure gives the client.
 pub fn errno_of(e: &CkptError) -> i32 {
     match e {
-        CkptError::Io { source, .. } => match source.raw_os_error() {
+        CkptError::Format(FormatError::Io { source, .. }) => match source.raw_os_error() {
             Some(libc::ENOSPC) => libc::ENOSPC,
             Some(libc::EDQUOT) => libc::EDQUOT,
             _ => libc::EIO,
