@@ -31,7 +31,6 @@
 #![allow(clippy::missing_safety_doc)]
 
 pub mod debug;
-mod dirstream;
 mod errno;
 mod exec_outputs;
 mod fd_table;
@@ -39,6 +38,7 @@ mod guard;
 pub mod hooks;
 mod lock;
 mod locks;
+mod lookup;
 mod memfd_pool;
 pub mod ops;
 mod parts;
@@ -49,6 +49,7 @@ mod client;
 mod outputs;
 mod pending;
 mod sud;
+mod vcwd;
 mod warm;
 
 /// The constructor: the fork handlers, raw-syscall catching for this

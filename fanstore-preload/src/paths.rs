@@ -6,6 +6,7 @@
 //! normalises: [`maybe_ours`] says no and the hook calls libc untouched.
 
 use crate::fd_table::{self, Tracked};
+use crate::lookup::{self, RealDir};
 use crate::state::{self, State};
 use fanstore_core::path::{normalize_into, under_mount, MAX_PATH};
 use libc::{c_char, c_int};
@@ -290,15 +291,15 @@ fn classify_dotdot<'s>(dirfd: c_int, path: &[u8], scratch: &'s mut Scratch) -> C
                     touched = true;
                     let Some(s) = st.or_else(state::state) else { return Class::Err(libc::ENOENT) };
                     st = Some(s);
-                    match crate::ops::resolve(s, rel, true, true) {
+                    match lookup::resolve(s, rel, true, true) {
                         Ok(n) => match node_abs_path(s, n.id(), out) {
                             Some(l) => len = l,
                             None => return Class::Err(libc::ENAMETOOLONG),
                         },
                         // Not an input: an output directory, whose parent is
                         // the one of its real path (symlinks followed).
-                        Err(libc::ENOENT) => match crate::ops::namespace::real_dir(s, rel) {
-                            Ok(crate::ops::namespace::RealDir::Output(real)) => {
+                        Err(libc::ENOENT) => match lookup::real_dir(s, rel) {
+                            Ok(RealDir::Output(real)) => {
                                 if real != rel {
                                     let m = &crate::state::mount().path;
                                     if m.len() + 1 + real.len() > out.len() {
@@ -310,7 +311,7 @@ fn classify_dotdot<'s>(dirfd: c_int, path: &[u8], scratch: &'s mut Scratch) -> C
                                     len = m.len() + 1 + real.len();
                                 }
                             }
-                            Ok(crate::ops::namespace::RealDir::Input(n)) => match node_abs_path(s, n.id(), out) {
+                            Ok(RealDir::Input(n)) => match node_abs_path(s, n.id(), out) {
                                 Some(l) => len = l,
                                 None => return Class::Err(libc::ENAMETOOLONG),
                             },

@@ -179,7 +179,7 @@ fn load_locked() {
             STATE.store(st, Ordering::Release);
             // SAFETY: just stored, never freed.
             let s = unsafe { &*st };
-            crate::ops::cwd::recover(s);
+            crate::vcwd::recover(s);
             crate::dlog!(
                 "index mapped: rank {} dataset {:016x} nodes {} mount {} socket {}",
                 s.rank,

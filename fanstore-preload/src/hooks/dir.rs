@@ -1,9 +1,9 @@
 //! Directory streams and getdents64. A `DIR *` for a virtual directory is a
-//! `VDir` (see dirstream.rs); every stream function checks its magic first
+//! `VDir` (see ops/dirstream.rs); every stream function checks its magic first
 //! and hands glibc's own streams to glibc untouched.
 
 use super::{fd_hook, path_hook};
-use crate::dirstream::VDir;
+use crate::ops::dirstream::VDir;
 use crate::guard::{self, catch};
 use crate::ops::{self, Outcome, VPath};
 use crate::real::{self, Compar, Filter};

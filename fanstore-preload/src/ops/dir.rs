@@ -1,7 +1,7 @@
 //! opendir/fdopendir/readdir/closedir/scandir/getdents64 on virtual directories.
 
 use super::{resolve, Outcome, VPath};
-use crate::dirstream::{reclen, VDir};
+use super::dirstream::{reclen, VDir};
 use crate::fd_table::{self, Tracked};
 use crate::ops::open::open_dir;
 use crate::state;

@@ -5,82 +5,13 @@
 //! unlink, chmod/utime, listings. The bytes of outputs (open, create,
 //! truncate) are [`super::out`]'s.
 
+pub use crate::lookup::{lookup, lookup_creatable, may_list_outputs, real_dir, Found, RealDir, INPUT_HOLDER};
 use super::{resolve, Outcome, VPath};
 use crate::client;
 use crate::errno::errno;
 use crate::state::State;
 use fanstore_core::wire::{self, op, OutRecord};
 use libc::c_int;
-
-/// Where an output path leads, as the daemon resolved it.
-#[derive(Debug)]
-pub enum Found {
-    /// A record: of `rel` itself, or of `real` (relative to the mount) that
-    /// symlinks led to; an input there has a record the daemon made up
-    /// ([`INPUT_HOLDER`]). `target`: a symlink's, when not followed.
-    Here { rec: OutRecord, real: Vec<u8>, target: Vec<u8> },
-    /// A symlink led out of the mount, to this absolute path.
-    Outside(Vec<u8>),
-}
-
-/// The holder of a record the daemon made for an input reached through an
-/// output symlink (its `id` is the input's node id).
-pub const INPUT_HOLDER: u32 = u32::MAX - 1;
-
-/// Can an output be listed in input directory node `dir`? No while the
-/// daemons have not marked it in the tier map
-/// ([`fanstore_core::tiers::DIR_HAS_OUTPUTS`], set on every node before the
-/// first output name is listed in it): then its listing holds no output.
-/// Without a tier map: yes (ask).
-pub fn may_list_outputs(st: &State, dir: u32) -> bool {
-    st.tiers.map_or(true, |t| t.get(dir) == fanstore_core::tiers::DIR_HAS_OUTPUTS)
-}
-
-/// Is `rel` (not an input) surely no output either: its parent is an input
-/// directory, reached with no symlink, in which no output was ever listed?
-fn surely_absent(st: &State, rel: &[u8]) -> bool {
-    match st.view.lookup(super::parent_of(rel)) {
-        Some(d) if d.is_dir() => !may_list_outputs(st, d.id()) && st.view.lookup(rel).is_none(),
-        _ => false,
-    }
-}
-
-/// OUT_STAT: `rel` through symlinks (the last one too when `follow`).
-/// A name in an input directory that holds no output is ENOENT at once.
-pub fn lookup(st: &State, rel: &[u8], follow: bool) -> Result<Found, c_int> {
-    if surely_absent(st, rel) {
-        return Err(libc::ENOENT);
-    }
-    call_out_stat(st, rel, if follow { 0 } else { wire::STAT_NOFOLLOW }).map_err(|(e, _)| e)
-}
-
-/// [`lookup`] (symlinks followed) for an open that may create `rel`: when
-/// `rel` has no record, `Err((ENOENT, dir))` also says whether its
-/// directory can hold it, from the same answer of the daemon:
-/// `Some(0)` yes, `Some(errno)` why not, `None` not known (ask
-/// [`dir_exists`]). One round trip where lookup + dir_exists took two.
-pub fn lookup_creatable(st: &State, rel: &[u8]) -> Result<Found, (c_int, Option<c_int>)> {
-    if surely_absent(st, rel) {
-        return Err((libc::ENOENT, None)); // its directory is an input one: dir_exists asks no one
-    }
-    call_out_stat(st, rel, wire::STAT_PARENT).map_err(|(e, payload)| {
-        let dir = (e == libc::ENOENT).then(|| <[u8; 4]>::try_from(payload.as_slice()).ok()).flatten();
-        (e, dir.map(|b| u32::from_le_bytes(b) as c_int))
-    })
-}
-
-/// One OUT_STAT call with `flags`: the record found, or (errno, the error
-/// reply's payload).
-fn call_out_stat(st: &State, rel: &[u8], flags: u64) -> Result<Found, (c_int, Vec<u8>)> {
-    match client::call_reply(st, &client::request(op::OUT_STAT, flags, 0, rel)) {
-        Ok(a) => {
-            let s = wire::StatAnswer::decode(&a.payload).ok_or((libc::EIO, Vec::new()))?;
-            Ok(Found::Here { rec: s.rec, real: s.resolved.to_vec(), target: s.target.to_vec() })
-        }
-        Err((libc::EXDEV, payload)) if !payload.is_empty() => Ok(Found::Outside(payload)),
-        Err(e) => Err(e),
-    }
-}
 
 /// The record of an output this process is still writing.
 fn own_record(rel: &[u8]) -> Option<OutRecord> {
@@ -145,28 +76,6 @@ pub fn stat(st: &State, rel: &[u8]) -> Result<OutRecord, c_int> {
     match lookup(st, rel, true)? {
         Found::Here { rec, .. } => Ok(rec),
         Found::Outside(abs) => outside_record(&abs),
-    }
-}
-
-/// A directory reached by an output path.
-pub enum RealDir {
-    /// An output directory at this path (relative to the mount).
-    Output(Vec<u8>),
-    /// An input directory (a symlink among outputs led into the dataset).
-    Input(super::Node),
-}
-
-/// The directory `rel` names, through symlinks: ENOTDIR for anything
-/// else; a directory outside the mount is EXDEV (not followed).
-pub fn real_dir(st: &State, rel: &[u8]) -> Result<RealDir, c_int> {
-    match lookup(st, rel, true)? {
-        Found::Here { rec, .. } if !rec.is_dir() => Err(libc::ENOTDIR),
-        Found::Here { rec, real, .. } if rec.holder == INPUT_HOLDER => {
-            resolve(st, &real, true, true).map(RealDir::Input)
-        }
-        Found::Here { real, .. } if real.is_empty() => Ok(RealDir::Output(rel.to_vec())),
-        Found::Here { real, .. } => Ok(RealDir::Output(real)),
-        Found::Outside(_) => Err(libc::EXDEV),
     }
 }
 

@@ -6,8 +6,8 @@
 //! stream, when the input children are exhausted). An output directory's
 //! stream (node id with [`crate::outputs::OUT_DIR`]) has only outputs.
 
-use crate::ops::stat::ino;
-use crate::ops::Node;
+use super::stat::ino;
+use super::{namespace, resolve, Node};
 use crate::state::State;
 use fanstore_core::manifest::NodeKind;
 
@@ -32,9 +32,9 @@ pub struct VDir {
 
 /// The output entries of directory `node` (input node or output dir slot).
 /// None, with no message, for an input directory in which no output was
-/// ever listed ([`crate::ops::namespace::may_list_outputs`]).
+/// ever listed ([`namespace::may_list_outputs`]).
 fn load_outs(st: &State, node: u32) -> Vec<(u64, u8, Vec<u8>)> {
-    if node & crate::outputs::OUT_DIR == 0 && !crate::ops::namespace::may_list_outputs(st, node) {
+    if node & crate::outputs::OUT_DIR == 0 && !namespace::may_list_outputs(st, node) {
         return Vec::new();
     }
     let mut buf = [0u8; fanstore_core::path::MAX_PATH];
@@ -49,11 +49,11 @@ fn load_outs(st: &State, node: u32) -> Vec<(u64, u8, Vec<u8>)> {
             None => return Vec::new(),
         }
     };
-    let list = crate::ops::namespace::list(st, rel).unwrap_or_default();
+    let list = namespace::list(st, rel).unwrap_or_default();
     list.into_iter()
         .filter(|(_, name)| node & crate::outputs::OUT_DIR != 0 || st.view.lookup(&join(rel, name)).is_none())
         .map(|(k, name)| {
-            let ino = crate::ops::namespace::ino(&join(rel, &name));
+            let ino = namespace::ino(&join(rel, &name));
             let t = match k {
                 fanstore_core::wire::KIND_DIR => libc::DT_DIR,
                 fanstore_core::wire::KIND_LINK => libc::DT_LNK,
@@ -177,11 +177,11 @@ fn out_dir_ino(st: &State, node: u32, parent: bool) -> u64 {
     let mut rel = &buf[..n];
     if parent {
         rel = &rel[..rel.iter().rposition(|&b| b == b'/').unwrap_or(0)];
-        if let Ok(d) = crate::ops::resolve(st, rel, true, true) {
+        if let Ok(d) = resolve(st, rel, true, true) {
             return ino(d.id());
         }
     }
-    crate::ops::namespace::ino(rel)
+    namespace::ino(rel)
 }
 
 /// Fills a dirent64 (d_name truncated to 255 bytes, NUL-terminated).

@@ -1,0 +1,213 @@
+//! Looking a path up, for every layer: an input in the index
+//! ([`resolve`], symlinks inside the tree followed), a name that is not an
+//! input by asking the local daemon ([`lookup`], [`real_dir`]: outputs,
+//! and symlinks among them that lead into the dataset or out of the mount).
+//! `ops` builds every answer on these; the classification of paths
+//! (`paths.rs`) and the virtual cwd (`vcwd.rs`) need them too.
+
+use crate::client;
+use crate::state::State;
+use fanstore_core::manifest::{NodeKind, NodeRef};
+use fanstore_core::path::{normalize_into, under_mount, MAX_PATH};
+use fanstore_core::wire::{self, op, OutRecord};
+use libc::c_int;
+
+pub type Node = NodeRef<'static>;
+
+/// Maximum symlinks followed in one resolution (Linux's limit).
+pub const MAX_SYMLINKS: u32 = 40;
+
+#[inline]
+pub fn is_symlink(n: &Node) -> bool {
+    n.kind() == Some(NodeKind::Symlink)
+}
+
+/// Looks up `rel` (normalised, relative to the dataset root), following
+/// symlinks inside the tree for every component but the last, and for the
+/// last too when `follow` (or `must_be_dir`) is set.
+/// Errors: ENOENT, ENOTDIR (a file used as a directory), ELOOP.
+pub fn resolve(st: &State, rel: &[u8], must_be_dir: bool, follow: bool) -> Result<Node, c_int> {
+    let follow = follow || must_be_dir;
+    if let Some(n) = st.view.lookup(rel) {
+        if !(follow && is_symlink(&n)) {
+            if must_be_dir && !n.is_dir() {
+                return Err(if is_symlink(&n) { libc::ELOOP } else { libc::ENOTDIR });
+            }
+            return Ok(n);
+        }
+    }
+    resolve_slow(st, rel, must_be_dir, follow)
+}
+
+#[inline(never)]
+fn resolve_slow(st: &State, rel: &[u8], must_be_dir: bool, follow: bool) -> Result<Node, c_int> {
+    let mut cur = [0u8; MAX_PATH];
+    if rel.len() > cur.len() {
+        return Err(libc::ENAMETOOLONG);
+    }
+    cur[..rel.len()].copy_from_slice(rel);
+    let mut len = rel.len();
+    let mut hops = 0;
+    'restart: loop {
+        let p = &cur[..len];
+        // Walk the components: each prefix must be a directory (or a symlink to follow).
+        let mut i = 0;
+        loop {
+            let end = p[i..].iter().position(|&b| b == b'/').map_or(len, |k| i + k);
+            let last = end == len;
+            let prefix = &p[..end];
+            let Some(n) = st.view.lookup(prefix) else {
+                let name = &prefix[prefix.iter().rposition(|&b| b == b'/').map_or(0, |k| k + 1)..];
+                return Err(if name.len() > fanstore_core::manifest::NAME_MAX { libc::ENAMETOOLONG } else { libc::ENOENT });
+            };
+            if is_symlink(&n) && (!last || follow) {
+                hops += 1;
+                if hops > MAX_SYMLINKS {
+                    return Err(libc::ELOOP);
+                }
+                let mut next = [0u8; MAX_PATH];
+                let nl = splice_symlink(&n, &p[end..], &mut next)?;
+                cur[..nl].copy_from_slice(&next[..nl]);
+                len = nl;
+                continue 'restart;
+            }
+            if last {
+                if must_be_dir && !n.is_dir() {
+                    return Err(libc::ENOTDIR);
+                }
+                return Ok(n);
+            }
+            if !n.is_dir() {
+                return Err(libc::ENOTDIR);
+            }
+            i = end + 1;
+        }
+    }
+}
+
+/// The path that replaces symlink `link` followed by `rest` (which is empty
+/// or starts with '/'), relative to the dataset root. A target that leaves
+/// the mount is not followed (ENOENT): the dataset is a closed tree.
+fn splice_symlink(link: &Node, rest: &[u8], out: &mut [u8; MAX_PATH]) -> Result<usize, c_int> {
+    let mount = &crate::state::mount().path;
+    let lp = link.path();
+    let parent = &lp[..lp.iter().rposition(|&b| b == b'/').unwrap_or(0)];
+    let mut base = [0u8; MAX_PATH];
+    let mut bl = 0;
+    for part in [&mount[..], b"/", parent] {
+        if bl + part.len() > base.len() {
+            return Err(libc::ENAMETOOLONG);
+        }
+        base[bl..bl + part.len()].copy_from_slice(part);
+        bl += part.len();
+    }
+    let mut joined = [0u8; MAX_PATH];
+    let target = link.symlink_target();
+    if target.len() + rest.len() > joined.len() {
+        return Err(libc::ENAMETOOLONG);
+    }
+    joined[..target.len()].copy_from_slice(target);
+    joined[target.len()..target.len() + rest.len()].copy_from_slice(rest);
+    let n = normalize_into(&base[..bl], &joined[..target.len() + rest.len()], out).ok_or(libc::ENAMETOOLONG)?;
+    let rel = under_mount(&out[..n.len], mount).ok_or(libc::ENOENT)?;
+    let (start, rl) = (n.len - rel.len(), rel.len());
+    out.copy_within(start..start + rl, 0);
+    Ok(rl)
+}
+
+/// The parent directory of `rel` ("" for top-level names), for O_CREAT-style errors.
+pub fn parent_of(rel: &[u8]) -> &[u8] {
+    &rel[..rel.iter().rposition(|&b| b == b'/').unwrap_or(0)]
+}
+
+/// Where an output path leads, as the daemon resolved it.
+#[derive(Debug)]
+pub enum Found {
+    /// A record: of `rel` itself, or of `real` (relative to the mount) that
+    /// symlinks led to; an input there has a record the daemon made up
+    /// ([`INPUT_HOLDER`]). `target`: a symlink's, when not followed.
+    Here { rec: OutRecord, real: Vec<u8>, target: Vec<u8> },
+    /// A symlink led out of the mount, to this absolute path.
+    Outside(Vec<u8>),
+}
+
+/// The holder of a record the daemon made for an input reached through an
+/// output symlink (its `id` is the input's node id).
+pub const INPUT_HOLDER: u32 = u32::MAX - 1;
+
+/// Can an output be listed in input directory node `dir`? No while the
+/// daemons have not marked it in the tier map
+/// ([`fanstore_core::tiers::DIR_HAS_OUTPUTS`], set on every node before the
+/// first output name is listed in it): then its listing holds no output.
+/// Without a tier map: yes (ask).
+pub fn may_list_outputs(st: &State, dir: u32) -> bool {
+    st.tiers.map_or(true, |t| t.get(dir) == fanstore_core::tiers::DIR_HAS_OUTPUTS)
+}
+
+/// Is `rel` (not an input) surely no output either: its parent is an input
+/// directory, reached with no symlink, in which no output was ever listed?
+fn surely_absent(st: &State, rel: &[u8]) -> bool {
+    match st.view.lookup(parent_of(rel)) {
+        Some(d) if d.is_dir() => !may_list_outputs(st, d.id()) && st.view.lookup(rel).is_none(),
+        _ => false,
+    }
+}
+
+/// OUT_STAT: `rel` through symlinks (the last one too when `follow`).
+/// A name in an input directory that holds no output is ENOENT at once.
+pub fn lookup(st: &State, rel: &[u8], follow: bool) -> Result<Found, c_int> {
+    if surely_absent(st, rel) {
+        return Err(libc::ENOENT);
+    }
+    call_out_stat(st, rel, if follow { 0 } else { wire::STAT_NOFOLLOW }).map_err(|(e, _)| e)
+}
+
+/// [`lookup`] (symlinks followed) for an open that may create `rel`: when
+/// `rel` has no record, `Err((ENOENT, dir))` also says whether its
+/// directory can hold it, from the same answer of the daemon:
+/// `Some(0)` yes, `Some(errno)` why not, `None` not known (ask
+/// [`dir_exists`]). One round trip where lookup + dir_exists took two.
+pub fn lookup_creatable(st: &State, rel: &[u8]) -> Result<Found, (c_int, Option<c_int>)> {
+    if surely_absent(st, rel) {
+        return Err((libc::ENOENT, None)); // its directory is an input one: dir_exists asks no one
+    }
+    call_out_stat(st, rel, wire::STAT_PARENT).map_err(|(e, payload)| {
+        let dir = (e == libc::ENOENT).then(|| <[u8; 4]>::try_from(payload.as_slice()).ok()).flatten();
+        (e, dir.map(|b| u32::from_le_bytes(b) as c_int))
+    })
+}
+
+/// One OUT_STAT call with `flags`: the record found, or (errno, the error
+/// reply's payload).
+fn call_out_stat(st: &State, rel: &[u8], flags: u64) -> Result<Found, (c_int, Vec<u8>)> {
+    match client::call_reply(st, &client::request(op::OUT_STAT, flags, 0, rel)) {
+        Ok(a) => {
+            let s = wire::StatAnswer::decode(&a.payload).ok_or((libc::EIO, Vec::new()))?;
+            Ok(Found::Here { rec: s.rec, real: s.resolved.to_vec(), target: s.target.to_vec() })
+        }
+        Err((libc::EXDEV, payload)) if !payload.is_empty() => Ok(Found::Outside(payload)),
+        Err(e) => Err(e),
+    }
+}
+
+/// A directory reached by an output path.
+pub enum RealDir {
+    /// An output directory at this path (relative to the mount).
+    Output(Vec<u8>),
+    /// An input directory (a symlink among outputs led into the dataset).
+    Input(Node),
+}
+
+/// The directory `rel` names, through symlinks: ENOTDIR for anything
+/// else; a directory outside the mount is EXDEV (not followed).
+pub fn real_dir(st: &State, rel: &[u8]) -> Result<RealDir, c_int> {
+    match lookup(st, rel, true)? {
+        Found::Here { rec, .. } if !rec.is_dir() => Err(libc::ENOTDIR),
+        Found::Here { rec, real, .. } if rec.holder == INPUT_HOLDER => {
+            resolve(st, &real, true, true).map(RealDir::Input)
+        }
+        Found::Here { real, .. } if real.is_empty() => Ok(RealDir::Output(rel.to_vec())),
+        Found::Here { real, .. } => Ok(RealDir::Output(real)),
+        Found::Outside(_) => Err(libc::EXDEV),
+    }
+}
