@@ -38,7 +38,7 @@ pub fn fork_child() {
     let p = unsafe { POOL.force() };
     for &(fd, _) in &p.fds[..p.n] {
         // Our inherited copy of a socket we created.
-        crate::sud::close_unhooked(fd);
+        crate::unhooked::close_unhooked(fd);
     }
     p.n = 0;
     POOL.unlock();

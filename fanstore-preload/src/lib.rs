@@ -49,6 +49,7 @@ mod client;
 mod outputs;
 mod pending;
 mod sud;
+mod unhooked;
 mod vcwd;
 mod warm;
 

@@ -578,11 +578,11 @@ pub fn fork_child() {
     // SAFETY: the prepare handler took the lock and this is the child's only thread.
     let p = unsafe { POOL.force() };
     for s in &p.slots[..p.n] {
-        crate::sud::close_unhooked(s.fd);
+        crate::unhooked::close_unhooked(s.fd);
     }
     // It is the parent's /proc/PID/fd.
     if p.fd_dir >= 0 {
-        crate::sud::close_unhooked(p.fd_dir);
+        crate::unhooked::close_unhooked(p.fd_dir);
         p.fd_dir = -1;
     }
     p.n = 0;
@@ -721,7 +721,7 @@ mod tests {
         let tdir = std::fs::File::open(&tmp).expect("open temp dir");
         // A dup3 no hook sees (libc's syscall() is hooked, and raw system
         // calls are trapped).
-        let raw_dup3 = |from: c_int, to: c_int| crate::sud::syscall_unhooked(libc::SYS_dup3, [from as u64, to as u64, 0, 0, 0, 0]);
+        let raw_dup3 = |from: c_int, to: c_int| crate::unhooked::syscall_unhooked(libc::SYS_dup3, [from as u64, to as u64, 0, 0, 0, 0]);
         assert_eq!(raw_dup3(std::os::fd::AsRawFd::as_raw_fd(&tdir), dir), dir as i64);
         let (ro8, ino8) = put(&[8u8; 3000]);
         assert_eq!((ino8, read_all(ro8)), (ino7, vec![8u8; 3000]), "through a stolen directory number");

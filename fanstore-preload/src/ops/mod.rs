@@ -3,7 +3,6 @@
 //! each returns an [`Outcome`].
 
 use crate::paths::Class;
-use crate::state::State;
 use libc::c_int;
 
 pub mod cwd;
@@ -138,6 +137,7 @@ pub mod testing;
 mod tests {
     use super::testing::install;
     use super::*;
+    use crate::state::State;
     use crate::paths::{classify, set_vcwd, Class, Scratch};
 
     fn st() -> &'static State {

@@ -26,19 +26,16 @@
 
 pub mod handler;
 pub mod dispatch;
-mod raw;
 pub mod signals;
 pub mod thread;
 
-use std::cell::Cell;
+pub use crate::unhooked::{get_selector, selector, set_selector, ALLOW, BLOCK};
+use crate::unhooked as raw;
 use std::sync::atomic::{AtomicU8, AtomicUsize, Ordering};
 
 const PR_SET_SYSCALL_USER_DISPATCH: libc::c_int = 59;
 const PR_SYS_DISPATCH_ON: libc::c_ulong = 1;
 const PR_SYS_DISPATCH_OFF: libc::c_ulong = 0;
-/// Selector values (`SYSCALL_DISPATCH_FILTER_*`).
-pub const ALLOW: u8 = 0;
-pub const BLOCK: u8 = 1;
 
 /// Why raw syscalls are or are not caught.
 #[derive(Clone, Copy, PartialEq, Eq, Debug)]
@@ -61,13 +58,6 @@ static LIBC_HI: AtomicUsize = AtomicUsize::new(0);
 static LDSO_LO: AtomicUsize = AtomicUsize::new(0);
 static LDSO_HI: AtomicUsize = AtomicUsize::new(0);
 
-thread_local! {
-    /// This thread's selector byte (the kernel reads it on every syscall
-    /// made outside libc). A const-initialised Cell<u8>: a bare TLS slot,
-    /// valid from thread start to thread exit, never lazily registered.
-    static SELECTOR: Cell<u8> = const { Cell::new(ALLOW) };
-}
-
 pub fn status() -> Status {
     match STATUS.load(Ordering::Relaxed) {
         1 => Status::On,
@@ -83,47 +73,6 @@ pub fn status() -> Status {
 #[inline]
 pub fn on() -> bool {
     STATUS.load(Ordering::Relaxed) == Status::On as u8
-}
-
-/// This thread's selector byte.
-#[inline]
-pub fn selector() -> *mut u8 {
-    SELECTOR.with(|c| c.as_ptr())
-}
-
-#[inline]
-pub fn set_selector(v: u8) {
-    // SAFETY: the pointer is this thread's live TLS slot; a volatile write so
-    // that the store is not moved across the syscalls it governs.
-    unsafe { std::ptr::write_volatile(selector(), v) }
-}
-
-#[inline]
-pub fn get_selector() -> u8 {
-    // SAFETY: as in set_selector.
-    unsafe { std::ptr::read_volatile(selector()) }
-}
-
-/// A system call that no hook sees (neither a libc symbol nor a dispatch
-/// trap: the selector is ALLOW around it), for library code that must not
-/// re-enter itself (the fork child closing the parent's sockets). Returns
-/// the kernel's value or -errno. `libc::syscall` is hooked (hooks/syscall.rs)
-/// and must not be called from inside the library.
-pub fn syscall_unhooked(nr: i64, a: [u64; 6]) -> i64 {
-    let prev = get_selector();
-    set_selector(ALLOW);
-    // SAFETY: the caller's own system call; with the selector at ALLOW this
-    // `syscall` instruction runs natively.
-    let r = unsafe { raw::syscall6(nr, a) };
-    set_selector(prev);
-    r
-}
-
-/// close(2) of a descriptor the library owns, from a fork child handler:
-/// nothing there may be hooked or resolved lazily (dlsym takes locks a
-/// thread of the parent may have held at the fork).
-pub fn close_unhooked(fd: i32) {
-    syscall_unhooked(libc::SYS_close, [fd as u64, 0, 0, 0, 0, 0]);
 }
 
 /// Is `ip` inside the dynamic loader's text (dlopen's own mmap/openat)?
