@@ -34,6 +34,8 @@ pub mod debug;
 mod errno;
 mod exec_outputs;
 mod fd_table;
+#[cfg(test)]
+mod layers;
 mod guard;
 pub mod hooks;
 mod lock;

@@ -1,0 +1,298 @@
+//! The layering rule, checked on the crate's own sources (`cargo test`).
+//!
+//! Three floors, each importing only its own and the ones below:
+//! - entry: `lib.rs` (the constructor, the fork handlers), `hooks/` (the
+//!   exported libc symbols) and `sud/` (raw system calls trapped by
+//!   syscall user dispatch, served through the same hooks): the ways in;
+//! - `ops/`: the safe logic, answering with an `Outcome`;
+//! - ground: every other file (the originals in `real.rs`, errno, the
+//!   re-entrancy guard and `catch`, debug logging, the fd table, paths,
+//!   lookups, the virtual cwd, the daemon client, outputs, ...).
+//!
+//! A reference is any `crate::name` in code (a `use` or a path, grouped
+//! `use crate::{a, b}` included, and `super::` that reaches the crate
+//! root); comments and literals are skipped. `name` is a module (its file's floor), a
+//! `#[macro_export]` macro (the floor of the file defining it), or an item
+//! of the crate root (entry). A file that names something above its floor
+//! fails the test, unless listed in [`EXCEPTIONS`].
+
+use std::path::Path;
+
+#[derive(Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Debug)]
+enum Floor {
+    Ground,
+    Ops,
+    Entry,
+}
+
+/// (file under src/, name it may reach above its floor, why). None today.
+const EXCEPTIONS: &[(&str, &str, &str)] = &[];
+
+/// The floor of a source file, by its path under src/.
+fn floor_of_file(rel: &str) -> Floor {
+    if rel == "lib.rs" || rel.starts_with("hooks/") || rel.starts_with("sud/") {
+        Floor::Entry
+    } else if rel.starts_with("ops/") {
+        Floor::Ops
+    } else {
+        Floor::Ground
+    }
+}
+
+struct Source {
+    rel: String,
+    /// The text with comments blanked out.
+    code: String,
+}
+
+fn read_sources(dir: &Path, base: &Path, out: &mut Vec<Source>) {
+    let mut entries: Vec<_> = std::fs::read_dir(dir).expect("src/ is readable").flatten().map(|e| e.path()).collect();
+    entries.sort();
+    for p in entries {
+        if p.is_dir() {
+            read_sources(&p, base, out);
+        } else if p.extension().is_some_and(|x| x == "rs") {
+            let text = std::fs::read_to_string(&p).expect("a source file is readable");
+            let rel = p.strip_prefix(base).expect("under src/").to_string_lossy().into_owned();
+            out.push(Source { rel, code: code_only(&text) });
+        }
+    }
+}
+
+/// `text` as code only: `//` and `/* */` comments removed, the contents
+/// of string and character literals blanked (lines are kept).
+fn code_only(text: &str) -> String {
+    let b = text.as_bytes();
+    let mut out = Vec::with_capacity(b.len());
+    let mut i = 0;
+    let blank = |c: u8| if c == b'\n' { b'\n' } else { b' ' };
+    while i < b.len() {
+        match b[i] {
+            b'/' if b.get(i + 1) == Some(&b'/') => {
+                while i < b.len() && b[i] != b'\n' {
+                    i += 1;
+                }
+            }
+            b'/' if b.get(i + 1) == Some(&b'*') => {
+                i += 2;
+                while i < b.len() && !(b[i] == b'*' && b.get(i + 1) == Some(&b'/')) {
+                    out.push(blank(b[i]));
+                    i += 1;
+                }
+                i += 2;
+            }
+            b'"' => {
+                out.push(b'"');
+                i += 1;
+                while i < b.len() && b[i] != b'"' {
+                    let n = if b[i] == b'\\' { 2 } else { 1 };
+                    for &c in &b[i..(i + n).min(b.len())] {
+                        out.push(blank(c));
+                    }
+                    i += n;
+                }
+                out.push(b'"');
+                i += 1;
+            }
+            b'\'' => {
+                // A character literal ('x', '\n', '\u{..}'), or a lifetime.
+                let end = if b.get(i + 1) == Some(&b'\\') {
+                    b[i + 2..].iter().position(|&c| c == b'\'').map(|k| i + 2 + k)
+                } else {
+                    let len = text[i + 1..].chars().next().map_or(1, char::len_utf8);
+                    (b.get(i + 1 + len) == Some(&b'\'')).then_some(i + 1 + len)
+                };
+                match end {
+                    Some(e) => {
+                        out.push(b'\'');
+                        out.extend(std::iter::repeat(b' ').take(e - i - 1));
+                        out.push(b'\'');
+                        i = e + 1;
+                    }
+                    None => {
+                        out.push(b'\'');
+                        i += 1;
+                    }
+                }
+            }
+            c => {
+                out.push(c);
+                i += 1;
+            }
+        }
+    }
+    String::from_utf8_lossy(&out).into_owned()
+}
+
+/// The byte ranges of the bodies of inline modules (`mod name { .. }`).
+fn inline_mods(code: &str) -> Vec<(usize, usize)> {
+    let b = code.as_bytes();
+    let mut ranges = Vec::new();
+    for (i, _) in code.match_indices("mod ") {
+        if i > 0 && (b[i - 1].is_ascii_alphanumeric() || b[i - 1] == b'_') {
+            continue;
+        }
+        let name = ident_at(&code[i + 4..]);
+        let after = code[i + 4 + name.len()..].trim_start();
+        if name.is_empty() || !after.starts_with('{') {
+            continue;
+        }
+        let open = code.len() - after.len();
+        let mut depth = 0;
+        for (k, c) in code[open..].char_indices() {
+            match c {
+                '{' => depth += 1,
+                '}' => {
+                    depth -= 1;
+                    if depth == 0 {
+                        ranges.push((open, open + k));
+                        break;
+                    }
+                }
+                _ => {}
+            }
+        }
+    }
+    ranges
+}
+
+fn ident_at(s: &str) -> &str {
+    let end = s.find(|c: char| !(c.is_ascii_alphanumeric() || c == '_')).unwrap_or(s.len());
+    &s[..end]
+}
+
+/// The names a file reaches from the crate root: `crate::name`, the
+/// members of `crate::{...}`, and `super::name` where `super` is the root.
+fn root_names(src: &Source) -> Vec<String> {
+    let code = &src.code;
+    let mut names = Vec::new();
+    let mut push_at = |after: &str| {
+        if let Some(group) = after.strip_prefix('{') {
+            // Top-level members of the group: the first ident of each.
+            let mut depth = 0;
+            let mut start = true;
+            for (i, c) in group.char_indices() {
+                match c {
+                    '{' => depth += 1,
+                    '}' if depth == 0 => break,
+                    '}' => depth -= 1,
+                    ',' if depth == 0 => start = true,
+                    c if start && (c.is_ascii_alphabetic() || c == '_') => {
+                        names.push(ident_at(&group[i..]).to_string());
+                        start = false;
+                    }
+                    _ => {}
+                }
+            }
+        } else {
+            let id = ident_at(after);
+            if !id.is_empty() {
+                // A macro is named with its `!`.
+                let bang = after[id.len()..].starts_with('!');
+                names.push(if bang { format!("{id}!") } else { id.to_string() });
+            }
+        }
+    };
+    for (i, _) in code.match_indices("crate::") {
+        let before = code[..i].chars().last().unwrap_or(' ');
+        // `$crate::` (inside a macro) is the crate root too.
+        if before.is_ascii_alphanumeric() || before == '_' {
+            continue;
+        }
+        push_at(&code[i + "crate::".len()..]);
+    }
+    // `super::` means the root in a top-level file and in a directory's
+    // mod.rs, outside the inline modules they hold.
+    let super_is_root = !src.rel.contains('/') || src.rel.ends_with("/mod.rs");
+    if super_is_root {
+        let inner = inline_mods(code);
+        for (i, _) in code.match_indices("super::") {
+            let before = code[..i].chars().last().unwrap_or(' ');
+            if before.is_ascii_alphanumeric() || before == '_' || inner.iter().any(|&(a, b)| a < i && i < b) {
+                continue;
+            }
+            push_at(&code[i + "super::".len()..]);
+        }
+    }
+    names
+}
+
+/// The floor of what `crate::name` names.
+fn floor_of_name(name: &str, sources: &[Source]) -> Floor {
+    if let Some(mac) = name.strip_suffix('!') {
+        let def = format!("macro_rules! {mac}");
+        if let Some(s) = sources.iter().find(|s| s.code.contains(&def)) {
+            return floor_of_file(&s.rel);
+        }
+        return Floor::Entry;
+    }
+    for file in [format!("{name}.rs"), format!("{name}/mod.rs")] {
+        if sources.iter().any(|s| s.rel == file) {
+            return floor_of_file(&file);
+        }
+    }
+    // An item of lib.rs (the fork handlers, the constructor).
+    Floor::Entry
+}
+
+/// Every (file, name) whose name lies above the file's floor.
+fn upward(sources: &[Source]) -> Vec<(String, String)> {
+    let mut bad = Vec::new();
+    for s in sources {
+        let floor = floor_of_file(&s.rel);
+        let mut names = root_names(s);
+        names.sort();
+        names.dedup();
+        for n in names {
+            if floor_of_name(&n, sources) > floor {
+                bad.push((s.rel.clone(), n));
+            }
+        }
+    }
+    bad
+}
+
+fn sources() -> Vec<Source> {
+    let base = Path::new(env!("CARGO_MANIFEST_DIR")).join("src");
+    let mut v = Vec::new();
+    read_sources(&base, &base, &mut v);
+    v
+}
+
+/// No file imports from a floor above its own: ground never names `ops`,
+/// `hooks`, `sud` or the crate root's items; ops never names `hooks` or `sud`.
+#[test]
+fn imports_point_down() {
+    let srcs = sources();
+    assert!(srcs.len() > 40, "the sources were not found");
+    let bad: Vec<_> = upward(&srcs)
+        .into_iter()
+        .filter(|(f, n)| !EXCEPTIONS.iter().any(|(ef, en, _)| ef == f && en == n))
+        .collect();
+    assert!(bad.is_empty(), "imports pointing up (file, name): {bad:?}; see the floors in src/layers.rs");
+}
+
+/// The checker itself finds what it must (so that a passing test means something).
+#[test]
+fn the_checker_sees_upward_imports() {
+    let fake = |rel: &str, code: &str| Source { rel: rel.into(), code: code_only(code) };
+    let mut srcs = sources();
+    srcs.push(fake("fake_ground.rs", "use crate::{fd_table, ops::Outcome};\nfn f() { crate::hooks::cbytes(p); }\n"));
+    srcs.push(fake(
+        "fake_ground2.rs",
+        "// crate::ops in a comment\nfn g() { super::fork_child(); crate::dlog!(\"crate::ops {}\", '{'); }\nmod t { use super::x; }\n",
+    ));
+    srcs.push(fake("ops/fake_ops.rs", "use super::resolve;\nuse crate::sud::on;\nuse crate::real;\n"));
+    let mut bad: Vec<_> = upward(&srcs).into_iter().filter(|(f, _)| f.contains("fake")).collect();
+    bad.sort();
+    let want: Vec<(String, String)> = [
+        ("fake_ground.rs", "hooks"),
+        ("fake_ground.rs", "ops"),
+        ("fake_ground2.rs", "fork_child"),
+        ("ops/fake_ops.rs", "sud"),
+    ]
+    .iter()
+    .map(|(f, n)| (f.to_string(), n.to_string()))
+    .collect();
+    assert_eq!(bad, want);
+}
