@@ -10,19 +10,26 @@
 //! directories are virtual: answered from the shared-memory index with no
 //! system call and no message.
 //!
-//! Layout (mirrord's layer crate as the model):
-//! - `hooks/<family>.rs`: the exported libc symbols; pointer conversion only;
-//! - `ops/<family>.rs`: safe implementations returning an [`ops::Outcome`];
-//! - `paths.rs` (prefix test, classification, virtual cwd), `fd_table.rs`
-//!   (lock-free fd -> node), `dirstream.rs` (virtual `DIR *`), `client.rs`
-//!   (daemon connection pool), `warm.rs` (batched hints of files decoded
-//!   here), `outputs.rs` (outputs being written, their
-//!   commit on the last close), `exec_outputs.rs` (those carried across
-//!   exec), `state.rs` (lazy init, index mapping),
-//!   `guard.rs` (re-entrancy), `debug.rs` (`FANSTORE_DEBUG=1`).
-//!
-//! `sud/` catches system calls made outside libc (syscall user dispatch)
-//! and serves them through the same hooks.
+//! Layout (mirrord's layer crate as the model), in floors that only import
+//! downwards (checked by the unit test in `layers.rs`):
+//! - entry: `hooks/<family>.rs`, the exported libc symbols, one family per
+//!   file: pointer conversion and a call, through the dispatchers of
+//!   `hooks/mod.rs` (`path_hook`, `fd_hook`, `two_path_hook`,
+//!   `empty_path_hook`); `sud/` catches system calls made outside libc
+//!   (syscall user dispatch) and serves them through the same hooks; this
+//!   file (constructor, fork handlers);
+//! - `ops/<family>.rs`: safe implementations returning an [`ops::Outcome`]
+//!   (handled / pass to libc / errno); `ops/dirstream.rs` (virtual `DIR *`);
+//! - ground: `real.rs` (the original libc functions, resolved lazily, and
+//!   the FANSTORE_DEBUG report of hooked symbols), `errno.rs`, `guard.rs`
+//!   (re-entrancy, panic containment), `debug.rs` (`FANSTORE_DEBUG=1`),
+//!   `paths.rs` (prefix test, classification), `lookup.rs` (index and
+//!   daemon lookups), `vcwd.rs` (the virtual cwd's moves), `fd_table.rs`
+//!   (lock-free fd -> node), `client.rs` (daemon connection pool),
+//!   `unhooked.rs` (raw syscalls no hook sees), `warm.rs` (batched hints of
+//!   files decoded here), `outputs.rs` (outputs being written, their commit
+//!   on the last close), `exec_outputs.rs` (those carried across exec),
+//!   `state.rs` (lazy init, index mapping).
 //!
 //! The library links no MPI and does nothing at load time beyond
 //! registering its fork handlers, arming syscall user dispatch and adopting

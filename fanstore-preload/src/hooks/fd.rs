@@ -2,26 +2,9 @@
 //! table follows the kernel's fd numbers. fcntl's lock commands act on a
 //! lock file for outputs (`crate::locks`).
 
-use crate::fd_table::{self, Tracked};
-use crate::ops::fd::{after_dup, before_close, before_close_range, before_dup2};
+use crate::ops::fd::{after_dup, before_close, before_close_range, before_dup2, dir_seek};
 use crate::real;
 use libc::{c_int, c_uint, c_ulong, off_t};
-
-/// lseek on a virtual directory fd moves its getdents64 position (d_off
-/// values are positions); on anything else it is libc's.
-fn dir_seek(fd: c_int, off: off_t, whence: c_int) -> Option<off_t> {
-    let Some(Tracked::Dir { node, pos }) = fd_table::get(fd) else { return None };
-    let new = match whence {
-        libc::SEEK_SET => off,
-        libc::SEEK_CUR => pos as off_t + off,
-        _ => return Some(-1),
-    };
-    if !(0..=u32::MAX as off_t).contains(&new) {
-        return Some(-1);
-    }
-    fd_table::set_pos(fd, node, new as u32);
-    Some(new)
-}
 
 crate::hooks! {
     fn close(fd: c_int) -> c_int {

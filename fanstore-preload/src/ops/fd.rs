@@ -3,7 +3,7 @@
 //! clobbered) and after a successful dup.
 
 use crate::fd_table::{self, Tracked};
-use libc::c_int;
+use libc::{c_int, off_t};
 
 /// Before a real close of `fd`. Returns the errno the close must report
 /// (the commit of an output whose last fd this was failed).
@@ -115,4 +115,20 @@ pub fn before_close_range(lo: u32, hi: u32, flags: c_int) {
         crate::client::forget_range(lo.min(i32::MAX as u32) as c_int, hi.min(i32::MAX as u32) as c_int);
         crate::memfd_pool::forget_range(lo.min(i32::MAX as u32) as c_int, hi.min(i32::MAX as u32) as c_int);
     }
+}
+
+/// lseek on a virtual directory fd moves its getdents64 position (d_off
+/// values are positions); on anything else it is libc's.
+pub fn dir_seek(fd: c_int, off: off_t, whence: c_int) -> Option<off_t> {
+    let Some(Tracked::Dir { node, pos }) = fd_table::get(fd) else { return None };
+    let new = match whence {
+        libc::SEEK_SET => off,
+        libc::SEEK_CUR => pos as off_t + off,
+        _ => return Some(-1),
+    };
+    if !(0..=u32::MAX as off_t).contains(&new) {
+        return Some(-1);
+    }
+    fd_table::set_pos(fd, node, new as u32);
+    Some(new)
 }

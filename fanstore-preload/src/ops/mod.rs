@@ -10,6 +10,7 @@ pub mod dir;
 pub mod dirstream;
 pub mod fd;
 pub mod inotify;
+pub mod lock;
 pub mod meta;
 pub mod namespace;
 pub mod open;
