@@ -105,7 +105,7 @@ fn code_only(text: &str) -> String {
                 match end {
                     Some(e) => {
                         out.push(b'\'');
-                        out.extend(std::iter::repeat(b' ').take(e - i - 1));
+                        out.resize(out.len() + (e - i - 1), b' ');
                         out.push(b'\'');
                         i = e + 1;
                     }

@@ -25,6 +25,7 @@ unsafe fn prepare_glob(pattern: *const c_char, flags: c_int, g: *mut GlobT) -> c
     if !ours {
         return flags;
     }
+    // SAFETY: pattern is the caller's C string.
     crate::dlog!("glob({}) through the virtual tree", crate::debug::B(unsafe { cbytes(pattern) }.unwrap_or(b"")));
     // SAFETY: g is the caller's glob_t; the function pointers are our exported
     // hooks, ABI-compatible with glob's callback types (DIR * is opaque; a
