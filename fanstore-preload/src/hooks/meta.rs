@@ -2,7 +2,6 @@
 
 use super::{cbytes, fd_hook, path_hook};
 use crate::ops::{meta, stat, Outcome};
-use crate::state;
 use crate::real;
 use fanstore_core::path::MAX_PATH;
 use libc::{c_char, c_int, c_void, size_t, ssize_t};
@@ -119,19 +118,6 @@ unsafe fn statvfs_common(name: &'static str, path: *const c_char, buf: *mut libc
     }
 }
 
-fn fd_state<T>(t: crate::fd_table::Tracked, f: impl FnOnce(&'static state::State) -> Outcome<T>) -> Outcome<T> {
-    // A committed output's fd is the real file's, as when it was not
-    // tracked: its file system (a local one: tail -F watches it with
-    // inotify, not by polling as it would an unknown type) and its xattrs.
-    if matches!(t, crate::fd_table::Tracked::Committed { .. }) {
-        return Outcome::Passthrough;
-    }
-    match state::current() {
-        Some(st) => f(st),
-        None => Outcome::Passthrough,
-    }
-}
-
 crate::hooks! {
     fn access(path: *const c_char, mode: c_int) -> c_int {
         access_common("access", libc::AT_FDCWD, path, mode, 0, |p| real::access(p, mode))
@@ -164,7 +150,7 @@ crate::hooks! {
         path_hook("lgetxattr", libc::AT_FDCWD, path, -1, |vp| meta::getxattr(vp, false), |p| real::lgetxattr(p, name, value, size))
     }
     fn fgetxattr(fd: c_int, name: *const c_char, value: *mut c_void, size: size_t) -> ssize_t {
-        fd_hook("fgetxattr", fd, -1, |t| fd_state(t, |_| Outcome::Errno(libc::ENODATA)), || real::fgetxattr(fd, name, value, size))
+        fd_hook("fgetxattr", fd, -1, |t| meta::fd_state(t, |_| Outcome::Errno(libc::ENODATA)), || real::fgetxattr(fd, name, value, size))
     }
     fn listxattr(path: *const c_char, list: *mut c_char, size: size_t) -> ssize_t {
         path_hook("listxattr", libc::AT_FDCWD, path, -1, |vp| meta::listxattr(vp, true), |p| real::listxattr(p, list, size))
@@ -173,7 +159,7 @@ crate::hooks! {
         path_hook("llistxattr", libc::AT_FDCWD, path, -1, |vp| meta::listxattr(vp, false), |p| real::llistxattr(p, list, size))
     }
     fn flistxattr(fd: c_int, list: *mut c_char, size: size_t) -> ssize_t {
-        fd_hook("flistxattr", fd, -1, |t| fd_state(t, |_| Outcome::Handled(0)), || real::flistxattr(fd, list, size))
+        fd_hook("flistxattr", fd, -1, |t| meta::fd_state(t, |_| Outcome::Handled(0)), || real::flistxattr(fd, list, size))
     }
     fn statfs(path: *const c_char, buf: *mut libc::statfs) -> c_int {
         statfs_common("statfs", path, buf, |p| real::statfs(p, buf))
@@ -182,10 +168,10 @@ crate::hooks! {
         statfs_common("statfs64", path, buf, |p| real::statfs64(p, buf))
     }
     fn fstatfs(fd: c_int, buf: *mut libc::statfs) -> c_int {
-        fd_hook("fstatfs", fd, -1, |t| fd_state(t, |st| { buf.write(stat::statfs_of(st)); Outcome::Handled(0) }), || real::fstatfs(fd, buf))
+        fd_hook("fstatfs", fd, -1, |t| meta::fd_state(t, |st| { buf.write(stat::statfs_of(st)); Outcome::Handled(0) }), || real::fstatfs(fd, buf))
     }
     fn fstatfs64(fd: c_int, buf: *mut libc::statfs) -> c_int {
-        fd_hook("fstatfs64", fd, -1, |t| fd_state(t, |st| { buf.write(stat::statfs_of(st)); Outcome::Handled(0) }), || real::fstatfs64(fd, buf))
+        fd_hook("fstatfs64", fd, -1, |t| meta::fd_state(t, |st| { buf.write(stat::statfs_of(st)); Outcome::Handled(0) }), || real::fstatfs64(fd, buf))
     }
     fn statvfs(path: *const c_char, buf: *mut libc::statvfs) -> c_int {
         statvfs_common("statvfs", path, buf, |p| real::statvfs(p, buf))
@@ -194,9 +180,9 @@ crate::hooks! {
         statvfs_common("statvfs64", path, buf, |p| real::statvfs64(p, buf))
     }
     fn fstatvfs(fd: c_int, buf: *mut libc::statvfs) -> c_int {
-        fd_hook("fstatvfs", fd, -1, |t| fd_state(t, |st| { buf.write(stat::statvfs_of(st)); Outcome::Handled(0) }), || real::fstatvfs(fd, buf))
+        fd_hook("fstatvfs", fd, -1, |t| meta::fd_state(t, |st| { buf.write(stat::statvfs_of(st)); Outcome::Handled(0) }), || real::fstatvfs(fd, buf))
     }
     fn fstatvfs64(fd: c_int, buf: *mut libc::statvfs) -> c_int {
-        fd_hook("fstatvfs64", fd, -1, |t| fd_state(t, |st| { buf.write(stat::statvfs_of(st)); Outcome::Handled(0) }), || real::fstatvfs64(fd, buf))
+        fd_hook("fstatvfs64", fd, -1, |t| meta::fd_state(t, |st| { buf.write(stat::statvfs_of(st)); Outcome::Handled(0) }), || real::fstatvfs64(fd, buf))
     }
 }

@@ -1,6 +1,7 @@
 //! access, readlink, realpath, xattrs and statfs under the mount.
 
 use super::{resolve, Outcome, VPath};
+use crate::fd_table::Tracked;
 use crate::paths::node_abs_path;
 use crate::state::State;
 use libc::c_int;
@@ -102,5 +103,20 @@ pub fn statfs_node(vp: &VPath) -> Outcome<&'static State> {
     match exists(vp, true) {
         Ok(()) => Outcome::Handled(vp.st),
         Err(e) => Outcome::Errno(e),
+    }
+}
+
+/// An xattr or statfs call on tracked fd `t`: `f` with the loaded state,
+/// or libc's answer.
+pub fn fd_state<T>(t: Tracked, f: impl FnOnce(&'static State) -> Outcome<T>) -> Outcome<T> {
+    // A committed output's fd is the real file's, as when it was not
+    // tracked: its file system (a local one: tail -F watches it with
+    // inotify, not by polling as it would an unknown type) and its xattrs.
+    if matches!(t, Tracked::Committed { .. }) {
+        return Outcome::Passthrough;
+    }
+    match crate::state::current() {
+        Some(st) => f(st),
+        None => Outcome::Passthrough,
     }
 }
