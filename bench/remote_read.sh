@@ -34,7 +34,7 @@ else
 fi
 export UCX_TLS=${UCX_TLS:-tcp}
 export RUST_LOG=${RUST_LOG:-warn}
-cargo build --release -q -p fanstore-daemon -p fanstore-prep
+cargo build --release -q -p fanstore-daemon -p fanstore-cli -p fanstore-bench -p fanstore-prep
 mkdir -p bench/out
 WORK=$(mktemp -d /tmp/fsbench-XXXXXX)
 cleanup() {

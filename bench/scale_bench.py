@@ -441,7 +441,7 @@ def plot(rows, path: Path):
 def main():
     for p in (PREP, DAEMON, CLI, str(PRELOAD)):
         if not Path(p).exists():
-            sys.exit(f"{p} missing: cargo build --release -p fanstore-prep -p fanstore-daemon -p fanstore-preload")
+            sys.exit(f"{p} missing: cargo build --release -p fanstore-prep -p fanstore-daemon -p fanstore-cli -p fanstore-preload")
     CACHE.mkdir(parents=True, exist_ok=True)
     WORK.mkdir(parents=True, exist_ok=True)
     OUT.mkdir(parents=True, exist_ok=True)

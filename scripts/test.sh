@@ -4,8 +4,10 @@
 #   1. everything under MPICH: target/ is built with MPICC=mpicc.mpich and
 #      the tests launch /usr/bin/mpiexec.mpich, whatever plain mpicc/mpiexec
 #      mean on this machine;
-#   2. the daemon built against OpenMPI (target-ompi/, MPICC=mpicc.openmpi)
-#      and the daemon, remote-read, write-path and launch tests again under
+#   2. the daemon built against OpenMPI (target-ompi/, MPICC=mpicc.openmpi;
+#      only the daemon: the CLI, crate fanstore-cli, links no MPI and the
+#      tests use target/release/fanstore with either daemon) and the daemon,
+#      remote-read, write-path and launch tests again under
 #      /usr/bin/mpiexec.openmpi (FANSTORE_TEST_MPI=openmpi). Skipped when
 #      pytest arguments are given (`scripts/test.sh tests/test_prep.py`).
 # tests/test_slurm.py runs the Slurm job script on a one-machine Slurm

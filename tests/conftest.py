@@ -15,9 +15,10 @@ ROOT = Path(__file__).resolve().parent.parent
 BIN = ROOT / "target" / "release"
 
 
-# FANSTORE_TEST_MPI=openmpi (tests/fs_cluster.py): the daemon and CLI built
-# against OpenMPI, in their own target directory (the MPI a build links is
-# decided once, when mpi-sys is built).
+# FANSTORE_TEST_MPI=openmpi (tests/fs_cluster.py): the daemon built against
+# OpenMPI, in its own target directory (the MPI a build links is decided
+# once, when mpi-sys is built). The CLI (crate fanstore-cli) links no MPI:
+# the one in target/release serves both.
 OMPI_BIN = Path(os.environ.get("FANSTORE_OMPI_BIN", ROOT / "target-ompi" / "release"))
 
 
@@ -37,7 +38,7 @@ def bins():
     return {
         "prep": binary("fanstore-prep"),
         "daemon": binary("fanstore-daemon", mpi_bin),
-        "cli": binary("fanstore", mpi_bin),
+        "cli": binary("fanstore"),
         "preload": str(BIN / "libfanstore_preload.so"),
     }
 

@@ -21,9 +21,10 @@ The MPI is pinned, never whatever plain ``mpiexec`` means (Debian's
 update-alternatives switches it when OpenMPI is installed next to MPICH):
 ``FANSTORE_TEST_MPI=mpich`` (default) runs ``/usr/bin/mpiexec.mpich`` with the
 daemon of ``target/release``; ``FANSTORE_TEST_MPI=openmpi`` runs
-``/usr/bin/mpiexec.openmpi`` with the daemon and CLI of ``target-ompi/release``
+``/usr/bin/mpiexec.openmpi`` with the daemon of ``target-ompi/release``
 (``FANSTORE_OMPI_BIN`` overrides; scripts/test.sh builds it with
-``MPICC=mpicc.openmpi``), over TCP (``btl=tcp,self``), and allows what OpenMPI
+``MPICC=mpicc.openmpi``; the CLI links no MPI and is always
+``target/release/fanstore``), over TCP (``btl=tcp,self``), and allows what OpenMPI
 refuses by default in a test box (running as root, more ranks than cores).
 Each cluster checks in its log that the daemons run the MPI library asked for.
 """

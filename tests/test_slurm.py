@@ -82,12 +82,13 @@ def model_bytes() -> bytes:
 
 
 def bin_dir(tmp: Path, mode: str) -> Path:
-    """FANSTORE_BIN for a mode: the MPICH build, or the OpenMPI daemon + CLI with the preload library."""
+    """FANSTORE_BIN for a mode: the MPICH build, or the OpenMPI daemon with the CLI and the preload
+    library of target/release (neither links MPI)."""
     if "openmpi" not in mode:
         return BIN
     d = tmp / "bin-ompi"
     d.mkdir(exist_ok=True)
-    for name, where in [("fanstore-daemon", OMPI_BIN), ("fanstore", OMPI_BIN), ("libfanstore_preload.so", BIN)]:
+    for name, where in [("fanstore-daemon", OMPI_BIN), ("fanstore", BIN), ("libfanstore_preload.so", BIN)]:
         if not (where / name).exists():
             pytest.fail(f"{where / name} missing: scripts/test.sh builds it")
         link = d / name

@@ -23,6 +23,7 @@
 
 pub mod align;
 pub mod checksum;
+pub mod client;
 pub mod codec;
 pub mod error;
 pub mod format;
@@ -30,9 +31,13 @@ pub mod le;
 pub mod manifest;
 pub mod partition;
 pub mod path;
+pub mod persisted;
+pub mod rank_lock;
 pub mod runtime;
+pub mod status;
 pub mod watchev;
 pub mod tiers;
+pub mod watch_client;
 pub mod wire;
 
 pub use error::FormatError;

@@ -879,95 +879,13 @@ impl Write for MemfdWriter<'_> {
     }
 }
 
-/// A `fanstore ckpt` query (wire op CKPT).
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub enum Query {
-    Ls { dir: Vec<u8>, json: bool },
-    Log { path: Vec<u8>, json: bool },
-    Owners { path: Vec<u8>, json: bool },
-    Diff { a: Vec<u8>, b: Vec<u8>, json: bool },
-    /// Always JSON: the CLI adds the ranks up.
-    Du,
-    Verify { path: Option<Vec<u8>>, json: bool },
-    /// Always JSON: the CLI ranks the ranks' rows together. `keys`: a
-    /// key list (`fanstore_ckpt::matching`), sent in a memfd attached to
-    /// the request (a model's list can exceed a message); `exclude`: the
-    /// queried checkpoint's own path, or empty (the payload).
-    Match { exclude: Vec<u8>, keys: Vec<u8> },
-}
+/// A `fanstore ckpt` query (wire op CKPT): its codec is shared with the CLI.
+pub use fanstore_core::wire::ckpt::Query;
 
 /// A query's answer: the report, and false when verify found damage.
 pub struct Answer {
     pub text: String,
     pub ok: bool,
-}
-
-/// Query kinds on the wire (CKPT's arg0); arg1 bit 0 asks for JSON; the
-/// payload holds the paths, NUL-separated.
-pub mod kind {
-    pub const LS: u64 = 1;
-    pub const LOG: u64 = 2;
-    pub const OWNERS: u64 = 3;
-    pub const DIFF: u64 = 4;
-    pub const DU: u64 = 5;
-    pub const VERIFY: u64 = 6;
-    pub const MATCH: u64 = 7;
-}
-
-impl Query {
-    /// (arg0, arg1, payload) of the CKPT request.
-    pub fn encode(&self) -> (u64, u64, Vec<u8>) {
-        let j = |json: &bool| u64::from(*json);
-        match self {
-            Query::Ls { dir, json } => (kind::LS, j(json), dir.clone()),
-            Query::Log { path, json } => (kind::LOG, j(json), path.clone()),
-            Query::Owners { path, json } => (kind::OWNERS, j(json), path.clone()),
-            Query::Diff { a, b, json } => (kind::DIFF, j(json), [&a[..], b"\0", &b[..]].concat()),
-            Query::Du => (kind::DU, 1, Vec::new()),
-            Query::Verify { path, json } => (kind::VERIFY, j(json), path.clone().unwrap_or_default()),
-            Query::Match { exclude, .. } => (kind::MATCH, 1, exclude.clone()),
-        }
-    }
-
-    /// The bytes sent in a memfd with the request, if any.
-    pub fn attachment(&self) -> Option<&[u8]> {
-        match self {
-            Query::Match { keys, .. } => Some(keys),
-            _ => None,
-        }
-    }
-
-    /// Fills in what came in the attached file (at most 64 MiB); None when
-    /// a query that needs it has none.
-    pub fn with_attachment(self, file: Option<OwnedFd>) -> Option<Query> {
-        match self {
-            Query::Match { exclude, .. } => {
-                use std::io::Read;
-                let mut keys = Vec::new();
-                std::fs::File::from(file?).take(64 << 20).read_to_end(&mut keys).ok()?;
-                Some(Query::Match { exclude, keys })
-            }
-            q => Some(q),
-        }
-    }
-
-    pub fn decode(arg0: u64, arg1: u64, payload: &[u8]) -> Option<Query> {
-        let json = arg1 & 1 != 0;
-        let p = payload.to_vec();
-        Some(match arg0 {
-            kind::LS => Query::Ls { dir: p, json },
-            kind::LOG => Query::Log { path: p, json },
-            kind::OWNERS => Query::Owners { path: p, json },
-            kind::DIFF => {
-                let i = payload.iter().position(|&b| b == 0)?;
-                Query::Diff { a: payload[..i].to_vec(), b: payload[i + 1..].to_vec(), json }
-            }
-            kind::DU => Query::Du,
-            kind::VERIFY => Query::Verify { path: (!p.is_empty()).then_some(p), json },
-            kind::MATCH => Query::Match { exclude: p, keys: Vec::new() },
-            _ => return None,
-        })
-    }
 }
 
 #[cfg(test)]
@@ -980,32 +898,6 @@ mod tests {
         assert_eq!(pending_key(b"ck.pt", 12), b".fanstore-pending-12".to_vec());
         assert!(is_pending(&pending_key(b"x/y", 3)));
         assert!(!is_pending(b"x/y"));
-    }
-
-    #[test]
-    fn queries_roundtrip_on_the_wire() {
-        for q in [
-            Query::Ls { dir: b"run".to_vec(), json: true },
-            Query::Log { path: b"a/b".to_vec(), json: false },
-            Query::Owners { path: b"a".to_vec(), json: true },
-            Query::Diff { a: b"a".to_vec(), b: b"b/c".to_vec(), json: false },
-            Query::Du,
-            Query::Verify { path: None, json: true },
-            Query::Verify { path: Some(b"p".to_vec()), json: false },
-        ] {
-            let (a0, a1, p) = q.encode();
-            assert_eq!(Query::decode(a0, a1, &p), Some(q));
-        }
-        assert_eq!(Query::decode(99, 0, b""), None);
-        // match: the keys travel in an attached file
-        let q = Query::Match { exclude: b"a/b".to_vec(), keys: vec![0, 1, 0, 2] };
-        let (a0, a1, p) = q.encode();
-        let m = crate::memfd::MemfdBuilder::unmapped("keys", 4).unwrap();
-        m.write_at(q.attachment().unwrap(), 0).unwrap();
-        let fd = m.seal().unwrap();
-        assert_eq!(Query::decode(a0, a1, &p).and_then(|d| d.with_attachment(Some(fd))), Some(q.clone()));
-        assert_eq!(Query::decode(a0, a1, &p).and_then(|d| d.with_attachment(None)), None);
-        assert_eq!(Query::decode(kind::DIFF, 0, b"no-separator"), None);
     }
 
     #[test]

@@ -138,8 +138,6 @@
 pub mod args;
 pub mod bufpool;
 pub mod cache;
-pub mod ckpt_query;
-pub mod client;
 pub mod client_reply;
 pub mod comm;
 pub mod copies;
@@ -166,7 +164,6 @@ pub mod server;
 pub mod status;
 pub mod wake_cost;
 pub mod watch;
-pub mod watch_client;
 #[doc(hidden)]
 pub mod testkit;
 

@@ -21,7 +21,9 @@
 //! A lock dies with its process (even under `kill -9`), so a killed job's
 //! leftovers are still taken over; a running job's are refused with an
 //! error naming the file and the holder's pid. A file system that refuses
-//! `flock` (some network file systems) gets a warning and no lock.
+//! `flock` (some network file systems) gets a warning and no lock. The
+//! paths, and the removal of a lock file nobody holds, are in
+//! [`fanstore_core::rank_lock`] (the control CLI cleans up after dead ranks).
 //!
 //! ```no_run
 //! # use std::path::Path;
@@ -39,6 +41,10 @@ use std::os::fd::AsRawFd;
 use std::os::unix::fs::OpenOptionsExt;
 use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
+
+/// Where the lock files are, and the removal of one nobody holds: shared
+/// with the control CLI, in fanstore-core.
+pub use fanstore_core::rank_lock::{local_lock_path, remove_if_unheld, runtime_lock_path};
 
 /// How long a claim waits for a holder that is exiting (its lock goes
 /// when its process has gone, a moment after `kill -9`).
@@ -63,16 +69,6 @@ pub enum RankLockError {
 #[derive(Debug)]
 pub struct RankLock {
     held: Vec<(PathBuf, File)>,
-}
-
-/// The lock file of `rank` in the runtime directory.
-pub fn runtime_lock_path(runtime: &Path, rank: u32) -> PathBuf {
-    runtime.join(format!("node-{rank}.lock"))
-}
-
-/// The lock file of `rank` in the `--local` directory.
-pub fn local_lock_path(local_root: &Path, rank: u32) -> PathBuf {
-    local_root.join(format!("rank-{rank}.lock"))
 }
 
 impl RankLock {
@@ -115,16 +111,6 @@ impl RankLock {
         for (path, _file) in &self.held {
             let _ = std::fs::remove_file(path);
         }
-    }
-}
-
-/// Removes the lock file at `path` unless a running daemon holds it (a
-/// rank of a killed, larger job left it).
-pub fn remove_if_unheld(path: &Path) {
-    let Ok(f) = OpenOptions::new().read(true).open(path) else { return };
-    // SAFETY: flock on a descriptor we own; it shares no memory.
-    if unsafe { libc::flock(f.as_raw_fd(), libc::LOCK_EX | libc::LOCK_NB) } == 0 {
-        let _ = std::fs::remove_file(path);
     }
 }
 

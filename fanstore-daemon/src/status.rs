@@ -1,8 +1,9 @@
-//! Counters of one daemon rank, the STATUS text that reports them, and the
-//! table `fanstore status` prints from the texts of every rank.
+//! Counters of one daemon rank and the STATUS text that reports them.
 //!
 //! The STATUS reply payload is UTF-8 text, one `key=value` per line, in a
-//! fixed order (see [`Snapshot::render`]); unknown keys are ignored by readers.
+//! fixed order (see [`Snapshot::render`]); unknown keys are ignored by
+//! readers. Reading it back, and the table `fanstore status` prints from the
+//! texts of every rank, are in [`fanstore_core::status`].
 
 use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
 
@@ -372,97 +373,10 @@ fn us_or_dash(v: Option<f64>) -> String {
     v.map_or_else(|| "-".to_string(), |v| format!("{v:.1}"))
 }
 
-/// `key=value` lines as pairs, in order; lines without `=` are skipped.
-pub fn parse(text: &str) -> Vec<(String, String)> {
-    text.lines()
-        .filter_map(|l| l.split_once('='))
-        .map(|(k, v)| (k.trim().to_string(), v.trim().to_string()))
-        .collect()
-}
-
-/// Human-readable bytes (KiB/MiB/GiB).
-pub fn human_bytes(v: u64) -> String {
-    const U: [&str; 5] = ["B", "KiB", "MiB", "GiB", "TiB"];
-    let mut x = v as f64;
-    let mut i = 0;
-    while x >= 1024.0 && i + 1 < U.len() {
-        x /= 1024.0;
-        i += 1;
-    }
-    if i == 0 {
-        format!("{v} B")
-    } else {
-        format!("{x:.1} {}", U[i])
-    }
-}
-
-/// The columns of `fanstore status`: header and the STATUS key each shows.
-const COLUMNS: [(&str, &str); 23] = [
-    ("rank", "rank"),
-    ("host", "host"),
-    ("status", "status"),
-    ("parts", "partitions"),
-    ("files", "files"),
-    ("local", "bytes_local"),
-    ("load s", "load_seconds"),
-    ("load MB/s", "load_mbps"),
-    ("opens", "opens"),
-    ("remote sent", "remote_sent"),
-    ("served", "remote_served"),
-    ("remote p50 us", "remote_p50_us"),
-    ("p99 us", "remote_p99_us"),
-    ("remote MB/s", "remote_mbps"),
-    ("wake us", "wake_across_us"),
-    ("prefetched", "replicated_bytes"),
-    ("read ahead", "read_ahead"),
-    ("hits", "cache_hits"),
-    ("misses", "cache_misses"),
-    ("evictions", "cache_evictions"),
-    ("errors", "errors"),
-    ("cpu s", "cpu_seconds"),
-    ("cpus", "cpus"),
-];
-
-/// One rank's parsed STATUS text, `None` when it did not answer.
-pub type StatusRow = (u32, Option<Vec<(String, String)>>);
-
-/// Renders one row per rank (parsed STATUS texts, or `None` for a rank that
-/// did not answer) as an aligned text table.
-pub fn table(rows: &[StatusRow]) -> String {
-    let mut cells: Vec<Vec<String>> = vec![COLUMNS.iter().map(|c| c.0.to_string()).collect()];
-    for (rank, kv) in rows {
-        let row = match kv {
-            None => {
-                let mut r = vec![rank.to_string(), "-".into(), "unreachable".into()];
-                r.resize(COLUMNS.len(), "-".into());
-                r
-            }
-            Some(kv) => COLUMNS
-                .iter()
-                .map(|(_, key)| {
-                    let v = kv.iter().find(|(k, _)| k == key).map(|(_, v)| v.as_str()).unwrap_or("-");
-                    match (*key, v.parse::<u64>()) {
-                        ("bytes_local" | "replicated_bytes", Ok(b)) => human_bytes(b),
-                        _ => v.to_string(),
-                    }
-                })
-                .collect(),
-        };
-        cells.push(row);
-    }
-    let widths: Vec<usize> = (0..COLUMNS.len()).map(|c| cells.iter().map(|r| r[c].len()).max().unwrap_or(0)).collect();
-    let mut out = String::new();
-    for r in &cells {
-        let line: Vec<String> = r.iter().zip(&widths).map(|(c, w)| format!("{c:>w$}")).collect();
-        out.push_str(line.join("  ").trim_end());
-        out.push('\n');
-    }
-    out
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
+    use fanstore_core::status::{parse, table};
 
     #[test]
     fn render_parse_and_table() {
@@ -535,12 +449,5 @@ mod tests {
         assert!(v1 >= v0 + 5, "voluntary switches {v0} -> {v1} around 5 sleeps");
         let kv = parse(&Snapshot { cpu_user_us: 1_500_000, cpu_sys_us: 250_000, ..Default::default() }.render());
         assert!(kv.contains(&("cpu_seconds".into(), "1.75".into())), "{kv:?}");
-    }
-
-    #[test]
-    fn bytes() {
-        assert_eq!(human_bytes(5), "5 B");
-        assert_eq!(human_bytes(1536), "1.5 KiB");
-        assert_eq!(human_bytes(8 << 30), "8.0 GiB");
     }
 }

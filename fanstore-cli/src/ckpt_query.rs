@@ -16,13 +16,23 @@
 //! ```
 //!
 //! Paths may carry the mount prefix (`/fanstore/run/ck.pt`) or be relative
-//! to it (`run/ck.pt`); reports show them relative to the mount.
+//! to it (`run/ck.pt`); reports show them relative to the mount. The query
+//! travels as [`fanstore_core::wire::ckpt::Query`]; each daemon answers it
+//! from its store (fanstore-daemon's `dedup` module).
+//!
+//! ```no_run
+//! use fanstore_cli::ckpt_query::{self, Query};
+//! let rt = fanstore_core::runtime::runtime_dir();
+//! let report = ckpt_query::run(&rt, &Query::Du)?;
+//! print!("{}", ckpt_query::du_table(&report.text)?);
+//! # Ok::<(), fanstore_cli::ckpt_query::QueryError>(())
+//! ```
 
-use crate::client::Client;
-use crate::dedup::Query;
 use fanstore_ckpt::json::{self, Value};
 use fanstore_ckpt::render;
+use fanstore_core::client::{sealed_memfd, Client};
 use fanstore_core::runtime::{self, NodeState, Status};
+pub use fanstore_core::wire::ckpt::Query;
 use fanstore_core::wire::{op, Request};
 use std::io::Read;
 use std::path::Path;
@@ -53,14 +63,6 @@ pub struct Report {
 /// One rank's answer: Ok(text, ok) or the errno.
 type RankAnswer = (u32, Result<(String, bool), i32>);
 
-/// `path` relative to the mount root, without leading or trailing '/'.
-pub fn relative(path: &str, mount: &str) -> Vec<u8> {
-    let m = mount.trim_end_matches('/');
-    let rest = if !m.is_empty() && (path == m || path.starts_with(&format!("{m}/"))) { &path[m.len()..] } else { path };
-    let parts: Vec<&str> = rest.split('/').filter(|c| !c.is_empty() && *c != ".").collect();
-    parts.join("/").into_bytes()
-}
-
 /// The live daemons of the job in `rt`.
 fn live_states(rt: &Path) -> Result<Vec<NodeState>, QueryError> {
     let states: Vec<NodeState> = runtime::list_states(rt).into_iter().filter(|s| s.status == Status::Ready).collect();
@@ -82,11 +84,7 @@ fn ask(rt: &Path, rank: u32, q: &Query) -> Result<RankAnswer, QueryError> {
     let mut req = Request::new(op::CKPT, 1, arg0, arg1);
     req.payload = payload;
     let attach = match q.attachment() {
-        Some(b) => {
-            let m = crate::memfd::MemfdBuilder::unmapped("fanstore:query", b.len() as u64).map_err(|e| fail(e.to_string()))?;
-            m.write_at(b, 0).map_err(|e| fail(e.to_string()))?;
-            Some(m.seal().map_err(|e| fail(e.to_string()))?)
-        }
+        Some(b) => Some(sealed_memfd("fanstore:query", b).map_err(|e| fail(e.to_string()))?),
         None => None,
     };
     use std::os::fd::AsRawFd;
@@ -371,15 +369,6 @@ fn verify_all(rt: &Path, as_json: bool) -> Result<Report, QueryError> {
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    #[test]
-    fn paths_are_relative_to_the_mount() {
-        assert_eq!(relative("/fanstore/run/ck.pt", "/fanstore"), b"run/ck.pt");
-        assert_eq!(relative("/fanstore", "/fanstore"), b"");
-        assert_eq!(relative("run//./ck.pt/", "/fanstore"), b"run/ck.pt");
-        assert_eq!(relative("/fanstorex/a", "/fanstore"), b"fanstorex/a");
-        assert_eq!(relative("/data/a", "/data/"), b"a");
-    }
 
     #[test]
     fn du_totals_and_ranks() {

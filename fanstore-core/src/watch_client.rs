@@ -1,12 +1,24 @@
 //! `fanstore watch PATH... [--recursive] [--json] [--events LIST]`: one
 //! line (or JSON object) per namespace event of the outputs under PATH, as
-//! the node's daemon delivers them ([`crate::watch`]), until interrupted or
-//! until the daemons stop.
+//! the node's daemon delivers them (its `watch` module; the events are
+//! [`crate::watchev`]), until interrupted or until the daemons stop.
+//!
+//! ```no_run
+//! use fanstore_core::watch_client::{render, Watcher};
+//! let mut w = Watcher::open(&fanstore_core::runtime::runtime_dir(), &["/fanstore/ckpt".into()], true)?;
+//! while let Some(ev) = w.next_event()? {
+//!     match ev {
+//!         Some(ev) => println!("{}", render(&ev, &w.mount, false)),
+//!         None => println!("overflow: events were dropped"),
+//!     }
+//! }
+//! # Ok::<(), fanstore_core::watch_client::WatchError>(())
+//! ```
 
-use crate::client::Client;
-use fanstore_core::runtime::{self, NodeState, Status};
-use fanstore_core::watchev::{Kind, NsEvent, IN_ALL_EVENTS, WATCH_RECURSIVE};
-use fanstore_core::wire::{self, op, Reply, Request};
+use crate::client::{relative_to_mount, Client};
+use crate::runtime::{self, NodeState, Status};
+use crate::watchev::{Kind, NsEvent, IN_ALL_EVENTS, WATCH_RECURSIVE};
+use crate::wire::{self, op, Reply, Request};
 use std::os::fd::{AsRawFd, OwnedFd};
 use std::path::Path;
 use std::time::Duration;
@@ -133,7 +145,7 @@ impl Watcher {
         let mut c = Client::connect(&runtime::socket_path(rt, st.rank), Duration::from_secs(30)).map_err(|e| WatchError::Connect(st.rank, e))?;
         for (i, p) in paths.iter().enumerate() {
             let mut req = Request::new(op::WATCH_ADD, i as u64 + 1, i as u64 + 1, u64::from(IN_ALL_EVENTS) | if recursive { WATCH_RECURSIVE } else { 0 });
-            req.payload = crate::ckpt_query::relative(p, &mount);
+            req.payload = relative_to_mount(p, &mount);
             let (rep, _) = c.call(&req).map_err(|e| WatchError::Watch(p.clone(), e))?;
             if rep.errno != 0 {
                 return Err(WatchError::Watch(p.clone(), std::io::Error::from_raw_os_error(rep.errno)));

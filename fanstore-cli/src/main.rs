@@ -1,4 +1,13 @@
-//! `fanstore`: the control CLI of a job's daemons.
+//! # fanstore
+//!
+//! `fanstore` controls the FanStore daemons of a running job: it waits until
+//! they are ready, shows their status, stops them, drains their outputs to
+//! `--persist`, exports drained outputs as plain files, follows namespace
+//! events and answers checkpoint queries. It talks to each rank through its
+//! unix socket in the job's runtime directory (or reads what the daemons
+//! left on disk), so it needs no MPI: this crate builds with a plain
+//! `cargo build --release -p fanstore-cli`, on a login node, in a container
+//! or for a Python package.
 //!
 //! ```text
 //! fanstore [--runtime-dir DIR] wait [--timeout S]    until the job is Ready (any rank says so)
@@ -6,19 +15,33 @@
 //! fanstore [--runtime-dir DIR] stop [--timeout S]    stop every rank, wait until gone
 //! fanstore [--runtime-dir DIR] sync                 drain outputs to --persist, keep running
 //! fanstore export DIR --to PLAIN_DIR                 drained outputs -> plain files
-//! fanstore [--runtime-dir DIR] ckpt ls|log|owners|diff|du|verify ...   checkpoint queries
+//! fanstore [--runtime-dir DIR] ckpt ls|log|owners|diff|du|match|verify ...   checkpoint queries
 //! fanstore [--runtime-dir DIR] watch PATH... [--recursive] [--json] [--events close,rename,delete,mkdir,rmdir]
 //! ```
-//! The checkpoint queries are described in `fanstore_daemon::ckpt_query`.
-//! The runtime directory defaults to the daemons' own default
-//! (`$FANSTORE_RUNTIME_DIR`, else `$TMPDIR/fanstore-<uid>-<job>`).
+//!
+//! For example, in a job script (scripts/fanstore-job.sbatch does this):
+//!
+//! ```text
+//! $ srun --mpi=pmi2 fanstore-daemon --data /scratch/imagenet.fs --local /tmp/fs &
+//! $ fanstore wait --timeout 600
+//! fanstore: 4 rank(s) ready
+//! $ srun --export=ALL,LD_PRELOAD=libfanstore_preload.so python train.py --data /fanstore/train
+//! $ fanstore ckpt du
+//! $ fanstore stop
+//! fanstore: stopped (via rank 0)
+//! ```
+//!
+//! The checkpoint queries are described in [`fanstore_cli::ckpt_query`],
+//! the export in [`fanstore_cli::export`]. The runtime directory defaults
+//! to the daemons' own default (`$FANSTORE_RUNTIME_DIR`, else
+//! `$TMPDIR/fanstore-<uid>-<job>`).
 
 use anyhow::{bail, Context};
 use clap::{Parser, Subcommand};
+use fanstore_core::client::Client;
 use fanstore_core::runtime::{self, NodeState, Status};
 use fanstore_core::wire::{op, Request};
-use fanstore_daemon::client::Client;
-use fanstore_daemon::{rank_lock, status};
+use fanstore_core::{rank_lock, status};
 use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
 
@@ -177,7 +200,7 @@ fn main() {
         Cmd::Status => show_status(&rt),
         Cmd::Stop { timeout } => stop(&rt, Duration::from_secs_f64(timeout)),
         Cmd::Sync { timeout } => sync(&rt, Duration::from_secs_f64(timeout)),
-        Cmd::Export { dir, to } => fanstore_daemon::persist::export(&dir, &to)
+        Cmd::Export { dir, to } => fanstore_cli::export::export(&dir, &to)
             .map(|n| outln!("fanstore: exported {n} files to {}", to.display()))
             .map_err(anyhow::Error::from),
         Cmd::Ckpt { cmd } => ckpt(&rt, cmd),
@@ -194,7 +217,18 @@ fn alive(s: &NodeState) -> bool {
     if s.hostname != runtime::hostname() {
         return true;
     }
-    fanstore_daemon::pid_alive(s.pid)
+    pid_alive(s.pid)
+}
+
+/// Whether process `pid` of this host exists (one of another user's too).
+fn pid_alive(pid: u64) -> bool {
+    let Ok(pid) = libc::pid_t::try_from(pid) else { return false };
+    if pid <= 0 {
+        return false;
+    }
+    // SAFETY: kill with signal 0 only checks that the process exists.
+    let r = unsafe { libc::kill(pid, 0) };
+    r == 0 || std::io::Error::last_os_error().raw_os_error() == Some(libc::EPERM)
 }
 
 fn wait(rt: &Path, timeout: Duration) -> anyhow::Result<()> {
@@ -290,7 +324,7 @@ fn sync(rt: &Path, timeout: Duration) -> anyhow::Result<()> {
 }
 
 fn watch(rt: &Path, paths: &[String], recursive: bool, json: bool, events: &[String]) -> anyhow::Result<()> {
-    use fanstore_daemon::watch_client::{parse_events, render, Watcher};
+    use fanstore_core::watch_client::{parse_events, render, Watcher};
     let kinds = parse_events(events)?;
     let mut w = Watcher::open(rt, paths, recursive)?;
     // Every event from here on is printed (tests and scripts wait for this line).
@@ -315,8 +349,8 @@ fn watch(rt: &Path, paths: &[String], recursive: bool, json: bool, events: &[Str
 }
 
 fn ckpt(rt: &Path, cmd: CkptCmd) -> anyhow::Result<()> {
-    use fanstore_daemon::ckpt_query::{self, relative};
-    use fanstore_daemon::dedup::Query;
+    use fanstore_cli::ckpt_query::{self, Query};
+    use fanstore_core::client::relative_to_mount as relative;
     let mount = runtime::list_states(rt)
         .first()
         .map(|s| String::from_utf8_lossy(&s.mount).into_owned())

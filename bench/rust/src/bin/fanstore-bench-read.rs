@@ -12,7 +12,7 @@
 //! timed read in the order read (what a median hides: a slow start).
 use anyhow::Context;
 use fanstore_core::wire::{op, Request};
-use fanstore_daemon::client::Client;
+use fanstore_core::client::Client;
 use std::os::unix::fs::FileExt;
 use std::time::{Duration, Instant};
 
