@@ -1,7 +1,7 @@
 //! # fanstore-daemon
 //!
-//! The per-node FanStore daemon (`fanstore-daemon`) and its control CLI
-//! (`fanstore`).
+//! The per-node FanStore daemon (`fanstore-daemon`). The control CLI
+//! (`fanstore`) is the `fanstore-cli` crate, which links no MPI.
 //!
 //! ```text
 //! mpiexec -n NODES fanstore-daemon --data OUT --local DIR [--mount /fanstore]
