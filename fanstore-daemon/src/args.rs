@@ -47,9 +47,9 @@ pub struct DaemonArgs {
     #[arg(long)]
     pub keep_local: bool,
     /// Directory (shared file system) that outputs are drained to at stop and
-    /// loaded from at start (see `fanstore_daemon::persist`). One running
+    /// loaded from at start (see `fanstore_daemon::outputs::persist`). One running
     /// job per DIR: a job started while another holds DIR/meta/lease
-    /// refuses to start (fanstore_daemon::persist_lease).
+    /// refuses to start (fanstore_daemon::outputs::persist_lease).
     #[arg(long)]
     pub persist: Option<PathBuf>,
     /// Tensor-level dedup of outputs: `on` commits every output of at least

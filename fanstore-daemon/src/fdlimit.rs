@@ -1,7 +1,7 @@
 //! Living within RLIMIT_NOFILE.
 //!
 //! The daemon holds no fd per dataset file: cached copies are named files
-//! (see [`crate::copies`]), partition copies are mapped and closed. What it
+//! (see [`crate::inputs::copies`]), partition copies are mapped and closed. What it
 //! does hold is bounded: one socket per client connection, a few fds per
 //! request in flight, and the sealed memfds of read-back outputs in the node
 //! cache and in the cache of remote outputs (bounded by count,
@@ -48,7 +48,7 @@ pub fn memfd_cache_entries(nofile: u64) -> usize {
 }
 
 /// How many sealed memfds the cache of remote outputs read on this node
-/// ([`crate::remote_out`]) may hold under a soft limit of `nofile` fds: an
+/// ([`crate::outputs::remote_out`]) may hold under a soft limit of `nofile` fds: an
 /// eighth of them, beside [`memfd_cache_entries`]' quarter. (It had 4096
 /// whatever the limit: reading 1,000 small outputs of another node under
 /// `ulimit -n 1024` took every fd, and the next open was EIO.)

@@ -136,34 +136,19 @@
 //!   the bytes and checksummed indexes are in DIR.
 
 pub mod args;
-pub mod bufpool;
-pub mod cache;
-pub mod client_reply;
 pub mod comm;
-pub mod copies;
 pub mod cpu_share;
-pub mod dedup;
 pub mod fdlimit;
 pub mod index_shm;
-pub mod load;
 pub mod memfd;
-pub mod namespace;
 pub mod node;
-pub mod open;
+pub mod inputs;
 pub mod outputs;
-pub mod persist;
-pub mod persist_lease;
 pub mod placement;
 pub mod rank_lock;
-pub mod read_ahead;
-pub mod recycle;
-pub mod remote_out;
-pub mod replica_writer;
-pub mod replicate;
 pub mod server;
 pub mod status;
 pub mod wake_cost;
-pub mod watch;
 #[doc(hidden)]
 pub mod testkit;
 

@@ -9,7 +9,8 @@ use fanstore_daemon::index_shm::IndexShm;
 use fanstore_daemon::node::{self, Identity, LocalStore, Node, Phase};
 use fanstore_daemon::placement::Placement;
 use fanstore_daemon::server::{self, Listener};
-use fanstore_daemon::{load, runtime_dir};
+use fanstore_daemon::inputs::load;
+use fanstore_daemon::runtime_dir;
 use fanstore_core::manifest::{IndexView, Manifest, Verify};
 use std::os::unix::ffi::OsStrExt;
 use std::path::{Path, PathBuf};
@@ -52,9 +53,9 @@ struct Cleanup {
     /// This rank's hold on its files (fanstore_daemon::rank_lock): None
     /// until taken, and where another job's daemon holds them.
     lock: Option<fanstore_daemon::rank_lock::RankLock>,
-    /// Rank 0's lease on `--persist` (fanstore_daemon::persist_lease),
+    /// Rank 0's lease on `--persist` (fanstore_daemon::outputs::persist_lease),
     /// released once its drain is done.
-    lease: Option<fanstore_daemon::persist_lease::PersistLease>,
+    lease: Option<fanstore_daemon::outputs::persist_lease::PersistLease>,
 }
 
 impl Cleanup {
@@ -269,7 +270,7 @@ fn run(args: &DaemonArgs) -> anyhow::Result<i32> {
         Ok(p) => p,
     };
     let node = p.node.clone();
-    fanstore_daemon::watch::WatchState::attach(&node);
+    fanstore_daemon::outputs::watch::WatchState::attach(&node);
     node.set_phase(Phase::Ready);
     log::info!("rank {rank}: ready ({} ranks loaded)", nranks);
     let store = LocalStore {
@@ -301,8 +302,8 @@ fn run(args: &DaemonArgs) -> anyhow::Result<i32> {
             log::error!("rank {rank}: spawning the prefill thread: {e}");
         }
     }
-    let free = fanstore_daemon::copies::space(&node.id.local_dir).map_or(0, |(free, _)| free);
-    let extract = args.extract_ahead.budget(free, fanstore_daemon::copies::in_memory(&node.id.local_dir));
+    let free = fanstore_daemon::inputs::copies::space(&node.id.local_dir).map_or(0, |(free, _)| free);
+    let extract = args.extract_ahead.budget(free, fanstore_daemon::inputs::copies::in_memory(&node.id.local_dir));
     if extract > 0 {
         let node = node.clone();
         let spawned = std::thread::Builder::new().name("fanstore-extract".into()).spawn(move || {
@@ -333,8 +334,8 @@ fn run(args: &DaemonArgs) -> anyhow::Result<i32> {
         // A bounded queue: a run that does not fit is asked for again by
         // the stream's next open.
         let (tx, rx) = crossbeam::channel::bounded(64);
-        let _ = node.read_ahead.set(fanstore_daemon::read_ahead::ReadAhead::new(args.read_ahead, tx));
-        for k in 0..fanstore_daemon::read_ahead::THREADS {
+        let _ = node.read_ahead.set(fanstore_daemon::inputs::read_ahead::ReadAhead::new(args.read_ahead, tx));
+        for k in 0..fanstore_daemon::inputs::read_ahead::THREADS {
             let (node, rx) = (node.clone(), rx.clone());
             let spawned = std::thread::Builder::new().name(format!("fanstore-ahead-{k}")).spawn(move || node.read_ahead_loop(rx));
             if let Err(e) = spawned {
@@ -347,7 +348,7 @@ fn run(args: &DaemonArgs) -> anyhow::Result<i32> {
         let budget = args.prefetch_remote;
         let spawned = std::thread::Builder::new().name("fanstore-prefetch".into()).spawn(move || {
             let t = std::time::Instant::now();
-            let r = fanstore_daemon::replicate::run(&node, budget);
+            let r = fanstore_daemon::inputs::replicate::run(&node, budget);
             log::info!(
                 "rank {}: prefetched {} remote partitions ({} B) in {:.2} s ({} failed)",
                 node.id.rank,
@@ -365,7 +366,7 @@ fn run(args: &DaemonArgs) -> anyhow::Result<i32> {
         ReplicateOnRead::Off => None,
         ReplicateOnRead::FirstRead(budget) => Some((budget, false)),
         ReplicateOnRead::Auto => {
-            let free = fanstore_daemon::copies::space(&node.id.local_dir).map_or(0, |(free, _)| free);
+            let free = fanstore_daemon::inputs::copies::space(&node.id.local_dir).map_or(0, |(free, _)| free);
             Some((free / 2, true))
         }
     };
@@ -376,7 +377,7 @@ fn run(args: &DaemonArgs) -> anyhow::Result<i32> {
         let _ = node.replicate_on_read.set(fanstore_daemon::node::ReplicationQueue { tx, after_its_size });
         let node = node.clone();
         let spawned = std::thread::Builder::new().name("fanstore-replicate".into()).spawn(move || {
-            let r = fanstore_daemon::replicate::on_read(&node, budget, &rx);
+            let r = fanstore_daemon::inputs::replicate::on_read(&node, budget, &rx);
             log::info!(
                 "rank {}: replicated {} remote partitions ({} B) as their files were read ({} failed)",
                 node.id.rank,
@@ -478,7 +479,7 @@ fn run(args: &DaemonArgs) -> anyhow::Result<i32> {
 /// nothing to serve). Returns true when a killed run's store was taken
 /// back (its outputs are registered again by the recovery thread).
 fn open_checkpoint_store(args: &DaemonArgs, id: &Identity, node: &Node) -> anyhow::Result<bool> {
-    use fanstore_daemon::dedup::{self, Dedup};
+    use fanstore_daemon::outputs::dedup::{self, Dedup};
     let dir = id.local_dir.join("out").join(dedup::STORE_DIR);
     let kept = args.local.join(format!("recovered-rank-{}", id.rank)).join(dedup::STORE_DIR);
     let mut recovering = false;
@@ -495,7 +496,7 @@ fn open_checkpoint_store(args: &DaemonArgs, id: &Identity, node: &Node) -> anyho
     if on || exists {
         let min = if on { args.dedup_min } else { u64::MAX };
         let mut hot = if args.ckpt_hot_size == 0 { 0 } else { args.ckpt_hot };
-        if hot > 1 && fanstore_daemon::copies::in_memory(&id.local_dir) {
+        if hot > 1 && fanstore_daemon::inputs::copies::in_memory(&id.local_dir) {
             log::info!(
                 "rank {}: the local dir {} is in memory (tmpfs): the checkpoint store keeps only its newest commit as a hot copy",
                 id.rank,
@@ -618,7 +619,7 @@ fn prepare(args: &DaemonArgs, id: &Identity, cleanup: &mut Cleanup) -> anyhow::R
     }
     remove_stale_tomb(&id.local_dir, rank);
     let local_dir = id.local_dir.clone();
-    let in_memory = fanstore_daemon::copies::in_memory(&local_dir);
+    let in_memory = fanstore_daemon::inputs::copies::in_memory(&local_dir);
     if in_memory && args.cache_disk > 0 {
         log::info!("rank {}: the local dir {} is in memory (tmpfs): no node copies on it (--cache-disk ignored)", id.rank, local_dir.display());
     }
@@ -628,13 +629,13 @@ fn prepare(args: &DaemonArgs, id: &Identity, cleanup: &mut Cleanup) -> anyhow::R
     node.fsync_outputs.store(args.fsync_outputs, Relaxed);
     let ipath = id.index_path.as_os_str().as_bytes();
     let tiers_path = PathBuf::from(std::ffi::OsStr::from_bytes(&fanstore_core::tiers::tier_map_path(ipath)));
-    let tiers = fanstore_daemon::copies::TierMap::create(&tiers_path, view.dataset_id(), u64::from(view.node_count()))
+    let tiers = fanstore_daemon::inputs::copies::TierMap::create(&tiers_path, view.dataset_id(), u64::from(view.node_count()))
         .with_context(|| format!("creating the tier map {}", tiers_path.display()))?;
     cleanup.tiers = Some(tiers_path);
     let tiers = Arc::new(tiers);
     let copies_dir = PathBuf::from(std::ffi::OsStr::from_bytes(&fanstore_core::tiers::copy_dir(ipath)));
     remove_stale_tomb(&copies_dir, id.rank);
-    let copies = fanstore_daemon::copies::Copies::create(&copies_dir, tiers.clone(), args.cache_mem)
+    let copies = fanstore_daemon::inputs::copies::Copies::create(&copies_dir, tiers.clone(), args.cache_mem)
         .with_context(|| format!("creating the copy directory {}", copies_dir.display()))?
         .with_disk(&local_dir, if in_memory { 0 } else { args.cache_disk })
         .with_spares(args.copy_spares);
@@ -643,7 +644,7 @@ fn prepare(args: &DaemonArgs, id: &Identity, cleanup: &mut Cleanup) -> anyhow::R
     let _ = node.copies.set(copies);
     if let Some(dir) = args.persist.as_ref().filter(|_| rank == 0) {
         // Before this job reads it: one running job per --persist directory.
-        cleanup.lease = Some(fanstore_daemon::persist_lease::PersistLease::acquire(dir)?);
+        cleanup.lease = Some(fanstore_daemon::outputs::persist_lease::PersistLease::acquire(dir)?);
     }
     let recovering = open_checkpoint_store(args, id, &node)?;
     if let Some(dir) = &args.persist {

@@ -1,7 +1,7 @@
 //! The state one daemon rank shares between its threads, and the NodeState
 //! file it publishes for clients and the control CLI.
 
-use crate::cache::Cache;
+use crate::inputs::cache::Cache;
 use crate::comm::{PeerSource, SendBuf};
 use crate::placement::Placement;
 use crate::status::{Counters, LoadReport, Snapshot};
@@ -63,15 +63,15 @@ pub struct Node {
     /// Read-back outputs (sealed memfds), bounded by bytes and by count
     /// ([`crate::fdlimit::memfd_cache_entries`]).
     pub cache: Cache<Arc<OwnedFd>, i32>,
-    /// Copies of dataset files in shared memory ([`crate::copies`]), set at start.
-    pub copies: OnceLock<crate::copies::Copies>,
+    /// Copies of dataset files in shared memory ([`crate::inputs::copies`]), set at start.
+    pub copies: OnceLock<crate::inputs::copies::Copies>,
     /// Where each file's bytes can be opened directly, set at start.
-    pub tiers: OnceLock<Arc<crate::copies::TierMap>>,
+    pub tiers: OnceLock<Arc<crate::inputs::copies::TierMap>>,
     /// `parts[p]`: the mapped local copy of partition p, set once loaded.
-    pub parts: OnceLock<Vec<Option<crate::load::PartMap>>>,
+    pub parts: OnceLock<Vec<Option<crate::inputs::load::PartMap>>>,
     /// `replicas[p]`: the mapped copy of remote partition p, once fetched
-    /// from a holder in the background ([`crate::replicate`]).
-    pub replicas: Box<[OnceLock<crate::load::PartMap>]>,
+    /// from a holder in the background ([`crate::inputs::replicate`]).
+    pub replicas: Box<[OnceLock<crate::inputs::load::PartMap>]>,
     /// `replica_claims[p]`: a replication thread took partition p (it is
     /// being fetched, was fetched, or failed); no other thread fetches it.
     pub replica_claims: Box<[AtomicBool]>,
@@ -97,9 +97,9 @@ pub struct Node {
     /// Files clients decoded themselves, to copy in the background
     /// ([`Node::warm_copies`]); set once ready.
     pub warm: OnceLock<crossbeam::channel::Sender<u32>>,
-    /// Read-ahead of remote files read in order ([`crate::read_ahead`]);
+    /// Read-ahead of remote files read in order ([`crate::inputs::read_ahead`]);
     /// set once ready when `--read-ahead` is on.
-    pub read_ahead: OnceLock<crate::read_ahead::ReadAhead>,
+    pub read_ahead: OnceLock<crate::inputs::read_ahead::ReadAhead>,
     pub counters: Counters,
     pub comm: crate::comm::wake::CommTx,
     pub remote_timeout: Duration,
@@ -108,25 +108,25 @@ pub struct Node {
     pub load: OnceLock<LoadReport>,
     /// Set when the rank stops: the server stops accepting and serving.
     pub stopping: AtomicBool,
-    /// Output records and listings this rank owns ([`crate::namespace::owner`]).
-    pub meta: Mutex<crate::namespace::owner::MetaStore>,
+    /// Output records and listings this rank owns ([`crate::outputs::namespace::owner`]).
+    pub meta: Mutex<crate::outputs::namespace::owner::MetaStore>,
     /// Next output id (`out/<id>` in the local directory).
     pub out_seq: std::sync::atomic::AtomicU64,
     /// Outputs committed while another process still wrote them, for that
-    /// process's late commit ([`crate::outputs::SharedCommits`]).
-    pub shared_commits: Mutex<crate::outputs::SharedCommits>,
-    /// `--persist` directory, if any ([`crate::persist`]).
+    /// process's late commit ([`crate::outputs::held::SharedCommits`]).
+    pub shared_commits: Mutex<crate::outputs::held::SharedCommits>,
+    /// `--persist` directory, if any ([`crate::outputs::persist`]).
     pub persist: OnceLock<PathBuf>,
-    /// The checkpoint store ([`crate::dedup`]), set at start.
-    pub dedup: OnceLock<Arc<crate::dedup::Dedup>>,
+    /// The checkpoint store ([`crate::outputs::dedup`]), set at start.
+    pub dedup: OnceLock<Arc<crate::outputs::dedup::Dedup>>,
     /// `--fsync-outputs`: fsync each output (and its sidecar) before close returns.
     pub fsync_outputs: AtomicBool,
     /// When the rank became ready (remote MB/s in STATUS is since then).
     pub ready_at: OnceLock<Instant>,
-    /// Watchers and event routes ([`crate::watch`]).
-    pub watch: crate::watch::WatchState,
-    /// This node's copies of outputs held by other ranks ([`crate::remote_out`]).
-    pub remote_outs: crate::remote_out::RemoteOutputs,
+    /// Watchers and event routes ([`crate::outputs::watch`]).
+    pub watch: crate::outputs::watch::WatchState,
+    /// This node's copies of outputs held by other ranks ([`crate::outputs::remote_out`]).
+    pub remote_outs: crate::outputs::remote_out::RemoteOutputs,
     phase: Mutex<Phase>,
     phase_cv: Condvar,
 }
@@ -156,7 +156,7 @@ pub const REPLICA_WAIT: Duration = Duration::from_millis(500);
 impl Node {
     /// The mapped local copy of partition `p`: loaded at start, or
     /// replicated since.
-    pub fn part_map(&self, p: u32) -> Option<&crate::load::PartMap> {
+    pub fn part_map(&self, p: u32) -> Option<&crate::inputs::load::PartMap> {
         self.parts.get().and_then(|v| v.get(p as usize)).and_then(Option::as_ref).or_else(|| self.replicas.get(p as usize)?.get())
     }
 
@@ -286,15 +286,15 @@ impl Node {
             local: OnceLock::new(),
             load: OnceLock::new(),
             stopping: AtomicBool::new(false),
-            meta: Mutex::new(crate::namespace::owner::MetaStore::default()),
+            meta: Mutex::new(crate::outputs::namespace::owner::MetaStore::default()),
             out_seq: std::sync::atomic::AtomicU64::new(1),
-            shared_commits: Mutex::new(crate::outputs::SharedCommits::default()),
+            shared_commits: Mutex::new(crate::outputs::held::SharedCommits::default()),
             persist: OnceLock::new(),
             dedup: OnceLock::new(),
             fsync_outputs: AtomicBool::new(false),
             ready_at: OnceLock::new(),
             watch: Default::default(),
-            remote_outs: crate::remote_out::RemoteOutputs::new(cache_mem, crate::fdlimit::remote_output_entries(crate::fdlimit::nofile())),
+            remote_outs: crate::outputs::remote_out::RemoteOutputs::new(cache_mem, crate::fdlimit::remote_output_entries(crate::fdlimit::nofile())),
             phase: Mutex::new(Phase::Loading),
             phase_cv: Condvar::new(),
         }
@@ -428,9 +428,9 @@ pub struct LocalStore<'a> {
     pub view: IndexView<'a>,
     pub local_dir: PathBuf,
     /// `parts[p]`: the mapped local copy of partition p, if held here.
-    pub parts: Vec<Option<crate::load::PartMap>>,
+    pub parts: Vec<Option<crate::inputs::load::PartMap>>,
     /// Outputs held in the checkpoint store are served from it.
-    pub dedup: Option<Arc<crate::dedup::Dedup>>,
+    pub dedup: Option<Arc<crate::outputs::dedup::Dedup>>,
 }
 
 /// Output payloads from this size up are sent from a mapping of their file

@@ -4,7 +4,7 @@
 //! poll with a short timeout so the threads notice a stop. A client that
 //! goes away mid-request only ends its own connection thread.
 
-use crate::client_reply::ClientReply;
+use crate::inputs::client_reply::ClientReply;
 use crate::comm::Command;
 use crate::node::Node;
 use fanstore_core::wire::{self, op, Reply, Request};
@@ -187,7 +187,7 @@ fn connection(conn: OwnedFd, node: &Node) {
             }
         };
         if wire::op::is_watch(req.op) {
-            return crate::watch::session(node, fd, req, attached); // until the watcher goes away
+            return crate::outputs::watch::session(node, fd, req, attached); // until the watcher goes away
         }
         if handle(node, fd, &req, attached).is_err() {
             return; // the client went away mid-request
@@ -268,7 +268,7 @@ fn handle(node: &Node, fd: RawFd, req: &Request, attached: Option<OwnedFd>) -> i
             None => done(fd, req, Err(libc::EINVAL)),
         },
         op::CKPT => {
-            let q = crate::dedup::Query::decode(req.arg0, req.arg1, path).and_then(|q| q.with_attachment(attached));
+            let q = crate::outputs::dedup::Query::decode(req.arg0, req.arg1, path).and_then(|q| q.with_attachment(attached));
             let answer = match (node.dedup.get(), q) {
                 (_, None) => Err(libc::EINVAL),
                 (None, Some(_)) => Err(libc::ENOTSUP),

@@ -26,7 +26,7 @@ pub struct Counters {
     /// client reads (a spare lent to the receive), with no copy on arrival.
     pub remote_in_place: AtomicU64,
     /// Remote OPENs the communication thread answered itself, the payload
-    /// verified in the copy's file ([`crate::client_reply`]).
+    /// verified in the copy's file ([`crate::inputs::client_reply`]).
     pub remote_direct: AtomicU64,
     /// Remote reads whose receives and request the server thread that
     /// needed them posted itself ([`crate::comm::post`]).
@@ -61,7 +61,7 @@ pub struct Counters {
     /// (`--extract-ahead`), before any OPEN asked for them.
     pub extracted_ahead: AtomicU64,
     /// Remote files fetched ahead of a reader reading in order
-    /// ([`crate::read_ahead`]).
+    /// ([`crate::inputs::read_ahead`]).
     pub read_ahead: AtomicU64,
     /// How the communication thread's sleeps ended (see `comm::wake`): by a
     /// command, by the MPI library's fds, by the timeout; fd wake-ups after
@@ -186,7 +186,7 @@ pub struct Snapshot {
     pub cache_entries: u64,
     /// Of `cache_bytes`, the node copies on the local disk (`--cache-disk`).
     pub cache_disk_bytes: u64,
-    /// Copies written into a spare's pages ([`crate::recycle`]), and the bytes of spares kept.
+    /// Copies written into a spare's pages ([`crate::inputs::recycle`]), and the bytes of spares kept.
     pub copies_reused: u64,
     pub copy_spares_bytes: u64,
     pub errors: u64,

@@ -27,7 +27,7 @@
 //! tag 2 (TAG_CTRL)     8 bytes: 0..4 op (1 = STOP) | 4..8 sender rank
 //! tag 3 (TAG_META_REQ) any rank -> metadata owner of an output path: one
 //!                        [`fanstore_core::wire::Request`] (ops in
-//!                        [`crate::outputs::mop`]), answered at once by the
+//!                        [`crate::outputs::held::mop`]), answered at once by the
 //!                        owner's [`MetaServer`] on this thread
 //! tag 4 (TAG_META_REP) owner -> asker: one [`fanstore_core::wire::Reply`]
 //!                        echoing the request id
@@ -38,7 +38,7 @@
 //! Node ids with bit 30 set and bit 31 clear ([`PART_BIT`]) name a byte
 //! range of a whole partition (the low 30 bits are the partition id, the
 //! offset field says where the range starts): background replication of
-//! remote partitions ([`crate::replicate`]). Dataset node ids stay below
+//! remote partitions ([`crate::inputs::replicate`]). Dataset node ids stay below
 //! 2^30 (the loader refuses larger manifests).
 //!
 //! The requester verifies the payload's xxh3 against the manifest (end to
@@ -55,7 +55,7 @@ pub mod spin;
 pub mod table;
 pub mod wake;
 
-use crate::client_reply::Direct;
+use crate::inputs::client_reply::Direct;
 use crate::status::Counters;
 use crossbeam::channel::{Receiver, RecvTimeoutError, Sender, TryRecvError};
 use raw::{Comm, Done, Request};
@@ -111,7 +111,7 @@ fn nap_cap(idle: Duration) -> Duration {
 /// Where a fetched payload is received: the first `len` bytes of a
 /// (reusable, already faulted-in) buffer, or the whole of a spare copy
 /// file's kept mapping, so an uncompressed file's bytes land in the copy
-/// a client will read with no copy on arrival ([`crate::recycle::Spare`]).
+/// a client will read with no copy on arrival ([`crate::inputs::recycle::Spare`]).
 /// The communication thread owns it until every receive into it completed:
 /// a fetch that timed out keeps it (and a spare's file stays unreachable)
 /// until the late bytes are in.
@@ -123,7 +123,7 @@ pub struct RecvBuf {
 /// The memory behind a [`RecvBuf`].
 pub enum RecvMem {
     Heap(Vec<u8>),
-    Spare(crate::recycle::Spare),
+    Spare(crate::inputs::recycle::Spare),
 }
 
 impl RecvBuf {
@@ -137,7 +137,7 @@ impl RecvBuf {
 
     /// The whole of `s` through its kept mapping (made now). Err(s) if it
     /// cannot be mapped.
-    pub fn spare(mut s: crate::recycle::Spare) -> Result<RecvBuf, crate::recycle::Spare> {
+    pub fn spare(mut s: crate::inputs::recycle::Spare) -> Result<RecvBuf, crate::inputs::recycle::Spare> {
         let len = match s.parts() {
             (_, Some(b)) => b.len(),
             (_, None) => return Err(s),
@@ -188,7 +188,7 @@ fn answer_directly(d: &Direct, buf: &RecvBuf) -> bool {
             // SAFETY: `dest` is an fd the connection thread keeps open while
             // the answer is SENDING; ManuallyDrop leaves it open here.
             let file = std::mem::ManuallyDrop::new(unsafe { std::fs::File::from_raw_fd(dest) });
-            crate::copies::write_all_at(&file, buf.bytes(), 0).ok().map(|()| dest)
+            crate::inputs::copies::write_all_at(&file, buf.bytes(), 0).ok().map(|()| dest)
         }
         (RecvMem::Heap(_), None) => None,
     })
@@ -211,7 +211,7 @@ pub struct Fetch {
     pub reply: Sender<FetchReply>,
     pub timeout: Duration,
     /// Answer the client of this remote OPEN from here once the payload is
-    /// verified and in the copy's file ([`crate::client_reply`]).
+    /// verified and in the copy's file ([`crate::inputs::client_reply`]).
     pub direct: Option<Direct>,
 }
 
@@ -336,7 +336,7 @@ pub enum SendBuf {
     Heap(Vec<u8>),
     Map(memmap2::Mmap),
     /// A range of a mapped local partition copy.
-    Part(crate::load::PartMap, std::ops::Range<usize>),
+    Part(crate::inputs::load::PartMap, std::ops::Range<usize>),
 }
 
 impl SendBuf {

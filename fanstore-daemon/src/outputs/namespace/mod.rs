@@ -1,8 +1,8 @@
 //! The output namespace: one home for the names of outputs (records,
 //! directories, symlinks, listings, renames) and the MPI operations that
-//! keep them, on every rank. [`crate::outputs`] (the bytes: COMMIT, OUT_OPEN,
-//! held files, drain, recovery), [`crate::dedup`] (checkpoints) and
-//! [`crate::persist`] use it through [`Node::lookup`], `Node::put_record`
+//! keep them, on every rank. [`crate::outputs::held`] (the bytes: COMMIT, OUT_OPEN,
+//! held files, drain, recovery), [`crate::outputs::dedup`] (checkpoints) and
+//! [`crate::outputs::persist`] use it through [`Node::lookup`], `Node::put_record`
 //! and the calls below; nothing else talks to an owner rank.
 //!
 //! ```text
@@ -34,7 +34,7 @@ mod tree;
 
 use crate::comm::{Command, MetaCall, MetaServer};
 use crate::node::Node;
-use crate::outputs::{drop_held, rename_held};
+use crate::outputs::held::{drop_held, rename_held};
 use fanstore_core::checksum::xxh3;
 use fanstore_core::tiers::DIR_HAS_OUTPUTS;
 use fanstore_core::wire::{self, OutRecord, Reply, Request};
@@ -76,7 +76,7 @@ impl MetaServer for Node {
                 let errno = if spawned.is_ok() { 0 } else { libc::EAGAIN };
                 Reply { op: req.op, id: req.id, errno, flags: 0, value: 0, payload: Vec::new() }.encode()
             }
-            Ok(req) if crate::watch::is_mop(req.op) => self.watch_meta(&req).encode(),
+            Ok(req) if crate::outputs::watch::is_mop(req.op) => self.watch_meta(&req).encode(),
             Ok(req) if req.op == mop::MARK_DIR => match u32::try_from(req.arg0).ok().filter(|&id| self.mark_input_dir_here(id)) {
                 Some(_) => Reply::ok(&req, 0).encode(),
                 None => Reply::err(&req, libc::EINVAL).encode(),
@@ -230,7 +230,7 @@ impl Node {
     /// last one too unless `wire::STAT_NOFOLLOW`). A path that leads out of
     /// the mount is EXDEV with the absolute path as the payload.
     pub fn out_stat_answer(&self, path: &[u8], flags: u64) -> Result<Vec<u8>, (i32, Vec<u8>)> {
-        use crate::namespace::links::Looked;
+        use crate::outputs::namespace::links::Looked;
         let follow = flags & wire::STAT_NOFOLLOW == 0;
         let resolved = |p: &[u8]| if p == path { Vec::new() } else { p.to_vec() };
         match self.lookup(path, follow) {
@@ -249,7 +249,7 @@ impl Node {
     /// is a directory, else the errno an open with O_CREAT gives (ENOENT,
     /// ENOTDIR); None when `dir` leads out of the mount (the client looks).
     fn dir_errno(&self, dir: &[u8]) -> Option<i32> {
-        use crate::namespace::links::Looked;
+        use crate::outputs::namespace::links::Looked;
         if dir.is_empty() {
             return Some(0);
         }
@@ -291,7 +291,7 @@ impl Node {
 
     /// PUT that replaces a symlink at `path` too (rename's destination).
     pub(crate) fn put_over_link(&self, path: &[u8], rec: OutRecord) -> Result<bool, i32> {
-        self.put_with(path, rec, crate::namespace::owner::PUT_OVER_LINK)
+        self.put_with(path, rec, crate::outputs::namespace::owner::PUT_OVER_LINK)
     }
 
     pub(crate) fn put_with(&self, path: &[u8], rec: OutRecord, arg0: u64) -> Result<bool, i32> {

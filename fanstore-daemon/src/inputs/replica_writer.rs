@@ -3,7 +3,7 @@
 //! A large uncompressed file of a local partition ([`EXTRACT_MIN`] bytes or
 //! more) is opened as a file of its own, extracted from the partition copy
 //! on its first open. For a partition fetched from a peer
-//! ([`crate::replicate`]) that would write those bytes twice: into the
+//! ([`crate::inputs::replicate`]) that would write those bytes twice: into the
 //! replica, then into the extracted file. This writer sends each fetched
 //! range's bytes where they end up instead:
 //!
@@ -16,7 +16,7 @@
 //! ```
 //!
 //! The replica keeps its full length with holes where the large payloads
-//! were; `crate::load::verify_partition` checks it with those payloads
+//! were; `crate::inputs::load::verify_partition` checks it with those payloads
 //! skipped (their entry headers are checked), and [`ReplicaWriter::verify_apart`]
 //! checks each large file's length and xxh3 against the manifest. Only then
 //! does [`ReplicaWriter::commit`] rename each to its extracted name. Nothing
@@ -38,7 +38,7 @@ pub type Apart = BTreeMap<u64, (u32, u64)>;
 
 /// Which payloads of a partition (`offsets`: payload offset -> node id) go
 /// to files of their own.
-pub(crate) fn large_payloads(view: &IndexView<'_>, offsets: &crate::load::OffsetMap) -> Apart {
+pub(crate) fn large_payloads(view: &IndexView<'_>, offsets: &crate::inputs::load::OffsetMap) -> Apart {
     offsets
         .iter()
         .filter_map(|(&off, &id)| {
@@ -192,7 +192,7 @@ mod tests {
 
     fn setup() -> (tempfile::TempDir, PathBuf) {
         let d = tempfile::tempdir().unwrap();
-        crate::load::prepare_local_dir(d.path()).unwrap();
+        crate::inputs::load::prepare_local_dir(d.path()).unwrap();
         let rep = d.path().join("rep");
         (d, rep)
     }

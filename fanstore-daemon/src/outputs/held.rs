@@ -1,11 +1,11 @@
 //! The bytes of outputs on the daemon side: COMMIT and OUT_OPEN, the files
 //! and sidecars this rank holds, their drain to `--persist` and their
 //! recovery after a kill. Names, records, directories and renames are
-//! [`crate::namespace`]'s: this module stores bytes, then registers them
+//! [`crate::outputs::namespace`]'s: this module stores bytes, then registers them
 //! there (`Node::put_record`), and asks it where a path leads before it
 //! opens one ([`Node::lookup`]).
 //!
-//! COMMIT: the bytes go into the checkpoint store ([`crate::dedup`]) when
+//! COMMIT: the bytes go into the checkpoint store ([`crate::outputs::dedup`]) when
 //! they are at least `--dedup-min` bytes (the client's unnamed local file
 //! that nothing can write any more is linked as a plain output first and
 //! stored behind the close, by the store's commit worker); otherwise the client's unnamed
@@ -20,7 +20,7 @@
 
 use crate::comm::OUT_BIT;
 use crate::memfd::MemfdBuilder;
-use crate::namespace::{now_ns, parent};
+use crate::outputs::namespace::{now_ns, parent};
 use crate::node::Node;
 use fanstore_core::checksum::xxh3;
 use fanstore_core::watchev::Kind;
@@ -98,7 +98,7 @@ fn write_sidecar_in(out: &std::path::Path, path: &[u8], rec: &OutRecord, fsync: 
     let res = (|| {
         use std::io::Write;
         let mut f = std::fs::File::create(&tmp)?;
-        f.write_all(&crate::persist::encode_index(&[(path.to_vec(), *rec)]))?;
+        f.write_all(&crate::outputs::persist::encode_index(&[(path.to_vec(), *rec)]))?;
         if fsync {
             f.sync_all()?;
         }
@@ -113,13 +113,13 @@ fn write_sidecar_in(out: &std::path::Path, path: &[u8], rec: &OutRecord, fsync: 
 /// HOLDER_RENAME at the holder: output `id` is now named `path`, in its
 /// checkpoint store (if there) and in its sidecar, so a restart after a
 /// kill registers it under the new name.
-pub(crate) fn rename_held(dedup: Option<&crate::dedup::Dedup>, out: &std::path::Path, id: u64, path: &[u8], fsync: bool) {
+pub(crate) fn rename_held(dedup: Option<&crate::outputs::dedup::Dedup>, out: &std::path::Path, id: u64, path: &[u8], fsync: bool) {
     if let Some(d) = dedup {
         d.rename_output(id, path);
     }
     let file = out.join(format!("{id}.rec"));
     let Ok(bytes) = std::fs::read(&file) else { return };
-    let Some(rec) = crate::persist::decode_index(&file, &bytes).ok().and_then(|v| v.first().map(|(_, r)| *r)) else { return };
+    let Some(rec) = crate::outputs::persist::decode_index(&file, &bytes).ok().and_then(|v| v.first().map(|(_, r)| *r)) else { return };
     if let Err(e) = write_sidecar_in(out, path, &rec, fsync) {
         log::warn!("rewriting {}: errno {e}", file.display());
     }
@@ -128,7 +128,7 @@ pub(crate) fn rename_held(dedup: Option<&crate::dedup::Dedup>, out: &std::path::
 /// HOLDER_DROP at the holder (or a replaced output held here): deletes
 /// what this rank holds of output `id`, its plain file and sidecar, or its
 /// checkpoint.
-pub(crate) fn drop_held(dedup: Option<&crate::dedup::Dedup>, out: &std::path::Path, id: u64) {
+pub(crate) fn drop_held(dedup: Option<&crate::outputs::dedup::Dedup>, out: &std::path::Path, id: u64) {
     if !dedup.is_some_and(|d| d.drop_output(id)) {
         let _ = std::fs::remove_file(out.join(id.to_string()));
     }
@@ -266,10 +266,10 @@ impl Node {
         // follows it), which must then be a file or nothing in a directory.
         let (path, replaced) = &match self.put_record(path, rec, excl) {
             Err(libc::ELOOP) if !excl => match self.lookup(path, true) {
-                Ok(crate::namespace::links::Looked::Output { rec: r, .. }) if r.is_dir() => Err(libc::EISDIR),
-                Ok(crate::namespace::links::Looked::Output { path: p, .. }) => Ok(p),
-                Ok(crate::namespace::links::Looked::Input { .. }) => Err(libc::EROFS),
-                Ok(crate::namespace::links::Looked::Outside(_)) => Err(libc::EXDEV),
+                Ok(crate::outputs::namespace::links::Looked::Output { rec: r, .. }) if r.is_dir() => Err(libc::EISDIR),
+                Ok(crate::outputs::namespace::links::Looked::Output { path: p, .. }) => Ok(p),
+                Ok(crate::outputs::namespace::links::Looked::Input { .. }) => Err(libc::EROFS),
+                Ok(crate::outputs::namespace::links::Looked::Outside(_)) => Err(libc::EXDEV),
                 Err(libc::ENOENT) => self.real_dangling(path),
                 Err(e) => Err(e),
             }
@@ -369,7 +369,7 @@ impl Node {
     /// OUT_OPEN: an fd with the bytes of output `path`.
     pub fn out_open(&self, path: &[u8]) -> Result<OwnedFd, i32> {
         let (fd, rec) = self.out_open_bytes(path)?;
-        if rec.holder != crate::persist::PERSISTED {
+        if rec.holder != crate::outputs::persist::PERSISTED {
             stamp(&fd, &rec);
         }
         Ok(fd)
@@ -382,11 +382,11 @@ impl Node {
         let mut tries = 0;
         loop {
             let (path, rec) = match self.lookup(path, true)? {
-                crate::namespace::links::Looked::Output { path, rec, .. } => (path, rec),
-                crate::namespace::links::Looked::Input { node, .. } => {
-                    return Ok((self.open(u64::from(node), self.view.dataset_id(), None)?.ok_or(libc::EIO)?, OutRecord { holder: crate::persist::PERSISTED, ..Default::default() }))
+                crate::outputs::namespace::links::Looked::Output { path, rec, .. } => (path, rec),
+                crate::outputs::namespace::links::Looked::Input { node, .. } => {
+                    return Ok((self.open(u64::from(node), self.view.dataset_id(), None)?.ok_or(libc::EIO)?, OutRecord { holder: crate::outputs::persist::PERSISTED, ..Default::default() }))
                 }
-                crate::namespace::links::Looked::Outside(_) => return Err(libc::EXDEV),
+                crate::outputs::namespace::links::Looked::Outside(_) => return Err(libc::EXDEV),
             };
             match self.open_held(&path, &rec) {
                 Err(libc::ENOENT) if tries < 8 => tries += 1,
@@ -402,15 +402,15 @@ impl Node {
         if rec.is_dir() {
             return Err(libc::EISDIR);
         }
-        if rec.holder == crate::persist::PERSISTED {
+        if rec.holder == crate::outputs::persist::PERSISTED {
             let dir = self.persist.get().ok_or(libc::EIO)?;
-            if !crate::persist::data_path(dir, &rec).exists() {
+            if !crate::outputs::persist::data_path(dir, &rec).exists() {
                 return self.open_drained_checkpoint(dir, path, &rec);
             }
             return std::fs::OpenOptions::new()
                 .read(true)
                 .custom_flags(libc::O_CLOEXEC)
-                .open(crate::persist::data_path(dir, &rec))
+                .open(crate::outputs::persist::data_path(dir, &rec))
                 .map(OwnedFd::from)
                 .map_err(|e| {
                     log::error!("rank {}: persisted output '{}': {e}", self.id.rank, String::from_utf8_lossy(path));
@@ -436,12 +436,12 @@ impl Node {
                         .get_or_load(OUT_BIT | rec.id as u32, self.remote_timeout, libc::EIO, || {
                             d.open_output(rec.id, rec.size, rec.sum).map(|fd| (std::sync::Arc::new(fd), rec.size))
                         })
-                        .and_then(|shared| crate::open::reopen(&shared)),
+                        .and_then(|shared| crate::inputs::open::reopen(&shared)),
                 },
                 (Err(_), _) => Err(libc::ENOENT), // replaced or removed meanwhile
             };
         }
-        // One copy per node, shared by every process that opens it ([`crate::remote_out`]).
+        // One copy per node, shared by every process that opens it ([`crate::outputs::remote_out`]).
         self.open_remote_output(path, &rec)
     }
 
@@ -449,7 +449,7 @@ impl Node {
     /// fewer ranks), read in place from `--persist`.
     fn open_drained_checkpoint(&self, dir: &std::path::Path, path: &[u8], rec: &OutRecord) -> Result<OwnedFd, i32> {
         let name = String::from_utf8_lossy(path);
-        let cats = crate::dedup::persisted_catalogs(dir).map_err(|e| {
+        let cats = crate::outputs::dedup::persisted_catalogs(dir).map_err(|e| {
             log::error!("rank {}: persisted output '{name}': {e}", self.id.rank);
             libc::EIO
         })?;
@@ -457,9 +457,9 @@ impl Node {
             log::error!("rank {}: persisted output '{name}': its bytes are in no drained store", self.id.rank);
             libc::EIO
         })?;
-        let bytes = crate::dedup::open_drained(dir, rank).and_then(|s| s.read(path)).map_err(|e| {
+        let bytes = crate::outputs::dedup::open_drained(dir, rank).and_then(|s| s.read(path)).map_err(|e| {
             log::error!("rank {}: persisted output '{name}': {e}", self.id.rank);
-            crate::dedup::errno_of(&e)
+            crate::outputs::dedup::errno_of(&e)
         })?;
         if bytes.len() as u64 != rec.size || xxh3(&bytes) != rec.sum {
             log::error!("rank {}: persisted output '{name}' differs from its record", self.id.rank);
@@ -476,10 +476,10 @@ impl Node {
     /// Loads the records drained to `dir` by an earlier job: those this rank
     /// owns now, and the listings of the directories it owns. Returns how
     /// many records it keeps.
-    pub fn load_persisted(&self, dir: &std::path::Path) -> Result<usize, crate::persist::PersistError> {
-        let all = crate::persist::read_all(dir)?;
-        let stores = crate::dedup::persisted_catalogs(dir)
-            .map_err(|e| crate::persist::PersistError::Io(dir.join(crate::dedup::STORE_DIR), std::io::Error::other(e.to_string())))?;
+    pub fn load_persisted(&self, dir: &std::path::Path) -> Result<usize, crate::outputs::persist::PersistError> {
+        let all = crate::outputs::persist::read_all(dir)?;
+        let stores = crate::outputs::dedup::persisted_catalogs(dir)
+            .map_err(|e| crate::outputs::persist::PersistError::Io(dir.join(crate::outputs::dedup::STORE_DIR), std::io::Error::other(e.to_string())))?;
         let mut m = self.meta.lock().unwrap_or_else(|p| p.into_inner());
         let mut n = 0;
         for (path, mut rec) in all {
@@ -487,10 +487,10 @@ impl Node {
                 continue; // an input of this dataset now: inputs win
             }
             if !rec.is_dir() {
-                rec.holder = crate::persist::PERSISTED;
+                rec.holder = crate::outputs::persist::PERSISTED;
                 // A checkpoint drained with rank s's store is held by rank s
                 // again (which copied that store back at start).
-                if let Some(&s) = stores.get(&path).filter(|_| !crate::persist::data_path(dir, &rec).exists()) {
+                if let Some(&s) = stores.get(&path).filter(|_| !crate::outputs::persist::data_path(dir, &rec).exists()) {
                     if s >= self.id.nranks {
                         log::warn!(
                             "rank {}: '{}' was drained by rank {s} of a larger job: only `fanstore export` can read it",
@@ -511,10 +511,10 @@ impl Node {
             if self.owner(&path) == self.id.rank {
                 if rec.is_link() {
                     // The owner keeps a symlink's target beside its record.
-                    let file = crate::persist::data_path(dir, &rec);
-                    let target = std::fs::read(&file).map_err(|e| crate::persist::PersistError::Io(file.clone(), e))?;
+                    let file = crate::outputs::persist::data_path(dir, &rec);
+                    let target = std::fs::read(&file).map_err(|e| crate::outputs::persist::PersistError::Io(file.clone(), e))?;
                     if target.len() as u64 != rec.size || xxh3(&target) != rec.sum {
-                        return Err(crate::persist::PersistError::Data(file, String::from_utf8_lossy(&path).into_owned()));
+                        return Err(crate::outputs::persist::PersistError::Data(file, String::from_utf8_lossy(&path).into_owned()));
                     }
                     m.insert_link(&path, rec, &target);
                 } else {
@@ -536,7 +536,7 @@ impl Node {
 
     /// Drains to `dir`: the output bytes this rank holds, then the records it
     /// owns (files now held by `dir`). Returns (files copied, records).
-    pub fn drain(&self, dir: &std::path::Path) -> Result<(usize, usize), crate::persist::PersistError> {
+    pub fn drain(&self, dir: &std::path::Path) -> Result<(usize, usize), crate::outputs::persist::PersistError> {
         let files = self.drain_data(dir)?;
         let recs = self.drain_meta(dir, false)?;
         Ok((files, recs))
@@ -567,7 +567,7 @@ impl Node {
 
     /// Copies every output file this rank holds into `dir` (content-addressed),
     /// and its checkpoint store; returns the outputs drained.
-    pub fn drain_data(&self, dir: &std::path::Path) -> Result<usize, crate::persist::PersistError> {
+    pub fn drain_data(&self, dir: &std::path::Path) -> Result<usize, crate::outputs::persist::PersistError> {
         if let Some(d) = self.dedup.get() {
             d.wait_committed(); // queued checkpoints go in as deduplicated, not as plain files
         }
@@ -580,42 +580,42 @@ impl Node {
                 }
                 let known = std::fs::read(self.out_dir().join(format!("{}.rec", e.file_name().to_string_lossy())))
                     .ok()
-                    .and_then(|b| crate::persist::decode_index(&e.path(), &b).ok())
+                    .and_then(|b| crate::outputs::persist::decode_index(&e.path(), &b).ok())
                     .and_then(|mut r| r.pop())
                     .map(|(_, rec)| (rec.size, rec.sum));
-                crate::persist::drain_file(dir, &e.path(), known, &mut unsynced)?;
+                crate::outputs::persist::drain_file(dir, &e.path(), known, &mut unsynced)?;
                 files += 1;
-                if unsynced >= crate::persist::UNSYNCED_MAX {
-                    crate::persist::flush(dir)?;
+                if unsynced >= crate::outputs::persist::UNSYNCED_MAX {
+                    crate::outputs::persist::flush(dir)?;
                     unsynced = 0;
                 }
             }
         }
         if unsynced > 0 {
-            crate::persist::flush(dir)?; // before the index names them (drain_meta)
+            crate::outputs::persist::flush(dir)?; // before the index names them (drain_meta)
         }
         if let Some(d) = self.dedup.get() {
-            let dst = crate::dedup::drained_dir(dir, self.id.rank);
-            files += d.drain_to(&dst).map_err(|e| crate::persist::PersistError::Io(dst, e))?;
+            let dst = crate::outputs::dedup::drained_dir(dir, self.id.rank);
+            files += d.drain_to(&dst).map_err(|e| crate::outputs::persist::PersistError::Io(dst, e))?;
         }
         Ok(files)
     }
 
     /// Writes the records this rank owns to `dir`; with `only_present`, only
     /// files whose bytes are already there (a sync racing with commits).
-    pub fn drain_meta(&self, dir: &std::path::Path, only_present: bool) -> Result<usize, crate::persist::PersistError> {
+    pub fn drain_meta(&self, dir: &std::path::Path, only_present: bool) -> Result<usize, crate::outputs::persist::PersistError> {
         let mut recs = self.meta.lock().unwrap_or_else(|p| p.into_inner()).all();
         if only_present {
-            let drained = crate::dedup::persisted_catalogs(dir).unwrap_or_default();
-            recs.retain(|(p, r)| r.is_dir() || crate::persist::data_path(dir, r).exists() || drained.contains_key(p));
+            let drained = crate::outputs::dedup::persisted_catalogs(dir).unwrap_or_default();
+            recs.retain(|(p, r)| r.is_dir() || crate::outputs::persist::data_path(dir, r).exists() || drained.contains_key(p));
         }
         for (_, r) in recs.iter_mut() {
             if !r.is_dir() {
-                r.holder = crate::persist::PERSISTED;
+                r.holder = crate::outputs::persist::PERSISTED;
             }
         }
         recs.sort_by(|a, b| a.0.cmp(&b.0));
-        crate::persist::write_index(dir, self.id.rank, self.id.nranks, &recs)?;
+        crate::outputs::persist::write_index(dir, self.id.rank, self.id.nranks, &recs)?;
         Ok(recs.len())
     }
 }
@@ -647,7 +647,7 @@ impl Node {
                 continue;
             }
             let Ok(b) = std::fs::read(&p) else { continue };
-            let Ok(mut recs) = crate::persist::decode_index(&p, &b) else {
+            let Ok(mut recs) = crate::outputs::persist::decode_index(&p, &b) else {
                 log::warn!("rank {}: ignoring damaged {}", self.id.rank, p.display());
                 continue;
             };
@@ -705,7 +705,7 @@ impl Node {
 impl Node {
     /// Queues the recovered plain output `id` (`out/<id>`, which only the
     /// daemon writes) for the checkpoint store's commit worker.
-    fn enqueue_recovered(&self, d: &crate::dedup::Dedup, path: &[u8], id: u64) {
+    fn enqueue_recovered(&self, d: &crate::outputs::dedup::Dedup, path: &[u8], id: u64) {
         let plain = self.out_file(id);
         let Ok(f) = std::fs::OpenOptions::new().read(true).custom_flags(libc::O_CLOEXEC).open(&plain) else { return };
         let Some(len) = f.metadata().ok().map(|m| m.len()).filter(|&l| l > 0) else { return };

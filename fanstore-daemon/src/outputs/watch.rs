@@ -25,7 +25,7 @@
 //!   forwarded kernel inotify fd, sink): nothing spins while nothing happens.
 //! - **Prefetch.** A node that delivered a close or a rename of a file held
 //!   by another rank to a local watcher starts fetching its bytes into the
-//!   node's shared copy ([`crate::remote_out`]) right away: the consumer's
+//!   node's shared copy ([`crate::outputs::remote_out`]) right away: the consumer's
 //!   open, which follows the event, waits for that fetch instead of starting
 //!   its own after the event's round trip to the program.
 //! - **End.** A session ends when its client closes the connection, dies, or
@@ -73,7 +73,7 @@ fn queue_max() -> usize {
 const POLL_MS: i32 = 1000;
 
 /// Ids of DELIVER messages (their replies are not waited for), apart from
-/// the ids of the metadata requests of [`crate::outputs`].
+/// the ids of the metadata requests of [`crate::outputs::held`].
 static DELIVER_IDS: AtomicU64 = AtomicU64::new(1 << 62);
 static COOKIES: AtomicU64 = AtomicU64::new(1);
 

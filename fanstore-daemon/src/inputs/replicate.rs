@@ -15,10 +15,10 @@
 //!    local `parts/` directory, except the payloads of large uncompressed
 //!    files, which go straight to their own files (what a local partition's
 //!    file is extracted to on first open), so each byte lands once
-//!    ([`crate::replica_writer`]); a failed range is asked of the next holder;
+//!    ([`crate::inputs::replica_writer`]); a failed range is asked of the next holder;
 //! 2. the file is verified entry by entry against the manifest, with every
 //!    checksum, exactly as a partition the loader reads from the dataset
-//!    directory (`crate::load::verify_partition`), and each large file's
+//!    directory (`crate::inputs::load::verify_partition`), and each large file's
 //!    length and checksum too: a peer's damaged copy is refused, never served;
 //! 3. the large files are renamed to their extracted names and marked
 //!    extracted in the tier map (clients open them directly); the partition
@@ -47,10 +47,10 @@
 //! stop).
 
 use crate::comm::{Fetch, FetchReply, RecvBuf, RecvMem, PART_BIT};
-use crate::copies::room_for;
-use crate::load::{self, OffsetMap};
+use crate::inputs::copies::room_for;
+use crate::inputs::load::{self, OffsetMap};
 use crate::node::Node;
-use crate::replica_writer::{large_payloads, Apart, ReplicaWriter};
+use crate::inputs::replica_writer::{large_payloads, Apart, ReplicaWriter};
 use fanstore_core::tiers::{TIER_EXTRACTED, TIER_NONE, TIER_PART};
 use std::fs::File;
 use std::os::unix::fs::OpenOptionsExt;

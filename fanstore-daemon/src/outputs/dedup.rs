@@ -75,7 +75,7 @@ const PENDING: &[u8] = b".fanstore-pending-";
 
 /// The key an output is staged under before its record is registered.
 pub fn pending_key(path: &[u8], id: u64) -> Vec<u8> {
-    let (dir, _) = crate::namespace::parent(path);
+    let (dir, _) = crate::outputs::namespace::parent(path);
     let mut k = Vec::with_capacity(dir.len() + PENDING.len() + 21);
     if !dir.is_empty() {
         k.extend_from_slice(dir);
@@ -88,7 +88,7 @@ pub fn pending_key(path: &[u8], id: u64) -> Vec<u8> {
 
 /// True for a staged key (hidden from the queries).
 pub fn is_pending(key: &[u8]) -> bool {
-    crate::namespace::parent(key).1.starts_with(PENDING)
+    crate::outputs::namespace::parent(key).1.starts_with(PENDING)
 }
 
 /// The errno a store failure gives the client.
@@ -159,7 +159,7 @@ impl Held {
     /// (within the budget; only the newest when the disk of `dir` has less
     /// than a twentieth free), and maps every hot copy afresh.
     fn keep_hot(&mut self, id: u64, file: Arc<OwnedFd>, dir: &Path) {
-        if !crate::copies::room_for(dir, 0) {
+        if !crate::inputs::copies::room_for(dir, 0) {
             self.store.limit_hot(1, u64::MAX);
         }
         self.hot.insert(id, file);
@@ -338,7 +338,7 @@ fn demote_worker(dir: PathBuf, held: std::sync::Weak<RwLock<Held>>, rx: std::syn
         let started = std::time::Instant::now();
         let copied = (|| -> io::Result<(std::fs::File, memmap2::Mmap)> {
             let mut to = std::fs::OpenOptions::new().read(true).write(true).custom_flags(libc::O_TMPFILE).mode(0o600).open(&dir)?;
-            let from = std::fs::File::from(crate::open::reopen(&job.memfd).map_err(io::Error::from_raw_os_error)?);
+            let from = std::fs::File::from(crate::inputs::open::reopen(&job.memfd).map_err(io::Error::from_raw_os_error)?);
             // SAFETY: the memfd is sealed against writes and shrinking (the
             // commit sealed it before keeping it hot); read-only mapping.
             let orig = unsafe { memmap2::Mmap::map(&from) }?;
@@ -624,7 +624,7 @@ impl Dedup {
         let h = self.read();
         let key = h.keys.get(&id)?;
         let f = h.hot.get(&id).filter(|_| h.store.is_hot(key))?;
-        Some(crate::open::reopen(f))
+        Some(crate::inputs::open::reopen(f))
     }
 
     /// Output `id` of `size` bytes and xxh3 `sum` (its record's): the file
@@ -724,7 +724,7 @@ impl Dedup {
                 }
             }
         }
-        crate::persist::flush(dst).map_err(|e| io::Error::other(e.to_string()))?;
+        crate::outputs::persist::flush(dst).map_err(|e| io::Error::other(e.to_string()))?;
         // The catalog is the commit point; what the store released since the
         // last drain goes once the new catalog is in place.
         copy_synced(&self.dir.join(catalog::FILE_NAME), &dst.join(catalog::FILE_NAME))?;

@@ -26,11 +26,11 @@
 //!
 //! ```no_run
 //! # use std::path::Path;
-//! use fanstore_daemon::persist_lease::PersistLease;
+//! use fanstore_daemon::outputs::persist_lease::PersistLease;
 //! let lease = PersistLease::acquire(Path::new("/scratch/run1"))?;
 //! // ... the job runs, then drains ...
 //! lease.release();
-//! # Ok::<(), fanstore_daemon::persist_lease::LeaseError>(())
+//! # Ok::<(), fanstore_daemon::outputs::persist_lease::LeaseError>(())
 //! ```
 
 use std::io::Write;

@@ -27,7 +27,7 @@
 //! connection thread still waits for it.
 //!
 //! ```
-//! use fanstore_daemon::client_reply::ClientReply;
+//! use fanstore_daemon::inputs::client_reply::ClientReply;
 //! let r = ClientReply::new(-1, fanstore_core::wire::Reply::ok(&fanstore_core::wire::Request::new(2, 1, 0, 0), 0));
 //! assert!(r.claim_for_conn()); // nobody answered: the connection thread does
 //! assert!(!r.sent());
@@ -90,7 +90,7 @@ impl ClientReply {
         if self.state.compare_exchange(PENDING, SENDING, AcqRel, Acquire).is_err() {
             return false;
         }
-        let ok = file().and_then(|f| crate::open::reopen_raw(f).ok()).is_some_and(|ro| {
+        let ok = file().and_then(|f| crate::inputs::open::reopen_raw(f).ok()).is_some_and(|ro| {
             wire::try_send_msg(self.sock, &self.reply, Some(ro.as_raw_fd()))
                 .map_err(|e| log::debug!("answering a client from the communication thread: {e}"))
                 .is_ok()

@@ -18,7 +18,7 @@
 //!   waits for here.
 //!
 //! A copy is created unnamed (O_TMPFILE), filled, linked under its node id
-//! and recorded in its place's cache ([`crate::cache`]) with its size rounded
+//! and recorded in its place's cache ([`crate::inputs::cache`]) with its size rounded
 //! up to pages; the cache's eviction hook sets the tier byte back (to what
 //! it said before the copy when that still holds without it: a replicated
 //! partition, a declined copy; else 0) and unlinks the file under the cache
@@ -26,13 +26,13 @@
 //! Nothing keeps an fd open per cached copy; concurrent first opens of one
 //! file share one load. A copy too large for the budget is served unnamed,
 //! and once its reader is done its pages serve a later one
-//! ([`crate::recycle`], a bounded set of fds). Clients that open a copy
+//! ([`crate::inputs::recycle`], a bounded set of fds). Clients that open a copy
 //! directly do not refresh its place in the LRU order, so for them eviction
 //! is first-in first-out.
 
-use crate::cache::Cache;
+use crate::inputs::cache::Cache;
 use crate::fdlimit;
-use crate::recycle::{Evicted, Spare, Spares};
+use crate::inputs::recycle::{Evicted, Spare, Spares};
 use fanstore_core::tiers::{self, EXTRACT_MIN, TIER_COPY, TIER_DECLINED, TIER_EXTRACTED, TIER_NONE, TIER_PART, TIER_PART_DECLINED};
 use std::ffi::CString;
 use std::fs::File;
@@ -158,7 +158,7 @@ impl Copies {
         let hook_tiers = tiers.clone();
         let evicted = Arc::new(Evicted::new(0));
         let hook_evicted = evicted.clone();
-        let on_evict: crate::cache::EvictHook<CopyEntry> = Box::new(move |id, e| {
+        let on_evict: crate::inputs::cache::EvictHook<CopyEntry> = Box::new(move |id, e| {
             // The tier byte first: no client opens the name after this.
             hook_tiers.set(id, e.rest);
             hook_evicted.keep(&hook_dir, &hook_dir.join(id.to_string()), e.size);
@@ -177,7 +177,7 @@ impl Copies {
 
     /// Keeps up to `budget` bytes of unnamed copies (those past the copy
     /// budget) once their readers are done, to write later copies into
-    /// ([`crate::recycle`]); 0: never.
+    /// ([`crate::inputs::recycle`]); 0: never.
     pub fn with_spares(mut self, budget: u64) -> Copies {
         self.spares = Spares::new(budget);
         self.evicted.set_budget(budget);
@@ -194,7 +194,7 @@ impl Copies {
         }
         let hook_dir = local_dir.to_path_buf();
         let hook_tiers = self.tiers.clone();
-        let on_evict: crate::cache::EvictHook<CopyEntry> = Box::new(move |id, e| {
+        let on_evict: crate::inputs::cache::EvictHook<CopyEntry> = Box::new(move |id, e| {
             hook_tiers.set(id, e.rest);
             let _ = std::fs::remove_file(fanstore_core::runtime::local_file_path(&hook_dir, id));
         });
@@ -226,7 +226,7 @@ impl Copies {
     ///
     /// `answered` tells, after `fill`, whether the reader has its own fd of
     /// the copy already (the communication thread sent it one,
-    /// [`crate::client_reply`]): then no fd is made here, and the result is
+    /// [`crate::inputs::client_reply`]): then no fd is made here, and the result is
     /// `Ok(None)`.
     pub fn open(
         &self,
@@ -536,7 +536,7 @@ pub fn open_ro(path: &Path) -> Result<OwnedFd, i32> {
 }
 
 /// Where a copy's bytes are written: its file, through the mapping kept with
-/// it when it is a spare ([`crate::recycle`]), else with pwrite. Every byte
+/// it when it is a spare ([`crate::inputs::recycle`]), else with pwrite. Every byte
 /// of the file must be written.
 ///
 /// A spare can be lent to a remote read ([`CopyDst::lend`]) so the payload
@@ -824,7 +824,7 @@ mod tests {
         let answer = |d: &mut CopyDst<'_>| {
             d.write_all(&[5u8; 20_000])?;
             let f = d.as_file().expect("an unnamed copy file");
-            *sent.lock().unwrap() = Some(crate::open::reopen_raw(f.as_raw_fd())?);
+            *sent.lock().unwrap() = Some(crate::inputs::open::reopen_raw(f.as_raw_fd())?);
             Ok(())
         };
         assert!(c.open(1, 20_000, w, &|| {}, &answer, &|| true).unwrap().is_none());
@@ -919,7 +919,7 @@ mod tests {
     fn background_copies_of_large_files_go_to_the_local_disk_within_its_budget() {
         let (d, tiers, c) = setup(1 << 20);
         let local = d.path().join("local");
-        crate::load::prepare_local_dir(&local).unwrap();
+        crate::inputs::load::prepare_local_dir(&local).unwrap();
         let big = EXTRACT_MIN as usize;
         // Room for two large copies on disk.
         let c = c.with_disk(&local, 2 * EXTRACT_MIN);

@@ -202,7 +202,7 @@ impl Node {
         if id >= crate::comm::OUT_BIT as u64 {
             return Err(libc::ENOSPC);
         }
-        let now = crate::namespace::now_ns();
+        let now = crate::outputs::namespace::now_ns();
         let rec = OutRecord { size: target.len() as u64, mode: libc::S_IFLNK | 0o777, holder: self.id.rank, id, sum: xxh3(target), ..Default::default() }
             .with_times(now, now);
         self.hold_link(&path, &rec, target)?;

@@ -83,11 +83,11 @@ impl Node {
     }
 
     /// Renames output directory `from` (and everything below it) to `to`:
-    /// the two-phase move of [`crate::namespace::owner`] (module doc). `to` may be an
+    /// the two-phase move of [`crate::outputs::namespace::owner`] (module doc). `to` may be an
     /// empty directory (replaced); a non-empty one is ENOTEMPTY, a file
     /// ENOTDIR. Called by [`Self::out_rename`] after the parent and ancestor checks.
     fn rename_dir(&self, from: &[u8], to: &[u8], noreplace: bool) -> Result<(), i32> {
-        use crate::namespace::owner::Moved;
+        use crate::outputs::namespace::owner::Moved;
         // (Both parents and the ancestor relation were checked by out_rename.)
         match self.out_stat(to) {
             Ok(_) if noreplace => return Err(libc::EEXIST),
@@ -148,7 +148,7 @@ impl Node {
             if !prepared.contains(&r) && payload.is_empty() {
                 continue;
             }
-            let arg0 = if result.is_ok() { tx | crate::namespace::owner::MOVE_DONE } else { tx };
+            let arg0 = if result.is_ok() { tx | crate::outputs::namespace::owner::MOVE_DONE } else { tx };
             if let Err(e) = self.meta_once(r, mop::MOVE_COMMIT, arg0, payload) {
                 log::error!("rank {}: moving '{}': rank {r} did not commit: errno {e}", self.id.rank, String::from_utf8_lossy(from));
             }
@@ -186,10 +186,10 @@ impl Node {
         let follow = what & wire::SETATTR_NOFOLLOW == 0;
         let what = what & !wire::SETATTR_NOFOLLOW;
         let path = &match self.lookup(path, follow)? {
-            crate::namespace::links::Looked::Output { rec, .. } if rec.is_link() && what == wire::SETATTR_MODE => return Err(libc::EOPNOTSUPP),
-            crate::namespace::links::Looked::Output { path, .. } => path,
-            crate::namespace::links::Looked::Input { .. } => return Err(libc::EROFS),
-            crate::namespace::links::Looked::Outside(_) => return Err(libc::EXDEV),
+            crate::outputs::namespace::links::Looked::Output { rec, .. } if rec.is_link() && what == wire::SETATTR_MODE => return Err(libc::EOPNOTSUPP),
+            crate::outputs::namespace::links::Looked::Output { path, .. } => path,
+            crate::outputs::namespace::links::Looked::Input { .. } => return Err(libc::EROFS),
+            crate::outputs::namespace::links::Looked::Outside(_) => return Err(libc::EXDEV),
         };
         let mut payload = value.to_le_bytes().to_vec();
         payload.extend_from_slice(path);
@@ -216,10 +216,10 @@ impl Node {
             return Ok(());
         }
         // Then the ancestor checks, before any type check (as lock_rename's trap).
-        if crate::namespace::owner::at_or_below(to, from) {
+        if crate::outputs::namespace::owner::at_or_below(to, from) {
             return Err(libc::EINVAL);
         }
-        if crate::namespace::owner::at_or_below(from, to) {
+        if crate::outputs::namespace::owner::at_or_below(from, to) {
             return Err(libc::ENOTEMPTY);
         }
         if rec.is_dir() {
@@ -234,7 +234,7 @@ impl Node {
             self.write_sidecar(to, &rec)?;
         }
         let put = if rec.is_link() {
-            let over = if noreplace { wire::COMMIT_EXCL } else { crate::namespace::owner::PUT_OVER_LINK };
+            let over = if noreplace { wire::COMMIT_EXCL } else { crate::outputs::namespace::owner::PUT_OVER_LINK };
             self.put_link(to, rec, &target, over)
         } else if noreplace {
             self.put(to, rec, true) // EEXIST at the owner, atomically

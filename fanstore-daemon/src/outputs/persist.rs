@@ -6,7 +6,7 @@
 //!                                 later drain of the same bytes is a no-op)
 //! DIR/meta/nranks                 decimal N of the job that drained last
 //! DIR/meta/rank-<r>.idx           the records rank r owned, format below
-//! DIR/meta/lease                  held by the running job's rank 0 (crate::persist_lease)
+//! DIR/meta/lease                  held by the running job's rank 0 (crate::outputs::persist_lease)
 //!
 //! rank-<r>.idx   0..8 magic "FSOUTIX\0" | 8..10 version (2) | 10..12 zero
 //!                12..16 count | entries | last 8 bytes: xxh3 of all before

@@ -27,7 +27,7 @@
 //! same open file description.
 //!
 //! ```no_run
-//! # use fanstore_daemon::recycle::{Spare, Spares};
+//! # use fanstore_daemon::inputs::recycle::{Spare, Spares};
 //! # let (made, size) = (tempfile::tempfile().unwrap(), 4096);
 //! let spares = Spares::new(32 << 20);
 //! spares.keep(Spare::new(made, size));     // after the reader got its own fd

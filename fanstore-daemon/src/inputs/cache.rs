@@ -1,5 +1,5 @@
 //! The node-level caches, keyed by node id: copies of dataset files (named
-//! files in the copy directory, [`crate::copies`]) and read-back outputs
+//! files in the copy directory, [`crate::inputs::copies`]) and read-back outputs
 //! (sealed memfds).
 //!
 //! Every client of a node shares one copy of a remote or decompressed file:

@@ -12,7 +12,7 @@
 //! new entry; entries are evicted least recently used within a quarter of
 //! `--cache-mem` (an fd a program holds stays valid).
 
-use crate::cache::Cache;
+use crate::inputs::cache::Cache;
 use crate::comm::{Fetch, RecvBuf, OUT_BIT};
 use crate::memfd::MemfdBuilder;
 use crate::node::Node;
@@ -52,7 +52,7 @@ impl RemoteOutputs {
         size <= self.budget
     }
 
-    pub fn stats(&self) -> &crate::cache::CacheStats {
+    pub fn stats(&self) -> &crate::inputs::cache::CacheStats {
         &self.cache.stats
     }
 }
@@ -68,7 +68,7 @@ impl Node {
     /// A new read-only description of the node's copy of remote output `rec`.
     pub(crate) fn open_remote_output(&self, path: &[u8], rec: &OutRecord) -> Result<OwnedFd, i32> {
         match self.load_remote_output(path, rec)? {
-            Some(c) => crate::fdlimit::retry(|| self.relieve_fds(), || crate::open::reopen(&c.fd)),
+            Some(c) => crate::fdlimit::retry(|| self.relieve_fds(), || crate::inputs::open::reopen(&c.fd)),
             None => self.fetch_output(path, rec, self.output_fetch_timeout(rec)), // a key collision: not shared
         }
     }

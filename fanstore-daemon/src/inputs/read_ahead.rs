@@ -33,7 +33,7 @@
 
 use crate::comm::{Fetch, RecvBuf, RecvMem, PART_BIT};
 use crate::node::Node;
-use crate::open::{give_back, scratch};
+use crate::inputs::open::{give_back, scratch};
 use fanstore_core::checksum::xxh3;
 use fanstore_core::manifest::{NodeKind, NodeRef};
 use fanstore_core::tiers::{TIER_COPY, TIER_EXTRACTED};
@@ -338,7 +338,7 @@ impl Node {
         }
     }
 
-    /// Whether partition `p` is being fetched whole ([`crate::replicate`]):
+    /// Whether partition `p` is being fetched whole ([`crate::inputs::replicate`]):
     /// its files arrive with it (an OPEN waits for it), not read ahead too.
     fn being_replicated(&self, p: u32) -> bool {
         self.replica_pending.get(p as usize).is_some_and(|left| left.load(Relaxed) != 0)

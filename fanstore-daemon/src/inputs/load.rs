@@ -4,7 +4,7 @@
 //! [`local_partition_path`] (a sequential copy: the time to ready is bound
 //! by bytes, not by the number of files). The copies are then mapped
 //! read-only (no fd is kept) and serve every local file: a file's own bytes
-//! appear on its first open, extracted or copied (see [`crate::copies`] and
+//! appear on its first open, extracted or copied (see [`crate::inputs::copies`] and
 //! [`fanstore_core::tiers`]).
 //!
 //! One thread per partition in flight reads, verifies and writes; the first

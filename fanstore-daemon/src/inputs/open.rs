@@ -1,27 +1,27 @@
 //! OPEN: turning a node id into an fd whose bytes are exactly the file's.
 //!
 //! Every local file is served from its partition's mapped local copy
-//! ([`crate::load`]); its own bytes appear on the first open:
+//! ([`crate::inputs::load`]); its own bytes appear on the first open:
 //! - a local uncompressed file of [`EXTRACT_MIN`] bytes or more: extracted
 //!   to `local_file_path` (verified, written under a temporary name and
 //!   renamed), kept until the job ends;
 //! - anything else (a smaller or compressed local file, a remote file): a
-//!   copy in the copy directory ([`crate::copies`]), verified and
+//!   copy in the copy directory ([`crate::inputs::copies`]), verified and
 //!   decompressed, within `--cache-mem`. Remote payloads come over MPI from a
 //!   holder (spread over replicas, failing over to the next holder) into a
-//!   warm buffer of a bounded pool ([`crate::bufpool`]), while the copy's
+//!   warm buffer of a bounded pool ([`crate::inputs::bufpool`]), while the copy's
 //!   pages are allocated.
 //!
 //! The tier map records both, so clients open these files directly next
 //! time, with no message. Every reply carries a new read-only open file
 //! description (its own offset). No fd is kept per file.
 
-use crate::bufpool::BufPool;
-use crate::client_reply::{ClientReply, Direct};
+use crate::inputs::bufpool::BufPool;
+use crate::inputs::client_reply::{ClientReply, Direct};
 use crate::comm::{Fetch, RecvBuf, RecvMem};
-use crate::copies::{open_ro, CopyDst};
+use crate::inputs::copies::{open_ro, CopyDst};
 use crate::fdlimit;
-use crate::load::PartMap;
+use crate::inputs::load::PartMap;
 use crate::node::{Node, Phase};
 use fanstore_core::checksum::{xxh3, xxh3_cold};
 use fanstore_core::codec::{self, Codec};
@@ -64,7 +64,7 @@ static EXTRACT_FULL: std::sync::atomic::AtomicBool = std::sync::atomic::AtomicBo
 impl Node {
     /// Resolves OPEN(node id, dataset id) to a new read-only fd, or an errno.
     /// With `client`, the communication thread may answer the client of a
-    /// remote file itself ([`crate::client_reply`]): the caller claims the
+    /// remote file itself ([`crate::inputs::client_reply`]): the caller claims the
     /// answer before it sends one. No fd is made for a client answered so
     /// (`Ok(None)`; never without `client`).
     pub fn open(&self, node_id: u64, dataset_id: u64, client: Option<&Arc<ClientReply>>) -> Result<Option<OwnedFd>, i32> {
@@ -139,7 +139,7 @@ impl Node {
     /// copies are made or the rank stops. Runs on its own low-priority thread
     /// after ready. Returns the number of files copied.
     pub fn prefill(&self, limit: u64) -> u64 {
-        crate::replicate::lowest_priority();
+        crate::inputs::replicate::lowest_priority();
         let (Some(copies), Some(parts)) = (self.copies.get(), self.parts.get()) else { return 0 };
         let (mut done, mut bytes) = (0, 0u64);
         for n in self.view.nodes() {
@@ -169,7 +169,7 @@ impl Node {
     /// cost a copy per epoch for no more hits (see there). Copies on the
     /// local disk evict as before.
     pub fn warm_copies(&self, rx: crossbeam::channel::Receiver<u32>) {
-        crate::replicate::lowest_priority();
+        crate::inputs::replicate::lowest_priority();
         let (Some(copies), Some(tiers)) = (self.copies.get(), self.tiers.get()) else { return };
         while let Ok(id) = rx.recv() {
             if self.stopping.load(Relaxed) {
@@ -288,7 +288,7 @@ impl Node {
     /// epoch at a third of its later epochs' speed, each OPEN extracting).
     /// Returns (files, bytes) extracted here.
     pub fn extract_ahead(&self, limit: u64) -> (u64, u64) {
-        crate::replicate::lowest_priority();
+        crate::inputs::replicate::lowest_priority();
         let (Some(tiers), Some(parts)) = (self.tiers.get(), self.parts.get()) else { return (0, 0) };
         let (mut files, mut bytes) = (0u64, 0u64);
         for n in self.view.nodes() {
@@ -302,7 +302,7 @@ impl Node {
             if tiers.get(n.id()) == TIER_EXTRACTED {
                 continue;
             }
-            if bytes.saturating_add(n.size()) > limit || !crate::copies::room_for(&self.id.local_dir, n.size()) {
+            if bytes.saturating_add(n.size()) > limit || !crate::inputs::copies::room_for(&self.id.local_dir, n.size()) {
                 break;
             }
             match self.extract(n, map) {
@@ -425,7 +425,7 @@ impl Node {
     ///
     /// With `client`, an uncompressed file of at most [`DIRECT_MAX`] bytes
     /// is answered by the communication thread as soon as it is verified in
-    /// the copy's file ([`crate::client_reply`]); the bytes are then in
+    /// the copy's file ([`crate::inputs::client_reply`]); the bytes are then in
     /// `dst` already.
     fn fetch_from(&self, n: NodeRef<'_>, holder: u32, dst: &mut CopyDst<'_>, client: Option<&Arc<ClientReply>>) -> Result<(), i32> {
         let me = self.id.rank;
