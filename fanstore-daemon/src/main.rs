@@ -276,8 +276,8 @@ fn run(args: &DaemonArgs) -> anyhow::Result<i32> {
     let store = LocalStore {
         view: node.view,
         local_dir: node.id.local_dir.clone(),
-        parts: node.parts.get().cloned().unwrap_or_default(),
-        dedup: node.dedup.get().cloned(),
+        parts: node.inputs.parts.get().cloned().unwrap_or_default(),
+        dedup: node.outputs.dedup.get().cloned(),
     };
     let aside = args.local.join(format!("recovered-rank-{rank}"));
     if aside.is_dir() {
@@ -323,7 +323,7 @@ fn run(args: &DaemonArgs) -> anyhow::Result<i32> {
         // WARM hints from clients: a bounded queue (a hint is dropped when
         // the copier is behind) and one low-priority copier thread.
         let (tx, rx) = crossbeam::channel::bounded(4096);
-        let _ = node.warm.set(tx);
+        let _ = node.inputs.warm.set(tx);
         let node = node.clone();
         let spawned = std::thread::Builder::new().name("fanstore-warm".into()).spawn(move || node.warm_copies(rx));
         if let Err(e) = spawned {
@@ -334,7 +334,7 @@ fn run(args: &DaemonArgs) -> anyhow::Result<i32> {
         // A bounded queue: a run that does not fit is asked for again by
         // the stream's next open.
         let (tx, rx) = crossbeam::channel::bounded(64);
-        let _ = node.read_ahead.set(fanstore_daemon::inputs::read_ahead::ReadAhead::new(args.read_ahead, tx));
+        let _ = node.inputs.read_ahead.set(fanstore_daemon::inputs::read_ahead::ReadAhead::new(args.read_ahead, tx));
         for k in 0..fanstore_daemon::inputs::read_ahead::THREADS {
             let (node, rx) = (node.clone(), rx.clone());
             let spawned = std::thread::Builder::new().name(format!("fanstore-ahead-{k}")).spawn(move || node.read_ahead_loop(rx));
@@ -374,7 +374,7 @@ fn run(args: &DaemonArgs) -> anyhow::Result<i32> {
         // A bounded queue: a partition asked for while it is full is asked
         // again by a later read of one of its files.
         let (tx, rx) = crossbeam::channel::bounded(4096);
-        let _ = node.replicate_on_read.set(fanstore_daemon::node::ReplicationQueue { tx, after_its_size });
+        let _ = node.inputs.replicate_on_read.set(fanstore_daemon::inputs::ReplicationQueue { tx, after_its_size });
         let node = node.clone();
         let spawned = std::thread::Builder::new().name("fanstore-replicate".into()).spawn(move || {
             let r = fanstore_daemon::inputs::replicate::on_read(&node, budget, &rx);
@@ -434,7 +434,7 @@ fn run(args: &DaemonArgs) -> anyhow::Result<i32> {
     // What this rank will drain to --persist, as seconds at a pessimistic
     // rate: the ranks agree on the longest at the shutdown barrier, and each
     // lets MPI_Finalize wait that much more for the others (below).
-    let drain_secs = node.persist.get().map_or(0, |_| node.drain_estimate_secs());
+    let drain_secs = node.outputs.persist.get().map_or(0, |_| node.drain_estimate_secs());
     let (clean, slowest_drain) = engine.shutdown(if cause == StopCause::Orphaned { StopCause::Local } else { cause }, &p.rx, drain_secs);
     // A rank that finished its stop early waits in MPI_Finalize for the
     // others; its watchdog (10 s, for MPICH 4.0's finalize hang) must not end
@@ -445,13 +445,13 @@ fn run(args: &DaemonArgs) -> anyhow::Result<i32> {
     let drain_allowance = Duration::from_secs(u64::try_from(slowest_drain).unwrap_or(0));
     drop(engine);
     let _ = p.server.join();
-    if let Some(dir) = node.persist.get() {
+    if let Some(dir) = node.outputs.persist.get() {
         match node.drain(dir) {
             Ok((files, recs)) => log::info!("rank {rank}: drained {files} output files and {recs} records to {}", dir.display()),
             Err(e) => log::error!("rank {rank}: draining outputs to {}: {e}", dir.display()),
         }
     }
-    if let Some(d) = node.dedup.get() {
+    if let Some(d) = node.outputs.dedup.get() {
         d.cancel_queued(); // before the local directory goes: no commit writes into it
     }
     let s = node.snapshot();
@@ -466,7 +466,7 @@ fn run(args: &DaemonArgs) -> anyhow::Result<i32> {
         s.cache_misses,
         s.cache_evictions
     );
-    node.cache.clear(); // closes the cached memfds: removing the tree needs fds too
+    node.outputs.cache.clear(); // closes the cached memfds: removing the tree needs fds too
     drop(comm);
     finalize(universe, clean, drain_allowance, &mut cleanup);
     log::info!("rank {rank}: stopped");
@@ -505,7 +505,7 @@ fn open_checkpoint_store(args: &DaemonArgs, id: &Identity, node: &Node) -> anyho
             hot = 1;
         }
         let d = Dedup::open(&dir, min, args.fsync_outputs, hot, args.ckpt_hot_size).with_context(|| format!("opening the checkpoint store {}", dir.display()))?;
-        let _ = node.dedup.set(Arc::new(d));
+        let _ = node.outputs.dedup.set(Arc::new(d));
     }
     Ok(recovering)
 }
@@ -626,7 +626,7 @@ fn prepare(args: &DaemonArgs, id: &Identity, cleanup: &mut Cleanup) -> anyhow::R
     let (tx, rx, bell) = fanstore_daemon::comm::wake::channel();
     let remote_timeout = Duration::from_secs_f64(args.remote_timeout.max(0.1));
     let node = Arc::new(Node::new(id.clone(), view, placement, args.cache_mem, tx, remote_timeout));
-    node.fsync_outputs.store(args.fsync_outputs, Relaxed);
+    node.outputs.fsync_outputs.store(args.fsync_outputs, Relaxed);
     let ipath = id.index_path.as_os_str().as_bytes();
     let tiers_path = PathBuf::from(std::ffi::OsStr::from_bytes(&fanstore_core::tiers::tier_map_path(ipath)));
     let tiers = fanstore_daemon::inputs::copies::TierMap::create(&tiers_path, view.dataset_id(), u64::from(view.node_count()))
@@ -640,8 +640,8 @@ fn prepare(args: &DaemonArgs, id: &Identity, cleanup: &mut Cleanup) -> anyhow::R
         .with_disk(&local_dir, if in_memory { 0 } else { args.cache_disk })
         .with_spares(args.copy_spares);
     cleanup.copies = Some(copies_dir);
-    let _ = node.tiers.set(tiers);
-    let _ = node.copies.set(copies);
+    let _ = node.inputs.tiers.set(tiers);
+    let _ = node.inputs.copies.set(copies);
     if let Some(dir) = args.persist.as_ref().filter(|_| rank == 0) {
         // Before this job reads it: one running job per --persist directory.
         cleanup.lease = Some(fanstore_daemon::outputs::persist_lease::PersistLease::acquire(dir)?);
@@ -650,9 +650,9 @@ fn prepare(args: &DaemonArgs, id: &Identity, cleanup: &mut Cleanup) -> anyhow::R
     if let Some(dir) = &args.persist {
         let n = node.load_persisted(dir).with_context(|| format!("loading the outputs kept in {}", dir.display()))?;
         log::info!("rank {rank}: {n} persisted output records from {}", dir.display());
-        let _ = node.persist.set(dir.clone());
+        let _ = node.outputs.persist.set(dir.clone());
     }
-    if let Some(d) = node.dedup.get().filter(|_| !recovering) {
+    if let Some(d) = node.outputs.dedup.get().filter(|_| !recovering) {
         let n = d.sweep_unclaimed();
         if n > 0 {
             log::info!("rank {rank}: released {n} drained checkpoints that no output record names");
@@ -687,9 +687,9 @@ fn prepare(args: &DaemonArgs, id: &Identity, cleanup: &mut Cleanup) -> anyhow::R
                 r.mbps(),
                 r.bytes_local as f64 / 1e6
             );
-            let _ = node.local.set(l.local);
-            let _ = node.parts.set(l.parts);
-            let _ = node.load.set(r);
+            let _ = node.inputs.local.set(l.local);
+            let _ = node.inputs.parts.set(l.parts);
+            let _ = node.inputs.load.set(r);
             Ok(Prepared { node, server, rx, bell })
         }
         Err(e) => {

@@ -249,7 +249,7 @@ fn handle(node: &Node, fd: RawFd, req: &Request, attached: Option<OwnedFd>) -> i
         op::UNLINK => done(fd, req, node.out_unlink(path)),
         op::SETATTR => done(fd, req, node.out_setattr(path, req.arg0, req.arg1)),
         op::SYNC => {
-            let Some(dir) = node.persist.get() else { return done(fd, req, Err(libc::EINVAL)) };
+            let Some(dir) = node.outputs.persist.get() else { return done(fd, req, Err(libc::EINVAL)) };
             let r = match req.arg0 {
                 wire::SYNC_DATA => node.drain_data(dir),
                 wire::SYNC_META => node.drain_meta(dir, true),
@@ -269,7 +269,7 @@ fn handle(node: &Node, fd: RawFd, req: &Request, attached: Option<OwnedFd>) -> i
         },
         op::CKPT => {
             let q = crate::outputs::dedup::Query::decode(req.arg0, req.arg1, path).and_then(|q| q.with_attachment(attached));
-            let answer = match (node.dedup.get(), q) {
+            let answer = match (node.outputs.dedup.get(), q) {
                 (_, None) => Err(libc::EINVAL),
                 (None, Some(_)) => Err(libc::ENOTSUP),
                 (Some(d), Some(q)) => d.query(&q),
@@ -292,7 +292,7 @@ fn handle(node: &Node, fd: RawFd, req: &Request, attached: Option<OwnedFd>) -> i
         op::WARM => {
             // One-way: queued for the background copier, no reply; dropped when it is behind.
             if req.arg1 == node.view.dataset_id() {
-                if let Some(tx) = node.warm.get() {
+                if let Some(tx) = node.inputs.warm.get() {
                     for id in wire::warm_ids(&req) {
                         node.counters.warm_hints.fetch_add(1, Relaxed);
                         let _ = tx.try_send(id);

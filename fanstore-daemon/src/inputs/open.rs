@@ -80,13 +80,13 @@ impl Node {
             Phase::Loading => return Err(libc::EAGAIN),
             Phase::Stopping | Phase::Failed => return Err(libc::EIO),
         }
-        let mut local: Option<&PartMap> = self.part_map(n.partition());
-        if local.is_none() && self.await_replica(n.partition()) {
-            local = self.part_map(n.partition());
+        let mut local: Option<&PartMap> = self.inputs.part_map(n.partition());
+        if local.is_none() && self.inputs.await_replica(n.partition()) {
+            local = self.inputs.part_map(n.partition());
         }
         let extracted = local.is_some() && n.codec() == Codec::None && n.size() >= EXTRACT_MIN;
         let answered = || client.is_some_and(|c| c.sent());
-        let res = match (local, self.copies.get()) {
+        let res = match (local, self.inputs.copies.get()) {
             (Some(map), copies) if extracted => match (self.open_extracted(n, map), copies) {
                 // The local directory is full: a copy in the copy directory
                 // (within --cache-mem, or unnamed) serves the file instead.
@@ -104,7 +104,7 @@ impl Node {
             (_, Some(copies)) => {
                 let wait = self.fetch_budget(n);
                 if local.is_none() {
-                    if let Some(ra) = self.read_ahead.get() {
+                    if let Some(ra) = self.inputs.read_ahead.get() {
                         self.read_ahead_after(n.id());
                         // A file queued or in flight ahead: its copy, not a fetch of its own.
                         ra.wait_for(n.id(), wait);
@@ -140,7 +140,7 @@ impl Node {
     /// after ready. Returns the number of files copied.
     pub fn prefill(&self, limit: u64) -> u64 {
         crate::inputs::replicate::lowest_priority();
-        let (Some(copies), Some(parts)) = (self.copies.get(), self.parts.get()) else { return 0 };
+        let (Some(copies), Some(parts)) = (self.inputs.copies.get(), self.inputs.parts.get()) else { return 0 };
         let (mut done, mut bytes) = (0, 0u64);
         for n in self.view.nodes() {
             if self.stopping.load(Relaxed) || bytes >= limit || copies.usage().0 >= limit {
@@ -170,7 +170,7 @@ impl Node {
     /// local disk evict as before.
     pub fn warm_copies(&self, rx: crossbeam::channel::Receiver<u32>) {
         crate::inputs::replicate::lowest_priority();
-        let (Some(copies), Some(tiers)) = (self.copies.get(), self.tiers.get()) else { return };
+        let (Some(copies), Some(tiers)) = (self.inputs.copies.get(), self.inputs.tiers.get()) else { return };
         while let Ok(id) = rx.recv() {
             if self.stopping.load(Relaxed) {
                 break;
@@ -189,7 +189,7 @@ impl Node {
                 }
                 continue;
             }
-            let Some(map) = self.part_map(n.partition()) else { continue };
+            let Some(map) = self.inputs.part_map(n.partition()) else { continue };
             copies.prefill(n.id(), n.size(), &|| self.relieve_fds(), &|d| self.fill_local(n, map, d));
         }
     }
@@ -233,7 +233,7 @@ impl Node {
     /// second rename replaces the first with the same bytes.
     fn extract(&self, n: NodeRef<'_>, map: &PartMap) -> Result<std::path::PathBuf, i32> {
         let path = fanstore_core::runtime::local_file_path(&self.id.local_dir, n.id());
-        let tiers = self.tiers.get().ok_or(libc::EIO)?;
+        let tiers = self.inputs.tiers.get().ok_or(libc::EIO)?;
         if tiers.get(n.id()) != TIER_EXTRACTED && self.replica_extracted(n, &path) {
             // A replica wrote this file when it was fetched (and its tier
             // byte was cleared since, by a copy's eviction): the replica has
@@ -289,7 +289,7 @@ impl Node {
     /// Returns (files, bytes) extracted here.
     pub fn extract_ahead(&self, limit: u64) -> (u64, u64) {
         crate::inputs::replicate::lowest_priority();
-        let (Some(tiers), Some(parts)) = (self.tiers.get(), self.parts.get()) else { return (0, 0) };
+        let (Some(tiers), Some(parts)) = (self.inputs.tiers.get(), self.inputs.parts.get()) else { return (0, 0) };
         let (mut files, mut bytes) = (0u64, 0u64);
         for n in self.view.nodes() {
             if self.stopping.load(Relaxed) {
@@ -362,8 +362,8 @@ impl Node {
     /// Whether `n` belongs to a partition replicated in this job whose
     /// fetch wrote `n` straight to its extracted file `path`.
     fn replica_extracted(&self, n: NodeRef<'_>, path: &std::path::Path) -> bool {
-        let loaded = self.local.get().and_then(|l| l.get(n.partition() as usize).copied()).unwrap_or(false);
-        let replicated = self.replicas.get(n.partition() as usize).is_some_and(|r| r.get().is_some());
+        let loaded = self.inputs.local.get().and_then(|l| l.get(n.partition() as usize).copied()).unwrap_or(false);
+        let replicated = self.inputs.replicas.get(n.partition() as usize).is_some_and(|r| r.get().is_some());
         !loaded && replicated && path.exists()
     }
 
@@ -391,8 +391,8 @@ impl Node {
             let t = Instant::now();
             match self.fetch_from(n, holder, dst, client) {
                 Ok(()) => {
-                    self.read_remotely(n.partition(), n.stored_len(), t.elapsed());
-                    if let Some(ra) = self.read_ahead.get() {
+                    self.inputs.read_remotely(n.partition(), n.stored_len(), t.elapsed());
+                    if let Some(ra) = self.inputs.read_ahead.get() {
                         ra.resume();
                     }
                     return Ok(());
@@ -408,7 +408,7 @@ impl Node {
         }
         // No holder gave the file: no read-ahead either until one answers
         // again (the next open would otherwise wait for a run first).
-        if let Some(ra) = self.read_ahead.get() {
+        if let Some(ra) = self.inputs.read_ahead.get() {
             ra.pause();
         }
         Err(last)

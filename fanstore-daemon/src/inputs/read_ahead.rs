@@ -221,7 +221,7 @@ impl Node {
     /// files of one partition (each run at most [`RUN_BYTES`] of stored
     /// bytes: one MPI message).
     pub(crate) fn read_ahead_after(&self, id: u32) {
-        let (Some(ra), Some(tiers)) = (self.read_ahead.get(), self.tiers.get()) else { return };
+        let (Some(ra), Some(tiers)) = (self.inputs.read_ahead.get(), self.inputs.tiers.get()) else { return };
         if ra.paused() {
             return;
         }
@@ -230,7 +230,7 @@ impl Node {
         let remote_file = |i: u32| {
             self.view
                 .node(i)
-                .filter(|n| n.kind() == Some(NodeKind::File) && n.size() > 0 && self.part_map(n.partition()).is_none())
+                .filter(|n| n.kind() == Some(NodeKind::File) && n.size() > 0 && self.inputs.part_map(n.partition()).is_none())
                 .filter(|n| !self.being_replicated(n.partition()))
         };
         // What is ahead of the reader already.
@@ -283,7 +283,7 @@ impl Node {
     /// files into the copy directory (the files not there yet), until the
     /// rank stops.
     pub fn read_ahead_loop(&self, rx: crossbeam::channel::Receiver<Vec<u32>>) {
-        let (Some(copies), Some(ra)) = (self.copies.get(), self.read_ahead.get()) else { return };
+        let (Some(copies), Some(ra)) = (self.inputs.copies.get(), self.inputs.read_ahead.get()) else { return };
         while let Ok(run) = rx.recv() {
             if self.stopping.load(Relaxed) {
                 ra.landed(&run);
@@ -296,8 +296,8 @@ impl Node {
             let todo: Vec<NodeRef<'_>> = run
                 .iter()
                 .filter_map(|&id| self.view.node(id))
-                .filter(|n| self.part_map(n.partition()).is_none() && !self.being_replicated(n.partition()))
-                .filter(|n| !matches!(self.tiers.get().map(|t| t.get(n.id())), Some(TIER_COPY | TIER_EXTRACTED)))
+                .filter(|n| self.inputs.part_map(n.partition()).is_none() && !self.being_replicated(n.partition()))
+                .filter(|n| !matches!(self.inputs.tiers.get().map(|t| t.get(n.id())), Some(TIER_COPY | TIER_EXTRACTED)))
                 .collect();
             let fetched = if todo.len() > 1 { self.fetch_run(&todo) } else { RunFetch::Scattered };
             match fetched {
@@ -341,7 +341,7 @@ impl Node {
     /// Whether partition `p` is being fetched whole ([`crate::inputs::replicate`]):
     /// its files arrive with it (an OPEN waits for it), not read ahead too.
     fn being_replicated(&self, p: u32) -> bool {
-        self.replica_pending.get(p as usize).is_some_and(|left| left.load(Relaxed) != 0)
+        self.inputs.replica_pending.get(p as usize).is_some_and(|left| left.load(Relaxed) != 0)
     }
 
     /// The stored bytes of `run` (files of one partition, in payload order)
@@ -379,7 +379,7 @@ impl Node {
             match rx.recv_timeout(timeout + Duration::from_secs(2)) {
                 Ok(Ok((buf, _))) if buf.len() as u64 == len => {
                     self.counters.remote_latency.record(t.elapsed());
-                    self.read_remotely(p, len, t.elapsed());
+                    self.inputs.read_remotely(p, len, t.elapsed());
                     return match buf.into_mem() {
                         RecvMem::Heap(v) => RunFetch::Got(off, v),
                         RecvMem::Spare(_) => RunFetch::Scattered, // (never: the buffer was a heap one)

@@ -97,7 +97,7 @@ pub fn order(partition_count: u32, nranks: u32, rank: u32, local: &[bool]) -> Ve
 pub fn run(node: &Node, budget: u64) -> Report {
     lowest_priority();
     let mut report = Report::default();
-    let local = node.local.get().cloned().unwrap_or_default();
+    let local = node.inputs.local.get().cloned().unwrap_or_default();
     let wanted = order(node.view.partition_count(), node.id.nranks, node.id.rank, &local);
     if wanted.is_empty() {
         return report;
@@ -119,7 +119,7 @@ pub fn run(node: &Node, budget: u64) -> Report {
 pub fn on_read(node: &Node, budget: u64, queue: &crossbeam::channel::Receiver<u32>) -> Report {
     lowest_priority();
     let mut report = Report::default();
-    let local = node.local.get().cloned().unwrap_or_default();
+    let local = node.inputs.local.get().cloned().unwrap_or_default();
     loop {
         let first = match queue.recv_timeout(Duration::from_millis(100)) {
             Ok(p) => p,
@@ -171,7 +171,7 @@ fn step(node: &Node, p: u32, offsets: Option<&OffsetMap>, budget: u64, report: &
         log::info!("rank {}: replication stops: the local file system has no room for partition {p}", node.id.rank);
         return Flow::Stop;
     }
-    let Some(claim) = node.replica_claims.get(p as usize) else {
+    let Some(claim) = node.inputs.replica_claims.get(p as usize) else {
         return Flow::Next;
     };
     if claim.swap(true, Relaxed) {
@@ -179,11 +179,11 @@ fn step(node: &Node, p: u32, offsets: Option<&OffsetMap>, budget: u64, report: &
     }
     let empty = OffsetMap::new();
     let t = Instant::now();
-    if let Some(pending) = node.replica_pending.get(p as usize) {
+    if let Some(pending) = node.inputs.replica_pending.get(p as usize) {
         pending.store(info.file_len + 1, Relaxed);
     }
     let res = replicate_one(node, p, info.file_len, offsets.unwrap_or(&empty));
-    node.replica_fetch_ended(p);
+    node.inputs.replica_fetch_ended(p);
     match res {
         Ok(()) => {
             report.partitions += 1;
@@ -194,7 +194,7 @@ fn step(node: &Node, p: u32, offsets: Option<&OffsetMap>, budget: u64, report: &
             // Partitions under a chunk are mostly the round trip: not a rate.
             if info.file_len >= CHUNK {
                 let rate = u128::from(info.file_len) * 1_000_000_000 / took.as_nanos().max(1);
-                node.bulk_rate.store(u64::try_from(rate).unwrap_or(u64::MAX), Relaxed);
+                node.inputs.bulk_rate.store(u64::try_from(rate).unwrap_or(u64::MAX), Relaxed);
             }
             log::debug!("rank {}: partition {p} ({} B) replicated in {took:?}", node.id.rank, info.file_len);
             Flow::Next
@@ -238,14 +238,14 @@ fn replicate_one(node: &Node, p: u32, len: u64, offsets: &OffsetMap) -> Result<(
     // SAFETY: the daemon wrote and verified this file and never changes or
     // truncates it while the job runs; the mapping is read-only.
     let map = unsafe { memmap2::Mmap::map(&f) }.map_err(|e| failed("mapping", &e))?;
-    let slot = node.replicas.get(p as usize).ok_or_else(|| Skip::Failed(format!("no partition {p}")))?;
-    if let Some(tiers) = node.tiers.get() {
+    let slot = node.inputs.replicas.get(p as usize).ok_or_else(|| Skip::Failed(format!("no partition {p}")))?;
+    if let Some(tiers) = node.inputs.tiers.get() {
         for &id in &extracted {
             tiers.set_if(id, TIER_NONE, TIER_EXTRACTED);
         }
     }
     let _ = slot.set(Arc::new(map));
-    if let Some(tiers) = node.tiers.get() {
+    if let Some(tiers) = node.inputs.tiers.get() {
         for &id in offsets.values() {
             tiers.set_if(id, TIER_NONE, TIER_PART);
         }
@@ -313,7 +313,7 @@ fn fetch_and_verify<'a>(
         match rx.recv_timeout(timeout + Duration::from_secs(2)) {
             Ok(Ok((buf, _))) if buf.len() as u64 == n => {
                 out.write(off, buf.bytes()).map_err(|e| failed("writing", &e))?;
-                if let Some(pending) = node.replica_pending.get(p as usize) {
+                if let Some(pending) = node.inputs.replica_pending.get(p as usize) {
                     let _ = pending.fetch_update(Relaxed, Relaxed, |v| Some(v.saturating_sub(n).max(1)));
                 }
                 if let RecvMem::Heap(v) = buf.into_mem() {

@@ -151,12 +151,12 @@ impl Node {
     }
 
     pub(crate) fn write_sidecar(&self, path: &[u8], rec: &OutRecord) -> Result<(), i32> {
-        write_sidecar_in(&self.out_dir(), path, rec, self.fsync_outputs.load(Relaxed))
+        write_sidecar_in(&self.out_dir(), path, rec, self.outputs.fsync_outputs.load(Relaxed))
     }
 
     /// Deletes what this rank holds of output `id`.
     pub(crate) fn drop_held_here(&self, id: u64) {
-        drop_held(self.dedup.get().map(|d| &**d), &self.out_dir(), id);
+        drop_held(self.outputs.dedup.get().map(|d| &**d), &self.out_dir(), id);
     }
 
     /// Registers held output `rec` under `path`: its sidecar here, then
@@ -184,7 +184,7 @@ impl Node {
         let path = &match self.real_entry(path) {
             // Its directory was renamed while the file was open: as natively,
             // the file is in the directory under its new name.
-            Err(libc::ENOENT) => match self.meta.lock().unwrap_or_else(|p| p.into_inner()).moved(path) {
+            Err(libc::ENOENT) => match self.outputs.meta.lock().unwrap_or_else(|p| p.into_inner()).moved(path) {
                 Some(p) => self.real_entry(&p)?,
                 None => return Err(libc::ENOENT),
             },
@@ -193,7 +193,7 @@ impl Node {
         if self.view.lookup(path).is_some() {
             return Err(if excl { libc::EEXIST } else { libc::EROFS });
         }
-        let id = self.out_seq.fetch_add(1, Relaxed);
+        let id = self.outputs.out_seq.fetch_add(1, Relaxed);
         if id >= OUT_BIT as u64 {
             return Err(libc::ENOSPC);
         }
@@ -213,7 +213,7 @@ impl Node {
             use std::os::unix::fs::MetadataExt;
             (meta.mtime() * 1_000_000_000 + meta.mtime_nsec(), meta.atime() * 1_000_000_000 + meta.atime_nsec())
         };
-        let dedup = self.dedup.get().filter(|d| size >= d.min);
+        let dedup = self.outputs.dedup.get().filter(|d| size >= d.min);
         // Before any mapping of ours: a shared mapping of this read-write fd
         // would count as writable and block the seal.
         let sealed = dedup.is_some() && size > 0 && seal_memfd(&src);
@@ -281,7 +281,7 @@ impl Node {
             d.settle(id, path);
         }
         {
-            let mut shared = self.shared_commits.lock().unwrap_or_else(|p| p.into_inner());
+            let mut shared = self.outputs.shared_commits.lock().unwrap_or_else(|p| p.into_inner());
             if sole {
                 shared.forget(path);
             } else {
@@ -298,7 +298,7 @@ impl Node {
     /// version: the path's current version was committed here from that
     /// same file while it was still being written ([`SharedCommits`]).
     fn late_commit_due(&self, path: &[u8], file: (u64, u64)) -> bool {
-        let noted = self.shared_commits.lock().unwrap_or_else(|p| p.into_inner()).id_from(path, file);
+        let noted = self.outputs.shared_commits.lock().unwrap_or_else(|p| p.into_inner()).id_from(path, file);
         let Some(id) = noted else { return false };
         matches!(self.get_record(path), Ok((rec, _)) if rec.id == id && rec.holder == self.id.rank)
     }
@@ -311,7 +311,7 @@ impl Node {
     fn store_plain(&self, src: &std::fs::File, link: bool, bytes: &[u8], file: &std::path::Path) -> Result<u64, i32> {
         if link {
             self.link_unnamed(src, file)?;
-            if self.fsync_outputs.load(Relaxed) {
+            if self.outputs.fsync_outputs.load(Relaxed) {
                 src.sync_all().map_err(|e| io_errno(&e))?;
             }
             return Ok(xxh3(bytes));
@@ -320,7 +320,7 @@ impl Node {
             use std::io::Write;
             let mut f = std::fs::OpenOptions::new().write(true).create_new(true).mode(0o600).open(file)?;
             f.write_all(bytes)?;
-            if self.fsync_outputs.load(Relaxed) {
+            if self.outputs.fsync_outputs.load(Relaxed) {
                 f.sync_all()?;
             }
             Ok(())
@@ -403,7 +403,7 @@ impl Node {
             return Err(libc::EISDIR);
         }
         if rec.holder == crate::outputs::persist::PERSISTED {
-            let dir = self.persist.get().ok_or(libc::EIO)?;
+            let dir = self.outputs.persist.get().ok_or(libc::EIO)?;
             if !crate::outputs::persist::data_path(dir, &rec).exists() {
                 return self.open_drained_checkpoint(dir, path, &rec);
             }
@@ -419,7 +419,7 @@ impl Node {
         }
         if rec.holder == self.id.rank {
             let plain = std::fs::OpenOptions::new().read(true).custom_flags(libc::O_CLOEXEC).open(self.out_file(rec.id));
-            return match (plain, self.dedup.get()) {
+            return match (plain, self.outputs.dedup.get()) {
                 (Ok(f), _) => Ok(OwnedFd::from(f)),
                 // One rebuilt copy per node, shared by every process that
                 // opens it (all the ranks of a node loading the checkpoint to
@@ -432,7 +432,7 @@ impl Node {
                 (Err(_), Some(d)) if d.holds(rec.id) => match d.open_hot(rec.id) {
                     Some(fd) => fd,
                     None => self
-                        .cache
+                        .outputs.cache
                         .get_or_load(OUT_BIT | rec.id as u32, self.remote_timeout, libc::EIO, || {
                             d.open_output(rec.id, rec.size, rec.sum).map(|fd| (std::sync::Arc::new(fd), rec.size))
                         })
@@ -480,7 +480,7 @@ impl Node {
         let all = crate::outputs::persist::read_all(dir)?;
         let stores = crate::outputs::dedup::persisted_catalogs(dir)
             .map_err(|e| crate::outputs::persist::PersistError::Io(dir.join(crate::outputs::dedup::STORE_DIR), std::io::Error::other(e.to_string())))?;
-        let mut m = self.meta.lock().unwrap_or_else(|p| p.into_inner());
+        let mut m = self.outputs.meta.lock().unwrap_or_else(|p| p.into_inner());
         let mut n = 0;
         for (path, mut rec) in all {
             if self.view.lookup(&path).is_some() {
@@ -499,11 +499,11 @@ impl Node {
                         );
                     } else {
                         rec.holder = s;
-                        if s == self.id.rank && !self.dedup.get().is_some_and(|d| d.claim(rec.id, &path)) {
+                        if s == self.id.rank && !self.outputs.dedup.get().is_some_and(|d| d.claim(rec.id, &path)) {
                             log::warn!("rank {}: the drained store has no checkpoint '{}'", self.id.rank, String::from_utf8_lossy(&path));
                         }
                         if s == self.id.rank {
-                            self.out_seq.fetch_max(rec.id + 1, Relaxed);
+                            self.outputs.out_seq.fetch_max(rec.id + 1, Relaxed);
                         }
                     }
                 }
@@ -568,7 +568,7 @@ impl Node {
     /// Copies every output file this rank holds into `dir` (content-addressed),
     /// and its checkpoint store; returns the outputs drained.
     pub fn drain_data(&self, dir: &std::path::Path) -> Result<usize, crate::outputs::persist::PersistError> {
-        if let Some(d) = self.dedup.get() {
+        if let Some(d) = self.outputs.dedup.get() {
             d.wait_committed(); // queued checkpoints go in as deduplicated, not as plain files
         }
         let mut files = 0;
@@ -594,7 +594,7 @@ impl Node {
         if unsynced > 0 {
             crate::outputs::persist::flush(dir)?; // before the index names them (drain_meta)
         }
-        if let Some(d) = self.dedup.get() {
+        if let Some(d) = self.outputs.dedup.get() {
             let dst = crate::outputs::dedup::drained_dir(dir, self.id.rank);
             files += d.drain_to(&dst).map_err(|e| crate::outputs::persist::PersistError::Io(dst, e))?;
         }
@@ -604,7 +604,7 @@ impl Node {
     /// Writes the records this rank owns to `dir`; with `only_present`, only
     /// files whose bytes are already there (a sync racing with commits).
     pub fn drain_meta(&self, dir: &std::path::Path, only_present: bool) -> Result<usize, crate::outputs::persist::PersistError> {
-        let mut recs = self.meta.lock().unwrap_or_else(|p| p.into_inner()).all();
+        let mut recs = self.outputs.meta.lock().unwrap_or_else(|p| p.into_inner()).all();
         if only_present {
             let drained = crate::outputs::dedup::persisted_catalogs(dir).unwrap_or_default();
             recs.retain(|(p, r)| r.is_dir() || crate::outputs::persist::data_path(dir, r).exists() || drained.contains_key(p));
@@ -653,8 +653,8 @@ impl Node {
             };
             let Some((path, mut rec)) = recs.pop() else { continue };
             let data = from.join(rec.id.to_string());
-            let id = self.out_seq.fetch_add(1, Relaxed);
-            let dedup = self.dedup.get();
+            let id = self.outputs.out_seq.fetch_add(1, Relaxed);
+            let dedup = self.outputs.dedup.get();
             let in_store = match dedup.and_then(|d| d.find_recovered(&path, rec.id)) {
                 Some(key) if !data.exists() => dedup.is_some_and(|d| d.claim(id, &key)),
                 _ => false,
@@ -692,7 +692,7 @@ impl Node {
             }
         }
         let _ = std::fs::remove_dir_all(from);
-        if let Some(d) = self.dedup.get() {
+        if let Some(d) = self.outputs.dedup.get() {
             let swept = d.sweep_unclaimed();
             if swept > 0 {
                 log::info!("rank {}: {swept} checkpoints of a killed run were never registered: released", self.id.rank);

@@ -82,7 +82,7 @@ impl Node {
     pub(crate) fn load_remote_output(&self, path: &[u8], rec: &OutRecord) -> Result<Option<Copy>, i32> {
         let timeout = self.output_fetch_timeout(rec);
         let load = || self.fetch_output(path, rec, timeout).map(|fd| (Copy { fd: Arc::new(fd), holder: rec.holder, id: rec.id }, rec.size));
-        let c = self.remote_outs.cache.get_or_load(key(rec), timeout + Duration::from_secs(3), libc::EIO, load)?;
+        let c = self.outputs.remote_outs.cache.get_or_load(key(rec), timeout + Duration::from_secs(3), libc::EIO, load)?;
         Ok(((c.holder, c.id) == (rec.holder, rec.id)).then_some(c))
     }
 

@@ -98,7 +98,7 @@ impl WatchState {
     /// Lets events start fetching the files they announce (set once the
     /// node is shared; without it, nothing is prefetched).
     pub fn attach(node: &Arc<Node>) {
-        let _ = node.watch.me.set(Arc::downgrade(node));
+        let _ = node.outputs.watch.me.set(Arc::downgrade(node));
     }
 }
 
@@ -209,7 +209,7 @@ impl Node {
                 let Some((&flags, path)) = req.payload.split_first() else { return Reply::err(req, libc::EINVAL) };
                 let on = flags & 1 != 0;
                 let key = (req.arg0 as u32, path.to_vec(), flags & 2 != 0);
-                let mut r = lock(&self.watch.routes);
+                let mut r = lock(&self.outputs.watch.routes);
                 if on {
                     r.interests.insert(key);
                 } else {
@@ -219,7 +219,7 @@ impl Node {
             }
             wop::PUBLISH => {
                 let Some(mut ev) = NsEvent::decode(&req.payload) else { return Reply::err(req, libc::EINVAL) };
-                let mut r = lock(&self.watch.routes);
+                let mut r = lock(&self.outputs.watch.routes);
                 r.seq += 1;
                 ev.seq = r.seq;
                 let nodes: HashSet<u32> = r.interests.iter().filter(|(_, w, rec)| ev.concerns(w, *rec)).map(|k| k.0).collect();
@@ -256,7 +256,7 @@ impl Node {
     }
 
     fn deliver_local(&self, ev: &NsEvent) {
-        let sessions: Vec<Arc<Session>> = lock(&self.watch.local).sessions.values().cloned().collect();
+        let sessions: Vec<Arc<Session>> = lock(&self.outputs.watch.local).sessions.values().cloned().collect();
         let mut wanted = false;
         for s in sessions {
             wanted |= s.deliver(ev);
@@ -271,10 +271,10 @@ impl Node {
     /// own: this may run on the MPI thread), so the consumer's open, which
     /// follows the event, finds it loaded or loading.
     fn prefetch(&self, ev: &NsEvent) {
-        if ev.holder == self.id.rank || ev.holder >= self.id.nranks || ev.size == 0 || !self.remote_outs.keeps(ev.size) {
+        if ev.holder == self.id.rank || ev.holder >= self.id.nranks || ev.size == 0 || !self.outputs.remote_outs.keeps(ev.size) {
             return;
         }
-        let Some(node) = self.watch.me.get().and_then(std::sync::Weak::upgrade) else { return };
+        let Some(node) = self.outputs.watch.me.get().and_then(std::sync::Weak::upgrade) else { return };
         let rec = OutRecord { size: ev.size, mode: libc::S_IFREG, holder: ev.holder, id: ev.id, sum: ev.sum, ..Default::default() };
         let path = if ev.kind == Kind::Rename { ev.to.clone() } else { ev.path.clone() };
         let spawned = std::thread::Builder::new().name("fanstore-prefetch".into()).spawn(move || {
@@ -309,7 +309,7 @@ impl Node {
             path: path.to_vec(),
             to: to.to_vec(),
         };
-        let wanted = lock(&self.watch.routes).interests.iter().any(|(_, w, rec)| ev.concerns(w, *rec));
+        let wanted = lock(&self.outputs.watch.routes).interests.iter().any(|(_, w, rec)| ev.concerns(w, *rec));
         if !wanted {
             return;
         }
@@ -332,9 +332,9 @@ impl Node {
 
     /// Counts a watch on (path, recursive); the first one is announced.
     fn interest_add(&self, path: &[u8], recursive: bool) {
-        let _order = lock(&self.watch.announcing);
+        let _order = lock(&self.outputs.watch.announcing);
         let first = {
-            let mut l = lock(&self.watch.local);
+            let mut l = lock(&self.outputs.watch.local);
             let c = l.counts.entry((path.to_vec(), recursive)).or_insert(0);
             *c += 1;
             *c == 1
@@ -346,9 +346,9 @@ impl Node {
 
     /// Uncounts a watch; the last one is withdrawn.
     fn interest_drop(&self, path: &[u8], recursive: bool) {
-        let _order = lock(&self.watch.announcing);
+        let _order = lock(&self.outputs.watch.announcing);
         let last = {
-            let mut l = lock(&self.watch.local);
+            let mut l = lock(&self.outputs.watch.local);
             let key = (path.to_vec(), recursive);
             match l.counts.get_mut(&key) {
                 Some(c) if *c > 1 => {
@@ -378,9 +378,9 @@ impl Node {
 
     /// WATCH_INFO: sessions, watches, and interests routed by this rank.
     pub fn watch_info_reply(&self, req: &Request) -> Reply {
-        let sessions: Vec<Arc<Session>> = lock(&self.watch.local).sessions.values().cloned().collect();
+        let sessions: Vec<Arc<Session>> = lock(&self.outputs.watch.local).sessions.values().cloned().collect();
         let watches: usize = sessions.iter().map(|s| lock(&s.state).watches.len()).sum();
-        let interests = lock(&self.watch.routes).interests.len();
+        let interests = lock(&self.outputs.watch.routes).interests.len();
         let mut rep = Reply::ok(req, sessions.len() as u64);
         rep.payload = format!("sessions={} watches={watches} interests={interests}\n", sessions.len()).into_bytes();
         rep
@@ -403,7 +403,7 @@ pub fn session(node: &Node, conn: RawFd, first: Request, attached: Option<OwnedF
     };
     let s = Arc::new(Session { state: Mutex::new(SessState::default()), wake });
     let id = {
-        let mut l = lock(&node.watch.local);
+        let mut l = lock(&node.outputs.watch.local);
         l.next += 1;
         let id = l.next;
         l.sessions.insert(id, s.clone());
@@ -429,7 +429,7 @@ pub fn session(node: &Node, conn: RawFd, first: Request, attached: Option<OwnedF
         }
     };
     log::debug!("rank {}: watcher session {id} ends: {why}", node.id.rank);
-    lock(&node.watch.local).sessions.remove(&id);
+    lock(&node.outputs.watch.local).sessions.remove(&id);
     let watches = std::mem::take(&mut lock(&s.state).watches);
     let ended = std::mem::take(&mut lock(&s.state).ended);
     for (path, rec) in watches.into_iter().map(|w| (w.path, w.recursive)).chain(ended) {

@@ -198,7 +198,7 @@ impl Node {
         if self.view.lookup(&path).is_some() {
             return Err(libc::EEXIST);
         }
-        let id = self.out_seq.fetch_add(1, Relaxed);
+        let id = self.outputs.out_seq.fetch_add(1, Relaxed);
         if id >= crate::comm::OUT_BIT as u64 {
             return Err(libc::ENOSPC);
         }

@@ -65,7 +65,7 @@ impl MetaServer for Node {
         match Request::decode(msg) {
             Ok(req) if req.op == mop::HOLDER_DROP || req.op == mop::HOLDER_RENAME => {
                 // Store work does not belong on the communication thread.
-                let (dedup, out, fsync) = (self.dedup.get().cloned(), self.out_dir(), self.fsync_outputs.load(Relaxed));
+                let (dedup, out, fsync) = (self.outputs.dedup.get().cloned(), self.out_dir(), self.outputs.fsync_outputs.load(Relaxed));
                 let spawned = std::thread::Builder::new().name("fanstore-held".into()).spawn(move || {
                     if req.op == mop::HOLDER_DROP {
                         drop_held(dedup.as_deref(), &out, req.arg0);
@@ -81,7 +81,7 @@ impl MetaServer for Node {
                 Some(_) => Reply::ok(&req, 0).encode(),
                 None => Reply::err(&req, libc::EINVAL).encode(),
             },
-            Ok(req) => self.meta.lock().unwrap_or_else(|p| p.into_inner()).handle(&req).encode(),
+            Ok(req) => self.outputs.meta.lock().unwrap_or_else(|p| p.into_inner()).handle(&req).encode(),
             Err(_) => Reply { op: 0, id: 0, errno: libc::EINVAL, flags: 0, value: 0, payload: Vec::new() }.encode(),
         }
     }
@@ -176,7 +176,7 @@ impl Node {
     /// to its listing, so its listing is empty and no name in it that is not
     /// an input exists.
     pub(crate) fn may_list_outputs(&self, dir: &[u8]) -> bool {
-        match (self.input_dir(dir), self.tiers.get()) {
+        match (self.input_dir(dir), self.inputs.tiers.get()) {
             (Some(id), Some(t)) => t.get(id) == DIR_HAS_OUTPUTS,
             _ => true,
         }
@@ -192,7 +192,7 @@ impl Node {
     /// name is not added). A directory already marked here costs nothing.
     pub(crate) fn mark_input_dir(&self, dir: &[u8]) -> Result<(), i32> {
         let Some(id) = self.input_dir(dir) else { return Ok(()) };
-        if self.tiers.get().is_some_and(|t| t.get(id) == DIR_HAS_OUTPUTS) {
+        if self.inputs.tiers.get().is_some_and(|t| t.get(id) == DIR_HAS_OUTPUTS) {
             return Ok(());
         }
         let others = (0..self.id.nranks).filter(|&r| r != self.id.rank);
@@ -213,7 +213,7 @@ impl Node {
         if !self.view.node(id).is_some_and(|n| n.is_dir()) {
             return false;
         }
-        if self.tiers.get().is_some_and(|t| t.set_if(id, 0, DIR_HAS_OUTPUTS)) {
+        if self.inputs.tiers.get().is_some_and(|t| t.set_if(id, 0, DIR_HAS_OUTPUTS)) {
             self.counters.dirs_with_outputs.fetch_add(1, Relaxed);
         }
         true

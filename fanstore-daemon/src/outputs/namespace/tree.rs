@@ -166,7 +166,7 @@ impl Node {
     fn renamed_at_holder(&self, path: &[u8], rec: &OutRecord) {
         if rec.holder == self.id.rank {
             let _ = self.write_sidecar(path, rec);
-            if let Some(d) = self.dedup.get() {
+            if let Some(d) = self.outputs.dedup.get() {
                 d.rename_output(rec.id, path);
             }
         } else if rec.holder < self.id.nranks {
@@ -257,7 +257,7 @@ impl Node {
         }
         // The holder's checkpoint store shows the new name (reads go by id).
         if rec.holder == self.id.rank {
-            if let Some(d) = self.dedup.get() {
+            if let Some(d) = self.outputs.dedup.get() {
                 d.rename_output(rec.id, to);
             }
         } else if rec.holder < self.id.nranks {
