@@ -138,6 +138,7 @@
 pub mod args;
 pub mod comm;
 pub mod cpu_share;
+pub mod fdio;
 pub mod fdlimit;
 pub mod index_shm;
 pub mod memfd;

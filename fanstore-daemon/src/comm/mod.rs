@@ -188,7 +188,7 @@ fn answer_directly(d: &Direct, buf: &RecvBuf) -> bool {
             // SAFETY: `dest` is an fd the connection thread keeps open while
             // the answer is SENDING; ManuallyDrop leaves it open here.
             let file = std::mem::ManuallyDrop::new(unsafe { std::fs::File::from_raw_fd(dest) });
-            crate::inputs::copies::write_all_at(&file, buf.bytes(), 0).ok().map(|()| dest)
+            crate::fdio::write_all_at(&file, buf.bytes(), 0).ok().map(|()| dest)
         }
         (RecvMem::Heap(_), None) => None,
     })

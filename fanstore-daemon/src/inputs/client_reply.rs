@@ -90,7 +90,7 @@ impl ClientReply {
         if self.state.compare_exchange(PENDING, SENDING, AcqRel, Acquire).is_err() {
             return false;
         }
-        let ok = file().and_then(|f| crate::inputs::open::reopen_raw(f).ok()).is_some_and(|ro| {
+        let ok = file().and_then(|f| crate::fdio::reopen_raw(f).ok()).is_some_and(|ro| {
             wire::try_send_msg(self.sock, &self.reply, Some(ro.as_raw_fd()))
                 .map_err(|e| log::debug!("answering a client from the communication thread: {e}"))
                 .is_ok()

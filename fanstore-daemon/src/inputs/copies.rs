@@ -31,6 +31,7 @@
 //! is first-in first-out.
 
 use crate::inputs::cache::Cache;
+use crate::fdio::{self, open_ro, write_all_at};
 use crate::fdlimit;
 use crate::inputs::recycle::{Evicted, Spare, Spares};
 use fanstore_core::tiers::{self, EXTRACT_MIN, TIER_COPY, TIER_DECLINED, TIER_EXTRACTED, TIER_NONE, TIER_PART, TIER_PART_DECLINED};
@@ -276,7 +277,7 @@ impl Copies {
                 let fd = if answered() {
                     None
                 } else {
-                    Some(fdlimit::retry(relieve, || open_ro(Path::new(&format!("/proc/self/fd/{}", f.file().as_raw_fd()))))?)
+                    Some(fdlimit::retry(relieve, || open_ro(&fdio::proc_fd(f.file().as_raw_fd())))?)
                 };
                 if !self.fits(size) {
                     // Unnamed: its pages serve a later copy once the reader is done.
@@ -464,16 +465,11 @@ impl DiskCopies {
 /// Links the unnamed file `f` at `name`, replacing a leftover no cache entry
 /// owns (the caller holds the id's load).
 fn link_unnamed(f: &File, name: &Path) -> Result<(), i32> {
-    let src = CString::new(format!("/proc/self/fd/{}", f.as_raw_fd())).map_err(|_| libc::EIO)?;
-    let dst = CString::new(name.as_os_str().as_bytes()).map_err(|_| libc::EIO)?;
     for attempt in 0..2 {
-        // SAFETY: both paths are NUL-terminated; AT_SYMLINK_FOLLOW links
-        // the file the /proc link points to (our unnamed file).
-        let r = unsafe { libc::linkat(libc::AT_FDCWD, src.as_ptr(), libc::AT_FDCWD, dst.as_ptr(), libc::AT_SYMLINK_FOLLOW) };
-        if r == 0 {
-            return Ok(());
-        }
-        let e = fdlimit::errno_of(&io::Error::last_os_error());
+        let e = match fdio::link_unnamed(f, name) {
+            Ok(()) => return Ok(()),
+            Err(e) => fdlimit::errno_of(&e),
+        };
         if e == libc::EEXIST && attempt == 0 {
             let _ = std::fs::remove_file(name);
             continue;
@@ -521,19 +517,6 @@ pub fn space(dir: &Path) -> Option<(u64, u64)> {
     Some(((s.f_bavail as u64).saturating_mul(frag), (s.f_blocks as u64).saturating_mul(frag)))
 }
 
-/// Opens `path` read-only (O_NOATIME where allowed); the errno on failure.
-pub fn open_ro(path: &Path) -> Result<OwnedFd, i32> {
-    std::fs::OpenOptions::new()
-        .read(true)
-        .custom_flags(libc::O_CLOEXEC | libc::O_NOATIME)
-        .open(path)
-        .or_else(|e| match e.raw_os_error() {
-            Some(libc::EPERM) => std::fs::OpenOptions::new().read(true).custom_flags(libc::O_CLOEXEC).open(path),
-            _ => Err(e),
-        })
-        .map(OwnedFd::from)
-        .map_err(|e| fdlimit::errno_of(&e))
-}
 
 /// Where a copy's bytes are written: its file, through the mapping kept with
 /// it when it is a spare ([`crate::inputs::recycle`]), else with pwrite. Every byte
@@ -656,11 +639,6 @@ impl<'a> CopyDst<'a> {
     }
 }
 
-/// Writes all of `bytes` at `offset` of `f`.
-pub fn write_all_at(f: &File, bytes: &[u8], offset: u64) -> Result<(), i32> {
-    use std::os::unix::fs::FileExt;
-    f.write_all_at(bytes, offset).map_err(|e| fdlimit::errno_of(&e))
-}
 
 #[cfg(test)]
 mod tests {
@@ -824,7 +802,7 @@ mod tests {
         let answer = |d: &mut CopyDst<'_>| {
             d.write_all(&[5u8; 20_000])?;
             let f = d.as_file().expect("an unnamed copy file");
-            *sent.lock().unwrap() = Some(crate::inputs::open::reopen_raw(f.as_raw_fd())?);
+            *sent.lock().unwrap() = Some(crate::fdio::reopen_raw(f.as_raw_fd())?);
             Ok(())
         };
         assert!(c.open(1, 20_000, w, &|| {}, &answer, &|| true).unwrap().is_none());

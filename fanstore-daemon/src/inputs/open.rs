@@ -19,7 +19,8 @@
 use crate::inputs::bufpool::BufPool;
 use crate::inputs::client_reply::{ClientReply, Direct};
 use crate::comm::{Fetch, RecvBuf, RecvMem};
-use crate::inputs::copies::{open_ro, CopyDst};
+use crate::fdio::open_ro;
+use crate::inputs::copies::CopyDst;
 use crate::fdlimit;
 use crate::inputs::load::PartMap;
 use crate::node::{Node, Phase};
@@ -27,31 +28,11 @@ use fanstore_core::checksum::{xxh3, xxh3_cold};
 use fanstore_core::codec::{self, Codec};
 use fanstore_core::manifest::{NodeKind, NodeRef};
 use fanstore_core::tiers::{EXTRACT_MIN, TIER_COPY, TIER_DECLINED, TIER_EXTRACTED, TIER_NONE, TIER_PART, TIER_PART_DECLINED};
-use std::os::fd::{AsRawFd, OwnedFd, RawFd};
+use std::os::fd::{AsRawFd, OwnedFd};
 use std::os::unix::fs::OpenOptionsExt;
 use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
-
-/// Opens a new read-only description of a cached memfd or file (through
-/// /proc/self/fd), so every OPEN gets its own file offset while sharing the
-/// same pages.
-pub(crate) fn reopen(fd: &OwnedFd) -> Result<OwnedFd, i32> {
-    reopen_raw(fd.as_raw_fd())
-}
-
-/// [`reopen`] of an fd the caller keeps open for the call.
-pub(crate) fn reopen_raw(fd: RawFd) -> Result<OwnedFd, i32> {
-    std::fs::OpenOptions::new()
-        .read(true)
-        .custom_flags(libc::O_CLOEXEC)
-        .open(format!("/proc/self/fd/{fd}"))
-        .map(OwnedFd::from)
-        .map_err(|e| {
-            log::error!("reopening a cached memfd: {e}");
-            libc::EIO
-        })
-}
 
 /// How long an OPEN that arrives while loading waits for the load.
 const LOAD_WAIT: Duration = Duration::from_secs(600);

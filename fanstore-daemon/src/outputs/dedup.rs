@@ -338,7 +338,7 @@ fn demote_worker(dir: PathBuf, held: std::sync::Weak<RwLock<Held>>, rx: std::syn
         let started = std::time::Instant::now();
         let copied = (|| -> io::Result<(std::fs::File, memmap2::Mmap)> {
             let mut to = std::fs::OpenOptions::new().read(true).write(true).custom_flags(libc::O_TMPFILE).mode(0o600).open(&dir)?;
-            let from = std::fs::File::from(crate::inputs::open::reopen(&job.memfd).map_err(io::Error::from_raw_os_error)?);
+            let from = std::fs::File::from(crate::fdio::reopen(&job.memfd).map_err(io::Error::from_raw_os_error)?);
             // SAFETY: the memfd is sealed against writes and shrinking (the
             // commit sealed it before keeping it hot); read-only mapping.
             let orig = unsafe { memmap2::Mmap::map(&from) }?;
@@ -624,7 +624,7 @@ impl Dedup {
         let h = self.read();
         let key = h.keys.get(&id)?;
         let f = h.hot.get(&id).filter(|_| h.store.is_hot(key))?;
-        Some(crate::inputs::open::reopen(f))
+        Some(crate::fdio::reopen(f))
     }
 
     /// Output `id` of `size` bytes and xxh3 `sum` (its record's): the file

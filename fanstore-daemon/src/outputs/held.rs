@@ -353,17 +353,10 @@ impl Node {
 
     /// Links the client's unnamed local file `src` at `file` (no copy).
     fn link_unnamed(&self, src: &std::fs::File, file: &std::path::Path) -> Result<(), i32> {
-        let proc = std::ffi::CString::new(format!("/proc/self/fd/{}", src.as_raw_fd())).map_err(|_| libc::EINVAL)?;
-        let dst = std::ffi::CString::new(file.as_os_str().as_encoded_bytes()).map_err(|_| libc::EINVAL)?;
-        // SAFETY: both paths are NUL-terminated; linkat of /proc/self/fd/N with
-        // AT_SYMLINK_FOLLOW gives an O_TMPFILE file its name (open(2)).
-        let r = unsafe { libc::linkat(libc::AT_FDCWD, proc.as_ptr(), libc::AT_FDCWD, dst.as_ptr(), libc::AT_SYMLINK_FOLLOW) };
-        if r != 0 {
-            let e = std::io::Error::last_os_error();
+        crate::fdio::link_unnamed(src, file).map_err(|e| {
             log::warn!("rank {}: linking an output at {}: {e}", self.id.rank, file.display());
-            return Err(io_errno(&e));
-        }
-        Ok(())
+            io_errno(&e)
+        })
     }
 
     /// OUT_OPEN: an fd with the bytes of output `path`.
@@ -436,7 +429,7 @@ impl Node {
                         .get_or_load(OUT_BIT | rec.id as u32, self.remote_timeout, libc::EIO, || {
                             d.open_output(rec.id, rec.size, rec.sum).map(|fd| (std::sync::Arc::new(fd), rec.size))
                         })
-                        .and_then(|shared| crate::inputs::open::reopen(&shared)),
+                        .and_then(|shared| crate::fdio::reopen(&shared)),
                 },
                 (Err(_), _) => Err(libc::ENOENT), // replaced or removed meanwhile
             };

@@ -68,7 +68,7 @@ impl Node {
     /// A new read-only description of the node's copy of remote output `rec`.
     pub(crate) fn open_remote_output(&self, path: &[u8], rec: &OutRecord) -> Result<OwnedFd, i32> {
         match self.load_remote_output(path, rec)? {
-            Some(c) => crate::fdlimit::retry(|| self.relieve_fds(), || crate::inputs::open::reopen(&c.fd)),
+            Some(c) => crate::fdlimit::retry(|| self.relieve_fds(), || crate::fdio::reopen(&c.fd)),
             None => self.fetch_output(path, rec, self.output_fetch_timeout(rec)), // a key collision: not shared
         }
     }
