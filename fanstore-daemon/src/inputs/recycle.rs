@@ -490,6 +490,14 @@ mod tests {
     use std::os::unix::fs::{FileExt, MetadataExt};
 
     /// An unnamed read-write file in `dir` holding `bytes`.
+    /// Where the daemon keeps spares: the copy directory, in shared memory
+    /// (tmpfs). Not the test's TMPDIR: on overlayfs (a container's /tmp) a
+    /// write lease is granted while another process maps the file, so the
+    /// lease would not tell that a spare is still read.
+    fn spare_dir() -> tempfile::TempDir {
+        tempfile::tempdir_in("/dev/shm").unwrap()
+    }
+
     fn unnamed(dir: &std::path::Path, bytes: &[u8]) -> File {
         let c = std::ffi::CString::new(dir.to_str().unwrap()).unwrap();
         // SAFETY: c is NUL-terminated; O_TMPFILE needs a mode.
@@ -514,7 +522,7 @@ mod tests {
 
     #[test]
     fn a_file_someone_still_reads_is_never_written_again() {
-        let d = tempfile::tempdir().unwrap();
+        let d = spare_dir();
         let s = Spares::new(1 << 20);
         let f = unnamed(d.path(), b"first copy");
         let r = reader(&f);
@@ -533,7 +541,7 @@ mod tests {
 
     #[test]
     fn a_mapping_holds_the_file_like_an_fd() {
-        let d = tempfile::tempdir().unwrap();
+        let d = spare_dir();
         let s = Spares::new(1 << 20);
         let f = unnamed(d.path(), &[7u8; 4096]);
         let r = reader(&f);
@@ -549,7 +557,7 @@ mod tests {
 
     #[test]
     fn the_pages_of_a_reused_spare_are_the_same_inode_rewritten() {
-        let d = tempfile::tempdir().unwrap();
+        let d = spare_dir();
         let s = Spares::new(1 << 20);
         let f = unnamed(d.path(), &[1u8; 8192]);
         let ino = f.metadata().unwrap().ino();
@@ -562,7 +570,7 @@ mod tests {
 
     #[test]
     fn a_copy_written_through_the_kept_mapping_is_what_readers_read() {
-        let d = tempfile::tempdir().unwrap();
+        let d = spare_dir();
         let s = Spares::new(1 << 20);
         let f = unnamed(d.path(), &[1u8; 5000]);
         let ino = f.metadata().unwrap().ino();
@@ -591,7 +599,7 @@ mod tests {
     #[test]
     fn an_open_that_breaks_a_held_lease_does_not_end_the_process() {
         use std::os::unix::fs::OpenOptionsExt;
-        let d = tempfile::tempdir().unwrap();
+        let d = spare_dir();
         let s = Spares::new(1 << 20);
         s.keep(Spare::new(unnamed(d.path(), b"x"), 1));
         let kept = s.kept.lock().unwrap();
@@ -611,7 +619,7 @@ mod tests {
 
     #[test]
     fn an_evicted_copy_is_reused_only_once_no_reader_holds_it() {
-        let d = tempfile::tempdir().unwrap();
+        let d = spare_dir();
         let e = Evicted::new(1 << 20);
         // Small files, for the test (the default keeps none under EVICTED_MIN).
         e.set_min_size(1);
@@ -635,7 +643,7 @@ mod tests {
         assert_eq!(e.reused.load(Relaxed), 1);
         assert_eq!(e.usage(), (0, 0));
         // Over budget: removed, oldest first; none kept with budget 0.
-        let d2 = tempfile::tempdir().unwrap();
+        let d2 = spare_dir();
         let small = Evicted::new(6000);
         small.set_min_size(1);
         for i in 0..3 {
@@ -658,7 +666,7 @@ mod tests {
 
     #[test]
     fn the_budget_bounds_what_is_kept_oldest_out_first() {
-        let d = tempfile::tempdir().unwrap();
+        let d = spare_dir();
         let s = Spares::new(10_000);
         for i in 0..4u8 {
             s.keep(Spare::new(unnamed(d.path(), &[i; 4000]), 4000));
