@@ -140,6 +140,7 @@ pub mod comm;
 pub mod cpu_share;
 pub mod fdio;
 pub mod fdlimit;
+pub mod ids;
 pub mod index_shm;
 pub mod memfd;
 pub mod node;

@@ -270,8 +270,8 @@ const MAP_FROM: u64 = 1 << 20;
 
 impl PeerSource for LocalStore<'_> {
     fn payload(&self, node_id: u32, stored_len: u64, mut spare: Option<Vec<u8>>) -> Option<SendBuf> {
-        if node_id & crate::comm::OUT_BIT != 0 {
-            let id = u64::from(node_id & !crate::comm::OUT_BIT);
+        if node_id & crate::ids::OUT_BIT != 0 {
+            let id = u64::from(node_id & !crate::ids::OUT_BIT);
             let path = self.local_dir.join("out").join(id.to_string());
             // The plain file first: a checkpoint stored behind its close is
             // one until the store has it (then the store holds it before the

@@ -55,6 +55,11 @@ pub mod spin;
 pub mod table;
 pub mod wake;
 
+// The two imports of the inputs service, on purpose: a fetched payload is
+// received straight into a spare copy file's pages (recycle::Spare), and the
+// communication thread answers the client of a remote OPEN itself once the
+// bytes are verified (client_reply::Direct). Behind a trait each would cost a
+// dynamic call and an allocation per remote read on the hottest path.
 use crate::inputs::client_reply::Direct;
 use crate::status::Counters;
 use crossbeam::channel::{Receiver, RecvTimeoutError, Sender, TryRecvError};
@@ -66,15 +71,7 @@ use std::time::{Duration, Instant};
 pub use table::FetchError;
 use table::{FetchState, ReqTable, Slot, Tags};
 
-pub const TAG_REQUEST: i32 = 1;
-pub const TAG_CTRL: i32 = 2;
-pub const TAG_META_REQ: i32 = 3;
-pub const TAG_META_REP: i32 = 4;
-/// Node ids with this bit set are output files (the rest is the output id).
-pub const OUT_BIT: u32 = 1 << 31;
-/// Node ids with this bit set (and [`OUT_BIT`] clear) name a partition range.
-pub const PART_BIT: u32 = 1 << 30;
-const CTRL_STOP: u32 = 1;
+pub use crate::ids::{CTRL_STOP, OUT_BIT, PART_BIT, TAG_CTRL, TAG_META_REP, TAG_META_REQ, TAG_REQUEST};
 
 /// Naps while idle grow from FIRST_NAP, doubling, up to a cap that depends
 /// on how long the rank has been idle: a request arriving during a burst of
@@ -336,7 +333,7 @@ pub enum SendBuf {
     Heap(Vec<u8>),
     Map(memmap2::Mmap),
     /// A range of a mapped local partition copy.
-    Part(crate::inputs::load::PartMap, std::ops::Range<usize>),
+    Part(std::sync::Arc<memmap2::Mmap>, std::ops::Range<usize>),
 }
 
 impl SendBuf {

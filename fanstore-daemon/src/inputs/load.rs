@@ -66,11 +66,11 @@ pub fn local_partition_path(local: &Path, p: u32) -> PathBuf {
 /// Checks that partition ids are 0..P-1 in table order (the placement and
 /// the state bitmap index partitions by id).
 pub fn check_partition_table(view: &IndexView<'_>) -> Result<(), LoadError> {
-    if view.node_count() >= crate::comm::PART_BIT {
+    if view.node_count() >= crate::ids::PART_BIT {
         return Err(LoadError::Manifest(format!(
             "{} nodes: at most {} are supported (node ids share the MPI request field with partition ranges)",
             view.node_count(),
-            crate::comm::PART_BIT - 1
+            crate::ids::PART_BIT - 1
         )));
     }
     for (i, p) in view.partitions().enumerate() {

@@ -10,7 +10,7 @@
 //! For each remote partition, within `--prefetch-remote` bytes and while the
 //! local file system keeps a twentieth of its space free:
 //! 1. its bytes are fetched from a holder in [`CHUNK`]-byte ranges, two in
-//!    flight ([`crate::comm::PART_BIT`] requests, served by the holder from
+//!    flight ([`crate::ids::PART_BIT`] requests, served by the holder from
 //!    its mapped copy with no copy), into `part-NNNNNN.fsp.fetch` in the
 //!    local `parts/` directory, except the payloads of large uncompressed
 //!    files, which go straight to their own files (what a local partition's

@@ -18,7 +18,7 @@
 //! EIO) registers nothing. A replaced output's old bytes are deleted: here,
 //! or by the holder when asked (HOLDER_DROP over MPI).
 
-use crate::comm::OUT_BIT;
+use crate::ids::OUT_BIT;
 use crate::memfd::MemfdBuilder;
 use crate::outputs::namespace::{now_ns, parent};
 use crate::node::Node;

@@ -199,7 +199,7 @@ impl Node {
             return Err(libc::EEXIST);
         }
         let id = self.outputs.out_seq.fetch_add(1, Relaxed);
-        if id >= crate::comm::OUT_BIT as u64 {
+        if id >= crate::ids::OUT_BIT as u64 {
             return Err(libc::ENOSPC);
         }
         let now = crate::outputs::namespace::now_ns();
