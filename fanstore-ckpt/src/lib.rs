@@ -96,6 +96,7 @@
 
 pub mod catalog;
 pub mod codec;
+pub mod drained;
 pub mod error;
 pub mod extent;
 pub mod json;

@@ -14,10 +14,10 @@
 //! # Ok::<(), fanstore_core::persisted::PersistError>(())
 //! ```
 
-use fanstore_ckpt::catalog::{self, Catalog};
 use fanstore_ckpt::{CheckpointStore, CkptError};
 use fanstore_core::checksum::xxh3;
-use fanstore_core::persisted::{data_path, drained_dir, read_all, PersistError, STORE_DIR};
+use fanstore_ckpt::drained::{open_drained, persisted_catalogs};
+use fanstore_core::persisted::{data_path, read_all, PersistError};
 use fanstore_core::wire::OutRecord;
 use std::collections::HashMap;
 use std::io;
@@ -123,47 +123,10 @@ impl DrainedStores {
     }
 }
 
-/// Path -> rank of every live checkpoint in the stores drained to
-/// `persist` (read from their catalogs, no store opened). The daemon reads
-/// them the same way at start (its `dedup::persisted_catalogs`).
-fn persisted_catalogs(persist: &Path) -> Result<HashMap<Vec<u8>, u32>, CkptError> {
-    let mut out = HashMap::new();
-    let Ok(rd) = std::fs::read_dir(persist.join(STORE_DIR)) else { return Ok(out) };
-    for e in rd.flatten() {
-        let name = e.file_name().to_string_lossy().into_owned();
-        let Some(rank) = name.strip_prefix("rank-").and_then(|r| r.parse::<u32>().ok()) else { continue };
-        let file = e.path().join(catalog::FILE_NAME);
-        let b = match std::fs::read(&file) {
-            Ok(b) => b,
-            Err(e) if e.kind() == io::ErrorKind::NotFound => continue,
-            Err(e) => return Err(CkptError::io(&file, e)),
-        };
-        for c in Catalog::decode(&file, &b)?.entries.into_iter().filter(|c| c.live) {
-            out.insert(c.path, rank);
-        }
-    }
-    Ok(out)
-}
-
-/// Opens the store rank `rank` drained to `persist`, waiting (up to 10 s)
-/// while another process, a daemon reading it in place, has it open.
-fn open_drained(persist: &Path, rank: u32) -> Result<CheckpointStore, CkptError> {
-    let dir = drained_dir(persist, rank);
-    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(10);
-    loop {
-        match CheckpointStore::open(&dir) {
-            Err(CkptError::Locked { .. }) if std::time::Instant::now() < deadline => {
-                std::thread::sleep(std::time::Duration::from_millis(20));
-            }
-            r => return r,
-        }
-    }
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
-    use fanstore_core::persisted::{encode_index, PERSISTED};
+    use fanstore_core::persisted::{drained_dir, encode_index, PERSISTED};
 
     /// One drained output: its path, its record and its bytes.
     type Drained<'a> = (&'a [u8], OutRecord, &'a [u8]);

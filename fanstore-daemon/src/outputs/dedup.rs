@@ -56,7 +56,7 @@
 //! rank r again ([`persisted_catalogs`]), and new checkpoints deduplicate
 //! against the old ones.
 
-use fanstore_ckpt::catalog::{self, Catalog};
+use fanstore_ckpt::catalog;
 use fanstore_ckpt::pack;
 use fanstore_ckpt::store::{RECIPES_DIR, UNITS_DIR};
 use fanstore_ckpt::{CheckpointStore, CkptError, CommitInfo, StoreOptions};
@@ -69,7 +69,7 @@ use std::path::{Path, PathBuf};
 use std::sync::{Arc, RwLock, RwLockReadGuard, RwLockWriteGuard};
 
 /// The store's directory under the rank's `out/`.
-pub const STORE_DIR: &str = "ckpt";
+pub use fanstore_core::persisted::STORE_DIR;
 /// Name prefix of a staged (not yet registered) output's key.
 const PENDING: &[u8] = b".fanstore-pending-";
 
@@ -817,47 +817,8 @@ pub fn adopt_drained(src: &Path, dst: &Path) -> io::Result<bool> {
     Ok(true)
 }
 
-/// The directory rank `rank`'s store is drained to.
-pub fn drained_dir(persist: &Path, rank: u32) -> PathBuf {
-    persist.join(STORE_DIR).join(format!("rank-{rank}"))
-}
-
-/// Path -> rank, for every live checkpoint of every store drained to
-/// `persist` (an earlier job's ranks).
-pub fn persisted_catalogs(persist: &Path) -> Result<HashMap<Vec<u8>, u32>, CkptError> {
-    let mut out = HashMap::new();
-    let Ok(rd) = std::fs::read_dir(persist.join(STORE_DIR)) else { return Ok(out) };
-    for e in rd.flatten() {
-        let name = e.file_name().to_string_lossy().into_owned();
-        let Some(rank) = name.strip_prefix("rank-").and_then(|r| r.parse::<u32>().ok()) else { continue };
-        let file = e.path().join(catalog::FILE_NAME);
-        let b = match std::fs::read(&file) {
-            Ok(b) => b,
-            Err(e) if e.kind() == io::ErrorKind::NotFound => continue,
-            Err(e) => return Err(CkptError::io(&file, e)),
-        };
-        for c in Catalog::decode(&file, &b)?.entries.into_iter().filter(|c| c.live) {
-            out.insert(c.path, rank);
-        }
-    }
-    Ok(out)
-}
-
-/// Opens the store rank `rank` drained to `persist` (waiting while another
-/// process has it open): a job with fewer ranks reading it in place, and
-/// `fanstore export`.
-pub fn open_drained(persist: &Path, rank: u32) -> Result<CheckpointStore, CkptError> {
-    let dir = drained_dir(persist, rank);
-    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(10);
-    loop {
-        match CheckpointStore::open(&dir) {
-            Err(CkptError::Locked { .. }) if std::time::Instant::now() < deadline => {
-                std::thread::sleep(std::time::Duration::from_millis(20));
-            }
-            r => return r,
-        }
-    }
-}
+pub use fanstore_ckpt::drained::{open_drained, persisted_catalogs};
+pub use fanstore_core::persisted::drained_dir;
 
 /// Writes into a memfd at increasing offsets.
 struct MemfdWriter<'a> {
