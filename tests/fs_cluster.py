@@ -12,6 +12,16 @@
     from fs_cluster import cluster_factory   # pytest fixture: start(dataset, nranks=4, ...) -> Cluster,
                                              # every cluster stopped (or killed) at teardown
 
+    with packed_cluster(bins, tmp, seed=3, n_files=10) as (c, src):   # make_tree + pack + start, always stopped
+        ...
+    cl = cluster_fixture("attrs", seed=3, n_files=10)   # a module's fixture: that cluster (module scope)
+
+    r = c.run_python(2, code, *args)   # python -c code on node 2 (preload); check=False: no failing;
+    run_python(None, 0, code)          # ... natively; run_json(c, node, code): its last line's JSON
+
+bench/ starts its daemons here too: start_cluster(release_bins(), ...) with its own
+runtime=, local=, log_path=, env= (and wrapper=, nofile=), then c.stop(check=False).
+
 Every rank gets its own local directory (``<tmp>/local/rank-<r>``, made by the
 daemon). The runtime directory is a short path under /tmp (unix socket paths
 are limited to 107 bytes), removed by the daemons at stop. MPI runs over TCP
@@ -41,7 +51,10 @@ import textwrap
 import time
 from pathlib import Path
 
-import pytest
+try:
+    import pytest
+except ImportError:  # bench/ starts its daemons here too, maybe under a python without pytest
+    pytest = None
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -64,6 +77,7 @@ MPIEXEC, MPIEXEC_ARGS, MPI_ENV, MPI_LIBRARY = MPIS[MPI]
 REQ = struct.Struct("<4sHHQQQII")    # magic, version, op, id, arg0, arg1, payload len, reserved
 REP = struct.Struct("<4sHHQiIQII")   # magic, version, op, id, errno, flags, value, payload len, reserved
 OP_PING, OP_OPEN, OP_STATUS, OP_STOP = 1, 2, 3, 4
+OP_WATCH_INFO = 45
 FLAG_FD = 1
 MAX_MESSAGE = 64 * 1024
 
@@ -120,6 +134,12 @@ class Client:
         errno, _f, _v, payload, _fd = self.call(OP_STATUS)
         assert errno == 0
         return dict(line.split("=", 1) for line in payload.decode().splitlines() if "=" in line)
+
+    def watch_info(self) -> dict:
+        """WATCH_INFO: {'sessions': n, 'watches': n, 'interests': n} of this rank's watch registry."""
+        errno, _f, _v, payload, _fd = self.call(OP_WATCH_INFO)
+        assert errno == 0
+        return {k: int(v) for k, v in (kv.split("=") for kv in payload.decode().split())}
 
     def open_fd(self, node_id, dataset_id):
         """The fd of OPEN, or raises OSError(errno)."""
@@ -221,6 +241,15 @@ class Cluster:
     def client(self, rank: int = 0, timeout=30.0) -> Client:
         return Client(self.socket(rank), timeout)
 
+    def run_python(self, node: int, code: str, *args, **kw) -> subprocess.CompletedProcess:
+        """fs_cluster.run_python on this cluster's `node`."""
+        return run_python(self, node, code, *args, **kw)
+
+    def watch_info(self, rank: int) -> dict:
+        """Client.watch_info of `rank`."""
+        with self.client(rank) as c:
+            return c.watch_info()
+
     def index_path(self, rank: int = 0) -> Path:
         return Path(node_state(self.runtime, rank)["index_path"])
 
@@ -246,11 +275,20 @@ class Cluster:
         return out
 
     # --- ending ------------------------------------------------------------
-    def stop(self, timeout=60) -> None:
-        """`fanstore stop`, waits for every daemon, asserts exit code 0. Idempotent."""
+    def stop(self, timeout=60, check=True):
+        """`fanstore stop`, waits for every daemon, asserts exit code 0. Idempotent.
+        ``check=False`` (bench/): asserts nothing, kills a job still running after
+        ``timeout``; returns the launcher's exit code (None when killed or stopped before)."""
         if self._done:
-            return
+            return None
         self._done = True
+        if not check:
+            self.cli("stop", "--timeout", str(timeout), timeout=timeout + 30, check=False)
+            try:
+                return self.proc.wait(timeout=timeout)
+            except subprocess.TimeoutExpired:
+                self._kill_all()
+                return None
         try:
             self.cli("stop", "--timeout", str(timeout), timeout=timeout + 30)
             rc = self.proc.wait(timeout=timeout)
@@ -262,17 +300,19 @@ class Cluster:
             warnings.warn(f"mpiexec exited {rc} after the MPICH 4.0 finalize hang (README, Known issue; "
                           f"pmodels/mpich#6596): every rank stopped cleanly, then one never left MPI_Finalize "
                           f"and its watchdog ended it ({self.log_path})")
-            return
+            return rc
         assert rc == 0, f"daemons exited {rc}\n{self.log()}"
+        return rc
 
-    def kill(self) -> None:
-        """kill -9 every daemon (and the launcher), then remove what they left behind."""
+    def kill(self, keep_local=False) -> None:
+        """kill -9 every daemon (and the launcher), then remove what they left behind
+        (but the local directory with ``keep_local``)."""
         if self._done:
             return
         self._done = True
-        self._kill_all()
+        self._kill_all(keep_local)
 
-    def _kill_all(self):
+    def _kill_all(self, keep_local=False):
         shm = []
         for r in range(self.nranks):
             with contextlib.suppress(Exception):
@@ -292,7 +332,8 @@ class Cluster:
                         os.unlink(leftover)
                 shutil.rmtree(stem + ".copies", ignore_errors=True)
         shutil.rmtree(self.runtime, ignore_errors=True)
-        shutil.rmtree(self.local, ignore_errors=True)
+        if not keep_local:
+            shutil.rmtree(self.local, ignore_errors=True)
 
 
 def node_state(runtime, rank: int) -> dict:
@@ -360,42 +401,67 @@ def tmpfs_local_dir(tmp_path: Path, size: str, why: str):
 
 
 def launch(bins, dataset: Path, tmp_path: Path, nranks=4, mount="/fanstore", extra_args=(), nofile=None,
-           runtime=None, local=None):
+           runtime=None, local=None, env=None, wrapper=(), log_path=None, log_mode="wb"):
     """Starts the daemons without waiting: returns (proc, runtime, local, log path).
     ``nofile``: the launcher and the daemons run under `ulimit -n nofile`.
     ``runtime``, ``local``: the directories (default: a new runtime directory
-    under /tmp, ``tmp_path/local``)."""
+    under /tmp, ``tmp_path/local``). ``env``: variables added to the daemons'
+    environment (base_env). ``wrapper``: a command each rank runs the daemon
+    through (its arguments follow), e.g. a `taskset` per rank. ``log_path``:
+    where the launcher's output goes (default: tmp_path/daemons-<runtime>.log),
+    opened with ``log_mode`` ("ab" appends)."""
     tmp_path = Path(tmp_path)
     tmp_path.mkdir(parents=True, exist_ok=True)
     runtime = Path(runtime) if runtime else Path(tempfile.mkdtemp(prefix="fsrt-", dir="/tmp"))
     local = Path(local) if local else tmp_path / "local"
-    log_path = tmp_path / f"daemons-{runtime.name}.log"
-    cmd = [bins["daemon"], "--data", str(dataset), "--local", str(local), "--runtime-dir", str(runtime),
-           "--mount", mount, *map(str, extra_args)]
+    log_path = Path(log_path) if log_path else tmp_path / f"daemons-{runtime.name}.log"
+    cmd = [*map(str, wrapper), bins["daemon"], "--data", str(dataset), "--local", str(local),
+           "--runtime-dir", str(runtime), "--mount", mount, *map(str, extra_args)]
     if nranks:
         if not os.access(MPIEXEC, os.X_OK):
-            pytest.fail(f"{MPIEXEC} missing (FANSTORE_TEST_MPI={MPI}): run scripts/setup.sh")
+            _fail(f"{MPIEXEC} missing (FANSTORE_TEST_MPI={MPI}): run scripts/setup.sh")
         cmd = [MPIEXEC, *MPIEXEC_ARGS, "-n", str(nranks), *cmd]
-    with open(log_path, "wb") as log:
+    with open(log_path, log_mode) as log:
         proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
-                                env=base_env(), start_new_session=True,
+                                env=dict(base_env(), **(env or {})), start_new_session=True,
                                 preexec_fn=limit_fds(nofile) if nofile else None)
     return proc, runtime, local, log_path
 
 
+def _fail(msg):
+    """Fails the test (pytest.fail), or raises RuntimeError outside pytest (bench/)."""
+    if pytest is not None:
+        pytest.fail(msg)
+    raise RuntimeError(msg)
+
+
 def start_cluster(bins, dataset: Path, tmp_path: Path, nranks=4, mount="/fanstore", extra_args=(),
-                  timeout=60, nofile=None) -> Cluster:
+                  timeout=60, nofile=None, check_mpi=True, **launch_kw) -> Cluster:
     """`mpiexec -n nranks fanstore-daemon ...` (nranks == 0: a singleton with no launcher),
-    then `fanstore wait`. Fails with the daemons' log if they do not get ready."""
-    proc, runtime, local, log_path = launch(bins, dataset, tmp_path, nranks, mount, extra_args, nofile)
+    then `fanstore wait`. Fails with the daemons' log if they do not get ready.
+    ``check_mpi``: check_mpi_library (it reads the daemons' info lines: off for
+    daemons whose RUST_LOG hides them). ``launch_kw``: launch's ``runtime``,
+    ``local``, ``env``, ``wrapper``, ``log_path``, ``log_mode``."""
+    proc, runtime, local, log_path = launch(bins, dataset, tmp_path, nranks, mount, extra_args, nofile, **launch_kw)
     c = Cluster(bins, proc, runtime, local, max(nranks, 1), mount, log_path)
     r = subprocess.run([bins["cli"], "--runtime-dir", str(runtime), "wait", "--timeout", str(timeout)],
                        capture_output=True, text=True, timeout=timeout + 30, env=base_env())
     if r.returncode != 0:
         c.kill()
         raise AssertionError(f"daemons did not get ready: {r.stderr.strip()}\n--- log ---\n{c.log()}")
-    check_mpi_library(c)
+    if check_mpi:
+        check_mpi_library(c)
     return c
+
+
+def release_bins() -> dict:
+    """The binaries as the tests' `bins` fixture (tests/conftest.py) names them,
+    not checked (for bench/): target/release, and under FANSTORE_TEST_MPI=openmpi
+    the daemon of target-ompi/release (FANSTORE_OMPI_BIN)."""
+    rel = ROOT / "target" / "release"
+    ompi = Path(os.environ.get("FANSTORE_OMPI_BIN", ROOT / "target-ompi" / "release"))
+    return {"prep": str(rel / "fanstore-prep"), "daemon": str((ompi if MPI == "openmpi" else rel) / "fanstore-daemon"),
+            "cli": str(rel / "fanstore"), "preload": str(rel / "libfanstore_preload.so")}
 
 
 def mpich_finalize_hang(log_path: Path, nranks: int) -> bool:
@@ -433,41 +499,82 @@ def check_mpi_library(c: Cluster) -> None:
                              f"--- log ---\n{c.log()}")
 
 
-def run_python(c, node, code, timeout=120, python=sys.executable) -> str:
-    """Runs `code` (dedented) on `node` of cluster `c` with the preload
-    library; fails the test with both streams and the daemons' log on a
-    non-zero exit; returns its stdout."""
-    r = subprocess.run([python, "-c", textwrap.dedent(code)], env=c.env(node), capture_output=True, text=True,
-                       timeout=timeout)
-    assert r.returncode == 0, f"node {node}: {r.stdout}\n{r.stderr}\n--- daemon log ---\n{c.log()[-3000:]}"
-    return r.stdout
+def run_python(c, node, code, *args, check=True, timeout=120, python=sys.executable, env=None,
+               **kw) -> subprocess.CompletedProcess:
+    """Runs `python -c code args...` (`code` dedented; `args` as str) on `node` of
+    cluster `c` with the preload library, or natively (the test's own
+    environment) when `c` is None. ``env``: variables added to that
+    environment. ``kw``: more of subprocess.run (``input``, ``cwd``, ...).
+    With ``check`` a non-zero exit fails the test with both streams and the
+    daemons' log. Returns the CompletedProcess (text)."""
+    run_env = c.env(node) if c is not None else None
+    if env:
+        run_env = dict(run_env if run_env is not None else os.environ, **env)
+    r = subprocess.run([python, "-c", textwrap.dedent(code), *map(str, args)], env=run_env, capture_output=True,
+                       text=True, timeout=timeout, **kw)
+    if check and r.returncode != 0:
+        _fail(f"node {node}: exit {r.returncode}\nstdout:\n{r.stdout[-5000:]}\nstderr:\n{r.stderr[-5000:]}"
+                    + (f"\n--- daemon log tail ---\n{c.log()[-4000:]}" if c is not None else " (natively)"))
+    return r
 
 
-def small_cluster(bins, tmp: Path, seed: int, n_files=8, nranks=4, mount="/fanstore", extra_args=()) -> Cluster:
-    """A cluster of `nranks` daemons over a small mixed dataset (fs_prep.make_tree
-    with `seed`, 4 partitions) made under `tmp`: the usual module fixture of the
-    output tests."""
+def run_json(c, node, code, *args, **kw):
+    """run_python, and the JSON value its last stdout line prints."""
+    import json
+    return json.loads(run_python(c, node, code, *args, **kw).stdout.strip().splitlines()[-1])
+
+
+def packed_dataset(bins, tmp: Path, kind="mixed", n_files=8, seed=0, partitions=4, prep_args=()) -> tuple:
+    """(src, data): fs_prep.make_tree(tmp/src, kind, n_files, seed) packed into
+    tmp/data in `partitions` partitions (plus `prep_args` for `fanstore-prep pack`)."""
     from fs_prep import make_tree, pack
-    src = make_tree(Path(tmp) / "src", "mixed", n_files=n_files, seed=seed)
-    pack(bins, src, Path(tmp) / "data", "--partitions", "4")
-    return start_cluster(bins, Path(tmp) / "data", Path(tmp) / "cl", nranks=nranks, mount=mount, extra_args=extra_args)
+    tmp = Path(tmp)
+    src = make_tree(tmp / "src", kind, n_files=n_files, seed=seed)
+    pack(bins, src, tmp / "data", "--partitions", str(partitions), *map(str, prep_args))
+    return src, tmp / "data"
 
 
-@pytest.fixture
-def cluster_factory(bins, tmp_path):
-    """start(dataset, nranks=4, ...) -> Cluster; every cluster is stopped (or killed) at teardown."""
-    started = []
+@contextlib.contextmanager
+def packed_cluster(bins, tmp: Path, kind="mixed", n_files=8, seed=0, partitions=4, nranks=4, mount="/fanstore",
+                   extra_args=(), prep_args=()):
+    """A dataset packed (packed_dataset) and a cluster of `nranks` daemons
+    started over it (start_cluster in tmp/cl): yields (cluster, src), and
+    stops the cluster at the end, whatever happened."""
+    src, data = packed_dataset(bins, tmp, kind, n_files, seed, partitions, prep_args)
+    c = start_cluster(bins, data, Path(tmp) / "cl", nranks=nranks, mount=mount, extra_args=extra_args)
+    try:
+        yield c, src
+    finally:
+        c.stop()
 
-    def start(dataset, nranks=4, mount="/fanstore", extra_args=(), timeout=60, subdir=None, nofile=None):
-        c = start_cluster(bins, dataset, tmp_path / (subdir or f"c{len(started)}"), nranks, mount, extra_args, timeout,
-                          nofile)
-        started.append(c)
-        return c
 
-    yield start
-    for c in started:
-        try:
-            c.stop()
-        except Exception:
-            c.kill()
-            raise
+def cluster_fixture(name: str, scope="module", **kw):
+    """A pytest fixture of the Cluster of packed_cluster(bins, <a new temporary
+    directory `name`>, **kw), for a module to assign to its fixture's name:
+    ``cl = cluster_fixture("attrs", seed=3, n_files=10, mount=MOUNT)``."""
+    @pytest.fixture(scope=scope)
+    def fixture(bins, tmp_path_factory):
+        with packed_cluster(bins, tmp_path_factory.mktemp(name), **kw) as (c, _src):
+            yield c
+    return fixture
+
+
+if pytest is not None:  # (bench/ imports this module without pytest)
+    @pytest.fixture
+    def cluster_factory(bins, tmp_path):
+        """start(dataset, nranks=4, ...) -> Cluster; every cluster is stopped (or killed) at teardown."""
+        started = []
+
+        def start(dataset, nranks=4, mount="/fanstore", extra_args=(), timeout=60, subdir=None, nofile=None):
+            c = start_cluster(bins, dataset, tmp_path / (subdir or f"c{len(started)}"), nranks, mount, extra_args,
+                              timeout, nofile)
+            started.append(c)
+            return c
+
+        yield start
+        for c in started:
+            try:
+                c.stop()
+            except Exception:
+                c.kill()
+                raise

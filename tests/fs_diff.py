@@ -5,10 +5,10 @@ A script starts with [`ATTEMPT`] (prepended by `script`): `attempt(key, f)`
 records `["OK", f()]` or the errno's name under `key` in `out`, which the
 script prints as JSON at its end.
 """
-import json
-import subprocess
 import sys
 import textwrap
+
+from fs_cluster import run_json
 
 ATTEMPT = r'''
 import errno, json, os, sys
@@ -27,15 +27,10 @@ def script(body: str) -> str:
 
 
 def run_script(c, node, code, *args, timeout=180, python=sys.executable):
-    """Runs `code` with `args` on `node` of cluster `c` (with the preload
-    library), or natively when `c` is None; fails the test with its stderr
-    (and the daemons' log) on a non-zero exit; returns the JSON of its last
-    stdout line."""
-    env = c.env(node) if c else None
-    r = subprocess.run([python, "-c", textwrap.dedent(code), *args], env=env, capture_output=True, text=True,
-                       timeout=timeout)
-    assert r.returncode == 0, r.stderr + (c.log()[-3000:] if c else "")
-    return json.loads(r.stdout.strip().splitlines()[-1])
+    """fs_cluster.run_json (`code` with `args` on `node` of cluster `c`, or
+    natively when `c` is None; a non-zero exit fails the test) with the
+    differential scripts' timeout."""
+    return run_json(c, node, code, *args, timeout=timeout, python=python)
 
 
 def differences(ours: dict, native: dict) -> dict:

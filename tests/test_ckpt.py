@@ -18,7 +18,6 @@ import json
 import re
 import os
 import struct
-import subprocess
 import sys
 import textwrap
 import time
@@ -27,8 +26,7 @@ from pathlib import Path
 import pytest
 
 import ckpt_gen as gen
-from fs_cluster import start_cluster, tmpfs_local_dir
-from fs_prep import make_tree, pack
+from fs_cluster import packed_cluster, packed_dataset, run_json, start_cluster, tmpfs_local_dir
 
 MOUNT = "/fanstore"
 TESTS = Path(__file__).resolve().parent
@@ -61,19 +59,13 @@ PRELUDE = f"import sys; sys.path.insert(0, {str(TESTS)!r})\n"
 
 
 def py(c, node, code, *args, check=True):
-    """Runs python3 -c code args... as a client of `node`; returns the completed process."""
-    r = subprocess.run([PY, "-c", PRELUDE + textwrap.dedent(code), *map(str, args)], env=c.env(node),
-                       capture_output=True, text=True, timeout=TIMEOUT)
-    if check and r.returncode != 0:
-        pytest.fail(f"node {node}: exit {r.returncode}\nstdout:\n{r.stdout[-5000:]}\nstderr:\n{r.stderr[-5000:]}\n"
-                    f"--- daemon log tail ---\n{c.log()[-4000:]}")
-    return r
+    """python3 -c code args... as a client of `node` (ckpt_gen importable); the completed process."""
+    return c.run_python(node, PRELUDE + textwrap.dedent(code), *args, check=check, timeout=TIMEOUT, python=PY)
 
 
 def py_json(c, node, code, *args):
     """py(), and the JSON object its last stdout line prints."""
-    r = py(c, node, code, *args)
-    return json.loads(r.stdout.strip().splitlines()[-1])
+    return run_json(c, node, PRELUDE + textwrap.dedent(code), *args, timeout=TIMEOUT, python=PY)
 
 
 READ_HASHES = """
@@ -232,16 +224,11 @@ def rank_du(du, rank) -> dict:
 
 @pytest.fixture(scope="module")
 def cl(bins, tmp_path_factory):
-    tmp = tmp_path_factory.mktemp("ckpt")
-    src = make_tree(tmp / "src", "mixed", n_files=8, seed=11)
-    data = tmp / "data"
-    pack(bins, src, data, "--partitions", "4")
     # --ckpt-hot 2: the store serves the last two commits of a node from the
     # files written (the default keeps all that 16G hold); the tests below
     # read older ones rebuilt from their units.
-    c = start_cluster(bins, data, tmp / "cl", nranks=4, mount=MOUNT, extra_args=["--ckpt-hot", "2"])
-    yield c
-    c.stop()
+    with packed_cluster(bins, tmp_path_factory.mktemp("ckpt"), n_files=8, seed=11, mount=MOUNT, extra_args=["--ckpt-hot", "2"]) as (c, _):
+        yield c
 
 
 # --------------------------------------------------------------------------
@@ -907,9 +894,7 @@ WRITE_PERSIST = """
 
 
 def test_persist_and_dedup_across_jobs(bins, tmp_path):
-    src = make_tree(tmp_path / "src", "mixed", n_files=4, seed=12)
-    data = tmp_path / "data"
-    pack(bins, src, data, "--partitions", "2")
+    _, data = packed_dataset(bins, tmp_path, n_files=4, seed=12, partitions=2)
     persist = tmp_path / "persist"
     c1 = start_cluster(bins, data, tmp_path / "c1", nranks=2, mount=MOUNT, extra_args=["--persist", persist])
     try:
@@ -994,9 +979,7 @@ def test_fresh_incompressible_checkpoints_are_adopted_not_copied_across_drain_an
     """A checkpoint of new random tensors is linked into the store as an extent
     (its units' payloads are not copied into a pack); it reads back on every node,
     an unlink frees its extent, a drain copies extents, the next job reads them."""
-    src = make_tree(tmp_path / "src", "mixed", n_files=4, seed=13)
-    data = tmp_path / "data"
-    pack(bins, src, data, "--partitions", "2")
+    _, data = packed_dataset(bins, tmp_path, n_files=4, seed=13, partitions=2)
     persist = tmp_path / "persist"
     c1 = start_cluster(bins, data, tmp_path / "c1", nranks=2, mount=MOUNT, extra_args=["--persist", persist])
     try:
@@ -1063,9 +1046,7 @@ WRITE_PLAIN = """
     (["--dedup-min", "1M"], ["o/mib.bin", "o/one.safetensors"]),
 ])
 def test_dedup_flags(bins, tmp_path, args, in_store):
-    src = make_tree(tmp_path / "src", "mixed", n_files=4, seed=13)
-    data = tmp_path / "data"
-    pack(bins, src, data, "--partitions", "2")
+    _, data = packed_dataset(bins, tmp_path, n_files=4, seed=13, partitions=2)
     c = start_cluster(bins, data, tmp_path / "c", nranks=2, mount=MOUNT, extra_args=args)
     try:
         written = py_json(c, 1, WRITE_PLAIN)
@@ -1138,9 +1119,7 @@ def test_hot_copies_are_the_files_written_unless_still_writable(bins, tmp_path):
     rebuilt; one that something still had open for writing at its last
     close (here a second fd opened outside the mount) is read from the
     store, and a later write through that fd changes nothing a reader sees."""
-    src = make_tree(tmp_path / "src", "mixed", n_files=4, seed=17)
-    data = tmp_path / "data"
-    pack(bins, src, data, "--partitions", "1")
+    _, data = packed_dataset(bins, tmp_path, n_files=4, seed=17, partitions=1)
     c = start_cluster(bins, data, tmp_path / "c", nranks=0, mount=MOUNT)
     try:
         got = py_json(c, 0, HOT_COPIES)
@@ -1193,9 +1172,7 @@ def test_local_dir_in_memory_keeps_one_hot_copy_and_no_disk_copies(bins, tmp_pat
     """A local dir on tmpfs (a diskless node) is RAM the program needs: the
     store keeps only its newest commit as a hot copy, and no node copies go
     there (--cache-disk is ignored)."""
-    src = make_tree(tmp_path / "src", "mixed", n_files=4, seed=19)
-    data = tmp_path / "data"
-    pack(bins, src, data, "--partitions", "1")
+    _, data = packed_dataset(bins, tmp_path, n_files=4, seed=19, partitions=1)
     with tmpfs_local_dir(tmp_path / "c", "256m", "the local dir"):
         c = start_cluster(bins, data, tmp_path / "c", nranks=0, mount=MOUNT)
         try:
@@ -1247,9 +1224,7 @@ def test_commits_run_behind_the_close_and_a_kill_loses_none(bins, tmp_path):
     stored (their plain links out/<id> then gone). Then a second batch and a
     kill -9 right after its closes: the restart with the same --local serves
     every closed file exact and stores those the kill left plain outputs."""
-    src = make_tree(tmp_path / "src", "mixed", n_files=4, seed=19)
-    data = tmp_path / "data"
-    pack(bins, src, data, "--partitions", "1")
+    _, data = packed_dataset(bins, tmp_path, n_files=4, seed=19, partitions=1)
     c = start_cluster(bins, data, tmp_path / "c", nranks=0, mount=MOUNT)
     try:
         got = py_json(c, 0, BEHIND_THE_CLOSE)

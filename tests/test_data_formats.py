@@ -9,13 +9,10 @@ and read on another node). Each dataset is made natively by the same
 library first, packed, and every value read through /fanstore is compared
 with the native read. The libraries come from the venv of scripts/setup.sh
 (fixture framework_python)."""
-import json
-import os
-import subprocess
-import textwrap
 
 import pytest
 
+from fs_cluster import run_json
 from fs_prep import pack
 
 MOUNT = "/fanstore"
@@ -88,11 +85,10 @@ print(json.dumps(res))
 """
 
 
-def run(py, env, code, *args):
-    r = subprocess.run([py, "-c", textwrap.dedent(code), *map(str, args)], env=env, capture_output=True, text=True,
-                       timeout=600)
-    assert r.returncode == 0, r.stderr[-4000:]
-    return json.loads(r.stdout.strip().splitlines()[-1])
+def run(py, c, node, code, *args, env=None):
+    """`code` under the frameworks' python `py` on `node` of `c` (natively when
+    `c` is None), `env` added to its environment: the JSON of its last line."""
+    return run_json(c, node, code, *args, python=py, env=env, timeout=600)
 
 
 @pytest.fixture(scope="module")
@@ -101,7 +97,7 @@ def formats(bins, framework_python, tmp_path_factory):
     tmp = tmp_path_factory.mktemp("formats")
     src = tmp / "src"
     src.mkdir()
-    run(framework_python, None, MAKE, src)
+    run(framework_python, None, 0, MAKE, src)
     pack(bins, src, tmp / "data", "--partitions", "4")
     from fs_cluster import start_cluster
     c = start_cluster(bins, tmp / "data", tmp / "cl", nranks=4, mount=MOUNT)
@@ -110,28 +106,27 @@ def formats(bins, framework_python, tmp_path_factory):
 
 
 def node_env(c, node):
-    env = c.env(node)
-    env.update(OMP_NUM_THREADS="2", HF_HOME=str(c.runtime.parent / f"hf-home-{node}"))
-    return env
+    """What the programs of `node` add to its environment."""
+    return dict(OMP_NUM_THREADS="2", HF_HOME=str(c.runtime.parent / f"hf-home-{node}"))
 
 
 def test_datasets_parquet_and_lmdb_read_write_and_read_back_on_other_nodes(framework_python, formats, tmp_path):
     src, c = formats
     native_out = tmp_path / "native-out"
     native_out.mkdir()
-    native_env = dict(os.environ, HF_HOME=str(tmp_path / "hf-home"))
-    native = run(framework_python, native_env, USE, src, "read", native_out)
+    native_env = dict(HF_HOME=str(tmp_path / "hf-home"))
+    native = run(framework_python, None, 0, USE, src, "read", native_out, env=native_env)
     assert native["map_cache_beside_input"] is True and len(native["hfdict"]) == 2, native
     # Node 1 reads every format from the dataset and writes outputs ...
-    got = run(framework_python, node_env(c, 1), USE, MOUNT, "read", f"{MOUNT}/out/fmt")
+    got = run(framework_python, c, 1, USE, MOUNT, "read", f"{MOUNT}/out/fmt", env=node_env(c, 1))
     assert got == native
     # ... which nodes 3 and 0 read back, as native reads of the native outputs.
-    native_back = run(framework_python, native_env, USE, src, "back", native_out)
+    native_back = run(framework_python, None, 0, USE, src, "back", native_out, env=native_env)
     for node in (3, 0):
-        assert run(framework_python, node_env(c, node), USE, MOUNT, "back", f"{MOUNT}/out/fmt") == native_back
+        assert run(framework_python, c, node, USE, MOUNT, "back", f"{MOUNT}/out/fmt", env=node_env(c, node)) == native_back
 
 
 def test_lmdb_write_into_an_input_environment_is_a_read_only_error(framework_python, formats):
     _, c = formats
-    got = run(framework_python, node_env(c, 2), USE, MOUNT, "write_input", "-")
+    got = run(framework_python, c, 2, USE, MOUNT, "write_input", "-", env=node_env(c, 2))
     assert got["error"] is not None and "Read-only file system" in got["error"] and f"{MOUNT}/lmdb" in got["error"], got

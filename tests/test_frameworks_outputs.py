@@ -19,9 +19,7 @@ import socket
 import subprocess
 import textwrap
 
-import pytest
-
-from fs_cluster import small_cluster
+from fs_cluster import cluster_fixture, run_json
 
 MOUNT = "/fanstore"
 
@@ -219,11 +217,7 @@ else:
 """
 
 
-@pytest.fixture(scope="module")
-def cl(bins, tmp_path_factory):
-    c = small_cluster(bins, tmp_path_factory.mktemp("fw"), seed=8, n_files=8, mount=MOUNT)
-    yield c
-    c.stop()
+cl = cluster_fixture("fw", seed=8, n_files=8, mount=MOUNT)
 
 
 TENSORBOARD = r"""
@@ -260,12 +254,9 @@ else:
 
 
 def run(py, c, node, code, *args):
-    env = c.env(node) if c else None
-    if env is not None:
-        env.update(OMP_NUM_THREADS="2", JAX_PLATFORMS="cpu")
-    r = subprocess.run([py, "-c", textwrap.dedent(code), *args], env=env, capture_output=True, text=True, timeout=600)
-    assert r.returncode == 0, f"node {node}: {r.stderr[-4000:]}\n" + (c.log()[-2000:] if c else "")
-    return json.loads(r.stdout.strip().splitlines()[-1])
+    """`code` under `py` on `node` of `c` (natively when `c` is None): the JSON of its last line."""
+    return run_json(c, node, code, *args, python=py, timeout=600,
+                    env=dict(OMP_NUM_THREADS="2", JAX_PLATFORMS="cpu") if c else None)
 
 
 def run_ranks(py, c, nodes, code, *args):

@@ -17,8 +17,7 @@ from pathlib import Path
 import pytest
 
 from conftest import ROOT
-from fs_cluster import MPIS, start_cluster
-from fs_prep import make_tree, pack
+from fs_cluster import MPIS, packed_cluster
 
 sys.path.insert(0, str(Path(__file__).parent))
 import slurm_train  # noqa: E402
@@ -35,13 +34,8 @@ LINES = {
 
 @pytest.fixture(scope="module")
 def cl(bins, tmp_path_factory):
-    tmp = tmp_path_factory.mktemp("launch")
-    src = make_tree(tmp / "src", "images", n_files=30, seed=21)
-    data = tmp / "data"
-    pack(bins, src, data, "--partitions", "4")
-    c = start_cluster(bins, data, tmp / "cl", nranks=2)
-    yield c, slurm_train.dataset_digest(str(src))
-    c.stop()
+    with packed_cluster(bins, tmp_path_factory.mktemp("launch"), "images", n_files=30, seed=21, nranks=2) as (c, src):
+        yield c, slurm_train.dataset_digest(str(src))
 
 
 def test_readme_shows_each_line():

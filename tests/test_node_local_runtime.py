@@ -6,13 +6,11 @@ import subprocess
 import tempfile
 from pathlib import Path
 
-from fs_cluster import MPIEXEC, base_env
-from fs_prep import make_tree, pack
+from fs_cluster import MPIEXEC, base_env, packed_dataset
 
 
 def test_wait_and_stop_from_one_node_with_node_local_runtime_dirs(bins, tmp_path):
-    src = make_tree(tmp_path / "src", "mixed", n_files=8, seed=6)
-    pack(bins, src, tmp_path / "data", "--partitions", "2")
+    packed_dataset(bins, tmp_path, n_files=8, seed=6, partitions=2)
     rts = [Path(tempfile.mkdtemp(prefix=f"fsrt{r}-", dir="/tmp")) for r in range(2)]
     cmd = [MPIEXEC]
     for r, rt in enumerate(rts):  # MPMD: each rank its own --runtime-dir

@@ -5,10 +5,8 @@ import json
 import subprocess
 import sys
 
-import pytest
-
 from fs_diff import differences, run_script as run, script
-from fs_cluster import small_cluster
+from fs_cluster import cluster_fixture
 
 MOUNT = "/fanstore"
 
@@ -88,11 +86,7 @@ print(json.dumps([oct(os.stat(p).st_mode), os.stat(p).st_mtime_ns, oct(os.stat(o
 """
 
 
-@pytest.fixture(scope="module")
-def cl(bins, tmp_path_factory):
-    c = small_cluster(bins, tmp_path_factory.mktemp("attrs"), seed=3, n_files=10, mount=MOUNT)
-    yield c
-    c.stop()
+cl = cluster_fixture("attrs", seed=3, n_files=10, mount=MOUNT)
 
 
 def test_attributes_and_shutil_match_a_native_directory(cl, tmp_path):

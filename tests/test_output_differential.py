@@ -23,7 +23,7 @@ import textwrap
 
 import pytest
 
-from fs_cluster import small_cluster
+from fs_cluster import cluster_fixture
 
 MOUNT = "/fanstore"
 NODES = 4
@@ -203,11 +203,7 @@ class Worker:
         self.p.wait(timeout=60)
 
 
-@pytest.fixture(scope="module")
-def cl(bins, tmp_path_factory):
-    c = small_cluster(bins, tmp_path_factory.mktemp("diff"), seed=1, n_files=8, mount=MOUNT)
-    yield c
-    c.stop()
+cl = cluster_fixture("diff", seed=1, n_files=8, mount=MOUNT)
 
 
 def test_random_operations_match_a_native_directory(cl, tmp_path):

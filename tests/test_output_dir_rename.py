@@ -7,13 +7,11 @@ import subprocess
 import sys
 import textwrap
 
-import pytest
-
 from fs_diff import differences, script
-from fs_cluster import small_cluster, start_cluster
-from fs_prep import make_tree, pack
+from fs_cluster import cluster_fixture, packed_dataset, run_python, start_cluster
 
 MOUNT = "/fanstore"
+TIMEOUT = 180
 
 SEMANTICS = script(r"""
 import errno, json, os, sys
@@ -87,23 +85,12 @@ print(json.dumps(out, sort_keys=True))
 """)
 
 
-@pytest.fixture(scope="module")
-def cl(bins, tmp_path_factory):
-    c = small_cluster(bins, tmp_path_factory.mktemp("dirrename"), seed=2, n_files=10, mount=MOUNT)
-    yield c
-    c.stop()
-
-
-def py(c, node, code, *args, **kw):
-    return subprocess.run([sys.executable, "-c", textwrap.dedent(code), *args], env=c.env(node) if c else None,
-                          capture_output=True, text=True, timeout=180, **kw)
+cl = cluster_fixture("dirrename", seed=2, n_files=10, mount=MOUNT)
 
 
 def test_directory_rename_matches_a_native_directory(cl, tmp_path):
-    n = py(None, 0, SEMANTICS, str(tmp_path / "native"))
-    assert n.returncode == 0, n.stderr
-    v = py(cl, 0, SEMANTICS, f"{MOUNT}/sem")
-    assert v.returncode == 0, v.stderr + cl.log()[-3000:]
+    n = run_python(None, 0, SEMANTICS, str(tmp_path / "native"), timeout=TIMEOUT)
+    v = cl.run_python(0, SEMANTICS, f"{MOUNT}/sem", timeout=TIMEOUT)
     native, ours = json.loads(n.stdout), json.loads(v.stdout)
     assert native["rename to new name"] == ["OK", None] and native["onto non-empty"] == "ENOTEMPTY"
     diffs = differences(ours, native)
@@ -164,7 +151,8 @@ def test_another_node_never_sees_half_a_tree(cl):
                          stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     try:
         for _ in range(600):
-            if py(cl, 1, "import os,sys; print(os.path.exists(sys.argv[1]))", f"{root}/written").stdout.strip() == "True":
+            if cl.run_python(1, "import os,sys; print(os.path.exists(sys.argv[1]))", f"{root}/written", check=False,
+                             timeout=TIMEOUT).stdout.strip() == "True":
                 break
             __import__("time").sleep(0.1)
         watch = subprocess.Popen([sys.executable, "-c", textwrap.dedent(WATCHER), root], env=cl.env(3),
@@ -183,13 +171,12 @@ def test_another_node_never_sees_half_a_tree(cl):
 def test_renamed_trees_and_attributes_persist_and_export(bins, tmp_path):
     """A renamed directory, chmod and utime survive `fanstore stop` + a new job with the
     same --persist (another rank count), and `fanstore export`."""
-    src = make_tree(tmp_path / "src", "mixed", n_files=6, seed=4)
-    pack(bins, src, tmp_path / "data", "--partitions", "4")
+    packed_dataset(bins, tmp_path, n_files=6, seed=4, partitions=4)
     persist = tmp_path / "persist"
     c = start_cluster(bins, tmp_path / "data", tmp_path / "c1", nranks=4, mount=MOUNT,
                       extra_args=["--persist", persist])
     try:
-        r = py(c, 1, f"""
+        c.run_python(1, f"""
             import os
             os.makedirs('{MOUNT}/run/step1.tmp/shards')
             for i in range(12):
@@ -198,14 +185,13 @@ def test_renamed_trees_and_attributes_persist_and_export(bins, tmp_path):
             os.rename('{MOUNT}/run/step1.tmp', '{MOUNT}/run/step1')
             os.chmod('{MOUNT}/run/step1/meta.json', 0o600)
             os.utime('{MOUNT}/run/step1/meta.json', ns=(1_500_000_000_000_000_000, 1_500_000_000_000_000_000))
-        """)
-        assert r.returncode == 0, r.stderr + c.log()[-3000:]
+        """, timeout=TIMEOUT)
     finally:
         c.stop()
     c2 = start_cluster(bins, tmp_path / "data", tmp_path / "c2", nranks=2, mount=MOUNT,
                        extra_args=["--persist", persist])
     try:
-        r = py(c2, 1, f"""
+        c2.run_python(1, f"""
             import os
             assert sorted(os.listdir('{MOUNT}/run')) == ['step1'], os.listdir('{MOUNT}/run')
             assert sorted(os.listdir('{MOUNT}/run/step1/shards')) == sorted('s%d' % i for i in range(12))
@@ -213,8 +199,7 @@ def test_renamed_trees_and_attributes_persist_and_export(bins, tmp_path):
                 assert open('{MOUNT}/run/step1/shards/s%d' % i, 'rb').read() == bytes([i]) * (70000 + i)
             st = os.stat('{MOUNT}/run/step1/meta.json')
             assert (oct(st.st_mode), st.st_mtime_ns) == ('0o100600', 1_500_000_000_000_000_000), (oct(st.st_mode), st.st_mtime_ns)
-        """)
-        assert r.returncode == 0, r.stderr + c2.log()[-3000:]
+        """, timeout=TIMEOUT)
     finally:
         c2.stop()
     plain = tmp_path / "plain"
@@ -228,23 +213,20 @@ def test_renamed_trees_and_attributes_persist_and_export(bins, tmp_path):
 def test_renames_from_another_node_survive_a_kill(bins, tmp_path):
     """Outputs held on node 0, renamed from node 1 (a file, then their directory), then every
     daemon killed with -9: a restart with the same --local registers them under the new names."""
-    src = make_tree(tmp_path / "src", "mixed", n_files=6, seed=3)
-    pack(bins, src, tmp_path / "data", "--partitions", "2")
+    packed_dataset(bins, tmp_path, n_files=6, seed=3, partitions=2)
     c = start_cluster(bins, tmp_path / "data", tmp_path / "c", nranks=2, mount=MOUNT)
     try:
-        r = py(c, 0, f"""
+        c.run_python(0, f"""
             import os
             os.makedirs('{MOUNT}/run/ck.tmp')
             for i in range(6):
                 open('{MOUNT}/run/ck.tmp/s%d' % i, 'wb').write(bytes([i]) * 5000)
-        """)
-        assert r.returncode == 0, r.stderr
-        r = py(c, 1, f"""
+        """, timeout=TIMEOUT)
+        c.run_python(1, f"""
             import os
             os.rename('{MOUNT}/run/ck.tmp/s0', '{MOUNT}/run/ck.tmp/first')
             os.rename('{MOUNT}/run/ck.tmp', '{MOUNT}/run/ck')
-        """)
-        assert r.returncode == 0, r.stderr + c.log()[-2000:]
+        """, timeout=TIMEOUT)
         # The holder rewrites its sidecars asynchronously: wait until none names the old paths.
         import time
         deadline = time.monotonic() + 20
@@ -257,7 +239,7 @@ def test_renames_from_another_node_survive_a_kill(bins, tmp_path):
     assert any((local / f"rank-{r}" / "out").is_dir() for r in (0, 1))
     c2 = start_cluster(bins, tmp_path / "data", tmp_path / "c", nranks=2, mount=MOUNT)
     try:
-        r = py(c2, 1, f"""
+        c2.run_python(1, f"""
             import os, time
             deadline = time.time() + 20
             while not os.path.exists('{MOUNT}/run/ck/first') and time.time() < deadline:
@@ -265,15 +247,14 @@ def test_renames_from_another_node_survive_a_kill(bins, tmp_path):
             assert sorted(os.listdir('{MOUNT}/run/ck')) == ['first', 's1', 's2', 's3', 's4', 's5'], os.listdir('{MOUNT}/run/ck')
             assert open('{MOUNT}/run/ck/first', 'rb').read() == bytes([0]) * 5000
             assert not os.path.exists('{MOUNT}/run/ck.tmp')
-        """)
-        assert r.returncode == 0, r.stderr + c2.log()[-3000:]
+        """, timeout=TIMEOUT)
     finally:
         c2.stop()
 
 
 def test_rename_exchange_is_einval(cl):
     """Documented: renameat2(RENAME_EXCHANGE) on outputs is EINVAL (the issue allows it)."""
-    r = py(cl, 1, r"""
+    r = cl.run_python(1, r"""
     import ctypes, os, sys
     root = sys.argv[1]
     os.makedirs(root)
@@ -282,8 +263,7 @@ def test_rename_exchange_is_einval(cl):
     libc = ctypes.CDLL(None, use_errno=True)
     rc = libc.renameat2(-100, os.path.join(root, "a").encode(), -100, os.path.join(root, "b").encode(), 2)
     print(rc, ctypes.get_errno(), open(os.path.join(root, "a")).read())
-    """, f"{MOUNT}/exch")
-    assert r.returncode == 0, r.stderr
+    """, f"{MOUNT}/exch", timeout=TIMEOUT)
     import errno as E
     assert r.stdout.split() == ["-1", str(E.EINVAL), "a"]
 
@@ -306,16 +286,14 @@ def test_a_file_open_on_one_node_follows_a_rename_of_its_directory_on_another(cl
         print("closed", flush=True)
         """), root], env=cl.env(0), stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     assert writer.stdout.readline().strip() == "open", writer.stderr.read()
-    r = py(cl, 2, f"import os; os.rename('{root}/step.tmp', '{root}/step')")
-    assert r.returncode == 0, r.stderr
+    cl.run_python(2, f"import os; os.rename('{root}/step.tmp', '{root}/step')", timeout=TIMEOUT)
     writer.stdin.write("\n")
     writer.stdin.flush()
     assert writer.stdout.readline().strip() == "closed", writer.stderr.read()
     assert writer.wait(timeout=60) == 0
-    r = py(cl, 3, f"""
+    r = cl.run_python(3, f"""
         import json, os
         print(json.dumps([sorted(os.listdir('{root}')), os.listdir('{root}/step'),
                           open('{root}/step/w.bin', 'rb').read() == b'a' * 5000 + b'b' * 5000]))
-        """)
-    assert r.returncode == 0, r.stderr
+        """, timeout=TIMEOUT)
     assert json.loads(r.stdout) == [["step"], ["w.bin"], True]

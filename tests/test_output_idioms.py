@@ -5,10 +5,8 @@ os.replace, mkdtemp), pathlib touch/rename/unlink/rglob, shutil.copyfile
 makedirs(exist_ok), rmtree, glob, scandir, disk_usage, samefile, realpath."""
 import json
 
-import pytest
-
 from fs_diff import differences, run_script, script
-from fs_cluster import small_cluster
+from fs_cluster import cluster_fixture
 MOUNT = "/fanstore"
 SCRIPT = script(r'''
 import errno, glob, json, os, pathlib, shutil, sys, tempfile
@@ -63,11 +61,7 @@ print(json.dumps(out, sort_keys=True))
 ''')
 
 
-@pytest.fixture(scope="module")
-def cl(bins, tmp_path_factory):
-    c = small_cluster(bins, tmp_path_factory.mktemp("idioms"), seed=11, n_files=6, mount=MOUNT)
-    yield c
-    c.stop()
+cl = cluster_fixture("idioms", seed=11, n_files=6, mount=MOUNT)
 
 
 def test_everyday_idioms_match_a_native_directory(cl, tmp_path):

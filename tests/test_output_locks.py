@@ -11,7 +11,7 @@ import textwrap
 
 import pytest
 
-from fs_cluster import small_cluster
+from fs_cluster import cluster_fixture, run_json
 
 MOUNT = "/fanstore"
 
@@ -93,18 +93,12 @@ for i in range(n):
 """
 
 
-@pytest.fixture(scope="module")
-def cl(bins, tmp_path_factory):
-    c = small_cluster(bins, tmp_path_factory.mktemp("locks"), seed=4, n_files=6, mount=MOUNT)
-    yield c
-    c.stop()
+cl = cluster_fixture("locks", seed=4, n_files=6, mount=MOUNT)
 
 
 def probe(env, *args):
-    r = subprocess.run([sys.executable, "-c", textwrap.dedent(PROBE), *args], env=env, capture_output=True, text=True,
-                       timeout=60)
-    assert r.returncode == 0, r.stderr
-    return json.loads(r.stdout)
+    """PROBE's answers, run with `env` added to the test's environment."""
+    return run_json(None, 0, PROBE, *args, env=env, timeout=60)
 
 
 def held(env, path, how):

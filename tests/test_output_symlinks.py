@@ -10,7 +10,7 @@ import subprocess
 import pytest
 
 from fs_diff import differences, run_script as run, script
-from fs_cluster import small_cluster
+from fs_cluster import packed_cluster
 
 MOUNT = "/fanstore"
 
@@ -138,10 +138,9 @@ print(json.dumps(out, sort_keys=True))
 @pytest.fixture(scope="module")
 def cl(bins, tmp_path_factory):
     tmp = tmp_path_factory.mktemp("links")
-    c = small_cluster(bins, tmp, seed=5, n_files=10, mount=MOUNT, extra_args=("--persist", str(tmp / "persist")))
-    c.persist = tmp / "persist"
-    yield c
-    c.stop()
+    with packed_cluster(bins, tmp, seed=5, n_files=10, mount=MOUNT, extra_args=("--persist", tmp / "persist")) as (c, _):
+        c.persist = tmp / "persist"
+        yield c
 
 
 @pytest.fixture(scope="module")
@@ -169,9 +168,8 @@ def test_symlinks_survive_a_new_job_kill_and_export(bins, tmp_path):
     """--persist: stop, a new job with another rank count reads the links; then
     `fanstore export` writes them as symlinks. --local: a kill -9 leaves the
     holder's sidecars, and the restarted job registers the links again."""
-    from fs_cluster import start_cluster
-    from fs_prep import make_tree, pack
-    pack(bins, make_tree(tmp_path / "src", "mixed", n_files=6, seed=9), tmp_path / "data", "--partitions", "2")
+    from fs_cluster import packed_dataset, start_cluster
+    packed_dataset(bins, tmp_path, n_files=6, seed=9, partitions=2)
     persist = tmp_path / "persist"
     make = r"""
     import os, sys

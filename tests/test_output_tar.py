@@ -5,12 +5,8 @@ import hashlib
 import json
 import os
 import subprocess
-import sys
-import textwrap
 
-import pytest
-
-from fs_cluster import small_cluster
+from fs_cluster import cluster_fixture, run_json
 
 MOUNT = "/fanstore"
 
@@ -33,11 +29,7 @@ print(json.dumps(out, sort_keys=True))
 """
 
 
-@pytest.fixture(scope="module")
-def cl(bins, tmp_path_factory):
-    c = small_cluster(bins, tmp_path_factory.mktemp("tar"), seed=6, n_files=6, mount=MOUNT)
-    yield c
-    c.stop()
+cl = cluster_fixture("tar", seed=6, n_files=6, mount=MOUNT)
 
 
 def make_tarball(tmp_path):
@@ -63,11 +55,9 @@ def make_tarball(tmp_path):
     return tarball
 
 
-def listing(env, root):
-    r = subprocess.run([sys.executable, "-c", textwrap.dedent(LISTING), root], env=env, capture_output=True, text=True,
-                       timeout=120)
-    assert r.returncode == 0, r.stderr
-    return json.loads(r.stdout)
+def listing(c, node, root):
+    """LISTING's JSON of `root` on `node` of `c` (natively when `c` is None)."""
+    return run_json(c, node, LISTING, root)
 
 
 def test_tar_extracts_into_fanstore_as_into_a_native_directory(cl, tmp_path):
@@ -75,14 +65,14 @@ def test_tar_extracts_into_fanstore_as_into_a_native_directory(cl, tmp_path):
     native = tmp_path / "native"
     native.mkdir()
     subprocess.run(["tar", "-xf", str(tarball), "-C", str(native)], check=True)
-    want = listing(None, str(native))
+    want = listing(None, 0, str(native))
     assert want["c/link"][3] == "../a/f.txt" and want["a/b/big.bin"][1] == "0o755"
     subprocess.run(["mkdir", "-p", f"{MOUNT}/untar"], env=cl.env(0), check=True)
     r = subprocess.run(["tar", "-xf", str(tarball), "-C", f"{MOUNT}/untar"], env=cl.env(0), capture_output=True,
                        text=True, timeout=120)
     assert r.returncode == 0, r.stderr + cl.log()[-2000:]
     for node in (0, 3):
-        got = listing(cl.env(node), f"{MOUNT}/untar")
+        got = listing(cl, node, f"{MOUNT}/untar")
         diffs = {k: (got.get(k), want.get(k)) for k in set(want) | set(got) if got.get(k) != want.get(k)}
         assert not diffs, f"node {node} (fanstore, native): {json.dumps(diffs)}"
     # tar -c of the extracted tree (another node) archives the same members.
@@ -92,5 +82,5 @@ def test_tar_extracts_into_fanstore_as_into_a_native_directory(cl, tmp_path):
     back = tmp_path / "back"
     back.mkdir()
     subprocess.run(["tar", "-xf", "-", "-C", str(back)], input=r.stdout, check=True)
-    assert listing(None, str(back)) == want
+    assert listing(None, 0, str(back)) == want
     assert hashlib.md5((back / "a" / "b" / "big.bin").read_bytes()).hexdigest() == want["a/b/big.bin"][4]

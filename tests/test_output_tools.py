@@ -16,9 +16,7 @@ create outputs as well."""
 import difflib
 import subprocess
 
-import pytest
-
-from fs_cluster import small_cluster
+from fs_cluster import cluster_fixture
 
 STEPS = r'''
 set -u
@@ -73,11 +71,7 @@ readlink link.txt
 '''
 
 
-@pytest.fixture(scope="module")
-def cl(bins, tmp_path_factory):
-    c = small_cluster(bins, tmp_path_factory.mktemp("tools"), seed=23, n_files=4, nranks=2)
-    yield c
-    c.stop()
+cl = cluster_fixture("tools", seed=23, n_files=4, nranks=2)
 
 
 def bash(script, *args, env=None):

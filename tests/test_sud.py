@@ -17,9 +17,8 @@ from pathlib import Path
 
 import pytest
 
-from fs_cluster import start_cluster
+from fs_cluster import packed_cluster
 from fs_clients import compile_client
-from fs_prep import make_tree, pack
 
 MOUNT = "/fanstore"
 TIMEOUT = 120
@@ -28,12 +27,8 @@ TIMEOUT = 120
 @pytest.fixture(scope="module")
 def cl(bins, tmp_path_factory):
     tmp = tmp_path_factory.mktemp("sud")
-    src = make_tree(tmp / "src", "mixed", n_files=20, seed=11)
-    data = tmp / "data"
-    pack(bins, src, data, "--partitions", "4")
-    c = start_cluster(bins, data, tmp / "cl", nranks=4, mount=MOUNT)
-    yield c, src, tmp
-    c.stop()
+    with packed_cluster(bins, tmp, n_files=20, seed=11, mount=MOUNT) as (c, src):
+        yield c, src, tmp
 
 
 @pytest.fixture(scope="module")

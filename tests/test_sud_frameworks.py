@@ -6,13 +6,11 @@ Written through one node, read back through another (4 daemons under
 mpiexec, FANSTORE_NODE picks the node). The frameworks come from the venv
 of scripts/setup.sh (fixture framework_python).
 """
-import subprocess
 import textwrap
 
 import pytest
 
-from fs_cluster import start_cluster
-from fs_prep import make_tree, pack
+from fs_cluster import packed_cluster
 
 MOUNT = "/fanstore"
 TIMEOUT = 300
@@ -33,23 +31,14 @@ def digest(sd):
 @pytest.fixture(scope="module")
 def cl(bins, tmp_path_factory):
     tmp = tmp_path_factory.mktemp("sudfw")
-    src = make_tree(tmp / "src", "mixed", n_files=8, seed=3)
-    data = tmp / "data"
-    pack(bins, src, data, "--partitions", "4")
-    c = start_cluster(bins, data, tmp / "cl", nranks=4, mount=MOUNT)
-    yield c, tmp
-    c.stop()
+    with packed_cluster(bins, tmp, n_files=8, seed=3, mount=MOUNT) as (c, _):
+        yield c, tmp
 
 
 def run(py, c, tmp, node, code):
-    env = c.env(node)
-    env.update(HF_HUB_OFFLINE="1", TRANSFORMERS_OFFLINE="1", HF_HOME=str(tmp / "hf-home"),
+    env = dict(HF_HUB_OFFLINE="1", TRANSFORMERS_OFFLINE="1", HF_HOME=str(tmp / "hf-home"),
                OMP_NUM_THREADS="2", TOKENIZERS_PARALLELISM="false", TRANSFORMERS_VERBOSITY="error")
-    r = subprocess.run([py, "-c", DIGEST + textwrap.dedent(code)], env=env, capture_output=True, text=True,
-                       timeout=TIMEOUT)
-    if r.returncode != 0:
-        pytest.fail(f"node {node}: exit {r.returncode}\nstdout:\n{r.stdout}\nstderr:\n{r.stderr[-4000:]}\n"
-                    f"--- daemon log tail ---\n{c.log()[-2000:]}")
+    r = c.run_python(node, DIGEST + textwrap.dedent(code), python=py, timeout=TIMEOUT, env=env)
     got = [l[len("DIGEST="):] for l in r.stdout.splitlines() if l.startswith("DIGEST=")]
     assert got, r.stdout
     return got

@@ -13,24 +13,14 @@ import sys
 import threading
 from collections import defaultdict
 
-import pytest
-
-from fs_cluster import base_env, run_python, small_cluster
+from fs_cluster import base_env, cluster_fixture
 
 MOUNT = "/fanstore"
 PY = sys.executable
 GUARD = 120  # seconds: only ends a hung run
 
 
-@pytest.fixture(scope="module")
-def cl(bins, tmp_path_factory):
-    c = small_cluster(bins, tmp_path_factory.mktemp("watch"), seed=16)
-    yield c
-    c.stop()
-
-
-def py(c, node, code):
-    return run_python(c, node, code, timeout=GUARD, python=PY)
+cl = cluster_fixture("watch", seed=16)
 
 
 class Watch:
@@ -57,17 +47,9 @@ class Watch:
         return got
 
 
-def info(c, rank):
-    """WATCH_INFO of a rank: {'sessions': n, 'watches': n, 'interests': n}."""
-    with c.client(rank) as cli:
-        errno, _f, _v, payload, _fd = cli.call(45)
-        assert errno == 0
-    return {k: int(v) for k, v in (kv.split("=") for kv in payload.decode().split())}
-
-
 def test_watch_json_scripted_sequence_from_four_nodes(cl):
     c = cl
-    py(c, 0, f"import os; os.makedirs('{MOUNT}/w', exist_ok=True)")
+    c.run_python(0, f"import os; os.makedirs('{MOUNT}/w', exist_ok=True)")
     w = Watch(c, 3, f"{MOUNT}/w", "--recursive", "--json")
     # (node, code, expected events as (event, path, from or None, size or None, dir))
     big = 200_000
@@ -85,7 +67,7 @@ def test_watch_json_scripted_sequence_from_four_nodes(cl):
     ]
     expected = []
     for node, code, evs in script:
-        py(c, node, f"import os\nM = '{MOUNT}'\n{code}")
+        c.run_python(node, f"import os\nM = '{MOUNT}'\n{code}")
         expected += [(node, *e) for e in evs]
     got = [json.loads(line) for line in w.take(len(expected))]
     # Per directory, the events come in the order the owner applied them.
@@ -112,7 +94,7 @@ def test_watch_json_scripted_sequence_from_four_nodes(cl):
     seqs = [g["seq"] for g in by_dir_got[f"{MOUNT}/w/a"]]
     assert seqs == sorted(seqs), "numbered by the directory's owner in order"
     # Nothing else arrives: the next event is the one made now.
-    py(c, 2, f"open('{MOUNT}/w/last','wb').write(b'z')")
+    c.run_python(2, f"open('{MOUNT}/w/last','wb').write(b'z')")
     last = json.loads(w.take(1)[0])
     assert (last["event"], last["path"], last["node"]) == ("close", f"{MOUNT}/w/last", 2), last
     w.p.kill()
@@ -121,9 +103,9 @@ def test_watch_json_scripted_sequence_from_four_nodes(cl):
 
 def test_events_filter_and_plain_lines(cl):
     c = cl
-    py(c, 1, f"import os; os.makedirs('{MOUNT}/f', exist_ok=True)")
+    c.run_python(1, f"import os; os.makedirs('{MOUNT}/f', exist_ok=True)")
     w = Watch(c, 2, f"{MOUNT}/f", "--events", "rename")
-    py(c, 0, f"""
+    c.run_python(0, f"""
         import os
         open('{MOUNT}/f/ck.tmp', 'wb').write(b'abc')
         os.rename('{MOUNT}/f/ck.tmp', '{MOUNT}/f/ck')
@@ -148,10 +130,10 @@ def test_bad_paths(cl):
 
 def test_killed_watcher_leaves_no_state_and_stop_ends_watchers(cl):
     c = cl
-    py(c, 0, f"import os; os.makedirs('{MOUNT}/k', exist_ok=True)")
-    before = [info(c, r) for r in range(4)]
+    c.run_python(0, f"import os; os.makedirs('{MOUNT}/k', exist_ok=True)")
+    before = [c.watch_info(r) for r in range(4)]
     w = Watch(c, 1, f"{MOUNT}/k", "--recursive")
-    during = [info(c, r) for r in range(4)]
+    during = [c.watch_info(r) for r in range(4)]
     assert during[1]["sessions"] == before[1]["sessions"] + 1
     assert all(d["interests"] == b["interests"] + 1 for d, b in zip(during, before)), (before, during)
     w.p.send_signal(signal.SIGKILL)
@@ -160,9 +142,9 @@ def test_killed_watcher_leaves_no_state_and_stop_ends_watchers(cl):
     # that (a bounded wait, not a timed assertion).
     import time
     deadline = time.monotonic() + GUARD
-    while [info(c, r) for r in range(4)] != before and time.monotonic() < deadline:
+    while [c.watch_info(r) for r in range(4)] != before and time.monotonic() < deadline:
         time.sleep(0.05)
-    after = [info(c, r) for r in range(4)]
+    after = [c.watch_info(r) for r in range(4)]
     assert after == before, (before, after)
     # A change nobody watches now reaches nobody, and `fanstore stop` ends a watcher.
     w2 = Watch(c, 0, f"{MOUNT}/k")

@@ -13,7 +13,7 @@ import time
 
 import pytest
 
-from fs_cluster import run_python, small_cluster
+from fs_cluster import packed_cluster
 
 MOUNT = "/fanstore"
 PY = sys.executable
@@ -24,15 +24,10 @@ N_CKPT = 12
 @pytest.fixture(scope="module")
 def cl(bins, tmp_path_factory):
     tmp = tmp_path_factory.mktemp("winotify")
-    c = small_cluster(bins, tmp, seed=61)
-    c.native = tmp / "native"
-    c.native.mkdir()
-    yield c
-    c.stop()
-
-
-def py(c, node, code):
-    return run_python(c, node, code, timeout=GUARD, python=PY)
+    with packed_cluster(bins, tmp, seed=61) as (c, _src):
+        c.native = tmp / "native"
+        c.native.mkdir()
+        yield c
 
 
 class Consumer:
@@ -79,7 +74,7 @@ def check_consumed(out, n):
 
 def test_inotify_simple_sees_every_checkpoint_in_order_readable(cl):
     c = cl
-    py(c, 0, f"import os; os.makedirs('{MOUNT}/ck1', exist_ok=True)")
+    c.run_python(0, f"import os; os.makedirs('{MOUNT}/ck1', exist_ok=True)")
     cons = Consumer(c, 3, f"""
         import hashlib, os, select, sys
         from inotify_simple import INotify, flags
@@ -111,7 +106,7 @@ def test_inotify_simple_sees_every_checkpoint_in_order_readable(cl):
     """)
     with c.client(3) as cli:
         before = cli.status()
-    py(c, 0, PRODUCER.format(M=MOUNT, dir="ck1", n=N_CKPT))
+    c.run_python(0, PRODUCER.format(M=MOUNT, dir="ck1", n=N_CKPT))
     (c.native / "done").write_bytes(b"")
     check_consumed(cons.finish(), N_CKPT)
     with c.client(3) as cli:
@@ -124,7 +119,7 @@ def test_inotify_simple_sees_every_checkpoint_in_order_readable(cl):
 
 def test_watchdog_inotify_observer(cl):
     c = cl
-    py(c, 1, f"import os; os.makedirs('{MOUNT}/ck2', exist_ok=True)")
+    c.run_python(1, f"import os; os.makedirs('{MOUNT}/ck2', exist_ok=True)")
     cons = Consumer(c, 3, f"""
         import os, queue, sys
         from watchdog.observers.inotify import InotifyObserver
@@ -160,28 +155,21 @@ def test_watchdog_inotify_observer(cl):
         print('native seen', flush=True)
         obs.stop(); obs.join()
     """)
-    py(c, 0, PRODUCER.format(M=MOUNT, dir="ck2", n=N_CKPT))
+    c.run_python(0, PRODUCER.format(M=MOUNT, dir="ck2", n=N_CKPT))
     (c.native / "done-watchdog").write_bytes(b"")
     out = cons.finish()
     check_consumed(out, N_CKPT)
     assert "native seen" in out
 
 
-def info(c, rank):
-    with c.client(rank) as cli:
-        errno, _f, _v, payload, _fd = cli.call(45)
-        assert errno == 0
-    return {k: int(v) for k, v in (kv.split("=") for kv in payload.decode().split())}
-
-
 def test_tail_follows_a_log_rewritten_on_another_node(cl):
     c = cl
-    py(c, 1, f"""
+    c.run_python(1, f"""
         import os
         os.makedirs('{MOUNT}/logs', exist_ok=True)
         open('{MOUNT}/logs/train.log', 'w').write('epoch 1\\n')
     """)
-    before = info(c, 3)["sessions"]
+    before = c.watch_info(3)["sessions"]
     p = subprocess.Popen(["tail", "-F", "-n", "+1", f"{MOUNT}/logs/train.log"], env=c.env(3),
                          stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     guard = threading.Timer(GUARD, p.kill)
@@ -189,11 +177,11 @@ def test_tail_follows_a_log_rewritten_on_another_node(cl):
     try:
         assert p.stdout.readline() == "epoch 1\n"
         # tail's watches are registered before it first reads the file
-        assert info(c, 3)["sessions"] == before + 1, "tail -F does not use inotify through FanStore"
-        py(c, 2, f"open('{MOUNT}/logs/train.log', 'w').write('epoch 1\\nepoch 2\\n')")       # a new version
+        assert c.watch_info(3)["sessions"] == before + 1, "tail -F does not use inotify through FanStore"
+        c.run_python(2, f"open('{MOUNT}/logs/train.log', 'w').write('epoch 1\\nepoch 2\\n')")       # a new version
         lines = [p.stdout.readline() for _ in range(2)]
         assert lines == ["epoch 1\n", "epoch 2\n"], lines
-        py(c, 0, f"""
+        c.run_python(0, f"""
             import os
             open('{MOUNT}/logs/train.log.tmp', 'w').write('epoch 1\\nepoch 2\\nepoch 3\\n')
             os.replace('{MOUNT}/logs/train.log.tmp', '{MOUNT}/logs/train.log')
@@ -208,14 +196,14 @@ def test_tail_follows_a_log_rewritten_on_another_node(cl):
 
 def test_inotify_semantics(cl):
     c = cl
-    py(c, 0, f"import os; os.makedirs('{MOUNT}/sem/sub', exist_ok=True)")
-    input_file = next(l for l in py(c, 0, f"""
+    c.run_python(0, f"import os; os.makedirs('{MOUNT}/sem/sub', exist_ok=True)")
+    input_file = next(l for l in c.run_python(0, f"""
         import os
         for d, _, fs in os.walk('{MOUNT}'):
             for f in fs:
                 if (d + f).isascii() and "'" not in d + f:
                     print(os.path.join(d, f))
-    """).splitlines() if not any(f"{MOUNT}/{d}/" in l for d in ("ck1", "ck2", "logs", "sem")))
+    """).stdout.splitlines() if not any(f"{MOUNT}/{d}/" in l for d in ("ck1", "ck2", "logs", "sem")))
     cons = Consumer(c, 3, f"""
         import errno, os, select
         from inotify_simple import INotify, flags
@@ -271,7 +259,7 @@ def test_inotify_semantics(cl):
         evs = ino.read(timeout=0)
         print('rm', [(e.wd == sem, e.mask) for e in evs], flush=True)
     """)
-    py(c, 1, f"""
+    c.run_python(1, f"""
         import os
         open('{MOUNT}/sem/f', 'wb').write(b'x')
         os.unlink('{MOUNT}/sem/f')
@@ -327,7 +315,7 @@ def test_raw_inotify_syscalls(cl, tmp_path):
     """inotify made with inline `syscall` instructions (Go's fsnotify does):
     caught by syscall user dispatch and served like the libc calls."""
     c = cl
-    py(c, 0, f"import os; os.makedirs('{MOUNT}/raw', exist_ok=True)")
+    c.run_python(0, f"import os; os.makedirs('{MOUNT}/raw', exist_ok=True)")
     (tmp_path / "w.c").write_text(RAW_WATCHER)
     subprocess.run(["cc", "-O1", "-o", str(tmp_path / "w"), str(tmp_path / "w.c")], check=True, timeout=120)
     p = subprocess.Popen([str(tmp_path / "w"), f"{MOUNT}/raw", f"{MOUNT}/raw/missing"], env=c.env(3),
@@ -338,7 +326,7 @@ def test_raw_inotify_syscalls(cl, tmp_path):
         ready = p.stdout.readline().split()
         assert ready[:1] == ["ready"] and int(ready[1]) >= 1 << 30, (ready, p.stderr.read())
         assert int(ready[2]) == -2, "ENOENT for a missing path"
-        py(c, 1, f"import os; open('{MOUNT}/raw/a.tmp', 'wb').write(b'x'); os.rename('{MOUNT}/raw/a.tmp', '{MOUNT}/raw/a')")
+        c.run_python(1, f"import os; open('{MOUNT}/raw/a.tmp', 'wb').write(b'x'); os.rename('{MOUNT}/raw/a.tmp', '{MOUNT}/raw/a')")
         out, err = p.communicate()
     finally:
         guard.cancel()
@@ -348,8 +336,8 @@ def test_raw_inotify_syscalls(cl, tmp_path):
 
 def test_killed_inotify_watcher_leaves_no_state(cl):
     c = cl
-    py(c, 0, f"import os; os.makedirs('{MOUNT}/kill', exist_ok=True)")
-    before = [info(c, r) for r in range(4)]
+    c.run_python(0, f"import os; os.makedirs('{MOUNT}/kill', exist_ok=True)")
+    before = [c.watch_info(r) for r in range(4)]
     cons = Consumer(c, 2, f"""
         from inotify_simple import INotify, flags
         ino = INotify()
@@ -358,7 +346,7 @@ def test_killed_inotify_watcher_leaves_no_state(cl):
         print('ready', flush=True)
         ino.read()
     """)
-    during = [info(c, r) for r in range(4)]
+    during = [c.watch_info(r) for r in range(4)]
     assert during[2]["sessions"] == before[2]["sessions"] + 1 and during[2]["watches"] == before[2]["watches"] + 2, str((before, during))
     assert all(d["interests"] == b["interests"] + 2 for d, b in zip(during, before)), (before, during)
     cons.p.kill()
@@ -366,18 +354,17 @@ def test_killed_inotify_watcher_leaves_no_state(cl):
     # The session ends when its thread sees the closed pipe and connection,
     # then withdraws its interests rank by rank: wait for that (bounded).
     deadline = time.monotonic() + GUARD
-    while [info(c, r) for r in range(4)] != before and time.monotonic() < deadline:
+    while [c.watch_info(r) for r in range(4)] != before and time.monotonic() < deadline:
         time.sleep(0.05)
-    assert [info(c, r) for r in range(4)] == before
+    assert [c.watch_info(r) for r in range(4)] == before
 
 
 def test_a_reader_that_falls_behind_gets_in_q_overflow(bins, tmp_path, monkeypatch):
     # A small queue (FANSTORE_WATCH_QUEUE in the daemons' environment) so a
     # few hundred events overflow it; the socket itself holds a few hundred more.
     monkeypatch.setenv("FANSTORE_WATCH_QUEUE", "64")
-    c = small_cluster(bins, tmp_path, seed=62, n_files=2)
-    try:
-        py(c, 0, f"import os; os.makedirs('{MOUNT}/ovf')")
+    with packed_cluster(bins, tmp_path, seed=62, n_files=2) as (c, _src):
+        c.run_python(0, f"import os; os.makedirs('{MOUNT}/ovf')")
         p = subprocess.Popen([PY, "-c", textwrap.dedent(f"""
             import sys
             from inotify_simple import INotify, flags
@@ -404,7 +391,7 @@ def test_a_reader_that_falls_behind_gets_in_q_overflow(bins, tmp_path, monkeypat
         guard.start()
         try:
             assert p.stdout.readline() == "ready\n", p.stderr.read()
-            py(c, 0, f"""
+            c.run_python(0, f"""
                 for i in range(400):
                     open('{MOUNT}/ovf/f%04d' % i, 'wb').write(b'x')
             """)
@@ -413,11 +400,9 @@ def test_a_reader_that_falls_behind_gets_in_q_overflow(bins, tmp_path, monkeypat
             line = p.stdout.readline().split()
             assert line[:1] == ["overflowed"], (line, p.stderr.read())
             assert 0 < int(line[1]) < 1200, line  # some records, not all 3 x 400
-            py(c, 0, f"open('{MOUNT}/ovf/after', 'wb').write(b'y')")
+            c.run_python(0, f"open('{MOUNT}/ovf/after', 'wb').write(b'y')")
             assert p.stdout.readline() == "after\n", p.stderr.read()
         finally:
             guard.cancel()
             p.kill()
             p.wait()
-    finally:
-        c.stop()

@@ -16,8 +16,8 @@ from pathlib import Path
 
 import pytest
 
-from fs_cluster import node_state, start_cluster, tmpfs_local_dir
-from fs_prep import make_tree, pack
+from fs_cluster import node_state, packed_cluster, packed_dataset, start_cluster, tmpfs_local_dir
+from fs_prep import pack
 
 MOUNT = "/fanstore"
 TIMEOUT = 120
@@ -26,22 +26,8 @@ PY = sys.executable
 
 @pytest.fixture(scope="module")
 def cl(bins, tmp_path_factory):
-    tmp = tmp_path_factory.mktemp("write")
-    src = make_tree(tmp / "src", "mixed", n_files=20, seed=5)
-    data = tmp / "data"
-    pack(bins, src, data, "--partitions", "4")
-    c = start_cluster(bins, data, tmp / "cl", nranks=4, mount=MOUNT)
-    yield c, src
-    c.stop()
-
-
-def py(c, node, code, check=True, **kw):
-    r = subprocess.run([PY, "-c", textwrap.dedent(code)], env=c.env(node), capture_output=True, text=True,
-                       timeout=TIMEOUT, **kw)
-    if check and r.returncode != 0:
-        pytest.fail(f"node {node}: exit {r.returncode}\nstdout:\n{r.stdout}\nstderr:\n{r.stderr}\n"
-                    f"--- daemon log tail ---\n{c.log()[-3000:]}")
-    return r
+    with packed_cluster(bins, tmp_path_factory.mktemp("write"), n_files=20, seed=5, mount=MOUNT) as (c, src):
+        yield c, src
 
 
 def first_input_file(src: Path) -> str:
@@ -59,7 +45,7 @@ def test_python_write_read_other_node(cl):
     blob = os.urandom(3 << 20)
     data = Path(c.local.parent / "blob.bin")
     data.write_bytes(blob)
-    py(c, 0, f"""
+    c.run_python(0, f"""
         import os
         os.makedirs('{MOUNT}/pyw', exist_ok=True)
         with open('{MOUNT}/pyw/a.bin', 'wb') as f:
@@ -80,7 +66,7 @@ def test_python_write_read_other_node(cl):
         """)], env=c.env(node), capture_output=True, timeout=TIMEOUT)
         assert r.returncode == 0, r.stderr.decode()
         assert r.stdout == blob, f"node {node}: bytes differ"
-        py(c, node, f"import os; assert sorted(os.listdir('{MOUNT}/pyw')) == ['a.bin', 'empty', 'small.txt'], os.listdir('{MOUNT}/pyw')")
+        c.run_python(node, f"import os; assert sorted(os.listdir('{MOUNT}/pyw')) == ['a.bin', 'empty', 'small.txt'], os.listdir('{MOUNT}/pyw')")
 
 
 def names_asked(c, rank):
@@ -111,20 +97,20 @@ def test_outputs_in_input_dirs_are_seen_everywhere_and_clean_dirs_cost_no_messag
     """
     before = [names_asked(c, r) for r in range(4)]
     for node in range(4):
-        py(c, node, walk)
+        c.run_python(node, walk)
     after = [names_asked(c, r) for r in range(4)]
     assert [a[0] for a in after] == [b[0] for b in before], \
         f"clean input directories were asked of the daemons: {before} -> {after}"
-    py(c, 0, f"open('{MOUNT}/g/new-in-input.txt', 'w').write('written on node 0')")
-    py(c, 1, f"import os; os.mkdir('{MOUNT}/d/e/made-on-1')")
-    py(c, 2, f"""
+    c.run_python(0, f"open('{MOUNT}/g/new-in-input.txt', 'w').write('written on node 0')")
+    c.run_python(1, f"import os; os.mkdir('{MOUNT}/d/e/made-on-1')")
+    c.run_python(2, f"""
         import os
         os.makedirs('{MOUNT}/staging2', exist_ok=True)
         open('{MOUNT}/staging2/moved.bin', 'wb').write(b'x' * 1000)
         os.rename('{MOUNT}/staging2/moved.bin', '{MOUNT}/a/b/c/moved.bin')
     """)
     for node in range(4):
-        py(c, node, f"""
+        c.run_python(node, f"""
             import os
             assert 'new-in-input.txt' in os.listdir('{MOUNT}/g'), os.listdir('{MOUNT}/g')
             assert open('{MOUNT}/g/new-in-input.txt').read() == 'written on node 0'
@@ -136,7 +122,7 @@ def test_outputs_in_input_dirs_are_seen_everywhere_and_clean_dirs_cost_no_messag
             assert seen == sum(len(fs) for _, _, fs in os.walk('{src}/g')) + 1, seen
         """)
     assert all(names_asked(c, r)[1] >= 3 for r in range(4)), [names_asked(c, r) for r in range(4)]
-    py(c, 3, f"""
+    c.run_python(3, f"""
         import os, shutil
         os.unlink('{MOUNT}/g/new-in-input.txt')
         os.rmdir('{MOUNT}/d/e/made-on-1')
@@ -144,7 +130,7 @@ def test_outputs_in_input_dirs_are_seen_everywhere_and_clean_dirs_cost_no_messag
         shutil.rmtree('{MOUNT}/staging2')
     """)
     for node in range(4):
-        py(c, node, f"""
+        c.run_python(node, f"""
             import os
             for d in ('g', 'd/e', 'a/b/c'):
                 assert sorted(os.listdir('{MOUNT}/' + d)) == sorted(os.listdir('{src}/' + d)), d
@@ -154,7 +140,7 @@ def test_outputs_in_input_dirs_are_seen_everywhere_and_clean_dirs_cost_no_messag
 def test_inputs_stay_read_only(cl):
     c, src = cl
     name = first_input_file(src)
-    py(c, 1, f"""
+    c.run_python(1, f"""
         import errno, os
         p = '{MOUNT}/{name}'
         for flags in (os.O_WRONLY, os.O_RDWR | os.O_TRUNC, os.O_WRONLY | os.O_CREAT | os.O_TRUNC):
@@ -183,7 +169,7 @@ def test_inputs_stay_read_only(cl):
 
 def test_numpy_h5py_safetensors_pillow(cl):
     c, _ = cl
-    py(c, 2, f"""
+    c.run_python(2, f"""
         import os
         import numpy as np
         os.makedirs('{MOUNT}/libs', exist_ok=True)
@@ -201,7 +187,7 @@ def test_numpy_h5py_safetensors_pillow(cl):
         from PIL import Image
         Image.fromarray((np.arange(64 * 64 * 3) % 256).astype(np.uint8).reshape(64, 64, 3)).save('{MOUNT}/libs/e.png')
     """)
-    py(c, 3, f"""
+    c.run_python(3, f"""
         import numpy as np
         a = np.arange(100000, dtype=np.float32).reshape(100, 1000)
         assert (np.load('{MOUNT}/libs/a.npy') == a).all()
@@ -222,7 +208,7 @@ def test_safetensors_save_file_raw_rename(cl):
     """safetensors 0.8 save_file persists its temp file with a raw renameat2
     syscall (rustix linux_raw): caught by syscall user dispatch."""
     c, _ = cl
-    py(c, 1, f"""
+    c.run_python(1, f"""
         import os
         import numpy as np
         from safetensors.numpy import save_file, load_file
@@ -230,7 +216,7 @@ def test_safetensors_save_file_raw_rename(cl):
         assert (load_file('{MOUNT}/st_direct.safetensors')['t'] == np.arange(10)).all()
         assert [n for n in os.listdir('{MOUNT}') if n.startswith('.tmp')] == []
     """)
-    py(c, 3, f"""
+    c.run_python(3, f"""
         import numpy as np
         from safetensors.numpy import load_file
         assert (load_file('{MOUNT}/st_direct.safetensors')['t'] == np.arange(10)).all()
@@ -239,7 +225,7 @@ def test_safetensors_save_file_raw_rename(cl):
 
 def test_replace_makedirs_listdir_rmtree(cl):
     c, _ = cl
-    py(c, 0, f"""
+    c.run_python(0, f"""
         import os
         os.makedirs('{MOUNT}/ck/sub/deep', exist_ok=True)
         for i in range(3):
@@ -251,14 +237,14 @@ def test_replace_makedirs_listdir_rmtree(cl):
             open('{MOUNT}/ck/sub/f%d' % i, 'w').write(str(i))
     """)
     for node in range(4):
-        py(c, node, f"""
+        c.run_python(node, f"""
             import os
             assert open('{MOUNT}/ck/last.ckpt', 'rb').read() == b'v2' * 1000
             assert sorted(os.listdir('{MOUNT}/ck')) == ['last.ckpt', 'sub'], os.listdir('{MOUNT}/ck')
             assert sorted(os.listdir('{MOUNT}/ck/sub')) == ['deep'] + ['f%d' % i for i in range(5)]
             assert os.path.isdir('{MOUNT}/ck/sub/deep')
         """)
-    py(c, 1, f"""
+    c.run_python(1, f"""
         import errno, os, shutil
         try:
             os.rmdir('{MOUNT}/ck/sub')
@@ -268,7 +254,7 @@ def test_replace_makedirs_listdir_rmtree(cl):
         shutil.rmtree('{MOUNT}/ck')
         assert not os.path.exists('{MOUNT}/ck')
     """)
-    py(c, 3, f"""
+    c.run_python(3, f"""
         import os
         assert not os.path.exists('{MOUNT}/ck/last.ckpt')
     """)
@@ -285,7 +271,7 @@ def test_makedirs_race_8_processes(cl):
     for p in procs:
         _, err = p.communicate(timeout=TIMEOUT)
         assert p.returncode == 0, err.decode()
-    py(c, 2, f"""
+    c.run_python(2, f"""
         import os
         assert len(os.listdir('{MOUNT}/race/a/b/c')) == 8
     """)
@@ -383,7 +369,7 @@ def cprog(tmp_path_factory):
 
 def test_c_programs(cl, cprog):
     c, _ = cl
-    py(c, 0, f"import os; os.makedirs('{MOUNT}/cw', exist_ok=True)")
+    c.run_python(0, f"import os; os.makedirs('{MOUNT}/cw', exist_ok=True)")
     for mode in ("stdio", "pwrite", "mmap"):
         r = subprocess.run([cprog, mode, f"{MOUNT}/cw"], env=c.env(1), capture_output=True, timeout=TIMEOUT)
         assert r.returncode == 0, (mode, r.stderr.decode())
@@ -392,7 +378,7 @@ def test_c_programs(cl, cprog):
     assert r.returncode == 0, r.stderr.decode()
     r = subprocess.run([cprog, "killed", f"{MOUNT}/cw"], env=c.env(1), capture_output=True, timeout=TIMEOUT)
     assert r.returncode == -signal.SIGKILL
-    py(c, 3, f"""
+    c.run_python(3, f"""
         import os
         d = '{MOUNT}/cw/'
         assert open(d + 'c_stdio.txt').read() == ''.join('line %d\\n' % i for i in range(1000))
@@ -430,7 +416,7 @@ for line in sys.stdin:
 
 def test_visibility_on_close_200_rounds(cl):
     c, _ = cl
-    py(c, 0, f"import os; os.makedirs('{MOUNT}/vis', exist_ok=True)")
+    c.run_python(0, f"import os; os.makedirs('{MOUNT}/vis', exist_ok=True)")
     w = subprocess.Popen([PY, "-c", VIS_WRITER, f"{MOUNT}/vis"], env=c.env(0), stdin=subprocess.PIPE,
                          stdout=subprocess.PIPE, text=True)
     r = subprocess.Popen([PY, "-c", VIS_READER, f"{MOUNT}/vis"], env=c.env(3), stdin=subprocess.PIPE,
@@ -457,14 +443,12 @@ def test_a_persist_directory_serves_one_running_job_at_a_time(bins, tmp_path):
     outputs, and so does export, with its own. A lease left by a killed job
     (its pid gone on this host) is taken over."""
     import fs_cluster
-    src = make_tree(tmp_path / "src", "mixed", n_files=6, seed=4)
-    data = tmp_path / "data"
-    pack(bins, src, data, "--partitions", "2")
+    _, data = packed_dataset(bins, tmp_path, n_files=6, seed=4, partitions=2)
     persist = tmp_path / "persist"
     lease = persist / "meta" / "lease"
     c = start_cluster(bins, data, tmp_path / "a", nranks=2, mount=MOUNT, extra_args=["--persist", persist])
     try:
-        py(c, 1, f"""
+        c.run_python(1, f"""
             import os
             os.makedirs('{MOUNT}/res', exist_ok=True)
             open('{MOUNT}/res/a.bin', 'wb').write(b'a' * 300000)
@@ -480,7 +464,7 @@ def test_a_persist_directory_serves_one_running_job_at_a_time(bins, tmp_path):
         fs_cluster.wait_ranks_gone(runtime, 1)
         subprocess.run([bins["cli"], "--runtime-dir", str(runtime), "stop"], check=True, capture_output=True)
         assert lease.read_text().split() == holder, "the refused job touched the lease"
-        r = py(c, 0, f"print(len(open('{MOUNT}/res/a.bin', 'rb').read()))")
+        r = c.run_python(0, f"print(len(open('{MOUNT}/res/a.bin', 'rb').read()))")
         assert r.stdout.strip() == "300000"
     finally:
         c.stop()
@@ -490,7 +474,7 @@ def test_a_persist_directory_serves_one_running_job_at_a_time(bins, tmp_path):
     c2 = start_cluster(bins, data, tmp_path / "c", nranks=2, mount=MOUNT, extra_args=["--persist", persist])
     try:
         assert "taking over the lease of a job that is gone" in c2.log()
-        py(c2, 0, f"""
+        c2.run_python(0, f"""
             assert open('{MOUNT}/res/a.bin', 'rb').read() == b'a' * 300000
             open('{MOUNT}/res/c.bin', 'wb').write(b'c' * 200000)
         """)
@@ -503,13 +487,11 @@ def test_a_persist_directory_serves_one_running_job_at_a_time(bins, tmp_path):
 
 
 def test_persist_stop_restart_export(bins, tmp_path):
-    src = make_tree(tmp_path / "src", "mixed", n_files=8, seed=9)
-    data = tmp_path / "data"
-    pack(bins, src, data, "--partitions", "4")
+    _, data = packed_dataset(bins, tmp_path, n_files=8, seed=9, partitions=4)
     persist = tmp_path / "persist"
     c = start_cluster(bins, data, tmp_path / "c1", nranks=4, mount=MOUNT, extra_args=["--persist", persist])
     try:
-        py(c, 1, f"""
+        c.run_python(1, f"""
             import os
             os.makedirs('{MOUNT}/run/ckpt', exist_ok=True)
             for e in range(3):
@@ -519,7 +501,7 @@ def test_persist_stop_restart_export(bins, tmp_path):
             open('{MOUNT}/run/log.txt', 'w').write('done\\n')
             open('{MOUNT}/top.bin', 'wb').write(os.urandom(1 << 20))
         """)
-        top = py(c, 2, f"import hashlib; print(hashlib.md5(open('{MOUNT}/top.bin', 'rb').read()).hexdigest())").stdout.strip()
+        top = c.run_python(2, f"import hashlib; print(hashlib.md5(open('{MOUNT}/top.bin', 'rb').read()).hexdigest())").stdout.strip()
         # sync drains without stopping: export sees the outputs while the job runs
         r = c.cli("sync")
         assert "synced" in r.stdout, r.stdout
@@ -528,13 +510,13 @@ def test_persist_stop_restart_export(bins, tmp_path):
         assert r.returncode == 0, r.stderr
         assert (early / "run/ckpt/epoch2.pt").read_bytes() == bytes([2]) * 100002
         assert (early / "run/log.txt").read_text() == "done\n"
-        py(c, 0, f"open('{MOUNT}/run/after_sync.txt', 'w').write('late')")
+        c.run_python(0, f"open('{MOUNT}/run/after_sync.txt', 'w').write('late')")
     finally:
         c.stop()
     # a later job, with another number of ranks, sees them again
     c2 = start_cluster(bins, data, tmp_path / "c2", nranks=2, mount=MOUNT, extra_args=["--persist", persist])
     try:
-        py(c2, 1, f"""
+        c2.run_python(1, f"""
             import os
             for e in range(3):
                 assert open('{MOUNT}/run/ckpt/epoch%d.pt' % e, 'rb').read() == bytes([e]) * (100000 + e)
@@ -564,14 +546,12 @@ def test_stop_waits_for_a_rank_still_draining(bins, tmp_path):
     draining 3,000 outputs; every one must reach --persist and read back in the next job. (Before,
     rank 1's watchdog ended it after 10 s in MPI_Finalize, and the launcher then killed rank 0
     mid-drain: its outputs were lost.)"""
-    src = make_tree(tmp_path / "src", "mixed", n_files=4, seed=11)
-    data = tmp_path / "data"
-    pack(bins, src, data, "--partitions", "2")
+    _, data = packed_dataset(bins, tmp_path, n_files=4, seed=11, partitions=2)
     persist = tmp_path / "persist"
     c = start_cluster(bins, data, tmp_path / "c1", nranks=2, mount=MOUNT,
                       extra_args=["--persist", persist, "--dedup", "off"])
     n = 3000
-    py(c, 0, f"""
+    c.run_python(0, f"""
         import os
         os.makedirs('{MOUNT}/preds')
         for i in range({n}):
@@ -606,7 +586,7 @@ def test_stop_waits_for_a_rank_still_draining(bins, tmp_path):
     assert f"rank 0: drained {n} output files" in c.log(), c.log()[-4000:]
     c2 = start_cluster(bins, data, tmp_path / "c2", nranks=2, mount=MOUNT, extra_args=["--persist", persist])
     try:
-        r = py(c2, 1, f"""
+        r = c2.run_python(1, f"""
             bad = sum(open('{MOUNT}/preds/p%05d.txt' % i).read() != 'prediction %d\\n' % i * 3 for i in range({n}))
             print('bad', bad)
         """)
@@ -627,7 +607,7 @@ def test_local_ssd_full_close_fails_nothing_visible(bins, tmp_path, extra):
     with tmpfs_local_dir(tmp_path / "c", "2m", "a small local SSD"):
         c = start_cluster(bins, data, tmp_path / "c", nranks=2, mount=MOUNT, extra_args=extra)
         try:
-            py(c, 0, f"""
+            c.run_python(0, f"""
                 import errno, os
                 # The output is written into the local disk: the write itself
                 # may fail (as natively), and then close must fail too.
@@ -643,7 +623,7 @@ def test_local_ssd_full_close_fails_nothing_visible(bins, tmp_path, extra):
                 assert not os.path.exists('{MOUNT}/big.bin')
                 open('{MOUNT}/small.txt', 'w').write('still working\\n')
             """)
-            py(c, 1, f"""
+            c.run_python(1, f"""
                 import os
                 assert not os.path.exists('{MOUNT}/big.bin')
                 assert open('{MOUNT}/small.txt').read() == 'still working\\n'
@@ -659,7 +639,7 @@ def test_a_write_after_the_last_close_does_not_reach_readers(cl):
     would be) is committed as it was then: a later write through that fd
     reaches no reader, on the writer's node or another."""
     c, _ = cl
-    py(c, 1, f"""
+    c.run_python(1, f"""
         import os
         fd = os.open('{MOUNT}/left-open.txt', os.O_CREAT | os.O_WRONLY, 0o644)
         os.write(fd, b'committed\\n' * 100)
@@ -669,12 +649,12 @@ def test_a_write_after_the_last_close_does_not_reach_readers(cl):
         os.close(other)
         assert open('{MOUNT}/left-open.txt', 'rb').read() == b'committed\\n' * 100
     """)
-    py(c, 2, f"assert open('{MOUNT}/left-open.txt', 'rb').read() == b'committed\\n' * 100")
+    c.run_python(2, f"assert open('{MOUNT}/left-open.txt', 'rb').read() == b'committed\\n' * 100")
 
 
 def test_forked_child_never_commits_parents_output(cl):
     c, _ = cl
-    py(c, 0, f"""
+    c.run_python(0, f"""
         import os, subprocess, sys
         f = open('{MOUNT}/forked.bin', 'wb')
         f.write(b'a' * 1000)
@@ -691,17 +671,15 @@ def test_forked_child_never_commits_parents_output(cl):
         f.write(b'b' * 1000)
         f.close()
     """)
-    py(c, 2, f"assert open('{MOUNT}/forked.bin', 'rb').read() == b'a' * 1000 + b'b' * 1000")
+    c.run_python(2, f"assert open('{MOUNT}/forked.bin', 'rb').read() == b'a' * 1000 + b'b' * 1000")
 
 
 def test_killed_daemons_recover_outputs_from_local_dir(bins, tmp_path):
-    src = make_tree(tmp_path / "src", "mixed", n_files=6, seed=3)
-    data = tmp_path / "data"
-    pack(bins, src, data, "--partitions", "2")
+    _, data = packed_dataset(bins, tmp_path, n_files=6, seed=3, partitions=2)
     c = start_cluster(bins, data, tmp_path / "c", nranks=2, mount=MOUNT)
     try:
         for node in (0, 1):
-            py(c, node, f"""
+            c.run_python(node, f"""
                 import os
                 os.makedirs('{MOUNT}/kept', exist_ok=True)
                 open('{MOUNT}/kept/tmp{node}', 'wb').write(b'%d' % {node} * 5000)
@@ -713,7 +691,7 @@ def test_killed_daemons_recover_outputs_from_local_dir(bins, tmp_path):
     assert (local / "rank-0" / "out").is_dir() or (local / "rank-1" / "out").is_dir()
     c2 = start_cluster(bins, data, tmp_path / "c", nranks=2, mount=MOUNT)
     try:
-        py(c2, 1, f"""
+        c2.run_python(1, f"""
             import os, time
             deadline = time.time() + 20
             while not all(os.path.exists('{MOUNT}/kept/n%d.bin' % n) for n in (0, 1)) and time.time() < deadline:
@@ -729,25 +707,25 @@ def test_killed_daemons_recover_outputs_from_local_dir(bins, tmp_path):
 
 def test_append_and_rdwr_on_existing_output(cl):
     c, _ = cl
-    py(c, 0, f"""
+    c.run_python(0, f"""
         open('{MOUNT}/app.txt', 'w').write('one\\n')
         open('{MOUNT}/app.txt', 'a').write('two\\n')
     """)
-    py(c, 3, f"""
+    c.run_python(3, f"""
         with open('{MOUNT}/app.txt', 'a') as f:
             f.write('three\\n')
         assert open('{MOUNT}/app.txt').read() == 'one\\ntwo\\nthree\\n'
         with open('{MOUNT}/app.txt', 'r+') as f:
             f.write('ONE')
     """)
-    py(c, 1, f"assert open('{MOUNT}/app.txt').read() == 'ONE\\ntwo\\nthree\\n'")
+    c.run_python(1, f"assert open('{MOUNT}/app.txt').read() == 'ONE\\ntwo\\nthree\\n'")
 
 
 def test_coreutils_metadata_of_outputs(cl):
     """ls -l, realpath, stat -f and xattr lookups (ls checks ACLs) on an output
     directory and file, from another node: no error, the right names and sizes."""
     c, _ = cl
-    py(c, 1, """
+    c.run_python(1, """
         import os
         os.makedirs('/fanstore/meta_out/sub', exist_ok=True)
         with open('/fanstore/meta_out/a.bin', 'wb') as f:
@@ -765,7 +743,7 @@ def test_coreutils_metadata_of_outputs(cl):
     r = subprocess.run(["stat", "-f", "-c", "%b", "/fanstore/meta_out/a.bin"], env=env, capture_output=True,
                        text=True, timeout=TIMEOUT)
     assert r.returncode == 0 and r.stderr == "", r.stderr
-    out = py(c, 2, """
+    out = c.run_python(2, """
         import errno, os
         res = []
         for p in ('/fanstore/meta_out', '/fanstore/meta_out/a.bin', '/fanstore/meta_out/nope'):
