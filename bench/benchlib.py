@@ -11,6 +11,9 @@ import time
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT / "tests"))
+import fs_cluster  # noqa: E402  (the tests' cluster helper starts every benchmark's daemons)
+
 BIN = ROOT / "target" / "release"
 OUT = ROOT / "bench" / "out"
 PRELOAD = BIN / "libfanstore_preload.so"
@@ -46,7 +49,8 @@ def write_random_files(root: Path, size: int, count: int, seed: int = 1, per_dir
 
 
 class Daemon:
-    """A single-node daemon (MPI singleton, no launcher) serving `data`."""
+    """A single-node daemon (MPI singleton, no launcher) serving `data`, started
+    by the tests' cluster helper (tests/fs_cluster.py); its log is work/daemon.log."""
 
     def __init__(self, data: Path, work: Path, mount="/fanstore", extra=()):
         self.runtime = work / "rt"
@@ -56,16 +60,13 @@ class Daemon:
         work.mkdir(parents=True, exist_ok=True)
         shutil.rmtree(self.runtime, ignore_errors=True)
         shutil.rmtree(self.local, ignore_errors=True)
-        env = dict(os.environ, FANSTORE_RUNTIME_DIR=str(self.runtime))
-        self.log = open(work / "daemon.log", "w")
         t = time.perf_counter()
-        self.proc = subprocess.Popen(
-            [str(BIN / "fanstore-daemon"), "--data", str(data), "--local", str(self.local),
-             "--mount", mount, "--runtime-dir", str(self.runtime), *extra],
-            stdout=self.log, stderr=subprocess.STDOUT, env=env)
-        subprocess.run([str(BIN / "fanstore"), "wait", "--runtime-dir", str(self.runtime), "--timeout", "600"],
-                       check=True, env=env)
+        self.cluster = fs_cluster.start_cluster(
+            fs_cluster.release_bins(), data, work, nranks=0, mount=mount, extra_args=extra, timeout=600,
+            runtime=self.runtime, local=self.local, log_path=work / "daemon.log",
+            env={"FANSTORE_RUNTIME_DIR": str(self.runtime)})
         self.load_seconds = time.perf_counter() - t
+        self.proc = self.cluster.proc
         # After ready the daemon extracts its large local files in the background
         # (--extract-ahead; none when the local dir is on tmpfs): measure once it is
         # done, not while it writes.
@@ -78,7 +79,6 @@ class Daemon:
         """Waits until the daemon's log has a line containing `text`."""
         deadline = time.monotonic() + timeout
         while time.monotonic() < deadline:
-            self.log.flush()
             if text in (self.work / "daemon.log").read_text(errors="replace"):
                 return True
             time.sleep(0.2)
@@ -89,10 +89,7 @@ class Daemon:
                     FANSTORE_MOUNT=self.mount, LD_PRELOAD=str(PRELOAD))
 
     def stop(self):
-        subprocess.run([str(BIN / "fanstore"), "stop", "--runtime-dir", str(self.runtime)],
-                       env=dict(os.environ, FANSTORE_RUNTIME_DIR=str(self.runtime)), timeout=120)
-        self.proc.wait(timeout=120)
-        self.log.close()
+        self.cluster.stop(timeout=120, check=False)
 
 
 def daemon_flags() -> str:

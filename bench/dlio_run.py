@@ -28,6 +28,9 @@ import time
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT / "tests"))
+import fs_cluster  # noqa: E402  (starts the daemons)
+
 B = ROOT / "target" / "release"
 QUICK = "--quick" in sys.argv
 ROUNDS = 1 if QUICK else 3
@@ -75,23 +78,11 @@ def run_dlio(work, name, config, extra, data, ckpt, run_env, tag):
 
 
 def start(ds, work, tag, n):
-    rt = work / f"rt-{tag}"
-    p = subprocess.Popen(["mpiexec", "-n", str(n), str(B / "fanstore-daemon"), "--data", str(ds), "--local",
-                          str(work / f"local-{tag}"), "--runtime-dir", str(rt), "--mount", MOUNT],
-                         env=env, stdout=open(work / f"daemon-{tag}.log", "wb"), stderr=subprocess.STDOUT,
-                         start_new_session=True)
-    subprocess.run([str(B / "fanstore"), "--runtime-dir", str(rt), "wait", "--timeout", "120"], env=env, check=True,
-                   capture_output=True)
-    return p, rt
-
-
-def stop(p, rt):
-    subprocess.run([str(B / "fanstore"), "--runtime-dir", str(rt), "stop"], env=env, capture_output=True)
-    try:
-        p.wait(timeout=60)
-    except subprocess.TimeoutExpired:
-        os.killpg(p.pid, 9)
-        p.wait()
+    """`mpiexec -n n` daemons (the tests' cluster helper) with the module's env
+    (RUST_LOG=warn: no info lines for its MPI library check)."""
+    return fs_cluster.start_cluster(fs_cluster.release_bins(), ds, work, nranks=n, mount=MOUNT, timeout=120,
+                                    runtime=work / f"rt-{tag}", local=work / f"local-{tag}",
+                                    log_path=work / f"daemon-{tag}.log", env=env, check_mpi=False)
 
 
 def listing(rt, path):
@@ -130,7 +121,8 @@ def main():
                         shutil.rmtree(ck, ignore_errors=True)
                         continue
                     n = 1 if system == "1 daemon" else 4
-                    p, rt = start(ds, work, tag, n)
+                    c = start(ds, work, tag, n)
+                    rt = c.runtime
                     try:
                         e = dict(env, FANSTORE_RUNTIME_DIR=str(rt), FANSTORE_NODE="0",
                                  LD_PRELOAD=str(B / "libfanstore_preload.so"))
@@ -139,7 +131,7 @@ def main():
                         if extra.get("workflow.checkpoint"):
                             ckpt_seen = listing(rt, f"{MOUNT}/ckpt-{name}")
                     finally:
-                        stop(p, rt)
+                        c.stop(timeout=60, check=False)
             med = {k: [statistics.median(x[i] for x in v) for i in range(3)] for k, v in res.items()}
             rows.append((name, config, len(files), nbytes, med, {k: [round(x[0]) for x in v] for k, v in res.items()}))
             if ckpt_seen:

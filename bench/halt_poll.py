@@ -62,18 +62,14 @@ def pingpong():
 
 
 def start(work, ds, name, n, local=None):
-    rt = work / f"rt-{name}"
-    p = subprocess.Popen(["mpiexec", "-n", str(n), str(B / "fanstore-daemon"), "--data", str(ds),
-                          "--local", str(local or work / f"l-{name}"), "--runtime-dir", str(rt),
-                          "--cache-mem", "0", "--replicate-on-read", "off"], env=rp.env,
-                         stdout=open(work / f"{name}.log", "wb"), stderr=subprocess.STDOUT, start_new_session=True)
-    rp.sh([str(B / "fanstore"), "--runtime-dir", str(rt), "wait", "--timeout", "120"])
-    return p, rt
+    """(cluster, its runtime directory): `mpiexec -n n` daemons, every OPEN remote."""
+    c = rp.start(work, ds, name, n, ["--cache-mem", "0", "--replicate-on-read", "off"], local=local,
+                 log_path=work / f"{name}.log")
+    return c, c.runtime
 
 
-def stop(p, rt):
-    subprocess.run([str(B / "fanstore"), "--runtime-dir", str(rt), "stop"], capture_output=True, env=rp.env)
-    p.wait(timeout=90)
+def stop(c, rt):
+    c.stop(timeout=90, check=False)
 
 
 def remote_open(work, ds, ds_id, ids, name):

@@ -53,6 +53,18 @@ def sh(cmd):
     return subprocess.run(cmd, check=True, capture_output=True, text=True, env=env).stdout
 
 
+def start(work, ds, tag, n, extra, local=None, log_path=None, env_extra=None, **kw):
+    """`mpiexec -n n` daemons over `ds` with `extra` arguments, through the tests'
+    cluster helper (tests/fs_cluster.py): runtime directory work/rt<tag>, local
+    directory work/l<tag> (or `local`), log work/log<tag> (or `log_path`), the
+    module's env (plus `env_extra`); its RUST_LOG=warn hides the info lines the
+    MPI library check reads. ``kw``: fs_cluster.launch's ``wrapper``, ``log_mode``."""
+    return fs_cluster.start_cluster(fs_cluster.release_bins(), ds, work, nranks=n, extra_args=extra, timeout=120,
+                                    runtime=work / f"rt{tag}", local=local or work / f"l{tag}",
+                                    log_path=log_path or work / f"log{tag}", env=dict(env, **(env_extra or {})),
+                                    check_mpi=False, **kw)
+
+
 def daemon_cpu_us(rt, n=2):
     """CPU time of every daemon of the job, all threads, in µs: each rank's own
     getrusage (`cpu_user_us` + `cpu_sys_us` of STATUS), µs precise where /proc's
@@ -118,12 +130,9 @@ def main():
     for rnd in range(ROUNDS):
         order = list(enumerate(settings))
         for k, (_, extra) in (order if rnd % 2 == 0 else order[::-1]):
-            rt = work / f"rt{k}-{rnd}"
-            p = subprocess.Popen(["mpiexec", "-n", "2", str(B / "fanstore-daemon"), "--data", str(ds), "--local", str(work / f"l{k}-{rnd}"),
-                                  "--runtime-dir", str(rt), "--cache-mem", "0", "--replicate-on-read", "off", *extra], env=env,
-                                 stdout=open(work / f"log{k}-{rnd}", "wb"), stderr=subprocess.STDOUT, start_new_session=True)
+            c = start(work, ds, f"{k}-{rnd}", 2, ["--cache-mem", "0", "--replicate-on-read", "off", *extra])
+            rt = c.runtime
             try:
-                sh([str(B / "fanstore"), "--runtime-dir", str(rt), "wait", "--timeout", "120"])
                 pids = daemon_pids(rt)
                 if settings[k][0].endswith(idle):
                     time.sleep(IDLE_BEFORE)  # the daemons idle first, as before a job's first reads
@@ -142,8 +151,7 @@ def main():
                     time.sleep(3)
                     idles[k] = (daemon_cpu_us(rt) - i0) / 1e6 / 3 / 2 * 100
             finally:
-                subprocess.run([str(B / "fanstore"), "--runtime-dir", str(rt), "stop"], capture_output=True, env=env)
-                p.wait(timeout=60)
+                c.stop(timeout=60, check=False)
     for k, (label, _) in enumerate(settings):
         g = got[k]
         med = lambda i: statistics.median(x[i] for x in g)  # noqa: E731
@@ -254,12 +262,9 @@ def syscall_counts(work, ds, ds_id, ids):
     `strace -f -c` attached to both daemons; None without strace."""
     if shutil.which("strace") is None:
         return None
-    rt = work / "rt-strace"
-    p = subprocess.Popen(["mpiexec", "-n", "2", str(B / "fanstore-daemon"), "--data", str(ds), "--local", str(work / "l-strace"),
-                          "--runtime-dir", str(rt), "--cache-mem", "0", "--replicate-on-read", "off"], env=env,
-                         stdout=open(work / "log-strace", "wb"), stderr=subprocess.STDOUT, start_new_session=True)
+    c = start(work, ds, "-strace", 2, ["--cache-mem", "0", "--replicate-on-read", "off"])
+    rt = c.runtime
     try:
-        sh([str(B / "fanstore"), "--runtime-dir", str(rt), "wait", "--timeout", "120"])
         pids = daemon_pids(rt)
         ranks = {int(fs_cluster.Client(rt / f"node-{r}.sock").status()["pid"]): r for r in range(2)}
         tracers = [(ranks.get(pid), work / f"strace-{pid}", subprocess.Popen(
@@ -272,8 +277,7 @@ def syscall_counts(work, ds, ds_id, ids):
             t.send_signal(signal.SIGINT)
             t.wait(timeout=30)
     finally:
-        subprocess.run([str(B / "fanstore"), "--runtime-dir", str(rt), "stop"], capture_output=True, env=env)
-        p.wait(timeout=60)
+        c.stop(timeout=60, check=False)
     files = ITERS + 5
     per_rank = [None, None]
     for rank, path, _ in tracers:
@@ -300,15 +304,12 @@ def placement(work, ds, ds_id, ids):
     got = {c[0]: ([], []) for c in configs}
     for rnd in range(ROUNDS):
         for k, (name, c0, c1, cc, extra) in enumerate(configs):
-            rt = work / f"rt-place-{rnd}-{k}"
             cpus = f"{c0 or '0-1'} {c1 or '0-1'}"
             pin = f'set -- {cpus} "$@"; eval c=\\${{$((PMI_RANK + 1))}}; shift 2; exec taskset -c "$c" "$@"'
-            p = subprocess.Popen(["mpiexec", "-n", "2", "sh", "-c", pin, "pin", str(B / "fanstore-daemon"), "--data", str(ds),
-                                  "--local", str(work / f"l-place-{rnd}-{k}"), "--runtime-dir", str(rt), "--cache-mem", "0",
-                                  "--replicate-on-read", "off", *extra], env=env,
-                                 stdout=open(work / "log-place", "ab"), stderr=subprocess.STDOUT, start_new_session=True)
+            job = start(work, ds, f"-place-{rnd}-{k}", 2, ["--cache-mem", "0", "--replicate-on-read", "off", *extra],
+                        log_path=work / "log-place", log_mode="ab", wrapper=["sh", "-c", pin, "pin"])
+            rt = job.runtime
             try:
-                sh([str(B / "fanstore"), "--runtime-dir", str(rt), "wait", "--timeout", "120"])
                 t0 = daemon_cpu_us(rt)
                 out = sh((["taskset", "-c", cc] if cc else []) + [
                     str(B / "fanstore-bench-read"), "--socket", str(rt / "node-0.sock"), "--dataset", str(ds_id),
@@ -316,8 +317,7 @@ def placement(work, ds, ds_id, ids):
                 got[name][0].append(float(re.search(r"total_us=([\d.]+)", out)[1]))
                 got[name][1].append((daemon_cpu_us(rt) - t0) / (ITERS + 5))
             finally:
-                subprocess.run([str(B / "fanstore"), "--runtime-dir", str(rt), "stop"], capture_output=True, env=env)
-                p.wait(timeout=60)
+                job.stop(timeout=60, check=False)
     return [(c[0], statistics.median(got[c[0]][0]), statistics.median(got[c[0]][1])) for c in configs]
 
 
@@ -326,22 +326,18 @@ def stage_breakdown(work, ds, ds_id, ids):
     parsed into the stages of a remote OPEN (medians, µs)."""
     def us(v, unit):
         return float(v) * {"ns": 0.001, "µs": 1.0, "ms": 1000.0, "s": 1e6}[unit]
-    rt = work / "rt-stages"
     log = work / "log-stages"
-    denv = dict(env, RUST_LOG="fanstore_daemon=debug")
-    p = subprocess.Popen(["mpiexec", "-n", "2", str(B / "fanstore-daemon"), "--data", str(ds), "--local", str(work / "l-stages"),
-                          "--runtime-dir", str(rt), "--cache-mem", "0", "--replicate-on-read", "off"], env=denv,
-                         stdout=open(log, "wb"), stderr=subprocess.STDOUT, start_new_session=True)
+    c = start(work, ds, "-stages", 2, ["--cache-mem", "0", "--replicate-on-read", "off"],
+              env_extra={"RUST_LOG": "fanstore_daemon=debug"})
+    rt = c.runtime
     opens = []
     try:
-        sh([str(B / "fanstore"), "--runtime-dir", str(rt), "wait", "--timeout", "120"])
         for _ in range(ROUNDS):
             out = sh([str(B / "fanstore-bench-read"), "--socket", str(rt / "node-0.sock"), "--dataset", str(ds_id),
                       "--iters", str(ITERS), f"{SIZE}=" + ",".join(map(str, ids))])
             opens.append(float(re.search(r"open_us=([\d.]+)", out)[1]))
     finally:
-        subprocess.run([str(B / "fanstore"), "--runtime-dir", str(rt), "stop"], capture_output=True, env=env)
-        p.wait(timeout=60)
+        c.stop(timeout=60, check=False)
     text = log.read_text(errors="replace")
     u = r"([\d.]+)(ns|µs|ms|s)"
     fetch = re.findall(rf"send\+fallocate {u}, wait {u}, fill {u}", text)

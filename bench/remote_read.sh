@@ -62,20 +62,19 @@ def sh(cmd, **kw):
     return r.stdout
 
 def start(ds, name, *extra, n=2, local=None):
-    rt = work / f"rt-{name}"
-    log = open(work / f"{name}.log", "wb")
-    p = subprocess.Popen(["mpiexec", "-n", str(n), str(B / "fanstore-daemon"), "--data", str(ds),
-                          "--local", str(local or work / f"local-{name}"), "--runtime-dir", str(rt), *extra],
-                         stdout=log, stderr=subprocess.STDOUT, env=env, start_new_session=True)
-    sh([str(B / "fanstore"), "--runtime-dir", str(rt), "wait", "--timeout", "300"])
-    return p, rt
+    """(cluster, its runtime directory): `mpiexec -n n` daemons started by the
+    tests' cluster helper (RUST_LOG, warn here, hides the info lines of its MPI
+    library check)."""
+    c = fs_cluster.start_cluster(fs_cluster.release_bins(), ds, work, nranks=n, extra_args=extra, timeout=300,
+                                 runtime=work / f"rt-{name}", local=local or work / f"local-{name}",
+                                 log_path=work / f"{name}.log", env=env, check_mpi=False)
+    return c, c.runtime
 
 stop_failures = []
 
 
-def stop(p, rt):
-    sh([str(B / "fanstore"), "--runtime-dir", str(rt), "stop"])
-    rc = p.wait(timeout=60)
+def stop(c, rt):
+    rc = c.stop(timeout=60, check=False)
     if rc != 0:
         # What was measured stands (outputs and state are gone by now); a
         # non-zero mpiexec status here has been MPICH 4.0's MPI_Finalize hang

@@ -46,8 +46,6 @@ Environment: FANSTORE_SCALE_NS [100000,400000,1280000], FANSTORE_SCALE_REPS [5],
 import json
 import os
 import random
-import shutil
-import signal
 import subprocess
 import sys
 import time
@@ -76,7 +74,6 @@ LOADER_READS = int(E("FANSTORE_SCALE_LOADER_READS", "100000"))
 LOADER_ROUNDS = int(E("FANSTORE_SCALE_LOADER_ROUNDS", "3"))
 LOADER_RULES = ("off", "auto")
 LOADER_RANKS, LOADER_PARTS = 4, 16
-MPIEXEC = shutil.which("mpiexec") or "/usr/bin/mpiexec"
 PREP, DAEMON, CLI = str(BIN / "fanstore-prep"), str(BIN / "fanstore-daemon"), str(BIN / "fanstore")
 
 
@@ -164,9 +161,9 @@ def vm_rss(pid) -> int:
 
 
 class Job:
-    """`mpiexec -n NRANKS fanstore-daemon` (1 by default) launched in the
-    background from a shell (optionally with `ulimit -n`), timed until
-    `fanstore wait` returns."""
+    """`mpiexec -n NRANKS fanstore-daemon` (1 by default) started by the tests'
+    cluster helper (optionally under `ulimit -n`), timed until `fanstore wait`
+    returns."""
 
     def __init__(self, data: Path, work: Path, nofile=None, nranks=1, extra=()):
         self.rt = work / "rt"
@@ -177,19 +174,17 @@ class Job:
         self.env = daemon_env(self.rt)
         before = shm_indexes()
         self.nranks = nranks
-        cmd = (f"{'ulimit -n %d && ' % nofile if nofile else ''}exec {MPIEXEC} -n {nranks} {DAEMON} --data {data} "
-               f"--local {self.local} --runtime-dir {self.rt} --mount /fanstore {' '.join(extra)}")
         self.log_path = work / f"daemon{'-nofile' if nofile else ''}.log"
-        self.logf = open(self.log_path, "w")
         t = time.perf_counter()
-        self.proc = subprocess.Popen(["bash", "-c", cmd], stdout=self.logf, stderr=subprocess.STDOUT,
-                                     stdin=subprocess.DEVNULL, env=self.env, start_new_session=True)
-        r = subprocess.run([CLI, "--runtime-dir", str(self.rt), "wait", "--timeout", "7200"], env=self.env,
-                           capture_output=True, text=True)
+        try:
+            # The tests' cluster helper (tests/fs_cluster.py): `mpiexec -n nranks`, under `ulimit -n nofile`.
+            self.cluster = fs_cluster.start_cluster(
+                fs_cluster.release_bins(), data, work, nranks=nranks, extra_args=extra, timeout=7200, nofile=nofile,
+                runtime=self.rt, local=self.local, log_path=self.log_path, env=self.env)
+        except AssertionError as e:
+            raise RuntimeError(f"daemon did not get ready: {e}") from None
         self.ready_seconds = time.perf_counter() - t
-        if r.returncode != 0:
-            self.kill()
-            raise RuntimeError(f"daemon did not get ready: {r.stderr.strip()}\n{self.log_path.read_text()[-3000:]}")
+        self.proc = self.cluster.proc
         new = sorted(shm_indexes() - before)
         self.index = new[0] if len(new) == 1 else None
         self.index_bytes = self.index.stat().st_size if self.index else 0
@@ -220,22 +215,14 @@ class Job:
 
     def stop(self) -> float:
         t = time.perf_counter()
-        subprocess.run([CLI, "--runtime-dir", str(self.rt), "stop", "--timeout", "3600"], env=self.env, check=True,
-                       stdout=subprocess.DEVNULL)
-        rc = self.proc.wait(timeout=3600)
+        rc = self.cluster.stop(timeout=3600, check=False)
         secs = time.perf_counter() - t
-        self.logf.close()
         if rc != 0:
             log(f"daemon exited {rc}; see {self.log_path}")
         return secs
 
     def kill(self):
-        try:
-            os.killpg(self.proc.pid, signal.SIGKILL)
-        except (ProcessLookupError, PermissionError):
-            pass
-        self.proc.wait(timeout=60)
-        self.logf.close()
+        self.cluster.kill(keep_local=True)  # (and the shm index; the local dir below: rm -rf is faster)
         if self.index and self.index.exists():
             self.index.unlink()
         rm(self.rt)

@@ -31,6 +31,9 @@ import tempfile
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT / "tests"))
+import fs_cluster  # noqa: E402  (starts the daemons)
+
 B = ROOT / "target" / "release"
 QUICK = "--quick" in sys.argv
 ROUNDS = 2 if QUICK else 3
@@ -61,19 +64,19 @@ def main():
     cpu = {k: [] for k in configs}
 
     def start(k, r):
+        """`mpiexec -n N` daemons of configuration `k` (the tests' cluster helper;
+        RUST_LOG=warn hides the info lines of its MPI library check)."""
         n, extra = configs[k]
-        rt = work / f"rt{k}-{r}"
-        p = subprocess.Popen(["mpiexec", "-n", str(n), str(B / "fanstore-daemon"), "--data", str(ds), "--local",
-                              str(work / f"local{k}-{r}"), "--runtime-dir", str(rt), "--mount", f"/fstrain{n}", *extra],
-                             env=env, stdout=open(work / f"log{k}-{r}", "wb"), stderr=subprocess.STDOUT,
-                             start_new_session=True)
-        sh([str(B / "fanstore"), "--runtime-dir", str(rt), "wait", "--timeout", "120"], env=env)
-        return p, rt
+        return fs_cluster.start_cluster(fs_cluster.release_bins(), ds, work, nranks=n, mount=f"/fstrain{n}",
+                                        extra_args=extra, timeout=120, runtime=work / f"rt{k}-{r}",
+                                        local=work / f"local{k}-{r}", log_path=work / f"log{k}-{r}", env=env,
+                                        check_mpi=False)
 
     for r in range(ROUNDS):
         order = list(configs)
         for n in (order if r % 2 == 0 else order[::-1]):
-            p, rt = start(n, r)  # a fresh job each run: the first epoch is cold, as in a new training job
+            job = start(n, r)  # a fresh job each run: the first epoch is cold, as in a new training job
+            rt = job.runtime
             try:
                 e = dict(env, FANSTORE_RUNTIME_DIR=str(rt), FANSTORE_NODE="0", LD_PRELOAD=str(B / "libfanstore_preload.so"))
                 out = sh([sys.executable, str(ROOT / "scripts" / "train_reader.py"), f"/fstrain{configs[n][0]}/train", "--workers", "4",
@@ -81,8 +84,7 @@ def main():
                 res[n].append((float(out[out.index("files/s,") - 1]), out[-1]))
                 cpu[n].append(daemon_cpu(rt))
             finally:
-                subprocess.run([str(B / "fanstore"), "--runtime-dir", str(rt), "stop"], capture_output=True, env=env)
-                p.wait(timeout=60)
+                job.stop(timeout=60, check=False)
     nfiles = sum(1 for f in (src / "train").rglob("*") if f.is_file())
     same = all(len({d for k in configs if epochs[k] == e for _, d in res[k]}) == 1 for e in set(epochs.values()))
     one, four, naps, pre, onread, nospin = (statistics.median(x for x, _ in res[k]) for k in (1, 4, "4b", "4p", "4r", "4s"))

@@ -32,7 +32,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).parent))
 sys.path.insert(0, str(Path(__file__).parent.parent / "tests"))
-from benchlib import BIN, OUT, PRELOAD, table  # noqa: E402
+from benchlib import BIN, OUT, table  # noqa: E402
 
 QUICK = "--quick" in sys.argv
 E = os.environ.get
@@ -222,7 +222,7 @@ def shared_copy(c):
 
 
 def main():
-    from fs_cluster import base_env, start_cluster  # noqa: F401
+    from fs_cluster import release_bins, start_cluster
     OUT.mkdir(parents=True, exist_ok=True)
     work = Path(tempfile.mkdtemp(prefix="fs-bench-watch-", dir=E("BENCH_DIR", "/tmp")))
     src = work / "src"
@@ -230,9 +230,7 @@ def main():
     (src / "x").write_bytes(b"x")
     subprocess.run([str(BIN / "fanstore-prep"), "pack", "--input", str(src), "--output", str(work / "ds"),
                     "--partitions", "1"], check=True, stdout=subprocess.DEVNULL)
-    bins = {"daemon": str(BIN / "fanstore-daemon"), "cli": str(BIN / "fanstore"), "prep": str(BIN / "fanstore-prep"),
-            "preload": str(PRELOAD)}
-    c = start_cluster(bins, work / "ds", work / "cl", nranks=4)
+    c = start_cluster(release_bins(), work / "ds", work / "cl", nranks=4)
     rows, js, goals = [], {}, []
     try:
         results = {}
