@@ -65,6 +65,15 @@ pub fn normalize_into(cwd: &[u8], path: &[u8], out: &mut [u8]) -> Option<Normali
     Some(Normalized { len, must_be_dir })
 }
 
+/// `path` split at its last `/`: (directory, name). A path with no `/` is
+/// a name in the root: (`""`, path).
+pub fn split_parent(path: &[u8]) -> (&[u8], &[u8]) {
+    match path.iter().rposition(|&b| b == b'/') {
+        Some(i) => (&path[..i], &path[i + 1..]),
+        None => (&[], path),
+    }
+}
+
 /// If normalised `abs` is `mount` or lies below it, the part below it
 /// (`b""` for the mount point itself). `mount` is normalised, without trailing '/'.
 #[inline]
@@ -83,6 +92,14 @@ pub fn under_mount<'a>(abs: &'a [u8], mount: &[u8]) -> Option<&'a [u8]> {
 
 #[cfg(test)]
 mod tests {
+
+    #[test]
+    fn split_parent_cuts_at_the_last_slash() {
+        assert_eq!(split_parent(b"a/b/c"), (&b"a/b"[..], &b"c"[..]));
+        assert_eq!(split_parent(b"c"), (&b""[..], &b"c"[..]));
+        assert_eq!(split_parent(b"a/"), (&b"a"[..], &b""[..]));
+    }
+
     use super::*;
 
     fn norm(cwd: &str, p: &str) -> (String, bool) {

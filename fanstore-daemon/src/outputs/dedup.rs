@@ -75,7 +75,7 @@ const PENDING: &[u8] = b".fanstore-pending-";
 
 /// The key an output is staged under before its record is registered.
 pub fn pending_key(path: &[u8], id: u64) -> Vec<u8> {
-    let (dir, _) = crate::outputs::namespace::parent(path);
+    let (dir, _) = fanstore_core::path::split_parent(path);
     let mut k = Vec::with_capacity(dir.len() + PENDING.len() + 21);
     if !dir.is_empty() {
         k.extend_from_slice(dir);
@@ -88,7 +88,7 @@ pub fn pending_key(path: &[u8], id: u64) -> Vec<u8> {
 
 /// True for a staged key (hidden from the queries).
 pub fn is_pending(key: &[u8]) -> bool {
-    crate::outputs::namespace::parent(key).1.starts_with(PENDING)
+    fanstore_core::path::split_parent(key).1.starts_with(PENDING)
 }
 
 /// The errno a store failure gives the client.

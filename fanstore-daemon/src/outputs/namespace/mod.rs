@@ -47,13 +47,7 @@ const META_TIMEOUT: Duration = Duration::from_secs(10);
 
 pub(super) static META_IDS: AtomicU64 = AtomicU64::new(1);
 
-/// `(directory, name)` of a path relative to the mount.
-pub(crate) fn parent(path: &[u8]) -> (&[u8], &[u8]) {
-    match path.iter().rposition(|&b| b == b'/') {
-        Some(i) => (&path[..i], &path[i + 1..]),
-        None => (&[], path),
-    }
-}
+pub(crate) use fanstore_core::path::split_parent as parent;
 
 /// Now, in ns since the epoch (a new record's mtime).
 pub(crate) fn now_ns() -> i64 {
