@@ -37,6 +37,7 @@
 # cluster run can scale them.
 set -euo pipefail
 cd "$(dirname "$0")/.."
+. scripts/lib.sh
 QUICK=""; REPORT_ONLY=0; ONLY=""; BUILD=1
 while [ $# -gt 0 ]; do
   case "$1" in
@@ -53,6 +54,7 @@ want() { [ -z "$ONLY" ] || [[ ",$ONLY," == *",$1,"* ]]; }
 T0=$(date +%s)
 if [ $REPORT_ONLY = 0 ]; then
 bash scripts/setup.sh
+fs_find_cargo; fs_use_venv   # python3 (and pip) are the venv's from here on
 # squashfuse (the FUSE baseline) and matplotlib (the plots), installed when missing
 if want read && { ! command -v squashfuse >/dev/null || ! command -v mksquashfs >/dev/null || ! command -v fusermount3 >/dev/null; }; then
   SUDO=""; [ "$(id -u)" = 0 ] || SUDO="sudo"
@@ -127,6 +129,7 @@ else
   echo "$LINE" > bench/out/header.txt
 fi
 fi
+[ $REPORT_ONLY = 0 ] || fs_use_venv 2>/dev/null || true   # the plots need the venv's matplotlib
 python3 bench/notes.py > /dev/null
 {
   echo "# FanStore benchmark results"

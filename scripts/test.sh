@@ -31,7 +31,7 @@ step "end-to-end tests (MPICH)"
 python3 -m pytest -q tests "$@"
 if [ $# -eq 0 ]; then
   step "end-to-end tests under OpenMPI"
-  FANSTORE_TEST_MPI=openmpi python3 -m pytest -q tests/test_daemon.py tests/test_fd_limit.py tests/test_write.py \
+  FANSTORE_TEST_MPI=openmpi python3 -m pytest -q tests/test_daemon_*.py tests/test_fd_limit.py tests/test_write.py \
     tests/test_launch.py tests/test_prefetch.py tests/test_read_ahead.py
 fi
 step "done"
