@@ -78,7 +78,15 @@ unsafe fn realpath_common(name: &'static str, path: *const c_char, resolved: *mu
     }
 }
 
-unsafe fn statfs_common(name: &'static str, path: *const c_char, buf: *mut libc::statfs, real: impl FnOnce(*const c_char) -> c_int) -> c_int {
+/// statfs and statvfs of a path: `fill` turns the mount's state into the
+/// caller's struct (`ops::stat::statfs_of` or `statvfs_of`).
+unsafe fn statfs_common<T>(
+    name: &'static str,
+    path: *const c_char,
+    buf: *mut T,
+    fill: fn(&crate::state::State) -> T,
+    real: impl FnOnce(*const c_char) -> c_int,
+) -> c_int {
     // SAFETY: path is the caller's C string; buf the caller's out-pointer.
     unsafe {
         path_hook(
@@ -88,27 +96,7 @@ unsafe fn statfs_common(name: &'static str, path: *const c_char, buf: *mut libc:
             -1,
             |vp| match meta::statfs_node(vp) {
                 Outcome::Handled(st) => {
-                    buf.write(stat::statfs_of(st));
-                    Outcome::Handled(0)
-                }
-                other => other.map_none(),
-            },
-            real,
-        )
-    }
-}
-
-unsafe fn statvfs_common(name: &'static str, path: *const c_char, buf: *mut libc::statvfs, real: impl FnOnce(*const c_char) -> c_int) -> c_int {
-    // SAFETY: path is the caller's C string; buf the caller's out-pointer.
-    unsafe {
-        path_hook(
-            name,
-            libc::AT_FDCWD,
-            path,
-            -1,
-            |vp| match meta::statfs_node(vp) {
-                Outcome::Handled(st) => {
-                    buf.write(stat::statvfs_of(st));
+                    buf.write(fill(st));
                     Outcome::Handled(0)
                 }
                 other => other.map_none(),
@@ -162,10 +150,10 @@ crate::hooks! {
         fd_hook("flistxattr", fd, -1, |t| meta::fd_state(t, |_| Outcome::Handled(0)), || real::flistxattr(fd, list, size))
     }
     fn statfs(path: *const c_char, buf: *mut libc::statfs) -> c_int {
-        statfs_common("statfs", path, buf, |p| real::statfs(p, buf))
+        statfs_common("statfs", path, buf, stat::statfs_of, |p| real::statfs(p, buf))
     }
     fn statfs64(path: *const c_char, buf: *mut libc::statfs) -> c_int {
-        statfs_common("statfs64", path, buf, |p| real::statfs64(p, buf))
+        statfs_common("statfs64", path, buf, stat::statfs_of, |p| real::statfs64(p, buf))
     }
     fn fstatfs(fd: c_int, buf: *mut libc::statfs) -> c_int {
         fd_hook("fstatfs", fd, -1, |t| meta::fd_state(t, |st| { buf.write(stat::statfs_of(st)); Outcome::Handled(0) }), || real::fstatfs(fd, buf))
@@ -174,10 +162,10 @@ crate::hooks! {
         fd_hook("fstatfs64", fd, -1, |t| meta::fd_state(t, |st| { buf.write(stat::statfs_of(st)); Outcome::Handled(0) }), || real::fstatfs64(fd, buf))
     }
     fn statvfs(path: *const c_char, buf: *mut libc::statvfs) -> c_int {
-        statvfs_common("statvfs", path, buf, |p| real::statvfs(p, buf))
+        statfs_common("statvfs", path, buf, stat::statvfs_of, |p| real::statvfs(p, buf))
     }
     fn statvfs64(path: *const c_char, buf: *mut libc::statvfs) -> c_int {
-        statvfs_common("statvfs64", path, buf, |p| real::statvfs64(p, buf))
+        statfs_common("statvfs64", path, buf, stat::statvfs_of, |p| real::statvfs64(p, buf))
     }
     fn fstatvfs(fd: c_int, buf: *mut libc::statvfs) -> c_int {
         fd_hook("fstatvfs", fd, -1, |t| meta::fd_state(t, |st| { buf.write(stat::statvfs_of(st)); Outcome::Handled(0) }), || real::fstatvfs(fd, buf))
