@@ -41,12 +41,18 @@ MODES = {
     "srun-pmi2-mpich": ({"FANSTORE_LAUNCH": "srun", "FANSTORE_SRUN_MPI": "pmi2"}, "MPICH"),
     "mpiexec-mpich": ({"FANSTORE_LAUNCH": "mpiexec", "FANSTORE_MPIEXEC": "/usr/bin/mpiexec.mpich"}, "MPICH"),
     "srun-pmix-openmpi": ({"FANSTORE_LAUNCH": "srun", "FANSTORE_SRUN_MPI": "pmix",
-                           "OMPI_MCA_pml": "ob1", "OMPI_MCA_btl": "tcp,self"}, "Open MPI"),
+                           "OMPI_MCA_pml": "ob1", "OMPI_MCA_btl": "tcp,self",
+                 # Open MPI 5.0.7 (Debian 13) finds no TCP interface pairing on a
+                 # dual-stack host (open-mpi/ompi#14079): IPv4 only, as between nodes.
+                 "OMPI_MCA_btl_tcp_disable_family": "6"}, "Open MPI"),
     # OpenMPI's mpiexec refuses root unless told (test box only, never in the script).
     "mpiexec-openmpi": ({"FANSTORE_LAUNCH": "mpiexec", "FANSTORE_MPIEXEC": "/usr/bin/mpiexec.openmpi",
                          "FANSTORE_MPIEXEC_ARGS": "--map-by ppr:1:node",
                          "OMPI_ALLOW_RUN_AS_ROOT": "1", "OMPI_ALLOW_RUN_AS_ROOT_CONFIRM": "1",
-                         "OMPI_MCA_pml": "ob1", "OMPI_MCA_btl": "tcp,self"}, "Open MPI"),
+                         "OMPI_MCA_pml": "ob1", "OMPI_MCA_btl": "tcp,self",
+                 # Open MPI 5.0.7 (Debian 13) finds no TCP interface pairing on a
+                 # dual-stack host (open-mpi/ompi#14079): IPv4 only, as between nodes.
+                 "OMPI_MCA_btl_tcp_disable_family": "6"}, "Open MPI"),
 }
 
 
