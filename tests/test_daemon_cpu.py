@@ -90,10 +90,14 @@ def test_daemons_sharing_a_host_keep_to_their_own_shares_of_its_cpus(bins, pack,
             log = c.log()
         finally:
             c.stop()
-        if extra and fs_cluster.MPI == "mpich":
-            assert shares == [cpus, cpus], f"--share-cpus off: {shares}, not every CPU {sorted(cpus)}\n{log}"
+        if extra:
+            # --share-cpus off: the shares are what the launcher gave. MPICH's
+            # hydra binds nothing; Open MPI 4 binds 2 ranks to their own cores;
+            # Open MPI 5 (Debian 13) binds nothing when oversubscribed.
             assert "keeps its threads" not in log, log
-            continue
+            if fs_cluster.MPI == "mpich" or shares == [cpus, cpus]:
+                assert shares == [cpus, cpus], f"--share-cpus off: {shares}, not every CPU {sorted(cpus)}\n{log}"
+                continue
         assert not shares[0] & shares[1], f"the daemons' CPUs overlap: {shares}\n{log}"
         assert shares[0] | shares[1] == cpus, f"the shares {shares} are not all of {sorted(cpus)}\n{log}"
         if fs_cluster.MPI == "mpich":
