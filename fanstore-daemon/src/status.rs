@@ -376,10 +376,10 @@ fn us_or_dash(v: Option<f64>) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use fanstore_core::status::{parse, table};
+    use fanstore_core::status::parse;
 
     #[test]
-    fn render_parse_and_table() {
+    fn render_then_parse() {
         let s = Snapshot {
             rank: 2,
             nranks: 4,
@@ -398,12 +398,7 @@ mod tests {
         assert_eq!(get("cache_hits"), "7");
         assert_eq!((get("wake_across_us").as_str(), get("wake_same_us").as_str()), ("44.0", "-"));
         assert_eq!(get("cpus"), "2-3");
-        let t = table(&[(2, Some(kv)), (3, None)]);
-        let lines: Vec<&str> = t.lines().collect();
-        assert_eq!(lines.len(), 3);
-        assert!(lines[0].contains("load MB/s") && lines[1].contains("3.0 MiB") && lines[2].contains("unreachable"), "{t}");
-        assert!(lines[0].contains("wake us") && lines[1].contains("44.0"), "{t}");
-        assert!(lines[0].ends_with("cpus") && lines[1].ends_with("2-3"), "{t}");
+        // The CLI's table of these keys is tested in fanstore_core::status.
     }
 
     #[test]
