@@ -4,10 +4,11 @@
     python3 scripts/import_graph.py fanstore-daemon [--png docs/img/daemon-imports.png] [--check]
 
 A module is a source file (`a/mod.rs` is `a`). An edge A -> B is any
-`crate::B...` path in A's code (comments left out), cut to B's module, so
-`impl Node` in a service file counts as an import of `node`. Modules are
-grouped for the picture and the cycle check by their top-level name, except
-under `inputs/`, `outputs/` and `ops/`, whose files are their own units.
+`crate::B...`, `super::B...` or `self::B...` path in A's code (comments left
+out; `{..}` groups expanded), cut to B's module, so `impl Node` in a service
+file counts as an import of `node`. Modules are grouped for the picture and
+the cycle check by their top-level name, except under `inputs/`, `outputs/`,
+`ops/` and `hooks/`, whose files are each their own unit.
 Prints the units, the cycles (strongly connected components with more than
 one unit) and the edges inside them. --check exits 1 when there is a cycle
 not listed in ALLOWED below. --png renders with graphviz's `dot`.
@@ -39,8 +40,50 @@ def modules(src: Path):
 
 def unit(parts):
     if parts[0] in SPLIT and len(parts) > 1:
-        return f"{parts[0]}::{parts[1]}"
+        return "::".join(parts)
     return parts[0]
+
+
+def without_tests(text: str) -> str:
+    """The text without its `#[cfg(test)] mod .. { }` blocks: a test may
+    reach anywhere; the graph is of the code that ships."""
+    while True:
+        m = re.search(r"#\[cfg\(test\)\]\s*(?:pub(?:\([a-z]+\))? )?mod [a-z_0-9]+ \{", text)
+        if not m:
+            return text
+        i, depth = m.end(), 1
+        while depth and i < len(text):
+            depth += {"{": 1, "}": -1}.get(text[i], 0)
+            i += 1
+        text = text[:m.start()] + text[i:]
+
+
+def expand(text: str, here):
+    """Every module path the code names: `crate::a::b`, `super::b` and
+    `self::b` (relative to the file's module `here`), with one level of
+    `{a, b::c}` groups expanded."""
+    out = []
+    pat = r"(?<!\()\b(crate|super|self)((?:::[a-z_][a-z0-9_]*)*)(?:::\{([^{}]*)\})?"
+    for m in re.finditer(pat, text):
+        root, rest, group = m.group(1), m.group(2), m.group(3)
+        if root == "crate":
+            base = []
+        elif root == "super":
+            base = list(here[:-1])
+            while rest.startswith("::super"):
+                rest = rest[len("::super"):]
+                base = base[:-1]
+        else:
+            base = list(here)
+        path = base + [s for s in rest.split("::") if s]
+        if group is None:
+            out.append(path)
+        else:
+            for item in group.split(","):
+                item = item.strip().split(" as ")[0]
+                sub = [s for s in item.split("::") if s and s != "self"]
+                out.append(path + sub)
+    return out
 
 
 def code_only(text: str) -> str:
@@ -61,11 +104,9 @@ def graph(crate: str):
     for parts, f in mods:
         a = unit(parts)
         edges.setdefault(a, set())
-        text = code_only(f.read_text())
-        refs = re.findall(r"crate::((?:[a-z_][a-z0-9_]*::)*[a-z_][a-z0-9_]*)", text)
-        # `use super::x` from a file counts as crate::<parent>::x
-        for r in refs:
-            path = r.split("::")
+        text = without_tests(code_only(f.read_text()))
+        # a `mod.rs` file's own module is its directory's
+        for path in expand(text, parts):
             # the longest prefix that names a module
             for n in range(len(path), 0, -1):
                 if tuple(path[:n]) in names:
