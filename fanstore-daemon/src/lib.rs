@@ -123,8 +123,8 @@
 //! - the whole job is killed (or some ranks), and restarted with the same
 //!   `--local` on the same nodes: nothing. Each rank moves its old `out/`
 //!   aside at start and, once every rank is ready, registers those outputs
-//!   again (and their directories) with their owners ([`outputs`]'s
-//!   `Node::recover`; visible shortly after `fanstore wait` returns). A
+//!   again (and their directories) with their owners
+//!   ([`outputs::Outputs::recover`]; visible shortly after `fanstore wait` returns). A
 //!   rename is in the holder's sidecar (the holder is told, HOLDER_RENAME);
 //!   an unlink done from another node between the drop request and its
 //!   handling may come back.
@@ -147,6 +147,7 @@ pub mod node;
 pub mod inputs;
 pub mod outputs;
 pub mod placement;
+pub mod rank;
 pub mod rank_lock;
 pub mod server;
 pub mod status;

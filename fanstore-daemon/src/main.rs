@@ -260,7 +260,7 @@ fn run(args: &DaemonArgs) -> anyhow::Result<i32> {
         Ok(p) if any_failed != 0 => {
             log::error!("rank {rank}: another rank failed to load; the whole job stops");
             p.node.set_phase(Phase::Failed);
-            p.node.stopping.store(true, Relaxed);
+            p.node.rank.stopping.store(true, Relaxed);
             let _ = p.server.join();
             cleanup.state = None;
             drop(comm);
@@ -270,12 +270,12 @@ fn run(args: &DaemonArgs) -> anyhow::Result<i32> {
         Ok(p) => p,
     };
     let node = p.node.clone();
-    fanstore_daemon::outputs::watch::WatchState::attach(&node);
+    node.outputs.attach_watch();
     node.set_phase(Phase::Ready);
     log::info!("rank {rank}: ready ({} ranks loaded)", nranks);
     let store = LocalStore {
-        view: node.view,
-        local_dir: node.id.local_dir.clone(),
+        view: node.rank.view,
+        local_dir: node.rank.id.local_dir.clone(),
         parts: node.inputs.parts.get().cloned().unwrap_or_default(),
         dedup: node.outputs.dedup.get().cloned(),
     };
@@ -283,8 +283,8 @@ fn run(args: &DaemonArgs) -> anyhow::Result<i32> {
     if aside.is_dir() {
         let node = node.clone();
         let spawned = std::thread::Builder::new().name("fanstore-recover".into()).spawn(move || {
-            let n = node.recover(&aside);
-            log::info!("rank {}: recovered {n} outputs of a killed run", node.id.rank);
+            let n = node.outputs.recover(&aside);
+            log::info!("rank {}: recovered {n} outputs of a killed run", node.rank.id.rank);
         });
         if let Err(e) = spawned {
             log::error!("rank {rank}: spawning the recovery thread: {e}");
@@ -295,23 +295,23 @@ fn run(args: &DaemonArgs) -> anyhow::Result<i32> {
         let node = node.clone();
         let spawned = std::thread::Builder::new().name("fanstore-prefill".into()).spawn(move || {
             let t = std::time::Instant::now();
-            let n = node.prefill(prefill);
-            log::info!("rank {}: prefilled {n} small files into the copy directory in {:.2} s", node.id.rank, t.elapsed().as_secs_f64());
+            let n = node.inputs.prefill(prefill);
+            log::info!("rank {}: prefilled {n} small files into the copy directory in {:.2} s", node.rank.id.rank, t.elapsed().as_secs_f64());
         });
         if let Err(e) = spawned {
             log::error!("rank {rank}: spawning the prefill thread: {e}");
         }
     }
-    let free = fanstore_daemon::inputs::copies::space(&node.id.local_dir).map_or(0, |(free, _)| free);
-    let extract = args.extract_ahead.budget(free, fanstore_daemon::inputs::copies::in_memory(&node.id.local_dir));
+    let free = fanstore_daemon::inputs::copies::space(&node.rank.id.local_dir).map_or(0, |(free, _)| free);
+    let extract = args.extract_ahead.budget(free, fanstore_daemon::inputs::copies::in_memory(&node.rank.id.local_dir));
     if extract > 0 {
         let node = node.clone();
         let spawned = std::thread::Builder::new().name("fanstore-extract".into()).spawn(move || {
             let t = std::time::Instant::now();
-            let (files, bytes) = node.extract_ahead(extract);
+            let (files, bytes) = node.inputs.extract_ahead(extract);
             log::info!(
                 "rank {}: extracted {files} large local files ({bytes} B) ahead of their first open in {:.2} s",
-                node.id.rank,
+                node.rank.id.rank,
                 t.elapsed().as_secs_f64()
             );
         });
@@ -325,7 +325,7 @@ fn run(args: &DaemonArgs) -> anyhow::Result<i32> {
         let (tx, rx) = crossbeam::channel::bounded(4096);
         let _ = node.inputs.warm.set(tx);
         let node = node.clone();
-        let spawned = std::thread::Builder::new().name("fanstore-warm".into()).spawn(move || node.warm_copies(rx));
+        let spawned = std::thread::Builder::new().name("fanstore-warm".into()).spawn(move || node.inputs.warm_copies(rx));
         if let Err(e) = spawned {
             log::error!("rank {rank}: spawning the copier thread: {e}");
         }
@@ -334,10 +334,10 @@ fn run(args: &DaemonArgs) -> anyhow::Result<i32> {
         // A bounded queue: a run that does not fit is asked for again by
         // the stream's next open.
         let (tx, rx) = crossbeam::channel::bounded(64);
-        let _ = node.inputs.read_ahead.set(fanstore_daemon::inputs::read_ahead::ReadAhead::new(args.read_ahead, tx));
-        for k in 0..fanstore_daemon::inputs::read_ahead::THREADS {
+        let _ = node.inputs.read_ahead.set(fanstore_daemon::inputs::read_ahead::streams::ReadAhead::new(args.read_ahead, tx));
+        for k in 0..fanstore_daemon::inputs::read_ahead::streams::THREADS {
             let (node, rx) = (node.clone(), rx.clone());
-            let spawned = std::thread::Builder::new().name(format!("fanstore-ahead-{k}")).spawn(move || node.read_ahead_loop(rx));
+            let spawned = std::thread::Builder::new().name(format!("fanstore-ahead-{k}")).spawn(move || node.inputs.read_ahead_loop(rx));
             if let Err(e) = spawned {
                 log::error!("rank {rank}: spawning read-ahead thread {k}: {e}");
             }
@@ -348,10 +348,10 @@ fn run(args: &DaemonArgs) -> anyhow::Result<i32> {
         let budget = args.prefetch_remote;
         let spawned = std::thread::Builder::new().name("fanstore-prefetch".into()).spawn(move || {
             let t = std::time::Instant::now();
-            let r = fanstore_daemon::inputs::replicate::run(&node, budget);
+            let r = fanstore_daemon::inputs::replicate::run(&node.inputs, budget);
             log::info!(
                 "rank {}: prefetched {} remote partitions ({} B) in {:.2} s ({} failed)",
-                node.id.rank,
+                node.rank.id.rank,
                 r.partitions,
                 r.bytes,
                 t.elapsed().as_secs_f64(),
@@ -366,7 +366,7 @@ fn run(args: &DaemonArgs) -> anyhow::Result<i32> {
         ReplicateOnRead::Off => None,
         ReplicateOnRead::FirstRead(budget) => Some((budget, false)),
         ReplicateOnRead::Auto => {
-            let free = fanstore_daemon::inputs::copies::space(&node.id.local_dir).map_or(0, |(free, _)| free);
+            let free = fanstore_daemon::inputs::copies::space(&node.rank.id.local_dir).map_or(0, |(free, _)| free);
             Some((free / 2, true))
         }
     };
@@ -377,10 +377,10 @@ fn run(args: &DaemonArgs) -> anyhow::Result<i32> {
         let _ = node.inputs.replicate_on_read.set(fanstore_daemon::inputs::ReplicationQueue { tx, after_its_size });
         let node = node.clone();
         let spawned = std::thread::Builder::new().name("fanstore-replicate".into()).spawn(move || {
-            let r = fanstore_daemon::inputs::replicate::on_read(&node, budget, &rx);
+            let r = fanstore_daemon::inputs::replicate::on_read(&node.inputs, budget, &rx);
             log::info!(
                 "rank {}: replicated {} remote partitions ({} B) as their files were read ({} failed)",
-                node.id.rank,
+                node.rank.id.rank,
                 r.partitions,
                 r.bytes,
                 r.failed
@@ -407,10 +407,10 @@ fn run(args: &DaemonArgs) -> anyhow::Result<i32> {
     } else {
         (args.comm_spin_us, None)
     };
-    let mut engine = Engine::new(&comm, &store, &node.counters, args.mpi_piece, args.mpi_pipeline)
+    let mut engine = Engine::new(&comm, &store, &node.rank.counters, args.mpi_piece, args.mpi_pipeline)
         .with_spin(Duration::from_micros(spin_us))
         .with_spin_check(spin_check)
-        .with_meta(&*node);
+        .with_meta(&*node.outputs);
     if let Some(bell) = p.bell.clone().filter(|_| args.comm_sleep == "fds") {
         let waiter = fanstore_daemon::comm::wake::Waiter::new(bell, transport_fds)
             .with_fd_bound(Duration::from_micros(args.comm_fd_bound_us));
@@ -422,7 +422,7 @@ fn run(args: &DaemonArgs) -> anyhow::Result<i32> {
     let shared = unsafe { comm.share(granted == mpi::Threading::Multiple && args.fetch_post == "server") };
     if let Some(h) = shared {
         let poster = Arc::new(fanstore_daemon::comm::post::Poster::new(h, args.mpi_piece, args.mpi_pipeline));
-        node.comm.enable_posting(poster.clone());
+        node.rank.comm.enable_posting(poster.clone());
         engine = engine.with_poster(poster);
         log::info!("rank {rank}: server threads post their remote reads (MPI_THREAD_MULTIPLE)");
     }
@@ -430,11 +430,11 @@ fn run(args: &DaemonArgs) -> anyhow::Result<i32> {
     let _ = std::fs::remove_file(&board_path);
     log::info!("rank {rank}: stopping ({cause:?})");
     node.set_phase(Phase::Stopping);
-    node.stopping.store(true, Relaxed);
+    node.rank.stopping.store(true, Relaxed);
     // What this rank will drain to --persist, as seconds at a pessimistic
     // rate: the ranks agree on the longest at the shutdown barrier, and each
     // lets MPI_Finalize wait that much more for the others (below).
-    let drain_secs = node.outputs.persist.get().map_or(0, |_| node.drain_estimate_secs());
+    let drain_secs = node.outputs.persist.get().map_or(0, |_| node.outputs.drain_estimate_secs());
     let (clean, slowest_drain) = engine.shutdown(if cause == StopCause::Orphaned { StopCause::Local } else { cause }, &p.rx, drain_secs);
     // A rank that finished its stop early waits in MPI_Finalize for the
     // others; its watchdog (10 s, for MPICH 4.0's finalize hang) must not end
@@ -446,7 +446,7 @@ fn run(args: &DaemonArgs) -> anyhow::Result<i32> {
     drop(engine);
     let _ = p.server.join();
     if let Some(dir) = node.outputs.persist.get() {
-        match node.drain(dir) {
+        match node.outputs.drain(dir) {
             Ok((files, recs)) => log::info!("rank {rank}: drained {files} output files and {recs} records to {}", dir.display()),
             Err(e) => log::error!("rank {rank}: draining outputs to {}: {e}", dir.display()),
         }
@@ -625,7 +625,7 @@ fn prepare(args: &DaemonArgs, id: &Identity, cleanup: &mut Cleanup) -> anyhow::R
     }
     let (tx, rx, bell) = fanstore_daemon::comm::wake::channel();
     let remote_timeout = Duration::from_secs_f64(args.remote_timeout.max(0.1));
-    let node = Arc::new(Node::new(id.clone(), view, placement, args.cache_mem, tx, remote_timeout));
+    let node = Node::new(id.clone(), view, placement, args.cache_mem, tx, remote_timeout);
     node.outputs.fsync_outputs.store(args.fsync_outputs, Relaxed);
     let ipath = id.index_path.as_os_str().as_bytes();
     let tiers_path = PathBuf::from(std::ffi::OsStr::from_bytes(&fanstore_core::tiers::tier_map_path(ipath)));
@@ -648,7 +648,7 @@ fn prepare(args: &DaemonArgs, id: &Identity, cleanup: &mut Cleanup) -> anyhow::R
     }
     let recovering = open_checkpoint_store(args, id, &node)?;
     if let Some(dir) = &args.persist {
-        let n = node.load_persisted(dir).with_context(|| format!("loading the outputs kept in {}", dir.display()))?;
+        let n = node.outputs.load_persisted(dir).with_context(|| format!("loading the outputs kept in {}", dir.display()))?;
         log::info!("rank {rank}: {n} persisted output records from {}", dir.display());
         let _ = node.outputs.persist.set(dir.clone());
     }
@@ -670,12 +670,12 @@ fn prepare(args: &DaemonArgs, id: &Identity, cleanup: &mut Cleanup) -> anyhow::R
     let threads = args.load_threads.unwrap_or_else(|| std::thread::available_parallelism().map_or(2, |n| n.get()));
     log::info!(
         "rank {rank}: loading partitions {:?} of {} (replication {}) into {} with {threads} threads",
-        node.placement.partitions_of(rank),
-        node.view.partition_count(),
-        node.placement.replication(),
+        node.rank.placement.partitions_of(rank),
+        node.rank.view.partition_count(),
+        node.rank.placement.replication(),
         local_dir.display()
     );
-    match load::load(&args.data, &node.view, &node.placement, rank, &local_dir, threads) {
+    match load::load(&args.data, &node.rank.view, &node.rank.placement, rank, &local_dir, threads) {
         Ok(l) => {
             let r = l.report;
             log::info!(
@@ -693,7 +693,7 @@ fn prepare(args: &DaemonArgs, id: &Identity, cleanup: &mut Cleanup) -> anyhow::R
             Ok(Prepared { node, server, rx, bell })
         }
         Err(e) => {
-            node.stopping.store(true, Relaxed);
+            node.rank.stopping.store(true, Relaxed);
             let _ = server.join();
             Err(anyhow::Error::from(e).context("loading"))
         }

@@ -1,80 +1,31 @@
-//! The state one daemon rank shares between its threads, and the NodeState
-//! file it publishes for clients and the control CLI.
+//! One daemon rank as its threads share it: the context ([`Rank`]) and the
+//! two services that own everything else ([`Inputs`], [`Outputs`]); the
+//! NodeState file it publishes for clients and the control CLI; and
+//! [`LocalStore`], the owner side of a remote read.
 
-use crate::inputs::cache::Cache;
 use crate::comm::{PeerSource, SendBuf};
 use crate::inputs::Inputs;
 use crate::outputs::Outputs;
 use crate::placement::Placement;
-use crate::status::{Counters, Snapshot};
+use crate::status::Snapshot;
 use fanstore_core::manifest::{IndexView, NodeKind};
-use fanstore_core::runtime::{NodeState, Status};
+use fanstore_core::runtime::NodeState;
 use std::os::unix::ffi::OsStrExt;
 use std::path::PathBuf;
-use std::sync::atomic::{AtomicBool, Ordering::Relaxed};
-use std::sync::{Arc, Condvar, Mutex, OnceLock};
-use std::time::{Duration, Instant};
+use std::sync::atomic::Ordering::Relaxed;
+use std::sync::{Arc, Weak};
+use std::time::Duration;
 
-/// Where the rank is in its life.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Phase {
-    Loading,
-    Ready,
-    Stopping,
-    Failed,
-}
+pub use crate::rank::{FdRelief, Identity, Phase, Rank};
 
-impl Phase {
-    pub fn name(self) -> &'static str {
-        match self {
-            Phase::Loading => "loading",
-            Phase::Ready => "ready",
-            Phase::Stopping => "stopping",
-            Phase::Failed => "failed",
-        }
-    }
-    fn status(self) -> Status {
-        match self {
-            Phase::Loading => Status::Loading,
-            Phase::Ready => Status::Ready,
-            Phase::Stopping => Status::Stopping,
-            Phase::Failed => Status::Failed,
-        }
-    }
-}
-
-/// Fixed facts about this rank, set at start.
-#[derive(Debug, Clone)]
-pub struct Identity {
-    pub rank: u32,
-    pub nranks: u32,
-    pub host: String,
-    pub threading: String,
-    pub runtime: PathBuf,
-    pub local_dir: PathBuf,
-    pub index_path: PathBuf,
-    pub mount: String,
-}
-
-/// Everything the threads of one rank share: who it is, the dataset's
-/// index, and the two services it owns ([`Inputs`], [`Outputs`]).
+/// A rank: the context its services share ([`Rank`]) and the two services
+/// ([`Inputs`], [`Outputs`]).
 pub struct Node {
-    pub id: Identity,
-    pub view: IndexView<'static>,
-    pub placement: Placement,
-    pub counters: Counters,
-    pub comm: crate::comm::wake::CommTx,
-    pub remote_timeout: Duration,
-    /// Set when the rank stops: the server stops accepting and serving.
-    pub stopping: AtomicBool,
-    /// When the rank became ready (remote MB/s in STATUS is since then).
-    pub ready_at: OnceLock<Instant>,
-    phase: Mutex<Phase>,
-    phase_cv: Condvar,
+    pub rank: Arc<Rank>,
     /// The dataset side: partitions, copies, replication, read-ahead.
-    pub inputs: Inputs,
+    pub inputs: Arc<Inputs>,
     /// The output side: namespace, held bytes, checkpoints, persist, watch.
-    pub outputs: Outputs,
+    pub outputs: Arc<Outputs>,
 }
 
 impl Node {
@@ -85,94 +36,33 @@ impl Node {
         cache_mem: u64,
         comm: crate::comm::wake::CommTx,
         remote_timeout: Duration,
-    ) -> Node {
-        let rank = id.rank;
-        Node {
-            id,
-            view,
-            placement,
-            counters: Counters::default(),
-            comm,
-            remote_timeout,
-            stopping: AtomicBool::new(false),
-            ready_at: OnceLock::new(),
-            phase: Mutex::new(Phase::Loading),
-            phase_cv: Condvar::new(),
-            inputs: Inputs {
-                rank,
-                view,
-                copies: OnceLock::new(),
-                tiers: OnceLock::new(),
-                parts: OnceLock::new(),
-                replicas: (0..view.partition_count()).map(|_| OnceLock::new()).collect(),
-                replica_claims: (0..view.partition_count()).map(|_| AtomicBool::new(false)).collect(),
-                replica_asked: (0..view.partition_count()).map(|_| AtomicBool::new(false)).collect(),
-                replica_pending: (0..view.partition_count()).map(|_| std::sync::atomic::AtomicU64::new(0)).collect(),
-                replica_ended: (Mutex::new(()), Condvar::new()),
-                replicate_on_read: OnceLock::new(),
-                remote_rent: (0..view.partition_count()).map(|_| std::sync::atomic::AtomicU64::new(0)).collect(),
-                bulk_rate: std::sync::atomic::AtomicU64::new(0),
-                warm: OnceLock::new(),
-                read_ahead: OnceLock::new(),
-                local: OnceLock::new(),
-                load: OnceLock::new(),
-            },
-            outputs: Outputs {
-                cache: Cache::with_limits(cache_mem, crate::fdlimit::memfd_cache_entries(crate::fdlimit::nofile()), None),
-                meta: Mutex::new(crate::outputs::namespace::owner::MetaStore::default()),
-                out_seq: std::sync::atomic::AtomicU64::new(1),
-                shared_commits: Mutex::new(crate::outputs::held::SharedCommits::default()),
-                persist: OnceLock::new(),
-                dedup: OnceLock::new(),
-                fsync_outputs: AtomicBool::new(false),
-                watch: Default::default(),
-                remote_outs: crate::outputs::remote_out::RemoteOutputs::new(cache_mem, crate::fdlimit::remote_output_entries(crate::fdlimit::nofile())),
-            },
-        }
+    ) -> Arc<Node> {
+        Arc::new_cyclic(|me: &Weak<Node>| {
+            let relief: Weak<dyn FdRelief> = me.clone();
+            let rank = Arc::new(Rank::new(id, view, placement, comm, remote_timeout, relief));
+            let inputs = Arc::new(Inputs::new(rank.clone()));
+            let outputs = Arc::new(Outputs::new(rank.clone(), inputs.clone(), cache_mem));
+            Node { rank, inputs, outputs }
+        })
     }
 
     pub fn phase(&self) -> Phase {
-        *self.phase.lock().unwrap_or_else(|p| p.into_inner())
+        self.rank.phase()
     }
 
     /// Moves to `phase` and publishes the state file.
     pub fn set_phase(&self, phase: Phase) {
-        if phase == Phase::Ready {
-            let _ = self.ready_at.set(Instant::now());
+        self.rank.set_phase(phase);
+        let path = self.rank.state_path();
+        if let Err(e) = self.state(phase).publish(&path) {
+            log::error!("rank {}: publishing {}: {e}", self.rank.id.rank, path.display());
         }
-        *self.phase.lock().unwrap_or_else(|p| p.into_inner()) = phase;
-        self.phase_cv.notify_all();
-        if let Err(e) = self.state(phase).publish(&self.state_path()) {
-            log::error!("rank {}: publishing {}: {e}", self.id.rank, self.state_path().display());
-        }
-    }
-
-    /// Waits until the rank is no longer loading (at most `timeout`).
-    pub fn wait_loaded(&self, timeout: Duration) -> Phase {
-        let deadline = Instant::now() + timeout;
-        let mut g = self.phase.lock().unwrap_or_else(|p| p.into_inner());
-        while *g == Phase::Loading {
-            let now = Instant::now();
-            if now >= deadline {
-                break;
-            }
-            g = self.phase_cv.wait_timeout(g, deadline - now).unwrap_or_else(|p| p.into_inner()).0;
-        }
-        *g
-    }
-
-    pub fn state_path(&self) -> PathBuf {
-        fanstore_core::runtime::state_path(&self.id.runtime, self.id.rank)
-    }
-
-    pub fn socket_path(&self) -> PathBuf {
-        fanstore_core::runtime::socket_path(&self.id.runtime, self.id.rank)
     }
 
     /// The NodeState this rank publishes in `phase`.
     pub fn state(&self, phase: Phase) -> NodeState {
-        let mut st = state_for(&self.id, self.view.dataset_id(), phase, self.inputs.local.get().cloned().unwrap_or_else(|| {
-            vec![false; self.view.partition_count() as usize]
+        let mut st = state_for(&self.rank.id, self.rank.view.dataset_id(), phase, self.inputs.local.get().cloned().unwrap_or_else(|| {
+            vec![false; self.rank.view.partition_count() as usize]
         }));
         if self.outputs.dedup.get().is_some_and(|d| d.min != u64::MAX) {
             st.flags |= fanstore_core::runtime::FLAG_DEDUP;
@@ -183,32 +73,23 @@ impl Node {
         st
     }
 
-    /// Frees what fds the rank can spare (the output cache's memfds); called
-    /// when a call fails with EMFILE/ENFILE, before it is tried again.
-    pub fn relieve_fds(&self) {
-        let n = self.outputs.cache.shed() + self.outputs.remote_outs.shed();
-        let spares = self.inputs.copies.get().map_or(0, |c| c.spares.shed());
-        self.counters.fd_pressure.fetch_add(1, Relaxed);
-        log::debug!("rank {}: out of file descriptors: released {n} cached memfds and {spares} spare copies", self.id.rank);
-    }
-
     /// This rank's counters, for STATUS.
     pub fn snapshot(&self) -> Snapshot {
         let mut s = Snapshot {
-            rank: self.id.rank,
-            nranks: self.id.nranks,
-            host: self.id.host.clone(),
+            rank: self.rank.id.rank,
+            nranks: self.rank.id.nranks,
+            host: self.rank.id.host.clone(),
             pid: std::process::id(),
             status: self.phase().name().to_string(),
-            threading: self.id.threading.clone(),
+            threading: self.rank.id.threading.clone(),
             load: self.inputs.load.get().copied().unwrap_or_default(),
             ..Default::default()
         };
-        self.counters.fill(&mut s);
+        self.rank.counters.fill(&mut s);
         s.wake = crate::wake_cost::measured().unwrap_or_default();
         let usable = crate::wake_cost::usable_cpus();
         (s.cpus_usable, s.cpus_online, s.cpus) = (usable.len(), crate::wake_cost::online_cpus(), crate::cpu_share::describe(&usable));
-        if let Some(t) = self.ready_at.get() {
+        if let Some(t) = self.rank.ready_at.get() {
             let secs = t.elapsed().as_secs_f64();
             if secs > 0.0 {
                 s.remote_mbps = s.remote_bytes_in as f64 / secs / 1e6;
@@ -234,6 +115,14 @@ impl Node {
             s.copy_spares_bytes = c.spares.usage().0 + c.evicted.usage().0;
         }
         s
+    }
+}
+
+impl FdRelief for Node {
+    fn relieve(&self) -> String {
+        let n = self.outputs.cache.shed() + self.outputs.remote_outs.shed();
+        let spares = self.inputs.copies.get().map_or(0, |c| c.spares.shed());
+        format!("released {n} cached memfds and {spares} spare copies")
     }
 }
 

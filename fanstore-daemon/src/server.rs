@@ -112,12 +112,12 @@ pub fn serve(listener: Listener, node: Arc<Node>) {
     // SAFETY: getuid cannot fail.
     let me = unsafe { libc::getuid() };
     let mut out_of_fds = false;
-    while !node.stopping.load(Relaxed) {
+    while !node.rank.stopping.load(Relaxed) {
         match readable(listener.fd.as_raw_fd()) {
             Ok(false) => continue,
             Ok(true) => {}
             Err(e) => {
-                log::error!("rank {}: polling the socket: {e}", node.id.rank);
+                log::error!("rank {}: polling the socket: {e}", node.rank.id.rank);
                 std::thread::sleep(std::time::Duration::from_millis(POLL_MS as u64));
                 continue;
             }
@@ -130,10 +130,10 @@ pub fn serve(listener: Listener, node: Arc<Node>) {
                 // The connection waits in the backlog: free what we can and
                 // try again shortly instead of spinning on a readable socket.
                 if !out_of_fds {
-                    log::warn!("rank {}: accepting a connection: {e} (retrying)", node.id.rank);
+                    log::warn!("rank {}: accepting a connection: {e} (retrying)", node.rank.id.rank);
                     out_of_fds = true;
                 }
-                node.relieve_fds();
+                node.rank.relieve_fds();
                 std::thread::sleep(std::time::Duration::from_millis(10));
             }
             continue; // EAGAIN/ECONNABORTED/EINTR: the next poll decides
@@ -144,16 +144,16 @@ pub fn serve(listener: Listener, node: Arc<Node>) {
         match peer_uid(conn.as_raw_fd()) {
             Ok(uid) if uid == me => {}
             Ok(uid) => {
-                log::warn!("rank {}: refused a connection from uid {uid}", node.id.rank);
-                node.counters.errors.fetch_add(1, Relaxed);
+                log::warn!("rank {}: refused a connection from uid {uid}", node.rank.id.rank);
+                node.rank.counters.errors.fetch_add(1, Relaxed);
                 continue;
             }
             Err(e) => {
-                log::warn!("rank {}: SO_PEERCRED: {e}", node.id.rank);
+                log::warn!("rank {}: SO_PEERCRED: {e}", node.rank.id.rank);
                 continue;
             }
         }
-        node.counters.clients.fetch_add(1, Relaxed);
+        node.rank.counters.clients.fetch_add(1, Relaxed);
         let node = node.clone();
         let spawned = std::thread::Builder::new().name("fanstore-conn".into()).spawn(move || connection(conn, &node));
         if let Err(e) = spawned {
@@ -165,7 +165,7 @@ pub fn serve(listener: Listener, node: Arc<Node>) {
 fn connection(conn: OwnedFd, node: &Node) {
     let fd = conn.as_raw_fd();
     let mut buf = vec![0u8; wire::MAX_MESSAGE];
-    while !node.stopping.load(Relaxed) {
+    while !node.rank.stopping.load(Relaxed) {
         match readable(fd) {
             Ok(false) => continue,
             Ok(true) => {}
@@ -175,19 +175,19 @@ fn connection(conn: OwnedFd, node: &Node) {
             Ok((0, _)) => return, // peer closed
             Ok(r) => r,
             Err(e) => {
-                log::debug!("rank {}: client connection: {e}", node.id.rank);
+                log::debug!("rank {}: client connection: {e}", node.rank.id.rank);
                 return;
             }
         };
         let req = match Request::decode(&buf[..n]) {
             Ok(r) => r,
             Err(e) => {
-                log::warn!("rank {}: dropping a client that sent a bad message: {e}", node.id.rank);
+                log::warn!("rank {}: dropping a client that sent a bad message: {e}", node.rank.id.rank);
                 return;
             }
         };
         if wire::op::is_watch(req.op) {
-            return crate::outputs::watch::session(node, fd, req, attached); // until the watcher goes away
+            return crate::outputs::watch::session(&node.outputs, fd, req, attached); // until the watcher goes away
         }
         if handle(node, fd, &req, attached).is_err() {
             return; // the client went away mid-request
@@ -208,24 +208,24 @@ fn handle(node: &Node, fd: RawFd, req: &Request, attached: Option<OwnedFd>) -> i
     match req.op {
         op::COMMIT => {
             let r = match attached {
-                Some(file) => node.commit(path, file, req.arg0, req.arg1 as u32),
+                Some(file) => node.outputs.commit(path, file, req.arg0, req.arg1 as u32),
                 None => Err(libc::EINVAL),
             };
             done(fd, req, r)
         }
         op::OUT_STAT => {
-            node.counters.names_asked.fetch_add(1, Relaxed);
-            let r = match node.out_stat_answer(path, req.arg0) {
+            node.rank.counters.names_asked.fetch_add(1, Relaxed);
+            let r = match node.outputs.out_stat_answer(path, req.arg0) {
                 Ok(payload) => Reply { payload, ..Reply::ok(req, 0) },
                 Err((errno, payload)) => Reply { payload, ..Reply::err(req, errno) },
             };
             wire::send_msg(fd, &r.encode(), None)
         }
         op::SYMLINK => match path.iter().position(|&b| b == 0) {
-            Some(i) => done(fd, req, node.out_symlink(&path[..i], &path[i + 1..])),
+            Some(i) => done(fd, req, node.outputs.out_symlink(&path[..i], &path[i + 1..])),
             None => done(fd, req, Err(libc::EINVAL)),
         },
-        op::OUT_OPEN => match node.out_open(path) {
+        op::OUT_OPEN => match node.outputs.out_open(path) {
             Ok(file) => {
                 let mut r = Reply::ok(req, 0);
                 r.flags = wire::FLAG_FD;
@@ -234,8 +234,8 @@ fn handle(node: &Node, fd: RawFd, req: &Request, attached: Option<OwnedFd>) -> i
             Err(e) => done(fd, req, Err(e)),
         },
         op::OUT_LIST => {
-            node.counters.names_asked.fetch_add(1, Relaxed);
-            match node.out_list(path, req.arg0) {
+            node.rank.counters.names_asked.fetch_add(1, Relaxed);
+            match node.outputs.out_list(path, req.arg0) {
                 Ok(mut r) => {
                     r.op = req.op;
                     r.id = req.id;
@@ -244,27 +244,27 @@ fn handle(node: &Node, fd: RawFd, req: &Request, attached: Option<OwnedFd>) -> i
                 Err(e) => done(fd, req, Err(e)),
             }
         }
-        op::MKDIR => done(fd, req, node.out_mkdir(path, req.arg1 as u32)),
-        op::RMDIR => done(fd, req, node.out_rmdir(path)),
-        op::UNLINK => done(fd, req, node.out_unlink(path)),
-        op::SETATTR => done(fd, req, node.out_setattr(path, req.arg0, req.arg1)),
+        op::MKDIR => done(fd, req, node.outputs.out_mkdir(path, req.arg1 as u32)),
+        op::RMDIR => done(fd, req, node.outputs.out_rmdir(path)),
+        op::UNLINK => done(fd, req, node.outputs.out_unlink(path)),
+        op::SETATTR => done(fd, req, node.outputs.out_setattr(path, req.arg0, req.arg1)),
         op::SYNC => {
             let Some(dir) = node.outputs.persist.get() else { return done(fd, req, Err(libc::EINVAL)) };
             let r = match req.arg0 {
-                wire::SYNC_DATA => node.drain_data(dir),
-                wire::SYNC_META => node.drain_meta(dir, true),
+                wire::SYNC_DATA => node.outputs.drain_data(dir),
+                wire::SYNC_META => node.outputs.drain_meta(dir, true),
                 _ => return done(fd, req, Err(libc::EINVAL)),
             };
             match r {
                 Ok(n) => wire::send_msg(fd, &Reply::ok(req, n as u64).encode(), None),
                 Err(e) => {
-                    log::error!("rank {}: sync to {}: {e}", node.id.rank, dir.display());
+                    log::error!("rank {}: sync to {}: {e}", node.rank.id.rank, dir.display());
                     done(fd, req, Err(libc::EIO))
                 }
             }
         }
         op::RENAME => match path.iter().position(|&b| b == 0) {
-            Some(i) => done(fd, req, node.out_rename(&path[..i], &path[i + 1..], req.arg0 & wire::RENAME_NOREPLACE != 0)),
+            Some(i) => done(fd, req, node.outputs.out_rename(&path[..i], &path[i + 1..], req.arg0 & wire::RENAME_NOREPLACE != 0)),
             None => done(fd, req, Err(libc::EINVAL)),
         },
         op::CKPT => {
@@ -288,20 +288,20 @@ fn handle(node: &Node, fd: RawFd, req: &Request, attached: Option<OwnedFd>) -> i
                 Err(e) => done(fd, req, Err(e)),
             }
         }
-        op::PING => wire::send_msg(fd, &Reply::ok(req, node.id.rank as u64).encode(), None),
+        op::PING => wire::send_msg(fd, &Reply::ok(req, node.rank.id.rank as u64).encode(), None),
         op::WARM => {
             // One-way: queued for the background copier, no reply; dropped when it is behind.
-            if req.arg1 == node.view.dataset_id() {
+            if req.arg1 == node.rank.view.dataset_id() {
                 if let Some(tx) = node.inputs.warm.get() {
                     for id in wire::warm_ids(&req) {
-                        node.counters.warm_hints.fetch_add(1, Relaxed);
+                        node.rank.counters.warm_hints.fetch_add(1, Relaxed);
                         let _ = tx.try_send(id);
                     }
                 }
             }
             Ok(())
         }
-        op::WATCH_INFO => wire::send_msg(fd, &node.watch_info_reply(req).encode(), None),
+        op::WATCH_INFO => wire::send_msg(fd, &node.outputs.watch_info_reply(req).encode(), None),
         op::STATUS => {
             let mut r = Reply::ok(req, 0);
             r.payload = node.snapshot().render().into_bytes();
@@ -309,15 +309,15 @@ fn handle(node: &Node, fd: RawFd, req: &Request, attached: Option<OwnedFd>) -> i
             wire::send_msg(fd, &r.encode(), None)
         }
         op::STOP => {
-            log::info!("rank {}: STOP requested by a client", node.id.rank);
-            let errno = if node.comm.send(Command::Stop).is_ok() { 0 } else { libc::EIO };
+            log::info!("rank {}: STOP requested by a client", node.rank.id.rank);
+            let errno = if node.rank.comm.send(Command::Stop).is_ok() { 0 } else { libc::EIO };
             let r = if errno == 0 { Reply::ok(req, 0) } else { Reply::err(req, errno) };
             wire::send_msg(fd, &r.encode(), None)
         }
         op::OPEN => {
             // The communication thread may answer a remote file itself.
             let client = ClientReply::new(fd, Reply::ok(req, 0));
-            let opened = node.open(req.arg0, req.arg1, Some(&client));
+            let opened = node.inputs.open(req.arg0, req.arg1, Some(&client));
             if !client.claim_for_conn() {
                 return Ok(());
             }

@@ -49,7 +49,7 @@ pub struct Counters {
     /// names the shared index could not answer.
     pub names_asked: AtomicU64,
     /// Input directories marked in this rank's tier map as ones in which
-    /// outputs may be listed (`Node::mark_input_dir`).
+    /// outputs may be listed (`crate::outputs::Outputs::mark_input_dir`).
     pub dirs_with_outputs: AtomicU64,
     /// Round trips of this rank's remote reads (request sent -> payload verified).
     pub remote_latency: LatencyHistogram,

@@ -24,9 +24,9 @@ pub mod recycle;
 pub mod replica_writer;
 pub mod replicate;
 
+use crate::rank::Rank;
 use crate::status::LoadReport;
-use fanstore_core::manifest::IndexView;
-use std::sync::atomic::{AtomicBool, Ordering::Relaxed};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering::Relaxed};
 use std::sync::{Arc, Condvar, Mutex, OnceLock};
 use std::time::{Duration, Instant};
 
@@ -34,10 +34,8 @@ use std::time::{Duration, Instant};
 /// The dataset side of one rank, owned by [`crate::node::Node`]: what it
 /// holds, what it copied, what it fetches.
 pub struct Inputs {
-    /// This rank (for log lines).
-    pub rank: u32,
-    /// The dataset's index (the same view as the node's).
-    pub view: IndexView<'static>,
+    /// The context shared with the rank's other service.
+    pub rank: Arc<Rank>,
     /// Copies of dataset files in shared memory ([`crate::inputs::copies`]), set at start.
     pub copies: OnceLock<crate::inputs::copies::Copies>,
     /// Where each file's bytes can be opened directly, set at start.
@@ -63,18 +61,18 @@ pub struct Inputs {
     pub replicate_on_read: OnceLock<ReplicationQueue>,
     /// `remote_rent[p]`: what this node's remote reads of partition p's
     /// files cost, in bytes the bulk transfer moves in as much time
-    /// ([`Node::read_remotely`]; `--replicate-on-read auto` asks for p once
+    /// ([`crate::inputs::Inputs::read_remotely`]; `--replicate-on-read auto` asks for p once
     /// it reaches p's size).
     pub remote_rent: Box<[std::sync::atomic::AtomicU64]>,
     /// The rate of the last whole-partition fetch, bytes/s (0: none yet:
     /// [`BULK_RATE_DEFAULT`]).
     pub bulk_rate: std::sync::atomic::AtomicU64,
     /// Files clients decoded themselves, to copy in the background
-    /// ([`Node::warm_copies`]); set once ready.
+    /// ([`crate::inputs::Inputs::warm_copies`]); set once ready.
     pub warm: OnceLock<crossbeam::channel::Sender<u32>>,
     /// Read-ahead of remote files read in order ([`crate::inputs::read_ahead`]);
     /// set once ready when `--read-ahead` is on.
-    pub read_ahead: OnceLock<crate::inputs::read_ahead::ReadAhead>,
+    pub read_ahead: OnceLock<crate::inputs::read_ahead::streams::ReadAhead>,
     /// Set once loading succeeded: `local[p]` when partition p is extracted here.
     pub local: OnceLock<Vec<bool>>,
     pub load: OnceLock<LoadReport>,
@@ -103,6 +101,28 @@ pub const REPLICA_WAIT_BYTES: u64 = 16 << 20;
 pub const REPLICA_WAIT: Duration = Duration::from_millis(500);
 
 impl Inputs {
+    pub fn new(rank: Arc<Rank>) -> Inputs {
+        let parts = rank.view.partition_count();
+        Inputs {
+            rank,
+            copies: OnceLock::new(),
+            tiers: OnceLock::new(),
+            parts: OnceLock::new(),
+            replicas: (0..parts).map(|_| OnceLock::new()).collect(),
+            replica_claims: (0..parts).map(|_| AtomicBool::new(false)).collect(),
+            replica_asked: (0..parts).map(|_| AtomicBool::new(false)).collect(),
+            replica_pending: (0..parts).map(|_| AtomicU64::new(0)).collect(),
+            replica_ended: (Mutex::new(()), Condvar::new()),
+            replicate_on_read: OnceLock::new(),
+            remote_rent: (0..parts).map(|_| AtomicU64::new(0)).collect(),
+            bulk_rate: AtomicU64::new(0),
+            warm: OnceLock::new(),
+            read_ahead: OnceLock::new(),
+            local: OnceLock::new(),
+            load: OnceLock::new(),
+        }
+    }
+
     /// The mapped local copy of partition `p`: loaded at start, or
     /// replicated since.
     pub fn part_map(&self, p: u32) -> Option<&crate::inputs::load::PartMap> {
@@ -134,13 +154,13 @@ impl Inputs {
             let Some(rent) = self.remote_rent.get(p as usize) else { return };
             let add = bytes.max(self.bulk_bytes_in(took));
             let total = rent.fetch_add(add, Relaxed).saturating_add(add);
-            let size = self.view.partition(p).map_or(u64::MAX, |i| i.file_len);
+            let size = self.rank.view.partition(p).map_or(u64::MAX, |i| i.file_len);
             if total < size {
                 return;
             }
             log::info!(
                 "rank {}: partition {p} ({size} B) asked for whole: its remote reads cost as much ({total} B at {} MB/s)",
-                self.rank,
+                self.rank.id.rank,
                 self.bulk_rate() / 1_000_000
             );
         }

@@ -23,7 +23,8 @@ use crate::fdio::open_ro;
 use crate::inputs::copies::CopyDst;
 use crate::fdlimit;
 use crate::inputs::load::PartMap;
-use crate::node::{Node, Phase};
+use crate::inputs::Inputs;
+use crate::rank::Phase;
 use fanstore_core::checksum::{xxh3, xxh3_cold};
 use fanstore_core::codec::{self, Codec};
 use fanstore_core::manifest::{NodeKind, NodeRef};
@@ -42,32 +43,32 @@ static EXTRACT_SEQ: AtomicU64 = AtomicU64::new(0);
 /// Set once an extraction found the local directory full (logged once).
 static EXTRACT_FULL: std::sync::atomic::AtomicBool = std::sync::atomic::AtomicBool::new(false);
 
-impl Node {
+impl Inputs {
     /// Resolves OPEN(node id, dataset id) to a new read-only fd, or an errno.
     /// With `client`, the communication thread may answer the client of a
     /// remote file itself ([`crate::inputs::client_reply`]): the caller claims the
     /// answer before it sends one. No fd is made for a client answered so
     /// (`Ok(None)`; never without `client`).
     pub fn open(&self, node_id: u64, dataset_id: u64, client: Option<&Arc<ClientReply>>) -> Result<Option<OwnedFd>, i32> {
-        if dataset_id != self.view.dataset_id() {
+        if dataset_id != self.rank.view.dataset_id() {
             return Err(libc::ESTALE);
         }
-        let n = u32::try_from(node_id).ok().and_then(|id| self.view.node(id)).ok_or(libc::ENOENT)?;
+        let n = u32::try_from(node_id).ok().and_then(|id| self.rank.view.node(id)).ok_or(libc::ENOENT)?;
         if n.kind() != Some(NodeKind::File) {
             return Err(libc::ENOENT);
         }
-        match self.wait_loaded(LOAD_WAIT) {
+        match self.rank.wait_loaded(LOAD_WAIT) {
             Phase::Ready => {}
             Phase::Loading => return Err(libc::EAGAIN),
             Phase::Stopping | Phase::Failed => return Err(libc::EIO),
         }
-        let mut local: Option<&PartMap> = self.inputs.part_map(n.partition());
-        if local.is_none() && self.inputs.await_replica(n.partition()) {
-            local = self.inputs.part_map(n.partition());
+        let mut local: Option<&PartMap> = self.part_map(n.partition());
+        if local.is_none() && self.await_replica(n.partition()) {
+            local = self.part_map(n.partition());
         }
         let extracted = local.is_some() && n.codec() == Codec::None && n.size() >= EXTRACT_MIN;
         let answered = || client.is_some_and(|c| c.sent());
-        let res = match (local, self.inputs.copies.get()) {
+        let res = match (local, self.copies.get()) {
             (Some(map), copies) if extracted => match (self.open_extracted(n, map), copies) {
                 // The local directory is full: a copy in the copy directory
                 // (within --cache-mem, or unnamed) serves the file instead.
@@ -75,7 +76,7 @@ impl Node {
                     n.id(),
                     n.size(),
                     self.fetch_budget(n),
-                    &|| self.relieve_fds(),
+                    &|| self.rank.relieve_fds(),
                     &|d| self.fill_local(n, map, d),
                     &answered,
                 ),
@@ -85,7 +86,7 @@ impl Node {
             (_, Some(copies)) => {
                 let wait = self.fetch_budget(n);
                 if local.is_none() {
-                    if let Some(ra) = self.inputs.read_ahead.get() {
+                    if let Some(ra) = self.read_ahead.get() {
                         self.read_ahead_after(n.id());
                         // A file queued or in flight ahead: its copy, not a fetch of its own.
                         ra.wait_for(n.id(), wait);
@@ -95,19 +96,19 @@ impl Node {
                     Some(map) => self.fill_local(n, map, d),
                     None => self.fill_remote(n, d, client),
                 };
-                copies.open(n.id(), n.size(), wait, &|| self.relieve_fds(), &fill, &answered)
+                copies.open(n.id(), n.size(), wait, &|| self.rank.relieve_fds(), &fill, &answered)
             }
             _ => Err(libc::EIO),
         };
         match &res {
             Ok(_) => {
-                self.counters.opens.fetch_add(1, Relaxed);
+                self.rank.counters.opens.fetch_add(1, Relaxed);
                 if local.is_some() {
-                    self.counters.opens_local.fetch_add(1, Relaxed);
+                    self.rank.counters.opens_local.fetch_add(1, Relaxed);
                 }
             }
             Err(e) if *e != libc::ENOENT && *e != libc::ESTALE => {
-                self.counters.errors.fetch_add(1, Relaxed);
+                self.rank.counters.errors.fetch_add(1, Relaxed);
             }
             Err(_) => {}
         }
@@ -121,10 +122,10 @@ impl Node {
     /// after ready. Returns the number of files copied.
     pub fn prefill(&self, limit: u64) -> u64 {
         crate::inputs::replicate::lowest_priority();
-        let (Some(copies), Some(parts)) = (self.inputs.copies.get(), self.inputs.parts.get()) else { return 0 };
+        let (Some(copies), Some(parts)) = (self.copies.get(), self.parts.get()) else { return 0 };
         let (mut done, mut bytes) = (0, 0u64);
-        for n in self.view.nodes() {
-            if self.stopping.load(Relaxed) || bytes >= limit || copies.usage().0 >= limit {
+        for n in self.rank.view.nodes() {
+            if self.rank.stopping.load(Relaxed) || bytes >= limit || copies.usage().0 >= limit {
                 break;
             }
             // Large uncompressed files are extracted to the local disk on
@@ -133,7 +134,7 @@ impl Node {
                 continue;
             }
             let Some(Some(map)) = parts.get(n.partition() as usize) else { continue };
-            if copies.prefill(n.id(), n.size(), &|| self.relieve_fds(), &|d| self.fill_local(n, map, d)) {
+            if copies.prefill(n.id(), n.size(), &|| self.rank.relieve_fds(), &|d| self.fill_local(n, map, d)) {
                 done += 1;
                 bytes += n.size();
             }
@@ -151,39 +152,39 @@ impl Node {
     /// local disk evict as before.
     pub fn warm_copies(&self, rx: crossbeam::channel::Receiver<u32>) {
         crate::inputs::replicate::lowest_priority();
-        let (Some(copies), Some(tiers)) = (self.inputs.copies.get(), self.inputs.tiers.get()) else { return };
+        let (Some(copies), Some(tiers)) = (self.copies.get(), self.tiers.get()) else { return };
         while let Ok(id) = rx.recv() {
-            if self.stopping.load(Relaxed) {
+            if self.rank.stopping.load(Relaxed) {
                 break;
             }
             if matches!(tiers.get(id), TIER_COPY | TIER_EXTRACTED) {
                 continue;
             }
-            let Some(n) = self.view.node(id).filter(|n| n.kind() == Some(NodeKind::File)) else { continue };
+            let Some(n) = self.rank.view.node(id).filter(|n| n.kind() == Some(NodeKind::File)) else { continue };
             if !copies.can_keep(n.size()) {
                 continue; // could not be kept (no budget, or larger than it): decoding it would be wasted
             }
             if !copies.fits_disk(n.size()) && !copies.has_room(n.size()) {
                 // Not worth an eviction (TIER_DECLINED); the clients stop asking.
                 if tiers.set_if(id, TIER_NONE, TIER_DECLINED) || tiers.set_if(id, TIER_PART, TIER_PART_DECLINED) {
-                    self.counters.copies_declined.fetch_add(1, Relaxed);
+                    self.rank.counters.copies_declined.fetch_add(1, Relaxed);
                 }
                 continue;
             }
-            let Some(map) = self.inputs.part_map(n.partition()) else { continue };
-            copies.prefill(n.id(), n.size(), &|| self.relieve_fds(), &|d| self.fill_local(n, map, d));
+            let Some(map) = self.part_map(n.partition()) else { continue };
+            copies.prefill(n.id(), n.size(), &|| self.rank.relieve_fds(), &|d| self.fill_local(n, map, d));
         }
     }
 
     /// The longest one fetch of `n` may take: every holder's deadline.
     fn fetch_budget(&self, n: NodeRef<'_>) -> Duration {
-        let holders = self.placement.holders_for(n.partition(), n.id()).len() as u32;
+        let holders = self.rank.placement.holders_for(n.partition(), n.id()).len() as u32;
         (self.fetch_timeout(n.stored_len()) + Duration::from_secs(2)) * holders.max(1)
     }
 
     /// The deadline of one remote request: `--remote-timeout` plus 1 s per 64 MiB.
     pub(crate) fn fetch_timeout(&self, stored_len: u64) -> Duration {
-        self.remote_timeout + Duration::from_secs(stored_len / (64 << 20))
+        self.rank.remote_timeout + Duration::from_secs(stored_len / (64 << 20))
     }
 
     /// The stored payload of local file `n` in its partition's copy.
@@ -191,7 +192,7 @@ impl Node {
         let start = usize::try_from(n.payload_offset()).map_err(|_| libc::EIO)?;
         let end = start.checked_add(usize::try_from(n.stored_len()).map_err(|_| libc::EIO)?).ok_or(libc::EIO)?;
         map.get(start..end).ok_or_else(|| {
-            log::error!("rank {}: '{}' lies past the end of its partition copy", self.id.rank, String::from_utf8_lossy(n.path()));
+            log::error!("rank {}: '{}' lies past the end of its partition copy", self.rank.id.rank, String::from_utf8_lossy(n.path()));
             libc::EIO
         })
     }
@@ -201,8 +202,8 @@ impl Node {
     /// bytes under their own temporary names; the last rename wins).
     fn open_extracted(&self, n: NodeRef<'_>, map: &PartMap) -> Result<OwnedFd, i32> {
         let path = self.extract(n, map)?;
-        fdlimit::retry(|| self.relieve_fds(), || open_ro(&path)).map_err(|e| {
-            log::error!("rank {}: opening {}: errno {e}", self.id.rank, path.display());
+        fdlimit::retry(|| self.rank.relieve_fds(), || open_ro(&path)).map_err(|e| {
+            log::error!("rank {}: opening {}: errno {e}", self.rank.id.rank, path.display());
             libc::EIO
         })
     }
@@ -213,8 +214,8 @@ impl Node {
     /// background extraction) each write their own temporary file and the
     /// second rename replaces the first with the same bytes.
     fn extract(&self, n: NodeRef<'_>, map: &PartMap) -> Result<std::path::PathBuf, i32> {
-        let path = fanstore_core::runtime::local_file_path(&self.id.local_dir, n.id());
-        let tiers = self.inputs.tiers.get().ok_or(libc::EIO)?;
+        let path = fanstore_core::runtime::local_file_path(&self.rank.id.local_dir, n.id());
+        let tiers = self.tiers.get().ok_or(libc::EIO)?;
         if tiers.get(n.id()) != TIER_EXTRACTED && self.replica_extracted(n, &path) {
             // A replica wrote this file when it was fetched (and its tier
             // byte was cleared since, by a copy's eviction): the replica has
@@ -227,7 +228,7 @@ impl Node {
             let mut tmp = path.clone().into_os_string();
             tmp.push(format!(".tmp{}", EXTRACT_SEQ.fetch_add(1, Relaxed)));
             let written = fdlimit::retry(
-                || self.relieve_fds(),
+                || self.rank.relieve_fds(),
                 || {
                     let mut f = std::fs::OpenOptions::new()
                         .write(true)
@@ -246,13 +247,13 @@ impl Node {
                     if !EXTRACT_FULL.swap(true, Relaxed) {
                         log::warn!(
                             "rank {}: the local directory is full (extracting {}): large files not yet extracted are served from copies",
-                            self.id.rank,
+                            self.rank.id.rank,
                             path.display()
                         );
                     }
                     return Err(libc::ENOSPC);
                 }
-                log::error!("rank {}: extracting {}: errno {e}", self.id.rank, path.display());
+                log::error!("rank {}: extracting {}: errno {e}", self.rank.id.rank, path.display());
                 return Err(libc::EIO);
             }
             tiers.set(n.id(), TIER_EXTRACTED);
@@ -270,10 +271,10 @@ impl Node {
     /// Returns (files, bytes) extracted here.
     pub fn extract_ahead(&self, limit: u64) -> (u64, u64) {
         crate::inputs::replicate::lowest_priority();
-        let (Some(tiers), Some(parts)) = (self.inputs.tiers.get(), self.inputs.parts.get()) else { return (0, 0) };
+        let (Some(tiers), Some(parts)) = (self.tiers.get(), self.parts.get()) else { return (0, 0) };
         let (mut files, mut bytes) = (0u64, 0u64);
-        for n in self.view.nodes() {
-            if self.stopping.load(Relaxed) {
+        for n in self.rank.view.nodes() {
+            if self.rank.stopping.load(Relaxed) {
                 break;
             }
             if n.kind() != Some(NodeKind::File) || n.codec() != Codec::None || n.size() < EXTRACT_MIN {
@@ -283,14 +284,14 @@ impl Node {
             if tiers.get(n.id()) == TIER_EXTRACTED {
                 continue;
             }
-            if bytes.saturating_add(n.size()) > limit || !crate::inputs::copies::room_for(&self.id.local_dir, n.size()) {
+            if bytes.saturating_add(n.size()) > limit || !crate::inputs::copies::room_for(&self.rank.id.local_dir, n.size()) {
                 break;
             }
             match self.extract(n, map) {
                 Ok(_) => {
                     files += 1;
                     bytes += n.size();
-                    self.counters.extracted_ahead.fetch_add(1, Relaxed);
+                    self.rank.counters.extracted_ahead.fetch_add(1, Relaxed);
                 }
                 Err(libc::ENOSPC) => break,
                 // Logged by extract; an OPEN of this file reports it again.
@@ -311,7 +312,7 @@ impl Node {
     /// (decompressing if needed) into `f`.
     pub(crate) fn decode_into(&self, n: NodeRef<'_>, stored: &[u8], dst: &mut CopyDst<'_>) -> Result<(), i32> {
         let eio = |what: &str, e: &dyn std::fmt::Display| {
-            log::error!("rank {}: {what} '{}': {e}", self.id.rank, String::from_utf8_lossy(n.path()));
+            log::error!("rank {}: {what} '{}': {e}", self.rank.id.rank, String::from_utf8_lossy(n.path()));
             libc::EIO
         };
         let written = |r: Result<(), i32>| {
@@ -343,8 +344,8 @@ impl Node {
     /// Whether `n` belongs to a partition replicated in this job whose
     /// fetch wrote `n` straight to its extracted file `path`.
     fn replica_extracted(&self, n: NodeRef<'_>, path: &std::path::Path) -> bool {
-        let loaded = self.inputs.local.get().and_then(|l| l.get(n.partition() as usize).copied()).unwrap_or(false);
-        let replicated = self.inputs.replicas.get(n.partition() as usize).is_some_and(|r| r.get().is_some());
+        let loaded = self.local.get().and_then(|l| l.get(n.partition() as usize).copied()).unwrap_or(false);
+        let replicated = self.replicas.get(n.partition() as usize).is_some_and(|r| r.get().is_some());
         !loaded && replicated && path.exists()
     }
 
@@ -352,7 +353,7 @@ impl Node {
         if sum != n.checksum() {
             log::error!(
                 "rank {}: '{}' fails its checksum (stored {:#018x}, computed {sum:#018x})",
-                self.id.rank,
+                self.rank.id.rank,
                 String::from_utf8_lossy(n.path()),
                 n.checksum()
             );
@@ -366,30 +367,30 @@ impl Node {
         if n.stored_len() == 0 {
             return self.check_sum(n, xxh3(&[]));
         }
-        let me = self.id.rank;
+        let me = self.rank.id.rank;
         let mut last = libc::EIO;
-        for holder in self.placement.holders_for(n.partition(), n.id()).into_iter().filter(|&h| h != me) {
+        for holder in self.rank.placement.holders_for(n.partition(), n.id()).into_iter().filter(|&h| h != me) {
             let t = Instant::now();
             match self.fetch_from(n, holder, dst, client) {
                 Ok(()) => {
-                    self.inputs.read_remotely(n.partition(), n.stored_len(), t.elapsed());
-                    if let Some(ra) = self.inputs.read_ahead.get() {
+                    self.read_remotely(n.partition(), n.stored_len(), t.elapsed());
+                    if let Some(ra) = self.read_ahead.get() {
                         ra.resume();
                     }
                     return Ok(());
                 }
                 Err(e) => {
-                    self.counters.remote_failed.fetch_add(1, Relaxed);
+                    self.rank.counters.remote_failed.fetch_add(1, Relaxed);
                     last = e;
                 }
             }
-            if self.stopping.load(Relaxed) {
+            if self.rank.stopping.load(Relaxed) {
                 break;
             }
         }
         // No holder gave the file: no read-ahead either until one answers
         // again (the next open would otherwise wait for a run first).
-        if let Some(ra) = self.inputs.read_ahead.get() {
+        if let Some(ra) = self.read_ahead.get() {
             ra.pause();
         }
         Err(last)
@@ -409,7 +410,7 @@ impl Node {
     /// the copy's file ([`crate::inputs::client_reply`]); the bytes are then in
     /// `dst` already.
     fn fetch_from(&self, n: NodeRef<'_>, holder: u32, dst: &mut CopyDst<'_>, client: Option<&Arc<ClientReply>>) -> Result<(), i32> {
-        let me = self.id.rank;
+        let me = self.rank.id.rank;
         let t0 = Instant::now();
         let len = n.stored_len() as usize;
         let in_place = n.codec() == Codec::None && n.stored_len() == n.size();
@@ -441,7 +442,7 @@ impl Node {
             timeout,
             direct,
         };
-        if self.comm.fetch(f).is_err() {
+        if self.rank.comm.fetch(f).is_err() {
             return Err(libc::EIO);
         }
         // (A spare's pages exist already.)
@@ -454,21 +455,21 @@ impl Node {
         let t2 = Instant::now();
         let res = match got {
             Ok(Ok((buf, sum))) => {
-                self.counters.remote_latency.record(t2 - t0);
+                self.rank.counters.remote_latency.record(t2 - t0);
                 let verified = self.check_sum(n, sum);
                 // The communication thread answered, for this fetch (an
                 // answer sent for an earlier try left nothing in `dst`): the
                 // bytes are in the copy's file.
                 let answered = may_answer && client.is_some_and(|c| c.sent());
                 if answered {
-                    self.counters.remote_direct.fetch_add(1, Relaxed);
+                    self.rank.counters.remote_direct.fetch_add(1, Relaxed);
                 }
                 match buf.into_mem() {
                     // The bytes are in the spare already.
                     RecvMem::Spare(s) => {
                         dst.restore(s);
                         if verified.is_ok() {
-                            self.counters.remote_in_place.fetch_add(1, Relaxed);
+                            self.rank.counters.remote_in_place.fetch_add(1, Relaxed);
                         }
                         verified
                     }

@@ -23,14 +23,14 @@
 //! 3. the large files are renamed to their extracted names and marked
 //!    extracted in the tier map (clients open them directly); the partition
 //!    is renamed to its local name, mapped read-only and published:
-//!    [`crate::node::Node::part_map`] serves its files as local ones from
+//!    [`crate::inputs::Inputs::part_map`] serves its files as local ones from
 //!    then on, and each of its files not yet copied is marked [`TIER_PART`],
 //!    so clients decode small files from it themselves (no message).
 //!
 //! Two threads use this: [`run`] (`--prefetch-remote`) fetches every
 //! remote partition after ready; [`on_read`] (`--replicate-on-read`) fetches
 //! a partition once its files were read from a holder
-//! ([`Node::read_remotely`]): by default (`auto`) once the node's remote
+//! ([`crate::inputs::Inputs::read_remotely`]): by default (`auto`) once the node's remote
 //! reads of its files have taken as long as fetching it whole would (each
 //! read counted as the bytes the bulk transfer moves in its round trip, at
 //! least its own). That is the ski-rental rule: a node that spends less
@@ -40,7 +40,7 @@
 //! Both threads claim a partition before fetching it.
 //!
 //! Reads do not wait for either, except for the end of a fetch in flight
-//! ([`Node::await_replica`]: at most 16 MiB still to come, at most 500 ms);
+//! ([`crate::inputs::Inputs::await_replica`]: at most 16 MiB still to come, at most 500 ms);
 //! a file whose partition is not here yet is fetched alone, as before. Both
 //! threads run at the lowest CPU priority and stop at `fanstore stop`.
 //! Nothing they fetched outlives the job (the local directory is removed at
@@ -49,7 +49,7 @@
 use crate::comm::{Fetch, FetchReply, RecvBuf, RecvMem, PART_BIT};
 use crate::inputs::copies::room_for;
 use crate::inputs::load::{self, OffsetMap};
-use crate::node::Node;
+use crate::inputs::Inputs;
 use crate::inputs::replica_writer::{large_payloads, Apart, ReplicaWriter};
 use fanstore_core::tiers::{TIER_EXTRACTED, TIER_NONE, TIER_PART};
 use std::fs::File;
@@ -94,17 +94,17 @@ pub fn order(partition_count: u32, nranks: u32, rank: u32, local: &[bool]) -> Ve
 
 /// Fetches remote partitions until `budget` bytes are replicated, the local
 /// file system runs short, or the rank stops.
-pub fn run(node: &Node, budget: u64) -> Report {
+pub fn run(inputs: &Inputs, budget: u64) -> Report {
     lowest_priority();
     let mut report = Report::default();
-    let local = node.inputs.local.get().cloned().unwrap_or_default();
-    let wanted = order(node.view.partition_count(), node.id.nranks, node.id.rank, &local);
+    let local = inputs.local.get().cloned().unwrap_or_default();
+    let wanted = order(inputs.rank.view.partition_count(), inputs.rank.id.nranks, inputs.rank.id.rank, &local);
     if wanted.is_empty() {
         return report;
     }
-    let maps = load::offset_maps(&node.view, &wanted);
+    let maps = load::offset_maps(&inputs.rank.view, &wanted);
     for p in wanted {
-        if step(node, p, maps.get(&p), budget, &mut report) == Flow::Stop {
+        if step(inputs, p, maps.get(&p), budget, &mut report) == Flow::Stop {
             break;
         }
     }
@@ -112,18 +112,18 @@ pub fn run(node: &Node, budget: u64) -> Report {
 }
 
 /// Replicates the remote partitions whose files are read (`--replicate-on-read`):
-/// [`Node::read_remotely`] queues a partition after remote reads of its
+/// [`crate::inputs::Inputs::read_remotely`] queues a partition after remote reads of its
 /// files (the first, or enough to add up to its size); this thread fetches
 /// the queued partitions one by one, within `budget` bytes, until the queue
 /// closes, the disk runs short or the rank stops.
-pub fn on_read(node: &Node, budget: u64, queue: &crossbeam::channel::Receiver<u32>) -> Report {
+pub fn on_read(inputs: &Inputs, budget: u64, queue: &crossbeam::channel::Receiver<u32>) -> Report {
     lowest_priority();
     let mut report = Report::default();
-    let local = node.inputs.local.get().cloned().unwrap_or_default();
+    let local = inputs.local.get().cloned().unwrap_or_default();
     loop {
         let first = match queue.recv_timeout(Duration::from_millis(100)) {
             Ok(p) => p,
-            Err(crossbeam::channel::RecvTimeoutError::Timeout) if !node.stopping.load(Relaxed) => continue,
+            Err(crossbeam::channel::RecvTimeoutError::Timeout) if !inputs.rank.stopping.load(Relaxed) => continue,
             Err(_) => return report,
         };
         // Everything asked for meanwhile: one pass over the index finds where
@@ -131,9 +131,9 @@ pub fn on_read(node: &Node, budget: u64, queue: &crossbeam::channel::Receiver<u3
         let mut batch: Vec<u32> = std::iter::once(first).chain(queue.try_iter()).collect();
         batch.retain(|&p| !local.get(p as usize).copied().unwrap_or(false));
         batch.dedup();
-        let maps = load::offset_maps(&node.view, &batch);
+        let maps = load::offset_maps(&inputs.rank.view, &batch);
         for p in batch {
-            if step(node, p, maps.get(&p), budget, &mut report) == Flow::Stop {
+            if step(inputs, p, maps.get(&p), budget, &mut report) == Flow::Stop {
                 return report;
             }
         }
@@ -156,22 +156,22 @@ enum Flow {
 
 /// Replicates partition `p` unless another thread took it, it is over the
 /// budget (skipped), or the disk is short or the rank stops (`Flow::Stop`).
-fn step(node: &Node, p: u32, offsets: Option<&OffsetMap>, budget: u64, report: &mut Report) -> Flow {
-    if node.stopping.load(Relaxed) {
+fn step(inputs: &Inputs, p: u32, offsets: Option<&OffsetMap>, budget: u64, report: &mut Report) -> Flow {
+    if inputs.rank.stopping.load(Relaxed) {
         return Flow::Stop;
     }
-    let Some(info) = node.view.partition(p) else {
+    let Some(info) = inputs.rank.view.partition(p) else {
         return Flow::Next;
     };
     if report.bytes.saturating_add(info.file_len) > budget {
         return Flow::Next;
     }
-    let dir = node.id.local_dir.join("parts");
+    let dir = inputs.rank.id.local_dir.join("parts");
     if !room_for(&dir, info.file_len) {
-        log::info!("rank {}: replication stops: the local file system has no room for partition {p}", node.id.rank);
+        log::info!("rank {}: replication stops: the local file system has no room for partition {p}", inputs.rank.id.rank);
         return Flow::Stop;
     }
-    let Some(claim) = node.inputs.replica_claims.get(p as usize) else {
+    let Some(claim) = inputs.replica_claims.get(p as usize) else {
         return Flow::Next;
     };
     if claim.swap(true, Relaxed) {
@@ -179,43 +179,43 @@ fn step(node: &Node, p: u32, offsets: Option<&OffsetMap>, budget: u64, report: &
     }
     let empty = OffsetMap::new();
     let t = Instant::now();
-    if let Some(pending) = node.inputs.replica_pending.get(p as usize) {
+    if let Some(pending) = inputs.replica_pending.get(p as usize) {
         pending.store(info.file_len + 1, Relaxed);
     }
-    let res = replicate_one(node, p, info.file_len, offsets.unwrap_or(&empty));
-    node.inputs.replica_fetch_ended(p);
+    let res = replicate_one(inputs, p, info.file_len, offsets.unwrap_or(&empty));
+    inputs.replica_fetch_ended(p);
     match res {
         Ok(()) => {
             report.partitions += 1;
             report.bytes += info.file_len;
-            node.counters.replicated_parts.fetch_add(1, Relaxed);
-            node.counters.replicated_bytes.fetch_add(info.file_len, Relaxed);
+            inputs.rank.counters.replicated_parts.fetch_add(1, Relaxed);
+            inputs.rank.counters.replicated_bytes.fetch_add(info.file_len, Relaxed);
             let took = t.elapsed();
             // Partitions under a chunk are mostly the round trip: not a rate.
             if info.file_len >= CHUNK {
                 let rate = u128::from(info.file_len) * 1_000_000_000 / took.as_nanos().max(1);
-                node.inputs.bulk_rate.store(u64::try_from(rate).unwrap_or(u64::MAX), Relaxed);
+                inputs.bulk_rate.store(u64::try_from(rate).unwrap_or(u64::MAX), Relaxed);
             }
-            log::debug!("rank {}: partition {p} ({} B) replicated in {took:?}", node.id.rank, info.file_len);
+            log::debug!("rank {}: partition {p} ({} B) replicated in {took:?}", inputs.rank.id.rank, info.file_len);
             Flow::Next
         }
         Err(Skip::Stopping) => Flow::Stop,
         Err(Skip::Failed(why)) => {
             report.failed += 1;
-            log::warn!("rank {}: replication of partition {p}: {why}; its files are read remotely", node.id.rank);
+            log::warn!("rank {}: replication of partition {p}: {why}; its files are read remotely", inputs.rank.id.rank);
             Flow::Next
         }
     }
 }
 
-fn replicate_one(node: &Node, p: u32, len: u64, offsets: &OffsetMap) -> Result<(), Skip> {
-    let dest = load::local_partition_path(&node.id.local_dir, p);
+fn replicate_one(inputs: &Inputs, p: u32, len: u64, offsets: &OffsetMap) -> Result<(), Skip> {
+    let dest = load::local_partition_path(&inputs.rank.id.local_dir, p);
     let mut tmp = dest.clone().into_os_string();
     tmp.push(".fetch");
     let tmp = PathBuf::from(tmp);
     let _ = std::fs::remove_file(&tmp);
-    let apart = large_payloads(&node.view, offsets);
-    let res = fetch_and_verify(node, p, len, offsets, &apart, &tmp);
+    let apart = large_payloads(&inputs.rank.view, offsets);
+    let res = fetch_and_verify(inputs, p, len, offsets, &apart, &tmp);
     let writer = match res {
         Ok(w) => w,
         Err(e) => {
@@ -238,14 +238,14 @@ fn replicate_one(node: &Node, p: u32, len: u64, offsets: &OffsetMap) -> Result<(
     // SAFETY: the daemon wrote and verified this file and never changes or
     // truncates it while the job runs; the mapping is read-only.
     let map = unsafe { memmap2::Mmap::map(&f) }.map_err(|e| failed("mapping", &e))?;
-    let slot = node.inputs.replicas.get(p as usize).ok_or_else(|| Skip::Failed(format!("no partition {p}")))?;
-    if let Some(tiers) = node.inputs.tiers.get() {
+    let slot = inputs.replicas.get(p as usize).ok_or_else(|| Skip::Failed(format!("no partition {p}")))?;
+    if let Some(tiers) = inputs.tiers.get() {
         for &id in &extracted {
             tiers.set_if(id, TIER_NONE, TIER_EXTRACTED);
         }
     }
     let _ = slot.set(Arc::new(map));
-    if let Some(tiers) = node.inputs.tiers.get() {
+    if let Some(tiers) = inputs.tiers.get() {
         for &id in offsets.values() {
             tiers.set_if(id, TIER_NONE, TIER_PART);
         }
@@ -257,7 +257,7 @@ fn replicate_one(node: &Node, p: u32, len: u64, offsets: &OffsetMap) -> Result<(
 /// files (`apart`) straight into their own files ([`ReplicaWriter`]), and
 /// verifies both.
 fn fetch_and_verify<'a>(
-    node: &Node,
+    inputs: &Inputs,
     p: u32,
     len: u64,
     offsets: &OffsetMap,
@@ -272,8 +272,8 @@ fn fetch_and_verify<'a>(
         .custom_flags(libc::O_CLOEXEC)
         .open(tmp)
         .map_err(|e| failed("creating", &e))?;
-    let mut out = ReplicaWriter::new(out, apart, &node.id.local_dir);
-    let holders: Vec<u32> = node.placement.holders_for(p, 0).into_iter().filter(|&h| h != node.id.rank).collect();
+    let mut out = ReplicaWriter::new(out, apart, &inputs.rank.id.local_dir);
+    let holders: Vec<u32> = inputs.rank.placement.holders_for(p, 0).into_iter().filter(|&h| h != inputs.rank.id.rank).collect();
     if holders.is_empty() {
         return Err(Skip::Failed("no other rank holds it".into()));
     }
@@ -282,7 +282,7 @@ fn fetch_and_verify<'a>(
     let mut spare: Vec<Vec<u8>> = Vec::new();
     let mut inflight: std::collections::VecDeque<(u64, u64, usize, crossbeam::channel::Receiver<FetchReply>)> = Default::default();
     let mut next = 0;
-    let timeout = node.remote_timeout + Duration::from_secs(CHUNK / (64 << 20) + 1);
+    let timeout = inputs.rank.remote_timeout + Duration::from_secs(CHUNK / (64 << 20) + 1);
     let ask = |off: u64, n: u64, holder_ix: usize, buf: Vec<u8>| -> Result<crossbeam::channel::Receiver<FetchReply>, Skip> {
         let (tx, rx) = crossbeam::channel::bounded(1);
         let holder = holders[holder_ix % holders.len()];
@@ -296,7 +296,7 @@ fn fetch_and_verify<'a>(
             timeout,
             direct: None,
         };
-        node.comm.fetch(f).map_err(|_| Skip::Stopping)?;
+        inputs.rank.comm.fetch(f).map_err(|_| Skip::Stopping)?;
         Ok(rx)
     };
     loop {
@@ -307,13 +307,13 @@ fn fetch_and_verify<'a>(
             next += 1;
         }
         let Some((off, n, tries, rx)) = inflight.pop_front() else { break };
-        if node.stopping.load(Relaxed) {
+        if inputs.rank.stopping.load(Relaxed) {
             return Err(Skip::Stopping);
         }
         match rx.recv_timeout(timeout + Duration::from_secs(2)) {
             Ok(Ok((buf, _))) if buf.len() as u64 == n => {
                 out.write(off, buf.bytes()).map_err(|e| failed("writing", &e))?;
-                if let Some(pending) = node.inputs.replica_pending.get(p as usize) {
+                if let Some(pending) = inputs.replica_pending.get(p as usize) {
                     let _ = pending.fetch_update(Relaxed, Relaxed, |v| Some(v.saturating_sub(n).max(1)));
                 }
                 if let RecvMem::Heap(v) = buf.into_mem() {
@@ -326,7 +326,7 @@ fn fetch_and_verify<'a>(
                     Ok(Ok(_)) => "a short answer".into(),
                     Err(_) => "no answer".into(),
                 };
-                if node.stopping.load(Relaxed) {
+                if inputs.rank.stopping.load(Relaxed) {
                     return Err(Skip::Stopping);
                 }
                 if tries + 1 >= holders.len() {
@@ -339,10 +339,10 @@ fn fetch_and_verify<'a>(
         }
     }
     out.finish(len).map_err(|e| failed("writing", &e))?;
-    let got = load::verify_partition(tmp, &node.view, p, offsets, &node.stopping, &|off| apart.contains_key(&off))
+    let got = load::verify_partition(tmp, &inputs.rank.view, p, offsets, &inputs.rank.stopping, &|off| apart.contains_key(&off))
         .map_err(|e| Skip::Failed(e.to_string()))?;
-    out.verify_apart(&node.view).map_err(Skip::Failed)?;
-    if node.stopping.load(Relaxed) {
+    out.verify_apart(&inputs.rank.view).map_err(Skip::Failed)?;
+    if inputs.rank.stopping.load(Relaxed) {
         return Err(Skip::Stopping);
     }
     if got != len {

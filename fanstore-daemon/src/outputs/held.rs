@@ -2,8 +2,8 @@
 //! and sidecars this rank holds, their drain to `--persist` and their
 //! recovery after a kill. Names, records, directories and renames are
 //! [`crate::outputs::namespace`]'s: this module stores bytes, then registers them
-//! there (`Node::put_record`), and asks it where a path leads before it
-//! opens one ([`Node::lookup`]).
+//! there (`crate::outputs::Outputs::put_record`), and asks it where a path leads before it
+//! opens one ([`crate::outputs::Outputs::lookup`]).
 //!
 //! COMMIT: the bytes go into the checkpoint store ([`crate::outputs::dedup`]) when
 //! they are at least `--dedup-min` bytes (the client's unnamed local file
@@ -20,8 +20,10 @@
 
 use crate::ids::OUT_BIT;
 use crate::memfd::MemfdBuilder;
-use crate::outputs::namespace::{now_ns, parent};
-use crate::node::Node;
+use crate::outputs::held_files::{drop_held, io_errno, write_sidecar_in};
+use crate::outputs::names::{now_ns, parent};
+use crate::outputs::names::Looked;
+use crate::outputs::Outputs;
 use fanstore_core::checksum::xxh3;
 use fanstore_core::watchev::Kind;
 use fanstore_core::wire::{self, OutRecord};
@@ -45,99 +47,9 @@ fn stamp(fd: &OwnedFd, rec: &OutRecord) {
 /// Free bytes under which the local disk counts as full at a commit.
 const FULL_DISK: u64 = 64 << 10;
 
-/// How many outputs committed while still written elsewhere are remembered.
-const SHARED_MAX: usize = 1024;
-
-/// Outputs committed here while another process still had the file open
-/// for writing (no COMMIT_SOLE): path -> (device, inode of the committed
-/// file, output id). A program started by exec with such a file as its
-/// stdout commits it again at its last close (COMMIT_LATE), and that commit
-/// is stored only if the path's current version is the one noted here from
-/// the same file. At most [`SHARED_MAX`], the oldest forgotten first.
-#[derive(Default)]
-pub struct SharedCommits {
-    order: std::collections::VecDeque<Vec<u8>>,
-    map: std::collections::HashMap<Vec<u8>, (u64, u64, u64)>,
-}
-
-impl SharedCommits {
-    fn note(&mut self, path: &[u8], file: (u64, u64), id: u64) {
-        if self.map.insert(path.to_vec(), (file.0, file.1, id)).is_none() {
-            self.order.push_back(path.to_vec());
-        }
-        while self.order.len() > SHARED_MAX {
-            if let Some(old) = self.order.pop_front() {
-                self.map.remove(&old);
-            }
-        }
-    }
-
-    fn forget(&mut self, path: &[u8]) {
-        if self.map.remove(path).is_some() {
-            self.order.retain(|p| p != path);
-        }
-    }
-
-    /// The output id committed from `file` at `path`, if that is noted.
-    fn id_from(&self, path: &[u8], file: (u64, u64)) -> Option<u64> {
-        self.map.get(path).filter(|e| (e.0, e.1) == file).map(|e| e.2)
-    }
-}
-fn io_errno(e: &std::io::Error) -> i32 {
-    match e.raw_os_error() {
-        Some(libc::ENOSPC) => libc::ENOSPC,
-        Some(libc::EDQUOT) => libc::EDQUOT,
-        _ => libc::EIO,
-    }
-}
-/// Writes `out/<id>.rec`, the sidecar naming a held output for recovery
-/// after a kill (a temporary file renamed into place; fsynced with `fsync`).
-fn write_sidecar_in(out: &std::path::Path, path: &[u8], rec: &OutRecord, fsync: bool) -> Result<(), i32> {
-    let file = out.join(format!("{}.rec", rec.id));
-    let tmp = out.join(format!("{}.rec.tmp", rec.id));
-    let res = (|| {
-        use std::io::Write;
-        let mut f = std::fs::File::create(&tmp)?;
-        f.write_all(&crate::outputs::persist::encode_index(&[(path.to_vec(), *rec)]))?;
-        if fsync {
-            f.sync_all()?;
-        }
-        std::fs::rename(&tmp, &file)
-    })();
-    res.map_err(|e| {
-        let _ = std::fs::remove_file(&tmp);
-        io_errno(&e)
-    })
-}
-
-/// HOLDER_RENAME at the holder: output `id` is now named `path`, in its
-/// checkpoint store (if there) and in its sidecar, so a restart after a
-/// kill registers it under the new name.
-pub(crate) fn rename_held(dedup: Option<&crate::outputs::dedup::Dedup>, out: &std::path::Path, id: u64, path: &[u8], fsync: bool) {
-    if let Some(d) = dedup {
-        d.rename_output(id, path);
-    }
-    let file = out.join(format!("{id}.rec"));
-    let Ok(bytes) = std::fs::read(&file) else { return };
-    let Some(rec) = crate::outputs::persist::decode_index(&file, &bytes).ok().and_then(|v| v.first().map(|(_, r)| *r)) else { return };
-    if let Err(e) = write_sidecar_in(out, path, &rec, fsync) {
-        log::warn!("rewriting {}: errno {e}", file.display());
-    }
-}
-
-/// HOLDER_DROP at the holder (or a replaced output held here): deletes
-/// what this rank holds of output `id`, its plain file and sidecar, or its
-/// checkpoint.
-pub(crate) fn drop_held(dedup: Option<&crate::outputs::dedup::Dedup>, out: &std::path::Path, id: u64) {
-    if !dedup.is_some_and(|d| d.drop_output(id)) {
-        let _ = std::fs::remove_file(out.join(id.to_string()));
-    }
-    let _ = std::fs::remove_file(out.join(format!("{id}.rec")));
-}
-
-impl Node {
+impl Outputs {
     pub fn out_dir(&self) -> PathBuf {
-        self.id.local_dir.join("out")
+        self.rank.id.local_dir.join("out")
     }
 
     fn out_file(&self, id: u64) -> PathBuf {
@@ -145,18 +57,18 @@ impl Node {
     }
 
     /// `out/<id>.rec`: the path and record of a held output, so a restart
-    /// with the same `--local` can register it again ([`Node::recover`]).
+    /// with the same `--local` can register it again ([`crate::outputs::Outputs::recover`]).
     fn sidecar(&self, id: u64) -> PathBuf {
         self.out_dir().join(format!("{id}.rec"))
     }
 
     pub(crate) fn write_sidecar(&self, path: &[u8], rec: &OutRecord) -> Result<(), i32> {
-        write_sidecar_in(&self.out_dir(), path, rec, self.outputs.fsync_outputs.load(Relaxed))
+        write_sidecar_in(&self.out_dir(), path, rec, self.fsync_outputs.load(Relaxed))
     }
 
     /// Deletes what this rank holds of output `id`.
     pub(crate) fn drop_held_here(&self, id: u64) {
-        drop_held(self.outputs.dedup.get().map(|d| &**d), &self.out_dir(), id);
+        drop_held(self.dedup.get().map(|d| &**d), &self.out_dir(), id);
     }
 
     /// Registers held output `rec` under `path`: its sidecar here, then
@@ -178,22 +90,22 @@ impl Node {
         if path.is_empty() {
             return Err(libc::EEXIST);
         }
-        if self.view.lookup(path).is_some() {
+        if self.rank.view.lookup(path).is_some() {
             return Err(if excl { libc::EEXIST } else { libc::EROFS });
         }
         let path = &match self.real_entry(path) {
             // Its directory was renamed while the file was open: as natively,
             // the file is in the directory under its new name.
-            Err(libc::ENOENT) => match self.outputs.meta.lock().unwrap_or_else(|p| p.into_inner()).moved(path) {
+            Err(libc::ENOENT) => match self.meta.lock().unwrap_or_else(|p| p.into_inner()).moved(path) {
                 Some(p) => self.real_entry(&p)?,
                 None => return Err(libc::ENOENT),
             },
             other => other?,
         };
-        if self.view.lookup(path).is_some() {
+        if self.rank.view.lookup(path).is_some() {
             return Err(if excl { libc::EEXIST } else { libc::EROFS });
         }
-        let id = self.outputs.out_seq.fetch_add(1, Relaxed);
+        let id = self.out_seq.fetch_add(1, Relaxed);
         if id >= OUT_BIT as u64 {
             return Err(libc::ENOSPC);
         }
@@ -213,7 +125,7 @@ impl Node {
             use std::os::unix::fs::MetadataExt;
             (meta.mtime() * 1_000_000_000 + meta.mtime_nsec(), meta.atime() * 1_000_000_000 + meta.atime_nsec())
         };
-        let dedup = self.outputs.dedup.get().filter(|d| size >= d.min);
+        let dedup = self.dedup.get().filter(|d| size >= d.min);
         // Before any mapping of ours: a shared mapping of this read-write fd
         // would count as writable and block the seal.
         let sealed = dedup.is_some() && size > 0 && seal_memfd(&src);
@@ -261,15 +173,15 @@ impl Node {
             (Some(d), None) => d.stage(path, id, bytes)?.file_xxh3,
             (None, _) => self.store_plain(&src, sole, bytes, &file).inspect_err(|_| undo())?,
         };
-        let rec = OutRecord { size, mode: libc::S_IFREG | (mode & 0o7777), holder: self.id.rank, mtime_ns, id, sum, atime_ns, ctime_ns: now_ns() };
+        let rec = OutRecord { size, mode: libc::S_IFREG | (mode & 0o7777), holder: self.rank.id.rank, mtime_ns, id, sum, atime_ns, ctime_ns: now_ns() };
         // A symlink at the name: the bytes go to its target (as open(2)
         // follows it), which must then be a file or nothing in a directory.
         let (path, replaced) = &match self.put_record(path, rec, excl) {
             Err(libc::ELOOP) if !excl => match self.lookup(path, true) {
-                Ok(crate::outputs::namespace::links::Looked::Output { rec: r, .. }) if r.is_dir() => Err(libc::EISDIR),
-                Ok(crate::outputs::namespace::links::Looked::Output { path: p, .. }) => Ok(p),
-                Ok(crate::outputs::namespace::links::Looked::Input { .. }) => Err(libc::EROFS),
-                Ok(crate::outputs::namespace::links::Looked::Outside(_)) => Err(libc::EXDEV),
+                Ok(Looked::Output { rec: r, .. }) if r.is_dir() => Err(libc::EISDIR),
+                Ok(Looked::Output { path: p, .. }) => Ok(p),
+                Ok(Looked::Input { .. }) => Err(libc::EROFS),
+                Ok(Looked::Outside(_)) => Err(libc::EXDEV),
                 Err(libc::ENOENT) => self.real_dangling(path),
                 Err(e) => Err(e),
             }
@@ -281,7 +193,7 @@ impl Node {
             d.settle(id, path);
         }
         {
-            let mut shared = self.outputs.shared_commits.lock().unwrap_or_else(|p| p.into_inner());
+            let mut shared = self.shared_commits.lock().unwrap_or_else(|p| p.into_inner());
             if sole {
                 shared.forget(path);
             } else {
@@ -289,7 +201,7 @@ impl Node {
             }
         }
         self.link(path, wire::KIND_FILE, true)?;
-        self.counters.outputs.fetch_add(1, Relaxed);
+        self.rank.counters.outputs.fetch_add(1, Relaxed);
         self.publish(Kind::Close, path, b"", false, *replaced, Some(&rec));
         Ok(())
     }
@@ -298,9 +210,9 @@ impl Node {
     /// version: the path's current version was committed here from that
     /// same file while it was still being written ([`SharedCommits`]).
     fn late_commit_due(&self, path: &[u8], file: (u64, u64)) -> bool {
-        let noted = self.outputs.shared_commits.lock().unwrap_or_else(|p| p.into_inner()).id_from(path, file);
+        let noted = self.shared_commits.lock().unwrap_or_else(|p| p.into_inner()).id_from(path, file);
         let Some(id) = noted else { return false };
-        matches!(self.get_record(path), Ok((rec, _)) if rec.id == id && rec.holder == self.id.rank)
+        matches!(self.get_record(path), Ok((rec, _)) if rec.id == id && rec.holder == self.rank.id.rank)
     }
 
     /// Keeps the bytes of `src` at `file` (fsynced with `--fsync-outputs`):
@@ -311,7 +223,7 @@ impl Node {
     fn store_plain(&self, src: &std::fs::File, link: bool, bytes: &[u8], file: &std::path::Path) -> Result<u64, i32> {
         if link {
             self.link_unnamed(src, file)?;
-            if self.outputs.fsync_outputs.load(Relaxed) {
+            if self.fsync_outputs.load(Relaxed) {
                 src.sync_all().map_err(|e| io_errno(&e))?;
             }
             return Ok(xxh3(bytes));
@@ -320,13 +232,13 @@ impl Node {
             use std::io::Write;
             let mut f = std::fs::OpenOptions::new().write(true).create_new(true).mode(0o600).open(file)?;
             f.write_all(bytes)?;
-            if self.outputs.fsync_outputs.load(Relaxed) {
+            if self.fsync_outputs.load(Relaxed) {
                 f.sync_all()?;
             }
             Ok(())
         };
         write().map_err(|e| {
-            log::warn!("rank {}: storing an output at {}: {e}", self.id.rank, file.display());
+            log::warn!("rank {}: storing an output at {}: {e}", self.rank.id.rank, file.display());
             io_errno(&e)
         })?;
         Ok(xxh3(bytes))
@@ -354,7 +266,7 @@ impl Node {
     /// Links the client's unnamed local file `src` at `file` (no copy).
     fn link_unnamed(&self, src: &std::fs::File, file: &std::path::Path) -> Result<(), i32> {
         crate::fdio::link_unnamed(src, file).map_err(|e| {
-            log::warn!("rank {}: linking an output at {}: {e}", self.id.rank, file.display());
+            log::warn!("rank {}: linking an output at {}: {e}", self.rank.id.rank, file.display());
             io_errno(&e)
         })
     }
@@ -375,11 +287,11 @@ impl Node {
         let mut tries = 0;
         loop {
             let (path, rec) = match self.lookup(path, true)? {
-                crate::outputs::namespace::links::Looked::Output { path, rec, .. } => (path, rec),
-                crate::outputs::namespace::links::Looked::Input { node, .. } => {
-                    return Ok((self.open(u64::from(node), self.view.dataset_id(), None)?.ok_or(libc::EIO)?, OutRecord { holder: crate::outputs::persist::PERSISTED, ..Default::default() }))
+                Looked::Output { path, rec, .. } => (path, rec),
+                Looked::Input { node, .. } => {
+                    return Ok((self.inputs.open(u64::from(node), self.rank.view.dataset_id(), None)?.ok_or(libc::EIO)?, OutRecord { holder: crate::outputs::persist::PERSISTED, ..Default::default() }))
                 }
-                crate::outputs::namespace::links::Looked::Outside(_) => return Err(libc::EXDEV),
+                Looked::Outside(_) => return Err(libc::EXDEV),
             };
             match self.open_held(&path, &rec) {
                 Err(libc::ENOENT) if tries < 8 => tries += 1,
@@ -396,7 +308,7 @@ impl Node {
             return Err(libc::EISDIR);
         }
         if rec.holder == crate::outputs::persist::PERSISTED {
-            let dir = self.outputs.persist.get().ok_or(libc::EIO)?;
+            let dir = self.persist.get().ok_or(libc::EIO)?;
             if !crate::outputs::persist::data_path(dir, &rec).exists() {
                 return self.open_drained_checkpoint(dir, path, &rec);
             }
@@ -406,13 +318,13 @@ impl Node {
                 .open(crate::outputs::persist::data_path(dir, &rec))
                 .map(OwnedFd::from)
                 .map_err(|e| {
-                    log::error!("rank {}: persisted output '{}': {e}", self.id.rank, String::from_utf8_lossy(path));
+                    log::error!("rank {}: persisted output '{}': {e}", self.rank.id.rank, String::from_utf8_lossy(path));
                     libc::EIO
                 });
         }
-        if rec.holder == self.id.rank {
+        if rec.holder == self.rank.id.rank {
             let plain = std::fs::OpenOptions::new().read(true).custom_flags(libc::O_CLOEXEC).open(self.out_file(rec.id));
-            return match (plain, self.outputs.dedup.get()) {
+            return match (plain, self.dedup.get()) {
                 (Ok(f), _) => Ok(OwnedFd::from(f)),
                 // One rebuilt copy per node, shared by every process that
                 // opens it (all the ranks of a node loading the checkpoint to
@@ -425,8 +337,8 @@ impl Node {
                 (Err(_), Some(d)) if d.holds(rec.id) => match d.open_hot(rec.id) {
                     Some(fd) => fd,
                     None => self
-                        .outputs.cache
-                        .get_or_load(OUT_BIT | rec.id as u32, self.remote_timeout, libc::EIO, || {
+                        .cache
+                        .get_or_load(OUT_BIT | rec.id as u32, self.rank.remote_timeout, libc::EIO, || {
                             d.open_output(rec.id, rec.size, rec.sum).map(|fd| (std::sync::Arc::new(fd), rec.size))
                         })
                         .and_then(|shared| crate::fdio::reopen(&shared)),
@@ -443,19 +355,19 @@ impl Node {
     fn open_drained_checkpoint(&self, dir: &std::path::Path, path: &[u8], rec: &OutRecord) -> Result<OwnedFd, i32> {
         let name = String::from_utf8_lossy(path);
         let cats = crate::outputs::dedup::persisted_catalogs(dir).map_err(|e| {
-            log::error!("rank {}: persisted output '{name}': {e}", self.id.rank);
+            log::error!("rank {}: persisted output '{name}': {e}", self.rank.id.rank);
             libc::EIO
         })?;
         let rank = *cats.get(path).ok_or_else(|| {
-            log::error!("rank {}: persisted output '{name}': its bytes are in no drained store", self.id.rank);
+            log::error!("rank {}: persisted output '{name}': its bytes are in no drained store", self.rank.id.rank);
             libc::EIO
         })?;
         let bytes = crate::outputs::dedup::open_drained(dir, rank).and_then(|s| s.read(path)).map_err(|e| {
-            log::error!("rank {}: persisted output '{name}': {e}", self.id.rank);
+            log::error!("rank {}: persisted output '{name}': {e}", self.rank.id.rank);
             crate::outputs::dedup::errno_of(&e)
         })?;
         if bytes.len() as u64 != rec.size || xxh3(&bytes) != rec.sum {
-            log::error!("rank {}: persisted output '{name}' differs from its record", self.id.rank);
+            log::error!("rank {}: persisted output '{name}' differs from its record", self.rank.id.rank);
             return Err(libc::EIO);
         }
         let m = MemfdBuilder::unmapped(&format!("fanstore:out:{}", rec.id), rec.size).map_err(|_| libc::ENOMEM)?;
@@ -465,7 +377,7 @@ impl Node {
 
 }
 
-impl Node {
+impl Outputs {
     /// Loads the records drained to `dir` by an earlier job: those this rank
     /// owns now, and the listings of the directories it owns. Returns how
     /// many records it keeps.
@@ -473,10 +385,10 @@ impl Node {
         let all = crate::outputs::persist::read_all(dir)?;
         let stores = crate::outputs::dedup::persisted_catalogs(dir)
             .map_err(|e| crate::outputs::persist::PersistError::Io(dir.join(crate::outputs::dedup::STORE_DIR), std::io::Error::other(e.to_string())))?;
-        let mut m = self.outputs.meta.lock().unwrap_or_else(|p| p.into_inner());
+        let mut m = self.meta.lock().unwrap_or_else(|p| p.into_inner());
         let mut n = 0;
         for (path, mut rec) in all {
-            if self.view.lookup(&path).is_some() {
+            if self.rank.view.lookup(&path).is_some() {
                 continue; // an input of this dataset now: inputs win
             }
             if !rec.is_dir() {
@@ -484,24 +396,24 @@ impl Node {
                 // A checkpoint drained with rank s's store is held by rank s
                 // again (which copied that store back at start).
                 if let Some(&s) = stores.get(&path).filter(|_| !crate::outputs::persist::data_path(dir, &rec).exists()) {
-                    if s >= self.id.nranks {
+                    if s >= self.rank.id.nranks {
                         log::warn!(
                             "rank {}: '{}' was drained by rank {s} of a larger job: only `fanstore export` can read it",
-                            self.id.rank,
+                            self.rank.id.rank,
                             String::from_utf8_lossy(&path)
                         );
                     } else {
                         rec.holder = s;
-                        if s == self.id.rank && !self.outputs.dedup.get().is_some_and(|d| d.claim(rec.id, &path)) {
-                            log::warn!("rank {}: the drained store has no checkpoint '{}'", self.id.rank, String::from_utf8_lossy(&path));
+                        if s == self.rank.id.rank && !self.dedup.get().is_some_and(|d| d.claim(rec.id, &path)) {
+                            log::warn!("rank {}: the drained store has no checkpoint '{}'", self.rank.id.rank, String::from_utf8_lossy(&path));
                         }
-                        if s == self.id.rank {
-                            self.outputs.out_seq.fetch_max(rec.id + 1, Relaxed);
+                        if s == self.rank.id.rank {
+                            self.out_seq.fetch_max(rec.id + 1, Relaxed);
                         }
                     }
                 }
             }
-            if self.owner(&path) == self.id.rank {
+            if self.owner(&path) == self.rank.id.rank {
                 if rec.is_link() {
                     // The owner keeps a symlink's target beside its record.
                     let file = crate::outputs::persist::data_path(dir, &rec);
@@ -516,7 +428,7 @@ impl Node {
                 n += 1;
             }
             let (d, name) = parent(&path);
-            if self.owner(d) == self.id.rank {
+            if self.owner(d) == self.rank.id.rank {
                 m.add_child(d, name, rec.kind());
             }
             // Every rank reads every record: each marks its own tier map.
@@ -535,7 +447,7 @@ impl Node {
         Ok((files, recs))
     }
 
-    /// Seconds [`Node::drain`] may take here, at a pessimistic rate for a
+    /// Seconds [`crate::outputs::Outputs::drain`] may take here, at a pessimistic rate for a
     /// busy shared file system (200 files/s and 50 MB/s, measured here at
     /// ~7,000 files/s and ~1 GB/s to the local disk): the output files this
     /// rank holds and its checkpoint store, at most a day.
@@ -561,7 +473,7 @@ impl Node {
     /// Copies every output file this rank holds into `dir` (content-addressed),
     /// and its checkpoint store; returns the outputs drained.
     pub fn drain_data(&self, dir: &std::path::Path) -> Result<usize, crate::outputs::persist::PersistError> {
-        if let Some(d) = self.outputs.dedup.get() {
+        if let Some(d) = self.dedup.get() {
             d.wait_committed(); // queued checkpoints go in as deduplicated, not as plain files
         }
         let mut files = 0;
@@ -587,8 +499,8 @@ impl Node {
         if unsynced > 0 {
             crate::outputs::persist::flush(dir)?; // before the index names them (drain_meta)
         }
-        if let Some(d) = self.outputs.dedup.get() {
-            let dst = crate::outputs::dedup::drained_dir(dir, self.id.rank);
+        if let Some(d) = self.dedup.get() {
+            let dst = crate::outputs::dedup::drained_dir(dir, self.rank.id.rank);
             files += d.drain_to(&dst).map_err(|e| crate::outputs::persist::PersistError::Io(dst, e))?;
         }
         Ok(files)
@@ -597,7 +509,7 @@ impl Node {
     /// Writes the records this rank owns to `dir`; with `only_present`, only
     /// files whose bytes are already there (a sync racing with commits).
     pub fn drain_meta(&self, dir: &std::path::Path, only_present: bool) -> Result<usize, crate::outputs::persist::PersistError> {
-        let mut recs = self.outputs.meta.lock().unwrap_or_else(|p| p.into_inner()).all();
+        let mut recs = self.meta.lock().unwrap_or_else(|p| p.into_inner()).all();
         if only_present {
             let drained = crate::outputs::dedup::persisted_catalogs(dir).unwrap_or_default();
             recs.retain(|(p, r)| r.is_dir() || crate::outputs::persist::data_path(dir, r).exists() || drained.contains_key(p));
@@ -608,22 +520,22 @@ impl Node {
             }
         }
         recs.sort_by(|a, b| a.0.cmp(&b.0));
-        crate::outputs::persist::write_index(dir, self.id.rank, self.id.nranks, &recs)?;
+        crate::outputs::persist::write_index(dir, self.rank.id.rank, self.rank.id.nranks, &recs)?;
         Ok(recs.len())
     }
 }
 
-impl Node {
+impl Outputs {
     /// Creates the output directories leading to `dir` that are missing
     /// (recovered files whose directories lived in a dead rank's memory).
     fn ensure_dirs(&self, dir: &[u8]) {
-        if dir.is_empty() || self.view.lookup(dir).is_some() {
+        if dir.is_empty() || self.rank.view.lookup(dir).is_some() {
             return;
         }
         self.ensure_dirs(parent(dir).0);
         match self.out_mkdir(dir, 0o755) {
             Ok(()) | Err(libc::EEXIST) => {}
-            Err(e) => log::warn!("rank {}: recreating '{}': errno {e}", self.id.rank, String::from_utf8_lossy(dir)),
+            Err(e) => log::warn!("rank {}: recreating '{}': errno {e}", self.rank.id.rank, String::from_utf8_lossy(dir)),
         }
     }
 
@@ -641,13 +553,13 @@ impl Node {
             }
             let Ok(b) = std::fs::read(&p) else { continue };
             let Ok(mut recs) = crate::outputs::persist::decode_index(&p, &b) else {
-                log::warn!("rank {}: ignoring damaged {}", self.id.rank, p.display());
+                log::warn!("rank {}: ignoring damaged {}", self.rank.id.rank, p.display());
                 continue;
             };
             let Some((path, mut rec)) = recs.pop() else { continue };
             let data = from.join(rec.id.to_string());
-            let id = self.outputs.out_seq.fetch_add(1, Relaxed);
-            let dedup = self.outputs.dedup.get();
+            let id = self.out_seq.fetch_add(1, Relaxed);
+            let dedup = self.dedup.get();
             let in_store = match dedup.and_then(|d| d.find_recovered(&path, rec.id)) {
                 Some(key) if !data.exists() => dedup.is_some_and(|d| d.claim(id, &key)),
                 _ => false,
@@ -656,7 +568,7 @@ impl Node {
                 continue;
             }
             rec.id = id;
-            rec.holder = self.id.rank;
+            rec.holder = self.rank.id.rank;
             self.ensure_dirs(parent(&path).0);
             let put = || if rec.is_link() {
                 match std::fs::read(self.out_file(id)) {
@@ -685,17 +597,17 @@ impl Node {
             }
         }
         let _ = std::fs::remove_dir_all(from);
-        if let Some(d) = self.outputs.dedup.get() {
+        if let Some(d) = self.dedup.get() {
             let swept = d.sweep_unclaimed();
             if swept > 0 {
-                log::info!("rank {}: {swept} checkpoints of a killed run were never registered: released", self.id.rank);
+                log::info!("rank {}: {swept} checkpoints of a killed run were never registered: released", self.rank.id.rank);
             }
         }
         n
     }
 }
 
-impl Node {
+impl Outputs {
     /// Queues the recovered plain output `id` (`out/<id>`, which only the
     /// daemon writes) for the checkpoint store's commit worker.
     fn enqueue_recovered(&self, d: &crate::outputs::dedup::Dedup, path: &[u8], id: u64) {
@@ -717,29 +629,4 @@ fn seal_memfd(f: &std::fs::File) -> bool {
     // SAFETY: fcntl on a descriptor we own; F_ADD_SEALS only changes the
     // file's seal set (EINVAL/EPERM/EBUSY when it cannot).
     unsafe { libc::fcntl(f.as_raw_fd(), libc::F_ADD_SEALS, seals) == 0 }
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn a_shared_commit_is_found_only_for_its_own_file_and_the_oldest_are_forgotten() {
-        let mut s = SharedCommits::default();
-        s.note(b"out/log", (7, 42), 3);
-        assert_eq!(s.id_from(b"out/log", (7, 42)), Some(3));
-        assert_eq!(s.id_from(b"out/log", (7, 43)), None, "another file at the same path");
-        assert_eq!(s.id_from(b"out/other", (7, 42)), None);
-        s.note(b"out/log", (7, 42), 9);
-        assert_eq!(s.id_from(b"out/log", (7, 42)), Some(9), "the newest version");
-        s.forget(b"out/log");
-        assert_eq!(s.id_from(b"out/log", (7, 42)), None);
-        for i in 0..SHARED_MAX as u64 + 10 {
-            s.note(format!("f{i}").as_bytes(), (1, i), i);
-        }
-        assert_eq!(s.map.len(), SHARED_MAX);
-        assert_eq!(s.order.len(), SHARED_MAX);
-        assert_eq!(s.id_from(b"f0", (1, 0)), None, "the oldest went first");
-        assert_eq!(s.id_from(format!("f{}", SHARED_MAX + 9).as_bytes(), (1, SHARED_MAX as u64 + 9)), Some(SHARED_MAX as u64 + 9));
-    }
 }

@@ -5,7 +5,7 @@
 //! directory when it was created, and stays one (a non-empty directory can
 //! only be renamed, which moves its records). A symlink can therefore only
 //! matter when a lookup misses, or when it finds a symlink in the last
-//! component. [`Node::lookup`] costs exactly what it cost before symlinks
+//! component. [`crate::outputs::Outputs::lookup`] costs exactly what it cost before symlinks
 //! existed on the hit path (one GET at the owner); on a miss it walks the
 //! ancestors (as the errno of a miss always needed), and an ancestor that
 //! is a symlink is spliced in and the walk restarts, at most
@@ -17,8 +17,8 @@
 //! tree ([`Looked::Outside`]: the client re-runs the call on the kernel).
 
 use super::owner::mop;
-use crate::node::Node;
-use super::parent;
+use crate::outputs::Outputs;
+use crate::outputs::names::{now_ns, parent, Looked};
 use fanstore_core::checksum::xxh3;
 use fanstore_core::manifest::NodeKind;
 use fanstore_core::wire::{self, OutRecord};
@@ -27,23 +27,12 @@ use std::sync::atomic::Ordering::Relaxed;
 /// Linux's limit on symlinks followed in one lookup.
 pub const MAX_SYMLINKS: u32 = 40;
 
-/// Where a path leads.
-#[derive(Debug)]
-pub enum Looked {
-    /// An output record at `path` (a symlink's target in `target`).
-    Output { path: Vec<u8>, rec: OutRecord, target: Vec<u8> },
-    /// An input node of the dataset at `path`.
-    Input { path: Vec<u8>, node: u32 },
-    /// An absolute path outside the mount (a symlink's target led there).
-    Outside(Vec<u8>),
-}
-
 enum Spliced {
     Inside(Vec<u8>),
     Outside(Vec<u8>),
 }
 
-impl Node {
+impl Outputs {
     /// GET at the owner: the record of `path` and a symlink's target.
     pub(crate) fn get_record(&self, path: &[u8]) -> Result<(OutRecord, Vec<u8>), i32> {
         let r = self.meta_at(path, mop::GET, 0, path.to_vec())?;
@@ -66,7 +55,7 @@ impl Node {
             }
         };
         'walk: loop {
-            if let Some(n) = self.view.lookup(&cur) {
+            if let Some(n) = self.rank.view.lookup(&cur) {
                 return Ok(Looked::Input { path: cur, node: n.id() });
             }
             match self.get_record(&cur) {
@@ -84,7 +73,7 @@ impl Node {
                     // (follow it and look again).
                     let mut p = parent(&cur).0;
                     while !p.is_empty() {
-                        if let Some(n) = self.view.lookup(p) {
+                        if let Some(n) = self.rank.view.lookup(p) {
                             return Err(if n.is_dir() { libc::ENOENT } else { libc::ENOTDIR });
                         }
                         match self.get_record(p) {
@@ -116,7 +105,7 @@ impl Node {
             return Ok(Vec::new());
         }
         match self.lookup(dir, true)? {
-            Looked::Input { path, node } => match self.view.node(node) {
+            Looked::Input { path, node } => match self.rank.view.node(node) {
                 Some(n) if n.is_dir() => Ok(path),
                 _ => Err(libc::ENOTDIR),
             },
@@ -152,7 +141,7 @@ impl Node {
                     Spliced::Outside(_) => return Err(libc::EXDEV),
                 },
                 Ok(_) => return Ok(cur),
-                Err(libc::ENOENT) => return if self.view.lookup(&cur).is_some() { Err(libc::EROFS) } else { Ok(cur) },
+                Err(libc::ENOENT) => return if self.rank.view.lookup(&cur).is_some() { Err(libc::EROFS) } else { Ok(cur) },
                 Err(e) => return Err(e),
             }
         }
@@ -162,7 +151,7 @@ impl Node {
     /// Symlink `target` placed in directory `dir`, followed by `rest`
     /// (empty or starting with '/'), relative to the mount.
     fn splice(&self, dir: &[u8], target: &[u8], rest: &[u8]) -> Spliced {
-        let mount = self.id.mount.as_bytes();
+        let mount = self.rank.id.mount.as_bytes();
         let mut buf = vec![0u8; fanstore_core::path::MAX_PATH];
         let mut cwd = mount.to_vec();
         if !dir.is_empty() {
@@ -191,26 +180,26 @@ impl Node {
         if target.contains(&0) || target.len() > libc::PATH_MAX as usize {
             return Err(libc::ENAMETOOLONG);
         }
-        if path.is_empty() || self.view.lookup(path).is_some() {
+        if path.is_empty() || self.rank.view.lookup(path).is_some() {
             return Err(libc::EEXIST);
         }
         let path = self.real_entry(path)?;
-        if self.view.lookup(&path).is_some() {
+        if self.rank.view.lookup(&path).is_some() {
             return Err(libc::EEXIST);
         }
-        let id = self.outputs.out_seq.fetch_add(1, Relaxed);
+        let id = self.out_seq.fetch_add(1, Relaxed);
         if id >= crate::ids::OUT_BIT as u64 {
             return Err(libc::ENOSPC);
         }
-        let now = crate::outputs::namespace::now_ns();
-        let rec = OutRecord { size: target.len() as u64, mode: libc::S_IFLNK | 0o777, holder: self.id.rank, id, sum: xxh3(target), ..Default::default() }
+        let now = now_ns();
+        let rec = OutRecord { size: target.len() as u64, mode: libc::S_IFLNK | 0o777, holder: self.rank.id.rank, id, sum: xxh3(target), ..Default::default() }
             .with_times(now, now);
         self.hold_link(&path, &rec, target)?;
         if let Err(e) = self.put_link(&path, rec, target, wire::COMMIT_EXCL) {
             self.drop_held_here(id);
             return Err(e);
         }
-        self.counters.outputs.fetch_add(1, Relaxed);
+        self.rank.counters.outputs.fetch_add(1, Relaxed);
         self.link(&path, wire::KIND_LINK, true)
     }
 
@@ -232,23 +221,13 @@ impl Node {
 
     /// PUT of a symlink record (payload `record | path NUL target`).
     pub(crate) fn put_link(&self, path: &[u8], rec: OutRecord, target: &[u8], arg0: u64) -> Result<bool, i32> {
-        let mut p = Vec::with_capacity(OutRecord::LEN + path.len() + 1 + target.len());
-        rec.encode_into(&mut p);
-        p.extend_from_slice(path);
-        p.push(0);
-        p.extend_from_slice(target);
-        let r = self.meta_at(path, mop::PUT, arg0, p)?;
-        let old = OutRecord::decode(&r.payload);
-        if let Some(old) = old.filter(|o| (o.id, o.holder) != (rec.id, rec.holder)) {
-            self.drop_data(&old);
-        }
-        Ok(old.is_some())
+        self.put_payload(path, rec, &[b"\0", target], arg0)
     }
 
     /// A synthetic record for input node `node` (an OUT_STAT through a
     /// symlink that leads into the dataset).
     pub fn input_record(&self, node: u32) -> OutRecord {
-        match self.view.node(node) {
+        match self.rank.view.node(node) {
             Some(n) => OutRecord {
                 size: if n.kind() == Some(NodeKind::File) { n.size() } else { 0 },
                 mode: n.mode(),

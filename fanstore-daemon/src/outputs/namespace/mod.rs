@@ -2,7 +2,7 @@
 //! directories, symlinks, listings, renames) and the MPI operations that
 //! keep them, on every rank. [`crate::outputs::held`] (the bytes: COMMIT, OUT_OPEN,
 //! held files, drain, recovery), [`crate::outputs::dedup`] (checkpoints) and
-//! [`crate::outputs::persist`] use it through [`Node::lookup`], `Node::put_record`
+//! [`crate::outputs::persist`] use it through [`crate::outputs::Outputs::lookup`], `crate::outputs::Outputs::put_record`
 //! and the calls below; nothing else talks to an owner rank.
 //!
 //! ```text
@@ -13,7 +13,7 @@
 //! ```
 //!
 //! - Placement: the record of path P lives at rank xxh3(P) mod N
-//!   ([`Node::owner`]); the listing of directory D at D's owner, so a
+//!   ([`crate::outputs::Outputs::owner`]); the listing of directory D at D's owner, so a
 //!   readdir costs one message and O(entries).
 //! - Identity is the path: renaming a directory moves its records and
 //!   listings to their new owners ([`owner`] module doc: MOVE_PREP /
@@ -33,8 +33,9 @@ pub mod owner;
 mod tree;
 
 use crate::comm::{Command, MetaCall, MetaServer};
-use crate::node::Node;
-use crate::outputs::held::{drop_held, rename_held};
+use crate::outputs::Outputs;
+use crate::outputs::held_files::{drop_held, rename_held};
+use crate::outputs::names::{parent, Looked};
 use fanstore_core::checksum::xxh3;
 use fanstore_core::tiers::DIR_HAS_OUTPUTS;
 use fanstore_core::wire::{self, OutRecord, Reply, Request};
@@ -47,19 +48,13 @@ const META_TIMEOUT: Duration = Duration::from_secs(10);
 
 pub(super) static META_IDS: AtomicU64 = AtomicU64::new(1);
 
-pub(crate) use fanstore_core::path::split_parent as parent;
 
-/// Now, in ns since the epoch (a new record's mtime).
-pub(crate) fn now_ns() -> i64 {
-    std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map_or(0, |d| d.as_nanos() as i64)
-}
-
-impl MetaServer for Node {
+impl MetaServer for Outputs {
     fn handle_meta(&self, msg: &[u8]) -> Vec<u8> {
         match Request::decode(msg) {
             Ok(req) if req.op == mop::HOLDER_DROP || req.op == mop::HOLDER_RENAME => {
                 // Store work does not belong on the communication thread.
-                let (dedup, out, fsync) = (self.outputs.dedup.get().cloned(), self.out_dir(), self.outputs.fsync_outputs.load(Relaxed));
+                let (dedup, out, fsync) = (self.dedup.get().cloned(), self.out_dir(), self.fsync_outputs.load(Relaxed));
                 let spawned = std::thread::Builder::new().name("fanstore-held".into()).spawn(move || {
                     if req.op == mop::HOLDER_DROP {
                         drop_held(dedup.as_deref(), &out, req.arg0);
@@ -75,16 +70,16 @@ impl MetaServer for Node {
                 Some(_) => Reply::ok(&req, 0).encode(),
                 None => Reply::err(&req, libc::EINVAL).encode(),
             },
-            Ok(req) => self.outputs.meta.lock().unwrap_or_else(|p| p.into_inner()).handle(&req).encode(),
+            Ok(req) => self.meta.lock().unwrap_or_else(|p| p.into_inner()).handle(&req).encode(),
             Err(_) => Reply { op: 0, id: 0, errno: libc::EINVAL, flags: 0, value: 0, payload: Vec::new() }.encode(),
         }
     }
 }
 
-impl Node {
+impl Outputs {
     /// The metadata owner of `path`.
     pub fn owner(&self, path: &[u8]) -> u32 {
-        (xxh3(path) % self.id.nranks.max(1) as u64) as u32
+        (xxh3(path) % self.rank.id.nranks.max(1) as u64) as u32
     }
 
     /// One metadata request at the owner of `key`: answered here when this
@@ -111,7 +106,7 @@ impl Node {
     }
 
     pub(crate) fn meta_once(&self, dest: u32, op: u16, arg0: u64, payload: Vec<u8>) -> Result<Reply, i32> {
-        let rep = if dest == self.id.rank {
+        let rep = if dest == self.rank.id.rank {
             let req = Request { op, id: META_IDS.fetch_add(1, Relaxed), arg0, arg1: 0, payload };
             Reply::decode(&self.handle_meta(&req.encode())).map_err(|_| libc::EIO)?
         } else {
@@ -130,7 +125,7 @@ impl Node {
         let id = META_IDS.fetch_add(1, Relaxed);
         let msg = Request { op, id, arg0, arg1: 0, payload }.encode();
         let (tx, rx) = crossbeam::channel::bounded(1);
-        self.comm.send(Command::Meta(MetaCall { dest, id, msg, reply: tx, timeout: META_TIMEOUT })).map_err(|_| libc::EIO)?;
+        self.rank.comm.send(Command::Meta(MetaCall { dest, id, msg, reply: tx, timeout: META_TIMEOUT })).map_err(|_| libc::EIO)?;
         Ok(rx)
     }
 
@@ -138,7 +133,7 @@ impl Node {
     /// came within the bound); its errno is the caller's to check.
     fn meta_wait(&self, dest: u32, pending: &crossbeam::channel::Receiver<Vec<u8>>) -> Result<Reply, i32> {
         let b = pending.recv_timeout(META_TIMEOUT + Duration::from_secs(1)).map_err(|_| {
-            log::warn!("rank {}: metadata rank {dest} did not answer", self.id.rank);
+            log::warn!("rank {}: metadata rank {dest} did not answer", self.rank.id.rank);
             libc::EIO
         })?;
         Reply::decode(&b).map_err(|_| libc::EIO)
@@ -162,7 +157,7 @@ impl Node {
 
     /// The node id of input directory `dir`, if it is one.
     pub(crate) fn input_dir(&self, dir: &[u8]) -> Option<u32> {
-        self.view.lookup(dir).filter(|n| n.is_dir()).map(|n| n.id())
+        self.rank.view.lookup(dir).filter(|n| n.is_dir()).map(|n| n.id())
     }
 
     /// Can an output be listed in `dir`? False only for an input directory
@@ -189,12 +184,12 @@ impl Node {
         if self.inputs.tiers.get().is_some_and(|t| t.get(id) == DIR_HAS_OUTPUTS) {
             return Ok(());
         }
-        let others = (0..self.id.nranks).filter(|&r| r != self.id.rank);
+        let others = (0..self.rank.id.nranks).filter(|&r| r != self.rank.id.rank);
         let pending = others.map(|dest| Ok((dest, self.meta_post(dest, mop::MARK_DIR, u64::from(id), Vec::new())?))).collect::<Result<Vec<_>, i32>>()?;
         self.mark_input_dir_here(id);
         for (dest, rx) in pending {
             if !self.meta_wait(dest, &rx).is_ok_and(|r| r.errno == 0) {
-                log::warn!("rank {}: rank {dest} did not mark input directory '{}'", self.id.rank, String::from_utf8_lossy(dir));
+                log::warn!("rank {}: rank {dest} did not mark input directory '{}'", self.rank.id.rank, String::from_utf8_lossy(dir));
                 return Err(libc::EIO);
             }
         }
@@ -204,11 +199,11 @@ impl Node {
     /// Marks input directory node `id` in this rank's tier map (MARK_DIR,
     /// and persisted outputs loaded at start). False if `id` is not a directory.
     pub(crate) fn mark_input_dir_here(&self, id: u32) -> bool {
-        if !self.view.node(id).is_some_and(|n| n.is_dir()) {
+        if !self.rank.view.node(id).is_some_and(|n| n.is_dir()) {
             return false;
         }
         if self.inputs.tiers.get().is_some_and(|t| t.set_if(id, 0, DIR_HAS_OUTPUTS)) {
-            self.counters.dirs_with_outputs.fetch_add(1, Relaxed);
+            self.rank.counters.dirs_with_outputs.fetch_add(1, Relaxed);
         }
         true
     }
@@ -224,7 +219,6 @@ impl Node {
     /// last one too unless `wire::STAT_NOFOLLOW`). A path that leads out of
     /// the mount is EXDEV with the absolute path as the payload.
     pub fn out_stat_answer(&self, path: &[u8], flags: u64) -> Result<Vec<u8>, (i32, Vec<u8>)> {
-        use crate::outputs::namespace::links::Looked;
         let follow = flags & wire::STAT_NOFOLLOW == 0;
         let resolved = |p: &[u8]| if p == path { Vec::new() } else { p.to_vec() };
         match self.lookup(path, follow) {
@@ -243,13 +237,12 @@ impl Node {
     /// is a directory, else the errno an open with O_CREAT gives (ENOENT,
     /// ENOTDIR); None when `dir` leads out of the mount (the client looks).
     fn dir_errno(&self, dir: &[u8]) -> Option<i32> {
-        use crate::outputs::namespace::links::Looked;
         if dir.is_empty() {
             return Some(0);
         }
         match self.lookup(dir, true) {
             Ok(Looked::Output { rec, .. }) => Some(if rec.is_dir() { 0 } else { libc::ENOTDIR }),
-            Ok(Looked::Input { node, .. }) => Some(if self.view.node(node).is_some_and(|n| n.is_dir()) { 0 } else { libc::ENOTDIR }),
+            Ok(Looked::Input { node, .. }) => Some(if self.rank.view.node(node).is_some_and(|n| n.is_dir()) { 0 } else { libc::ENOTDIR }),
             Ok(Looked::Outside(_)) => None,
             Err(e) => Some(e),
         }
@@ -260,7 +253,7 @@ impl Node {
     pub(crate) fn missing_errno(&self, path: &[u8]) -> i32 {
         let mut p = parent(path).0;
         while !p.is_empty() {
-            if let Some(n) = self.view.lookup(p) {
+            if let Some(n) = self.rank.view.lookup(p) {
                 return if n.is_dir() { libc::ENOENT } else { libc::ENOTDIR };
             }
             match self.meta_at(p, mop::GET, 0, p.to_vec()) {
@@ -289,9 +282,19 @@ impl Node {
     }
 
     pub(crate) fn put_with(&self, path: &[u8], rec: OutRecord, arg0: u64) -> Result<bool, i32> {
-        let mut p = Vec::with_capacity(OutRecord::LEN + path.len());
+        self.put_payload(path, rec, &[], arg0)
+    }
+
+    /// PUT of `rec` at `path` (payload `record | path | after...`: a
+    /// symlink's `NUL target` follows its path); drops the bytes of the
+    /// output the record replaced. True if it replaced one.
+    pub(crate) fn put_payload(&self, path: &[u8], rec: OutRecord, after: &[&[u8]], arg0: u64) -> Result<bool, i32> {
+        let mut p = Vec::with_capacity(OutRecord::LEN + path.len() + after.iter().map(|a| a.len()).sum::<usize>());
         rec.encode_into(&mut p);
         p.extend_from_slice(path);
+        for a in after {
+            p.extend_from_slice(a);
+        }
         let r = self.meta_at(path, mop::PUT, arg0, p)?;
         // A record of the same output (a rename retried after a failure
         // between its steps) is not a replaced one.
@@ -306,13 +309,13 @@ impl Node {
     /// holder (asked over MPI; a holder that is gone keeps them until its
     /// local directory is removed). Persisted bytes stay in `--persist`.
     pub(crate) fn drop_data(&self, old: &OutRecord) {
-        if old.is_dir() || old.holder >= self.id.nranks {
+        if old.is_dir() || old.holder >= self.rank.id.nranks {
             return;
         }
-        if old.holder == self.id.rank {
+        if old.holder == self.rank.id.rank {
             self.drop_held_here(old.id);
         } else if let Err(e) = self.meta_to(old.holder, mop::HOLDER_DROP, old.id, Vec::new()) {
-            log::warn!("rank {}: rank {} did not drop output {}: errno {e}", self.id.rank, old.holder, old.id);
+            log::warn!("rank {}: rank {} did not drop output {}: errno {e}", self.rank.id.rank, old.holder, old.id);
         }
     }
 

@@ -78,7 +78,7 @@ pub mod mop {
     /// To every rank, arg0 the node id of an input directory: mark it in
     /// this rank's tier map as one in which outputs may be listed (sent
     /// before the first output name is added to its listing:
-    /// `Node::mark_input_dir`). Not a store operation.
+    /// `crate::outputs::Outputs::mark_input_dir`). Not a store operation.
     pub const MARK_DIR: u16 = 114;
 }
 
@@ -399,7 +399,7 @@ impl MetaStore {
                             wire::SETATTR_ATIME => r.atime_ns = value as i64,
                             _ => return Reply::err(req, libc::EINVAL),
                         }
-                        r.ctime_ns = super::now_ns();
+                        r.ctime_ns = crate::outputs::names::now_ns();
                         with_record(req, r, None)
                     }
                 }

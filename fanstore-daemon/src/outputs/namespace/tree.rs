@@ -5,12 +5,13 @@
 
 use super::owner::mop;
 use fanstore_core::watchev::Kind;
-use super::{now_ns, META_IDS};
-use crate::node::Node;
+use super::META_IDS;
+use crate::outputs::names::{now_ns, Looked};
+use crate::outputs::Outputs;
 use fanstore_core::wire::{self, OutRecord, Reply};
 use std::sync::atomic::Ordering::Relaxed;
 
-impl Node {
+impl Outputs {
     /// OUT_LIST: entries of output listing `dir` after `skip`.
     /// A directory reached through a symlink is listed under its real
     /// path (clients list the path they resolved at opendir; this is for
@@ -30,15 +31,15 @@ impl Node {
     }
 
     pub fn out_mkdir(&self, path: &[u8], mode: u32) -> Result<(), i32> {
-        if path.is_empty() || self.view.lookup(path).is_some() {
+        if path.is_empty() || self.rank.view.lookup(path).is_some() {
             return Err(libc::EEXIST);
         }
         let path = &self.real_entry(path)?;
-        if self.view.lookup(path).is_some() {
+        if self.rank.view.lookup(path).is_some() {
             return Err(libc::EEXIST);
         }
         let now = now_ns();
-        let rec = OutRecord { mode: libc::S_IFDIR | (mode & 0o7777), holder: self.id.rank, ..Default::default() }.with_times(now, now);
+        let rec = OutRecord { mode: libc::S_IFDIR | (mode & 0o7777), holder: self.rank.id.rank, ..Default::default() }.with_times(now, now);
         let mut p = Vec::new();
         rec.encode_into(&mut p);
         p.extend_from_slice(path);
@@ -48,14 +49,19 @@ impl Node {
         Ok(())
     }
 
+    /// The entry `path` names, its parents' symlinks resolved
+    /// ([`Outputs::real_entry`]); refused with `on_input(is_dir)` when the
+    /// path or the entry is an input of the dataset.
+    fn output_entry(&self, path: &[u8], on_input: fn(bool) -> i32) -> Result<Vec<u8>, i32> {
+        let refuse = |p: &[u8]| self.rank.view.lookup(p).map_or(Ok(()), |n| Err(on_input(n.is_dir())));
+        refuse(path)?;
+        let real = self.real_entry(path)?;
+        refuse(&real)?;
+        Ok(real)
+    }
+
     pub fn out_rmdir(&self, path: &[u8]) -> Result<(), i32> {
-        if let Some(n) = self.view.lookup(path) {
-            return Err(if n.is_dir() { libc::EROFS } else { libc::ENOTDIR });
-        }
-        let path = &self.real_entry(path)?;
-        if let Some(n) = self.view.lookup(path) {
-            return Err(if n.is_dir() { libc::EROFS } else { libc::ENOTDIR });
-        }
+        let path = &self.output_entry(path, |dir| if dir { libc::EROFS } else { libc::ENOTDIR })?;
         self.on_record(path, mop::RMDIR, 0, path.to_vec())?;
         self.link(path, wire::KIND_DIR, false)?;
         self.publish(Kind::Rmdir, path, b"", true, false, None);
@@ -64,13 +70,7 @@ impl Node {
 
 
     pub fn out_unlink(&self, path: &[u8]) -> Result<(), i32> {
-        if let Some(n) = self.view.lookup(path) {
-            return Err(if n.is_dir() { libc::EISDIR } else { libc::EROFS });
-        }
-        let path = &self.real_entry(path)?;
-        if let Some(n) = self.view.lookup(path) {
-            return Err(if n.is_dir() { libc::EISDIR } else { libc::EROFS });
-        }
+        let path = &self.output_entry(path, |dir| if dir { libc::EISDIR } else { libc::EROFS })?;
         let r = self.on_record(path, mop::DEL, 0, path.to_vec())?;
         let old = OutRecord::decode(&r.payload);
         if let Some(old) = &old {
@@ -99,14 +99,14 @@ impl Node {
             Err(libc::ENOENT) => {}
             Err(e) => return Err(e),
         }
-        let tx = META_IDS.fetch_add(1, Relaxed) | (u64::from(self.id.rank) << 48);
+        let tx = META_IDS.fetch_add(1, Relaxed) | (u64::from(self.rank.id.rank) << 48);
         let mut names = from.to_vec();
         names.push(0);
         names.extend_from_slice(to);
         let mut moved = Vec::new();
         let mut prepared = Vec::new();
         let mut failed = None;
-        for r in 0..self.id.nranks {
+        for r in 0..self.rank.id.nranks {
             match self.meta_once(r, mop::MOVE_PREP, tx, names.clone()) {
                 Ok(rep) => {
                     prepared.push(r);
@@ -128,13 +128,13 @@ impl Node {
                 // Never return before the commit: the fences must be lifted.
                 for (path, add) in [(from, false), (to, true)] {
                     if let Err(e) = self.link(path, wire::KIND_DIR, add) {
-                        log::error!("rank {}: listing of the parent of '{}': errno {e}", self.id.rank, String::from_utf8_lossy(path));
+                        log::error!("rank {}: listing of the parent of '{}': errno {e}", self.rank.id.rank, String::from_utf8_lossy(path));
                     }
                 }
                 (moved.into_iter().map(|m| m.renamed(from, to)).collect::<Vec<_>>(), Ok(()))
             }
         };
-        let mut per_rank = vec![Vec::new(); self.id.nranks as usize];
+        let mut per_rank = vec![Vec::new(); self.rank.id.nranks as usize];
         let mut files = Vec::new();
         for e in &entries {
             match e {
@@ -150,7 +150,7 @@ impl Node {
             }
             let arg0 = if result.is_ok() { tx | crate::outputs::namespace::owner::MOVE_DONE } else { tx };
             if let Err(e) = self.meta_once(r, mop::MOVE_COMMIT, arg0, payload) {
-                log::error!("rank {}: moving '{}': rank {r} did not commit: errno {e}", self.id.rank, String::from_utf8_lossy(from));
+                log::error!("rank {}: moving '{}': rank {r} did not commit: errno {e}", self.rank.id.rank, String::from_utf8_lossy(from));
             }
         }
         if result.is_ok() {
@@ -164,21 +164,21 @@ impl Node {
     /// Tells the holder of output `rec` that it is now named `path` (its
     /// sidecar here, or its checkpoint store's name there).
     fn renamed_at_holder(&self, path: &[u8], rec: &OutRecord) {
-        if rec.holder == self.id.rank {
+        if rec.holder == self.rank.id.rank {
             let _ = self.write_sidecar(path, rec);
-            if let Some(d) = self.outputs.dedup.get() {
+            if let Some(d) = self.dedup.get() {
                 d.rename_output(rec.id, path);
             }
-        } else if rec.holder < self.id.nranks {
+        } else if rec.holder < self.rank.id.nranks {
             if let Err(e) = self.meta_to(rec.holder, mop::HOLDER_RENAME, rec.id, path.to_vec()) {
-                log::warn!("rank {}: rank {} did not rename output {}: errno {e}", self.id.rank, rec.holder, rec.id);
+                log::warn!("rank {}: rank {} did not rename output {}: errno {e}", self.rank.id.rank, rec.holder, rec.id);
             }
         }
     }
 
     /// chmod / utime of an output: the record at its owner changes (EROFS on an input).
     pub fn out_setattr(&self, path: &[u8], what: u64, value: u64) -> Result<(), i32> {
-        if self.view.lookup(path).is_some() {
+        if self.rank.view.lookup(path).is_some() {
             return Err(libc::EROFS);
         }
         // chmod and utime follow a symlink unless told not to; a symlink's
@@ -186,10 +186,10 @@ impl Node {
         let follow = what & wire::SETATTR_NOFOLLOW == 0;
         let what = what & !wire::SETATTR_NOFOLLOW;
         let path = &match self.lookup(path, follow)? {
-            crate::outputs::namespace::links::Looked::Output { rec, .. } if rec.is_link() && what == wire::SETATTR_MODE => return Err(libc::EOPNOTSUPP),
-            crate::outputs::namespace::links::Looked::Output { path, .. } => path,
-            crate::outputs::namespace::links::Looked::Input { .. } => return Err(libc::EROFS),
-            crate::outputs::namespace::links::Looked::Outside(_) => return Err(libc::EXDEV),
+            Looked::Output { rec, .. } if rec.is_link() && what == wire::SETATTR_MODE => return Err(libc::EOPNOTSUPP),
+            Looked::Output { path, .. } => path,
+            Looked::Input { .. } => return Err(libc::EROFS),
+            Looked::Outside(_) => return Err(libc::EXDEV),
         };
         let mut payload = value.to_le_bytes().to_vec();
         payload.extend_from_slice(path);
@@ -198,13 +198,13 @@ impl Node {
 
     /// RENAME (`noreplace`: RENAME_NOREPLACE, EEXIST if `to` exists).
     pub fn out_rename(&self, from: &[u8], to: &[u8], noreplace: bool) -> Result<(), i32> {
-        if self.view.lookup(from).is_some() || self.view.lookup(to).is_some() {
+        if self.rank.view.lookup(from).is_some() || self.rank.view.lookup(to).is_some() {
             return Err(libc::EROFS);
         }
         // As the kernel: both parents are resolved (old, then new) before the entry.
         let from = &self.real_entry(from)?;
         let to = &self.real_entry(to)?;
-        if self.view.lookup(from).is_some() || self.view.lookup(to).is_some() {
+        if self.rank.view.lookup(from).is_some() || self.rank.view.lookup(to).is_some() {
             return Err(libc::EROFS);
         }
         let (rec, target) = match self.meta_at(from, mop::GET, 0, from.to_vec()) {
@@ -229,7 +229,7 @@ impl Node {
         }
         // A rename changes the moved file's status time, as natively.
         let rec = OutRecord { ctime_ns: now_ns(), ..rec };
-        if rec.holder == self.id.rank {
+        if rec.holder == self.rank.id.rank {
             // A restart with the same --local recovers it under the new name.
             self.write_sidecar(to, &rec)?;
         }
@@ -244,7 +244,7 @@ impl Node {
         let replaced = match put {
             Ok(r) => r,
             Err(e) => {
-                if rec.holder == self.id.rank {
+                if rec.holder == self.rank.id.rank {
                     let _ = self.write_sidecar(from, &rec); // still named `from`
                 }
                 return Err(e);
@@ -256,13 +256,13 @@ impl Node {
             Err(e) => return Err(e),
         }
         // The holder's checkpoint store shows the new name (reads go by id).
-        if rec.holder == self.id.rank {
-            if let Some(d) = self.outputs.dedup.get() {
+        if rec.holder == self.rank.id.rank {
+            if let Some(d) = self.dedup.get() {
                 d.rename_output(rec.id, to);
             }
-        } else if rec.holder < self.id.nranks {
+        } else if rec.holder < self.rank.id.nranks {
             if let Err(e) = self.meta_to(rec.holder, mop::HOLDER_RENAME, rec.id, to.to_vec()) {
-                log::warn!("rank {}: rank {} did not rename output {}: errno {e}", self.id.rank, rec.holder, rec.id);
+                log::warn!("rank {}: rank {} did not rename output {}: errno {e}", self.rank.id.rank, rec.holder, rec.id);
             }
         }
         self.link(from, wire::KIND_FILE, false)?;

@@ -19,7 +19,7 @@
 //!   owner: MPI keeps messages between two ranks in order), so every node sees
 //!   a directory's events in the order its owner applied them.
 //! - **Delivery.** A node turns an event into records for each local watcher
-//!   session, queues them (bounded: beyond [`QUEUE_MAX`] the session reports
+//!   session, queues them (bounded: beyond [`sessions::QUEUE_MAX`] the session reports
 //!   an overflow, IN_Q_OVERFLOW) and wakes the session's thread through an
 //!   eventfd. The session thread sleeps in `poll` (connection, eventfd,
 //!   forwarded kernel inotify fd, sink): nothing spins while nothing happens.
@@ -33,13 +33,13 @@
 //!   interests it alone held are withdrawn from every rank.
 
 use crate::comm::{Command, MetaCall};
-use crate::node::Node;
+use crate::outputs::Outputs;
 use fanstore_core::watchev::{self, Kind, NsEvent, Rec, IN_ALL_EVENTS, IN_IGNORED, IN_ONLYDIR, IN_Q_OVERFLOW};
 use fanstore_core::wire::{self, op, OutRecord, Reply, Request};
-use std::collections::{HashMap, HashSet, VecDeque};
+use std::collections::HashSet;
 use std::os::fd::{AsRawFd, FromRawFd, OwnedFd, RawFd};
 use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
-use std::sync::{Arc, Mutex, MutexGuard};
+use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 /// Rank-to-rank ops of the event routing (never sent by clients).
@@ -57,18 +57,6 @@ pub fn is_mop(op: u16) -> bool {
     (wop::SUB..=wop::DELIVER).contains(&op)
 }
 
-/// Records a session may have queued before it reports an overflow (the
-/// kernel's default `max_queued_events`); `FANSTORE_WATCH_QUEUE` in the
-/// daemon's environment changes it (tests use a small one).
-pub const QUEUE_MAX: usize = 16384;
-
-fn queue_max() -> usize {
-    static Q: std::sync::OnceLock<usize> = std::sync::OnceLock::new();
-    *Q.get_or_init(|| {
-        std::env::var("FANSTORE_WATCH_QUEUE").ok().and_then(|v| v.trim().parse().ok()).filter(|&n| n > 0).unwrap_or(QUEUE_MAX)
-    })
-}
-
 /// How long a blocked session thread sleeps before it looks at the stop flag.
 const POLL_MS: i32 = 1000;
 
@@ -77,131 +65,18 @@ const POLL_MS: i32 = 1000;
 static DELIVER_IDS: AtomicU64 = AtomicU64::new(1 << 62);
 static COOKIES: AtomicU64 = AtomicU64::new(1);
 
-fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
-    m.lock().unwrap_or_else(|p| p.into_inner())
-}
+pub mod sessions;
 
-/// The watch state of one rank.
-#[derive(Default)]
-pub struct WatchState {
-    routes: Mutex<Routes>,
-    local: Mutex<Local>,
-    /// Held across a count change and its announcement, so that one session
-    /// withdrawing an interest and another taking it again reach every rank
-    /// in the order they happened here.
-    announcing: Mutex<()>,
-    /// The node itself, for prefetch threads ([`WatchState::attach`]).
-    me: std::sync::OnceLock<std::sync::Weak<Node>>,
-}
+use sessions::{lock, Out, Session, SessState, Watch};
 
-impl WatchState {
+impl Outputs {
     /// Lets events start fetching the files they announce (set once the
     /// node is shared; without it, nothing is prefetched).
-    pub fn attach(node: &Arc<Node>) {
-        let _ = node.outputs.watch.me.set(Arc::downgrade(node));
-    }
-}
-
-/// Every node's interests (known on every rank) and this rank's event numbers.
-#[derive(Default)]
-struct Routes {
-    interests: HashSet<(u32, Vec<u8>, bool)>,
-    seq: u64,
-}
-
-/// This rank's watcher sessions, and how many watches hold each interest.
-#[derive(Default)]
-struct Local {
-    next: u64,
-    sessions: HashMap<u64, Arc<Session>>,
-    counts: HashMap<(Vec<u8>, bool), usize>,
-}
-
-struct Watch {
-    wd: i32,
-    path: Vec<u8>,
-    mask: u32,
-    recursive: bool,
-}
-
-/// What a session sends its client.
-enum Out {
-    /// An encoded NsEvent (to `fanstore watch`, as a WATCH_EVENT reply).
-    Ns(Vec<u8>),
-    /// One `struct inotify_event` (to the sink).
-    Ino(Vec<u8>),
-}
-
-#[derive(Default)]
-struct SessState {
-    watches: Vec<Watch>,
-    queue: VecDeque<Out>,
-    overflow: bool,
-    inotify: bool,
-    /// Interests of watches that ended while an event was delivered
-    /// (withdrawn by the session thread, which may wait on other ranks).
-    ended: Vec<(Vec<u8>, bool)>,
-}
-
-struct Session {
-    state: Mutex<SessState>,
-    wake: OwnedFd,
-}
-
-impl Session {
-    fn wake(&self) {
-        let one: u64 = 1;
-        // SAFETY: writing 8 bytes to our own eventfd.
-        unsafe { libc::write(self.wake.as_raw_fd(), (&one as *const u64).cast(), 8) };
+    pub fn attach_watch(self: &Arc<Self>) {
+        let _ = self.watch_prefetch.set(Arc::downgrade(self));
     }
 
-    /// Queues `o`, or notes an overflow. Caller holds the state lock.
-    fn push(st: &mut SessState, o: Out) {
-        if st.queue.len() >= queue_max() {
-            st.overflow = true;
-        } else {
-            st.queue.push_back(o);
-        }
-    }
 
-    /// Turns `ev` into this session's records; true if there were any.
-    fn deliver(&self, ev: &NsEvent) -> bool {
-        let mut st = lock(&self.state);
-        let mut any = false;
-        if st.inotify {
-            let mut recs: Vec<Rec> = Vec::new();
-            let mut i = 0;
-            while i < st.watches.len() {
-                recs.clear();
-                let w = &st.watches[i];
-                let wd = w.wd;
-                let ends = watchev::inotify_records(ev, &w.path, w.mask, w.recursive, &mut recs);
-                for r in &recs {
-                    let mut b = Vec::with_capacity(watchev::INOTIFY_HEAD + r.name.len() + 16);
-                    watchev::push_inotify(&mut b, wd, r);
-                    Session::push(&mut st, Out::Ino(b));
-                    any = true;
-                }
-                if ends {
-                    let w = st.watches.remove(i);
-                    st.ended.push((w.path, w.recursive));
-                } else {
-                    i += 1;
-                }
-            }
-        } else if st.watches.iter().any(|w| ev.concerns(&w.path, w.recursive)) {
-            Session::push(&mut st, Out::Ns(ev.encode()));
-            any = true;
-        }
-        drop(st);
-        if any {
-            self.wake();
-        }
-        any
-    }
-}
-
-impl Node {
     /// Rank-to-rank watch ops ([`wop`]), answered on whichever thread asks.
     pub fn watch_meta(&self, req: &Request) -> Reply {
         match req.op {
@@ -209,7 +84,7 @@ impl Node {
                 let Some((&flags, path)) = req.payload.split_first() else { return Reply::err(req, libc::EINVAL) };
                 let on = flags & 1 != 0;
                 let key = (req.arg0 as u32, path.to_vec(), flags & 2 != 0);
-                let mut r = lock(&self.outputs.watch.routes);
+                let mut r = lock(&self.watch.routes);
                 if on {
                     r.interests.insert(key);
                 } else {
@@ -219,13 +94,13 @@ impl Node {
             }
             wop::PUBLISH => {
                 let Some(mut ev) = NsEvent::decode(&req.payload) else { return Reply::err(req, libc::EINVAL) };
-                let mut r = lock(&self.outputs.watch.routes);
+                let mut r = lock(&self.watch.routes);
                 r.seq += 1;
                 ev.seq = r.seq;
                 let nodes: HashSet<u32> = r.interests.iter().filter(|(_, w, rec)| ev.concerns(w, *rec)).map(|k| k.0).collect();
                 let mut msg = None;
                 for n in nodes {
-                    if n == self.id.rank {
+                    if n == self.rank.id.rank {
                         self.deliver_local(&ev);
                         continue;
                     }
@@ -238,8 +113,8 @@ impl Node {
                     // Nobody waits for the answer: the receiver is dropped.
                     let (tx, _) = crossbeam::channel::bounded(1);
                     let call = MetaCall { dest: n, id: msg.id, msg: msg.encode(), reply: tx, timeout: Duration::from_secs(10) };
-                    if self.comm.send(Command::Meta(call)).is_err() {
-                        log::warn!("rank {}: event for rank {n} dropped: stopping", self.id.rank);
+                    if self.rank.comm.send(Command::Meta(call)).is_err() {
+                        log::warn!("rank {}: event for rank {n} dropped: stopping", self.rank.id.rank);
                     }
                 }
                 Reply::ok(req, ev.seq)
@@ -256,7 +131,7 @@ impl Node {
     }
 
     fn deliver_local(&self, ev: &NsEvent) {
-        let sessions: Vec<Arc<Session>> = lock(&self.outputs.watch.local).sessions.values().cloned().collect();
+        let sessions: Vec<Arc<Session>> = lock(&self.watch.local).sessions.values().cloned().collect();
         let mut wanted = false;
         for s in sessions {
             wanted |= s.deliver(ev);
@@ -271,19 +146,19 @@ impl Node {
     /// own: this may run on the MPI thread), so the consumer's open, which
     /// follows the event, finds it loaded or loading.
     fn prefetch(&self, ev: &NsEvent) {
-        if ev.holder == self.id.rank || ev.holder >= self.id.nranks || ev.size == 0 || !self.outputs.remote_outs.keeps(ev.size) {
+        if ev.holder == self.rank.id.rank || ev.holder >= self.rank.id.nranks || ev.size == 0 || !self.remote_outs.keeps(ev.size) {
             return;
         }
-        let Some(node) = self.outputs.watch.me.get().and_then(std::sync::Weak::upgrade) else { return };
+        let Some(node) = self.watch_prefetch.get().and_then(std::sync::Weak::upgrade) else { return };
         let rec = OutRecord { size: ev.size, mode: libc::S_IFREG, holder: ev.holder, id: ev.id, sum: ev.sum, ..Default::default() };
         let path = if ev.kind == Kind::Rename { ev.to.clone() } else { ev.path.clone() };
         let spawned = std::thread::Builder::new().name("fanstore-prefetch".into()).spawn(move || {
             if let Err(e) = node.load_remote_output(&path, &rec) {
-                log::debug!("rank {}: prefetching '{}': errno {e}", node.id.rank, String::from_utf8_lossy(&path));
+                log::debug!("rank {}: prefetching '{}': errno {e}", node.rank.id.rank, String::from_utf8_lossy(&path));
             }
         });
         if let Err(e) = spawned {
-            log::warn!("rank {}: spawning a prefetch thread: {e}", self.id.rank);
+            log::warn!("rank {}: spawning a prefetch thread: {e}", self.rank.id.rank);
         }
     }
 
@@ -298,8 +173,8 @@ impl Node {
             kind,
             is_dir,
             replaced,
-            node: self.id.rank,
-            cookie: if kind == Kind::Rename { (COOKIES.fetch_add(1, Relaxed) as u32 & 0x00ff_ffff) | (self.id.rank << 24) } else { 0 },
+            node: self.rank.id.rank,
+            cookie: if kind == Kind::Rename { (COOKIES.fetch_add(1, Relaxed) as u32 & 0x00ff_ffff) | (self.rank.id.rank << 24) } else { 0 },
             size: rec.map_or(0, |r| r.size),
             holder: bytes.map_or(u32::MAX, |r| r.holder),
             id: bytes.map_or(0, |r| r.id),
@@ -309,13 +184,13 @@ impl Node {
             path: path.to_vec(),
             to: to.to_vec(),
         };
-        let wanted = lock(&self.outputs.watch.routes).interests.iter().any(|(_, w, rec)| ev.concerns(w, *rec));
+        let wanted = lock(&self.watch.routes).interests.iter().any(|(_, w, rec)| ev.concerns(w, *rec));
         if !wanted {
             return;
         }
         let dir = if kind == Kind::Rename { watchev::parent(to).0 } else { watchev::parent(path).0 };
         if let Err(e) = self.meta_to(self.owner(dir), wop::PUBLISH, 0, ev.encode()) {
-            log::warn!("rank {}: publishing a {} event of '{}': errno {e}", self.id.rank, kind.name(), String::from_utf8_lossy(path));
+            log::warn!("rank {}: publishing a {} event of '{}': errno {e}", self.rank.id.rank, kind.name(), String::from_utf8_lossy(path));
         }
     }
 
@@ -323,18 +198,18 @@ impl Node {
     fn announce_to_all(&self, path: &[u8], recursive: bool, on: bool) {
         let mut payload = vec![u8::from(on) | (u8::from(recursive) << 1)];
         payload.extend_from_slice(path);
-        for r in 0..self.id.nranks {
-            if let Err(e) = self.meta_to(r, wop::SUB, u64::from(self.id.rank), payload.clone()) {
-                log::warn!("rank {}: rank {r} did not take a watch interest: errno {e}", self.id.rank);
+        for r in 0..self.rank.id.nranks {
+            if let Err(e) = self.meta_to(r, wop::SUB, u64::from(self.rank.id.rank), payload.clone()) {
+                log::warn!("rank {}: rank {r} did not take a watch interest: errno {e}", self.rank.id.rank);
             }
         }
     }
 
     /// Counts a watch on (path, recursive); the first one is announced.
     fn interest_add(&self, path: &[u8], recursive: bool) {
-        let _order = lock(&self.outputs.watch.announcing);
+        let _order = lock(&self.watch.announcing);
         let first = {
-            let mut l = lock(&self.outputs.watch.local);
+            let mut l = lock(&self.watch.local);
             let c = l.counts.entry((path.to_vec(), recursive)).or_insert(0);
             *c += 1;
             *c == 1
@@ -346,9 +221,9 @@ impl Node {
 
     /// Uncounts a watch; the last one is withdrawn.
     fn interest_drop(&self, path: &[u8], recursive: bool) {
-        let _order = lock(&self.outputs.watch.announcing);
+        let _order = lock(&self.watch.announcing);
         let last = {
-            let mut l = lock(&self.outputs.watch.local);
+            let mut l = lock(&self.watch.local);
             let key = (path.to_vec(), recursive);
             match l.counts.get_mut(&key) {
                 Some(c) if *c > 1 => {
@@ -370,7 +245,7 @@ impl Node {
     /// Is `path` something to watch? Ok(is a directory); ENOENT if neither
     /// an input nor an output.
     fn watch_target(&self, path: &[u8]) -> Result<bool, i32> {
-        if let Some(n) = self.view.lookup(path) {
+        if let Some(n) = self.rank.view.lookup(path) {
             return Ok(n.is_dir());
         }
         self.out_stat(path).map(|r| r.is_dir())
@@ -378,9 +253,9 @@ impl Node {
 
     /// WATCH_INFO: sessions, watches, and interests routed by this rank.
     pub fn watch_info_reply(&self, req: &Request) -> Reply {
-        let sessions: Vec<Arc<Session>> = lock(&self.outputs.watch.local).sessions.values().cloned().collect();
+        let sessions: Vec<Arc<Session>> = lock(&self.watch.local).sessions.values().cloned().collect();
         let watches: usize = sessions.iter().map(|s| lock(&s.state).watches.len()).sum();
-        let interests = lock(&self.outputs.watch.routes).interests.len();
+        let interests = lock(&self.watch.routes).interests.len();
         let mut rep = Reply::ok(req, sessions.len() as u64);
         rep.payload = format!("sessions={} watches={watches} interests={interests}\n", sessions.len()).into_bytes();
         rep
@@ -396,25 +271,25 @@ fn eventfd() -> Option<OwnedFd> {
 
 /// A watcher session on connection `conn`, which sent `first` (a WATCH_*
 /// op): runs until the client goes away. Called on the connection's thread.
-pub fn session(node: &Node, conn: RawFd, first: Request, attached: Option<OwnedFd>) {
+pub fn session(outputs: &Outputs, conn: RawFd, first: Request, attached: Option<OwnedFd>) {
     let Some(wake) = eventfd() else {
         let _ = wire::send_msg(conn, &Reply::err(&first, libc::EMFILE).encode(), None);
         return;
     };
     let s = Arc::new(Session { state: Mutex::new(SessState::default()), wake });
     let id = {
-        let mut l = lock(&node.outputs.watch.local);
+        let mut l = lock(&outputs.watch.local);
         l.next += 1;
         let id = l.next;
         l.sessions.insert(id, s.clone());
         id
     };
-    log::debug!("rank {}: watcher session {id} starts", node.id.rank);
-    let mut sess = Run { node, conn, s: &s, sink: None, kernel: None, pending: None, kbuf: Vec::new() };
+    log::debug!("rank {}: watcher session {id} starts", outputs.rank.id.rank);
+    let mut sess = Run { outputs, conn, s: &s, sink: None, kernel: None, pending: None, kbuf: Vec::new() };
     let mut buf = vec![0u8; wire::MAX_MESSAGE];
     let mut next = Some((first, attached));
     let why = loop {
-        if node.stopping.load(Relaxed) {
+        if outputs.rank.stopping.load(Relaxed) {
             break "the daemon stops";
         }
         if let Some((req, fd)) = next.take() {
@@ -428,18 +303,18 @@ pub fn session(node: &Node, conn: RawFd, first: Request, attached: Option<OwnedF
             Err(why) => break why,
         }
     };
-    log::debug!("rank {}: watcher session {id} ends: {why}", node.id.rank);
-    lock(&node.outputs.watch.local).sessions.remove(&id);
+    log::debug!("rank {}: watcher session {id} ends: {why}", outputs.rank.id.rank);
+    lock(&outputs.watch.local).sessions.remove(&id);
     let watches = std::mem::take(&mut lock(&s.state).watches);
     let ended = std::mem::take(&mut lock(&s.state).ended);
     for (path, rec) in watches.into_iter().map(|w| (w.path, w.recursive)).chain(ended) {
-        node.interest_drop(&path, rec);
+        outputs.interest_drop(&path, rec);
     }
 }
 
 /// The session thread's own state.
 struct Run<'a> {
-    node: &'a Node,
+    outputs: &'a Outputs,
     conn: RawFd,
     s: &'a Session,
     sink: Option<OwnedFd>,
@@ -480,7 +355,7 @@ impl Run<'_> {
                 match removed {
                     Some(w) => {
                         self.s.wake();
-                        self.node.interest_drop(&w.path, w.recursive);
+                        self.outputs.interest_drop(&w.path, w.recursive);
                         self.reply(req, Ok(0))
                     }
                     None => self.reply(req, Err(libc::EINVAL)),
@@ -518,7 +393,7 @@ impl Run<'_> {
             return Err(libc::EINVAL);
         }
         let path = req.payload.clone();
-        let is_dir = self.node.watch_target(&path)?;
+        let is_dir = self.outputs.watch_target(&path)?;
         if mask & IN_ONLYDIR != 0 && !is_dir {
             return Err(libc::ENOTDIR);
         }
@@ -534,9 +409,9 @@ impl Run<'_> {
             }
         };
         // The new interest first, so no event falls between the two.
-        self.node.interest_add(&path, recursive);
+        self.outputs.interest_add(&path, recursive);
         if let Some(o) = old {
-            self.node.interest_drop(&o.path, o.recursive);
+            self.outputs.interest_drop(&o.path, o.recursive);
         }
         Ok(())
     }
@@ -547,7 +422,7 @@ impl Run<'_> {
         self.flush().map_err(|()| "sending records failed")?;
         let ended = std::mem::take(&mut lock(&self.s.state).ended);
         for (p, r) in ended {
-            self.node.interest_drop(&p, r);
+            self.outputs.interest_drop(&p, r);
         }
         let blocked = self.pending.is_some();
         let mut fds = vec![
