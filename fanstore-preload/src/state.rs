@@ -56,8 +56,6 @@ pub struct State {
     pub tiers: Option<TierView<'static>>,
     /// The daemon's copy directory (files of tier `TIER_COPY`).
     pub copy_dir: Vec<u8>,
-    /// The daemon's local partition copies, mapped on first use.
-    pub part_maps: crate::parts::PartMaps,
     /// The daemon's NodeState flags (`fanstore_core::runtime::FLAG_*`).
     pub flags: u32,
     pub sock_path: Vec<u8>,
@@ -245,7 +243,6 @@ fn load(cfg: &Config) -> Result<(State, Option<Vec<u8>>), String> {
         local_parts: ns.local_partitions,
         tiers,
         copy_dir: tiers::copy_dir(&ns.index_path),
-        part_maps: crate::parts::PartMaps::new(view.partition_count() as usize),
         flags: ns.flags,
         sock_path: sock.as_os_str().as_bytes().to_vec(),
         empty_dir,
