@@ -178,7 +178,7 @@ pub fn fd_node(fd: c_int, t: Tracked) -> Outcome<Node> {
 /// The node an `AT_EMPTY_PATH` call names: `dirfd` itself (tracked fd or virtual cwd).
 pub fn empty_path_node(dirfd: c_int) -> Outcome<Node> {
     if dirfd == libc::AT_FDCWD {
-        return match (crate::paths::vcwd(), state::current()) {
+        return match (crate::vcwd::vcwd(), state::current()) {
             (Some(n), Some(st)) => st.view.node(n).map_or(Outcome::Passthrough, Outcome::Handled),
             _ => Outcome::Passthrough,
         };
