@@ -107,7 +107,7 @@ pub fn stat_any(vp: &VPath, follow: bool) -> Outcome<libc::stat> {
 
 /// The stat of output `vp` (a name that is not an input).
 fn out_stat(vp: &VPath, follow: bool) -> Result<libc::stat, c_int> {
-    let r = if follow || vp.must_be_dir { super::namespace::stat(vp.st, vp.rel)? } else { super::namespace::lstat(vp.st, vp.rel)? };
+    let r = super::namespace::record(vp.st, vp.rel, follow || vp.must_be_dir)?;
     if vp.must_be_dir && !r.is_dir() {
         return Err(libc::ENOTDIR);
     }
