@@ -20,16 +20,28 @@
 //!   file (constructor, fork handlers);
 //! - `ops/<family>.rs`: safe implementations returning an [`ops::Outcome`]
 //!   (handled / pass to libc / errno); `ops/dirstream.rs` (virtual `DIR *`);
-//! - ground: `real.rs` (the original libc functions, resolved lazily, and
-//!   the FANSTORE_DEBUG report of hooked symbols), `errno.rs`, `guard.rs`
-//!   (re-entrancy, panic containment), `debug.rs` (`FANSTORE_DEBUG=1`),
-//!   `paths.rs` (prefix test, classification), `lookup.rs` (index and
-//!   daemon lookups), `vcwd.rs` (the virtual cwd's moves), `fd_table.rs`
-//!   (lock-free fd -> node), `client.rs` (daemon connection pool),
-//!   `unhooked.rs` (raw syscalls no hook sees), `warm.rs` (batched hints of
-//!   files decoded here), `outputs.rs` (outputs being written, their commit
-//!   on the last close), `exec_outputs.rs` (those carried across exec),
-//!   `state.rs` (lazy init, index mapping).
+//! - ground, itself in floors (bottom up):
+//!   - base, needing no process state: `real.rs` (the original libc
+//!     functions, resolved lazily, and the FANSTORE_DEBUG report of hooked
+//!     symbols), `errno.rs`, `guard.rs` (re-entrancy, panic containment),
+//!     `debug.rs` (`FANSTORE_DEBUG=1`), `lock.rs` (the mutex the fork
+//!     handlers take), `unhooked.rs` (raw syscalls no hook sees),
+//!     `fd_table.rs` (lock-free fd -> node);
+//!   - `state.rs` (lazy init, index mapping), which calls nothing above it:
+//!     an upper floor sets itself up from the loaded state through
+//!     `state::once_loaded`;
+//!   - daemon: `client.rs` (daemon connection pool), `memfd_pool.rs`
+//!     (memfds used again), `parts.rs` (the local partition copies, mapped
+//!     on first use), `pending.rs` (O_EXCL markers of the node), `warm.rs`
+//!     (batched hints of files decoded here);
+//!   - names: `lookup.rs` (index and daemon lookups), `outputs.rs` (outputs
+//!     being written, their commit on the last close), `exec_outputs.rs`
+//!     (those carried across exec);
+//!   - `vcwd.rs`: the virtual cwd (its node, its moves, and its recovery
+//!     after exec, at the first look once the state is loaded);
+//!   - `paths.rs` (prefix test, classification: ".." resolved through the
+//!     lookups, relative paths through the virtual cwd), `locks.rs`
+//!     (advisory locks on outputs and virtual directories).
 //!
 //! The library links no MPI and does nothing at load time beyond
 //! registering its fork handlers, arming syscall user dispatch and adopting

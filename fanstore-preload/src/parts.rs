@@ -13,20 +13,40 @@ use crate::state::State;
 use std::sync::atomic::{AtomicPtr, Ordering};
 
 /// One slot per partition: the mapping's address, null until mapped.
-pub struct PartMaps {
+struct PartMaps {
     maps: Box<[AtomicPtr<u8>]>,
 }
 
-impl PartMaps {
-    pub fn new(partitions: usize) -> PartMaps {
-        PartMaps { maps: (0..partitions).map(|_| AtomicPtr::new(std::ptr::null_mut())).collect() }
+/// The slots, made for the state's partition count on first use (the state
+/// is loaded once and never replaced); null until then, never freed.
+static MAPS: AtomicPtr<PartMaps> = AtomicPtr::new(std::ptr::null_mut());
+
+/// The slots, making them now if needed (a race makes two and drops the loser).
+fn maps(st: &State) -> &'static PartMaps {
+    let p = MAPS.load(Ordering::Acquire);
+    if !p.is_null() {
+        // SAFETY: published once below, never freed.
+        return unsafe { &*p };
+    }
+    let n = st.view.partition_count() as usize;
+    let fresh = Box::into_raw(Box::new(PartMaps { maps: (0..n).map(|_| AtomicPtr::new(std::ptr::null_mut())).collect() }));
+    match MAPS.compare_exchange(std::ptr::null_mut(), fresh, Ordering::AcqRel, Ordering::Acquire) {
+        // SAFETY: just published, never freed.
+        Ok(_) => unsafe { &*fresh },
+        Err(winner) => {
+            // SAFETY: `fresh` is our own allocation, never shared; `winner` is published and never freed.
+            unsafe {
+                drop(Box::from_raw(fresh));
+                &*winner
+            }
+        }
     }
 }
 
 /// The bytes of partition `p`'s local copy (`len` bytes, from the index),
 /// mapping it now if needed; None if it cannot be mapped.
 pub fn partition(st: &State, p: u32, len: u64) -> Option<&'static [u8]> {
-    let slot = st.part_maps.maps.get(p as usize)?;
+    let slot = maps(st).maps.get(p as usize)?;
     let len = usize::try_from(len).ok().filter(|&l| l > 0)?;
     let mut addr = slot.load(Ordering::Acquire);
     if addr.is_null() {

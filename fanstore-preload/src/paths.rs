@@ -8,9 +8,9 @@
 use crate::fd_table::{self, Tracked};
 use crate::lookup::{self, RealDir};
 use crate::state::{self, State};
+use crate::vcwd::vcwd;
 use fanstore_core::path::{normalize_into, under_mount, MAX_PATH};
 use libc::{c_char, c_int};
-use std::sync::atomic::{AtomicU64, Ordering};
 
 /// Working space for one hooked call: a normalised path, NUL-terminated
 /// when it is handed back to libc.
@@ -46,21 +46,6 @@ pub enum Class<'a> {
     Err(c_int),
 }
 
-/// Virtual cwd: 0 when the cwd is real, else directory node id + 1.
-static VCWD: AtomicU64 = AtomicU64::new(0);
-
-#[inline]
-pub fn vcwd() -> Option<u32> {
-    match VCWD.load(Ordering::Acquire) {
-        0 => None,
-        v => Some((v - 1) as u32),
-    }
-}
-
-pub fn set_vcwd(node: Option<u32>) {
-    VCWD.store(node.map_or(0, |n| n as u64 + 1), Ordering::Release);
-}
-
 /// Cheap test: can `path` (relative to `dirfd`) possibly be under the mount?
 ///
 /// # Safety
@@ -78,7 +63,8 @@ pub unsafe fn maybe_ours(dirfd: c_int, path: *const c_char) -> bool {
     } else if first == 0 {
         false
     } else if dirfd == libc::AT_FDCWD {
-        // Initialisation may restore a virtual cwd inherited through exec.
+        // Initialisation loads the state, after which the first look at the
+        // virtual cwd restores one inherited through exec.
         state::ensure_init();
         vcwd().is_some()
     } else {

@@ -56,8 +56,6 @@ pub struct State {
     pub tiers: Option<TierView<'static>>,
     /// The daemon's copy directory (files of tier `TIER_COPY`).
     pub copy_dir: Vec<u8>,
-    /// The daemon's local partition copies, mapped on first use.
-    pub part_maps: crate::parts::PartMaps,
     /// The daemon's NodeState flags (`fanstore_core::runtime::FLAG_*`).
     pub flags: u32,
     pub sock_path: Vec<u8>,
@@ -179,7 +177,6 @@ fn load_locked() {
             STATE.store(st, Ordering::Release);
             // SAFETY: just stored, never freed.
             let s = unsafe { &*st };
-            crate::vcwd::recover(s);
             crate::dlog!(
                 "index mapped: rank {} dataset {:016x} nodes {} mount {} socket {}",
                 s.rank,
@@ -245,7 +242,6 @@ fn load(cfg: &Config) -> Result<(State, Option<Vec<u8>>), String> {
         local_parts: ns.local_partitions,
         tiers,
         copy_dir: tiers::copy_dir(&ns.index_path),
-        part_maps: crate::parts::PartMaps::new(view.partition_count() as usize),
         flags: ns.flags,
         sock_path: sock.as_os_str().as_bytes().to_vec(),
         empty_dir,
@@ -355,6 +351,36 @@ pub fn state() -> Option<&'static State> {
 pub fn current() -> Option<&'static State> {
     // SAFETY: published once, never freed.
     unsafe { STATE.load(Ordering::Acquire).as_ref() }
+}
+
+/// Runs `f` once per process with the loaded state: the first time this is
+/// called after the state is loaded, with the initialisation lock held as
+/// initialisation itself holds it (so never beside initialisation, another
+/// such `f` or a fork), keeping the caller's errno. `done` records that `f`
+/// ran. Nothing happens while no state is loaded, nor in a call nested in
+/// initialisation or in an `f` (the caller then sees things as they are).
+/// The upper floors' own set-up from the state (the virtual cwd inherited
+/// through exec, `vcwd.rs`) runs through this, so this module calls nothing above it.
+pub fn once_loaded(done: &AtomicBool, f: impl FnOnce(&'static State)) {
+    if done.load(Ordering::Acquire) {
+        return;
+    }
+    let Some(st) = current() else { return };
+    if IN_INIT.with(|f| f.get()) {
+        return;
+    }
+    // SAFETY: errno is thread-local; restored below, as init_slow does.
+    let saved = unsafe { *libc::__errno_location() };
+    INIT.lock();
+    IN_INIT.with(|f| f.set(true));
+    if !done.load(Ordering::Acquire) {
+        f(st);
+        done.store(true, Ordering::Release);
+    }
+    IN_INIT.with(|f| f.set(false));
+    INIT.unlock();
+    // SAFETY: as above.
+    unsafe { *libc::__errno_location() = saved };
 }
 
 pub fn config() -> Option<&'static Config> {

@@ -1,17 +1,56 @@
-//! The virtual cwd's moves: after chdir("/fanstore/x") relative paths
-//! resolve under it (its node is [`crate::paths::vcwd`], read by the
-//! prefix test) and the real cwd moves to a stand-in directory, empty and
+//! The virtual cwd: after chdir("/fanstore/x") relative paths resolve
+//! under its node ([`vcwd`], read by the prefix test and the classification
+//! of `paths.rs`) and the real cwd moves to a stand-in directory, empty and
 //! read-only, so a relative path that escapes the hooks (a raw syscall, a
 //! child program) finds nothing instead of unrelated real files. A program
-//! exec'd from a stand-in finds its virtual cwd again at initialisation
-//! ([`recover`], called by state.rs).
+//! exec'd from a stand-in finds its virtual cwd again once its state is
+//! loaded ([`recover`], run by the first look at the virtual cwd).
 
 use crate::lookup::{self, RealDir};
-use crate::paths::{set_vcwd, vcwd};
 use crate::state::{self, State};
 use fanstore_core::path::MAX_PATH;
 use libc::c_int;
 use std::ffi::CString;
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+
+/// Virtual cwd: 0 when the cwd is real, else directory node id + 1.
+static VCWD: AtomicU64 = AtomicU64::new(0);
+/// A virtual cwd inherited through exec was looked for ([`recover`]).
+static RECOVERED: AtomicBool = AtomicBool::new(false);
+
+/// The virtual cwd's node, if the cwd is virtual.
+#[inline]
+pub fn vcwd() -> Option<u32> {
+    recovered();
+    match VCWD.load(Ordering::Acquire) {
+        0 => None,
+        v => Some((v - 1) as u32),
+    }
+}
+
+/// Sets the virtual cwd as it is (see [`replace_vcwd`] for a move).
+pub fn set_vcwd(node: Option<u32>) {
+    recovered();
+    VCWD.store(node.map_or(0, |n| n as u64 + 1), Ordering::Release);
+}
+
+/// Before the virtual cwd is first read or set with a loaded state: the one
+/// inherited through exec is restored. Until the state loads, this takes
+/// no lock and allocates nothing.
+#[inline]
+fn recovered() {
+    if !RECOVERED.load(Ordering::Acquire) {
+        recover_once();
+    }
+}
+
+#[cold]
+fn recover_once() {
+    // Library code: our own calls must not reach the hooks (getcwd reads
+    // the virtual cwd outside the guard).
+    let _g = crate::guard::Guard::enter();
+    state::once_loaded(&RECOVERED, recover);
+}
 
 /// chdir into output directory `rel`: the virtual cwd holds a slot of its own
 /// for the path (released when the cwd moves on).
@@ -82,7 +121,7 @@ pub fn enter(st: &State, node: u32) {
     replace_vcwd(Some(node));
 }
 
-/// Sets the virtual cwd, releasing the output-directory slot of the old one.
+/// Moves the virtual cwd, releasing the output-directory slot of the old one.
 pub fn replace_vcwd(node: Option<u32>) {
     let old = vcwd();
     set_vcwd(node);
@@ -91,8 +130,8 @@ pub fn replace_vcwd(node: Option<u32>) {
     }
 }
 
-/// At initialisation: a real cwd that is one of our stand-ins restores the virtual cwd.
-pub fn recover(st: &State) {
+/// Once the state is loaded: a real cwd that is one of our stand-ins restores the virtual cwd.
+fn recover(st: &State) {
     let mut buf = [0u8; MAX_PATH];
     // SAFETY: buf is writable for its length.
     if unsafe { crate::real::getcwd(buf.as_mut_ptr().cast(), buf.len()) }.is_null() {

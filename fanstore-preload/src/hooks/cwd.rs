@@ -42,7 +42,8 @@ unsafe fn put_cwd(buf: *mut c_char, size: size_t, path: &[u8]) -> *mut c_char {
     }
 }
 
-/// A virtual cwd inherited through exec is restored at initialisation.
+/// Loads the state, so that the look at the virtual cwd that follows
+/// restores one inherited through exec.
 fn init_for_cwd() {
     if let Some(g) = crate::guard::Guard::enter() {
         crate::state::ensure_init();
@@ -71,7 +72,7 @@ crate::hooks! {
     }
     fn getcwd(buf: *mut c_char, size: size_t) -> *mut c_char {
         init_for_cwd();
-        if crate::paths::vcwd().is_some() {
+        if crate::vcwd::vcwd().is_some() {
             let mut out = [0u8; MAX_PATH];
             if let Some(len) = cwd::current(&mut out) {
                 return put_cwd(buf, size, &out[..len]);
@@ -81,7 +82,7 @@ crate::hooks! {
     }
     fn get_current_dir_name() -> *mut c_char {
         init_for_cwd();
-        if crate::paths::vcwd().is_some() {
+        if crate::vcwd::vcwd().is_some() {
             let mut out = [0u8; MAX_PATH];
             if let Some(len) = cwd::current(&mut out) {
                 return put_cwd(std::ptr::null_mut(), 0, &out[..len]);

@@ -6,6 +6,33 @@ use crate::ops::fd::{after_dup, before_close, before_close_range, before_dup2, d
 use crate::real;
 use libc::{c_int, c_uint, c_ulong, off_t};
 
+/// fcntl and fcntl64 (`real`, the original, called with the fd, command and
+/// argument to use): a lock command acts on the fd's lock file; a duplicate
+/// made by F_DUPFD* is tracked like its original.
+fn fcntl_common(fd: c_int, cmd: c_int, arg: c_ulong, real: impl FnOnce(c_int, c_int, c_ulong) -> c_int) -> c_int {
+    if crate::locks::is_lock_cmd(cmd) {
+        return real(crate::locks::target(fd), cmd, arg);
+    }
+    let r = real(fd, cmd, arg);
+    if cmd == libc::F_DUPFD || cmd == libc::F_DUPFD_CLOEXEC {
+        after_dup(fd, r);
+    }
+    r
+}
+
+/// lseek and lseek64: a virtual directory fd's position is ours; any other
+/// fd goes to `real`, the original.
+fn lseek_common(fd: c_int, off: off_t, whence: c_int, real: impl FnOnce() -> off_t) -> off_t {
+    match dir_seek(fd, off, whence) {
+        Some(-1) => {
+            crate::errno::set_errno(libc::EINVAL);
+            -1
+        }
+        Some(p) => p,
+        None => real(),
+    }
+}
+
 crate::hooks! {
     fn close(fd: c_int) -> c_int {
         match before_close(fd) {
@@ -45,43 +72,15 @@ crate::hooks! {
         r
     }
     fn fcntl(fd: c_int, cmd: c_int, arg: c_ulong) -> c_int {
-        if crate::locks::is_lock_cmd(cmd) {
-            return real::fcntl(crate::locks::target(fd), cmd, arg);
-        }
-        let r = real::fcntl(fd, cmd, arg);
-        if cmd == libc::F_DUPFD || cmd == libc::F_DUPFD_CLOEXEC {
-            after_dup(fd, r);
-        }
-        r
+        fcntl_common(fd, cmd, arg, |fd, cmd, arg| real::fcntl(fd, cmd, arg))
     }
     fn lseek(fd: c_int, off: off_t, whence: c_int) -> off_t {
-        match dir_seek(fd, off, whence) {
-            Some(-1) => {
-                crate::errno::set_errno(libc::EINVAL);
-                -1
-            }
-            Some(p) => p,
-            None => real::lseek(fd, off, whence),
-        }
+        lseek_common(fd, off, whence, || real::lseek(fd, off, whence))
     }
     fn lseek64(fd: c_int, off: off_t, whence: c_int) -> off_t {
-        match dir_seek(fd, off, whence) {
-            Some(-1) => {
-                crate::errno::set_errno(libc::EINVAL);
-                -1
-            }
-            Some(p) => p,
-            None => real::lseek64(fd, off, whence),
-        }
+        lseek_common(fd, off, whence, || real::lseek64(fd, off, whence))
     }
     fn fcntl64(fd: c_int, cmd: c_int, arg: c_ulong) -> c_int {
-        if crate::locks::is_lock_cmd(cmd) {
-            return real::fcntl64(crate::locks::target(fd), cmd, arg);
-        }
-        let r = real::fcntl64(fd, cmd, arg);
-        if cmd == libc::F_DUPFD || cmd == libc::F_DUPFD_CLOEXEC {
-            after_dup(fd, r);
-        }
-        r
+        fcntl_common(fd, cmd, arg, |fd, cmd, arg| real::fcntl64(fd, cmd, arg))
     }
 }

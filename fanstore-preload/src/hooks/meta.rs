@@ -106,6 +106,29 @@ unsafe fn statfs_common<T>(
     }
 }
 
+/// fstatfs and fstatvfs of an fd: `fill` as for [`statfs_common`].
+unsafe fn fstatfs_common<T>(
+    name: &'static str,
+    fd: c_int,
+    buf: *mut T,
+    fill: fn(&crate::state::State) -> T,
+    real: impl FnOnce() -> c_int,
+) -> c_int {
+    fd_hook(
+        name,
+        fd,
+        -1,
+        |t| {
+            meta::fd_state(t, |st| {
+                // SAFETY: buf is the caller's out-pointer.
+                unsafe { buf.write(fill(st)) };
+                Outcome::Handled(0)
+            })
+        },
+        real,
+    )
+}
+
 crate::hooks! {
     fn access(path: *const c_char, mode: c_int) -> c_int {
         access_common("access", libc::AT_FDCWD, path, mode, 0, |p| real::access(p, mode))
@@ -156,10 +179,10 @@ crate::hooks! {
         statfs_common("statfs64", path, buf, stat::statfs_of, |p| real::statfs64(p, buf))
     }
     fn fstatfs(fd: c_int, buf: *mut libc::statfs) -> c_int {
-        fd_hook("fstatfs", fd, -1, |t| meta::fd_state(t, |st| { buf.write(stat::statfs_of(st)); Outcome::Handled(0) }), || real::fstatfs(fd, buf))
+        fstatfs_common("fstatfs", fd, buf, stat::statfs_of, || real::fstatfs(fd, buf))
     }
     fn fstatfs64(fd: c_int, buf: *mut libc::statfs) -> c_int {
-        fd_hook("fstatfs64", fd, -1, |t| meta::fd_state(t, |st| { buf.write(stat::statfs_of(st)); Outcome::Handled(0) }), || real::fstatfs64(fd, buf))
+        fstatfs_common("fstatfs64", fd, buf, stat::statfs_of, || real::fstatfs64(fd, buf))
     }
     fn statvfs(path: *const c_char, buf: *mut libc::statvfs) -> c_int {
         statfs_common("statvfs", path, buf, stat::statvfs_of, |p| real::statvfs(p, buf))
@@ -168,9 +191,9 @@ crate::hooks! {
         statfs_common("statvfs64", path, buf, stat::statvfs_of, |p| real::statvfs64(p, buf))
     }
     fn fstatvfs(fd: c_int, buf: *mut libc::statvfs) -> c_int {
-        fd_hook("fstatvfs", fd, -1, |t| meta::fd_state(t, |st| { buf.write(stat::statvfs_of(st)); Outcome::Handled(0) }), || real::fstatvfs(fd, buf))
+        fstatfs_common("fstatvfs", fd, buf, stat::statvfs_of, || real::fstatvfs(fd, buf))
     }
     fn fstatvfs64(fd: c_int, buf: *mut libc::statvfs) -> c_int {
-        fd_hook("fstatvfs64", fd, -1, |t| meta::fd_state(t, |st| { buf.write(stat::statvfs_of(st)); Outcome::Handled(0) }), || real::fstatvfs64(fd, buf))
+        fstatfs_common("fstatvfs64", fd, buf, stat::statvfs_of, || real::fstatvfs64(fd, buf))
     }
 }

@@ -184,7 +184,7 @@ pub(crate) fn empty_path_hook<T>(
     virt: impl FnOnce() -> Outcome<T>,
     real: impl FnOnce() -> T,
 ) -> T {
-    let ours = if dirfd == libc::AT_FDCWD { paths::vcwd().is_some() } else { fd_table::get(dirfd).is_some() };
+    let ours = if dirfd == libc::AT_FDCWD { crate::vcwd::vcwd().is_some() } else { fd_table::get(dirfd).is_some() };
     if !ours {
         return real();
     }

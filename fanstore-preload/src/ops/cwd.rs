@@ -4,9 +4,9 @@
 
 use super::{resolve, Outcome, VPath};
 use crate::fd_table::Tracked;
-use crate::paths::{node_abs_path, vcwd};
+use crate::paths::node_abs_path;
 use crate::state;
-use crate::vcwd::{enter, enter_output, replace_vcwd};
+use crate::vcwd::{enter, enter_output, replace_vcwd, vcwd};
 use fanstore_core::path::MAX_PATH;
 use libc::c_int;
 

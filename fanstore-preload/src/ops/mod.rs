@@ -139,7 +139,8 @@ mod tests {
     use super::testing::install;
     use super::*;
     use crate::state::State;
-    use crate::paths::{classify, set_vcwd, Class, Scratch};
+    use crate::paths::{classify, Class, Scratch};
+    use crate::vcwd::set_vcwd;
 
     fn st() -> &'static State {
         install();

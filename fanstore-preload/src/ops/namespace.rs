@@ -57,26 +57,26 @@ fn outside_record(abs: &[u8]) -> Result<OutRecord, c_int> {
     })
 }
 
-/// lstat of output `rel`: a symlink's own record (ENOENT if there is none).
-pub fn lstat(st: &State, rel: &[u8]) -> Result<OutRecord, c_int> {
+/// The record of output `rel` (ENOENT if there is none): symlinks followed
+/// when `follow`, else a symlink's own record.
+pub fn record(st: &State, rel: &[u8], follow: bool) -> Result<OutRecord, c_int> {
     if let Some(r) = own_record(rel) {
         return Ok(r);
     }
-    match lookup(st, rel, false)? {
+    match lookup(st, rel, follow)? {
         Found::Here { rec, .. } => Ok(rec),
         Found::Outside(abs) => outside_record(&abs),
     }
 }
 
+/// lstat of output `rel`: a symlink's own record (ENOENT if there is none).
+pub fn lstat(st: &State, rel: &[u8]) -> Result<OutRecord, c_int> {
+    record(st, rel, false)
+}
+
 /// The record of output `rel`, symlinks followed (ENOENT if there is none).
 pub fn stat(st: &State, rel: &[u8]) -> Result<OutRecord, c_int> {
-    if let Some(r) = own_record(rel) {
-        return Ok(r);
-    }
-    match lookup(st, rel, true)? {
-        Found::Here { rec, .. } => Ok(rec),
-        Found::Outside(abs) => outside_record(&abs),
-    }
+    record(st, rel, true)
 }
 
 /// Inode numbers of outputs: a hash of the path with the top bit set (input
@@ -159,7 +159,6 @@ pub fn setattr(vp: &VPath, attr: super::write::Attr, follow: bool) -> Outcome<c_
     if let Some((fd, idx)) = crate::outputs::open_slot_of(vp.rel) {
         return setattr_own(vp.st, fd, idx, attr);
     }
-    let stat = |st: &State, rel: &[u8]| if follow { stat(st, rel) } else { lstat(st, rel) };
     let (what, value) = match attr {
         Attr::Mode(m) => (wire::SETATTR_MODE, u64::from(m & 0o7777)),
         Attr::Times { atime, mtime } => {
@@ -175,13 +174,13 @@ pub fn setattr(vp: &VPath, attr: super::write::Attr, follow: bool) -> Outcome<c_
             return Outcome::Handled(0);
         }
         Attr::Owner { uid, gid } => {
-            return match stat(vp.st, vp.rel) {
+            return match record(vp.st, vp.rel, follow) {
                 Err(e) => Outcome::Errno(e),
                 Ok(_) if (uid == u32::MAX || uid == vp.st.uid) && (gid == u32::MAX || gid == vp.st.gid) => Outcome::Handled(0),
                 Ok(_) => Outcome::Errno(libc::EPERM),
             };
         }
-        Attr::Nothing => return stat(vp.st, vp.rel).map(|_| 0).into(),
+        Attr::Nothing => return record(vp.st, vp.rel, follow).map(|_| 0).into(),
     };
     let what = if follow { what } else { what | wire::SETATTR_NOFOLLOW };
     match client::call(vp.st, &client::request(op::SETATTR, what, value, vp.rel), None) {

@@ -107,7 +107,7 @@ pub fn stat_any(vp: &VPath, follow: bool) -> Outcome<libc::stat> {
 
 /// The stat of output `vp` (a name that is not an input).
 fn out_stat(vp: &VPath, follow: bool) -> Result<libc::stat, c_int> {
-    let r = if follow || vp.must_be_dir { super::namespace::stat(vp.st, vp.rel)? } else { super::namespace::lstat(vp.st, vp.rel)? };
+    let r = super::namespace::record(vp.st, vp.rel, follow || vp.must_be_dir)?;
     if vp.must_be_dir && !r.is_dir() {
         return Err(libc::ENOTDIR);
     }
@@ -178,7 +178,7 @@ pub fn fd_node(fd: c_int, t: Tracked) -> Outcome<Node> {
 /// The node an `AT_EMPTY_PATH` call names: `dirfd` itself (tracked fd or virtual cwd).
 pub fn empty_path_node(dirfd: c_int) -> Outcome<Node> {
     if dirfd == libc::AT_FDCWD {
-        return match (crate::paths::vcwd(), state::current()) {
+        return match (crate::vcwd::vcwd(), state::current()) {
             (Some(n), Some(st)) => st.view.node(n).map_or(Outcome::Passthrough, Outcome::Handled),
             _ => Outcome::Passthrough,
         };

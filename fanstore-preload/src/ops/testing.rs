@@ -51,7 +51,6 @@ pub fn install() {
             local_parts: vec![false],
             tiers: None,
             copy_dir: Vec::new(),
-            part_maps: crate::parts::PartMaps::new(0),
             flags: 0,
             sock_path: b"/nonexistent/sock".to_vec(),
             empty_dir: c"/".into(),

@@ -8,7 +8,7 @@
 use super::stat::stat_of;
 use super::{is_symlink, resolve, Node, Outcome, VPath};
 use crate::guard;
-use crate::paths::{set_vcwd, vcwd};
+use crate::vcwd::{set_vcwd, vcwd};
 use crate::state::State;
 use libc::{c_char, c_int};
 use std::collections::HashSet;

@@ -66,8 +66,7 @@ pub fn modify(vp: &VPath, follow: bool) -> Outcome<c_int> {
         Ok(_) => libc::EROFS,
         Err(libc::ENOENT) if crate::outputs::open_slot_of(vp.rel).is_some() => libc::EOPNOTSUPP,
         Err(libc::ENOENT) => {
-            let found = if follow { super::namespace::stat(vp.st, vp.rel) } else { super::namespace::lstat(vp.st, vp.rel) };
-            match found {
+            match super::namespace::record(vp.st, vp.rel, follow) {
                 Ok(_) => libc::EOPNOTSUPP,
                 Err(e) => e,
             }
