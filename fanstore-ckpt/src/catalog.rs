@@ -40,33 +40,39 @@ pub const MAGIC: [u8; 8] = *b"FANSTCK\0";
 pub const VERSION: u32 = 1;
 pub const FILE_NAME: &str = "catalog.fsc";
 
-const RESERVED_OFF: usize = format::FIELDS_OFFSET;
-const NEXT_ID_OFF: usize = RESERVED_OFF + 4;
-const GENERATION_OFF: usize = NEXT_ID_OFF + 8;
-const COUNT_OFF: usize = GENERATION_OFF + 8;
-const STRINGS_LEN_OFF: usize = COUNT_OFF + 8;
-const ENTRIES_SUM_OFF: usize = STRINGS_LEN_OFF + 8;
-const STRINGS_SUM_OFF: usize = ENTRIES_SUM_OFF + 8;
-const HEADER_SUM_OFF: usize = STRINGS_SUM_OFF + 8;
-/// Length of the catalog header.
-pub const HEADER_LEN: usize = HEADER_SUM_OFF + format::CHECKSUM_LEN;
+format::layout! {
+    format::FIELDS_OFFSET;
+    RESERVED_OFF: 4,
+    NEXT_ID_OFF: 8,
+    GENERATION_OFF: 8,
+    COUNT_OFF: 8,
+    STRINGS_LEN_OFF: 8,
+    ENTRIES_SUM_OFF: 8,
+    STRINGS_SUM_OFF: 8,
+    HEADER_SUM_OFF: format::CHECKSUM_LEN
+    => /// Length of the catalog header.
+    pub HEADER_LEN
+}
 
 /// The catalog header's frame.
 pub const HEADER: FormatHeader =
     FormatHeader { what: "catalog", magic: MAGIC, versions: &[HeaderVersion { version: VERSION, len: HEADER_LEN }] };
 
-const E_ID: usize = 0;
-const E_PARENT: usize = E_ID + 8;
-const E_LOGICAL: usize = E_PARENT + 8;
-const E_NEW: usize = E_LOGICAL + 8;
-const E_RECIPE_LEN: usize = E_NEW + 8;
-const E_PATH_OFF: usize = E_RECIPE_LEN + 8;
-const E_PATH_LEN: usize = E_PATH_OFF + 8;
-const E_STATE: usize = E_PATH_LEN + 4;
-const E_FORMAT: usize = E_STATE + 1;
-const E_TENSORS: usize = E_FORMAT + 3;
-/// Length of one catalog entry.
-pub const ENTRY_LEN: usize = E_TENSORS + 8;
+format::layout! {
+    0;
+    E_ID: 8,
+    E_PARENT: 8,
+    E_LOGICAL: 8,
+    E_NEW: 8,
+    E_RECIPE_LEN: 8,
+    E_PATH_OFF: 8,
+    E_PATH_LEN: 4,
+    E_STATE: 1,
+    E_FORMAT: 3,
+    E_TENSORS: 8
+    => /// Length of one catalog entry.
+    pub ENTRY_LEN
+}
 
 const STATE_LIVE: u8 = 1;
 const STATE_DELETED: u8 = 2;
@@ -214,6 +220,20 @@ impl Catalog {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// The layout macro keeps every offset the file format had when each was
+    /// spelled as a literal chain.
+    #[test]
+    fn layout_offsets_are_unchanged() {
+        assert_eq!(
+            [
+                RESERVED_OFF, NEXT_ID_OFF, GENERATION_OFF, COUNT_OFF, STRINGS_LEN_OFF, ENTRIES_SUM_OFF,
+                STRINGS_SUM_OFF, HEADER_SUM_OFF, HEADER_LEN, E_ID, E_PARENT, E_LOGICAL, E_NEW, E_RECIPE_LEN,
+                E_PATH_OFF, E_PATH_LEN, E_STATE, E_FORMAT, E_TENSORS, ENTRY_LEN
+            ],
+            [12, 16, 24, 32, 40, 48, 56, 64, 72, 0, 8, 16, 24, 32, 40, 48, 52, 53, 56, 64]
+        );
+    }
 
     #[test]
     fn the_written_layout_is_unchanged() {

@@ -51,12 +51,15 @@ pub const MAGIC: [u8; 8] = *b"FANSTPK\0";
 /// The version this build writes (and the only one it reads).
 pub const VERSION: u32 = 1;
 
-const RESERVED_OFF: usize = format::FIELDS_OFFSET;
-const SEQ_OFF: usize = RESERVED_OFF + 4;
-const NONCE_OFF: usize = SEQ_OFF + 8;
-const CHECKSUM_OFF: usize = NONCE_OFF + 8;
-/// Length of the pack header; the first record starts here.
-pub const HEADER_LEN: usize = CHECKSUM_OFF + format::CHECKSUM_LEN;
+format::layout! {
+    format::FIELDS_OFFSET;
+    RESERVED_OFF: 4,
+    SEQ_OFF: 8,
+    NONCE_OFF: 8,
+    CHECKSUM_OFF: format::CHECKSUM_LEN
+    => /// Length of the pack header; the first record starts here.
+    pub HEADER_LEN
+}
 
 /// The pack header's frame.
 pub const HEADER: FormatHeader =
@@ -239,6 +242,13 @@ mod tests {
     use super::*;
     use crate::unit::Hash;
     use fanstore_core::checksum::xxh3;
+
+    /// The layout macro keeps every offset the file format had when each was
+    /// spelled as a literal chain.
+    #[test]
+    fn layout_offsets_are_unchanged() {
+        assert_eq!([RESERVED_OFF, SEQ_OFF, NONCE_OFF, CHECKSUM_OFF, HEADER_LEN], [12, 16, 24, 32, 40]);
+    }
 
     #[test]
     fn every_header_fault_is_named() {

@@ -54,20 +54,23 @@ use std::path::Path;
 pub const MAGIC: [u8; 8] = *b"FANSTRC\0";
 pub const VERSION: u32 = 1;
 
-const FORMAT_OFF: usize = format::FIELDS_OFFSET;
-const ID_OFF: usize = FORMAT_OFF + 4;
-const PARENT_OFF: usize = ID_OFF + 8;
-const LOGICAL_OFF: usize = PARENT_OFF + 8;
-const FILE_SUM_OFF: usize = LOGICAL_OFF + 8;
-const NEW_BYTES_OFF: usize = FILE_SUM_OFF + 8;
-const PIECE_COUNT_OFF: usize = NEW_BYTES_OFF + 8;
-const TENSOR_COUNT_OFF: usize = PIECE_COUNT_OFF + 8;
-const SECTIONS_OFF: usize = TENSOR_COUNT_OFF + 8;
 const SECTION_ENTRY_LEN: usize = 24;
 const SECTION_COUNT: usize = 4;
-const HEADER_SUM_OFF: usize = SECTIONS_OFF + SECTION_COUNT * SECTION_ENTRY_LEN;
-/// Length of the recipe header.
-pub const HEADER_LEN: usize = HEADER_SUM_OFF + format::CHECKSUM_LEN;
+format::layout! {
+    format::FIELDS_OFFSET;
+    FORMAT_OFF: 4,
+    ID_OFF: 8,
+    PARENT_OFF: 8,
+    LOGICAL_OFF: 8,
+    FILE_SUM_OFF: 8,
+    NEW_BYTES_OFF: 8,
+    PIECE_COUNT_OFF: 8,
+    TENSOR_COUNT_OFF: 8,
+    SECTIONS_OFF: SECTION_COUNT * SECTION_ENTRY_LEN,
+    HEADER_SUM_OFF: format::CHECKSUM_LEN
+    => /// Length of the recipe header.
+    pub HEADER_LEN
+}
 
 /// The recipe header's frame.
 pub const HEADER: FormatHeader =
@@ -79,21 +82,27 @@ const S_PIECES: usize = 1;
 const S_STRINGS: usize = 2;
 const S_GLUE: usize = 3;
 
-const T_HASH: usize = 0;
-const T_LEN: usize = T_HASH + 32;
-const T_OWNER: usize = T_LEN + 8;
-const T_META: usize = T_OWNER + 8;
-const T_NAME_LEN: usize = T_META + 8;
-const T_DTYPE_LEN: usize = T_NAME_LEN + 4;
-const T_NDIM: usize = T_DTYPE_LEN + 2;
-/// Length of one tensor record.
-pub const TENSOR_LEN: usize = T_NDIM + 2;
+format::layout! {
+    0;
+    T_HASH: 32,
+    T_LEN: 8,
+    T_OWNER: 8,
+    T_META: 8,
+    T_NAME_LEN: 4,
+    T_DTYPE_LEN: 2,
+    T_NDIM: 2
+    => /// Length of one tensor record.
+    pub TENSOR_LEN
+}
 
-const P_KIND: usize = 0;
-const P_A: usize = P_KIND + 8;
-const P_LEN: usize = P_A + 8;
-/// Length of one piece record.
-pub const PIECE_LEN: usize = P_LEN + 8;
+format::layout! {
+    0;
+    P_KIND: 8,
+    P_A: 8,
+    P_LEN: 8
+    => /// Length of one piece record.
+    pub PIECE_LEN
+}
 
 const KIND_GLUE: u8 = 1;
 const KIND_UNIT: u8 = 2;
@@ -385,6 +394,20 @@ impl Header {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// The layout macro keeps every offset the file format had when each was
+    /// spelled as a literal chain.
+    #[test]
+    fn layout_offsets_are_unchanged() {
+        assert_eq!(
+            [
+                FORMAT_OFF, ID_OFF, PARENT_OFF, LOGICAL_OFF, FILE_SUM_OFF, NEW_BYTES_OFF, PIECE_COUNT_OFF,
+                TENSOR_COUNT_OFF, SECTIONS_OFF, HEADER_SUM_OFF, HEADER_LEN, T_HASH, T_LEN, T_OWNER, T_META,
+                T_NAME_LEN, T_DTYPE_LEN, T_NDIM, TENSOR_LEN, P_KIND, P_A, P_LEN, PIECE_LEN
+            ],
+            [12, 16, 24, 32, 40, 48, 56, 64, 72, 168, 176, 0, 32, 40, 48, 56, 60, 62, 64, 0, 8, 16, 24]
+        );
+    }
 
     #[test]
     fn the_written_layout_is_unchanged() {

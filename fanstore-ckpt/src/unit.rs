@@ -59,19 +59,22 @@ pub const MAGIC: [u8; 8] = *b"FANSTUN\0";
 /// The version this build writes.
 pub const VERSION: u32 = 2;
 
-const ENCODING_OFF: usize = format::FIELDS_OFFSET;
-const WIDTH_OFF: usize = ENCODING_OFF + 1;
-const DEPTH_OFF: usize = WIDTH_OFF + 1;
-const LEN_OFF: usize = DEPTH_OFF + 2;
-const BLAKE3_OFF: usize = LEN_OFF + 8;
-const XXH3_OFF: usize = BLAKE3_OFF + 32;
-const BASE_OFF: usize = XXH3_OFF + 8;
-const BODY_LEN_OFF: usize = BASE_OFF + 32;
-const BODY_SUM_OFF: usize = BODY_LEN_OFF + 8;
-const RESERVED2_OFF: usize = BODY_SUM_OFF + 8;
-const CHECKSUM_OFF: usize = RESERVED2_OFF + 8;
-/// Length of a version 2 unit file header.
-pub const HEADER_LEN: usize = CHECKSUM_OFF + format::CHECKSUM_LEN;
+format::layout! {
+    format::FIELDS_OFFSET;
+    ENCODING_OFF: 1,
+    WIDTH_OFF: 1,
+    DEPTH_OFF: 2,
+    LEN_OFF: 8,
+    BLAKE3_OFF: 32,
+    XXH3_OFF: 8,
+    BASE_OFF: 32,
+    BODY_LEN_OFF: 8,
+    BODY_SUM_OFF: 8,
+    RESERVED2_OFF: 8,
+    CHECKSUM_OFF: format::CHECKSUM_LEN
+    => /// Length of a version 2 unit file header.
+    pub HEADER_LEN
+}
 /// Length of a version 1 unit file header.
 pub const V1_HEADER_LEN: usize = 72;
 
@@ -601,6 +604,19 @@ pub fn load_with(
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// The layout macro keeps every offset the file format had when each was
+    /// spelled as a literal chain.
+    #[test]
+    fn layout_offsets_are_unchanged() {
+        assert_eq!(
+            [
+                ENCODING_OFF, WIDTH_OFF, DEPTH_OFF, LEN_OFF, BLAKE3_OFF, XXH3_OFF, BASE_OFF, BODY_LEN_OFF,
+                BODY_SUM_OFF, RESERVED2_OFF, CHECKSUM_OFF, HEADER_LEN
+            ],
+            [12, 13, 14, 16, 24, 56, 64, 96, 104, 112, 120, 128]
+        );
+    }
 
     #[test]
     fn the_written_layout_is_unchanged() {

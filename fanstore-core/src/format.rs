@@ -20,9 +20,10 @@
 //! unit        "FANSTUN\0"  1: 72, 2: 128     fanstore_ckpt::unit
 //! ```
 //!
-//! A format describes its frame as a [`FormatHeader`] constant, chains the
-//! offsets of its own fields from [`FIELDS_OFFSET`], writes its header with
-//! [`FormatHeader::seal`] and reads it back through [`FormatHeader::check`],
+//! A format describes its frame as a [`FormatHeader`] constant, declares the
+//! offsets of its own fields from [`FIELDS_OFFSET`] with [`layout!`], writes
+//! its header with [`FormatHeader::seal`] and reads it back through
+//! [`FormatHeader::check`],
 //! which refuses, in this order and naming the file and the format:
 //!
 //! 1. a magic of another kind, as soon as the first 8 bytes are there (a
@@ -52,6 +53,34 @@ pub const VERSION_LEN: usize = 4;
 pub const FIELDS_OFFSET: usize = VERSION_OFFSET + VERSION_LEN;
 /// Bytes of the header checksum, the last field of every header.
 pub const CHECKSUM_LEN: usize = 8;
+
+/// Declares the offsets of consecutive fields as `usize` constants, each
+/// field starting where the one before it ends.
+///
+/// `layout! { START; A: 4, B: 8 => END }` declares `A = START`,
+/// `B = A + 4` and `END = B + 8`: each name is the offset of a field and the
+/// number after it the field's length in bytes; the name after `=>` is the
+/// offset just past the last field (the next field's, or the length of the
+/// record). Each name may carry doc comments and a visibility. Every format
+/// of the workspace spells its header and record layouts with it, under the
+/// byte diagram at the top of its module.
+#[doc(hidden)]
+#[macro_export]
+macro_rules! format_layout {
+    ($start:expr; $($(#[$m:meta])* $vis:vis $name:ident : $len:expr),+ => $(#[$em:meta])* $evis:vis $end:ident) => {
+        $crate::format_layout!(@at $start; $($(#[$m])* $vis $name: $len),+ => $(#[$em])* $evis $end);
+    };
+    (@at $at:expr; $(#[$m:meta])* $vis:vis $name:ident : $len:expr, $($rest:tt)+) => {
+        $(#[$m])* $vis const $name: usize = $at;
+        $crate::format_layout!(@at $name + $len; $($rest)+);
+    };
+    (@at $at:expr; $(#[$m:meta])* $vis:vis $name:ident : $len:expr => $(#[$em:meta])* $evis:vis $end:ident) => {
+        $(#[$m])* $vis const $name: usize = $at;
+        $(#[$em])* $evis const $end: usize = $name + $len;
+    };
+}
+#[doc(inline)]
+pub use format_layout as layout;
 
 /// One version of a format's header.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]

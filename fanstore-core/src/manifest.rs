@@ -58,19 +58,22 @@ pub const VERSION: u32 = 1;
 /// The manifest's file name inside a dataset directory.
 pub const FILE_NAME: &str = "manifest.fsm";
 
-const HEADER_LEN_OFF: usize = format::FIELDS_OFFSET;
-const DATASET_OFF: usize = HEADER_LEN_OFF + 4;
-const NODE_COUNT_OFF: usize = DATASET_OFF + 8;
-const CHILD_COUNT_OFF: usize = NODE_COUNT_OFF + 8;
-const PART_COUNT_OFF: usize = CHILD_COUNT_OFF + 8;
-const BUCKET_COUNT_OFF: usize = PART_COUNT_OFF + 4;
-const TOTAL_BYTES_OFF: usize = BUCKET_COUNT_OFF + 4;
-const SECTIONS_OFF: usize = TOTAL_BYTES_OFF + 8;
 const SECTION_ENTRY_LEN: usize = 24;
 const SECTION_COUNT: usize = 5;
-const HEADER_SUM_OFF: usize = SECTIONS_OFF + SECTION_COUNT * SECTION_ENTRY_LEN;
-/// Length of the manifest header.
-pub const HEADER_LEN: usize = HEADER_SUM_OFF + format::CHECKSUM_LEN;
+format::layout! {
+    format::FIELDS_OFFSET;
+    HEADER_LEN_OFF: 4,
+    DATASET_OFF: 8,
+    NODE_COUNT_OFF: 8,
+    CHILD_COUNT_OFF: 8,
+    PART_COUNT_OFF: 4,
+    BUCKET_COUNT_OFF: 4,
+    TOTAL_BYTES_OFF: 8,
+    SECTIONS_OFF: SECTION_COUNT * SECTION_ENTRY_LEN,
+    HEADER_SUM_OFF: format::CHECKSUM_LEN
+    => /// Length of the manifest header.
+    pub HEADER_LEN
+}
 
 /// The manifest header's frame.
 pub const HEADER: FormatHeader =
@@ -83,34 +86,41 @@ const S_BUCKETS: usize = 2;
 const S_PARTS: usize = 3;
 const S_STRINGS: usize = 4;
 
-const N_KIND: usize = 0;
-const N_CODEC: usize = N_KIND + 1;
-const N_FLAGS: usize = N_CODEC + 1;
-const N_MODE: usize = N_FLAGS + 2;
-const N_PARENT: usize = N_MODE + 4;
-const N_NAME_LEN: usize = N_PARENT + 4;
-const N_PATH_OFF: usize = N_NAME_LEN + 4;
-const N_PATH_LEN: usize = N_PATH_OFF + 8;
-const N_AUX32: usize = N_PATH_LEN + 4;
-const N_SIZE: usize = N_AUX32 + 4;
-const N_LOC: usize = N_SIZE + 8;
-const N_STORED: usize = N_LOC + 8;
-const N_SUM: usize = N_STORED + 8;
-const N_MTIME: usize = N_SUM + 8;
-const N_ATIME: usize = N_MTIME + 8;
-const N_CTIME: usize = N_ATIME + 8;
-const N_NLINK: usize = N_CTIME + 8;
-/// Length of one node record.
-pub const NODE_LEN: usize = N_NLINK + 8;
+format::layout! {
+    0;
+    N_KIND: 1,
+    N_CODEC: 1,
+    N_FLAGS: 2,
+    N_MODE: 4,
+    N_PARENT: 4,
+    N_NAME_LEN: 4,
+    N_PATH_OFF: 8,
+    N_PATH_LEN: 4,
+    N_AUX32: 4,
+    N_SIZE: 8,
+    N_LOC: 8,
+    N_STORED: 8,
+    N_SUM: 8,
+    N_MTIME: 8,
+    N_ATIME: 8,
+    N_CTIME: 8,
+    N_NLINK: 8
+    => /// Length of one node record.
+    pub NODE_LEN
+}
 
-const P_ID: usize = 0;
-const P_FLAGS: usize = P_ID + 4;
-const P_FILE_LEN: usize = P_FLAGS + 4;
-const P_ENTRIES: usize = P_FILE_LEN + 8;
-const P_BYTES: usize = P_ENTRIES + 8;
-const P_HEADER_SUM: usize = P_BYTES + 8;
-/// Length of one partition record.
-pub const PART_LEN: usize = 64;
+format::layout! {
+    0;
+    P_ID: 4,
+    P_FLAGS: 4,
+    P_FILE_LEN: 8,
+    P_ENTRIES: 8,
+    P_BYTES: 8,
+    P_HEADER_SUM: 8,
+    P_RESERVED: 24
+    => /// Length of one partition record.
+    pub PART_LEN
+}
 
 /// Node flag: the file lives in a partition that every node loads.
 pub const NODE_FLAG_REPLICATED: u8 = 1;
@@ -943,6 +953,25 @@ impl Manifest {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// The layout macro keeps every offset the file format had when each was
+    /// spelled as a literal chain.
+    #[test]
+    fn layout_offsets_are_unchanged() {
+        assert_eq!(
+            [
+                HEADER_LEN_OFF, DATASET_OFF, NODE_COUNT_OFF, CHILD_COUNT_OFF, PART_COUNT_OFF, BUCKET_COUNT_OFF,
+                TOTAL_BYTES_OFF, SECTIONS_OFF, HEADER_SUM_OFF, HEADER_LEN, N_KIND, N_CODEC, N_FLAGS, N_MODE,
+                N_PARENT, N_NAME_LEN, N_PATH_OFF, N_PATH_LEN, N_AUX32, N_SIZE, N_LOC, N_STORED, N_SUM, N_MTIME,
+                N_ATIME, N_CTIME, N_NLINK, NODE_LEN, P_ID, P_FLAGS, P_FILE_LEN, P_ENTRIES, P_BYTES,
+                P_HEADER_SUM, PART_LEN
+            ],
+            [
+                12, 16, 24, 32, 40, 44, 48, 56, 176, 184, 0, 1, 2, 4, 8, 12, 16, 24, 28, 32, 40, 48, 56, 64, 72,
+                80, 88, 96, 0, 4, 8, 16, 24, 32, 64
+            ]
+        );
+    }
 
     fn file(path: &str, size: u64, part: u32) -> BuildEntry {
         BuildEntry {

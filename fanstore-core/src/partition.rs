@@ -45,28 +45,34 @@ use std::path::{Path, PathBuf};
 pub const MAGIC: [u8; 8] = *b"FANSTPT\0";
 pub const VERSION: u32 = 1;
 
-const ID_OFF: usize = format::FIELDS_OFFSET;
-const COUNT_OFF: usize = ID_OFF + 4;
-const DATA_LEN_OFF: usize = COUNT_OFF + 8;
-const DATASET_OFF: usize = DATA_LEN_OFF + 8;
-const FLAGS_OFF: usize = DATASET_OFF + 8;
-const RESERVED_OFF: usize = FLAGS_OFF + 4;
-const CHECKSUM_OFF: usize = RESERVED_OFF + 12;
-/// Length of the partition header.
-pub const HEADER_LEN: usize = CHECKSUM_OFF + format::CHECKSUM_LEN;
+format::layout! {
+    format::FIELDS_OFFSET;
+    ID_OFF: 4,
+    COUNT_OFF: 8,
+    DATA_LEN_OFF: 8,
+    DATASET_OFF: 8,
+    FLAGS_OFF: 4,
+    RESERVED_OFF: 12,
+    CHECKSUM_OFF: format::CHECKSUM_LEN
+    => /// Length of the partition header.
+    pub HEADER_LEN
+}
 
 /// The partition header's frame.
 pub const HEADER: FormatHeader =
     FormatHeader { what: "partition", magic: MAGIC, versions: &[HeaderVersion { version: VERSION, len: HEADER_LEN }] };
 
-const E_PATH_HASH_OFF: usize = 0;
-const E_RAW_OFF: usize = E_PATH_HASH_OFF + 8;
-const E_STORED_OFF: usize = E_RAW_OFF + 8;
-const E_CODEC_OFF: usize = E_STORED_OFF + 8;
-const E_PAYLOAD_SUM_OFF: usize = E_CODEC_OFF + 8;
-const E_CHECKSUM_OFF: usize = E_PAYLOAD_SUM_OFF + 8;
-/// Length of an entry header.
-pub const ENTRY_HEADER_LEN: usize = E_CHECKSUM_OFF + 8;
+format::layout! {
+    0;
+    E_PATH_HASH_OFF: 8,
+    E_RAW_OFF: 8,
+    E_STORED_OFF: 8,
+    E_CODEC_OFF: 8,
+    E_PAYLOAD_SUM_OFF: 8,
+    E_CHECKSUM_OFF: 8
+    => /// Length of an entry header.
+    pub ENTRY_HEADER_LEN
+}
 
 /// Flag bit: every node loads this partition.
 pub const FLAG_REPLICATED: u32 = 1;
@@ -431,6 +437,20 @@ pub fn read_payload_at(path: &Path, f: &File, payload_offset: u64, stored_len: u
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// The layout macro keeps every offset the file format had when each was
+    /// spelled as a literal chain.
+    #[test]
+    fn layout_offsets_are_unchanged() {
+        assert_eq!(
+            [
+                ID_OFF, COUNT_OFF, DATA_LEN_OFF, DATASET_OFF, FLAGS_OFF, RESERVED_OFF, CHECKSUM_OFF, HEADER_LEN,
+                E_PATH_HASH_OFF, E_RAW_OFF, E_STORED_OFF, E_CODEC_OFF, E_PAYLOAD_SUM_OFF, E_CHECKSUM_OFF,
+                ENTRY_HEADER_LEN
+            ],
+            [12, 16, 24, 32, 40, 44, 56, 64, 0, 8, 16, 24, 32, 40, 48]
+        );
+    }
 
     #[test]
     fn the_written_layout_is_unchanged() {
