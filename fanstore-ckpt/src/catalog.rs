@@ -42,15 +42,9 @@ pub const FILE_NAME: &str = "catalog.fsc";
 
 format::layout! {
     format::FIELDS_OFFSET;
-    RESERVED_OFF: 4,
-    NEXT_ID_OFF: 8,
-    GENERATION_OFF: 8,
-    COUNT_OFF: 8,
-    STRINGS_LEN_OFF: 8,
-    ENTRIES_SUM_OFF: 8,
-    STRINGS_SUM_OFF: 8,
-    HEADER_SUM_OFF: format::CHECKSUM_LEN
-    => /// Length of the catalog header.
+    RESERVED_OFF: 4, NEXT_ID_OFF: 8, GENERATION_OFF: 8, COUNT_OFF: 8, STRINGS_LEN_OFF: 8,
+    ENTRIES_SUM_OFF: 8, STRINGS_SUM_OFF: 8, HEADER_SUM_OFF: format::CHECKSUM_LEN =>
+    /// Length of the catalog header.
     pub HEADER_LEN
 }
 
@@ -60,17 +54,9 @@ pub const HEADER: FormatHeader =
 
 format::layout! {
     0;
-    E_ID: 8,
-    E_PARENT: 8,
-    E_LOGICAL: 8,
-    E_NEW: 8,
-    E_RECIPE_LEN: 8,
-    E_PATH_OFF: 8,
-    E_PATH_LEN: 4,
-    E_STATE: 1,
-    E_FORMAT: 3,
-    E_TENSORS: 8
-    => /// Length of one catalog entry.
+    E_ID: 8, E_PARENT: 8, E_LOGICAL: 8, E_NEW: 8, E_RECIPE_LEN: 8, E_PATH_OFF: 8, E_PATH_LEN: 4,
+    E_STATE: 1, E_FORMAT: 3, E_TENSORS: 8 =>
+    /// Length of one catalog entry.
     pub ENTRY_LEN
 }
 

@@ -53,11 +53,8 @@ pub const VERSION: u32 = 1;
 
 format::layout! {
     format::FIELDS_OFFSET;
-    RESERVED_OFF: 4,
-    SEQ_OFF: 8,
-    NONCE_OFF: 8,
-    CHECKSUM_OFF: format::CHECKSUM_LEN
-    => /// Length of the pack header; the first record starts here.
+    RESERVED_OFF: 4, SEQ_OFF: 8, NONCE_OFF: 8, CHECKSUM_OFF: format::CHECKSUM_LEN =>
+    /// Length of the pack header; the first record starts here.
     pub HEADER_LEN
 }
 

@@ -58,17 +58,10 @@ const SECTION_ENTRY_LEN: usize = 24;
 const SECTION_COUNT: usize = 4;
 format::layout! {
     format::FIELDS_OFFSET;
-    FORMAT_OFF: 4,
-    ID_OFF: 8,
-    PARENT_OFF: 8,
-    LOGICAL_OFF: 8,
-    FILE_SUM_OFF: 8,
-    NEW_BYTES_OFF: 8,
-    PIECE_COUNT_OFF: 8,
-    TENSOR_COUNT_OFF: 8,
-    SECTIONS_OFF: SECTION_COUNT * SECTION_ENTRY_LEN,
-    HEADER_SUM_OFF: format::CHECKSUM_LEN
-    => /// Length of the recipe header.
+    FORMAT_OFF: 4, ID_OFF: 8, PARENT_OFF: 8, LOGICAL_OFF: 8, FILE_SUM_OFF: 8, NEW_BYTES_OFF: 8,
+    PIECE_COUNT_OFF: 8, TENSOR_COUNT_OFF: 8, SECTIONS_OFF: SECTION_COUNT * SECTION_ENTRY_LEN,
+    HEADER_SUM_OFF: format::CHECKSUM_LEN =>
+    /// Length of the recipe header.
     pub HEADER_LEN
 }
 
@@ -84,23 +77,15 @@ const S_GLUE: usize = 3;
 
 format::layout! {
     0;
-    T_HASH: 32,
-    T_LEN: 8,
-    T_OWNER: 8,
-    T_META: 8,
-    T_NAME_LEN: 4,
-    T_DTYPE_LEN: 2,
-    T_NDIM: 2
-    => /// Length of one tensor record.
+    T_HASH: 32, T_LEN: 8, T_OWNER: 8, T_META: 8, T_NAME_LEN: 4, T_DTYPE_LEN: 2, T_NDIM: 2 =>
+    /// Length of one tensor record.
     pub TENSOR_LEN
 }
 
 format::layout! {
     0;
-    P_KIND: 8,
-    P_A: 8,
-    P_LEN: 8
-    => /// Length of one piece record.
+    P_KIND: 8, P_A: 8, P_LEN: 8 =>
+    /// Length of one piece record.
     pub PIECE_LEN
 }
 

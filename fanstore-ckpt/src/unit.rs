@@ -61,20 +61,12 @@ pub const VERSION: u32 = 2;
 
 format::layout! {
     format::FIELDS_OFFSET;
-    ENCODING_OFF: 1,
-    WIDTH_OFF: 1,
-    DEPTH_OFF: 2,
-    LEN_OFF: 8,
-    BLAKE3_OFF: 32,
-    XXH3_OFF: 8,
-    BASE_OFF: 32,
-    BODY_LEN_OFF: 8,
-    BODY_SUM_OFF: 8,
-    RESERVED2_OFF: 8,
-    CHECKSUM_OFF: format::CHECKSUM_LEN
-    => /// Length of a version 2 unit file header.
+    ENCODING_OFF: 1, WIDTH_OFF: 1, DEPTH_OFF: 2, LEN_OFF: 8, BLAKE3_OFF: 32, XXH3_OFF: 8, BASE_OFF: 32,
+    BODY_LEN_OFF: 8, BODY_SUM_OFF: 8, RESERVED2_OFF: 8, CHECKSUM_OFF: format::CHECKSUM_LEN =>
+    /// Length of a version 2 unit file header.
     pub HEADER_LEN
 }
+
 /// Length of a version 1 unit file header.
 pub const V1_HEADER_LEN: usize = 72;
 

@@ -62,16 +62,10 @@ const SECTION_ENTRY_LEN: usize = 24;
 const SECTION_COUNT: usize = 5;
 format::layout! {
     format::FIELDS_OFFSET;
-    HEADER_LEN_OFF: 4,
-    DATASET_OFF: 8,
-    NODE_COUNT_OFF: 8,
-    CHILD_COUNT_OFF: 8,
-    PART_COUNT_OFF: 4,
-    BUCKET_COUNT_OFF: 4,
-    TOTAL_BYTES_OFF: 8,
-    SECTIONS_OFF: SECTION_COUNT * SECTION_ENTRY_LEN,
-    HEADER_SUM_OFF: format::CHECKSUM_LEN
-    => /// Length of the manifest header.
+    HEADER_LEN_OFF: 4, DATASET_OFF: 8, NODE_COUNT_OFF: 8, CHILD_COUNT_OFF: 8, PART_COUNT_OFF: 4,
+    BUCKET_COUNT_OFF: 4, TOTAL_BYTES_OFF: 8, SECTIONS_OFF: SECTION_COUNT * SECTION_ENTRY_LEN,
+    HEADER_SUM_OFF: format::CHECKSUM_LEN =>
+    /// Length of the manifest header.
     pub HEADER_LEN
 }
 
@@ -88,37 +82,17 @@ const S_STRINGS: usize = 4;
 
 format::layout! {
     0;
-    N_KIND: 1,
-    N_CODEC: 1,
-    N_FLAGS: 2,
-    N_MODE: 4,
-    N_PARENT: 4,
-    N_NAME_LEN: 4,
-    N_PATH_OFF: 8,
-    N_PATH_LEN: 4,
-    N_AUX32: 4,
-    N_SIZE: 8,
-    N_LOC: 8,
-    N_STORED: 8,
-    N_SUM: 8,
-    N_MTIME: 8,
-    N_ATIME: 8,
-    N_CTIME: 8,
-    N_NLINK: 8
-    => /// Length of one node record.
+    N_KIND: 1, N_CODEC: 1, N_FLAGS: 2, N_MODE: 4, N_PARENT: 4, N_NAME_LEN: 4, N_PATH_OFF: 8, N_PATH_LEN:
+    4, N_AUX32: 4, N_SIZE: 8, N_LOC: 8, N_STORED: 8, N_SUM: 8, N_MTIME: 8, N_ATIME: 8, N_CTIME: 8,
+    N_NLINK: 8 =>
+    /// Length of one node record.
     pub NODE_LEN
 }
 
 format::layout! {
     0;
-    P_ID: 4,
-    P_FLAGS: 4,
-    P_FILE_LEN: 8,
-    P_ENTRIES: 8,
-    P_BYTES: 8,
-    P_HEADER_SUM: 8,
-    P_RESERVED: 24
-    => /// Length of one partition record.
+    P_ID: 4, P_FLAGS: 4, P_FILE_LEN: 8, P_ENTRIES: 8, P_BYTES: 8, P_HEADER_SUM: 8, P_RESERVED: 24 =>
+    /// Length of one partition record.
     pub PART_LEN
 }
 

@@ -47,14 +47,9 @@ pub const VERSION: u32 = 1;
 
 format::layout! {
     format::FIELDS_OFFSET;
-    ID_OFF: 4,
-    COUNT_OFF: 8,
-    DATA_LEN_OFF: 8,
-    DATASET_OFF: 8,
-    FLAGS_OFF: 4,
-    RESERVED_OFF: 12,
-    CHECKSUM_OFF: format::CHECKSUM_LEN
-    => /// Length of the partition header.
+    ID_OFF: 4, COUNT_OFF: 8, DATA_LEN_OFF: 8, DATASET_OFF: 8, FLAGS_OFF: 4, RESERVED_OFF: 12,
+    CHECKSUM_OFF: format::CHECKSUM_LEN =>
+    /// Length of the partition header.
     pub HEADER_LEN
 }
 
@@ -64,13 +59,9 @@ pub const HEADER: FormatHeader =
 
 format::layout! {
     0;
-    E_PATH_HASH_OFF: 8,
-    E_RAW_OFF: 8,
-    E_STORED_OFF: 8,
-    E_CODEC_OFF: 8,
-    E_PAYLOAD_SUM_OFF: 8,
-    E_CHECKSUM_OFF: 8
-    => /// Length of an entry header.
+    E_PATH_HASH_OFF: 8, E_RAW_OFF: 8, E_STORED_OFF: 8, E_CODEC_OFF: 8, E_PAYLOAD_SUM_OFF: 8,
+    E_CHECKSUM_OFF: 8 =>
+    /// Length of an entry header.
     pub ENTRY_HEADER_LEN
 }
 

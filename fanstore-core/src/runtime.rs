@@ -42,16 +42,9 @@ pub const STATE_MAGIC: [u8; 8] = *b"FANSTND\0";
 pub const STATE_VERSION: u32 = 1;
 format::layout! {
     format::MAGIC_LEN;
-    S_VERSION: 4,
-    S_RANK: 4,
-    S_NRANKS: 4,
-    S_STATUS: 4,
-    S_DATASET: 8,
-    S_PID: 8,
-    S_PARTS: 4,
-    S_FLAGS: 4,
-    S_LENS: 16
-    => S_FIXED_LEN
+    S_VERSION: 4, S_RANK: 4, S_NRANKS: 4, S_STATUS: 4, S_DATASET: 8, S_PID: 8, S_PARTS: 4, S_FLAGS: 4,
+    S_LENS: 16 =>
+    S_FIXED_LEN
 }
 
 /// A daemon's lifecycle state as published in its state file.

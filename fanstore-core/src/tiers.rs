@@ -58,13 +58,9 @@ pub const MAGIC: [u8; 8] = *b"FANSTTM\0";
 pub const VERSION: u32 = 1;
 format::layout! {
     format::VERSION_OFFSET;
-    VERSION_OFF: 4,
-    RESERVED_OFF: 4,
-    DATASET_OFF: 8,
-    COUNT_OFF: 8,
-    RESERVED2_OFF: 24,
-    CHECKSUM_OFF: format::CHECKSUM_LEN
-    => /// Length of the header; the per-node bytes follow it.
+    VERSION_OFF: 4, RESERVED_OFF: 4, DATASET_OFF: 8, COUNT_OFF: 8, RESERVED2_OFF: 24, CHECKSUM_OFF:
+    format::CHECKSUM_LEN =>
+    /// Length of the header; the per-node bytes follow it.
     pub HEADER_LEN
 }
 
