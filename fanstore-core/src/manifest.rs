@@ -928,25 +928,6 @@ impl Manifest {
 mod tests {
     use super::*;
 
-    /// The layout macro keeps every offset the file format had when each was
-    /// spelled as a literal chain.
-    #[test]
-    fn layout_offsets_are_unchanged() {
-        assert_eq!(
-            [
-                HEADER_LEN_OFF, DATASET_OFF, NODE_COUNT_OFF, CHILD_COUNT_OFF, PART_COUNT_OFF, BUCKET_COUNT_OFF,
-                TOTAL_BYTES_OFF, SECTIONS_OFF, HEADER_SUM_OFF, HEADER_LEN, N_KIND, N_CODEC, N_FLAGS, N_MODE,
-                N_PARENT, N_NAME_LEN, N_PATH_OFF, N_PATH_LEN, N_AUX32, N_SIZE, N_LOC, N_STORED, N_SUM, N_MTIME,
-                N_ATIME, N_CTIME, N_NLINK, NODE_LEN, P_ID, P_FLAGS, P_FILE_LEN, P_ENTRIES, P_BYTES,
-                P_HEADER_SUM, PART_LEN
-            ],
-            [
-                12, 16, 24, 32, 40, 44, 48, 56, 176, 184, 0, 1, 2, 4, 8, 12, 16, 24, 28, 32, 40, 48, 56, 64, 72,
-                80, 88, 96, 0, 4, 8, 16, 24, 32, 64
-            ]
-        );
-    }
-
     fn file(path: &str, size: u64, part: u32) -> BuildEntry {
         BuildEntry {
             path: path.as_bytes().to_vec(),
@@ -1198,6 +1179,10 @@ mod tests {
 
     #[test]
     fn the_written_layout_is_unchanged() {
+        assert_eq!(
+            (HEADER_LEN_OFF, SECTIONS_OFF, HEADER_LEN, N_SIZE, N_NLINK, NODE_LEN, P_HEADER_SUM, PART_LEN),
+            (12, 56, 184, 32, 88, 96, 32, 64)
+        );
         // The bytes of one varied tree, pinned: a change of the layout
         // (order, padding, offsets, checksums) must be a new version.
         let bytes = varied_tree().finish().unwrap();
