@@ -82,6 +82,73 @@ macro_rules! format_layout {
 #[doc(inline)]
 pub use format_layout as layout;
 
+/// Declares an enum whose variants are written as numbers (a field of a
+/// file or a message), with the function that reads one back and, when
+/// every variant is given a name, `name()`.
+///
+/// ```
+/// fanstore_core::format::coded_enum! {
+///     /// A colour as stored.
+///     #[derive(Debug, Clone, Copy, PartialEq, Eq)]
+///     pub enum Colour: u8, from_u8 {
+///         Red = 1 => "red",
+///         Blue = 2 => "blue",
+///     }
+/// }
+/// assert_eq!(Colour::from_u8(2), Some(Colour::Blue));
+/// assert_eq!(Colour::from_u8(3), None);
+/// assert_eq!((Colour::Red as u8, Colour::Red.name()), (1, "red"));
+/// ```
+///
+/// The enum is `#[repr]` of the code's type, so `variant as u8` (or `u32`)
+/// is its code; `from` returns `None` for a code no variant has.
+#[doc(hidden)]
+#[macro_export]
+macro_rules! format_coded_enum {
+    (
+        $(#[$m:meta])*
+        $vis:vis enum $name:ident: $repr:ident, $from:ident {
+            $($(#[$vm:meta])* $variant:ident = $value:literal => $text:literal),+ $(,)?
+        }
+    ) => {
+        $crate::format_coded_enum! {
+            $(#[$m])*
+            $vis enum $name: $repr, $from { $($(#[$vm])* $variant = $value),+ }
+        }
+        impl $name {
+            /// The variant's name as reports print it.
+            $vis fn name(self) -> &'static str {
+                match self {
+                    $($name::$variant => $text,)+
+                }
+            }
+        }
+    };
+    (
+        $(#[$m:meta])*
+        $vis:vis enum $name:ident: $repr:ident, $from:ident {
+            $($(#[$vm:meta])* $variant:ident = $value:literal),+ $(,)?
+        }
+    ) => {
+        $(#[$m])*
+        #[repr($repr)]
+        $vis enum $name {
+            $($(#[$vm])* $variant = $value,)+
+        }
+        impl $name {
+            /// The variant whose code is `v`; `None` for a code no variant has.
+            $vis fn $from(v: $repr) -> Option<$name> {
+                match v {
+                    $($value => Some($name::$variant),)+
+                    _ => None,
+                }
+            }
+        }
+    };
+}
+#[doc(inline)]
+pub use format_coded_enum as coded_enum;
+
 /// One version of a format's header.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct HeaderVersion {

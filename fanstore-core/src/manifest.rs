@@ -99,22 +99,13 @@ format::layout! {
 /// Node flag: the file lives in a partition that every node loads.
 pub const NODE_FLAG_REPLICATED: u8 = 1;
 
-/// What a node is.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum NodeKind {
-    Dir = 1,
-    File = 2,
-    Symlink = 3,
-}
-
-impl NodeKind {
-    fn from_u8(v: u8) -> Option<NodeKind> {
-        match v {
-            1 => Some(NodeKind::Dir),
-            2 => Some(NodeKind::File),
-            3 => Some(NodeKind::Symlink),
-            _ => None,
-        }
+format::coded_enum! {
+    /// What a node is.
+    #[derive(Debug, Clone, Copy, PartialEq, Eq)]
+    pub enum NodeKind: u8, from_u8 {
+        Dir = 1,
+        File = 2,
+        Symlink = 3,
     }
 }
 

@@ -47,24 +47,14 @@ format::layout! {
     S_FIXED_LEN
 }
 
-/// A daemon's lifecycle state as published in its state file.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Status {
-    Loading = 0,
-    Ready = 1,
-    Stopping = 2,
-    Failed = 3,
-}
-
-impl Status {
-    fn from_u32(v: u32) -> Option<Status> {
-        Some(match v {
-            0 => Status::Loading,
-            1 => Status::Ready,
-            2 => Status::Stopping,
-            3 => Status::Failed,
-            _ => return None,
-        })
+format::coded_enum! {
+    /// A daemon's lifecycle state as published in its state file.
+    #[derive(Debug, Clone, Copy, PartialEq, Eq)]
+    pub enum Status: u32, from_u32 {
+        Loading = 0,
+        Ready = 1,
+        Stopping = 2,
+        Failed = 3,
     }
 }
 
