@@ -1087,23 +1087,8 @@ mod tests {
     #[test]
     fn mutated_manifests_never_panic() {
         let base = sample();
-        let mut x = 0x2545f4914f6cdd1du64;
-        let mut next = || {
-            x ^= x << 13;
-            x ^= x >> 7;
-            x ^= x << 17;
-            x
-        };
         let mut accepted = 0;
-        for _ in 0..20_000 {
-            let mut b = base.clone();
-            for _ in 0..1 + next() % 4 {
-                let i = (next() % b.len() as u64) as usize;
-                b[i] = next() as u8;
-            }
-            if next() % 8 == 0 {
-                b.truncate((next() % b.len() as u64) as usize);
-            }
+        for mut b in format::testing::mutated_copies(&base, 20_000, 4) {
             reseal(&mut b);
             let Ok(v) = IndexView::parse(Path::new("fuzz"), &b, Verify::Full) else { continue };
             accepted += 1;
