@@ -250,9 +250,9 @@ mod tests {
 
     #[test]
     fn the_written_layout_is_unchanged() {
-        assert_eq!((SEQ_OFF, NONCE_OFF, HEADER_LEN), (16, 24, 40));
         let b = PackHeader { seq: 3, nonce: 0x1234_5678 }.encode();
         assert_eq!(xxh3(&b), 13_279_227_832_005_055_774);
+        assert_eq!((SEQ_OFF, NONCE_OFF, HEADER_LEN), (16, 24, 40));
     }
 
     struct Built {

@@ -361,21 +361,19 @@ impl LogReport {
         render::table(&["depth", "checkpoint", "logical", "stored new"], &rows, &[0, 2, 3])
     }
     pub fn to_json(&self) -> String {
-        Obj::new()
-            .raw("checkpoint", &self.ckpt.json())
-            .raw(
-                "ancestors",
-                &array(self.chain.iter().map(|r| {
-                    Obj::new()
-                        .num("id", r.ckpt.id)
-                        .str("path", &r.ckpt.path)
-                        .bool("live", r.ckpt.live)
-                        .num("logical_bytes", r.logical)
-                        .num("stored_new_bytes", r.new_bytes)
-                        .end()
-                })),
-            )
-            .end()
+        rows_json(
+            &self.ckpt,
+            "ancestors",
+            self.chain.iter().map(|r| {
+                Obj::new()
+                    .num("id", r.ckpt.id)
+                    .str("path", &r.ckpt.path)
+                    .bool("live", r.ckpt.live)
+                    .num("logical_bytes", r.logical)
+                    .num("stored_new_bytes", r.new_bytes)
+                    .end()
+            }),
+        )
     }
 }
 
@@ -395,6 +393,12 @@ pub struct OwnerRow {
 pub struct OwnersReport {
     pub ckpt: CkptRef,
     pub rows: Vec<OwnerRow>,
+}
+
+/// The JSON of a report of rows about one checkpoint:
+/// `{"checkpoint": {..}, "<key>": [rows]}`.
+fn rows_json(ckpt: &CkptRef, key: &str, rows: impl Iterator<Item = String>) -> String {
+    Obj::new().raw("checkpoint", &ckpt.json()).raw(key, &array(rows)).end()
 }
 
 fn shape_text(s: &[u64]) -> String {
@@ -420,22 +424,20 @@ impl OwnersReport {
         render::table(&["tensor", "dtype", "shape", "size", "unit", "owner"], &rows, &[3])
     }
     pub fn to_json(&self) -> String {
-        Obj::new()
-            .raw("checkpoint", &self.ckpt.json())
-            .raw(
-                "tensors",
-                &array(self.rows.iter().map(|r| {
-                    Obj::new()
-                        .str("name", &r.name)
-                        .str("dtype", r.dtype.as_bytes())
-                        .raw("shape", &array(r.shape.iter().map(u64::to_string)))
-                        .num("bytes", r.len)
-                        .str("blake3", unit::hex(&r.hash).as_bytes())
-                        .raw("owner", &r.owner.json())
-                        .end()
-                })),
-            )
-            .end()
+        rows_json(
+            &self.ckpt,
+            "tensors",
+            self.rows.iter().map(|r| {
+                Obj::new()
+                    .str("name", &r.name)
+                    .str("dtype", r.dtype.as_bytes())
+                    .raw("shape", &array(r.shape.iter().map(u64::to_string)))
+                    .num("bytes", r.len)
+                    .str("blake3", unit::hex(&r.hash).as_bytes())
+                    .raw("owner", &r.owner.json())
+                    .end()
+            }),
+        )
     }
 }
 
