@@ -88,8 +88,7 @@ struct Harness {
 
 impl Harness {
     fn new() -> Harness {
-        let d = tempfile::tempdir().unwrap();
-        let store = CheckpointStore::open(d.path()).unwrap();
+        let (d, store) = temp_store();
         Harness { _dir: d, store, n: 0 }
     }
     /// Full pipeline: commit, read back, compare, unlink.

@@ -3,7 +3,16 @@
 //! numpy's .npy/.npz), plus a deterministic random generator.
 #![allow(dead_code)]
 
+use fanstore_ckpt::CheckpointStore;
 use std::path::Path;
+
+/// A checkpoint store opened in a new temporary directory, which is removed
+/// when the returned guard drops.
+pub fn temp_store() -> (tempfile::TempDir, CheckpointStore) {
+    let d = tempfile::tempdir().unwrap();
+    let store = CheckpointStore::open(d.path()).unwrap();
+    (d, store)
+}
 
 /// xorshift64: deterministic test data.
 pub struct Rng(pub u64);
@@ -43,19 +52,6 @@ pub fn t(name: &str, dtype: &'static str, shape: &[u64], data: Vec<u8>) -> T {
     T { name: name.into(), dtype, shape: shape.to_vec(), data }
 }
 
-fn json_escape(s: &str) -> String {
-    let mut o = String::new();
-    for c in s.chars() {
-        match c {
-            '"' => o.push_str("\\\""),
-            '\\' => o.push_str("\\\\"),
-            c if (c as u32) < 0x20 => o.push_str(&format!("\\u{:04x}", c as u32)),
-            c => o.push(c),
-        }
-    }
-    o
-}
-
 /// Options of the safetensors writer.
 #[derive(Clone, Copy, Default)]
 pub struct StOpts {
@@ -74,8 +70,8 @@ pub fn safetensors(tensors: &[T], o: StOpts) -> Vec<u8> {
     for t in tensors {
         let shape: Vec<String> = t.shape.iter().map(u64::to_string).collect();
         entries.push(format!(
-            "\"{}\":{{\"dtype\":\"{}\",\"shape\":[{}],\"data_offsets\":[{},{}]}}",
-            json_escape(&t.name),
+            "{}:{{\"dtype\":\"{}\",\"shape\":[{}],\"data_offsets\":[{},{}]}}",
+            fanstore_ckpt::render::json_str(t.name.as_bytes()),
             t.dtype,
             shape.join(","),
             off,
