@@ -166,6 +166,18 @@ pub fn stored<'a>(name: &str, data: &'a [u8]) -> Member<'a> {
     Member { name: name.into(), data, method: 0, usize: data.len() as u64 }
 }
 
+/// The ZIP64 extra field (id 1) holding `values`, u64 each: sizes and, in
+/// the central directory, the local header's offset.
+fn zip64_extra(values: &[u64]) -> Vec<u8> {
+    let mut x = Vec::new();
+    x.extend_from_slice(&1u16.to_le_bytes());
+    x.extend_from_slice(&(8 * values.len() as u16).to_le_bytes());
+    for v in values {
+        x.extend_from_slice(&v.to_le_bytes());
+    }
+    x
+}
+
 /// A zip archive laid out like PyTorch's PyTorchStreamWriter (miniz):
 /// local header, name, [ZIP64 extra], "FB" padding so the payload starts on
 /// an `align` boundary, payload, [data descriptor]; then the central
@@ -179,13 +191,7 @@ pub fn zip(members: &[Member], o: ZipOpts) -> Vec<u8> {
         let big = o.zip64 || csize >= 0xFFFF_FFFF || lho >= 0xFFFF_FFFF;
         let crc = if o.crc { crc32(m.data) } else { 0 };
         let flags: u16 = if o.descriptors { 8 } else { 0 };
-        let mut extra = Vec::new();
-        if big {
-            extra.extend_from_slice(&1u16.to_le_bytes());
-            extra.extend_from_slice(&16u16.to_le_bytes());
-            extra.extend_from_slice(&m.usize.to_le_bytes());
-            extra.extend_from_slice(&csize.to_le_bytes());
-        }
+        let mut extra = if big { zip64_extra(&[m.usize, csize]) } else { Vec::new() };
         if o.align > 0 {
             let start = lho as usize + 30 + m.name.len() + extra.len() + 4;
             let pad = (o.align - start % o.align) % o.align;
@@ -228,14 +234,7 @@ pub fn zip(members: &[Member], o: ZipOpts) -> Vec<u8> {
             }
         }
         // central directory header
-        let mut cx = Vec::new();
-        if big {
-            cx.extend_from_slice(&1u16.to_le_bytes());
-            cx.extend_from_slice(&24u16.to_le_bytes());
-            cx.extend_from_slice(&m.usize.to_le_bytes());
-            cx.extend_from_slice(&csize.to_le_bytes());
-            cx.extend_from_slice(&lho.to_le_bytes());
-        }
+        let cx = if big { zip64_extra(&[m.usize, csize, lho]) } else { Vec::new() };
         central.extend_from_slice(&0x0201_4b50u32.to_le_bytes());
         central.extend_from_slice(&(if big { 45u16 } else { 20 }).to_le_bytes());
         central.extend_from_slice(&(if big { 45u16 } else { 20 }).to_le_bytes());
