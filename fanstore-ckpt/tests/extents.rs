@@ -85,6 +85,15 @@ fn check_all(store: &CheckpointStore, model: &BTreeMap<String, Vec<u8>>, what: &
     }
 }
 
+/// Closes `store`, opens the store at `sdir` again, and checks that every
+/// file of `model` reads back and that the store verifies clean.
+fn reopen_and_check_all(store: CheckpointStore, sdir: &Path, model: &BTreeMap<String, Vec<u8>>) {
+    drop(store);
+    let store = CheckpointStore::open(sdir).unwrap();
+    check_all(&store, model, "reopened");
+    assert!(store.verify(None).unwrap().ok());
+}
+
 #[test]
 fn an_incompressible_file_is_adopted_not_copied_and_reads_back_after_reopen() {
     let (_d, sdir, files, mut store) = store_and_files();
@@ -150,10 +159,7 @@ fn files_that_share_or_compress_are_copied_as_before() {
     let model: BTreeMap<String, Vec<u8>> = [("a", f1), ("b", f2), ("c", f3)].into_iter().map(|(k, v)| (k.to_string(), v)).collect();
     check_all(&store, &model, "live");
     assert_eq!(store.du().hot, (model["b"].len() + model["c"].len()) as u64, "the two newest, neither adopted, are hot copies beside the store");
-    drop(store);
-    let store = CheckpointStore::open(&sdir).unwrap();
-    check_all(&store, &model, "reopened");
-    assert!(store.verify(None).unwrap().ok());
+    reopen_and_check_all(store, &sdir, &model);
 }
 
 #[test]
@@ -278,10 +284,7 @@ fn unlinks_free_extents_and_compaction_keeps_what_others_share_even_across_a_cra
         assert_eq!(s.du().units, 0, "{step}");
         assert!(extents(dir).is_empty(), "{step}: nothing live, no extent left");
     }
-    drop(store);
-    let store = CheckpointStore::open(&sdir).unwrap();
-    check_all(&store, &model, "reopened");
-    assert!(store.verify(None).unwrap().ok());
+    reopen_and_check_all(store, &sdir, &model);
 }
 
 #[test]
