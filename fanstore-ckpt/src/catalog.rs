@@ -146,18 +146,7 @@ impl Catalog {
         for (name, sec, sum_off, off) in
             [("entries", ents, ENTRIES_SUM_OFF, HEADER_LEN), ("strings", strings, STRINGS_SUM_OFF, ents_end)]
         {
-            let stored = u64_at(b, sum_off);
-            let computed = xxh3(sec);
-            if stored != computed {
-                return Err(FormatError::Checksum {
-                    file: file.into(),
-                    entry: format!("catalog {name}"),
-                    offset: off as u64,
-                    stored,
-                    computed,
-                }
-                .into());
-            }
+            FormatError::check_xxh3(file, || format!("catalog {name}"), off as u64, sec, u64_at(b, sum_off))?;
         }
         let next_id = u64_at(b, NEXT_ID_OFF);
         let mut entries = Vec::with_capacity(count as usize);

@@ -230,17 +230,7 @@ impl Recipe {
         for (i, s) in sec.iter_mut().enumerate().take(last) {
             let (off, len, stored) = h.sections[i];
             let bytes = &b[off as usize..(off + len) as usize];
-            let computed = xxh3(bytes);
-            if computed != stored {
-                return Err(FormatError::Checksum {
-                    file: file.into(),
-                    entry: format!("recipe section {}", SECTION_NAMES[i]),
-                    offset: off,
-                    stored,
-                    computed,
-                }
-                .into());
-            }
+            FormatError::check_xxh3(file, || format!("recipe section {}", SECTION_NAMES[i]), off, bytes, stored)?;
             *s = bytes;
         }
         let tens_off = h.sections[S_TENSORS].0 as usize;

@@ -431,17 +431,7 @@ pub fn read_body(file: &Path, f: &File, at: u64, head: &UnitHeader) -> Result<Pa
         f.read_exact_at(&mut v, start).map_err(|e| CkptError::io(file, e))?;
         Payload::Owned(v)
     };
-    let computed = xxh3(body.bytes());
-    if computed != head.body_xxh3 {
-        return Err(FormatError::Checksum {
-            file: file.into(),
-            entry: "unit body".into(),
-            offset: start,
-            stored: head.body_xxh3,
-            computed,
-        }
-        .into());
-    }
+    FormatError::check_xxh3(file, || "unit body".into(), start, body.bytes(), head.body_xxh3)?;
     Ok(body)
 }
 
@@ -472,17 +462,7 @@ pub fn decode_body(file: &Path, head: &UnitHeader, body: &[u8], dst: &mut [u8]) 
 
 /// Checks a decoded payload against the header's xxh3 (and blake3 when `full`).
 pub fn check_payload(file: &Path, head: &UnitHeader, payload: &[u8], full: bool) -> Result<()> {
-    let computed = xxh3(payload);
-    if computed != head.xxh3 {
-        return Err(FormatError::Checksum {
-            file: file.into(),
-            entry: "unit payload".into(),
-            offset: head.header_len,
-            stored: head.xxh3,
-            computed,
-        }
-        .into());
-    }
+    FormatError::check_xxh3(file, || "unit payload".into(), head.header_len, payload, head.xxh3)?;
     if full {
         let b = hash(payload);
         if b != head.blake3 {

@@ -222,17 +222,8 @@ impl FormatHeader {
             return Err(truncated(version.len));
         }
         let sum_off = version.checksum_offset();
-        let stored = u64_at(bytes, sum_off);
-        let computed = xxh3(&bytes[..sum_off]);
-        if stored != computed {
-            return Err(FormatError::Checksum {
-                file: file.into(),
-                entry: format!("{} header", self.what),
-                offset: 0,
-                stored,
-                computed,
-            });
-        }
+        let entry = || format!("{} header", self.what);
+        FormatError::check_xxh3(file, entry, 0, &bytes[..sum_off], u64_at(bytes, sum_off))?;
         Ok(version)
     }
 }

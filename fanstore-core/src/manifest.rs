@@ -207,16 +207,7 @@ impl<'a> IndexView<'a> {
             };
             *sec = &bytes[off as usize..end as usize];
             if verify == Verify::Full {
-                let computed = xxh3(sec);
-                if computed != sum {
-                    return Err(FormatError::Checksum {
-                        file: file.into(),
-                        entry: format!("{name} section"),
-                        offset: off,
-                        stored: sum,
-                        computed,
-                    });
-                }
+                FormatError::check_xxh3(file, || format!("{name} section"), off, sec, sum)?;
             }
         }
         let view = IndexView {

@@ -146,11 +146,7 @@ impl EntryHeader {
                 len: b.len() as u64,
             });
         }
-        let stored = u64_at(b, E_CHECKSUM_OFF);
-        let computed = xxh3(&b[..E_CHECKSUM_OFF]);
-        if stored != computed {
-            return Err(FormatError::Checksum { file: file.into(), entry: entry(), offset, stored, computed });
-        }
+        FormatError::check_xxh3(file, entry, offset, &b[..E_CHECKSUM_OFF], u64_at(b, E_CHECKSUM_OFF))?;
         let codec = Codec::from_u8(b[E_CODEC_OFF]).ok_or_else(|| FormatError::Corrupt {
             file: file.into(),
             entry: entry(),
@@ -372,16 +368,8 @@ impl PartitionReader {
         }
         let mut payload = vec![0u8; header.stored_len as usize];
         self.input.read_exact(&mut payload).map_err(|e| FormatError::io(&self.path, e))?;
-        let computed = xxh3(&payload);
-        if computed != header.payload_checksum {
-            return Err(FormatError::Checksum {
-                file: self.path.clone(),
-                entry: format!("payload of entry {}", self.seen),
-                offset: payload_offset,
-                stored: header.payload_checksum,
-                computed,
-            });
-        }
+        let entry = || format!("payload of entry {}", self.seen);
+        FormatError::check_xxh3(&self.path, entry, payload_offset, &payload, header.payload_checksum)?;
         self.pos = payload_offset + header.stored_len;
         self.seen += 1;
         Ok(Some(Entry { header, payload_offset, payload }))
@@ -412,16 +400,7 @@ pub fn read_payload_at(path: &Path, f: &File, payload_offset: u64, stored_len: u
         });
     }
     let payload = buf.split_off(ENTRY_HEADER_LEN);
-    let computed = xxh3(&payload);
-    if computed != checksum {
-        return Err(FormatError::Checksum {
-            file: path.into(),
-            entry: format!("payload at offset {payload_offset}"),
-            offset: payload_offset,
-            stored: checksum,
-            computed,
-        });
-    }
+    FormatError::check_xxh3(path, || format!("payload at offset {payload_offset}"), payload_offset, &payload, checksum)?;
     Ok(payload)
 }
 
