@@ -25,7 +25,7 @@ mod safetensors;
 mod zip;
 
 pub use cdc::CdcParams;
-pub use npy::{parse_npy_header, NpyHeader};
+pub use npy::{npy_file, parse_npy_header, NpyHeader};
 pub use pickle::{torch_storages, StorageInfo};
 pub use zip::{parse_zip, ZipEntry};
 

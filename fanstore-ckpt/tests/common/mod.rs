@@ -105,22 +105,7 @@ pub fn npy(descr: &str, shape: &[u64], data: &[u8], major: u8) -> Vec<u8> {
         _ => format!("({})", shape.iter().map(u64::to_string).collect::<Vec<_>>().join(", ")),
     };
     let dict = format!("{{'descr': '{descr}', 'fortran_order': False, 'shape': {shape_txt}, }}");
-    let pre = if major == 1 { 10 } else { 12 };
-    let mut h = dict.into_bytes();
-    while (pre + h.len() + 1) % 64 != 0 {
-        h.push(b' ');
-    }
-    h.push(b'\n');
-    let mut b = b"\x93NUMPY".to_vec();
-    b.extend_from_slice(&[major, 0]);
-    if major == 1 {
-        b.extend_from_slice(&(h.len() as u16).to_le_bytes());
-    } else {
-        b.extend_from_slice(&(h.len() as u32).to_le_bytes());
-    }
-    b.extend_from_slice(&h);
-    b.extend_from_slice(data);
-    b
+    fanstore_ckpt::split::npy_file(major, &dict, data)
 }
 
 pub fn crc32(data: &[u8]) -> u32 {
