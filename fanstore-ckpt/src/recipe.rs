@@ -372,9 +372,9 @@ mod tests {
 
     #[test]
     fn the_written_layout_is_unchanged() {
+        assert_eq!((SECTIONS_OFF, HEADER_LEN, T_NDIM, TENSOR_LEN, PIECE_LEN), (72, 176, 62, 64, 24));
         let b = sample().encode();
         assert_eq!((b.len(), xxh3(&b)), (439, 13_233_508_174_490_665_414));
-        assert_eq!((SECTIONS_OFF, HEADER_LEN, T_NDIM, TENSOR_LEN, PIECE_LEN), (72, 176, 62, 64, 24));
     }
 
     fn sample() -> Recipe {
