@@ -224,14 +224,7 @@ mod tests {
         let mut extra = b.clone();
         extra.push(0);
         assert!(decode_keys(&extra).unwrap_err().to_string().contains("trailing"));
-        let mut x = 0x9e3779b97f4a7c15u64;
-        for _ in 0..5000 {
-            let mut m = b.clone();
-            x ^= x << 13;
-            x ^= x >> 7;
-            x ^= x << 17;
-            let i = (x % m.len() as u64) as usize;
-            m[i] = (x >> 24) as u8;
+        for m in fanstore_core::format::testing::mutated_copies(&b, 5000, 1) {
             let _ = decode_keys(&m);
         }
         assert!(decode_keys(&[0xff, 0xff, 0xff, 0xff]).is_err());

@@ -305,12 +305,12 @@ pub mod testing {
         }
     }
 
-    /// `count` copies of `good`, each with 1 to `max_bytes` bytes set to
-    /// other values and, one copy in eight, then cut short: the inputs of
-    /// the tests that a damaged file is refused and never panics the
-    /// reader. The copies come from a fixed xorshift sequence, the same on
-    /// every run. Reseal each before decoding it, to reach the fields
-    /// behind the header checksum.
+    /// `count` copies of `good` (not empty), each with 1 to `max_bytes`
+    /// bytes set to other values and, one copy in eight, then cut short:
+    /// the inputs of the tests that damaged bytes are refused and never
+    /// panic the reader. The copies come from a fixed xorshift sequence,
+    /// the same on every run. Reseal a framed file's copy before decoding
+    /// it, to reach the fields behind the header checksum.
     pub fn mutated_copies(good: &[u8], count: usize, max_bytes: u64) -> impl Iterator<Item = Vec<u8>> + '_ {
         let mut x = 0x2545f4914f6cdd1du64;
         let mut next = move || {
