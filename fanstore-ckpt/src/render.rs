@@ -89,20 +89,9 @@ pub fn array(items: impl IntoIterator<Item = String>) -> String {
     format!("[{}]", v.join(","))
 }
 
-/// Human-readable bytes (binary units).
+/// Human-readable bytes (binary units, up to PiB).
 pub fn bytes(n: u64) -> String {
-    const U: [&str; 6] = ["B", "KiB", "MiB", "GiB", "TiB", "PiB"];
-    let mut v = n as f64;
-    let mut i = 0;
-    while v >= 1024.0 && i + 1 < U.len() {
-        v /= 1024.0;
-        i += 1;
-    }
-    if i == 0 {
-        format!("{n} B")
-    } else {
-        format!("{v:.1} {}", U[i])
-    }
+    fanstore_core::status::bytes_in_units(n, &["B", "KiB", "MiB", "GiB", "TiB", "PiB"])
 }
 
 /// A ratio `a / b` for display ("-" when b is 0).
