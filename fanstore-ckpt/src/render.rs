@@ -103,6 +103,17 @@ pub fn ratio(a: u64, b: u64) -> String {
     }
 }
 
+/// [`table`] of one row per item of `items`, made by `row`.
+pub fn table_of<T>(
+    head: &[&str],
+    items: impl IntoIterator<Item = T>,
+    row: impl FnMut(T) -> Vec<String>,
+    right: &[usize],
+) -> String {
+    let rows: Vec<Vec<String>> = items.into_iter().map(row).collect();
+    table(head, &rows, right)
+}
+
 /// A left-aligned text table; columns listed in `right` are right-aligned.
 pub fn table(head: &[&str], rows: &[Vec<String>], right: &[usize]) -> String {
     let mut w: Vec<usize> = head.iter().map(|h| h.chars().count()).collect();
