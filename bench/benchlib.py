@@ -27,6 +27,17 @@ def cc(src: str, out_dir: Path) -> str:
     return str(exe)
 
 
+def outside_files(work: Path, count: int = 8) -> list:
+    """`count` files of 1000 bytes under `work` (outside the mount): the
+    paths the preload library's outside-prefix overhead is timed on."""
+    paths = []
+    for i in range(count):
+        p = work / f"tmpfile{i}"
+        p.write_bytes(b"y" * 1000)
+        paths.append(str(p))
+    return paths
+
+
 def write_random_files(root: Path, size: int, count: int, seed: int = 1, per_dir: int = 100):
     """`count` files of `size` incompressible bytes, `per_dir` per directory."""
     rnd = __import__("random").Random(seed)

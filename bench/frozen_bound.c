@@ -31,11 +31,7 @@
 #include <time.h>
 #include <unistd.h>
 
-static double now(void) {
-    struct timespec t;
-    clock_gettime(CLOCK_MONOTONIC, &t);
-    return t.tv_sec + t.tv_nsec * 1e-9;
-}
+#include "monotonic.h"
 
 /* 0 if DIR's file system clones a 64 KiB range between two files, else the errno. */
 static int reflink_errno(const char *dir, const char *buf) {

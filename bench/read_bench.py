@@ -34,7 +34,7 @@ import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).parent))
-from benchlib import (BIN, OUT, ROOT, Daemon, cc, fmt_size, median, plot_lines, table,  # noqa: E402
+from benchlib import (BIN, OUT, ROOT, Daemon, cc, fmt_size, median, outside_files, plot_lines, table,  # noqa: E402
                       write_random_files)
 
 QUICK = "--quick" in sys.argv
@@ -512,11 +512,7 @@ def main():
         GOALS.append(("training reader", "FanStore ~ native (no goal set; decode-bound)", f"{fr:.2f}x", None))
         js["train"] = tr
         # ---------------- 5. outside-prefix overhead
-        tmpfiles = []
-        for i in range(8):
-            p = work / f"tmpfile{i}"
-            p.write_bytes(b"y" * 1000)
-            tmpfiles.append(str(p))
+        tmpfiles = outside_files(work)
         iters = "5000" if QUICK else "20000"
         plain, pre = [], []
         for _ in range(REPS * 2):

@@ -10,11 +10,7 @@
 #include <time.h>
 #include <unistd.h>
 
-static double now(void) {
-    struct timespec t;
-    clock_gettime(CLOCK_MONOTONIC, &t);
-    return t.tv_sec + t.tv_nsec / 1e9;
-}
+#include "monotonic.h"
 
 int main(int argc, char **argv) {
     int procs = argc > 1 ? atoi(argv[1]) : 1;

@@ -25,7 +25,7 @@ import tempfile
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).parent))
-from benchlib import OUT, Daemon, cc, median, table, tiny_dataset  # noqa: E402
+from benchlib import OUT, Daemon, cc, median, outside_files, table, tiny_dataset  # noqa: E402
 
 QUICK = "--quick" in sys.argv
 E = os.environ.get
@@ -54,11 +54,7 @@ def main():
     try:
         on = dm.env()
         off = dict(on, FANSTORE_SUD="0")
-        files = []
-        for i in range(8):
-            p = work / f"tmpfile{i}"
-            p.write_bytes(b"y" * 1000)
-            files.append(str(p))
+        files = outside_files(work)
         iters = "5000" if QUICK else "20000"
         names = ("without library", "library, raw syscalls caught", "library, FANSTORE_SUD=0")
         runs = {k: [] for k in names}

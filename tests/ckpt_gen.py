@@ -12,12 +12,15 @@
     opaque_blob(seed, ...)                -> random bytes made of repeated blocks
     series_state(base, k, frozen)         -> the k-th checkpoint of a fine-tuning series
     malformed()                           -> {name: bytes} of broken checkpoints (all >= 64 KiB)
+    write_files(d, {name: bytes})         -> writes /fanstore/<d>/<name>; {d/name: sha256 and length}
 
 Imported by client programs that run under LD_PRELOAD (tests/ is outside the
 mount) and by the tests themselves.
 """
 import collections
+import hashlib
 import io
+import os
 import pickle
 import struct
 import sys
@@ -265,4 +268,21 @@ def malformed() -> dict:
     out["bad_header.npy"] = b"\x93NUMPY\x01\x00" + struct.pack("<H", len(hdr)) + hdr + data
     for k, v in out.items():
         assert len(v) >= 64 << 10, k
+    return out
+
+
+def digest(b: bytes) -> dict:
+    """What a writing client reports of a file's bytes, for the readers to check."""
+    return {'sha256': hashlib.sha256(b).hexdigest(), 'len': len(b)}
+
+
+def write_files(d: str, files: dict, root='/fanstore') -> dict:
+    """Writes each name -> bytes of `files`, in order, to `root`/`d`/name (the
+    directory made if missing); returns {d/name: digest} of what it wrote."""
+    os.makedirs(os.path.join(root, d), exist_ok=True)
+    out = {}
+    for name, b in files.items():
+        with open(os.path.join(root, d, name), 'wb') as f:
+            f.write(b)
+        out[d + '/' + name] = digest(b)
     return out

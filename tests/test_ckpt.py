@@ -236,7 +236,7 @@ def cl(bins, tmp_path_factory):
 # --------------------------------------------------------------------------
 
 WRITE_FORMATS = """
-    import hashlib, io, json, os, time, zipfile
+    import io, json, os, time, zipfile
     import numpy as np
     from safetensors.numpy import save
     import ckpt_gen as gen
@@ -248,7 +248,7 @@ WRITE_FORMATS = """
     st, arrs, single = gen.format_samples()
     out = {}
     def put(rel, b):
-        out[rel] = {'sha256': hashlib.sha256(b).hexdigest(), 'len': len(b)}
+        out[rel] = gen.digest(b)
     b = save(st, metadata={'epoch': '3'})
     with open(d + '/model.safetensors', 'wb') as f:
         f.write(b)
@@ -563,9 +563,10 @@ def test_diff_series_checkpoints(cl, series):
 
 
 WRITE_DIFF = """
-    import hashlib, json, os
+    import json
     import numpy as np
     from safetensors.numpy import save
+    import ckpt_gen as gen
     rng = np.random.default_rng(5)
     a = {'w%d' % i: rng.random(8192, dtype=np.float32) for i in range(6)}     # 6 x 32 KiB
     b = dict(a)
@@ -574,13 +575,7 @@ WRITE_DIFF = """
     b['w6'] = rng.random(4096, dtype=np.float32)   # added
     b['w7'] = rng.random(100, dtype=np.float64)    # added
     b['w4'] = a['w4'].reshape(64, 128)         # same bytes, new shape: unchanged content
-    os.makedirs('/fanstore/diff', exist_ok=True)
-    out = {}
-    for name, d in (('a', a), ('b', b)):
-        by = save(d)
-        open('/fanstore/diff/%s.safetensors' % name, 'wb').write(by)
-        out['diff/%s.safetensors' % name] = {'sha256': hashlib.sha256(by).hexdigest(), 'len': len(by)}
-    print(json.dumps(out))
+    print(json.dumps(gen.write_files('diff', {'a.safetensors': save(a), 'b.safetensors': save(b)})))
 """
 
 
@@ -705,15 +700,9 @@ def test_delete_first_half_of_series(cl, series):
 # --------------------------------------------------------------------------
 
 WRITE_BAD = """
-    import hashlib, json, os
+    import json
     import ckpt_gen as gen
-    os.makedirs('/fanstore/bad', exist_ok=True)
-    out = {}
-    for name, b in gen.malformed().items():
-        with open('/fanstore/bad/' + name, 'wb') as f:
-            f.write(b)
-        out['bad/' + name] = {'sha256': hashlib.sha256(b).hexdigest(), 'len': len(b)}
-    print(json.dumps(out))
+    print(json.dumps(gen.write_files('bad', gen.malformed())))
 """
 
 
@@ -743,9 +732,10 @@ def test_malformed_checkpoints_stored_as_chunks(cl, formats):
 # --------------------------------------------------------------------------
 
 WRITE_CORRUPT = """
-    import hashlib, json, os
+    import json
     import numpy as np
     from safetensors.numpy import save
+    import ckpt_gen as gen
     rng = np.random.default_rng(77)
     shared = rng.random(65536, dtype=np.float32)
     # d and e come last so that the store's hot copies (the last two commits,
@@ -755,13 +745,7 @@ WRITE_CORRUPT = """
              'c': {'only_c': rng.random(65536, dtype=np.float32)},
              'd': {'only_d': rng.random(65536, dtype=np.float32)},
              'e': {'only_e': rng.random(65536, dtype=np.float32)}}
-    os.makedirs('/fanstore/corrupt', exist_ok=True)
-    out = {}
-    for n, d in files.items():
-        b = save(d)
-        open('/fanstore/corrupt/%s.safetensors' % n, 'wb').write(b)
-        out['corrupt/%s.safetensors' % n] = {'sha256': hashlib.sha256(b).hexdigest(), 'len': len(b)}
-    print(json.dumps(out))
+    print(json.dumps(gen.write_files('corrupt', {n + '.safetensors': save(d) for n, d in files.items()})))
 """
 
 
@@ -1022,7 +1006,7 @@ def test_fresh_incompressible_checkpoints_are_adopted_not_copied_across_drain_an
 # --------------------------------------------------------------------------
 
 WRITE_PLAIN = """
-    import hashlib, json, os, sys
+    import json
     import numpy as np
     from safetensors.numpy import save
     import ckpt_gen as gen
@@ -1032,12 +1016,7 @@ WRITE_PLAIN = """
              'model.pt': gen.torch_zip(gen.format_samples()[0]),
              'mib.bin': rng.integers(0, 256, 1 << 20, dtype=np.uint8).tobytes(),
              'mib_minus_1.bin': rng.integers(0, 256, (1 << 20) - 1, dtype=np.uint8).tobytes()}
-    os.makedirs('/fanstore/o', exist_ok=True)
-    out = {}
-    for n, b in files.items():
-        open('/fanstore/o/' + n, 'wb').write(b)
-        out['o/' + n] = {'sha256': hashlib.sha256(b).hexdigest(), 'len': len(b)}
-    print(json.dumps(out))
+    print(json.dumps(gen.write_files('o', files)))
 """
 
 

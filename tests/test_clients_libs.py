@@ -17,11 +17,19 @@ def fs(bins, tmp_path_factory):
 
 
 def compare(fs, code, node, expect_keys):
+    """Runs `code` natively and on the mount; both must decode the same
+    values, and the native run must see exactly `expect_keys` (not none)."""
+    assert expect_keys, "bad test: no source file of the kind"
     nat, vir = fs.py_both(code, node=node)
     n, v = json.loads(nat), json.loads(vir)
     assert sorted(n) == sorted(expect_keys), "bad test: the native run did not see the expected files"
     for k in n:
         assert v.get(k) == n[k], f"{k}: {v.get(k)} != {n[k]}"
+
+
+def files_ending(fs, *suffixes):
+    """The source tree's files whose names end with one of `suffixes`."""
+    return [f for f in fs.src.files if f.endswith(suffixes)]
 
 
 NUMPY = r'''
@@ -63,8 +71,8 @@ print(json.dumps(out, sort_keys=True))
 
 @pytest.mark.parametrize("node", [0, 2])
 def test_numpy(fs, node):
-    keys = [f for f in fs.src.files if f.endswith(".npy")]
-    npz = [f for f in fs.src.files if f.endswith(".npz")]
+    keys = files_ending(fs, ".npy")
+    npz = files_ending(fs, ".npz")
     keys += npz + [f + ":mmap" for f in npz]
     keys += [f for f in fs.src.files if f.startswith("own/arrays/raw_")]
     keys += ["own/big/random_2m.bin", "own/big/zeros_1m.bin"]
@@ -112,7 +120,7 @@ print(json.dumps(out, sort_keys=True))
 
 @pytest.mark.parametrize("node", [1, 3])
 def test_pillow_png_jpeg(fs, node):
-    keys = [f for f in fs.src.files if f.endswith((".png", ".jpg"))]
+    keys = files_ending(fs, ".png", ".jpg")
     assert any(k.endswith(".jpg") for k in keys) and any(k.endswith(".png") for k in keys)
     compare(fs, PILLOW, node, keys)
 
@@ -145,9 +153,7 @@ print(json.dumps(out, sort_keys=True))
 
 @pytest.mark.parametrize("node", [0, 3])
 def test_h5py(fs, node):
-    keys = [f for f in fs.src.files if f.endswith(".h5")]
-    assert keys
-    compare(fs, H5, node, keys)
+    compare(fs, H5, node, files_ending(fs, ".h5"))
 
 
 SAFETENSORS = r'''
@@ -177,6 +183,4 @@ print(json.dumps(out, sort_keys=True))
 
 @pytest.mark.parametrize("node", [1, 2])
 def test_safetensors(fs, node):
-    keys = [f for f in fs.src.files if f.endswith(".safetensors")]
-    assert keys
-    compare(fs, SAFETENSORS, node, keys)
+    compare(fs, SAFETENSORS, node, files_ending(fs, ".safetensors"))

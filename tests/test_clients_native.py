@@ -30,20 +30,30 @@ def assert_same(nat: str, vir: str, what: str):
     pytest.fail(f"{what}: output differs ({len(n)} native lines, {len(v)} fanstore lines)\n{msg}")
 
 
+def run_on_every_file(fs, exe, name, node):
+    """Client `name` over the list of every source file, natively and on the
+    mount from `node`: (native output, fanstore output)."""
+    lst = fs.file_list()
+    return fs.both(lambda root: [exe[name], root, lst], node=node)
+
+
+def lines_with(out: str, text: str) -> int:
+    """How many lines of `out` contain `text`."""
+    return len([l for l in out.splitlines() if text in l])
+
+
 @pytest.mark.parametrize("node", [0, 1])
 def test_c_stdio(fs, exe, node):
-    lst = fs.file_list()
-    nat, vir = fs.both(lambda root: [exe["stdio"], root, lst], node=node)
-    assert len([l for l in nat.splitlines() if " size=" in l]) == len(fs.src.files)
+    nat, vir = run_on_every_file(fs, exe, "stdio", node)
+    assert lines_with(nat, " size=") == len(fs.src.files)
     assert "fscanf=" in nat
     assert_same(nat, vir, "fopen/fread/fseek/ftell/fgets/getline/fscanf/fdopen/freopen")
 
 
 @pytest.mark.parametrize("node", [2, 3])
 def test_c_open_pread_mmap(fs, exe, node):
-    lst = fs.file_list()
-    nat, vir = fs.both(lambda root: [exe["posix"], root, lst], node=node)
-    assert len([l for l in nat.splitlines() if " read=" in l]) == len(fs.src.files)
+    nat, vir = run_on_every_file(fs, exe, "posix", node)
+    assert lines_with(nat, " read=") == len(fs.src.files)
     assert "mmap=ok" in nat and "-> ENOTDIR" in nat and "-> EISDIR" in nat
     assert_same(nat, vir, "open/read/pread/readv/lseek/dup/fstat/stat/mmap")
 
@@ -58,9 +68,8 @@ def test_c_dirs_readdir_nftw_glob(fs, exe):
 
 @pytest.mark.parametrize("node", [0, 3])
 def test_cpp_ifstream_filesystem(fs, exe, node):
-    lst = fs.file_list()
-    nat, vir = fs.both(lambda root: [exe["cpp"], root, lst], node=node)
-    assert len([l for l in nat.splitlines() if " read=" in l]) == len(fs.src.files)
+    nat, vir = run_on_every_file(fs, exe, "cpp", node)
+    assert lines_with(nat, " read=") == len(fs.src.files)
     assert len([l for l in nat.splitlines() if l.startswith("iter ")]) == len(fs.src.files) + len(fs.src.dirs) + len(fs.src.links)
     assert_same(nat, vir, "std::ifstream / std::filesystem")
 

@@ -212,19 +212,12 @@ def test_chdir_into_output_directories(cl, tmp_path):
     assert run(cl, 2, CHDIR, f"{MOUNT}/chdir") == native
 
 
-TRUNCATE = r"""
-import errno, json, os, sys
+TRUNCATE = script(r"""
 root = sys.argv[1]
 os.makedirs(os.path.join(root, "t"))
 p = os.path.join(root, "t", "f.bin")
 with open(p, "wb") as f:
     f.write(bytes(range(256)) * 4)
-out = {}
-def attempt(key, f):
-    try:
-        out[key] = ["OK", f()]
-    except OSError as e:
-        out[key] = errno.errorcode[e.errno]
 attempt("cut", lambda: os.truncate(p, 10))
 attempt("after cut", lambda: list(open(p, "rb").read()))
 attempt("grow", lambda: os.truncate(p, 16))
@@ -240,7 +233,7 @@ def while_open():
     return open(os.path.join(root, "t", "w.bin"), "rb").read().decode()
 attempt("while writing", while_open)
 print(json.dumps(out, sort_keys=True))
-"""
+""")
 
 
 def test_truncate_by_path(cl, tmp_path):

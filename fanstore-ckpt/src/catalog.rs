@@ -40,33 +40,25 @@ pub const MAGIC: [u8; 8] = *b"FANSTCK\0";
 pub const VERSION: u32 = 1;
 pub const FILE_NAME: &str = "catalog.fsc";
 
-const RESERVED_OFF: usize = format::FIELDS_OFFSET;
-const NEXT_ID_OFF: usize = RESERVED_OFF + 4;
-const GENERATION_OFF: usize = NEXT_ID_OFF + 8;
-const COUNT_OFF: usize = GENERATION_OFF + 8;
-const STRINGS_LEN_OFF: usize = COUNT_OFF + 8;
-const ENTRIES_SUM_OFF: usize = STRINGS_LEN_OFF + 8;
-const STRINGS_SUM_OFF: usize = ENTRIES_SUM_OFF + 8;
-const HEADER_SUM_OFF: usize = STRINGS_SUM_OFF + 8;
-/// Length of the catalog header.
-pub const HEADER_LEN: usize = HEADER_SUM_OFF + format::CHECKSUM_LEN;
+format::layout! {
+    format::FIELDS_OFFSET;
+    RESERVED_OFF: 4, NEXT_ID_OFF: 8, GENERATION_OFF: 8, COUNT_OFF: 8, STRINGS_LEN_OFF: 8,
+    ENTRIES_SUM_OFF: 8, STRINGS_SUM_OFF: 8, HEADER_SUM_OFF: format::CHECKSUM_LEN =>
+    /// Length of the catalog header.
+    pub HEADER_LEN
+}
 
 /// The catalog header's frame.
 pub const HEADER: FormatHeader =
     FormatHeader { what: "catalog", magic: MAGIC, versions: &[HeaderVersion { version: VERSION, len: HEADER_LEN }] };
 
-const E_ID: usize = 0;
-const E_PARENT: usize = E_ID + 8;
-const E_LOGICAL: usize = E_PARENT + 8;
-const E_NEW: usize = E_LOGICAL + 8;
-const E_RECIPE_LEN: usize = E_NEW + 8;
-const E_PATH_OFF: usize = E_RECIPE_LEN + 8;
-const E_PATH_LEN: usize = E_PATH_OFF + 8;
-const E_STATE: usize = E_PATH_LEN + 4;
-const E_FORMAT: usize = E_STATE + 1;
-const E_TENSORS: usize = E_FORMAT + 3;
-/// Length of one catalog entry.
-pub const ENTRY_LEN: usize = E_TENSORS + 8;
+format::layout! {
+    0;
+    E_ID: 8, E_PARENT: 8, E_LOGICAL: 8, E_NEW: 8, E_RECIPE_LEN: 8, E_PATH_OFF: 8, E_PATH_LEN: 4,
+    E_STATE: 1, E_FORMAT: 3, E_TENSORS: 8 =>
+    /// Length of one catalog entry.
+    pub ENTRY_LEN
+}
 
 const STATE_LIVE: u8 = 1;
 const STATE_DELETED: u8 = 2;
@@ -154,18 +146,7 @@ impl Catalog {
         for (name, sec, sum_off, off) in
             [("entries", ents, ENTRIES_SUM_OFF, HEADER_LEN), ("strings", strings, STRINGS_SUM_OFF, ents_end)]
         {
-            let stored = u64_at(b, sum_off);
-            let computed = xxh3(sec);
-            if stored != computed {
-                return Err(FormatError::Checksum {
-                    file: file.into(),
-                    entry: format!("catalog {name}"),
-                    offset: off as u64,
-                    stored,
-                    computed,
-                }
-                .into());
-            }
+            FormatError::check_xxh3(file, || format!("catalog {name}"), off as u64, sec, u64_at(b, sum_off))?;
         }
         let next_id = u64_at(b, NEXT_ID_OFF);
         let mut entries = Vec::with_capacity(count as usize);
@@ -217,6 +198,10 @@ mod tests {
 
     #[test]
     fn the_written_layout_is_unchanged() {
+        assert_eq!(
+            (NEXT_ID_OFF, STRINGS_SUM_OFF, HEADER_LEN, E_STATE, E_FORMAT, ENTRY_LEN),
+            (16, 56, 72, 52, 53, 64)
+        );
         let b = sample().encode();
         assert_eq!((b.len(), xxh3(&b)), (279, 14_749_468_446_664_810_576));
     }

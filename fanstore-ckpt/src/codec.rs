@@ -66,46 +66,27 @@ pub fn width_of(dtype: &str) -> usize {
     }
 }
 
-/// How a payload is stored.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Encoding {
-    /// The payload bytes as they are.
-    Raw,
-    /// Byte planes, each raw or zstd.
-    Grouped,
-    /// XOR with the base unit's payload, then byte planes.
-    Delta,
-    /// Not encoded here: the payload lies raw in an extent file (a committed
-    /// file the store adopted whole, see `extent.rs`); the record holds only
-    /// where. [`encode`] never chooses it.
-    External,
+fanstore_core::format::coded_enum! {
+    /// How a payload is stored.
+    #[derive(Debug, Clone, Copy, PartialEq, Eq)]
+    pub enum Encoding: u8, from_u8 {
+        /// The payload bytes as they are.
+        Raw = 0 => "raw",
+        /// Byte planes, each raw or zstd.
+        Grouped = 1 => "grouped",
+        /// XOR with the base unit's payload, then byte planes.
+        Delta = 2 => "delta",
+        /// Not encoded here: the payload lies raw in an extent file (a committed
+        /// file the store adopted whole, see `extent.rs`); the record holds only
+        /// where. [`encode`] never chooses it.
+        External = 3 => "external",
+    }
 }
 
 impl Encoding {
+    /// The code a unit header stores.
     pub fn to_u8(self) -> u8 {
-        match self {
-            Encoding::Raw => 0,
-            Encoding::Grouped => 1,
-            Encoding::Delta => 2,
-            Encoding::External => 3,
-        }
-    }
-    pub fn from_u8(v: u8) -> Option<Encoding> {
-        Some(match v {
-            0 => Encoding::Raw,
-            1 => Encoding::Grouped,
-            2 => Encoding::Delta,
-            3 => Encoding::External,
-            _ => return None,
-        })
-    }
-    pub fn name(self) -> &'static str {
-        match self {
-            Encoding::Raw => "raw",
-            Encoding::Grouped => "grouped",
-            Encoding::Delta => "delta",
-            Encoding::External => "external",
-        }
+        self as u8
     }
 }
 

@@ -39,7 +39,6 @@
 
 use crate::error::{CkptError, Result};
 use crate::unit::{self, UnitHeader};
-use fanstore_core::checksum::xxh3;
 use fanstore_core::format::read_full_at;
 use fanstore_core::FormatError;
 use std::fs::File;
@@ -103,10 +102,7 @@ pub fn read_checked(file: &Path, f: &File, head: &UnitHeader, dst: &mut [u8], fu
     read_into(file, f, x.off, dst)?;
     // The store adds "of <unit>" (as for every record's errors).
     let entry = || "external payload".to_string();
-    let computed = xxh3(dst);
-    if computed != head.xxh3 {
-        return Err(FormatError::Checksum { file: file.into(), entry: entry(), offset: x.off, stored: head.xxh3, computed }.into());
-    }
+    FormatError::check_xxh3(file, entry, x.off, dst, head.xxh3)?;
     if full {
         let b = unit::hash(dst);
         if b != head.blake3 {

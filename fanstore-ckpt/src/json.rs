@@ -157,64 +157,62 @@ impl<'a> Parser<'a> {
         }
     }
 
-    fn object(&mut self, depth: usize) -> Result<Value<'a>, JsonError> {
-        if depth > self.limits.max_depth {
-            return self.err("nesting deeper than the limit");
-        }
-        self.pos += 1;
-        let mut members = Vec::new();
-        self.ws();
-        if self.peek() == Some(b'}') {
-            self.pos += 1;
-            return Ok(Value::Object(members));
-        }
-        loop {
-            self.ws();
-            if self.peek() != Some(b'"') {
-                return self.err("expected a string key");
-            }
-            let k = self.string()?;
-            self.ws();
-            self.expect(b':', "expected ':' after a key")?;
-            self.ws();
-            let v = self.value(depth)?;
-            members.push((k, v));
-            self.ws();
-            match self.peek() {
-                Some(b',') => self.pos += 1,
-                Some(b'}') => {
-                    self.pos += 1;
-                    return Ok(Value::Object(members));
-                }
-                _ => return self.err("expected ',' or '}'"),
-            }
-        }
-    }
-
-    fn array(&mut self, depth: usize) -> Result<Value<'a>, JsonError> {
+    /// The elements of the object or array that starts at `pos`, up to its
+    /// `close` byte, each read by `element` (from before its leading white
+    /// space), separated by commas; `after` is the fault of anything else
+    /// after an element.
+    fn elements<T>(
+        &mut self,
+        depth: usize,
+        close: u8,
+        after: &'static str,
+        mut element: impl FnMut(&mut Self) -> Result<T, JsonError>,
+    ) -> Result<Vec<T>, JsonError> {
         if depth > self.limits.max_depth {
             return self.err("nesting deeper than the limit");
         }
         self.pos += 1;
         let mut items = Vec::new();
         self.ws();
-        if self.peek() == Some(b']') {
+        if self.peek() == Some(close) {
             self.pos += 1;
-            return Ok(Value::Array(items));
+            return Ok(items);
         }
         loop {
-            self.ws();
-            items.push(self.value(depth)?);
+            items.push(element(self)?);
             self.ws();
             match self.peek() {
                 Some(b',') => self.pos += 1,
-                Some(b']') => {
+                Some(c) if c == close => {
                     self.pos += 1;
-                    return Ok(Value::Array(items));
+                    return Ok(items);
                 }
-                _ => return self.err("expected ',' or ']'"),
+                _ => return self.err(after),
             }
         }
+    }
+
+    fn object(&mut self, depth: usize) -> Result<Value<'a>, JsonError> {
+        let members = self.elements(depth, b'}', "expected ',' or '}'", |p| {
+            p.ws();
+            if p.peek() != Some(b'"') {
+                return p.err("expected a string key");
+            }
+            let k = p.string()?;
+            p.ws();
+            p.expect(b':', "expected ':' after a key")?;
+            p.ws();
+            Ok((k, p.value(depth)?))
+        })?;
+        Ok(Value::Object(members))
+    }
+
+    fn array(&mut self, depth: usize) -> Result<Value<'a>, JsonError> {
+        let items = self.elements(depth, b']', "expected ',' or ']'", |p| {
+            p.ws();
+            p.value(depth)
+        })?;
+        Ok(Value::Array(items))
     }
 
     fn digits(&mut self) -> usize {

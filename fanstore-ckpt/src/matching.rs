@@ -170,23 +170,19 @@ impl MatchReport {
         if self.rows.is_empty() {
             return format!("no stored checkpoint shares any of the {} tensors\n", self.query_tensors);
         }
-        let rows: Vec<Vec<String>> = self
-            .rows
-            .iter()
-            .enumerate()
-            .map(|(i, r)| {
-                vec![
-                    (i + 1).to_string(),
-                    r.ckpt.id.to_string(),
-                    render::text(&r.ckpt.path),
-                    format!("{}/{}", r.prefix, self.query_tensors),
-                    r.shared.to_string(),
-                    render::bytes(r.shared_bytes),
-                    r.tensors.to_string(),
-                ]
-            })
-            .collect();
-        render::table(&["rank", "id", "checkpoint", "prefix", "shared", "shared bytes", "its tensors"], &rows, &[0, 1, 3, 4, 5, 6])
+        let head = ["rank", "id", "checkpoint", "prefix", "shared", "shared bytes", "its tensors"];
+        let row = |(i, r): (usize, &MatchRow)| {
+            vec![
+                (i + 1).to_string(),
+                r.ckpt.id.to_string(),
+                render::text(&r.ckpt.path),
+                format!("{}/{}", r.prefix, self.query_tensors),
+                r.shared.to_string(),
+                render::bytes(r.shared_bytes),
+                r.tensors.to_string(),
+            ]
+        };
+        render::table_of(&head, self.rows.iter().enumerate(), row, &[0, 1, 3, 4, 5, 6])
     }
     pub fn to_json(&self) -> String {
         Obj::new()
@@ -224,14 +220,7 @@ mod tests {
         let mut extra = b.clone();
         extra.push(0);
         assert!(decode_keys(&extra).unwrap_err().to_string().contains("trailing"));
-        let mut x = 0x9e3779b97f4a7c15u64;
-        for _ in 0..5000 {
-            let mut m = b.clone();
-            x ^= x << 13;
-            x ^= x >> 7;
-            x ^= x << 17;
-            let i = (x % m.len() as u64) as usize;
-            m[i] = (x >> 24) as u8;
+        for m in fanstore_core::format::testing::mutated_copies(&b, 5000, 1) {
             let _ = decode_keys(&m);
         }
         assert!(decode_keys(&[0xff, 0xff, 0xff, 0xff]).is_err());

@@ -51,12 +51,12 @@ pub const MAGIC: [u8; 8] = *b"FANSTPK\0";
 /// The version this build writes (and the only one it reads).
 pub const VERSION: u32 = 1;
 
-const RESERVED_OFF: usize = format::FIELDS_OFFSET;
-const SEQ_OFF: usize = RESERVED_OFF + 4;
-const NONCE_OFF: usize = SEQ_OFF + 8;
-const CHECKSUM_OFF: usize = NONCE_OFF + 8;
-/// Length of the pack header; the first record starts here.
-pub const HEADER_LEN: usize = CHECKSUM_OFF + format::CHECKSUM_LEN;
+format::layout! {
+    format::FIELDS_OFFSET;
+    RESERVED_OFF: 4, SEQ_OFF: 8, NONCE_OFF: 8, CHECKSUM_OFF: format::CHECKSUM_LEN =>
+    /// Length of the pack header; the first record starts here.
+    pub HEADER_LEN
+}
 
 /// The pack header's frame.
 pub const HEADER: FormatHeader =
@@ -252,6 +252,7 @@ mod tests {
     fn the_written_layout_is_unchanged() {
         let b = PackHeader { seq: 3, nonce: 0x1234_5678 }.encode();
         assert_eq!(xxh3(&b), 13_279_227_832_005_055_774);
+        assert_eq!((SEQ_OFF, NONCE_OFF, HEADER_LEN), (16, 24, 40));
     }
 
     struct Built {

@@ -562,12 +562,7 @@ impl CheckpointStore {
                 continue;
             };
             u.len = head.len;
-            u.file_len = head.file_len();
-            u.encoding = head.encoding;
-            u.depth = head.depth;
-            u.base = head.base;
-            u.loc = Some(loc);
-            u.extent = head.extent.map(|x| x.seq);
+            u.set_stored(&head, loc);
             if let Some(b) = head.base {
                 match self.units.get_mut(&b) {
                     Some(bu) => bu.dependants += 1,

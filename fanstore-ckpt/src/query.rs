@@ -298,23 +298,20 @@ pub struct LsReport {
 
 impl LsReport {
     pub fn to_table(&self) -> String {
-        let rows: Vec<Vec<String>> = self
-            .rows
-            .iter()
-            .map(|r| {
-                vec![
-                    r.ckpt.id.to_string(),
-                    render::text(&r.ckpt.path),
-                    r.format.name().into(),
-                    r.tensors.to_string(),
-                    render::bytes(r.logical),
-                    render::bytes(r.new_bytes),
-                    render::ratio(r.logical, r.new_bytes),
-                    r.parent.as_ref().map_or_else(|| "-".into(), CkptRef::label),
-                ]
-            })
-            .collect();
-        render::table(&["id", "path", "format", "units", "logical", "stored new", "dedup", "parent"], &rows, &[0, 3, 4, 5, 6])
+        let head = ["id", "path", "format", "units", "logical", "stored new", "dedup", "parent"];
+        let row = |r: &LsRow| {
+            vec![
+                r.ckpt.id.to_string(),
+                render::text(&r.ckpt.path),
+                r.format.name().into(),
+                r.tensors.to_string(),
+                render::bytes(r.logical),
+                render::bytes(r.new_bytes),
+                render::ratio(r.logical, r.new_bytes),
+                r.parent.as_ref().map_or_else(|| "-".into(), CkptRef::label),
+            ]
+        };
+        render::table_of(&head, &self.rows, row, &[0, 3, 4, 5, 6])
     }
     pub fn to_json(&self) -> String {
         array(self.rows.iter().map(|r| {
@@ -361,21 +358,19 @@ impl LogReport {
         render::table(&["depth", "checkpoint", "logical", "stored new"], &rows, &[0, 2, 3])
     }
     pub fn to_json(&self) -> String {
-        Obj::new()
-            .raw("checkpoint", &self.ckpt.json())
-            .raw(
-                "ancestors",
-                &array(self.chain.iter().map(|r| {
-                    Obj::new()
-                        .num("id", r.ckpt.id)
-                        .str("path", &r.ckpt.path)
-                        .bool("live", r.ckpt.live)
-                        .num("logical_bytes", r.logical)
-                        .num("stored_new_bytes", r.new_bytes)
-                        .end()
-                })),
-            )
-            .end()
+        rows_json(
+            &self.ckpt,
+            "ancestors",
+            self.chain.iter().map(|r| {
+                Obj::new()
+                    .num("id", r.ckpt.id)
+                    .str("path", &r.ckpt.path)
+                    .bool("live", r.ckpt.live)
+                    .num("logical_bytes", r.logical)
+                    .num("stored_new_bytes", r.new_bytes)
+                    .end()
+            }),
+        )
     }
 }
 
@@ -397,45 +392,45 @@ pub struct OwnersReport {
     pub rows: Vec<OwnerRow>,
 }
 
+/// The JSON of a report of rows about one checkpoint:
+/// `{"checkpoint": {..}, "<key>": [rows]}`.
+fn rows_json(ckpt: &CkptRef, key: &str, rows: impl Iterator<Item = String>) -> String {
+    Obj::new().raw("checkpoint", &ckpt.json()).raw(key, &array(rows)).end()
+}
+
 fn shape_text(s: &[u64]) -> String {
     format!("[{}]", s.iter().map(u64::to_string).collect::<Vec<_>>().join(","))
 }
 
 impl OwnersReport {
     pub fn to_table(&self) -> String {
-        let rows: Vec<Vec<String>> = self
-            .rows
-            .iter()
-            .map(|r| {
-                vec![
-                    render::text(&r.name),
-                    r.dtype.clone(),
-                    shape_text(&r.shape),
-                    render::bytes(r.len),
-                    unit::hex(&r.hash)[..12].to_string(),
-                    r.owner.label(),
-                ]
-            })
-            .collect();
-        render::table(&["tensor", "dtype", "shape", "size", "unit", "owner"], &rows, &[3])
+        let row = |r: &OwnerRow| {
+            vec![
+                render::text(&r.name),
+                r.dtype.clone(),
+                shape_text(&r.shape),
+                render::bytes(r.len),
+                unit::hex(&r.hash)[..12].to_string(),
+                r.owner.label(),
+            ]
+        };
+        render::table_of(&["tensor", "dtype", "shape", "size", "unit", "owner"], &self.rows, row, &[3])
     }
     pub fn to_json(&self) -> String {
-        Obj::new()
-            .raw("checkpoint", &self.ckpt.json())
-            .raw(
-                "tensors",
-                &array(self.rows.iter().map(|r| {
-                    Obj::new()
-                        .str("name", &r.name)
-                        .str("dtype", r.dtype.as_bytes())
-                        .raw("shape", &array(r.shape.iter().map(u64::to_string)))
-                        .num("bytes", r.len)
-                        .str("blake3", unit::hex(&r.hash).as_bytes())
-                        .raw("owner", &r.owner.json())
-                        .end()
-                })),
-            )
-            .end()
+        rows_json(
+            &self.ckpt,
+            "tensors",
+            self.rows.iter().map(|r| {
+                Obj::new()
+                    .str("name", &r.name)
+                    .str("dtype", r.dtype.as_bytes())
+                    .raw("shape", &array(r.shape.iter().map(u64::to_string)))
+                    .num("bytes", r.len)
+                    .str("blake3", unit::hex(&r.hash).as_bytes())
+                    .raw("owner", &r.owner.json())
+                    .end()
+            }),
+        )
     }
 }
 
@@ -755,18 +750,10 @@ impl VerifyReport {
             if self.ok() { "OK".to_string() } else { format!("{} problems", self.problems.len()) }
         );
         if !self.ok() {
-            let rows: Vec<Vec<String>> = self
-                .problems
-                .iter()
-                .map(|p| {
-                    vec![
-                        p.ckpt.label(),
-                        p.tensor.as_deref().map_or_else(|| "-".into(), render::text),
-                        p.problem.clone(),
-                    ]
-                })
-                .collect();
-            out.push_str(&render::table(&["checkpoint", "tensor", "problem"], &rows, &[]));
+            let row = |p: &VerifyProblem| {
+                vec![p.ckpt.label(), p.tensor.as_deref().map_or_else(|| "-".into(), render::text), p.problem.clone()]
+            };
+            out.push_str(&render::table_of(&["checkpoint", "tensor", "problem"], &self.problems, row, &[]));
         }
         out
     }

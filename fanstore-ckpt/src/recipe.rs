@@ -54,20 +54,16 @@ use std::path::Path;
 pub const MAGIC: [u8; 8] = *b"FANSTRC\0";
 pub const VERSION: u32 = 1;
 
-const FORMAT_OFF: usize = format::FIELDS_OFFSET;
-const ID_OFF: usize = FORMAT_OFF + 4;
-const PARENT_OFF: usize = ID_OFF + 8;
-const LOGICAL_OFF: usize = PARENT_OFF + 8;
-const FILE_SUM_OFF: usize = LOGICAL_OFF + 8;
-const NEW_BYTES_OFF: usize = FILE_SUM_OFF + 8;
-const PIECE_COUNT_OFF: usize = NEW_BYTES_OFF + 8;
-const TENSOR_COUNT_OFF: usize = PIECE_COUNT_OFF + 8;
-const SECTIONS_OFF: usize = TENSOR_COUNT_OFF + 8;
 const SECTION_ENTRY_LEN: usize = 24;
 const SECTION_COUNT: usize = 4;
-const HEADER_SUM_OFF: usize = SECTIONS_OFF + SECTION_COUNT * SECTION_ENTRY_LEN;
-/// Length of the recipe header.
-pub const HEADER_LEN: usize = HEADER_SUM_OFF + format::CHECKSUM_LEN;
+format::layout! {
+    format::FIELDS_OFFSET;
+    FORMAT_OFF: 4, ID_OFF: 8, PARENT_OFF: 8, LOGICAL_OFF: 8, FILE_SUM_OFF: 8, NEW_BYTES_OFF: 8,
+    PIECE_COUNT_OFF: 8, TENSOR_COUNT_OFF: 8, SECTIONS_OFF: SECTION_COUNT * SECTION_ENTRY_LEN,
+    HEADER_SUM_OFF: format::CHECKSUM_LEN =>
+    /// Length of the recipe header.
+    pub HEADER_LEN
+}
 
 /// The recipe header's frame.
 pub const HEADER: FormatHeader =
@@ -79,21 +75,19 @@ const S_PIECES: usize = 1;
 const S_STRINGS: usize = 2;
 const S_GLUE: usize = 3;
 
-const T_HASH: usize = 0;
-const T_LEN: usize = T_HASH + 32;
-const T_OWNER: usize = T_LEN + 8;
-const T_META: usize = T_OWNER + 8;
-const T_NAME_LEN: usize = T_META + 8;
-const T_DTYPE_LEN: usize = T_NAME_LEN + 4;
-const T_NDIM: usize = T_DTYPE_LEN + 2;
-/// Length of one tensor record.
-pub const TENSOR_LEN: usize = T_NDIM + 2;
+format::layout! {
+    0;
+    T_HASH: 32, T_LEN: 8, T_OWNER: 8, T_META: 8, T_NAME_LEN: 4, T_DTYPE_LEN: 2, T_NDIM: 2 =>
+    /// Length of one tensor record.
+    pub TENSOR_LEN
+}
 
-const P_KIND: usize = 0;
-const P_A: usize = P_KIND + 8;
-const P_LEN: usize = P_A + 8;
-/// Length of one piece record.
-pub const PIECE_LEN: usize = P_LEN + 8;
+format::layout! {
+    0;
+    P_KIND: 8, P_A: 8, P_LEN: 8 =>
+    /// Length of one piece record.
+    pub PIECE_LEN
+}
 
 const KIND_GLUE: u8 = 1;
 const KIND_UNIT: u8 = 2;
@@ -236,17 +230,7 @@ impl Recipe {
         for (i, s) in sec.iter_mut().enumerate().take(last) {
             let (off, len, stored) = h.sections[i];
             let bytes = &b[off as usize..(off + len) as usize];
-            let computed = xxh3(bytes);
-            if computed != stored {
-                return Err(FormatError::Checksum {
-                    file: file.into(),
-                    entry: format!("recipe section {}", SECTION_NAMES[i]),
-                    offset: off,
-                    stored,
-                    computed,
-                }
-                .into());
-            }
+            FormatError::check_xxh3(file, || format!("recipe section {}", SECTION_NAMES[i]), off, bytes, stored)?;
             *s = bytes;
         }
         let tens_off = h.sections[S_TENSORS].0 as usize;
@@ -388,6 +372,7 @@ mod tests {
 
     #[test]
     fn the_written_layout_is_unchanged() {
+        assert_eq!((SECTIONS_OFF, HEADER_LEN, T_NDIM, TENSOR_LEN, PIECE_LEN), (72, 176, 62, 64, 24));
         let b = sample().encode();
         assert_eq!((b.len(), xxh3(&b)), (439, 13_233_508_174_490_665_414));
     }
@@ -480,23 +465,8 @@ mod tests {
     #[test]
     fn mutated_recipes_never_panic() {
         let base = sample().encode();
-        let mut x = 0x2545f4914f6cdd1du64;
-        let mut next = || {
-            x ^= x << 13;
-            x ^= x >> 7;
-            x ^= x << 17;
-            x
-        };
         let mut accepted = 0;
-        for _ in 0..20_000 {
-            let mut b = base.clone();
-            for _ in 0..1 + next() % 3 {
-                let i = (next() % b.len() as u64) as usize;
-                b[i] = next() as u8;
-            }
-            if next() % 8 == 0 {
-                b.truncate((next() % b.len() as u64) as usize);
-            }
+        for mut b in format::testing::mutated_copies(&base, 20_000, 3) {
             reseal(&mut b);
             if let Ok(r) = Recipe::decode(Path::new("f"), &b, true) {
                 accepted += 1;

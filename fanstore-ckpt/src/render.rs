@@ -89,20 +89,9 @@ pub fn array(items: impl IntoIterator<Item = String>) -> String {
     format!("[{}]", v.join(","))
 }
 
-/// Human-readable bytes (binary units).
+/// Human-readable bytes (binary units, up to PiB).
 pub fn bytes(n: u64) -> String {
-    const U: [&str; 6] = ["B", "KiB", "MiB", "GiB", "TiB", "PiB"];
-    let mut v = n as f64;
-    let mut i = 0;
-    while v >= 1024.0 && i + 1 < U.len() {
-        v /= 1024.0;
-        i += 1;
-    }
-    if i == 0 {
-        format!("{n} B")
-    } else {
-        format!("{v:.1} {}", U[i])
-    }
+    fanstore_core::status::bytes_in_units(n, &["B", "KiB", "MiB", "GiB", "TiB", "PiB"])
 }
 
 /// A ratio `a / b` for display ("-" when b is 0).
@@ -112,6 +101,17 @@ pub fn ratio(a: u64, b: u64) -> String {
     } else {
         format!("{:.2}x", a as f64 / b as f64)
     }
+}
+
+/// [`table`] of one row per item of `items`, made by `row`.
+pub fn table_of<T>(
+    head: &[&str],
+    items: impl IntoIterator<Item = T>,
+    row: impl FnMut(T) -> Vec<String>,
+    right: &[usize],
+) -> String {
+    let rows: Vec<Vec<String>> = items.into_iter().map(row).collect();
+    table(head, &rows, right)
 }
 
 /// A left-aligned text table; columns listed in `right` are right-aligned.

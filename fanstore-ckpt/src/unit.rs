@@ -59,19 +59,14 @@ pub const MAGIC: [u8; 8] = *b"FANSTUN\0";
 /// The version this build writes.
 pub const VERSION: u32 = 2;
 
-const ENCODING_OFF: usize = format::FIELDS_OFFSET;
-const WIDTH_OFF: usize = ENCODING_OFF + 1;
-const DEPTH_OFF: usize = WIDTH_OFF + 1;
-const LEN_OFF: usize = DEPTH_OFF + 2;
-const BLAKE3_OFF: usize = LEN_OFF + 8;
-const XXH3_OFF: usize = BLAKE3_OFF + 32;
-const BASE_OFF: usize = XXH3_OFF + 8;
-const BODY_LEN_OFF: usize = BASE_OFF + 32;
-const BODY_SUM_OFF: usize = BODY_LEN_OFF + 8;
-const RESERVED2_OFF: usize = BODY_SUM_OFF + 8;
-const CHECKSUM_OFF: usize = RESERVED2_OFF + 8;
-/// Length of a version 2 unit file header.
-pub const HEADER_LEN: usize = CHECKSUM_OFF + format::CHECKSUM_LEN;
+format::layout! {
+    format::FIELDS_OFFSET;
+    ENCODING_OFF: 1, WIDTH_OFF: 1, DEPTH_OFF: 2, LEN_OFF: 8, BLAKE3_OFF: 32, XXH3_OFF: 8, BASE_OFF: 32,
+    BODY_LEN_OFF: 8, BODY_SUM_OFF: 8, RESERVED2_OFF: 8, CHECKSUM_OFF: format::CHECKSUM_LEN =>
+    /// Length of a version 2 unit file header.
+    pub HEADER_LEN
+}
+
 /// Length of a version 1 unit file header.
 pub const V1_HEADER_LEN: usize = 72;
 
@@ -436,17 +431,7 @@ pub fn read_body(file: &Path, f: &File, at: u64, head: &UnitHeader) -> Result<Pa
         f.read_exact_at(&mut v, start).map_err(|e| CkptError::io(file, e))?;
         Payload::Owned(v)
     };
-    let computed = xxh3(body.bytes());
-    if computed != head.body_xxh3 {
-        return Err(FormatError::Checksum {
-            file: file.into(),
-            entry: "unit body".into(),
-            offset: start,
-            stored: head.body_xxh3,
-            computed,
-        }
-        .into());
-    }
+    FormatError::check_xxh3(file, || "unit body".into(), start, body.bytes(), head.body_xxh3)?;
     Ok(body)
 }
 
@@ -477,17 +462,7 @@ pub fn decode_body(file: &Path, head: &UnitHeader, body: &[u8], dst: &mut [u8]) 
 
 /// Checks a decoded payload against the header's xxh3 (and blake3 when `full`).
 pub fn check_payload(file: &Path, head: &UnitHeader, payload: &[u8], full: bool) -> Result<()> {
-    let computed = xxh3(payload);
-    if computed != head.xxh3 {
-        return Err(FormatError::Checksum {
-            file: file.into(),
-            entry: "unit payload".into(),
-            offset: head.header_len,
-            stored: head.xxh3,
-            computed,
-        }
-        .into());
-    }
+    FormatError::check_xxh3(file, || "unit payload".into(), head.header_len, payload, head.xxh3)?;
     if full {
         let b = hash(payload);
         if b != head.blake3 {
@@ -614,6 +589,7 @@ mod tests {
         head.body_xxh3 = 0xbeef;
         let delta = head.encode();
         assert_eq!((xxh3(&raw), xxh3(&delta)), (4_665_811_220_935_316_719, 15_891_533_394_258_682_550));
+        assert_eq!((DEPTH_OFF, BASE_OFF, CHECKSUM_OFF, HEADER_LEN), (14, 64, 120, 128));
     }
 
     fn floats(n: usize, seed: u32, scale: f32) -> Vec<u8> {

@@ -62,6 +62,17 @@ impl UnitInfo {
     pub fn new(len: u64, owner: u64) -> UnitInfo {
         UnitInfo { len, owner, refs: 0, ckpts: Vec::new(), file_len: 0, encoding: Encoding::Raw, base: None, depth: 0, dependants: 0, loc: None, extent: None }
     }
+
+    /// Takes what the unit's header says of how it is stored, and where it
+    /// was found (`loc`).
+    pub fn set_stored(&mut self, head: &unit::UnitHeader, loc: UnitLoc) {
+        self.file_len = head.file_len();
+        self.encoding = head.encoding;
+        self.base = head.base;
+        self.depth = head.depth;
+        self.loc = Some(loc);
+        self.extent = head.extent.map(|x| x.seq);
+    }
 }
 
 /// A recently committed file's bytes and where each of its units lies.
@@ -89,12 +100,7 @@ impl CheckpointStore {
     /// Records a unit this commit wrote at `loc` (after its references were added).
     pub(crate) fn register_written(&mut self, h: &Hash, head: &unit::UnitHeader, loc: UnitLoc) {
         if let Some(u) = self.units.get_mut(h) {
-            u.file_len = head.file_len();
-            u.encoding = head.encoding;
-            u.base = head.base;
-            u.depth = head.depth;
-            u.loc = Some(loc);
-            u.extent = head.extent.map(|x| x.seq);
+            u.set_stored(head, loc);
         }
         if self.units.contains_key(h) {
             self.count_live(Some(loc), head.file_len(), head.extent.map(|x| x.seq), head.len);

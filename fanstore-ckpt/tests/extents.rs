@@ -12,6 +12,16 @@ use std::os::unix::fs::MetadataExt;
 use std::path::{Path, PathBuf};
 use std::sync::{Arc, Mutex};
 
+/// A new temporary directory holding a store (`store/`) and the files
+/// committed into it (`files/`) on one file system, so that the store can
+/// link them; the directory is removed when the returned guard drops.
+fn store_and_files() -> (tempfile::TempDir, PathBuf, PathBuf, CheckpointStore) {
+    let d = tempfile::tempdir().unwrap();
+    let (sdir, files) = (d.path().join("store"), d.path().join("files"));
+    let store = CheckpointStore::open(&sdir).unwrap();
+    (d, sdir, files, store)
+}
+
 /// A safetensors file of `n` random U8 tensors of 1 MiB, the first `shared`
 /// of them from `shared_seed` (equal across files with the same seed).
 fn file(rng: &mut Rng, shared_seed: u64, shared: usize, n: usize) -> Vec<u8> {
@@ -75,11 +85,18 @@ fn check_all(store: &CheckpointStore, model: &BTreeMap<String, Vec<u8>>, what: &
     }
 }
 
+/// Closes `store`, opens the store at `sdir` again, and checks that every
+/// file of `model` reads back and that the store verifies clean.
+fn reopen_and_check_all(store: CheckpointStore, sdir: &Path, model: &BTreeMap<String, Vec<u8>>) {
+    drop(store);
+    let store = CheckpointStore::open(sdir).unwrap();
+    check_all(&store, model, "reopened");
+    assert!(store.verify(None).unwrap().ok());
+}
+
 #[test]
 fn an_incompressible_file_is_adopted_not_copied_and_reads_back_after_reopen() {
-    let d = tempfile::tempdir().unwrap();
-    let (sdir, files) = (d.path().join("store"), d.path().join("files"));
-    let mut store = CheckpointStore::open(&sdir).unwrap();
+    let (_d, sdir, files, mut store) = store_and_files();
     let mut rng = Rng(1);
     let f1 = file(&mut rng, 100, 0, 12);
     let (p1, info) = commit_file(&mut store, &files, "a", &f1);
@@ -103,9 +120,7 @@ fn an_incompressible_file_is_adopted_not_copied_and_reads_back_after_reopen() {
 
 #[test]
 fn a_file_removed_before_its_commit_is_copied_and_later_files_are_still_adopted() {
-    let d = tempfile::tempdir().unwrap();
-    let (sdir, files) = (d.path().join("store"), d.path().join("files"));
-    let mut store = CheckpointStore::open(&sdir).unwrap();
+    let (_d, sdir, files, mut store) = store_and_files();
     let mut rng = Rng(5);
     // As when a program removes an output before the daemon's queued commit runs:
     // the file is open but has no name left, so it cannot be linked.
@@ -124,9 +139,7 @@ fn a_file_removed_before_its_commit_is_copied_and_later_files_are_still_adopted(
 
 #[test]
 fn files_that_share_or_compress_are_copied_as_before() {
-    let d = tempfile::tempdir().unwrap();
-    let (sdir, files) = (d.path().join("store"), d.path().join("files"));
-    let mut store = CheckpointStore::open(&sdir).unwrap();
+    let (_d, sdir, files, mut store) = store_and_files();
     let mut rng = Rng(2);
     let f1 = file(&mut rng, 7, 10, 10);
     commit_file(&mut store, &files, "a", &f1);
@@ -146,17 +159,12 @@ fn files_that_share_or_compress_are_copied_as_before() {
     let model: BTreeMap<String, Vec<u8>> = [("a", f1), ("b", f2), ("c", f3)].into_iter().map(|(k, v)| (k.to_string(), v)).collect();
     check_all(&store, &model, "live");
     assert_eq!(store.du().hot, (model["b"].len() + model["c"].len()) as u64, "the two newest, neither adopted, are hot copies beside the store");
-    drop(store);
-    let store = CheckpointStore::open(&sdir).unwrap();
-    check_all(&store, &model, "reopened");
-    assert!(store.verify(None).unwrap().ok());
+    reopen_and_check_all(store, &sdir, &model);
 }
 
 #[test]
 fn a_damaged_or_missing_extent_is_an_error_naming_it() {
-    let d = tempfile::tempdir().unwrap();
-    let (sdir, files) = (d.path().join("store"), d.path().join("files"));
-    let mut store = CheckpointStore::open(&sdir).unwrap();
+    let (_d, sdir, files, mut store) = store_and_files();
     let f1 = file(&mut Rng(4), 0, 0, 10);
     let (p1, _) = commit_file(&mut store, &files, "a", &f1);
     drop(store);
@@ -189,9 +197,7 @@ fn a_damaged_or_missing_extent_is_an_error_naming_it() {
 
 #[test]
 fn a_crash_before_the_catalog_leaves_no_extent_behind() {
-    let d = tempfile::tempdir().unwrap();
-    let (sdir, files) = (d.path().join("store"), d.path().join("files"));
-    let mut store = CheckpointStore::open(&sdir).unwrap();
+    let (_d, sdir, files, mut store) = store_and_files();
     let f1 = file(&mut Rng(5), 0, 0, 10);
     commit_file(&mut store, &files, "a", &f1);
     let catalog = std::fs::read(sdir.join("catalog.fsc")).unwrap();
@@ -278,10 +284,7 @@ fn unlinks_free_extents_and_compaction_keeps_what_others_share_even_across_a_cra
         assert_eq!(s.du().units, 0, "{step}");
         assert!(extents(dir).is_empty(), "{step}: nothing live, no extent left");
     }
-    drop(store);
-    let store = CheckpointStore::open(&sdir).unwrap();
-    check_all(&store, &model, "reopened");
-    assert!(store.verify(None).unwrap().ok());
+    reopen_and_check_all(store, &sdir, &model);
 }
 
 #[test]

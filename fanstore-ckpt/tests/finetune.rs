@@ -38,8 +38,7 @@ fn unit_files(store: &CheckpointStore) -> HashSet<String> {
 
 #[test]
 fn fine_tuning_series_dedups_tracks_owners_and_survives_deletion() {
-    let d = tempfile::tempdir().unwrap();
-    let mut store = CheckpointStore::open(d.path()).unwrap();
+    let (d, mut store) = temp_store();
     let (ts1, _) = model(1);
     let payload: u64 = ts1.iter().map(|t| t.data.len() as u64).sum();
     let frozen_payload: u64 = ts1.iter().take(2 * FROZEN).map(|t| t.data.len() as u64).sum();
@@ -142,8 +141,7 @@ fn fine_tuning_series_dedups_tracks_owners_and_survives_deletion() {
 
 #[test]
 fn parent_prefers_most_shared_bytes_then_same_directory_then_recency() {
-    let d = tempfile::tempdir().unwrap();
-    let mut store = CheckpointStore::open(d.path()).unwrap();
+    let (_d, mut store) = temp_store();
     let mut rng = Rng(77);
     let a = rng.bytes(100_000);
     let b = rng.bytes(100_000);

@@ -46,8 +46,7 @@ fn sample_tensors(rng: &mut Rng) -> Vec<T> {
 
 #[test]
 fn safetensors_round_trip_in_any_layout() {
-    let d = tempfile::tempdir().unwrap();
-    let mut store = CheckpointStore::open(d.path()).unwrap();
+    let (_d, mut store) = temp_store();
     let mut rng = Rng(11);
     let tensors = sample_tensors(&mut rng);
     for (i, o) in [
@@ -83,8 +82,7 @@ fn safetensors_round_trip_in_any_layout() {
 
 #[test]
 fn torch_zip_round_trip_in_every_writer_mode() {
-    let d = tempfile::tempdir().unwrap();
-    let mut store = CheckpointStore::open(d.path()).unwrap();
+    let (_d, mut store) = temp_store();
     let mut rng = Rng(5);
     let storages: Vec<Vec<u8>> = [4096usize, 12, 0, 70_000, 1].iter().map(|&n| rng.bytes(n)).collect();
     let modes = [
@@ -119,8 +117,7 @@ fn torch_zip_round_trip_in_every_writer_mode() {
 
 #[test]
 fn npy_and_npz_round_trip() {
-    let d = tempfile::tempdir().unwrap();
-    let mut store = CheckpointStore::open(d.path()).unwrap();
+    let (_d, mut store) = temp_store();
     let mut rng = Rng(9);
     let a = rng.bytes(4 * 60);
     for major in [1u8, 2, 3] {
@@ -151,8 +148,7 @@ fn npy_and_npz_round_trip() {
 
 #[test]
 fn unknown_binary_is_chunked_and_still_deduplicates() {
-    let d = tempfile::tempdir().unwrap();
-    let mut store = CheckpointStore::open(d.path()).unwrap();
+    let (_d, mut store) = temp_store();
     let mut rng = Rng(3);
     let payload = rng.bytes(2 << 20);
     let f1 = unknown_binary(&payload);
@@ -174,8 +170,7 @@ fn unknown_binary_is_chunked_and_still_deduplicates() {
 
 #[test]
 fn malformed_inputs_fall_back_to_opaque_chunks() {
-    let d = tempfile::tempdir().unwrap();
-    let mut store = CheckpointStore::open(d.path()).unwrap();
+    let (_d, mut store) = temp_store();
     let mut rng = Rng(21);
     let tensors = vec![t("a", "F32", &[1000], rng.bytes(4000)), t("b", "F32", &[1000], rng.bytes(4000))];
     let good = safetensors(&tensors, StOpts::default());
@@ -413,8 +408,7 @@ fn dcp_shard(items: &[Vec<u8>]) -> Vec<u8> {
 
 #[test]
 fn dcp_shards_split_per_item_and_deduplicate_across_checkpoints() {
-    let d = tempfile::tempdir().unwrap();
-    let mut store = CheckpointStore::open(d.path()).unwrap();
+    let (_d, mut store) = temp_store();
     let mut rng = Rng(41);
     let frozen = rng.bytes(40_000);
     let mut changing = rng.bytes(30_000);

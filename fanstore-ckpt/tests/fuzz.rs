@@ -88,8 +88,7 @@ struct Harness {
 
 impl Harness {
     fn new() -> Harness {
-        let d = tempfile::tempdir().unwrap();
-        let store = CheckpointStore::open(d.path()).unwrap();
+        let (d, store) = temp_store();
         Harness { _dir: d, store, n: 0 }
     }
     /// Full pipeline: commit, read back, compare, unlink.
@@ -106,6 +105,12 @@ impl Harness {
 }
 
 type Base = (Vec<u8>, std::ops::Range<usize>, Option<(usize, usize)>);
+
+/// A base whose mutations may hit any byte of `b`.
+fn whole(b: Vec<u8>) -> Base {
+    let l = b.len();
+    (b, 0..l, None)
+}
 
 fn run(name: &str, seed: u64, bases: &[Base], parse: fn(&[u8]) -> Option<Split>) {
     let mut rng = Rng(seed);
@@ -179,8 +184,7 @@ fn zip_parser_survives_mutation() {
     }
     let x = npy("<f4", &[3], &rng.bytes(12), 1);
     let z = zip(&[stored("x.npy", &x), stored("y.npy", &x)], ZipOpts { align: 0, ..ZipOpts::default() });
-    let l = z.len();
-    bases.push((z, 0..l, None));
+    bases.push(whole(z));
     run("zip", 0x21b, &bases, split::split_zip);
 }
 
@@ -197,8 +201,7 @@ fn dcp_parser_survives_mutation() {
     // Mutations in the first archive's end records and the second archive, then anywhere.
     let first = items[0].len();
     bases.push((f.clone(), first - 60..first + items[1].len(), None));
-    let l = f.len();
-    bases.push((f, 0..l, None));
+    bases.push(whole(f));
     run("dcp", 0xdc9, &bases, split::split_dcp);
 }
 

@@ -274,8 +274,7 @@ fn stores_written_with_one_file_per_unit_still_load() {
 
 #[test]
 fn deleting_gives_back_space_in_a_store_smaller_than_one_pack() {
-    let d = tempfile::tempdir().unwrap();
-    let mut store = CheckpointStore::open(d.path()).unwrap();
+    let (d, mut store) = temp_store();
     let mut rng = Rng(33);
     let mut last = None;
     for k in 0..12 {

@@ -36,8 +36,7 @@ impl std::io::Write for Sink {
 
 #[test]
 fn a_corrupt_unit_is_named_by_verify_and_never_read_back() {
-    let d = tempfile::tempdir().unwrap();
-    let mut store = CheckpointStore::open(d.path()).unwrap();
+    let (d, mut store) = temp_store();
     let mut rng = Rng(1);
     let (shared, small, other) = (rng.bytes(3 << 20), rng.bytes(1000), rng.bytes(5000));
     let f1 = st(&[("encoder.weight", &shared), ("head", &small)]);
@@ -110,8 +109,7 @@ fn a_corrupt_unit_is_named_by_verify_and_never_read_back() {
 
 #[test]
 fn a_corrupt_recipe_is_named_and_never_read_back() {
-    let d = tempfile::tempdir().unwrap();
-    let mut store = CheckpointStore::open(d.path()).unwrap();
+    let (d, mut store) = temp_store();
     let f = st(&[("w", &Rng(4).bytes(10_000))]);
     store.commit(b"r/a", &f).unwrap();
     let rpath = d.path().join("recipes").join(fanstore_ckpt::recipe::file_name(1));
@@ -132,8 +130,7 @@ fn a_corrupt_recipe_is_named_and_never_read_back() {
 
 #[test]
 fn renames_keep_owner_maps_and_replacements_free_units() {
-    let d = tempfile::tempdir().unwrap();
-    let mut store = CheckpointStore::open(d.path()).unwrap();
+    let (d, mut store) = temp_store();
     let mut rng = Rng(8);
     let (a, b, c) = (rng.bytes(4000), rng.bytes(4000), rng.bytes(4000));
     store.commit(b"run/tmp-1", &st(&[("a", &a), ("b", &b)])).unwrap();
@@ -198,8 +195,7 @@ fn crash_leftovers_are_swept_at_open() {
 
 #[test]
 fn the_store_is_locked_and_a_damaged_catalog_is_refused() {
-    let d = tempfile::tempdir().unwrap();
-    let mut store = CheckpointStore::open(d.path()).unwrap();
+    let (d, mut store) = temp_store();
     store.commit(b"x", b"some opaque bytes").unwrap();
     assert!(matches!(CheckpointStore::open(d.path()), Err(CkptError::Locked { .. })));
     drop(store);
@@ -214,8 +210,7 @@ fn the_store_is_locked_and_a_damaged_catalog_is_refused() {
 
 #[test]
 fn reports_render_valid_json_and_tables() {
-    let d = tempfile::tempdir().unwrap();
-    let mut store = CheckpointStore::open(d.path()).unwrap();
+    let (d, mut store) = temp_store();
     let mut rng = Rng(6);
     let w = rng.bytes(3000);
     let odd = "odd \"name\"\\\n\u{1}é";
@@ -287,8 +282,7 @@ fn commit_file_maps_sealed_memfds_and_reads_other_files() {
 fn the_store_can_be_shared_across_threads() {
     fn send_sync<T: Send + Sync>() {}
     send_sync::<CheckpointStore>();
-    let d = tempfile::tempdir().unwrap();
-    let mut store = CheckpointStore::open(d.path()).unwrap();
+    let (_d, mut store) = temp_store();
     let files: Vec<Vec<u8>> = (0..4).map(|i| st(&[("w", &Rng(40 + i).bytes(50_000))])).collect();
     for (i, f) in files.iter().enumerate() {
         store.commit(format!("t/{i}").as_bytes(), f).unwrap();

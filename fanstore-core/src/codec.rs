@@ -5,30 +5,13 @@
 
 use std::io::{self, Read, Write};
 
-/// How a payload is stored. The numeric value is written to disk.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
-#[repr(u8)]
-pub enum Codec {
-    None = 0,
-    Lz4 = 1,
-    Zstd = 2,
-}
-
-impl Codec {
-    pub fn from_u8(v: u8) -> Option<Codec> {
-        match v {
-            0 => Some(Codec::None),
-            1 => Some(Codec::Lz4),
-            2 => Some(Codec::Zstd),
-            _ => None,
-        }
-    }
-    pub fn name(self) -> &'static str {
-        match self {
-            Codec::None => "none",
-            Codec::Lz4 => "lz4",
-            Codec::Zstd => "zstd",
-        }
+crate::format::coded_enum! {
+    /// How a payload is stored. The numeric value is written to disk.
+    #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+    pub enum Codec: u8, from_u8 {
+        None = 0 => "none",
+        Lz4 = 1 => "lz4",
+        Zstd = 2 => "zstd",
     }
 }
 

@@ -1,6 +1,7 @@
 //! Errors of the on-disk formats: every variant names the file, the entry and the offset.
 
-use std::path::PathBuf;
+use crate::checksum::xxh3;
+use std::path::{Path, PathBuf};
 
 /// A fault found while reading or writing a FanStore format.
 #[derive(Debug, thiserror::Error)]
@@ -48,6 +49,17 @@ pub enum FormatError {
 impl FormatError {
     pub fn io(file: impl Into<PathBuf>, source: std::io::Error) -> Self {
         FormatError::Io { file: file.into(), source }
+    }
+
+    /// Checks that the xxh3 of `bytes` is `stored`, the checksum a format
+    /// recorded for them; else the [`Checksum`](FormatError::Checksum) fault
+    /// of `entry` (made only then) at `offset` of `file`.
+    pub fn check_xxh3(file: &Path, entry: impl FnOnce() -> String, offset: u64, bytes: &[u8], stored: u64) -> Result<()> {
+        let computed = xxh3(bytes);
+        if computed != stored {
+            return Err(FormatError::Checksum { file: file.into(), entry: entry(), offset, stored, computed });
+        }
+        Ok(())
     }
 
     /// True for faults that mean stored bytes are damaged: not for I/O

@@ -20,9 +20,10 @@
 //! unit        "FANSTUN\0"  1: 72, 2: 128     fanstore_ckpt::unit
 //! ```
 //!
-//! A format describes its frame as a [`FormatHeader`] constant, chains the
-//! offsets of its own fields from [`FIELDS_OFFSET`], writes its header with
-//! [`FormatHeader::seal`] and reads it back through [`FormatHeader::check`],
+//! A format describes its frame as a [`FormatHeader`] constant, declares the
+//! offsets of its own fields from [`FIELDS_OFFSET`] with [`layout!`], writes
+//! its header with [`FormatHeader::seal`] and reads it back through
+//! [`FormatHeader::check`],
 //! which refuses, in this order and naming the file and the format:
 //!
 //! 1. a magic of another kind, as soon as the first 8 bytes are there (a
@@ -52,6 +53,101 @@ pub const VERSION_LEN: usize = 4;
 pub const FIELDS_OFFSET: usize = VERSION_OFFSET + VERSION_LEN;
 /// Bytes of the header checksum, the last field of every header.
 pub const CHECKSUM_LEN: usize = 8;
+
+/// Declares the offsets of consecutive fields as `usize` constants, each
+/// field starting where the one before it ends.
+///
+/// `layout! { START; A: 4, B: 8 => END }` declares `A = START`,
+/// `B = A + 4` and `END = B + 8`: each name is the offset of a field and the
+/// number after it the field's length in bytes; the name after `=>` is the
+/// offset just past the last field (the next field's, or the length of the
+/// record). Each name may carry doc comments and a visibility. Every format
+/// of the workspace spells its header and record layouts with it, under the
+/// byte diagram at the top of its module.
+#[doc(hidden)]
+#[macro_export]
+macro_rules! format_layout {
+    ($start:expr; $($(#[$m:meta])* $vis:vis $name:ident : $len:expr),+ => $(#[$em:meta])* $evis:vis $end:ident) => {
+        $crate::format_layout!(@at $start; $($(#[$m])* $vis $name: $len),+ => $(#[$em])* $evis $end);
+    };
+    (@at $at:expr; $(#[$m:meta])* $vis:vis $name:ident : $len:expr, $($rest:tt)+) => {
+        $(#[$m])* $vis const $name: usize = $at;
+        $crate::format_layout!(@at $name + $len; $($rest)+);
+    };
+    (@at $at:expr; $(#[$m:meta])* $vis:vis $name:ident : $len:expr => $(#[$em:meta])* $evis:vis $end:ident) => {
+        $(#[$m])* $vis const $name: usize = $at;
+        $(#[$em])* $evis const $end: usize = $name + $len;
+    };
+}
+#[doc(inline)]
+pub use format_layout as layout;
+
+/// Declares an enum whose variants are written as numbers (a field of a
+/// file or a message), with the function that reads one back and, when
+/// every variant is given a name, `name()`.
+///
+/// ```
+/// fanstore_core::format::coded_enum! {
+///     /// A colour as stored.
+///     #[derive(Debug, Clone, Copy, PartialEq, Eq)]
+///     pub enum Colour: u8, from_u8 {
+///         Red = 1 => "red",
+///         Blue = 2 => "blue",
+///     }
+/// }
+/// assert_eq!(Colour::from_u8(2), Some(Colour::Blue));
+/// assert_eq!(Colour::from_u8(3), None);
+/// assert_eq!((Colour::Red as u8, Colour::Red.name()), (1, "red"));
+/// ```
+///
+/// The enum is `#[repr]` of the code's type, so `variant as u8` (or `u32`)
+/// is its code; `from` returns `None` for a code no variant has.
+#[doc(hidden)]
+#[macro_export]
+macro_rules! format_coded_enum {
+    (
+        $(#[$m:meta])*
+        $vis:vis enum $name:ident: $repr:ident, $from:ident {
+            $($(#[$vm:meta])* $variant:ident = $value:literal => $text:literal),+ $(,)?
+        }
+    ) => {
+        $crate::format_coded_enum! {
+            $(#[$m])*
+            $vis enum $name: $repr, $from { $($(#[$vm])* $variant = $value),+ }
+        }
+        impl $name {
+            /// The variant's name as reports print it.
+            $vis fn name(self) -> &'static str {
+                match self {
+                    $($name::$variant => $text,)+
+                }
+            }
+        }
+    };
+    (
+        $(#[$m:meta])*
+        $vis:vis enum $name:ident: $repr:ident, $from:ident {
+            $($(#[$vm:meta])* $variant:ident = $value:literal),+ $(,)?
+        }
+    ) => {
+        $(#[$m])*
+        #[repr($repr)]
+        $vis enum $name {
+            $($(#[$vm])* $variant = $value,)+
+        }
+        impl $name {
+            /// The variant whose code is `v`; `None` for a code no variant has.
+            $vis fn $from(v: $repr) -> Option<$name> {
+                match v {
+                    $($value => Some($name::$variant),)+
+                    _ => None,
+                }
+            }
+        }
+    };
+}
+#[doc(inline)]
+pub use format_coded_enum as coded_enum;
 
 /// One version of a format's header.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -126,17 +222,8 @@ impl FormatHeader {
             return Err(truncated(version.len));
         }
         let sum_off = version.checksum_offset();
-        let stored = u64_at(bytes, sum_off);
-        let computed = xxh3(&bytes[..sum_off]);
-        if stored != computed {
-            return Err(FormatError::Checksum {
-                file: file.into(),
-                entry: format!("{} header", self.what),
-                offset: 0,
-                stored,
-                computed,
-            });
-        }
+        let entry = || format!("{} header", self.what);
+        FormatError::check_xxh3(file, entry, 0, &bytes[..sum_off], u64_at(bytes, sum_off))?;
         Ok(version)
     }
 }
@@ -216,6 +303,33 @@ pub mod testing {
                 put_u64(bytes, e + 16, sum);
             }
         }
+    }
+
+    /// `count` copies of `good` (not empty), each with 1 to `max_bytes`
+    /// bytes set to other values and, one copy in eight, then cut short:
+    /// the inputs of the tests that damaged bytes are refused and never
+    /// panic the reader. The copies come from a fixed xorshift sequence,
+    /// the same on every run. Reseal a framed file's copy before decoding
+    /// it, to reach the fields behind the header checksum.
+    pub fn mutated_copies(good: &[u8], count: usize, max_bytes: u64) -> impl Iterator<Item = Vec<u8>> + '_ {
+        let mut x = 0x2545f4914f6cdd1du64;
+        let mut next = move || {
+            x ^= x << 13;
+            x ^= x >> 7;
+            x ^= x << 17;
+            x
+        };
+        (0..count).map(move |_| {
+            let mut b = good.to_vec();
+            for _ in 0..1 + next() % max_bytes {
+                let i = (next() % b.len() as u64) as usize;
+                b[i] = next() as u8;
+            }
+            if next() % 8 == 0 {
+                b.truncate((next() % b.len() as u64) as usize);
+            }
+            b
+        })
     }
 
     /// Damages each field of the frame of `good` (a valid file of format

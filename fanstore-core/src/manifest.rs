@@ -58,19 +58,16 @@ pub const VERSION: u32 = 1;
 /// The manifest's file name inside a dataset directory.
 pub const FILE_NAME: &str = "manifest.fsm";
 
-const HEADER_LEN_OFF: usize = format::FIELDS_OFFSET;
-const DATASET_OFF: usize = HEADER_LEN_OFF + 4;
-const NODE_COUNT_OFF: usize = DATASET_OFF + 8;
-const CHILD_COUNT_OFF: usize = NODE_COUNT_OFF + 8;
-const PART_COUNT_OFF: usize = CHILD_COUNT_OFF + 8;
-const BUCKET_COUNT_OFF: usize = PART_COUNT_OFF + 4;
-const TOTAL_BYTES_OFF: usize = BUCKET_COUNT_OFF + 4;
-const SECTIONS_OFF: usize = TOTAL_BYTES_OFF + 8;
 const SECTION_ENTRY_LEN: usize = 24;
 const SECTION_COUNT: usize = 5;
-const HEADER_SUM_OFF: usize = SECTIONS_OFF + SECTION_COUNT * SECTION_ENTRY_LEN;
-/// Length of the manifest header.
-pub const HEADER_LEN: usize = HEADER_SUM_OFF + format::CHECKSUM_LEN;
+format::layout! {
+    format::FIELDS_OFFSET;
+    HEADER_LEN_OFF: 4, DATASET_OFF: 8, NODE_COUNT_OFF: 8, CHILD_COUNT_OFF: 8, PART_COUNT_OFF: 4,
+    BUCKET_COUNT_OFF: 4, TOTAL_BYTES_OFF: 8, SECTIONS_OFF: SECTION_COUNT * SECTION_ENTRY_LEN,
+    HEADER_SUM_OFF: format::CHECKSUM_LEN =>
+    /// Length of the manifest header.
+    pub HEADER_LEN
+}
 
 /// The manifest header's frame.
 pub const HEADER: FormatHeader =
@@ -83,54 +80,32 @@ const S_BUCKETS: usize = 2;
 const S_PARTS: usize = 3;
 const S_STRINGS: usize = 4;
 
-const N_KIND: usize = 0;
-const N_CODEC: usize = N_KIND + 1;
-const N_FLAGS: usize = N_CODEC + 1;
-const N_MODE: usize = N_FLAGS + 2;
-const N_PARENT: usize = N_MODE + 4;
-const N_NAME_LEN: usize = N_PARENT + 4;
-const N_PATH_OFF: usize = N_NAME_LEN + 4;
-const N_PATH_LEN: usize = N_PATH_OFF + 8;
-const N_AUX32: usize = N_PATH_LEN + 4;
-const N_SIZE: usize = N_AUX32 + 4;
-const N_LOC: usize = N_SIZE + 8;
-const N_STORED: usize = N_LOC + 8;
-const N_SUM: usize = N_STORED + 8;
-const N_MTIME: usize = N_SUM + 8;
-const N_ATIME: usize = N_MTIME + 8;
-const N_CTIME: usize = N_ATIME + 8;
-const N_NLINK: usize = N_CTIME + 8;
-/// Length of one node record.
-pub const NODE_LEN: usize = N_NLINK + 8;
+format::layout! {
+    0;
+    N_KIND: 1, N_CODEC: 1, N_FLAGS: 2, N_MODE: 4, N_PARENT: 4, N_NAME_LEN: 4, N_PATH_OFF: 8, N_PATH_LEN:
+    4, N_AUX32: 4, N_SIZE: 8, N_LOC: 8, N_STORED: 8, N_SUM: 8, N_MTIME: 8, N_ATIME: 8, N_CTIME: 8,
+    N_NLINK: 8 =>
+    /// Length of one node record.
+    pub NODE_LEN
+}
 
-const P_ID: usize = 0;
-const P_FLAGS: usize = P_ID + 4;
-const P_FILE_LEN: usize = P_FLAGS + 4;
-const P_ENTRIES: usize = P_FILE_LEN + 8;
-const P_BYTES: usize = P_ENTRIES + 8;
-const P_HEADER_SUM: usize = P_BYTES + 8;
-/// Length of one partition record.
-pub const PART_LEN: usize = 64;
+format::layout! {
+    0;
+    P_ID: 4, P_FLAGS: 4, P_FILE_LEN: 8, P_ENTRIES: 8, P_BYTES: 8, P_HEADER_SUM: 8, P_RESERVED: 24 =>
+    /// Length of one partition record.
+    pub PART_LEN
+}
 
 /// Node flag: the file lives in a partition that every node loads.
 pub const NODE_FLAG_REPLICATED: u8 = 1;
 
-/// What a node is.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum NodeKind {
-    Dir = 1,
-    File = 2,
-    Symlink = 3,
-}
-
-impl NodeKind {
-    fn from_u8(v: u8) -> Option<NodeKind> {
-        match v {
-            1 => Some(NodeKind::Dir),
-            2 => Some(NodeKind::File),
-            3 => Some(NodeKind::Symlink),
-            _ => None,
-        }
+format::coded_enum! {
+    /// What a node is.
+    #[derive(Debug, Clone, Copy, PartialEq, Eq)]
+    pub enum NodeKind: u8, from_u8 {
+        Dir = 1,
+        File = 2,
+        Symlink = 3,
     }
 }
 
@@ -232,16 +207,7 @@ impl<'a> IndexView<'a> {
             };
             *sec = &bytes[off as usize..end as usize];
             if verify == Verify::Full {
-                let computed = xxh3(sec);
-                if computed != sum {
-                    return Err(FormatError::Checksum {
-                        file: file.into(),
-                        entry: format!("{name} section"),
-                        offset: off,
-                        stored: sum,
-                        computed,
-                    });
-                }
+                FormatError::check_xxh3(file, || format!("{name} section"), off, sec, sum)?;
             }
         }
         let view = IndexView {
@@ -1112,23 +1078,8 @@ mod tests {
     #[test]
     fn mutated_manifests_never_panic() {
         let base = sample();
-        let mut x = 0x2545f4914f6cdd1du64;
-        let mut next = || {
-            x ^= x << 13;
-            x ^= x >> 7;
-            x ^= x << 17;
-            x
-        };
         let mut accepted = 0;
-        for _ in 0..20_000 {
-            let mut b = base.clone();
-            for _ in 0..1 + next() % 4 {
-                let i = (next() % b.len() as u64) as usize;
-                b[i] = next() as u8;
-            }
-            if next() % 8 == 0 {
-                b.truncate((next() % b.len() as u64) as usize);
-            }
+        for mut b in format::testing::mutated_copies(&base, 20_000, 4) {
             reseal(&mut b);
             let Ok(v) = IndexView::parse(Path::new("fuzz"), &b, Verify::Full) else { continue };
             accepted += 1;
@@ -1201,6 +1152,10 @@ mod tests {
         let v = IndexView::parse(Path::new("m"), &bytes, Verify::Full).unwrap();
         assert!(v.node_count() > 500);
         assert_eq!((bytes.len(), xxh3(&bytes)), (213_340, 15_033_959_725_640_890_019));
+        assert_eq!(
+            (HEADER_LEN_OFF, SECTIONS_OFF, HEADER_LEN, N_SIZE, N_NLINK, NODE_LEN, P_HEADER_SUM, PART_LEN),
+            (12, 56, 184, 32, 88, 96, 32, 64)
+        );
     }
 
     #[test]

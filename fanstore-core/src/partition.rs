@@ -45,28 +45,25 @@ use std::path::{Path, PathBuf};
 pub const MAGIC: [u8; 8] = *b"FANSTPT\0";
 pub const VERSION: u32 = 1;
 
-const ID_OFF: usize = format::FIELDS_OFFSET;
-const COUNT_OFF: usize = ID_OFF + 4;
-const DATA_LEN_OFF: usize = COUNT_OFF + 8;
-const DATASET_OFF: usize = DATA_LEN_OFF + 8;
-const FLAGS_OFF: usize = DATASET_OFF + 8;
-const RESERVED_OFF: usize = FLAGS_OFF + 4;
-const CHECKSUM_OFF: usize = RESERVED_OFF + 12;
-/// Length of the partition header.
-pub const HEADER_LEN: usize = CHECKSUM_OFF + format::CHECKSUM_LEN;
+format::layout! {
+    format::FIELDS_OFFSET;
+    ID_OFF: 4, COUNT_OFF: 8, DATA_LEN_OFF: 8, DATASET_OFF: 8, FLAGS_OFF: 4, RESERVED_OFF: 12,
+    CHECKSUM_OFF: format::CHECKSUM_LEN =>
+    /// Length of the partition header.
+    pub HEADER_LEN
+}
 
 /// The partition header's frame.
 pub const HEADER: FormatHeader =
     FormatHeader { what: "partition", magic: MAGIC, versions: &[HeaderVersion { version: VERSION, len: HEADER_LEN }] };
 
-const E_PATH_HASH_OFF: usize = 0;
-const E_RAW_OFF: usize = E_PATH_HASH_OFF + 8;
-const E_STORED_OFF: usize = E_RAW_OFF + 8;
-const E_CODEC_OFF: usize = E_STORED_OFF + 8;
-const E_PAYLOAD_SUM_OFF: usize = E_CODEC_OFF + 8;
-const E_CHECKSUM_OFF: usize = E_PAYLOAD_SUM_OFF + 8;
-/// Length of an entry header.
-pub const ENTRY_HEADER_LEN: usize = E_CHECKSUM_OFF + 8;
+format::layout! {
+    0;
+    E_PATH_HASH_OFF: 8, E_RAW_OFF: 8, E_STORED_OFF: 8, E_CODEC_OFF: 8, E_PAYLOAD_SUM_OFF: 8,
+    E_CHECKSUM_OFF: 8 =>
+    /// Length of an entry header.
+    pub ENTRY_HEADER_LEN
+}
 
 /// Flag bit: every node loads this partition.
 pub const FLAG_REPLICATED: u32 = 1;
@@ -149,11 +146,7 @@ impl EntryHeader {
                 len: b.len() as u64,
             });
         }
-        let stored = u64_at(b, E_CHECKSUM_OFF);
-        let computed = xxh3(&b[..E_CHECKSUM_OFF]);
-        if stored != computed {
-            return Err(FormatError::Checksum { file: file.into(), entry: entry(), offset, stored, computed });
-        }
+        FormatError::check_xxh3(file, entry, offset, &b[..E_CHECKSUM_OFF], u64_at(b, E_CHECKSUM_OFF))?;
         let codec = Codec::from_u8(b[E_CODEC_OFF]).ok_or_else(|| FormatError::Corrupt {
             file: file.into(),
             entry: entry(),
@@ -375,16 +368,8 @@ impl PartitionReader {
         }
         let mut payload = vec![0u8; header.stored_len as usize];
         self.input.read_exact(&mut payload).map_err(|e| FormatError::io(&self.path, e))?;
-        let computed = xxh3(&payload);
-        if computed != header.payload_checksum {
-            return Err(FormatError::Checksum {
-                file: self.path.clone(),
-                entry: format!("payload of entry {}", self.seen),
-                offset: payload_offset,
-                stored: header.payload_checksum,
-                computed,
-            });
-        }
+        let entry = || format!("payload of entry {}", self.seen);
+        FormatError::check_xxh3(&self.path, entry, payload_offset, &payload, header.payload_checksum)?;
         self.pos = payload_offset + header.stored_len;
         self.seen += 1;
         Ok(Some(Entry { header, payload_offset, payload }))
@@ -415,16 +400,7 @@ pub fn read_payload_at(path: &Path, f: &File, payload_offset: u64, stored_len: u
         });
     }
     let payload = buf.split_off(ENTRY_HEADER_LEN);
-    let computed = xxh3(&payload);
-    if computed != checksum {
-        return Err(FormatError::Checksum {
-            file: path.into(),
-            entry: format!("payload at offset {payload_offset}"),
-            offset: payload_offset,
-            stored: checksum,
-            computed,
-        });
-    }
+    FormatError::check_xxh3(path, || format!("payload at offset {payload_offset}"), payload_offset, &payload, checksum)?;
     Ok(payload)
 }
 
@@ -438,6 +414,10 @@ mod tests {
         let (p, _) = write_sample(d.path());
         let b = std::fs::read(&p).unwrap();
         assert_eq!((b.len(), xxh3(&b)), (219, 1_246_941_140_916_333_872));
+        assert_eq!(
+            (ID_OFF, DATASET_OFF, CHECKSUM_OFF, HEADER_LEN, E_CODEC_OFF, ENTRY_HEADER_LEN),
+            (12, 32, 56, 64, 24, 48)
+        );
     }
 
     fn write_sample(dir: &Path) -> (PathBuf, Vec<u64>) {

@@ -34,40 +34,27 @@ pub const FLAG_DEDUP: u32 = 1 << 1;
 /// (`WARM`) and later opens use the node's copy; without the flag the hint
 /// would only cost a message per read.
 pub const FLAG_COPIES: u32 = 1 << 2;
+use crate::format;
 use crate::le::*;
 use std::path::{Path, PathBuf};
 
 pub const STATE_MAGIC: [u8; 8] = *b"FANSTND\0";
 pub const STATE_VERSION: u32 = 1;
-const S_VERSION: usize = 8;
-const S_RANK: usize = S_VERSION + 4;
-const S_NRANKS: usize = S_RANK + 4;
-const S_STATUS: usize = S_NRANKS + 4;
-const S_DATASET: usize = S_STATUS + 4;
-const S_PID: usize = S_DATASET + 8;
-const S_PARTS: usize = S_PID + 8;
-const S_FLAGS: usize = S_PARTS + 4;
-const S_LENS: usize = S_FLAGS + 4;
-const S_FIXED_LEN: usize = S_LENS + 16;
-
-/// A daemon's lifecycle state as published in its state file.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Status {
-    Loading = 0,
-    Ready = 1,
-    Stopping = 2,
-    Failed = 3,
+format::layout! {
+    format::MAGIC_LEN;
+    S_VERSION: 4, S_RANK: 4, S_NRANKS: 4, S_STATUS: 4, S_DATASET: 8, S_PID: 8, S_PARTS: 4, S_FLAGS: 4,
+    S_LENS: 16 =>
+    S_FIXED_LEN
 }
 
-impl Status {
-    fn from_u32(v: u32) -> Option<Status> {
-        Some(match v {
-            0 => Status::Loading,
-            1 => Status::Ready,
-            2 => Status::Stopping,
-            3 => Status::Failed,
-            _ => return None,
-        })
+format::coded_enum! {
+    /// A daemon's lifecycle state as published in its state file.
+    #[derive(Debug, Clone, Copy, PartialEq, Eq)]
+    pub enum Status: u32, from_u32 {
+        Loading = 0,
+        Ready = 1,
+        Stopping = 2,
+        Failed = 3,
     }
 }
 
@@ -304,6 +291,13 @@ pub fn hostname() -> Vec<u8> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// The offsets and lengths that `layout!` declares are those the
+    /// format has always had.
+    #[test]
+    fn key_offsets_keep_their_values() {
+        assert_eq!((S_VERSION, S_DATASET, S_LENS, S_FIXED_LEN), (8, 24, 48, 64));
+    }
 
     #[test]
     fn state_round_trip_and_corruption() {

@@ -21,19 +21,25 @@ pub fn parse(text: &str) -> Vec<(String, String)> {
         .collect()
 }
 
-/// Human-readable bytes (KiB/MiB/GiB).
+/// Human-readable bytes (KiB/MiB/GiB, up to TiB).
 pub fn human_bytes(v: u64) -> String {
-    const U: [&str; 5] = ["B", "KiB", "MiB", "GiB", "TiB"];
+    bytes_in_units(v, &["B", "KiB", "MiB", "GiB", "TiB"])
+}
+
+/// `v` bytes in the largest of `units` (`"B"` first, then each 1024 times
+/// the one before) that keeps the number at 1 or more: one decimal
+/// (`1.5 MiB`), or the whole count in the first unit (`12 B`).
+pub fn bytes_in_units(v: u64, units: &[&str]) -> String {
     let mut x = v as f64;
     let mut i = 0;
-    while x >= 1024.0 && i + 1 < U.len() {
+    while x >= 1024.0 && i + 1 < units.len() {
         x /= 1024.0;
         i += 1;
     }
     if i == 0 {
         format!("{v} B")
     } else {
-        format!("{x:.1} {}", U[i])
+        format!("{x:.1} {}", units[i])
     }
 }
 

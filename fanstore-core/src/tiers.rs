@@ -50,19 +50,19 @@
 //! ```
 
 use crate::checksum::xxh3;
+use crate::format;
 use crate::le::*;
 use std::sync::atomic::{AtomicU8, Ordering};
 
 pub const MAGIC: [u8; 8] = *b"FANSTTM\0";
 pub const VERSION: u32 = 1;
-const VERSION_OFF: usize = 8;
-const RESERVED_OFF: usize = VERSION_OFF + 4;
-const DATASET_OFF: usize = RESERVED_OFF + 4;
-const COUNT_OFF: usize = DATASET_OFF + 8;
-const RESERVED2_OFF: usize = COUNT_OFF + 8;
-const CHECKSUM_OFF: usize = RESERVED2_OFF + 24;
-/// Length of the header; the per-node bytes follow it.
-pub const HEADER_LEN: usize = CHECKSUM_OFF + 8;
+format::layout! {
+    format::VERSION_OFFSET;
+    VERSION_OFF: 4, RESERVED_OFF: 4, DATASET_OFF: 8, COUNT_OFF: 8, RESERVED2_OFF: 24, CHECKSUM_OFF:
+    format::CHECKSUM_LEN =>
+    /// Length of the header; the per-node bytes follow it.
+    pub HEADER_LEN
+}
 
 /// Nothing to open directly: ask the daemon.
 pub const TIER_NONE: u8 = 0;
@@ -209,6 +209,13 @@ pub fn copy_file_path_into(copy_dir: &[u8], node_id: u32, out: &mut [u8]) -> Opt
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// The offsets and lengths that `layout!` declares are those the
+    /// format has always had.
+    #[test]
+    fn key_offsets_keep_their_values() {
+        assert_eq!((VERSION_OFF, DATASET_OFF, CHECKSUM_OFF, HEADER_LEN), (8, 16, 56, 64));
+    }
 
     fn map(dataset: u64, nodes: u64) -> Vec<u8> {
         let mut m = encode_header(dataset, nodes).to_vec();

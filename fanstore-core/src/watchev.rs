@@ -73,39 +73,17 @@ pub const IN_ONESHOT: u32 = 0x8000_0000;
 /// WATCH_ADD arg1 bit: the watch covers every directory below its path too.
 pub const WATCH_RECURSIVE: u64 = 1 << 32;
 
-/// What happened.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-#[repr(u8)]
-pub enum Kind {
-    /// A file was committed (its last close returned): new, or a new version.
-    Close = 1,
-    Delete = 2,
-    Mkdir = 3,
-    Rmdir = 4,
-    /// `path` was renamed to `to` (a file or a directory).
-    Rename = 5,
-}
-
-impl Kind {
-    fn from_u8(b: u8) -> Option<Kind> {
-        Some(match b {
-            1 => Kind::Close,
-            2 => Kind::Delete,
-            3 => Kind::Mkdir,
-            4 => Kind::Rmdir,
-            5 => Kind::Rename,
-            _ => return None,
-        })
-    }
-
-    pub fn name(self) -> &'static str {
-        match self {
-            Kind::Close => "close",
-            Kind::Delete => "delete",
-            Kind::Mkdir => "mkdir",
-            Kind::Rmdir => "rmdir",
-            Kind::Rename => "rename",
-        }
+crate::format::coded_enum! {
+    /// What happened.
+    #[derive(Debug, Clone, Copy, PartialEq, Eq)]
+    pub enum Kind: u8, from_u8 {
+        /// A file was committed (its last close returned): new, or a new version.
+        Close = 1 => "close",
+        Delete = 2 => "delete",
+        Mkdir = 3 => "mkdir",
+        Rmdir = 4 => "rmdir",
+        /// `path` was renamed to `to` (a file or a directory).
+        Rename = 5 => "rename",
     }
 }
 

@@ -1032,6 +1032,23 @@ impl Drop for OutputDir {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use std::sync::Arc;
+    use std::thread::JoinHandle;
+
+    /// Runs `claim` on another thread and checks that it is still waiting
+    /// 50 ms later; the caller then frees room and joins it.
+    fn waiting_claim<T: Send + 'static>(
+        s: &Arc<Scheduler>,
+        claim: impl FnOnce(&Scheduler) -> T + Send + 'static,
+    ) -> JoinHandle<T> {
+        let t = {
+            let s = s.clone();
+            std::thread::spawn(move || claim(&s))
+        };
+        std::thread::sleep(std::time::Duration::from_millis(50));
+        assert!(!t.is_finished());
+        t
+    }
 
     #[test]
     fn scheduler_keeps_the_window_and_always_serves_the_writer() {
@@ -1040,13 +1057,8 @@ mod tests {
         let claim = move |s: &Scheduler| s.claim(|i| costs[i], |i| costs[i]).map(|c| (c.start, c.costs));
         // Job 1 would exceed the byte budget while job 0 is not written: the batch stops.
         assert_eq!(claim(&s), Some((0, vec![60])));
-        let s = std::sync::Arc::new(s);
-        let t = {
-            let s = s.clone();
-            std::thread::spawn(move || claim(&s))
-        };
-        std::thread::sleep(std::time::Duration::from_millis(50));
-        assert!(!t.is_finished());
+        let s = Arc::new(s);
+        let t = waiting_claim(&s, claim);
         s.written(1, 60);
         // Now the writer waits for job 1: it is handed out, with the jobs that fit after it.
         assert_eq!(t.join().unwrap(), Some((1, vec![60, 10, 0, 0, 0, 0, 0, 0, 0])));
@@ -1063,13 +1075,8 @@ mod tests {
         assert_eq!(claim(&s), Some((0, 1)));
         assert_eq!(claim(&s), Some((1, 1)));
         // Two batches are out: the third waits until the writer is done with one.
-        let s = std::sync::Arc::new(s);
-        let t = {
-            let s = s.clone();
-            std::thread::spawn(move || claim(&s))
-        };
-        std::thread::sleep(std::time::Duration::from_millis(50));
-        assert!(!t.is_finished());
+        let s = Arc::new(s);
+        let t = waiting_claim(&s, claim);
         s.written(1, big);
         assert_eq!(t.join().unwrap(), Some((2, 3)));
         assert_eq!(claim(&s), None);

@@ -8,6 +8,15 @@ use fanstore_prep::pack::{pack, PackOptions};
 use fanstore_prep::progress::ProgressMode;
 use std::path::{Path, PathBuf};
 
+/// A new temporary directory holding [`make_tree`] at `in/` (the path
+/// returned); a test packs it into siblings of `in/`.
+fn tree_in_tempdir() -> (tempfile::TempDir, PathBuf) {
+    let d = tempfile::tempdir().unwrap();
+    let input = d.path().join("in");
+    make_tree(&input);
+    (d, input)
+}
+
 /// A small tree with files of many sizes (compressible and not), empty
 /// files and directories, and a symlink.
 fn make_tree(root: &Path) {
@@ -60,9 +69,7 @@ fn dataset_bytes(dir: &Path) -> Vec<(String, Vec<u8>)> {
 
 #[test]
 fn output_is_identical_for_any_thread_count() {
-    let d = tempfile::tempdir().unwrap();
-    let input = d.path().join("in");
-    make_tree(&input);
+    let (d, input) = tree_in_tempdir();
     // The first read of each input may move its atime (relatime: atime <=
     // mtime until then; seen on overlayfs, a container's /tmp), which the
     // manifest records: one pack first, so the packs compared see the same.
@@ -82,9 +89,7 @@ fn output_is_identical_for_any_thread_count() {
 
 #[test]
 fn real_partitions_are_balanced_and_replicated_ones_flagged() {
-    let d = tempfile::tempdir().unwrap();
-    let input = d.path().join("in");
-    make_tree(&input);
+    let (d, input) = tree_in_tempdir();
     let out = d.path().join("out");
     let s = pack(&options(&input, out.clone(), 2, "none")).unwrap();
     assert_eq!((s.partitions, s.replicated_partitions), (6, 1));
@@ -105,9 +110,7 @@ fn real_partitions_are_balanced_and_replicated_ones_flagged() {
 
 #[test]
 fn extract_restores_what_was_packed() {
-    let d = tempfile::tempdir().unwrap();
-    let input = d.path().join("in");
-    make_tree(&input);
+    let (d, input) = tree_in_tempdir();
     let out = d.path().join("out");
     pack(&options(&input, out.clone(), 2, "zstd")).unwrap();
     let back = d.path().join("back");
@@ -124,9 +127,7 @@ fn extract_restores_what_was_packed() {
 
 #[test]
 fn existing_dataset_is_refused_and_left_intact() {
-    let d = tempfile::tempdir().unwrap();
-    let input = d.path().join("in");
-    make_tree(&input);
+    let (d, input) = tree_in_tempdir();
     let out = d.path().join("out");
     pack(&options(&input, out.clone(), 2, "none")).unwrap();
     let before = dataset_bytes(&out);

@@ -25,47 +25,24 @@ mod safetensors;
 mod zip;
 
 pub use cdc::CdcParams;
-pub use npy::{parse_npy_header, NpyHeader};
+pub use npy::{npy_file, parse_npy_header, NpyHeader};
 pub use pickle::{torch_storages, StorageInfo};
 pub use zip::{parse_zip, ZipEntry};
 
 use std::ops::Range;
 
-/// The format a file was recognised as.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
-#[repr(u8)]
-pub enum Format {
-    /// Not recognised: content-defined chunks.
-    Opaque = 0,
-    Safetensors = 1,
-    TorchZip = 2,
-    Npy = 3,
-    Npz = 4,
-    /// torch.distributed.checkpoint shard: torch.save archives back to back.
-    TorchDcp = 5,
-}
-
-impl Format {
-    pub fn from_u8(v: u8) -> Option<Format> {
-        Some(match v {
-            0 => Format::Opaque,
-            1 => Format::Safetensors,
-            2 => Format::TorchZip,
-            3 => Format::Npy,
-            4 => Format::Npz,
-            5 => Format::TorchDcp,
-            _ => return None,
-        })
-    }
-    pub fn name(self) -> &'static str {
-        match self {
-            Format::Opaque => "opaque",
-            Format::Safetensors => "safetensors",
-            Format::TorchZip => "torch-zip",
-            Format::Npy => "npy",
-            Format::Npz => "npz",
-            Format::TorchDcp => "torch-dcp",
-        }
+fanstore_core::format::coded_enum! {
+    /// The format a file was recognised as.
+    #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+    pub enum Format: u8, from_u8 {
+        /// Not recognised: content-defined chunks.
+        Opaque = 0 => "opaque",
+        Safetensors = 1 => "safetensors",
+        TorchZip = 2 => "torch-zip",
+        Npy = 3 => "npy",
+        Npz = 4 => "npz",
+        /// torch.distributed.checkpoint shard: torch.save archives back to back.
+        TorchDcp = 5 => "torch-dcp",
     }
 }
 

@@ -228,28 +228,34 @@ impl Lit<'_> {
     }
 }
 
+/// A .npy file of format version `major` (1, 2 or 3) whose header is the
+/// dict text `dict`, then `data`: the header padded with spaces and a
+/// newline to a multiple of 64 bytes, as numpy writes it. For the tests,
+/// here and in `tests/`.
+#[doc(hidden)]
+pub fn npy_file(major: u8, dict: &str, data: &[u8]) -> Vec<u8> {
+    let mut b = MAGIC.to_vec();
+    b.extend_from_slice(&[major, 0]);
+    let mut h = dict.as_bytes().to_vec();
+    let pre = if major == 1 { 10 } else { 12 };
+    while !(pre + h.len() + 1).is_multiple_of(64) {
+        h.push(b' ');
+    }
+    h.push(b'\n');
+    if major == 1 {
+        b.extend_from_slice(&(h.len() as u16).to_le_bytes());
+    } else {
+        b.extend_from_slice(&(h.len() as u32).to_le_bytes());
+    }
+    b.extend_from_slice(&h);
+    b.extend_from_slice(data);
+    b
+}
+
 #[cfg(test)]
 mod tests {
+    use super::npy_file as npy;
     use super::*;
-
-    pub(crate) fn npy(major: u8, dict: &str, data: &[u8]) -> Vec<u8> {
-        let mut b = MAGIC.to_vec();
-        b.extend_from_slice(&[major, 0]);
-        let mut h = dict.as_bytes().to_vec();
-        let pre = if major == 1 { 10 } else { 12 };
-        while !(pre + h.len() + 1).is_multiple_of(64) {
-            h.push(b' ');
-        }
-        h.push(b'\n');
-        if major == 1 {
-            b.extend_from_slice(&(h.len() as u16).to_le_bytes());
-        } else {
-            b.extend_from_slice(&(h.len() as u32).to_le_bytes());
-        }
-        b.extend_from_slice(&h);
-        b.extend_from_slice(data);
-        b
-    }
 
     #[test]
     fn headers_of_every_version() {

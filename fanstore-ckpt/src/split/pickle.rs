@@ -521,16 +521,7 @@ mod tests {
         for n in 0..base.len() {
             let _ = torch_storages(&base[..n]);
         }
-        let mut x = 0x1234_5678_9abc_def1u64;
-        for _ in 0..20_000 {
-            let mut b = base.clone();
-            for _ in 0..3 {
-                x ^= x << 13;
-                x ^= x >> 7;
-                x ^= x << 17;
-                let i = (x % b.len() as u64) as usize;
-                b[i] = (x >> 32) as u8;
-            }
+        for b in fanstore_core::format::testing::mutated_copies(&base, 20_000, 3) {
             let _ = torch_storages(&b);
         }
         // self-referencing containers through the memo do not loop

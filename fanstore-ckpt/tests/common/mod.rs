@@ -3,7 +3,16 @@
 //! numpy's .npy/.npz), plus a deterministic random generator.
 #![allow(dead_code)]
 
+use fanstore_ckpt::CheckpointStore;
 use std::path::Path;
+
+/// A checkpoint store opened in a new temporary directory, which is removed
+/// when the returned guard drops.
+pub fn temp_store() -> (tempfile::TempDir, CheckpointStore) {
+    let d = tempfile::tempdir().unwrap();
+    let store = CheckpointStore::open(d.path()).unwrap();
+    (d, store)
+}
 
 /// xorshift64: deterministic test data.
 pub struct Rng(pub u64);
@@ -43,19 +52,6 @@ pub fn t(name: &str, dtype: &'static str, shape: &[u64], data: Vec<u8>) -> T {
     T { name: name.into(), dtype, shape: shape.to_vec(), data }
 }
 
-fn json_escape(s: &str) -> String {
-    let mut o = String::new();
-    for c in s.chars() {
-        match c {
-            '"' => o.push_str("\\\""),
-            '\\' => o.push_str("\\\\"),
-            c if (c as u32) < 0x20 => o.push_str(&format!("\\u{:04x}", c as u32)),
-            c => o.push(c),
-        }
-    }
-    o
-}
-
 /// Options of the safetensors writer.
 #[derive(Clone, Copy, Default)]
 pub struct StOpts {
@@ -74,8 +70,8 @@ pub fn safetensors(tensors: &[T], o: StOpts) -> Vec<u8> {
     for t in tensors {
         let shape: Vec<String> = t.shape.iter().map(u64::to_string).collect();
         entries.push(format!(
-            "\"{}\":{{\"dtype\":\"{}\",\"shape\":[{}],\"data_offsets\":[{},{}]}}",
-            json_escape(&t.name),
+            "{}:{{\"dtype\":\"{}\",\"shape\":[{}],\"data_offsets\":[{},{}]}}",
+            fanstore_ckpt::render::json_str(t.name.as_bytes()),
             t.dtype,
             shape.join(","),
             off,
@@ -109,22 +105,7 @@ pub fn npy(descr: &str, shape: &[u64], data: &[u8], major: u8) -> Vec<u8> {
         _ => format!("({})", shape.iter().map(u64::to_string).collect::<Vec<_>>().join(", ")),
     };
     let dict = format!("{{'descr': '{descr}', 'fortran_order': False, 'shape': {shape_txt}, }}");
-    let pre = if major == 1 { 10 } else { 12 };
-    let mut h = dict.into_bytes();
-    while (pre + h.len() + 1) % 64 != 0 {
-        h.push(b' ');
-    }
-    h.push(b'\n');
-    let mut b = b"\x93NUMPY".to_vec();
-    b.extend_from_slice(&[major, 0]);
-    if major == 1 {
-        b.extend_from_slice(&(h.len() as u16).to_le_bytes());
-    } else {
-        b.extend_from_slice(&(h.len() as u32).to_le_bytes());
-    }
-    b.extend_from_slice(&h);
-    b.extend_from_slice(data);
-    b
+    fanstore_ckpt::split::npy_file(major, &dict, data)
 }
 
 pub fn crc32(data: &[u8]) -> u32 {
@@ -170,6 +151,18 @@ pub fn stored<'a>(name: &str, data: &'a [u8]) -> Member<'a> {
     Member { name: name.into(), data, method: 0, usize: data.len() as u64 }
 }
 
+/// The ZIP64 extra field (id 1) holding `values`, u64 each: sizes and, in
+/// the central directory, the local header's offset.
+fn zip64_extra(values: &[u64]) -> Vec<u8> {
+    let mut x = Vec::new();
+    x.extend_from_slice(&1u16.to_le_bytes());
+    x.extend_from_slice(&(8 * values.len() as u16).to_le_bytes());
+    for v in values {
+        x.extend_from_slice(&v.to_le_bytes());
+    }
+    x
+}
+
 /// A zip archive laid out like PyTorch's PyTorchStreamWriter (miniz):
 /// local header, name, [ZIP64 extra], "FB" padding so the payload starts on
 /// an `align` boundary, payload, [data descriptor]; then the central
@@ -183,13 +176,7 @@ pub fn zip(members: &[Member], o: ZipOpts) -> Vec<u8> {
         let big = o.zip64 || csize >= 0xFFFF_FFFF || lho >= 0xFFFF_FFFF;
         let crc = if o.crc { crc32(m.data) } else { 0 };
         let flags: u16 = if o.descriptors { 8 } else { 0 };
-        let mut extra = Vec::new();
-        if big {
-            extra.extend_from_slice(&1u16.to_le_bytes());
-            extra.extend_from_slice(&16u16.to_le_bytes());
-            extra.extend_from_slice(&m.usize.to_le_bytes());
-            extra.extend_from_slice(&csize.to_le_bytes());
-        }
+        let mut extra = if big { zip64_extra(&[m.usize, csize]) } else { Vec::new() };
         if o.align > 0 {
             let start = lho as usize + 30 + m.name.len() + extra.len() + 4;
             let pad = (o.align - start % o.align) % o.align;
@@ -232,14 +219,7 @@ pub fn zip(members: &[Member], o: ZipOpts) -> Vec<u8> {
             }
         }
         // central directory header
-        let mut cx = Vec::new();
-        if big {
-            cx.extend_from_slice(&1u16.to_le_bytes());
-            cx.extend_from_slice(&24u16.to_le_bytes());
-            cx.extend_from_slice(&m.usize.to_le_bytes());
-            cx.extend_from_slice(&csize.to_le_bytes());
-            cx.extend_from_slice(&lho.to_le_bytes());
-        }
+        let cx = if big { zip64_extra(&[m.usize, csize, lho]) } else { Vec::new() };
         central.extend_from_slice(&0x0201_4b50u32.to_le_bytes());
         central.extend_from_slice(&(if big { 45u16 } else { 20 }).to_le_bytes());
         central.extend_from_slice(&(if big { 45u16 } else { 20 }).to_le_bytes());
