@@ -180,9 +180,13 @@ impl<'a> IndexView<'a> {
         {
             return Err(corrupt("manifest header", NODE_COUNT_OFF as u64, "inconsistent counts".into()));
         }
+        // A crafted child count must not wrap into a length that matches.
+        let children_len = child_count
+            .checked_mul(4)
+            .ok_or_else(|| corrupt("manifest header", CHILD_COUNT_OFF as u64, "inconsistent counts".into()))?;
         let expected_len = [
             node_count * NODE_LEN as u64,
-            child_count * 4,
+            children_len,
             bucket_count * 8,
             part_count as u64 * PART_LEN as u64,
             u64::MAX,
