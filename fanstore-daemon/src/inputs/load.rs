@@ -317,12 +317,23 @@ mod tests {
         files
     }
 
+    /// The test dataset packed in `dir/ds`: (its directory, its files, its manifest).
+    fn packed(dir: &Path) -> (std::path::PathBuf, Vec<TestFile>, Manifest) {
+        let ds = dir.join("ds");
+        let files = dataset(&ds);
+        let m = Manifest::open(&ds.join("manifest.fsm")).unwrap();
+        (ds, files, m)
+    }
+
+    fn view(m: &Manifest) -> IndexView<'_> {
+        IndexView::parse(m.path(), m.bytes(), Verify::Header).unwrap()
+    }
+
     #[test]
     fn loads_its_partitions_and_serves_peers() {
         let d = tempfile::tempdir().unwrap();
-        let files = dataset(&d.path().join("ds"));
-        let m = Manifest::open(&d.path().join("ds/manifest.fsm")).unwrap();
-        let v = IndexView::parse(m.path(), m.bytes(), Verify::Header).unwrap();
+        let (_, files, m) = packed(d.path());
+        let v = view(&m);
         let replicated: Vec<bool> = v.partitions().map(|p| p.replicated()).collect();
         let placement = Placement::new(2, 1, replicated);
         let local = d.path().join("local");
@@ -377,10 +388,8 @@ mod tests {
     #[test]
     fn a_bad_partition_is_named() {
         let d = tempfile::tempdir().unwrap();
-        let ds = d.path().join("ds");
-        dataset(&ds);
-        let m = Manifest::open(&ds.join("manifest.fsm")).unwrap();
-        let v = IndexView::parse(m.path(), m.bytes(), Verify::Header).unwrap();
+        let (ds, _, m) = packed(d.path());
+        let v = view(&m);
         let placement = Placement::new(1, 1, v.partitions().map(|p| p.replicated()).collect());
         // A payload byte flipped.
         let p2 = ds.join(partition::file_name(2));
@@ -407,10 +416,8 @@ mod tests {
     #[test]
     fn a_fetched_partition_is_verified_like_a_loaded_one() {
         let d = tempfile::tempdir().unwrap();
-        let ds = d.path().join("ds");
-        dataset(&ds);
-        let m = Manifest::open(&ds.join("manifest.fsm")).unwrap();
-        let v = IndexView::parse(m.path(), m.bytes(), Verify::Header).unwrap();
+        let (ds, _, m) = packed(d.path());
+        let v = view(&m);
         let maps = offset_maps(&v, &[1]);
         let abort = AtomicBool::new(false);
         let good = ds.join(partition::file_name(1));

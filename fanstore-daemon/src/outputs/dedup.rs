@@ -853,6 +853,13 @@ pub struct Answer {
 mod tests {
     use super::*;
 
+
+    /// Output `id` reads back from the store as `expected`.
+    fn assert_reads(dd: &Dedup, id: u64, expected: &[u8]) {
+        let mut out = Vec::new();
+        dd.read_output(id, &mut out).unwrap();
+        assert_eq!(out, expected, "output {id}");
+    }
     #[test]
     fn pending_keys_stay_in_the_directory_and_are_hidden() {
         assert_eq!(pending_key(b"run/a/ck.pt", 7), b"run/a/.fanstore-pending-7".to_vec());
@@ -923,9 +930,7 @@ mod tests {
         assert!(dd.holds(1) && !dd.holds(2));
         assert!(!p1.exists(), "the plain copy of a stored output is removed");
         assert!(p2.exists(), "a cancelled output's plain file is the caller's to delete");
-        let mut out = Vec::new();
-        dd.read_output(1, &mut out).unwrap();
-        assert_eq!(out, b1);
+        assert_reads(&dd, 1, &b1);
         let ls = dd.query(&Query::Ls { dir: Vec::new(), json: true }).unwrap().text;
         assert!(ls.contains("run/b") && !ls.contains("run/a") && !ls.contains("run/c"), "{ls}");
         assert!(dd.drop_output(1));
@@ -956,9 +961,7 @@ mod tests {
         assert!(!dd.holds(1), "an output unlinked while it was being stored stays released");
         assert!(p1.exists(), "its plain file is the caller's to delete");
         assert!(dd.holds(2) && !p2.exists());
-        let mut out = Vec::new();
-        dd.read_output(2, &mut out).unwrap();
-        assert_eq!(out, b2);
+        assert_reads(&dd, 2, &b2);
         let ls = dd.query(&Query::Ls { dir: Vec::new(), json: true }).unwrap().text;
         assert!(ls.contains("run/c") && !ls.contains("run/a") && !ls.contains("\"run/b\""), "{ls}");
         let du = dd.query(&Query::Du).unwrap().text;
@@ -985,9 +988,7 @@ mod tests {
         rx.recv_timeout(std::time::Duration::from_secs(30)).unwrap();
         t.join().unwrap();
         dd.wait_committed();
-        let mut out = Vec::new();
-        dd.read_output(2, &mut out).unwrap();
-        assert_eq!(out, b2);
+        assert_reads(&dd, 2, &b2);
     }
 
     #[test]
@@ -1058,9 +1059,7 @@ mod tests {
         }
         let t = moved.expect("the hot memfd was never moved to the local disk");
         assert!(t.starts_with(d.path().join("ckpt")), "{t:?}");
-        let mut out = Vec::new();
-        dd.read_output(7, &mut out).unwrap();
-        assert_eq!(out, bytes);
+        assert_reads(&dd, 7, &bytes);
     }
 
     #[test]
@@ -1123,12 +1122,8 @@ mod tests {
         assert!(!dd.claim(10, b"c/nope"));
         assert!(dd.claim(11, b"c/3"));
         assert_eq!(dd.sweep_unclaimed(), 1);
-        let mut out = Vec::new();
-        dd.read_output(9, &mut out).unwrap();
-        assert_eq!(out, bytes);
-        let mut out = Vec::new();
-        dd.read_output(11, &mut out).unwrap();
-        assert_eq!(out, more);
+        assert_reads(&dd, 9, &bytes);
+        assert_reads(&dd, 11, &more);
         // A damaged unit is EIO, never wrong bytes: the last byte of every record.
         let packs: Vec<_> = std::fs::read_dir(local.join(UNITS_DIR)).unwrap().flatten().map(|e| e.path()).collect();
         assert!(!packs.is_empty());
