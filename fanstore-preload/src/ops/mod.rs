@@ -5,6 +5,7 @@
 use crate::paths::Class;
 use libc::c_int;
 
+pub mod attr;
 pub mod cwd;
 pub mod dir;
 pub mod dirstream;
@@ -14,6 +15,7 @@ pub mod lock;
 pub mod meta;
 pub mod namespace;
 pub mod open;
+pub mod open_base;
 pub mod out;
 pub mod stat;
 pub mod stdio;

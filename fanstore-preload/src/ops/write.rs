@@ -2,6 +2,7 @@
 //! system gives, chosen the way Linux chooses it (lookup errors first);
 //! names that are not inputs are outputs, handled by [`super::out`].
 
+use super::attr::Attr;
 use super::{create_errno, resolve, Outcome, VPath};
 use crate::fd_table::Tracked;
 use libc::{c_int, c_uint};
@@ -73,20 +74,6 @@ pub fn modify(vp: &VPath, follow: bool) -> Outcome<c_int> {
         }
         Err(e) => e,
     })
-}
-
-/// What chmod, utime and chown change.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Attr {
-    /// chmod: the permission bits.
-    Mode(u32),
-    /// utime family: the access and modification times, ns since the
-    /// epoch (None: unchanged, UTIME_OMIT).
-    Times { atime: Option<i64>, mtime: Option<i64> },
-    /// chown family (`u32::MAX`: unchanged).
-    Owner { uid: u32, gid: u32 },
-    /// A call that changes nothing (utimensat with UTIME_OMIT): only checks the name.
-    Nothing,
 }
 
 /// chmod, chown, utime family: EROFS on an input; an output's record changes.
