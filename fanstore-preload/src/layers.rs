@@ -4,7 +4,16 @@
 //! - entry: `lib.rs` (the constructor, the fork handlers), `hooks/` (the
 //!   exported libc symbols) and `sud/` (raw system calls trapped by
 //!   syscall user dispatch, served through the same hooks): the ways in;
-//! - `ops/`: the safe logic, answering with an `Outcome`;
+//! - `ops/`: the safe logic, answering with an `Outcome`, itself in tiers
+//!   of its own ([`OPS`]), bottom up:
+//!   - shared: `mod.rs` (`Outcome`, the lookups every module uses) and
+//!     what inputs and outputs share (`attr.rs`: the device number, statx,
+//!     `Attr`; `open_base.rs`: `wants_write`, the fd of an input directory);
+//!   - output names: `namespace.rs` (the daemon's answers about outputs);
+//!   - output bytes: `out.rs` (opening, creating, truncating outputs);
+//!   - dispatchers: `open.rs`, `stat.rs`, `write.rs` (an input's answer,
+//!     else the output modules');
+//!   - calls: every other family (directories, fds, stdio, walks...);
 //! - ground: every other file, in floors of its own ([`GROUND`]), bottom up:
 //!   - base: what needs no process state (the originals in `real.rs`,
 //!     errno, the re-entrancy guard and `catch`, debug logging, the lock,
@@ -28,6 +37,11 @@
 //! of the crate root (entry). A file that names something above its floor
 //! fails the test, unless listed in [`EXCEPTIONS`]; so does a ground file
 //! missing from [`GROUND`].
+//!
+//! Within `ops/`, a reference is `super::name` (outside inline modules)
+//! or `crate::ops::name` in a file of ops/, and in `ops/mod.rs` any
+//! `name::` path, `name` being a file of ops/: a file naming one of a
+//! higher tier fails, and so does an ops file missing from [`OPS`].
 
 use std::path::Path;
 
@@ -66,6 +80,45 @@ const GROUND: &[(&str, Floor)] = &[
     ("locks.rs", Floor::Paths),
     ("paths.rs", Floor::Paths),
 ];
+
+/// The tiers of `ops/`, bottom up (see the module comment).
+#[derive(Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Debug)]
+enum OpsTier {
+    Shared,
+    OutNames,
+    OutBytes,
+    Dispatch,
+    Calls,
+}
+
+/// The tier of every file under ops/.
+const OPS: &[(&str, OpsTier)] = &[
+    ("mod.rs", OpsTier::Shared),
+    ("attr.rs", OpsTier::Shared),
+    ("open_base.rs", OpsTier::Shared),
+    ("namespace.rs", OpsTier::OutNames),
+    ("out.rs", OpsTier::OutBytes),
+    ("open.rs", OpsTier::Dispatch),
+    ("stat.rs", OpsTier::Dispatch),
+    ("write.rs", OpsTier::Dispatch),
+    ("cwd.rs", OpsTier::Calls),
+    ("dir.rs", OpsTier::Calls),
+    ("dirstream.rs", OpsTier::Calls),
+    ("fd.rs", OpsTier::Calls),
+    ("inotify.rs", OpsTier::Calls),
+    ("lock.rs", OpsTier::Calls),
+    ("meta.rs", OpsTier::Calls),
+    ("stdio.rs", OpsTier::Calls),
+    ("tempname.rs", OpsTier::Calls),
+    ("testing.rs", OpsTier::Calls),
+    ("walk.rs", OpsTier::Calls),
+];
+
+/// The tier of a file under src/ (None: not in ops/, or not in [`OPS`]).
+fn ops_tier(rel: &str) -> Option<OpsTier> {
+    let name = rel.strip_prefix("ops/")?;
+    OPS.iter().find(|(f, _)| *f == name).map(|&(_, t)| t)
+}
 
 /// (file under src/, name it may reach above its floor, why). None today.
 const EXCEPTIONS: &[(&str, &str, &str)] = &[];
@@ -204,38 +257,43 @@ fn ident_at(s: &str) -> &str {
     &s[..end]
 }
 
+/// The names a path names right after its prefix (`after` starts there):
+/// its first ident, or the first ident of each top-level member of a
+/// `{..}` group; a macro with its `!`.
+fn names_after(after: &str, names: &mut Vec<String>) {
+    if let Some(group) = after.strip_prefix('{') {
+        // Top-level members of the group: the first ident of each.
+        let mut depth = 0;
+        let mut start = true;
+        for (i, c) in group.char_indices() {
+            match c {
+                '{' => depth += 1,
+                '}' if depth == 0 => break,
+                '}' => depth -= 1,
+                ',' if depth == 0 => start = true,
+                c if start && (c.is_ascii_alphabetic() || c == '_') => {
+                    names.push(ident_at(&group[i..]).to_string());
+                    start = false;
+                }
+                _ => {}
+            }
+        }
+    } else {
+        let id = ident_at(after);
+        if !id.is_empty() {
+            // A macro is named with its `!`.
+            let bang = after[id.len()..].starts_with('!');
+            names.push(if bang { format!("{id}!") } else { id.to_string() });
+        }
+    }
+}
+
 /// The names a file reaches from the crate root: `crate::name`, the
 /// members of `crate::{...}`, and `super::name` where `super` is the root.
 fn root_names(src: &Source) -> Vec<String> {
     let code = &src.code;
     let mut names = Vec::new();
-    let mut push_at = |after: &str| {
-        if let Some(group) = after.strip_prefix('{') {
-            // Top-level members of the group: the first ident of each.
-            let mut depth = 0;
-            let mut start = true;
-            for (i, c) in group.char_indices() {
-                match c {
-                    '{' => depth += 1,
-                    '}' if depth == 0 => break,
-                    '}' => depth -= 1,
-                    ',' if depth == 0 => start = true,
-                    c if start && (c.is_ascii_alphabetic() || c == '_') => {
-                        names.push(ident_at(&group[i..]).to_string());
-                        start = false;
-                    }
-                    _ => {}
-                }
-            }
-        } else {
-            let id = ident_at(after);
-            if !id.is_empty() {
-                // A macro is named with its `!`.
-                let bang = after[id.len()..].starts_with('!');
-                names.push(if bang { format!("{id}!") } else { id.to_string() });
-            }
-        }
-    };
+    let mut push_at = |after: &str| names_after(after, &mut names);
     for (i, _) in code.match_indices("crate::") {
         let before = code[..i].chars().last().unwrap_or(' ');
         // `$crate::` (inside a macro) is the crate root too.
@@ -296,6 +354,71 @@ fn upward(check: &[Source], all: &[Source]) -> Vec<(String, String)> {
     bad
 }
 
+/// The files of ops/ (as `ops/name.rs`) that a file of ops/ names:
+/// `crate::ops::name` anywhere; `super::name` outside the inline modules
+/// (where `super` is the file's own module); in `ops/mod.rs`, whose
+/// modules are its children, any `name::` outside them. Names that are no
+/// file of ops/ (items of `ops/mod.rs`: `Outcome`, `resolve`...) are left out.
+fn ops_names(src: &Source, all: &[Source]) -> Vec<String> {
+    if !src.rel.starts_with("ops/") {
+        return Vec::new();
+    }
+    let code = &src.code;
+    let inner = inline_mods(code);
+    let outside = |i: usize| !inner.iter().any(|&(a, b)| a < i && i < b);
+    // Where `prefix` starts a path (not the tail of a longer one), and
+    // outside the inline modules unless `anywhere`.
+    let starts = |prefix: &str, anywhere: bool| -> Vec<usize> {
+        code.match_indices(prefix)
+            .map(|(i, _)| i)
+            .filter(|&i| {
+                let before = code[..i].chars().last().unwrap_or(' ');
+                !(before.is_ascii_alphanumeric() || before == '_' || before == ':') && (anywhere || outside(i))
+            })
+            .collect()
+    };
+    let mut names = Vec::new();
+    for i in starts("crate::ops::", true) {
+        names_after(&code[i + "crate::ops::".len()..], &mut names);
+    }
+    if src.rel == "ops/mod.rs" {
+        for s in all {
+            if let Some(name) = s.rel.strip_prefix("ops/").and_then(|r| r.strip_suffix(".rs")) {
+                if !starts(&format!("{name}::"), false).is_empty() {
+                    names.push(name.to_string());
+                }
+            }
+        }
+    } else {
+        for i in starts("super::", false) {
+            names_after(&code[i + "super::".len()..], &mut names);
+        }
+    }
+    let mut files: Vec<String> = names
+        .into_iter()
+        .map(|n| format!("ops/{n}.rs"))
+        .filter(|f| f != &src.rel && all.iter().any(|s| s.rel == *f))
+        .collect();
+    files.sort();
+    files.dedup();
+    files
+}
+
+/// Every (file of `check` under ops/, ops file it names) whose tier lies
+/// above the file's, the names resolved among `all`.
+fn upward_in_ops(check: &[Source], all: &[Source]) -> Vec<(String, String)> {
+    let mut bad = Vec::new();
+    for s in check {
+        let Some(tier) = ops_tier(&s.rel) else { continue };
+        for f in ops_names(s, all) {
+            if ops_tier(&f).is_some_and(|t| t > tier) {
+                bad.push((s.rel.clone(), f));
+            }
+        }
+    }
+    bad
+}
+
 fn sources() -> Vec<Source> {
     let base = Path::new(env!("CARGO_MANIFEST_DIR")).join("src");
     let mut v = Vec::new();
@@ -316,6 +439,59 @@ fn imports_point_down() {
         .filter(|(f, n)| !EXCEPTIONS.iter().any(|(ef, en, _)| ef == f && en == n))
         .collect();
     assert!(bad.is_empty(), "imports pointing up (file, name): {bad:?}; see the floors in src/layers.rs");
+}
+
+/// Within ops/, no file names one of a higher tier: the output modules
+/// (`namespace`, `out`) never name the dispatchers (`open`, `stat`,
+/// `write`), and what they share (`attr`, `open_base`) names none of them.
+#[test]
+fn ops_imports_point_down() {
+    let srcs = sources();
+    let bad = upward_in_ops(&srcs, &srcs);
+    assert!(bad.is_empty(), "ops imports pointing up (file, ops file it names): {bad:?}; see the tiers in src/layers.rs");
+}
+
+/// Every file of ops/ has its tier in [`OPS`], and every entry there is a file.
+#[test]
+fn every_ops_file_has_a_tier() {
+    let srcs = sources();
+    let ops: Vec<&str> = srcs.iter().filter_map(|s| s.rel.strip_prefix("ops/")).collect();
+    let missing: Vec<_> = ops.iter().filter(|r| !OPS.iter().any(|(f, _)| f == *r)).collect();
+    assert!(missing.is_empty(), "ops files with no tier: {missing:?}; place them in OPS (src/layers.rs)");
+    let stale: Vec<_> = OPS.iter().filter(|(f, _)| !ops.contains(f)).collect();
+    assert!(stale.is_empty(), "OPS names files that do not exist: {stale:?}");
+}
+
+/// The ops checker finds what it must.
+#[test]
+fn the_checker_sees_upward_ops_imports() {
+    let fake = |rel: &str, code: &str| Source { rel: rel.into(), code: code_only(code) };
+    let fakes = vec![
+        // The cycle that was: the output modules reaching the dispatchers.
+        fake(
+            "ops/namespace.rs",
+            "use super::{resolve, write::Attr};\nfn f() { libc::makedev(super::stat::DEV_MAJOR, 0); }\n// super::open\nmod tests { use super::out; }\n",
+        ),
+        fake("ops/out.rs", "use super::namespace::lookup;\nuse crate::ops::{attr, open::wants_write};\n"),
+        fake("ops/attr.rs", "use super::Outcome;\nfn g() { crate::ops::out::fd_stat(0, t); }\n"),
+        fake("ops/mod.rs", "pub mod stat;\npub use crate::lookup::Node;\nfn h() { stat::statx_from(s); }\nmod tests { use super::*; fn t() { write::unlink(v); } }\n"),
+        // Downward or level: allowed.
+        fake("ops/write.rs", "use super::{attr::Attr, namespace, out, Outcome};\nfn k() { super::open_base::wants_write(0); }\n"),
+        fake("ops/dir.rs", "use super::dirstream::VDir;\nuse crate::ops::open_base::open_dir;\n"),
+    ];
+    let mut bad = upward_in_ops(&fakes, &sources());
+    bad.sort();
+    let want: Vec<(String, String)> = [
+        ("ops/attr.rs", "ops/out.rs"),
+        ("ops/mod.rs", "ops/stat.rs"),
+        ("ops/namespace.rs", "ops/stat.rs"),
+        ("ops/namespace.rs", "ops/write.rs"),
+        ("ops/out.rs", "ops/open.rs"),
+    ]
+    .iter()
+    .map(|(f, n)| (f.to_string(), n.to_string()))
+    .collect();
+    assert_eq!(bad, want);
 }
 
 /// Every ground file has its floor in [`GROUND`], and every entry there is a file.

@@ -20,6 +20,11 @@
 //!   file (constructor, fork handlers);
 //! - `ops/<family>.rs`: safe implementations returning an [`ops::Outcome`]
 //!   (handled / pass to libc / errno); `ops/dirstream.rs` (virtual `DIR *`);
+//!   in tiers of their own (bottom up): what inputs and outputs share
+//!   (`ops/mod.rs`, `attr.rs`, `open_base.rs`), the output names
+//!   (`namespace.rs`), the output bytes (`out.rs`), the dispatchers
+//!   between an input and an output (`open.rs`, `stat.rs`, `write.rs`),
+//!   then every other family;
 //! - ground, itself in floors (bottom up):
 //!   - base, needing no process state: `real.rs` (the original libc
 //!     functions, resolved lazily, and the FANSTORE_DEBUG report of hooked

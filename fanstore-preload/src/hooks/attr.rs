@@ -4,7 +4,8 @@
 //! ([`crate::ops::write`]).
 
 use super::{fd_hook, path_hook};
-use crate::ops::write::{self, Attr};
+use crate::ops::attr::Attr;
+use crate::ops::write;
 use crate::real;
 use libc::{c_char, c_int, gid_t, mode_t, off_t, uid_t};
 

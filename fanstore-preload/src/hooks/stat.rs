@@ -4,6 +4,7 @@
 //! The answers are [`crate::ops::stat`]'s.
 
 use super::{empty_path_hook, fd_hook, path_hook};
+use crate::ops::attr::statx_from;
 use crate::ops::stat;
 use crate::real;
 use libc::{c_char, c_int, c_uint};
@@ -62,10 +63,10 @@ unsafe fn statx_common(
     // SAFETY (whole block): path is the caller's C string, buf its out-pointer for a struct statx.
     unsafe {
         if empty_path(path, flags) {
-            return empty_path_hook("statx", dirfd, -1, || stat::empty_path_stat(dirfd).map(|s| put(buf, stat::statx_from(&s))), || real(path));
+            return empty_path_hook("statx", dirfd, -1, || stat::empty_path_stat(dirfd).map(|s| put(buf, statx_from(&s))), || real(path));
         }
         let follow = flags & libc::AT_SYMLINK_NOFOLLOW == 0;
-        path_hook("statx", dirfd, path, -1, |vp| stat::stat_any(vp, follow).map(|s| put(buf, stat::statx_from(&s))), real)
+        path_hook("statx", dirfd, path, -1, |vp| stat::stat_any(vp, follow).map(|s| put(buf, statx_from(&s))), real)
     }
 }
 

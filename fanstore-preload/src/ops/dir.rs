@@ -2,8 +2,8 @@
 
 use super::{resolve, Outcome, VPath};
 use super::dirstream::{reclen, VDir};
+use super::open_base::open_dir;
 use crate::fd_table::{self, Tracked};
-use crate::ops::open::open_dir;
 use crate::state;
 use libc::c_int;
 

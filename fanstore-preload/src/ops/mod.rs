@@ -5,6 +5,7 @@
 use crate::paths::Class;
 use libc::c_int;
 
+pub mod attr;
 pub mod cwd;
 pub mod dir;
 pub mod dirstream;
@@ -14,6 +15,7 @@ pub mod lock;
 pub mod meta;
 pub mod namespace;
 pub mod open;
+pub mod open_base;
 pub mod out;
 pub mod stat;
 pub mod stdio;
@@ -101,36 +103,6 @@ pub fn two_paths(c1: Class, c2: Class, virt: impl FnOnce(Option<&VPath>, Option<
     }
 }
 
-/// errno for creating `rel` (mkdir, O_CREAT, symlink, link target...):
-/// EEXIST if it exists, else the parent's lookup error, else EROFS.
-pub fn create_errno(vp: &VPath) -> c_int {
-    match resolve(vp.st, vp.rel, false, false) {
-        Ok(_) => libc::EEXIST,
-        Err(libc::ENOENT) => match resolve(vp.st, parent_of(vp.rel), true, true) {
-            Ok(_) if vp.rel.is_empty() => libc::EEXIST,
-            Ok(_) => libc::EROFS,
-            // Not an input directory: a new name in an output one is EPERM
-            // here (no hard links or special files; callers that create
-            // outputs there, as symlink(2), take EPERM as their go-ahead);
-            // an existing output name (a dangling symlink too) is EEXIST.
-            // (No daemon to ask: the index's answer, ENOENT.)
-            Err(libc::ENOENT) => match namespace::lstat(vp.st, vp.rel) {
-                Ok(_) => libc::EEXIST,
-                Err(libc::ENOENT) => match namespace::stat(vp.st, parent_of(vp.rel)) {
-                    Ok(r) if r.is_dir() => libc::EPERM,
-                    Ok(_) => libc::ENOTDIR,
-                    Err(libc::ENOTDIR) => libc::ENOTDIR,
-                    Err(_) => libc::ENOENT,
-                },
-                Err(libc::ENOTDIR) => libc::ENOTDIR,
-                Err(_) => libc::ENOENT,
-            },
-            Err(e) => e,
-        },
-        Err(e) => e,
-    }
-}
-
 #[cfg(test)]
 pub mod testing;
 
@@ -175,10 +147,10 @@ mod tests {
     fn create_errnos() {
         let s = st();
         let vp = |rel: &'static [u8]| VPath { st: s, rel, must_be_dir: false };
-        assert_eq!(create_errno(&vp(b"a")), libc::EEXIST);
-        assert_eq!(create_errno(&vp(b"a/new")), libc::EROFS);
-        assert_eq!(create_errno(&vp(b"nope/new")), libc::ENOENT);
-        assert_eq!(create_errno(&vp(b"c/new")), libc::ENOTDIR);
+        assert_eq!(write::create_errno(&vp(b"a")), libc::EEXIST);
+        assert_eq!(write::create_errno(&vp(b"a/new")), libc::EROFS);
+        assert_eq!(write::create_errno(&vp(b"nope/new")), libc::ENOENT);
+        assert_eq!(write::create_errno(&vp(b"c/new")), libc::ENOTDIR);
         assert_eq!(open::open(&vp(b"a/b.txt"), libc::O_WRONLY, 0), Outcome::Errno(libc::EROFS));
         assert_eq!(open::open(&vp(b"a"), libc::O_RDWR, 0), Outcome::Errno(libc::EISDIR));
         assert_eq!(open::open(&vp(b"a/b.txt"), libc::O_RDONLY | libc::O_DIRECTORY, 0), Outcome::Errno(libc::ENOTDIR));

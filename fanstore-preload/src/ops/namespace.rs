@@ -6,6 +6,7 @@
 //! truncate) are [`super::out`]'s.
 
 pub use crate::lookup::{lookup, lookup_creatable, may_list_outputs, real_dir, Found, RealDir, INPUT_HOLDER};
+use super::attr::{split_ns, statx_from, Attr, DEV_MAJOR, DEV_MINOR};
 use super::{resolve, Outcome, VPath};
 use crate::client;
 use crate::errno::errno;
@@ -103,15 +104,11 @@ pub fn file_ino(rel: &[u8], r: &OutRecord) -> u64 {
     }
 }
 
-fn split_ns(ns: i64) -> (i64, i64) {
-    (ns.div_euclid(1_000_000_000), ns.rem_euclid(1_000_000_000))
-}
-
 pub fn stat_of(st: &State, rel: &[u8], r: &OutRecord) -> libc::stat {
     // SAFETY: libc::stat is plain data; all-zero is valid.
     let mut s: libc::stat = unsafe { std::mem::zeroed() };
     let size = if r.is_dir() { 4096 } else { r.size.min(i64::MAX as u64) as i64 };
-    s.st_dev = libc::makedev(super::stat::DEV_MAJOR, super::stat::DEV_MINOR);
+    s.st_dev = libc::makedev(DEV_MAJOR, DEV_MINOR);
     s.st_ino = file_ino(rel, r);
     s.st_mode = r.mode;
     s.st_nlink = if r.is_dir() { 2 } else { 1 };
@@ -127,7 +124,7 @@ pub fn stat_of(st: &State, rel: &[u8], r: &OutRecord) -> libc::stat {
 }
 
 pub fn statx_of(st: &State, rel: &[u8], r: &OutRecord) -> libc::statx {
-    super::stat::statx_from(&stat_of(st, rel, r))
+    statx_from(&stat_of(st, rel, r))
 }
 
 /// Ok if `dir` (relative) is an input or output directory.
@@ -154,8 +151,7 @@ fn simple(st: &State, op: u16, arg1: u64, payload: &[u8]) -> Outcome<c_int> {
 /// here has no record yet and gives ENOENT). Ownership cannot change: an
 /// output belongs to the job's user; chown to that user is a no-op, any
 /// other owner EPERM.
-pub fn setattr(vp: &VPath, attr: super::write::Attr, follow: bool) -> Outcome<c_int> {
-    use super::write::Attr;
+pub fn setattr(vp: &VPath, attr: Attr, follow: bool) -> Outcome<c_int> {
     if let Some((fd, idx)) = crate::outputs::open_slot_of(vp.rel) {
         return setattr_own(vp.st, fd, idx, attr);
     }
@@ -193,8 +189,7 @@ pub fn setattr(vp: &VPath, attr: super::write::Attr, follow: bool) -> Outcome<c_
 /// writing (git chmods its `config.lock` before closing it): the open file
 /// itself changes, as fchmod and futimens change it, and its commit takes
 /// the mode and the times from there. The daemon knows no such name yet.
-fn setattr_own(st: &State, fd: c_int, idx: u32, attr: super::write::Attr) -> Outcome<c_int> {
-    use super::write::Attr;
+fn setattr_own(st: &State, fd: c_int, idx: u32, attr: Attr) -> Outcome<c_int> {
     let done = |r: c_int| if r == 0 { Outcome::Handled(0) } else { Outcome::Errno(errno()) };
     match attr {
         Attr::Mode(m) => {

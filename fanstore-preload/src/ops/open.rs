@@ -18,6 +18,7 @@
 //! - directory: an fd on a real empty read-only directory, tracked as the
 //!   virtual directory (for fdopendir, fstat, fchdir, openat, getdents64).
 
+use super::open_base::{open_dir, wants_write};
 use super::{is_symlink, resolve, Node, Outcome, VPath};
 use crate::client;
 use crate::errno::errno;
@@ -29,10 +30,6 @@ use libc::c_int;
 
 /// Flags of the caller's open we carry over to the real open.
 const KEEP: c_int = libc::O_CLOEXEC | libc::O_NONBLOCK | libc::O_NOCTTY | libc::O_LARGEFILE;
-
-pub fn wants_write(flags: c_int) -> bool {
-    flags & libc::O_ACCMODE != libc::O_RDONLY || flags & (libc::O_CREAT | libc::O_TRUNC) != 0
-}
 
 /// open(2) of a path under the mount.
 ///
@@ -79,23 +76,6 @@ pub fn open(vp: &VPath, flags: c_int, mode: u32) -> Outcome<c_int> {
         return Outcome::Errno(libc::EROFS);
     }
     open_file(vp.st, &n, flags).into()
-}
-
-/// A real fd standing for directory node `n`.
-pub fn open_dir(st: &State, n: &Node, flags: c_int) -> Result<c_int, c_int> {
-    let f = libc::O_RDONLY | libc::O_DIRECTORY | (flags & (libc::O_CLOEXEC | libc::O_PATH));
-    // SAFETY: empty_dir is a NUL-terminated path; plain open.
-    let fd = unsafe { crate::real::open(st.empty_dir.as_ptr(), f, 0) };
-    if fd < 0 {
-        // SAFETY: reading this thread's errno.
-        return Err(unsafe { *libc::__errno_location() });
-    }
-    if !fd_table::set(fd, Tracked::Dir { node: n.id(), pos: 0 }) {
-        // SAFETY: closing the fd we just opened.
-        unsafe { crate::real::close(fd) };
-        return Err(libc::EMFILE);
-    }
-    Ok(fd)
 }
 
 /// An `O_PATH` fd standing for symlink node `n`: a real O_PATH fd (reads

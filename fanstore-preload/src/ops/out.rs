@@ -3,7 +3,9 @@
 //! to the daemon at its last close), truncate, and output directory fds.
 //! Names are asked of [`super::namespace`].
 
+use super::attr::{DEV_MAJOR, DEV_MINOR};
 use super::namespace::{dir_exists, lookup, lookup_creatable, real_dir, stat, stat_of, Found, RealDir, INPUT_HOLDER};
+use super::open_base::wants_write;
 use super::{parent_of, Outcome, VPath};
 use crate::client;
 use crate::errno::errno;
@@ -48,7 +50,7 @@ pub fn open(vp: &VPath, flags: c_int, mode: u32) -> Outcome<c_int> {
     }
     let st = vp.st;
     let creat = flags & libc::O_CREAT != 0;
-    let write = super::open::wants_write(flags);
+    let write = wants_write(flags);
     // With O_CREAT, a missing name's answer also says whether its directory exists.
     let found = if creat { lookup_creatable(st, vp.rel) } else { lookup(st, vp.rel, true).map_err(|e| (e, None)) };
     let mut dir_known = None;
@@ -258,7 +260,7 @@ fn create(vp: &VPath, flags: c_int, mode: u32, keep: bool) -> Result<c_int, c_in
 pub fn open_dir(vp: &VPath, flags: c_int) -> Result<(c_int, u32), c_int> {
     let real = match real_dir(vp.st, vp.rel)? {
         RealDir::Output(p) => p,
-        RealDir::Input(n) => return super::open::open_dir(vp.st, &n, flags).map(|fd| (fd, n.id())),
+        RealDir::Input(n) => return super::open_base::open_dir(vp.st, &n, flags).map(|fd| (fd, n.id())),
     };
     let node = crate::outputs::track_dir(&real).ok_or(libc::EMFILE)?;
     let f = libc::O_RDONLY | libc::O_DIRECTORY | (flags & (libc::O_CLOEXEC | libc::O_PATH));
@@ -324,7 +326,7 @@ pub fn fd_stat(fd: c_int, t: Tracked) -> Option<Result<libc::stat, c_int>> {
             if !fd_table::check_ino(fd, s.st_ino) {
                 return None;
             }
-            s.st_dev = libc::makedev(super::stat::DEV_MAJOR, super::stat::DEV_MINOR);
+            s.st_dev = libc::makedev(DEV_MAJOR, DEV_MINOR);
             s.st_ino = alias;
             s.st_mode = libc::S_IFREG | u32::from(perm);
             return Some(Ok(s));

@@ -3,14 +3,12 @@
 //! A node's identity: st_dev is FanStore's fake device, st_ino is node id + 1.
 //! fstat of a virtual fd returns exactly what stat of its path returns.
 
+use super::attr::{split_ns, statx_from, DEV_MAJOR, DEV_MINOR};
 use super::{resolve, Node, Outcome, VPath};
 use crate::fd_table::{self, Tracked};
 use crate::state::{self, State};
 use libc::c_int;
 
-/// FanStore's device number (major 0, an anonymous-device minor no kernel hands out this early).
-pub const DEV_MAJOR: u32 = 0;
-pub const DEV_MINOR: u32 = 0xf5f5;
 pub const BLKSIZE: i64 = 4096;
 /// The st_size reported for directories (the index stores 0).
 pub const DIR_SIZE: i64 = 4096;
@@ -19,10 +17,6 @@ pub const FS_MAGIC: i64 = 0x4641_4e53;
 
 pub fn ino(node: u32) -> u64 {
     node as u64 + 1
-}
-
-fn split_ns(ns: i64) -> (i64, i64) {
-    (ns.div_euclid(1_000_000_000), ns.rem_euclid(1_000_000_000))
 }
 
 fn size_of(n: &Node) -> i64 {
@@ -53,40 +47,9 @@ pub fn stat_of(st: &State, n: &Node) -> libc::stat {
     s
 }
 
-fn ts(ns: i64) -> libc::statx_timestamp {
-    let (sec, nsec) = split_ns(ns);
-    // SAFETY: plain data, zero is valid.
-    let mut t: libc::statx_timestamp = unsafe { std::mem::zeroed() };
-    t.tv_sec = sec;
-    t.tv_nsec = nsec as u32;
-    t
-}
-
 /// The statx of a node (basic stats; no birth time).
 pub fn statx_of(st: &State, n: &Node) -> libc::statx {
     statx_from(&stat_of(st, n))
-}
-
-/// The statx (basic stats, no birth time) that says what stat `s` says:
-/// for inputs and outputs alike.
-pub fn statx_from(s: &libc::stat) -> libc::statx {
-    // SAFETY: plain data, zero is valid.
-    let mut x: libc::statx = unsafe { std::mem::zeroed() };
-    x.stx_mask = libc::STATX_BASIC_STATS;
-    x.stx_blksize = s.st_blksize as u32;
-    x.stx_nlink = s.st_nlink as u32;
-    x.stx_uid = s.st_uid;
-    x.stx_gid = s.st_gid;
-    x.stx_mode = s.st_mode as u16;
-    x.stx_ino = s.st_ino;
-    x.stx_size = s.st_size as u64;
-    x.stx_blocks = s.st_blocks as u64;
-    x.stx_atime = ts(s.st_atime * 1_000_000_000 + s.st_atime_nsec);
-    x.stx_mtime = ts(s.st_mtime * 1_000_000_000 + s.st_mtime_nsec);
-    x.stx_ctime = ts(s.st_ctime * 1_000_000_000 + s.st_ctime_nsec);
-    x.stx_dev_major = DEV_MAJOR;
-    x.stx_dev_minor = DEV_MINOR;
-    x
 }
 
 /// stat/lstat/fstatat of a path under the mount.

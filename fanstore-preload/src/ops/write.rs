@@ -2,7 +2,8 @@
 //! system gives, chosen the way Linux chooses it (lookup errors first);
 //! names that are not inputs are outputs, handled by [`super::out`].
 
-use super::{create_errno, resolve, Outcome, VPath};
+use super::attr::Attr;
+use super::{parent_of, resolve, Outcome, VPath};
 use crate::fd_table::Tracked;
 use libc::{c_int, c_uint};
 
@@ -42,6 +43,36 @@ pub fn mkdir(vp: &VPath, mode: u32) -> Outcome<c_int> {
     super::namespace::mkdir(vp, mode)
 }
 
+/// errno for creating `rel` (mkdir, O_CREAT, symlink, link target...):
+/// EEXIST if it exists, else the parent's lookup error, else EROFS.
+pub fn create_errno(vp: &VPath) -> c_int {
+    match resolve(vp.st, vp.rel, false, false) {
+        Ok(_) => libc::EEXIST,
+        Err(libc::ENOENT) => match resolve(vp.st, parent_of(vp.rel), true, true) {
+            Ok(_) if vp.rel.is_empty() => libc::EEXIST,
+            Ok(_) => libc::EROFS,
+            // Not an input directory: a new name in an output one is EPERM
+            // here (no hard links or special files; callers that create
+            // outputs there, as symlink(2), take EPERM as their go-ahead);
+            // an existing output name (a dangling symlink too) is EEXIST.
+            // (No daemon to ask: the index's answer, ENOENT.)
+            Err(libc::ENOENT) => match super::namespace::lstat(vp.st, vp.rel) {
+                Ok(_) => libc::EEXIST,
+                Err(libc::ENOENT) => match super::namespace::stat(vp.st, parent_of(vp.rel)) {
+                    Ok(r) if r.is_dir() => libc::EPERM,
+                    Ok(_) => libc::ENOTDIR,
+                    Err(libc::ENOTDIR) => libc::ENOTDIR,
+                    Err(_) => libc::ENOENT,
+                },
+                Err(libc::ENOTDIR) => libc::ENOTDIR,
+                Err(_) => libc::ENOENT,
+            },
+            Err(e) => e,
+        },
+        Err(e) => e,
+    }
+}
+
 /// mknod, mkfifo, symlink (at the link path), link (at the new path).
 pub fn create(vp: &VPath) -> Outcome<c_int> {
     Outcome::Errno(create_errno(vp))
@@ -73,20 +104,6 @@ pub fn modify(vp: &VPath, follow: bool) -> Outcome<c_int> {
         }
         Err(e) => e,
     })
-}
-
-/// What chmod, utime and chown change.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Attr {
-    /// chmod: the permission bits.
-    Mode(u32),
-    /// utime family: the access and modification times, ns since the
-    /// epoch (None: unchanged, UTIME_OMIT).
-    Times { atime: Option<i64>, mtime: Option<i64> },
-    /// chown family (`u32::MAX`: unchanged).
-    Owner { uid: u32, gid: u32 },
-    /// A call that changes nothing (utimensat with UTIME_OMIT): only checks the name.
-    Nothing,
 }
 
 /// chmod, chown, utime family: EROFS on an input; an output's record changes.
