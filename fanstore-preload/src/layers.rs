@@ -17,7 +17,7 @@
 //! - ground: every other file, in floors of its own ([`GROUND`]), bottom up:
 //!   - base: what needs no process state (the originals in `real.rs`,
 //!     errno, the re-entrancy guard and `catch`, debug logging, the lock,
-//!     raw syscalls, the fd table);
+//!     raw syscalls, the fd table, the probes of the program's pointers);
 //!   - state: `state.rs`, lazy initialisation and the index mapping, which
 //!     knows nothing above it (the virtual cwd sets itself up through
 //!     `state::once_loaded`);
@@ -67,6 +67,7 @@ const GROUND: &[(&str, Floor)] = &[
     ("lock.rs", Floor::Base),
     ("real.rs", Floor::Base),
     ("unhooked.rs", Floor::Base),
+    ("user_mem.rs", Floor::Base),
     ("state.rs", Floor::State),
     ("client.rs", Floor::Daemon),
     ("memfd_pool.rs", Floor::Daemon),

@@ -31,7 +31,10 @@
 //!     symbols), `errno.rs`, `guard.rs` (re-entrancy, panic containment),
 //!     `debug.rs` (`FANSTORE_DEBUG=1`), `lock.rs` (the mutex the fork
 //!     handlers take), `unhooked.rs` (raw syscalls no hook sees),
-//!     `fd_table.rs` (lock-free fd -> node);
+//!     `fd_table.rs` (lock-free fd -> node), `user_mem.rs` (the
+//!     program's pointers probed before the library touches them: a bad
+//!     one gives EFAULT, never a crash; the SIGSEGV/SIGBUS handler that
+//!     makes a probe safe, ahead of the program's own);
 //!   - `state.rs` (lazy init, index mapping), which calls nothing above it:
 //!     an upper floor sets itself up from the loaded state through
 //!     `state::once_loaded`;
@@ -49,7 +52,8 @@
 //!     (advisory locks on outputs and virtual directories).
 //!
 //! The library links no MPI and does nothing at load time beyond
-//! registering its fork handlers, arming syscall user dispatch and adopting
+//! registering its fork handlers, arming syscall user dispatch, installing
+//! the fault handler of its pointer probes (`user_mem.rs`) and adopting
 //! the outputs an exec carried over (`exec_outputs.rs`).
 
 #![allow(clippy::missing_safety_doc)]
@@ -76,6 +80,7 @@ mod outputs;
 mod pending;
 mod sud;
 mod unhooked;
+mod user_mem;
 mod vcwd;
 mod warm;
 
@@ -88,6 +93,7 @@ extern "C" fn on_load() {
     // SAFETY: registering plain extern "C" handlers.
     unsafe { libc::pthread_atfork(Some(fork_prepare), Some(fork_parent), Some(fork_child)) };
     sud::init();
+    user_mem::install();
     fd_table::set_owner();
     hooks::exec::resolve_exits();
     exec_outputs::adopt_inherited();

@@ -1,12 +1,14 @@
 //! truncate, chmod, chown and the utime family. Under the mount an input
 //! fails like a read-only file system (EROFS, after the lookup errors Linux
 //! reports first); an output's record or open file changes
-//! ([`crate::ops::write`]).
+//! ([`crate::ops::write`]). Bad `times` go to libc untouched (the
+//! kernel's EFAULT for utimensat; glibc converts the others itself).
 
 use super::{fd_hook, path_hook};
 use crate::ops::attr::Attr;
 use crate::ops::write;
 use crate::real;
+use crate::user_mem::readable_or_null;
 use libc::{c_char, c_int, gid_t, mode_t, off_t, uid_t};
 
 crate::hooks! {
@@ -40,30 +42,45 @@ crate::hooks! {
         path_hook("fchownat", dirfd, path, -1, |vp| write::setattr(vp, follow, Attr::Owner { uid, gid }), |p| real::fchownat(dirfd, p, uid, gid, flags))
     }
     fn utime(path: *const c_char, times: *const libc::utimbuf) -> c_int {
+        if !readable_or_null(times) {
+            return real::utime(path, times);
+        }
         path_hook("utime", libc::AT_FDCWD, path, -1,
             // (inside the hook's unsafe body) times is null or points at the caller's utimbuf.
             |vp| write::setattr(vp, true, write::utimbuf_times(times.as_ref())),
             |p| real::utime(p, times))
     }
     fn utimes(path: *const c_char, times: *const libc::timeval) -> c_int {
+        if !readable_or_null(times.cast::<[libc::timeval; 2]>()) {
+            return real::utimes(path, times);
+        }
         path_hook("utimes", libc::AT_FDCWD, path, -1,
             // (inside the hook's unsafe body) times is null or points at the caller's two timevals.
             |vp| write::setattr(vp, true, write::timeval_times(times.cast::<[libc::timeval; 2]>().as_ref())),
             |p| real::utimes(p, times))
     }
     fn lutimes(path: *const c_char, times: *const libc::timeval) -> c_int {
+        if !readable_or_null(times.cast::<[libc::timeval; 2]>()) {
+            return real::lutimes(path, times);
+        }
         path_hook("lutimes", libc::AT_FDCWD, path, -1,
             // (inside the hook's unsafe body) times is null or points at the caller's two timevals.
             |vp| write::setattr(vp, false, write::timeval_times(times.cast::<[libc::timeval; 2]>().as_ref())),
             |p| real::lutimes(p, times))
     }
     fn futimesat(dirfd: c_int, path: *const c_char, times: *const libc::timeval) -> c_int {
+        if !readable_or_null(times.cast::<[libc::timeval; 2]>()) {
+            return real::futimesat(dirfd, path, times);
+        }
         path_hook("futimesat", dirfd, path, -1,
             // (inside the hook's unsafe body) times is null or points at the caller's two timevals.
             |vp| write::setattr(vp, true, write::timeval_times(times.cast::<[libc::timeval; 2]>().as_ref())),
             |p| real::futimesat(dirfd, p, times))
     }
     fn utimensat(dirfd: c_int, path: *const c_char, times: *const libc::timespec, flags: c_int) -> c_int {
+        if !readable_or_null(times.cast::<[libc::timespec; 2]>()) {
+            return real::utimensat(dirfd, path, times, flags);
+        }
         if path.is_null() {
             return fd_hook("utimensat", dirfd, -1, write::fd_attr, || real::utimensat(dirfd, path, times, flags));
         }

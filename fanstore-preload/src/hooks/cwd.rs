@@ -10,8 +10,8 @@ use libc::{c_char, c_int, size_t};
 unsafe fn put_cwd(buf: *mut c_char, size: size_t, path: &[u8]) -> *mut c_char {
     let need = path.len() + 1;
     // SAFETY (whole block): we write at most `need` bytes, into the caller's
-    // buffer only when size >= need, else into a malloc'd one as glibc does
-    // for a null buffer.
+    // buffer only when size >= need and it is writable (probed), else into
+    // a malloc'd one as glibc does for a null buffer.
     unsafe {
         let dst = if buf.is_null() {
             let p = libc::malloc(need.max(size)) as *mut c_char;
@@ -32,6 +32,10 @@ unsafe fn put_cwd(buf: *mut c_char, size: size_t, path: &[u8]) -> *mut c_char {
             }
             if size < need {
                 crate::errno::set_errno(libc::ERANGE);
+                return std::ptr::null_mut();
+            }
+            if !crate::user_mem::writable(buf, need) {
+                crate::errno::set_errno(libc::EFAULT);
                 return std::ptr::null_mut();
             }
             buf

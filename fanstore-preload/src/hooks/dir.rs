@@ -11,8 +11,13 @@ use crate::state;
 use libc::{c_char, c_int, c_long, c_void, dirent, dirent64, size_t, ssize_t, DIR};
 
 fn vdir<'a>(d: *mut DIR) -> Option<&'a mut VDir> {
-    // SAFETY: d is null or a live DIR * (stream function contract); when the
-    // magic matches it is a VDir we allocated and nobody else aliases it.
+    // A bad pointer is glibc's stream, untouched.
+    if !crate::user_mem::readable(d, 8) {
+        return None;
+    }
+    // SAFETY: d is a live DIR * (stream function contract) with 8 readable
+    // bytes (probed); when the magic matches it is a VDir we allocated and
+    // nobody else aliases it.
     unsafe { VDir::is_ours(d as *const c_void).then(|| &mut *(d as *mut VDir)) }
 }
 
@@ -22,8 +27,11 @@ fn next(d: &mut VDir) -> *mut dirent64 {
 }
 
 fn readdir_r_common(d: &mut VDir, entry: *mut dirent64, result: *mut *mut dirent64) -> c_int {
+    if !crate::user_mem::writable_one(entry) || !crate::user_mem::writable_one(result) {
+        return libc::EFAULT;
+    }
     let e = next(d);
-    // SAFETY: entry has room for a full dirent, result is writable (readdir_r contract).
+    // SAFETY: entry has room for a full dirent, result is writable (probed).
     unsafe {
         if e.is_null() {
             *result = std::ptr::null_mut();
@@ -38,6 +46,9 @@ fn readdir_r_common(d: &mut VDir, entry: *mut dirent64, result: *mut *mut dirent
 /// scandir over a virtual directory: entries malloc'd one by one, the array
 /// too (the caller frees both), filter and sort run as user code.
 unsafe fn scandir_virtual(vp: &VPath, namelist: *mut *mut *mut dirent, filter: Filter, compar: Compar) -> Outcome<c_int> {
+    if !crate::user_mem::writable_one(namelist) {
+        return Outcome::Errno(libc::EFAULT);
+    }
     let n = match ops::resolve(vp.st, vp.rel, true, true) {
         Ok(n) => n,
         Err(e) => return Outcome::Errno(e),
@@ -180,7 +191,10 @@ crate::hooks! {
     fn getdents64(fd: c_int, buf: *mut c_void, count: size_t) -> ssize_t {
         fd_hook("getdents64", fd, -1,
             |t| {
-                // SAFETY: buf is writable for `count` bytes (getdents64 contract).
+                if !crate::user_mem::writable(buf, count) {
+                    return Outcome::Errno(libc::EFAULT);
+                }
+                // SAFETY: buf is writable for `count` bytes (probed).
                 let b = std::slice::from_raw_parts_mut(buf as *mut u8, count);
                 ops::dir::getdents64(fd, t, b)
             },

@@ -35,7 +35,8 @@ pub fn resolve_exits() {
 /// image; false for a spawn).
 ///
 /// # Safety
-/// `envp` is null or a null-terminated array of NUL-terminated strings.
+/// `envp` is null or a null-terminated array of NUL-terminated strings
+/// (or holds bad pointers: probed).
 unsafe fn with_outputs<T>(envp: *const *const c_char, replaces: bool, exec: impl FnOnce(*const *const c_char) -> T) -> T {
     if crate::outputs::max_fd() < 0 {
         return exec(envp);
@@ -43,10 +44,20 @@ unsafe fn with_outputs<T>(envp: *const *const c_char, replaces: bool, exec: impl
     let Some(var) = crate::guard::catch(|| crate::exec_outputs::entries(replaces), None) else { return exec(envp) };
     let mut env: Vec<*const c_char> = Vec::new();
     let mut p = envp;
-    // SAFETY: per the contract, envp is walked up to its null entry, and
-    // each entry is a NUL-terminated string.
+    // SAFETY: envp is walked up to its null entry, each slot and each
+    // entry probed before it is read: a bad environment is the kernel's
+    // (EFAULT), passed on untouched.
     unsafe {
-        while !p.is_null() && !(*p).is_null() {
+        while !p.is_null() {
+            if !crate::user_mem::readable_one(p) {
+                return exec(envp);
+            }
+            if (*p).is_null() {
+                break;
+            }
+            if !crate::user_mem::cstr(*p) {
+                return exec(envp);
+            }
             if !std::ffi::CStr::from_ptr(*p).to_bytes().starts_with(crate::exec_outputs::VAR) {
                 env.push(*p);
             }

@@ -45,8 +45,8 @@ crate::hooks! {
     }
     fn inotify_add_watch(fd: c_int, path: *const c_char, mask: u32) -> c_int {
         let Some(kfd) = ino::kernel_fd(fd) else { return real::inotify_add_watch(fd, path, mask) };
-        // SAFETY: path is the caller's C string (or null).
-        if !unsafe { maybe_ours(libc::AT_FDCWD, path) } {
+        // SAFETY: path is a readable C string (probed first; a bad one is the kernel's EFAULT).
+        if !crate::user_mem::cstr(path) || !unsafe { maybe_ours(libc::AT_FDCWD, path) } {
             return real::inotify_add_watch(kfd, path, mask);
         }
         let Some(g) = Guard::enter() else { return real::inotify_add_watch(kfd, path, mask) };

@@ -1,8 +1,10 @@
 //! access, readlink, realpath, xattrs, statfs/statvfs.
 
-use super::{cbytes, fd_hook, path_hook};
+use super::{cbytes, fd_hook, path_hook, put};
+use crate::errno::set_errno;
 use crate::ops::{meta, stat, Outcome};
 use crate::real;
+use crate::user_mem;
 use fanstore_core::path::MAX_PATH;
 use libc::{c_char, c_int, c_void, size_t, ssize_t};
 
@@ -13,20 +15,30 @@ unsafe fn access_common(name: &'static str, dirfd: c_int, path: *const c_char, m
 }
 
 unsafe fn readlink_common(name: &'static str, dirfd: c_int, path: *const c_char, buf: *mut c_char, size: size_t, real: impl FnOnce(*const c_char) -> ssize_t) -> ssize_t {
-    let copy = |src: &[u8]| -> ssize_t {
+    // The link's bytes in the caller's buffer: their count, or EFAULT.
+    let copy = |src: &[u8]| -> Outcome<ssize_t> {
         let n = src.len().min(size);
-        // SAFETY: buf is writable for `size` bytes (readlink contract); n <= size.
+        if !user_mem::writable(buf, n) {
+            return Outcome::Errno(libc::EFAULT);
+        }
+        // SAFETY: buf is writable for n bytes (probed); n <= size.
         unsafe { std::ptr::copy_nonoverlapping(src.as_ptr(), buf as *mut u8, n) };
-        n as ssize_t
+        Outcome::Handled(n as ssize_t)
     };
     // readlink("/proc/self/fd/N") of a virtual fd names the virtual file.
-    // SAFETY: path is the caller's C string.
-    if crate::fd_table::any() && dirfd == libc::AT_FDCWD {
+    if crate::fd_table::any() && dirfd == libc::AT_FDCWD && user_mem::cstr(path) {
+        // SAFETY: path is a readable C string (probed).
         if let Some(p) = unsafe { cbytes(path) } {
             if p.starts_with(b"/proc/self/fd/") {
                 let mut out = [0u8; MAX_PATH];
                 if let Some(len) = meta::proc_fd_link(p, &mut out) {
-                    return copy(&out[..len]);
+                    return match copy(&out[..len]) {
+                        Outcome::Handled(n) => n,
+                        _ => {
+                            set_errno(libc::EFAULT);
+                            -1
+                        }
+                    };
                 }
             }
         }
@@ -39,7 +51,7 @@ unsafe fn readlink_common(name: &'static str, dirfd: c_int, path: *const c_char,
             path,
             -1,
             |vp| match meta::readlink(vp) {
-                Outcome::Handled(t) => Outcome::Handled(copy(&t)),
+                Outcome::Handled(t) => copy(&t),
                 other => other.map_none(),
             },
             real,
@@ -64,11 +76,14 @@ unsafe fn realpath_common(name: &'static str, path: *const c_char, resolved: *mu
                 if len >= libc::PATH_MAX as usize {
                     return Outcome::Errno(libc::ENAMETOOLONG);
                 }
+                if !resolved.is_null() && !user_mem::writable(resolved, len + 1) {
+                    return Outcome::Errno(libc::EFAULT);
+                }
                 let dst = if resolved.is_null() { libc::malloc(len + 1) as *mut c_char } else { resolved };
                 if dst.is_null() {
                     return Outcome::Errno(libc::ENOMEM);
                 }
-                // SAFETY: dst has room for PATH_MAX bytes (caller's buffer) or len + 1 (ours).
+                // SAFETY: dst has room for len + 1 bytes (the caller's buffer, probed, or ours).
                 std::ptr::copy_nonoverlapping(out.as_ptr(), dst as *mut u8, len);
                 *dst.add(len) = 0;
                 Outcome::Handled(dst)
@@ -87,23 +102,8 @@ unsafe fn statfs_common<T>(
     fill: fn(&crate::state::State) -> T,
     real: impl FnOnce(*const c_char) -> c_int,
 ) -> c_int {
-    // SAFETY: path is the caller's C string; buf the caller's out-pointer.
-    unsafe {
-        path_hook(
-            name,
-            libc::AT_FDCWD,
-            path,
-            -1,
-            |vp| match meta::statfs_node(vp) {
-                Outcome::Handled(st) => {
-                    buf.write(fill(st));
-                    Outcome::Handled(0)
-                }
-                other => other.map_none(),
-            },
-            real,
-        )
-    }
+    // SAFETY: path is the caller's C string; buf the caller's out-pointer (probed by put).
+    unsafe { path_hook(name, libc::AT_FDCWD, path, -1, |vp| put(meta::statfs_node(vp).map(fill), buf), real) }
 }
 
 /// fstatfs and fstatvfs of an fd: `fill` as for [`statfs_common`].
@@ -118,13 +118,8 @@ unsafe fn fstatfs_common<T>(
         name,
         fd,
         -1,
-        |t| {
-            meta::fd_state(t, |st| {
-                // SAFETY: buf is the caller's out-pointer.
-                unsafe { buf.write(fill(st)) };
-                Outcome::Handled(0)
-            })
-        },
+        // SAFETY: buf is the caller's out-pointer (probed by put).
+        |t| meta::fd_state(t, |st| unsafe { put(Outcome::Handled(fill(st)), buf) }),
         real,
     )
 }

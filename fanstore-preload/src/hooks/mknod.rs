@@ -6,6 +6,7 @@
 use super::{cbytes, path_hook};
 use crate::ops::write;
 use crate::real;
+use crate::user_mem;
 use libc::{c_char, c_int, dev_t, mode_t};
 
 crate::hooks! {
@@ -28,9 +29,16 @@ crate::hooks! {
         path_hook("mkfifoat", dirfd, path, -1, write::create, |p| real::mkfifoat(dirfd, p, mode))
     }
     fn symlink(target: *const c_char, linkpath: *const c_char) -> c_int {
+        // A bad target: the kernel's EFAULT (it reads the target first).
+        if !user_mem::cstr(target) {
+            return real::symlink(target, linkpath);
+        }
         path_hook("symlink", libc::AT_FDCWD, linkpath, -1, |vp| write::symlink(vp, cbytes(target)), |p| real::symlink(target, p))
     }
     fn symlinkat(target: *const c_char, dirfd: c_int, linkpath: *const c_char) -> c_int {
+        if !user_mem::cstr(target) {
+            return real::symlinkat(target, dirfd, linkpath);
+        }
         path_hook("symlinkat", dirfd, linkpath, -1, |vp| write::symlink(vp, cbytes(target)), |p| real::symlinkat(target, dirfd, p))
     }
 }

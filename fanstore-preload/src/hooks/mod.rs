@@ -8,6 +8,13 @@
 //! caller passes pointers that satisfy the C prototype of the libc function
 //! of the same name; a hook forwards them unchanged to the original, or reads
 //! and writes them exactly as that function's contract allows.
+//!
+//! Except that a pointer may be bad (NULL, 0xDEADC0DE, an unmapped page):
+//! every pointer a hook reads or writes itself is first probed
+//! ([`crate::user_mem`]). A bad one goes to the original untouched (the
+//! kernel's EFAULT, or whatever libc does with it, as without the library);
+//! an out-pointer found bad once a virtual call has its answer gives EFAULT
+//! (as the kernel's copy to user space does, after the lookup's errors).
 
 use crate::debug::{B, E};
 use crate::fd_table::{self, Tracked};
@@ -15,6 +22,7 @@ use crate::errno::set_errno;
 use crate::guard::{catch, Guard};
 use crate::ops::{self, Outcome, TwoPaths};
 use crate::paths::{self, Class, Scratch, VPath};
+use crate::user_mem;
 use libc::{c_char, c_int};
 use std::ffi::CStr;
 
@@ -74,10 +82,11 @@ enum Step<T> {
 }
 
 /// Dispatches a call that names a path relative to `dirfd`: libc for paths
-/// outside the mount (the caller's own path, untouched), `virt` for paths under it.
+/// outside the mount (the caller's own path, untouched) and for a bad
+/// pointer (the kernel's EFAULT), `virt` for paths under it.
 ///
 /// # Safety
-/// `path` is null or a NUL-terminated string.
+/// `path` is null, a NUL-terminated string, or a bad pointer (probed).
 #[inline]
 pub(crate) unsafe fn path_hook<T>(
     name: &'static str,
@@ -87,8 +96,11 @@ pub(crate) unsafe fn path_hook<T>(
     virt: impl FnOnce(&VPath) -> Outcome<T>,
     real: impl FnOnce(*const c_char) -> T,
 ) -> T {
+    if !user_mem::cstr(path) {
+        return real(path);
+    }
     let Some(g) = Guard::enter() else { return real(path) };
-    // SAFETY: path is null or NUL-terminated per this function's contract.
+    // SAFETY: path is a readable NUL-terminated string (probed above).
     if !unsafe { paths::maybe_ours(dirfd, path) } {
         drop(g);
         return real(path);
@@ -207,10 +219,11 @@ pub(crate) fn empty_path_hook<T>(
 
 /// Dispatches a call that names two paths (rename, link), each relative to
 /// its dirfd: libc for calls with neither path under the mount (the
-/// caller's own paths, untouched); [`ops::two_paths`] decides the others.
+/// caller's own paths, untouched) and for a bad pointer on either side
+/// (the kernel's EFAULT); [`ops::two_paths`] decides the others.
 ///
 /// # Safety
-/// `p1` and `p2` are null or NUL-terminated strings.
+/// `p1` and `p2` are null, NUL-terminated strings, or bad pointers (probed).
 pub(crate) unsafe fn two_path_hook(
     name: &'static str,
     d1: c_int,
@@ -220,8 +233,16 @@ pub(crate) unsafe fn two_path_hook(
     virt: impl FnOnce(Option<&VPath>, Option<&VPath>) -> Outcome<c_int>,
     real: impl FnOnce(*const c_char, *const c_char) -> c_int,
 ) -> c_int {
+    if !user_mem::cstr(p1) {
+        // The kernel reads the first path first: EFAULT.
+        return real(p1, p2);
+    }
+    if !user_mem::cstr(p2) {
+        // SAFETY: p1 is a readable C string (probed).
+        return unsafe { bad_second(name, d1, p1, p2, real) };
+    }
     let Some(g) = Guard::enter() else { return real(p1, p2) };
-    // SAFETY: p1/p2 are the caller's C strings (or null).
+    // SAFETY: p1/p2 are readable C strings (probed above).
     let (m1, m2) = unsafe { (paths::maybe_ours(d1, p1), paths::maybe_ours(d2, p2)) };
     if !m1 && !m2 {
         drop(g);
@@ -247,6 +268,76 @@ pub(crate) unsafe fn two_path_hook(
             set_errno(e);
             -1
         }
+    }
+}
+
+/// A two-path call whose first path is good and second bad: the kernel
+/// looks the first up (its error comes first: link needs the file itself,
+/// rename its directory), then fails to read the second (EFAULT). Under
+/// the mount: the first path's lookup error, else EFAULT; elsewhere the
+/// kernel's own call (on the normalised path when the first is relative
+/// to a virtual directory).
+///
+/// # Safety
+/// `p1` is a readable C string; `p2` is passed on untouched.
+#[inline(never)]
+unsafe fn bad_second(
+    name: &'static str,
+    d1: c_int,
+    p1: *const c_char,
+    p2: *const c_char,
+    real: impl FnOnce(*const c_char, *const c_char) -> c_int,
+) -> c_int {
+    let Some(g) = Guard::enter() else { return real(p1, p2) };
+    // SAFETY: p1 is a readable C string (the caller's contract).
+    if !unsafe { paths::maybe_ours(d1, p1) } {
+        drop(g);
+        return real(p1, p2);
+    }
+    let mut s1 = Scratch::new();
+    // SAFETY: as above.
+    let b1 = unsafe { CStr::from_ptr(p1) }.to_bytes();
+    // link (and linkat) looks the file itself up, rename its parent only.
+    let whole = name.starts_with("link");
+    let step: Step<()> = catch(
+        || match paths::classify(d1, b1, &mut s1) {
+            Class::Real => Step::Real,
+            Class::Redirect => Step::Redirect,
+            Class::Err(e) => Step::Err(e),
+            Class::Virtual(vp) => match whole.then(|| ops::stat::stat_any(&vp, false)) {
+                Some(Outcome::Errno(e)) => Step::Err(e),
+                _ => Step::Err(libc::EFAULT),
+            },
+        },
+        Step::Err(libc::EIO),
+    );
+    drop(g);
+    match step {
+        Step::Real | Step::Done(()) => real(p1, p2),
+        Step::Redirect => real(s1.ptr(), p2),
+        Step::Err(e) => {
+            crate::dlog!("{name}({}, <bad pointer>) = {}", B(b1), E(e));
+            set_errno(e);
+            -1
+        }
+    }
+}
+
+/// A virtual call's answer written to the caller's out-pointer: 0, or
+/// EFAULT when `buf` cannot hold a `T` (the kernel copies its answer out
+/// last, after every lookup error).
+///
+/// # Safety
+/// `buf` is the caller's out-pointer for a `T`, or a bad pointer (probed).
+pub(crate) unsafe fn put<T>(out: Outcome<T>, buf: *mut T) -> Outcome<c_int> {
+    match out {
+        Outcome::Handled(v) if user_mem::writable_one(buf) => {
+            // SAFETY: writable for a T (probed); the caller's out-pointer.
+            unsafe { buf.write_unaligned(v) };
+            Outcome::Handled(0)
+        }
+        Outcome::Handled(_) => Outcome::Errno(libc::EFAULT),
+        other => other.map_none(),
     }
 }
 

@@ -3,31 +3,23 @@
 //! stat` and `struct stat64` are the same layout, and `ver` is ignored.
 //! The answers are [`crate::ops::stat`]'s.
 
-use super::{empty_path_hook, fd_hook, path_hook};
+use super::{empty_path_hook, fd_hook, path_hook, put};
 use crate::ops::attr::statx_from;
 use crate::ops::stat;
 use crate::real;
+use crate::user_mem;
 use libc::{c_char, c_int, c_uint};
 
 const _: () = assert!(std::mem::size_of::<libc::stat>() == std::mem::size_of::<libc::stat64>());
 
-/// Writes a call's answer to its out-pointer: 0.
+/// Is this an `AT_EMPTY_PATH` call on `dirfd` itself? (A bad `path` is
+/// not: the path hook gives it to libc.)
 ///
 /// # Safety
-/// `buf` is the caller's out-pointer for a `T` (hook contract).
-unsafe fn put<T>(buf: *mut T, v: T) -> c_int {
-    // SAFETY: per the contract.
-    unsafe { buf.write(v) };
-    0
-}
-
-/// Is this an `AT_EMPTY_PATH` call on `dirfd` itself?
-///
-/// # Safety
-/// `path` is null or a NUL-terminated string.
+/// `path` is null, a NUL-terminated string, or a bad pointer (probed).
 unsafe fn empty_path(path: *const c_char, flags: c_int) -> bool {
-    // SAFETY: per the contract, a non-null path has at least its NUL.
-    flags & libc::AT_EMPTY_PATH != 0 && !path.is_null() && unsafe { *path } == 0
+    // SAFETY: a readable C string (probed) has at least its NUL.
+    flags & libc::AT_EMPTY_PATH != 0 && user_mem::cstr(path) && unsafe { *path } == 0
 }
 
 unsafe fn stat_common(
@@ -38,19 +30,20 @@ unsafe fn stat_common(
     flags: c_int,
     real: impl FnOnce(*const c_char) -> c_int,
 ) -> c_int {
-    // SAFETY (whole block): path is the caller's C string, buf its out-pointer for a struct stat.
+    // SAFETY (whole block): path is the caller's C string, buf its
+    // out-pointer for a struct stat (either possibly bad: probed).
     unsafe {
         if empty_path(path, flags) {
-            return empty_path_hook(name, dirfd, -1, || stat::empty_path_stat(dirfd).map(|s| put(buf, s)), || real(path));
+            return empty_path_hook(name, dirfd, -1, || put(stat::empty_path_stat(dirfd), buf), || real(path));
         }
         let follow = flags & libc::AT_SYMLINK_NOFOLLOW == 0;
-        path_hook(name, dirfd, path, -1, |vp| stat::stat_any(vp, follow).map(|s| put(buf, s)), real)
+        path_hook(name, dirfd, path, -1, |vp| put(stat::stat_any(vp, follow), buf), real)
     }
 }
 
 fn fstat_common(name: &'static str, fd: c_int, buf: *mut libc::stat, real: impl FnOnce() -> c_int) -> c_int {
-    // SAFETY: buf is the caller's out-pointer for a struct stat.
-    fd_hook(name, fd, -1, |t| stat::fstat(fd, t).map(|s| unsafe { put(buf, s) }), real)
+    // SAFETY: buf is the caller's out-pointer for a struct stat (probed).
+    fd_hook(name, fd, -1, |t| unsafe { put(stat::fstat(fd, t), buf) }, real)
 }
 
 unsafe fn statx_common(
@@ -60,13 +53,14 @@ unsafe fn statx_common(
     buf: *mut libc::statx,
     real: impl Fn(*const c_char) -> c_int,
 ) -> c_int {
-    // SAFETY (whole block): path is the caller's C string, buf its out-pointer for a struct statx.
+    // SAFETY (whole block): path is the caller's C string, buf its
+    // out-pointer for a struct statx (either possibly bad: probed).
     unsafe {
         if empty_path(path, flags) {
-            return empty_path_hook("statx", dirfd, -1, || stat::empty_path_stat(dirfd).map(|s| put(buf, statx_from(&s))), || real(path));
+            return empty_path_hook("statx", dirfd, -1, || put(stat::empty_path_stat(dirfd).map(|s| statx_from(&s)), buf), || real(path));
         }
         let follow = flags & libc::AT_SYMLINK_NOFOLLOW == 0;
-        path_hook("statx", dirfd, path, -1, |vp| stat::stat_any(vp, follow).map(|s| put(buf, statx_from(&s))), real)
+        path_hook("statx", dirfd, path, -1, |vp| put(stat::stat_any(vp, follow).map(|s| statx_from(&s)), buf), real)
     }
 }
 

@@ -5,6 +5,7 @@ use super::{cstr, path_hook};
 use crate::fd_table;
 use crate::ops::stdio;
 use crate::real;
+use crate::user_mem;
 use libc::{c_char, c_int, FILE};
 
 unsafe fn fopen_common(
@@ -13,7 +14,11 @@ unsafe fn fopen_common(
     mode: *const c_char,
     real: impl FnOnce(*const c_char) -> *mut FILE,
 ) -> *mut FILE {
-    // SAFETY: path is the caller's C string; mode likewise (read only when ours).
+    // A bad mode is libc's (it parses the mode before opening).
+    if !user_mem::cstr(mode) {
+        return real(path);
+    }
+    // SAFETY: path is the caller's C string; mode likewise (probed, read only when ours).
     unsafe { path_hook(name, libc::AT_FDCWD, path, std::ptr::null_mut(), |vp| stdio::fopen(vp, cstr(mode)), real) }
 }
 
@@ -24,7 +29,7 @@ unsafe fn freopen_common(
     stream: *mut FILE,
     real: impl Fn(*const c_char) -> *mut FILE,
 ) -> *mut FILE {
-    if path.is_null() {
+    if !user_mem::cstr(path) || !user_mem::cstr(mode) {
         return real(path);
     }
     // SAFETY: stream is the caller's live FILE.

@@ -30,10 +30,18 @@ unsafe fn chosen(p: *const c_char, suffix: usize) -> Option<[u8; X_LEN]> {
 /// -1 with errno on failure). `real` is libc's call on a template.
 ///
 /// # Safety
-/// `template` is null or a writable NUL-terminated string (the C contract).
+/// `template` is null or a writable NUL-terminated string (the C
+/// contract), or a bad pointer (probed: libc's, untouched).
 unsafe fn create(name: &'static str, template: *mut c_char, suffix: c_int, kind: Kind, real: impl FnOnce(*mut c_char) -> c_int) -> c_int {
-    // SAFETY: per the contract.
+    if !crate::user_mem::cstr(template) {
+        return real(template);
+    }
+    // SAFETY: a readable C string (probed).
     let Some(bytes) = (unsafe { cbytes(template) }) else { return real(template) };
+    // A template libc could not write its name into (a string literal) is libc's.
+    if !crate::user_mem::writable(template, bytes.len()) {
+        return real(template);
+    }
     // A malformed template is libc's to refuse (EINVAL), as without us.
     let Ok(range) = tempname::x_range(bytes, suffix) else { return real(template) };
     let suffix = suffix as usize;

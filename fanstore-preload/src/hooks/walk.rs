@@ -15,11 +15,12 @@ pub const GLOB_ALTDIRFUNC: c_int = 1 << 9;
 
 /// Points glob's directory functions at our hooks when `pattern` may be ours.
 unsafe fn prepare_glob(pattern: *const c_char, flags: c_int, g: *mut GlobT) -> c_int {
-    if flags & GLOB_ALTDIRFUNC != 0 || g.is_null() {
+    // Bad pointers are glibc's glob's, untouched.
+    if flags & GLOB_ALTDIRFUNC != 0 || !crate::user_mem::writable_one(g) || !crate::user_mem::cstr(pattern) {
         return flags;
     }
     let Some(guard) = Guard::enter() else { return flags };
-    // SAFETY: pattern is the caller's C string.
+    // SAFETY: pattern is a readable C string (probed).
     let ours = unsafe { maybe_ours(libc::AT_FDCWD, pattern) } && crate::state::state().is_some();
     drop(guard);
     if !ours {
@@ -27,7 +28,7 @@ unsafe fn prepare_glob(pattern: *const c_char, flags: c_int, g: *mut GlobT) -> c
     }
     // SAFETY: pattern is the caller's C string.
     crate::dlog!("glob({}) through the virtual tree", crate::debug::B(unsafe { cbytes(pattern) }.unwrap_or(b"")));
-    // SAFETY: g is the caller's glob_t; the function pointers are our exported
+    // SAFETY: g is the caller's glob_t (writable: probed); the function pointers are our exported
     // hooks, ABI-compatible with glob's callback types (DIR * is opaque; a
     // closedir's int result is ignored by glob).
     unsafe {

@@ -17,8 +17,8 @@ crate::hooks! {
     }
     fn fsetxattr(fd: c_int, name: *const c_char, value: *const c_void, size: size_t, flags: c_int) -> c_int {
         let r = fd_hook("fsetxattr", fd, -1, write::fd_attr, || real::fsetxattr(fd, name, value, size, flags));
-        if r == 0 {
-            // SAFETY: name is the caller's C string.
+        if r == 0 && crate::user_mem::cstr(name) {
+            // SAFETY: name is a readable C string (probed).
             write::xattr_set(fd, unsafe { cbytes(name) });
         }
         r
