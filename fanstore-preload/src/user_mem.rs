@@ -175,6 +175,25 @@ pub fn writable<T>(p: *mut T, len: usize) -> bool {
     all_pages(p as usize, len, probe_write)
 }
 
+/// How many of the `len` bytes at `p` can be written, from the start
+/// (whole pages probed: the kernel writes a buffer until its first fault).
+pub fn writable_prefix<T>(p: *mut T, len: usize) -> usize {
+    let a = p as usize;
+    if len == 0 || a < MIN_ADDR {
+        return 0;
+    }
+    let mut at = a;
+    loop {
+        if !probe_write(at) {
+            return at - a;
+        }
+        match (at | (PAGE - 1)).checked_add(1) {
+            Some(next) if next - a < len => at = next,
+            _ => return len,
+        }
+    }
+}
+
 /// Can a `T` be read at `p`?
 #[inline]
 pub fn readable_one<T>(p: *const T) -> bool {
@@ -439,6 +458,11 @@ mod tests {
             *p.add(PAGE - 1) = 0;
             assert!(cstr(tail));
             assert!(readable(p, PAGE) && writable(p, PAGE));
+            if cfg!(target_arch = "x86_64") {
+                assert_eq!(writable_prefix(p.add(PAGE - 10), 100), 10);
+            }
+            assert_eq!(writable_prefix(p, PAGE), PAGE);
+            assert_eq!(writable_prefix(p, 0), 0);
             libc::munmap(p.cast(), PAGE);
         }
     }

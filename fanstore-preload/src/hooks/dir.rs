@@ -191,12 +191,15 @@ crate::hooks! {
     fn getdents64(fd: c_int, buf: *mut c_void, count: size_t) -> ssize_t {
         fd_hook("getdents64", fd, -1,
             |t| {
-                if !crate::user_mem::writable(buf, count) {
-                    return Outcome::Errno(libc::EFAULT);
+                // As the kernel: the entries that fit before the first
+                // page that cannot be written, EFAULT when none does.
+                let ok = crate::user_mem::writable_prefix(buf, count);
+                // SAFETY: buf is writable for `ok` bytes (probed).
+                let b = if ok == 0 { &mut [][..] } else { std::slice::from_raw_parts_mut(buf as *mut u8, ok) };
+                match ops::dir::getdents64(fd, t, b) {
+                    Outcome::Errno(libc::EINVAL) if ok < count => Outcome::Errno(libc::EFAULT),
+                    other => other,
                 }
-                // SAFETY: buf is writable for `count` bytes (probed).
-                let b = std::slice::from_raw_parts_mut(buf as *mut u8, count);
-                ops::dir::getdents64(fd, t, b)
             },
             || real::getdents64(fd, buf, count))
     }
