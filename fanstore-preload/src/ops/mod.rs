@@ -146,7 +146,7 @@ mod tests {
     #[test]
     fn create_errnos() {
         let s = st();
-        let vp = |rel: &'static [u8]| VPath { st: s, rel, must_be_dir: false };
+        let vp = |rel: &'static [u8]| VPath { st: s, rel, must_be_dir: false, last: crate::paths::Last::Name };
         assert_eq!(write::create_errno(&vp(b"a")), libc::EEXIST);
         assert_eq!(write::create_errno(&vp(b"a/new")), libc::EROFS);
         assert_eq!(write::create_errno(&vp(b"nope/new")), libc::ENOENT);

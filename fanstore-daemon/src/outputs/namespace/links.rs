@@ -20,12 +20,32 @@ use super::owner::mop;
 use crate::outputs::Outputs;
 use crate::outputs::names::{now_ns, parent, Looked};
 use fanstore_core::checksum::xxh3;
-use fanstore_core::manifest::NodeKind;
+use fanstore_core::manifest::{NodeKind, NAME_MAX};
 use fanstore_core::wire::{self, OutRecord};
 use std::sync::atomic::Ordering::Relaxed;
 
 /// Linux's limit on symlinks followed in one lookup.
 pub const MAX_SYMLINKS: u32 = 40;
+
+/// Why `path` is missing when its first `dir_len` bytes name an existing
+/// directory: the next component is not in it (ENOENT), or is a name
+/// longer than NAME_MAX, which the kernel's lookup refuses (ENAMETOOLONG).
+fn missing_in(path: &[u8], dir_len: usize) -> i32 {
+    let rest = path.get(dir_len..).unwrap_or_default();
+    let rest = rest.strip_prefix(b"/").unwrap_or(rest);
+    let name = rest.split(|&b| b == b'/').next().unwrap_or_default();
+    if name.len() > NAME_MAX {
+        libc::ENAMETOOLONG
+    } else {
+        libc::ENOENT
+    }
+}
+
+/// Does `path` have a component longer than NAME_MAX? No output can be
+/// created under such a name (ENAMETOOLONG, as natively).
+pub(crate) fn name_too_long(path: &[u8]) -> bool {
+    path.len() > NAME_MAX && path.split(|&b| b == b'/').any(|c| c.len() > NAME_MAX)
+}
 
 enum Spliced {
     Inside(Vec<u8>),
@@ -69,12 +89,13 @@ impl Outputs {
                 Ok((rec, target)) => return Ok(Looked::Output { path: cur, rec, target }),
                 Err(libc::ENOENT) => {
                     // Why is it missing? The deepest existing ancestor says:
-                    // a directory (ENOENT), a file (ENOTDIR), or a symlink
+                    // a directory (ENOENT, or ENAMETOOLONG for a name no
+                    // directory can hold), a file (ENOTDIR), or a symlink
                     // (follow it and look again).
                     let mut p = parent(&cur).0;
                     while !p.is_empty() {
                         if let Some(n) = self.rank.view.lookup(p) {
-                            return Err(if n.is_dir() { libc::ENOENT } else { libc::ENOTDIR });
+                            return Err(if n.is_dir() { missing_in(&cur, p.len()) } else { libc::ENOTDIR });
                         }
                         match self.get_record(p) {
                             Ok((rec, target)) if rec.is_link() => {
@@ -86,12 +107,12 @@ impl Outputs {
                                 }
                                 continue 'walk;
                             }
-                            Ok((rec, _)) => return Err(if rec.is_dir() { libc::ENOENT } else { libc::ENOTDIR }),
+                            Ok((rec, _)) => return Err(if rec.is_dir() { missing_in(&cur, p.len()) } else { libc::ENOTDIR }),
                             Err(libc::ENOENT) => p = parent(p).0,
                             Err(e) => return Err(e),
                         }
                     }
-                    return Err(libc::ENOENT);
+                    return Err(missing_in(&cur, 0));
                 }
                 Err(e) => return Err(e),
             }
@@ -177,7 +198,8 @@ impl Outputs {
         if target.is_empty() {
             return Err(libc::ENOENT);
         }
-        if target.contains(&0) || target.len() > libc::PATH_MAX as usize {
+        // As symlink(2): PATH_MAX bytes or more, its NUL included, is too long.
+        if target.contains(&0) || target.len() >= libc::PATH_MAX as usize {
             return Err(libc::ENAMETOOLONG);
         }
         if path.is_empty() || self.rank.view.lookup(path).is_some() {

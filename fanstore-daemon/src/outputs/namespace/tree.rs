@@ -38,6 +38,9 @@ impl Outputs {
         if self.rank.view.lookup(path).is_some() {
             return Err(libc::EEXIST);
         }
+        if super::links::name_too_long(path) {
+            return Err(libc::ENAMETOOLONG);
+        }
         let now = now_ns();
         let rec = OutRecord { mode: libc::S_IFDIR | (mode & 0o7777), holder: self.rank.id.rank, ..Default::default() }.with_times(now, now);
         let mut p = Vec::new();
