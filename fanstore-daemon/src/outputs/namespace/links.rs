@@ -264,3 +264,22 @@ impl Outputs {
         }
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn names_longer_than_name_max() {
+        let n256 = "n".repeat(256);
+        let n255 = "n".repeat(255);
+        assert!(name_too_long(format!("a/{n256}").as_bytes()));
+        assert!(name_too_long(format!("{n256}/b").as_bytes()));
+        assert!(!name_too_long(format!("a/{n255}/{n255}").as_bytes()));
+        // The component after the existing directory decides.
+        assert_eq!(missing_in(format!("a/{n256}/x").as_bytes(), 1), libc::ENAMETOOLONG);
+        assert_eq!(missing_in(format!("a/b/{n256}").as_bytes(), 1), libc::ENOENT);
+        assert_eq!(missing_in(format!("{n256}").as_bytes(), 0), libc::ENAMETOOLONG);
+        assert_eq!(missing_in(b"x/y", 0), libc::ENOENT);
+    }
+}
