@@ -41,8 +41,10 @@ fn missing_in(path: &[u8], dir_len: usize) -> i32 {
     }
 }
 
-/// Does `path` have a component longer than NAME_MAX? No output can be
-/// created under such a name (ENAMETOOLONG, as natively).
+/// Does `path` have a component longer than NAME_MAX? No name can be
+/// made so (mkdir, symlink, rename: ENAMETOOLONG, as natively; clients
+/// refuse such paths before asking, commits included). Outputs recovered
+/// or loaded under such a name by an earlier build keep it.
 pub(crate) fn name_too_long(path: &[u8]) -> bool {
     path.len() > NAME_MAX && path.split(|&b| b == b'/').any(|c| c.len() > NAME_MAX)
 }
@@ -208,6 +210,9 @@ impl Outputs {
         let path = self.real_entry(path)?;
         if self.rank.view.lookup(&path).is_some() {
             return Err(libc::EEXIST);
+        }
+        if name_too_long(&path) {
+            return Err(libc::ENAMETOOLONG);
         }
         let id = self.out_seq.fetch_add(1, Relaxed);
         if id >= crate::ids::OUT_BIT as u64 {

@@ -289,9 +289,6 @@ impl Outputs {
     /// symlink's `NUL target` follows its path); drops the bytes of the
     /// output the record replaced. True if it replaced one.
     pub(crate) fn put_payload(&self, path: &[u8], rec: OutRecord, after: &[&[u8]], arg0: u64) -> Result<bool, i32> {
-        if links::name_too_long(path) {
-            return Err(libc::ENAMETOOLONG);
-        }
         let mut p = Vec::with_capacity(OutRecord::LEN + path.len() + after.iter().map(|a| a.len()).sum::<usize>());
         rec.encode_into(&mut p);
         p.extend_from_slice(path);

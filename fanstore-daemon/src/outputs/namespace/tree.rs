@@ -210,6 +210,9 @@ impl Outputs {
         if self.rank.view.lookup(from).is_some() || self.rank.view.lookup(to).is_some() {
             return Err(libc::EROFS);
         }
+        if super::links::name_too_long(to) {
+            return Err(libc::ENAMETOOLONG);
+        }
         let (rec, target) = match self.meta_at(from, mop::GET, 0, from.to_vec()) {
             Ok(r) => (OutRecord::decode(&r.payload).ok_or(libc::EIO)?, r.payload[OutRecord::LEN..].to_vec()),
             Err(libc::ENOENT) => return Err(self.missing_errno(from)),
