@@ -1,7 +1,7 @@
 """Randomized differential test of the output tree: one seeded stream of
 operations (create, write, append, pwrite, truncate, rename of files and
 directories, mkdir, rmdir, unlink, symlink, readlink, lstat, chmod, utime,
-readdir, stat, chdir) runs
+readdir, stat, chdir, creations under a umask, opens with O_NOFOLLOW) runs
 at the same time against a native temporary directory and against /fanstore,
 issued from the clients of all 4 nodes in turn. After every step the results
 (value or errno, bytes, the stat fields that must match) are compared; at the
@@ -63,6 +63,36 @@ def run(op):
         return st(a[0])
     elif k == "mkdir":
         os.mkdir(J(a[0]))
+    elif k == "create_umask":
+        old = os.umask(a[2])
+        try:
+            fd = os.open(J(a[0]), os.O_CREAT | os.O_WRONLY | os.O_TRUNC, a[3])
+        finally:
+            os.umask(old)
+        try:
+            os.write(fd, bytes.fromhex(a[1]))
+        finally:
+            os.close(fd)
+        return st(a[0])
+    elif k == "mkdir_umask":
+        old = os.umask(a[1])
+        try:
+            os.mkdir(J(a[0]), a[2])
+        finally:
+            os.umask(old)
+        return st(a[0])
+    elif k == "open_nofollow":
+        append = a[1] == "append"
+        fd = os.open(J(a[0]), os.O_NOFOLLOW | (os.O_WRONLY | os.O_CREAT | os.O_APPEND if append else os.O_RDONLY), 0o644)
+        try:
+            if append:
+                return os.write(fd, b"nofollow")
+            data = b""
+            while chunk := os.read(fd, 1 << 20):
+                data += chunk
+            return hashlib.md5(data).hexdigest()
+        finally:
+            os.close(fd)
     elif k == "rmdir":
         os.rmdir(J(a[0]))
     elif k == "unlink":
@@ -133,7 +163,7 @@ def random_path(rng: random.Random, known: list) -> str:
 
 def random_op(rng: random.Random, known: list) -> list:
     op = make_op(rng, known)
-    if op[0] in ("create", "mkdir"):
+    if op[0] in ("create", "mkdir", "create_umask", "mkdir_umask"):
         known.append(op[1])
     elif op[0] == "symlink":
         known.append(op[2])
@@ -148,10 +178,17 @@ def make_op(rng: random.Random, known: list) -> list:
     data = lambda: rng.randbytes(rng.choice([0, 1, 7, 100, 4096, 70_000])).hex()  # noqa: E731
     k = rng.choices(
         ["create", "append", "pwrite", "truncate", "read", "stat", "mkdir", "rmdir", "unlink", "rename",
-         "chmod", "utime", "listdir", "chdir_read", "symlink", "readlink", "lstat"],
-        weights=[12, 5, 4, 3, 10, 10, 12, 5, 6, 10, 3, 2, 6, 2, 4, 2, 3])[0]
+         "chmod", "utime", "listdir", "chdir_read", "symlink", "readlink", "lstat", "create_umask", "mkdir_umask",
+         "open_nofollow"],
+        weights=[12, 5, 4, 3, 10, 10, 12, 5, 6, 10, 3, 2, 6, 2, 4, 2, 3, 3, 2, 4])[0]
     if k in ("create", "append"):
         return [k, p, data()]
+    if k == "create_umask":
+        return [k, p, data(), rng.choice([0o022, 0o077, 0o002, 0, 0o027]), rng.choice([0o666, 0o644, 0o600, 0o755, 0o777])]
+    if k == "mkdir_umask":
+        return [k, p, rng.choice([0o022, 0o077, 0o002, 0, 0o027]), rng.choice([0o777, 0o755, 0o700, 0o750])]
+    if k == "open_nofollow":
+        return [k, p, rng.choice(["read", "read", "append"])]
     if k == "pwrite":
         return [k, p, rng.choice([0, 3, 50, 5000]), rng.randbytes(rng.choice([1, 10, 300])).hex()]
     if k == "truncate":
@@ -241,7 +278,7 @@ def test_random_operations_match_a_native_directory(cl, tmp_path):
         native.close()
         for w in ours:
             w.close()
-    assert sum(counts.values()) == n_ops and len(counts) == 17, counts
+    assert sum(counts.values()) == n_ops and len(counts) == 20, counts
     # The stream must exercise both sides: enough operations succeed, enough fail.
     assert 0.2 * n_ops < succeeded < 0.9 * n_ops, (succeeded, n_ops)
     print(f"seed {seed}: {n_ops} operations ({succeeded} succeeded), 0 divergences, final tree "

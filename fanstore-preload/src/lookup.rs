@@ -162,16 +162,18 @@ pub fn lookup(st: &State, rel: &[u8], follow: bool) -> Result<Found, c_int> {
     call_out_stat(st, rel, if follow { 0 } else { wire::STAT_NOFOLLOW }).map_err(|(e, _)| e)
 }
 
-/// [`lookup`] (symlinks followed) for an open that may create `rel`: when
+/// [`lookup`] (the last symlink followed when `follow`: not for
+/// O_NOFOLLOW) for an open that may create `rel`: when
 /// `rel` has no record, `Err((ENOENT, dir))` also says whether its
 /// directory can hold it, from the same answer of the daemon:
 /// `Some(0)` yes, `Some(errno)` why not, `None` not known (ask
 /// [`dir_exists`]). One round trip where lookup + dir_exists took two.
-pub fn lookup_creatable(st: &State, rel: &[u8]) -> Result<Found, (c_int, Option<c_int>)> {
+pub fn lookup_creatable(st: &State, rel: &[u8], follow: bool) -> Result<Found, (c_int, Option<c_int>)> {
     if surely_absent(st, rel) {
         return Err((libc::ENOENT, None)); // its directory is an input one: dir_exists asks no one
     }
-    call_out_stat(st, rel, wire::STAT_PARENT).map_err(|(e, payload)| {
+    let flags = wire::STAT_PARENT | if follow { 0 } else { wire::STAT_NOFOLLOW };
+    call_out_stat(st, rel, flags).map_err(|(e, payload)| {
         let dir = (e == libc::ENOENT).then(|| <[u8; 4]>::try_from(payload.as_slice()).ok()).flatten();
         (e, dir.map(|b| u32::from_le_bytes(b) as c_int))
     })

@@ -9,6 +9,7 @@ use crate::fd_table::{self, Tracked};
 use crate::lookup::{self, RealDir};
 use crate::state::{self, State};
 use crate::vcwd::vcwd;
+use fanstore_core::manifest::NAME_MAX;
 use fanstore_core::path::{normalize_into, under_mount, MAX_PATH};
 use libc::{c_char, c_int};
 
@@ -34,6 +35,31 @@ pub struct VPath<'a> {
     pub rel: &'a [u8],
     /// Written with a trailing '/', '.' or '..': must name a directory.
     pub must_be_dir: bool,
+    /// The last component as written (`rel` has it folded): calls that
+    /// make or remove a name refuse "." and ".." as the kernel does.
+    pub last: Last,
+}
+
+/// The kind of a path's last component as written (trailing slashes
+/// aside), the kernel's LAST_NORM, LAST_DOT and LAST_DOTDOT.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Last {
+    Name,
+    Dot,
+    DotDot,
+}
+
+impl Last {
+    /// The last component of `path`, as the kernel's walk names it.
+    pub fn of(path: &[u8]) -> Last {
+        let end = path.iter().rposition(|&b| b != b'/').map_or(0, |i| i + 1);
+        let t = &path[..end];
+        match &t[t.iter().rposition(|&b| b == b'/').map_or(0, |i| i + 1)..] {
+            b"." => Last::Dot,
+            b".." => Last::DotDot,
+            _ => Last::Name,
+        }
+    }
 }
 
 pub enum Class<'a> {
@@ -196,7 +222,7 @@ pub fn classify<'s>(dirfd: c_int, path: &[u8], scratch: &'s mut Scratch) -> Clas
                 None => Class::Err(libc::ENOENT),
                 Some(st) => {
                     let rel = under_mount(&scratch.buf[..n.len], &mount.path).unwrap_or(b"");
-                    Class::Virtual(VPath { st, rel, must_be_dir: n.must_be_dir })
+                    virtual_path(st, rel, n.must_be_dir, path)
                 }
             },
         };
@@ -222,7 +248,44 @@ pub fn classify<'s>(dirfd: c_int, path: &[u8], scratch: &'s mut Scratch) -> Clas
         return Class::Redirect;
     }
     let rel = under_mount(&scratch.buf[..n.len], &mount.path).unwrap_or(b"");
-    Class::Virtual(VPath { st, rel, must_be_dir: n.must_be_dir })
+    virtual_path(st, rel, n.must_be_dir, path)
+}
+
+/// The virtual path `rel` (normalised, relative to the dataset root) that
+/// `path` names; ENAMETOOLONG where the kernel's walk would meet a
+/// component longer than NAME_MAX ([`long_name_errno`]).
+fn virtual_path<'s>(st: &'static State, rel: &'s [u8], must_be_dir: bool, path: &[u8]) -> Class<'s> {
+    if rel.len() > NAME_MAX && rel.split(|&b| b == b'/').any(|c| c.len() > NAME_MAX) {
+        return Class::Err(long_name_errno(st, rel));
+    }
+    Class::Virtual(VPath { st, rel, must_be_dir, last: Last::of(path) })
+}
+
+/// The errno of a path with a component longer than NAME_MAX, which no
+/// file of the tree has: the walk up to that component decides (ENOENT,
+/// ENOTDIR, ELOOP from the components before it), else the kernel's
+/// lookup of that name refuses it: ENAMETOOLONG. (A ".." after it was
+/// already resolved through it, see [`classify_dotdot`]: ENAMETOOLONG.)
+#[cold]
+fn long_name_errno(st: &State, rel: &[u8]) -> c_int {
+    let mut end = 0;
+    for c in rel.split(|&b| b == b'/') {
+        if c.len() > NAME_MAX {
+            break;
+        }
+        end += c.len() + 1;
+    }
+    let dir = &rel[..end.saturating_sub(1)];
+    match lookup::resolve(st, dir, true, true) {
+        Ok(_) => libc::ENAMETOOLONG,
+        Err(libc::ENOENT) => match lookup::real_dir(st, dir) {
+            // A directory (or one outside the mount, whose file system
+            // refuses the name all the same).
+            Ok(_) | Err(libc::EXDEV) => libc::ENAMETOOLONG,
+            Err(e) => e,
+        },
+        Err(e) => e,
+    }
 }
 
 /// Does `path` have a ".." component?
@@ -277,6 +340,9 @@ fn classify_dotdot<'s>(dirfd: c_int, path: &[u8], scratch: &'s mut Scratch) -> C
                     touched = true;
                     let Some(s) = st.or_else(state::state) else { return Class::Err(libc::ENOENT) };
                     st = Some(s);
+                    if rel.len() > NAME_MAX && rel.split(|&b| b == b'/').any(|c| c.len() > NAME_MAX) {
+                        return Class::Err(long_name_errno(s, rel));
+                    }
                     match lookup::resolve(s, rel, true, true) {
                         Ok(n) => match node_abs_path(s, n.id(), out) {
                             Some(l) => len = l,
@@ -337,5 +403,5 @@ fn classify_dotdot<'s>(dirfd: c_int, path: &[u8], scratch: &'s mut Scratch) -> C
     }
     let Some(s) = st.or_else(state::state) else { return Class::Err(libc::ENOENT) };
     let rel = under_mount(&scratch.buf[..len], &mount.path).unwrap_or(b"");
-    Class::Virtual(VPath { st: s, rel, must_be_dir })
+    virtual_path(s, rel, must_be_dir, path)
 }

@@ -98,6 +98,14 @@ macro_rules! missing_int {
 }
 missing_int!(i32, i64, isize);
 
+/// `mode_t` (umask, which cannot fail): the mask glibc's default would be.
+impl Missing for u32 {
+    fn missing() -> u32 {
+        enosys();
+        0o022
+    }
+}
+
 /// `sighandler_t`: SIG_ERR.
 impl Missing for usize {
     fn missing() -> usize {
@@ -391,6 +399,9 @@ originals! {
         fn inotify_init1(flags: c_int) -> c_int;
         fn inotify_add_watch(fd: c_int, path: *const c_char, mask: u32) -> c_int;
         fn inotify_rm_watch(fd: c_int, wd: c_int) -> c_int;
+    }
+    umask {
+        fn umask(mask: mode_t) -> mode_t;
     }
     zerocopy {
         fn sendfile(out_fd: c_int, in_fd: c_int, offset: *mut off_t, count: size_t) -> ssize_t;

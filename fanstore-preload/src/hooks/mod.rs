@@ -44,6 +44,7 @@ pub mod stdio;
 pub mod syscall;
 pub mod tempname;
 pub mod thread;
+pub mod umask;
 pub mod unlink;
 pub mod walk;
 pub mod xattr;
@@ -386,6 +387,7 @@ mod tests {
             ("signal", super::signal::NAMES),
             ("syscall", super::syscall::NAMES),
             ("inotify", super::inotify::NAMES),
+            ("umask", super::umask::NAMES),
             ("zerocopy", super::zerocopy::NAMES),
         ];
         let want: Vec<(&str, Vec<&str>)> = files.iter().map(|(f, n)| (*f, n.to_vec())).collect();

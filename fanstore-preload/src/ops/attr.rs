@@ -56,3 +56,102 @@ pub enum Attr {
     /// A call that changes nothing (utimensat with UTIME_OMIT): only checks the name.
     Nothing,
 }
+
+/// The process's umask as the library last knew it (the low 9 bits), or
+/// [`UMASK_UNKNOWN`] before its first use. Read at the first creation under
+/// the mount from /proc/self/status, then kept by the `umask` hook: reading
+/// it with umask(2) twice (set, then restore) would let another thread
+/// create a file under the wrong mask in between. Plain memory: a forked
+/// child inherits it, an exec'ed image starts again from the kernel's value
+/// (which the hook always sets too).
+static UMASK: std::sync::atomic::AtomicU32 = std::sync::atomic::AtomicU32::new(UMASK_UNKNOWN);
+const UMASK_UNKNOWN: u32 = u32::MAX;
+
+/// The umask to apply to a new output's mode (what the kernel applies to a
+/// file or directory created natively; symlinks take none, as on Linux).
+pub fn umask() -> u32 {
+    use std::sync::atomic::Ordering::Relaxed;
+    match UMASK.load(Relaxed) {
+        UMASK_UNKNOWN => {
+            let m = kernel_umask();
+            // A umask() call of another thread meanwhile is newer: keep it.
+            match UMASK.compare_exchange(UMASK_UNKNOWN, m, Relaxed, Relaxed) {
+                Ok(_) => m,
+                Err(now) => now,
+            }
+        }
+        m => m,
+    }
+}
+
+/// After umask(2) set `mask` (the umask hook, a raw umask system call).
+/// Not in a vfork child (Python's subprocess with `umask=`): its memory is
+/// its parent's, whose umask does not change.
+pub fn umask_set(mask: u32) {
+    if crate::fd_table::borrowed() {
+        return;
+    }
+    UMASK.store(mask & 0o777, std::sync::atomic::Ordering::Relaxed);
+}
+
+/// The kernel's umask of this process: the "Umask:" line of
+/// /proc/self/status (Linux >= 4.7), else umask(2) twice (racy, the only
+/// way left). No hook sees these calls.
+#[cold]
+fn kernel_umask() -> u32 {
+    use crate::unhooked::syscall_unhooked as sys;
+    let path = c"/proc/self/status";
+    let fd = sys(libc::SYS_open, [path.as_ptr() as u64, (libc::O_RDONLY | libc::O_CLOEXEC) as u64, 0, 0, 0, 0]);
+    if fd >= 0 {
+        let mut buf = [0u8; 4096];
+        let mut len = 0;
+        while len < buf.len() {
+            let n = sys(libc::SYS_read, [fd as u64, buf[len..].as_mut_ptr() as u64, (buf.len() - len) as u64, 0, 0, 0]);
+            if n <= 0 {
+                break;
+            }
+            len += n as usize;
+        }
+        sys(libc::SYS_close, [fd as u64, 0, 0, 0, 0, 0]);
+        if let Some(m) = umask_of_status(&buf[..len]) {
+            return m;
+        }
+    }
+    let old = sys(libc::SYS_umask, [0o022, 0, 0, 0, 0, 0]);
+    sys(libc::SYS_umask, [old as u64, 0, 0, 0, 0, 0]);
+    old as u32 & 0o777
+}
+
+/// The value of the "Umask:" line (octal) of a /proc/PID/status text.
+fn umask_of_status(status: &[u8]) -> Option<u32> {
+    let line = status.split(|&b| b == b'\n').find_map(|l| l.strip_prefix(b"Umask:"))?;
+    let digits = line.trim_ascii();
+    if digits.is_empty() || digits.len() > 4 || !digits.iter().all(|b| (b'0'..=b'7').contains(b)) {
+        return None;
+    }
+    Some(digits.iter().fold(0, |m, &d| m * 8 + u32::from(d - b'0')) & 0o777)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn umask_line_of_proc_status() {
+        assert_eq!(umask_of_status(b"Name:\tx\nUmask:\t0077\nState:\tR\n"), Some(0o77));
+        assert_eq!(umask_of_status(b"Name:\tx\nUmask:\t0022"), Some(0o22));
+        assert_eq!(umask_of_status(b"Name:\tx\nState:\tR\n"), None);
+        assert_eq!(umask_of_status(b"Umask:\t09\n"), None);
+        assert_eq!(umask_of_status(b"Umask:\t\n"), None);
+    }
+
+    #[test]
+    fn kernel_umask_is_the_process_one() {
+        // SAFETY: umask(2) has no pointer argument (this test binary has no hook).
+        let old = unsafe { libc::umask(0o027) };
+        let got = kernel_umask();
+        // SAFETY: as above.
+        unsafe { libc::umask(old) };
+        assert_eq!(got, 0o027);
+    }
+}

@@ -30,11 +30,13 @@ pub fn access(vp: &VPath, mode: c_int, follow: bool) -> Outcome<c_int> {
     Outcome::Handled(0)
 }
 
-/// Whether `vp` names something: an input node, else an output (asked of the daemon).
+/// Whether `vp` names something: an input node, else an output (asked of
+/// the daemon; a symlink itself unless `follow`: lgetxattr of a dangling
+/// link is ENODATA, as `ls -l` expects).
 fn exists(vp: &VPath, follow: bool) -> Result<(), c_int> {
     match resolve(vp.st, vp.rel, vp.must_be_dir, follow) {
         Ok(_) => Ok(()),
-        Err(libc::ENOENT) => match super::namespace::stat(vp.st, vp.rel) {
+        Err(libc::ENOENT) => match super::namespace::record(vp.st, vp.rel, follow || vp.must_be_dir) {
             Ok(r) if vp.must_be_dir && !r.is_dir() => Err(libc::ENOTDIR),
             Ok(_) => Ok(()),
             Err(e) => Err(e),

@@ -146,7 +146,7 @@ mod tests {
     #[test]
     fn create_errnos() {
         let s = st();
-        let vp = |rel: &'static [u8]| VPath { st: s, rel, must_be_dir: false };
+        let vp = |rel: &'static [u8]| VPath { st: s, rel, must_be_dir: false, last: crate::paths::Last::Name };
         assert_eq!(write::create_errno(&vp(b"a")), libc::EEXIST);
         assert_eq!(write::create_errno(&vp(b"a/new")), libc::EROFS);
         assert_eq!(write::create_errno(&vp(b"nope/new")), libc::ENOENT);
@@ -196,6 +196,38 @@ mod tests {
         assert_eq!(class(libc::AT_FDCWD, "/tmp/../fst-unit/c"), v("c", false));
         let long = format!("/fst-unit/{}", "z/".repeat(2100));
         assert_eq!(class(libc::AT_FDCWD, &long), Err(format!("errno {}", libc::ENAMETOOLONG)));
+        // A name longer than NAME_MAX: ENAMETOOLONG once the walk reaches
+        // it (a file before it is ENOTDIR, a loop ELOOP); 255 bytes is a name.
+        let n256 = "n".repeat(256);
+        let too_long = Err(format!("errno {}", libc::ENAMETOOLONG));
+        assert_eq!(class(libc::AT_FDCWD, &format!("/fst-unit/a/{n256}")), too_long);
+        assert_eq!(class(libc::AT_FDCWD, &format!("/fst-unit/a/{n256}/x")), too_long);
+        assert_eq!(class(libc::AT_FDCWD, &format!("/fst-unit/a/{n256}/../b.txt")), too_long);
+        assert_eq!(class(libc::AT_FDCWD, &format!("/fst-unit/c/{n256}")), Err(format!("errno {}", libc::ENOTDIR)));
+        assert_eq!(class(libc::AT_FDCWD, &format!("/fst-unit/loop1/{n256}")), Err(format!("errno {}", libc::ELOOP)));
+        let n255 = "n".repeat(255);
+        assert_eq!(class(libc::AT_FDCWD, &format!("/fst-unit/a/{n255}")), v(&format!("a/{n255}"), false));
+    }
+
+    #[test]
+    fn dot_and_dotdot_as_the_last_component() {
+        use crate::paths::Last;
+        let s = st();
+        for (p, last) in [("a/.", Last::Dot), ("a/..//", Last::DotDot), (".", Last::Dot), ("a/x.", Last::Name), ("/", Last::Name), ("a/./b", Last::Name)] {
+            assert_eq!(Last::of(p.as_bytes()), last, "{p}");
+        }
+        let vp = |rel: &'static [u8], last| VPath { st: s, rel, must_be_dir: true, last };
+        assert_eq!(write::rmdir(&vp(b"a/sub", Last::Dot)), Outcome::Errno(libc::EINVAL));
+        assert_eq!(write::rmdir(&vp(b"a", Last::DotDot)), Outcome::Errno(libc::ENOTEMPTY));
+        assert_eq!(write::rmdir(&vp(b"c", Last::Dot)), Outcome::Errno(libc::ENOTDIR));
+        assert_eq!(write::unlink(&vp(b"a/sub", Last::Dot)), Outcome::Errno(libc::EISDIR));
+        assert_eq!(write::mkdir(&vp(b"a/sub", Last::Dot), 0o755), Outcome::Errno(libc::EEXIST));
+        assert_eq!(write::create_errno(&vp(b"c", Last::Dot)), libc::ENOTDIR);
+        let name = VPath { st: s, rel: b"x", must_be_dir: false, last: Last::Name };
+        assert_eq!(write::rename_paths(Some(&vp(b"a/sub", Last::Dot)), Some(&name), 0), Outcome::Errno(libc::EBUSY));
+        assert_eq!(write::rename_paths(Some(&name), Some(&vp(b"a", Last::Dot)), 0), Outcome::Errno(libc::EBUSY));
+        assert_eq!(write::rename_paths(Some(&name), Some(&vp(b"a", Last::Dot)), libc::RENAME_NOREPLACE), Outcome::Errno(libc::EEXIST));
+        assert_eq!(write::rename_paths(Some(&vp(b"c", Last::Dot)), Some(&name), 0), Outcome::Errno(libc::ENOTDIR));
     }
 
     #[test]

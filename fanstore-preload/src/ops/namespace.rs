@@ -248,7 +248,8 @@ pub fn mkdir(vp: &VPath, mode: u32) -> Outcome<c_int> {
         Err(libc::ENOENT) => {}
         Err(e) => return Outcome::Errno(e),
     }
-    simple(vp.st, op::MKDIR, (mode & 0o7777 & !0o022) as u64, vp.rel)
+    // As the kernel: the permission and sticky bits asked for, less the umask.
+    simple(vp.st, op::MKDIR, u64::from(mode & 0o1777 & !super::attr::umask()), vp.rel)
 }
 
 pub fn rmdir(vp: &VPath) -> Outcome<c_int> {

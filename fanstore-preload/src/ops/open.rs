@@ -59,7 +59,8 @@ pub fn open(vp: &VPath, flags: c_int, mode: u32) -> Outcome<c_int> {
         if flags & libc::O_PATH != 0 && !follow {
             return open_link_path(vp.st, &n, flags).into();
         }
-        return Outcome::Errno(libc::ELOOP);
+        // (O_DIRECTORY is checked before the type of the file: ENOTDIR.)
+        return Outcome::Errno(if flags & libc::O_DIRECTORY != 0 { libc::ENOTDIR } else { libc::ELOOP });
     }
     // On an existing node O_CREAT alone asks for no write (open(2) on a
     // read-only mount succeeds), except that directories refuse it.

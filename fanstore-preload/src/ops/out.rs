@@ -51,10 +51,25 @@ pub fn open(vp: &VPath, flags: c_int, mode: u32) -> Outcome<c_int> {
     let st = vp.st;
     let creat = flags & libc::O_CREAT != 0;
     let write = wants_write(flags);
+    // O_NOFOLLOW: a symlink as the last component is not followed (a
+    // trailing '/' follows it all the same, as natively).
+    let follow = flags & libc::O_NOFOLLOW == 0 || vp.must_be_dir;
     // With O_CREAT, a missing name's answer also says whether its directory exists.
-    let found = if creat { lookup_creatable(st, vp.rel) } else { lookup(st, vp.rel, true).map_err(|e| (e, None)) };
+    let found = if creat { lookup_creatable(st, vp.rel, follow) } else { lookup(st, vp.rel, follow).map_err(|e| (e, None)) };
     let mut dir_known = None;
     let existing = match found {
+        // O_NOFOLLOW on a symlink: ELOOP, as natively (ENOTDIR with
+        // O_DIRECTORY, checked first). O_PATH has no fd for an output
+        // symlink itself here: ELOOP too (documented).
+        Ok(Found::Here { rec, .. }) if rec.is_link() && !follow => {
+            return Outcome::Errno(if creat && flags & libc::O_EXCL != 0 {
+                libc::EEXIST
+            } else if flags & libc::O_DIRECTORY != 0 {
+                libc::ENOTDIR
+            } else {
+                libc::ELOOP
+            });
+        }
         Ok(Found::Here { rec, .. }) => Some(rec),
         // A symlink to a file outside the mount: the kernel opens it.
         Ok(Found::Outside(abs)) => return open_outside(&abs, flags, mode),
@@ -84,7 +99,8 @@ pub fn open(vp: &VPath, flags: c_int, mode: u32) -> Outcome<c_int> {
         None if !creat => Outcome::Errno(libc::ENOENT),
         None if vp.must_be_dir => Outcome::Errno(libc::EISDIR),
         None => match dir_known.map_or_else(|| dir_exists(st, parent_of(vp.rel)), |e| if e == 0 { Ok(()) } else { Err(e) }) {
-            Ok(()) => create(vp, flags, libc::S_IFREG | (mode & 0o7777 & !0o022), false).into(),
+            // The mode asked for, less the process's umask, as the kernel makes it.
+            Ok(()) => create(vp, flags, libc::S_IFREG | (mode & 0o7777 & !super::attr::umask()), false).into(),
             Err(e) => Outcome::Errno(e),
         },
     }

@@ -74,7 +74,7 @@ pub fn create(vp: &VPath, suffix: usize, kind: Kind) -> Outcome<(c_int, [u8; X_L
     for _ in 0..ATTEMPTS {
         let x = letters();
         name[at..at + X_LEN].copy_from_slice(&x);
-        let candidate = VPath { st: vp.st, rel: &name, must_be_dir: false };
+        let candidate = VPath { st: vp.st, rel: &name, must_be_dir: false, last: crate::paths::Last::Name };
         let made = match kind {
             Kind::File { flags } => {
                 let flags = (flags & !libc::O_ACCMODE) | libc::O_RDWR | libc::O_CREAT | libc::O_EXCL;

@@ -5,10 +5,24 @@
 use super::attr::Attr;
 use super::{parent_of, resolve, Outcome, VPath};
 use crate::fd_table::Tracked;
+use crate::paths::Last;
 use libc::{c_int, c_uint};
+
+/// A call that makes or removes a name, on a path that ends in "." or
+/// "..": the kernel walks the directory that stands for (its errors
+/// first), then refuses with `errno`. None for a path ending in a name.
+fn dot_errno(vp: &VPath, errno: c_int) -> Option<c_int> {
+    if vp.last == Last::Name {
+        return None;
+    }
+    Some(super::namespace::dir_exists(vp.st, vp.rel).err().unwrap_or(errno))
+}
 
 /// unlink/unlinkat(0): ENOENT, EISDIR for directories, else EROFS.
 pub fn unlink(vp: &VPath) -> Outcome<c_int> {
+    if let Some(e) = dot_errno(vp, libc::EISDIR) {
+        return Outcome::Errno(e);
+    }
     Outcome::Errno(match resolve(vp.st, vp.rel, vp.must_be_dir, false) {
         Ok(n) if n.is_dir() => libc::EISDIR,
         Ok(_) if vp.must_be_dir => libc::ENOTDIR,
@@ -18,8 +32,12 @@ pub fn unlink(vp: &VPath) -> Outcome<c_int> {
     })
 }
 
-/// rmdir/unlinkat(AT_REMOVEDIR): ENOENT, ENOTDIR, EBUSY for the mount, else EROFS.
+/// rmdir/unlinkat(AT_REMOVEDIR): ENOENT, ENOTDIR, EBUSY for the mount, else EROFS;
+/// a path ending in "." is EINVAL, in ".." ENOTEMPTY (as Linux says).
 pub fn rmdir(vp: &VPath) -> Outcome<c_int> {
+    if let Some(e) = dot_errno(vp, if vp.last == Last::Dot { libc::EINVAL } else { libc::ENOTEMPTY }) {
+        return Outcome::Errno(e);
+    }
     Outcome::Errno(match resolve(vp.st, vp.rel, false, false) {
         Ok(n) if !n.is_dir() => libc::ENOTDIR,
         Ok(_) if vp.rel.is_empty() => libc::EBUSY,
@@ -40,12 +58,18 @@ pub fn remove(vp: &VPath) -> Outcome<c_int> {
 
 /// mkdir: an output directory (EEXIST on an input name).
 pub fn mkdir(vp: &VPath, mode: u32) -> Outcome<c_int> {
+    if let Some(e) = dot_errno(vp, libc::EEXIST) {
+        return Outcome::Errno(e);
+    }
     super::namespace::mkdir(vp, mode)
 }
 
 /// errno for creating `rel` (mkdir, O_CREAT, symlink, link target...):
 /// EEXIST if it exists, else the parent's lookup error, else EROFS.
 pub fn create_errno(vp: &VPath) -> c_int {
+    if let Some(e) = dot_errno(vp, libc::EEXIST) {
+        return e;
+    }
     match resolve(vp.st, vp.rel, false, false) {
         Ok(_) => libc::EEXIST,
         Err(libc::ENOENT) => match resolve(vp.st, parent_of(vp.rel), true, true) {
@@ -61,15 +85,23 @@ pub fn create_errno(vp: &VPath) -> c_int {
                 Err(libc::ENOENT) => match super::namespace::stat(vp.st, parent_of(vp.rel)) {
                     Ok(r) if r.is_dir() => libc::EPERM,
                     Ok(_) => libc::ENOTDIR,
-                    Err(libc::ENOTDIR) => libc::ENOTDIR,
-                    Err(_) => libc::ENOENT,
+                    Err(e) => walk_errno(e),
                 },
-                Err(libc::ENOTDIR) => libc::ENOTDIR,
-                Err(_) => libc::ENOENT,
+                Err(e) => walk_errno(e),
             },
             Err(e) => e,
         },
         Err(e) => e,
+    }
+}
+
+/// What a failed lookup of the daemon says of a path walk: its own
+/// answer for the errors a walk gives (a file as a directory, a symlink
+/// loop, a name too long), else (no daemon to ask, ENOENT) the index's: ENOENT.
+fn walk_errno(e: c_int) -> c_int {
+    match e {
+        libc::ENOTDIR | libc::ELOOP | libc::ENAMETOOLONG => e,
+        _ => libc::ENOENT,
     }
 }
 
@@ -82,6 +114,14 @@ pub fn create(vp: &VPath) -> Outcome<c_int> {
 /// created; elsewhere what creating the name gives (EEXIST, EROFS...).
 pub fn symlink(vp: &VPath, target: Option<&[u8]>) -> Outcome<c_int> {
     let Some(target) = target else { return Outcome::Errno(libc::EFAULT) };
+    // The kernel copies the target in first: empty is ENOENT, PATH_MAX
+    // bytes or more (its NUL included) ENAMETOOLONG.
+    if target.is_empty() {
+        return Outcome::Errno(libc::ENOENT);
+    }
+    if target.len() >= libc::PATH_MAX as usize {
+        return Outcome::Errno(libc::ENAMETOOLONG);
+    }
     match create_errno(vp) {
         libc::EPERM => super::namespace::symlink(vp, target),
         e => Outcome::Errno(e),
@@ -169,9 +209,26 @@ pub fn rename(a: &VPath, b: &VPath, noreplace: bool) -> Outcome<c_int> {
 pub fn rename_paths(a: Option<&VPath>, b: Option<&VPath>, flags: c_uint) -> Outcome<c_int> {
     match (a, b) {
         (Some(_), Some(_)) | (Some(_), None) | (None, Some(_)) if flags & !libc::RENAME_NOREPLACE != 0 => Outcome::Errno(libc::EINVAL),
+        (Some(a), Some(b)) if a.last != Last::Name || b.last != Last::Name => Outcome::Errno(rename_dots(a, b, flags)),
         (Some(a), Some(b)) => rename(a, b, flags & libc::RENAME_NOREPLACE != 0),
         (a, b) => link_paths(a, b),
     }
+}
+
+/// rename of a path ending in "." or "..": the directories of both names
+/// are walked first (old, then new: their errors), then EBUSY (EEXIST for
+/// a new name so written with RENAME_NOREPLACE), as Linux answers.
+fn rename_dots(a: &VPath, b: &VPath, flags: c_uint) -> c_int {
+    for v in [a, b] {
+        let dir = if v.last == Last::Name { parent_of(v.rel) } else { v.rel };
+        if let Err(e) = super::namespace::dir_exists(v.st, dir) {
+            return e;
+        }
+    }
+    if a.last == Last::Name && flags & libc::RENAME_NOREPLACE != 0 {
+        return libc::EEXIST;
+    }
+    libc::EBUSY
 }
 
 /// link and linkat with whichever of the two paths are under the mount

@@ -135,6 +135,8 @@ pub unsafe fn file_call(nr: i64, a: [u64; 6]) -> Option<i64> {
             libc::SYS_inotify_init1 => sys(inotify::inotify_init1(i(0)) as i64),
             libc::SYS_inotify_add_watch => sys(inotify::inotify_add_watch(i(0), p(1), a[2] as u32) as i64),
             libc::SYS_inotify_rm_watch => sys(inotify::inotify_rm_watch(i(0), i(1)) as i64),
+            // Never fails; the library keeps the new mask (hooks/umask.rs).
+            libc::SYS_umask => crate::hooks::umask::umask(a[0] as mode_t) as i64,
             // Issued by the caller as they are; only the page reuse of
             // crate::memfd_pool needs to know (hooks/zerocopy.rs).
             libc::SYS_sendfile | libc::SYS_splice => {

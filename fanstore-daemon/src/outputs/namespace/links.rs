@@ -20,12 +20,34 @@ use super::owner::mop;
 use crate::outputs::Outputs;
 use crate::outputs::names::{now_ns, parent, Looked};
 use fanstore_core::checksum::xxh3;
-use fanstore_core::manifest::NodeKind;
+use fanstore_core::manifest::{NodeKind, NAME_MAX};
 use fanstore_core::wire::{self, OutRecord};
 use std::sync::atomic::Ordering::Relaxed;
 
 /// Linux's limit on symlinks followed in one lookup.
 pub const MAX_SYMLINKS: u32 = 40;
+
+/// Why `path` is missing when its first `dir_len` bytes name an existing
+/// directory: the next component is not in it (ENOENT), or is a name
+/// longer than NAME_MAX, which the kernel's lookup refuses (ENAMETOOLONG).
+fn missing_in(path: &[u8], dir_len: usize) -> i32 {
+    let rest = path.get(dir_len..).unwrap_or_default();
+    let rest = rest.strip_prefix(b"/").unwrap_or(rest);
+    let name = rest.split(|&b| b == b'/').next().unwrap_or_default();
+    if name.len() > NAME_MAX {
+        libc::ENAMETOOLONG
+    } else {
+        libc::ENOENT
+    }
+}
+
+/// Does `path` have a component longer than NAME_MAX? No name can be
+/// made so (mkdir, symlink, rename: ENAMETOOLONG, as natively; clients
+/// refuse such paths before asking, commits included). Outputs recovered
+/// or loaded under such a name by an earlier build keep it.
+pub(crate) fn name_too_long(path: &[u8]) -> bool {
+    path.len() > NAME_MAX && path.split(|&b| b == b'/').any(|c| c.len() > NAME_MAX)
+}
 
 enum Spliced {
     Inside(Vec<u8>),
@@ -69,12 +91,13 @@ impl Outputs {
                 Ok((rec, target)) => return Ok(Looked::Output { path: cur, rec, target }),
                 Err(libc::ENOENT) => {
                     // Why is it missing? The deepest existing ancestor says:
-                    // a directory (ENOENT), a file (ENOTDIR), or a symlink
+                    // a directory (ENOENT, or ENAMETOOLONG for a name no
+                    // directory can hold), a file (ENOTDIR), or a symlink
                     // (follow it and look again).
                     let mut p = parent(&cur).0;
                     while !p.is_empty() {
                         if let Some(n) = self.rank.view.lookup(p) {
-                            return Err(if n.is_dir() { libc::ENOENT } else { libc::ENOTDIR });
+                            return Err(if n.is_dir() { missing_in(&cur, p.len()) } else { libc::ENOTDIR });
                         }
                         match self.get_record(p) {
                             Ok((rec, target)) if rec.is_link() => {
@@ -86,12 +109,12 @@ impl Outputs {
                                 }
                                 continue 'walk;
                             }
-                            Ok((rec, _)) => return Err(if rec.is_dir() { libc::ENOENT } else { libc::ENOTDIR }),
+                            Ok((rec, _)) => return Err(if rec.is_dir() { missing_in(&cur, p.len()) } else { libc::ENOTDIR }),
                             Err(libc::ENOENT) => p = parent(p).0,
                             Err(e) => return Err(e),
                         }
                     }
-                    return Err(libc::ENOENT);
+                    return Err(missing_in(&cur, 0));
                 }
                 Err(e) => return Err(e),
             }
@@ -177,7 +200,8 @@ impl Outputs {
         if target.is_empty() {
             return Err(libc::ENOENT);
         }
-        if target.contains(&0) || target.len() > libc::PATH_MAX as usize {
+        // As symlink(2): PATH_MAX bytes or more, its NUL included, is too long.
+        if target.contains(&0) || target.len() >= libc::PATH_MAX as usize {
             return Err(libc::ENAMETOOLONG);
         }
         if path.is_empty() || self.rank.view.lookup(path).is_some() {
@@ -186,6 +210,9 @@ impl Outputs {
         let path = self.real_entry(path)?;
         if self.rank.view.lookup(&path).is_some() {
             return Err(libc::EEXIST);
+        }
+        if name_too_long(&path) {
+            return Err(libc::ENAMETOOLONG);
         }
         let id = self.out_seq.fetch_add(1, Relaxed);
         if id >= crate::ids::OUT_BIT as u64 {
@@ -240,5 +267,24 @@ impl Outputs {
             },
             None => OutRecord::default(),
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn names_longer_than_name_max() {
+        let n256 = "n".repeat(256);
+        let n255 = "n".repeat(255);
+        assert!(name_too_long(format!("a/{n256}").as_bytes()));
+        assert!(name_too_long(format!("{n256}/b").as_bytes()));
+        assert!(!name_too_long(format!("a/{n255}/{n255}").as_bytes()));
+        // The component after the existing directory decides.
+        assert_eq!(missing_in(format!("a/{n256}/x").as_bytes(), 1), libc::ENAMETOOLONG);
+        assert_eq!(missing_in(format!("a/b/{n256}").as_bytes(), 1), libc::ENOENT);
+        assert_eq!(missing_in(format!("{n256}").as_bytes(), 0), libc::ENAMETOOLONG);
+        assert_eq!(missing_in(b"x/y", 0), libc::ENOENT);
     }
 }

@@ -38,6 +38,9 @@ impl Outputs {
         if self.rank.view.lookup(path).is_some() {
             return Err(libc::EEXIST);
         }
+        if super::links::name_too_long(path) {
+            return Err(libc::ENAMETOOLONG);
+        }
         let now = now_ns();
         let rec = OutRecord { mode: libc::S_IFDIR | (mode & 0o7777), holder: self.rank.id.rank, ..Default::default() }.with_times(now, now);
         let mut p = Vec::new();
@@ -206,6 +209,9 @@ impl Outputs {
         let to = &self.real_entry(to)?;
         if self.rank.view.lookup(from).is_some() || self.rank.view.lookup(to).is_some() {
             return Err(libc::EROFS);
+        }
+        if super::links::name_too_long(to) {
+            return Err(libc::ENAMETOOLONG);
         }
         let (rec, target) = match self.meta_at(from, mop::GET, 0, from.to_vec()) {
             Ok(r) => (OutRecord::decode(&r.payload).ok_or(libc::EIO)?, r.payload[OutRecord::LEN..].to_vec()),

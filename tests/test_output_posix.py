@@ -1,0 +1,307 @@
+"""POSIX corners of outputs (issue 55), each call's outcome (value, errno,
+mode) through /fanstore on a 2-node cluster compared with the same call in a
+native temporary directory (ext4 or tmpfs: the kernel's answer):
+
+- the umask: new files and directories take the process's real umask (read
+  from /proc/self/status at first use, then followed through umask(), a raw
+  umask system call, fork and exec), not a fixed 022; O_CREAT of an existing
+  file keeps its mode;
+- O_NOFOLLOW: a symlink as the last component is ELOOP (ENOTDIR with
+  O_DIRECTORY, EEXIST with O_EXCL), never followed, nor its target created;
+- NAME_MAX and PATH_MAX: a name of 256 bytes is ENAMETOOLONG for every call
+  (after the errors of the components before it), a path string of 4096
+  bytes or more too, and so is a symlink target of 4096 bytes;
+- "." and ".." as the last component: rename EBUSY, rmdir EINVAL /
+  ENOTEMPTY, unlink EISDIR, mkdir and symlink EEXIST (after the errors of
+  the directory they stand for);
+- a symlink loop as a parent: ELOOP for every call, creations included.
+
+Names are made on node 0 and looked up on node 1 where it matters.
+"""
+import json
+import os
+
+from fs_cluster import cluster_fixture, run_json
+from fs_diff import differences, run_script as run, script
+
+MOUNT = "/fanstore"
+
+cl = cluster_fixture("posix", seed=5, n_files=6, nranks=2, mount=MOUNT)
+
+
+def same_as_native(cl, code, tmp_path, name, node=0, **kw):
+    """`code` (a fs_diff script taking its root) natively and through the
+    mount on `node`: both results, after checking that they are equal."""
+    native = run_json(None, 0, code, str(tmp_path / name), timeout=180, **kw)
+    ours = run_json(cl, node, code, f"{MOUNT}/{name}", timeout=180, **kw)
+    diffs = differences(ours, native)
+    assert not diffs, "fanstore differs from a native directory (fanstore, native): " + json.dumps(diffs, indent=1)
+    return native, ours
+
+
+UMASK = script(r"""
+import ctypes, stat, subprocess, tempfile, threading
+root = sys.argv[1]
+os.makedirs(root)
+J = lambda *p: os.path.join(root, *p)
+mode = lambda p: oct(stat.S_IMODE(os.lstat(p).st_mode))
+def mkfile(name, m, flags=os.O_CREAT | os.O_WRONLY):
+    os.close(os.open(J(name), flags, m))
+    return mode(J(name))
+def mkdir(name, m):
+    os.mkdir(J(name), m)
+    return mode(J(name))
+# The umask the parent set before exec (027), never changed here yet: read at first use.
+attempt("initial: file 0666", lambda: mkfile("init-f", 0o666))
+attempt("initial: dir 0777", lambda: mkdir("init-d", 0o777))
+attempt("umask() returns the initial one", lambda: oct(os.umask(0o077)))
+attempt("077: file 0666", lambda: mkfile("f077", 0o666))
+attempt("077: dir 0777", lambda: mkdir("d077", 0o777))
+attempt("077: dir 01777 keeps the sticky bit", lambda: mkdir("d077s", 0o1777))
+attempt("077: creat 0644", lambda: (os.close(os.open(J("c077"), os.O_CREAT | os.O_WRONLY | os.O_TRUNC, 0o644)), mode(J("c077")))[1])
+attempt("077: fopen w", lambda: (open(J("w077"), "w").close(), mode(J("w077")))[1])
+def made(p, name):
+    # The mode of temporary `p`, then renamed `name` (the same name in both trees).
+    m = mode(p)
+    os.rename(p, J(name))
+    return m
+attempt("077: mkstemp", lambda: made(tempfile.mkstemp(dir=root)[1], "mkstemp"))
+attempt("077: mkdtemp", lambda: made(tempfile.mkdtemp(dir=root), "mkdtemp"))
+attempt("077: symlink stays 0777", lambda: (os.symlink("f077", J("l077")), mode(J("l077")))[1])
+os.umask(0)
+attempt("000: file 0666", lambda: mkfile("f000", 0o666))
+attempt("000: file 0751", lambda: mkfile("f751", 0o751))
+attempt("000: dir 0777", lambda: mkdir("d000", 0o777))
+os.umask(0o077)
+attempt("O_CREAT of an existing file keeps its mode", lambda: mkfile("f000", 0o600))
+attempt("O_CREAT|O_TRUNC of an existing file keeps its mode", lambda: mkfile("f000", 0o600, os.O_CREAT | os.O_WRONLY | os.O_TRUNC))
+attempt("O_EXCL on it", lambda: mkfile("f000", 0o600, os.O_CREAT | os.O_EXCL | os.O_WRONLY))
+def in_thread():
+    t = threading.Thread(target=os.umask, args=(0o026,))
+    t.start()
+    t.join()
+    return mkfile("thread", 0o666)
+attempt("umask set by another thread", in_thread)
+def forked():
+    os.umask(0o007)
+    pid = os.fork()
+    if pid == 0:
+        code = 0
+        try:
+            os.close(os.open(J("child"), os.O_CREAT | os.O_WRONLY, 0o666))
+            os.umask(0o077)  # the child's own: the parent's stays 007
+        except OSError:
+            code = 1
+        os._exit(code)
+    os.waitpid(pid, 0)
+    return [mode(J("child")), mkfile("parent-after-fork", 0o666)]
+attempt("fork: the child inherits it", forked)
+CHILD = "import os, sys; os.close(os.open(sys.argv[1], os.O_CREAT | os.O_WRONLY, 0o666)); print(oct(os.umask(0)))"
+attempt("exec: a new image starts from the kernel's",
+        lambda: [subprocess.run([sys.executable, "-c", CHILD, J("exec")], check=True, capture_output=True, text=True).stdout.strip(),
+                 mode(J("exec"))])
+attempt("subprocess umask= (vfork child) leaves the parent's",
+        lambda: [subprocess.run([sys.executable, "-c", CHILD, J("exec2")], check=True, capture_output=True, text=True, umask=0o022).stdout.strip(),
+                 mode(J("exec2")), mkfile("parent-after-spawn", 0o666)])
+libc = ctypes.CDLL(None, use_errno=True)
+def raw():
+    old = libc.syscall(95, 0o037)  # SYS_umask, x86_64: libc's syscall(), as a Go or rustix program calls it
+    return [oct(old), mkfile("raw", 0o666)]
+attempt("umask through syscall()", raw)
+print(json.dumps(out, sort_keys=True))
+""")
+
+UMASK_OTHER_NODE = r"""
+import json, os, stat, sys
+root = sys.argv[1]
+print(json.dumps({n: oct(stat.S_IMODE(os.lstat(os.path.join(root, n)).st_mode)) for n in sorted(os.listdir(root))}))
+"""
+
+
+def test_new_outputs_take_the_process_umask(cl, tmp_path):
+    native, _ = same_as_native(cl, UMASK, tmp_path, "umask", preexec_fn=lambda: os.umask(0o027))
+    # What the kernel says (the fixed 022 gave 0644 and 0755 throughout).
+    assert native["initial: file 0666"] == ["OK", "0o640"] and native["077: file 0666"] == ["OK", "0o600"]
+    assert native["077: dir 0777"] == ["OK", "0o700"] and native["000: file 0666"] == ["OK", "0o666"]
+    assert native["O_CREAT of an existing file keeps its mode"] == ["OK", "0o666"]
+    assert native["exec: a new image starts from the kernel's"] == ["OK", ["0o7", "0o660"]]
+    # Another node sees the modes the creating node gave.
+    assert run(cl, 1, UMASK_OTHER_NODE, f"{MOUNT}/umask") == run(None, 0, UMASK_OTHER_NODE, str(tmp_path / "umask"))
+
+
+NOFOLLOW = script(r"""
+import stat
+root = sys.argv[1]
+os.makedirs(os.path.join(root, "dir"), exist_ok=True)
+J = lambda *p: os.path.join(root, *p)
+def opened(p, flags, m=0o644):
+    fd = os.open(J(p), flags, m)
+    try:
+        s = os.fstat(fd)
+        return [stat.S_IFMT(s.st_mode) == stat.S_IFREG, stat.S_ISDIR(s.st_mode)]
+    finally:
+        os.close(fd)
+if sys.argv[2] == "make":
+    with open(J("file"), "w") as f:
+        f.write("data")
+    os.symlink("missing", J("dangling"))
+    os.symlink("file", J("tofile"))
+    os.symlink("dir", J("todir"))
+    print(json.dumps(out))
+    sys.exit(0)
+attempt("O_CREAT|O_NOFOLLOW on a dangling link", lambda: opened("dangling", os.O_CREAT | os.O_WRONLY | os.O_NOFOLLOW))
+attempt("its target was not created", lambda: os.path.lexists(J("missing")))
+attempt("O_RDONLY|O_NOFOLLOW on a link to a file", lambda: opened("tofile", os.O_RDONLY | os.O_NOFOLLOW))
+attempt("O_CREAT|O_NOFOLLOW on a link to a file", lambda: opened("tofile", os.O_CREAT | os.O_WRONLY | os.O_NOFOLLOW))
+attempt("O_TRUNC|O_NOFOLLOW on a link to a file", lambda: opened("tofile", os.O_TRUNC | os.O_WRONLY | os.O_NOFOLLOW))
+attempt("the file is untouched", lambda: open(J("file")).read())
+attempt("O_CREAT|O_EXCL|O_NOFOLLOW on a link", lambda: opened("tofile", os.O_CREAT | os.O_EXCL | os.O_WRONLY | os.O_NOFOLLOW))
+attempt("O_DIRECTORY|O_NOFOLLOW on a link to a directory", lambda: opened("todir", os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW))
+attempt("O_NOFOLLOW on link/ follows it", lambda: opened("todir/", os.O_RDONLY | os.O_NOFOLLOW))
+attempt("O_NOFOLLOW on a file", lambda: opened("file", os.O_RDONLY | os.O_NOFOLLOW))
+attempt("O_NOFOLLOW|O_CREAT on a new name", lambda: opened("new", os.O_CREAT | os.O_WRONLY | os.O_NOFOLLOW))
+attempt("O_NOFOLLOW through a parent link", lambda: opened("todir/../file", os.O_RDONLY | os.O_NOFOLLOW))
+attempt("O_PATH|O_NOFOLLOW on a file", lambda: opened("file", os.O_PATH | os.O_NOFOLLOW))
+attempt("without O_NOFOLLOW the link is followed", lambda: opened("tofile", os.O_RDONLY))
+print(json.dumps(out, sort_keys=True))
+""")
+
+
+def test_o_nofollow_does_not_follow_the_last_symlink(cl, tmp_path):
+    # The links are made on node 0 and opened on node 1.
+    run(None, 0, NOFOLLOW, str(tmp_path / "nofollow"), "make")
+    run(cl, 0, NOFOLLOW, f"{MOUNT}/nofollow", "make")
+    native = run(None, 0, NOFOLLOW, str(tmp_path / "nofollow"), "check")
+    ours = run(cl, 1, NOFOLLOW, f"{MOUNT}/nofollow", "check")
+    assert native["O_CREAT|O_NOFOLLOW on a dangling link"] == "ELOOP" and native["its target was not created"] == ["OK", False]
+    assert native["O_RDONLY|O_NOFOLLOW on a link to a file"] == "ELOOP"
+    diffs = differences(ours, native)
+    assert not diffs, "fanstore differs from a native directory (fanstore, native): " + json.dumps(diffs, indent=1)
+
+
+NAMES = script(r"""
+root = sys.argv[1]
+J = lambda *p: os.path.join(root, *p)
+long, ok = "n" * 256, "k" * 255
+if sys.argv[2] == "make":
+    os.makedirs(J("d"))
+    open(J("file"), "w").close()
+    attempt("create 255", lambda: os.close(os.open(J(ok), os.O_CREAT | os.O_WRONLY, 0o644)))
+    attempt("mkdir 255 in d", lambda: os.mkdir(J("d", ok)))
+    attempt("symlink to a 256-byte name", lambda: os.symlink(long, J("tolong")))
+    print(json.dumps(out, sort_keys=True))
+    sys.exit(0)
+attempt("create 256", lambda: os.close(os.open(J(long), os.O_CREAT | os.O_WRONLY, 0o644)))
+attempt("open 256", lambda: os.close(os.open(J(long), os.O_RDONLY)))
+attempt("stat 256", lambda: os.stat(J(long)))
+attempt("lstat 256", lambda: os.lstat(J(long)))
+attempt("access 256", lambda: os.access(J(long), os.F_OK) or os.stat(J(long)))
+attempt("mkdir 256", lambda: os.mkdir(J(long)))
+attempt("mkdir d/256", lambda: os.mkdir(J("d", long)))
+attempt("symlink at 256", lambda: os.symlink("file", J(long)))
+attempt("symlink to a 256-byte name is fine", lambda: os.symlink(long, J("tolong2")))
+attempt("stat through a link to a 256-byte name", lambda: os.stat(J("tolong")))
+attempt("rename to 256", lambda: os.rename(J("file"), J(long)))
+attempt("rename from 256", lambda: os.rename(J(long), J("x")))
+attempt("link to 256", lambda: os.link(J("file"), J(long)))
+attempt("unlink 256", lambda: os.unlink(J(long)))
+attempt("rmdir 256", lambda: os.rmdir(J(long)))
+attempt("chmod 256", lambda: os.chmod(J(long), 0o600))
+attempt("256 under a missing directory", lambda: os.stat(J("nope", long)))
+attempt("256 under a file", lambda: os.stat(J("file", long)))
+attempt("256 then ..", lambda: os.stat(J(long, "..", "file")))
+attempt("stat 255 (made on the other node)", lambda: os.stat(J(ok)).st_size)
+attempt("stat d/255 (made on the other node)", lambda: os.path.isdir(J("d", ok)))
+attempt("a path of 4096 bytes", lambda: os.stat((root + "/d" * 3000)[:4096]))
+attempt("a path of 4095 bytes", lambda: os.stat((root + "/d" * 3000)[:4095]))
+attempt("symlink target of 4096 bytes", lambda: os.symlink("t" * 4096, J("big")))
+attempt("symlink target of 4095 bytes", lambda: (os.symlink("t" * 4095, J("big")), len(os.readlink(J("big"))))[1])
+attempt("listing", lambda: sorted(n if len(n) < 200 else str(len(n)) for n in os.listdir(root)))
+print(json.dumps(out, sort_keys=True))
+""")
+
+
+def test_name_max_and_path_max_are_enforced(cl, tmp_path):
+    native_made = run(None, 0, NAMES, str(tmp_path / "names"), "make")
+    assert run(cl, 0, NAMES, f"{MOUNT}/names", "make") == native_made
+    native = run(None, 0, NAMES, str(tmp_path / "names"), "check")
+    ours = run(cl, 1, NAMES, f"{MOUNT}/names", "check")
+    for k in ("create 256", "mkdir 256", "symlink at 256", "rename to 256", "stat 256", "symlink target of 4096 bytes",
+              "stat through a link to a 256-byte name"):
+        assert native[k] == "ENAMETOOLONG", (k, native[k])
+    assert native["256 under a missing directory"] == "ENOENT" and native["256 under a file"] == "ENOTDIR"
+    diffs = differences(ours, native)
+    assert not diffs, "fanstore differs from a native directory (fanstore, native): " + json.dumps(diffs, indent=1)
+
+
+DOTS = script(r"""
+import ctypes
+root = sys.argv[1]
+J = lambda *p: os.path.join(root, *p)
+os.makedirs(J("d", "s", "in"))
+os.makedirs(J("d", "e"))
+open(J("d", "file"), "w").close()
+libc = ctypes.CDLL(None, use_errno=True)
+def renameat2(a, b, flags):
+    if libc.renameat2(-100, J(a).encode(), -100, J(b).encode(), flags) != 0:
+        e = ctypes.get_errno()
+        raise OSError(e, os.strerror(e))
+for a, b in [("d/s/.", "x"), ("d/s/..", "x"), ("d/s/./", "x"), ("d/e", "d/s/."), ("d/e", "d/s/.."), ("d/s/.", "d/s/."),
+             ("nope/.", "x"), ("d/file/.", "x"), ("d/e", "nope/."), ("d/e", "d/file/.")]:
+    attempt(f"rename {a} {b}", lambda: os.rename(J(a), J(b)))
+attempt("renameat2 NOREPLACE d/e d/s/.", lambda: renameat2("d/e", "d/s/.", 1))
+attempt("renameat2 NOREPLACE d/s/. x", lambda: renameat2("d/s/.", "x", 1))
+for p in ["d/s/.", "d/s/..", "d/s/in/.", "d/s/in/..", "d/file/.", "nope/.", "."]:
+    attempt(f"rmdir {p}", lambda: os.rmdir(J(p)))
+for p in ["d/s/.", "d/s/..", "d/file/.", "nope/."]:
+    attempt(f"unlink {p}", lambda: os.unlink(J(p)))
+for p in ["d/s/.", "d/s/..", "d/new/.", "d/file/."]:
+    attempt(f"mkdir {p}", lambda: os.mkdir(J(p)))
+    attempt(f"symlink at {p}", lambda: os.symlink("x", J(p)))
+    attempt(f"link at {p}", lambda: os.link(J("d", "file"), J(p)))
+attempt("tree", lambda: sorted((os.path.relpath(d, root), sorted(ds), sorted(fs)) for d, ds, fs in os.walk(root)))
+print(json.dumps(out, sort_keys=True))
+""")
+
+
+def test_dot_and_dotdot_as_the_last_component(cl, tmp_path):
+    native, _ = same_as_native(cl, DOTS, tmp_path, "dots", node=1)
+    assert native["rename d/s/. x"] == "EBUSY" and native["rmdir d/s/."] == "EINVAL"
+    assert native["rmdir d/s/.."] == "ENOTEMPTY" and native["unlink d/s/."] == "EISDIR"
+
+
+LOOPS = script(r"""
+root = sys.argv[1]
+J = lambda *p: os.path.join(root, *p)
+if sys.argv[2] == "make":
+    os.makedirs(J("d", "s"))
+    open(J("d", "file"), "w").close()
+    os.symlink("la", J("la"))
+    os.symlink("lb", J("lc"))
+    os.symlink("lc", J("lb"))
+    print(json.dumps(out))
+    sys.exit(0)
+for loop in ["la", "lb"]:
+    x = J(loop, "test")
+    for name, f in [("symlink", lambda: os.symlink("x", x)), ("create", lambda: os.close(os.open(x, os.O_CREAT | os.O_WRONLY, 0o644))),
+                    ("mkdir", lambda: os.mkdir(x)), ("open", lambda: os.close(os.open(x, os.O_RDONLY))),
+                    ("stat", lambda: os.stat(x)), ("lstat", lambda: os.lstat(x)), ("unlink", lambda: os.unlink(x)),
+                    ("rmdir", lambda: os.rmdir(x)), ("rename from", lambda: os.rename(x, J("y"))),
+                    ("rename to", lambda: os.rename(J("d", "s"), x)), ("link to", lambda: os.link(J("d", "file"), x)),
+                    ("chmod", lambda: os.chmod(x, 0o600)), ("truncate", lambda: os.truncate(x, 0)),
+                    ("readlink", lambda: os.readlink(x)), ("listdir", lambda: os.listdir(x)), ("chdir", lambda: os.chdir(x))]:
+        attempt(f"{name} {loop}/test", f)
+    attempt(f"stat {loop}", lambda: os.stat(J(loop)))
+    attempt(f"lstat {loop} is a link", lambda: __import__("stat").S_ISLNK(os.lstat(J(loop)).st_mode))
+print(json.dumps(out, sort_keys=True))
+""")
+
+
+def test_a_symlink_loop_as_a_parent_is_eloop(cl, tmp_path):
+    run(None, 0, LOOPS, str(tmp_path / "loops"), "make")
+    run(cl, 0, LOOPS, f"{MOUNT}/loops", "make")
+    native = run(None, 0, LOOPS, str(tmp_path / "loops"), "check")
+    ours = run(cl, 1, LOOPS, f"{MOUNT}/loops", "check")
+    assert native["symlink la/test"] == "ELOOP" and native["mkdir lb/test"] == "ELOOP"
+    diffs = differences(ours, native)
+    assert not diffs, "fanstore differs from a native directory (fanstore, native): " + json.dumps(diffs, indent=1)
