@@ -393,6 +393,8 @@ def run_suite(tree: Path, files: list, logs: Path, jobs: int, timeout: int, nran
             secs = time.monotonic() - t0
             (logs / "prove.log").write_text(p.stdout)
             escaped = escapes(c.local)
+            (logs / "outside-the-mount.txt").write_text("".join(f"{'socket' if sock else 'other'} {p}\n"
+                                                                for p, sock in escaped))
     finally:
         shutil.rmtree(work, ignore_errors=True)
         if made_user:
@@ -575,8 +577,7 @@ def main(argv=None, log=print) -> int:
         files = test_files(tree, args.only)
         if not files:
             raise HarnessError(f"no .t file matches {args.only}")
-        unknown = sorted({f for f, _ in expected.subtests} | set(expected.files)
-                         - set(test_files(tree, [])))
+        unknown = sorted(({f for f, _ in expected.subtests} | set(expected.files)) - set(test_files(tree, [])))
         if unknown:
             raise HarnessError(f"{expected_path} lists files the suite does not have: {', '.join(unknown)}")
         logs = args.logs or Path(tempfile.mkdtemp(prefix="pjdfstest-logs-", dir="/tmp"))
