@@ -87,6 +87,9 @@ if [ $MODE = tests ]; then
   [ -x /usr/sbin/munged ] || add "munge (Slurm's authentication)" munge
   command -v g++ >/dev/null 2>&1 || add "g++ (C++ stream clients)" g++
   for t in git patch; do command -v $t >/dev/null 2>&1 || add "$t (tests/test_output_tools.py)" $t; done
+  # pjdfstest (tests/test_pjdfstest.py): built from its tarball at test time, run with prove.
+  for t in autoconf automake make openssl; do command -v $t >/dev/null 2>&1 || add "$t (tests/test_pjdfstest.py)" $t; done
+  command -v prove >/dev/null 2>&1 || add "perl's prove (tests/test_pjdfstest.py)" perl
 fi
 
 # --- install them ----------------------------------------------------------

@@ -11,7 +11,9 @@
 #      /usr/bin/mpiexec.openmpi (FANSTORE_TEST_MPI=openmpi). Skipped when
 #      pytest arguments are given (`scripts/test.sh tests/test_prep.py`).
 # tests/test_slurm.py runs the Slurm job script on a one-machine Slurm
-# cluster (as root) with both builds.
+# cluster (as root) with both builds. tests/test_pjdfstest.py runs the
+# pjdfstest POSIX suite on a 4-rank cluster (as root, ~3 min) against
+# tests/pjdfstest/expected-failures.txt (tests/pjdfstest/run.py).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 . scripts/lib.sh
