@@ -158,7 +158,11 @@ pub unsafe fn file_call(nr: i64, a: [u64; 6]) -> Option<i64> {
 /// kernel's own call, unchanged.
 unsafe fn openat2(a: [u64; 6]) -> Option<i64> {
     let (dirfd, path, how, size) = (a[0] as c_int, a[1] as *const c_char, a[2] as *const u64, a[3] as usize);
-    // SAFETY: path is the program's string (or null: maybe_ours says no).
+    // A path the program cannot read goes to the kernel, which answers EFAULT.
+    if !crate::user_mem::cstr(path) {
+        return None;
+    }
+    // SAFETY: path is the program's string, readable up to its NUL (checked above).
     let ours = unsafe { crate::paths::maybe_ours(dirfd, path) };
     if !ours || how.is_null() || size < 24 {
         return None;
