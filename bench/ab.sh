@@ -37,6 +37,7 @@ for r in $(seq 1 "$ROUNDS"); do
     for p in ${ONLY//,/ }; do
       [ -n "${SCRIPT[$p]:-}" ] || { echo "unknown piece $p" >&2; exit 2; }
       dst="$AB/$r-$side"; mkdir -p "$dst" "$tree/bench/out"
+      for f in ${OUTS[$p]}; do rm -f "$tree/bench/out/$f"; done   # a failed run leaves no stale result
       t0=$(date +%s); rc=0
       (cd "$tree" && ${SCRIPT[$p]} $QUICK) > "$dst/$p.log" 2>&1 || rc=$?
       for f in ${OUTS[$p]}; do [ -f "$tree/bench/out/$f" ] && cp "$tree/bench/out/$f" "$dst/"; done

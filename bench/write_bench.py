@@ -235,8 +235,12 @@ def main():
                 drains.setdefault(label, []).append({"total": secs, "disk": du(pdir), "files": nfiles, "out": out})
                 rm(f"{dm.mount}/drain-{rep}", dm.env())
                 # the next run drains into an empty DIR again (no record refers to these bytes any more)
+                # (its lease stays: the daemon holds DIR/meta/lease until it stops,
+                # and refuses to drain into a DIR whose lease is gone)
                 for p in pdir.iterdir() if pdir.exists() else ():
-                    rm(p)
+                    for q in (p.iterdir() if p.name == "meta" else [p]):
+                        if q.name != "lease":
+                            rm(q)
         js["drain"] = drains
         cp_t = median([x["total"] for x in drains["cp -r + sync"]])
         drows = []
