@@ -39,6 +39,14 @@ def same_as_native(cl, code, tmp_path, name, node=0, **kw):
     return native, ours
 
 
+def made_on_0_checked_on_1(cl, code, tmp_path, name):
+    """`code` run with "make" natively and through the mount on node 0
+    (results equal), then with "check" natively and on node 1: the two checks."""
+    made = run(None, 0, code, str(tmp_path / name), "make")
+    assert run(cl, 0, code, f"{MOUNT}/{name}", "make") == made
+    return run(None, 0, code, str(tmp_path / name), "check"), run(cl, 1, code, f"{MOUNT}/{name}", "check")
+
+
 UMASK = script(r"""
 import ctypes, stat, subprocess, tempfile, threading
 root = sys.argv[1]
@@ -169,10 +177,7 @@ print(json.dumps(out, sort_keys=True))
 
 def test_o_nofollow_does_not_follow_the_last_symlink(cl, tmp_path):
     # The links are made on node 0 and opened on node 1.
-    run(None, 0, NOFOLLOW, str(tmp_path / "nofollow"), "make")
-    run(cl, 0, NOFOLLOW, f"{MOUNT}/nofollow", "make")
-    native = run(None, 0, NOFOLLOW, str(tmp_path / "nofollow"), "check")
-    ours = run(cl, 1, NOFOLLOW, f"{MOUNT}/nofollow", "check")
+    native, ours = made_on_0_checked_on_1(cl, NOFOLLOW, tmp_path, "nofollow")
     assert native["O_CREAT|O_NOFOLLOW on a dangling link"] == "ELOOP" and native["its target was not created"] == ["OK", False]
     assert native["O_RDONLY|O_NOFOLLOW on a link to a file"] == "ELOOP"
     diffs = differences(ours, native)
@@ -222,10 +227,7 @@ print(json.dumps(out, sort_keys=True))
 
 
 def test_name_max_and_path_max_are_enforced(cl, tmp_path):
-    native_made = run(None, 0, NAMES, str(tmp_path / "names"), "make")
-    assert run(cl, 0, NAMES, f"{MOUNT}/names", "make") == native_made
-    native = run(None, 0, NAMES, str(tmp_path / "names"), "check")
-    ours = run(cl, 1, NAMES, f"{MOUNT}/names", "check")
+    native, ours = made_on_0_checked_on_1(cl, NAMES, tmp_path, "names")
     for k in ("create 256", "mkdir 256", "symlink at 256", "rename to 256", "stat 256", "symlink target of 4096 bytes",
               "stat through a link to a 256-byte name"):
         assert native[k] == "ENAMETOOLONG", (k, native[k])
@@ -298,10 +300,7 @@ print(json.dumps(out, sort_keys=True))
 
 
 def test_a_symlink_loop_as_a_parent_is_eloop(cl, tmp_path):
-    run(None, 0, LOOPS, str(tmp_path / "loops"), "make")
-    run(cl, 0, LOOPS, f"{MOUNT}/loops", "make")
-    native = run(None, 0, LOOPS, str(tmp_path / "loops"), "check")
-    ours = run(cl, 1, LOOPS, f"{MOUNT}/loops", "check")
+    native, ours = made_on_0_checked_on_1(cl, LOOPS, tmp_path, "loops")
     assert native["symlink la/test"] == "ELOOP" and native["mkdir lb/test"] == "ELOOP"
     diffs = differences(ours, native)
     assert not diffs, "fanstore differs from a native directory (fanstore, native): " + json.dumps(diffs, indent=1)
