@@ -25,6 +25,8 @@ def test_pjdfstest_matches_the_expected_failures(bins, tmp_path):
     rc = pjd.main(["--logs", str(tmp_path / "logs")], log=lines.append)
     report = "\n".join(lines)
     print(report)
+    if rc == 3 and not os.environ.get("CI"):
+        pytest.skip(f"pjdfstest's source is not available on this machine (CI=true makes this a failure):\n{report[-2000:]}")
     if rc != 0:
         pytest.fail(f"pjdfstest on FanStore {'differs from' if rc == 1 else 'could not be compared with'} "
                     f"tests/pjdfstest/expected-failures.txt:\n{report[-15000:]}")

@@ -8,8 +8,10 @@
 
 What it does:
 
-1. builds pjdfstest from ../shared/third_party/pjdfstest-<commit>.tar.gz (or
-   FANSTORE_PJDFSTEST_TARBALL) once into a cache directory keyed by the
+1. builds pjdfstest from FANSTORE_PJDFSTEST_TARBALL, else the third-party
+   tarball beside the project (CI), else upstream's archive of the pinned
+   commit downloaded once into the cache (on a machine with neither and no
+   network the pytest skips, and fails under CI=true) once into a cache directory keyed by the
    tarball's name (/var/tmp/fanstore-pjdfstest/<name>/, or
    FANSTORE_PJDFSTEST_CACHE): autoreconf -ifs && ./configure && make;
 2. starts a 4-rank cluster of the release daemons (tests/fs_cluster.py,
@@ -82,7 +84,20 @@ class HarnessError(Exception):
 # building pjdfstest
 # --------------------------------------------------------------------------
 
-def find_tarball() -> Path:
+# The pinned upstream commit (the tarball beside the project is this commit).
+PJDFSTEST_COMMIT = "85a8aea9e685999ef0540392fd80535f873d7ff7"
+PJDFSTEST_URL = f"https://github.com/pjd/pjdfstest/archive/{PJDFSTEST_COMMIT}.tar.gz"
+
+
+class TarballMissing(HarnessError):
+    """No pjdfstest source here and none could be downloaded (an offline machine)."""
+
+
+def find_tarball(cache_root: Path, log=print) -> Path:
+    """The pinned pjdfstest source: FANSTORE_PJDFSTEST_TARBALL, else the
+    tarball in the third-party directory beside the project (CI, this
+    project's machines), else one downloaded once into `cache_root` from
+    upstream at the pinned commit (a user's clone)."""
     env = os.environ.get("FANSTORE_PJDFSTEST_TARBALL")
     if env:
         if not Path(env).is_file():
@@ -93,8 +108,21 @@ def find_tarball() -> Path:
         found = sorted(d.glob("pjdfstest-*.tar.gz"))
         if found:
             return found[-1]
-    raise HarnessError("no pjdfstest-*.tar.gz in " + ", ".join(map(str, dirs))
-                       + ": set FANSTORE_PJDFSTEST_TARBALL to the pinned tarball (see ../shared/third_party/README.md)")
+    cached = cache_root / f"pjdfstest-{PJDFSTEST_COMMIT[:12]}.tar.gz"
+    if cached.is_file():
+        return cached
+    log(f"downloading pjdfstest {PJDFSTEST_COMMIT[:12]} from {PJDFSTEST_URL}")
+    try:
+        import urllib.request
+        cache_root.mkdir(parents=True, exist_ok=True)
+        part = cached.with_suffix(".part")
+        with urllib.request.urlopen(PJDFSTEST_URL, timeout=60) as r, open(part, "wb") as f:
+            shutil.copyfileobj(r, f)
+        part.rename(cached)
+        return cached
+    except OSError as e:
+        raise TarballMissing(f"no pjdfstest source: none in {', '.join(map(str, dirs))}, FANSTORE_PJDFSTEST_TARBALL "
+                             f"unset, and {PJDFSTEST_URL} could not be fetched ({e})") from e
 
 
 def check_tools():
@@ -573,7 +601,7 @@ def main(argv=None, log=print) -> int:
         return 2
     try:
         check_tools()
-        tree = build(find_tarball(), args.cache, log)
+        tree = build(find_tarball(args.cache, log), args.cache, log)
         files = test_files(tree, args.only)
         if not files:
             raise HarnessError(f"no .t file matches {args.only}")
@@ -582,6 +610,9 @@ def main(argv=None, log=print) -> int:
             raise HarnessError(f"{expected_path} lists files the suite does not have: {', '.join(unknown)}")
         logs = args.logs or Path(tempfile.mkdtemp(prefix="pjdfstest-logs-", dir="/tmp"))
         results, secs, escaped = run_suite(tree, files, logs, args.jobs, args.timeout, args.nranks, args.user, log)
+    except TarballMissing as e:
+        log(f"error: {e}")
+        return 3
     except HarnessError as e:
         log(f"error: {e}")
         return 2
