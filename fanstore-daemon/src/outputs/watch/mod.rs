@@ -179,7 +179,7 @@ impl Outputs {
             holder: bytes.map_or(u32::MAX, |r| r.holder),
             id: bytes.map_or(0, |r| r.id),
             sum: bytes.map_or(0, |r| r.sum),
-            time_ns: std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map_or(0, |d| d.as_nanos() as i64),
+            time_ns: crate::outputs::names::now_ns(),
             seq: 0,
             path: path.to_vec(),
             to: to.to_vec(),
