@@ -12,7 +12,8 @@
 //!
 //! rank-<r>.idx   0..8 magic "FSOUTIX\0" | 8..10 version (2) | 10..12 zero
 //!                12..16 count | entries | last 8 bytes: xxh3 of all before
-//! entry          0..4 path length | path | OutRecord (wire.rs, 56 bytes; 40 in version 1)
+//! entry          0..4 path length | path | OutRecord (wire.rs, 72 bytes; 56 in
+//!                version 2, 40 in version 1: those records belong to the reader)
 //! ```
 //!
 //! The daemon writes all of it (its `persist` module: drain at stop and at
@@ -38,8 +39,9 @@ use std::path::{Path, PathBuf};
 /// Holder rank of a record whose bytes are in `DIR/data`.
 pub const PERSISTED: u32 = u32::MAX;
 const MAGIC: [u8; 8] = *b"FSOUTIX\0";
-/// 2: records of 56 bytes (atime, ctime); version 1 (40-byte records) is read too.
-const VERSION: u16 = 2;
+/// 3: records of 72 bytes (uid, gid, inode base); versions 2 (56 bytes: atime, ctime)
+/// and 1 (40 bytes) are read too, owned by the reading process's user.
+const VERSION: u16 = 3;
 /// The directory under DIR holding each rank's drained checkpoint store.
 pub const STORE_DIR: &str = "ckpt";
 
@@ -95,11 +97,17 @@ pub fn decode_index(path: &Path, b: &[u8]) -> Result<Vec<(Vec<u8>, OutRecord)>, 
         return Err(PersistError::Magic(p()));
     }
     let v = u16::from_le_bytes([b[8], b[9]]);
-    if v != VERSION && v != 1 {
+    if !(1..=VERSION).contains(&v) {
         return Err(PersistError::Version(p(), v));
     }
-    let (rec_len, decode): (usize, fn(&[u8]) -> Option<OutRecord>) =
-        if v == 1 { (OutRecord::LEN_V1, OutRecord::decode_v1) } else { (OutRecord::LEN, OutRecord::decode) };
+    // SAFETY: geteuid and getegid have no preconditions and cannot fail.
+    let (uid, gid) = unsafe { (libc::geteuid(), libc::getegid()) };
+    let rec_len = [OutRecord::LEN_V1, OutRecord::LEN_V2, OutRecord::LEN][usize::from(v) - 1];
+    let decode = |b: &[u8]| match v {
+        1 => OutRecord::decode_v1(b).map(|r| OutRecord { uid, gid, ..r }),
+        2 => OutRecord::decode_v2(b, uid, gid),
+        _ => OutRecord::decode(b),
+    };
     let (body, tail) = b.split_at(b.len() - 8);
     let mut s = [0u8; 8];
     s.copy_from_slice(tail);
@@ -149,7 +157,7 @@ mod tests {
 
     #[test]
     fn index_roundtrip_and_corruption() {
-        let r = OutRecord { size: 3, mode: libc::S_IFREG | 0o644, holder: PERSISTED, mtime_ns: 5, id: 0, sum: 9, atime_ns: 4, ctime_ns: 6 };
+        let r = OutRecord { size: 3, mode: libc::S_IFREG | 0o644, holder: PERSISTED, mtime_ns: 5, id: 0, sum: 9, atime_ns: 4, ctime_ns: 6, uid: 1000, gid: 100, ino: 1 << 63 | 5 };
         let recs = vec![(b"a/b".to_vec(), r), (b"d".to_vec(), OutRecord { mode: libc::S_IFDIR | 0o755, ..r })];
         let b = encode_index(&recs);
         let p = Path::new("x.idx");
@@ -180,7 +188,9 @@ mod tests {
         let sum = xxh3(&b);
         b.extend_from_slice(&sum.to_le_bytes());
         let got = decode_index(Path::new("v1.idx"), &b).unwrap();
-        assert_eq!(got, vec![(b"a/b".to_vec(), OutRecord { atime_ns: 77, ctime_ns: 77, ..r })]);
+        // SAFETY: no preconditions.
+        let (uid, gid) = unsafe { (libc::geteuid(), libc::getegid()) };
+        assert_eq!(got, vec![(b"a/b".to_vec(), OutRecord { atime_ns: 77, ctime_ns: 77, uid, gid, ..r })]);
         let cut = &b[..b.len() - 12];
         assert!(decode_index(Path::new("v1.idx"), cut).is_err(), "a cut index is refused");
     }

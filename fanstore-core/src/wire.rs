@@ -54,8 +54,14 @@
 //! WATCH_*   namespace events of outputs, ops 40-45: see crate::watchev
 //!
 //! OutRecord  0..8 size | 8..12 mode | 12..16 holder rank | 16..24 mtime ns
-//!           (i64) | 24..32 output id | 32..40 xxh3 of the bytes
+//!           (i64) | 24..32 output id | 32..40 xxh3 of the bytes | 40..48 atime
+//!           | 48..56 ctime | 56..60 uid | 60..64 gid | 64..72 inode base
 //! ```
+//!
+//! Who asks: the daemon takes a connection's caller from the socket
+//! (SO_PEERCRED: effective uid and gid, and the process's groups), so a
+//! request carries no credentials; the library opens a new connection
+//! when its effective ids change (a program that drops privileges).
 
 use crate::le::*;
 use std::io;
@@ -184,6 +190,17 @@ pub const SETATTR_MODE: u64 = 1;
 pub const SETATTR_MTIME: u64 = 2;
 /// SETATTR arg0: set the access time to arg1 (ns since the epoch, i64).
 pub const SETATTR_ATIME: u64 = 3;
+/// SETATTR arg0: set the owner to arg1 = uid | gid << 32 (`u32::MAX`:
+/// unchanged), as chown(2) does: root (or a caller with CAP_CHOWN) gives a
+/// file to anyone; the owner may change only its group, to one of its own.
+pub const SETATTR_OWNER: u64 = 4;
+/// SETATTR arg0 bit: the times are "now" (utime with a null pointer,
+/// UTIME_NOW): allowed to a caller with write permission, not only the owner.
+pub const SETATTR_NOW: u64 = 0x200;
+/// SETATTR arg0 bit with SETATTR_OWNER: leave the mode bits as they are
+/// (the owner of a file chowned while it was being written, given after
+/// its commit: the mode it was committed with already lost them).
+pub const SETATTR_KEEP_MODE: u64 = 0x400;
 /// SETATTR arg0 bit (with one of the above): do not follow a symlink in the
 /// last component (lutimes, fchmodat/utimensat with AT_SYMLINK_NOFOLLOW);
 /// a symlink's mode cannot change (EOPNOTSUPP, as Linux says).
@@ -193,6 +210,10 @@ pub const SETATTR_NOFOLLOW: u64 = 0x100;
 pub const KIND_FILE: u8 = 1;
 pub const KIND_DIR: u8 = 2;
 pub const KIND_LINK: u8 = 3;
+
+/// uid and gid of a record that stands for an input of the dataset (an
+/// OUT_STAT through a symlink into it): the library shows its own user.
+pub const INPUT_OWNER: u32 = u32::MAX;
 
 /// Metadata of one output file or directory, as the owner rank keeps it.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
@@ -211,14 +232,30 @@ pub struct OutRecord {
     pub atime_ns: i64,
     /// Status change time: the record's creation, chmod, utime, rename.
     pub ctime_ns: i64,
+    /// Owner and group: the creator's effective ids (chown changes them).
+    pub uid: u32,
+    pub gid: u32,
+    /// The base of the inode number stat shows ([`ino_of_path`] of the
+    /// path it was created at, 0 for records older than it): a rename
+    /// keeps it, so the number follows the file, as natively.
+    pub ino: u64,
+}
+
+/// The inode number of an output created at `path` (relative to the
+/// mount): a hash of the path, top bit set (input inodes are small node ids).
+pub fn ino_of_path(path: &[u8]) -> u64 {
+    crate::checksum::xxh3(path) | (1 << 63)
 }
 
 impl OutRecord {
     /// ```text
     /// 0..8 size | 8..12 mode | 12..16 holder | 16..24 mtime ns | 24..32 id
-    /// 32..40 xxh3 | 40..48 atime ns | 48..56 ctime ns      (all LE)
+    /// 32..40 xxh3 | 40..48 atime ns | 48..56 ctime ns | 56..60 uid
+    /// 60..64 gid | 64..72 inode base                        (all LE)
     /// ```
-    pub const LEN: usize = 56;
+    pub const LEN: usize = 72;
+    /// The record before uid and gid (persisted indexes of version 2).
+    pub const LEN_V2: usize = 56;
     /// The record before atime and ctime (persisted indexes of version 1).
     pub const LEN_V1: usize = 40;
     /// A new record's three times: mtime `mtime_ns`, atime the same, ctime `now_ns`.
@@ -252,6 +289,9 @@ impl OutRecord {
         put_u64(&mut h, 32, self.sum);
         put_u64(&mut h, 40, self.atime_ns as u64);
         put_u64(&mut h, 48, self.ctime_ns as u64);
+        put_u32(&mut h, 56, self.uid);
+        put_u32(&mut h, 60, self.gid);
+        put_u64(&mut h, 64, self.ino);
         b.extend_from_slice(&h);
     }
     /// Decodes the first LEN bytes of `b` (None if shorter).
@@ -268,7 +308,18 @@ impl OutRecord {
             sum: u64_at(b, 32),
             atime_ns: u64_at(b, 40) as i64,
             ctime_ns: u64_at(b, 48) as i64,
+            uid: u32_at(b, 56),
+            gid: u32_at(b, 60),
+            ino: u64_at(b, 64),
         })
+    }
+    /// Decodes a version-2 record (the first LEN_V2 bytes); its owner is
+    /// `uid`/`gid` (who reads it back: records had no owner then).
+    pub fn decode_v2(b: &[u8], uid: u32, gid: u32) -> Option<OutRecord> {
+        let b = b.get(..Self::LEN_V2)?;
+        let mut full = [0u8; Self::LEN];
+        full[..Self::LEN_V2].copy_from_slice(b);
+        Some(OutRecord { uid, gid, ..OutRecord::decode(&full)? })
     }
     /// Decodes a version-1 record (the first LEN_V1 bytes; atime and ctime
     /// are its mtime).
@@ -654,7 +705,7 @@ mod tests {
 
     #[test]
     fn stat_answer_round_trip_and_malformed() {
-        let rec = OutRecord { size: 4, mode: libc::S_IFLNK | 0o777, holder: 1, mtime_ns: -3, id: 9, sum: 7, atime_ns: -2, ctime_ns: 8 };
+        let rec = OutRecord { size: 4, mode: libc::S_IFLNK | 0o777, holder: 1, mtime_ns: -3, id: 9, sum: 7, atime_ns: -2, ctime_ns: 8, uid: 1000, gid: 1001, ino: 1 << 63 | 77 };
         let b = StatAnswer::encode(&rec, b"run/ck-9", b"ck-9");
         let a = StatAnswer::decode(&b).unwrap();
         assert_eq!((a.rec, a.resolved, a.target), (rec, &b"run/ck-9"[..], &b"ck-9"[..]));
@@ -700,11 +751,14 @@ mod tests {
 
     #[test]
     fn out_record_and_entries() {
-        let r = OutRecord { size: 5, mode: libc::S_IFREG | 0o644, holder: 3, mtime_ns: -7, id: 9, sum: 11, atime_ns: 1 << 40, ctime_ns: -(1 << 41) };
+        let r = OutRecord { size: 5, mode: libc::S_IFREG | 0o644, holder: 3, mtime_ns: -7, id: 9, sum: 11, atime_ns: 1 << 40, ctime_ns: -(1 << 41), uid: 7, gid: u32::MAX, ino: 5 };
         let mut b = Vec::new();
         r.encode_into(&mut b);
+        assert_eq!(b.len(), OutRecord::LEN);
         assert_eq!(OutRecord::decode(&b), Some(r));
-        assert_eq!(OutRecord::decode(&b[..39]), None);
+        assert_eq!(OutRecord::decode(&b[..OutRecord::LEN - 1]), None);
+        // A version-2 record (no owner, no inode base) belongs to whom reads it.
+        assert_eq!(OutRecord::decode_v2(&b[..OutRecord::LEN_V2], 4, 5), Some(OutRecord { uid: 4, gid: 5, ino: 0, ..r }));
         let mut l = Vec::new();
         assert!(push_entry(&mut l, KIND_FILE, b"a", 100));
         assert!(push_entry(&mut l, KIND_DIR, b"bc", 100));

@@ -22,14 +22,15 @@ pub struct IndexShm {
 }
 
 impl IndexShm {
-    /// Writes `bytes` to `path` (mode 0600), replacing a stale file of a previous run.
-    pub fn publish(path: &Path, bytes: &[u8]) -> Result<IndexShm, IndexShmError> {
+    /// Writes `bytes` to `path` (`mode`: 0600, or 0644 for a daemon that
+    /// serves every user), replacing a stale file of a previous run.
+    pub fn publish(path: &Path, bytes: &[u8], mode: u32) -> Result<IndexShm, IndexShmError> {
         let err = |source| IndexShmError { path: path.to_path_buf(), source };
         let mut tmp = path.as_os_str().to_owned();
         tmp.push(format!(".tmp{}", std::process::id()));
         let tmp = PathBuf::from(tmp);
         let _ = std::fs::remove_file(&tmp);
-        let mut f = std::fs::OpenOptions::new().write(true).create_new(true).mode(0o600).open(&tmp).map_err(err)?;
+        let mut f = std::fs::OpenOptions::new().write(true).create_new(true).mode(mode).open(&tmp).map_err(err)?;
         let res = f.write_all(bytes).and_then(|_| std::fs::rename(&tmp, path));
         if let Err(e) = res {
             let _ = std::fs::remove_file(&tmp);
@@ -61,7 +62,7 @@ mod tests {
         let d = tempfile::tempdir().unwrap();
         let p = d.path().join("x.index");
         std::fs::write(&p, b"stale").unwrap();
-        let s = IndexShm::publish(&p, b"index bytes").unwrap();
+        let s = IndexShm::publish(&p, b"index bytes", 0o600).unwrap();
         assert_eq!(std::fs::read(&p).unwrap(), b"index bytes");
         assert_eq!(std::fs::metadata(&p).unwrap().permissions().mode() & 0o777, 0o600);
         s.remove();

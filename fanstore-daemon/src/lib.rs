@@ -137,6 +137,7 @@
 
 pub mod args;
 pub mod comm;
+pub mod caller;
 pub mod cpu_share;
 pub mod fdio;
 pub mod fdlimit;
@@ -173,13 +174,46 @@ pub fn prepare_runtime_dir(dir: &Path) -> Result<(), RuntimeDirError> {
     let err = |e| RuntimeDirError::Create(dir.to_path_buf(), e);
     std::fs::create_dir_all(dir).map_err(err)?;
     let md = std::fs::metadata(dir).map_err(err)?;
-    // SAFETY: getuid cannot fail.
-    let me = unsafe { libc::getuid() };
+    // SAFETY: geteuid cannot fail.
+    let me = unsafe { libc::geteuid() };
     if md.uid() != me {
         return Err(RuntimeDirError::NotOurs(dir.to_path_buf(), md.uid(), me));
     }
-    if md.permissions().mode() & 0o777 != 0o700 {
-        std::fs::set_permissions(dir, std::fs::Permissions::from_mode(0o700)).map_err(err)?;
+    let mode = caller::shared_mode(0o755, 0o700);
+    if md.permissions().mode() & 0o777 != mode {
+        std::fs::set_permissions(dir, std::fs::Permissions::from_mode(mode)).map_err(err)?;
+    }
+    Ok(())
+}
+
+/// For a daemon that serves every user ([`caller::serves_every_user`]):
+/// the clients' directory in the rank's local directory, made ready for
+/// processes of any uid: `.client` 0755 with `pending`, `locks` and `cwd`
+/// open to all as /tmp is (01777), so that their O_EXCL markers, lock
+/// files and cwd stand-ins can be made by whoever runs. (A daemon of one
+/// user leaves it to its clients, which make it 0700.)
+pub fn prepare_client_dir(local_dir: &Path) -> std::io::Result<()> {
+    use std::os::unix::fs::PermissionsExt;
+    if !caller::serves_every_user() {
+        return Ok(());
+    }
+    // Other users reach it only if every directory above it lets them pass.
+    let mut up = local_dir.parent();
+    while let Some(d) = up {
+        use std::os::unix::fs::MetadataExt;
+        if std::fs::metadata(d).is_ok_and(|m| m.mode() & 0o001 == 0) {
+            log::warn!("{} is not searchable by other users (mode {:o}): their processes cannot create outputs on this node", d.display(), std::fs::metadata(d).map_or(0, |m| m.mode() & 0o7777));
+            break;
+        }
+        up = d.parent();
+    }
+    let client = local_dir.join(".client");
+    for (dir, mode) in [(client.clone(), 0o755), (client.join("pending"), 0o1777), (client.join("locks"), 0o1777), (client.join("cwd"), 0o1777)] {
+        match std::fs::create_dir_all(&dir) {
+            Ok(()) => {}
+            Err(e) => return Err(e),
+        }
+        std::fs::set_permissions(&dir, std::fs::Permissions::from_mode(mode))?;
     }
     Ok(())
 }
@@ -284,9 +318,11 @@ mod tests {
         let d = tempfile::tempdir().unwrap();
         let rt = d.path().join("rt");
         std::fs::create_dir(&rt).unwrap();
-        std::fs::set_permissions(&rt, std::fs::Permissions::from_mode(0o755)).unwrap();
+        std::fs::set_permissions(&rt, std::fs::Permissions::from_mode(0o750)).unwrap();
         prepare_runtime_dir(&rt).unwrap();
-        assert_eq!(std::fs::metadata(&rt).unwrap().permissions().mode() & 0o777, 0o700);
+        // Private, unless this daemon (root) serves every user.
+        let want = if caller::serves_every_user() { 0o755 } else { 0o700 };
+        assert_eq!(std::fs::metadata(&rt).unwrap().permissions().mode() & 0o777, want);
         for f in ["node-0.state", "node-3.state", "node-3.sock", "node-12.state", "node-5.lock", "other.txt"] {
             std::fs::write(rt.join(f), b"").unwrap();
         }

@@ -596,7 +596,7 @@ fn prepare(args: &DaemonArgs, id: &Identity, cleanup: &mut Cleanup) -> anyhow::R
     drop(manifest);
     let view = IndexView::parse(&mpath, bytes, Verify::Header)?;
     load::check_partition_table(&view)?;
-    cleanup.shm = Some(IndexShm::publish(&id.index_path, bytes)?);
+    cleanup.shm = Some(IndexShm::publish(&id.index_path, bytes, fanstore_daemon::caller::shared_mode(0o644, 0o600))?);
     let replicated: Vec<bool> = view.partitions().map(|p| p.replicated()).collect();
     let placement = Placement::new(id.nranks, args.replication, replicated);
     let listener = Listener::bind(&fanstore_core::runtime::socket_path(&id.runtime, rank))?;
@@ -619,6 +619,7 @@ fn prepare(args: &DaemonArgs, id: &Identity, cleanup: &mut Cleanup) -> anyhow::R
     }
     remove_stale_tomb(&id.local_dir, rank);
     let local_dir = id.local_dir.clone();
+    fanstore_daemon::prepare_client_dir(&local_dir).with_context(|| format!("preparing {}/.client for the clients of every user", local_dir.display()))?;
     let in_memory = fanstore_daemon::inputs::copies::in_memory(&local_dir);
     if in_memory && args.cache_disk > 0 {
         log::info!("rank {}: the local dir {} is in memory (tmpfs): no node copies on it (--cache-disk ignored)", id.rank, local_dir.display());

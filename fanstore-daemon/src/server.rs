@@ -1,11 +1,13 @@
 //! The unix socket clients and the control CLI talk to: SOCK_SEQPACKET at
-//! `runtime/node-<rank>.sock`, mode 0600, peers checked with SO_PEERCRED
-//! (same uid only). One thread per connection; every blocking call is a
+//! `runtime/node-<rank>.sock`, peers checked with SO_PEERCRED: a daemon run
+//! by root serves every uid (socket mode 0666; each connection acts as its
+//! caller, [`Caller`]), any other daemon only its own uid (mode 0600). One thread per connection; every blocking call is a
 //! poll with a short timeout so the threads notice a stop. A client that
 //! goes away mid-request only ends its own connection thread.
 
 use crate::inputs::client_reply::ClientReply;
 use crate::comm::Command;
+use crate::caller::Caller;
 use crate::node::Node;
 use fanstore_core::wire::{self, op, Reply, Request};
 use std::io;
@@ -68,7 +70,7 @@ impl Listener {
         if unsafe { libc::bind(fd.as_raw_fd(), &addr as *const _ as *const libc::sockaddr, len) } != 0 {
             return Err(io("binding", io::Error::last_os_error()));
         }
-        std::fs::set_permissions(path, std::os::unix::fs::PermissionsExt::from_mode(0o600))
+        std::fs::set_permissions(path, std::os::unix::fs::PermissionsExt::from_mode(crate::caller::shared_mode(0o666, 0o600)))
             .map_err(|e| io("chmod", e))?;
         // SAFETY: fd is a bound socket.
         if unsafe { libc::listen(fd.as_raw_fd(), 128) } != 0 {
@@ -94,8 +96,9 @@ fn readable(fd: RawFd) -> io::Result<bool> {
     Ok(r > 0)
 }
 
-/// The uid of the process at the other end of `fd`.
-fn peer_uid(fd: RawFd) -> io::Result<u32> {
+/// The credentials of the process at the other end of `fd` (effective ids
+/// at its `connect`), with its pid.
+fn peer_cred(fd: RawFd) -> io::Result<libc::ucred> {
     // SAFETY: ucred is plain data.
     let mut cred: libc::ucred = unsafe { std::mem::zeroed() };
     let mut len = std::mem::size_of::<libc::ucred>() as libc::socklen_t;
@@ -104,13 +107,25 @@ fn peer_uid(fd: RawFd) -> io::Result<u32> {
     if r != 0 {
         return Err(io::Error::last_os_error());
     }
-    Ok(cred.uid)
+    Ok(cred)
+}
+
+/// Who a new connection acts for. A daemon run by root serves every uid
+/// (its permission checks are the kernel's: [`Caller`]); any other daemon
+/// only its own user's processes (None: refused).
+fn caller_of(cred: &libc::ucred, me: u32) -> Option<Caller> {
+    if me != 0 && cred.uid != me {
+        return None;
+    }
+    // Root needs no groups: it passes every check that would ask.
+    let groups = if cred.uid == 0 { Vec::new() } else { Caller::groups_of(cred.pid) };
+    Some(Caller { uid: cred.uid, gid: cred.gid, groups })
 }
 
 /// Accepts connections until the node stops; one thread per connection.
 pub fn serve(listener: Listener, node: Arc<Node>) {
-    // SAFETY: getuid cannot fail.
-    let me = unsafe { libc::getuid() };
+    // SAFETY: geteuid cannot fail.
+    let me = unsafe { libc::geteuid() };
     let mut out_of_fds = false;
     while !node.rank.stopping.load(Relaxed) {
         match readable(listener.fd.as_raw_fd()) {
@@ -141,28 +156,30 @@ pub fn serve(listener: Listener, node: Arc<Node>) {
         out_of_fds = false;
         // SAFETY: raw is a new connected socket that we own.
         let conn = unsafe { OwnedFd::from_raw_fd(raw) };
-        match peer_uid(conn.as_raw_fd()) {
-            Ok(uid) if uid == me => {}
-            Ok(uid) => {
-                log::warn!("rank {}: refused a connection from uid {uid}", node.rank.id.rank);
-                node.rank.counters.errors.fetch_add(1, Relaxed);
-                continue;
-            }
+        let caller = match peer_cred(conn.as_raw_fd()) {
+            Ok(cred) => match caller_of(&cred, me) {
+                Some(c) => c,
+                None => {
+                    log::warn!("rank {}: refused a connection from uid {}", node.rank.id.rank, cred.uid);
+                    node.rank.counters.errors.fetch_add(1, Relaxed);
+                    continue;
+                }
+            },
             Err(e) => {
                 log::warn!("rank {}: SO_PEERCRED: {e}", node.rank.id.rank);
                 continue;
             }
-        }
+        };
         node.rank.counters.clients.fetch_add(1, Relaxed);
         let node = node.clone();
-        let spawned = std::thread::Builder::new().name("fanstore-conn".into()).spawn(move || connection(conn, &node));
+        let spawned = std::thread::Builder::new().name("fanstore-conn".into()).spawn(move || connection(conn, &node, &caller));
         if let Err(e) = spawned {
             log::error!("spawning a connection thread: {e}");
         }
     }
 }
 
-fn connection(conn: OwnedFd, node: &Node) {
+fn connection(conn: OwnedFd, node: &Node, caller: &Caller) {
     let fd = conn.as_raw_fd();
     let mut buf = vec![0u8; wire::MAX_MESSAGE];
     while !node.rank.stopping.load(Relaxed) {
@@ -189,7 +206,7 @@ fn connection(conn: OwnedFd, node: &Node) {
         if wire::op::is_watch(req.op) {
             return crate::outputs::watch::session(&node.outputs, fd, req, attached); // until the watcher goes away
         }
-        if handle(node, fd, &req, attached).is_err() {
+        if handle(node, fd, &req, attached, caller).is_err() {
             return; // the client went away mid-request
         }
     }
@@ -203,29 +220,29 @@ fn done(fd: RawFd, req: &Request, r: Result<(), i32>) -> io::Result<()> {
     wire::send_msg(fd, &rep.encode(), None)
 }
 
-fn handle(node: &Node, fd: RawFd, req: &Request, attached: Option<OwnedFd>) -> io::Result<()> {
+fn handle(node: &Node, fd: RawFd, req: &Request, attached: Option<OwnedFd>, caller: &Caller) -> io::Result<()> {
     let path = &req.payload[..];
     match req.op {
         op::COMMIT => {
             let r = match attached {
-                Some(file) => node.outputs.commit(path, file, req.arg0, req.arg1 as u32),
+                Some(file) => node.outputs.commit(path, file, req.arg0, req.arg1 as u32, caller),
                 None => Err(libc::EINVAL),
             };
             done(fd, req, r)
         }
         op::OUT_STAT => {
             node.rank.counters.names_asked.fetch_add(1, Relaxed);
-            let r = match node.outputs.out_stat_answer(path, req.arg0) {
+            let r = match node.outputs.out_stat_answer(path, req.arg0, caller) {
                 Ok(payload) => Reply { payload, ..Reply::ok(req, 0) },
                 Err((errno, payload)) => Reply { payload, ..Reply::err(req, errno) },
             };
             wire::send_msg(fd, &r.encode(), None)
         }
         op::SYMLINK => match path.iter().position(|&b| b == 0) {
-            Some(i) => done(fd, req, node.outputs.out_symlink(&path[..i], &path[i + 1..])),
+            Some(i) => done(fd, req, node.outputs.out_symlink(&path[..i], &path[i + 1..], caller)),
             None => done(fd, req, Err(libc::EINVAL)),
         },
-        op::OUT_OPEN => match node.outputs.out_open(path) {
+        op::OUT_OPEN => match node.outputs.out_open(path, caller) {
             Ok(file) => {
                 let mut r = Reply::ok(req, 0);
                 r.flags = wire::FLAG_FD;
@@ -244,10 +261,10 @@ fn handle(node: &Node, fd: RawFd, req: &Request, attached: Option<OwnedFd>) -> i
                 Err(e) => done(fd, req, Err(e)),
             }
         }
-        op::MKDIR => done(fd, req, node.outputs.out_mkdir(path, req.arg1 as u32)),
-        op::RMDIR => done(fd, req, node.outputs.out_rmdir(path)),
-        op::UNLINK => done(fd, req, node.outputs.out_unlink(path)),
-        op::SETATTR => done(fd, req, node.outputs.out_setattr(path, req.arg0, req.arg1)),
+        op::MKDIR => done(fd, req, node.outputs.out_mkdir(path, req.arg1 as u32, caller)),
+        op::RMDIR => done(fd, req, node.outputs.out_rmdir(path, caller)),
+        op::UNLINK => done(fd, req, node.outputs.out_unlink(path, caller)),
+        op::SETATTR => done(fd, req, node.outputs.out_setattr(path, req.arg0, req.arg1, caller)),
         op::SYNC => {
             let Some(dir) = node.outputs.persist.get() else { return done(fd, req, Err(libc::EINVAL)) };
             let r = match req.arg0 {
@@ -264,7 +281,7 @@ fn handle(node: &Node, fd: RawFd, req: &Request, attached: Option<OwnedFd>) -> i
             }
         }
         op::RENAME => match path.iter().position(|&b| b == 0) {
-            Some(i) => done(fd, req, node.outputs.out_rename(&path[..i], &path[i + 1..], req.arg0 & wire::RENAME_NOREPLACE != 0)),
+            Some(i) => done(fd, req, node.outputs.out_rename(&path[..i], &path[i + 1..], req.arg0 & wire::RENAME_NOREPLACE != 0, caller)),
             None => done(fd, req, Err(libc::EINVAL)),
         },
         op::CKPT => {

@@ -84,11 +84,15 @@ fn singleton_serves_every_file_and_stops_clean() {
     let st = wait_ready(&rt);
     assert_eq!((st.rank, st.nranks, st.dataset_id), (0, 1, 0xfeed));
     assert!(st.local_partitions.iter().all(|&b| b));
-    assert_eq!(std::fs::metadata(&rt).unwrap().permissions().mode() & 0o777, 0o700);
+    // Private to the daemon's user; open to every uid when root runs it
+    // (it then serves them all, with their permission checks).
+    let every = fanstore_daemon::caller::serves_every_user();
+    let mode = |p: &std::path::Path| std::fs::metadata(p).unwrap().permissions().mode() & 0o777;
+    assert_eq!(mode(&rt), if every { 0o755 } else { 0o700 });
     let sock = runtime::socket_path(&rt, 0);
-    assert_eq!(std::fs::metadata(&sock).unwrap().permissions().mode() & 0o777, 0o600);
+    assert_eq!(mode(&sock), if every { 0o666 } else { 0o600 });
     let index_path = std::path::PathBuf::from(String::from_utf8(st.index_path.clone()).unwrap());
-    assert_eq!(std::fs::metadata(&index_path).unwrap().permissions().mode() & 0o777, 0o600);
+    assert_eq!(mode(&index_path), if every { 0o644 } else { 0o600 });
     let index = std::fs::read(&index_path).unwrap();
     let view = IndexView::parse(&index_path, &index, Verify::Full).unwrap();
 

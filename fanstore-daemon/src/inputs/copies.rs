@@ -57,7 +57,7 @@ impl TierMap {
     /// Creates the tier map at `path` (mode 0600, replacing a stale one) for `nodes` nodes, all [`TIER_NONE`].
     pub fn create(path: &Path, dataset_id: u64, nodes: u64) -> io::Result<TierMap> {
         let _ = std::fs::remove_file(path);
-        let f = std::fs::OpenOptions::new().read(true).write(true).create_new(true).mode(0o600).open(path)?;
+        let f = std::fs::OpenOptions::new().read(true).write(true).create_new(true).mode(crate::caller::shared_mode(0o644, 0o600)).open(path)?;
         let len = tiers::HEADER_LEN as u64 + nodes;
         f.set_len(len)?;
         // SAFETY: the file was just created by us with mode 0600 and is never
@@ -153,7 +153,7 @@ impl Copies {
         if dir.exists() {
             std::fs::remove_dir_all(dir)?;
         }
-        std::fs::DirBuilder::new().mode(0o700).create(dir)?;
+        std::fs::DirBuilder::new().mode(crate::caller::shared_mode(0o755, 0o700)).create(dir)?;
         let dir_c = CString::new(dir.as_os_str().as_bytes()).map_err(|_| io::ErrorKind::InvalidInput)?;
         let hook_dir = dir.to_path_buf();
         let hook_tiers = tiers.clone();

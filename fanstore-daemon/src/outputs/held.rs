@@ -18,6 +18,7 @@
 //! EIO) registers nothing. A replaced output's old bytes are deleted: here,
 //! or by the holder when asked (HOLDER_DROP over MPI).
 
+use crate::caller::Caller;
 use crate::ids::OUT_BIT;
 use crate::memfd::MemfdBuilder;
 use crate::outputs::held_files::{drop_held, io_errno, write_sidecar_in};
@@ -75,8 +76,10 @@ impl Outputs {
     /// its record at the owner (ELOOP: a symlink is there). Ok(true) when
     /// it replaced an earlier version.
     fn put_record(&self, path: &[u8], rec: OutRecord, excl: bool) -> Result<bool, i32> {
+        use crate::outputs::namespace::owner::PUT_KEEP_OWNER;
         self.write_sidecar(path, &rec)?;
-        self.put(path, rec, excl).inspect_err(|_| {
+        let flags = if excl { wire::COMMIT_EXCL } else { PUT_KEEP_OWNER };
+        self.put_with(path, rec, flags).inspect_err(|_| {
             let _ = std::fs::remove_file(self.sidecar(rec.id));
         })
     }
@@ -85,7 +88,10 @@ impl Outputs {
     /// owner; `flags`: the request's COMMIT_EXCL and COMMIT_SOLE bits. `fd`
     /// is closed before this returns (the store keeps at most a read-only
     /// reopening of it).
-    pub fn commit(&self, path: &[u8], fd: OwnedFd, flags: u64, mode: u32) -> Result<(), i32> {
+    ///
+    /// A new file belongs to `caller`; a new version of an existing one
+    /// keeps its owner and group (the owner rank keeps them).
+    pub fn commit(&self, path: &[u8], fd: OwnedFd, flags: u64, mode: u32, caller: &Caller) -> Result<(), i32> {
         let excl = flags & wire::COMMIT_EXCL != 0;
         if path.is_empty() {
             return Err(libc::EEXIST);
@@ -173,7 +179,8 @@ impl Outputs {
             (Some(d), None) => d.stage(path, id, bytes)?.file_xxh3,
             (None, _) => self.store_plain(&src, sole, bytes, &file).inspect_err(|_| undo())?,
         };
-        let rec = OutRecord { size, mode: libc::S_IFREG | (mode & 0o7777), holder: self.rank.id.rank, mtime_ns, id, sum, atime_ns, ctime_ns: now_ns() };
+        let (uid, gid) = (caller.uid, caller.gid);
+        let rec = OutRecord { size, mode: libc::S_IFREG | (mode & 0o7777), holder: self.rank.id.rank, mtime_ns, id, sum, atime_ns, ctime_ns: now_ns(), uid, gid, ino: wire::ino_of_path(path) };
         // A symlink at the name: the bytes go to its target (as open(2)
         // follows it), which must then be a file or nothing in a directory.
         let (path, replaced) = &match self.put_record(path, rec, excl) {
@@ -185,7 +192,7 @@ impl Outputs {
                 Err(libc::ENOENT) => self.real_dangling(path),
                 Err(e) => Err(e),
             }
-            .and_then(|p| self.put_record(&p, rec, excl).map(|r| (p, r))),
+            .and_then(|p| self.put_record(&p, OutRecord { ino: wire::ino_of_path(&p), ..rec }, excl).map(|r| (p, r))),
             other => other.map(|r| (path.clone(), r)),
         }
         .inspect_err(|_| undo())?;
@@ -272,8 +279,12 @@ impl Outputs {
     }
 
     /// OUT_OPEN: an fd with the bytes of output `path`.
-    pub fn out_open(&self, path: &[u8]) -> Result<OwnedFd, i32> {
+    pub fn out_open(&self, path: &[u8], caller: &Caller) -> Result<OwnedFd, i32> {
+        self.check_search(caller, path)?;
         let (fd, rec) = self.out_open_bytes(path)?;
+        if !caller.is_root() && rec.holder != crate::outputs::persist::PERSISTED && !caller.may(&rec, crate::caller::Access::READ) {
+            return Err(libc::EACCES);
+        }
         if rec.holder != crate::outputs::persist::PERSISTED {
             stamp(&fd, &rec);
         }
@@ -533,7 +544,7 @@ impl Outputs {
             return;
         }
         self.ensure_dirs(parent(dir).0);
-        match self.out_mkdir(dir, 0o755) {
+        match self.out_mkdir(dir, 0o755, &Caller::this_process()) {
             Ok(()) | Err(libc::EEXIST) => {}
             Err(e) => log::warn!("rank {}: recreating '{}': errno {e}", self.rank.id.rank, String::from_utf8_lossy(dir)),
         }

@@ -196,7 +196,7 @@ impl Outputs {
     /// given). Its holder (this rank) keeps the target as the output's
     /// bytes with a sidecar, so drain, export and kill -9 recovery treat it
     /// as any output; its owner keeps the target beside the record.
-    pub fn out_symlink(&self, path: &[u8], target: &[u8]) -> Result<(), i32> {
+    pub fn out_symlink(&self, path: &[u8], target: &[u8], caller: &crate::caller::Caller) -> Result<(), i32> {
         if target.is_empty() {
             return Err(libc::ENOENT);
         }
@@ -214,12 +214,14 @@ impl Outputs {
         if name_too_long(&path) {
             return Err(libc::ENAMETOOLONG);
         }
+        self.check_add(caller, &path)?;
         let id = self.out_seq.fetch_add(1, Relaxed);
         if id >= crate::ids::OUT_BIT as u64 {
             return Err(libc::ENOSPC);
         }
         let now = now_ns();
-        let rec = OutRecord { size: target.len() as u64, mode: libc::S_IFLNK | 0o777, holder: self.rank.id.rank, id, sum: xxh3(target), ..Default::default() }
+        let (uid, gid) = (caller.uid, caller.gid);
+        let rec = OutRecord { size: target.len() as u64, mode: libc::S_IFLNK | 0o777, holder: self.rank.id.rank, id, sum: xxh3(target), uid, gid, ino: wire::ino_of_path(&path), ..Default::default() }
             .with_times(now, now);
         self.hold_link(&path, &rec, target)?;
         if let Err(e) = self.put_link(&path, rec, target, wire::COMMIT_EXCL) {
@@ -264,6 +266,10 @@ impl Outputs {
                 sum: 0,
                 atime_ns: n.atime_ns(),
                 ctime_ns: n.ctime_ns(),
+                // The library shows an input's owner as its own user.
+                uid: wire::INPUT_OWNER,
+                gid: wire::INPUT_OWNER,
+                ino: 0,
             },
             None => OutRecord::default(),
         }

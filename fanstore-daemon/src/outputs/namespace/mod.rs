@@ -28,6 +28,7 @@
 //! Submodules: [`owner`] (the owner side), [`links`] (resolution and
 //! SYMLINK), `tree` (MKDIR, RMDIR, UNLINK, SETATTR, OUT_LIST, RENAME).
 
+mod access;
 pub mod links;
 pub mod owner;
 mod tree;
@@ -218,7 +219,12 @@ impl Outputs {
     /// OUT_STAT: the [`wire::StatAnswer`] of `path`, through symlinks (the
     /// last one too unless `wire::STAT_NOFOLLOW`). A path that leads out of
     /// the mount is EXDEV with the absolute path as the payload.
-    pub fn out_stat_answer(&self, path: &[u8], flags: u64) -> Result<Vec<u8>, (i32, Vec<u8>)> {
+    ///
+    /// A caller that is not root needs search permission on the name's
+    /// directory (EACCES); for STAT_PARENT, the directory's errno is EACCES
+    /// if it may not add a name there.
+    pub fn out_stat_answer(&self, path: &[u8], flags: u64, caller: &crate::caller::Caller) -> Result<Vec<u8>, (i32, Vec<u8>)> {
+        self.check_search(caller, path).map_err(|e| (e, Vec::new()))?;
         let follow = flags & wire::STAT_NOFOLLOW == 0;
         let resolved = |p: &[u8]| if p == path { Vec::new() } else { p.to_vec() };
         match self.lookup(path, follow) {
@@ -226,7 +232,10 @@ impl Outputs {
             Ok(Looked::Input { path: p, node }) => Ok(wire::StatAnswer::encode(&self.input_record(node), &resolved(&p), b"")),
             Ok(Looked::Outside(abs)) => Err((libc::EXDEV, abs)),
             Err(libc::ENOENT) if flags & wire::STAT_PARENT != 0 => {
-                let dir = self.dir_errno(parent(path).0);
+                let dir = self.dir_errno(parent(path).0).map(|e| match e {
+                    0 => self.check_add(caller, path).err().unwrap_or(0),
+                    e => e,
+                });
                 Err((libc::ENOENT, dir.map(|e| (e as u32).to_le_bytes().to_vec()).unwrap_or_default()))
             }
             Err(e) => Err((e, Vec::new())),

@@ -86,6 +86,10 @@ pub mod mop {
 /// symlink there answers ELOOP.
 pub const PUT_OVER_LINK: u64 = 2;
 
+/// PUT arg0 bit: a new version of a file (a COMMIT) keeps the owner and
+/// group of the file it replaces, as writing into a file does natively.
+pub const PUT_KEEP_OWNER: u64 = 4;
+
 /// MOVE_COMMIT arg0 bit: the move happened (not an abort). Every rank then
 /// remembers it ([`MetaStore::moved`]), so an output still open under the
 /// old name when the move ran is committed under the new one.
@@ -372,6 +376,11 @@ impl MetaStore {
                         r
                     }
                     old => {
+                        let rec = match old {
+                            // (and its inode number's base: rewritten, it stays the same file)
+                            Some(o) if req.arg0 & PUT_KEEP_OWNER != 0 && !o.is_link() => OutRecord { uid: o.uid, gid: o.gid, ino: o.ino, ..rec },
+                            _ => rec,
+                        };
                         let reply = match old {
                             Some(o) => with_record(req, o, self.targets.get(path)),
                             None => Reply::ok(req, 0),
@@ -393,10 +402,28 @@ impl MetaStore {
                 match self.recs.get_mut(path) {
                     None => Reply::err(req, libc::ENOENT),
                     Some(r) => {
-                        match req.arg0 {
+                        let keep_mode = req.arg0 & wire::SETATTR_KEEP_MODE != 0;
+                        match req.arg0 & !wire::SETATTR_KEEP_MODE {
                             wire::SETATTR_MODE => r.mode = (r.mode & libc::S_IFMT) | (value as u32 & 0o7777),
                             wire::SETATTR_MTIME => r.mtime_ns = value as i64,
                             wire::SETATTR_ATIME => r.atime_ns = value as i64,
+                            wire::SETATTR_OWNER => {
+                                let (uid, gid) = (value as u32, (value >> 32) as u32);
+                                if uid != u32::MAX {
+                                    r.uid = uid;
+                                }
+                                if gid != u32::MAX {
+                                    r.gid = gid;
+                                }
+                                // As chown(2) on Linux: a file that is not a directory
+                                // loses set-user-ID, and set-group-ID when group-executable.
+                                if !keep_mode && !r.is_dir() && !r.is_link() && (uid != u32::MAX || gid != u32::MAX) {
+                                    r.mode &= !libc::S_ISUID;
+                                    if r.mode & libc::S_IXGRP != 0 {
+                                        r.mode &= !libc::S_ISGID;
+                                    }
+                                }
+                            }
                             _ => return Reply::err(req, libc::EINVAL),
                         }
                         r.ctime_ns = crate::outputs::names::now_ns();

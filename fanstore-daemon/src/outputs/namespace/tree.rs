@@ -6,6 +6,7 @@
 use super::owner::mop;
 use fanstore_core::watchev::Kind;
 use super::META_IDS;
+use crate::caller::Caller;
 use crate::outputs::names::{now_ns, Looked};
 use crate::outputs::Outputs;
 use fanstore_core::wire::{self, OutRecord, Reply};
@@ -30,7 +31,7 @@ impl Outputs {
         }
     }
 
-    pub fn out_mkdir(&self, path: &[u8], mode: u32) -> Result<(), i32> {
+    pub fn out_mkdir(&self, path: &[u8], mode: u32, caller: &Caller) -> Result<(), i32> {
         if path.is_empty() || self.rank.view.lookup(path).is_some() {
             return Err(libc::EEXIST);
         }
@@ -41,8 +42,10 @@ impl Outputs {
         if super::links::name_too_long(path) {
             return Err(libc::ENAMETOOLONG);
         }
+        self.check_add(caller, path)?;
         let now = now_ns();
-        let rec = OutRecord { mode: libc::S_IFDIR | (mode & 0o7777), holder: self.rank.id.rank, ..Default::default() }.with_times(now, now);
+        let (uid, gid) = (caller.uid, caller.gid);
+        let rec = OutRecord { mode: libc::S_IFDIR | (mode & 0o7777), holder: self.rank.id.rank, uid, gid, ino: wire::ino_of_path(path), ..Default::default() }.with_times(now, now);
         let mut p = Vec::new();
         rec.encode_into(&mut p);
         p.extend_from_slice(path);
@@ -63,8 +66,9 @@ impl Outputs {
         Ok(real)
     }
 
-    pub fn out_rmdir(&self, path: &[u8]) -> Result<(), i32> {
+    pub fn out_rmdir(&self, path: &[u8], caller: &Caller) -> Result<(), i32> {
         let path = &self.output_entry(path, |dir| if dir { libc::EROFS } else { libc::ENOTDIR })?;
+        self.check_removal(caller, path)?;
         self.on_record(path, mop::RMDIR, 0, path.to_vec())?;
         self.link(path, wire::KIND_DIR, false)?;
         self.publish(Kind::Rmdir, path, b"", true, false, None);
@@ -72,8 +76,9 @@ impl Outputs {
     }
 
 
-    pub fn out_unlink(&self, path: &[u8]) -> Result<(), i32> {
+    pub fn out_unlink(&self, path: &[u8], caller: &Caller) -> Result<(), i32> {
         let path = &self.output_entry(path, |dir| if dir { libc::EISDIR } else { libc::EROFS })?;
+        self.check_removal(caller, path)?;
         let r = self.on_record(path, mop::DEL, 0, path.to_vec())?;
         let old = OutRecord::decode(&r.payload);
         if let Some(old) = &old {
@@ -82,6 +87,39 @@ impl Outputs {
         self.link(path, wire::KIND_FILE, false)?;
         // (A symlink's removal is announced as a file's; its creation is not announced.)
         self.publish(Kind::Delete, path, b"", false, false, old.as_ref());
+        Ok(())
+    }
+
+    /// For a caller that is not root, whether it may remove the name
+    /// `path` ([`Outputs::check_remove`]; its record is looked up for the
+    /// sticky rule). A missing name passes: the removal reports it.
+    fn check_removal(&self, caller: &Caller, path: &[u8]) -> Result<(), i32> {
+        if caller.is_root() {
+            return Ok(());
+        }
+        match self.lookup(path, false) {
+            Ok(Looked::Output { rec, .. }) => self.check_remove(caller, path, &rec),
+            _ => Ok(()),
+        }
+    }
+
+    /// For a caller that is not root, whether it may rename `from` (record
+    /// `rec`) to `to`: remove the old name, add the new one (and remove the
+    /// name it replaces), and, for a directory that changes parent, write
+    /// its `..` (write permission on it), as the kernel asks.
+    fn check_rename(&self, caller: &Caller, from: &[u8], to: &[u8], rec: &OutRecord) -> Result<(), i32> {
+        if caller.is_root() {
+            return Ok(());
+        }
+        self.check_remove(caller, from, rec)?;
+        match self.lookup(to, false) {
+            Ok(Looked::Output { rec: old, .. }) => self.check_remove(caller, to, &old)?,
+            _ => self.check_add(caller, to)?,
+        }
+        let moves = crate::outputs::names::parent(from).0 != crate::outputs::names::parent(to).0;
+        if rec.is_dir() && moves && !caller.may(rec, crate::caller::Access::WRITE) {
+            return Err(libc::EACCES);
+        }
         Ok(())
     }
 
@@ -179,28 +217,53 @@ impl Outputs {
         }
     }
 
-    /// chmod / utime of an output: the record at its owner changes (EROFS on an input).
-    pub fn out_setattr(&self, path: &[u8], what: u64, value: u64) -> Result<(), i32> {
+    /// chmod / utime / chown of an output: the record at its owner changes
+    /// (EROFS on an input), if `caller` may: chmod and explicit times only
+    /// by the owner or root (EPERM), times set to now also by a caller with
+    /// write permission (EACCES), chown as [`Caller::may_chown`] says.
+    /// chmod by a caller outside the file's group drops S_ISGID; chown
+    /// of a non-directory drops S_ISUID, and S_ISGID with a group x bit.
+    pub fn out_setattr(&self, path: &[u8], what: u64, value: u64, caller: &Caller) -> Result<(), i32> {
         if self.rank.view.lookup(path).is_some() {
             return Err(libc::EROFS);
         }
         // chmod and utime follow a symlink unless told not to; a symlink's
         // own mode cannot change (Linux: EOPNOTSUPP), its time can.
         let follow = what & wire::SETATTR_NOFOLLOW == 0;
-        let what = what & !wire::SETATTR_NOFOLLOW;
-        let path = &match self.lookup(path, follow)? {
+        let now = what & wire::SETATTR_NOW != 0;
+        let keep_mode = what & wire::SETATTR_KEEP_MODE;
+        let what = what & !(wire::SETATTR_NOFOLLOW | wire::SETATTR_NOW | wire::SETATTR_KEEP_MODE);
+        self.check_search(caller, path)?;
+        let (path, rec) = match self.lookup(path, follow)? {
             Looked::Output { rec, .. } if rec.is_link() && what == wire::SETATTR_MODE => return Err(libc::EOPNOTSUPP),
-            Looked::Output { path, .. } => path,
+            Looked::Output { path, rec, .. } => (path, rec),
             Looked::Input { .. } => return Err(libc::EROFS),
             Looked::Outside(_) => return Err(libc::EXDEV),
         };
+        let path = &path;
+        let value = match what {
+            wire::SETATTR_MODE if !caller.owns(&rec) => return Err(libc::EPERM),
+            // Not in the file's group: the set-group-ID bit is dropped, as the kernel drops it.
+            wire::SETATTR_MODE if !caller.is_root() && !rec.is_dir() && !caller.in_group(rec.gid) => value & !u64::from(libc::S_ISGID),
+            wire::SETATTR_ATIME | wire::SETATTR_MTIME if !caller.owns(&rec) => {
+                if !now {
+                    return Err(libc::EPERM);
+                }
+                if !caller.may(&rec, crate::caller::Access::WRITE) {
+                    return Err(libc::EACCES);
+                }
+                value
+            }
+            wire::SETATTR_OWNER if !caller.may_chown(&rec, value as u32, (value >> 32) as u32) => return Err(libc::EPERM),
+            _ => value,
+        };
         let mut payload = value.to_le_bytes().to_vec();
         payload.extend_from_slice(path);
-        self.on_record(path, mop::SETATTR, what, payload).map(|_| ())
+        self.on_record(path, mop::SETATTR, what | keep_mode, payload).map(|_| ())
     }
 
     /// RENAME (`noreplace`: RENAME_NOREPLACE, EEXIST if `to` exists).
-    pub fn out_rename(&self, from: &[u8], to: &[u8], noreplace: bool) -> Result<(), i32> {
+    pub fn out_rename(&self, from: &[u8], to: &[u8], noreplace: bool, caller: &Caller) -> Result<(), i32> {
         if self.rank.view.lookup(from).is_some() || self.rank.view.lookup(to).is_some() {
             return Err(libc::EROFS);
         }
@@ -228,6 +291,7 @@ impl Outputs {
         if crate::outputs::namespace::owner::at_or_below(from, to) {
             return Err(libc::ENOTEMPTY);
         }
+        self.check_rename(caller, from, to, &rec)?;
         if rec.is_dir() {
             self.rename_dir(from, to, noreplace)?;
             self.publish(Kind::Rename, from, to, true, false, None);
