@@ -304,3 +304,121 @@ def test_a_symlink_loop_as_a_parent_is_eloop(cl, tmp_path):
     assert native["symlink la/test"] == "ELOOP" and native["mkdir lb/test"] == "ELOOP"
     diffs = differences(ours, native)
     assert not diffs, "fanstore differs from a native directory (fanstore, native): " + json.dumps(diffs, indent=1)
+
+
+OWNERS = script(r"""
+import grp, stat
+root = sys.argv[1]
+os.makedirs(root)
+os.chmod(root, 0o777)
+J = lambda *p: os.path.join(root, *p)
+def ids(p):
+    s = os.lstat(p)
+    return [s.st_uid, s.st_gid, oct(stat.S_IMODE(s.st_mode))]
+def as_user(key, uid, gids, f):
+    # f in a forked child that runs as uid with groups gids (the first is
+    # its gid), as pjdfstest's -u/-g do: its result or errno name under key.
+    r, w = os.pipe()
+    pid = os.fork()
+    if pid == 0:
+        os.close(r)
+        try:
+            os.setgroups(gids)
+            os.setgid(gids[0])
+            os.setuid(uid)
+            res = ["OK", f()]
+        except OSError as e:
+            res = errno.errorcode[e.errno]
+        os.write(w, json.dumps(res).encode())
+        os._exit(0)
+    os.close(w)
+    data = b""
+    while chunk := os.read(r, 65536):
+        data += chunk
+    os.waitpid(pid, 0)
+    out[key] = json.loads(data)
+def mkfile(p, m):
+    os.close(os.open(p, os.O_CREAT | os.O_WRONLY | os.O_EXCL, m))
+    return ids(p)
+def reads(p):
+    with open(p, "rb") as f:
+        return f.read().decode()
+def writes(p, text):
+    with open(p, "w") as f:
+        f.write(text)
+    return ids(p)
+os.umask(0o022)
+# Root creates, gives away, and sees the owner it gave.
+attempt("root file", lambda: mkfile(J("f"), 0o644))
+attempt("root dir", lambda: (os.mkdir(J("d"), 0o755), ids(J("d")))[1])
+attempt("chown file", lambda: (os.chown(J("f"), 65534, 65533), ids(J("f")))[1])
+attempt("chown -1 keeps the uid", lambda: (os.chown(J("f"), -1, 65534), ids(J("f")))[1])
+attempt("lchown of a symlink", lambda: (os.symlink("f", J("l")), os.lchown(J("l"), 65533, 65533), ids(J("l")), ids(J("f")))[2:])
+attempt("chown drops set-user-ID", lambda: (mkfile(J("s"), 0o755), os.chmod(J("s"), 0o6755), os.chown(J("s"), 65534, 65534), ids(J("s")))[3])
+attempt("fchown while writing", lambda: (mkfile(J("w0"), 0o600), (lambda fd: (os.write(fd, b"x"), os.fchown(fd, 65533, 65532), os.close(fd)))(os.open(J("w0"), os.O_WRONLY)), ids(J("w0")))[2])
+# Another user: the kernel's permission checks.
+as_user("other creates in a root 0755 dir", 65534, [65534], lambda: mkfile(J("d", "x"), 0o644))
+attempt("chown dir to 65534", lambda: (os.chown(J("d"), 65534, 65534), ids(J("d")))[1])
+as_user("owner creates in its dir", 65534, [65534], lambda: mkfile(J("d", "x"), 0o640))
+as_user("owner writes its file", 65534, [65534], lambda: writes(J("d", "x"), "hello"))
+as_user("group member reads", 65533, [65533, 65534], lambda: reads(J("d", "x")))
+as_user("others may not read 0640", 65532, [65532], lambda: reads(J("d", "x")))
+as_user("group member may not write 0640", 65533, [65533, 65534], lambda: writes(J("d", "x"), "no"))
+as_user("non-owner chmod is EPERM", 65533, [65533, 65534], lambda: os.chmod(J("d", "x"), 0o666))
+as_user("owner chmod", 65534, [65534], lambda: (os.chmod(J("d", "x"), 0o000), ids(J("d", "x")))[1])
+as_user("owner may not read 0000", 65534, [65534], lambda: reads(J("d", "x")))
+attempt("root reads 0000", lambda: reads(J("d", "x")))
+as_user("owner gives its group to one of its groups", 65534, [65534, 65531], lambda: (os.chown(J("d", "x"), -1, 65531), ids(J("d", "x")))[1])
+as_user("owner may not give the group to another", 65534, [65534], lambda: os.chown(J("d", "x"), -1, 65530))
+as_user("owner may not give the file away", 65534, [65534], lambda: os.chown(J("d", "x"), 65533, -1))
+as_user("chown -1 -1 by anyone", 65532, [65532], lambda: os.chown(J("d", "x"), -1, -1))
+as_user("utime now without write permission", 65533, [65533], lambda: os.utime(J("d", "x")))
+as_user("explicit utime by a non-owner", 65533, [65533], lambda: os.utime(J("d", "x"), (1, 2)))
+attempt("dir 0555", lambda: (os.chmod(J("d"), 0o555), ids(J("d")))[1])
+as_user("owner creates in its 0555 dir", 65534, [65534], lambda: mkfile(J("d", "y"), 0o644))
+as_user("owner removes from its 0555 dir", 65534, [65534], lambda: os.unlink(J("d", "x")))
+as_user("owner mkdir in its 0555 dir", 65534, [65534], lambda: os.mkdir(J("d", "e")))
+attempt("dir 0644", lambda: (os.chmod(J("d"), 0o644), ids(J("d")))[1])
+as_user("no search permission: stat", 65534, [65534], lambda: ids(J("d", "x")))
+as_user("no search permission: open", 65534, [65534], lambda: reads(J("d", "x")))
+attempt("dir 01777", lambda: (os.chmod(J("d"), 0o1777), ids(J("d")))[1])
+as_user("sticky: another's file stays", 65533, [65533], lambda: os.unlink(J("d", "x")))
+as_user("sticky: another's file is not renamed", 65533, [65533], lambda: os.rename(J("d", "x"), J("d", "z")))
+as_user("sticky: its own may go", 65533, [65533], lambda: (mkfile(J("d", "m"), 0o600), os.unlink(J("d", "m")))[0])
+as_user("a write by a non-root writer drops set-user-ID", 65534, [65534], lambda: (os.chmod(J("d", "x"), 0o4777), writes(J("d", "x"), "w"))[1])
+print(json.dumps(out))
+""")
+
+
+def test_ownership_and_permission_checks_for_other_users(cl, tmp_path):
+    """Files record their owner and group (chown as root, chown of a file
+    being written, the owner's group changes), and a daemon run by root
+    serves other uids with the kernel's answers: EACCES for mode bits,
+    EPERM for chmod/chown/utime by a non-owner, the sticky directory rule,
+    search permission of the name's directory. Run natively in a directory
+    every user can reach, and through the mount on node 0."""
+    if os.geteuid() != 0:
+        import pytest
+        pytest.skip("needs root: the children switch to other uids")
+    import tempfile
+    base = tempfile.mkdtemp(dir="/var/tmp", prefix="fanstore-owners-")
+    os.chmod(base, 0o755)
+    # Other users' processes reach the ranks' local directories (their O_EXCL
+    # markers), as they must under a root daemon's --local: the test's own
+    # temporary directories above it are opened for them.
+    d = cl.local
+    while d != d.parent and d.parent != d.anchor and str(d) not in ("/tmp", "/var/tmp"):
+        os.chmod(d, os.stat(d).st_mode & 0o7777 | 0o011)
+        d = d.parent
+    try:
+        native = run_json(None, 0, OWNERS, os.path.join(base, "owners"), timeout=180)
+        ours = run_json(cl, 0, OWNERS, f"{MOUNT}/owners", timeout=180)
+    finally:
+        import shutil
+        shutil.rmtree(base, ignore_errors=True)
+    diffs = differences(ours, native)
+    assert not diffs, "fanstore differs from a native directory (fanstore, native): " + json.dumps(diffs, indent=1)
+    # The script checks what it says (a run that only failed would compare equal).
+    assert native["chown file"] == ["OK", [65534, 65533, "0o644"]]
+    assert native["others may not read 0640"] == "EACCES"
+    assert native["non-owner chmod is EPERM"] == "EPERM"

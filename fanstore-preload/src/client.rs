@@ -13,14 +13,26 @@ use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 
 const POOL_MAX: usize = 8;
 
-/// Idle connections: (fd, socket inode). The inode is checked before reuse,
-/// in case the program closed or replaced the fd behind our back.
+/// Idle connections: (fd, socket inode, credentials). The inode is checked
+/// before reuse, in case the program closed or replaced the fd behind our
+/// back; the credentials ([`creds`]) too: the daemon acts for the ids a
+/// connection was made with, so a program that changed its effective uid
+/// or gid (pjdfstest's `-u`, a container's entry point dropping root)
+/// gets a new connection.
 struct Pool {
-    fds: [(c_int, u64); POOL_MAX],
+    fds: [(c_int, u64, u64); POOL_MAX],
     n: usize,
 }
 
-static POOL: Locked<Pool> = Locked::new(Pool { fds: [(-1, 0); POOL_MAX], n: 0 });
+static POOL: Locked<Pool> = Locked::new(Pool { fds: [(-1, 0, 0); POOL_MAX], n: 0 });
+
+/// This thread's effective uid and gid as one number: what the daemon
+/// takes from a connection made now (SO_PEERCRED).
+fn creds() -> u64 {
+    // SAFETY: geteuid and getegid have no preconditions and cannot fail.
+    let (u, g) = unsafe { (libc::geteuid(), libc::getegid()) };
+    u64::from(u) << 32 | u64::from(g)
+}
 static NEXT_ID: AtomicU64 = AtomicU64::new(1);
 /// Set once this process has opened a connection (cheap gate for close hooks).
 static EVER: AtomicBool = AtomicBool::new(false);
@@ -36,7 +48,7 @@ pub fn fork_parent() {
 pub fn fork_child() {
     // SAFETY: the prepare handler took the lock in this (now the only) thread.
     let p = unsafe { POOL.force() };
-    for &(fd, _) in &p.fds[..p.n] {
+    for &(fd, _, _) in &p.fds[..p.n] {
         // Our inherited copy of a socket we created.
         crate::unhooked::close_unhooked(fd);
     }
@@ -217,7 +229,8 @@ pub fn fetch(st: &State, node: u32) -> Result<c_int, c_int> {
 /// the hints.
 pub fn warm(st: &State, nodes: &[u32]) {
     let Some(&first) = nodes.first() else { return };
-    let s = match take_pooled() {
+    let creds = creds();
+    let s = match take_pooled(creds) {
         Some(s) => s,
         None => match connect(st) {
             Ok(s) => s,
@@ -230,7 +243,7 @@ pub fn warm(st: &State, nodes: &[u32]) {
     // SAFETY: b is a live buffer of b.len() bytes; s is our connected socket.
     let sent = unsafe { libc::send(s, b.as_ptr().cast(), b.len(), libc::MSG_DONTWAIT | libc::MSG_NOSIGNAL) };
     if sent == b.len() as isize {
-        put_back(s);
+        put_back(s, creds);
     } else {
         close_fd(s);
     }
@@ -256,8 +269,9 @@ pub fn call_reply(st: &State, req: &Request) -> Result<Reply, (c_int, Vec<u8>)> 
 
 fn call_full(st: &State, req: &Request, send_fd: Option<c_int>) -> Result<Answer, (c_int, Vec<u8>)> {
     // A pooled connection may have died with a restarted daemon: one retry on a fresh one.
+    let creds = creds();
     for attempt in 0..2 {
-        let pooled = if attempt == 0 { take_pooled() } else { None };
+        let pooled = if attempt == 0 { take_pooled(creds) } else { None };
         let fresh = pooled.is_none();
         let s = match pooled {
             Some(s) => s,
@@ -265,11 +279,11 @@ fn call_full(st: &State, req: &Request, send_fd: Option<c_int>) -> Result<Answer
         };
         match exchange(st, s, req, send_fd) {
             Ok(a) => {
-                put_back(s);
+                put_back(s, creds);
                 return Ok(a);
             }
             Err(Fail::Errno(e, payload)) => {
-                put_back(s);
+                put_back(s, creds);
                 return Err((e, payload));
             }
             Err(Fail::Conn) => {
@@ -285,26 +299,33 @@ fn call_full(st: &State, req: &Request, send_fd: Option<c_int>) -> Result<Answer
 }
 
 /// A pooled connection that is still ours (the program may have closed and
-/// reused its number: the inode tells), if the pool holds one.
-fn take_pooled() -> Option<c_int> {
-    POOL.with(|p| {
+/// reused its number: the inode tells), if the pool holds one, made with
+/// credentials `creds` (one made with others is closed).
+fn take_pooled(creds: u64) -> Option<c_int> {
+    let (fd, ino, made_with) = POOL.with(|p| {
         if p.n > 0 {
             p.n -= 1;
             Some(p.fds[p.n])
         } else {
             None
         }
-    })
-    .filter(|&(fd, ino)| inode(fd) == ino)
-    .map(|(fd, _)| fd)
+    })?;
+    if inode(fd) != ino {
+        return None; // no longer ours: not ours to close either
+    }
+    if made_with != creds {
+        close_fd(fd);
+        return None;
+    }
+    Some(fd)
 }
 
-fn put_back(s: c_int) {
+fn put_back(s: c_int, creds: u64) {
     let ino = inode(s);
     let kept = ino != 0
         && POOL.with(|p| {
         if p.n < POOL_MAX {
-            p.fds[p.n] = (s, ino);
+            p.fds[p.n] = (s, ino, creds);
             p.n += 1;
             true
         } else {

@@ -42,6 +42,9 @@ pub struct Slot {
     /// The file's device and inode (0, 0: unknown), by which an exec finds
     /// the fds a vfork child dup'd from it without tracking them.
     file: (u64, u64),
+    /// The owner and group a chown gave it while open (`u32::MAX`: the
+    /// committing process's), set on its record after the commit.
+    owner: (u32, u32),
 }
 
 /// The device and inode of `fd`'s file ((0, 0) if fstat fails).
@@ -74,7 +77,7 @@ fn take_slot(slot: Box<Slot>) -> Option<usize> {
 
 /// A slot for output directory `path`: its node id (`OUT_DIR | slot`).
 pub fn track_dir(path: &[u8]) -> Option<u32> {
-    let idx = take_slot(Box::new(Slot { path: path.to_vec(), excl: false, mode: 0, refs: 1, unlinked: false, pid: 0, late: false, file: (0, 0) }))?;
+    let idx = take_slot(Box::new(Slot { path: path.to_vec(), excl: false, mode: 0, refs: 1, unlinked: false, pid: 0, late: false, file: (0, 0), owner: NO_OWNER }))?;
     Some(OUT_DIR | idx as u32)
 }
 
@@ -112,7 +115,7 @@ pub fn fork_release() {
 /// Starts tracking output file `fd` as output `path`. False if the table is full.
 pub fn track(fd: c_int, path: &[u8], excl: bool, mode: u32) -> bool {
     let file = file_id(fd);
-    let Some(idx) = take_slot(Box::new(Slot { path: path.to_vec(), excl, mode, refs: 1, unlinked: false, pid: pid(), late: false, file })) else { return false };
+    let Some(idx) = take_slot(Box::new(Slot { path: path.to_vec(), excl, mode, refs: 1, unlinked: false, pid: pid(), late: false, file, owner: NO_OWNER })) else { return false };
     if !fd_table::set(fd, Tracked::Output(idx as u32)) {
         let s = TABLE.with(|t| t.slots[idx].take());
         drop(s);
@@ -133,7 +136,7 @@ pub fn track(fd: c_int, path: &[u8], excl: bool, mode: u32) -> bool {
 /// creator's commit may have come first, while this process still wrote).
 pub fn adopt(fd: c_int, path: &[u8], excl: bool, mode: u32, creator: i32) -> Option<u32> {
     let late = creator != pid();
-    let slot = Slot { path: path.to_vec(), excl: excl && !late, mode, refs: 1, unlinked: false, pid: pid(), late, file: file_id(fd) };
+    let slot = Slot { path: path.to_vec(), excl: excl && !late, mode, refs: 1, unlinked: false, pid: pid(), late, file: file_id(fd), owner: NO_OWNER };
     let idx = take_slot(Box::new(slot))? as u32;
     if !fd_table::set(fd, Tracked::Output(idx)) {
         let s = TABLE.with(|t| t.slots[idx as usize].take());
@@ -198,6 +201,60 @@ pub fn set_mode(idx: u32, perm: u32) {
             s.mode = (s.mode & libc::S_IFMT) | (perm & 0o7777);
         }
     });
+}
+
+const NO_OWNER: (u32, u32) = (u32::MAX, u32::MAX);
+
+/// The owner and group output slot `idx` shows before its commit: what a
+/// chown gave it, else this process's effective ids.
+pub fn owner_of(idx: u32) -> (u32, u32) {
+    let set = TABLE.with(|t| t.slots.get((idx & !OUT_DIR) as usize)?.as_ref().map(|s| s.owner)).unwrap_or(NO_OWNER);
+    // SAFETY: geteuid and getegid have no preconditions and cannot fail.
+    let (uid, gid) = unsafe { (libc::geteuid(), libc::getegid()) };
+    (if set.0 == u32::MAX { uid } else { set.0 }, if set.1 == u32::MAX { gid } else { set.1 })
+}
+
+/// fchown (or chown) of an output being written: by chown(2)'s rules for
+/// this process (root: anyone; else its own uid and one of its groups,
+/// EPERM otherwise), kept for the record and given to it after the
+/// commit. Like chown(2), drops set-user-ID (and set-group-ID with a
+/// group x bit) from its mode.
+pub fn set_owner(idx: u32, uid: u32, gid: u32) -> Result<(), c_int> {
+    // SAFETY: geteuid and getegid have no preconditions and cannot fail.
+    let (euid, egid) = unsafe { (libc::geteuid(), libc::getegid()) };
+    let (cur_uid, cur_gid) = owner_of(idx);
+    if euid != 0 {
+        let uid_ok = uid == u32::MAX || uid == cur_uid;
+        let gid_ok = gid == u32::MAX || gid == cur_gid || gid == egid || in_groups(gid);
+        if cur_uid != euid || !uid_ok || !gid_ok {
+            return Err(libc::EPERM);
+        }
+    }
+    TABLE.with(|t| {
+        if let Some(Some(s)) = t.slots.get_mut((idx & !OUT_DIR) as usize) {
+            if uid != u32::MAX {
+                s.owner.0 = uid;
+            }
+            if gid != u32::MAX {
+                s.owner.1 = gid;
+            }
+            if uid != u32::MAX || gid != u32::MAX {
+                s.mode &= !libc::S_ISUID;
+                if s.mode & libc::S_IXGRP != 0 {
+                    s.mode &= !libc::S_ISGID;
+                }
+            }
+        }
+    });
+    Ok(())
+}
+
+/// True if `gid` is one of this process's supplementary groups.
+fn in_groups(gid: u32) -> bool {
+    let mut groups = [0 as libc::gid_t; 256];
+    // SAFETY: groups has room for the 256 entries we say.
+    let n = unsafe { libc::getgroups(groups.len() as c_int, groups.as_mut_ptr()) };
+    n > 0 && groups[..n as usize].contains(&gid)
 }
 
 /// [`open_fd_of`] with the output's slot index.
@@ -334,6 +391,12 @@ pub fn commit(st: &State, fd: c_int, s: &Slot) -> Result<(), c_int> {
         unsafe { crate::real::close(r) };
     }
     crate::dlog!("commit of {} (sole {}) = {:?}", crate::debug::B(&s.path), flags & wire::COMMIT_SOLE != 0, r);
+    if r.is_ok() && s.owner != NO_OWNER {
+        // A chown while it was open: its mode already lost what chown drops.
+        let what = wire::SETATTR_OWNER | wire::SETATTR_NOFOLLOW | wire::SETATTR_KEEP_MODE;
+        let value = u64::from(s.owner.0) | u64::from(s.owner.1) << 32;
+        return crate::client::call(st, &crate::client::request(op::SETATTR, what, value, &s.path), None).map(|_| ());
+    }
     r
 }
 

@@ -394,6 +394,9 @@ def run_suite(tree: Path, files: list, logs: Path, jobs: int, timeout: int, nran
         uid, gid, made_user = ensure_user(user, log)
         os.chmod(logs, 0o777)
     work = Path(tempfile.mkdtemp(prefix="pjdfstest-cluster-", dir="/var/tmp"))
+    # Every uid's processes reach the ranks' local directories (their O_EXCL
+    # markers, lock files, cwd stand-ins), as under a root daemon's --local.
+    os.chmod(work, 0o755)
     try:
         with packed_cluster(bins, work, n_files=4, nranks=nranks) as (c, _src):
             out = f"{c.mount}/pjdfstest"

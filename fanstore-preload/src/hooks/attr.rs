@@ -35,7 +35,7 @@ crate::hooks! {
         path_hook("lchown", libc::AT_FDCWD, path, -1, |vp| write::setattr(vp, false, Attr::Owner { uid, gid }), |p| real::lchown(p, uid, gid))
     }
     fn fchown(fd: c_int, uid: uid_t, gid: gid_t) -> c_int {
-        fd_hook("fchown", fd, -1, write::fd_attr, || real::fchown(fd, uid, gid))
+        fd_hook("fchown", fd, -1, |t| write::fchown(t, uid, gid), || real::fchown(fd, uid, gid))
     }
     fn fchownat(dirfd: c_int, path: *const c_char, uid: uid_t, gid: gid_t, flags: c_int) -> c_int {
         let follow = flags & libc::AT_SYMLINK_NOFOLLOW == 0;

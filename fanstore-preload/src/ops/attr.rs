@@ -43,14 +43,49 @@ pub fn statx_from(s: &libc::stat) -> libc::statx {
     x
 }
 
+/// Whether this process (its effective ids and groups) may `want`
+/// (`R_OK`/`W_OK`/`X_OK` bits) output record `r`, as the kernel's
+/// `generic_permission` says: root may read and write anything and search
+/// a directory or run a file with an x bit; anyone else gets the class
+/// bits of the owner, the group or the others. Inputs' records
+/// ([`fanstore_core::wire::INPUT_OWNER`]) belong to this process's user.
+pub fn may_access(r: &fanstore_core::wire::OutRecord, want: u32) -> bool {
+    // SAFETY: geteuid and getegid have no preconditions and cannot fail.
+    let (uid, gid) = unsafe { (libc::geteuid(), libc::getegid()) };
+    may_access_as(r, want, uid, gid, |g| {
+        let mut groups = [0 as libc::gid_t; 256];
+        // SAFETY: groups has room for the 256 entries we say.
+        let n = unsafe { libc::getgroups(groups.len() as libc::c_int, groups.as_mut_ptr()) };
+        n > 0 && groups[..n as usize].contains(&g)
+    })
+}
+
+fn may_access_as(r: &fanstore_core::wire::OutRecord, want: u32, uid: u32, gid: u32, in_groups: impl Fn(u32) -> bool) -> bool {
+    let dir = r.mode & libc::S_IFMT == libc::S_IFDIR;
+    if uid == 0 {
+        return want & 1 == 0 || dir || r.mode & 0o111 != 0;
+    }
+    let owner = if r.uid == fanstore_core::wire::INPUT_OWNER { uid } else { r.uid };
+    let bits = if uid == owner {
+        r.mode >> 6
+    } else if r.gid == gid || in_groups(r.gid) {
+        r.mode >> 3
+    } else {
+        r.mode
+    } & 7;
+    bits & want == want
+}
+
 /// What chmod, utime and chown change.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Attr {
     /// chmod: the permission bits.
     Mode(u32),
     /// utime family: the access and modification times, ns since the
-    /// epoch (None: unchanged, UTIME_OMIT).
-    Times { atime: Option<i64>, mtime: Option<i64> },
+    /// epoch (None: unchanged, UTIME_OMIT); `now`: each is "now" (a null
+    /// argument, UTIME_NOW), which a caller with write permission may set
+    /// on a file it does not own.
+    Times { atime: Option<i64>, mtime: Option<i64>, now: (bool, bool) },
     /// chown family (`u32::MAX`: unchanged).
     Owner { uid: u32, gid: u32 },
     /// A call that changes nothing (utimensat with UTIME_OMIT): only checks the name.
@@ -135,6 +170,19 @@ fn umask_of_status(status: &[u8]) -> Option<u32> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn access_by_class_as_the_kernel_decides() {
+        use fanstore_core::wire::OutRecord;
+        let f = OutRecord { mode: libc::S_IFREG | 0o460, uid: 10, gid: 20, ..Default::default() };
+        let none = |_| false;
+        assert!(may_access_as(&f, 4, 10, 1, none) && !may_access_as(&f, 2, 10, 20, none), "the owner's bits only");
+        assert!(may_access_as(&f, 6, 11, 20, none) && may_access_as(&f, 6, 11, 1, |g| g == 20));
+        assert!(!may_access_as(&f, 4, 12, 1, none));
+        assert!(may_access_as(&f, 6, 0, 0, none) && !may_access_as(&f, 1, 0, 0, none), "root: no x bit, no exec");
+        let d = OutRecord { mode: libc::S_IFDIR, uid: 10, gid: 20, ..Default::default() };
+        assert!(may_access_as(&d, 1, 0, 0, none) && !may_access_as(&d, 1, 10, 20, none));
+    }
 
     #[test]
     fn umask_line_of_proc_status() {

@@ -13,7 +13,7 @@ pub fn access(vp: &VPath, mode: c_int, follow: bool) -> Outcome<c_int> {
         Ok(n) => n,
         Err(libc::ENOENT) => {
             return match super::namespace::stat(vp.st, vp.rel) {
-                Ok(r) if mode & libc::X_OK != 0 && !r.is_dir() && r.mode & 0o111 == 0 => Outcome::Errno(libc::EACCES),
+                Ok(r) if !super::attr::may_access(&r, (mode & 7) as u32) => Outcome::Errno(libc::EACCES),
                 Ok(r) if vp.must_be_dir && !r.is_dir() => Outcome::Errno(libc::ENOTDIR),
                 Ok(_) => Outcome::Handled(0),
                 Err(e) => Outcome::Errno(e),

@@ -25,6 +25,7 @@ fn own_record(rel: &[u8]) -> Option<OutRecord> {
     }
     let ns = |sec: i64, nsec: i64| sec * 1_000_000_000 + nsec;
     let mode = crate::outputs::mode_of(idx).unwrap_or(libc::S_IFREG | 0o644);
+    let (uid, gid) = crate::outputs::owner_of(idx);
     Some(OutRecord {
         size: s.st_size as u64,
         mode,
@@ -34,6 +35,9 @@ fn own_record(rel: &[u8]) -> Option<OutRecord> {
         sum: 0,
         atime_ns: ns(s.st_atime, s.st_atime_nsec),
         ctime_ns: ns(s.st_ctime, s.st_ctime_nsec),
+        uid,
+        gid,
+        ino: 0,
     })
 }
 
@@ -55,6 +59,9 @@ fn outside_record(abs: &[u8]) -> Result<OutRecord, c_int> {
         sum: 0,
         atime_ns: s.st_atime * 1_000_000_000 + s.st_atime_nsec,
         ctime_ns: s.st_ctime * 1_000_000_000 + s.st_ctime_nsec,
+        uid: s.st_uid,
+        gid: s.st_gid,
+        ino: 0,
     })
 }
 
@@ -83,7 +90,7 @@ pub fn stat(st: &State, rel: &[u8]) -> Result<OutRecord, c_int> {
 /// Inode numbers of outputs: a hash of the path with the top bit set (input
 /// inodes are small node ids).
 pub fn ino(rel: &[u8]) -> u64 {
-    fanstore_core::checksum::xxh3(rel) | (1 << 63)
+    fanstore_core::wire::ino_of_path(rel)
 }
 
 /// The inode number of output `rel` with record `r`. A committed file with
@@ -95,12 +102,16 @@ pub fn ino(rel: &[u8]) -> u64 {
 /// number its open saw with stat of its path before each write), and for
 /// an empty file (`tar -x` leaves an empty placeholder for a symlink, then
 /// checks that stat of it still gives the number fstat gave while it was open).
+///
+/// "The path" is the one the record was created at (its `ino`, kept
+/// through renames), so a renamed file or directory keeps its number.
 pub fn file_ino(rel: &[u8], r: &OutRecord) -> u64 {
+    let base = if r.ino != 0 { r.ino } else { ino(rel) };
     if r.mode & libc::S_IFMT == libc::S_IFREG && r.id != 0 && r.size > 0 {
         let version = r.id ^ (u64::from(r.holder) << 40);
-        ino(rel) ^ (version.wrapping_mul(0x9e37_79b9_7f4a_7c15) & !(1 << 63))
+        base ^ (version.wrapping_mul(0x9e37_79b9_7f4a_7c15) & !(1 << 63))
     } else {
-        ino(rel)
+        base
     }
 }
 
@@ -112,8 +123,8 @@ pub fn stat_of(st: &State, rel: &[u8], r: &OutRecord) -> libc::stat {
     s.st_ino = file_ino(rel, r);
     s.st_mode = r.mode;
     s.st_nlink = if r.is_dir() { 2 } else { 1 };
-    s.st_uid = st.uid;
-    s.st_gid = st.gid;
+    // (An input reached through a symlink shows the library's owner of inputs.)
+    (s.st_uid, s.st_gid) = if r.uid == fanstore_core::wire::INPUT_OWNER { (st.uid, st.gid) } else { (r.uid, r.gid) };
     s.st_size = size;
     s.st_blksize = 4096;
     s.st_blocks = (size + 511) / 512;
@@ -148,19 +159,19 @@ fn simple(st: &State, op: u16, arg1: u64, payload: &[u8]) -> Outcome<c_int> {
 }
 
 /// chmod / utime / chown of an output (committed: one still being written
-/// here has no record yet and gives ENOENT). Ownership cannot change: an
-/// output belongs to the job's user; chown to that user is a no-op, any
-/// other owner EPERM.
+/// here has no record yet and gives ENOENT). Whether the caller may is the
+/// daemon's to say (it knows the caller from the connection).
 pub fn setattr(vp: &VPath, attr: Attr, follow: bool) -> Outcome<c_int> {
     if let Some((fd, idx)) = crate::outputs::open_slot_of(vp.rel) {
-        return setattr_own(vp.st, fd, idx, attr);
+        return setattr_own(fd, idx, attr);
     }
     let (what, value) = match attr {
         Attr::Mode(m) => (wire::SETATTR_MODE, u64::from(m & 0o7777)),
-        Attr::Times { atime, mtime } => {
+        Attr::Times { atime, mtime, now } => {
             // Two changes at the owner, access time first (each sets ctime).
             let what = if follow { 0 } else { wire::SETATTR_NOFOLLOW };
-            for (w, v) in [(wire::SETATTR_ATIME, atime), (wire::SETATTR_MTIME, mtime)] {
+            for (w, v, now) in [(wire::SETATTR_ATIME, atime, now.0), (wire::SETATTR_MTIME, mtime, now.1)] {
+                let what = if now { what | wire::SETATTR_NOW } else { what };
                 if let Some(v) = v {
                     if let Err(e) = client::call(vp.st, &client::request(op::SETATTR, w | what, v as u64, vp.rel), None) {
                         return Outcome::Errno(e);
@@ -169,13 +180,7 @@ pub fn setattr(vp: &VPath, attr: Attr, follow: bool) -> Outcome<c_int> {
             }
             return Outcome::Handled(0);
         }
-        Attr::Owner { uid, gid } => {
-            return match record(vp.st, vp.rel, follow) {
-                Err(e) => Outcome::Errno(e),
-                Ok(_) if (uid == u32::MAX || uid == vp.st.uid) && (gid == u32::MAX || gid == vp.st.gid) => Outcome::Handled(0),
-                Ok(_) => Outcome::Errno(libc::EPERM),
-            };
-        }
+        Attr::Owner { uid, gid } => (wire::SETATTR_OWNER, u64::from(uid) | u64::from(gid) << 32),
         Attr::Nothing => return record(vp.st, vp.rel, follow).map(|_| 0).into(),
     };
     let what = if follow { what } else { what | wire::SETATTR_NOFOLLOW };
@@ -189,7 +194,7 @@ pub fn setattr(vp: &VPath, attr: Attr, follow: bool) -> Outcome<c_int> {
 /// writing (git chmods its `config.lock` before closing it): the open file
 /// itself changes, as fchmod and futimens change it, and its commit takes
 /// the mode and the times from there. The daemon knows no such name yet.
-fn setattr_own(st: &State, fd: c_int, idx: u32, attr: Attr) -> Outcome<c_int> {
+fn setattr_own(fd: c_int, idx: u32, attr: Attr) -> Outcome<c_int> {
     let done = |r: c_int| if r == 0 { Outcome::Handled(0) } else { Outcome::Errno(errno()) };
     match attr {
         Attr::Mode(m) => {
@@ -197,7 +202,7 @@ fn setattr_own(st: &State, fd: c_int, idx: u32, attr: Attr) -> Outcome<c_int> {
             // SAFETY: fchmod of an fd this process tracks as open.
             done(unsafe { crate::real::fchmod(fd, m & 0o7777) })
         }
-        Attr::Times { atime, mtime } => {
+        Attr::Times { atime, mtime, .. } => {
             let ts = |t: Option<i64>| match t {
                 Some(ns) => libc::timespec { tv_sec: ns.div_euclid(1_000_000_000), tv_nsec: ns.rem_euclid(1_000_000_000) },
                 None => libc::timespec { tv_sec: 0, tv_nsec: libc::UTIME_OMIT },
@@ -206,14 +211,12 @@ fn setattr_own(st: &State, fd: c_int, idx: u32, attr: Attr) -> Outcome<c_int> {
             // SAFETY: futimens of an fd this process tracks as open, with two timespecs.
             done(unsafe { crate::real::futimens(fd, times.as_ptr()) })
         }
-        // Only the owner's own ids are accepted, as for a committed output.
-        Attr::Owner { uid, gid } => {
-            if (uid == u32::MAX || uid == st.uid) && (gid == u32::MAX || gid == st.gid) {
-                Outcome::Handled(0)
-            } else {
-                Outcome::Errno(libc::EPERM)
-            }
-        }
+        // Kept with the open output and given to its record when it is
+        // committed (tar -x as root: open, write, fchown, close).
+        Attr::Owner { uid, gid } => match crate::outputs::set_owner(idx, uid, gid) {
+            Ok(()) => Outcome::Handled(0),
+            Err(e) => Outcome::Errno(e),
+        },
         Attr::Nothing => Outcome::Handled(0),
     }
 }

@@ -82,6 +82,18 @@ pub fn open(vp: &VPath, flags: c_int, mode: u32) -> Outcome<c_int> {
     if write && existing.is_some_and(|r| r.holder == INPUT_HOLDER) {
         return Outcome::Errno(libc::EROFS); // an input, through a symlink
     }
+    // Permission to open it as asked (the daemon checks its reads too).
+    if let Some(r) = existing.filter(|_| !(creat && flags & libc::O_EXCL != 0)) {
+        let want = match flags & libc::O_ACCMODE {
+            libc::O_WRONLY => libc::W_OK,
+            libc::O_RDWR => libc::R_OK | libc::W_OK,
+            _ if flags & libc::O_TRUNC != 0 && !r.is_dir() => libc::R_OK | libc::W_OK,
+            _ => libc::R_OK,
+        };
+        if flags & libc::O_PATH == 0 && !super::attr::may_access(&r, want as u32) {
+            return Outcome::Errno(libc::EACCES);
+        }
+    }
     match existing {
         Some(_) if creat && flags & libc::O_EXCL != 0 => Outcome::Errno(libc::EEXIST),
         Some(r) if r.is_dir() => {
@@ -93,7 +105,7 @@ pub fn open(vp: &VPath, flags: c_int, mode: u32) -> Outcome<c_int> {
         Some(_) if vp.must_be_dir || flags & libc::O_DIRECTORY != 0 => Outcome::Errno(libc::ENOTDIR),
         Some(r) if write => {
             let keep = flags & libc::O_TRUNC == 0;
-            create(vp, flags, r.mode, keep).into()
+            create(vp, flags, mode_after_write(r.mode), keep).into()
         }
         Some(r) => open_committed(st, vp.rel, flags, &r).into(),
         None if !creat => Outcome::Errno(libc::ENOENT),
@@ -103,6 +115,22 @@ pub fn open(vp: &VPath, flags: c_int, mode: u32) -> Outcome<c_int> {
             Ok(()) => create(vp, flags, libc::S_IFREG | (mode & 0o7777 & !super::attr::umask()), false).into(),
             Err(e) => Outcome::Errno(e),
         },
+    }
+}
+
+/// The mode a file keeps once a process writes it: as the kernel's
+/// `file_remove_privs`, a writer that is not root drops set-user-ID, and
+/// set-group-ID when the group may execute (here at the open for writing).
+fn mode_after_write(mode: u32) -> u32 {
+    // SAFETY: geteuid has no preconditions and cannot fail.
+    if unsafe { libc::geteuid() } == 0 {
+        return mode;
+    }
+    let mode = mode & !libc::S_ISUID;
+    if mode & libc::S_IXGRP != 0 {
+        mode & !libc::S_ISGID
+    } else {
+        mode
     }
 }
 

@@ -266,6 +266,18 @@ pub fn fchmod(t: Tracked, mode: u32) -> Outcome<c_int> {
     }
 }
 
+/// fchown of a tracked fd: an output being written keeps the new owner for
+/// its record ([`crate::outputs::set_owner`]); else [`fd_attr`].
+pub fn fchown(t: Tracked, uid: u32, gid: u32) -> Outcome<c_int> {
+    match t {
+        Tracked::Output(idx) => match crate::outputs::set_owner(idx, uid, gid) {
+            Ok(()) => Outcome::Handled(0),
+            Err(e) => Outcome::Errno(e),
+        },
+        other => fd_attr(other),
+    }
+}
+
 /// After a successful fsetxattr of `fd` named `name`: an access ACL sets
 /// the file's mode bits too (sed -i and cp -p copy the original's
 /// permissions that way): an output's commit takes them.
@@ -286,19 +298,23 @@ fn now_ns() -> i64 {
 /// Both times now (a utime family call with a null argument).
 fn now() -> Attr {
     let t = now_ns();
-    Attr::Times { atime: Some(t), mtime: Some(t) }
+    Attr::Times { atime: Some(t), mtime: Some(t), now: (true, true) }
 }
 
 /// utime's argument (None: now).
 pub fn utimbuf_times(t: Option<&libc::utimbuf>) -> Attr {
-    t.map_or_else(now, |t| Attr::Times { atime: Some(t.actime as i64 * 1_000_000_000), mtime: Some(t.modtime as i64 * 1_000_000_000) })
+    t.map_or_else(now, |t| Attr::Times {
+        atime: Some(t.actime as i64 * 1_000_000_000),
+        mtime: Some(t.modtime as i64 * 1_000_000_000),
+        now: (false, false),
+    })
 }
 
 /// utimes' argument (None: now; else [atime, mtime]).
 pub fn timeval_times(t: Option<&[libc::timeval; 2]>) -> Attr {
     let Some(&[a, m]) = t else { return now() };
     let ns = |t: libc::timeval| t.tv_sec as i64 * 1_000_000_000 + t.tv_usec as i64 * 1000;
-    Attr::Times { atime: Some(ns(a)), mtime: Some(ns(m)) }
+    Attr::Times { atime: Some(ns(a)), mtime: Some(ns(m)), now: (false, false) }
 }
 
 /// utimensat's argument (None or UTIME_NOW: now; UTIME_OMIT: unchanged).
@@ -309,8 +325,9 @@ pub fn timespec_times(t: Option<&[libc::timespec; 2]>) -> Attr {
         libc::UTIME_OMIT => None,
         ns => Some(t.tv_sec as i64 * 1_000_000_000 + ns as i64),
     };
+    let now = (a.tv_nsec == libc::UTIME_NOW, m.tv_nsec == libc::UTIME_NOW);
     match (one(a), one(m)) {
         (None, None) => Attr::Nothing,
-        (atime, mtime) => Attr::Times { atime, mtime },
+        (atime, mtime) => Attr::Times { atime, mtime, now },
     }
 }
