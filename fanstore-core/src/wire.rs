@@ -218,6 +218,8 @@ pub const INPUT_OWNER: u32 = u32::MAX;
 /// Metadata of one output file or directory, as the owner rank keeps it.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
 pub struct OutRecord {
+    /// A file's length; a directory's number of subdirectories (its
+    /// `st_nlink` is that plus 2).
     pub size: u64,
     /// Full st_mode (S_IFREG, S_IFDIR or S_IFLNK plus permission bits). A
     /// symlink's `size` is its target's length and `sum` the target's xxh3;

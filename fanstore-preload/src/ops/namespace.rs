@@ -122,7 +122,8 @@ pub fn stat_of(st: &State, rel: &[u8], r: &OutRecord) -> libc::stat {
     s.st_dev = libc::makedev(DEV_MAJOR, DEV_MINOR);
     s.st_ino = file_ino(rel, r);
     s.st_mode = r.mode;
-    s.st_nlink = if r.is_dir() { 2 } else { 1 };
+    // A directory's record counts its subdirectories in `size`.
+    s.st_nlink = if r.is_dir() { 2 + r.size.min(u32::MAX as u64) } else { 1 } as _;
     // (An input reached through a symlink shows the library's owner of inputs.)
     (s.st_uid, s.st_gid) = if r.uid == fanstore_core::wire::INPUT_OWNER { (st.uid, st.gid) } else { (r.uid, r.gid) };
     s.st_size = size;

@@ -241,6 +241,20 @@ fn with_record(req: &Request, rec: &OutRecord, target: Option<&Vec<u8>>) -> Repl
 }
 
 impl MetaStore {
+    /// A name of `kind` was added to (`delta` 1) or removed from (-1)
+    /// directory `dir`'s listing: the directory's record (kept here with
+    /// its listing) changes as natively: mtime and ctime now, and its
+    /// count of subdirectories (a directory record's `size`: its
+    /// `st_nlink` is 2 more) when the name is a directory.
+    fn entry_changed(&mut self, dir: &[u8], kind: u8, delta: i64) {
+        let Some(r) = self.recs.get_mut(dir).filter(|r| r.is_dir()) else { return };
+        let now = crate::outputs::names::now_ns();
+        (r.mtime_ns, r.ctime_ns) = (now, now);
+        if kind == wire::KIND_DIR {
+            r.size = r.size.saturating_add_signed(delta);
+        }
+    }
+
     pub fn len(&self) -> usize {
         self.recs.len()
     }
@@ -457,11 +471,17 @@ impl MetaStore {
             mop::ADD | mop::REMOVE => {
                 let Some((dir, name)) = split_nul(p) else { return Reply::err(req, libc::EINVAL) };
                 if req.op == mop::ADD {
-                    self.children.entry(dir.to_vec()).or_default().insert(name.to_vec(), req.arg0 as u8);
+                    let kind = req.arg0 as u8;
+                    if self.children.entry(dir.to_vec()).or_default().insert(name.to_vec(), kind).is_none() {
+                        self.entry_changed(dir, kind, 1);
+                    }
                 } else if let Some(c) = self.children.get_mut(dir) {
-                    c.remove(name);
+                    let gone = c.remove(name);
                     if c.is_empty() {
                         self.children.remove(dir);
+                    }
+                    if let Some(kind) = gone {
+                        self.entry_changed(dir, kind, -1);
                     }
                 }
                 Reply::ok(req, 0)
@@ -516,6 +536,29 @@ mod tests {
         assert_eq!(m.handle(&req(mop::DEL, 1, b"x/f")).errno, libc::ENOENT);
         assert_eq!(m.handle(&req(mop::DEL, 2, b"x/f")).errno, 0);
         assert_eq!(m.handle(&req(mop::GET, 0, b"x/f")).errno, libc::ENOENT);
+    }
+
+    #[test]
+    fn listing_changes_touch_the_directory_and_count_subdirectories() {
+        let mut m = MetaStore::default();
+        let d = OutRecord { mode: libc::S_IFDIR | 0o755, mtime_ns: 1, ctime_ns: 1, ..Default::default() };
+        m.handle(&req(mop::MKDIR, 0, &rec_path(d, b"d")));
+        let get = |m: &mut MetaStore| OutRecord::decode(&m.handle(&req(mop::GET, 0, b"d")).payload).unwrap();
+        m.handle(&req(mop::ADD, wire::KIND_DIR as u64, b"d\0sub"));
+        m.handle(&req(mop::ADD, wire::KIND_FILE as u64, b"d\0f"));
+        let g = get(&mut m);
+        assert_eq!(g.size, 1, "one subdirectory");
+        assert!(g.mtime_ns > 1 && g.ctime_ns == g.mtime_ns, "times set to now");
+        // A name added again (a new version of a file) changes nothing.
+        let mut before = g;
+        before.mtime_ns = -5;
+        m.recs.insert(b"d".to_vec(), before);
+        m.handle(&req(mop::ADD, wire::KIND_FILE as u64, b"d\0f"));
+        assert_eq!(get(&mut m).mtime_ns, -5);
+        m.handle(&req(mop::REMOVE, 0, b"d\0sub"));
+        let g = get(&mut m);
+        assert_eq!(g.size, 0);
+        assert!(g.mtime_ns > 1);
     }
 
     #[test]
