@@ -422,3 +422,53 @@ def test_ownership_and_permission_checks_for_other_users(cl, tmp_path):
     assert native["chown file"] == ["OK", [65534, 65533, "0o644"]]
     assert native["others may not read 0640"] == "EACCES"
     assert native["non-owner chmod is EPERM"] == "EPERM"
+
+
+REOPENED = r"""
+import json, os, sys
+root = sys.argv[1]
+os.makedirs(root)
+J = lambda *p: os.path.join(root, *p)
+for n in ("ro", "same", "w", "gone", "moved"):
+    with open(J(n), "w") as f:
+        f.write("0123456789")
+ident = lambda n: [os.stat(J(n)).st_ino, os.stat(J(n)).st_mtime_ns]
+before = {n: ident(n) for n in ("ro", "w")}
+res = {}
+# Opened read-write and only read (mdtest's read phase): no new version.
+fd = os.open(J("ro"), os.O_RDWR)
+res["read"] = os.read(fd, 100).decode()
+os.close(fd)
+res["ro unchanged"] = ident("ro") == before["ro"]
+# One byte changed at once after the open: a new version with it.
+fd = os.open(J("w"), os.O_RDWR)
+os.pwrite(fd, b"X", 3)
+os.close(fd)
+res["w"] = open(J("w")).read()
+# unlink, then rename, of an output open O_RDWR (issue 55, bug 5): the name goes now.
+fd = os.open(J("gone"), os.O_RDWR)
+os.write(fd, b"new")
+os.unlink(J("gone"))
+res["gone while open"] = os.path.exists(J("gone"))
+os.close(fd)
+res["gone after close"] = os.path.exists(J("gone"))
+fd = os.open(J("moved"), os.O_RDWR)
+os.write(fd, b"new")
+os.rename(J("moved"), J("moved2"))
+res["old name while open"] = os.path.exists(J("moved"))
+os.close(fd)
+res["after close"] = [os.path.exists(J("moved")), open(J("moved2")).read()]
+print(json.dumps(res))
+"""
+
+
+def test_outputs_opened_for_writing_change_only_when_written(cl, tmp_path):
+    """An output opened O_RDWR and only read is not committed again (same
+    inode number and mtime: mdtest's read phase opens files O_RDWR); one
+    byte written is; unlink and rename of an output open O_RDWR take the
+    name away at once, and its close does not bring it back (bug 5)."""
+    native = run_json(None, 0, REOPENED, str(tmp_path / "reopened"))
+    ours = run_json(cl, 0, REOPENED, f"{MOUNT}/reopened")
+    assert native == ours
+    assert ours["ro unchanged"] is True and ours["w"] == "012X456789"
+    assert ours["gone after close"] is False and ours["after close"] == [False, "new3456789"]

@@ -45,6 +45,67 @@ pub struct Slot {
     /// The owner and group a chown gave it while open (`u32::MAX`: the
     /// committing process's), set on its record after the commit.
     owner: (u32, u32),
+    /// For a copy of a committed output: what it was copied from. If at
+    /// its last close it still has those bytes, mode and mtime (nothing
+    /// written, or the same bytes written back), nothing is committed.
+    pristine: Option<Pristine>,
+}
+
+/// The committed version an output being written was copied from.
+#[derive(Clone, Copy, PartialEq, Eq)]
+pub struct Pristine {
+    size: i64,
+    /// xxh3 of the bytes (the record's `sum`).
+    sum: u64,
+    /// The copy's mtime right after the copy (futimens changes it).
+    mtime: (i64, i64),
+    mode: u32,
+}
+
+/// Size and mtime of `fd`'s file.
+fn size_mtime(fd: c_int) -> Option<(i64, (i64, i64))> {
+    // SAFETY: plain data, zero is valid.
+    let mut s: libc::stat = unsafe { std::mem::zeroed() };
+    // SAFETY: s is a valid out-pointer; fstat on any int is safe.
+    (unsafe { crate::real::fstat(fd, &mut s) } == 0).then_some((s.st_size, (s.st_mtime, s.st_mtime_nsec)))
+}
+
+/// xxh3 of the bytes of `fd`'s file (`size` bytes), read with pread.
+fn file_sum(fd: c_int, size: i64) -> Option<u64> {
+    let mut h = fanstore_core::checksum::StreamingChecksum::new();
+    let mut buf = vec![0u8; 1 << 20];
+    let mut off = 0i64;
+    while off < size {
+        // SAFETY: buf is a live buffer of its length; fd is our output file.
+        let n = unsafe { libc::pread(fd, buf.as_mut_ptr().cast(), buf.len(), off) };
+        if n <= 0 {
+            return None;
+        }
+        h.update(&buf[..n as usize]);
+        off += n as i64;
+    }
+    Some(h.digest())
+}
+
+/// Output `fd` is a fresh copy of committed version `sum` ([`Slot::pristine`]).
+pub fn mark_pristine(fd: c_int, sum: u64) {
+    let Some(Tracked::Output(idx)) = fd_table::get(fd) else { return };
+    let Some((size, mtime)) = size_mtime(fd) else { return };
+    TABLE.with(|t| {
+        if let Some(Some(s)) = t.slots.get_mut(idx as usize) {
+            s.pristine = Some(Pristine { size, sum, mtime, mode: s.mode });
+        }
+    });
+}
+
+/// True if output slot `s`, whose file is `fd`, is still the version it
+/// was copied from (bytes, mode, mtime, owner).
+fn unchanged(fd: c_int, s: &Slot) -> bool {
+    let Some(p) = s.pristine else { return false };
+    if s.owner != NO_OWNER || s.mode != p.mode || size_mtime(fd) != Some((p.size, p.mtime)) {
+        return false;
+    }
+    file_sum(fd, p.size) == Some(p.sum)
 }
 
 /// The device and inode of `fd`'s file ((0, 0) if fstat fails).
@@ -77,7 +138,7 @@ fn take_slot(slot: Box<Slot>) -> Option<usize> {
 
 /// A slot for output directory `path`: its node id (`OUT_DIR | slot`).
 pub fn track_dir(path: &[u8]) -> Option<u32> {
-    let idx = take_slot(Box::new(Slot { path: path.to_vec(), excl: false, mode: 0, refs: 1, unlinked: false, pid: 0, late: false, file: (0, 0), owner: NO_OWNER }))?;
+    let idx = take_slot(Box::new(Slot { path: path.to_vec(), excl: false, mode: 0, refs: 1, unlinked: false, pid: 0, late: false, file: (0, 0), owner: NO_OWNER, pristine: None }))?;
     Some(OUT_DIR | idx as u32)
 }
 
@@ -115,7 +176,7 @@ pub fn fork_release() {
 /// Starts tracking output file `fd` as output `path`. False if the table is full.
 pub fn track(fd: c_int, path: &[u8], excl: bool, mode: u32) -> bool {
     let file = file_id(fd);
-    let Some(idx) = take_slot(Box::new(Slot { path: path.to_vec(), excl, mode, refs: 1, unlinked: false, pid: pid(), late: false, file, owner: NO_OWNER })) else { return false };
+    let Some(idx) = take_slot(Box::new(Slot { path: path.to_vec(), excl, mode, refs: 1, unlinked: false, pid: pid(), late: false, file, owner: NO_OWNER, pristine: None })) else { return false };
     if !fd_table::set(fd, Tracked::Output(idx as u32)) {
         let s = TABLE.with(|t| t.slots[idx].take());
         drop(s);
@@ -136,7 +197,7 @@ pub fn track(fd: c_int, path: &[u8], excl: bool, mode: u32) -> bool {
 /// creator's commit may have come first, while this process still wrote).
 pub fn adopt(fd: c_int, path: &[u8], excl: bool, mode: u32, creator: i32) -> Option<u32> {
     let late = creator != pid();
-    let slot = Slot { path: path.to_vec(), excl: excl && !late, mode, refs: 1, unlinked: false, pid: pid(), late, file: file_id(fd), owner: NO_OWNER };
+    let slot = Slot { path: path.to_vec(), excl: excl && !late, mode, refs: 1, unlinked: false, pid: pid(), late, file: file_id(fd), owner: NO_OWNER, pristine: None };
     let idx = take_slot(Box::new(slot))? as u32;
     if !fd_table::set(fd, Tracked::Output(idx)) {
         let s = TABLE.with(|t| t.slots[idx as usize].take());
@@ -376,6 +437,10 @@ pub fn closing(fd: c_int, idx: u32) -> Option<c_int> {
 
 /// COMMIT: hands the output file to the daemon and waits for the owner's answer.
 pub fn commit(st: &State, fd: c_int, s: &Slot) -> Result<(), c_int> {
+    if unchanged(fd, s) {
+        crate::dlog!("close of {}: unchanged copy, nothing to commit", crate::debug::B(&s.path));
+        return Ok(());
+    }
     let ro = read_only(fd);
     let mut flags = if s.excl { wire::COMMIT_EXCL } else { 0 };
     if s.late {

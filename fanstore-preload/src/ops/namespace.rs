@@ -262,7 +262,12 @@ pub fn rmdir(vp: &VPath) -> Outcome<c_int> {
 
 pub fn unlink(vp: &VPath) -> Outcome<c_int> {
     if crate::outputs::retarget(vp.rel, None) {
-        return Outcome::Handled(0);
+        // Being written here: nothing is committed at its close. A file
+        // that existed before (opened "r+", "a") loses its name now too.
+        return match simple(vp.st, op::UNLINK, 0, vp.rel) {
+            Outcome::Errno(libc::ENOENT) => Outcome::Handled(0),
+            other => other,
+        };
     }
     simple(vp.st, op::UNLINK, 0, vp.rel)
 }
@@ -271,15 +276,20 @@ pub fn rename(from: &VPath, to: &VPath, noreplace: bool) -> Outcome<c_int> {
     if noreplace && lstat(to.st, to.rel).is_ok() {
         return Outcome::Errno(libc::EEXIST);
     }
-    if crate::outputs::retarget(from.rel, Some(to.rel)) {
-        // Still being written here: it is committed under the new name.
-        return Outcome::Handled(0);
-    }
     let mut p = Vec::with_capacity(from.rel.len() + 1 + to.rel.len());
     p.extend_from_slice(from.rel);
     p.push(0);
     p.extend_from_slice(to.rel);
     let flags = if noreplace { wire::RENAME_NOREPLACE } else { 0 };
+    if crate::outputs::retarget(from.rel, Some(to.rel)) {
+        // Still being written here: it is committed under the new name. A
+        // file that existed before (opened "r+", "a") leaves its old name
+        // now, as natively (its new version replaces it at the close).
+        return match client::call(from.st, &client::request(op::RENAME, flags, 0, &p), None) {
+            Ok(_) | Err(libc::ENOENT) => Outcome::Handled(0),
+            Err(e) => Outcome::Errno(e),
+        };
+    }
     let r = match client::call(from.st, &client::request(op::RENAME, flags, 0, &p), None) {
         Ok(_) => Outcome::Handled(0),
         Err(e) => Outcome::Errno(e),
