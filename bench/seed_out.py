@@ -30,6 +30,7 @@ SECTIONS = {
     "scale": ("scale.md", ["## Scale"]),
     "prep": ("prep.md", ["## fanstore-prep pack vs tar"]),
     "dlio": ("dlio.md", ["## DLIO benchmark"]),
+    "mdtest": ("mdtest.md", ["## mdtest and IOR", "## Where the time goes: mdtest"]),
     "notes": ("notes.md", ["## Where the time goes (computed"]),
 }
 # piece -> goal rows it owns, by the experiment column (exact, or a prefix ending in '*')
@@ -41,9 +42,10 @@ GOALS = {
     "sud": ["preload outside prefix, raw syscalls caught", "cost of one trapped raw syscall*"],
     "watch": ["push vs poll*", "idle watcher"],
     "scale": ["pack *", "reads with the daemon under*"],
+    "mdtest": ["mdtest/IOR *"],
 }
 JSON_NAME = {"read": "read.json", "remote": "remote.json", "write": "write.json", "ckpt": "ckpt.json",
-             "sud": "sud.json", "watch": "watch.json", "scale": "scale.json"}
+             "sud": "sud.json", "watch": "watch.json", "scale": "scale.json", "mdtest": "mdtest.json"}
 
 
 def owner_of_goal(exp):
