@@ -137,6 +137,33 @@ def test_outputs_in_input_dirs_are_seen_everywhere_and_clean_dirs_cost_no_messag
         """)
 
 
+def meta_counts(c):
+    """(metadata round trips sent over MPI, requests answered by their own owner) summed over ranks."""
+    sent = local = 0
+    for r in range(4):
+        with c.client(r) as k:
+            st = k.status()
+        sent += int(st["meta_sent"])
+        local += int(st["meta_local"])
+    return sent, local
+
+
+def test_a_stat_of_an_output_costs_one_lookup_at_its_owner(cl):
+    """STATUS counts the namespace's metadata requests (meta_sent: MPI round
+    trips; meta_local: answered by the asking rank, which owns the name). A
+    stat of an existing output from any node is exactly one lookup: one round
+    trip, or none when that node owns the name. Fails if a round trip is added."""
+    c, _src = cl
+    c.run_python(0, f"import os; os.makedirs('{MOUNT}/rt', exist_ok=True); [open('{MOUNT}/rt/f%d' % i, 'w').close() for i in range(8)]")
+    for node in range(4):
+        for i in range(8):
+            before = meta_counts(c)
+            c.run_python(node, f"import os; os.stat('{MOUNT}/rt/f{i}')")
+            after = meta_counts(c)
+            sent, local = after[0] - before[0], after[1] - before[1]
+            assert sent + local == 1 and sent <= 1, (node, i, sent, local)
+
+
 def test_inputs_stay_read_only(cl):
     c, src = cl
     name = first_input_file(src)

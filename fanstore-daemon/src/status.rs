@@ -51,6 +51,11 @@ pub struct Counters {
     /// Input directories marked in this rank's tier map as ones in which
     /// outputs may be listed (`crate::outputs::Outputs::mark_input_dir`).
     pub dirs_with_outputs: AtomicU64,
+    /// Metadata requests of the output namespace this rank sent to another
+    /// rank: each one MPI round trip (request, reply).
+    pub meta_sent: AtomicU64,
+    /// ... and those whose owner is this rank: answered here, no message.
+    pub meta_local: AtomicU64,
     /// Round trips of this rank's remote reads (request sent -> payload verified).
     pub remote_latency: LatencyHistogram,
     /// Remote partitions fetched, verified and mapped in the background
@@ -197,6 +202,9 @@ pub struct Snapshot {
     pub copies_declined: u64,
     pub names_asked: u64,
     pub dirs_with_outputs: u64,
+    /// [`Counters::meta_sent`], [`Counters::meta_local`].
+    pub meta_sent: u64,
+    pub meta_local: u64,
     /// Remote read round trips: p50 / p99 in µs (bucket upper bounds).
     pub remote_p50_us: u64,
     pub remote_p99_us: u64,
@@ -278,6 +286,8 @@ impl Counters {
         s.copies_declined = self.copies_declined.load(Relaxed);
         s.names_asked = self.names_asked.load(Relaxed);
         s.dirs_with_outputs = self.dirs_with_outputs.load(Relaxed);
+        s.meta_sent = self.meta_sent.load(Relaxed);
+        s.meta_local = self.meta_local.load(Relaxed);
         s.remote_p50_us = self.remote_latency.percentile(0.5);
         s.remote_p99_us = self.remote_latency.percentile(0.99);
         s.replicated_parts = self.replicated_parts.load(Relaxed);
@@ -299,7 +309,7 @@ impl Snapshot {
             "rank={}\nnranks={}\nhost={}\npid={}\nstatus={}\nmpi_threading={}\npartitions={}\nfiles={}\n\
              bytes_local={}\nbytes_read={}\nload_seconds={:.3}\nload_mbps={:.1}\nopens={}\nopens_local={}\n\
              remote_sent={}\nremote_failed={}\nremote_served={}\nremote_bytes_in={}\nremote_bytes_out={}\nremote_in_place={}\nremote_direct={}\nremote_posted={}\n\
-             cache_hits={}\ncache_misses={}\ncache_evictions={}\ncache_bytes={}\ncache_entries={}\ncache_disk_bytes={}\ncopies_reused={}\ncopy_spares_bytes={}\nerrors={}\nclients={}\nfd_pressure={}\nwarm_hints={}\ncopies_declined={}\nnames_asked={}\ndirs_with_outputs={}\n\
+             cache_hits={}\ncache_misses={}\ncache_evictions={}\ncache_bytes={}\ncache_entries={}\ncache_disk_bytes={}\ncopies_reused={}\ncopy_spares_bytes={}\nerrors={}\nclients={}\nfd_pressure={}\nwarm_hints={}\ncopies_declined={}\nnames_asked={}\ndirs_with_outputs={}\nmeta_sent={}\nmeta_local={}\n\
              remote_p50_us={}\nremote_p99_us={}\nremote_mbps={:.3}\nreplicated_parts={}\nreplicated_bytes={}\nextracted_ahead={}\nread_ahead={}\n\
              comm_woken_by_command={}\ncomm_woken_by_fd={}\ncomm_woken_by_timeout={}\ncomm_fd_wakes_idle={}\ncomm_missed_wakes={}\ncomm_spins_stopped={}\n\
              cpu_user_us={}\ncpu_sys_us={}\ncpu_seconds={:.2}\nctx_voluntary={}\nctx_involuntary={}\n\
@@ -341,6 +351,8 @@ impl Snapshot {
             self.copies_declined,
             self.names_asked,
             self.dirs_with_outputs,
+            self.meta_sent,
+            self.meta_local,
             self.remote_p50_us,
             self.remote_p99_us,
             self.remote_mbps,

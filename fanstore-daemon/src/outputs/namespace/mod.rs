@@ -108,6 +108,7 @@ impl Outputs {
 
     pub(crate) fn meta_once(&self, dest: u32, op: u16, arg0: u64, payload: Vec<u8>) -> Result<Reply, i32> {
         let rep = if dest == self.rank.id.rank {
+            self.rank.counters.meta_local.fetch_add(1, Relaxed);
             let req = Request { op, id: META_IDS.fetch_add(1, Relaxed), arg0, arg1: 0, payload };
             Reply::decode(&self.handle_meta(&req.encode())).map_err(|_| libc::EIO)?
         } else {
@@ -124,6 +125,7 @@ impl Outputs {
     /// [`Self::meta_wait`] takes its reply (several can be in flight).
     fn meta_post(&self, dest: u32, op: u16, arg0: u64, payload: Vec<u8>) -> Result<crossbeam::channel::Receiver<Vec<u8>>, i32> {
         let id = META_IDS.fetch_add(1, Relaxed);
+        self.rank.counters.meta_sent.fetch_add(1, Relaxed);
         let msg = Request { op, id, arg0, arg1: 0, payload }.encode();
         let (tx, rx) = crossbeam::channel::bounded(1);
         self.rank.comm.send(Command::Meta(MetaCall { dest, id, msg, reply: tx, timeout: META_TIMEOUT })).map_err(|_| libc::EIO)?;
