@@ -386,6 +386,12 @@ as_user("sticky: another's file stays", 65533, [65533], lambda: os.unlink(J("d",
 as_user("sticky: another's file is not renamed", 65533, [65533], lambda: os.rename(J("d", "x"), J("d", "z")))
 as_user("sticky: its own may go", 65533, [65533], lambda: (mkfile(J("d", "m"), 0o600), os.unlink(J("d", "m")))[0])
 as_user("a write by a non-root writer drops set-user-ID", 65534, [65534], lambda: (os.chmod(J("d", "x"), 0o4777), writes(J("d", "x"), "w"))[1])
+# A set-group-ID directory gives its group to what is made in it, and S_ISGID to a new directory.
+attempt("sgid dir", lambda: (os.mkdir(J("sg")), os.chown(J("sg"), 0, 65531), os.chmod(J("sg"), 0o2777), ids(J("sg")))[3])
+attempt("file in a sgid dir", lambda: mkfile(J("sg", "f"), 0o644))
+attempt("dir in a sgid dir", lambda: (os.mkdir(J("sg", "sub"), 0o755), ids(J("sg", "sub")))[1])
+attempt("symlink in a sgid dir", lambda: (os.symlink("f", J("sg", "l")), ids(J("sg", "l")))[1])
+as_user("another user's file in a sgid dir", 65534, [65534], lambda: mkfile(J("sg", "g"), 0o644))
 print(json.dumps(out))
 """)
 

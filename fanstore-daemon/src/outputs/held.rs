@@ -99,15 +99,16 @@ impl Outputs {
         if self.rank.view.lookup(path).is_some() {
             return Err(if excl { libc::EEXIST } else { libc::EROFS });
         }
-        let path = &match self.real_entry(path) {
+        let (path, dir) = match self.real_entry_in(path) {
             // Its directory was renamed while the file was open: as natively,
             // the file is in the directory under its new name.
             Err(libc::ENOENT) => match self.meta.lock().unwrap_or_else(|p| p.into_inner()).moved(path) {
-                Some(p) => self.real_entry(&p)?,
+                Some(p) => self.real_entry_in(&p)?,
                 None => return Err(libc::ENOENT),
             },
             other => other?,
         };
+        let path = &path;
         if self.rank.view.lookup(path).is_some() {
             return Err(if excl { libc::EEXIST } else { libc::EROFS });
         }
@@ -179,8 +180,10 @@ impl Outputs {
             (Some(d), None) => d.stage(path, id, bytes)?.file_xxh3,
             (None, _) => self.store_plain(&src, sole, bytes, &file).inspect_err(|_| undo())?,
         };
-        let (uid, gid) = (caller.uid, caller.gid);
-        let rec = OutRecord { size, mode: libc::S_IFREG | (mode & 0o7777), holder: self.rank.id.rank, mtime_ns, id, sum, atime_ns, ctime_ns: now_ns(), uid, gid, ino: wire::ino_of_path(path) };
+        // (A new version of an existing file keeps its owner and group: PUT_KEEP_OWNER.)
+        let (gid, mode) = crate::outputs::namespace::inherited(caller, dir.as_ref(), libc::S_IFREG | (mode & 0o7777));
+        let uid = caller.uid;
+        let rec = OutRecord { size, mode, holder: self.rank.id.rank, mtime_ns, id, sum, atime_ns, ctime_ns: now_ns(), uid, gid, ino: wire::ino_of_path(path) };
         // A symlink at the name: the bytes go to its target (as open(2)
         // follows it), which must then be a file or nothing in a directory.
         let (path, replaced) = &match self.put_record(path, rec, excl) {

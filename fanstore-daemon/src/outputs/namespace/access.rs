@@ -16,6 +16,34 @@ use crate::outputs::names::{parent, Looked};
 use crate::outputs::Outputs;
 use fanstore_core::wire::OutRecord;
 
+/// Adding a name in directory `dir` (its record; None: the mount's root or
+/// a directory of the dataset, open to all): write and search permission
+/// for a caller that is not root (EACCES).
+pub(crate) fn may_add_in(caller: &Caller, dir: Option<&OutRecord>) -> Result<(), i32> {
+    match dir {
+        Some(d) if !caller.is_root() && !caller.may(d, Access::CHANGE_DIR) => Err(libc::EACCES),
+        _ => Ok(()),
+    }
+}
+
+/// The group and mode a new entry of `mode` made by `caller` in directory
+/// `dir` gets, as the kernel's `inode_init_owner` gives them: in a
+/// set-group-ID directory the directory's group, and a new directory keeps
+/// S_ISGID; else the caller's group. A file asking for set-group-ID in a
+/// group its creator is not in (nor root) loses it.
+pub(crate) fn inherited(caller: &Caller, dir: Option<&OutRecord>, mode: u32) -> (u32, u32) {
+    let is_dir = mode & libc::S_IFMT == libc::S_IFDIR;
+    let (gid, mode) = match dir {
+        Some(d) if d.mode & libc::S_ISGID != 0 => (d.gid, if is_dir { mode | libc::S_ISGID } else { mode }),
+        _ => (caller.gid, mode),
+    };
+    let sgid_exec = libc::S_ISGID | libc::S_IXGRP;
+    if !is_dir && mode & sgid_exec == sgid_exec && !caller.is_root() && !caller.in_group(gid) {
+        return (gid, mode & !libc::S_ISGID);
+    }
+    (gid, mode)
+}
+
 impl Outputs {
     /// The record of output directory `dir` if `caller` (not root) may
     /// `want` it; None for root, the mount's root, or a directory of the

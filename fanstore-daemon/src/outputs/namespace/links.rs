@@ -124,15 +124,21 @@ impl Outputs {
     /// The real path of directory `dir` (an input or output directory,
     /// through symlinks). A directory outside the mount is EXDEV.
     pub fn real_dir(&self, dir: &[u8]) -> Result<Vec<u8>, i32> {
+        self.real_dir_rec(dir).map(|(p, _)| p)
+    }
+
+    /// [`Self::real_dir`] with the directory's record (None for the
+    /// mount's root and the dataset's directories).
+    fn real_dir_rec(&self, dir: &[u8]) -> Result<(Vec<u8>, Option<OutRecord>), i32> {
         if dir.is_empty() {
-            return Ok(Vec::new());
+            return Ok((Vec::new(), None));
         }
         match self.lookup(dir, true)? {
             Looked::Input { path, node } => match self.rank.view.node(node) {
-                Some(n) if n.is_dir() => Ok(path),
+                Some(n) if n.is_dir() => Ok((path, None)),
                 _ => Err(libc::ENOTDIR),
             },
-            Looked::Output { path, rec, .. } if rec.is_dir() => Ok(path),
+            Looked::Output { path, rec, .. } if rec.is_dir() => Ok((path, Some(rec))),
             Looked::Output { .. } => Err(libc::ENOTDIR),
             Looked::Outside(_) => Err(libc::EXDEV),
         }
@@ -141,16 +147,24 @@ impl Outputs {
     /// `path` with its directory resolved through symlinks (the entry
     /// itself is not followed: what unlink, rename, mkdir act on).
     pub fn real_entry(&self, path: &[u8]) -> Result<Vec<u8>, i32> {
+        self.real_entry_in(path).map(|(p, _)| p)
+    }
+
+    /// [`Self::real_entry`] with the record of the directory it is in
+    /// (None for the mount's root and the dataset's directories): what a
+    /// creation's permission check and set-group-ID inheritance read, at
+    /// no extra lookup.
+    pub fn real_entry_in(&self, path: &[u8]) -> Result<(Vec<u8>, Option<OutRecord>), i32> {
         let (dir, name) = parent(path);
         if dir.is_empty() {
-            return Ok(path.to_vec());
+            return Ok((path.to_vec(), None));
         }
-        let mut p = self.real_dir(dir)?;
+        let (mut p, rec) = self.real_dir_rec(dir)?;
         if !p.is_empty() {
             p.push(b'/');
         }
         p.extend_from_slice(name);
-        Ok(p)
+        Ok((p, rec))
     }
 
     /// The path a create through dangling symlink `path` makes (open(2)
@@ -207,20 +221,21 @@ impl Outputs {
         if path.is_empty() || self.rank.view.lookup(path).is_some() {
             return Err(libc::EEXIST);
         }
-        let path = self.real_entry(path)?;
+        let (path, dir) = self.real_entry_in(path)?;
         if self.rank.view.lookup(&path).is_some() {
             return Err(libc::EEXIST);
         }
         if name_too_long(&path) {
             return Err(libc::ENAMETOOLONG);
         }
-        self.check_add(caller, &path)?;
+        crate::outputs::namespace::access::may_add_in(caller, dir.as_ref())?;
         let id = self.out_seq.fetch_add(1, Relaxed);
         if id >= crate::ids::OUT_BIT as u64 {
             return Err(libc::ENOSPC);
         }
         let now = now_ns();
-        let (uid, gid) = (caller.uid, caller.gid);
+        let (gid, _) = crate::outputs::namespace::access::inherited(caller, dir.as_ref(), libc::S_IFLNK | 0o777);
+        let uid = caller.uid;
         let rec = OutRecord { size: target.len() as u64, mode: libc::S_IFLNK | 0o777, holder: self.rank.id.rank, id, sum: xxh3(target), uid, gid, ino: wire::ino_of_path(&path), ..Default::default() }
             .with_times(now, now);
         self.hold_link(&path, &rec, target)?;

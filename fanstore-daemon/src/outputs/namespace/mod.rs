@@ -29,6 +29,7 @@
 //! SYMLINK), `tree` (MKDIR, RMDIR, UNLINK, SETATTR, OUT_LIST, RENAME).
 
 mod access;
+pub(crate) use access::inherited;
 pub mod links;
 pub mod owner;
 mod tree;

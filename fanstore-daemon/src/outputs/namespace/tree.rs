@@ -35,17 +35,19 @@ impl Outputs {
         if path.is_empty() || self.rank.view.lookup(path).is_some() {
             return Err(libc::EEXIST);
         }
-        let path = &self.real_entry(path)?;
+        let (path, dir) = self.real_entry_in(path)?;
+        let path = &path;
         if self.rank.view.lookup(path).is_some() {
             return Err(libc::EEXIST);
         }
         if super::links::name_too_long(path) {
             return Err(libc::ENAMETOOLONG);
         }
-        self.check_add(caller, path)?;
+        super::access::may_add_in(caller, dir.as_ref())?;
         let now = now_ns();
-        let (uid, gid) = (caller.uid, caller.gid);
-        let rec = OutRecord { mode: libc::S_IFDIR | (mode & 0o7777), holder: self.rank.id.rank, uid, gid, ino: wire::ino_of_path(path), ..Default::default() }.with_times(now, now);
+        let (gid, mode) = super::access::inherited(caller, dir.as_ref(), libc::S_IFDIR | (mode & 0o7777));
+        let uid = caller.uid;
+        let rec = OutRecord { mode, holder: self.rank.id.rank, uid, gid, ino: wire::ino_of_path(path), ..Default::default() }.with_times(now, now);
         let mut p = Vec::new();
         rec.encode_into(&mut p);
         p.extend_from_slice(path);
