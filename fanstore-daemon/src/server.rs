@@ -245,6 +245,10 @@ fn handle(node: &Node, fd: RawFd, req: &Request, attached: Option<OwnedFd>) -> i
             }
         }
         op::MKDIR => done(fd, req, node.outputs.out_mkdir(path, req.arg1 as u32)),
+        op::MKNOD => match node.outputs.out_mknod(path, req.arg1 as u32, req.arg0 & wire::MKNOD_BIND != 0) {
+            Ok((id, real)) => wire::send_msg(fd, &Reply { payload: real, ..Reply::ok(req, id) }.encode(), None),
+            Err(e) => done(fd, req, Err(e)),
+        },
         op::RMDIR => done(fd, req, node.outputs.out_rmdir(path)),
         op::UNLINK => done(fd, req, node.outputs.out_unlink(path)),
         op::SETATTR => done(fd, req, node.outputs.out_setattr(path, req.arg0, req.arg1)),
