@@ -76,8 +76,8 @@ pub fn create_errno(vp: &VPath) -> c_int {
             Ok(_) if vp.rel.is_empty() => libc::EEXIST,
             Ok(_) => libc::EROFS,
             // Not an input directory: a new name in an output one is EPERM
-            // here (no hard links or special files; callers that create
-            // outputs there, as symlink(2), take EPERM as their go-ahead);
+            // here (no hard links; callers that create outputs there, as
+            // symlink(2), mknod(2) and bind(2), take EPERM as their go-ahead);
             // an existing output name (a dangling symlink too) is EEXIST.
             // (No daemon to ask: the index's answer, ENOENT.)
             Err(libc::ENOENT) => match super::namespace::lstat(vp.st, vp.rel) {
@@ -103,11 +103,6 @@ fn walk_errno(e: c_int) -> c_int {
         libc::ENOTDIR | libc::ELOOP | libc::ENAMETOOLONG => e,
         _ => libc::ENOENT,
     }
-}
-
-/// mknod, mkfifo, symlink (at the link path), link (at the new path).
-pub fn create(vp: &VPath) -> Outcome<c_int> {
-    Outcome::Errno(create_errno(vp))
 }
 
 /// symlink/symlinkat: a new output symlink where a new output could be
