@@ -20,6 +20,7 @@ Device files (S_IFCHR, S_IFBLK) stay EPERM (not compared: root makes them native
 """
 import json
 import os
+import textwrap
 
 from fs_cluster import cluster_fixture, run_json
 from fs_diff import differences, run_script as run, script
@@ -233,3 +234,69 @@ print(json.dumps(out, sort_keys=True))
 def test_device_files_are_eperm(cl):
     got = run_json(cl, 0, DEVICES, f"{MOUNT}/dev", timeout=120)
     assert got == {"S_IFCHR": "EPERM", "S_IFBLK": "EPERM", "S_IFCHR on an existing name": "EEXIST"}
+
+
+def test_fifos_and_sockets_survive_a_kill_a_new_job_and_export(bins, tmp_path):
+    """kill -9 and a restart on the same --local: the FIFO and the socket's
+    name are registered again (the FIFO works); --persist: a new job sees
+    their records, and `fanstore export` makes the FIFO and skips the socket."""
+    import stat
+    import subprocess
+    from fs_cluster import packed_dataset, start_cluster
+    packed_dataset(bins, tmp_path, n_files=4, seed=11, partitions=2)
+    make = textwrap.dedent(r"""
+    import os, socket, sys
+    r = sys.argv[1]
+    os.makedirs(r)
+    os.mkfifo(os.path.join(r, "f.tmp"), 0o640)
+    os.rename(os.path.join(r, "f.tmp"), os.path.join(r, "f"))
+    socket.socket(socket.AF_UNIX).bind(os.path.join(r, "s"))
+    print("{}")
+    """)
+    check = textwrap.dedent(r"""
+    import json, os, stat, subprocess, sys, time
+    r = sys.argv[1]
+    for _ in range(100):  # recovery runs once the job is ready
+        if os.path.lexists(os.path.join(r, "s")):
+            break
+        time.sleep(0.1)
+    kinds = [[stat.S_IFMT(os.lstat(os.path.join(r, n)).st_mode), oct(stat.S_IMODE(os.lstat(os.path.join(r, n)).st_mode))] for n in ("f", "s")]
+    got = None
+    if len(sys.argv) > 2:
+        w = subprocess.Popen([sys.executable, "-c", "import os, sys; fd = os.open(sys.argv[1], os.O_WRONLY); os.write(fd, b'again'); os.close(fd)", os.path.join(r, "f")])
+        fd = os.open(os.path.join(r, "f"), os.O_RDONLY)
+        got = os.read(fd, 10).decode()
+        os.close(fd)
+        w.wait()
+    print(json.dumps([kinds, got]))
+    """)
+    umask = os.umask(0o022)
+    os.umask(umask)
+    kinds = [[stat.S_IFIFO, "0o640"], [stat.S_IFSOCK, oct(0o777 & ~umask)]]
+    c = start_cluster(bins, tmp_path / "data", tmp_path / "c1", nranks=2, mount=MOUNT)
+    try:
+        run(c, 0, make, f"{MOUNT}/k9")
+    finally:
+        c.local = tmp_path / "not-removed"
+        c.kill()
+    c2 = start_cluster(bins, tmp_path / "data", tmp_path / "c1", nranks=2, mount=MOUNT)
+    try:
+        assert run(c2, 0, check, f"{MOUNT}/k9", "pipe") == [kinds, "again"]
+    finally:
+        c2.stop()
+    persist = tmp_path / "persist"
+    c3 = start_cluster(bins, tmp_path / "data", tmp_path / "c3", nranks=2, mount=MOUNT, extra_args=["--persist", persist])
+    try:
+        run(c3, 1, make, f"{MOUNT}/keep")
+    finally:
+        c3.stop()
+    c4 = start_cluster(bins, tmp_path / "data", tmp_path / "c4", nranks=3, mount=MOUNT, extra_args=["--persist", persist])
+    try:
+        assert run(c4, 2, check, f"{MOUNT}/keep") == [kinds, None]
+    finally:
+        c4.stop()
+    dest = tmp_path / "exported"
+    subprocess.run([bins["cli"], "export", str(persist), "--to", str(dest)], check=True, capture_output=True, timeout=120)
+    assert stat.S_ISFIFO(os.lstat(dest / "keep" / "f").st_mode)
+    assert stat.S_IMODE(os.lstat(dest / "keep" / "f").st_mode) == 0o640
+    assert not os.path.lexists(dest / "keep" / "s")
