@@ -4,7 +4,7 @@
 //! ([`crate::ops::special`]; device files: EPERM).
 
 use super::{cbytes, path_hook};
-use crate::ops::{special, write};
+use crate::ops::write;
 use crate::real;
 use crate::user_mem;
 use libc::{c_char, c_int, dev_t, mode_t};
@@ -17,16 +17,16 @@ crate::hooks! {
         path_hook("mkdirat", dirfd, path, -1, |vp| write::mkdir(vp, mode as u32), |p| real::mkdirat(dirfd, p, mode))
     }
     fn mknod(path: *const c_char, mode: mode_t, dev: dev_t) -> c_int {
-        path_hook("mknod", libc::AT_FDCWD, path, -1, |vp| special::mknod(vp, mode as u32), |p| real::mknod(p, mode, dev))
+        path_hook("mknod", libc::AT_FDCWD, path, -1, |vp| write::mknod(vp, mode as u32), |p| real::mknod(p, mode, dev))
     }
     fn mknodat(dirfd: c_int, path: *const c_char, mode: mode_t, dev: dev_t) -> c_int {
-        path_hook("mknodat", dirfd, path, -1, |vp| special::mknod(vp, mode as u32), |p| real::mknodat(dirfd, p, mode, dev))
+        path_hook("mknodat", dirfd, path, -1, |vp| write::mknod(vp, mode as u32), |p| real::mknodat(dirfd, p, mode, dev))
     }
     fn mkfifo(path: *const c_char, mode: mode_t) -> c_int {
-        path_hook("mkfifo", libc::AT_FDCWD, path, -1, |vp| special::mknod(vp, libc::S_IFIFO | (mode as u32 & 0o7777)), |p| real::mkfifo(p, mode))
+        path_hook("mkfifo", libc::AT_FDCWD, path, -1, |vp| write::mknod(vp, libc::S_IFIFO | (mode as u32 & 0o7777)), |p| real::mkfifo(p, mode))
     }
     fn mkfifoat(dirfd: c_int, path: *const c_char, mode: mode_t) -> c_int {
-        path_hook("mkfifoat", dirfd, path, -1, |vp| special::mknod(vp, libc::S_IFIFO | (mode as u32 & 0o7777)), |p| real::mkfifoat(dirfd, p, mode))
+        path_hook("mkfifoat", dirfd, path, -1, |vp| write::mknod(vp, libc::S_IFIFO | (mode as u32 & 0o7777)), |p| real::mkfifoat(dirfd, p, mode))
     }
     fn symlink(target: *const c_char, linkpath: *const c_char) -> c_int {
         // A bad target: the kernel's EFAULT (it reads the target first).

@@ -5,7 +5,7 @@
 //! abstract name, a path outside the mount, none) goes to libc untouched.
 
 use super::path_hook;
-use crate::ops::{special, Outcome};
+use crate::ops::{special, write, Outcome};
 use crate::real;
 use crate::user_mem;
 use libc::{c_char, c_int, c_void, size_t, sockaddr, socklen_t, ssize_t};
@@ -76,7 +76,7 @@ fn outcome<T: Copy + PartialOrd + Default>(r: T) -> Outcome<T> {
 
 crate::hooks! {
     fn bind(fd: c_int, addr: *const sockaddr, len: socklen_t) -> c_int {
-        unix_hook("bind", addr, len, -1, |vp| special::bind(vp, fd), |a, l| real::bind(fd, a, l))
+        unix_hook("bind", addr, len, -1, |vp| write::bind(vp, fd), |a, l| real::bind(fd, a, l))
     }
     fn connect(fd: c_int, addr: *const sockaddr, len: socklen_t) -> c_int {
         unix_hook("connect", addr, len, -1, |vp| special::connect(vp, fd), |a, l| real::connect(fd, a, l))

@@ -37,21 +37,21 @@ pub fn real_path(st: &State, r: &OutRecord) -> Option<Vec<u8>> {
     Some(p)
 }
 
-/// mknod, mknodat, mkfifo, mkfifoat of an output path. A FIFO, a socket
-/// inode (S_IFSOCK: nothing listens on it) or an empty regular file (type
-/// 0 or S_IFREG), its permission bits less the umask. Character and block
-/// devices: EPERM (no device files among outputs); another type: EINVAL
-/// (before the path is looked at, as Linux).
+/// Is `mode`'s type one mknod(2) takes (0, a file, a FIFO, a socket, a device)?
+pub fn valid_type(mode: u32) -> bool {
+    matches!(mode & libc::S_IFMT, 0 | libc::S_IFREG | libc::S_IFIFO | libc::S_IFSOCK | libc::S_IFCHR | libc::S_IFBLK)
+}
+
+/// mknod of a new output name `vp` (the caller checked the name can be
+/// made, and the type: [`super::write::mknod`]). A FIFO, a socket inode
+/// (S_IFSOCK: nothing listens on it) or an empty regular file (type 0 or
+/// S_IFREG), its permission bits less the umask. Character and block
+/// devices: EPERM (no device files among outputs).
 pub fn mknod(vp: &VPath, mode: u32) -> Outcome<c_int> {
     let kind = match mode & libc::S_IFMT {
-        0 | libc::S_IFREG => libc::S_IFREG,
-        k @ (libc::S_IFIFO | libc::S_IFSOCK | libc::S_IFCHR | libc::S_IFBLK) => k,
-        _ => return Outcome::Errno(libc::EINVAL),
+        0 => libc::S_IFREG,
+        k => k,
     };
-    match super::write::create_errno(vp) {
-        libc::EPERM => {}
-        e => return Outcome::Errno(e),
-    }
     if crate::outputs::open_slot_of(vp.rel).is_some() {
         return Outcome::Errno(libc::EEXIST);
     }
@@ -160,15 +160,11 @@ pub fn with_sockaddr<T>(path: &[u8], fail: T, f: impl FnOnce(*const sockaddr, so
     r
 }
 
-/// bind(2) of unix socket `fd` to output path `vp`: the name is registered
-/// (EADDRINUSE if it exists, as natively), then the socket is bound at its
-/// real path on this node; a failed bind removes the name again.
+/// bind(2) of unix socket `fd` to new output name `vp` (checked by
+/// [`super::write::bind`]): the name is registered (EADDRINUSE if it
+/// exists, as natively), then the socket is bound at its real path on
+/// this node; a failed bind removes the name again.
 pub fn bind(vp: &VPath, fd: c_int) -> Outcome<c_int> {
-    match super::write::create_errno(vp) {
-        libc::EPERM => {}
-        libc::EEXIST => return Outcome::Errno(libc::EADDRINUSE),
-        e => return Outcome::Errno(e),
-    }
     if crate::outputs::open_slot_of(vp.rel).is_some() {
         return Outcome::Errno(libc::EADDRINUSE);
     }

@@ -105,6 +105,31 @@ fn walk_errno(e: c_int) -> c_int {
     }
 }
 
+/// mknod, mknodat, mkfifo, mkfifoat: a FIFO, a socket inode or an empty
+/// file where an output can be created ([`super::special::mknod`]); a type
+/// mknod does not know is EINVAL before the path is looked at, as Linux;
+/// elsewhere what creating the name gives (EEXIST, EROFS...).
+pub fn mknod(vp: &VPath, mode: u32) -> Outcome<c_int> {
+    if !super::special::valid_type(mode) {
+        return Outcome::Errno(libc::EINVAL);
+    }
+    match create_errno(vp) {
+        libc::EPERM => super::special::mknod(vp, mode),
+        e => Outcome::Errno(e),
+    }
+}
+
+/// bind(2) of unix socket `fd` to `vp`: a socket output where an output
+/// can be created ([`super::special::bind`]); an existing name is
+/// EADDRINUSE, as natively; elsewhere what creating the name gives.
+pub fn bind(vp: &VPath, fd: c_int) -> Outcome<c_int> {
+    match create_errno(vp) {
+        libc::EPERM => super::special::bind(vp, fd),
+        libc::EEXIST => Outcome::Errno(libc::EADDRINUSE),
+        e => Outcome::Errno(e),
+    }
+}
+
 /// symlink/symlinkat: a new output symlink where a new output could be
 /// created; elsewhere what creating the name gives (EEXIST, EROFS...).
 pub fn symlink(vp: &VPath, target: Option<&[u8]>) -> Outcome<c_int> {
