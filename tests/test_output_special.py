@@ -160,6 +160,26 @@ def datagrams():
     c.sendto(b"two", J("dg"))
     return [d.recv(10).decode(), d.recv(10).decode(), kind("dg")]
 attempt("datagrams by sendto", datagrams)
+import ctypes
+libc = ctypes.CDLL(None, use_errno=True)
+def raw(nr, fd, path):
+    # A raw system call (as Go's net package makes), through libc's syscall().
+    addr = ctypes.create_string_buffer(2 + 108)
+    addr[0:2] = socket.AF_UNIX.to_bytes(2, "little")
+    addr[2:2 + len(path)] = path
+    if libc.syscall(nr, fd, addr, 2 + len(path) + 1) != 0:
+        e = ctypes.get_errno()
+        raise OSError(e, os.strerror(e))
+def raw_bind_connect():
+    s = socket.socket(socket.AF_UNIX)
+    raw(49, s.fileno(), b"raw")  # SYS_bind, x86_64
+    s.listen(1)
+    c = socket.socket(socket.AF_UNIX)
+    raw(42, c.fileno(), b"raw")  # SYS_connect
+    a, _ = s.accept()
+    c.sendall(b"raw")
+    return [kind("raw"), a.recv(10).decode()]
+attempt("raw bind and connect", raw_bind_connect)
 attempt("listing", lambda: sorted([e.name, e.is_file(follow_symlinks=False), e.is_dir(follow_symlinks=False)] for e in os.scandir(".")))
 attempt("unlink", lambda: os.unlink("sock2"))
 attempt("lstat after unlink", lambda: os.lstat("sock2"))
