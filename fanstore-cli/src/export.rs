@@ -69,6 +69,16 @@ pub fn export(dir: &Path, to: &Path) -> Result<usize, PersistError> {
         if let Some(parent) = dst.parent() {
             std::fs::create_dir_all(parent).map_err(io_err(parent))?;
         }
+        // A FIFO is made again (no bytes); a unix socket is skipped, as
+        // tar does: nothing listens on it any more.
+        if r.is_special() {
+            if r.mode & libc::S_IFMT == libc::S_IFIFO {
+                make_fifo(&dst)?;
+                apply_attrs(&dst, r)?;
+                n += 1;
+            }
+            continue;
+        }
         let src = data_path(dir, r);
         let bytes = if src.exists() {
             std::fs::read(&src).map_err(io_err(&src))?
@@ -96,6 +106,17 @@ pub fn export(dir: &Path, to: &Path) -> Result<usize, PersistError> {
         apply_attrs(&to.join(Path::new(std::ffi::OsStr::from_bytes(p))), r)?;
     }
     Ok(n)
+}
+
+/// A FIFO at `dst` (an earlier one there is replaced).
+fn make_fifo(dst: &Path) -> Result<(), PersistError> {
+    let _ = std::fs::remove_file(dst);
+    let c = std::ffi::CString::new(dst.as_os_str().as_bytes()).map_err(|e| PersistError::Io(dst.to_path_buf(), io::Error::other(e)))?;
+    // SAFETY: c is a NUL-terminated path.
+    if unsafe { libc::mkfifo(c.as_ptr(), 0o600) } != 0 {
+        return Err(PersistError::Io(dst.to_path_buf(), io::Error::last_os_error()));
+    }
+    Ok(())
 }
 
 /// The checkpoint stores drained to a persist directory, opened on demand

@@ -32,8 +32,11 @@
 //! OUT_OPEN  payload path; reply: an fd with the output's bytes
 //! OUT_LIST  payload directory path, arg0 = entries to skip; reply value =
 //!           entries in this reply (0: end), payload = entries, each
-//!           0 kind (1 file, 2 dir) | 1..3 name length u16 | name
+//!           0 kind (1 file, 2 dir, 3 symlink, 4 fifo, 5 socket) | 1..3 name length u16 | name
 //! MKDIR     payload path, arg1 mode; reply errno (EEXIST ...)
+//! MKNOD     payload path, arg1 st_mode (S_IFIFO, S_IFSOCK, S_IFREG, S_IFCHR,
+//!           S_IFBLK), arg0 MKNOD_BIND | rdev << MKNOD_RDEV_SHIFT; reply value = output id, payload = the real
+//!           object's path on this node (see op::MKNOD)
 //! RMDIR     payload path; reply errno (ENOTEMPTY, ENOTDIR ...)
 //! UNLINK    payload path; reply errno (EISDIR ...)
 //! RENAME    payload from NUL to; reply errno
@@ -100,6 +103,15 @@ pub mod op {
     /// background (within `--cache-mem`), so later opens on the node are
     /// plain opens. Dropped when the daemon is busy. See [`warm_ids`].
     pub const WARM: u16 = 17;
+    /// A special file: payload path, arg1 its st_mode (S_IFIFO, S_IFSOCK or
+    /// S_IFREG plus permission bits, the umask applied by the client), arg0
+    /// [`super::MKNOD_BIND`] for the name of a socket the client binds
+    /// itself. The daemon makes the real object (a FIFO, an unbound socket
+    /// inode, an empty file) at `<local dir>/out/<id>`, named by its output
+    /// id so that a rename leaves it in place, and registers the record
+    /// held by its rank (EEXIST if the name exists). Reply value = the id,
+    /// payload = the real object's absolute path.
+    pub const MKNOD: u16 = 18;
     /// Namespace events (`fanstore watch`, inotify): see [`crate::watchev`].
     pub const WATCH_ADD: u16 = 40;
     pub const WATCH_RM: u16 = 41;
@@ -206,10 +218,22 @@ pub const SETATTR_KEEP_MODE: u64 = 0x400;
 /// a symlink's mode cannot change (EOPNOTSUPP, as Linux says).
 pub const SETATTR_NOFOLLOW: u64 = 0x100;
 
+/// MKNOD arg0 bit: the name of a unix socket the client binds itself at
+/// the path of the reply (the daemon makes no object; the record is there
+/// from the reply on).
+pub const MKNOD_BIND: u64 = 1;
+/// MKNOD arg0: a character or block device's number, shifted left by this
+/// (the record keeps it as its `sum`, which a device has no other use for).
+pub const MKNOD_RDEV_SHIFT: u32 = 8;
+
 /// Entry kinds of an OUT_LIST reply.
 pub const KIND_FILE: u8 = 1;
 pub const KIND_DIR: u8 = 2;
 pub const KIND_LINK: u8 = 3;
+pub const KIND_FIFO: u8 = 4;
+pub const KIND_SOCK: u8 = 5;
+pub const KIND_CHR: u8 = 6;
+pub const KIND_BLK: u8 = 7;
 
 /// uid and gid of a record that stands for an input of the dataset (an
 /// OUT_STAT through a symlink into it): the library shows its own user.
@@ -271,14 +295,29 @@ impl OutRecord {
     pub fn is_link(&self) -> bool {
         self.mode & libc::S_IFMT == libc::S_IFLNK
     }
+    /// A FIFO or a unix socket: a real object on its holder's node
+    /// (`<local dir>/out/<id>`), no bytes.
+    pub fn is_special(&self) -> bool {
+        matches!(self.mode & libc::S_IFMT, libc::S_IFIFO | libc::S_IFSOCK | libc::S_IFCHR | libc::S_IFBLK)
+    }
+    /// A character or block device's number (kept in `sum`), else 0.
+    pub fn rdev(&self) -> u64 {
+        if matches!(self.mode & libc::S_IFMT, libc::S_IFCHR | libc::S_IFBLK) {
+            self.sum
+        } else {
+            0
+        }
+    }
     /// The listing kind of this record.
     pub fn kind(&self) -> u8 {
-        if self.is_dir() {
-            KIND_DIR
-        } else if self.is_link() {
-            KIND_LINK
-        } else {
-            KIND_FILE
+        match self.mode & libc::S_IFMT {
+            libc::S_IFDIR => KIND_DIR,
+            libc::S_IFLNK => KIND_LINK,
+            libc::S_IFIFO => KIND_FIFO,
+            libc::S_IFSOCK => KIND_SOCK,
+            libc::S_IFCHR => KIND_CHR,
+            libc::S_IFBLK => KIND_BLK,
+            _ => KIND_FILE,
         }
     }
     pub fn encode_into(&self, b: &mut Vec<u8>) {

@@ -208,7 +208,7 @@ pub fn prepare_client_dir(local_dir: &Path) -> std::io::Result<()> {
         up = d.parent();
     }
     let client = local_dir.join(".client");
-    for (dir, mode) in [(client.clone(), 0o755), (client.join("pending"), 0o1777), (client.join("locks"), 0o1777), (client.join("cwd"), 0o1777)] {
+    for (dir, mode) in [(client.clone(), 0o755), (client.join("pending"), 0o1777), (client.join("locks"), 0o1777), (client.join("cwd"), 0o1777), (client.join("fifo"), 0o1777)] {
         match std::fs::create_dir_all(&dir) {
             Ok(()) => {}
             Err(e) => return Err(e),

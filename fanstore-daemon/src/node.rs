@@ -165,7 +165,8 @@ impl PeerSource for LocalStore<'_> {
             // The plain file first: a checkpoint stored behind its close is
             // one until the store has it (then the store holds it before the
             // file goes, so a miss here finds it there).
-            if path.exists() {
+            // (A regular file: never a FIFO's object, whose open would block.)
+            if std::fs::symlink_metadata(&path).is_ok_and(|m| m.is_file()) {
                 if let Some(b) = read_payload(&path, stored_len, spare.take()) {
                     return Some(b);
                 }

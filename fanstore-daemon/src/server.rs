@@ -262,6 +262,10 @@ fn handle(node: &Node, fd: RawFd, req: &Request, attached: Option<OwnedFd>, call
             }
         }
         op::MKDIR => done(fd, req, node.outputs.out_mkdir(path, req.arg1 as u32, caller)),
+        op::MKNOD => match node.outputs.out_mknod(path, req.arg1 as u32, req.arg0 & wire::MKNOD_BIND != 0, req.arg0 >> wire::MKNOD_RDEV_SHIFT, caller) {
+            Ok((id, real)) => wire::send_msg(fd, &Reply { payload: real, ..Reply::ok(req, id) }.encode(), None),
+            Err(e) => done(fd, req, Err(e)),
+        },
         op::RMDIR => done(fd, req, node.outputs.out_rmdir(path, caller)),
         op::UNLINK => done(fd, req, node.outputs.out_unlink(path, caller)),
         op::SETATTR => done(fd, req, node.outputs.out_setattr(path, req.arg0, req.arg1, caller)),

@@ -141,7 +141,7 @@ pub(crate) fn connect(st: &State) -> Result<c_int, c_int> {
     let len = (std::mem::size_of::<libc::sa_family_t>() + st.sock_path.len() + 1) as libc::socklen_t;
     loop {
         // SAFETY: addr is a valid sockaddr_un of at least `len` bytes.
-        let r = unsafe { libc::connect(s, (&addr as *const libc::sockaddr_un).cast(), len) };
+        let r = unsafe { crate::real::connect(s, (&addr as *const libc::sockaddr_un).cast(), len) };
         if r == 0 {
             return Ok(s);
         }

@@ -10,7 +10,8 @@
 //!     what inputs and outputs share (`attr.rs`: the device number, statx,
 //!     `Attr`; `open_base.rs`: `wants_write`, the fd of an input directory);
 //!   - output names: `namespace.rs` (the daemon's answers about outputs);
-//!   - output bytes: `out.rs` (opening, creating, truncating outputs);
+//!   - output bytes: `out.rs` (opening, creating, truncating outputs),
+//!     `special.rs` (FIFOs and unix sockets: their real objects);
 //!   - dispatchers: `open.rs`, `stat.rs`, `write.rs` (an input's answer,
 //!     else the output modules');
 //!   - calls: every other family (directories, fds, stdio, walks...);
@@ -99,6 +100,7 @@ const OPS: &[(&str, OpsTier)] = &[
     ("open_base.rs", OpsTier::Shared),
     ("namespace.rs", OpsTier::OutNames),
     ("out.rs", OpsTier::OutBytes),
+    ("special.rs", OpsTier::OutBytes),
     ("open.rs", OpsTier::Dispatch),
     ("stat.rs", OpsTier::Dispatch),
     ("write.rs", OpsTier::Dispatch),

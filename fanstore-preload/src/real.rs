@@ -403,6 +403,12 @@ originals! {
     umask {
         fn umask(mask: mode_t) -> mode_t;
     }
+    socket {
+        fn bind(fd: c_int, addr: *const libc::sockaddr, len: libc::socklen_t) -> c_int;
+        fn connect(fd: c_int, addr: *const libc::sockaddr, len: libc::socklen_t) -> c_int;
+        fn sendto(fd: c_int, buf: *const c_void, n: size_t, flags: c_int, addr: *const libc::sockaddr, len: libc::socklen_t) -> ssize_t;
+        fn sendmsg(fd: c_int, msg: *const libc::msghdr, flags: c_int) -> ssize_t;
+    }
     zerocopy {
         fn sendfile(out_fd: c_int, in_fd: c_int, offset: *mut off_t, count: size_t) -> ssize_t;
         fn sendfile64(out_fd: c_int, in_fd: c_int, offset: *mut off64_t, count: size_t) -> ssize_t;

@@ -321,6 +321,11 @@ impl Outputs {
         if rec.is_dir() {
             return Err(libc::EISDIR);
         }
+        // A FIFO or a socket has no bytes: opening its object could block
+        // (a FIFO without a writer). Clients open it themselves on its node.
+        if rec.is_special() {
+            return Err(libc::ENXIO);
+        }
         if rec.holder == crate::outputs::persist::PERSISTED {
             let dir = self.persist.get().ok_or(libc::EIO)?;
             if !crate::outputs::persist::data_path(dir, &rec).exists() {
@@ -494,8 +499,8 @@ impl Outputs {
         let mut unsynced = 0;
         if let Ok(rd) = std::fs::read_dir(self.out_dir()) {
             for e in rd.flatten() {
-                if e.path().extension().is_some() || e.file_type().map_or(true, |t| t.is_dir()) {
-                    continue; // sidecars, the checkpoint store
+                if e.path().extension().is_some() || !e.file_type().is_ok_and(|t| t.is_file()) {
+                    continue; // sidecars, the checkpoint store, FIFOs and sockets (no bytes)
                 }
                 let known = std::fs::read(self.out_dir().join(format!("{}.rec", e.file_name().to_string_lossy())))
                     .ok()
@@ -600,7 +605,7 @@ impl Outputs {
             if ok {
                 if let Some(d) = dedup.filter(|_| in_store) {
                     d.settle(id, &path);
-                } else if let Some(d) = dedup.filter(|d| !rec.is_link() && !rec.is_dir() && rec.size >= d.min) {
+                } else if let Some(d) = dedup.filter(|d| !rec.is_link() && !rec.is_dir() && !rec.is_special() && rec.size >= d.min) {
                     // Closed but not stored when the run was killed (its commit
                     // was queued behind the close): stored now, as then.
                     self.enqueue_recovered(d, &path, id);

@@ -9,6 +9,7 @@
 //!   job per persist directory.
 //! - [`remote_out`]: this node's copies of outputs held by other ranks.
 //! - [`watch`]: namespace events pushed to watchers.
+//! - [`special`]: FIFOs and unix sockets (MKNOD), real objects on their node.
 pub mod dedup;
 pub mod held;
 pub mod held_files;
@@ -19,6 +20,7 @@ pub mod persist_lease;
 pub mod remote_cache;
 pub mod remote_out;
 pub mod shared_commits;
+pub mod special;
 pub mod watch;
 
 use crate::inputs::cache::Cache;

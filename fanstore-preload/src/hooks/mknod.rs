@@ -1,7 +1,7 @@
 //! mkdir, mknod, mkfifo, symlink and their *at forms: names made other
 //! than by opening a file. Under the mount a directory or a symlink is an
-//! output; a special file fails with what creating the name gives
-//! ([`crate::ops::write`]).
+//! output, and so is a FIFO, a socket inode or an empty file made by mknod
+//! ([`crate::ops::special`]; a device file made by root is a record only).
 
 use super::{cbytes, path_hook};
 use crate::ops::write;
@@ -17,16 +17,16 @@ crate::hooks! {
         path_hook("mkdirat", dirfd, path, -1, |vp| write::mkdir(vp, mode as u32), |p| real::mkdirat(dirfd, p, mode))
     }
     fn mknod(path: *const c_char, mode: mode_t, dev: dev_t) -> c_int {
-        path_hook("mknod", libc::AT_FDCWD, path, -1, write::create, |p| real::mknod(p, mode, dev))
+        path_hook("mknod", libc::AT_FDCWD, path, -1, |vp| write::mknod(vp, mode as u32, dev), |p| real::mknod(p, mode, dev))
     }
     fn mknodat(dirfd: c_int, path: *const c_char, mode: mode_t, dev: dev_t) -> c_int {
-        path_hook("mknodat", dirfd, path, -1, write::create, |p| real::mknodat(dirfd, p, mode, dev))
+        path_hook("mknodat", dirfd, path, -1, |vp| write::mknod(vp, mode as u32, dev), |p| real::mknodat(dirfd, p, mode, dev))
     }
     fn mkfifo(path: *const c_char, mode: mode_t) -> c_int {
-        path_hook("mkfifo", libc::AT_FDCWD, path, -1, write::create, |p| real::mkfifo(p, mode))
+        path_hook("mkfifo", libc::AT_FDCWD, path, -1, |vp| write::mknod(vp, libc::S_IFIFO | (mode as u32 & 0o7777), 0), |p| real::mkfifo(p, mode))
     }
     fn mkfifoat(dirfd: c_int, path: *const c_char, mode: mode_t) -> c_int {
-        path_hook("mkfifoat", dirfd, path, -1, write::create, |p| real::mkfifoat(dirfd, p, mode))
+        path_hook("mkfifoat", dirfd, path, -1, |vp| write::mknod(vp, libc::S_IFIFO | (mode as u32 & 0o7777), 0), |p| real::mkfifoat(dirfd, p, mode))
     }
     fn symlink(target: *const c_char, linkpath: *const c_char) -> c_int {
         // A bad target: the kernel's EFAULT (it reads the target first).

@@ -39,6 +39,7 @@ pub mod mknod;
 pub mod open;
 pub mod rename;
 pub mod signal;
+pub mod socket;
 pub mod stat;
 pub mod stdio;
 pub mod syscall;
@@ -388,6 +389,7 @@ mod tests {
             ("syscall", super::syscall::NAMES),
             ("inotify", super::inotify::NAMES),
             ("umask", super::umask::NAMES),
+            ("socket", super::socket::NAMES),
             ("zerocopy", super::zerocopy::NAMES),
         ];
         let want: Vec<(&str, Vec<&str>)> = files.iter().map(|(f, n)| (*f, n.to_vec())).collect();

@@ -40,6 +40,8 @@ pub fn statx_from(s: &libc::stat) -> libc::statx {
     x.stx_ctime = ts(s.st_ctime * 1_000_000_000 + s.st_ctime_nsec);
     x.stx_dev_major = DEV_MAJOR;
     x.stx_dev_minor = DEV_MINOR;
+    x.stx_rdev_major = libc::major(s.st_rdev);
+    x.stx_rdev_minor = libc::minor(s.st_rdev);
     x
 }
 

@@ -57,6 +57,10 @@ fn load_outs(st: &State, node: u32) -> Vec<(u64, u8, Vec<u8>)> {
             let t = match k {
                 fanstore_core::wire::KIND_DIR => libc::DT_DIR,
                 fanstore_core::wire::KIND_LINK => libc::DT_LNK,
+                fanstore_core::wire::KIND_FIFO => libc::DT_FIFO,
+                fanstore_core::wire::KIND_SOCK => libc::DT_SOCK,
+                fanstore_core::wire::KIND_CHR => libc::DT_CHR,
+                fanstore_core::wire::KIND_BLK => libc::DT_BLK,
                 _ => libc::DT_REG,
             };
             (ino, t, name)

@@ -17,6 +17,7 @@ pub mod namespace;
 pub mod open;
 pub mod open_base;
 pub mod out;
+pub mod special;
 pub mod stat;
 pub mod stdio;
 pub mod tempname;

@@ -127,6 +127,7 @@ pub fn stat_of(st: &State, rel: &[u8], r: &OutRecord) -> libc::stat {
     // (An input reached through a symlink shows the library's owner of inputs.)
     (s.st_uid, s.st_gid) = if r.uid == fanstore_core::wire::INPUT_OWNER { (st.uid, st.gid) } else { (r.uid, r.gid) };
     s.st_size = size;
+    s.st_rdev = r.rdev();
     s.st_blksize = 4096;
     s.st_blocks = (size + 511) / 512;
     (s.st_atime, s.st_atime_nsec) = split_ns(r.atime_ns);

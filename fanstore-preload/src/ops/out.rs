@@ -103,6 +103,8 @@ pub fn open(vp: &VPath, flags: c_int, mode: u32) -> Outcome<c_int> {
             open_dir(vp, flags).map(|(fd, _)| fd).into()
         }
         Some(_) if vp.must_be_dir || flags & libc::O_DIRECTORY != 0 => Outcome::Errno(libc::ENOTDIR),
+        // A FIFO or a socket: its real object ([`super::special`]).
+        Some(r) if r.is_special() => super::special::open(st, &r, flags),
         Some(r) if write => {
             let keep = flags & libc::O_TRUNC == 0;
             let copied_from = (keep && r.holder != INPUT_HOLDER).then_some(r.sum);
@@ -159,6 +161,7 @@ pub fn truncate(vp: &VPath, len: i64) -> Outcome<c_int> {
     }
     match stat(vp.st, vp.rel) {
         Ok(r) if r.is_dir() => return Outcome::Errno(libc::EISDIR),
+        Ok(r) if r.is_special() => return Outcome::Errno(libc::EINVAL), // as truncate(2) of a FIFO
         Ok(_) => {}
         Err(e) => return Outcome::Errno(e),
     }

@@ -76,8 +76,8 @@ pub fn create_errno(vp: &VPath) -> c_int {
             Ok(_) if vp.rel.is_empty() => libc::EEXIST,
             Ok(_) => libc::EROFS,
             // Not an input directory: a new name in an output one is EPERM
-            // here (no hard links or special files; callers that create
-            // outputs there, as symlink(2), take EPERM as their go-ahead);
+            // here (no hard links; callers that create outputs there, as
+            // symlink(2), mknod(2) and bind(2), take EPERM as their go-ahead);
             // an existing output name (a dangling symlink too) is EEXIST.
             // (No daemon to ask: the index's answer, ENOENT.)
             Err(libc::ENOENT) => match super::namespace::lstat(vp.st, vp.rel) {
@@ -105,9 +105,29 @@ fn walk_errno(e: c_int) -> c_int {
     }
 }
 
-/// mknod, mkfifo, symlink (at the link path), link (at the new path).
-pub fn create(vp: &VPath) -> Outcome<c_int> {
-    Outcome::Errno(create_errno(vp))
+/// mknod, mknodat, mkfifo, mkfifoat: a FIFO, a socket inode or an empty
+/// file where an output can be created ([`super::special::mknod`]); a type
+/// mknod does not know is EINVAL before the path is looked at, as Linux;
+/// elsewhere what creating the name gives (EEXIST, EROFS...).
+pub fn mknod(vp: &VPath, mode: u32, dev: libc::dev_t) -> Outcome<c_int> {
+    if !super::special::valid_type(mode) {
+        return Outcome::Errno(libc::EINVAL);
+    }
+    match create_errno(vp) {
+        libc::EPERM => super::special::mknod(vp, mode, dev),
+        e => Outcome::Errno(e),
+    }
+}
+
+/// bind(2) of unix socket `fd` to `vp`: a socket output where an output
+/// can be created ([`super::special::bind`]); an existing name is
+/// EADDRINUSE, as natively; elsewhere what creating the name gives.
+pub fn bind(vp: &VPath, fd: c_int) -> Outcome<c_int> {
+    match create_errno(vp) {
+        libc::EPERM => super::special::bind(vp, fd),
+        libc::EEXIST => Outcome::Errno(libc::EADDRINUSE),
+        e => Outcome::Errno(e),
+    }
 }
 
 /// symlink/symlinkat: a new output symlink where a new output could be

@@ -10,7 +10,7 @@
 //! and rt_sigreturn through the program's own restorer.
 
 use super::{raw, signals};
-use crate::hooks::{attr, cwd, dir, fd, inotify, meta, mknod, open, rename, stat, unlink};
+use crate::hooks::{attr, cwd, dir, fd, inotify, meta, mknod, open, rename, socket, stat, unlink};
 use libc::{c_char, c_int, c_uint, c_ulong, c_void, mode_t, off_t, size_t};
 
 /// `-1` + errno (a hook's failure) to `-errno` (the kernel's).
@@ -123,6 +123,12 @@ pub unsafe fn file_call(nr: i64, a: [u64; 6]) -> Option<i64> {
             libc::SYS_symlinkat => sys(mknod::symlinkat(p(0), i(1), p(2)) as i64),
             libc::SYS_mknod => sys(mknod::mknod(p(0), a[1] as mode_t, a[2] as libc::dev_t) as i64),
             libc::SYS_mknodat => sys(mknod::mknodat(i(0), p(1), a[2] as mode_t, a[3] as libc::dev_t) as i64),
+            // A unix socket address under the mount (Go's net package binds
+            // and connects with raw calls); any other goes to the kernel.
+            libc::SYS_bind => sys(socket::bind(i(0), a[1] as *const libc::sockaddr, a[2] as libc::socklen_t) as i64),
+            libc::SYS_connect => sys(socket::connect(i(0), a[1] as *const libc::sockaddr, a[2] as libc::socklen_t) as i64),
+            libc::SYS_sendto => sys(socket::sendto(i(0), a[1] as *const c_void, a[2] as size_t, i(3), a[4] as *const libc::sockaddr, a[5] as libc::socklen_t) as i64),
+            libc::SYS_sendmsg => sys(socket::sendmsg(i(0), a[1] as *const libc::msghdr, i(2)) as i64),
             libc::SYS_chmod => sys(attr::chmod(p(0), a[1] as mode_t) as i64),
             libc::SYS_fchmod => sys(attr::fchmod(i(0), a[1] as mode_t) as i64),
             libc::SYS_fchmodat => sys(attr::fchmodat(i(0), p(1), a[2] as mode_t, 0) as i64),

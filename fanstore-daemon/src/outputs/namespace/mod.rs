@@ -29,7 +29,7 @@
 //! SYMLINK), `tree` (MKDIR, RMDIR, UNLINK, SETATTR, OUT_LIST, RENAME).
 
 mod access;
-pub(crate) use access::inherited;
+pub(crate) use access::{inherited, may_add_in};
 pub mod links;
 pub mod owner;
 mod tree;
