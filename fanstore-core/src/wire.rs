@@ -29,7 +29,8 @@
 //! OUT_STAT  payload path, arg0 STAT_NOFOLLOW, STAT_PARENT bits; reply value = size,
 //!           payload = StatAnswer (OutRecord, 56 bytes, first); with STAT_PARENT an
 //!           ENOENT reply carries the errno of the name's directory
-//! OUT_OPEN  payload path; reply: an fd with the output's bytes
+//! OUT_OPEN  payload path, arg0 OUT_OPEN_TO_WRITE; reply: an fd with the
+//!           output's bytes
 //! OUT_LIST  payload directory path, arg0 = entries to skip; reply value =
 //!           entries in this reply (0: end), payload = entries, each
 //!           0 kind (1 file, 2 dir, 3 symlink, 4 fifo, 5 socket) | 1..3 name length u16 | name
@@ -195,6 +196,11 @@ pub const COMMIT_LATE: u64 = 8;
 /// RENAME arg0 bit: fail with EEXIST if the new name exists (renameat2's
 /// RENAME_NOREPLACE), checked at its owner for a file.
 pub const RENAME_NOREPLACE: u64 = 1;
+
+/// OUT_OPEN arg0: the bytes are the start of a new version the caller
+/// writes ("r+", "a" of a file it may write but not read): write
+/// permission is checked instead of read permission.
+pub const OUT_OPEN_TO_WRITE: u64 = 1;
 
 /// SETATTR arg0: set the permission bits to arg1.
 pub const SETATTR_MODE: u64 = 1;

@@ -242,7 +242,7 @@ fn handle(node: &Node, fd: RawFd, req: &Request, attached: Option<OwnedFd>, call
             Some(i) => done(fd, req, node.outputs.out_symlink(&path[..i], &path[i + 1..], caller)),
             None => done(fd, req, Err(libc::EINVAL)),
         },
-        op::OUT_OPEN => match node.outputs.out_open(path, caller) {
+        op::OUT_OPEN => match node.outputs.out_open(path, req.arg0 & wire::OUT_OPEN_TO_WRITE != 0, caller) {
             Ok(file) => {
                 let mut r = Reply::ok(req, 0);
                 r.flags = wire::FLAG_FD;

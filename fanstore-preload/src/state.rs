@@ -297,7 +297,9 @@ fn make_empty_dir(client_dir: &Path) -> Result<(CString, u64), String> {
     let _ = std::fs::DirBuilder::new().mode(0o700).create(client_dir);
     let candidates = [client_dir.join("empty"), std::env::temp_dir().join(format!("fanstore-empty-{uid}"))];
     for d in candidates {
-        let _ = std::fs::DirBuilder::new().mode(0o500).create(&d);
+        // Readable by every user (a root daemon serves them all): an empty
+        // directory, the real fd behind every virtual directory fd.
+        let _ = std::fs::DirBuilder::new().mode(0o555).create(&d);
         if let Ok(m) = std::fs::metadata(&d) {
             if m.is_dir() {
                 let c = CString::new(d.as_os_str().as_bytes()).map_err(|e| e.to_string())?;

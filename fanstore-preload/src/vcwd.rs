@@ -103,7 +103,8 @@ fn cwd_dir(st: &State, node: u32) -> Option<CString> {
     // SAFETY: NUL-terminated paths; EEXIST is fine.
     unsafe {
         crate::real::mkdir(parent.as_ptr(), 0o700);
-        crate::real::mkdir(dir.as_ptr(), 0o500);
+        // (0555: a program that drops root keeps this cwd and opens ".")
+        crate::real::mkdir(dir.as_ptr(), 0o555);
     }
     Some(dir)
 }

@@ -282,10 +282,14 @@ impl Outputs {
     }
 
     /// OUT_OPEN: an fd with the bytes of output `path`.
-    pub fn out_open(&self, path: &[u8], caller: &Caller) -> Result<OwnedFd, i32> {
+    ///
+    /// A caller that is not root needs read permission, or write
+    /// permission with `to_write` (wire::OUT_OPEN_TO_WRITE).
+    pub fn out_open(&self, path: &[u8], to_write: bool, caller: &Caller) -> Result<OwnedFd, i32> {
         self.check_search(caller, path)?;
         let (fd, rec) = self.out_open_bytes(path)?;
-        if !caller.is_root() && rec.holder != crate::outputs::persist::PERSISTED && !caller.may(&rec, crate::caller::Access::READ) {
+        let want = if to_write { crate::caller::Access::WRITE } else { crate::caller::Access::READ };
+        if !caller.is_root() && rec.holder != crate::outputs::persist::PERSISTED && !caller.may(&rec, want) {
             return Err(libc::EACCES);
         }
         if rec.holder != crate::outputs::persist::PERSISTED {

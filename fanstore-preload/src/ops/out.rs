@@ -18,7 +18,12 @@ use libc::c_int;
 
 /// A read-only fd with the bytes of output `rel` (`flags`' O_CLOEXEC kept).
 pub fn open_read(st: &State, rel: &[u8], flags: c_int) -> Result<c_int, c_int> {
-    let a = client::call(st, &client::request(op::OUT_OPEN, 0, 0, rel), None)?;
+    open_bytes(st, rel, flags, 0)
+}
+
+/// [`open_read`], `arg0` the request's (`wire::OUT_OPEN_TO_WRITE`).
+fn open_bytes(st: &State, rel: &[u8], flags: c_int, arg0: u64) -> Result<c_int, c_int> {
+    let a = client::call(st, &client::request(op::OUT_OPEN, arg0, 0, rel), None)?;
     let fd = a.fd.ok_or(libc::EIO)?;
     if flags & libc::O_CLOEXEC == 0 {
         // SAFETY: fcntl on the fd we just received.
@@ -267,7 +272,7 @@ fn create(vp: &VPath, flags: c_int, mode: u32, keep: bool, copied_from: Option<u
         Err(e)
     };
     if keep {
-        let src = match open_read(vp.st, vp.rel, libc::O_CLOEXEC) {
+        let src = match open_bytes(vp.st, vp.rel, libc::O_CLOEXEC, fanstore_core::wire::OUT_OPEN_TO_WRITE) {
             Ok(s) => s,
             Err(e) => return fail(e),
         };

@@ -100,7 +100,7 @@ pub fn create_errno(vp: &VPath) -> c_int {
 /// loop, a name too long), else (no daemon to ask, ENOENT) the index's: ENOENT.
 fn walk_errno(e: c_int) -> c_int {
     match e {
-        libc::ENOTDIR | libc::ELOOP | libc::ENAMETOOLONG => e,
+        libc::ENOTDIR | libc::ELOOP | libc::ENAMETOOLONG | libc::EACCES => e,
         _ => libc::ENOENT,
     }
 }
