@@ -478,3 +478,51 @@ def test_outputs_opened_for_writing_change_only_when_written(cl, tmp_path):
     assert native == ours
     assert ours["ro unchanged"] is True and ours["w"] == "012X456789"
     assert ours["gone after close"] is False and ours["after close"] == [False, "new3456789"]
+
+
+HARDLINKS = script(r"""
+import stat
+root = sys.argv[1]
+os.makedirs(root)
+J = lambda *p: os.path.join(root, *p)
+def st(n):
+    s = os.lstat(J(n))
+    return [s.st_nlink, oct(stat.S_IMODE(s.st_mode)), s.st_size]
+def same(a, b):
+    return os.lstat(J(a)).st_ino == os.lstat(J(b)).st_ino
+def write(n, text, flags=os.O_WRONLY | os.O_TRUNC):
+    fd = os.open(J(n), flags)
+    os.write(fd, text.encode())
+    os.close(fd)
+read = lambda n: open(J(n)).read()
+os.umask(0o022)
+write("f", "one", os.O_WRONLY | os.O_CREAT)
+attempt("link", lambda: (os.link(J("f"), J("g")), st("f"), st("g"), same("f", "g"))[1:])
+attempt("third name", lambda: (os.link(J("g"), J("h")), st("f"))[1])
+attempt("write through one name", lambda: (write("g", "two!"), read("f"), read("h"), st("h"))[1:])
+attempt("append through another", lambda: (write("h", "+", os.O_WRONLY | os.O_APPEND), read("f"))[1])
+attempt("chmod one name", lambda: (os.chmod(J("h"), 0o600), st("f"))[1])
+attempt("rename of a name", lambda: (os.rename(J("h"), J("k")), st("k"), same("k", "f"))[1:])
+attempt("rename onto another name of it", lambda: (os.rename(J("k"), J("g")), sorted(os.listdir(root)))[1])
+attempt("unlink one name", lambda: (os.unlink(J("f")), st("g"), read("g"))[1:])
+attempt("link over an existing name", lambda: os.link(J("g"), J("k")))
+attempt("link of a directory", lambda: (os.mkdir(J("d")), os.link(J("d"), J("d2")))[1])
+attempt("link of a missing file", lambda: os.link(J("nope"), J("n2")))
+attempt("link into a missing directory", lambda: os.link(J("g"), J("nodir", "x")))
+attempt("last names go", lambda: (os.unlink(J("g")), os.unlink(J("k")), sorted(os.listdir(root)))[2])
+attempt("a fifo's links", lambda: (os.mkfifo(J("p")), os.link(J("p"), J("q")), st("q"), stat.S_ISFIFO(os.lstat(J("p")).st_mode))[2:])
+print(json.dumps(out))
+""")
+
+
+def test_hard_links_share_one_file(cl, tmp_path):
+    """link(2) of outputs: every name shows the same inode, link count,
+    mode and bytes; a write, append or chmod through one name is seen
+    through the others; rename moves a name (onto another name of the same
+    file: nothing happens); unlink takes one name and the bytes stay until
+    the last; errors as natively (EEXIST, EPERM for a directory, ENOENT)."""
+    native, ours = same_as_native(cl, HARDLINKS, tmp_path, "hardlinks")
+    assert native["link"] == ["OK", [[2, "0o755", 3], [2, "0o755", 3], True]]
+    # Another node sees the names of one file too.
+    check = f"import os; os.link('{MOUNT}/hardlinks/q', '{MOUNT}/hardlinks/r'); s = os.stat('{MOUNT}/hardlinks/p'); print(s.st_nlink)"
+    assert cl.run_python(1, check).stdout.strip() == "3"

@@ -50,6 +50,19 @@ fn apply_attrs(dst: &Path, r: &OutRecord) -> Result<(), PersistError> {
 /// checksum. Returns the count of files and symlinks.
 pub fn export(dir: &Path, to: &Path) -> Result<usize, PersistError> {
     let mut recs = read_all(dir)?;
+    // Hard links: each name of a linked file is written as a copy of its
+    // shared record's file (the shared records themselves have no name).
+    let shared: std::collections::HashMap<Vec<u8>, OutRecord> =
+        recs.iter().filter(|(p, _)| fanstore_core::wire::is_linked_key(p)).map(|(p, r)| (p.clone(), *r)).collect();
+    recs.retain(|(p, _)| !fanstore_core::wire::is_linked_key(p));
+    for (_, r) in recs.iter_mut() {
+        if r.is_linked_name() {
+            match shared.get(&r.linked_key()) {
+                Some(s) => *r = *s,
+                None => return Err(PersistError::Truncated(dir.join("meta"))),
+            }
+        }
+    }
     recs.sort_by(|a, b| a.0.cmp(&b.0));
     std::fs::create_dir_all(to).map_err(io_err(to))?;
     let mut drained = DrainedStores::default();

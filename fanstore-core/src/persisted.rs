@@ -12,7 +12,7 @@
 //!
 //! rank-<r>.idx   0..8 magic "FSOUTIX\0" | 8..10 version (2) | 10..12 zero
 //!                12..16 count | entries | last 8 bytes: xxh3 of all before
-//! entry          0..4 path length | path | OutRecord (wire.rs, 72 bytes; 56 in
+//! entry          0..4 path length | path | OutRecord (wire.rs, 80 bytes; 56 in
 //!                version 2, 40 in version 1: those records belong to the reader)
 //! ```
 //!
@@ -39,7 +39,7 @@ use std::path::{Path, PathBuf};
 /// Holder rank of a record whose bytes are in `DIR/data`.
 pub const PERSISTED: u32 = u32::MAX;
 const MAGIC: [u8; 8] = *b"FSOUTIX\0";
-/// 3: records of 72 bytes (uid, gid, inode base); versions 2 (56 bytes: atime, ctime)
+/// 3: records of 80 bytes (uid, gid, inode base, link count); versions 2 (56 bytes: atime, ctime)
 /// and 1 (40 bytes) are read too, owned by the reading process's user.
 const VERSION: u16 = 3;
 /// The directory under DIR holding each rank's drained checkpoint store.
@@ -157,7 +157,7 @@ mod tests {
 
     #[test]
     fn index_roundtrip_and_corruption() {
-        let r = OutRecord { size: 3, mode: libc::S_IFREG | 0o644, holder: PERSISTED, mtime_ns: 5, id: 0, sum: 9, atime_ns: 4, ctime_ns: 6, uid: 1000, gid: 100, ino: 1 << 63 | 5 };
+        let r = OutRecord { size: 3, mode: libc::S_IFREG | 0o644, holder: PERSISTED, mtime_ns: 5, id: 0, sum: 9, atime_ns: 4, ctime_ns: 6, uid: 1000, gid: 100, ino: 1 << 63 | 5, nlink: 2 };
         let recs = vec![(b"a/b".to_vec(), r), (b"d".to_vec(), OutRecord { mode: libc::S_IFDIR | 0o755, ..r })];
         let b = encode_index(&recs);
         let p = Path::new("x.idx");

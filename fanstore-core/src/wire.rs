@@ -60,6 +60,7 @@
 //! OutRecord  0..8 size | 8..12 mode | 12..16 holder rank | 16..24 mtime ns
 //!           (i64) | 24..32 output id | 32..40 xxh3 of the bytes | 40..48 atime
 //!           | 48..56 ctime | 56..60 uid | 60..64 gid | 64..72 inode base
+//!           | 72..76 link count (0: 1) | 76..80 zero
 //! ```
 //!
 //! Who asks: the daemon takes a connection's caller from the socket
@@ -104,6 +105,9 @@ pub mod op {
     /// background (within `--cache-mem`), so later opens on the node are
     /// plain opens. Dropped when the daemon is busy. See [`warm_ids`].
     pub const WARM: u16 = 17;
+    /// Payload `from NUL to`: a hard link `to` of output `from` (its last
+    /// component not followed); EEXIST, EPERM for a directory or symlink.
+    pub const LINK: u16 = 19;
     /// A special file: payload path, arg1 its st_mode (S_IFIFO, S_IFSOCK or
     /// S_IFREG plus permission bits, the umask applied by the client), arg0
     /// [`super::MKNOD_BIND`] for the name of a socket the client binds
@@ -271,6 +275,27 @@ pub struct OutRecord {
     /// path it was created at, 0 for records older than it): a rename
     /// keeps it, so the number follows the file, as natively.
     pub ino: u64,
+    /// Hard links: the number of names of a linked file's shared record
+    /// (0 for a file that was never linked: one name).
+    pub nlink: u32,
+}
+
+/// The holder of a record that names a hard-linked file: the file's own
+/// record (bytes, attributes, link count) is kept at its owner under
+/// [`linked_key`]`(sum as rank, id)`; the name's record only points there.
+pub const LINKED_HOLDER: u32 = u32::MAX - 2;
+
+/// The key of the shared record of a hard-linked file made by rank `rank`
+/// with sequence `seq`: it starts with '/', which no path relative to the
+/// mount does, so no name is ever it, no listing shows it and no
+/// directory move takes it ([`is_linked_key`]).
+pub fn linked_key(rank: u32, seq: u64) -> Vec<u8> {
+    format!("/inode/{rank}/{seq}").into_bytes()
+}
+
+/// True for the key of a hard-linked file's shared record (not a path).
+pub fn is_linked_key(key: &[u8]) -> bool {
+    key.first() == Some(&b'/')
 }
 
 /// The inode number of an output created at `path` (relative to the
@@ -283,9 +308,9 @@ impl OutRecord {
     /// ```text
     /// 0..8 size | 8..12 mode | 12..16 holder | 16..24 mtime ns | 24..32 id
     /// 32..40 xxh3 | 40..48 atime ns | 48..56 ctime ns | 56..60 uid
-    /// 60..64 gid | 64..72 inode base                        (all LE)
+    /// 60..64 gid | 64..72 inode base | 72..76 nlink | 76..80 zero  (all LE)
     /// ```
-    pub const LEN: usize = 72;
+    pub const LEN: usize = 80;
     /// The record before uid and gid (persisted indexes of version 2).
     pub const LEN_V2: usize = 56;
     /// The record before atime and ctime (persisted indexes of version 1).
@@ -297,6 +322,14 @@ impl OutRecord {
     }
     pub fn is_dir(&self) -> bool {
         self.mode & libc::S_IFMT == libc::S_IFDIR
+    }
+    /// A name of a hard-linked file (its record is at [`Self::linked_key`]).
+    pub fn is_linked_name(&self) -> bool {
+        self.holder == LINKED_HOLDER
+    }
+    /// The key of the shared record a linked name points at.
+    pub fn linked_key(&self) -> Vec<u8> {
+        linked_key(self.sum as u32, self.id)
     }
     pub fn is_link(&self) -> bool {
         self.mode & libc::S_IFMT == libc::S_IFLNK
@@ -339,6 +372,7 @@ impl OutRecord {
         put_u32(&mut h, 56, self.uid);
         put_u32(&mut h, 60, self.gid);
         put_u64(&mut h, 64, self.ino);
+        put_u32(&mut h, 72, self.nlink);
         b.extend_from_slice(&h);
     }
     /// Decodes the first LEN bytes of `b` (None if shorter).
@@ -358,6 +392,7 @@ impl OutRecord {
             uid: u32_at(b, 56),
             gid: u32_at(b, 60),
             ino: u64_at(b, 64),
+            nlink: u32_at(b, 72),
         })
     }
     /// Decodes a version-2 record (the first LEN_V2 bytes); its owner is
@@ -752,7 +787,7 @@ mod tests {
 
     #[test]
     fn stat_answer_round_trip_and_malformed() {
-        let rec = OutRecord { size: 4, mode: libc::S_IFLNK | 0o777, holder: 1, mtime_ns: -3, id: 9, sum: 7, atime_ns: -2, ctime_ns: 8, uid: 1000, gid: 1001, ino: 1 << 63 | 77 };
+        let rec = OutRecord { size: 4, mode: libc::S_IFLNK | 0o777, holder: 1, mtime_ns: -3, id: 9, sum: 7, atime_ns: -2, ctime_ns: 8, uid: 1000, gid: 1001, ino: 1 << 63 | 77, nlink: 0 };
         let b = StatAnswer::encode(&rec, b"run/ck-9", b"ck-9");
         let a = StatAnswer::decode(&b).unwrap();
         assert_eq!((a.rec, a.resolved, a.target), (rec, &b"run/ck-9"[..], &b"ck-9"[..]));
@@ -798,14 +833,14 @@ mod tests {
 
     #[test]
     fn out_record_and_entries() {
-        let r = OutRecord { size: 5, mode: libc::S_IFREG | 0o644, holder: 3, mtime_ns: -7, id: 9, sum: 11, atime_ns: 1 << 40, ctime_ns: -(1 << 41), uid: 7, gid: u32::MAX, ino: 5 };
+        let r = OutRecord { size: 5, mode: libc::S_IFREG | 0o644, holder: 3, mtime_ns: -7, id: 9, sum: 11, atime_ns: 1 << 40, ctime_ns: -(1 << 41), uid: 7, gid: u32::MAX, ino: 5, nlink: 3 };
         let mut b = Vec::new();
         r.encode_into(&mut b);
         assert_eq!(b.len(), OutRecord::LEN);
         assert_eq!(OutRecord::decode(&b), Some(r));
         assert_eq!(OutRecord::decode(&b[..OutRecord::LEN - 1]), None);
         // A version-2 record (no owner, no inode base) belongs to whom reads it.
-        assert_eq!(OutRecord::decode_v2(&b[..OutRecord::LEN_V2], 4, 5), Some(OutRecord { uid: 4, gid: 5, ino: 0, ..r }));
+        assert_eq!(OutRecord::decode_v2(&b[..OutRecord::LEN_V2], 4, 5), Some(OutRecord { uid: 4, gid: 5, ino: 0, nlink: 0, ..r }));
         let mut l = Vec::new();
         assert!(push_entry(&mut l, KIND_FILE, b"a", 100));
         assert!(push_entry(&mut l, KIND_DIR, b"bc", 100));

@@ -238,6 +238,10 @@ fn handle(node: &Node, fd: RawFd, req: &Request, attached: Option<OwnedFd>, call
             };
             wire::send_msg(fd, &r.encode(), None)
         }
+        op::LINK => match path.iter().position(|&b| b == 0) {
+            Some(i) => done(fd, req, node.outputs.out_link(&path[..i], &path[i + 1..], caller)),
+            None => done(fd, req, Err(libc::EINVAL)),
+        },
         op::SYMLINK => match path.iter().position(|&b| b == 0) {
             Some(i) => done(fd, req, node.outputs.out_symlink(&path[..i], &path[i + 1..], caller)),
             None => done(fd, req, Err(libc::EINVAL)),

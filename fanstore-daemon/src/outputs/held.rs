@@ -183,7 +183,7 @@ impl Outputs {
         // (A new version of an existing file keeps its owner and group: PUT_KEEP_OWNER.)
         let (gid, mode) = crate::outputs::namespace::inherited(caller, dir.as_ref(), libc::S_IFREG | (mode & 0o7777));
         let uid = caller.uid;
-        let rec = OutRecord { size, mode, holder: self.rank.id.rank, mtime_ns, id, sum, atime_ns, ctime_ns: now_ns(), uid, gid, ino: wire::ino_of_path(path) };
+        let rec = OutRecord { size, mode, holder: self.rank.id.rank, mtime_ns, id, sum, atime_ns, ctime_ns: now_ns(), uid, gid, ino: wire::ino_of_path(path), nlink: 0 };
         // A symlink at the name: the bytes go to its target (as open(2)
         // follows it), which must then be a file or nothing in a directory.
         let (path, replaced) = &match self.put_record(path, rec, excl) {
@@ -414,7 +414,7 @@ impl Outputs {
             if self.rank.view.lookup(&path).is_some() {
                 continue; // an input of this dataset now: inputs win
             }
-            if !rec.is_dir() {
+            if !rec.is_dir() && !rec.is_linked_name() {
                 rec.holder = crate::outputs::persist::PERSISTED;
                 // A checkpoint drained with rank s's store is held by rank s
                 // again (which copied that store back at start).
@@ -449,6 +449,9 @@ impl Outputs {
                     m.insert(&path, rec);
                 }
                 n += 1;
+            }
+            if fanstore_core::wire::is_linked_key(&path) {
+                continue; // a hard-linked file's shared record: no name, no listing
             }
             let (d, name) = parent(&path);
             if self.owner(d) == self.rank.id.rank {
@@ -535,10 +538,12 @@ impl Outputs {
         let mut recs = self.meta.lock().unwrap_or_else(|p| p.into_inner()).all();
         if only_present {
             let drained = crate::outputs::dedup::persisted_catalogs(dir).unwrap_or_default();
-            recs.retain(|(p, r)| r.is_dir() || crate::outputs::persist::data_path(dir, r).exists() || drained.contains_key(p));
+            recs.retain(|(p, r)| r.is_dir() || r.is_linked_name() || crate::outputs::persist::data_path(dir, r).exists() || drained.contains_key(p));
         }
+        // (A hard-linked file's names stay pointers to its shared record,
+        // which is drained like any file's.)
         for (_, r) in recs.iter_mut() {
-            if !r.is_dir() {
+            if !r.is_dir() && !r.is_linked_name() {
                 r.holder = crate::outputs::persist::PERSISTED;
             }
         }

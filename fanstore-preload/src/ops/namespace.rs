@@ -38,6 +38,7 @@ fn own_record(rel: &[u8]) -> Option<OutRecord> {
         uid,
         gid,
         ino: 0,
+        nlink: 0,
     })
 }
 
@@ -62,6 +63,7 @@ fn outside_record(abs: &[u8]) -> Result<OutRecord, c_int> {
         uid: s.st_uid,
         gid: s.st_gid,
         ino: 0,
+        nlink: s.st_nlink as u32,
     })
 }
 
@@ -123,7 +125,8 @@ pub fn stat_of(st: &State, rel: &[u8], r: &OutRecord) -> libc::stat {
     s.st_ino = file_ino(rel, r);
     s.st_mode = r.mode;
     // A directory's record counts its subdirectories in `size`.
-    s.st_nlink = if r.is_dir() { 2 + r.size.min(u32::MAX as u64) } else { 1 } as _;
+    // A hard-linked file's record counts its names.
+    s.st_nlink = if r.is_dir() { 2 + r.size.min(u32::MAX as u64) } else { u64::from(r.nlink.max(1)) } as _;
     // (An input reached through a symlink shows the library's owner of inputs.)
     (s.st_uid, s.st_gid) = if r.uid == fanstore_core::wire::INPUT_OWNER { (st.uid, st.gid) } else { (r.uid, r.gid) };
     s.st_size = size;
@@ -271,6 +274,23 @@ pub fn unlink(vp: &VPath) -> Outcome<c_int> {
         };
     }
     simple(vp.st, op::UNLINK, 0, vp.rel)
+}
+
+/// link(2) of output `from` as `to` (the caller checked that `to` can be
+/// made): another name of the same file, at the daemon.
+pub fn link(from: &VPath, to: &VPath) -> Outcome<c_int> {
+    if crate::outputs::open_slot_of(from.rel).is_some() {
+        // Still being written here: it has no record to share yet.
+        return Outcome::Errno(libc::EPERM);
+    }
+    let mut p = Vec::with_capacity(from.rel.len() + 1 + to.rel.len());
+    p.extend_from_slice(from.rel);
+    p.push(0);
+    p.extend_from_slice(to.rel);
+    match client::call(from.st, &client::request(op::LINK, 0, 0, &p), None) {
+        Ok(_) => Outcome::Handled(0),
+        Err(e) => Outcome::Errno(e),
+    }
 }
 
 pub fn rename(from: &VPath, to: &VPath, noreplace: bool) -> Outcome<c_int> {

@@ -205,8 +205,13 @@ pub fn source(vp: &VPath, other_virtual: bool) -> Outcome<c_int> {
 /// hard links among outputs yet).
 pub fn link(a: &VPath, b: &VPath) -> Outcome<c_int> {
     match resolve(a.st, a.rel, false, false) {
-        Err(libc::ENOENT) => match super::namespace::stat(a.st, a.rel) {
-            Ok(_) => Outcome::Errno(create_errno(b)),
+        Err(libc::ENOENT) => match super::namespace::lstat(a.st, a.rel) {
+            Ok(r) if r.is_dir() => Outcome::Errno(libc::EPERM),
+            // A new name in an output directory: a hard link of the output.
+            Ok(_) => match create_errno(b) {
+                libc::EPERM => super::namespace::link(a, b),
+                e => Outcome::Errno(e),
+            },
             Err(e) => Outcome::Errno(e),
         },
         _ => source(a, true),

@@ -56,9 +56,17 @@ enum Spliced {
 
 impl Outputs {
     /// GET at the owner: the record of `path` and a symlink's target.
+    ///
+    /// A name of a hard-linked file answers with the file's shared record
+    /// (one more lookup, for linked files only).
     pub(crate) fn get_record(&self, path: &[u8]) -> Result<(OutRecord, Vec<u8>), i32> {
         let r = self.meta_at(path, mop::GET, 0, path.to_vec())?;
         let rec = OutRecord::decode(&r.payload).ok_or(libc::EIO)?;
+        if rec.is_linked_name() {
+            let key = rec.linked_key();
+            let shared = self.meta_at(&key, mop::GET, 0, key.clone()).map_err(|e| if e == libc::ENOENT { libc::EIO } else { e })?;
+            return Ok((OutRecord::decode(&shared.payload).ok_or(libc::EIO)?, Vec::new()));
+        }
         Ok((rec, r.payload[OutRecord::LEN..].to_vec()))
     }
 
@@ -285,6 +293,7 @@ impl Outputs {
                 uid: wire::INPUT_OWNER,
                 gid: wire::INPUT_OWNER,
                 ino: 0,
+                nlink: 0,
             },
             None => OutRecord::default(),
         }

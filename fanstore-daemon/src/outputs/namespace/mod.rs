@@ -29,6 +29,7 @@
 //! SYMLINK), `tree` (MKDIR, RMDIR, UNLINK, SETATTR, OUT_LIST, RENAME).
 
 mod access;
+mod hardlinks;
 pub(crate) use access::{inherited, may_add_in};
 pub mod links;
 pub mod owner;
@@ -307,7 +308,11 @@ impl Outputs {
         for a in after {
             p.extend_from_slice(a);
         }
-        let r = self.meta_at(path, mop::PUT, arg0, p)?;
+        let r = match self.meta_at(path, mop::PUT, arg0, p) {
+            // A new version of a hard-linked file: its shared record takes it.
+            Err(libc::EMLINK) => return self.put_payload(&self.linked_key_of(path)?, rec, after, arg0),
+            other => other?,
+        };
         // A record of the same output (a rename retried after a failure
         // between its steps) is not a replaced one.
         let old = OutRecord::decode(&r.payload);
@@ -317,10 +322,36 @@ impl Outputs {
         Ok(old.is_some())
     }
 
+    /// The key of the shared record that name `path` of a hard-linked file
+    /// points at (EMLINK's meaning: the name's record is not the file's).
+    pub(crate) fn linked_key_of(&self, path: &[u8]) -> Result<Vec<u8>, i32> {
+        let r = self.meta_at(path, mop::GET, 0, path.to_vec())?;
+        match OutRecord::decode(&r.payload) {
+            Some(rec) if rec.is_linked_name() => Ok(rec.linked_key()),
+            _ => Err(libc::EAGAIN), // no longer a linked name: the caller's retry decides
+        }
+    }
+
     /// Deletes the bytes of a replaced or unlinked output: here, or at its
     /// holder (asked over MPI; a holder that is gone keeps them until its
     /// local directory is removed). Persisted bytes stay in `--persist`.
+    ///
+    /// A name of a hard-linked file: one name fewer in its shared record,
+    /// whose bytes go with its last name.
     pub(crate) fn drop_data(&self, old: &OutRecord) {
+        if old.is_linked_name() {
+            let key = old.linked_key();
+            match self.meta_at(&key, mop::LINK_ADJ, -1i64 as u64, key.clone()) {
+                Ok(r) if r.value == 1 => {
+                    if let Some(shared) = OutRecord::decode(&r.payload) {
+                        self.drop_data(&shared);
+                    }
+                }
+                Ok(_) => {}
+                Err(e) => log::warn!("rank {}: the shared record of a linked file: errno {e}", self.rank.id.rank),
+            }
+            return;
+        }
         if old.is_dir() || old.holder >= self.rank.id.nranks {
             return;
         }

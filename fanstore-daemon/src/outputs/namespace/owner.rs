@@ -80,6 +80,10 @@ pub mod mop {
     /// before the first output name is added to its listing:
     /// `crate::outputs::Outputs::mark_input_dir`). Not a store operation.
     pub const MARK_DIR: u16 = 114;
+    /// key, arg0 = delta (i64): changes the link count of the shared record
+    /// of a hard-linked file at `key` (and its ctime); at 0 the record goes.
+    /// Reply: the record after the change, value 1 if it went.
+    pub const LINK_ADJ: u16 = 115;
 }
 
 /// PUT arg0 bit: replace a symlink at the path (rename); without it a
@@ -383,6 +387,12 @@ impl MetaStore {
                     Some(_) if req.op == mop::MKDIR => Reply::err(req, libc::EEXIST),
                     Some(_) if req.arg0 & wire::COMMIT_EXCL != 0 => Reply::err(req, libc::EEXIST),
                     Some(old) if old.is_dir() => Reply::err(req, libc::EISDIR),
+                    // A new version of a hard-linked file goes to its shared record.
+                    Some(old) if old.is_linked_name() && req.arg0 & PUT_KEEP_OWNER != 0 => {
+                        let mut r = with_record(req, old, None);
+                        r.errno = libc::EMLINK;
+                        r
+                    }
                     Some(old) if old.is_link() && req.arg0 & PUT_OVER_LINK == 0 => {
                         let t = self.targets.get(path);
                         let mut r = with_record(req, old, t);
@@ -392,7 +402,7 @@ impl MetaStore {
                     old => {
                         let rec = match old {
                             // (and its inode number's base: rewritten, it stays the same file)
-                            Some(o) if req.arg0 & PUT_KEEP_OWNER != 0 && !o.is_link() => OutRecord { uid: o.uid, gid: o.gid, ino: o.ino, ..rec },
+                            Some(o) if req.arg0 & PUT_KEEP_OWNER != 0 && !o.is_link() => OutRecord { uid: o.uid, gid: o.gid, ino: o.ino, nlink: o.nlink, ..rec },
                             _ => rec,
                         };
                         let reply = match old {
@@ -415,6 +425,12 @@ impl MetaStore {
                 let value = u64::from_le_bytes(v.try_into().unwrap_or([0; 8]));
                 match self.recs.get_mut(path) {
                     None => Reply::err(req, libc::ENOENT),
+                    // A hard-linked file's attributes are in its shared record.
+                    Some(r) if r.is_linked_name() => {
+                        let mut rep = with_record(req, r, None);
+                        rep.errno = libc::EMLINK;
+                        rep
+                    }
                     Some(r) => {
                         let keep_mode = req.arg0 & wire::SETATTR_KEEP_MODE != 0;
                         match req.arg0 & !wire::SETATTR_KEEP_MODE {
@@ -445,6 +461,20 @@ impl MetaStore {
                     }
                 }
             }
+            mop::LINK_ADJ => match self.recs.get_mut(p) {
+                None => Reply::err(req, libc::ENOENT),
+                Some(r) => {
+                    r.nlink = (i64::from(r.nlink.max(1)) + req.arg0 as i64).clamp(0, i64::from(u32::MAX)) as u32;
+                    r.ctime_ns = crate::outputs::names::now_ns();
+                    let gone = r.nlink == 0;
+                    let mut rep = with_record(req, r, None);
+                    rep.value = u64::from(gone);
+                    if gone {
+                        self.recs.remove(p);
+                    }
+                    rep
+                }
+            },
             mop::GET => match self.recs.get(p) {
                 Some(r) => with_record(req, r, self.targets.get(p)),
                 None => Reply::err(req, libc::ENOENT),

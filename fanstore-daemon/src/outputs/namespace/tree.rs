@@ -259,9 +259,16 @@ impl Outputs {
             wire::SETATTR_OWNER if !caller.may_chown(&rec, value as u32, (value >> 32) as u32) => return Err(libc::EPERM),
             _ => value,
         };
-        let mut payload = value.to_le_bytes().to_vec();
-        payload.extend_from_slice(path);
-        self.on_record(path, mop::SETATTR, what | keep_mode, payload).map(|_| ())
+        let set = |key: &[u8]| {
+            let mut payload = value.to_le_bytes().to_vec();
+            payload.extend_from_slice(key);
+            self.on_record(key, mop::SETATTR, what | keep_mode, payload).map(|_| ())
+        };
+        match set(path) {
+            // A hard-linked file: its attributes are in its shared record.
+            Err(libc::EMLINK) => set(&self.linked_key_of(path)?),
+            other => other,
+        }
     }
 
     /// RENAME (`noreplace`: RENAME_NOREPLACE, EEXIST if `to` exists).
@@ -285,6 +292,14 @@ impl Outputs {
         };
         if from == to {
             return Ok(());
+        }
+        // Two names of one hard-linked file: nothing to do, as rename(2) says.
+        if rec.is_linked_name() {
+            if let Ok(r) = self.meta_at(to, mop::GET, 0, to.to_vec()) {
+                if OutRecord::decode(&r.payload).is_some_and(|t| t.is_linked_name() && t.linked_key() == rec.linked_key()) {
+                    return Ok(());
+                }
+            }
         }
         // Then the ancestor checks, before any type check (as lock_rename's trap).
         if crate::outputs::namespace::owner::at_or_below(to, from) {
