@@ -526,3 +526,36 @@ def test_hard_links_share_one_file(cl, tmp_path):
     # Another node sees the names of one file too.
     check = f"import os; os.link('{MOUNT}/hardlinks/q', '{MOUNT}/hardlinks/r'); s = os.stat('{MOUNT}/hardlinks/p'); print(s.st_nlink)"
     assert cl.run_python(1, check).stdout.strip() == "3"
+
+
+def test_another_users_new_output_is_a_file_on_the_local_disk(cl):
+    """A process of another uid served by a root daemon writes a new output
+    into an unnamed file on the node's local disk (O_TMPFILE in the clients'
+    tmp directory), as the daemon's own user does, not into a memfd (the
+    read-only directory that refused it O_TMPFILE sent every output of a
+    user who is not root to memory)."""
+    if os.geteuid() != 0:
+        import pytest
+        pytest.skip("needs root: the child switches to another uid")
+    d = cl.local
+    while d != d.parent and d.parent != d.anchor and str(d) not in ("/tmp", "/var/tmp"):
+        os.chmod(d, os.stat(d).st_mode & 0o7777 | 0o011)
+        d = d.parent
+    code = f"""
+import os
+os.makedirs('{MOUNT}/others', exist_ok=True)
+os.chmod('{MOUNT}/others', 0o777)
+pid = os.fork()
+if pid == 0:
+    os.setgid(65534); os.setuid(65534)
+    fd = os.open('{MOUNT}/others/f', os.O_CREAT | os.O_WRONLY, 0o644)
+    os.write(fd, b'x' * 100)
+    print(os.readlink('/proc/self/fd/%d' % fd), flush=True)
+    os.close(fd)
+    os._exit(0)
+os.waitpid(pid, 0)
+print(os.stat('{MOUNT}/others/f').st_uid)
+"""
+    out = cl.run_python(0, code).stdout.splitlines()
+    assert "/.client/tmp/" in out[0] and "memfd" not in out[0], out
+    assert out[1] == "65534"

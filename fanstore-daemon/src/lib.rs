@@ -188,9 +188,10 @@ pub fn prepare_runtime_dir(dir: &Path) -> Result<(), RuntimeDirError> {
 
 /// For a daemon that serves every user ([`caller::serves_every_user`]):
 /// the clients' directory in the rank's local directory, made ready for
-/// processes of any uid: `.client` 0755 with `pending`, `locks` and `cwd`
-/// open to all as /tmp is (01777), so that their O_EXCL markers, lock
-/// files and cwd stand-ins can be made by whoever runs. (A daemon of one
+/// processes of any uid: `.client` 0755 with `pending`, `locks`, `cwd`,
+/// `fifo` and `tmp` open to all as /tmp is (01777), so that their O_EXCL
+/// markers, lock files, cwd stand-ins and new outputs' unnamed files can be
+/// made by whoever runs. (A daemon of one
 /// user leaves it to its clients, which make it 0700.)
 pub fn prepare_client_dir(local_dir: &Path) -> std::io::Result<()> {
     use std::os::unix::fs::PermissionsExt;
@@ -208,7 +209,7 @@ pub fn prepare_client_dir(local_dir: &Path) -> std::io::Result<()> {
         up = d.parent();
     }
     let client = local_dir.join(".client");
-    for (dir, mode) in [(client.clone(), 0o755), (client.join("pending"), 0o1777), (client.join("locks"), 0o1777), (client.join("cwd"), 0o1777), (client.join("fifo"), 0o1777)] {
+    for (dir, mode) in [(client.clone(), 0o755), (client.join("pending"), 0o1777), (client.join("locks"), 0o1777), (client.join("cwd"), 0o1777), (client.join("fifo"), 0o1777), (client.join("tmp"), 0o1777)] {
         match std::fs::create_dir_all(&dir) {
             Ok(()) => {}
             Err(e) => return Err(e),

@@ -61,6 +61,9 @@ pub struct State {
     pub sock_path: Vec<u8>,
     /// A real, empty, read-only directory: the real fd behind every virtual directory fd.
     pub empty_dir: CString,
+    /// Where new outputs are made as unnamed files (O_TMPFILE needs write
+    /// permission on the directory): `<local dir>/.client/tmp`.
+    pub tmp_dir: CString,
     pub empty_ino: u64,
     pub uid: u32,
     pub gid: u32,
@@ -229,6 +232,7 @@ fn load(cfg: &Config) -> Result<(State, Option<Vec<u8>>), String> {
     let tiers = map_tiers(&ns.index_path, view.dataset_id(), u64::from(view.node_count()));
     let client_dir = Path::new(std::ffi::OsStr::from_bytes(&ns.local_dir)).join(CLIENT_DIR);
     let (empty_dir, empty_ino) = make_empty_dir(&client_dir)?;
+    let tmp_dir = make_tmp_dir(&client_dir);
     // SAFETY: getuid/getgid have no preconditions.
     let (uid, gid) = unsafe { (libc::getuid(), libc::getgid()) };
     let mount = if ns.mount.is_empty() { None } else { normalise_mount(&ns.mount) };
@@ -246,6 +250,7 @@ fn load(cfg: &Config) -> Result<(State, Option<Vec<u8>>), String> {
         sock_path: sock.as_os_str().as_bytes().to_vec(),
         empty_dir,
         empty_ino,
+        tmp_dir,
         uid,
         gid,
     };
@@ -289,6 +294,16 @@ fn map_tiers(index_path: &[u8], dataset_id: u64, nodes: u64) -> Option<TierView<
 /// Where clients keep their stand-in directories: inside the rank's local
 /// directory, which the daemon removes (recursively) when it stops.
 pub const CLIENT_DIR: &str = ".client";
+
+/// `<client dir>/tmp`, made 0700 if missing (a daemon run by root makes it
+/// 01777 for every user), for new outputs' unnamed files: the read-only
+/// empty directory refuses O_TMPFILE to anyone but root.
+fn make_tmp_dir(client_dir: &Path) -> CString {
+    use std::os::unix::fs::DirBuilderExt;
+    let d = client_dir.join("tmp");
+    let _ = std::fs::DirBuilder::new().mode(0o700).create(&d);
+    CString::new(d.as_os_str().as_bytes()).unwrap_or_default()
+}
 
 fn make_empty_dir(client_dir: &Path) -> Result<(CString, u64), String> {
     use std::os::unix::fs::{DirBuilderExt, MetadataExt};

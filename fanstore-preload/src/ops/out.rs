@@ -225,8 +225,8 @@ fn reopen_own(fd: c_int, idx: u32, flags: c_int) -> Result<c_int, c_int> {
 /// that file system has no O_TMPFILE.
 fn new_output_file(st: &State, flags: c_int) -> c_int {
     let cloexec = flags & libc::O_CLOEXEC;
-    // SAFETY: empty_dir is a NUL-terminated path; the result is checked.
-    let fd = unsafe { crate::real::open(st.empty_dir.as_ptr(), libc::O_TMPFILE | libc::O_RDWR | cloexec, 0o600) };
+    // SAFETY: tmp_dir is a NUL-terminated path; the result is checked.
+    let fd = unsafe { crate::real::open(st.tmp_dir.as_ptr(), libc::O_TMPFILE | libc::O_RDWR | cloexec, 0o600) };
     if fd >= 0 {
         return fd;
     }

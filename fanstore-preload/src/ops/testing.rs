@@ -55,6 +55,7 @@ pub fn install() {
             sock_path: b"/nonexistent/sock".to_vec(),
             empty_dir: c"/".into(),
             empty_ino: 2,
+            tmp_dir: c"/nonexistent".into(),
             uid: 0,
             gid: 0,
         };
