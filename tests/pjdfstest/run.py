@@ -659,6 +659,7 @@ def main(argv=None, log=print) -> int:
         logs = args.logs or Path(tempfile.mkdtemp(prefix="pjdfstest-logs-", dir="/tmp"))
         if args.user:
             # Compared with what the same user gets natively, run first.
+            logs.mkdir(parents=True, exist_ok=True)
             os.chmod(logs, 0o777)
             native = run_native(tree, files, logs / "native", args.jobs, args.timeout, args.user, log)
             fails = sum(1 for r in native.values() for o in r.outcomes.values() if o != "pass")
