@@ -17,19 +17,24 @@ pjd = importlib.util.module_from_spec(_spec)
 _spec.loader.exec_module(pjd)
 
 
-def test_pjdfstest_matches_the_expected_failures(bins, tmp_path):
-    if os.geteuid() != 0:
-        pytest.skip("pjdfstest runs as root (it switches to other users itself with -u/-g): "
-                    "run the suite as root, or tests/pjdfstest/run.py --user for an unprivileged run")
+def run_harness(args, what, against):
+    """tests/pjdfstest/run.py with `args`: skipped if the source is missing
+    (unless CI is set), failed with the report if the run differs."""
     lines = []
-    rc = pjd.main(["--logs", str(tmp_path / "logs")], log=lines.append)
+    rc = pjd.main(args, log=lines.append)
     report = "\n".join(lines)
     print(report)
     if rc == 3 and not os.environ.get("CI"):
         pytest.skip(f"pjdfstest's source is not available on this machine (CI=true makes this a failure):\n{report[-2000:]}")
     if rc != 0:
-        pytest.fail(f"pjdfstest on FanStore {'differs from' if rc == 1 else 'could not be compared with'} "
-                    f"tests/pjdfstest/expected-failures.txt:\n{report[-15000:]}")
+        pytest.fail(f"{what} {'differs from' if rc == 1 else 'could not be compared with'} {against}:\n{report[-15000:]}")
+
+
+def test_pjdfstest_matches_the_expected_failures(bins, tmp_path):
+    if os.geteuid() != 0:
+        pytest.skip("pjdfstest runs as root (it switches to other users itself with -u/-g): "
+                    "run the suite as root, or tests/pjdfstest/run.py --user for an unprivileged run")
+    run_harness(["--logs", str(tmp_path / "logs")], "pjdfstest on FanStore", "tests/pjdfstest/expected-failures.txt")
 
 
 def test_pjdfstest_as_another_user_matches_the_native_run(bins, tmp_path):
@@ -40,13 +45,6 @@ def test_pjdfstest_as_another_user_matches_the_native_run(bins, tmp_path):
     fail exactly those subtests, plus tests/pjdfstest/expected-failures-user.txt."""
     if os.geteuid() != 0:
         pytest.skip("needs root: the harness makes the user and runs the daemons as root")
-    lines = []
     # (Logs in a new directory under /tmp, which that user can reach: not under tmp_path.)
-    rc = pjd.main(["--user", "fanstore-pjd"], log=lines.append)
-    report = "\n".join(lines)
-    print(report)
-    if rc == 3 and not os.environ.get("CI"):
-        pytest.skip(f"pjdfstest's source is not available on this machine (CI=true makes this a failure):\n{report[-2000:]}")
-    if rc != 0:
-        pytest.fail(f"pjdfstest as another user {'differs from' if rc == 1 else 'could not be compared with'} "
-                    f"the native run and tests/pjdfstest/expected-failures-user.txt:\n{report[-15000:]}")
+    run_harness(["--user", "fanstore-pjd"], "pjdfstest as another user",
+                "the native run and tests/pjdfstest/expected-failures-user.txt")

@@ -42,16 +42,7 @@ impl Outputs {
         if !(device || matches!(kind, libc::S_IFIFO | libc::S_IFSOCK | libc::S_IFREG)) || (bind && kind != libc::S_IFSOCK) {
             return Err(libc::EINVAL);
         }
-        if path.is_empty() || self.rank.view.lookup(path).is_some() {
-            return Err(libc::EEXIST);
-        }
-        let (path, in_dir) = self.real_entry_in(path)?;
-        if self.rank.view.lookup(&path).is_some() {
-            return Err(libc::EEXIST);
-        }
-        if crate::outputs::namespace::links::name_too_long(&path) {
-            return Err(libc::ENAMETOOLONG);
-        }
+        let (path, in_dir) = self.new_name(path)?;
         crate::outputs::namespace::may_add_in(caller, in_dir.as_ref())?;
         if device && !caller.is_root() {
             return Err(libc::EPERM);

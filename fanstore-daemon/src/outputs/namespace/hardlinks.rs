@@ -42,16 +42,7 @@ impl Outputs {
         if self.rank.view.lookup(&from).is_some() {
             return Err(libc::EROFS);
         }
-        if to.is_empty() || self.rank.view.lookup(to).is_some() {
-            return Err(libc::EEXIST);
-        }
-        let (to, dir) = self.real_entry_in(to)?;
-        if self.rank.view.lookup(&to).is_some() {
-            return Err(libc::EEXIST);
-        }
-        if super::links::name_too_long(&to) {
-            return Err(libc::ENAMETOOLONG);
-        }
+        let (to, dir) = self.new_name(to)?;
         let raw = match self.meta_at(&from, mop::GET, 0, from.clone()) {
             Ok(r) => OutRecord::decode(&r.payload).ok_or(libc::EIO)?,
             Err(libc::ENOENT) => return Err(self.missing_errno(&from)),

@@ -175,6 +175,24 @@ impl Outputs {
         Ok((p, rec))
     }
 
+    /// A name to be made at `path` (mkdir, symlink, mknod, link): its real
+    /// path ([`Self::real_entry_in`]) and its directory's record. EEXIST for
+    /// the mount's root or a name of the dataset, ENAMETOOLONG for a name
+    /// of more than NAME_MAX bytes.
+    pub(crate) fn new_name(&self, path: &[u8]) -> Result<(Vec<u8>, Option<OutRecord>), i32> {
+        if path.is_empty() || self.rank.view.lookup(path).is_some() {
+            return Err(libc::EEXIST);
+        }
+        let (path, dir) = self.real_entry_in(path)?;
+        if self.rank.view.lookup(&path).is_some() {
+            return Err(libc::EEXIST);
+        }
+        if name_too_long(&path) {
+            return Err(libc::ENAMETOOLONG);
+        }
+        Ok((path, dir))
+    }
+
     /// The path a create through dangling symlink `path` makes (open(2)
     /// with O_CREAT creates the last link's missing target).
     pub fn real_dangling(&self, path: &[u8]) -> Result<Vec<u8>, i32> {
@@ -226,16 +244,7 @@ impl Outputs {
         if target.contains(&0) || target.len() >= libc::PATH_MAX as usize {
             return Err(libc::ENAMETOOLONG);
         }
-        if path.is_empty() || self.rank.view.lookup(path).is_some() {
-            return Err(libc::EEXIST);
-        }
-        let (path, dir) = self.real_entry_in(path)?;
-        if self.rank.view.lookup(&path).is_some() {
-            return Err(libc::EEXIST);
-        }
-        if name_too_long(&path) {
-            return Err(libc::ENAMETOOLONG);
-        }
+        let (path, dir) = self.new_name(path)?;
         crate::outputs::namespace::access::may_add_in(caller, dir.as_ref())?;
         let id = self.out_seq.fetch_add(1, Relaxed);
         if id >= crate::ids::OUT_BIT as u64 {

@@ -32,17 +32,8 @@ impl Outputs {
     }
 
     pub fn out_mkdir(&self, path: &[u8], mode: u32, caller: &Caller) -> Result<(), i32> {
-        if path.is_empty() || self.rank.view.lookup(path).is_some() {
-            return Err(libc::EEXIST);
-        }
-        let (path, dir) = self.real_entry_in(path)?;
+        let (path, dir) = self.new_name(path)?;
         let path = &path;
-        if self.rank.view.lookup(path).is_some() {
-            return Err(libc::EEXIST);
-        }
-        if super::links::name_too_long(path) {
-            return Err(libc::ENAMETOOLONG);
-        }
         super::access::may_add_in(caller, dir.as_ref())?;
         let now = now_ns();
         let (gid, mode) = super::access::inherited(caller, dir.as_ref(), libc::S_IFDIR | (mode & 0o7777));
