@@ -511,6 +511,15 @@ attempt("link of a missing file", lambda: os.link(J("nope"), J("n2")))
 attempt("link into a missing directory", lambda: os.link(J("g"), J("nodir", "x")))
 attempt("last names go", lambda: (os.unlink(J("g")), os.unlink(J("k")), sorted(os.listdir(root)))[2])
 attempt("a fifo's links", lambda: (os.mkfifo(J("p")), os.link(J("p"), J("q")), st("q"), stat.S_ISFIFO(os.lstat(J("p")).st_mode))[2:])
+# A file or directory keeps its inode number through a rename (issue 55, bug 6).
+def keeps_ino(make, a, b):
+    make(J(a))
+    before = os.lstat(J(a)).st_ino
+    os.rename(J(a), J(b))
+    return os.lstat(J(b)).st_ino == before
+attempt("rename keeps a file's inode", lambda: keeps_ino(lambda p: open(p, "w").write("abc"), "r1", "r2"))
+attempt("rename keeps a directory's inode", lambda: keeps_ino(os.mkdir, "d1", "d2"))
+attempt("a symlink's and its target's inode", lambda: os.stat(J("r2")).st_ino == (os.symlink("r2", J("s")), os.stat(J("s")).st_ino)[1])
 print(json.dumps(out))
 """)
 
@@ -523,6 +532,7 @@ def test_hard_links_share_one_file(cl, tmp_path):
     the last; errors as natively (EEXIST, EPERM for a directory, ENOENT)."""
     native, ours = same_as_native(cl, HARDLINKS, tmp_path, "hardlinks")
     assert native["link"] == ["OK", [[2, "0o755", 3], [2, "0o755", 3], True]]
+    assert native["rename keeps a file's inode"] == native["rename keeps a directory's inode"] == ["OK", True]
     # Another node sees the names of one file too.
     check = f"import os; os.link('{MOUNT}/hardlinks/q', '{MOUNT}/hardlinks/r'); s = os.stat('{MOUNT}/hardlinks/p'); print(s.st_nlink)"
     assert cl.run_python(1, check).stdout.strip() == "3"
