@@ -142,6 +142,10 @@ pub const STAT_NOFOLLOW: u64 = 1;
 /// did not look (a directory reached through a symlink out of the mount).
 /// Saves the open a second round trip to the daemon.
 pub const STAT_PARENT: u64 = 2;
+/// OUT_STAT arg0 bit: when the name (followed) is a committed regular
+/// output the caller may read, the reply also carries an fd with its bytes
+/// (an open for reading in one round trip instead of OUT_STAT + OUT_OPEN).
+pub const STAT_OPEN: u64 = 4;
 
 /// The OUT_STAT reply payload after the record: the path the daemon
 /// resolved (relative to the mount; empty if it is the asked path), then a

@@ -232,11 +232,19 @@ fn handle(node: &Node, fd: RawFd, req: &Request, attached: Option<OwnedFd>, call
         }
         op::OUT_STAT => {
             node.rank.counters.names_asked.fetch_add(1, Relaxed);
-            let r = match node.outputs.out_stat_answer(path, req.arg0, caller) {
+            let (answer, file) = if req.arg0 & wire::STAT_OPEN != 0 {
+                node.outputs.out_stat_open(path, req.arg0, caller)
+            } else {
+                (node.outputs.out_stat_answer(path, req.arg0, caller), None)
+            };
+            let mut r = match answer {
                 Ok(payload) => Reply { payload, ..Reply::ok(req, 0) },
                 Err((errno, payload)) => Reply { payload, ..Reply::err(req, errno) },
             };
-            wire::send_msg(fd, &r.encode(), None)
+            if file.is_some() {
+                r.flags = wire::FLAG_FD;
+            }
+            wire::send_msg(fd, &r.encode(), file.as_ref().map(|f| f.as_raw_fd()))
         }
         op::LINK => match path.iter().position(|&b| b == 0) {
             Some(i) => done(fd, req, node.outputs.out_link(&path[..i], &path[i + 1..], caller)),

@@ -263,6 +263,11 @@ pub fn call(st: &State, req: &Request, send_fd: Option<c_int>) -> Result<Answer,
 
 /// One request with no fd either way: the reply, or the errno with the
 /// payload the daemon sent with it.
+/// [`call`] keeping the error reply's payload.
+pub fn call_answer(st: &State, req: &Request) -> Result<Answer, (c_int, Vec<u8>)> {
+    call_full(st, req, None)
+}
+
 pub fn call_reply(st: &State, req: &Request) -> Result<Reply, (c_int, Vec<u8>)> {
     call_full(st, req, None).map(|a| a.reply)
 }

@@ -179,6 +179,30 @@ pub fn lookup_creatable(st: &State, rel: &[u8], follow: bool) -> Result<Found, (
     })
 }
 
+/// [`lookup`] for an open for reading: also, when the name is a committed
+/// regular output this process may read, an fd with its bytes, from the
+/// same round trip (`wire::STAT_OPEN`). The fd is the caller's to close.
+pub fn lookup_open(st: &State, rel: &[u8], follow: bool) -> Result<(Found, Option<c_int>), c_int> {
+    if surely_absent(st, rel) {
+        return Err(libc::ENOENT);
+    }
+    let flags = wire::STAT_OPEN | if follow { 0 } else { wire::STAT_NOFOLLOW };
+    match client::call_answer(st, &client::request(op::OUT_STAT, flags, 0, rel)) {
+        Ok(a) => match wire::StatAnswer::decode(&a.reply.payload) {
+            Some(s) => Ok((Found::Here { rec: s.rec, real: s.resolved.to_vec(), target: s.target.to_vec() }, a.fd)),
+            None => {
+                if let Some(fd) = a.fd {
+                    // SAFETY: closing the fd the daemon just sent us.
+                    unsafe { crate::real::close(fd) };
+                }
+                Err(libc::EIO)
+            }
+        },
+        Err((libc::EXDEV, payload)) if !payload.is_empty() => Ok((Found::Outside(payload), None)),
+        Err((e, _)) => Err(e),
+    }
+}
+
 /// One OUT_STAT call with `flags`: the record found, or (errno, the error
 /// reply's payload).
 fn call_out_stat(st: &State, rel: &[u8], flags: u64) -> Result<Found, (c_int, Vec<u8>)> {

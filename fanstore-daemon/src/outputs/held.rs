@@ -298,6 +298,30 @@ impl Outputs {
         Ok(fd)
     }
 
+    /// OUT_STAT with `wire::STAT_OPEN`: the answer of
+    /// [`Outputs::out_stat_answer`] and, when it names a committed regular
+    /// output (not an input, not special) that `caller` may read, an fd
+    /// with its bytes (None otherwise, or if its bytes went meanwhile: the
+    /// client then asks OUT_OPEN).
+    pub fn out_stat_open(&self, path: &[u8], flags: u64, caller: &Caller) -> (Result<Vec<u8>, (i32, Vec<u8>)>, Option<OwnedFd>) {
+        let answer = self.out_stat_answer(path, flags, caller);
+        let Ok(payload) = &answer else { return (answer, None) };
+        let Some(a) = wire::StatAnswer::decode(payload) else { return (answer, None) };
+        let rec = a.rec;
+        let plain = rec.mode & libc::S_IFMT == libc::S_IFREG && rec.holder != u32::MAX - 1 && !rec.is_linked_name();
+        if !plain || !(caller.is_root() || caller.may(&rec, crate::caller::Access::READ)) {
+            return (answer, None);
+        }
+        let real = if a.resolved.is_empty() { path } else { a.resolved };
+        let fd = self.open_held(real, &rec).ok();
+        if let Some(fd) = &fd {
+            if rec.holder != crate::outputs::persist::PERSISTED {
+                stamp(fd, &rec);
+            }
+        }
+        (answer, fd)
+    }
+
     /// The fd with the bytes of output `path`, and its record. A version
     /// replaced between the lookup and the open (its bytes already dropped)
     /// is looked up again: the open gets the newer one.

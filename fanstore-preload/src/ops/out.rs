@@ -5,6 +5,7 @@
 
 use super::attr::{DEV_MAJOR, DEV_MINOR};
 use super::namespace::{dir_exists, lookup, lookup_creatable, real_dir, stat, stat_of, Found, RealDir, INPUT_HOLDER};
+use crate::lookup::lookup_open;
 use super::open_base::wants_write;
 use super::{parent_of, Outcome, VPath};
 use crate::client;
@@ -32,12 +33,40 @@ fn open_bytes(st: &State, rel: &[u8], flags: c_int, arg0: u64) -> Result<c_int, 
     Ok(fd)
 }
 
-/// open(2) for reading of committed output `rel` (record `r`): its fd,
-/// tracked so that fstat gives the identity stat of its path gives
-/// (cp refuses a source whose fstat names another file: "replaced while
-/// being copied"). An fd the table has no room for stays untracked.
-fn open_committed(st: &State, rel: &[u8], flags: c_int, r: &OutRecord) -> Result<c_int, c_int> {
-    let fd = open_read(st, rel, flags)?;
+/// An fd the daemon sent with a lookup, closed unless taken.
+struct PendingFd(Option<c_int>);
+
+impl PendingFd {
+    fn take(&mut self) -> Option<c_int> {
+        self.0.take()
+    }
+}
+
+impl Drop for PendingFd {
+    fn drop(&mut self) {
+        if let Some(fd) = self.0 {
+            // SAFETY: an fd the daemon sent us that nothing else holds.
+            unsafe { crate::real::close(fd) };
+        }
+    }
+}
+
+/// open(2) for reading of committed output `rel` (record `r`): its fd
+/// (`have`: the one its lookup brought, else asked with OUT_OPEN), tracked
+/// so that fstat gives the identity stat of its path gives (cp refuses a
+/// source whose fstat names another file: "replaced while being copied").
+/// An fd the table has no room for stays untracked.
+fn open_committed(st: &State, rel: &[u8], flags: c_int, r: &OutRecord, have: Option<c_int>) -> Result<c_int, c_int> {
+    let fd = match have {
+        Some(fd) => {
+            if flags & libc::O_CLOEXEC == 0 {
+                // SAFETY: fcntl on the fd we just received.
+                unsafe { crate::real::fcntl(fd, libc::F_SETFD, 0) };
+            }
+            fd
+        }
+        None => open_read(st, rel, flags)?,
+    };
     fd_table::set_committed(fd, r.mode, super::namespace::file_ino(rel, r));
     Ok(fd)
 }
@@ -59,8 +88,24 @@ pub fn open(vp: &VPath, flags: c_int, mode: u32) -> Outcome<c_int> {
     // O_NOFOLLOW: a symlink as the last component is not followed (a
     // trailing '/' follows it all the same, as natively).
     let follow = flags & libc::O_NOFOLLOW == 0 || vp.must_be_dir;
-    // With O_CREAT, a missing name's answer also says whether its directory exists.
-    let found = if creat { lookup_creatable(st, vp.rel, follow) } else { lookup(st, vp.rel, follow).map_err(|e| (e, None)) };
+    // With O_CREAT, a missing name's answer also says whether its directory
+    // exists; an open for reading gets the bytes of a file in the same
+    // round trip (kept in `bytes`, closed unless the open hands it out).
+    // (An O_RDWR open that keeps the bytes copies them: the same fd serves.)
+    let keeps_bytes = !write || (flags & libc::O_ACCMODE == libc::O_RDWR && flags & libc::O_TRUNC == 0);
+    let reading = !creat && keeps_bytes && flags & (libc::O_PATH | libc::O_DIRECTORY) == 0 && !vp.must_be_dir;
+    let mut bytes = PendingFd(None);
+    let found = if creat {
+        lookup_creatable(st, vp.rel, follow)
+    } else if reading {
+        lookup_open(st, vp.rel, follow).map(|(f, fd)| {
+            bytes.0 = fd;
+            f
+        })
+        .map_err(|e| (e, None))
+    } else {
+        lookup(st, vp.rel, follow).map_err(|e| (e, None))
+    };
     let mut dir_known = None;
     let existing = match found {
         // O_NOFOLLOW on a symlink: ELOOP, as natively (ENOTDIR with
@@ -113,14 +158,14 @@ pub fn open(vp: &VPath, flags: c_int, mode: u32) -> Outcome<c_int> {
         Some(r) if write => {
             let keep = flags & libc::O_TRUNC == 0;
             let copied_from = (keep && r.holder != INPUT_HOLDER).then_some(r.sum);
-            create(vp, flags, mode_after_write(r.mode), keep, copied_from).into()
+            create(vp, flags, mode_after_write(r.mode), keep, copied_from, bytes.take()).into()
         }
-        Some(r) => open_committed(st, vp.rel, flags, &r).into(),
+        Some(r) => open_committed(st, vp.rel, flags, &r, bytes.take()).into(),
         None if !creat => Outcome::Errno(libc::ENOENT),
         None if vp.must_be_dir => Outcome::Errno(libc::EISDIR),
         None => match dir_known.map_or_else(|| dir_exists(st, parent_of(vp.rel)), |e| if e == 0 { Ok(()) } else { Err(e) }) {
             // The mode asked for, less the process's umask, as the kernel makes it.
-            Ok(()) => create(vp, flags, libc::S_IFREG | (mode & 0o7777 & !super::attr::umask()), false, None).into(),
+            Ok(()) => create(vp, flags, libc::S_IFREG | (mode & 0o7777 & !super::attr::umask()), false, None, None).into(),
             Err(e) => Outcome::Errno(e),
         },
     }
@@ -244,7 +289,10 @@ fn new_output_file(st: &State, flags: c_int) -> c_int {
 ///
 /// `copied_from`: the committed version's checksum when the file starts as
 /// a copy of it (`keep`).
-fn create(vp: &VPath, flags: c_int, mode: u32, keep: bool, copied_from: Option<u64>) -> Result<c_int, c_int> {
+///
+/// `have`: an fd with those bytes its lookup already brought (closed here).
+fn create(vp: &VPath, flags: c_int, mode: u32, keep: bool, copied_from: Option<u64>, have: Option<c_int>) -> Result<c_int, c_int> {
+    let mut have = PendingFd(have);
     let excl = flags & libc::O_CREAT != 0 && flags & libc::O_EXCL != 0;
     if excl {
         // Exclusive among the node's processes from now on ([`crate::pending`]);
@@ -272,7 +320,7 @@ fn create(vp: &VPath, flags: c_int, mode: u32, keep: bool, copied_from: Option<u
         Err(e)
     };
     if keep {
-        let src = match open_bytes(vp.st, vp.rel, libc::O_CLOEXEC, fanstore_core::wire::OUT_OPEN_TO_WRITE) {
+        let src = match have.take().map_or_else(|| open_bytes(vp.st, vp.rel, libc::O_CLOEXEC, fanstore_core::wire::OUT_OPEN_TO_WRITE), Ok) {
             Ok(s) => s,
             Err(e) => return fail(e),
         };
