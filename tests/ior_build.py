@@ -35,18 +35,15 @@ class TarballMissing(BuildError):
 
 
 def find_tarball() -> Path:
-    env = os.environ.get("FANSTORE_IOR_TARBALL")
-    if env:
-        if not Path(env).is_file():
-            raise BuildError(f"FANSTORE_IOR_TARBALL={env}: no such file")
-        return Path(env)
-    dirs = [ROOT.parent / "shared" / "third_party", Path("/work/shared/third_party")]
-    for d in dirs:
-        found = sorted(d.glob("ior-*.tar.gz"))
-        if found:
-            return found[-1]
-    raise TarballMissing(f"no IOR source: no ior-*.tar.gz in {', '.join(map(str, dirs))} "
-                         f"and FANSTORE_IOR_TARBALL unset")
+    import third_party
+    try:
+        found = third_party.find_tarball("ior", "FANSTORE_IOR_TARBALL")
+    except FileNotFoundError as e:
+        raise BuildError(str(e)) from e
+    if found is None:
+        raise TarballMissing(f"no IOR source: no ior-*.tar.gz in {', '.join(map(str, third_party.DIRS))} "
+                             f"and FANSTORE_IOR_TARBALL unset")
+    return found
 
 
 def check_tools():

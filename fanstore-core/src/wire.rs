@@ -289,6 +289,18 @@ pub struct OutRecord {
 /// [`linked_key`]`(sum as rank, id)`; the name's record only points there.
 pub const LINKED_HOLDER: u32 = u32::MAX - 2;
 
+/// `mode` less what a write by a process that is not root, or a chown,
+/// takes from a file: set-user-ID, and set-group-ID when the group may
+/// execute it (the kernel's `file_remove_privs` and chown's ATTR_KILL_*).
+pub fn mode_without_privs(mode: u32) -> u32 {
+    let mode = mode & !libc::S_ISUID;
+    if mode & libc::S_IXGRP != 0 {
+        mode & !libc::S_ISGID
+    } else {
+        mode
+    }
+}
+
 /// The key of the shared record of a hard-linked file made by rank `rank`
 /// with sequence `seq`: it starts with '/', which no path relative to the
 /// mount does, so no name is ever it, no listing shows it and no
@@ -326,6 +338,26 @@ impl OutRecord {
     }
     pub fn is_dir(&self) -> bool {
         self.mode & libc::S_IFMT == libc::S_IFDIR
+    }
+    /// Whether a process with effective uid `uid` (and `in_group` saying
+    /// which groups it is in, its effective gid among them) may `want`
+    /// this record (`R_OK`/`W_OK`/`X_OK` bits), as the kernel's
+    /// `generic_permission` says: root reads and writes anything and
+    /// searches a directory or runs a file with an x bit; anyone else gets
+    /// the bits of the owner, the group or the others, the first class it
+    /// is in. A record of an input ([`INPUT_OWNER`]) is the asker's own.
+    pub fn allows(&self, uid: u32, in_group: impl Fn(u32) -> bool, want: u32) -> bool {
+        if uid == 0 {
+            return want & 1 == 0 || self.is_dir() || self.mode & 0o111 != 0;
+        }
+        let bits = if uid == self.uid || self.uid == INPUT_OWNER {
+            self.mode >> 6
+        } else if in_group(self.gid) {
+            self.mode >> 3
+        } else {
+            self.mode
+        } & 7;
+        bits & want == want
     }
     /// A name of a hard-linked file (its record is at [`Self::linked_key`]).
     pub fn is_linked_name(&self) -> bool {
@@ -833,6 +865,15 @@ mod tests {
         assert_eq!(Request::decode(&b), Err(WireError::Version(9)));
         assert_eq!(Request::decode(&r.encode()[..41]), Err(WireError::Length(3)));
         assert_eq!(Reply::decode(&[0u8; 5]), Err(WireError::Short(5)));
+    }
+
+    #[test]
+    fn a_write_or_chown_takes_set_user_id_and_executable_set_group_id() {
+        assert_eq!(mode_without_privs(libc::S_IFREG | 0o6755), libc::S_IFREG | 0o755);
+        // Set-group-ID without a group x bit is mandatory locking, not privilege: kept.
+        assert_eq!(mode_without_privs(libc::S_IFREG | 0o6745), libc::S_IFREG | 0o2745);
+        let input = OutRecord { mode: libc::S_IFREG | 0o600, uid: INPUT_OWNER, gid: INPUT_OWNER, ..Default::default() };
+        assert!(input.allows(1000, |_| false, 6), "an input's record is the asker's own");
     }
 
     #[test]

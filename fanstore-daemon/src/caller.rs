@@ -95,18 +95,7 @@ impl Caller {
     /// other caller gets the owner's, the group's or the others' bits, the
     /// first class it belongs to.
     pub fn may(&self, rec: &OutRecord, want: Access) -> bool {
-        let mode = rec.mode;
-        if self.is_root() {
-            return want.0 & 1 == 0 || rec.is_dir() || mode & 0o111 != 0;
-        }
-        let bits = if self.uid == rec.uid {
-            mode >> 6
-        } else if self.in_group(rec.gid) {
-            mode >> 3
-        } else {
-            mode
-        } & 7;
-        bits & want.0 == want.0
+        rec.allows(self.uid, |g| self.in_group(g), want.0)
     }
 
     /// The sticky-directory rule for removing or renaming `victim` out of

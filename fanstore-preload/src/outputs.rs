@@ -300,10 +300,7 @@ pub fn set_owner(idx: u32, uid: u32, gid: u32) -> Result<(), c_int> {
                 s.owner.1 = gid;
             }
             if uid != u32::MAX || gid != u32::MAX {
-                s.mode &= !libc::S_ISUID;
-                if s.mode & libc::S_IXGRP != 0 {
-                    s.mode &= !libc::S_ISGID;
-                }
+                s.mode = wire::mode_without_privs(s.mode);
             }
         }
     });

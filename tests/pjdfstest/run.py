@@ -98,16 +98,14 @@ def find_tarball(cache_root: Path, log=print) -> Path:
     tarball in the third-party directory beside the project (CI, this
     project's machines), else one downloaded once into `cache_root` from
     upstream at the pinned commit (a user's clone)."""
-    env = os.environ.get("FANSTORE_PJDFSTEST_TARBALL")
-    if env:
-        if not Path(env).is_file():
-            raise HarnessError(f"FANSTORE_PJDFSTEST_TARBALL={env}: no such file")
-        return Path(env)
-    dirs = [ROOT.parent / "shared" / "third_party", Path("/work/shared/third_party")]
-    for d in dirs:
-        found = sorted(d.glob("pjdfstest-*.tar.gz"))
-        if found:
-            return found[-1]
+    import third_party
+    dirs = third_party.DIRS
+    try:
+        found = third_party.find_tarball("pjdfstest", "FANSTORE_PJDFSTEST_TARBALL")
+    except FileNotFoundError as e:
+        raise HarnessError(str(e)) from e
+    if found is not None:
+        return found
     cached = cache_root / f"pjdfstest-{PJDFSTEST_COMMIT[:12]}.tar.gz"
     if cached.is_file():
         return cached

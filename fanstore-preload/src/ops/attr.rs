@@ -63,19 +63,7 @@ pub fn may_access(r: &fanstore_core::wire::OutRecord, want: u32) -> bool {
 }
 
 fn may_access_as(r: &fanstore_core::wire::OutRecord, want: u32, uid: u32, gid: u32, in_groups: impl Fn(u32) -> bool) -> bool {
-    let dir = r.mode & libc::S_IFMT == libc::S_IFDIR;
-    if uid == 0 {
-        return want & 1 == 0 || dir || r.mode & 0o111 != 0;
-    }
-    let owner = if r.uid == fanstore_core::wire::INPUT_OWNER { uid } else { r.uid };
-    let bits = if uid == owner {
-        r.mode >> 6
-    } else if r.gid == gid || in_groups(r.gid) {
-        r.mode >> 3
-    } else {
-        r.mode
-    } & 7;
-    bits & want == want
+    r.allows(uid, |g| g == gid || in_groups(g), want)
 }
 
 /// What chmod, utime and chown change.

@@ -179,12 +179,7 @@ fn mode_after_write(mode: u32) -> u32 {
     if unsafe { libc::geteuid() } == 0 {
         return mode;
     }
-    let mode = mode & !libc::S_ISUID;
-    if mode & libc::S_IXGRP != 0 {
-        mode & !libc::S_ISGID
-    } else {
-        mode
-    }
+    fanstore_core::wire::mode_without_privs(mode)
 }
 
 fn open_outside(abs: &[u8], flags: c_int, mode: u32) -> Outcome<c_int> {

@@ -448,10 +448,7 @@ impl MetaStore {
                                 // As chown(2) on Linux: a file that is not a directory
                                 // loses set-user-ID, and set-group-ID when group-executable.
                                 if !keep_mode && !r.is_dir() && !r.is_link() && (uid != u32::MAX || gid != u32::MAX) {
-                                    r.mode &= !libc::S_ISUID;
-                                    if r.mode & libc::S_IXGRP != 0 {
-                                        r.mode &= !libc::S_ISGID;
-                                    }
+                                    r.mode = wire::mode_without_privs(r.mode);
                                 }
                             }
                             _ => return Reply::err(req, libc::EINVAL),
