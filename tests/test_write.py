@@ -138,30 +138,74 @@ def test_outputs_in_input_dirs_are_seen_everywhere_and_clean_dirs_cost_no_messag
 
 
 def meta_counts(c):
-    """(metadata round trips sent over MPI, requests answered by their own owner) summed over ranks."""
-    sent = local = 0
+    """Per rank: (metadata round trips sent over MPI, requests answered by
+    their own owner, requests its clients sent to it)."""
+    out = []
     for r in range(4):
         with c.client(r) as k:
             st = k.status()
-        sent += int(st["meta_sent"])
-        local += int(st["meta_local"])
-    return sent, local
+        out.append((int(st["meta_sent"]), int(st["meta_local"]), int(st["client_requests"])))
+    return out
 
 
-def test_a_stat_of_an_output_costs_one_lookup_at_its_owner(cl):
+def counted(c, node, code):
+    """Runs `code` on `node`: (MPI round trips, lookups answered by their
+    own owner, requests sent to `node`'s daemon) it cost, over all ranks."""
+    before = meta_counts(c)
+    c.run_python(node, code)
+    after = meta_counts(c)
+    sent = sum(a[0] - b[0] for a, b in zip(after, before))
+    local = sum(a[1] - b[1] for a, b in zip(after, before))
+    return sent, local, after[node][2] - before[node][2]
+
+
+def test_a_stat_of_an_output_costs_one_round_trip_and_none_at_its_owner(cl):
     """STATUS counts the namespace's metadata requests (meta_sent: MPI round
-    trips; meta_local: answered by the asking rank, which owns the name). A
-    stat of an existing output from any node is exactly one lookup: one round
-    trip, or none when that node owns the name. Fails if a round trip is added."""
+    trips; meta_local: answered by the asking rank, which owns the name) and
+    the requests clients send their daemon. A stat of an existing output is
+    answered from the record table in shared memory, with no request at
+    all, on the node that owns the name, and costs exactly one round trip
+    from each other node. Fails if a round trip or a request is added, or
+    if the owner's clients stop reading the table."""
     c, _src = cl
     c.run_python(0, f"import os; os.makedirs('{MOUNT}/rt', exist_ok=True); [open('{MOUNT}/rt/f%d' % i, 'w').close() for i in range(8)]")
-    for node in range(4):
-        for i in range(8):
-            before = meta_counts(c)
-            c.run_python(node, f"import os; os.stat('{MOUNT}/rt/f{i}')")
-            after = meta_counts(c)
-            sent, local = after[0] - before[0], after[1] - before[1]
-            assert sent + local == 1 and sent <= 1, (node, i, sent, local)
+    for i in range(8):
+        costs = [counted(c, node, f"import os; os.stat('{MOUNT}/rt/f{i}')") for node in range(4)]
+        assert sorted(costs) == [(0, 0, 0), (1, 0, 1), (1, 0, 1), (1, 0, 1)], (i, costs)
+
+
+def test_a_node_reads_its_own_output_with_no_message(cl):
+    """An output whose record and bytes are on the node that reads it (the
+    node wrote it and owns its name) is opened, read, even O_RDWR as
+    mdtest does, and stat'ed with no request to the daemon: the record
+    comes from the record table, the bytes from its file in the local
+    directory. Fails if any of it goes back through the daemon."""
+    c, _src = cl
+    c.run_python(2, f"""
+        import os
+        os.makedirs('{MOUNT}/own', exist_ok=True)
+        for i in range(16):
+            with open('{MOUNT}/own/f%d' % i, 'wb') as f:
+                f.write(b'%d' % i * 100)
+    """)
+    mine = [i for i in range(16) if counted(c, 2, f"import os; os.stat('{MOUNT}/own/f{i}')") == (0, 0, 0)]
+    assert mine, "node 2 owns none of 16 names"
+    for i in mine:
+        code = f"""
+            import os
+            want = b'%d' % {i} * 100
+            with open('{MOUNT}/own/f{i}', 'rb') as f:
+                assert f.read() == want
+            fd = os.open('{MOUNT}/own/f{i}', os.O_RDWR)
+            assert os.read(fd, 1000) == want and os.fstat(fd).st_size == len(want)
+            os.close(fd)
+        """
+        assert counted(c, 2, code) == (0, 0, 0), i
+    # Another node reads them through its daemon, exactly.
+    c.run_python(1, f"""
+        for i in {mine}:
+            assert open('{MOUNT}/own/f%d' % i, 'rb').read() == b'%d' % i * 100
+    """)
 
 
 def test_inputs_stay_read_only(cl):

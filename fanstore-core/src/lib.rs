@@ -33,6 +33,7 @@ pub mod partition;
 pub mod path;
 pub mod persisted;
 pub mod rank_lock;
+pub mod record_table;
 pub mod runtime;
 pub mod status;
 pub mod watchev;

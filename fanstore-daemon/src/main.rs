@@ -46,6 +46,8 @@ struct Cleanup {
     shm: Option<IndexShm>,
     /// The tier map and the copy directory (shared memory, removed whatever `--keep-local` says).
     tiers: Option<PathBuf>,
+    /// The record table (shared memory): removed with the tier map.
+    records: Option<PathBuf>,
     copies: Option<PathBuf>,
     local: Option<PathBuf>,
     state: Option<PathBuf>,
@@ -75,7 +77,7 @@ impl Cleanup {
         if let Some(s) = self.shm.take() {
             s.remove();
         }
-        if let Some(t) = self.tiers.take() {
+        for t in [self.tiers.take(), self.records.take()].into_iter().flatten() {
             let _ = std::fs::remove_file(t);
         }
         let mut tombs = Tombs::default();
@@ -633,6 +635,18 @@ fn prepare(args: &DaemonArgs, id: &Identity, cleanup: &mut Cleanup) -> anyhow::R
     let tiers = fanstore_daemon::inputs::copies::TierMap::create(&tiers_path, view.dataset_id(), u64::from(view.node_count()))
         .with_context(|| format!("creating the tier map {}", tiers_path.display()))?;
     cleanup.tiers = Some(tiers_path);
+    // The records this rank owns, for its node's clients to read (a stat
+    // or an open of an output held here with no message). Without it every
+    // output lookup asks the daemon, as before: worth a warning, not a stop.
+    let records_path = PathBuf::from(std::ffi::OsStr::from_bytes(&fanstore_core::record_table::table_path(ipath)));
+    let mode = fanstore_daemon::caller::shared_mode(0o644, 0o600);
+    match fanstore_core::record_table::RecordTable::create(&records_path, fanstore_core::record_table::DEFAULT_SLOTS, rank, mode) {
+        Ok(t) => {
+            node.outputs.meta.lock().unwrap_or_else(|p| p.into_inner()).publish_to(Arc::new(t));
+            cleanup.records = Some(records_path);
+        }
+        Err(e) => log::warn!("rank {rank}: no record table at {}: {e}; every output lookup asks the daemon", records_path.display()),
+    }
     let tiers = Arc::new(tiers);
     let copies_dir = PathBuf::from(std::ffi::OsStr::from_bytes(&fanstore_core::tiers::copy_dir(ipath)));
     remove_stale_tomb(&copies_dir, id.rank);

@@ -206,6 +206,9 @@ fn connection(conn: OwnedFd, node: &Node, caller: &Caller) {
         if wire::op::is_watch(req.op) {
             return crate::outputs::watch::session(&node.outputs, fd, req, attached); // until the watcher goes away
         }
+        if req.op != wire::op::STATUS {
+            node.rank.counters.client_requests.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+        }
         if handle(node, fd, &req, attached, caller).is_err() {
             return; // the client went away mid-request
         }

@@ -9,6 +9,7 @@ use crate::client;
 use crate::state::State;
 use fanstore_core::manifest::{NodeKind, NodeRef};
 use fanstore_core::path::{normalize_into, under_mount, MAX_PATH};
+use fanstore_core::record_table::Found as Table;
 use fanstore_core::wire::{self, op, OutRecord};
 use libc::c_int;
 
@@ -153,11 +154,100 @@ fn surely_absent(st: &State, rel: &[u8]) -> bool {
     }
 }
 
+/// Whether this process (its effective ids and groups) may `want`
+/// (`R_OK`/`W_OK`/`X_OK` bits) output record `r`, as the kernel's
+/// `generic_permission` says: root may read and write anything and search
+/// a directory or run a file with an x bit; anyone else gets the class
+/// bits of the owner, the group or the others. Inputs' records
+/// ([`fanstore_core::wire::INPUT_OWNER`]) belong to this process's user.
+pub fn may_access(r: &fanstore_core::wire::OutRecord, want: u32) -> bool {
+    // SAFETY: geteuid and getegid have no preconditions and cannot fail.
+    let (uid, gid) = unsafe { (libc::geteuid(), libc::getegid()) };
+    may_access_as(r, want, uid, gid, |g| {
+        let mut groups = [0 as libc::gid_t; 256];
+        // SAFETY: groups has room for the 256 entries we say.
+        let n = unsafe { libc::getgroups(groups.len() as libc::c_int, groups.as_mut_ptr()) };
+        n > 0 && groups[..n as usize].contains(&g)
+    })
+}
+
+pub(crate) fn may_access_as(r: &fanstore_core::wire::OutRecord, want: u32, uid: u32, gid: u32, in_groups: impl Fn(u32) -> bool) -> bool {
+    r.allows(uid, |g| g == gid || in_groups(g), want)
+}
+
+/// The record of output `rel` from the node's record table, when the
+/// daemon owns it and it is a plain one: not a symlink (resolving it needs
+/// the daemon), not a hard-linked name (its record is elsewhere). For a
+/// caller that is not root, only if the table also shows that it may
+/// search the directory that holds the name (as the daemon checks). None:
+/// ask the daemon.
+fn table_record(st: &State, rel: &[u8]) -> Option<OutRecord> {
+    let Table::Live(rec) = st.records.as_ref()?.get(rel) else { return None };
+    if rec.is_link() || rec.is_linked_name() {
+        return None;
+    }
+    // SAFETY: geteuid has no preconditions and cannot fail.
+    if unsafe { libc::geteuid() } != 0 {
+        let dir = parent_of(rel);
+        if !dir.is_empty() && st.view.lookup(dir).is_none() {
+            match st.records.as_ref()?.get(dir) {
+                Table::Live(d) if d.is_dir() && may_access(&d, libc::X_OK as u32) => {}
+                _ => return None,
+            }
+        }
+    }
+    Some(rec)
+}
+
+/// A record from the table as the daemon's answer gives it: the path's own.
+fn here(rec: OutRecord) -> crate::lookup::Found {
+    crate::lookup::Found::Here { rec, real: Vec::new(), target: Vec::new() }
+}
+
+/// The bytes of output `rec` when this node holds them as a plain file
+/// (`<local dir>/out/<id>`), opened read-only with no message; None when
+/// they are elsewhere, in the checkpoint store, or the file does not
+/// match the record (the daemon then stamps it or serves it).
+fn open_held_here(st: &State, rec: &OutRecord) -> Option<c_int> {
+    if rec.mode & libc::S_IFMT != libc::S_IFREG || rec.holder != st.rank {
+        return None;
+    }
+    let mut path = [0u8; fanstore_core::path::MAX_PATH];
+    let mut digits = [0u8; 20];
+    let num = fanstore_core::runtime::decimal_u64(rec.id, &mut digits);
+    let len = st.out_dir.len() + num.len();
+    if len + 1 > path.len() {
+        return None;
+    }
+    path[..st.out_dir.len()].copy_from_slice(&st.out_dir);
+    path[st.out_dir.len()..len].copy_from_slice(num);
+    // SAFETY: path is NUL-terminated (zeroed past `len`).
+    let fd = unsafe { crate::real::open(path.as_ptr().cast(), libc::O_RDONLY | libc::O_CLOEXEC, 0) };
+    if fd < 0 {
+        return None;
+    }
+    // SAFETY: plain data, zero is valid.
+    let mut s: libc::stat = unsafe { std::mem::zeroed() };
+    // SAFETY: s is a valid out-pointer; fd is the file we just opened.
+    let ok = unsafe { crate::real::fstat(fd, &mut s) } == 0
+        && s.st_size as u64 == rec.size
+        && s.st_mtime * 1_000_000_000 + s.st_mtime_nsec == rec.mtime_ns;
+    if !ok {
+        // SAFETY: closing the fd we just opened.
+        unsafe { crate::real::close(fd) };
+        return None;
+    }
+    Some(fd)
+}
+
 /// OUT_STAT: `rel` through symlinks (the last one too when `follow`).
 /// A name in an input directory that holds no output is ENOENT at once.
 pub fn lookup(st: &State, rel: &[u8], follow: bool) -> Result<Found, c_int> {
     if surely_absent(st, rel) {
         return Err(libc::ENOENT);
+    }
+    if let Some(rec) = table_record(st, rel) {
+        return Ok(here(rec));
     }
     call_out_stat(st, rel, if follow { 0 } else { wire::STAT_NOFOLLOW }).map_err(|(e, _)| e)
 }
@@ -172,6 +262,9 @@ pub fn lookup_creatable(st: &State, rel: &[u8], follow: bool) -> Result<Found, (
     if surely_absent(st, rel) {
         return Err((libc::ENOENT, None)); // its directory is an input one: dir_exists asks no one
     }
+    if let Some(rec) = table_record(st, rel) {
+        return Ok(here(rec));
+    }
     let flags = wire::STAT_PARENT | if follow { 0 } else { wire::STAT_NOFOLLOW };
     call_out_stat(st, rel, flags).map_err(|(e, payload)| {
         let dir = (e == libc::ENOENT).then(|| <[u8; 4]>::try_from(payload.as_slice()).ok()).flatten();
@@ -185,6 +278,14 @@ pub fn lookup_creatable(st: &State, rel: &[u8], follow: bool) -> Result<Found, (
 pub fn lookup_open(st: &State, rel: &[u8], follow: bool) -> Result<(Found, Option<c_int>), c_int> {
     if surely_absent(st, rel) {
         return Err(libc::ENOENT);
+    }
+    if let Some(rec) = table_record(st, rel) {
+        if rec.mode & libc::S_IFMT != libc::S_IFREG {
+            return Ok((here(rec), None));
+        }
+        if let Some(fd) = open_held_here(st, &rec) {
+            return Ok((here(rec), Some(fd)));
+        }
     }
     let flags = wire::STAT_OPEN | if follow { 0 } else { wire::STAT_NOFOLLOW };
     match client::call_answer(st, &client::request(op::OUT_STAT, flags, 0, rel)) {

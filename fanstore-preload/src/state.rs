@@ -12,6 +12,7 @@
 use crate::lock::Locked;
 use fanstore_core::manifest::{IndexView, Verify};
 use fanstore_core::runtime::{self, NodeState, Status};
+use fanstore_core::record_table::RecordView;
 use fanstore_core::tiers::{self, TierView};
 use std::ffi::{CStr, CString};
 use std::os::unix::ffi::OsStrExt;
@@ -54,6 +55,12 @@ pub struct State {
     /// Which files this node can open directly ([`fanstore_core::tiers`]);
     /// None if the map could not be used (every open then asks the daemon).
     pub tiers: Option<TierView<'static>>,
+    /// The records of outputs the daemon owns ([`fanstore_core::record_table`]);
+    /// None if the table could not be used (every output lookup then asks the daemon).
+    pub records: Option<RecordView<'static>>,
+    /// `<local dir>/out/`, where this node's outputs are held (an output
+    /// whose record names this rank as holder is `out_dir` + its id).
+    pub out_dir: Vec<u8>,
     /// The daemon's copy directory (files of tier `TIER_COPY`).
     pub copy_dir: Vec<u8>,
     /// The daemon's NodeState flags (`fanstore_core::runtime::FLAG_*`).
@@ -230,6 +237,8 @@ fn load(cfg: &Config) -> Result<(State, Option<Vec<u8>>), String> {
         return Err(format!("index dataset {:x} differs from daemon's {:x}", view.dataset_id(), ns.dataset_id));
     }
     let tiers = map_tiers(&ns.index_path, view.dataset_id(), u64::from(view.node_count()));
+    let records = map_records(&ns.index_path, ns.rank);
+    let out_dir = [&ns.local_dir[..], b"/out/"].concat();
     let client_dir = Path::new(std::ffi::OsStr::from_bytes(&ns.local_dir)).join(CLIENT_DIR);
     let (empty_dir, empty_ino) = make_empty_dir(&client_dir)?;
     let tmp_dir = make_tmp_dir(&client_dir);
@@ -245,6 +254,8 @@ fn load(cfg: &Config) -> Result<(State, Option<Vec<u8>>), String> {
         local_dir: ns.local_dir,
         local_parts: ns.local_partitions,
         tiers,
+        records,
+        out_dir,
         copy_dir: tiers::copy_dir(&ns.index_path),
         flags: ns.flags,
         sock_path: sock.as_os_str().as_bytes().to_vec(),
@@ -257,16 +268,45 @@ fn load(cfg: &Config) -> Result<(State, Option<Vec<u8>>), String> {
     Ok((st, mount))
 }
 
+/// Maps the daemon's record table read-only (never unmapped); None, with a
+/// debug line, if it is missing or damaged.
+fn map_records(index_path: &[u8], rank: u32) -> Option<RecordView<'static>> {
+    let p = fanstore_core::record_table::table_path(index_path);
+    let path = Path::new(std::ffi::OsStr::from_bytes(&p));
+    let bytes = map_shared(path, "record table", "every output lookup asks the daemon")?;
+    match RecordView::parse(bytes, rank) {
+        Ok(v) => Some(v),
+        Err(e) => {
+            crate::dlog!("{}: {}: every output lookup asks the daemon", path.display(), e);
+            None
+        }
+    }
+}
+
 /// Maps the daemon's tier map read-only (never unmapped); None, with a debug
 /// line, if it is missing or does not match the index.
 fn map_tiers(index_path: &[u8], dataset_id: u64, nodes: u64) -> Option<TierView<'static>> {
-    use std::os::fd::AsRawFd;
     let p = tiers::tier_map_path(index_path);
     let path = Path::new(std::ffi::OsStr::from_bytes(&p));
+    let bytes = map_shared(path, "tier map", "every open asks the daemon")?;
+    match TierView::parse(bytes, dataset_id, nodes) {
+        Ok(v) => Some(v),
+        Err(e) => {
+            crate::dlog!("{}: {}: every open asks the daemon", path.display(), e);
+            None
+        }
+    }
+}
+
+/// A read-only shared mapping of the whole of `path` (a file of the daemon
+/// that it never resizes and changes only through atomics), never
+/// unmapped; None, with a debug line, if it cannot be mapped.
+fn map_shared(path: &Path, what: &str, fallback: &str) -> Option<&'static [u8]> {
+    use std::os::fd::AsRawFd;
     let f = match std::fs::File::open(path) {
         Ok(f) => f,
         Err(e) => {
-            crate::dlog!("no tier map {} ({}): every open asks the daemon", path.display(), e);
+            crate::dlog!("no {what} {} ({}): {fallback}", path.display(), e);
             return None;
         }
     };
@@ -281,14 +321,7 @@ fn map_tiers(index_path: &[u8], dataset_id: u64, nodes: u64) -> Option<TierView<
         return None;
     }
     // SAFETY: the mapping is `len` readable bytes and is never unmapped.
-    let bytes: &'static [u8] = unsafe { std::slice::from_raw_parts(m as *const u8, len) };
-    match TierView::parse(bytes, dataset_id, nodes) {
-        Ok(v) => Some(v),
-        Err(e) => {
-            crate::dlog!("{}: {}: every open asks the daemon", path.display(), e);
-            None
-        }
-    }
+    Some(unsafe { std::slice::from_raw_parts(m as *const u8, len) })
 }
 
 /// Where clients keep their stand-in directories: inside the rank's local

@@ -45,26 +45,7 @@ pub fn statx_from(s: &libc::stat) -> libc::statx {
     x
 }
 
-/// Whether this process (its effective ids and groups) may `want`
-/// (`R_OK`/`W_OK`/`X_OK` bits) output record `r`, as the kernel's
-/// `generic_permission` says: root may read and write anything and search
-/// a directory or run a file with an x bit; anyone else gets the class
-/// bits of the owner, the group or the others. Inputs' records
-/// ([`fanstore_core::wire::INPUT_OWNER`]) belong to this process's user.
-pub fn may_access(r: &fanstore_core::wire::OutRecord, want: u32) -> bool {
-    // SAFETY: geteuid and getegid have no preconditions and cannot fail.
-    let (uid, gid) = unsafe { (libc::geteuid(), libc::getegid()) };
-    may_access_as(r, want, uid, gid, |g| {
-        let mut groups = [0 as libc::gid_t; 256];
-        // SAFETY: groups has room for the 256 entries we say.
-        let n = unsafe { libc::getgroups(groups.len() as libc::c_int, groups.as_mut_ptr()) };
-        n > 0 && groups[..n as usize].contains(&g)
-    })
-}
-
-fn may_access_as(r: &fanstore_core::wire::OutRecord, want: u32, uid: u32, gid: u32, in_groups: impl Fn(u32) -> bool) -> bool {
-    r.allows(uid, |g| g == gid || in_groups(g), want)
-}
+pub use crate::lookup::may_access;
 
 /// What chmod, utime and chown change.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -166,12 +147,12 @@ mod tests {
         use fanstore_core::wire::OutRecord;
         let f = OutRecord { mode: libc::S_IFREG | 0o460, uid: 10, gid: 20, ..Default::default() };
         let none = |_| false;
-        assert!(may_access_as(&f, 4, 10, 1, none) && !may_access_as(&f, 2, 10, 20, none), "the owner's bits only");
-        assert!(may_access_as(&f, 6, 11, 20, none) && may_access_as(&f, 6, 11, 1, |g| g == 20));
-        assert!(!may_access_as(&f, 4, 12, 1, none));
-        assert!(may_access_as(&f, 6, 0, 0, none) && !may_access_as(&f, 1, 0, 0, none), "root: no x bit, no exec");
+        assert!(crate::lookup::may_access_as(&f, 4, 10, 1, none) && !crate::lookup::may_access_as(&f, 2, 10, 20, none), "the owner's bits only");
+        assert!(crate::lookup::may_access_as(&f, 6, 11, 20, none) && crate::lookup::may_access_as(&f, 6, 11, 1, |g| g == 20));
+        assert!(!crate::lookup::may_access_as(&f, 4, 12, 1, none));
+        assert!(crate::lookup::may_access_as(&f, 6, 0, 0, none) && !crate::lookup::may_access_as(&f, 1, 0, 0, none), "root: no x bit, no exec");
         let d = OutRecord { mode: libc::S_IFDIR, uid: 10, gid: 20, ..Default::default() };
-        assert!(may_access_as(&d, 1, 0, 0, none) && !may_access_as(&d, 1, 10, 20, none));
+        assert!(crate::lookup::may_access_as(&d, 1, 0, 0, none) && !crate::lookup::may_access_as(&d, 1, 10, 20, none));
     }
 
     #[test]

@@ -50,6 +50,8 @@ pub fn install() {
             local_dir: b"/nonexistent".to_vec(),
             local_parts: vec![false],
             tiers: None,
+            records: None,
+            out_dir: Vec::new(),
             copy_dir: Vec::new(),
             flags: 0,
             sock_path: b"/nonexistent/sock".to_vec(),

@@ -33,6 +33,7 @@ mod hardlinks;
 pub(crate) use access::{inherited, may_add_in};
 pub mod links;
 pub mod owner;
+mod records;
 mod tree;
 
 use crate::comm::{Command, MetaCall, MetaServer};

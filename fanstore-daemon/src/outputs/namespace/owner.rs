@@ -107,7 +107,8 @@ pub const LIST_LIMIT: usize = wire::MAX_MESSAGE - wire::HEADER_LEN - 64;
 
 #[derive(Default)]
 pub struct MetaStore {
-    recs: HashMap<Vec<u8>, OutRecord>,
+    /// Every record this rank owns (mirrored into the node's record table).
+    recs: super::records::Records,
     /// The target of every symlink record.
     targets: HashMap<Vec<u8>, Vec<u8>>,
     children: HashMap<Vec<u8>, BTreeMap<Vec<u8>, u8>>,
@@ -251,12 +252,20 @@ impl MetaStore {
     /// count of subdirectories (a directory record's `size`: its
     /// `st_nlink` is 2 more) when the name is a directory.
     fn entry_changed(&mut self, dir: &[u8], kind: u8, delta: i64) {
-        let Some(r) = self.recs.get_mut(dir).filter(|r| r.is_dir()) else { return };
         let now = crate::outputs::names::now_ns();
-        (r.mtime_ns, r.ctime_ns) = (now, now);
-        if kind == wire::KIND_DIR {
-            r.size = r.size.saturating_add_signed(delta);
-        }
+        self.recs.update(dir, |r| {
+            if r.is_dir() {
+                (r.mtime_ns, r.ctime_ns) = (now, now);
+                if kind == wire::KIND_DIR {
+                    r.size = r.size.saturating_add_signed(delta);
+                }
+            }
+        });
+    }
+
+    /// From now on, publish every record in the node's record table.
+    pub fn publish_to(&mut self, table: std::sync::Arc<fanstore_core::record_table::RecordTable>) {
+        self.recs.publish_to(table);
     }
 
     pub fn len(&self) -> usize {
@@ -423,21 +432,36 @@ impl MetaStore {
                     return Reply::err(req, libc::EINVAL);
                 };
                 let value = u64::from_le_bytes(v.try_into().unwrap_or([0; 8]));
-                match self.recs.get_mut(path) {
-                    None => Reply::err(req, libc::ENOENT),
+                let keep_mode = req.arg0 & wire::SETATTR_KEEP_MODE != 0;
+                let what = req.arg0 & !wire::SETATTR_KEEP_MODE;
+                if ![wire::SETATTR_MODE, wire::SETATTR_MTIME, wire::SETATTR_ATIME, wire::SETATTR_OWNER].contains(&what) {
+                    return match self.recs.get(path) {
+                        None => Reply::err(req, libc::ENOENT),
+                        Some(r) if r.is_linked_name() => {
+                            let mut rep = with_record(req, r, None);
+                            rep.errno = libc::EMLINK;
+                            rep
+                        }
+                        Some(_) => Reply::err(req, libc::EINVAL),
+                    };
+                }
+                match self.recs.get(path) {
+                    None => return Reply::err(req, libc::ENOENT),
                     // A hard-linked file's attributes are in its shared record.
                     Some(r) if r.is_linked_name() => {
                         let mut rep = with_record(req, r, None);
                         rep.errno = libc::EMLINK;
-                        rep
+                        return rep;
                     }
-                    Some(r) => {
-                        let keep_mode = req.arg0 & wire::SETATTR_KEEP_MODE != 0;
-                        match req.arg0 & !wire::SETATTR_KEEP_MODE {
+                    Some(_) => {}
+                }
+                self.recs
+                    .update(path, |r| {
+                        match what {
                             wire::SETATTR_MODE => r.mode = (r.mode & libc::S_IFMT) | (value as u32 & 0o7777),
                             wire::SETATTR_MTIME => r.mtime_ns = value as i64,
                             wire::SETATTR_ATIME => r.atime_ns = value as i64,
-                            wire::SETATTR_OWNER => {
+                            _ => {
                                 let (uid, gid) = (value as u32, (value >> 32) as u32);
                                 if uid != u32::MAX {
                                     r.uid = uid;
@@ -451,27 +475,32 @@ impl MetaStore {
                                     r.mode = wire::mode_without_privs(r.mode);
                                 }
                             }
-                            _ => return Reply::err(req, libc::EINVAL),
                         }
                         r.ctime_ns = crate::outputs::names::now_ns();
                         with_record(req, r, None)
-                    }
-                }
+                    })
+                    .unwrap_or_else(|| Reply::err(req, libc::ENOENT))
             }
-            mop::LINK_ADJ => match self.recs.get_mut(p) {
-                None => Reply::err(req, libc::ENOENT),
-                Some(r) => {
+            mop::LINK_ADJ => {
+                let now = crate::outputs::names::now_ns();
+                let adjusted = self.recs.update(p, |r| {
                     r.nlink = (i64::from(r.nlink.max(1)) + req.arg0 as i64).clamp(0, i64::from(u32::MAX)) as u32;
-                    r.ctime_ns = crate::outputs::names::now_ns();
+                    r.ctime_ns = now;
                     let gone = r.nlink == 0;
                     let mut rep = with_record(req, r, None);
                     rep.value = u64::from(gone);
-                    if gone {
-                        self.recs.remove(p);
+                    (rep, gone)
+                });
+                match adjusted {
+                    None => Reply::err(req, libc::ENOENT),
+                    Some((rep, gone)) => {
+                        if gone {
+                            self.recs.remove(p);
+                        }
+                        rep
                     }
-                    rep
                 }
-            },
+            }
             mop::GET => match self.recs.get(p) {
                 Some(r) => with_record(req, r, self.targets.get(p)),
                 None => Reply::err(req, libc::ENOENT),
