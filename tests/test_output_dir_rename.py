@@ -227,11 +227,15 @@ def test_renames_from_another_node_survive_a_kill(bins, tmp_path):
             os.rename('{MOUNT}/run/ck.tmp/s0', '{MOUNT}/run/ck.tmp/first')
             os.rename('{MOUNT}/run/ck.tmp', '{MOUNT}/run/ck')
         """, timeout=TIMEOUT)
-        # The holder rewrites its sidecars asynchronously: wait until none names the old paths.
+        # The holders record the new names in their held journals
+        # asynchronously: wait until the six files are named under run/ck/.
         import time
         deadline = time.monotonic() + 20
-        out = c.local / "rank-0" / "out"
-        while time.monotonic() < deadline and any(b"ck.tmp" in p.read_bytes() for p in out.glob("*.rec")):
+
+        def renamed():
+            journals = [c.local / f"rank-{r}" / "out" / "journal.held" for r in (0, 1)]
+            return sum(j.read_bytes().count(b"run/ck/") for j in journals if j.exists())
+        while time.monotonic() < deadline and renamed() < 6:
             time.sleep(0.1)
     finally:
         local, c.local = c.local, tmp_path / "not-removed"

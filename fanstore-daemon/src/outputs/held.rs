@@ -21,7 +21,7 @@
 use crate::caller::Caller;
 use crate::ids::OUT_BIT;
 use crate::memfd::MemfdBuilder;
-use crate::outputs::held_files::{drop_held, io_errno, write_sidecar_in};
+use crate::outputs::held_files::{drop_held, io_errno};
 use crate::outputs::names::{now_ns, parent};
 use crate::outputs::names::Looked;
 use crate::outputs::Outputs;
@@ -57,19 +57,15 @@ impl Outputs {
         self.out_dir().join(id.to_string())
     }
 
-    /// `out/<id>.rec`: the path and record of a held output, so a restart
+    /// Names held output `rec` `path` in the held journal, so a restart
     /// with the same `--local` can register it again ([`crate::outputs::Outputs::recover`]).
-    fn sidecar(&self, id: u64) -> PathBuf {
-        self.out_dir().join(format!("{id}.rec"))
-    }
-
     pub(crate) fn write_sidecar(&self, path: &[u8], rec: &OutRecord) -> Result<(), i32> {
-        write_sidecar_in(&self.out_dir(), path, rec, self.fsync_outputs.load(Relaxed))
+        self.held.set(path, rec, self.fsync_outputs.load(Relaxed))
     }
 
     /// Deletes what this rank holds of output `id`.
     pub(crate) fn drop_held_here(&self, id: u64) {
-        drop_held(self.dedup.get().map(|d| &**d), &self.out_dir(), id);
+        drop_held(self.dedup.get().map(|d| &**d), &self.held, &self.out_dir(), id);
     }
 
     /// Registers held output `rec` under `path`: its sidecar here, then
@@ -79,9 +75,7 @@ impl Outputs {
         use crate::outputs::namespace::owner::PUT_KEEP_OWNER;
         self.write_sidecar(path, &rec)?;
         let flags = if excl { wire::COMMIT_EXCL } else { PUT_KEEP_OWNER };
-        self.put_with(path, rec, flags).inspect_err(|_| {
-            let _ = std::fs::remove_file(self.sidecar(rec.id));
-        })
+        self.put_with(path, rec, flags).inspect_err(|_| self.held.drop_output(rec.id))
     }
 
     /// COMMIT: stores the bytes of `fd`, then registers `path` with its
@@ -157,7 +151,7 @@ impl Outputs {
             return Err(libc::ENOSPC);
         }
         let file = self.out_file(id);
-        let undo = || drop_held(dedup.map(|d| &**d), &self.out_dir(), id);
+        let undo = || drop_held(dedup.map(|d| &**d), &self.held, &self.out_dir(), id);
         // A file handed over for good (the client's unnamed local file that
         // nothing can write, or its memfd once sealed against writes): the
         // store keeps its mapping as a hot copy and reads are served from
@@ -533,11 +527,7 @@ impl Outputs {
                 if e.path().extension().is_some() || !e.file_type().is_ok_and(|t| t.is_file()) {
                     continue; // sidecars, the checkpoint store, FIFOs and sockets (no bytes)
                 }
-                let known = std::fs::read(self.out_dir().join(format!("{}.rec", e.file_name().to_string_lossy())))
-                    .ok()
-                    .and_then(|b| crate::outputs::persist::decode_index(&e.path(), &b).ok())
-                    .and_then(|mut r| r.pop())
-                    .map(|(_, rec)| (rec.size, rec.sum));
+                let known = e.file_name().to_str().and_then(|n| n.parse().ok()).and_then(|id| self.held.get(id)).map(|(_, rec)| (rec.size, rec.sum));
                 crate::outputs::persist::drain_file(dir, &e.path(), known, &mut unsynced)?;
                 files += 1;
                 if unsynced >= crate::outputs::persist::UNSYNCED_MAX {
@@ -592,23 +582,12 @@ impl Outputs {
     }
 
     /// Registers again the outputs a killed earlier run of this rank held
-    /// (moved aside to `from` at start): each `<id>` with its `<id>.rec`
-    /// moves into this run's `out/` and is put at its owner (replacing
+    /// (moved aside to `from` at start): each `<id>` its held journal (or
+    /// an older version's `<id>.rec`) names moves into this run's `out/` and is put at its owner (replacing
     /// nothing newer: an existing record wins). Returns how many.
     pub fn recover(&self, from: &std::path::Path) -> usize {
         let mut n = 0;
-        let Ok(rd) = std::fs::read_dir(from) else { return 0 };
-        for e in rd.flatten() {
-            let p = e.path();
-            if p.extension().and_then(|x| x.to_str()) != Some("rec") {
-                continue;
-            }
-            let Ok(b) = std::fs::read(&p) else { continue };
-            let Ok(mut recs) = crate::outputs::persist::decode_index(&p, &b) else {
-                log::warn!("rank {}: ignoring damaged {}", self.rank.id.rank, p.display());
-                continue;
-            };
-            let Some((path, mut rec)) = recs.pop() else { continue };
+        for (path, mut rec) in crate::outputs::held_journal::recovered(from) {
             let data = from.join(rec.id.to_string());
             let id = self.out_seq.fetch_add(1, Relaxed);
             let dedup = self.dedup.get();
@@ -645,7 +624,7 @@ impl Outputs {
                 }
                 n += 1;
             } else {
-                drop_held(dedup.map(|d| &**d), &self.out_dir(), id);
+                drop_held(dedup.map(|d| &**d), &self.held, &self.out_dir(), id);
             }
         }
         let _ = std::fs::remove_dir_all(from);

@@ -13,6 +13,7 @@
 pub mod dedup;
 pub mod held;
 pub mod held_files;
+pub mod held_journal;
 pub mod names;
 pub mod namespace;
 pub mod persist;
@@ -45,6 +46,9 @@ pub struct Outputs {
     pub meta: Mutex<crate::outputs::namespace::owner::MetaStore>,
     /// Next output id (`out/<id>` in the local directory).
     pub out_seq: std::sync::atomic::AtomicU64,
+    /// Which output each file of `out/` is, for recovery after a kill
+    /// ([`held_journal`]).
+    pub held: Arc<held_journal::HeldJournal>,
     /// Outputs committed while another process still wrote them, for that
     /// process's late commit ([`crate::outputs::shared_commits::SharedCommits`]).
     pub shared_commits: Mutex<crate::outputs::shared_commits::SharedCommits>,
@@ -66,7 +70,9 @@ pub struct Outputs {
 impl Outputs {
     pub fn new(rank: Arc<Rank>, inputs: Arc<Inputs>, cache_mem: u64) -> Outputs {
         let nofile = crate::fdlimit::nofile();
+        let held = Arc::new(held_journal::HeldJournal::new(rank.id.local_dir.join("out")));
         Outputs {
+            held,
             rank,
             inputs,
             cache: Cache::with_limits(cache_mem, crate::fdlimit::memfd_cache_entries(nofile), None),

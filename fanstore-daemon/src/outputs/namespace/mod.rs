@@ -59,11 +59,12 @@ impl MetaServer for Outputs {
             Ok(req) if req.op == mop::HOLDER_DROP || req.op == mop::HOLDER_RENAME => {
                 // Store work does not belong on the communication thread.
                 let (dedup, out, fsync) = (self.dedup.get().cloned(), self.out_dir(), self.fsync_outputs.load(Relaxed));
+                let journal = self.held.clone();
                 let spawned = std::thread::Builder::new().name("fanstore-held".into()).spawn(move || {
                     if req.op == mop::HOLDER_DROP {
-                        drop_held(dedup.as_deref(), &out, req.arg0);
+                        drop_held(dedup.as_deref(), &journal, &out, req.arg0);
                     } else {
-                        rename_held(dedup.as_deref(), &out, req.arg0, &req.payload, fsync);
+                        rename_held(dedup.as_deref(), &journal, req.arg0, &req.payload, fsync);
                     }
                 });
                 let errno = if spawned.is_ok() { 0 } else { libc::EAGAIN };
