@@ -73,7 +73,7 @@ fn size_mtime(fd: c_int) -> Option<(i64, (i64, i64))> {
 /// xxh3 of the bytes of `fd`'s file (`size` bytes), read with pread.
 fn file_sum(fd: c_int, size: i64) -> Option<u64> {
     let mut h = fanstore_core::checksum::StreamingChecksum::new();
-    let mut buf = vec![0u8; 1 << 20];
+    let mut buf = vec![0u8; copy_buffer_len(size)];
     let mut off = 0i64;
     while off < size {
         // SAFETY: buf is a live buffer of its length; fd is our output file.
@@ -85,6 +85,13 @@ fn file_sum(fd: c_int, size: i64) -> Option<u64> {
         off += n as i64;
     }
     Some(h.digest())
+}
+
+/// A buffer length for copying or hashing `size` bytes: the size rounded up
+/// to a page, at most 1 MiB (a small file's copy then costs no fresh
+/// mapping of a megabyte, which is most of its time).
+pub fn copy_buffer_len(size: i64) -> usize {
+    (size.clamp(1, 1 << 20) as usize).next_multiple_of(4096)
 }
 
 /// Output `fd` is a fresh copy of committed version `sum` ([`Slot::pristine`]).
