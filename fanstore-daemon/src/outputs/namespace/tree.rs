@@ -70,9 +70,30 @@ impl Outputs {
 
 
     pub fn out_unlink(&self, path: &[u8], caller: &Caller) -> Result<(), i32> {
-        let path = &self.output_entry(path, |dir| if dir { libc::EISDIR } else { libc::EROFS })?;
-        self.check_removal(caller, path)?;
-        let r = self.on_record(path, mop::DEL, 0, path.to_vec())?;
+        // A record at the very path names a real entry (records are kept
+        // only under real directories, never under a symlink): for root
+        // (no permission to check first) the DEL goes there at once, and
+        // the parent is resolved only when it misses. One lookup less per
+        // unlink of a name whose directory another rank owns.
+        let on_input = |dir: bool| if dir { libc::EISDIR } else { libc::EROFS };
+        let direct = match self.rank.view.lookup(path) {
+            Some(n) => return Err(on_input(n.is_dir())),
+            None if caller.is_root() => match self.meta_at(path, mop::DEL, 0, path.to_vec()) {
+                Err(libc::ENOENT) => None,
+                other => Some(other?),
+            },
+            None => None,
+        };
+        let (path, r) = match direct {
+            Some(r) => (path.to_vec(), r),
+            None => {
+                let path = self.output_entry(path, on_input)?;
+                self.check_removal(caller, &path)?;
+                let r = self.on_record(&path, mop::DEL, 0, path.clone())?;
+                (path, r)
+            }
+        };
+        let path = &path;
         let old = OutRecord::decode(&r.payload);
         if let Some(old) = &old {
             self.drop_data(old);
