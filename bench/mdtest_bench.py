@@ -383,7 +383,7 @@ def report(res, ior_errors, R: Runner, secs):
 # --------------------------------------------------------------------------
 
 STATUS_KEYS = ["names_asked", "opens", "remote_sent", "remote_served", "comm_woken_by_command", "comm_woken_by_fd",
-               "ctx_voluntary", "cpu_user_us", "cpu_sys_us", "errors"]
+               "ctx_voluntary", "cpu_user_us", "cpu_sys_us", "errors", "client_requests", "meta_sent", "meta_local"]
 PHASE_FLAGS = [("create", "-C"), ("stat", "-T"), ("read", "-E"), ("remove", "-r")]
 
 
@@ -537,7 +537,7 @@ def run_profile(tools, data, work, R: Runner):
         nat = per_op(a_nat[op].get("client", {}), b_nat[op].get("client", {}), n2 - n1)
         sends = sum(v for k, v in cl.items() if k.startswith("send"))
         rows.append([op, f"{sum(cl.values()):.1f}", f"{sum(nat.values()):.1f}", f"{sends:.2f}",
-                     f"{st['names_asked']:.2f}", f"{st['opens']:.2f}", f"{st['comm_woken_by_command']:.2f}",
+                     f"{st['client_requests']:.2f}", f"{st['names_asked']:.2f}", f"{st['opens']:.2f}", f"{st['comm_woken_by_command']:.2f}",
                      f"{st['ctx_voluntary']:.1f}", f"{(st['cpu_user_us'] + st['cpu_sys_us']):.0f}",
                      f"{sum(dm.values()):.1f}"])
         prof[("1x1", "detail", op)] = (cl, nat, dm)
@@ -546,7 +546,7 @@ def run_profile(tools, data, work, R: Runner):
               "a client->daemon round trip over the unix socket.\n")
     md.append("### 1 node x 1 process (one daemon: no MPI message)\n")
     md.append(table(["phase", "client syscalls/op (FanStore)", "client syscalls/op (native)",
-                     "client->daemon requests/op (send* calls)", "STATUS names_asked/op", "STATUS opens/op",
+                     "client->daemon requests/op (send* calls)", "STATUS client_requests/op", "STATUS names_asked/op", "STATUS opens/op",
                      "STATUS comm_woken_by_command/op", "daemon voluntary ctx switches/op", "daemon CPU µs/op",
                      "daemon syscalls/op"], rows))
     md.append("")
@@ -565,20 +565,24 @@ def run_profile(tools, data, work, R: Runner):
     rows4 = []
     for op, _ in PHASE_FLAGS:
         st = {k: v / (4 * n1) for k, v in b4[op]["status"].items()}
-        rows4.append([op, f"{st['names_asked']:.2f}", f"{st['opens']:.2f}", f"{st['remote_sent']:.2f}",
+        rows4.append([op, f"{st['client_requests']:.2f}", f"{st['meta_sent']:.2f}", f"{st['meta_local']:.2f}",
+                      f"{st['names_asked']:.2f}", f"{st['opens']:.2f}", f"{st['remote_sent']:.2f}",
                       f"{st['comm_woken_by_command']:.2f}", f"{st['comm_woken_by_fd']:.2f}",
                       f"{st['ctx_voluntary']:.1f}", f"{(st['cpu_user_us'] + st['cpu_sys_us']):.0f}",
                       fmt(b4[op].get("rate"))])
     md.append(f"### 4 nodes x 4 ranks, -u, {n1} files per rank: STATUS counters per op (summed over the 4 daemons)\n")
-    md.append(table(["phase", "names_asked", "opens", "remote_sent", "comm_woken_by_command", "comm_woken_by_fd",
+    md.append(table(["phase", "client requests", "MPI metadata round trips (meta_sent)",
+                     "lookups answered by their own owner (meta_local)", "names_asked", "opens", "remote_sent",
+                     "comm_woken_by_command", "comm_woken_by_fd",
                      "ctx_voluntary", "daemon CPU µs", "ops/s (no strace)"], rows4))
     md.append("")
     md.append(f"mdtest's read phase opens each file with `{read_flags}` (seen natively with `strace -e trace=openat`): "
               "mdtest.c passes O_RDONLY (0) to the backend's open, which takes IOR_RDONLY, so aiori-POSIX opens "
-              "O_RDWR. On FanStore an O_RDWR open of a closed output is a private copy of its bytes, committed as a "
-              "new version at its close (docs/posix.md), which is where the read phase's extra requests and the "
-              "daemon's write/rename/unlink per read come from (ior commit 5fcf0ba995fd, mdtest.c's mdtest_read).\n")
-    md.append("STATUS has no counter of MPI messages or of client requests by kind: `comm_woken_by_command` "
+              "O_RDWR. On FanStore an O_RDWR open of a closed output is a private copy of its bytes (a memfd up "
+              "to 1 MiB), committed as a new version at its close only if something changed it (docs/posix.md); "
+              "a node that owns the name and holds the bytes makes the copy from its own file with no request "
+              "(the record table, docs/architecture.md) (ior commit 5fcf0ba995fd, mdtest.c's mdtest_read).\n")
+    md.append("STATUS counts client requests (`client_requests`, any kind) but not MPI messages: `comm_woken_by_command` "
               "counts the communication thread's wake-ups by a command of a server thread (about one per MPI "
               "request a rank sends while its comm thread sleeps), `comm_woken_by_fd` its wake-ups by MPI traffic; "
               "neither is an exact message count. The client->daemon requests are the client's send* system "
