@@ -230,8 +230,13 @@ impl Outputs {
     /// directory (EACCES); for STAT_PARENT, the directory's errno is EACCES
     /// if it may not add a name there.
     pub fn out_stat_answer(&self, path: &[u8], flags: u64, caller: &crate::caller::Caller) -> Result<Vec<u8>, (i32, Vec<u8>)> {
-        self.check_search(caller, path).map_err(|e| (e, Vec::new()))?;
         let follow = flags & wire::STAT_NOFOLLOW == 0;
+        if flags & wire::STAT_PARENT != 0 {
+            if let Some(answer) = self.stat_parent_direct(path, follow, caller) {
+                return answer;
+            }
+        }
+        self.check_search(caller, path).map_err(|e| (e, Vec::new()))?;
         let resolved = |p: &[u8]| if p == path { Vec::new() } else { p.to_vec() };
         match self.lookup(path, follow) {
             Ok(Looked::Output { path: p, rec, target }) => Ok(wire::StatAnswer::encode(&rec, &resolved(&p), &target)),
@@ -245,6 +250,36 @@ impl Outputs {
                 Err((libc::ENOENT, dir.map(|e| (e as u32).to_le_bytes().to_vec()).unwrap_or_default()))
             }
             Err(e) => Err((e, Vec::new())),
+        }
+    }
+
+    /// OUT_STAT with `STAT_PARENT` (an open that may create the name) in
+    /// two lookups, the directory's and then the name's in it, where the
+    /// directory resolves and the name has a plain record or none: the
+    /// general path looked the name up, then each ancestor to say why it
+    /// was missing, then the directory again (and once more for a caller's
+    /// permissions). None where that path must answer: a symlink to follow,
+    /// an input, a name too long, a directory that does not resolve.
+    fn stat_parent_direct(&self, path: &[u8], follow: bool, caller: &crate::caller::Caller) -> Option<Result<Vec<u8>, (i32, Vec<u8>)>> {
+        let name = parent(path).1;
+        if name.is_empty() || name.len() > fanstore_core::manifest::NAME_MAX || self.rank.view.lookup(path).is_some() {
+            return None;
+        }
+        let (real, dir) = self.real_entry_in(path).ok()?;
+        if !caller.is_root() && dir.as_ref().is_some_and(|d| !caller.may(d, crate::caller::Access::SEARCH)) {
+            return Some(Err((libc::EACCES, Vec::new())));
+        }
+        if self.rank.view.lookup(&real).is_some() {
+            return None;
+        }
+        match self.get_record(&real) {
+            Ok((rec, _)) if rec.is_link() && follow => None,
+            Ok((rec, target)) => Some(Ok(wire::StatAnswer::encode(&rec, if real == path { b"" } else { &real }, &target))),
+            Err(libc::ENOENT) => {
+                let e = may_add_in(caller, dir.as_ref()).err().unwrap_or(0);
+                Some(Err((libc::ENOENT, (e as u32).to_le_bytes().to_vec())))
+            }
+            Err(_) => None,
         }
     }
 
