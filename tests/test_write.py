@@ -174,6 +174,33 @@ def test_a_stat_of_an_output_costs_one_round_trip_and_none_at_its_owner(cl):
         assert sorted(costs) == [(0, 0, 0), (1, 0, 1), (1, 0, 1), (1, 0, 1)], (i, costs)
 
 
+def test_new_outputs_are_written_into_files_made_ahead(cl):
+    """The lookup before a creation brings a file the daemon made ahead
+    (STATUS files_ahead), the output is written into it and committed
+    like any other (its bytes exact, read back with no request on the
+    node that owns its name). Fails if creations go back to making their
+    own files, or if a file made ahead loses or mixes bytes."""
+    c, _src = cl
+    def ahead():
+        with c.client(3) as k:
+            return int(k.status()["files_ahead"])
+    before = ahead()
+    c.run_python(3, f"""
+        import os
+        os.makedirs('{MOUNT}/ahead', exist_ok=True)
+        for i in range(12):
+            with open('{MOUNT}/ahead/f%d' % i, 'wb') as f:
+                f.write(bytes([i]) * (1000 + i))
+        for i in range(12):
+            assert open('{MOUNT}/ahead/f%d' % i, 'rb').read() == bytes([i]) * (1000 + i), i
+    """)
+    assert ahead() - before == 12
+    c.run_python(0, f"""
+        for i in range(12):
+            assert open('{MOUNT}/ahead/f%d' % i, 'rb').read() == bytes([i]) * (1000 + i), i
+    """)
+
+
 def test_a_node_reads_its_own_output_with_no_message(cl):
     """An output whose record and bytes are on the node that reads it (the
     node wrote it and owns its name) is opened, read, even O_RDWR as

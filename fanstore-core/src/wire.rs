@@ -28,7 +28,8 @@
 //!           arg1 mode bits; reply errno once the owner rank registered it
 //! OUT_STAT  payload path, arg0 STAT_NOFOLLOW, STAT_PARENT bits; reply value = size,
 //!           payload = StatAnswer (OutRecord, 56 bytes, first); with STAT_PARENT an
-//!           ENOENT reply carries the errno of the name's directory
+//!           ENOENT reply carries the errno of the name's directory (and,
+//!           with STAT_NEW_FILE, may carry a file made ahead for the output)
 //! OUT_OPEN  payload path, arg0 OUT_OPEN_TO_WRITE; reply: an fd with the
 //!           output's bytes
 //! OUT_LIST  payload directory path, arg0 = entries to skip; reply value =
@@ -146,6 +147,12 @@ pub const STAT_PARENT: u64 = 2;
 /// output the caller may read, the reply also carries an fd with its bytes
 /// (an open for reading in one round trip instead of OUT_STAT + OUT_OPEN).
 pub const STAT_OPEN: u64 = 4;
+/// OUT_STAT arg0 bit, with [`STAT_PARENT`], for an open that creates the
+/// name: an ENOENT reply whose directory can hold the name may carry an
+/// fd (FLAG_FD): an unnamed file on the node's local disk made ahead by
+/// the daemon, for the new output's bytes (only for a caller with the
+/// daemon's own effective ids; without one the client makes its file).
+pub const STAT_NEW_FILE: u64 = 8;
 
 /// The OUT_STAT reply payload after the record: the path the daemon
 /// resolved (relative to the mount; empty if it is the asked path), then a

@@ -81,6 +81,12 @@ pub struct DaemonArgs {
     /// program, not a crash of the node's kernel).
     #[arg(long)]
     pub fsync_outputs: bool,
+    /// Unnamed files kept made ahead for new outputs of the daemon's own
+    /// user, handed out with the lookup before a creation, so the inode a
+    /// creation costs is paid off the program's path (0: none; clients
+    /// make their own files).
+    #[arg(long, default_value_t = 32)]
+    pub files_ahead: usize,
     /// Seconds before a remote read with no answer fails with EIO (a holder
     /// that is gone or hung); larger payloads get 1 extra second per 64 MiB.
     #[arg(long, default_value_t = 10.0)]

@@ -630,6 +630,19 @@ fn prepare(args: &DaemonArgs, id: &Identity, cleanup: &mut Cleanup) -> anyhow::R
     let remote_timeout = Duration::from_secs_f64(args.remote_timeout.max(0.1));
     let node = Node::new(id.clone(), view, placement, args.cache_mem, tx, remote_timeout);
     node.outputs.fsync_outputs.store(args.fsync_outputs, Relaxed);
+    // Unnamed files for new outputs, made ahead off the programs' path.
+    // Each file ready is an fd of the daemon: at most 1/64 of its limit.
+    let files_ahead = args.files_ahead.min(fanstore_daemon::fdlimit::nofile() as usize / 64);
+    if files_ahead > 0 {
+        let tmp = local_dir.join(".client").join("tmp");
+        let made = std::os::unix::fs::DirBuilderExt::mode(std::fs::DirBuilder::new().recursive(true), 0o700).create(&tmp);
+        match made.and_then(|()| fanstore_daemon::outputs::new_files::NewFiles::start(tmp.clone(), files_ahead)) {
+            Ok(p) => {
+                let _ = node.outputs.new_files.set(p);
+            }
+            Err(e) => log::warn!("rank {rank}: no files made ahead in {}: {e}; clients make their own", tmp.display()),
+        }
+    }
     let ipath = id.index_path.as_os_str().as_bytes();
     let tiers_path = PathBuf::from(std::ffi::OsStr::from_bytes(&fanstore_core::tiers::tier_map_path(ipath)));
     let tiers = fanstore_daemon::inputs::copies::TierMap::create(&tiers_path, view.dataset_id(), u64::from(view.node_count()))

@@ -238,7 +238,19 @@ fn handle(node: &Node, fd: RawFd, req: &Request, attached: Option<OwnedFd>, call
             let (answer, file) = if req.arg0 & wire::STAT_OPEN != 0 {
                 node.outputs.out_stat_open(path, req.arg0, caller)
             } else {
-                (node.outputs.out_stat_answer(path, req.arg0, caller), None)
+                let answer = node.outputs.out_stat_answer(path, req.arg0, caller);
+                // A name free to create, in a directory that can hold it:
+                // the file for its bytes, made ahead.
+                let free = matches!(&answer, Err((libc::ENOENT, dir)) if dir.as_slice() == [0, 0, 0, 0]);
+                let file = if free && req.arg0 & wire::STAT_NEW_FILE != 0 {
+                    node.outputs.new_files.get().and_then(|p| p.take((caller.uid, caller.gid)))
+                } else {
+                    None
+                };
+                if file.is_some() {
+                    node.rank.counters.files_ahead.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+                }
+                (answer, file)
             };
             let mut r = match answer {
                 Ok(payload) => Reply { payload, ..Reply::ok(req, 0) },

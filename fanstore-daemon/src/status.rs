@@ -60,6 +60,9 @@ pub struct Counters {
     /// clients' shared-memory paths (index, tier map, record table) did
     /// not answer themselves.
     pub client_requests: AtomicU64,
+    /// Files made ahead handed to clients for new outputs
+    /// ([`crate::outputs::new_files`]).
+    pub files_ahead: AtomicU64,
     /// Round trips of this rank's remote reads (request sent -> payload verified).
     pub remote_latency: LatencyHistogram,
     /// Remote partitions fetched, verified and mapped in the background
@@ -209,8 +212,9 @@ pub struct Snapshot {
     /// [`Counters::meta_sent`], [`Counters::meta_local`].
     pub meta_sent: u64,
     pub meta_local: u64,
-    /// [`Counters::client_requests`].
+    /// [`Counters::client_requests`], [`Counters::files_ahead`].
     pub client_requests: u64,
+    pub files_ahead: u64,
     /// Remote read round trips: p50 / p99 in µs (bucket upper bounds).
     pub remote_p50_us: u64,
     pub remote_p99_us: u64,
@@ -295,6 +299,7 @@ impl Counters {
         s.meta_sent = self.meta_sent.load(Relaxed);
         s.meta_local = self.meta_local.load(Relaxed);
         s.client_requests = self.client_requests.load(Relaxed);
+        s.files_ahead = self.files_ahead.load(Relaxed);
         s.remote_p50_us = self.remote_latency.percentile(0.5);
         s.remote_p99_us = self.remote_latency.percentile(0.99);
         s.replicated_parts = self.replicated_parts.load(Relaxed);
@@ -316,7 +321,7 @@ impl Snapshot {
             "rank={}\nnranks={}\nhost={}\npid={}\nstatus={}\nmpi_threading={}\npartitions={}\nfiles={}\n\
              bytes_local={}\nbytes_read={}\nload_seconds={:.3}\nload_mbps={:.1}\nopens={}\nopens_local={}\n\
              remote_sent={}\nremote_failed={}\nremote_served={}\nremote_bytes_in={}\nremote_bytes_out={}\nremote_in_place={}\nremote_direct={}\nremote_posted={}\n\
-             cache_hits={}\ncache_misses={}\ncache_evictions={}\ncache_bytes={}\ncache_entries={}\ncache_disk_bytes={}\ncopies_reused={}\ncopy_spares_bytes={}\nerrors={}\nclients={}\nfd_pressure={}\nwarm_hints={}\ncopies_declined={}\nnames_asked={}\ndirs_with_outputs={}\nmeta_sent={}\nmeta_local={}\nclient_requests={}\n\
+             cache_hits={}\ncache_misses={}\ncache_evictions={}\ncache_bytes={}\ncache_entries={}\ncache_disk_bytes={}\ncopies_reused={}\ncopy_spares_bytes={}\nerrors={}\nclients={}\nfd_pressure={}\nwarm_hints={}\ncopies_declined={}\nnames_asked={}\ndirs_with_outputs={}\nmeta_sent={}\nmeta_local={}\nclient_requests={}\nfiles_ahead={}\n\
              remote_p50_us={}\nremote_p99_us={}\nremote_mbps={:.3}\nreplicated_parts={}\nreplicated_bytes={}\nextracted_ahead={}\nread_ahead={}\n\
              comm_woken_by_command={}\ncomm_woken_by_fd={}\ncomm_woken_by_timeout={}\ncomm_fd_wakes_idle={}\ncomm_missed_wakes={}\ncomm_spins_stopped={}\n\
              cpu_user_us={}\ncpu_sys_us={}\ncpu_seconds={:.2}\nctx_voluntary={}\nctx_involuntary={}\n\
@@ -361,6 +366,7 @@ impl Snapshot {
             self.meta_sent,
             self.meta_local,
             self.client_requests,
+            self.files_ahead,
             self.remote_p50_us,
             self.remote_p99_us,
             self.remote_mbps,

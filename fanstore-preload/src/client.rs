@@ -168,8 +168,19 @@ enum Fail {
     /// The connection is unusable (closed, timed out, garbled): drop it.
     Conn,
     /// The daemon answered with an error.
-    /// The daemon's errno, with the reply's payload (some errors carry one).
-    Errno(c_int, Vec<u8>),
+    /// The daemon's errno, with the reply's payload (some errors carry one)
+    /// and the fd it carried (OUT_STAT's `wire::STAT_NEW_FILE`).
+    Errno(c_int, Vec<u8>, Option<c_int>),
+}
+
+/// An error answer: the errno, the reply's payload, and the fd it carried.
+pub type ErrorAnswer = (c_int, Vec<u8>, Option<c_int>);
+
+fn close_carried(e: ErrorAnswer) -> (c_int, Vec<u8>) {
+    if let Some(fd) = e.2 {
+        close_fd(fd);
+    }
+    (e.0, e.1)
 }
 
 /// A successful exchange: the reply and the fd it carried, if any.
@@ -198,14 +209,14 @@ fn exchange(st: &State, s: c_int, req: &Request, send_fd: Option<c_int>) -> Resu
     if rep.id != req.id || rep.op != req.op {
         return Err(Fail::Conn);
     }
-    if rep.errno != 0 {
-        return Err(Fail::Errno(rep.errno, rep.payload));
-    }
     use std::os::fd::IntoRawFd;
     let fd = match fd {
         Some(fd) if rep.flags & wire::FLAG_FD != 0 => Some(fd.into_raw_fd()),
         _ => None,
     };
+    if rep.errno != 0 {
+        return Err(Fail::Errno(rep.errno, rep.payload, fd));
+    }
     Ok(Answer { reply: rep, fd })
 }
 
@@ -258,21 +269,26 @@ pub fn request(op: u16, arg0: u64, arg1: u64, path: &[u8]) -> Request {
 
 /// One request to the daemon (with `send_fd` attached, if given).
 pub fn call(st: &State, req: &Request, send_fd: Option<c_int>) -> Result<Answer, c_int> {
-    call_full(st, req, send_fd).map_err(|(e, _)| e)
+    call_full(st, req, send_fd).map_err(|e| close_carried(e).0)
 }
 
 /// One request with no fd either way: the reply, or the errno with the
 /// payload the daemon sent with it.
 /// [`call`] keeping the error reply's payload.
 pub fn call_answer(st: &State, req: &Request) -> Result<Answer, (c_int, Vec<u8>)> {
+    call_full(st, req, None).map_err(close_carried)
+}
+
+/// [`call_answer`] keeping the fd an error reply carried (the caller's to close).
+pub fn call_answer_fd(st: &State, req: &Request) -> Result<Answer, ErrorAnswer> {
     call_full(st, req, None)
 }
 
 pub fn call_reply(st: &State, req: &Request) -> Result<Reply, (c_int, Vec<u8>)> {
-    call_full(st, req, None).map(|a| a.reply)
+    call_full(st, req, None).map(|a| a.reply).map_err(close_carried)
 }
 
-fn call_full(st: &State, req: &Request, send_fd: Option<c_int>) -> Result<Answer, (c_int, Vec<u8>)> {
+fn call_full(st: &State, req: &Request, send_fd: Option<c_int>) -> Result<Answer, ErrorAnswer> {
     // A pooled connection may have died with a restarted daemon: one retry on a fresh one.
     let creds = creds();
     for attempt in 0..2 {
@@ -280,27 +296,27 @@ fn call_full(st: &State, req: &Request, send_fd: Option<c_int>) -> Result<Answer
         let fresh = pooled.is_none();
         let s = match pooled {
             Some(s) => s,
-            None => connect(st).map_err(|e| (e, Vec::new()))?,
+            None => connect(st).map_err(|e| (e, Vec::new(), None))?,
         };
         match exchange(st, s, req, send_fd) {
             Ok(a) => {
                 put_back(s, creds);
                 return Ok(a);
             }
-            Err(Fail::Errno(e, payload)) => {
+            Err(Fail::Errno(e, payload, fd)) => {
                 put_back(s, creds);
-                return Err((e, payload));
+                return Err((e, payload, fd));
             }
             Err(Fail::Conn) => {
                 close_fd(s);
                 if fresh {
                     crate::dlog!("daemon exchange (op {}) failed: EIO", req.op);
-                    return Err((libc::EIO, Vec::new()));
+                    return Err((libc::EIO, Vec::new(), None));
                 }
             }
         }
     }
-    Err((libc::EIO, Vec::new()))
+    Err((libc::EIO, Vec::new(), None))
 }
 
 /// A pooled connection that is still ours (the program may have closed and

@@ -252,24 +252,52 @@ pub fn lookup(st: &State, rel: &[u8], follow: bool) -> Result<Found, c_int> {
     call_out_stat(st, rel, if follow { 0 } else { wire::STAT_NOFOLLOW }).map_err(|(e, _)| e)
 }
 
+/// A name [`lookup_creatable`] did not find: the errno; for ENOENT,
+/// whether its directory can hold it (`Some(0)` yes, `Some(errno)` why
+/// not, `None` not known: ask [`dir_exists`]); and a file the daemon made
+/// ahead for the new output's bytes, if it sent one (the caller's to close).
+pub struct Missing {
+    pub errno: c_int,
+    pub dir: Option<c_int>,
+    pub new_file: Option<c_int>,
+}
+
 /// [`lookup`] (the last symlink followed when `follow`: not for
-/// O_NOFOLLOW) for an open that may create `rel`: when
-/// `rel` has no record, `Err((ENOENT, dir))` also says whether its
-/// directory can hold it, from the same answer of the daemon:
-/// `Some(0)` yes, `Some(errno)` why not, `None` not known (ask
-/// [`dir_exists`]). One round trip where lookup + dir_exists took two.
-pub fn lookup_creatable(st: &State, rel: &[u8], follow: bool) -> Result<Found, (c_int, Option<c_int>)> {
+/// O_NOFOLLOW) for an open that may create `rel`: when `rel` has no
+/// record, the answer also says whether its directory can hold it, and
+/// may bring a file made ahead for it (`wire::STAT_NEW_FILE`), from the
+/// same answer of the daemon. One round trip where lookup + dir_exists
+/// took two, and no inode made on the program's path.
+pub fn lookup_creatable(st: &State, rel: &[u8], follow: bool) -> Result<Found, Missing> {
     if surely_absent(st, rel) {
-        return Err((libc::ENOENT, None)); // its directory is an input one: dir_exists asks no one
+        // its directory is an input one: dir_exists asks no one
+        return Err(Missing { errno: libc::ENOENT, dir: None, new_file: None });
     }
     if let Some(rec) = table_record(st, rel) {
         return Ok(here(rec));
     }
-    let flags = wire::STAT_PARENT | if follow { 0 } else { wire::STAT_NOFOLLOW };
-    call_out_stat(st, rel, flags).map_err(|(e, payload)| {
-        let dir = (e == libc::ENOENT).then(|| <[u8; 4]>::try_from(payload.as_slice()).ok()).flatten();
-        (e, dir.map(|b| u32::from_le_bytes(b) as c_int))
-    })
+    let flags = wire::STAT_PARENT | wire::STAT_NEW_FILE | if follow { 0 } else { wire::STAT_NOFOLLOW };
+    match client::call_answer_fd(st, &client::request(op::OUT_STAT, flags, 0, rel)) {
+        Ok(a) => {
+            if let Some(fd) = a.fd {
+                // SAFETY: closing an fd the daemon sent us that nothing else holds.
+                unsafe { crate::real::close(fd) };
+            }
+            let s = wire::StatAnswer::decode(&a.reply.payload).ok_or(Missing { errno: libc::EIO, dir: None, new_file: None })?;
+            Ok(Found::Here { rec: s.rec, real: s.resolved.to_vec(), target: s.target.to_vec() })
+        }
+        Err((libc::EXDEV, payload, fd)) if !payload.is_empty() => {
+            if let Some(fd) = fd {
+                // SAFETY: as above.
+                unsafe { crate::real::close(fd) };
+            }
+            Ok(Found::Outside(payload))
+        }
+        Err((errno, payload, new_file)) => {
+            let dir = (errno == libc::ENOENT).then(|| <[u8; 4]>::try_from(payload.as_slice()).ok()).flatten();
+            Err(Missing { errno, dir: dir.map(|b| u32::from_le_bytes(b) as c_int), new_file })
+        }
+    }
 }
 
 /// [`lookup`] for an open for reading: also, when the name is a committed

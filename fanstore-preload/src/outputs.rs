@@ -49,6 +49,9 @@ pub struct Slot {
     /// its last close it still has those bytes, mode and mtime (nothing
     /// written, or the same bytes written back), nothing is committed.
     pristine: Option<Pristine>,
+    /// A file the daemon made ahead (`wire::STAT_NEW_FILE`): the daemon's
+    /// own reference to it may outlive the reply by a few microseconds.
+    made_ahead: bool,
 }
 
 /// The committed version an output being written was copied from.
@@ -92,6 +95,16 @@ fn file_sum(fd: c_int, size: i64) -> Option<u64> {
 /// mapping of a megabyte, which is most of its time).
 pub fn copy_buffer_len(size: i64) -> usize {
     (size.clamp(1, 1 << 20) as usize).next_multiple_of(4096)
+}
+
+/// Output `fd` is a file the daemon made ahead ([`Slot::made_ahead`]).
+pub fn mark_made_ahead(fd: c_int) {
+    let Some(Tracked::Output(idx)) = fd_table::get(fd) else { return };
+    TABLE.with(|t| {
+        if let Some(Some(s)) = t.slots.get_mut(idx as usize) {
+            s.made_ahead = true;
+        }
+    });
 }
 
 /// Output `fd` is a fresh copy of committed version `sum` ([`Slot::pristine`]).
@@ -145,7 +158,7 @@ fn take_slot(slot: Box<Slot>) -> Option<usize> {
 
 /// A slot for output directory `path`: its node id (`OUT_DIR | slot`).
 pub fn track_dir(path: &[u8]) -> Option<u32> {
-    let idx = take_slot(Box::new(Slot { path: path.to_vec(), excl: false, mode: 0, refs: 1, unlinked: false, pid: 0, late: false, file: (0, 0), owner: NO_OWNER, pristine: None }))?;
+    let idx = take_slot(Box::new(Slot { path: path.to_vec(), excl: false, mode: 0, refs: 1, unlinked: false, pid: 0, late: false, file: (0, 0), owner: NO_OWNER, pristine: None, made_ahead: false }))?;
     Some(OUT_DIR | idx as u32)
 }
 
@@ -183,7 +196,7 @@ pub fn fork_release() {
 /// Starts tracking output file `fd` as output `path`. False if the table is full.
 pub fn track(fd: c_int, path: &[u8], excl: bool, mode: u32) -> bool {
     let file = file_id(fd);
-    let Some(idx) = take_slot(Box::new(Slot { path: path.to_vec(), excl, mode, refs: 1, unlinked: false, pid: pid(), late: false, file, owner: NO_OWNER, pristine: None })) else { return false };
+    let Some(idx) = take_slot(Box::new(Slot { path: path.to_vec(), excl, mode, refs: 1, unlinked: false, pid: pid(), late: false, file, owner: NO_OWNER, pristine: None, made_ahead: false })) else { return false };
     if !fd_table::set(fd, Tracked::Output(idx as u32)) {
         let s = TABLE.with(|t| t.slots[idx].take());
         drop(s);
@@ -204,7 +217,7 @@ pub fn track(fd: c_int, path: &[u8], excl: bool, mode: u32) -> bool {
 /// creator's commit may have come first, while this process still wrote).
 pub fn adopt(fd: c_int, path: &[u8], excl: bool, mode: u32, creator: i32) -> Option<u32> {
     let late = creator != pid();
-    let slot = Slot { path: path.to_vec(), excl: excl && !late, mode, refs: 1, unlinked: false, pid: pid(), late, file: file_id(fd), owner: NO_OWNER, pristine: None };
+    let slot = Slot { path: path.to_vec(), excl: excl && !late, mode, refs: 1, unlinked: false, pid: pid(), late, file: file_id(fd), owner: NO_OWNER, pristine: None, made_ahead: false };
     let idx = take_slot(Box::new(slot))? as u32;
     if !fd_table::set(fd, Tracked::Output(idx)) {
         let s = TABLE.with(|t| t.slots[idx as usize].take());
@@ -445,7 +458,7 @@ pub fn commit(st: &State, fd: c_int, s: &Slot) -> Result<(), c_int> {
         crate::dlog!("close of {}: unchanged copy, nothing to commit", crate::debug::B(&s.path));
         return Ok(());
     }
-    let ro = read_only(fd);
+    let ro = read_only(fd, s.made_ahead);
     let mut flags = if s.excl { wire::COMMIT_EXCL } else { 0 };
     if s.late {
         flags |= wire::COMMIT_LATE;
@@ -480,7 +493,13 @@ pub fn commit(st: &State, fd: c_int, s: &Slot) -> Result<(), c_int> {
 /// through fds to it), so the daemon may serve reads from it as it is.
 /// None for a sealable memfd (the daemon seals it, which needs it
 /// writable) or when the file cannot be reopened.
-fn read_only(fd: c_int) -> Option<(c_int, bool)> {
+///
+/// `patient`: a file the daemon made ahead, whose writable description the
+/// daemon also held until just after its reply: the lease is tried again
+/// for up to [`MADE_AHEAD_WAIT_US`] while the daemon's close may still be
+/// on its way (taking it for another writer would make the daemon copy
+/// the file, a new inode, which is what making it ahead saved).
+fn read_only(fd: c_int, patient: bool) -> Option<(c_int, bool)> {
     // SAFETY: fcntl queries on an fd of ours; no pointers.
     let seals = unsafe { crate::real::fcntl(fd, libc::F_GET_SEALS, 0) };
     if seals >= 0 && seals & libc::F_SEAL_SEAL == 0 {
@@ -506,13 +525,25 @@ fn read_only(fd: c_int) -> Option<(c_int, bool)> {
         return None;
     }
     // SAFETY: lease commands on a read-only fd of ours (taken and given back).
-    let sole = unsafe { crate::real::fcntl(ro, libc::F_SETLEASE, libc::F_RDLCK as libc::c_ulong) } == 0;
+    let lease = || unsafe { crate::real::fcntl(ro, libc::F_SETLEASE, libc::F_RDLCK as libc::c_ulong) } == 0;
+    let mut sole = lease();
+    if !sole && patient {
+        let start = std::time::Instant::now();
+        while !sole && start.elapsed() < std::time::Duration::from_micros(MADE_AHEAD_WAIT_US) {
+            std::thread::yield_now();
+            sole = lease();
+        }
+    }
     if sole {
         // SAFETY: as above.
         unsafe { crate::real::fcntl(ro, libc::F_SETLEASE, libc::F_UNLCK as libc::c_ulong) };
     }
     Some((ro, sole))
 }
+
+/// How long a commit waits for the daemon to drop its reference to a file
+/// it made ahead ([`read_only`]).
+const MADE_AHEAD_WAIT_US: u64 = 500;
 
 /// Closing `lo..=hi`: commits the outputs whose last fd is among them.
 pub fn closing_range(lo: u32, hi: u32) {

@@ -15,6 +15,7 @@ pub mod held;
 pub mod held_files;
 pub mod held_journal;
 pub mod names;
+pub mod new_files;
 pub mod namespace;
 pub mod persist;
 pub mod persist_lease;
@@ -49,6 +50,8 @@ pub struct Outputs {
     /// Which output each file of `out/` is, for recovery after a kill
     /// ([`held_journal`]).
     pub held: Arc<held_journal::HeldJournal>,
+    /// Files made ahead for new outputs ([`new_files`]), set at start.
+    pub new_files: OnceLock<Arc<new_files::NewFiles>>,
     /// Outputs committed while another process still wrote them, for that
     /// process's late commit ([`crate::outputs::shared_commits::SharedCommits`]).
     pub shared_commits: Mutex<crate::outputs::shared_commits::SharedCommits>,
@@ -73,6 +76,7 @@ impl Outputs {
         let held = Arc::new(held_journal::HeldJournal::new(rank.id.local_dir.join("out")));
         Outputs {
             held,
+            new_files: OnceLock::new(),
             rank,
             inputs,
             cache: Cache::with_limits(cache_mem, crate::fdlimit::memfd_cache_entries(nofile), None),

@@ -95,8 +95,13 @@ pub fn open(vp: &VPath, flags: c_int, mode: u32) -> Outcome<c_int> {
     let keeps_bytes = !write || (flags & libc::O_ACCMODE == libc::O_RDWR && flags & libc::O_TRUNC == 0);
     let reading = !creat && keeps_bytes && flags & (libc::O_PATH | libc::O_DIRECTORY) == 0 && !vp.must_be_dir;
     let mut bytes = PendingFd(None);
+    // A file the daemon made ahead for a new output (closed unless used).
+    let mut fresh = PendingFd(None);
     let found = if creat {
-        lookup_creatable(st, vp.rel, follow)
+        lookup_creatable(st, vp.rel, follow).map_err(|m| {
+            fresh.0 = m.new_file;
+            (m.errno, m.dir)
+        })
     } else if reading {
         lookup_open(st, vp.rel, follow).map(|(f, fd)| {
             bytes.0 = fd;
@@ -158,14 +163,14 @@ pub fn open(vp: &VPath, flags: c_int, mode: u32) -> Outcome<c_int> {
         Some(r) if write => {
             let keep = flags & libc::O_TRUNC == 0;
             let copied_from = (keep && r.holder != INPUT_HOLDER).then_some(r.sum);
-            create(vp, flags, mode_after_write(r.mode), keep, copied_from, bytes.take()).into()
+            create(vp, flags, mode_after_write(r.mode), keep, copied_from, bytes.take(), None).into()
         }
         Some(r) => open_committed(st, vp.rel, flags, &r, bytes.take()).into(),
         None if !creat => Outcome::Errno(libc::ENOENT),
         None if vp.must_be_dir => Outcome::Errno(libc::EISDIR),
         None => match dir_known.map_or_else(|| dir_exists(st, parent_of(vp.rel)), |e| if e == 0 { Ok(()) } else { Err(e) }) {
             // The mode asked for, less the process's umask, as the kernel makes it.
-            Ok(()) => create(vp, flags, libc::S_IFREG | (mode & 0o7777 & !super::attr::umask()), false, None, None).into(),
+            Ok(()) => create(vp, flags, libc::S_IFREG | (mode & 0o7777 & !super::attr::umask()), false, None, None, fresh.take()).into(),
             Err(e) => Outcome::Errno(e),
         },
     }
@@ -311,8 +316,12 @@ fn new_memory_file(flags: c_int) -> c_int {
 /// a copy of it (`keep`).
 ///
 /// `have`: an fd with those bytes its lookup already brought (closed here).
-fn create(vp: &VPath, flags: c_int, mode: u32, keep: bool, copied_from: Option<u64>, have: Option<c_int>) -> Result<c_int, c_int> {
+///
+/// `fresh`: an empty unnamed file the daemon made ahead for it
+/// (`wire::STAT_NEW_FILE`), used instead of making one (closed if unused).
+fn create(vp: &VPath, flags: c_int, mode: u32, keep: bool, copied_from: Option<u64>, have: Option<c_int>, fresh: Option<c_int>) -> Result<c_int, c_int> {
     let mut have = PendingFd(have);
+    let mut fresh = PendingFd(fresh);
     let excl = flags & libc::O_CREAT != 0 && flags & libc::O_EXCL != 0;
     if excl {
         // Exclusive among the node's processes from now on ([`crate::pending`]);
@@ -323,8 +332,21 @@ fn create(vp: &VPath, flags: c_int, mode: u32, keep: bool, copied_from: Option<u
             return Err(libc::EEXIST);
         }
     }
-    let fd = match &have.0 {
-        Some(src) if keep && copied_from.is_some() && small_copy(*src, flags) => new_memory_file(flags),
+    let ahead = if keep || have.0.is_some() { None } else { fresh.take() };
+    let made_ahead = ahead.is_some();
+    let fd = match (ahead, &have.0) {
+        (Some(f), _) => {
+            // Made a while ago: its times become its creation's, now, as
+            // those of a file open(O_CREAT) makes (pjdfstest open/00.t).
+            // SAFETY: futimens with a null times pointer on the fd we hold.
+            unsafe { libc::futimens(f, std::ptr::null()) };
+            if flags & libc::O_CLOEXEC == 0 {
+                // SAFETY: fcntl on the fd the daemon just sent us.
+                unsafe { crate::real::fcntl(f, libc::F_SETFD, 0) };
+            }
+            f
+        }
+        (None, Some(src)) if keep && copied_from.is_some() && small_copy(*src, flags) => new_memory_file(flags),
         _ => new_output_file(vp.st, flags),
     };
     if fd < 0 {
@@ -381,6 +403,9 @@ fn create(vp: &VPath, flags: c_int, mode: u32, keep: bool, copied_from: Option<u
     }
     if !crate::outputs::track(fd, vp.rel, flags & libc::O_EXCL != 0, mode) {
         return fail(libc::EMFILE);
+    }
+    if made_ahead {
+        crate::outputs::mark_made_ahead(fd);
     }
     if let Some(sum) = copied_from {
         // A copy of a committed output: if nothing changes it before its
