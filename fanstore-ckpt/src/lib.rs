@@ -108,6 +108,7 @@ pub mod matching;
 pub mod pack;
 mod packs;
 pub mod parts;
+pub mod parts_file;
 pub mod query;
 pub mod recipe;
 pub mod render;

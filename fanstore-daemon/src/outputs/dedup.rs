@@ -441,6 +441,26 @@ impl Dedup {
         Ok(info)
     }
 
+    /// Stores output `id` of `path` from parts (`CKPT_PUT`: glue, references
+    /// to units this store holds, new unit bytes; see
+    /// `fanstore_ckpt::parts`), under its pending key. Returns the whole
+    /// file's xxh3 and the blake3 of every unit. ESTALE: a reference names
+    /// no unit of this store; EINVAL: parts that are not the file's units.
+    pub fn stage_parts(&self, path: &[u8], id: u64, parts: &fanstore_ckpt::parts_file::Parts, payload: &[u8]) -> Result<(CommitInfo, Vec<[u8; 32]>), i32> {
+        let key = pending_key(path, id);
+        let mut h = self.write();
+        let r = h.store.commit_parts(&key, &parts.skeleton[..], &parts.units, payload, parts.file_xxh3).map_err(|e| {
+            log::warn!("checkpoint store: committing '{}' from parts: {e}", String::from_utf8_lossy(path));
+            match e {
+                CkptError::UnknownUnit { .. } => libc::ESTALE,
+                CkptError::Invalid(_) => libc::EINVAL,
+                e => errno_of(&e),
+            }
+        })?;
+        h.keys.insert(id, key);
+        Ok(r)
+    }
+
     /// Stores output `id` of `path` like [`Self::stage`], from a file handed
     /// over for good, which nothing can write any more (the client's unnamed
     /// local file, opened read-only, that no process had open for writing at

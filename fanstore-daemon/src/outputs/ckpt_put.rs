@@ -1,0 +1,126 @@
+//! CKPT_PUT: a checkpoint committed from parts (see `fanstore_core::wire`,
+//! `fanstore_ckpt::parts_file`). The `fanstore` Python package's
+//! `fanstore.torch.save` knows which tensors did not change since it last
+//! saved them and sends those as references to the units this node's
+//! checkpoint store holds; only changed tensors travel as bytes. The
+//! checkpoint is then an output like any closed one: committed into the
+//! store under its pending key, its record put at the metadata owner (with
+//! a sidecar here, so a restart registers it again), its name linked in its
+//! directory, a close event published. Every node sees it, `fanstore ckpt`
+//! shows it, reads rebuild its exact bytes from the store.
+
+use crate::caller::{Access, Caller};
+use crate::ids::OUT_BIT;
+use crate::outputs::names::{now_ns, Looked};
+use crate::outputs::Outputs;
+use fanstore_core::watchev::Kind;
+use fanstore_core::wire::{self, OutRecord};
+use std::os::fd::{AsRawFd, OwnedFd};
+use std::sync::atomic::Ordering::Relaxed;
+
+/// What a commit from parts gives back: the blake3 of every unit, in file order.
+pub type UnitHashes = Vec<[u8; 32]>;
+
+impl Outputs {
+    /// CKPT_PUT: commits the parts file `fd` as output `path` (`flags`:
+    /// COMMIT_EXCL; `mode`: permission bits of a new file).
+    pub fn ckpt_put(&self, path: &[u8], fd: OwnedFd, flags: u64, mode: u32, caller: &Caller) -> Result<UnitHashes, i32> {
+        let excl = flags & wire::COMMIT_EXCL != 0;
+        let dedup = self.dedup.get().ok_or(libc::ENOTSUP)?.clone();
+        if path.is_empty() {
+            return Err(libc::EEXIST);
+        }
+        if self.rank.view.lookup(path).is_some() {
+            return Err(if excl { libc::EEXIST } else { libc::EROFS });
+        }
+        let (path, dir) = self.real_entry_in(path)?;
+        if self.rank.view.lookup(&path).is_some() {
+            return Err(if excl { libc::EEXIST } else { libc::EROFS });
+        }
+        self.may_write_at(&path, caller)?;
+        let map = sealed_map(&fd)?;
+        let parts = fanstore_ckpt::parts_file::decode(&map).map_err(|e| {
+            log::warn!("rank {}: CKPT_PUT of '{}': {e}", self.rank.id.rank, String::from_utf8_lossy(&path));
+            libc::EINVAL
+        })?;
+        let size = parts.skeleton.len() as u64;
+        if size < dedup.min {
+            return Err(libc::ENOTSUP);
+        }
+        let id = self.out_seq.fetch_add(1, Relaxed);
+        if id >= OUT_BIT as u64 {
+            return Err(libc::ENOSPC);
+        }
+        let (info, hashes) = dedup.stage_parts(&path, id, &parts, &map)?;
+        drop(parts);
+        drop(map);
+        let undo = || {
+            dedup.drop_output(id);
+        };
+        let now = now_ns();
+        let (gid, mode) = crate::outputs::namespace::inherited(caller, dir.as_ref(), libc::S_IFREG | (mode & 0o7777));
+        let sum = info.file_xxh3;
+        let rec = OutRecord { size, mode, holder: self.rank.id.rank, mtime_ns: now, id, sum, atime_ns: now, ctime_ns: now, uid: caller.uid, gid, ino: wire::ino_of_path(&path), nlink: 0 };
+        // A symlink at the name: the checkpoint goes to its target, as open(2) follows it.
+        let (path, replaced) = match self.put_held(&path, rec, excl) {
+            Err(libc::ELOOP) if !excl => match self.lookup(&path, true) {
+                Ok(Looked::Output { rec: r, .. }) if r.is_dir() => Err(libc::EISDIR),
+                Ok(Looked::Output { path: p, .. }) => Ok(p),
+                Ok(Looked::Input { .. }) => Err(libc::EROFS),
+                Ok(Looked::Outside(_)) => Err(libc::EXDEV),
+                Err(libc::ENOENT) => self.real_dangling(&path),
+                Err(e) => Err(e),
+            }
+            .and_then(|p| self.put_held(&p, OutRecord { ino: wire::ino_of_path(&p), ..rec }, excl).map(|r| (p, r))),
+            other => other.map(|r| (path.clone(), r)),
+        }
+        .inspect_err(|_| undo())?;
+        dedup.settle(id, &path);
+        self.shared_commits.lock().unwrap_or_else(|p| p.into_inner()).forget(&path);
+        self.link(&path, wire::KIND_FILE, true)?;
+        self.rank.counters.outputs.fetch_add(1, Relaxed);
+        self.publish(Kind::Close, &path, b"", false, replaced, Some(&rec));
+        Ok(hashes)
+    }
+
+    /// A caller that is not root may write an existing file at `path`, or
+    /// add a name in its directory.
+    fn may_write_at(&self, path: &[u8], caller: &Caller) -> Result<(), i32> {
+        if caller.is_root() {
+            return Ok(());
+        }
+        match self.get_record(path) {
+            Ok((rec, _)) if !caller.may(&rec, Access::WRITE) => Err(libc::EACCES),
+            Ok(_) => Ok(()),
+            Err(libc::ENOENT) => self.check_add(caller, path),
+            Err(e) => Err(e),
+        }
+    }
+
+    /// Registers held output `rec` at `path`: its sidecar here, then its
+    /// record at the owner (as COMMIT does). Ok(true) when it replaced an
+    /// earlier version.
+    fn put_held(&self, path: &[u8], rec: OutRecord, excl: bool) -> Result<bool, i32> {
+        use crate::outputs::namespace::owner::PUT_KEEP_OWNER;
+        self.write_sidecar(path, &rec)?;
+        let flags = if excl { wire::COMMIT_EXCL } else { PUT_KEEP_OWNER };
+        self.put_with(path, rec, flags).inspect_err(|_| {
+            let _ = std::fs::remove_file(self.out_dir().join(format!("{}.rec", rec.id)));
+        })
+    }
+}
+
+/// A read-only map of the parts file `fd`, which must be a memfd sealed
+/// against writes and shrinking (EINVAL otherwise: its bytes could change
+/// under the commit).
+fn sealed_map(fd: &OwnedFd) -> Result<memmap2::Mmap, i32> {
+    // SAFETY: fcntl(F_GET_SEALS) on a descriptor we own; it only reads flags.
+    let seals = unsafe { libc::fcntl(fd.as_raw_fd(), libc::F_GET_SEALS) };
+    let need = libc::F_SEAL_WRITE | libc::F_SEAL_SHRINK;
+    if seals < 0 || seals & need != need {
+        return Err(libc::EINVAL);
+    }
+    // SAFETY: the seals forbid every write and shrink of the memfd from now
+    // on, so the mapped bytes cannot change or vanish while mapped.
+    unsafe { memmap2::Mmap::map(fd) }.map_err(|_| libc::EINVAL)
+}
