@@ -1,0 +1,217 @@
+"""The `fanstore` Python package against real daemons (issue 54):
+`fanstore.torch.save` writes exactly torch.save's bytes, sends only the
+storages that changed (the others as references to the units the node's
+checkpoint store holds, CKPT_PUT), and stays exact when tensors change
+behind their version counters.
+
+Two daemons under mpiexec (UCX_TLS=tcp) stand for two nodes. Each client
+runs `python -c` with the preload library (so it can read /fanstore back)
+and the package from the working tree (python/). Every check compares with
+`torch.save` of the same object to a local file of the same name (the zip
+records are named after the file)."""
+import json
+import os
+import sys
+import textwrap
+from pathlib import Path
+
+import pytest
+
+from fs_cluster import cluster_fixture, run_json, run_python
+
+MOUNT = "/fanstore"
+ROOT = Path(__file__).resolve().parent.parent
+PRELUDE = f"import sys; sys.path.insert(0, {str(ROOT / 'python')!r})\n"
+TIMEOUT = 300
+
+torch = pytest.importorskip("torch")
+
+cl = cluster_fixture("pyckpt", seed=5, n_files=6, nranks=2, mount=MOUNT)
+
+# A state dict in the shapes of a model's (float32, bf16, int64, a view of
+# another tensor's storage, a scalar, an empty tensor), written by every client.
+MODEL = """
+    import hashlib, json, os, tempfile, torch, fanstore.torch as ft
+    def model(seed):
+        g = torch.Generator().manual_seed(seed)
+        sd = {f"layer{i}.weight": torch.randn(256, 256, generator=g) for i in range(8)}
+        sd["emb"] = torch.randn(1000, 64, generator=g).to(torch.bfloat16)
+        sd["steps"] = torch.arange(10, dtype=torch.int64)
+        sd["view"] = sd["layer0.weight"][3:5]
+        sd["scalar"] = torch.tensor(2.5)
+        sd["empty"] = torch.zeros(0)
+        return sd
+    LOCAL = tempfile.mkdtemp()
+    try:
+        os.makedirs("/fanstore/py", exist_ok=True)
+    except OSError:
+        pass  # no daemon (the test of that case)
+    def native(obj, name):
+        p = os.path.join(LOCAL, name)
+        torch.save(obj, p)
+        return open(p, "rb").read()
+    def exact(obj, path):
+        got = open(path, "rb").read()
+        want = native(obj, os.path.basename(path))
+        return got == want
+"""
+
+
+def client(c, node, code, *args, env=None):
+    return run_json(c, node, PRELUDE + textwrap.dedent(MODEL) + textwrap.dedent(code), *args,
+                    timeout=TIMEOUT, env=env)
+
+
+def ckpt_json(c, *args):
+    return json.loads(c.cli("ckpt", *args, "--json").stdout)
+
+
+def test_bytes_are_torch_saves_and_torch_load_reads_them(cl):
+    r = client(cl, 0, """
+        os.makedirs("/fanstore/py", exist_ok=True)
+        sd = model(1)
+        ft.save(sd, "/fanstore/py/first.pt")
+        back = torch.load("/fanstore/py/first.pt")
+        same = all(torch.equal(back[k], sd[k]) for k in sd) and back.keys() == sd.keys()
+        shared = back["view"].untyped_storage().data_ptr() == back["layer0.weight"].untyped_storage().data_ptr()
+        print(json.dumps(dict(exact=exact(sd, "/fanstore/py/first.pt"), same=same, shared=shared, stats=ft.stats())))
+    """)
+    assert r["exact"], "the file read back is not torch.save's bytes"
+    assert r["same"] and r["shared"]
+    # 12 storages (the view shares layer0's), all new on a first save.
+    assert r["stats"]["sent"] == 12 and r["stats"]["referenced"] == 0, r["stats"]
+    ls = cl.cli("ckpt", "ls", "py").stdout
+    assert "py/first.pt" in ls and "torch-zip" in ls, ls
+
+
+def test_a_second_save_sends_only_what_changed(cl):
+    r = client(cl, 0, """
+        sd = model(2)
+        ft.save(sd, "/fanstore/py/s1.pt")
+        before = ft.stats()
+        with torch.no_grad():
+            sd["layer7.weight"].add_(1.0)      # one of 12 storages changes
+        ft.save(sd, "/fanstore/py/s2.pt")
+        after = ft.stats()
+        print(json.dumps(dict(e1=exact(model(2), "/fanstore/py/s1.pt"), e2=exact(sd, "/fanstore/py/s2.pt"),
+                              sent=after["sent"] - before["sent"], refs=after["referenced"] - before["referenced"])))
+    """)
+    assert r["e1"] and r["e2"]
+    assert r["refs"] == 11 and r["sent"] == 1, r
+    # The CLI sees the series like any checkpoint: s2 stored only the changed
+    # tensor (and glue), its parent is s1.
+    rows = {row["path"].lstrip("/").removeprefix("fanstore/"): row for row in ckpt_json(cl, "ls", "py")}
+    assert rows["py/s2.pt"]["format"] == "torch-zip", rows["py/s2.pt"]
+    assert rows["py/s2.pt"]["units"] == 12
+    assert rows["py/s2.pt"]["stored_new_bytes"] < 256 * 256 * 4 + 16384, rows["py/s2.pt"]
+    assert rows["py/s1.pt"]["stored_new_bytes"] > 4 * 256 * 256 * 4, rows["py/s1.pt"]  # compressed, not referenced
+    assert "py/s1.pt" in cl.cli("ckpt", "log", "py/s2.pt").stdout
+    du = ckpt_json(cl, "du")
+    assert "py" in json.dumps(du) or du, du
+
+
+# Ways a tensor changes. `bumps`: whether the tensor's own version counter
+# moves (measured in the test: .data, numpy and untyped_storage writes do not).
+MUTATIONS = {
+    "data_inplace": "t = sd['layer1.weight']; t.data.mul_(3.0)",
+    "numpy_view": "sd['layer2.weight'].numpy()[0, :7] = 42.0",
+    "no_grad_inplace": "t = sd['layer3.weight']\nwith torch.no_grad(): t.add_(0.5)",
+    "storage_bytes": "sd['steps'].untyped_storage()[0] = 7",
+    "optimizer_sgd": ("p = torch.nn.Parameter(sd['layer4.weight']); p.grad = torch.ones_like(p)\n"
+                      "torch.optim.SGD([p], lr=0.1).step(); sd['layer4.weight'] = p"),
+    "optimizer_adam_foreach": ("p = torch.nn.Parameter(sd['layer5.weight']); p.grad = torch.ones_like(p)\n"
+                               "torch.optim.Adam([p], lr=0.1, foreach=True).step(); sd['layer5.weight'] = p"),
+    "bf16_view_write": "sd['emb'].view(torch.int16)[0, 0] += 1",
+}
+
+
+@pytest.mark.parametrize("trust", [False, True])
+def test_changes_behind_the_version_counter_keep_the_file_exact(cl, trust):
+    r = client(cl, 0, """
+        import sys
+        trust = sys.argv[1] == "True"
+        cases = json.loads(sys.argv[2])
+        out = {}
+        for name, code in cases.items():
+            sd = model(3)
+            path = f"/fanstore/py/vc-{name}-{trust}.pt"
+            ft.save(sd, path, trust_version=trust)
+            versions = {k: v._version for k, v in sd.items()}
+            exec(code, {"sd": sd, "torch": torch})
+            bumped = [k for k in sd if sd[k]._version != versions[k] or sd[k] is not sd[k]]
+            ft.save(sd, path, trust_version=trust)
+            try:
+                ok = exact(sd, path)
+                err = None
+            except OSError as e:
+                ok, err = False, e.errno
+            out[name] = dict(exact=ok, errno=err, bumped=bumped)
+        print(json.dumps(out))
+    """, str(trust), json.dumps(MUTATIONS))
+    import errno
+    # What the counters see (the reason the default fingerprints every storage).
+    unseen = {"data_inplace", "numpy_view", "storage_bytes"}
+    for name, res in r.items():
+        assert (res["bumped"] == []) == (name in unseen), f"{name}: version counters moved for {res['bumped']}"
+        if not trust:
+            assert res["exact"], f"{name}: the file read back is not torch.save's bytes: {res}"
+        elif name in unseen:
+            # Trusting the counters, a change they do not see gives a reference
+            # to the old bytes: the whole-file checksum (over the real bytes)
+            # then fails the read. Never other bytes.
+            assert not res["exact"] and res["errno"] == errno.EIO, f"{name}: {res}"
+        else:
+            assert res["exact"], f"{name}: {res}"
+
+
+def test_another_node_reads_the_exact_bytes(cl):
+    r = client(cl, 0, """
+        sd = model(4)
+        ft.save(sd, "/fanstore/py/remote.pt")
+        sd["layer0.weight"].add_(1)
+        ft.save(sd, "/fanstore/py/remote2.pt")
+        print(json.dumps(dict(a=hashlib.sha256(native(model(4), "remote.pt")).hexdigest(),
+                              b=hashlib.sha256(native(sd, "remote2.pt")).hexdigest())))
+    """)
+    got = client(cl, 1, """
+        print(json.dumps(dict(a=hashlib.sha256(open("/fanstore/py/remote.pt", "rb").read()).hexdigest(),
+                              b=hashlib.sha256(open("/fanstore/py/remote2.pt", "rb").read()).hexdigest(),
+                              n=len(torch.load("/fanstore/py/remote2.pt")))))
+    """)
+    assert got["a"] == r["a"] and got["b"] == r["b"]
+    assert got["n"] == 13
+
+
+def test_a_reference_the_store_freed_is_sent_again_as_bytes(cl):
+    r = client(cl, 0, """
+        sd = model(6)
+        ft.save(sd, "/fanstore/py/gone.pt")
+        os.remove("/fanstore/py/gone.pt")          # its units are freed: the process's references are stale
+        s0 = ft.stats()
+        ft.save(sd, "/fanstore/py/again.pt")
+        s1 = ft.stats()
+        print(json.dumps(dict(exact=exact(sd, "/fanstore/py/again.pt"), sent=s1["sent"] - s0["sent"])))
+    """)
+    assert r["exact"]
+    # First attempt: 12 references (refused, ESTALE); then all 12 as bytes.
+    assert r["sent"] == 12, r
+
+
+def test_outside_the_mount_it_is_torch_save(cl, tmp_path):
+    r = client(cl, 0, """
+        import sys
+        sd = model(7)
+        p = os.path.join(sys.argv[1], "plain.pt")
+        ft.save(sd, p)
+        print(json.dumps(dict(exact=open(p, "rb").read() == native(sd, "plain.pt"), stats=ft.stats())))
+    """, str(tmp_path))
+    assert r["exact"] and r["stats"]["sent"] == 0 and r["stats"]["fingerprinted"] == 0
+    # No daemon at all (a runtime directory with none): torch.save, same bytes.
+    r = client(None, 0, """
+        import sys
+        sd = model(8)
+        p = os.path.join(sys.argv[1], "nodaemon.pt")
+        ft.save(sd, p)
+        print(json.dumps(dict(exact=open(p, "rb").read() == native(sd, "nodaemon.pt"))))
+    """, str(tmp_path), env={"FANSTORE_RUNTIME_DIR": str(tmp_path / "none")})
+    assert r["exact"]
