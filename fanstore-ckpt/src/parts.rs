@@ -36,21 +36,24 @@ pub enum PartUnit {
 }
 
 impl CheckpointStore {
-    /// Commits the checkpoint at `path` (replacing any there) from parts:
-    /// `skeleton` is the file with its glue in place, `units` the file's
-    /// unit ranges in order, each with where its bytes are (see the module
-    /// doc), `payload` the new units' bytes, `file_xxh3` the whole file's
-    /// xxh3. Returns what the commit did and the blake3 of every unit, in
-    /// order. On error nothing is committed and the store is unchanged.
-    pub fn commit_parts(
-        &mut self,
-        path: &[u8],
-        skeleton: &[u8],
-        units: &[(Range<usize>, PartUnit)],
-        payload: &[u8],
-        file_xxh3: u64,
-    ) -> Result<(CommitInfo, Vec<Hash>)> {
-        check_path(path)?;
+    /// Checks that `units` are the units of `skeleton` as the store splits
+    /// it and that every reference names a unit of this store (see
+    /// [`Self::commit_parts`] for the arguments), without committing
+    /// anything. Returns the blake3 of every unit, in order (the new ones
+    /// hashed here): a caller can answer its writer before it commits.
+    pub fn check_parts(&self, skeleton: &[u8], units: &[(Range<usize>, PartUnit)], payload: &[u8]) -> Result<Vec<Hash>> {
+        self.check_parts_shape(skeleton, units, payload)?;
+        Ok(units
+            .iter()
+            .map(|(_, u)| match u {
+                PartUnit::Ref(h) => *h,
+                PartUnit::New(p) => *blake3::hash(&payload[p.clone()]).as_bytes(),
+            })
+            .collect())
+    }
+
+    /// [`Self::check_parts`] without hashing: the split of `skeleton`.
+    fn check_parts_shape(&self, skeleton: &[u8], units: &[(Range<usize>, PartUnit)], payload: &[u8]) -> Result<split::Split> {
         let split = split::split_structured(skeleton)
             .filter(|s| s.format != Format::Opaque)
             .ok_or_else(|| CkptError::Invalid("the parts are not a checkpoint format the store recognises".into()))?;
@@ -82,6 +85,25 @@ impl CheckpointStore {
                 PartUnit::New(_) => {}
             }
         }
+        Ok(split)
+    }
+
+    /// Commits the checkpoint at `path` (replacing any there) from parts:
+    /// `skeleton` is the file with its glue in place, `units` the file's
+    /// unit ranges in order, each with where its bytes are (see the module
+    /// doc), `payload` the new units' bytes, `file_xxh3` the whole file's
+    /// xxh3. Returns what the commit did and the blake3 of every unit, in
+    /// order. On error nothing is committed and the store is unchanged.
+    pub fn commit_parts(
+        &mut self,
+        path: &[u8],
+        skeleton: &[u8],
+        units: &[(Range<usize>, PartUnit)],
+        payload: &[u8],
+        file_xxh3: u64,
+    ) -> Result<(CommitInfo, Vec<Hash>)> {
+        check_path(path)?;
+        let split = self.check_parts_shape(skeleton, units, payload)?;
         let id = self.catalog.next_id;
         let (plans, lineage) = self.plan_units(path, &split);
         let new_plans: Vec<UnitPlan> = plans

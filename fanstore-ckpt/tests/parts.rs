@@ -63,7 +63,11 @@ fn references_and_new_bytes_read_back_as_the_file() {
     let (skeleton, units, payload) = parts_of(&second, &[Some(hashes[0]), None, Some(hashes[2]), None]);
     assert_eq!(payload.len(), 200_000);
     let sum = fanstore_core::checksum::xxh3(&second);
+    // Checking commits nothing and gives the hashes the commit then gives.
+    let checked = store.check_parts(&skeleton, &units, &payload).unwrap();
+    assert_eq!(store.entries().len(), 1);
     let (info, got) = store.commit_parts(b"run/2.pt", &skeleton, &units, &payload, sum).unwrap();
+    assert_eq!(checked, got);
     assert_eq!(store.read(b"run/2.pt").unwrap(), second);
     assert_eq!(info.units_new, 2);
     assert_eq!(info.parent, store.id_of(b"run/1.pt"));
@@ -89,6 +93,7 @@ fn an_unknown_reference_commits_nothing() {
     let before = store.entries().len();
     let (skeleton, units, payload) = parts_of(&file, &[None, Some([7u8; 32]), None]);
     let sum = fanstore_core::checksum::xxh3(&file);
+    assert!(matches!(store.check_parts(&skeleton, &units, &payload), Err(CkptError::UnknownUnit { .. })));
     match store.commit_parts(b"b.pt", &skeleton, &units, &payload, sum) {
         Err(CkptError::UnknownUnit { len, .. }) => assert_eq!(len, 70_000),
         other => panic!("expected an unknown unit, got {other:?}"),

@@ -21,10 +21,27 @@ use std::sync::atomic::Ordering::Relaxed;
 /// What a commit from parts gives back: the blake3 of every unit, in file order.
 pub type UnitHashes = Vec<[u8; 32]>;
 
+/// The store commit of a checkpoint from parts whose record is registered:
+/// [`PartsCommit::run`] it once the writer has its reply.
+pub struct PartsCommit {
+    dedup: std::sync::Arc<crate::outputs::dedup::Dedup>,
+    path: Vec<u8>,
+    id: u64,
+    parts: fanstore_ckpt::parts_file::Parts,
+    map: memmap2::Mmap,
+}
+
+impl PartsCommit {
+    pub fn run(self) {
+        self.dedup.finish_parts(&self.path, self.id, &self.parts, &self.map);
+    }
+}
+
 impl Outputs {
     /// CKPT_PUT: commits the parts file `fd` as output `path` (`flags`:
     /// COMMIT_EXCL; `mode`: permission bits of a new file).
-    pub fn ckpt_put(&self, path: &[u8], fd: OwnedFd, flags: u64, mode: u32, caller: &Caller) -> Result<UnitHashes, i32> {
+    /// Returns the unit hashes for the reply and the store commit to run after it.
+    pub fn ckpt_put(&self, path: &[u8], fd: OwnedFd, flags: u64, mode: u32, caller: &Caller) -> Result<(UnitHashes, PartsCommit), i32> {
         let excl = flags & wire::COMMIT_EXCL != 0;
         let dedup = self.dedup.get().ok_or(libc::ENOTSUP)?.clone();
         if path.is_empty() {
@@ -51,16 +68,13 @@ impl Outputs {
         if id >= OUT_BIT as u64 {
             return Err(libc::ENOSPC);
         }
-        let (info, hashes) = dedup.stage_parts(&path, id, &parts, &map)?;
-        drop(parts);
-        drop(map);
-        let undo = || {
-            dedup.drop_output(id);
-        };
+        let hashes = dedup.check_and_begin_parts(&path, id, &parts, &map)?;
+        let undo = || dedup.cancel_parts(id);
         let now = now_ns();
         let (gid, mode) = crate::outputs::namespace::inherited(caller, dir.as_ref(), libc::S_IFREG | (mode & 0o7777));
-        let sum = info.file_xxh3;
+        let sum = parts.file_xxh3;
         let rec = OutRecord { size, mode, holder: self.rank.id.rank, mtime_ns: now, id, sum, atime_ns: now, ctime_ns: now, uid: caller.uid, gid, ino: wire::ino_of_path(&path), nlink: 0 };
+        let staged = path.clone();
         // A symlink at the name: the checkpoint goes to its target, as open(2) follows it.
         let (path, replaced) = match self.put_held(&path, rec, excl) {
             Err(libc::ELOOP) if !excl => match self.lookup(&path, true) {
@@ -76,11 +90,15 @@ impl Outputs {
         }
         .inspect_err(|_| undo())?;
         dedup.settle(id, &path);
+        let commit = PartsCommit { dedup: dedup.clone(), path: staged, id, parts, map };
         self.shared_commits.lock().unwrap_or_else(|p| p.into_inner()).forget(&path);
-        self.link(&path, wire::KIND_FILE, true)?;
+        if let Err(e) = self.link(&path, wire::KIND_FILE, true) {
+            commit.run(); // the record is there: its bytes must be too
+            return Err(e);
+        }
         self.rank.counters.outputs.fetch_add(1, Relaxed);
         self.publish(Kind::Close, &path, b"", false, replaced, Some(&rec));
-        Ok(hashes)
+        Ok((hashes, commit))
     }
 
     /// A caller that is not root may write an existing file at `path`, or
