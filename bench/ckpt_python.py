@@ -7,13 +7,16 @@ fingerprinted: safe against writes the version counters do not see) and
 once with `trust_version=True` (storages whose version counters did not
 move are not read at all).
 
-One process holds the model and saves it alternately (the order flipping
-every save) with `torch.save` to a plain directory on BENCH_DIR (ext4
+One process (without the preload library: fanstore.torch.save needs only
+the daemon's socket) holds the model and saves it alternately (the order
+flipping every save) with `torch.save` to a plain directory on BENCH_DIR (ext4
 here, no fsync: the page cache) and with `fanstore.torch.save` under the
 mount of one daemon (MPI singleton, default `--dedup on`, local dir on the
 same disk), same file names. `sync` runs (untimed) before every timed
 save, so that no scheme is throttled by the dirty pages the other left.
-Timed: the save call. The first save of a series (every storage new) is
+Timed: the save call, and (FanStore) until the node's store holds the
+checkpoint (the daemon stores it behind the call's return; untimed
+before the next save, so the next one does not pay for it). The first save of a series (every storage new) is
 reported apart from the rest (saves 2..N: the steady state).
 After the series every FanStore checkpoint is read back through the mount
 and compared with the native file of the same name (sha256), then storage:
@@ -74,6 +77,9 @@ for k in range(cfg["ckpts"]):
         else:
             ft.save(sd, path, trust_version=cfg["trust"])
         row[scheme] = time.perf_counter() - t0
+        if scheme != "native":
+            ft.wait_stored()
+            row["stored"] = time.perf_counter() - t0
     rows.append(row)
 print(json.dumps({"rows": rows, "bytes": os.path.getsize(os.path.join(cfg["native_dir"], f"ckpt-{cfg['ckpts'] - 1:02d}.pt")),
                   "stats": ft.stats()}))
@@ -110,7 +116,10 @@ def series(frozen: float, trust: bool, work: Path) -> dict:
         subprocess.run([sys.executable, "-c", f"import os; os.makedirs({fs_dir!r}, exist_ok=True)"], env=env, check=True)
         cfg = dict(seed=54, tensors=TENSORS, tensor_mb=TENSOR_MB, ckpts=CKPTS, frozen=frozen, trust=trust,
                    native_dir=str(native_dir), fs_dir=fs_dir)
-        out = run_py(env, WRITER, json.dumps(cfg), str(ROOT / "python"))
+        # The writer needs no preload library (fanstore.torch.save talks to the
+        # daemon's socket): without it, torch.save runs exactly as natively.
+        plain = {k: v for k, v in env.items() if k != "LD_PRELOAD"}
+        out = run_py(plain, WRITER, json.dumps(cfg), str(ROOT / "python"))
         out["verify"] = run_py(env, VERIFY, json.dumps(cfg))
         dd = json.loads(subprocess.run([str(BIN / "fanstore"), "--runtime-dir", str(d.runtime), "ckpt", "du", "--json"],
                                        capture_output=True, text=True, check=True).stdout)
@@ -136,12 +145,14 @@ def main():
         first = r["rows"][0]
         rest = r["rows"][1:] or r["rows"]
         nat, fs = median([x["native"] for x in rest]), median([x["fanstore"] for x in rest])
+        stored = median([x["stored"] for x in rest])
+        fastest = min(x["native"] for x in r["rows"])
         ratio = nat / fs
         storage = r["native_disk"] / max(r["store_disk"], 1)
         ok = not r["verify"]["bad"]
         rows.append([f"{frozen:.0%}", "trust_version" if trust else "fingerprint", f"{logical / MB:.0f} MB", f"{first['native'] * 1e3:.0f} / {first['fanstore'] * 1e3:.0f} ms",
-                     f"{nat * 1e3:.0f} ms", f"{fs * 1e3:.0f} ms", f"{logical / nat / MB:.0f} / {logical / fs / MB:.0f} MB/s",
-                     f"**{ratio:.2f}x**", f"{r['native_disk'] / MB:.0f} MB / {r['store_disk'] / MB:.0f} MB ({storage:.1f}x)",
+                     f"{nat * 1e3:.0f} ms", f"{fs * 1e3:.0f} ms", f"{stored * 1e3:.0f} ms", f"{logical / nat / MB:.0f} / {logical / fs / MB:.0f} MB/s",
+                     f"**{ratio:.2f}x**", f"{fastest / fs:.2f}x", f"{r['native_disk'] / MB:.0f} MB / {r['store_disk'] / MB:.0f} MB ({storage:.1f}x)",
                      "yes" if ok else f"NO: {r['verify']['bad']}"])
         want = 3.0 if frozen >= 0.75 else 1.0
         goals.append((f"fanstore.torch.save{' (trust_version)' if trust else ''}, {frozen:.0%} frozen, {logical / MB:.0f} MB fp32, {CKPTS} saves",
@@ -151,9 +162,12 @@ def main():
           "stepped in place between saves; torch.save to ext4 (page cache, no fsync) vs fanstore.torch.save "
           "under the mount of one daemon (default --dedup on). Saves 2..N (medians); the first save "
           "(every storage new) apart. Storage: the native directory vs the node's checkpoint store on disk. "
-          "`exact`: every FanStore checkpoint read back through the mount has the native file's sha256.", "",
-          table(["frozen", "unchanged storages", "state dict", "first save native / fanstore", "native save", "fanstore save",
-                 "throughput native / fanstore", "fanstore / native", "storage native / store", "exact"], rows), ""]
+          "`exact`: every FanStore checkpoint read back through the mount has the native file's sha256. "
+          "Native torch.save of new files slows down as the series grows here (ext4 on a shared VM; the "
+          "first saves are the fastest): the column against the fastest native save of the series is the "
+          "conservative ratio.", "",
+          table(["frozen", "unchanged storages", "state dict", "first save native / fanstore", "native save", "fanstore save", "fanstore until stored",
+                 "throughput native / fanstore", "fanstore / native", "fanstore / fastest native save", "storage native / store", "exact"], rows), ""]
     for (frozen, trust), r in results.items():
         md.append(f"- {frozen:.0%} frozen, {'trust_version' if trust else 'fingerprint'}: storages fingerprinted {r['stats']['fingerprinted']}, sent as references "
                   f"{r['stats']['referenced']}, sent as bytes {r['stats']['sent']}, trusted unread {r['stats']['trusted']}.")

@@ -207,6 +207,21 @@ def _commit_whole(conn, path, rel, pieces, length, mode):
         raise OSError(err, os.strerror(err), path)
 
 
+def wait_stored():
+    """Returns once the node's checkpoint store holds every checkpoint this
+    process saved (the daemon stores a checkpoint behind the reply to
+    `save`: its readers wait for it meanwhile, so this is only needed to
+    know the store's work is done, as a benchmark does)."""
+    conn = _CONN
+    if conn is None:
+        return
+    err, _v, _p, fd = conn.call(_daemon.OP_CKPT, 5, 0)  # `fanstore ckpt du`: answered once every commit is stored
+    if fd is not None:
+        os.close(fd)
+    if err and err != _errno.ENOTSUP:
+        raise OSError(err, os.strerror(err))
+
+
 def stats() -> dict:
     """Counters of this process's saves: storages fingerprinted, trusted by
     their version counters, sent as references, sent as bytes."""
