@@ -215,3 +215,41 @@ def test_outside_the_mount_it_is_torch_save(cl, tmp_path):
         print(json.dumps(dict(exact=open(p, "rb").read() == native(sd, "nodaemon.pt"))))
     """, str(tmp_path), env={"FANSTORE_RUNTIME_DIR": str(tmp_path / "none")})
     assert r["exact"]
+
+
+def test_background_saves_hold_the_state_at_their_call_while_training_goes_on(cl):
+    r = client(cl, 0, """
+        import copy
+        sd = model(9)
+        p = torch.nn.Parameter(sd["layer6.weight"])
+        opt = torch.optim.SGD([p], lr=0.1)
+        want, handles = {}, []
+        for k in range(4):
+            path = f"/fanstore/py/bg-{k}.pt"
+            want[path] = native(copy.deepcopy(sd), os.path.basename(path))
+            h = ft.save(sd, path, background=True)
+            handles.append(h)
+            # Training goes on at once: changes the counters see and ones they do not.
+            with torch.no_grad():
+                sd["layer1.weight"].add_(1.0)
+            sd["layer2.weight"].data.mul_(0.5)
+            sd["steps"].numpy()[k] = 100 + k
+            p.grad = torch.full_like(p, 0.01)
+            opt.step()
+        stored = [h.wait(timeout=120) for h in handles]
+        exact = {path: open(path, "rb").read() == b for path, b in want.items()}
+        print(json.dumps(dict(stored=stored, done=[h.done() for h in handles], exact=exact)))
+    """)
+    assert r["stored"] == [True] * 4 and all(r["done"])
+    assert all(r["exact"].values()), r["exact"]
+
+
+def test_a_background_save_outside_the_mount_is_done_at_once(cl, tmp_path):
+    r = client(cl, 0, """
+        import sys
+        sd = model(10)
+        p = os.path.join(sys.argv[1], "bg.pt")
+        h = ft.save(sd, p, background=True)
+        print(json.dumps(dict(done=h.done(), waited=h.wait(), exact=open(p, "rb").read() == native(sd, "bg.pt"))))
+    """, str(tmp_path))
+    assert r == dict(done=True, waited=True, exact=True)

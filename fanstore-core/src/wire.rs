@@ -135,8 +135,8 @@ pub mod op {
     /// and registers the record as COMMIT does. Reply value = unit count,
     /// an fd (memfd) attached holding each unit's blake3 (32 bytes) in file
     /// order. ESTALE: a reference names a unit the store does not hold
-    /// (nothing is committed: send those bytes); ENOTSUP: no store, or the
-    /// file is below `--dedup-min` (use COMMIT); EINVAL: a malformed parts
+    /// (nothing is committed: send those bytes); ENOTSUP: no store
+    /// (`--dedup off`: use COMMIT); EINVAL: a malformed parts
     /// file, or parts that are not the file's units as the store splits it.
     pub const CKPT_PUT: u16 = 46;
 

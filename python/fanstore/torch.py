@@ -19,6 +19,7 @@ Anywhere else (a path outside the mount, a file object, no daemon, a custom
 import errno as _errno
 import os
 import pickle as _pickle
+import threading
 
 import xxhash
 
@@ -93,84 +94,188 @@ def _umask() -> int:
 
 
 def save(obj, f, pickle_module=_pickle, pickle_protocol=2, _use_new_zipfile_serialization=True,
-         _disable_byteorder_record=False, *, trust_version=False):
+         _disable_byteorder_record=False, *, trust_version=False, background=False):
     """torch.save(obj, f, ...), sending only the storages that changed when
-    `f` is a path under a running FanStore job's mount (see the module doc)."""
+    `f` is a path under a running FanStore job's mount (see the module doc).
+
+    With `background=True` it returns a `SaveHandle` as soon as the bytes
+    of the changed storages are copied into a sealed memfd this package
+    owns (the program may then change its tensors); the daemon round trip
+    and the store's commit run on a background thread, and
+    `handle.wait()` returns once the checkpoint is stored on the node.
+    A save (of either kind) first waits for the background save before it.
+    Where `save` is torch.save itself, the handle is already done."""
     import torch
+    _wait_inflight()
     native = lambda: torch.save(obj, f, pickle_module, pickle_protocol, _use_new_zipfile_serialization,  # noqa: E731
                                 _disable_byteorder_record)
+    done = lambda: SaveHandle(None) if background else None  # noqa: E731
     if not isinstance(f, (str, os.PathLike)) or pickle_module is not _pickle or not _use_new_zipfile_serialization:
-        return native()
+        native()
+        return done()
     daemon = _daemon.find()
     rel = daemon.relative(f) if daemon is not None else None
     if rel is None:
-        return native()
+        native()
+        return done()
     path = os.fspath(f)
     try:
         records, tensors = _capture(obj, pickle_protocol, _disable_byteorder_record)
-        _put(daemon, path, rel, records, tensors, trust_version)
+        conn = _connection(daemon)
+        _TRACKER.sweep()
+        prep = _prepare(daemon, path, rel, records, tensors, trust_version)
     except _NotHere:
-        return native()
+        native()
+        return done()
+    if background:
+        global _INFLIGHT
+        _INFLIGHT = SaveHandle(threading.Thread(target=_send_background, args=(conn, prep), daemon=True,
+                                                name="fanstore-save"))
+        return _INFLIGHT
+    try:
+        if _send(conn, prep):
+            return None
+    finally:
+        prep.close()
+    # The store no longer holds what we referred to: every byte again.
+    _TRACKER.reset(daemon.identity)
+    prep = _prepare(daemon, path, rel, records, tensors, trust_version)
+    try:
+        if not _send(conn, prep):
+            raise OSError(_errno.ESTALE, "the checkpoint store refused the checkpoint's references twice", path)
+    finally:
+        prep.close()
+    return None
 
 
-def _put(daemon, path, rel, records, tensors, trust_version):
+class _Prepared:
+    """A save ready to send: the sealed memfd (a parts file, or the whole
+    file when the daemon has no checkpoint store), and what to learn."""
+
+    def __init__(self, path, rel, op, fd, decisions, mode):
+        self.path, self.rel, self.op, self.fd, self.decisions, self.mode = path, rel, op, fd, decisions, mode
+
+    def close(self):
+        if self.fd is not None:
+            os.close(self.fd)
+            self.fd = None
+
+
+def _prepare(daemon, path, rel, records, tensors, trust_version) -> _Prepared:
+    """Decides which storages changed, lays out the archive, hashes the
+    whole file and copies what must travel into a sealed memfd: after this
+    the program's tensors are no longer read."""
     by_storage = {}
     for t in tensors:
         by_storage.setdefault(t.untyped_storage()._cdata, []).append(t)
-    conn = _connection(daemon)
-    _TRACKER.sweep()
-    for attempt in range(2):
-        decisions, layout_records = [], []
-        for name, data, _n in records:
-            if isinstance(data, bytes):
-                layout_records.append((name, data))
-                continue
-            if data.device.type != "cpu":
-                raise _NotHere("a storage not on the CPU")
-            d = _TRACKER.decide(data, by_storage.get(data._cdata, ()), trust_version)
-            decisions.append(d)
-            layout_records.append((name, _zipwriter.Unit(len(decisions) - 1, d.view.nbytes, d.crc)))
-        try:
-            archive = path.encode("ascii") and _zipwriter.archive_name(path)
-        except UnicodeEncodeError:
-            archive = "archive"  # torch.save writes such a name through a Python file object
-        try:
-            layout = _zipwriter.Layout(archive, layout_records)
-        except _zipwriter.Unsupported as e:
-            raise _NotHere(str(e))
-        h = xxhash.xxh3_64()
-        pieces = []
-        for s in layout.segments:
-            b = s if isinstance(s, bytes) else decisions[s.key].view
-            h.update(b)
-            pieces.append(b)
-        file_xxh3 = h.intdigest()
-        mode = 0o666 & ~_umask()
-        if not daemon.dedup:
-            return _commit_whole(conn, path, rel, pieces, layout.length, mode)
-        parts = []
-        for s in layout.segments:
-            if isinstance(s, bytes):
-                parts.append(("glue", s))
-            else:
-                d = decisions[s.key]
-                parts.append(("ref", d.blake3, d.view.nbytes) if d.blake3 is not None else ("new", d.view))
-        fd = _parts.parts_memfd(parts, layout.length, file_xxh3)
-        try:
-            err, n, _p, hfd = conn.call(_daemon.OP_CKPT_PUT, 0, mode, rel.encode("utf-8", "surrogateescape"), fd)
-        finally:
-            os.close(fd)
-        if err == 0:
-            _learn(decisions, hfd, n)
-            return
-        if hfd is not None:
-            os.close(hfd)
-        if err == _errno.ESTALE and attempt == 0:
-            _TRACKER.reset(daemon.identity)  # the store no longer holds what we referred to: send every byte
+    decisions, layout_records = [], []
+    for name, data, _n in records:
+        if isinstance(data, bytes):
+            layout_records.append((name, data))
             continue
-        if err == _errno.ENOTSUP:
-            return _commit_whole(conn, path, rel, pieces, layout.length, mode)
-        raise OSError(err, os.strerror(err), path)
+        if data.device.type != "cpu":
+            raise _NotHere("a storage not on the CPU")
+        d = _TRACKER.decide(data, by_storage.get(data._cdata, ()), trust_version)
+        decisions.append(d)
+        layout_records.append((name, _zipwriter.Unit(len(decisions) - 1, d.view.nbytes, d.crc)))
+    try:
+        archive = path.encode("ascii") and _zipwriter.archive_name(path)
+    except UnicodeEncodeError:
+        archive = "archive"  # torch.save writes such a name through a Python file object
+    try:
+        layout = _zipwriter.Layout(archive, layout_records)
+    except _zipwriter.Unsupported as e:
+        raise _NotHere(str(e))
+    h = xxhash.xxh3_64()
+    pieces = []
+    for seg in layout.segments:
+        b = seg if isinstance(seg, bytes) else decisions[seg.key].view
+        h.update(b)
+        pieces.append(b)
+    mode = 0o666 & ~_umask()
+    if not daemon.dedup:
+        fd = _parts.file_memfd(pieces, layout.length)
+        return _Prepared(path, rel, _daemon.OP_COMMIT, fd, [], mode)
+    parts = []
+    for seg in layout.segments:
+        if isinstance(seg, bytes):
+            parts.append(("glue", seg))
+        else:
+            d = decisions[seg.key]
+            parts.append(("ref", d.blake3, d.view.nbytes) if d.blake3 is not None else ("new", d.view))
+    fd = _parts.parts_memfd(parts, layout.length, h.intdigest())
+    for d in decisions:
+        d.view = None  # the tensors' memory is not read any more
+    return _Prepared(path, rel, _daemon.OP_CKPT_PUT, fd, decisions, mode)
+
+
+def _send(conn, prep: _Prepared) -> bool:
+    """Sends a prepared save; False when the store refused a reference
+    (ESTALE: nothing was committed)."""
+    err, n, _p, rfd = conn.call(prep.op, 0, prep.mode, prep.rel.encode("utf-8", "surrogateescape"), prep.fd)
+    if err == 0:
+        if prep.op == _daemon.OP_CKPT_PUT:
+            _learn(prep.decisions, rfd, n)
+        elif rfd is not None:
+            os.close(rfd)
+        return True
+    if rfd is not None:
+        os.close(rfd)
+    if err == _errno.ESTALE:
+        return False
+    raise OSError(err, os.strerror(err), prep.path)
+
+
+class SaveHandle:
+    """A background save (see `save`). `done()`: finished (stored, or
+    failed); `wait(timeout)`: returns once the checkpoint is stored on the
+    node (True), False on timeout, or raises the save's error."""
+
+    def __init__(self, thread):
+        self._thread = thread
+        self._error = None
+        if thread is not None:
+            thread._fanstore_handle = self
+            thread.start()
+
+    def done(self) -> bool:
+        return self._thread is None or not self._thread.is_alive()
+
+    def wait(self, timeout=None) -> bool:
+        if self._thread is not None:
+            self._thread.join(timeout)
+            if self._thread.is_alive():
+                return False
+        if self._error is not None:
+            raise self._error
+        return True
+
+
+_INFLIGHT = None
+
+
+def _send_background(conn, prep: _Prepared):
+    handle = threading.current_thread()._fanstore_handle
+    try:
+        if not _send(conn, prep):
+            # The bytes behind the refused references are the program's
+            # again (it may have changed them): the save cannot be redone here.
+            _TRACKER.reset(conn.daemon.identity)
+            raise OSError(_errno.ESTALE, "the checkpoint store no longer holds units this save referred to; "
+                          "save again (every byte is sent then)", prep.path)
+        wait_stored()
+    except BaseException as e:  # reported by handle.wait()
+        handle._error = e
+    finally:
+        prep.close()
+
+
+def _wait_inflight():
+    """A save waits for the background save before it (one in flight: the
+    tracker learns from its reply)."""
+    h = _INFLIGHT
+    if h is not None and h._thread is not None:
+        h._thread.join()
 
 
 def _learn(decisions, hfd, n):
@@ -192,19 +297,6 @@ def _learn(decisions, hfd, n):
         return
     for i, d in enumerate(decisions):
         _TRACKER.learn(d, raw[32 * i:32 * i + 32])
-
-
-def _commit_whole(conn, path, rel, pieces, length, mode):
-    """COMMIT of the whole file's bytes (no checkpoint store, or too small for it)."""
-    fd = _parts.file_memfd(pieces, length)
-    try:
-        err, _v, _p, extra = conn.call(_daemon.OP_COMMIT, 0, mode, rel.encode("utf-8", "surrogateescape"), fd)
-    finally:
-        os.close(fd)
-    if extra is not None:
-        os.close(extra)
-    if err:
-        raise OSError(err, os.strerror(err), path)
 
 
 def wait_stored():

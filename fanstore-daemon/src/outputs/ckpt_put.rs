@@ -61,7 +61,10 @@ impl Outputs {
             libc::EINVAL
         })?;
         let size = parts.skeleton.len() as u64;
-        if size < dedup.min {
+        // A checkpoint from parts is stored whatever its size (below
+        // --dedup-min only what the POSIX path keeps plain); --dedup off
+        // (min u64::MAX: the store only serves what it holds) refuses it.
+        if dedup.min == u64::MAX {
             return Err(libc::ENOTSUP);
         }
         let id = self.out_seq.fetch_add(1, Relaxed);
