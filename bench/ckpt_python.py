@@ -5,7 +5,8 @@ step under no_grad between saves (w += 1e-3 * 0.02 * N(0, 1)), per
 fraction in BENCH_PYCKPT_FROZEN, once with the default (every storage
 fingerprinted: safe against writes the version counters do not see) and
 once with `trust_version=True` (storages whose version counters did not
-move are not read at all).
+move are not read at all); then 75% frozen with `background=True` (the
+call returns once the changed storages are copied into a sealed memfd).
 
 One process (without the preload library: fanstore.torch.save needs only
 the daemon's socket) holds the model and saves it alternately (the order
@@ -74,10 +75,14 @@ for k in range(cfg["ckpts"]):
         t0 = time.perf_counter()
         if scheme == "native":
             torch.save(sd, path)
+        elif cfg["background"]:
+            h = ft.save(sd, path, trust_version=cfg["trust"], background=True)
         else:
             ft.save(sd, path, trust_version=cfg["trust"])
         row[scheme] = time.perf_counter() - t0
         if scheme != "native":
+            if cfg["background"]:
+                h.wait()
             ft.wait_stored()
             row["stored"] = time.perf_counter() - t0
     rows.append(row)
@@ -106,7 +111,7 @@ def run_py(env, code, *args):
     return json.loads(r.stdout.strip().splitlines()[-1])
 
 
-def series(frozen: float, trust: bool, work: Path) -> dict:
+def series(frozen: float, trust: bool, background: bool, work: Path) -> dict:
     d = Daemon(tiny_dataset(work), work / "fs")
     try:
         native_dir = work / "native"
@@ -114,7 +119,7 @@ def series(frozen: float, trust: bool, work: Path) -> dict:
         fs_dir = f"{d.mount}/pyckpt"
         env = d.env()
         subprocess.run([sys.executable, "-c", f"import os; os.makedirs({fs_dir!r}, exist_ok=True)"], env=env, check=True)
-        cfg = dict(seed=54, tensors=TENSORS, tensor_mb=TENSOR_MB, ckpts=CKPTS, frozen=frozen, trust=trust,
+        cfg = dict(seed=54, tensors=TENSORS, tensor_mb=TENSOR_MB, ckpts=CKPTS, frozen=frozen, trust=trust, background=background,
                    native_dir=str(native_dir), fs_dir=fs_dir)
         # The writer needs no preload library (fanstore.torch.save talks to the
         # daemon's socket): without it, torch.save runs exactly as natively.
@@ -135,13 +140,14 @@ def main():
     OUT.mkdir(parents=True, exist_ok=True)
     base = Path(E("BENCH_DIR", "/tmp"))
     results = {}
-    for frozen in FROZEN:
-        for trust in (False, True):
-            with tempfile.TemporaryDirectory(dir=base, prefix="pyckpt-") as t:
-                results[(frozen, trust)] = series(frozen, trust, Path(t))
+    configs = [(frozen, trust, False) for frozen in FROZEN for trust in (False, True)]
+    configs += [(FROZEN[0], False, True)]  # background=True: the call returns once the changed storages are copied
+    for frozen, trust, background in configs:
+        with tempfile.TemporaryDirectory(dir=base, prefix="pyckpt-") as t:
+            results[(frozen, trust, background)] = series(frozen, trust, background, Path(t))
     rows, goals = [], []
     logical = TENSORS * TENSOR_MB * 2**20
-    for (frozen, trust), r in results.items():
+    for (frozen, trust, background), r in results.items():
         first = r["rows"][0]
         rest = r["rows"][1:] or r["rows"]
         nat, fs = median([x["native"] for x in rest]), median([x["fanstore"] for x in rest])
@@ -150,13 +156,20 @@ def main():
         ratio = nat / fs
         storage = r["native_disk"] / max(r["store_disk"], 1)
         ok = not r["verify"]["bad"]
-        rows.append([f"{frozen:.0%}", "trust_version" if trust else "fingerprint", f"{logical / MB:.0f} MB", f"{first['native'] * 1e3:.0f} / {first['fanstore'] * 1e3:.0f} ms",
+        mode = ("trust_version" if trust else "fingerprint") + (", background" if background else "")
+        rows.append([f"{frozen:.0%}", mode, f"{logical / MB:.0f} MB", f"{first['native'] * 1e3:.0f} / {first['fanstore'] * 1e3:.0f} ms",
                      f"{nat * 1e3:.0f} ms", f"{fs * 1e3:.0f} ms", f"{stored * 1e3:.0f} ms", f"{logical / nat / MB:.0f} / {logical / fs / MB:.0f} MB/s",
                      f"**{ratio:.2f}x**", f"{fastest / fs:.2f}x", f"{r['native_disk'] / MB:.0f} MB / {r['store_disk'] / MB:.0f} MB ({storage:.1f}x)",
                      "yes" if ok else f"NO: {r['verify']['bad']}"])
+        if background:
+            goals.append((f"fanstore.torch.save(background=True), {frozen:.0%} frozen, {logical / MB:.0f} MB fp32",
+                          "the training loop waits <= 0.2x native torch.save", f"{fs / nat:.2f}x (vs the fastest native save: {fs / fastest:.2f}x)",
+                          fs <= 0.2 * nat and ok))
+            continue
         want = 3.0 if frozen >= 0.75 else 1.0
         goals.append((f"fanstore.torch.save{' (trust_version)' if trust else ''}, {frozen:.0%} frozen, {logical / MB:.0f} MB fp32, {CKPTS} saves",
-                      f">= {want:.1f}x native torch.save throughput (ext4, no fsync)", f"{ratio:.2f}x", ratio >= want and ok))
+                      f">= {want:.1f}x native torch.save throughput (ext4, no fsync)",
+                      f"{ratio:.2f}x (vs the fastest native save: {fastest / fs:.2f}x)", ratio >= want and ok))
     md = ["## fanstore.torch.save vs torch.save (issue 54)", "",
           f"A state dict of {TENSORS} float32 tensors of {TENSOR_MB:g} MiB, {CKPTS} saves, the unfrozen tensors "
           "stepped in place between saves; torch.save to ext4 (page cache, no fsync) vs fanstore.torch.save "
@@ -168,12 +181,12 @@ def main():
           "conservative ratio.", "",
           table(["frozen", "unchanged storages", "state dict", "first save native / fanstore", "native save", "fanstore save", "fanstore until stored",
                  "throughput native / fanstore", "fanstore / native", "fanstore / fastest native save", "storage native / store", "exact"], rows), ""]
-    for (frozen, trust), r in results.items():
-        md.append(f"- {frozen:.0%} frozen, {'trust_version' if trust else 'fingerprint'}: storages fingerprinted {r['stats']['fingerprinted']}, sent as references "
+    for (frozen, trust, background), r in results.items():
+        md.append(f"- {frozen:.0%} frozen, {'trust_version' if trust else 'fingerprint'}{', background' if background else ''}: storages fingerprinted {r['stats']['fingerprinted']}, sent as references "
                   f"{r['stats']['referenced']}, sent as bytes {r['stats']['sent']}, trusted unread {r['stats']['trusted']}.")
     md.append("")
     (OUT / "pyckpt.md").write_text("\n".join(md) + "\n")
-    (OUT / "pyckpt.json").write_text(json.dumps({"goals": goals, "runs": {f"{k[0]}:{'trust' if k[1] else 'fingerprint'}": v for k, v in results.items()}}))
+    (OUT / "pyckpt.json").write_text(json.dumps({"goals": goals, "runs": {f"{k[0]}:{'trust' if k[1] else 'fingerprint'}{':background' if k[2] else ''}": v for k, v in results.items()}}))
     print("\n".join(md))
 
 
