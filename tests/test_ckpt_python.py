@@ -253,3 +253,20 @@ def test_a_background_save_outside_the_mount_is_done_at_once(cl, tmp_path):
         print(json.dumps(dict(done=h.done(), waited=h.wait(), exact=open(p, "rb").read() == native(sd, "bg.pt"))))
     """, str(tmp_path))
     assert r == dict(done=True, waited=True, exact=True)
+
+
+def test_match_finds_the_checkpoint_sharing_the_longest_prefix(cl):
+    r = client(cl, 0, """
+        import fanstore.ckpt
+        a, b = model(11), model(12)
+        ft.save(a, "/fanstore/py/match-a.pt")
+        ft.save(b, "/fanstore/py/match-b.pt")
+        q = model(11)
+        with torch.no_grad():
+            q["layer7.weight"].add_(1.0)       # a fine-tuned a: its first 7 layers equal
+        rows = fanstore.ckpt.match(q)
+        print(json.dumps(dict(best=fanstore.ckpt.best(q), rows=[(x["path"], x["prefix"], x["shared"]) for x in rows])))
+    """, env={"FANSTORE_CLI": cl.bins["cli"]})
+    assert r["best"] == "/fanstore/py/match-a.pt", r
+    top = r["rows"][0]
+    assert top[0] == "py/match-a.pt" and top[1] >= 7, r
