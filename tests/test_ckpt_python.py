@@ -270,3 +270,22 @@ def test_match_finds_the_checkpoint_sharing_the_longest_prefix(cl):
     assert r["best"] == "/fanstore/py/match-a.pt", r
     top = r["rows"][0]
     assert top[0] == "py/match-a.pt" and top[1] >= 7, r
+
+
+def test_a_forked_child_saves_on_its_own_connection(cl):
+    r = client(cl, 0, """
+        sd = model(13)
+        ft.save(sd, "/fanstore/py/fork-parent.pt")
+        pid = os.fork()
+        if pid == 0:
+            # (No torch kernel here: its thread pool does not survive a fork.)
+            sd["layer0.weight"].numpy()[0, :5] += 1.0
+            ft.save(sd, "/fanstore/py/fork-child.pt")
+            os._exit(0 if exact(sd, "/fanstore/py/fork-child.pt") else 3)
+        _, status = os.waitpid(pid, 0)
+        ft.save(sd, "/fanstore/py/fork-parent2.pt")   # the parent's connection still works
+        print(json.dumps(dict(child=os.waitstatus_to_exitcode(status), parent=exact(sd, "/fanstore/py/fork-parent2.pt"),
+                              refs=ft.stats()["referenced"])))
+    """)
+    assert r["child"] == 0 and r["parent"], r
+    assert r["refs"] == 12, r   # the parent's tensors (which the child's copy-on-write pages left alone): all references

@@ -126,6 +126,7 @@ class Connection:
         self.sock.connect(daemon.socket_path)
         self.next_id = 1
         self.lock = threading.Lock()
+        self.pid = os.getpid()
 
     def close(self):
         self.sock.close()

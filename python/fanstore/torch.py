@@ -35,6 +35,11 @@ class _NotHere(Exception):
 
 def _connection(daemon):
     global _CONN
+    if _CONN is not None and _CONN.pid != os.getpid():
+        # A forked child (a DataLoader worker) must not share its parent's
+        # socket, nor trust what the parent learnt of its own tensors.
+        _CONN = None
+        _TRACKER.reset(None)
     if _CONN is None or _CONN.daemon.identity != daemon.identity:
         if _CONN is not None:
             _CONN.close()
@@ -103,8 +108,19 @@ def save(obj, f, pickle_module=_pickle, pickle_protocol=2, _use_new_zipfile_seri
     owns (the program may then change its tensors); the daemon round trip
     and the store's commit run on a background thread, and
     `handle.wait()` returns once the checkpoint is stored on the node.
-    A save (of either kind) first waits for the background save before it.
-    Where `save` is torch.save itself, the handle is already done."""
+    A save (of either kind) first waits for the background save before it;
+    saves from several threads run one at a time. Where `save` is
+    torch.save itself, the handle is already done."""
+    with _SAVE_LOCK:
+        return _save(obj, f, pickle_module, pickle_protocol, _use_new_zipfile_serialization, _disable_byteorder_record,
+                     trust_version, background)
+
+
+_SAVE_LOCK = threading.Lock()
+
+
+def _save(obj, f, pickle_module, pickle_protocol, _use_new_zipfile_serialization, _disable_byteorder_record,
+          trust_version, background):
     import torch
     _wait_inflight()
     native = lambda: torch.save(obj, f, pickle_module, pickle_protocol, _use_new_zipfile_serialization,  # noqa: E731
