@@ -106,6 +106,9 @@ def test_a_second_save_sends_only_what_changed(cl):
     assert rows["py/s2.pt"]["stored_new_bytes"] < 256 * 256 * 4 + 16384, rows["py/s2.pt"]
     assert rows["py/s1.pt"]["stored_new_bytes"] > 4 * 256 * 256 * 4, rows["py/s1.pt"]  # compressed, not referenced
     assert "py/s1.pt" in cl.cli("ckpt", "log", "py/s2.pt").stdout
+    # Every unit of the checkpoints committed from parts checks out against its blake3.
+    verify = cl.cli("ckpt", "verify", "py/s2.pt", check=False)
+    assert verify.returncode == 0, verify.stdout + verify.stderr
     du = ckpt_json(cl, "du")
     assert "py" in json.dumps(du) or du, du
 
@@ -289,3 +292,30 @@ def test_a_forked_child_saves_on_its_own_connection(cl):
     """)
     assert r["child"] == 0 and r["parent"], r
     assert r["refs"] == 12, r   # the parent's tensors (which the child's copy-on-write pages left alone): all references
+
+
+def test_a_program_killed_during_a_background_save_leaves_no_torn_checkpoint(cl):
+    # Killed at once (the save thread may or may not have sent it), and
+    # killed after the memfd is sent: the checkpoint is absent or complete.
+    for k, delay in enumerate(["0", "0.05", "0.2"]):
+        want = client(cl, 0, """
+            import sys, hashlib
+            sd = model(20)
+            print(json.dumps(hashlib.sha256(native(sd, f"killed-{sys.argv[1]}.pt")).hexdigest()))
+        """, str(k))
+        r = run_python(cl, 0, PRELUDE + textwrap.dedent(MODEL) + textwrap.dedent("""
+            import sys, time
+            sd = model(20)
+            ft.save(sd, f"/fanstore/py/killed-{sys.argv[1]}.pt", background=True)
+            time.sleep(float(sys.argv[2]))
+            os._exit(9)
+        """), str(k), delay, check=False, timeout=TIMEOUT)
+        assert r.returncode == 9, r.stderr
+        got = client(cl, 1, """
+            import sys, hashlib
+            try:
+                print(json.dumps(hashlib.sha256(open(f"/fanstore/py/killed-{sys.argv[1]}.pt", "rb").read()).hexdigest()))
+            except FileNotFoundError:
+                print(json.dumps(None))
+        """, str(k))
+        assert got in (None, want), f"delay {delay}: a torn checkpoint"
