@@ -319,3 +319,55 @@ def test_a_program_killed_during_a_background_save_leaves_no_torn_checkpoint(cl)
                 print(json.dumps(None))
         """, str(k))
         assert got in (None, want), f"delay {delay}: a torn checkpoint"
+
+
+def test_the_archive_layout_is_torch_saves_for_awkward_objects(tmp_path):
+    # No daemon: fanstore._zipwriter against torch.save itself, for names
+    # torch writes through a Python file object (non-ASCII), many records,
+    # a data.pkl larger than one message, every dtype width, empty storages,
+    # views at offsets, another pickle protocol.
+    r = run_json(None, 0, PRELUDE + textwrap.dedent("""
+        import io, json, os, sys, zlib, pickle, torch
+        import torch.serialization as S
+        from fanstore import _tracker, _zipwriter
+        class Rec:
+            def __init__(s): s.records = []
+            def write_record(s, name, data, n):
+                s.records.append((name, data.encode() if isinstance(data, str) else data, n))
+        base = torch.arange(1000, dtype=torch.float64)
+        objs = {
+            "many": {f"t{i}": torch.full((i % 7 + 1,), float(i)) for i in range(300)},
+            "dtypes": [torch.ones(3, dtype=d) for d in (torch.uint8, torch.int16, torch.bfloat16, torch.float16,
+                                                        torch.int32, torch.float32, torch.int64, torch.complex64,
+                                                        torch.bool)],
+            "views": {"a": base[10:20], "b": base[500:], "c": base.view(10, 100).t(), "e": torch.empty(0)},
+            "bigpkl": {"meta": ["x" * 100] * 2000, "w": torch.randn(5)},
+        }
+        out = {}
+        for proto in (2, 4):
+            for key, obj in objs.items():
+                for name in (f"{key}.pt", f"ünï-{key}.pt", f"{key}.tar.gz", key):
+                    path = os.path.join(sys.argv[1], name)
+                    torch.save(obj, path, pickle_protocol=proto)
+                    want = open(path, "rb").read()
+                    rec = Rec()
+                    S._save(obj, rec, pickle, proto, False)
+                    recs = []
+                    for n, d, _ in rec.records:
+                        if isinstance(d, bytes):
+                            recs.append((n, d))
+                        else:
+                            v = _tracker.storage_view(d)
+                            recs.append((n, _zipwriter.Unit(bytes(v), v.nbytes, zlib.crc32(v))))
+                    try:
+                        arch = path.encode("ascii") and _zipwriter.archive_name(path)
+                    except UnicodeEncodeError:
+                        arch = "archive"
+                    lay = _zipwriter.Layout(arch, recs)
+                    got = b"".join(s if isinstance(s, bytes) else s.key for s in lay.segments)
+                    out[f"{proto}:{name}"] = got == want and lay.length == len(want)
+        print(json.dumps(out))
+    """), str(tmp_path), timeout=TIMEOUT)
+    bad = [k for k, ok in r.items() if not ok]
+    assert not bad, bad
+    assert len(r) == 32
