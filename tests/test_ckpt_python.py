@@ -371,3 +371,46 @@ def test_the_archive_layout_is_torch_saves_for_awkward_objects(tmp_path):
     bad = [k for k, ok in r.items() if not ok]
     assert not bad, bad
     assert len(r) == 32
+
+
+def test_drained_restarted_and_exported_like_any_checkpoint(bins, tmp_path):
+    # A job with --persist: checkpoints saved from parts drain at stop, a later
+    # job (2 ranks) reads them and keeps deduplicating against them, and
+    # `fanstore export` writes them as plain files with torch.save's bytes.
+    import subprocess
+    from fs_cluster import packed_dataset, start_cluster
+    _src, data = packed_dataset(bins, tmp_path / "ds", n_files=4, seed=21)
+    persist = tmp_path / "persist"
+    c = start_cluster(bins, data, tmp_path / "c1", nranks=2, mount=MOUNT, extra_args=["--persist", str(persist)])
+    try:
+        want = client(c, 0, """
+            sd = model(21)
+            ft.save(sd, "/fanstore/py/drained-1.pt")
+            print(json.dumps(hashlib.sha256(native(sd, "drained-1.pt")).hexdigest()))
+        """)
+    finally:
+        c.stop()
+    c = start_cluster(bins, data, tmp_path / "c2", nranks=2, mount=MOUNT, extra_args=["--persist", str(persist)])
+    try:
+        r = client(c, 0, """
+            sd = model(21)
+            old = hashlib.sha256(open("/fanstore/py/drained-1.pt", "rb").read()).hexdigest()
+            with torch.no_grad():
+                sd["layer7.weight"].add_(1.0)
+            ft.save(sd, "/fanstore/py/drained-2.pt")
+            print(json.dumps(dict(old=old, new=hashlib.sha256(native(sd, "drained-2.pt")).hexdigest(),
+                                  sent=ft.stats()["sent"])))
+        """)
+        rows = {row["path"]: row for row in ckpt_json(c, "ls", "py")}
+    finally:
+        c.stop()
+    # A new process knows none of its tensors: it sends every byte, and the
+    # store (copied back from --persist) keeps only the changed tensor.
+    assert r["sent"] == 12
+    assert rows["py/drained-2.pt"]["stored_new_bytes"] < 256 * 256 * 4 + 16384, rows["py/drained-2.pt"]
+    assert r["old"] == want
+    plain = tmp_path / "plain"
+    subprocess.run([bins["cli"], "export", str(persist), "--to", str(plain)], check=True, capture_output=True, timeout=120)
+    import hashlib
+    assert hashlib.sha256((plain / "py" / "drained-1.pt").read_bytes()).hexdigest() == want
+    assert hashlib.sha256((plain / "py" / "drained-2.pt").read_bytes()).hexdigest() == r["new"]
