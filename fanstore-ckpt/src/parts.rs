@@ -43,13 +43,7 @@ impl CheckpointStore {
     /// hashed here): a caller can answer its writer before it commits.
     pub fn check_parts(&self, skeleton: &[u8], units: &[(Range<usize>, PartUnit)], payload: &[u8]) -> Result<Vec<Hash>> {
         self.check_parts_shape(skeleton, units, payload)?;
-        Ok(units
-            .iter()
-            .map(|(_, u)| match u {
-                PartUnit::Ref(h) => *h,
-                PartUnit::New(p) => *blake3::hash(&payload[p.clone()]).as_bytes(),
-            })
-            .collect())
+        Ok(hash_new_units(units, payload, self.opts.threads))
     }
 
     /// [`Self::check_parts`] without hashing: the split of `skeleton`.
@@ -139,4 +133,36 @@ impl CheckpointStore {
             }
         }
     }
+}
+
+/// The blake3 of every unit of `units` (a reference's is its own), the new
+/// ones hashed on this thread and up to `helpers` more (units claimed one
+/// at a time; large checkpoints only).
+fn hash_new_units(units: &[(Range<usize>, PartUnit)], payload: &[u8], helpers: usize) -> Vec<Hash> {
+    use std::sync::atomic::{AtomicUsize, Ordering};
+    let new_bytes: usize = units.iter().map(|(r, u)| if matches!(u, PartUnit::New(_)) { r.len() } else { 0 }).sum();
+    let helpers = if new_bytes >= 4 << 20 { helpers } else { 0 };
+    let next = AtomicUsize::new(0);
+    let work = || {
+        let mut got = Vec::new();
+        loop {
+            let i = next.fetch_add(1, Ordering::Relaxed);
+            let Some((_, u)) = units.get(i) else { return got };
+            let h = match u {
+                PartUnit::Ref(h) => *h,
+                PartUnit::New(p) => *blake3::hash(&payload[p.clone()]).as_bytes(),
+            };
+            got.push((i, h));
+        }
+    };
+    let mut all: Vec<(usize, Hash)> = std::thread::scope(|s| {
+        let hs: Vec<_> = (0..helpers).map(|_| s.spawn(work)).collect();
+        let mut all = work();
+        for h in hs {
+            all.extend(h.join().unwrap_or_else(|p| std::panic::resume_unwind(p)));
+        }
+        all
+    });
+    all.sort_unstable_by_key(|(i, _)| *i);
+    all.into_iter().map(|(_, h)| h).collect()
 }

@@ -135,3 +135,18 @@ fn a_wrong_file_checksum_fails_reads_instead_of_giving_other_bytes() {
     store.commit_parts(b"x.pt", &skeleton, &units, &payload, 12345).unwrap();
     assert!(matches!(store.read(b"x.pt"), Err(CkptError::FileChecksum { .. })));
 }
+
+#[test]
+fn large_parts_are_hashed_on_helper_threads_in_order() {
+    let (_d, mut store) = temp_store();
+    let mut rng = Rng(17);
+    let s = storages(&mut rng, 9, 1 << 20);
+    let file = torch_zip("ck", &s, ZipOpts::default());
+    let (skeleton, units, payload) = parts_of(&file, &[None; 9]);
+    let checked = store.check_parts(&skeleton, &units, &payload).unwrap();
+    let want: Vec<[u8; 32]> = s.iter().map(|b| *blake3::hash(b).as_bytes()).collect();
+    assert_eq!(checked, want);
+    let (_, got) = store.commit_parts(b"big.pt", &skeleton, &units, &payload, fanstore_core::checksum::xxh3(&file)).unwrap();
+    assert_eq!(got, want);
+    assert_eq!(store.read(b"big.pt").unwrap(), file);
+}
