@@ -80,6 +80,7 @@ def test_bytes_are_torch_saves_and_torch_load_reads_them(cl):
     assert r["same"] and r["shared"]
     # 12 storages (the view shares layer0's), all new on a first save.
     assert r["stats"]["sent"] == 12 and r["stats"]["referenced"] == 0, r["stats"]
+    assert r["stats"].get("rehashed", 0) == 0, "the glue patched during the single pass was not the final layout's"
     ls = cl.cli("ckpt", "ls", "py").stdout
     assert "py/first.pt" in ls and "torch-zip" in ls, ls
 
@@ -94,9 +95,11 @@ def test_a_second_save_sends_only_what_changed(cl):
         ft.save(sd, "/fanstore/py/s2.pt")
         after = ft.stats()
         print(json.dumps(dict(e1=exact(model(2), "/fanstore/py/s1.pt"), e2=exact(sd, "/fanstore/py/s2.pt"),
-                              sent=after["sent"] - before["sent"], refs=after["referenced"] - before["referenced"])))
+                              sent=after["sent"] - before["sent"], refs=after["referenced"] - before["referenced"],
+                              rehashed=after.get("rehashed", 0))))
     """)
     assert r["e1"] and r["e2"]
+    assert r["rehashed"] == 0
     assert r["refs"] == 11 and r["sent"] == 1, r
     # The CLI sees the series like any checkpoint: s2 stored only the changed
     # tensor (and glue), its parent is s1.

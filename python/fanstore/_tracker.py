@@ -1,7 +1,8 @@
 """Which tensors changed since this process last saved them.
 
 Per storage (keyed by its data pointer and length) the tracker keeps what
-the last save saw: the signature of the tensors viewing it (dtype, shape,
+the last save saw (see `Tracker.begin` and `Tracker.finish`; the save reads
+each storage once, in `fanstore.torch._read_storages`): the signature of the tensors viewing it (dtype, shape,
 stride, offset and version counter), an xxh3-128 fingerprint of its bytes,
 their CRC-32 (the zip data descriptor needs it) and the blake3 of the unit
 the daemon's checkpoint store holds for them.
@@ -57,12 +58,15 @@ class Entry:
 
 class Decision:
     """One storage of a save: its bytes, whether the store holds them
-    (`blake3` set) and their CRC-32."""
-    __slots__ = ("key", "storage", "view", "sig", "fp", "crc", "blake3")
+    (`blake3` set) and their CRC-32. Made by `Tracker.begin` (`fp` set
+    already when the version counters are trusted, `likely_changed` when
+    they moved), completed by `Tracker.finish` once its bytes are read."""
+    __slots__ = ("key", "storage", "view", "sig", "fp", "crc", "blake3", "prev", "likely_changed")
 
     def __init__(self, key, storage, view, sig, fp, crc, blake3):
         self.key, self.storage, self.view = key, storage, view
         self.sig, self.fp, self.crc, self.blake3 = sig, fp, crc, blake3
+        self.prev, self.likely_changed = None, True
 
 
 def _only_ours(storage) -> bool:
@@ -86,22 +90,41 @@ class Tracker:
         for k in [k for k, e in self.entries.items() if _only_ours(e.storage)]:
             del self.entries[k]
 
-    def decide(self, storage, tensors, trust_version: bool) -> Decision:
+    def begin(self, storage, tensors, trust_version: bool) -> Decision:
+        """What is known of `storage` before reading it: with `trust_version`
+        and unchanged counters, its fingerprint (it will not be read)."""
         view = storage_view(storage)
         key = (storage.data_ptr(), view.nbytes)
         sig = signature(tensors)
         e = self.entries.get(key)
+        d = Decision(key, storage, view, sig, None, None, None)
+        d.prev = e
+        d.likely_changed = e is None or sig is None or e.sig != sig
         if trust_version and e is not None and sig is not None and e.sig == sig:
             self.stats["trusted"] += 1
-            fp = e.fp
+            d.fp = e.fp
         else:
             self.stats["fingerprinted"] += 1
-            fp = xxhash.xxh3_128_intdigest(view)
+        return d
+
+    def finish(self, d: Decision, fp: int, crc) -> None:
+        """`d` with its fingerprint `fp` (and its CRC-32 if computed on the
+        way, else None): a reference if the store holds those bytes."""
+        e = d.prev
+        d.fp = fp
         if e is not None and e.fp == fp and e.blake3 is not None:
             self.stats["referenced"] += 1
-            return Decision(key, storage, view, sig, fp, e.crc, e.blake3)
+            d.crc, d.blake3 = e.crc, e.blake3
+            return
         self.stats["sent"] += 1
-        return Decision(key, storage, view, sig, fp, zlib.crc32(view), None)
+        d.crc = crc if crc is not None else zlib.crc32(d.view)
+
+    def decide(self, storage, tensors, trust_version: bool) -> Decision:
+        """`begin` and `finish` in one (the storage read whole, twice at most)."""
+        d = self.begin(storage, tensors, trust_version)
+        fp = d.fp if d.fp is not None else xxhash.xxh3_128_intdigest(d.view)
+        self.finish(d, fp, None)
+        return d
 
     def learn(self, d: Decision, blake3: bytes):
         """The store holds `d`'s bytes as unit `blake3`."""

@@ -21,6 +21,8 @@ import os
 import pickle as _pickle
 import threading
 
+import zlib
+
 import xxhash
 
 from . import _daemon, _parts, _tracker, _zipwriter
@@ -184,32 +186,21 @@ def _prepare(daemon, path, rel, records, tensors, trust_version) -> _Prepared:
     by_storage = {}
     for t in tensors:
         by_storage.setdefault(t.untyped_storage()._cdata, []).append(t)
-    decisions, layout_records = [], []
-    for name, data, _n in records:
+    decisions = []
+    for _name, data, _n in records:
         if isinstance(data, bytes):
-            layout_records.append((name, data))
             continue
         if data.device.type != "cpu":
             raise _NotHere("a storage not on the CPU")
-        d = _TRACKER.decide(data, by_storage.get(data._cdata, ()), trust_version)
-        decisions.append(d)
-        layout_records.append((name, _zipwriter.Unit(len(decisions) - 1, d.view.nbytes, d.crc)))
+        decisions.append(_TRACKER.begin(data, by_storage.get(data._cdata, ()), trust_version))
     try:
         archive = path.encode("ascii") and _zipwriter.archive_name(path)
     except UnicodeEncodeError:
         archive = "archive"  # torch.save writes such a name through a Python file object
-    try:
-        layout = _zipwriter.Layout(archive, layout_records)
-    except _zipwriter.Unsupported as e:
-        raise _NotHere(str(e))
-    h = xxhash.xxh3_64()
-    pieces = []
-    for seg in layout.segments:
-        b = seg if isinstance(seg, bytes) else decisions[seg.key].view
-        h.update(b)
-        pieces.append(b)
+    file_xxh3, layout = _read_storages(archive, records, decisions)
     mode = 0o666 & ~_umask()
     if not daemon.dedup:
+        pieces = [seg if isinstance(seg, bytes) else decisions[seg.key].view for seg in layout.segments]
         fd = _parts.file_memfd(pieces, layout.length)
         return _Prepared(path, rel, _daemon.OP_COMMIT, fd, [], mode)
     parts = []
@@ -219,10 +210,70 @@ def _prepare(daemon, path, rel, records, tensors, trust_version) -> _Prepared:
         else:
             d = decisions[seg.key]
             parts.append(("ref", d.blake3, d.view.nbytes) if d.blake3 is not None else ("new", d.view))
-    fd = _parts.parts_memfd(parts, layout.length, h.intdigest())
+    fd = _parts.parts_memfd(parts, layout.length, file_xxh3)
     for d in decisions:
         d.view = None  # the tensors' memory is not read any more
     return _Prepared(path, rel, _daemon.OP_CKPT_PUT, fd, decisions, mode)
+
+
+_CHUNK = 1 << 20
+
+
+def _layout(archive, records, decisions, crcs=True):
+    recs, k = [], 0
+    for name, data, _n in records:
+        if isinstance(data, bytes):
+            recs.append((name, data))
+        else:
+            d = decisions[k]
+            recs.append((name, _zipwriter.Unit(k, d.view.nbytes, (d.crc or 0) if crcs else 0)))
+            k += 1
+    try:
+        return _zipwriter.Layout(archive, recs)
+    except _zipwriter.Unsupported as e:
+        raise _NotHere(str(e))
+
+
+def _read_storages(archive, records, decisions):
+    """Reads every storage once, in file order, for both its fingerprint
+    and the whole-file xxh3 (one pass over memory instead of two; the
+    CRC-32 of a storage whose counters moved rides along too): the glue
+    between storages only needs the CRC of the one before it, patched into
+    its data descriptor. Returns (whole-file xxh3, the final layout)."""
+    draft = _layout(archive, records, decisions, crcs=False)
+    h = xxhash.xxh3_64()
+    prev = None
+    glue = []
+    for seg in draft.segments[:-1]:
+        if isinstance(seg, bytes):
+            if prev is not None and prev.nbytes and seg[:4] == b"PK\x07\x08":
+                seg = seg[:4] + decisions[prev.key].crc.to_bytes(4, "little") + seg[8:]
+            h.update(seg)
+            glue.append(seg)
+            continue
+        d = decisions[seg.key]
+        fph = None if d.fp is not None else xxhash.xxh3_128()
+        crc = 0 if d.likely_changed else None
+        view = d.view
+        for off in range(0, view.nbytes, _CHUNK):
+            c = view[off:off + _CHUNK]
+            h.update(c)
+            if fph is not None:
+                fph.update(c)
+            if crc is not None:
+                crc = zlib.crc32(c, crc)
+        _TRACKER.finish(d, d.fp if fph is None else fph.intdigest(), crc)
+        prev = seg
+    layout = _layout(archive, records, decisions)
+    same = len(layout.segments) == len(draft.segments) and \
+        [s for s in layout.segments[:-1] if isinstance(s, bytes)] == glue
+    _TRACKER.stats["rehashed"] = _TRACKER.stats.get("rehashed", 0) + (not same)
+    if not same:  # (never expected) hash the final layout again, in a second pass
+        h = xxhash.xxh3_64()
+        for seg in layout.segments[:-1]:
+            h.update(seg if isinstance(seg, bytes) else decisions[seg.key].view)
+    h.update(layout.segments[-1])
+    return h.intdigest(), layout
 
 
 def _send(conn, prep: _Prepared) -> bool:
@@ -332,5 +383,6 @@ def wait_stored():
 
 def stats() -> dict:
     """Counters of this process's saves: storages fingerprinted, trusted by
-    their version counters, sent as references, sent as bytes."""
+    their version counters, sent as references, sent as bytes; `rehashed`:
+    saves whose single pass had to be redone (never expected)."""
     return dict(_TRACKER.stats)
