@@ -278,6 +278,25 @@ def test_match_finds_the_checkpoint_sharing_the_longest_prefix(cl):
     assert top[0] == "py/match-a.pt" and top[1] >= 7, r
 
 
+def test_load_matching_warm_starts_a_model_from_the_best_match(cl):
+    r = client(cl, 0, """
+        import fanstore.ckpt
+        net = torch.nn.Sequential(torch.nn.Linear(64, 32), torch.nn.ReLU(), torch.nn.Linear(32, 8))
+        ft.save(net.state_dict(), "/fanstore/py/warm.pt")
+        # The same backbone (its weight as saved, its bias reset) with a new head.
+        fresh = torch.nn.Sequential(torch.nn.Linear(64, 32), torch.nn.ReLU(), torch.nn.Linear(32, 4))
+        with torch.no_grad():
+            fresh[0].weight.copy_(net[0].weight)
+            fresh[0].bias.zero_()
+        best = fanstore.ckpt.best(fresh)
+        loaded = ft.load_matching(fresh, best)
+        same = torch.equal(fresh[0].weight, net[0].weight) and torch.equal(fresh[0].bias, net[0].bias)
+        print(json.dumps(dict(best=best, loaded=loaded, same=same, head=tuple(fresh[2].weight.shape))))
+    """, env={"FANSTORE_CLI": cl.bins["cli"]})
+    assert r["best"] == "/fanstore/py/warm.pt", r
+    assert r["loaded"] == ["0.bias", "0.weight"] and r["same"] and r["head"] == [4, 32], r
+
+
 def test_a_forked_child_saves_on_its_own_connection(cl):
     r = client(cl, 0, """
         sd = model(13)

@@ -366,6 +366,27 @@ def _learn(decisions, hfd, n):
         _TRACKER.learn(d, raw[32 * i:32 * i + 32])
 
 
+def load_matching(model, path, map_location="cpu") -> list:
+    """Loads into `model` (an nn.Module, or a state dict updated in place)
+    the tensors of the checkpoint at `path` whose names and shapes are the
+    model's (a warm start from `fanstore.ckpt.best(model)`); returns the
+    names loaded. Other tensors of the model keep their values."""
+    import torch
+    stored = torch.load(path, map_location=map_location)
+    if hasattr(stored, "state_dict") and not isinstance(stored, dict):
+        stored = stored.state_dict()
+    mine = model.state_dict() if hasattr(model, "state_dict") else model
+    take = {k: v for k, v in stored.items()
+            if k in mine and isinstance(v, torch.Tensor) and tuple(v.shape) == tuple(mine[k].shape)}
+    if hasattr(model, "load_state_dict"):
+        model.load_state_dict(take, strict=False)
+    else:
+        with torch.no_grad():
+            for k, v in take.items():
+                mine[k].copy_(v)
+    return sorted(take)
+
+
 def wait_stored():
     """Returns once the node's checkpoint store holds every checkpoint this
     process saved (the daemon stores a checkpoint behind the reply to
