@@ -26,8 +26,6 @@ return other bytes.
 import ctypes
 import zlib
 
-import xxhash
-
 
 def storage_view(storage) -> memoryview:
     """The bytes of a CPU storage, without a copy."""
@@ -118,13 +116,6 @@ class Tracker:
             return
         self.stats["sent"] += 1
         d.crc = crc if crc is not None else zlib.crc32(d.view)
-
-    def decide(self, storage, tensors, trust_version: bool) -> Decision:
-        """`begin` and `finish` in one (the storage read whole, twice at most)."""
-        d = self.begin(storage, tensors, trust_version)
-        fp = d.fp if d.fp is not None else xxhash.xxh3_128_intdigest(d.view)
-        self.finish(d, fp, None)
-        return d
 
     def learn(self, d: Decision, blake3: bytes):
         """The store holds `d`'s bytes as unit `blake3`."""

@@ -131,7 +131,6 @@ class Layout:
     offset set), and `length`."""
 
     def __init__(self, archive: str, records, alignment: int = 64):
-        import torch  # noqa: F401  (end_records needs it)
         head = [(n, d if isinstance(d, Unit) else bytes(d)) for n, d in records]
         crcs = [(n, d.crc, d.nbytes) if isinstance(d, Unit) else (n, zlib.crc32(d), len(d)) for n, d in head]
         head += end_records(crcs, alignment)
