@@ -150,6 +150,16 @@ if ! "$PY" -c 'import numpy, PIL, h5py, safetensors, pytest, watchdog, inotify_s
   say "Python clients installed into $VENV in $((SECONDS - t0)) s"
 fi
 
+# The repository's own package (python/: fanstore.torch.save), pure Python;
+# installed again whenever its sources are newer than the installed copy.
+STAMP="$VENV/.fanstore-python-installed"
+if [ ! -e "$STAMP" ] || [ -n "$(find python -newer "$STAMP" -print -quit)" ]; then
+  pip_install ./python \
+    || fail "pip install ./python into $VENV failed (see above): check the network (pip fetches setuptools to build it)."
+  touch "$STAMP"
+  say "the fanstore Python package installed into $VENV"
+fi
+
 if [ $MODE = tests ]; then
   FRAMEWORKS=(torch transformers accelerate safetensors numpy pytest lightning "jax[cpu]" orbax-checkpoint
               tensorflow-cpu filelock datasets lmdb tensorboard)

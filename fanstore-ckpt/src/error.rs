@@ -20,6 +20,10 @@ pub enum CkptError {
     Locked { dir: PathBuf },
     #[error("invalid argument: {0}")]
     Invalid(String),
+    /// A commit from parts referred to a unit the store does not hold (or
+    /// holds with another length).
+    #[error("no stored unit {hash} of {len} bytes")]
+    UnknownUnit { hash: String, len: u64 },
 }
 
 impl CkptError {
@@ -36,7 +40,7 @@ impl CkptError {
         match self {
             CkptError::Format(e) => e.is_corruption(),
             CkptError::FileChecksum { .. } => true,
-            CkptError::NotFound { .. } | CkptError::Locked { .. } | CkptError::Invalid(_) => false,
+            CkptError::NotFound { .. } | CkptError::Locked { .. } | CkptError::Invalid(_) | CkptError::UnknownUnit { .. } => false,
         }
     }
 }

@@ -41,6 +41,10 @@
 //! # Ok::<(), fanstore_ckpt::CkptError>(())
 //! ```
 //!
+//! A writer that knows which tensors the store holds already commits from
+//! parts instead ([`CheckpointStore::commit_parts`], [`mod@parts`]): glue,
+//! references to stored units, and only the new units' bytes.
+//!
 //! ## The store directory
 //!
 //! ```text
@@ -103,6 +107,8 @@ pub mod json;
 pub mod matching;
 pub mod pack;
 mod packs;
+pub mod parts;
+pub mod parts_file;
 pub mod query;
 pub mod recipe;
 pub mod render;
@@ -116,4 +122,5 @@ pub use query::{DiffReport, DiffStatus, DuReport, LogReport, LsReport, OwnersRep
 pub use split::{split, CdcParams, Format, Split};
 pub use store::{CheckpointStore, CommitInfo, StoreOptions, UnlinkInfo};
 pub use packs::CompactionHook;
+pub use parts::PartUnit;
 pub use units::SharedBytes;

@@ -12,7 +12,7 @@ use crate::catalog::{self, Catalog, CatalogEntry};
 use crate::codec::{self, Encoding};
 use crate::error::{CkptError, Result};
 use crate::recipe::{self, Recipe, RecipePiece, TensorEntry};
-use crate::split::{self, CdcParams, Format, Piece};
+use crate::split::{self, CdcParams, Format, Piece, Split};
 use crate::unit::{self, Hash, UnitHeader};
 use crate::packs::{PackSet, UnitLoc};
 use crate::units::{Hot, SharedBytes, UnitInfo};
@@ -162,33 +162,33 @@ fn unit_hashes(b: &[u8]) -> (Hash, u64) {
 }
 
 /// A unit a commit stored: its hash, header, and where it went.
-type Written = (Hash, UnitHeader, UnitLoc);
+pub(crate) type Written = (Hash, UnitHeader, UnitLoc);
 
 /// What hashing and storing the units of a commit produced.
 #[derive(Default)]
-struct Stored {
+pub(crate) struct Stored {
     /// blake3 of every unit, in unit order.
-    hashes: Vec<Hash>,
-    file_xxh3: u64,
+    pub(crate) hashes: Vec<Hash>,
+    pub(crate) file_xxh3: u64,
     /// Units first stored by this commit, and where (dead bytes of their
     /// pack if it fails).
-    written: Vec<Written>,
+    pub(crate) written: Vec<Written>,
     /// Unit body bytes written (an external unit's payload in its extent included).
-    new_bytes: u64,
+    pub(crate) new_bytes: u64,
     /// The extent (sequence number, nonce) this commit adopted its file
     /// as (deleted if it fails).
-    extent: Option<(u64, u64)>,
+    pub(crate) extent: Option<(u64, u64)>,
     /// Why the file was not adopted although it qualified (for [`CheckpointStore::repairs`]).
-    adopt_error: Option<CkptError>,
+    pub(crate) adopt_error: Option<CkptError>,
 }
 
 /// How one unit of a file is to be stored.
-struct UnitPlan {
-    range: std::ops::Range<usize>,
+pub(crate) struct UnitPlan {
+    pub(crate) range: std::ops::Range<usize>,
     /// Element width of its dtype (byte grouping).
-    width: usize,
+    pub(crate) width: usize,
     /// The lineage parent's tensor of the same name, dtype, shape and length.
-    base: Option<Hash>,
+    pub(crate) base: Option<Hash>,
 }
 
 impl CheckpointStore {
@@ -506,6 +506,46 @@ impl CheckpointStore {
         let split = split::split(bytes, &self.opts.cdc);
         debug_assert!(split.check_cover(bytes.len()));
         let id = self.catalog.next_id;
+        let (plans, lineage) = self.plan_units(path, &split);
+
+        let mut st = Stored::default();
+        // On failure what this commit appended is given back (a full disk
+        // must not stay full because a commit failed).
+        let mark = self.packs().mark();
+        let stored = self.store_units(bytes, &plans, adopt, &mut st);
+        if let Some(e) = st.adopt_error.take() {
+            self.adopt_off = true;
+            self.repairs.push(format!("{e}: adopting a committed file failed; files are copied from now on, until the store is reopened"));
+        }
+        if let Err(e) = stored {
+            self.give_back(&mark, st.extent.map(|x| x.0));
+            return Err(e);
+        }
+        let Stored { hashes, file_xxh3, written, new_bytes, extent, .. } = st;
+
+        let parent = self.parent_of(path, &hashes, lineage);
+        let (rec, hot_units) = self.build_recipe(id, parent, split, bytes, &hashes, file_xxh3, new_bytes, keep.is_some());
+        let result = self.finish_commit(path, rec, &written);
+        match &result {
+            Ok(_) => {
+                if let Some(k) = keep {
+                    self.keep_hot(id, k, hot_units, extent.is_some());
+                }
+            }
+            Err(_) => {
+                // Nothing was committed: give back what it appended.
+                let _ = std::fs::remove_file(self.recipe_path(id));
+                self.give_back(&mark, extent.map(|x| x.0));
+            }
+        }
+        result
+    }
+
+    /// How each unit of `split` is to be stored (ranges into the split
+    /// file), with the delta base each changed tensor gets from the lineage
+    /// parent (the tensor of the same name, dtype, shape and length), and
+    /// that lineage parent.
+    pub(crate) fn plan_units(&self, path: &[u8], split: &Split) -> (Vec<UnitPlan>, Option<u64>) {
         let mut plans = Vec::new();
         for p in &split.pieces {
             if let Piece::Unit(r, meta) = p {
@@ -527,27 +567,16 @@ impl CheckpointStore {
                 plan.base = by_name.get(&(&m.name[..], &dtype[..], &m.shape[..], r.len() as u64)).copied();
             }
         }
+        (plans, lineage)
+    }
 
-        let mut st = Stored::default();
-        // On failure what this commit appended is given back (a full disk
-        // must not stay full because a commit failed).
-        let mark = self.packs().mark();
-        let stored = self.store_units(bytes, &plans, adopt, &mut st);
-        if let Some(e) = st.adopt_error.take() {
-            self.adopt_off = true;
-            self.repairs.push(format!("{e}: adopting a committed file failed; files are copied from now on, until the store is reopened"));
-        }
-        if let Err(e) = stored {
-            self.give_back(&mark, st.extent.map(|x| x.0));
-            return Err(e);
-        }
-        let Stored { hashes, file_xxh3, written, mut new_bytes, extent, .. } = st;
-
-        // Parent: the live checkpoint sharing the most unit bytes, else the
-        // lineage parent the deltas were taken against.
+    /// The parent of a new checkpoint of units `hashes`: the live
+    /// checkpoint sharing the most unit bytes with it (ties: same
+    /// directory, then the most recent), else its lineage parent.
+    pub(crate) fn parent_of(&self, path: &[u8], hashes: &[Hash], lineage: Option<u64>) -> Option<u64> {
         let mut shared: HashMap<u64, u64> = HashMap::new();
         let mut seen = HashSet::with_capacity(hashes.len());
-        for h in &hashes {
+        for h in hashes {
             if !seen.insert(*h) {
                 continue;
             }
@@ -558,7 +587,7 @@ impl CheckpointStore {
             }
         }
         let my_dir = parent_dir(path);
-        let parent = shared
+        shared
             .iter()
             .filter(|(_, &b)| b > 0)
             .max_by_key(|(&c, &b)| {
@@ -566,9 +595,25 @@ impl CheckpointStore {
                 (b, same_dir, c)
             })
             .map(|(&c, _)| c)
-            .or(lineage);
+            .or(lineage)
+    }
 
-        // The recipe: glue inline, units by hash, owners.
+    /// The recipe of checkpoint `id`: the glue of `split` copied from
+    /// `glue_src` (the file, or a skeleton of it holding its glue in
+    /// place), its units by `hashes` (in unit order) with their owners.
+    /// With `want_hot`, also where each unit lies in the file (for a hot copy).
+    #[allow(clippy::too_many_arguments)]
+    pub(crate) fn build_recipe(
+        &self,
+        id: u64,
+        parent: Option<u64>,
+        split: Split,
+        glue_src: &[u8],
+        hashes: &[Hash],
+        file_xxh3: u64,
+        unit_bytes: u64,
+        want_hot: bool,
+    ) -> (Recipe, HashMap<Hash, std::ops::Range<usize>>) {
         let mut glue = Vec::new();
         let mut rpieces = Vec::with_capacity(split.pieces.len());
         let mut tensors = Vec::with_capacity(hashes.len());
@@ -577,13 +622,13 @@ impl CheckpointStore {
             match p {
                 Piece::Glue(r) => {
                     rpieces.push(RecipePiece::Glue { off: glue.len() as u64, len: r.len() as u64 });
-                    glue.extend_from_slice(&bytes[r]);
+                    glue.extend_from_slice(&glue_src[r]);
                 }
                 Piece::Unit(r, meta) => {
                     let i = tensors.len();
                     let h = hashes[i];
                     rpieces.push(RecipePiece::Unit { index: i as u32 });
-                    if keep.is_some() {
+                    if want_hot {
                         hot_units.entry(h).or_insert_with(|| r.clone());
                     }
                     tensors.push(TensorEntry {
@@ -597,38 +642,24 @@ impl CheckpointStore {
                 }
             }
         }
-        new_bytes += glue.len() as u64;
         let rec = Recipe {
             id,
             parent: parent.unwrap_or(0),
             format: split.format,
-            logical: bytes.len() as u64,
+            logical: glue_src.len() as u64,
             file_xxh3,
-            new_bytes,
+            new_bytes: unit_bytes + glue.len() as u64,
             tensors,
             pieces: rpieces,
             glue_len: glue.len() as u64,
             glue,
         };
-        let result = self.finish_commit(path, rec, &written);
-        match &result {
-            Ok(_) => {
-                if let Some(k) = keep {
-                    self.keep_hot(id, k, hot_units, extent.is_some());
-                }
-            }
-            Err(_) => {
-                // Nothing was committed: give back what it appended.
-                let _ = std::fs::remove_file(self.recipe_path(id));
-                self.give_back(&mark, extent.map(|x| x.0));
-            }
-        }
-        result
+        (rec, hot_units)
     }
 
     /// After a failed commit: the packs cut back to `mark`, the extent it
     /// adopted (if any) deleted.
-    fn give_back(&self, mark: &BTreeMap<u64, u64>, extent: Option<u64>) {
+    pub(crate) fn give_back(&self, mark: &BTreeMap<u64, u64>, extent: Option<u64>) {
         let mut set = self.packs();
         set.give_back(mark);
         if let Some(x) = extent {
@@ -673,7 +704,7 @@ impl CheckpointStore {
     /// and computes the whole file's xxh3, then encodes and writes the
     /// units the store does not have. Both phases run on this thread and,
     /// for large files, on helper threads.
-    fn store_units(&self, bytes: &[u8], plans: &[UnitPlan], adopt: Option<(&File, Option<u64>)>, st: &mut Stored) -> Result<()> {
+    pub(crate) fn store_units(&self, bytes: &[u8], plans: &[UnitPlan], adopt: Option<(&File, Option<u64>)>, st: &mut Stored) -> Result<()> {
         let known_sum = adopt.and_then(|a| a.1);
         let adopt = adopt.map(|a| a.0);
         use std::sync::atomic::{AtomicUsize, Ordering};
@@ -869,7 +900,7 @@ impl CheckpointStore {
         Some((bh, info.depth, bytes))
     }
 
-    fn finish_commit(&mut self, path: &[u8], rec: Recipe, written: &[Written]) -> Result<CommitInfo> {
+    pub(crate) fn finish_commit(&mut self, path: &[u8], rec: Recipe, written: &[Written]) -> Result<CommitInfo> {
         let units_new = written.len();
         let id = rec.id;
         let enc = rec.encode();
@@ -1055,7 +1086,7 @@ fn tombstone(cat: &mut Catalog, id: u64) {
     }
 }
 
-fn check_path(path: &[u8]) -> Result<()> {
+pub(crate) fn check_path(path: &[u8]) -> Result<()> {
     if path.is_empty() || path.contains(&0) || path.len() > u32::MAX as usize {
         return Err(CkptError::Invalid(format!("bad checkpoint path {:?}", String::from_utf8_lossy(path))));
     }

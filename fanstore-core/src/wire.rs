@@ -57,6 +57,9 @@
 //!           EROFS for an input)
 //!
 //! WATCH_*   namespace events of outputs, ops 40-45: see crate::watchev
+//! CKPT_PUT  payload path, memfd attached (a parts file: glue, unit references,
+//!           new unit bytes), arg0 COMMIT_EXCL, arg1 mode bits; reply value =
+//!           unit count and a memfd of their blake3s (see op::CKPT_PUT)
 //!
 //! OutRecord  0..8 size | 8..12 mode | 12..16 holder rank | 16..24 mtime ns
 //!           (i64) | 24..32 output id | 32..40 xxh3 of the bytes | 40..48 atime
@@ -125,6 +128,18 @@ pub mod op {
     pub const WATCH_KERNEL: u16 = 43;
     pub const WATCH_EVENT: u16 = 44;
     pub const WATCH_INFO: u16 = 45;
+    /// A checkpoint from parts (the `fanstore` Python package): payload
+    /// path, arg0 [`super::COMMIT_EXCL`], arg1 mode bits, a sealed memfd
+    /// attached holding a parts file (glue, references to units the node's
+    /// checkpoint store holds, new unit bytes; its layout is
+    /// `fanstore_ckpt::parts_file`'s). The daemon commits it into its store
+    /// and registers the record as COMMIT does. Reply value = unit count,
+    /// an fd (memfd) attached holding each unit's blake3 (32 bytes) in file
+    /// order. ESTALE: a reference names a unit the store does not hold
+    /// (nothing is committed: send those bytes); ENOTSUP: no store
+    /// (`--dedup off`: use COMMIT); EINVAL: a malformed parts
+    /// file, or parts that are not the file's units as the store splits it.
+    pub const CKPT_PUT: u16 = 46;
 
     /// Ops that turn a connection into a watcher session (not WATCH_INFO).
     pub fn is_watch(op: u16) -> bool {

@@ -233,6 +233,34 @@ fn handle(node: &Node, fd: RawFd, req: &Request, attached: Option<OwnedFd>, call
             };
             done(fd, req, r)
         }
+        op::CKPT_PUT => {
+            let r = match attached {
+                Some(file) => node.outputs.ckpt_put(path, file, req.arg0, req.arg1 as u32, caller),
+                None => Err(libc::EINVAL),
+            };
+            let (r, commit) = match r {
+                Ok((hashes, commit)) => (Ok(hashes), Some(commit)),
+                Err(e) => (Err(e), None),
+            };
+            let sent = r.and_then(|hashes| {
+                let m = crate::memfd::MemfdBuilder::unmapped("fanstore:unit-hashes", hashes.len() as u64 * 32).map_err(|_| libc::ENOMEM)?;
+                m.write_at(&hashes.concat(), 0).map_err(|_| libc::EIO)?;
+                Ok((m.seal().map_err(|_| libc::EIO)?, hashes.len() as u64))
+            });
+            let replied = match sent {
+                Ok((file, n)) => {
+                    let mut r = Reply::ok(req, n);
+                    r.flags = wire::FLAG_FD;
+                    wire::send_msg(fd, &r.encode(), Some(file.as_raw_fd()))
+                }
+                Err(e) => done(fd, req, Err(e)),
+            };
+            // The store commit runs behind the reply (its readers wait for it).
+            if let Some(c) = commit {
+                c.run();
+            }
+            replied
+        }
         op::OUT_STAT => {
             node.rank.counters.names_asked.fetch_add(1, Relaxed);
             let (answer, file) = if req.arg0 & wire::STAT_OPEN != 0 {

@@ -104,6 +104,39 @@ pub fn errno_of(e: &CkptError) -> i32 {
     }
 }
 
+/// The unlinks deferred while commits from parts ran, once none runs.
+fn take_deferred(q: &mut CommitQueue) -> Vec<u64> {
+    if q.parts.is_empty() {
+        std::mem::take(&mut q.deferred_drops)
+    } else {
+        Vec::new()
+    }
+}
+
+/// Releases the outputs `ids` (deferred unlinks) from the store.
+fn release_deferred(h: &mut Held, ids: Vec<u64>) {
+    if ids.is_empty() {
+        return;
+    }
+    for id in ids {
+        let Some(key) = h.keys.remove(&id) else { continue };
+        h.hot.remove(&id);
+        if let Err(e) = h.store.unlink(&key) {
+            log::warn!("checkpoint store: unlinking '{}': {e}", String::from_utf8_lossy(&key));
+        }
+    }
+    h.trim_hot();
+}
+
+/// The errno a refused commit from parts gives its writer.
+fn parts_errno(e: &CkptError) -> i32 {
+    match e {
+        CkptError::UnknownUnit { .. } => libc::ESTALE,
+        CkptError::Invalid(_) => libc::EINVAL,
+        e => errno_of(e),
+    }
+}
+
 struct Held {
     store: CheckpointStore,
     /// Output id -> current store key.
@@ -127,6 +160,16 @@ struct CommitQueue {
     bytes: u64,
     /// The output being stored now.
     running: Option<Running>,
+    /// Outputs committed from parts (CKPT_PUT) whose record is registered
+    /// and whose store commit runs now, behind the writer's reply: readers
+    /// of these wait for them, unlinks of others are deferred (see
+    /// [`Dedup::check_and_begin_parts`]).
+    parts: HashMap<u64, Running>,
+    /// Outputs of the store unlinked or replaced while commits from parts
+    /// ran: released once none runs (one may refer to units only these hold;
+    /// the common case: a new version of the same path, saved from parts,
+    /// refers to the unchanged tensors of the version it replaces).
+    deferred_drops: Vec<u64>,
 }
 
 /// What happened to the output being stored while the worker stored it.
@@ -441,6 +484,95 @@ impl Dedup {
         Ok(info)
     }
 
+    /// Checks a commit from parts (`CKPT_PUT`, see `fanstore_ckpt::parts`)
+    /// before its record is registered: the blake3 of every unit. ESTALE:
+    /// a reference names no unit of this store; EINVAL: parts that are not
+    /// the file's units.
+    ///
+    /// Once checked, output `id` is about to be registered: until
+    /// [`Self::finish_parts`] stores it, its readers wait ([`Self::holds`]),
+    /// and unlinks of other outputs of the store are deferred (one could
+    /// free a unit it refers to; checked and begun under the store's lock,
+    /// so no unlink comes in between). Renames and unlinks of it are noted
+    /// and applied once it is stored, as for the commit worker's output.
+    pub fn check_and_begin_parts(&self, path: &[u8], id: u64, parts: &fanstore_ckpt::parts_file::Parts, payload: &[u8]) -> Result<Vec<[u8; 32]>, i32> {
+        let h = self.read();
+        let hashes = h.store.check_parts(&parts.skeleton[..], &parts.units, payload).map_err(|e| {
+            log::info!("checkpoint store: refusing '{}' from parts: {e}", String::from_utf8_lossy(path));
+            parts_errno(&e)
+        })?;
+        lock_queue(&self.queue).parts.insert(id, Running { id, settled: None, dropped: false });
+        Ok(hashes)
+    }
+
+    /// Output `id`'s record could not be registered: nothing will be stored.
+    pub fn cancel_parts(&self, id: u64) {
+        let mut h = self.write();
+        let deferred = {
+            let mut q = lock_queue(&self.queue);
+            q.parts.remove(&id);
+            take_deferred(&mut q)
+        };
+        release_deferred(&mut h, deferred);
+    }
+
+    /// Stores output `id` of `path` from parts (begun with
+    /// [`Self::check_and_begin_parts`]), under its pending key, then under the path
+    /// it was settled or renamed to (released if it was unlinked meanwhile).
+    /// A failure here (a full disk) leaves a record without bytes: its
+    /// reads are EIO, and it is logged.
+    pub fn finish_parts(&self, path: &[u8], id: u64, parts: &fanstore_ckpt::parts_file::Parts, payload: &[u8]) {
+        let key = pending_key(path, id);
+        let started = std::time::Instant::now();
+        let mut h = self.write();
+        let res = h.store.commit_parts(&key, &parts.skeleton[..], &parts.units, payload, parts.file_xxh3);
+        // Lock order: the store's, then the queue's.
+        let (run, deferred) = {
+            let mut q = lock_queue(&self.queue);
+            let run = q.parts.remove(&id);
+            (run, take_deferred(&mut q))
+        };
+        match (res, run) {
+            (Ok(_), Some(run)) if run.dropped => {
+                if let Err(e) = h.store.unlink(&key) {
+                    log::warn!("checkpoint store: unlinking '{}': {e}", String::from_utf8_lossy(&key));
+                }
+            }
+            (Ok((info, _)), run) => {
+                h.keys.insert(id, key);
+                if let Some(to) = run.and_then(|r| r.settled) {
+                    h.rename_key(id, &to);
+                }
+                log::debug!(
+                    "checkpoint store: output {id} ({} B, {} new units) stored from parts in {:.1} ms",
+                    info.logical,
+                    info.units_new,
+                    started.elapsed().as_secs_f64() * 1e3
+                );
+            }
+            (Err(e), _) => log::error!(
+                "checkpoint store: committing '{}' from parts: {e}; its record has no bytes (reads are EIO)",
+                String::from_utf8_lossy(path)
+            ),
+        }
+        release_deferred(&mut h, deferred);
+        log_repairs(&mut h.store);
+    }
+
+    /// Waits while output `id` (or, with None, any output) committed from
+    /// parts is still being stored.
+    fn wait_parts(&self, id: Option<u64>) {
+        while {
+            let q = lock_queue(&self.queue);
+            match id {
+                Some(id) => q.parts.contains_key(&id),
+                None => !q.parts.is_empty(),
+            }
+        } {
+            std::thread::sleep(std::time::Duration::from_millis(1));
+        }
+    }
+
     /// Stores output `id` of `path` like [`Self::stage`], from a file handed
     /// over for good, which nothing can write any more (the client's unnamed
     /// local file, opened read-only, that no process had open for writing at
@@ -498,7 +630,7 @@ impl Dedup {
     pub fn wait_committed(&self) {
         while {
             let q = lock_queue(&self.queue);
-            !q.jobs.is_empty() || q.running.is_some()
+            !q.jobs.is_empty() || q.running.is_some() || !q.parts.is_empty()
         } {
             std::thread::sleep(std::time::Duration::from_millis(2));
         }
@@ -538,6 +670,10 @@ impl Dedup {
                 r.settled = Some(to.to_vec());
                 return;
             }
+            if let Some(r) = q.parts.get_mut(&id) {
+                r.settled = Some(to.to_vec());
+                return;
+            }
         }
         // Not queued (nor being stored): the worker cannot take it any more.
         self.write().rename_key(id, to);
@@ -558,8 +694,25 @@ impl Dedup {
                 r.dropped = true;
                 return false;
             }
+            if let Some(r) = q.parts.get_mut(&id) {
+                r.dropped = true; // released once stored; it has no plain file
+                return true;
+            }
         }
         let mut h = self.write();
+        if !h.keys.contains_key(&id) {
+            return false;
+        }
+        // A commit from parts running now may refer to units only this
+        // output holds: it is released after them. (Under the store's lock:
+        // a commit from parts is checked and begun under it too.)
+        {
+            let mut q = lock_queue(&self.queue);
+            if !q.parts.is_empty() {
+                q.deferred_drops.push(id);
+                return true;
+            }
+        }
         let Some(key) = h.keys.remove(&id) else { return false };
         if let Err(e) = h.store.unlink(&key) {
             log::warn!("checkpoint store: unlinking '{}': {e}", String::from_utf8_lossy(&key));
@@ -569,7 +722,10 @@ impl Dedup {
         true
     }
 
+    /// Whether this store holds output `id` (waiting first while it is
+    /// being stored from parts).
     pub fn holds(&self, id: u64) -> bool {
+        self.wait_parts(Some(id));
         self.read().keys.contains_key(&id)
     }
 

@@ -5,11 +5,13 @@
 //! - [`held`]: the bytes of outputs this rank holds (COMMIT, OUT_OPEN, held
 //!   files and sidecars, kill -9 recovery).
 //! - [`dedup`]: the checkpoint store that commits split into tensors.
+//! - [`ckpt_put`]: checkpoints committed from parts (CKPT_PUT).
 //! - [`persist`] and [`persist_lease`]: the drain to `--persist` and the one
 //!   job per persist directory.
 //! - [`remote_out`]: this node's copies of outputs held by other ranks.
 //! - [`watch`]: namespace events pushed to watchers.
 //! - [`special`]: FIFOs and unix sockets (MKNOD), real objects on their node.
+pub mod ckpt_put;
 pub mod dedup;
 pub mod held;
 pub mod held_files;
