@@ -229,22 +229,18 @@ pub fn local_file_path_into(local_dir: &[u8], node_id: u32, out: &mut [u8]) -> O
 }
 
 /// [`decimal`] of a u64.
-pub fn decimal_u64(mut n: u64, buf: &mut [u8; 20]) -> &[u8] {
-    let mut d = buf.len();
-    loop {
-        d -= 1;
-        buf[d] = b'0' + (n % 10) as u8;
-        n /= 10;
-        if n == 0 {
-            break;
-        }
-    }
-    &buf[d..]
+pub fn decimal_u64(n: u64, buf: &mut [u8; 20]) -> &[u8] {
+    digits_at_end(n, buf)
 }
 
 /// The decimal digits of `n`, written at the end of `buf` (no allocation:
 /// usable inside the preload library's hooks).
-pub fn decimal(mut n: u32, buf: &mut [u8; 10]) -> &[u8] {
+pub fn decimal(n: u32, buf: &mut [u8; 10]) -> &[u8] {
+    digits_at_end(u64::from(n), buf)
+}
+
+/// `n`'s decimal digits at the end of `buf` (long enough for them).
+fn digits_at_end(mut n: u64, buf: &mut [u8]) -> &[u8] {
     let mut d = buf.len();
     loop {
         d -= 1;
