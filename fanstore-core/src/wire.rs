@@ -24,7 +24,7 @@
 //!
 //! ```text
 //! COMMIT    payload path, fd attached (the output file: an unnamed local
-//!           file or a memfd), arg0 COMMIT_EXCL, COMMIT_SOLE, COMMIT_LATE bits,
+//!           file or a memfd), arg0 COMMIT_EXCL, COMMIT_SOLE, COMMIT_LATE, COMMIT_MADE_AHEAD bits,
 //!           arg1 mode bits; reply errno once the owner rank registered it
 //! OUT_STAT  payload path, arg0 STAT_NOFOLLOW, STAT_PARENT bits; reply value = size,
 //!           payload = StatAnswer (OutRecord, 56 bytes, first); with STAT_PARENT an
@@ -222,6 +222,12 @@ pub const COMMIT_SOLE: u64 = 4;
 /// otherwise the parent's own commit is still to come (or another file
 /// replaced it), and this one is dropped.
 pub const COMMIT_LATE: u64 = 8;
+
+/// COMMIT arg0 bit: the attached fd is a read-only description of an
+/// unnamed file the daemon made ahead for this output, which the client
+/// could not prove sole (the daemon's own fd of it may still have been
+/// open): the daemon waits until it has closed its fd and checks again.
+pub const COMMIT_MADE_AHEAD: u64 = 16;
 
 /// RENAME arg0 bit: fail with EEXIST if the new name exists (renameat2's
 /// RENAME_NOREPLACE), checked at its owner for a file.

@@ -115,3 +115,13 @@ mod tests {
         assert_eq!(e.raw_os_error(), Some(libc::EEXIST));
     }
 }
+
+/// The errno for a failed write of an output's file: ENOSPC and EDQUOT as
+/// they are, anything else EIO.
+pub(crate) fn io_errno(e: &std::io::Error) -> i32 {
+    match e.raw_os_error() {
+        Some(libc::ENOSPC) => libc::ENOSPC,
+        Some(libc::EDQUOT) => libc::EDQUOT,
+        _ => libc::EIO,
+    }
+}

@@ -287,7 +287,11 @@ fn handle(node: &Node, fd: RawFd, req: &Request, attached: Option<OwnedFd>, call
             if file.is_some() {
                 r.flags = wire::FLAG_FD;
             }
-            wire::send_msg(fd, &r.encode(), file.as_ref().map(|f| f.as_raw_fd()))
+            let sent = wire::send_msg(fd, &r.encode(), file.as_ref().map(|f| f.as_raw_fd()));
+            if let (Some(f), Some(p)) = (file, node.outputs.new_files.get()) {
+                p.handed_over(f);
+            }
+            sent
         }
         op::LINK => match path.iter().position(|&b| b == 0) {
             Some(i) => done(fd, req, node.outputs.out_link(&path[..i], &path[i + 1..], caller)),

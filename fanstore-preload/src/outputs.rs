@@ -458,13 +458,15 @@ pub fn commit(st: &State, fd: c_int, s: &Slot) -> Result<(), c_int> {
         crate::dlog!("close of {}: unchanged copy, nothing to commit", crate::debug::B(&s.path));
         return Ok(());
     }
-    let ro = read_only(fd, s.made_ahead);
+    let ro = read_only(fd);
     let mut flags = if s.excl { wire::COMMIT_EXCL } else { 0 };
     if s.late {
         flags |= wire::COMMIT_LATE;
     }
-    if ro.is_some_and(|(_, sole)| sole) {
-        flags |= wire::COMMIT_SOLE;
+    match ro {
+        Some((_, true)) => flags |= wire::COMMIT_SOLE,
+        Some((_, false)) if s.made_ahead => flags |= wire::COMMIT_MADE_AHEAD,
+        _ => {}
     }
     let req = crate::client::request(op::COMMIT, flags, s.mode as u64, &s.path);
     let r = crate::client::call(st, &req, Some(ro.map_or(fd, |(r, _)| r))).map(|_| ());
@@ -494,12 +496,11 @@ pub fn commit(st: &State, fd: c_int, s: &Slot) -> Result<(), c_int> {
 /// None for a sealable memfd (the daemon seals it, which needs it
 /// writable) or when the file cannot be reopened.
 ///
-/// `patient`: a file the daemon made ahead, whose writable description the
-/// daemon also held until just after its reply: the lease is tried again
-/// for up to [`MADE_AHEAD_WAIT_US`] while the daemon's close may still be
-/// on its way (taking it for another writer would make the daemon copy
-/// the file, a new inode, which is what making it ahead saved).
-fn read_only(fd: c_int, patient: bool) -> Option<(c_int, bool)> {
+/// A file the daemon made ahead may fail the lease only because the
+/// daemon's own fd of it is not closed yet (it closes it just after its
+/// reply): its commit says so (COMMIT_MADE_AHEAD) and the daemon checks
+/// again once its fd is closed.
+fn read_only(fd: c_int) -> Option<(c_int, bool)> {
     // SAFETY: fcntl queries on an fd of ours; no pointers.
     let seals = unsafe { crate::real::fcntl(fd, libc::F_GET_SEALS, 0) };
     if seals >= 0 && seals & libc::F_SEAL_SEAL == 0 {
@@ -525,25 +526,13 @@ fn read_only(fd: c_int, patient: bool) -> Option<(c_int, bool)> {
         return None;
     }
     // SAFETY: lease commands on a read-only fd of ours (taken and given back).
-    let lease = || unsafe { crate::real::fcntl(ro, libc::F_SETLEASE, libc::F_RDLCK as libc::c_ulong) } == 0;
-    let mut sole = lease();
-    if !sole && patient {
-        let start = std::time::Instant::now();
-        while !sole && start.elapsed() < std::time::Duration::from_micros(MADE_AHEAD_WAIT_US) {
-            std::thread::yield_now();
-            sole = lease();
-        }
-    }
+    let sole = unsafe { crate::real::fcntl(ro, libc::F_SETLEASE, libc::F_RDLCK as libc::c_ulong) } == 0;
     if sole {
         // SAFETY: as above.
         unsafe { crate::real::fcntl(ro, libc::F_SETLEASE, libc::F_UNLCK as libc::c_ulong) };
     }
     Some((ro, sole))
 }
-
-/// How long a commit waits for the daemon to drop its reference to a file
-/// it made ahead ([`read_only`]).
-const MADE_AHEAD_WAIT_US: u64 = 500;
 
 /// Closing `lo..=hi`: commits the outputs whose last fd is among them.
 pub fn closing_range(lo: u32, hi: u32) {

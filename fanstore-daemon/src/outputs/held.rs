@@ -21,7 +21,8 @@
 use crate::caller::Caller;
 use crate::ids::OUT_BIT;
 use crate::memfd::MemfdBuilder;
-use crate::outputs::held_files::{drop_held, io_errno};
+use crate::fdio::io_errno;
+use crate::outputs::held_files::drop_held;
 use crate::outputs::names::{now_ns, parent};
 use crate::outputs::names::Looked;
 use crate::outputs::Outputs;
@@ -134,7 +135,7 @@ impl Outputs {
         // The client's unnamed file that nothing can write any more: its
         // writer found no other writer at its last close and sent a
         // read-only description of it (COMMIT_SOLE).
-        let sole = unnamed && flags & wire::COMMIT_SOLE != 0;
+        let sole = unnamed && (flags & wire::COMMIT_SOLE != 0 || flags & wire::COMMIT_MADE_AHEAD != 0 && self.sole_once_handed_over(&src, file_id.1));
         let map = if size > 0 {
             // SAFETY: the client handed us its output file at its last close
             // and no longer writes it (the plain path keeps and serves this
@@ -253,6 +254,25 @@ impl Outputs {
         use std::os::unix::fs::MetadataExt;
         let (Ok(m), Ok(out)) = (src.metadata(), std::fs::metadata(self.out_dir())) else { return false };
         m.file_type().is_file() && m.nlink() == 0 && m.dev() == out.dev()
+    }
+
+    /// A file made ahead here whose client could not prove it sole: once
+    /// this daemon's fd of it is closed, is it? A read lease is granted
+    /// only when no description of the file is open for writing.
+    fn sole_once_handed_over(&self, src: &std::fs::File, ino: u64) -> bool {
+        use std::os::fd::AsRawFd;
+        let Some(p) = self.new_files.get() else { return false };
+        if !p.wait_handed_over(ino, std::time::Duration::from_secs(1)) {
+            return false;
+        }
+        // SAFETY: lease commands on a read-only fd of ours, taken and given back.
+        unsafe {
+            if libc::fcntl(src.as_raw_fd(), libc::F_SETLEASE, libc::F_RDLCK) != 0 {
+                return false;
+            }
+            libc::fcntl(src.as_raw_fd(), libc::F_SETLEASE, libc::F_UNLCK);
+        }
+        true
     }
 
     /// Is the local disk (nearly) full? A program's write into its unnamed

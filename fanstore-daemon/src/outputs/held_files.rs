@@ -7,15 +7,6 @@
 
 use crate::outputs::held_journal::HeldJournal;
 
-/// The errno for a failed write of an output's file: ENOSPC and EDQUOT as
-/// they are, anything else EIO.
-pub(crate) fn io_errno(e: &std::io::Error) -> i32 {
-    match e.raw_os_error() {
-        Some(libc::ENOSPC) => libc::ENOSPC,
-        Some(libc::EDQUOT) => libc::EDQUOT,
-        _ => libc::EIO,
-    }
-}
 /// HOLDER_RENAME at the holder: output `id` is now named `path`, in its
 /// checkpoint store (if there) and in the held journal, so a restart after
 /// a kill registers it under the new name.

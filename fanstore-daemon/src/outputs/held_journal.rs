@@ -146,7 +146,7 @@ impl HeldJournal {
     /// Output `rec.id`, held here, is named `path`.
     pub fn set(&self, path: &[u8], rec: &OutRecord, fsync: bool) -> Result<(), i32> {
         let mut inner = self.lock();
-        self.append(&mut inner, &entry(SET, rec.id, Some((path, rec))), fsync).map_err(|e| crate::outputs::held_files::io_errno(&e))?;
+        self.append(&mut inner, &entry(SET, rec.id, Some((path, rec))), fsync).map_err(|e| crate::fdio::io_errno(&e))?;
         inner.live.insert(rec.id, (path.to_vec(), *rec));
         self.maybe_compact(&mut inner);
         Ok(())

@@ -23,6 +23,9 @@ pub const READY: usize = 32;
 struct Ready {
     files: Vec<OwnedFd>,
     stop: bool,
+    /// Inode numbers of files taken whose fd this daemon still holds (sent
+    /// with a reply, not yet closed: [`NewFiles::handed_over`]).
+    in_flight: Vec<u64>,
 }
 
 pub struct NewFiles {
@@ -30,6 +33,8 @@ pub struct NewFiles {
     target: usize,
     ready: Mutex<Ready>,
     low: Condvar,
+    /// Signalled when a taken file's fd is closed here.
+    closed: Condvar,
     /// The daemon's effective ids: the callers served.
     ids: (u32, u32),
 }
@@ -39,7 +44,7 @@ impl NewFiles {
     pub fn start(dir: std::path::PathBuf, target: usize) -> std::io::Result<Arc<NewFiles>> {
         // SAFETY: geteuid/getegid have no preconditions and cannot fail.
         let ids = unsafe { (libc::geteuid(), libc::getegid()) };
-        let pool = Arc::new(NewFiles { target: target.max(1), ready: Mutex::new(Ready::default()), low: Condvar::new(), ids });
+        let pool = Arc::new(NewFiles { target: target.max(1), ready: Mutex::new(Ready::default()), low: Condvar::new(), closed: Condvar::new(), ids });
         let c_dir = std::ffi::CString::new(std::os::unix::ffi::OsStrExt::as_bytes(dir.as_os_str()))
             .map_err(|_| std::io::ErrorKind::InvalidInput)?;
         let p = pool.clone();
@@ -83,11 +88,41 @@ impl NewFiles {
             return None;
         }
         let mut r = self.lock();
-        let f = r.files.pop();
+        let f = r.files.pop()?;
         if r.files.len() < self.target.div_ceil(2) {
             self.low.notify_one();
         }
-        f
+        r.in_flight.push(inode(&f));
+        Some(f)
+    }
+
+    /// Closes this daemon's fd of a file [`take`](Self::take) gave, once
+    /// its reply has carried it to the client.
+    pub fn handed_over(&self, f: OwnedFd) {
+        let ino = inode(&f);
+        drop(f);
+        let mut r = self.lock();
+        if let Some(i) = r.in_flight.iter().position(|&x| x == ino) {
+            r.in_flight.swap_remove(i);
+        }
+        self.closed.notify_all();
+    }
+
+    /// Waits (at most `limit`) until this daemon holds no fd of the file
+    /// made ahead with inode `ino`: its own fd, closed just after the reply
+    /// that sent it, must not count as another writer at the client's
+    /// commit. False if it is still held after `limit`.
+    pub fn wait_handed_over(&self, ino: u64, limit: std::time::Duration) -> bool {
+        let deadline = std::time::Instant::now() + limit;
+        let mut r = self.lock();
+        while r.in_flight.contains(&ino) {
+            let now = std::time::Instant::now();
+            if now >= deadline {
+                return false;
+            }
+            r = self.closed.wait_timeout(r, deadline - now).unwrap_or_else(|p| p.into_inner()).0;
+        }
+        true
     }
 
     /// Ends the thread (the files ready are closed).
@@ -97,6 +132,15 @@ impl NewFiles {
         r.files.clear();
         self.low.notify_one();
     }
+}
+
+/// The inode number of `f`'s file (0 if fstat fails).
+fn inode(f: &OwnedFd) -> u64 {
+    use std::os::fd::AsRawFd;
+    // SAFETY: plain data, zero is valid.
+    let mut st: libc::stat = unsafe { std::mem::zeroed() };
+    // SAFETY: st is a valid out-pointer and f a live fd.
+    if unsafe { libc::fstat(f.as_raw_fd(), &mut st) } == 0 { st.st_ino } else { 0 }
 }
 
 #[cfg(test)]

@@ -52,7 +52,7 @@ impl Outputs {
             return Err(libc::ENOSPC);
         }
         let dir = self.out_dir();
-        std::fs::create_dir_all(&dir).map_err(|e| crate::outputs::held_files::io_errno(&e))?;
+        std::fs::create_dir_all(&dir).map_err(|e| crate::fdio::io_errno(&e))?;
         let file = dir.join(id.to_string());
         if !bind && !device {
             make_object(&file, kind)?;
@@ -89,7 +89,7 @@ fn make_object(file: &std::path::Path, kind: u32) -> Result<(), i32> {
     if r != 0 {
         let e = std::io::Error::last_os_error();
         log::warn!("making {}: {e}", file.display());
-        return Err(crate::outputs::held_files::io_errno(&e));
+        return Err(crate::fdio::io_errno(&e));
     }
     // SAFETY: as above (the umask took bits off).
     unsafe { libc::chmod(c.as_ptr(), perm) };
