@@ -137,10 +137,54 @@ fn parts_errno(e: &CkptError) -> i32 {
     }
 }
 
+/// Output id -> current store key, with the same ids in a set readable
+/// without the store's lock ([`Dedup::stored`]): the commit worker holds
+/// that lock for a whole commit, and a rename or unlink of an output the
+/// store does not hold (a small file beside a checkpoint being stored)
+/// must not wait for it.
+struct Keys {
+    map: HashMap<u64, Vec<u8>>,
+    ids: Arc<std::sync::Mutex<HashSet<u64>>>,
+}
+
+impl Keys {
+    fn ids(&self) -> std::sync::MutexGuard<'_, HashSet<u64>> {
+        self.ids.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    fn insert(&mut self, id: u64, key: Vec<u8>) {
+        self.ids().insert(id);
+        self.map.insert(id, key);
+    }
+
+    fn remove(&mut self, id: &u64) -> Option<Vec<u8>> {
+        self.ids().remove(id);
+        self.map.remove(id)
+    }
+
+    fn retain(&mut self, f: impl FnMut(&u64, &mut Vec<u8>) -> bool) {
+        self.map.retain(f);
+        let map = &self.map;
+        self.ids.lock().unwrap_or_else(|p| p.into_inner()).retain(|id| map.contains_key(id));
+    }
+
+    fn get(&self, id: &u64) -> Option<&Vec<u8>> {
+        self.map.get(id)
+    }
+
+    fn contains_key(&self, id: &u64) -> bool {
+        self.map.contains_key(id)
+    }
+
+    fn values(&self) -> impl Iterator<Item = &Vec<u8>> {
+        self.map.values()
+    }
+}
+
 struct Held {
     store: CheckpointStore,
     /// Output id -> current store key.
-    keys: HashMap<u64, Vec<u8>>,
+    keys: Keys,
     /// Output id -> the file it was committed from, while the store keeps
     /// that file's bytes as a hot copy: opens are served from it directly.
     /// Only files nothing can write any more: a memfd sealed against
@@ -271,6 +315,8 @@ pub struct Dedup {
     /// to keep outputs queued).
     #[cfg_attr(not(test), allow(dead_code))]
     commit_gate: Arc<std::sync::Mutex<()>>,
+    /// The ids of the outputs the store holds ([`Keys`]).
+    stored: Arc<std::sync::Mutex<HashSet<u64>>>,
 }
 
 /// The most bytes of closed outputs waiting for their commit.
@@ -315,7 +361,15 @@ fn commit_worker(
         // store as an extent instead of copied (it is already on this disk).
         let res = map.and_then(|m| h.store.commit_adopting(&job.key, m, &file, job.sum));
         // Lock order: the store's, then the queue's.
-        let Some(run) = lock_queue(&queue).running.take() else { continue };
+        let run = {
+            let mut q = lock_queue(&queue);
+            let Some(run) = q.running.take() else { continue };
+            // Stored in the same step as it leaves the queue (see Dedup::rename_output).
+            if res.is_ok() && !run.dropped {
+                h.keys.insert(id, job.key.clone());
+            }
+            run
+        };
         match res {
             Ok(_) if run.dropped => {
                 if let Err(e) = h.store.unlink(&job.key) {
@@ -324,7 +378,6 @@ fn commit_worker(
                 log_repairs(&mut h.store);
             }
             Ok(_) => {
-                h.keys.insert(id, job.key);
                 if let Some(to) = &run.settled {
                     h.rename_key(id, to);
                 }
@@ -437,7 +490,9 @@ impl Dedup {
     pub fn open(dir: &Path, min: u64, fsync: bool, hot: usize, hot_bytes: u64) -> Result<Dedup, CkptError> {
         let mut store = CheckpointStore::open_with(dir, StoreOptions { fsync, hot, hot_bytes, ..StoreOptions::default() })?;
         log_repairs(&mut store);
-        let held = Arc::new(RwLock::new(Held { store, keys: HashMap::new(), hot: HashMap::new() }));
+        let stored = Arc::new(std::sync::Mutex::new(HashSet::new()));
+        let keys = Keys { map: HashMap::new(), ids: stored.clone() };
+        let held = Arc::new(RwLock::new(Held { store, keys, hot: HashMap::new() }));
         let (tx, rx) = std::sync::mpsc::channel();
         let (d, weak) = (dir.to_path_buf(), Arc::downgrade(&held));
         std::thread::Builder::new()
@@ -461,6 +516,7 @@ impl Dedup {
             queue,
             queue_limit: hot_bytes.min(QUEUE_MAX),
             commit_gate: gate,
+            stored,
         })
     }
 
@@ -530,6 +586,10 @@ impl Dedup {
         let (run, deferred) = {
             let mut q = lock_queue(&self.queue);
             let run = q.parts.remove(&id);
+            // Stored in the same step as it leaves the queue (see Self::rename_output).
+            if res.is_ok() && !run.as_ref().is_some_and(|r| r.dropped) {
+                h.keys.insert(id, key.clone());
+            }
             (run, take_deferred(&mut q))
         };
         match (res, run) {
@@ -539,7 +599,6 @@ impl Dedup {
                 }
             }
             (Ok((info, _)), run) => {
-                h.keys.insert(id, key);
                 if let Some(to) = run.and_then(|r| r.settled) {
                     h.rename_key(id, &to);
                 }
@@ -674,8 +733,14 @@ impl Dedup {
                 r.settled = Some(to.to_vec());
                 return;
             }
+            // Not queued (nor being stored): the worker cannot take it any
+            // more. Checked under the queue's lock, where a commit moves an
+            // id from the queue into the store: one the store does not
+            // hold returns at once, without waiting for a commit that runs.
+            if !self.stored(id) {
+                return;
+            }
         }
-        // Not queued (nor being stored): the worker cannot take it any more.
         self.write().rename_key(id, to);
     }
 
@@ -697,6 +762,9 @@ impl Dedup {
             if let Some(r) = q.parts.get_mut(&id) {
                 r.dropped = true; // released once stored; it has no plain file
                 return true;
+            }
+            if !self.stored(id) {
+                return false; // (as in rename_output)
             }
         }
         let mut h = self.write();
@@ -726,7 +794,12 @@ impl Dedup {
     /// being stored from parts).
     pub fn holds(&self, id: u64) -> bool {
         self.wait_parts(Some(id));
-        self.read().keys.contains_key(&id)
+        self.stored(id)
+    }
+
+    /// Does the store hold output `id`? Without the store's lock.
+    fn stored(&self, id: u64) -> bool {
+        self.stored.lock().unwrap_or_else(|p| p.into_inner()).contains(&id)
     }
 
     /// Output `id` is the store's checkpoint `key` (recovered or reloaded).
@@ -1112,7 +1185,19 @@ mod tests {
         dd.enqueue(b"run/b", 2, f2, 300_000, Some(sum_of(&p2)), p2.clone());
         dd.settle(2, b"run/b");
         dd.rename_output(2, b"run/c");
-        drop(store);
+        // Outputs the store does not hold (a small file beside the
+        // checkpoint: DCP's `.metadata.tmp` renamed into place), from
+        // another thread: it must not wait for the store held here.
+        let (tx, rx) = std::sync::mpsc::channel();
+        std::thread::scope(|sc| {
+            sc.spawn(|| {
+                dd.rename_output(77, b"run/.metadata");
+                tx.send(dd.drop_output(78)).unwrap();
+            });
+            let got = rx.recv_timeout(std::time::Duration::from_secs(5));
+            drop(store);
+            assert_eq!(got, Ok(false), "a rename or unlink of an output the store does not hold waited for its lock");
+        });
         dd.wait_committed();
         assert!(!dd.holds(1), "an output unlinked while it was being stored stays released");
         assert!(p1.exists(), "its plain file is the caller's to delete");
