@@ -25,6 +25,7 @@ return other bytes.
 """
 import ctypes
 import zlib
+from collections import OrderedDict
 
 
 def storage_view(storage) -> memoryview:
@@ -73,15 +74,25 @@ def _only_ours(storage) -> bool:
     return torch._C._storage_Use_Count(storage._cdata) <= 1
 
 
+#: Units remembered by their bytes' fingerprint alone (see `Tracker.by_value`).
+BY_VALUE_MAX = 65536
+
+
 class Tracker:
     def __init__(self):
         self.identity = None
         self.entries = {}
+        # (fingerprint, length) -> (crc, blake3) of the units the store was
+        # last told about, whatever storage held them: a copy of unchanged
+        # bytes in a new storage (DCP's async staging, its clone of a view,
+        # a state dict rebuilt each step) is still sent as a reference.
+        self.by_value = OrderedDict()
         self.stats = dict(fingerprinted=0, trusted=0, referenced=0, sent=0)
 
     def reset(self, identity=None):
         self.identity = identity
         self.entries.clear()
+        self.by_value.clear()
 
     def sweep(self):
         """Drops the entries of storages whose tensors are gone."""
@@ -114,9 +125,19 @@ class Tracker:
             self.stats["referenced"] += 1
             d.crc, d.blake3 = e.crc, e.blake3
             return
+        known = self.by_value.get((fp, d.view.nbytes))
+        if known is not None:
+            self.stats["referenced"] += 1
+            d.crc, d.blake3 = known
+            return
         self.stats["sent"] += 1
         d.crc = crc if crc is not None else zlib.crc32(d.view)
 
     def learn(self, d: Decision, blake3: bytes):
         """The store holds `d`'s bytes as unit `blake3`."""
         self.entries[d.key] = Entry(d.storage, d.sig, d.fp, d.crc, blake3)
+        if d.fp is not None:
+            self.by_value[(d.fp, d.storage.nbytes())] = (d.crc, blake3)
+            self.by_value.move_to_end((d.fp, d.storage.nbytes()))
+            if len(self.by_value) > BY_VALUE_MAX:
+                self.by_value.popitem(last=False)

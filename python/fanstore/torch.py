@@ -183,16 +183,7 @@ def _prepare(daemon, path, rel, records, tensors, trust_version) -> _Prepared:
     """Decides which storages changed, lays out the archive, hashes the
     whole file and copies what must travel into a sealed memfd: after this
     the program's tensors are no longer read."""
-    by_storage = {}
-    for t in tensors:
-        by_storage.setdefault(t.untyped_storage()._cdata, []).append(t)
-    decisions = []
-    for _name, data, _n in records:
-        if isinstance(data, bytes):
-            continue
-        if data.device.type != "cpu":
-            raise _NotHere("a storage not on the CPU")
-        decisions.append(_TRACKER.begin(data, by_storage.get(data._cdata, ()), trust_version))
+    decisions = _begin(records, tensors, trust_version)
     try:
         archive = path.encode("ascii") and _zipwriter.archive_name(path)
     except UnicodeEncodeError:
@@ -203,6 +194,30 @@ def _prepare(daemon, path, rel, records, tensors, trust_version) -> _Prepared:
         pieces = [seg if isinstance(seg, bytes) else decisions[seg.key].view for seg in layout.segments]
         fd = _parts.file_memfd(pieces, layout.length)
         return _Prepared(path, rel, _daemon.OP_COMMIT, fd, [], mode)
+    fd = _parts.parts_memfd(_parts_of(layout, decisions), layout.length, file_xxh3)
+    for d in decisions:
+        d.view = None  # the tensors' memory is not read any more
+    return _Prepared(path, rel, _daemon.OP_CKPT_PUT, fd, decisions, mode)
+
+
+def _begin(records, tensors, trust_version):
+    """The tracker's first look at each storage of `records` (file order)."""
+    by_storage = {}
+    for t in tensors:
+        by_storage.setdefault(t.untyped_storage()._cdata, []).append(t)
+    decisions = []
+    for _name, data, _n in records:
+        if isinstance(data, bytes):
+            continue
+        if data.device.type != "cpu":
+            raise _NotHere("a storage not on the CPU")
+        decisions.append(_TRACKER.begin(data, by_storage.get(data._cdata, ()), trust_version))
+    return decisions
+
+
+def _parts_of(layout, decisions):
+    """An archive's parts for CKPT_PUT: its glue, a reference for each
+    storage the store holds, the bytes of the others."""
     parts = []
     for seg in layout.segments:
         if isinstance(seg, bytes):
@@ -210,10 +225,7 @@ def _prepare(daemon, path, rel, records, tensors, trust_version) -> _Prepared:
         else:
             d = decisions[seg.key]
             parts.append(("ref", d.blake3, d.view.nbytes) if d.blake3 is not None else ("new", d.view))
-    fd = _parts.parts_memfd(parts, layout.length, file_xxh3)
-    for d in decisions:
-        d.view = None  # the tensors' memory is not read any more
-    return _Prepared(path, rel, _daemon.OP_CKPT_PUT, fd, decisions, mode)
+    return parts
 
 
 _CHUNK = 1 << 20
@@ -234,14 +246,17 @@ def _layout(archive, records, decisions, crcs=True):
         raise _NotHere(str(e))
 
 
-def _read_storages(archive, records, decisions):
+def _read_storages(archive, records, decisions, h=None):
     """Reads every storage once, in file order, for both its fingerprint
     and the whole-file xxh3 (one pass over memory instead of two; the
     CRC-32 of a storage whose counters moved rides along too): the glue
     between storages only needs the CRC of the one before it, patched into
-    its data descriptor. Returns (whole-file xxh3, the final layout)."""
+    its data descriptor. Returns (whole-file xxh3, the final layout).
+    With `h` (an xxh3 hasher of what precedes the archive in its file) the
+    archive's bytes are added to `h`, which is returned."""
     draft = _layout(archive, records, decisions, crcs=False)
-    h = xxhash.xxh3_64()
+    outer = h
+    h = xxhash.xxh3_64() if outer is None else outer
     prev = None
     glue = []
     for seg in draft.segments[:-1]:
@@ -269,11 +284,13 @@ def _read_storages(archive, records, decisions):
         [s for s in layout.segments[:-1] if isinstance(s, bytes)] == glue
     _TRACKER.stats["rehashed"] = _TRACKER.stats.get("rehashed", 0) + (not same)
     if not same:  # (never expected) hash the final layout again, in a second pass
+        if outer is not None:
+            raise _NotHere("the archive's layout changed with its CRCs")
         h = xxhash.xxh3_64()
         for seg in layout.segments[:-1]:
             h.update(seg if isinstance(seg, bytes) else decisions[seg.key].view)
     h.update(layout.segments[-1])
-    return h.intdigest(), layout
+    return (h if outer is not None else h.intdigest()), layout
 
 
 def _send(conn, prep: _Prepared) -> bool:

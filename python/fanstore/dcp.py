@@ -1,0 +1,171 @@
+"""`fanstore.dcp`: storage for `torch.distributed.checkpoint` (DCP) that
+sends only what changed.
+
+`Writer(path)` is DCP's `FileSystemWriter`, and writes the same files: the
+shards `__<rank>_<n>.distcp` (every item's own `torch.save`, back to back)
+and `.metadata`. Under the mount of a running FanStore job whose daemon
+keeps the checkpoint store (`--dedup on`), a shard is not written through
+POSIX: the package lays it out itself, byte for byte the file
+`FileSystemWriter` writes, and commits it with CKPT_PUT, as
+`fanstore.torch.save` does a single archive. Each storage the node's store
+holds already (this process sent it before, the same bytes in any tensor)
+travels as a reference; only the others travel as bytes. The metadata is
+written through POSIX by DCP itself. Elsewhere (a path outside the mount,
+no daemon, stream extensions, another serialization format) it is
+`FileSystemWriter`.
+
+`Reader(path)` is DCP's `FileSystemReader`: the shards are read through the
+mount, from the node's hot copies or store.
+
+Example (every rank):
+
+```python
+import torch.distributed.checkpoint as dcp
+import fanstore.dcp
+
+dcp.save({"model": model.state_dict()}, storage_writer=fanstore.dcp.Writer("/fanstore/ckpt/step100"))
+dcp.async_save(state, storage_writer=fanstore.dcp.Writer("/fanstore/ckpt/step200")).result()
+dcp.load(state, storage_reader=fanstore.dcp.Reader("/fanstore/ckpt/step200"))
+```
+"""
+import errno as _errno
+import os
+import queue
+import time
+
+import xxhash
+from torch.distributed.checkpoint import FileSystemReader, FileSystemWriter
+from torch.distributed.checkpoint.filesystem import SerializationFormat, _StorageInfo
+from torch.distributed.checkpoint.planner import WriteItemType
+from torch.distributed.checkpoint.storage import WriteResult
+from torch.futures import Future
+
+from . import _daemon, _parts
+from . import torch as _ft
+
+__all__ = ["Writer", "Reader"]
+
+#: The archive name torch.save gives a stream with no file name (DCP's items).
+_ARCHIVE = "archive"
+
+
+class Writer(FileSystemWriter):
+    """`FileSystemWriter(path, ...)` whose shards are committed as parts
+    (see the module doc). `trust_version=True`: as in
+    `fanstore.torch.save`, storages whose version counters did not move
+    are not read again (only for programs that never write tensors behind
+    the counter's back)."""
+
+    def __init__(self, path, *args, trust_version=False, **kwargs):
+        super().__init__(path, *args, **kwargs)
+        self.trust_version = trust_version
+        #: Shards this writer committed as parts (the others went through POSIX).
+        self.shards_sent = 0
+        #: Seconds spent laying out, reading and copying the shards
+        #: ("prepare") and in the daemon's CKPT_PUT round trips ("send").
+        self.seconds = {"prepare": 0.0, "send": 0.0}
+
+    def _write_data(self, planner, file_queue):
+        daemon = _daemon.find()
+        if (daemon is None or not daemon.dedup or self.transforms.extensions
+                or self.serialization_format != SerializationFormat.TORCH_SAVE
+                or daemon.relative(self.path) is None):
+            return super()._write_data(planner, file_queue)
+        files = []
+        while True:
+            try:
+                files.append(file_queue.get_nowait())
+            except queue.Empty:
+                break
+        results = []
+        with _ft._SAVE_LOCK:
+            _ft._wait_inflight()
+            conn = _ft._connection(daemon)
+            _ft._TRACKER.sweep()
+            for path, storage_key, items in files:
+                got = self._send_shard(daemon, conn, planner, path, storage_key, items)
+                if got is None:  # a tensor off the CPU, a zip64 archive: FileSystemWriter writes it
+                    rest = queue.Queue()
+                    rest.put((path, storage_key, items))
+                    got = super()._write_data(planner, rest).result()
+                else:
+                    self.shards_sent += 1
+                results += got
+        fut = Future()
+        fut.set_result(results)
+        return fut
+
+    def _send_shard(self, daemon, conn, planner, path, storage_key, items):
+        """Commits one shard; its WriteResults, or None when it must go
+        through POSIX."""
+        rel = daemon.relative(path)
+        if rel is None:
+            return None
+        byte_items = [wi for wi in items if wi.type == WriteItemType.BYTE_IO]
+        tensor_items = [wi for wi in items if wi.type != WriteItemType.BYTE_IO]
+        blobs = [(wi, planner.resolve_data(wi).getvalue()) for wi in byte_items]
+        tensors = []
+        for wi in tensor_items:
+            # As FileSystemWriter's loader: a view of a larger storage is
+            # saved as its own minimal copy.
+            t = planner.resolve_data(wi).detach().cpu()
+            if t.untyped_storage().size() != t.nbytes:
+                t = t.clone()
+            tensors.append((wi, t))
+        captured = []
+        try:
+            for _wi, t in tensors:
+                captured.append(_ft._capture(t, 2, False))
+        except _ft._NotHere:
+            return None
+        for attempt in range(2):
+            t0 = time.perf_counter()
+            try:
+                prep, results = self._prepare(daemon, path, rel, storage_key, blobs, tensors, captured)
+            except _ft._NotHere:
+                return None
+            t1 = time.perf_counter()
+            self.seconds["prepare"] += t1 - t0
+            try:
+                if _ft._send(conn, prep):
+                    return results
+            finally:
+                prep.close()
+                self.seconds["send"] += time.perf_counter() - t1
+            # The store no longer holds what we referred to: every byte again.
+            _ft._TRACKER.reset(daemon.identity)
+        raise OSError(_errno.ESTALE, "the checkpoint store refused the shard's references twice", str(path))
+
+    def _prepare(self, daemon, path, rel, storage_key, blobs, tensors, captured):
+        """The shard's parts in a sealed memfd (what FileSystemWriter would
+        write: the byte items, then each tensor's torch.save archive) and
+        each item's WriteResult."""
+        h = xxhash.xxh3_64()
+        parts, decisions, results = [], [], []
+        offset = 0
+
+        def result(wi, length):
+            return WriteResult(index=wi.index, size_in_bytes=length,
+                               storage_data=_StorageInfo(storage_key, offset, length, transform_descriptors=None))
+
+        for wi, b in blobs:
+            h.update(b)
+            parts.append(("glue", b))
+            results.append(result(wi, len(b)))
+            offset += len(b)
+        for (wi, _t), (records, seen) in zip(tensors, captured):
+            ds = _ft._begin(records, seen, self.trust_version)
+            h, layout = _ft._read_storages(_ARCHIVE, records, ds, h)
+            parts += _ft._parts_of(layout, ds)
+            decisions += ds
+            results.append(result(wi, layout.length))
+            offset += layout.length
+        fd = _parts.parts_memfd(parts, offset, h.intdigest())
+        for d in decisions:
+            d.view = None
+        mode = 0o666 & ~_ft._umask()
+        return _ft._Prepared(os.fspath(path), rel, _daemon.OP_CKPT_PUT, fd, decisions, mode), results
+
+
+class Reader(FileSystemReader):
+    """DCP's `FileSystemReader`: the shards are read through the mount."""
