@@ -4,7 +4,7 @@
 #   bash bench/run.sh [--quick]        (default ~ 20 min on 2 cores, --quick ~ 5 min)
 #   bash bench/run.sh --report-only    re-assemble RESULTS.md from bench/out (no measurement)
 #   bash bench/run.sh [--quick] --only write,ckpt [--no-build]
-#                                      run only these pieces (prep, read, remote, dlio, write, ckpt, pyckpt, sud, watch, scale, mdtest);
+#                                      run only these pieces (prep, read, remote, dlio, write, ckpt, pyckpt, pydcp, sud, watch, scale, mdtest);
 #                                      the others keep their earlier output in bench/out
 #                                      (seeded from the committed RESULTS.md by bench/seed_out.py
 #                                      when this machine has none).
@@ -48,7 +48,7 @@ while [ $# -gt 0 ]; do
   case "$1" in
     --quick) QUICK="--quick" ;;
     --report-only) REPORT_ONLY=1 ;;
-    --only) ONLY="${2:?--only needs a list: prep,read,remote,dlio,write,ckpt,pyckpt,sud,watch,scale,mdtest}"; shift ;;
+    --only) ONLY="${2:?--only needs a list: prep,read,remote,dlio,write,ckpt,pyckpt,pydcp,sud,watch,scale,mdtest}"; shift ;;
     --only=*) ONLY="${1#--only=}" ;;
     --no-build) BUILD=0 ;;
     *) echo "usage: bash bench/run.sh [--quick] [--only PIECES] [--no-build] | --report-only" >&2; exit 2 ;;
@@ -76,14 +76,14 @@ else  # keep the other pieces' output; forget only the selected pieces' earlier 
   # A machine that never ran the whole suite has no bench/out: start from the committed RESULTS.md.
   [ -f bench/out/header.txt ] || python3 bench/seed_out.py
   declare -A FILES=([prep]="prep.md" [read]="read.md read.json" [remote]="remote_read.md remote.json"
-                    [dlio]="dlio.md" [write]="write.md write.json" [ckpt]="ckpt.md ckpt.json" [pyckpt]="pyckpt.md pyckpt.json"
+                    [dlio]="dlio.md" [write]="write.md write.json" [ckpt]="ckpt.md ckpt.json" [pyckpt]="pyckpt.md pyckpt.json" [pydcp]="pydcp.md pydcp.json"
                     [sud]="sud.md sud.json" [watch]="watch.md watch.json" [scale]="scale.md scale.json"
                     [mdtest]="mdtest.md mdtest_profile.md mdtest.json mdtest_profile.json")
   declare -A SCRIPT=([prep]="prep.sh" [read]="read_bench.py" [remote]="remote_read.sh" [dlio]="dlio.sh"
-                     [write]="write_bench.py" [ckpt]="ckpt_bench.py" [pyckpt]="ckpt_python.py" [sud]="sud_bench.py" [watch]="watch_bench.py" [scale]="scale_bench.py"
+                     [write]="write_bench.py" [ckpt]="ckpt_bench.py" [pyckpt]="ckpt_python.py" [pydcp]="dcp_writer_bench.py" [sud]="sud_bench.py" [watch]="watch_bench.py" [scale]="scale_bench.py"
                      [mdtest]="mdtest_bench.py")
   for p in ${ONLY//,/ }; do
-    [ -n "${FILES[$p]:-}" ] || { echo "unknown piece '$p' (prep, read, remote, dlio, write, ckpt, pyckpt, sud, watch, scale, mdtest)" >&2; exit 2; }
+    [ -n "${FILES[$p]:-}" ] || { echo "unknown piece '$p' (prep, read, remote, dlio, write, ckpt, pyckpt, pydcp, sud, watch, scale, mdtest)" >&2; exit 2; }
     for f in ${FILES[$p]}; do rm -f "bench/out/$f"; done
     if [ -f bench/out/failures.md ]; then
       grep -v -F "bench/${SCRIPT[$p]}" bench/out/failures.md > bench/out/failures.tmp || true
@@ -108,6 +108,7 @@ fi
 if want write; then step python3 bench/write_bench.py $QUICK; fi
 if want ckpt; then step python3 bench/ckpt_bench.py $QUICK; fi
 if want pyckpt; then step python3 bench/ckpt_python.py $QUICK; fi
+if want pydcp; then step python3 bench/dcp_writer_bench.py $QUICK; fi
 if want sud; then step python3 bench/sud_bench.py $QUICK; fi
 if want watch; then step python3 bench/watch_bench.py $QUICK; fi
 if want scale; then step python3 bench/scale_bench.py $QUICK; fi
@@ -122,7 +123,7 @@ if [ -n "$ONLY" ] && [ -f bench/out/header.txt ]; then
 import os, re
 only = set(os.environ["ONLY"].split(","))
 scripts = {"read_bench.py": "read", "remote_read.sh": "remote", "prep.sh": "prep", "dlio.sh": "dlio",
-           "write_bench.py": "write", "ckpt_bench.py": "ckpt", "ckpt_python.py": "pyckpt", "sud_bench.py": "sud", "watch_bench.py": "watch",
+           "write_bench.py": "write", "ckpt_bench.py": "ckpt", "ckpt_python.py": "pyckpt", "dcp_writer_bench.py": "pydcp", "sud_bench.py": "sud", "watch_bench.py": "watch",
            "scale_bench.py": "scale", "mdtest_bench.py": "mdtest"}
 keep = []
 for line in open("bench/out/header.txt").read().splitlines():
@@ -153,7 +154,7 @@ python3 bench/notes.py > /dev/null
   echo "machine is shared with other engineers compiling, so compare ratios, not absolute rates across runs."
   echo
   echo "Commands: \`bash bench/run.sh [--quick]\` runs \`bench/prep.sh\`, \`bench/read_bench.py\`,"
-  echo "\`bench/remote_read.sh\`, \`bench/write_bench.py\`, \`bench/ckpt_bench.py\`, \`bench/ckpt_python.py\`, \`bench/sud_bench.py\`, \`bench/watch_bench.py\`, \`bench/scale_bench.py\`, \`bench/mdtest_bench.py\` (each with the same flag) and"
+  echo "\`bench/remote_read.sh\`, \`bench/write_bench.py\`, \`bench/ckpt_bench.py\`, \`bench/ckpt_python.py\`, \`bench/dcp_writer_bench.py\`, \`bench/sud_bench.py\`, \`bench/watch_bench.py\`, \`bench/scale_bench.py\`, \`bench/mdtest_bench.py\` (each with the same flag) and"
   echo "\`bench/dlio.sh\`; sizes are environment variables listed at the top of each script."
   echo "\`bench/notes.py\` computes the per-file read breakdowns at the end."
   echo
@@ -161,7 +162,7 @@ python3 bench/notes.py > /dev/null
 import json
 from pathlib import Path
 goals = []
-for f in ("bench/out/read.json", "bench/out/remote.json", "bench/out/write.json", "bench/out/ckpt.json", "bench/out/pyckpt.json",
+for f in ("bench/out/read.json", "bench/out/remote.json", "bench/out/write.json", "bench/out/ckpt.json", "bench/out/pyckpt.json", "bench/out/pydcp.json",
           "bench/out/sud.json", "bench/out/watch.json", "bench/out/scale.json", "bench/out/mdtest.json"):
     p = Path(f)
     if p.exists():
@@ -173,7 +174,7 @@ for exp, goal, measured, met in goals:
     print(f"| {exp} | {goal} | {measured} | {'**yes**' if met else ('n/a' if met is None else '**NO**')} |")
 print()
 EOF
-  for f in bench/out/failures.md bench/out/read.md bench/out/remote_read.md bench/out/write.md bench/out/ckpt.md bench/out/pyckpt.md \
+  for f in bench/out/failures.md bench/out/read.md bench/out/remote_read.md bench/out/write.md bench/out/ckpt.md bench/out/pyckpt.md bench/out/pydcp.md \
            bench/out/sud.md bench/out/watch.md bench/out/scale.md bench/out/mdtest.md bench/out/mdtest_profile.md \
            bench/out/prep.md bench/out/dlio.md bench/out/notes.md; do
     [ -f "$f" ] && { cat "$f"; echo; }
