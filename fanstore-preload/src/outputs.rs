@@ -150,6 +150,7 @@ fn take_slot(slot: Box<Slot>) -> Option<usize> {
     let idx = TABLE.with(|t| {
         let i = t.slots.iter().position(|s| s.is_none())?;
         t.slots[i] = slot.take();
+        t.high = t.high.max(i + 1);
         Some(i)
     });
     drop(slot);
@@ -179,9 +180,24 @@ pub fn release_dir(node: u32) {
 
 struct Table {
     slots: [Option<Box<Slot>>; SLOTS],
+    /// Every occupied slot is below this index (kept low: see [`Table::live`]).
+    high: usize,
 }
 
-static TABLE: Locked<Table> = Locked::new(Table { slots: [const { None }; SLOTS] });
+impl Table {
+    /// The slots that may be occupied: a lookup by path (every stat, open
+    /// and rename under the mount asks whether this process writes the
+    /// path) scans these, not all SLOTS (4,096 empty slots cost about 2 µs,
+    /// more than the stat itself).
+    fn live(&mut self) -> &mut [Option<Box<Slot>>] {
+        while self.high > 0 && self.slots[self.high - 1].is_none() {
+            self.high -= 1;
+        }
+        &mut self.slots[..self.high]
+    }
+}
+
+static TABLE: Locked<Table> = Locked::new(Table { slots: [const { None }; SLOTS], high: 0 });
 /// Highest fd ever tracked as an output (bounds the scans of close_range and exit).
 static MAX_FD: AtomicI32 = AtomicI32::new(-1);
 static EXIT_HOOK: AtomicBool = AtomicBool::new(false);
@@ -245,7 +261,7 @@ pub fn slot_of_file(file: (u64, u64)) -> Option<u32> {
     if file == (0, 0) {
         return None;
     }
-    TABLE.with(|t| t.slots.iter().position(|s| s.as_ref().is_some_and(|s| s.refs > 0 && !s.unlinked && s.mode & libc::S_IFMT == libc::S_IFREG && s.file == file)))
+    TABLE.with(|t| t.live().iter().position(|s| s.as_ref().is_some_and(|s| s.refs > 0 && !s.unlinked && s.mode & libc::S_IFMT == libc::S_IFREG && s.file == file)))
         .map(|i| i as u32)
 }
 
@@ -342,7 +358,7 @@ pub fn open_slot_of(path: &[u8]) -> Option<(c_int, u32)> {
         return None;
     }
     let idx = TABLE.with(|t| {
-        t.slots.iter().position(|s| s.as_ref().is_some_and(|s| s.refs > 0 && !s.unlinked && s.mode & libc::S_IFMT == libc::S_IFREG && s.path == path))
+        t.live().iter().position(|s| s.as_ref().is_some_and(|s| s.refs > 0 && !s.unlinked && s.mode & libc::S_IFMT == libc::S_IFREG && s.path == path))
     })?;
     let fd = (0..=max).find(|&fd| fd_table::get(fd) == Some(Tracked::Output(idx as u32)))?;
     Some((fd, idx as u32))
@@ -354,7 +370,7 @@ pub fn open_slot_of(path: &[u8]) -> Option<(c_int, u32)> {
 pub fn retarget(from: &[u8], to: Option<&[u8]>) -> bool {
     let mut new = to.map(|t| t.to_vec());
     let found = TABLE.with(|t| {
-        let Some(s) = t.slots.iter_mut().flatten().find(|s| s.mode & libc::S_IFMT == libc::S_IFREG && s.path == from) else {
+        let Some(s) = t.live().iter_mut().flatten().find(|s| s.mode & libc::S_IFMT == libc::S_IFREG && s.path == from) else {
             return None;
         };
         match new.as_mut() {
@@ -386,7 +402,7 @@ pub fn moved_dir(from: &[u8], to: &[u8]) {
         // allocation under the lock), then build its new path outside.
         let mut old = [0u8; fanstore_core::path::MAX_PATH];
         let found = TABLE.with(|t| {
-            let (i, s) = t.slots.iter().enumerate().skip(start).find_map(|(i, s)| s.as_ref().filter(|s| below(&s.path)).map(|s| (i, s)))?;
+            let (i, s) = t.live().iter().enumerate().skip(start).find_map(|(i, s)| s.as_ref().filter(|s| below(&s.path)).map(|s| (i, s)))?;
             let n = s.path.len().min(old.len());
             old[..n].copy_from_slice(&s.path[..n]);
             Some((i, n))
