@@ -527,6 +527,33 @@ def run_json(c, node, code, *args, **kw):
     return json.loads(run_python(c, node, code, *args, **kw).stdout.strip().splitlines()[-1])
 
 
+def run_ranks(c, nodes, code, *args, python=sys.executable, rank_args=None, timeout=600) -> list:
+    """`python -c code rank world port args... [rank_args[rank]...]` as ranks
+    0..len(nodes)-1 of one torch.distributed job (gloo over loopback, the
+    port in argv[3]), rank i on node nodes[i] of cluster `c` (natively when
+    `c` is None). The JSON value of each rank's last stdout line; a rank
+    that fails fails the test with its output and the daemons' log."""
+    import json
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = str(s.getsockname()[1])
+    procs = []
+    for rank, node in enumerate(nodes):
+        env = c.env(node) if c else dict(os.environ)
+        env.update(OMP_NUM_THREADS="1")
+        extra = [str(a) for a in rank_args[rank]] if rank_args else []
+        procs.append(subprocess.Popen([python, "-c", textwrap.dedent(code), str(rank), str(len(nodes)), port,
+                                       *map(str, args), *extra],
+                                      env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True))
+    outs = []
+    for rank, p in enumerate(procs):
+        out, err = p.communicate(timeout=timeout)
+        assert p.returncode == 0, (f"rank {rank} on node {nodes[rank]} exited {p.returncode}; its last output: "
+                                   f"{out.strip()[-300:]!r}\n{err[-4000:]}\n" + (c.log()[-2000:] if c else ""))
+        outs.append(json.loads(out.strip().splitlines()[-1]))
+    return outs
+
+
 def packed_dataset(bins, tmp: Path, kind="mixed", n_files=8, seed=0, partitions=4, prep_args=()) -> tuple:
     """(src, data): fs_prep.make_tree(tmp/src, kind, n_files, seed) packed into
     tmp/data in `partitions` partitions (plus `prep_args` for `fanstore-prep pack`)."""

@@ -7,15 +7,13 @@ the changed tensors as bytes; other ranks on other nodes load them back
 with the Reader and with DCP's default reader, and after `fanstore export`
 DCP's FileSystemReader loads the exported copy."""
 import json
-import os
-import socket
 import subprocess
-import sys
 import textwrap
 from pathlib import Path
 
 import pytest
 
+import fs_cluster
 from fs_cluster import cluster_fixture
 
 MOUNT = "/fanstore"
@@ -111,26 +109,11 @@ print(json.dumps(out))
 
 
 def run_ranks(c, nodes, code, *args, owners=None):
-    """`code` as ranks 0..len(nodes)-1 of one gloo job, rank i on node nodes[i]
-    of `c` (natively when `c` is None)."""
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = str(s.getsockname()[1])
-    procs = []
-    for rank, node in enumerate(nodes):
-        env = c.env(node) if c else dict(os.environ)
-        env.update(OMP_NUM_THREADS="1")
-        extra = [str(owners[rank])] if owners else []
-        procs.append(subprocess.Popen([sys.executable, "-c", PRELUDE + textwrap.dedent(code), str(rank), str(len(nodes)),
-                                       port, *map(str, args), *extra],
-                                      env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True))
-    outs = []
-    for rank, p in enumerate(procs):
-        out, err = p.communicate(timeout=TIMEOUT)
-        assert p.returncode == 0, (f"rank {rank} on node {nodes[rank]} exited {p.returncode}: {out[-300:]!r}\n"
-                                   f"{err[-4000:]}\n" + (c.log()[-2000:] if c else ""))
-        outs.append(json.loads(out.strip().splitlines()[-1]))
-    return outs
+    """`code` (after PRELUDE) as ranks 0..len(nodes)-1 of one gloo job, rank i
+    on node nodes[i] of `c` (natively when `c` is None); `owners`: the rank
+    whose state each rank loads (LOAD's argv)."""
+    return fs_cluster.run_ranks(c, nodes, PRELUDE + textwrap.dedent(code), *args, timeout=TIMEOUT,
+                                rank_args=[[o] for o in owners] if owners else None)
 
 
 def test_dcp_writer_shards_are_filesystemwriters_with_only_changes_sent(cl, tmp_path):

@@ -14,11 +14,8 @@ and TensorBoard event files (tf.summary, torch's SummaryWriter) read back by
 TensorBoard's reader. The frameworks come from the venv of scripts/setup.sh
 (fixture framework_python)."""
 import json
-import os
-import socket
-import subprocess
-import textwrap
 
+import fs_cluster
 from fs_cluster import cluster_fixture, run_json
 
 MOUNT = "/fanstore"
@@ -260,24 +257,8 @@ def run(py, c, node, code, *args):
 
 
 def run_ranks(py, c, nodes, code, *args):
-    """`code` as ranks 0..len(nodes)-1 of one torch.distributed job (gloo over
-    loopback), rank i on FanStore node nodes[i] (natively when c is None)."""
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = str(s.getsockname()[1])
-    procs = []
-    for rank, node in enumerate(nodes):
-        env = c.env(node) if c else dict(os.environ)
-        env.update(OMP_NUM_THREADS="1")
-        procs.append(subprocess.Popen([py, "-c", textwrap.dedent(code), str(rank), str(len(nodes)), port, *args],
-                                      env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True))
-    outs = []
-    for rank, p in enumerate(procs):
-        out, err = p.communicate(timeout=600)
-        assert p.returncode == 0, (f"rank {rank} on node {nodes[rank]} exited {p.returncode}; its last output: "
-                                   f"{out.strip()[-300:]!r}\n{err[-4000:]}\n" + (c.log()[-2000:] if c else ""))
-        outs.append(json.loads(out.strip().splitlines()[-1]))
-    return outs
+    """fs_cluster.run_ranks of `code` under the frameworks' python `py`."""
+    return fs_cluster.run_ranks(c, nodes, code, *args, python=py)
 
 
 def test_torch_distributed_checkpoint_shards_are_stored_per_tensor(framework_python, cl, tmp_path):
