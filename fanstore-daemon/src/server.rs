@@ -263,8 +263,10 @@ fn handle(node: &Node, fd: RawFd, req: &Request, attached: Option<OwnedFd>, call
         }
         op::OUT_STAT => {
             node.rank.counters.names_asked.fetch_add(1, Relaxed);
-            let (answer, file) = if req.arg0 & wire::STAT_OPEN != 0 {
-                node.outputs.out_stat_open(path, req.arg0, caller)
+            // `ahead`: the inode of a file made ahead, closed here once sent.
+            let (answer, file, ahead) = if req.arg0 & wire::STAT_OPEN != 0 {
+                let (answer, file) = node.outputs.out_stat_open(path, req.arg0, caller);
+                (answer, file, None)
             } else {
                 let answer = node.outputs.out_stat_answer(path, req.arg0, caller);
                 // A name free to create, in a directory that can hold it:
@@ -278,7 +280,8 @@ fn handle(node: &Node, fd: RawFd, req: &Request, attached: Option<OwnedFd>, call
                 if file.is_some() {
                     node.rank.counters.files_ahead.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
                 }
-                (answer, file)
+                let (file, ahead) = file.map_or((None, None), |(f, ino)| (Some(f), Some(ino)));
+                (answer, file, ahead)
             };
             let mut r = match answer {
                 Ok(payload) => Reply { payload, ..Reply::ok(req, 0) },
@@ -288,8 +291,8 @@ fn handle(node: &Node, fd: RawFd, req: &Request, attached: Option<OwnedFd>, call
                 r.flags = wire::FLAG_FD;
             }
             let sent = wire::send_msg(fd, &r.encode(), file.as_ref().map(|f| f.as_raw_fd()));
-            if let (Some(f), Some(p)) = (file, node.outputs.new_files.get()) {
-                p.handed_over(f);
+            if let (Some(f), Some(ino), Some(p)) = (file, ahead, node.outputs.new_files.get()) {
+                p.handed_over(f, ino);
             }
             sent
         }

@@ -21,7 +21,8 @@ pub const READY: usize = 32;
 
 #[derive(Default)]
 struct Ready {
-    files: Vec<OwnedFd>,
+    /// The files kept ready, each with its inode number.
+    files: Vec<(OwnedFd, u64)>,
     stop: bool,
     /// Inode numbers of files taken whose fd this daemon still holds (sent
     /// with a reply, not yet closed: [`NewFiles::handed_over`]).
@@ -76,30 +77,32 @@ impl NewFiles {
                     break;
                 }
                 // SAFETY: a fresh fd we own.
-                self.lock().files.push(unsafe { OwnedFd::from_raw_fd(fd) });
+                let f = unsafe { OwnedFd::from_raw_fd(fd) };
+                let ino = inode(&f); // (off the creations' path)
+                self.lock().files.push((f, ino));
             }
         }
     }
 
     /// A file made ahead for a new output of a caller with effective ids
-    /// `caller` (None: another user's, or none ready).
-    pub fn take(&self, caller: (u32, u32)) -> Option<OwnedFd> {
+    /// `caller` (None: another user's, or none ready), with its inode
+    /// number for [`handed_over`](Self::handed_over).
+    pub fn take(&self, caller: (u32, u32)) -> Option<(OwnedFd, u64)> {
         if caller != self.ids {
             return None;
         }
         let mut r = self.lock();
-        let f = r.files.pop()?;
+        let (f, ino) = r.files.pop()?;
         if r.files.len() < self.target.div_ceil(2) {
             self.low.notify_one();
         }
-        r.in_flight.push(inode(&f));
-        Some(f)
+        r.in_flight.push(ino);
+        Some((f, ino))
     }
 
     /// Closes this daemon's fd of a file [`take`](Self::take) gave, once
     /// its reply has carried it to the client.
-    pub fn handed_over(&self, f: OwnedFd) {
-        let ino = inode(&f);
+    pub fn handed_over(&self, f: OwnedFd, ino: u64) {
         drop(f);
         let mut r = self.lock();
         if let Some(i) = r.in_flight.iter().position(|&x| x == ino) {
@@ -156,7 +159,7 @@ mod tests {
         let mut got = Vec::new();
         while got.len() < READY * 2 && std::time::Instant::now() < deadline {
             match pool.take(me) {
-                Some(f) => got.push(f),
+                Some((f, _)) => got.push(f),
                 None => std::thread::sleep(std::time::Duration::from_millis(5)),
             }
         }
