@@ -311,9 +311,9 @@ pub struct Dedup {
     queue: Arc<std::sync::Mutex<CommitQueue>>,
     /// The most bytes the commit queue holds (see the module doc).
     queue_limit: u64,
-    /// Held by the commit worker while it stores one output (tests hold it
-    /// to keep outputs queued).
-    #[cfg_attr(not(test), allow(dead_code))]
+    /// Held by the commit worker while it stores one output, to its last
+    /// step ([`Self::wait_committed`] takes it; tests hold it to keep
+    /// outputs queued).
     commit_gate: Arc<std::sync::Mutex<()>>,
     /// The ids of the outputs the store holds ([`Keys`]).
     stored: Arc<std::sync::Mutex<HashSet<u64>>>,
@@ -693,6 +693,9 @@ impl Dedup {
         } {
             std::thread::sleep(std::time::Duration::from_millis(2));
         }
+        // The worker leaves `running` before its last steps (the hot copy,
+        // the plain file's removal); it holds the gate until they are done.
+        drop(self.commit_gate.lock().unwrap_or_else(|p| p.into_inner()));
     }
 
     /// At stop: takes every output off the queue (each stays the plain
