@@ -312,6 +312,12 @@ pub struct OutRecord {
     pub nlink: u32,
 }
 
+/// [`OutRecord::sum`] of a file whose holder has not hashed it yet: a
+/// checkpoint the checkpoint store takes behind its close is hashed by the
+/// store's commit worker, not on the close's path, and its record gets its
+/// sum then. Until then nothing checks the file's bytes against it.
+pub const SUM_PENDING: u64 = 0;
+
 /// The holder of a record that names a hard-linked file: the file's own
 /// record (bytes, attributes, link count) is kept at its owner under
 /// [`linked_key`]`(sum as rank, id)`; the name's record only points there.

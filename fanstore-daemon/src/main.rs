@@ -507,6 +507,12 @@ fn open_checkpoint_store(args: &DaemonArgs, id: &Identity, node: &Node) -> anyho
             hot = 1;
         }
         let d = Dedup::open(&dir, min, args.fsync_outputs, hot, args.ckpt_hot_size).with_context(|| format!("opening the checkpoint store {}", dir.display()))?;
+        let outputs = Arc::downgrade(&node.outputs);
+        d.on_sum(Box::new(move |id, sum| {
+            if let Some(o) = outputs.upgrade() {
+                o.settle_sum(id, sum);
+            }
+        }));
         let _ = node.outputs.dedup.set(Arc::new(d));
     }
     Ok(recovering)

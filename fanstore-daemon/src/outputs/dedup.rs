@@ -66,7 +66,7 @@ use std::collections::{HashMap, HashSet};
 use std::io::{self, Write};
 use std::os::fd::OwnedFd;
 use std::path::{Path, PathBuf};
-use std::sync::{Arc, RwLock, RwLockReadGuard, RwLockWriteGuard};
+use std::sync::{Arc, OnceLock, RwLock, RwLockReadGuard, RwLockWriteGuard};
 
 /// The store's directory under the rank's `out/`.
 pub use fanstore_core::persisted::STORE_DIR;
@@ -317,7 +317,13 @@ pub struct Dedup {
     commit_gate: Arc<std::sync::Mutex<()>>,
     /// The ids of the outputs the store holds ([`Keys`]).
     stored: Arc<std::sync::Mutex<HashSet<u64>>>,
+    /// Told each whole-file xxh3 the commit worker found for an output
+    /// queued without it ([`Self::on_sum`]).
+    sums: Arc<OnceLock<SumSink>>,
 }
+
+/// Receives (output id, whole-file xxh3) from the commit worker.
+pub type SumSink = Box<dyn Fn(u64, u64) + Send + Sync>;
 
 /// The most bytes of closed outputs waiting for their commit.
 const QUEUE_MAX: u64 = 4 << 30;
@@ -330,6 +336,7 @@ fn commit_worker(
     held: std::sync::Weak<RwLock<Held>>,
     queue: Arc<std::sync::Mutex<CommitQueue>>,
     gate: Arc<std::sync::Mutex<()>>,
+    sums: Arc<OnceLock<SumSink>>,
     rx: std::sync::mpsc::Receiver<u64>,
 ) {
     // Below the program's own threads (nice 10; the store's encode threads
@@ -370,6 +377,8 @@ fn commit_worker(
             }
             run
         };
+        // The whole-file xxh3 of a file closed without it (SUM_PENDING in its record).
+        let mut sum_found = None;
         match res {
             Ok(_) if run.dropped => {
                 if let Err(e) = h.store.unlink(&job.key) {
@@ -377,7 +386,8 @@ fn commit_worker(
                 }
                 log_repairs(&mut h.store);
             }
-            Ok(_) => {
+            Ok(info) => {
+                sum_found = job.sum.is_none().then_some(info.file_xxh3);
                 if let Some(to) = &run.settled {
                     h.rename_key(id, to);
                 }
@@ -393,13 +403,36 @@ fn commit_worker(
                     started.elapsed().as_secs_f64() * 1e3
                 );
             }
-            Err(e) => log::warn!(
-                "checkpoint store: committing '{}': {e}; it stays a plain output at {}",
-                String::from_utf8_lossy(run.settled.as_deref().unwrap_or(&job.key)),
-                job.plain.display()
-            ),
+            Err(e) => {
+                log::warn!(
+                    "checkpoint store: committing '{}': {e}; it stays a plain output at {}",
+                    String::from_utf8_lossy(run.settled.as_deref().unwrap_or(&job.key)),
+                    job.plain.display()
+                );
+                if job.sum.is_none() && !run.dropped {
+                    sum_found = file_xxh3(&file, len);
+                }
+            }
+        }
+        drop(h);
+        if let (Some(sum), Some(sink)) = (sum_found, sums.get()) {
+            sink(id, sum);
         }
     }
+}
+
+/// The whole-file xxh3 of `file` (`len` bytes), read with pread.
+fn file_xxh3(file: &std::fs::File, len: u64) -> Option<u64> {
+    use std::os::unix::fs::FileExt;
+    let mut h = StreamingChecksum::new();
+    let mut buf = vec![0u8; (len.clamp(1, 1 << 20) as usize).next_multiple_of(4096)];
+    let mut off = 0u64;
+    while off < len {
+        let n = file.read_at(&mut buf, off).ok().filter(|&n| n > 0)?;
+        h.update(&buf[..n]);
+        off += n as u64;
+    }
+    Some(h.digest())
 }
 
 fn lock_queue(q: &std::sync::Mutex<CommitQueue>) -> std::sync::MutexGuard<'_, CommitQueue> {
@@ -502,10 +535,11 @@ impl Dedup {
         let (ctx, crx) = std::sync::mpsc::channel();
         let gate = Arc::new(std::sync::Mutex::new(()));
         let queue = Arc::new(std::sync::Mutex::new(CommitQueue::default()));
-        let (d, weak, q, g) = (dir.to_path_buf(), Arc::downgrade(&held), queue.clone(), gate.clone());
+        let sums = Arc::new(OnceLock::new());
+        let (d, weak, q, g, s) = (dir.to_path_buf(), Arc::downgrade(&held), queue.clone(), gate.clone(), sums.clone());
         std::thread::Builder::new()
             .name("ckpt-commit".into())
-            .spawn(move || commit_worker(d, weak, q, g, crx))
+            .spawn(move || commit_worker(d, weak, q, g, s, crx))
             .map_err(|e| CkptError::io(dir, e))?;
         Ok(Dedup {
             min,
@@ -517,7 +551,16 @@ impl Dedup {
             queue_limit: hot_bytes.min(QUEUE_MAX),
             commit_gate: gate,
             stored,
+            sums,
         })
+    }
+
+    /// Where the commit worker sends the whole-file xxh3 of each output
+    /// queued without one ([`Self::enqueue`] with `sum` None), once it has
+    /// read the file (stored or not), before [`Self::wait_committed`]
+    /// returns. Set once; later calls are ignored.
+    pub fn on_sum(&self, sink: SumSink) {
+        let _ = self.sums.set(sink);
     }
 
     fn write(&self) -> RwLockWriteGuard<'_, Held> {
@@ -874,7 +917,7 @@ impl Dedup {
             let m = crate::memfd::MemfdBuilder::unmapped(&format!("fanstore:ckpt:{id}"), 0).map_err(|_| libc::ENOMEM)?;
             let mut w = MemfdWriter { m: &m, off: 0, sum: StreamingChecksum::new() };
             let n = self.read_output(id, &mut w)?;
-            if n != 0 || w.sum.digest() != sum {
+            if n != 0 || sum != fanstore_core::wire::SUM_PENDING && w.sum.digest() != sum {
                 return Err(libc::EIO);
             }
             return m.seal().map_err(|_| libc::EIO);
@@ -884,7 +927,8 @@ impl Dedup {
             log::error!("checkpoint store: reading '{}': {e}", String::from_utf8_lossy(key));
             errno_of(&e)
         })?;
-        if fanstore_core::checksum::xxh3(m.bytes()) != sum {
+        // (A sum still pending: the store's own recipe sum was checked by read_into.)
+        if sum != fanstore_core::wire::SUM_PENDING && fanstore_core::checksum::xxh3(m.bytes()) != sum {
             log::error!("checkpoint store: output {id} differs from its record ({size} bytes)");
             return Err(libc::EIO);
         }
@@ -1166,6 +1210,23 @@ mod tests {
         let ls = dd.query(&Query::Ls { dir: Vec::new(), json: true }).unwrap().text;
         assert!(ls.contains("run/b") && !ls.contains("run/a") && !ls.contains("run/c"), "{ls}");
         assert!(dd.drop_output(1));
+    }
+
+    #[test]
+    fn the_worker_reports_the_sum_of_an_output_queued_without_one() {
+        let d = tempfile::tempdir().unwrap();
+        let dd = Dedup::open(&d.path().join("ckpt"), 0, false, 8, u64::MAX).unwrap();
+        let got = Arc::new(std::sync::Mutex::new(Vec::new()));
+        let g = got.clone();
+        dd.on_sum(Box::new(move |id, sum| g.lock().unwrap().push((id, sum))));
+        let (b1, f1, p1) = plain_output(d.path(), "1", 300_000, 7);
+        let (_, f2, p2) = plain_output(d.path(), "2", 200_000, 11);
+        dd.enqueue(b"run/a", 1, f1, 300_000, None, p1);
+        // With its sum (computed at the close): nothing to report.
+        dd.enqueue(b"run/b", 2, f2, 200_000, Some(sum_of(&p2)), p2);
+        dd.wait_committed();
+        assert_eq!(*got.lock().unwrap(), vec![(1, fanstore_core::checksum::xxh3(&b1))]);
+        assert_reads(&dd, 1, &b1);
     }
 
     #[test]

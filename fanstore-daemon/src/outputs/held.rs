@@ -136,7 +136,11 @@ impl Outputs {
         // writer found no other writer at its last close and sent a
         // read-only description of it (COMMIT_SOLE).
         let sole = unnamed && (flags & wire::COMMIT_SOLE != 0 || flags & wire::COMMIT_MADE_AHEAD != 0 && self.sole_once_handed_over(&src, file_id.1));
-        let map = if size > 0 {
+        // Stored behind the close (see crate::outputs::dedup): the commit
+        // worker reads every byte and hashes the file then; the close
+        // neither maps nor hashes it (SUM_PENDING until the worker has).
+        let behind = dedup.is_some() && sole && size > 0;
+        let map = if size > 0 && !behind {
             // SAFETY: the client handed us its output file at its last close
             // and no longer writes it (the plain path keeps and serves this
             // same file; the store keeps it as a hot copy only when nothing
@@ -158,18 +162,18 @@ impl Outputs {
         // store keeps its mapping as a hot copy and reads are served from
         // the file itself.
         let handed = match (&map, dedup) {
-            (Some(m), Some(_)) if sole || sealed => {
+            (Some(m), Some(_)) if sealed && !sole => {
                 src.try_clone().ok().map(|f| (OwnedFd::from(f), std::sync::Arc::clone(m)))
             }
             _ => None,
         };
         let sum = match (dedup, handed) {
             // Stored behind the close: a plain output until the commit worker has it.
-            (Some(d), Some((fd, m))) if sole => {
-                let sum = self.store_plain(&src, true, bytes, &file).inspect_err(|_| undo())?;
-                drop(m); // the commit worker maps it when it gets to it
-                d.enqueue(path, id, fd, size, Some(sum), file.clone());
-                sum
+            (Some(d), None) if behind => {
+                let fd = src.try_clone().map_err(|e| io_errno(&e))?;
+                self.link_plain(&src, &file).inspect_err(|_| undo())?;
+                d.enqueue(path, id, OwnedFd::from(fd), size, None, file.clone());
+                wire::SUM_PENDING
             }
             (Some(d), Some((file, m))) => d.stage_handed(path, id, file, m, !unnamed)?.file_xxh3,
             (Some(d), None) => d.stage(path, id, bytes)?.file_xxh3,
@@ -211,6 +215,47 @@ impl Outputs {
         Ok(())
     }
 
+    /// The commit worker hashed output `id`, closed with its sum pending
+    /// (`wire::SUM_PENDING`): its held entry and its record at the owner
+    /// get the sum (the record only while it is still that output).
+    pub fn settle_sum(&self, id: u64, sum: u64) {
+        use crate::outputs::namespace::owner::mop;
+        let mut pause = std::time::Duration::from_millis(5);
+        for _ in 0..10 {
+            // None: dropped meanwhile.
+            let Some(path) = self.held.set_sum(id, sum) else { return };
+            let set = |key: &[u8]| {
+                let mut payload = Vec::with_capacity(16 + key.len());
+                payload.extend_from_slice(&sum.to_le_bytes());
+                payload.extend_from_slice(&id.to_le_bytes());
+                payload.extend_from_slice(key);
+                self.meta_at(key, mop::SET_SUM, 0, payload).map(|_| ())
+            };
+            match set(&path) {
+                // A hard-linked file: its sum is in its shared record.
+                Err(libc::EMLINK) => match self.linked_key_of(&path) {
+                    Ok(key) => match set(&key) {
+                        Ok(()) | Err(libc::ESTALE) => return,
+                        Err(_) => {}
+                    },
+                    Err(_) => {}
+                },
+                // ESTALE: a newer version is there, or the sum is set.
+                Ok(()) | Err(libc::ESTALE) => return,
+                // Renamed meanwhile: the held entry has its new name (a
+                // rename on another node reaches it as HOLDER_RENAME, soon).
+                Err(libc::ENOENT) => {
+                    std::thread::sleep(pause);
+                    pause *= 2;
+                }
+                Err(e) => {
+                    log::warn!("rank {}: setting the sum of output {id} ('{}'): errno {e}", self.rank.id.rank, String::from_utf8_lossy(&path));
+                    return;
+                }
+            }
+        }
+    }
+
     /// Whether a late commit (COMMIT_LATE) of `file` at `path` is a new
     /// version: the path's current version was committed here from that
     /// same file while it was still being written ([`SharedCommits`]).
@@ -227,10 +272,7 @@ impl Outputs {
     /// copied, so that what readers get is what was committed.
     fn store_plain(&self, src: &std::fs::File, link: bool, bytes: &[u8], file: &std::path::Path) -> Result<u64, i32> {
         if link {
-            self.link_unnamed(src, file)?;
-            if self.fsync_outputs.load(Relaxed) {
-                src.sync_all().map_err(|e| io_errno(&e))?;
-            }
+            self.link_plain(src, file)?;
             return Ok(xxh3(bytes));
         }
         let write = || -> std::io::Result<()> {
@@ -247,6 +289,16 @@ impl Outputs {
             io_errno(&e)
         })?;
         Ok(xxh3(bytes))
+    }
+
+    /// Links `src`, the client's unnamed local file that nothing can write
+    /// any more, at `file` (fsynced with `--fsync-outputs`).
+    fn link_plain(&self, src: &std::fs::File, file: &std::path::Path) -> Result<(), i32> {
+        self.link_unnamed(src, file)?;
+        if self.fsync_outputs.load(Relaxed) {
+            src.sync_all().map_err(|e| io_errno(&e))?;
+        }
+        Ok(())
     }
 
     /// Is `src` the client's unnamed file (O_TMPFILE) on the local disk?
@@ -547,7 +599,7 @@ impl Outputs {
                 if e.path().extension().is_some() || !e.file_type().is_ok_and(|t| t.is_file()) {
                     continue; // sidecars, the checkpoint store, FIFOs and sockets (no bytes)
                 }
-                let known = e.file_name().to_str().and_then(|n| n.parse().ok()).and_then(|id| self.held.get(id)).map(|(_, rec)| (rec.size, rec.sum));
+                let known = e.file_name().to_str().and_then(|n| n.parse().ok()).and_then(|id| self.held.get(id)).map(|(_, rec)| (rec.size, rec.sum)).filter(|&(_, sum)| sum != wire::SUM_PENDING);
                 crate::outputs::persist::drain_file(dir, &e.path(), known, &mut unsynced)?;
                 files += 1;
                 if unsynced >= crate::outputs::persist::UNSYNCED_MAX {
@@ -620,6 +672,19 @@ impl Outputs {
             }
             rec.id = id;
             rec.holder = self.rank.id.rank;
+            if rec.sum == wire::SUM_PENDING && !rec.is_dir() && !rec.is_link() && !rec.is_special() && rec.size > 0 {
+                // Killed before its commit worker hashed it: hashed now.
+                let mut h = HashingWriter(fanstore_core::checksum::StreamingChecksum::new());
+                let read = match dedup.filter(|_| in_store) {
+                    Some(d) => d.read_output(id, &mut h).ok(),
+                    None => std::fs::File::open(self.out_file(id)).and_then(|mut f| std::io::copy(&mut f, &mut h)).ok(),
+                };
+                if read != Some(rec.size) {
+                    drop_held(dedup.map(|d| &**d), &self.held, &self.out_dir(), id);
+                    continue;
+                }
+                rec.sum = h.0.digest();
+            }
             self.ensure_dirs(parent(&path).0);
             let put = || if rec.is_link() {
                 match std::fs::read(self.out_file(id)) {
@@ -668,6 +733,20 @@ impl Outputs {
         // No sum passed: the store computes it from the file itself.
         d.enqueue(path, id, OwnedFd::from(f), len, None, plain);
         d.settle(id, path);
+    }
+}
+
+/// A writer that only hashes what it is given.
+struct HashingWriter(fanstore_core::checksum::StreamingChecksum);
+
+impl std::io::Write for HashingWriter {
+    fn write(&mut self, buf: &[u8]) -> std::io::Result<usize> {
+        self.0.update(buf);
+        Ok(buf.len())
+    }
+
+    fn flush(&mut self) -> std::io::Result<()> {
+        Ok(())
     }
 }
 

@@ -162,6 +162,23 @@ impl HeldJournal {
         }
     }
 
+    /// Output `id`, closed with its sum pending (`wire::SUM_PENDING`), has
+    /// the whole-file xxh3 `sum`: returns the path it is named now (None if
+    /// it is not held here).
+    pub fn set_sum(&self, id: u64, sum: u64) -> Option<Vec<u8>> {
+        let mut inner = self.lock();
+        let (path, mut rec) = inner.live.get(&id).cloned()?;
+        if rec.sum == fanstore_core::wire::SUM_PENDING {
+            rec.sum = sum;
+            if let Err(e) = self.append(&mut inner, &entry(SET, id, Some((&path, &rec))), false) {
+                log::warn!("{}: recording the sum of output {id}: {e}", self.path().display());
+            }
+            inner.live.insert(id, (path.clone(), rec));
+            self.maybe_compact(&mut inner);
+        }
+        Some(path)
+    }
+
     /// Output `id` is no longer held here.
     pub fn drop_output(&self, id: u64) {
         let mut inner = self.lock();

@@ -162,7 +162,7 @@ pub fn open(vp: &VPath, flags: c_int, mode: u32) -> Outcome<c_int> {
         Some(r) if r.is_special() => super::special::open(st, &r, flags),
         Some(r) if write => {
             let keep = flags & libc::O_TRUNC == 0;
-            let copied_from = (keep && r.holder != INPUT_HOLDER).then_some(r.sum);
+            let copied_from = (keep && r.holder != INPUT_HOLDER && r.sum != fanstore_core::wire::SUM_PENDING).then_some(r.sum);
             create(vp, flags, mode_after_write(r.mode), keep, copied_from, bytes.take(), None).into()
         }
         Some(r) => open_committed(st, vp.rel, flags, &r, bytes.take()).into(),

@@ -84,6 +84,11 @@ pub mod mop {
     /// of a hard-linked file at `key` (and its ctime); at 0 the record goes.
     /// Reply: the record after the change, value 1 if it went.
     pub const LINK_ADJ: u16 = 115;
+    /// sum (u64 LE) + id (u64 LE) + path: the holder hashed output `id`
+    /// after its close ([`wire::SUM_PENDING`]); sets the record's `sum` if
+    /// it is still that output with its sum pending -> ENOENT, ESTALE (a
+    /// newer version), EMLINK with the record (a hard-linked name).
+    pub const SET_SUM: u16 = 116;
 }
 
 /// PUT arg0 bit: replace a symlink at the path (rename); without it a
@@ -225,6 +230,7 @@ fn touched(req: &Request) -> Option<&[u8]> {
         mop::PUT | mop::MKDIR => p.get(OutRecord::LEN..).map(|r| split_nul(r).map_or(r, |(path, _)| path)),
         mop::GET | mop::DEL | mop::RMDIR | mop::LIST => Some(p),
         mop::SETATTR => p.get(8..),
+        mop::SET_SUM => p.get(16..),
         mop::ADD | mop::REMOVE => split_nul(p).map(|(dir, _)| dir),
         _ => None,
     }
@@ -481,6 +487,28 @@ impl MetaStore {
                     })
                     .unwrap_or_else(|| Reply::err(req, libc::ENOENT))
             }
+            mop::SET_SUM => {
+                let (Some(sum), Some(id), Some(path)) = (p.get(..8), p.get(8..16), p.get(16..)) else {
+                    return Reply::err(req, libc::EINVAL);
+                };
+                let (sum, id) = (u64::from_le_bytes(sum.try_into().unwrap_or([0; 8])), u64::from_le_bytes(id.try_into().unwrap_or([0; 8])));
+                match self.recs.get(path) {
+                    None => Reply::err(req, libc::ENOENT),
+                    Some(r) if r.is_linked_name() => {
+                        let mut rep = with_record(req, r, None);
+                        rep.errno = libc::EMLINK;
+                        rep
+                    }
+                    Some(r) if r.id != id || r.sum != wire::SUM_PENDING || r.is_dir() || r.is_link() => Reply::err(req, libc::ESTALE),
+                    Some(_) => self
+                        .recs
+                        .update(path, |r| {
+                            r.sum = sum;
+                            with_record(req, r, None)
+                        })
+                        .unwrap_or_else(|| Reply::err(req, libc::ENOENT)),
+                }
+            }
             mop::LINK_ADJ => {
                 let now = crate::outputs::names::now_ns();
                 let adjusted = self.recs.update(p, |r| {
@@ -634,6 +662,28 @@ mod tests {
         assert_eq!(set(&mut m, wire::SETATTR_MODE, 0o600, b"nope"), libc::ENOENT);
         assert_eq!(set(&mut m, 9, 0, b"f"), libc::EINVAL);
         assert_eq!(m.handle(&req(mop::SETATTR, wire::SETATTR_MODE, b"short")).errno, libc::EINVAL);
+    }
+
+    #[test]
+    fn a_pending_sum_is_set_once_and_only_for_its_own_output() {
+        let mut m = MetaStore::default();
+        let a = OutRecord { size: 3, mode: libc::S_IFREG | 0o644, id: 1, sum: wire::SUM_PENDING, mtime_ns: 5, ..Default::default() };
+        m.handle(&req(mop::PUT, 0, &rec_path(a, b"f")));
+        let set = |m: &mut MetaStore, sum: u64, id: u64, path: &[u8]| {
+            let mut p = sum.to_le_bytes().to_vec();
+            p.extend_from_slice(&id.to_le_bytes());
+            p.extend_from_slice(path);
+            m.handle(&req(mop::SET_SUM, 0, &p)).errno
+        };
+        let get = |m: &mut MetaStore| OutRecord::decode(&m.handle(&req(mop::GET, 0, b"f")).payload).unwrap();
+        assert_eq!(set(&mut m, 42, 2, b"f"), libc::ESTALE, "another output's sum");
+        assert_eq!(get(&mut m).sum, wire::SUM_PENDING);
+        assert_eq!(set(&mut m, 42, 1, b"nope"), libc::ENOENT);
+        assert_eq!(set(&mut m, 42, 1, b"f"), 0);
+        assert_eq!(get(&mut m), OutRecord { sum: 42, ..a }, "only the sum changes");
+        assert_eq!(set(&mut m, 43, 1, b"f"), libc::ESTALE, "a sum is set once");
+        assert_eq!(get(&mut m).sum, 42);
+        assert_eq!(m.handle(&req(mop::SET_SUM, 0, b"short")).errno, libc::EINVAL);
     }
 
     #[test]
