@@ -214,6 +214,21 @@ struct CommitQueue {
     /// the common case: a new version of the same path, saved from parts,
     /// refers to the unchanged tensors of the version it replaces).
     deferred_drops: Vec<u64>,
+    /// Outputs queued without their whole-file sum ([`Dedup::enqueue`]
+    /// with None): the sink gets a sum once the worker found it *and* the
+    /// close registered the output ([`Dedup::settle`]), whichever comes
+    /// last, so that the holder's entry and the owner's record it sets
+    /// exist by then.
+    sums_due: HashMap<u64, SumDue>,
+}
+
+enum SumDue {
+    /// Neither yet.
+    Waiting,
+    /// Registered; the sum is not found yet.
+    Settled,
+    /// Found; the output is not registered yet.
+    Found(u64),
 }
 
 /// What happened to the output being stored while the worker stored it.
@@ -415,7 +430,18 @@ fn commit_worker(
             }
         }
         drop(h);
-        if let (Some(sum), Some(sink)) = (sum_found, sums.get()) {
+        let due = {
+            let mut q = lock_queue(&queue);
+            match (q.sums_due.remove(&id), sum_found) {
+                (Some(SumDue::Settled), Some(sum)) => Some(sum),
+                (Some(_), Some(sum)) => {
+                    q.sums_due.insert(id, SumDue::Found(sum));
+                    None
+                }
+                _ => None, // dropped, or none to report
+            }
+        };
+        if let (Some(sum), Some(sink)) = (due, sums.get()) {
             sink(id, sum);
         }
     }
@@ -714,6 +740,9 @@ impl Dedup {
             let mut q = lock_queue(&self.queue);
             if q.jobs.is_empty() || q.bytes + len <= self.queue_limit {
                 q.bytes += len;
+                if j.sum.is_none() {
+                    q.sums_due.insert(id, SumDue::Waiting);
+                }
                 q.jobs.insert(id, j);
                 break;
             }
@@ -759,8 +788,24 @@ impl Dedup {
 
     /// Output `id` is registered as `path`: its key becomes the path
     /// (unless it was dropped meanwhile).
+    /// Its whole-file sum, if the commit worker found it already, goes to
+    /// the sink now ([`Self::on_sum`]).
     pub fn settle(&self, id: u64, path: &[u8]) {
         self.rename_output(id, path);
+        let due = {
+            let mut q = lock_queue(&self.queue);
+            match q.sums_due.remove(&id) {
+                Some(SumDue::Found(sum)) => Some(sum),
+                Some(_) => {
+                    q.sums_due.insert(id, SumDue::Settled);
+                    None
+                }
+                None => None,
+            }
+        };
+        if let (Some(sum), Some(sink)) = (due, self.sums.get()) {
+            sink(id, sum);
+        }
     }
 
     /// Output `id` was renamed to `to` (on this node or another).
@@ -797,6 +842,7 @@ impl Dedup {
     pub fn drop_output(&self, id: u64) -> bool {
         {
             let mut q = lock_queue(&self.queue);
+            q.sums_due.remove(&id);
             if let Some(j) = q.jobs.remove(&id) {
                 q.bytes = q.bytes.saturating_sub(j.len);
                 return false;
@@ -1221,11 +1267,24 @@ mod tests {
         dd.on_sum(Box::new(move |id, sum| g.lock().unwrap().push((id, sum))));
         let (b1, f1, p1) = plain_output(d.path(), "1", 300_000, 7);
         let (_, f2, p2) = plain_output(d.path(), "2", 200_000, 11);
+        let (b3, f3, p3) = plain_output(d.path(), "3", 100_000, 13);
         dd.enqueue(b"run/a", 1, f1, 300_000, None, p1);
         // With its sum (computed at the close): nothing to report.
         dd.enqueue(b"run/b", 2, f2, 200_000, Some(sum_of(&p2)), p2);
+        dd.settle(2, b"run/b");
         dd.wait_committed();
+        // Stored, but its close has not registered it yet: held back until then.
+        assert!(got.lock().unwrap().is_empty());
+        dd.settle(1, b"run/a");
         assert_eq!(*got.lock().unwrap(), vec![(1, fanstore_core::checksum::xxh3(&b1))]);
+        // Registered before the worker gets to it: the worker reports it.
+        let paused = dd.commit_gate.lock().unwrap();
+        dd.enqueue(b"run/c", 3, f3, 100_000, None, p3);
+        dd.settle(3, b"run/c");
+        assert_eq!(got.lock().unwrap().len(), 1);
+        drop(paused);
+        dd.wait_committed();
+        assert_eq!(got.lock().unwrap()[1], (3, fanstore_core::checksum::xxh3(&b3)));
         assert_reads(&dd, 1, &b1);
     }
 
