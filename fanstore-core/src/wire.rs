@@ -679,6 +679,37 @@ fn sendmsg_with(sock: RawFd, bytes: &[u8], fd: Option<RawFd>, flags: libc::c_int
 /// Receives one datagram into `buf`; returns its length and the attached fd
 /// (close-on-exec), if any. A length of 0 means the peer closed.
 pub fn recv_msg(sock: RawFd, buf: &mut [u8]) -> io::Result<(usize, Option<OwnedFd>)> {
+    recv_msg_flags(sock, buf, 0)
+}
+
+/// [`recv_msg`] if a datagram is there now; None if not.
+pub fn try_recv_msg(sock: RawFd, buf: &mut [u8]) -> io::Result<Option<(usize, Option<OwnedFd>)>> {
+    match recv_msg_flags(sock, buf, libc::MSG_DONTWAIT) {
+        Ok(r) => Ok(Some(r)),
+        Err(e) if e.kind() == io::ErrorKind::WouldBlock => Ok(None),
+        Err(e) => Err(e),
+    }
+}
+
+/// Waits for a datagram on `sock` for at most `spin` by asking again and
+/// again (giving the CPU to any other runnable thread between asks)
+/// instead of sleeping: where a sleeping thread's wake-up costs tens of
+/// microseconds (a VM whose idle vCPUs halt), a reply or request that
+/// comes within `spin` costs none. None: nothing came.
+pub fn spin_recv_msg(sock: RawFd, buf: &mut [u8], spin: std::time::Duration) -> io::Result<Option<(usize, Option<OwnedFd>)>> {
+    let start = std::time::Instant::now();
+    loop {
+        if let Some(r) = try_recv_msg(sock, buf)? {
+            return Ok(Some(r));
+        }
+        if start.elapsed() >= spin {
+            return Ok(None);
+        }
+        std::thread::yield_now();
+    }
+}
+
+fn recv_msg_flags(sock: RawFd, buf: &mut [u8], flags: libc::c_int) -> io::Result<(usize, Option<OwnedFd>)> {
     let mut iov = libc::iovec { iov_base: buf.as_mut_ptr().cast(), iov_len: buf.len() };
     let mut cbuf = [0u64; 8];
     // SAFETY: msghdr is plain data; all-zero is a valid empty value.
@@ -689,7 +720,7 @@ pub fn recv_msg(sock: RawFd, buf: &mut [u8]) -> io::Result<(usize, Option<OwnedF
     msg.msg_controllen = std::mem::size_of_val(&cbuf);
     let n = loop {
         // SAFETY: iov and cbuf are live, writable buffers of the given lengths.
-        let r = unsafe { libc::recvmsg(sock, &mut msg, libc::MSG_CMSG_CLOEXEC) };
+        let r = unsafe { libc::recvmsg(sock, &mut msg, libc::MSG_CMSG_CLOEXEC | flags) };
         if r >= 0 {
             break r as usize;
         }

@@ -189,14 +189,64 @@ pub struct Answer {
     pub fd: Option<c_int>,
 }
 
+/// How long a client asks for its reply again and again before it sleeps
+/// until it comes (`wire::spin_recv_msg`): most replies (an unlink, a
+/// create's lookup) come within it, and on a VM a sleeping thread's
+/// wake-up costs more than the whole request.
+const REPLY_SPIN: std::time::Duration = std::time::Duration::from_micros(40);
+
 fn exchange(st: &State, s: c_int, req: &Request, send_fd: Option<c_int>) -> Result<Answer, Fail> {
     wire::send_msg(s, &req.encode(), send_fd).map_err(|_| Fail::Conn)?;
-    let mut buf = vec![0u8; wire::MAX_MESSAGE];
+    // This thread's receive buffer, kept (zeroing 64 KiB for each request
+    // cost ~2 µs, a tenth of an unlink); a fresh one if it is in use (an
+    // exchange from a signal handler that interrupted one).
+    // (try_with: an exchange may come from a thread's TLS destructors.)
+    let mut kept = RECV_BUF.try_with(|b| b.try_borrow_mut().ok().map(|mut v| std::mem::take(&mut *v))).ok().flatten();
+    let mut fresh = Vec::new();
+    let buf = match kept.as_mut() {
+        Some(v) if v.len() == wire::MAX_MESSAGE => v,
+        _ => {
+            fresh = vec![0u8; wire::MAX_MESSAGE];
+            &mut fresh
+        }
+    };
+    // The spin's EAGAINs must not show: a caller that succeeds leaves errno
+    // as it was (Python's listdir takes errno set at the end of a readdir
+    // for an error).
+    let saved = crate::errno::errno();
+    let r = receive(st, s, req, buf);
+    crate::errno::set_errno(saved);
+    let buf = if fresh.is_empty() { kept.take() } else { Some(fresh) };
+    if let Some(b) = buf {
+        let _ = RECV_BUF.try_with(|k| {
+            if let Ok(mut k) = k.try_borrow_mut() {
+                if k.is_empty() {
+                    *k = b;
+                }
+            }
+        });
+    }
+    r
+}
+
+thread_local! {
+    static RECV_BUF: std::cell::RefCell<Vec<u8>> = const { std::cell::RefCell::new(Vec::new()) };
+}
+
+/// The reply to `req`, sent on `s`, received into `buf`.
+fn receive(st: &State, s: c_int, req: &Request, buf: &mut Vec<u8>) -> Result<Answer, Fail> {
     // A slow remote fetch keeps us waiting while the daemon lives; a dead or
     // hung one ends the wait: at most 12 timeouts (60 s by default).
     let mut waits = 0;
+    let mut spun = match wire::spin_recv_msg(s, buf, REPLY_SPIN) {
+        Ok(r) => r,
+        Err(_) => return Err(Fail::Conn),
+    };
     let (n, fd) = loop {
-        match wire::recv_msg(s, &mut buf) {
+        if let Some(r) = spun.take() {
+            break r;
+        }
+        match wire::recv_msg(s, buf) {
             Ok(r) => break r,
             Err(e) if e.kind() == std::io::ErrorKind::WouldBlock && waits < 11 && daemon_alive(st) => waits += 1,
             Err(_) => return Err(Fail::Conn),
