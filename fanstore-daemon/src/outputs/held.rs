@@ -592,7 +592,6 @@ impl Outputs {
         if let Some(d) = self.dedup.get() {
             d.wait_committed(); // queued checkpoints go in as deduplicated, not as plain files
         }
-        crate::outputs::held_files::unlinker::flush();
         let mut files = 0;
         let mut unsynced = 0;
         if let Ok(rd) = std::fs::read_dir(self.out_dir()) {

@@ -21,81 +21,75 @@ pub(crate) fn rename_held(dedup: Option<&crate::outputs::dedup::Dedup>, journal:
 /// what this rank holds of output `id`, its plain file and sidecar, or its
 /// checkpoint.
 ///
-/// The plain file is unlinked by a background thread ([`unlinker`]), after
-/// the journal says the output is gone (a kill in between leaves a file
-/// recovery does not register): an unlink on this disk (5-10 µs) was a
-/// third of the daemon's part of an `unlink(2)` of an output (perf, mdtest's
-/// remove phase).
+/// The plain file's name goes now (an fd a program holds on it shows
+/// `st_nlink` 0 once the unlink returns: pjdfstest unlink/14.t), but the
+/// inode is freed off this path: the file is opened first and the
+/// [`closer`] thread closes it, the last reference, in the background.
+/// An unlink that frees the inode cost 5.3 µs here, open and unlink
+/// 3.4 µs, the close 4.0 µs (ext4, 100-byte files): the inode's
+/// eviction was a third of the daemon's part of an `unlink(2)` of an
+/// output (perf, mdtest's remove phase).
 pub(crate) fn drop_held(dedup: Option<&crate::outputs::dedup::Dedup>, journal: &HeldJournal, out: &std::path::Path, id: u64) {
-    let stored = dedup.is_some_and(|d| d.drop_output(id));
-    journal.drop_output(id);
-    if !stored {
-        unlinker::unlink(out.join(id.to_string()));
+    if !dedup.is_some_and(|d| d.drop_output(id)) {
+        let file = out.join(id.to_string());
+        let last = std::fs::File::open(&file).ok();
+        let _ = std::fs::remove_file(&file);
+        if let Some(f) = last {
+            closer::close_later(f);
+        }
     }
+    journal.drop_output(id);
 }
 
-/// The background unlinks of dropped plain files. The thread is woken once
-/// per batch, not per file (a wake-up here costs more than the unlink):
-/// by the first file queued, then it gathers for a millisecond.
-pub(crate) mod unlinker {
-    use std::path::PathBuf;
+/// Closes the last fds of dropped plain files in the background. The
+/// thread is woken once per batch, not per file (a wake-up here costs
+/// more than the close): by the first file queued, then it gathers for a
+/// millisecond.
+pub(crate) mod closer {
+    use std::fs::File;
     use std::sync::{Mutex, OnceLock};
     use std::thread::Thread;
 
-    static QUEUE: Mutex<Vec<PathBuf>> = Mutex::new(Vec::new());
-    /// Held while a batch taken off the queue is being unlinked.
-    static BUSY: Mutex<()> = Mutex::new(());
+    static QUEUE: Mutex<Vec<File>> = Mutex::new(Vec::new());
     static THREAD: OnceLock<Option<Thread>> = OnceLock::new();
+    /// At most this many fds wait (the daemon's fd limit is shared).
+    const MAX_WAITING: usize = 1024;
 
     fn run() {
         loop {
             std::thread::park();
             loop {
                 std::thread::sleep(std::time::Duration::from_millis(1));
-                let busy = BUSY.lock().unwrap_or_else(|p| p.into_inner());
                 let batch = std::mem::take(&mut *QUEUE.lock().unwrap_or_else(|p| p.into_inner()));
                 if batch.is_empty() {
                     break;
                 }
-                for f in batch {
-                    let _ = std::fs::remove_file(f);
-                }
-                drop(busy);
+                drop(batch);
             }
         }
     }
 
-    /// Unlinks `file` soon, on the unlinker thread (here and now if that
-    /// thread cannot be started).
-    pub(crate) fn unlink(file: PathBuf) {
-        let thread = THREAD.get_or_init(|| match std::thread::Builder::new().name("fanstore-unlink".into()).spawn(run) {
+    /// Closes `f` soon, on the closer thread (here and now if that thread
+    /// cannot be started or too many wait).
+    pub(crate) fn close_later(f: File) {
+        let thread = THREAD.get_or_init(|| match std::thread::Builder::new().name("fanstore-close".into()).spawn(run) {
             Ok(h) => Some(h.thread().clone()),
             Err(e) => {
-                log::warn!("starting the unlinker thread: {e}; dropped outputs are unlinked on the caller's thread");
+                log::warn!("starting the closer thread: {e}; dropped outputs are freed on the caller's thread");
                 None
             }
         });
-        let Some(thread) = thread else {
-            let _ = std::fs::remove_file(file);
-            return;
-        };
+        let Some(thread) = thread else { return };
         let first = {
             let mut q = QUEUE.lock().unwrap_or_else(|p| p.into_inner());
-            q.push(file);
+            if q.len() >= MAX_WAITING {
+                return; // `f` is closed here
+            }
+            q.push(f);
             q.len() == 1
         };
         if first {
             thread.unpark();
-        }
-    }
-
-    /// Unlinks every file queued so far before it returns (a drain must
-    /// not find a dropped output's file).
-    pub(crate) fn flush() {
-        let _busy = BUSY.lock().unwrap_or_else(|p| p.into_inner());
-        let batch = std::mem::take(&mut *QUEUE.lock().unwrap_or_else(|p| p.into_inner()));
-        for f in batch {
-            let _ = std::fs::remove_file(f);
         }
     }
 }
@@ -113,21 +107,15 @@ mod tests {
     }
 
     #[test]
-    fn a_dropped_output_leaves_the_journal_at_once_and_its_file_soon() {
+    fn a_dropped_output_leaves_the_journal_and_its_name_at_once() {
+        use std::os::unix::fs::MetadataExt;
         let d = tempfile::tempdir().unwrap();
         let journal = HeldJournal::new(d.path().to_path_buf());
         let (a, b) = (held_file(d.path(), &journal, 7), held_file(d.path(), &journal, 8));
+        let open = std::fs::File::open(&a).unwrap();
         drop_held(None, &journal, d.path(), 7);
         assert!(journal.get(7).is_none() && journal.get(8).is_some());
-        // The unlinker thread gets to it by itself...
-        let t0 = std::time::Instant::now();
-        while a.exists() {
-            assert!(t0.elapsed() < std::time::Duration::from_secs(10), "the unlinker never unlinked {}", a.display());
-            std::thread::sleep(std::time::Duration::from_millis(1));
-        }
-        // ... and a flush does it before it returns.
-        drop_held(None, &journal, d.path(), 8);
-        unlinker::flush();
-        assert!(!b.exists());
+        assert!(!a.exists() && b.exists());
+        assert_eq!(open.metadata().unwrap().nlink(), 0, "an fd on a dropped output shows it unlinked");
     }
 }
