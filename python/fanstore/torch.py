@@ -246,12 +246,37 @@ def _layout(archive, records, decisions, crcs=True):
         raise _NotHere(str(e))
 
 
+_CRC_POOL = (None, 0)
+
+
+def _crc_pool():
+    """One thread that computes CRC-32s beside the hashing pass (zlib
+    releases the GIL for buffers over 5 KiB); a new one in a forked child,
+    which has none of its parent's threads."""
+    global _CRC_POOL
+    pool, pid = _CRC_POOL
+    if pool is None or pid != os.getpid():
+        import concurrent.futures
+        pool = concurrent.futures.ThreadPoolExecutor(max_workers=1, thread_name_prefix="fanstore-crc")
+        _CRC_POOL = (pool, os.getpid())
+    return pool
+
+
+def _crc_of(view):
+    crc = 0
+    for off in range(0, view.nbytes, _CHUNK):
+        crc = zlib.crc32(view[off:off + _CHUNK], crc)
+    return crc
+
+
 def _read_storages(archive, records, decisions, h=None):
     """Reads every storage once, in file order, for both its fingerprint
-    and the whole-file xxh3 (one pass over memory instead of two; the
-    CRC-32 of a storage whose counters moved rides along too): the glue
-    between storages only needs the CRC of the one before it, patched into
-    its data descriptor. Returns (whole-file xxh3, the final layout).
+    and the whole-file xxh3 (one pass over memory instead of two), while
+    another thread computes the CRC-32 of each storage whose counters
+    moved (a third of the pass's time, measured on a 75%-frozen save, now
+    beside it): the glue between storages only needs the CRC of the one
+    before it, patched into its data descriptor. Returns (whole-file xxh3,
+    the final layout).
     With `h` (an xxh3 hasher of what precedes the archive in its file) the
     archive's bytes are added to `h`, which is returned."""
     draft = _layout(archive, records, decisions, crcs=False)
@@ -259,6 +284,20 @@ def _read_storages(archive, records, decisions, h=None):
     h = xxhash.xxh3_64() if outer is None else outer
     prev = None
     glue = []
+    pool = _crc_pool()
+    crcs = {seg.key: pool.submit(_crc_of, decisions[seg.key].view) for seg in draft.segments[:-1]
+            if not isinstance(seg, bytes) and decisions[seg.key].likely_changed}
+    try:
+        return _hash_storages(draft, archive, records, decisions, h, outer, prev, glue, crcs)
+    finally:
+        for f in crcs.values():
+            f.cancel()  # (after an error: no CRC reads the tensors once we return)
+        for f in crcs.values():
+            if not f.cancelled():
+                f.exception()  # waits for the one running
+
+
+def _hash_storages(draft, archive, records, decisions, h, outer, prev, glue, crcs):
     for seg in draft.segments[:-1]:
         if isinstance(seg, bytes):
             if prev is not None and prev.nbytes and seg[:4] == b"PK\x07\x08":
@@ -268,15 +307,13 @@ def _read_storages(archive, records, decisions, h=None):
             continue
         d = decisions[seg.key]
         fph = None if d.fp is not None else xxhash.xxh3_128()
-        crc = 0 if d.likely_changed else None
         view = d.view
         for off in range(0, view.nbytes, _CHUNK):
             c = view[off:off + _CHUNK]
             h.update(c)
             if fph is not None:
                 fph.update(c)
-            if crc is not None:
-                crc = zlib.crc32(c, crc)
+        crc = crcs[seg.key].result() if seg.key in crcs else None
         _TRACKER.finish(d, d.fp if fph is None else fph.intdigest(), crc)
         prev = seg
     layout = _layout(archive, records, decisions)
