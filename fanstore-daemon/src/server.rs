@@ -183,12 +183,17 @@ fn connection(conn: OwnedFd, node: &Node, caller: &Caller) {
     let fd = conn.as_raw_fd();
     let mut buf = vec![0u8; wire::MAX_MESSAGE];
     let mut spin = false;
+    let mut policy = wire::SpinPolicy::default();
     while !node.rank.stopping.load(Relaxed) {
         // Right after a request, the client's next one often comes within
         // microseconds (mdtest, a tar, a checkpoint directory): asked for
-        // again and again, not slept for (see NEXT_REQUEST_SPIN).
-        let spun = match spin.then(|| wire::spin_recv_msg(fd, &mut buf, NEXT_REQUEST_SPIN)) {
-            Some(Ok(r)) => r,
+        // again and again, not slept for (see NEXT_REQUEST_SPIN), while
+        // that finds them.
+        let spun = match (spin && policy.should_spin()).then(|| wire::spin_recv_msg(fd, &mut buf, NEXT_REQUEST_SPIN)) {
+            Some(Ok(r)) => {
+                policy.spun(r.is_some());
+                r
+            }
             Some(Err(_)) => return,
             None => None,
         };

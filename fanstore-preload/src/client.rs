@@ -231,6 +231,8 @@ fn exchange(st: &State, s: c_int, req: &Request, send_fd: Option<c_int>) -> Resu
 
 thread_local! {
     static RECV_BUF: std::cell::RefCell<Vec<u8>> = const { std::cell::RefCell::new(Vec::new()) };
+    /// When this thread spins for a reply ([`REPLY_SPIN`]).
+    static SPIN: std::cell::Cell<wire::SpinPolicy> = const { std::cell::Cell::new(wire::SpinPolicy::new()) };
 }
 
 /// The reply to `req`, sent on `s`, received into `buf`.
@@ -238,9 +240,25 @@ fn receive(st: &State, s: c_int, req: &Request, buf: &mut Vec<u8>) -> Result<Ans
     // A slow remote fetch keeps us waiting while the daemon lives; a dead or
     // hung one ends the wait: at most 12 timeouts (60 s by default).
     let mut waits = 0;
-    let mut spun = match wire::spin_recv_msg(s, buf, REPLY_SPIN) {
-        Ok(r) => r,
-        Err(_) => return Err(Fail::Conn),
+    let spin = SPIN
+        .try_with(|c| {
+            let mut p = c.get();
+            let s = p.should_spin();
+            c.set(p);
+            s
+        })
+        .unwrap_or(false);
+    let mut spun = match spin.then(|| wire::spin_recv_msg(s, buf, REPLY_SPIN)) {
+        Some(Ok(r)) => {
+            let _ = SPIN.try_with(|c| {
+                let mut p = c.get();
+                p.spun(r.is_some());
+                c.set(p);
+            });
+            r
+        }
+        Some(Err(_)) => return Err(Fail::Conn),
+        None => None,
     };
     let (n, fd) = loop {
         if let Some(r) = spun.take() {
