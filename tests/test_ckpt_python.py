@@ -116,6 +116,27 @@ def test_a_second_save_sends_only_what_changed(cl):
     assert "py" in json.dumps(du) or du, du
 
 
+def test_a_storage_whose_counter_moved_but_not_its_bytes_is_still_a_reference(cl):
+    """A storage whose version counter moved is copied into the parts file
+    beside the hashing pass, before its fingerprint says whether it changed:
+    one whose bytes did not change leaves that room unused (a hole in the
+    parts file) and goes as a reference; the file is still exact."""
+    r = client(cl, 0, """
+        sd = model(4)
+        ft.save(sd, "/fanstore/py/h1.pt")
+        before = ft.stats()
+        with torch.no_grad():
+            sd["layer6.weight"].mul_(1.0)      # the counter moves, the bytes do not
+            sd["layer7.weight"].add_(1.0)      # both move
+        ft.save(sd, "/fanstore/py/h2.pt")
+        after = ft.stats()
+        print(json.dumps(dict(e2=exact(sd, "/fanstore/py/h2.pt"), sent=after["sent"] - before["sent"],
+                              refs=after["referenced"] - before["referenced"])))
+    """)
+    assert r["e2"]
+    assert r["refs"] == 11 and r["sent"] == 1, r
+
+
 # Ways a tensor changes. `bumps`: whether the tensor's own version counter
 # moves (measured in the test: .data, numpy and untyped_storage writes do not).
 MUTATIONS = {

@@ -79,6 +79,62 @@ def parts_memfd(parts, file_len: int, file_xxh3: int) -> int:
     return fd
 
 
+class PartsWriter:
+    """A parts memfd written while its parts are still being decided.
+    Room for each glue part and for each storage likely to travel is
+    reserved up front, in file order (`reserve`: one (length, reserved)
+    per part), so that another thread can copy a storage's bytes into
+    place (`write`) while the hashing pass goes on. A storage that turns
+    out to be stored already leaves its room unused: the table gives each
+    part's offset, so the data section may have holes. One that travels
+    unexpectedly is appended at `finish`."""
+
+    def __init__(self, reserve):
+        self.data_off = HEADER.size + 8 + ENTRY_LEN * len(reserve)
+        self.offsets, at = [], 0
+        for n, reserved in reserve:
+            self.offsets.append(at if reserved else None)
+            at += n if reserved else 0
+        self.end = at
+        self.fd = _memfd("fanstore:parts", self.data_off + at)
+
+    def write(self, index: int, data, at: int = 0) -> None:
+        """Bytes `data` of part `index`, from `at` within it (pwrite: any thread)."""
+        _pwrite_all(self.fd, data, self.data_off + self.offsets[index] + at)
+
+    def finish(self, parts, file_len: int, file_xxh3: int, written) -> int:
+        """The sealed memfd of `parts` (as for `parts_memfd`, in file order,
+        one per reserved entry); `written`: the indexes whose bytes `write`
+        put in place already."""
+        table = bytearray()
+        for i, p in enumerate(parts):
+            if p[0] == "ref":
+                table += _entry(KIND_REF, p[2], p[1])
+                continue
+            n = memoryview(p[1]).nbytes
+            off = self.offsets[i]
+            if off is None:
+                off, self.end = self.end, self.end + n
+                os.ftruncate(self.fd, self.data_off + self.end)
+                _pwrite_all(self.fd, p[1], self.data_off + off)
+            elif i not in written:
+                _pwrite_all(self.fd, p[1], self.data_off + off)
+            table += _entry(KIND_GLUE if p[0] == "glue" else KIND_NEW, n, struct.pack("<Q", off))
+        head = HEADER.pack(MAGIC, VERSION, len(parts), file_len, file_xxh3, self.data_off)
+        h = xxhash.xxh3_64()
+        h.update(head)
+        h.update(table)
+        _pwrite_all(self.fd, head + struct.pack("<Q", h.intdigest()) + bytes(table), 0)
+        seal(self.fd)
+        fd, self.fd = self.fd, None
+        return fd
+
+    def close(self) -> None:
+        if self.fd is not None:
+            os.close(self.fd)
+            self.fd = None
+
+
 def file_memfd(pieces, length: int) -> int:
     """A sealed memfd holding the concatenation of `pieces` (buffers)."""
     fd = _memfd("fanstore:output", length)

@@ -188,13 +188,25 @@ def _prepare(daemon, path, rel, records, tensors, trust_version) -> _Prepared:
         archive = path.encode("ascii") and _zipwriter.archive_name(path)
     except UnicodeEncodeError:
         archive = "archive"  # torch.save writes such a name through a Python file object
-    file_xxh3, layout = _read_storages(archive, records, decisions)
     mode = 0o666 & ~_umask()
     if not daemon.dedup:
+        file_xxh3, layout = _read_storages(archive, records, decisions)
         pieces = [seg if isinstance(seg, bytes) else decisions[seg.key].view for seg in layout.segments]
         fd = _parts.file_memfd(pieces, layout.length)
         return _Prepared(path, rel, _daemon.OP_COMMIT, fd, [], mode)
-    fd = _parts.parts_memfd(_parts_of(layout, decisions), layout.length, file_xxh3)
+    # The storages likely to travel are copied into the parts file by the
+    # CRC thread, beside the hashing pass, not after it.
+    draft = _layout(archive, records, decisions, crcs=False)
+    writer = _parts.PartsWriter([(len(seg), True) if isinstance(seg, bytes) else (seg.nbytes, decisions[seg.key].likely_changed)
+                                 for seg in draft.segments])
+    try:
+        file_xxh3, layout = _read_storages(archive, records, decisions, into=(writer, draft))
+        if len(layout.segments) != len(draft.segments):
+            raise _NotHere("the archive's layout changed with its CRCs")  # (never expected)
+        written = {i for i, seg in enumerate(draft.segments) if not isinstance(seg, bytes) and decisions[seg.key].likely_changed}
+        fd = writer.finish(_parts_of(layout, decisions), layout.length, file_xxh3, written)
+    finally:
+        writer.close()
     for d in decisions:
         d.view = None  # the tensors' memory is not read any more
     return _Prepared(path, rel, _daemon.OP_CKPT_PUT, fd, decisions, mode)
@@ -262,14 +274,19 @@ def _crc_pool():
     return pool
 
 
-def _crc_of(view):
+def _crc_of(view, writer=None, index=0):
+    """The CRC-32 of `view`; with `writer`, its bytes also go into part
+    `index` of that parts file on the way (one read of the tensor for both)."""
     crc = 0
     for off in range(0, view.nbytes, _CHUNK):
-        crc = zlib.crc32(view[off:off + _CHUNK], crc)
+        c = view[off:off + _CHUNK]
+        crc = zlib.crc32(c, crc)
+        if writer is not None:
+            writer.write(index, c, off)
     return crc
 
 
-def _read_storages(archive, records, decisions, h=None):
+def _read_storages(archive, records, decisions, h=None, into=None):
     """Reads every storage once, in file order, for both its fingerprint
     and the whole-file xxh3 (one pass over memory instead of two), while
     another thread computes the CRC-32 of each storage whose counters
@@ -278,14 +295,16 @@ def _read_storages(archive, records, decisions, h=None):
     before it, patched into its data descriptor. Returns (whole-file xxh3,
     the final layout).
     With `h` (an xxh3 hasher of what precedes the archive in its file) the
-    archive's bytes are added to `h`, which is returned."""
-    draft = _layout(archive, records, decisions, crcs=False)
+    archive's bytes are added to `h`, which is returned. With `into`
+    (a `_parts.PartsWriter` and the draft layout it was made for), each
+    storage whose CRC is computed is also copied into its reserved part."""
+    writer, draft = into if into is not None else (None, _layout(archive, records, decisions, crcs=False))
     outer = h
     h = xxhash.xxh3_64() if outer is None else outer
     prev = None
     glue = []
     pool = _crc_pool()
-    crcs = {seg.key: pool.submit(_crc_of, decisions[seg.key].view) for seg in draft.segments[:-1]
+    crcs = {seg.key: pool.submit(_crc_of, decisions[seg.key].view, writer, i) for i, seg in enumerate(draft.segments[:-1])
             if not isinstance(seg, bytes) and decisions[seg.key].likely_changed}
     try:
         return _hash_storages(draft, archive, records, decisions, h, outer, prev, glue, crcs)
