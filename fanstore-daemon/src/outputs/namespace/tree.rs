@@ -42,6 +42,12 @@ impl Outputs {
         let mut p = Vec::new();
         rec.encode_into(&mut p);
         p.extend_from_slice(path);
+        // Every rank marks an input parent before the record exists: a
+        // racing mkdir on another node that gets EEXIST from the owner must
+        // then find the directory by stat (Python's makedirs(exist_ok=True)
+        // does exactly that; its stat was answered ENOENT from an unmarked
+        // tier map in CI: test_an_exported_dcp_checkpoint_loads_with_filesystemreader).
+        self.mark_input_dir(crate::outputs::names::parent(path).0)?;
         self.meta_at(path, mop::MKDIR, 0, p)?;
         self.link(path, wire::KIND_DIR, true)?;
         self.publish(Kind::Mkdir, path, b"", true, false, None);
