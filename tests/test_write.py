@@ -637,6 +637,56 @@ def test_persist_stop_restart_export(bins, tmp_path):
     assert sorted(p.name for p in (plain / "run/ckpt").iterdir()) == ["epoch0.pt", "epoch1.pt", "epoch2.pt", "epoch3.pt"]
 
 
+def test_outputs_closed_just_before_a_stop_drain_with_their_sums(bins, tmp_path):
+    """A checkpoint-sized output closed by its only writer is hashed by the
+    store's commit worker after the close, and its sum then goes to the
+    record's owner, which is another rank for most names. Outputs written in
+    a burst and followed at once by a stop: every sum must reach its record
+    before the owner drains it (at a stop the ranks end by no longer
+    answering each other), else the next job cannot find their bytes. Also
+    renamed, as checkpoint writers do, to names another rank owns."""
+    _, data = packed_dataset(bins, tmp_path, n_files=4, seed=12, partitions=2)
+    persist = tmp_path / "persist"
+    n = 24
+    c = start_cluster(bins, data, tmp_path / "c1", nranks=4, mount=MOUNT, extra_args=["--persist", persist])
+    try:
+        c.run_python(1, f"""
+            import os, random
+            os.makedirs('{MOUNT}/burst', exist_ok=True)
+            blobs = [random.Random(i).randbytes(4 << 20) for i in range({n})]
+            for i in range({n}):
+                name = '{MOUNT}/burst/f%03d.bin' % i
+                with open(name + '.tmp' if i % 2 else name, 'wb') as f:
+                    f.write(blobs[i])
+                if i % 2:
+                    os.replace(name + '.tmp', name)
+        """)
+    finally:
+        c.stop()
+    log = c.log_path.read_text(errors="replace")
+    c2 = start_cluster(bins, data, tmp_path / "c2", nranks=3, mount=MOUNT, extra_args=["--persist", persist])
+    try:
+        r = c2.run_python(2, f"""
+            import random
+            bad = []
+            for i in range({n}):
+                try:
+                    b = open('{MOUNT}/burst/f%03d.bin' % i, 'rb').read()
+                except OSError as e:
+                    bad.append((i, repr(e)))
+                    continue
+                if b != random.Random(i).randbytes(4 << 20):
+                    bad.append((i, len(b)))
+            print(bad)
+        """)
+        assert r.stdout.strip() == "[]", r.stdout
+    finally:
+        c2.stop()
+    # A sum that did not arrive leaves the record unchecked (SUM_PENDING),
+    # and held that rank's drain until the other rank's answer timed out.
+    assert "setting the sum of output" not in log, log
+
+
 def test_stop_waits_for_a_rank_still_draining(bins, tmp_path):
     """At stop, a rank whose drain to --persist outlasts the other ranks' stop by more than their
     MPI_Finalize watchdog (10 s, for MPICH 4.0's finalize hang) must still finish it. Rank 0's daemon

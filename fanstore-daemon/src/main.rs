@@ -437,7 +437,14 @@ fn run(args: &DaemonArgs) -> anyhow::Result<i32> {
     // rate: the ranks agree on the longest at the shutdown barrier, and each
     // lets MPI_Finalize wait that much more for the others (below).
     let drain_secs = node.outputs.persist.get().map_or(0, |_| node.outputs.drain_estimate_secs());
-    let (clean, slowest_drain) = engine.shutdown(if cause == StopCause::Orphaned { StopCause::Local } else { cause }, &p.rx, drain_secs);
+    // A drain waits for the checkpoint store's sums, some of which go to
+    // records on other ranks: those must arrive while the ranks still
+    // answer each other.
+    let outputs = node.outputs.clone();
+    let settled = move || outputs.dedup.get().is_none_or(|d| d.sums_settled());
+    let settle: Option<&dyn Fn() -> bool> = node.outputs.persist.get().map(|_| &settled as &dyn Fn() -> bool);
+    let cause = if cause == StopCause::Orphaned { StopCause::Local } else { cause };
+    let (clean, slowest_drain) = engine.shutdown(cause, &p.rx, drain_secs, settle);
     // A rank that finished its stop early waits in MPI_Finalize for the
     // others; its watchdog (10 s, for MPICH 4.0's finalize hang) must not end
     // it while a peer still drains: its launcher would then kill the peer

@@ -91,6 +91,11 @@ const CROWD_RECHECK: Duration = Duration::from_micros(20);
 /// for as long as it is in flight.
 const LARGE_PAYLOAD: usize = 256 << 10;
 
+/// How long a stop that drains waits for this rank's sums to settle, and
+/// then for the other ranks (see [`Engine::shutdown`]): a commit queue is
+/// at most 4 GiB, which the store's worker reads at 0.5-1 GB/s here.
+pub const SETTLE_WAIT: Duration = Duration::from_secs(60);
+
 fn nap_cap(idle: Duration) -> Duration {
     if idle < Duration::from_millis(20) {
         Duration::from_micros(50)
@@ -1053,7 +1058,15 @@ impl<'a> Engine<'a> {
     /// Returns whether every rank took part (the stop is clean), and the
     /// largest `drain_secs` of the ranks (0 when not every rank reached the
     /// barrier).
-    pub fn shutdown(&mut self, cause: StopCause, rx: &Receiver<Command>, drain_secs: i32) -> (bool, i32) {
+    ///
+    /// `settled`, given at a stop that drains (the same on every rank):
+    /// before anything else, this rank serves as usual until `settled`
+    /// says its own work towards the drain is done (the checkpoint store's
+    /// sums have reached their records, on whatever rank), then meets the
+    /// other ranks in a barrier, still serving, so that no rank stops
+    /// answering while another still sends it such work. Both waits are
+    /// bounded ([`SETTLE_WAIT`]); a rank that gives up drains what it has.
+    pub fn shutdown(&mut self, cause: StopCause, rx: &Receiver<Command>, drain_secs: i32, settled: Option<&dyn Fn() -> bool>) -> (bool, i32) {
         let me = self.comm.rank;
         if let Some(w) = &self.waiter {
             let [cmd, fd, timeout, idle] = w.tally();
@@ -1079,6 +1092,9 @@ impl<'a> Engine<'a> {
                     Err(e) => log::warn!("rank {me}: telling rank {r} to stop: {e}"),
                 }
             }
+        }
+        if let Some(settled) = settled {
+            self.settle(rx, settled);
         }
         // No server thread posts from here on (posts in progress end first):
         // every fetch posted is in the channel or adopted.
@@ -1148,6 +1164,45 @@ impl<'a> Engine<'a> {
             let _ = self.poll_completions_only();
         });
         (clean, slowest.unwrap_or(0))
+    }
+
+    /// The first step of a stop that drains (see [`Self::shutdown`]).
+    fn settle(&mut self, rx: &Receiver<Command>, settled: &dyn Fn() -> bool) {
+        let me = self.comm.rank;
+        let started = Instant::now();
+        let mut nap = Duration::from_micros(50);
+        while !settled() {
+            if started.elapsed() >= SETTLE_WAIT {
+                log::warn!("rank {me}: the checkpoint store's sums did not settle within {SETTLE_WAIT:?}; stopping anyway");
+                break;
+            }
+            if self.serve_round(rx) {
+                nap = Duration::from_micros(50);
+            } else {
+                std::thread::sleep(nap);
+                nap = (nap * 2).min(Duration::from_millis(2));
+            }
+        }
+        let comm = self.comm;
+        if !comm.barrier(SETTLE_WAIT, || {
+            self.serve_round(rx);
+        }) {
+            log::warn!("rank {me}: not every rank settled its sums within {SETTLE_WAIT:?}");
+        }
+        log::info!("rank {me}: settled for the drain in {:.1} ms", started.elapsed().as_secs_f64() * 1e3);
+    }
+
+    /// One round of the usual service while stopping: commands (a second
+    /// stop is ignored) and incoming messages. Returns whether anything
+    /// happened.
+    fn serve_round(&mut self, rx: &Receiver<Command>) -> bool {
+        let mut active = false;
+        while let Ok(c) = rx.try_recv() {
+            active = true;
+            let _ = self.command(c);
+        }
+        // A peer's stop (CTRL_STOP) ends a round early; this rank stops already.
+        active | self.poll().unwrap_or(true)
     }
 
     /// Receives and drops requests and control messages (used when stopping).

@@ -220,6 +220,9 @@ struct CommitQueue {
     /// last, so that the holder's entry and the owner's record it sets
     /// exist by then.
     sums_due: HashMap<u64, SumDue>,
+    /// Sums taken off `sums_due` whose sink call has not returned yet
+    /// (counted under the lock that takes them off: see [`Dedup::sums_settled`]).
+    sinking: usize,
 }
 
 enum SumDue {
@@ -433,7 +436,10 @@ fn commit_worker(
         let due = {
             let mut q = lock_queue(&queue);
             match (q.sums_due.remove(&id), sum_found) {
-                (Some(SumDue::Settled), Some(sum)) => Some(sum),
+                (Some(SumDue::Settled), Some(sum)) => {
+                    q.sinking += 1;
+                    Some(sum)
+                }
                 (Some(_), Some(sum)) => {
                     q.sums_due.insert(id, SumDue::Found(sum));
                     None
@@ -441,8 +447,11 @@ fn commit_worker(
                 _ => None, // dropped, or none to report
             }
         };
-        if let (Some(sum), Some(sink)) = (due, sums.get()) {
-            sink(id, sum);
+        if let Some(sum) = due {
+            if let Some(sink) = sums.get() {
+                sink(id, sum);
+            }
+            lock_queue(&queue).sinking -= 1;
         }
     }
 }
@@ -770,6 +779,18 @@ impl Dedup {
         drop(self.commit_gate.lock().unwrap_or_else(|p| p.into_inner()));
     }
 
+    /// Whether every output queued so far is stored (or stayed plain) and
+    /// every whole-file sum the worker found has gone to the sink, whose
+    /// call has returned: at a stop with a drain, the ranks wait for this
+    /// while they still answer each other, so that a sum the sink sends to
+    /// another rank's record arrives before that rank drains it. An output
+    /// stays due from its enqueue until its sum has gone to the sink (or it
+    /// was dropped), whichever of the worker and its close comes last.
+    pub fn sums_settled(&self) -> bool {
+        let q = lock_queue(&self.queue);
+        q.jobs.is_empty() && q.running.is_none() && q.parts.is_empty() && q.sums_due.is_empty() && q.sinking == 0
+    }
+
     /// At stop: takes every output off the queue (each stays the plain
     /// output it is, which a restart with the same `--local` registers
     /// again) and waits for the one being stored. A drain to `--persist`
@@ -795,7 +816,10 @@ impl Dedup {
         let due = {
             let mut q = lock_queue(&self.queue);
             match q.sums_due.remove(&id) {
-                Some(SumDue::Found(sum)) => Some(sum),
+                Some(SumDue::Found(sum)) => {
+                    q.sinking += 1;
+                    Some(sum)
+                }
                 Some(_) => {
                     q.sums_due.insert(id, SumDue::Settled);
                     None
@@ -803,8 +827,11 @@ impl Dedup {
                 None => None,
             }
         };
-        if let (Some(sum), Some(sink)) = (due, self.sums.get()) {
-            sink(id, sum);
+        if let Some(sum) = due {
+            if let Some(sink) = self.sums.get() {
+                sink(id, sum);
+            }
+            lock_queue(&self.queue).sinking -= 1;
         }
     }
 
@@ -1275,16 +1302,20 @@ mod tests {
         dd.wait_committed();
         // Stored, but its close has not registered it yet: held back until then.
         assert!(got.lock().unwrap().is_empty());
+        assert!(!dd.sums_settled(), "a stop would drain before this sum reached its record");
         dd.settle(1, b"run/a");
         assert_eq!(*got.lock().unwrap(), vec![(1, fanstore_core::checksum::xxh3(&b1))]);
+        assert!(dd.sums_settled());
         // Registered before the worker gets to it: the worker reports it.
         let paused = dd.commit_gate.lock().unwrap();
         dd.enqueue(b"run/c", 3, f3, 100_000, None, p3);
         dd.settle(3, b"run/c");
         assert_eq!(got.lock().unwrap().len(), 1);
+        assert!(!dd.sums_settled());
         drop(paused);
         dd.wait_committed();
         assert_eq!(got.lock().unwrap()[1], (3, fanstore_core::checksum::xxh3(&b3)));
+        assert!(dd.sums_settled());
         assert_reads(&dd, 1, &b1);
     }
 

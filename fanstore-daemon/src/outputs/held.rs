@@ -139,11 +139,10 @@ impl Outputs {
         // Stored behind the close (see crate::outputs::dedup): the commit
         // worker reads every byte and hashes the file then; the close
         // neither maps nor hashes it (SUM_PENDING until the worker has).
-        // Only where this rank owns the record: the sum then reaches it with
-        // no message, before this rank's own drain at a stop, when the
-        // ranks no longer answer each other (a sum sent to another rank
-        // then could arrive after that rank drained the record with sum 0).
-        let behind = dedup.is_some() && sole && size > 0 && self.owner(path) == self.rank.id.rank;
+        // The sum may go to another rank's record: a stop that drains waits
+        // for it while the ranks still answer each other
+        // (crate::comm::Engine::shutdown, Dedup::sums_settled).
+        let behind = dedup.is_some() && sole && size > 0;
         let map = if size > 0 && !behind {
             // SAFETY: the client handed us its output file at its last close
             // and no longer writes it (the plain path keeps and serves this
@@ -166,7 +165,7 @@ impl Outputs {
         // store keeps its mapping as a hot copy and reads are served from
         // the file itself.
         let handed = match (&map, dedup) {
-            (Some(m), Some(_)) if sole || sealed => {
+            (Some(m), Some(_)) if sealed && !sole => {
                 src.try_clone().ok().map(|f| (OwnedFd::from(f), std::sync::Arc::clone(m)))
             }
             _ => None,
@@ -178,13 +177,6 @@ impl Outputs {
                 self.link_plain(&src, &file).inspect_err(|_| undo())?;
                 d.enqueue(path, id, OwnedFd::from(fd), size, None, file.clone());
                 wire::SUM_PENDING
-            }
-            // The same, hashed here (the record's owner is another rank).
-            (Some(d), Some((fd, m))) if sole => {
-                let sum = self.store_plain(&src, true, bytes, &file).inspect_err(|_| undo())?;
-                drop(m); // the commit worker maps it when it gets to it
-                d.enqueue(path, id, fd, size, Some(sum), file.clone());
-                sum
             }
             (Some(d), Some((file, m))) => d.stage_handed(path, id, file, m, !unnamed)?.file_xxh3,
             (Some(d), None) => d.stage(path, id, bytes)?.file_xxh3,
