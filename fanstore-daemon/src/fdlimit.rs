@@ -56,6 +56,15 @@ pub fn remote_output_entries(nofile: u64) -> usize {
     (nofile / 8).clamp(8, 1 << 19) as usize
 }
 
+/// How many O_PATH fds of removed outputs may wait for the closer thread
+/// ([`crate::outputs::held_files`]) under a soft limit of `nofile` fds: a
+/// sixteenth of them. (It was 1024 whatever the limit: mdtest's remove
+/// phase, 2 ranks x 20,000 files under `ulimit -n 1024` with the thread
+/// behind on 2 busy cores, left the journal's compaction EMFILE.)
+pub fn closer_entries(nofile: u64) -> usize {
+    (nofile / 16).clamp(8, 1024) as usize
+}
+
 /// Whether `errno` says the process or the system is out of fds.
 pub fn exhausted(errno: i32) -> bool {
     errno == libc::EMFILE || errno == libc::ENFILE

@@ -57,8 +57,9 @@ pub(crate) mod closer {
 
     static QUEUE: Mutex<Vec<File>> = Mutex::new(Vec::new());
     static THREAD: OnceLock<Option<Thread>> = OnceLock::new();
-    /// At most this many fds wait (the daemon's fd limit is shared).
-    const MAX_WAITING: usize = 1024;
+    /// At most this many fds wait (the daemon's fd limit is shared):
+    /// [`crate::fdlimit::closer_entries`] of the limit at the first drop.
+    static MAX_WAITING: OnceLock<usize> = OnceLock::new();
 
     fn run() {
         loop {
@@ -87,7 +88,7 @@ pub(crate) mod closer {
         let Some(thread) = thread else { return };
         let first = {
             let mut q = QUEUE.lock().unwrap_or_else(|p| p.into_inner());
-            if q.len() >= MAX_WAITING {
+            if q.len() >= *MAX_WAITING.get_or_init(|| crate::fdlimit::closer_entries(crate::fdlimit::nofile())) {
                 return; // `f` is closed here
             }
             q.push(f);
