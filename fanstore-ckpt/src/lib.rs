@@ -103,6 +103,7 @@ pub mod codec;
 pub mod drained;
 pub mod error;
 pub mod extent;
+pub mod huffman;
 pub mod json;
 pub mod matching;
 pub mod pack;
