@@ -62,10 +62,19 @@ class Writer(FileSystemWriter):
         #: Shards this writer committed as parts (the others went through POSIX).
         self.shards_sent = 0
         #: Seconds spent laying out, reading and copying the shards
-        #: ("prepare") and in the daemon's CKPT_PUT round trips ("send").
-        self.seconds = {"prepare": 0.0, "send": 0.0}
+        #: ("prepare"), in the daemon's CKPT_PUT round trips ("send"), and
+        #: in the whole of writing the shards ("write": both, and waiting
+        #: for this process's earlier saves, and the tensors' capture).
+        self.seconds = {"prepare": 0.0, "send": 0.0, "write": 0.0}
 
     def _write_data(self, planner, file_queue):
+        t0 = time.perf_counter()
+        try:
+            return self._write_shards(planner, file_queue)
+        finally:
+            self.seconds["write"] += time.perf_counter() - t0
+
+    def _write_shards(self, planner, file_queue):
         daemon = _daemon.find()
         if (daemon is None or not daemon.dedup or self.transforms.extensions
                 or self.serialization_format != SerializationFormat.TORCH_SAVE
