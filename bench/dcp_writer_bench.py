@@ -128,6 +128,8 @@ for k in range(cfg["ckpts"]):
             row["prepare"] = slowest(w.seconds["prepare"])
             row["send"] = slowest(w.seconds["send"])
             row["write"] = slowest(w.seconds["write"])
+            row["plan"] = slowest(w.seconds["plan"])
+            row["finish"] = slowest(w.seconds["finish"])
             ft.wait_stored()
             row["stored"] = slowest(time.perf_counter() - t0)
     rows.append(row)
@@ -217,8 +219,10 @@ def main():
           f"copying the shard {median([r['prepare'] for r in rest]) * 1e3:.0f} ms; the CKPT_PUT round trip "
           f"(the daemon checks the parts and hashes the new units) {median([r['send'] for r in rest]) * 1e3:.0f} ms; "
           f"the Writer's whole write of the shard (both, the capture of the tensors, and waiting for the process's "
-          f"earlier saves) {median([r['write'] for r in rest]) * 1e3:.0f} ms; "
-          f"the rest of the {fs * 1e3:.0f} ms is DCP's planning (collectives over gloo), its `.metadata` "
+          f"earlier saves) {median([r['write'] for r in rest]) * 1e3:.0f} ms; DCP's steps through the mount: "
+          f"the checkpoint's directory (prepare_local_plan's mkdir) {median([r['plan'] for r in rest]) * 1e3:.0f} ms, "
+          f"`.metadata` (rank 0's finish: write, remove the old, rename) {median([r['finish'] for r in rest]) * 1e3:.0f} ms; "
+          f"the rest of the {fs * 1e3:.0f} ms is DCP's planning (collectives over gloo) "
           f"and waiting for the slowest rank: "
           f"{RANKS} ranks and {RANKS} daemons share {os.cpu_count()} cores, so every phase is CPU time shared "
           f"{RANKS} ways.",

@@ -65,7 +65,23 @@ class Writer(FileSystemWriter):
         #: ("prepare"), in the daemon's CKPT_PUT round trips ("send"), and
         #: in the whole of writing the shards ("write": both, and waiting
         #: for this process's earlier saves, and the tensors' capture).
-        self.seconds = {"prepare": 0.0, "send": 0.0, "write": 0.0}
+        #: Also DCP's own steps through the mount: the directory
+        #: ("plan": prepare_local_plan's mkdir) and `.metadata` ("finish").
+        self.seconds = {"prepare": 0.0, "send": 0.0, "write": 0.0, "plan": 0.0, "finish": 0.0}
+
+    def prepare_local_plan(self, plan):
+        t0 = time.perf_counter()
+        try:
+            return super().prepare_local_plan(plan)
+        finally:
+            self.seconds["plan"] += time.perf_counter() - t0
+
+    def finish(self, metadata, results):
+        t0 = time.perf_counter()
+        try:
+            return super().finish(metadata, results)
+        finally:
+            self.seconds["finish"] += time.perf_counter() - t0
 
     def _write_data(self, planner, file_queue):
         t0 = time.perf_counter()
