@@ -348,6 +348,13 @@ const QUEUE_MAX: u64 = 4 << 30;
 /// The commit worker's nice value.
 const COMMIT_NICE: libc::c_int = 10;
 
+/// Lowers the calling thread to the commit worker's nice value (Linux:
+/// per thread; a thread it starts inherits it).
+pub(crate) fn lower_this_thread() {
+    // SAFETY: lowers this thread's own scheduling priority.
+    unsafe { libc::setpriority(libc::PRIO_PROCESS, libc::gettid() as libc::id_t, COMMIT_NICE) };
+}
+
 /// The commit worker: stores each queued output (see the module doc).
 fn commit_worker(
     dir: PathBuf,
@@ -360,8 +367,7 @@ fn commit_worker(
     // Below the program's own threads (nice 10; the store's encode threads
     // inherit it): a commit behind the close takes the cores the program
     // leaves, and a close waits for it only when the queue is full.
-    // SAFETY: lowers this thread's own scheduling priority (Linux: per thread).
-    unsafe { libc::setpriority(libc::PRIO_PROCESS, libc::gettid() as libc::id_t, COMMIT_NICE) };
+    lower_this_thread();
     for id in rx {
         let _running = gate.lock().unwrap_or_else(|p| p.into_inner());
         let Some(held) = held.upgrade() else { return };
