@@ -75,8 +75,17 @@ dcp.save(sd, storage_writer=FileSystemWriter(os.path.join(local, "async")))
 out["async_exact"] = shard(os.path.join(root, "async")) == shard(os.path.join(local, "async"))
 out["async_referenced"] = after["referenced"] - before["referenced"]
 out["shards_sent"] += w.shards_sent
+# Saved twice at one path: the second `.metadata` (written in place under
+# the mount) replaces the first, and the checkpoint loads as the new state.
+dcp.save(state(1), storage_writer=fanstore.dcp.Writer(os.path.join(root, "again")))
+sd = state(3)
+dcp.save(sd, storage_writer=fanstore.dcp.Writer(os.path.join(root, "again")))
+got = {k: torch.zeros_like(v) if isinstance(v, torch.Tensor) else 0 for k, v in sd.items()}
+dcp.load(got, storage_reader=fanstore.dcp.Reader(os.path.join(root, "again")))
+out["resaved"] = all(torch.equal(got[k], sd[k]) if isinstance(sd[k], torch.Tensor) else got[k] == sd[k] for k in sd)
 dist.barrier()
 out["files"] = sorted(os.listdir(os.path.join(root, "step2")))
+out["files_again"] = sorted(os.listdir(os.path.join(root, "again")))
 print(json.dumps(out))
 """
 
@@ -131,6 +140,7 @@ def test_dcp_writer_shards_are_filesystemwriters_with_only_changes_sent(cl, tmp_
         # The staged copy is in new storages: known by its bytes.
         assert r["async_referenced"] >= 7, (rank, r)
         assert r["files"] == [".metadata", "__0_0.distcp", "__1_0.distcp", "__2_0.distcp", "__3_0.distcp"], r
+        assert r["files_again"] == r["files"] and r["resaved"], (rank, r)
     rows = {row["path"]: row for row in json.loads(cl.cli("ckpt", "ls", "--json").stdout)}
     for rank in range(4):
         first, second = rows[f"dcpw/step0/__{rank}_0.distcp"], rows[f"dcpw/step1/__{rank}_0.distcp"]
