@@ -136,8 +136,11 @@ def test_the_budget_bounds_what_is_replicated(cluster_factory, bins, tmp_path):
     sizes = sorted((ds / f"part-{p:06d}.fsp").stat().st_size for p in range(8))
     budget = sizes[-1]  # room for any one remote partition, never for all four
     c = cluster_factory(ds, nranks=2, extra_args=["--prefetch-remote", str(budget)])
-    deadline = time.monotonic() + 20
-    while "prefetched" not in c.log() and time.monotonic() < deadline:
+    # Each rank prefetches on its own: wait for both to say they are done
+    # (waiting for the first one's line only let rank 1 be checked while it
+    # still fetched: 0 replicated, in one CI run).
+    deadline = time.monotonic() + 60
+    while not all(f"rank {r}: prefetched" in c.log() for r in (0, 1)) and time.monotonic() < deadline:
         time.sleep(0.1)
     for r in (0, 1):
         s = status(c, r)
