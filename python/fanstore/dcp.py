@@ -217,8 +217,8 @@ class _MetadataInPlace:
     def create_stream(self, path, mode):
         p = os.fspath(path)
         if p.endswith(".tmp"):
-            self._final[p] = p[:-len(".tmp")]
-            return self._fs.create_stream(type(path)(self._final[p]) if not isinstance(path, str) else self._final[p], mode)
+            self._final[p] = final = p[:-len(".tmp")]
+            return self._fs.create_stream(final, mode)
         return self._fs.create_stream(path, mode)
 
     def exists(self, path):
