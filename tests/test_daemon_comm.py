@@ -91,8 +91,16 @@ def test_the_communication_thread_polls_between_requests_while_a_cpu_is_free(bin
     polling instead of waking it through the fds (a wake-up costs ~40 µs
     on a VM whose idle vCPUs halt). With --comm-spin-us 0 every request
     wakes the holder (the test above). The polling threads count
-    themselves on the host's board in /dev/shm, which the stop removes."""
-    c, ds_id, remote = remote_pair(bins, pack, tmp_path)
+    themselves on the host's board in /dev/shm, which the stop removes.
+
+    The period here is 5 ms, not the default: what is tested is that the
+    holder polls after a message, and this reader (Python, comparing each
+    file with its source between requests) may leave more than 200 µs
+    between a reply and its next request on a busy machine (in one CI run
+    under OpenMPI 3 batches of 100 requests woke the holder 117-128 times,
+    with its polling stopped for a waiting thread only twice). What the
+    default period gains is measured in bench/, not asserted here."""
+    c, ds_id, remote = remote_pair(bins, pack, tmp_path, "--comm-spin-us", "5000")
     board = Path(str(c.index_path(0)).rsplit("-r", 1)[0] + ".polling")
     try:
         assert remote, "rank 1 holds no file"
