@@ -28,7 +28,8 @@
 //! tag 3 (TAG_META_REQ) any rank -> metadata owner of an output path: one
 //!                        [`fanstore_core::wire::Request`] (ops in
 //!                        [`crate::outputs::held::mop`]), answered at once by the
-//!                        owner's [`MetaServer`] on this thread
+//!                        owner's [`MetaServer`] on this thread, or later
+//!                        from another thread ([`Command::MetaReply`])
 //! tag 4 (TAG_META_REP) owner -> asker: one [`fanstore_core::wire::Reply`]
 //!                        echoing the request id
 //! ```
@@ -316,8 +317,11 @@ type MetaWaiter = (Sender<Vec<u8>>, Instant);
 
 /// Answers metadata requests of peers (the owner side).
 pub trait MetaServer {
-    /// `msg` is an encoded wire Request; the result an encoded Reply.
-    fn handle_meta(&self, msg: &[u8]) -> Vec<u8>;
+    /// `msg` is an encoded wire Request from rank `src`; the result an
+    /// encoded Reply, or None when the server answers later, from another
+    /// thread, with a [`Command::MetaReply`] (it must not wait here: this is
+    /// the communication thread, which the answer it waits for may need).
+    fn handle_meta(&self, src: u32, msg: &[u8]) -> Option<Vec<u8>>;
 }
 
 pub enum Command {
@@ -329,6 +333,9 @@ pub enum Command {
     /// kept until the send completes.
     Sent(SentRequest),
     Meta(MetaCall),
+    /// A reply (an encoded wire Reply) to a peer's metadata request that
+    /// [`MetaServer::handle_meta`] left for later.
+    MetaReply { dest: u32, msg: Vec<u8> },
     /// Shut the whole job down (this rank tells the others).
     Stop,
 }
@@ -541,7 +548,14 @@ impl<'a> Engine<'a> {
             return;
         }
         let Some(m) = self.meta else { return };
-        let reply = m.handle_meta(&b).into_boxed_slice();
+        if let Some(reply) = m.handle_meta(src, &b) {
+            self.send_meta_reply(src, reply);
+        }
+    }
+
+    /// Sends a metadata reply to rank `src`, which asked.
+    fn send_meta_reply(&mut self, src: u32, reply: Vec<u8>) {
+        let reply = reply.into_boxed_slice();
         let id = self.id();
         // SAFETY: `reply` is boxed and kept in `sends` until the send completes.
         match unsafe { self.comm.isend(reply.as_ptr(), reply.len(), src, TAG_META_REP) } {
@@ -571,6 +585,7 @@ impl<'a> Engine<'a> {
             Command::Posted(p) => self.adopt(p),
             Command::Sent(s) => self.track_send(s),
             Command::Meta(m) => self.start_meta(m),
+            Command::MetaReply { dest, msg } => self.send_meta_reply(dest, msg),
             Command::Stop => return false,
         }
         true
@@ -1123,7 +1138,7 @@ impl<'a> Engine<'a> {
                     self.adopt(p);
                 }
                 Command::Sent(s) => self.track_send(s),
-                Command::Meta(_) | Command::Stop => {}
+                Command::Meta(_) | Command::MetaReply { .. } | Command::Stop => {}
             }
         }
         self.meta_pending.clear();

@@ -54,8 +54,37 @@ pub(super) static META_IDS: AtomicU64 = AtomicU64::new(1);
 
 
 impl MetaServer for Outputs {
-    fn handle_meta(&self, msg: &[u8]) -> Vec<u8> {
+    fn handle_meta(&self, src: u32, msg: &[u8]) -> Option<Vec<u8>> {
         match Request::decode(msg) {
+            Ok(req) if crate::outputs::watch::is_mop(req.op) => {
+                let answer = self.watch_meta(&req);
+                if answer.acks.is_empty() {
+                    return Some(answer.reply.encode());
+                }
+                // Answered once the watching nodes have the event, on a
+                // thread of its own: their replies come through this one.
+                let comm = self.rank.comm.clone();
+                let spawned = std::thread::Builder::new().name("fanstore-watch-ack".into()).spawn(move || {
+                    let msg = answer.wait().encode();
+                    let _ = comm.send(Command::MetaReply { dest: src, msg });
+                });
+                match spawned {
+                    Ok(_) => None,
+                    Err(e) => {
+                        log::warn!("rank {}: spawning a thread to answer an event's publisher: {e}", self.rank.id.rank);
+                        Some(Reply::err(&req, libc::EAGAIN).encode())
+                    }
+                }
+            }
+            other => Some(self.answer_meta(other)),
+        }
+    }
+}
+
+impl Outputs {
+    /// A metadata request answered at once (see [`MetaServer::handle_meta`]).
+    fn answer_meta(&self, req: Result<Request, wire::WireError>) -> Vec<u8> {
+        match req {
             Ok(req) if req.op == mop::HOLDER_DROP || req.op == mop::HOLDER_RENAME => {
                 // Store work does not belong on the communication thread.
                 let (dedup, out, fsync) = (self.dedup.get().cloned(), self.out_dir(), self.fsync_outputs.load(Relaxed));
@@ -70,7 +99,6 @@ impl MetaServer for Outputs {
                 let errno = if spawned.is_ok() { 0 } else { libc::EAGAIN };
                 Reply { op: req.op, id: req.id, errno, flags: 0, value: 0, payload: Vec::new() }.encode()
             }
-            Ok(req) if crate::outputs::watch::is_mop(req.op) => self.watch_meta(&req).encode(),
             Ok(req) if req.op == mop::MARK_DIR => match u32::try_from(req.arg0).ok().filter(|&id| self.mark_input_dir_here(id)) {
                 Some(_) => Reply::ok(&req, 0).encode(),
                 None => Reply::err(&req, libc::EINVAL).encode(),
@@ -79,9 +107,7 @@ impl MetaServer for Outputs {
             Err(_) => Reply { op: 0, id: 0, errno: libc::EINVAL, flags: 0, value: 0, payload: Vec::new() }.encode(),
         }
     }
-}
 
-impl Outputs {
     /// The metadata owner of `path`.
     pub fn owner(&self, path: &[u8]) -> u32 {
         (xxh3(path) % self.rank.id.nranks.max(1) as u64) as u32
@@ -114,7 +140,11 @@ impl Outputs {
         let rep = if dest == self.rank.id.rank {
             self.rank.counters.meta_local.fetch_add(1, Relaxed);
             let req = Request { op, id: META_IDS.fetch_add(1, Relaxed), arg0, arg1: 0, payload };
-            Reply::decode(&self.handle_meta(&req.encode())).map_err(|_| libc::EIO)?
+            if crate::outputs::watch::is_mop(op) {
+                self.watch_meta(&req).wait()
+            } else {
+                Reply::decode(&self.answer_meta(Ok(req))).map_err(|_| libc::EIO)?
+            }
         } else {
             let pending = self.meta_post(dest, op, arg0, payload)?;
             self.meta_wait(dest, &pending)?

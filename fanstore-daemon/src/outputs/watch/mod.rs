@@ -18,6 +18,15 @@
 //!   to every interested node ([`wop::DELIVER`], an MPI message from the
 //!   owner: MPI keeps messages between two ranks in order), so every node sees
 //!   a directory's events in the order its owner applied them.
+//! - **Causality.** The owner answers the publisher only once every node it
+//!   handed the event to has queued it (their DELIVER replies; a node that
+//!   does not answer within 5 s is given up). A change made after another
+//!   one returned is therefore seen after it by every watcher, even where
+//!   their directories have different owners: the unlink of `d/f` then the
+//!   rmdir of `d` reach a watcher of `d` as IN_DELETE, then IN_DELETE_SELF
+//!   and IN_IGNORED, as from the kernel (without it, the owner of `d`'s
+//!   parent could deliver the rmdir before the owner of `d` delivered the
+//!   unlink: seen once in a CI run).
 //! - **Delivery.** A node turns an event into records for each local watcher
 //!   session, queues them (bounded: beyond [`sessions::QUEUE_MAX`] the session reports
 //!   an overflow, IN_Q_OVERFLOW) and wakes the session's thread through an
@@ -60,14 +69,41 @@ pub fn is_mop(op: u16) -> bool {
 /// How long a blocked session thread sleeps before it looks at the stop flag.
 const POLL_MS: i32 = 1000;
 
-/// Ids of DELIVER messages (their replies are not waited for), apart from
-/// the ids of the metadata requests of [`crate::outputs::held`].
+/// Ids of DELIVER messages, apart from the ids of the metadata requests of
+/// [`crate::outputs::held`].
 static DELIVER_IDS: AtomicU64 = AtomicU64::new(1 << 62);
 static COOKIES: AtomicU64 = AtomicU64::new(1);
 
 pub mod sessions;
 
 use sessions::{lock, Out, Session, SessState, Watch};
+
+/// An owner's answer to a watch op: the reply, to be sent once every
+/// node in `acks` answered (a PUBLISH's DELIVERs; empty for the rest).
+pub(crate) struct WatchAnswer {
+    pub reply: Reply,
+    pub acks: Vec<(u32, crossbeam::channel::Receiver<Vec<u8>>)>,
+}
+
+impl WatchAnswer {
+    fn now(reply: Reply) -> WatchAnswer {
+        WatchAnswer { reply, acks: Vec::new() }
+    }
+
+    /// The reply, once the nodes answered (each within its DELIVER's
+    /// timeout, after which the communication thread drops the waiter).
+    pub fn wait(self) -> Reply {
+        for (node, rx) in self.acks {
+            if rx.recv_timeout(DELIVER_TIMEOUT + Duration::from_secs(1)).is_err() {
+                log::warn!("rank {node} did not take a watched event within {DELIVER_TIMEOUT:?}");
+            }
+        }
+        self.reply
+    }
+}
+
+/// How long an owner waits for a node to take an event it delivers.
+const DELIVER_TIMEOUT: Duration = Duration::from_secs(5);
 
 impl Outputs {
     /// Lets events start fetching the files they announce (set once the
@@ -77,8 +113,19 @@ impl Outputs {
     }
 
 
-    /// Rank-to-rank watch ops ([`wop`]), answered on whichever thread asks.
-    pub fn watch_meta(&self, req: &Request) -> Reply {
+    /// Rank-to-rank watch ops ([`wop`]), answered on whichever thread asks
+    /// (a PUBLISH's answer waits for its deliveries: [`WatchAnswer`]).
+    pub(crate) fn watch_meta(&self, req: &Request) -> WatchAnswer {
+        match req.op {
+            wop::PUBLISH => match NsEvent::decode(&req.payload) {
+                Some(ev) => self.sequence(req, ev),
+                None => WatchAnswer::now(Reply::err(req, libc::EINVAL)),
+            },
+            _ => WatchAnswer::now(self.watch_meta_now(req)),
+        }
+    }
+
+    fn watch_meta_now(&self, req: &Request) -> Reply {
         match req.op {
             wop::SUB => {
                 let Some((&flags, path)) = req.payload.split_first() else { return Reply::err(req, libc::EINVAL) };
@@ -92,33 +139,6 @@ impl Outputs {
                 }
                 Reply::ok(req, 0)
             }
-            wop::PUBLISH => {
-                let Some(mut ev) = NsEvent::decode(&req.payload) else { return Reply::err(req, libc::EINVAL) };
-                let mut r = lock(&self.watch.routes);
-                r.seq += 1;
-                ev.seq = r.seq;
-                let nodes: HashSet<u32> = r.interests.iter().filter(|(_, w, rec)| ev.concerns(w, *rec)).map(|k| k.0).collect();
-                let mut msg = None;
-                for n in nodes {
-                    if n == self.rank.id.rank {
-                        self.deliver_local(&ev);
-                        continue;
-                    }
-                    let msg = msg.get_or_insert_with(|| {
-                        let mut q = Request::new(wop::DELIVER, 0, 0, 0);
-                        q.payload = ev.encode();
-                        q
-                    });
-                    msg.id = DELIVER_IDS.fetch_add(1, Relaxed);
-                    // Nobody waits for the answer: the receiver is dropped.
-                    let (tx, _) = crossbeam::channel::bounded(1);
-                    let call = MetaCall { dest: n, id: msg.id, msg: msg.encode(), reply: tx, timeout: Duration::from_secs(10) };
-                    if self.rank.comm.send(Command::Meta(call)).is_err() {
-                        log::warn!("rank {}: event for rank {n} dropped: stopping", self.rank.id.rank);
-                    }
-                }
-                Reply::ok(req, ev.seq)
-            }
             wop::DELIVER => match NsEvent::decode(&req.payload) {
                 Some(ev) => {
                     self.deliver_local(&ev);
@@ -128,6 +148,38 @@ impl Outputs {
             },
             _ => Reply::err(req, libc::EINVAL),
         }
+    }
+
+    /// The owner numbers a published event and hands it to every node
+    /// interested in it (in order: under one lock, every DELIVER is queued
+    /// to the communication thread, which sends them in that order).
+    fn sequence(&self, req: &Request, mut ev: NsEvent) -> WatchAnswer {
+        let mut acks = Vec::new();
+        let mut r = lock(&self.watch.routes);
+        r.seq += 1;
+        ev.seq = r.seq;
+        let nodes: HashSet<u32> = r.interests.iter().filter(|(_, w, rec)| ev.concerns(w, *rec)).map(|k| k.0).collect();
+        let mut msg = None;
+        for n in nodes {
+            if n == self.rank.id.rank {
+                self.deliver_local(&ev);
+                continue;
+            }
+            let msg = msg.get_or_insert_with(|| {
+                let mut q = Request::new(wop::DELIVER, 0, 0, 0);
+                q.payload = ev.encode();
+                q
+            });
+            msg.id = DELIVER_IDS.fetch_add(1, Relaxed);
+            let (tx, rx) = crossbeam::channel::bounded(1);
+            let call = MetaCall { dest: n, id: msg.id, msg: msg.encode(), reply: tx, timeout: DELIVER_TIMEOUT };
+            if self.rank.comm.send(Command::Meta(call)).is_err() {
+                log::warn!("rank {}: event for rank {n} dropped: stopping", self.rank.id.rank);
+                continue;
+            }
+            acks.push((n, rx));
+        }
+        WatchAnswer { reply: Reply::ok(req, ev.seq), acks }
     }
 
     fn deliver_local(&self, ev: &NsEvent) {
