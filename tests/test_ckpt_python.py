@@ -57,8 +57,9 @@ MODEL = """
 """
 
 
-def client(c, node, code, *args, env=None):
-    return run_json(c, node, PRELUDE + textwrap.dedent(MODEL) + textwrap.dedent(code), *args,
+def client(c, node, code, *args, env=None, more=""):
+    """`code` run on `node` after MODEL (and `more`), its last line as JSON."""
+    return run_json(c, node, PRELUDE + textwrap.dedent(MODEL) + textwrap.dedent(more) + textwrap.dedent(code), *args,
                     timeout=TIMEOUT, env=env)
 
 
@@ -115,6 +116,101 @@ def test_a_second_save_sends_only_what_changed(cl):
     du = ckpt_json(cl, "du")
     assert "py" in json.dumps(du) or du, du
 
+
+
+# safetensors through the package: the same tensors in the shapes of a
+# model's (no view of another's storage: safetensors refuses shared ones).
+SAFE = """
+    import fanstore.safetensors as fst
+    from safetensors.torch import save_file as st_save, load_file as st_load
+    def st_model(seed):
+        sd = {k: v for k, v in model(seed).items() if k != "view"}
+        sd["mask"] = torch.ones(7, dtype=torch.bool)
+        return sd
+    def st_native(sd, name, meta):
+        p = os.path.join(LOCAL, name)
+        st_save(sd, p, metadata=meta)
+        return open(p, "rb").read()
+    def st_exact(sd, path, meta):
+        return open(path, "rb").read() == st_native(sd, os.path.basename(path), meta)
+"""
+
+
+def test_safetensors_save_file_writes_its_bytes_and_sends_only_what_changed(cl):
+    r = client(cl, 0, """
+        sd = st_model(21)
+        fst.save_file(sd, "/fanstore/py/m1.safetensors", {"step": "1"})
+        s0 = ft.stats()
+        with torch.no_grad():
+            sd["layer7.weight"].add_(1.0)
+        sd["layer2.weight"].numpy()[0, :3] = 5.0      # behind the version counter
+        fst.save_file(sd, "/fanstore/py/m2.safetensors", {"step": "2"})
+        s1 = ft.stats()
+        back = st_load("/fanstore/py/m2.safetensors")
+        # torch.save of the same tensors refers to the units safetensors' saves
+        # sent (their CRC-32s, which no safetensors file needs, computed then).
+        ft.save(sd, "/fanstore/py/m2.pt")
+        s2 = ft.stats()
+        print(json.dumps(dict(e1=st_exact(st_model(21), "/fanstore/py/m1.safetensors", {"step": "1"}),
+                              e2=st_exact(sd, "/fanstore/py/m2.safetensors", {"step": "2"}),
+                              same=back.keys() == sd.keys() and all(torch.equal(back[k], sd[k]) for k in sd),
+                              sent=s1["sent"] - s0["sent"], refs=s1["referenced"] - s0["referenced"],
+                              pt=exact(sd, "/fanstore/py/m2.pt"), pt_sent=s2["sent"] - s1["sent"],
+                              pt_refs=s2["referenced"] - s1["referenced"])))
+    """, more=SAFE)
+    assert r["e1"] and r["e2"], f"not safetensors' bytes: {r}"
+    assert r["same"], r
+    # 13 tensors, each a unit of the store (the empty one too): the 2 changed travel.
+    assert r["sent"] == 2 and r["refs"] == 11, r
+    assert r["pt"] and r["pt_sent"] == 0 and r["pt_refs"] == 13, r
+    rows = {row["path"].lstrip("/").removeprefix("fanstore/"): row for row in ckpt_json(cl, "ls", "py")}
+    assert rows["py/m2.safetensors"]["format"] == "safetensors", rows["py/m2.safetensors"]
+    assert rows["py/m2.safetensors"]["units"] == 13, rows["py/m2.safetensors"]
+    assert rows["py/m2.safetensors"]["stored_new_bytes"] < 2 * 256 * 256 * 4 + 16384, rows["py/m2.safetensors"]
+    verify = cl.cli("ckpt", "verify", "py/m2.safetensors", check=False)
+    assert verify.returncode == 0, verify.stdout + verify.stderr
+    got = client(cl, 1, """
+        print(json.dumps(dict(n=len(st_load("/fanstore/py/m2.safetensors")),
+                              sha=hashlib.sha256(open("/fanstore/py/m2.safetensors", "rb").read()).hexdigest())))
+    """, more=SAFE)
+    want = client(cl, 0, """
+        print(json.dumps(dict(sha=hashlib.sha256(open("/fanstore/py/m2.safetensors", "rb").read()).hexdigest())))
+    """, more=SAFE)
+    assert got["n"] == 13 and got["sha"] == want["sha"], (got, want)
+
+
+def test_safetensors_save_file_leaves_what_it_does_not_lay_out_to_safetensors(cl, tmp_path):
+    """Shared tensors, a view of part of a storage, a non-contiguous tensor,
+    a path outside the mount: safetensors' own save_file, its errors and
+    bytes; nothing is sent."""
+    r = client(cl, 0, """
+        import sys
+        t = torch.randn(8, 8)
+        out = {}
+        for name, sd in (("shared", {"a": t, "b": t}), ("noncontig", {"a": t.t()})):
+            errs = []
+            for save in (fst.save_file, st_save):
+                try:
+                    save(sd, f"/fanstore/py/refused-{name}.safetensors")
+                    errs.append(None)
+                except Exception as e:
+                    errs.append(type(e).__name__ + ": " + str(e))
+            out[name] = errs
+        s0 = ft.stats()
+        part = {"half": t[4:]}
+        fst.save_file(part, "/fanstore/py/part.safetensors")
+        elsewhere = os.path.join(sys.argv[1], "plain.safetensors")
+        fst.save_file(st_model(22), elsewhere, {"k": "v"})
+        s1 = ft.stats()
+        out.update(part=st_exact(part, "/fanstore/py/part.safetensors", None),
+                   plain=st_exact(st_model(22), elsewhere, {"k": "v"}),
+                   moved=s1["sent"] + s1["referenced"] - s0["sent"] - s0["referenced"])
+        print(json.dumps(out))
+    """, str(tmp_path), more=SAFE)
+    for name in ("shared", "noncontig"):
+        ours, theirs = r[name]
+        assert theirs is not None and ours == theirs, (name, r[name])
+    assert r["part"] and r["plain"] and r["moved"] == 0, r
 
 def test_a_storage_whose_counter_moved_but_not_its_bytes_is_still_a_reference(cl):
     """A storage whose version counter moved is copied into the parts file

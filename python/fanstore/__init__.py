@@ -5,7 +5,8 @@ running FanStore job's mount (`/fanstore`): it writes the same bytes, but
 sends the node's daemon only the tensors that changed since this process
 last saved them, and a reference to the unit the node's checkpoint store
 already holds for each of the others. `fanstore.dcp.Writer` does the same
-for torch.distributed.checkpoint shards.
+for torch.distributed.checkpoint shards, `fanstore.safetensors.save_file`
+for safetensors files.
 
 Why pure Python over the daemon's wire protocol, and not a PyO3/maturin
 wheel over fanstore-core's client: the protocol is a 40-byte header over a

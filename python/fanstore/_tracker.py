@@ -116,22 +116,26 @@ class Tracker:
             self.stats["fingerprinted"] += 1
         return d
 
-    def finish(self, d: Decision, fp: int, crc) -> None:
+    def finish(self, d: Decision, fp: int, crc, need_crc=True) -> None:
         """`d` with its fingerprint `fp` (and its CRC-32 if computed on the
-        way, else None): a reference if the store holds those bytes."""
+        way, else None): a reference if the store holds those bytes.
+        `need_crc=False` (a format without CRCs: safetensors) leaves the
+        CRC-32 of bytes that travel unknown (None); a later save that needs
+        it computes it then."""
         e = d.prev
         d.fp = fp
         if e is not None and e.fp == fp and e.blake3 is not None:
-            self.stats["referenced"] += 1
-            d.crc, d.blake3 = e.crc, e.blake3
-            return
-        known = self.by_value.get((fp, d.view.nbytes))
+            known = (e.crc, e.blake3)
+        else:
+            known = self.by_value.get((fp, d.view.nbytes))
         if known is not None:
             self.stats["referenced"] += 1
             d.crc, d.blake3 = known
+            if d.crc is None and need_crc:
+                d.crc = crc if crc is not None else zlib.crc32(d.view)
             return
         self.stats["sent"] += 1
-        d.crc = crc if crc is not None else zlib.crc32(d.view)
+        d.crc = crc if crc is not None or not need_crc else zlib.crc32(d.view)
 
     def learn(self, d: Decision, blake3: bytes):
         """The store holds `d`'s bytes as unit `blake3`."""
