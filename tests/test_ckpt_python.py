@@ -460,6 +460,40 @@ def test_a_program_killed_during_a_background_save_leaves_no_torn_checkpoint(cl)
         assert got in (None, want), f"delay {delay}: a torn checkpoint"
 
 
+
+def test_the_safetensors_layout_is_safetensors_own_for_random_dicts():
+    """No daemon: the header fanstore.safetensors lays out, followed by the
+    tensors' bytes in its order, against safetensors.torch.save of the same
+    dict: every dtype safetensors maps, scalars, empty tensors, names with
+    escapes and non-ASCII, metadata of none, zero and one key (of several,
+    safetensors' own order is its hash map's, which varies)."""
+    r = run_json(None, 0, PRELUDE + textwrap.dedent(r"""
+        import json, random, torch
+        from safetensors.torch import save, _TYPES
+        import fanstore.safetensors as fst
+        rng = random.Random(5)
+        bad, laid = [], 0
+        for trial in range(300):
+            ts = {}
+            for j in range(rng.randint(1, 12)):
+                dt = rng.choice(list(_TYPES.values()))
+                shape = [rng.randint(0, 4) for _ in range(rng.randint(0, 3))]
+                name = rng.choice(["w", f"layer.{j}.weight", f"\u00e9{j}", f'a"b{j}', f"x/{j}", f"Z{j}", f"\x01{j}"])
+                ts[name] = torch.randint(0, 2, shape, dtype=torch.uint8).to(dt)
+            meta = rng.choice([None, {}, {"format": "pt"}, {"\u00fc": "\n\x7f"}])
+            order = fst._plan(ts, meta)
+            if order is None:
+                bad.append(("not laid out", trial))
+                continue
+            body = b"".join(bytes(ts[n].untyped_storage()) for n in order)
+            laid += 1
+            if fst._header(fst._entries(ts, order), meta) + body != save(ts, metadata=meta):
+                bad.append(trial)
+        print(json.dumps(dict(bad=bad[:5], laid=laid, probe=fst._layout_matches())))
+    """), timeout=TIMEOUT)
+    assert r["probe"], "the probe found the installed safetensors' layout differs"
+    assert r["laid"] == 300 and not r["bad"], r
+
 def test_the_archive_layout_is_torch_saves_for_awkward_objects(tmp_path):
     # No daemon: fanstore._zipwriter against torch.save itself, for names
     # torch writes through a Python file object (non-ASCII), many records,
