@@ -192,6 +192,23 @@ impl Outputs {
     }
 
 
+    /// Renames `from` to `to` in the listing of the directory both are in,
+    /// in one request to its owner (a rename within one directory: the
+    /// listing never shows both names, nor neither).
+    pub(crate) fn relink(&self, from: &[u8], to: &[u8], kind: u8) -> Result<(), i32> {
+        let (dir, old) = parent(from);
+        let (to_dir, new) = parent(to);
+        debug_assert_eq!(dir, to_dir);
+        self.mark_input_dir(dir)?;
+        let mut p = Vec::with_capacity(dir.len() + new.len() + old.len() + 2);
+        p.extend_from_slice(dir);
+        p.push(0);
+        p.extend_from_slice(new);
+        p.push(0);
+        p.extend_from_slice(old);
+        self.meta_at(dir, mop::RELINK, kind as u64, p).map(|_| ())
+    }
+
     /// The node id of input directory `dir`, if it is one.
     pub(crate) fn input_dir(&self, dir: &[u8]) -> Option<u32> {
         self.rank.view.lookup(dir).filter(|n| n.is_dir()).map(|n| n.id())

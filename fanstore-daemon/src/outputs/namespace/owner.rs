@@ -89,6 +89,10 @@ pub mod mop {
     /// it is still that output with its sum pending -> ENOENT, ESTALE (a
     /// newer version), EMLINK with the record (a hard-linked name).
     pub const SET_SUM: u16 = 116;
+    /// dir NUL new name NUL old name, arg0 kind: a rename within one
+    /// directory's listing, in one step (ADD of the new name, REMOVE of
+    /// the old one).
+    pub const RELINK: u16 = 117;
 }
 
 /// PUT arg0 bit: replace a symlink at the path (rename); without it a
@@ -231,7 +235,7 @@ fn touched(req: &Request) -> Option<&[u8]> {
         mop::GET | mop::DEL | mop::RMDIR | mop::LIST => Some(p),
         mop::SETATTR => p.get(8..),
         mop::SET_SUM => p.get(16..),
-        mop::ADD | mop::REMOVE => split_nul(p).map(|(dir, _)| dir),
+        mop::ADD | mop::REMOVE | mop::RELINK => split_nul(p).map(|(dir, _)| dir),
         _ => None,
     }
 }
@@ -257,6 +261,26 @@ impl MetaStore {
     /// its listing) changes as natively: mtime and ctime now, and its
     /// count of subdirectories (a directory record's `size`: its
     /// `st_nlink` is 2 more) when the name is a directory.
+    /// Adds `name` (of `kind`) to the listing of `dir`.
+    fn list_add(&mut self, dir: &[u8], name: &[u8], kind: u8) {
+        if self.children.entry(dir.to_vec()).or_default().insert(name.to_vec(), kind).is_none() {
+            self.entry_changed(dir, kind, 1);
+        }
+    }
+
+    /// Removes `name` from the listing of `dir` (if there).
+    fn list_remove(&mut self, dir: &[u8], name: &[u8]) {
+        if let Some(c) = self.children.get_mut(dir) {
+            let gone = c.remove(name);
+            if c.is_empty() {
+                self.children.remove(dir);
+            }
+            if let Some(kind) = gone {
+                self.entry_changed(dir, kind, -1);
+            }
+        }
+    }
+
     fn entry_changed(&mut self, dir: &[u8], kind: u8, delta: i64) {
         let now = crate::outputs::names::now_ns();
         self.recs.update(dir, |r| {
@@ -555,19 +579,17 @@ impl MetaStore {
             mop::ADD | mop::REMOVE => {
                 let Some((dir, name)) = split_nul(p) else { return Reply::err(req, libc::EINVAL) };
                 if req.op == mop::ADD {
-                    let kind = req.arg0 as u8;
-                    if self.children.entry(dir.to_vec()).or_default().insert(name.to_vec(), kind).is_none() {
-                        self.entry_changed(dir, kind, 1);
-                    }
-                } else if let Some(c) = self.children.get_mut(dir) {
-                    let gone = c.remove(name);
-                    if c.is_empty() {
-                        self.children.remove(dir);
-                    }
-                    if let Some(kind) = gone {
-                        self.entry_changed(dir, kind, -1);
-                    }
+                    self.list_add(dir, name, req.arg0 as u8);
+                } else {
+                    self.list_remove(dir, name);
                 }
+                Reply::ok(req, 0)
+            }
+            mop::RELINK => {
+                let Some((dir, names)) = split_nul(p) else { return Reply::err(req, libc::EINVAL) };
+                let Some((new, old)) = split_nul(names) else { return Reply::err(req, libc::EINVAL) };
+                self.list_add(dir, new, req.arg0 as u8);
+                self.list_remove(dir, old);
                 Reply::ok(req, 0)
             }
             mop::LIST => {
@@ -643,6 +665,23 @@ mod tests {
         let g = get(&mut m);
         assert_eq!(g.size, 0);
         assert!(g.mtime_ns > 1);
+    }
+
+    #[test]
+    fn a_relink_renames_within_a_listing_in_one_step() {
+        let mut m = MetaStore::default();
+        m.handle(&req(mop::ADD, wire::KIND_FILE as u64, b"ck\0a.tmp"));
+        m.handle(&req(mop::ADD, wire::KIND_FILE as u64, b"ck\0b"));
+        let names = |m: &mut MetaStore| {
+            let r = m.handle(&req(mop::LIST, 0, b"ck"));
+            wire::entries(&r.payload).map(|(_, n)| String::from_utf8_lossy(n).into_owned()).collect::<Vec<_>>()
+        };
+        // Onto a new name, then over an existing one: one entry each time.
+        assert_eq!(m.handle(&req(mop::RELINK, wire::KIND_FILE as u64, b"ck\0a\0a.tmp")).errno, 0);
+        assert_eq!(names(&mut m), ["a", "b"]);
+        assert_eq!(m.handle(&req(mop::RELINK, wire::KIND_FILE as u64, b"ck\0b\0a")).errno, 0);
+        assert_eq!(names(&mut m), ["b"]);
+        assert_eq!(m.handle(&req(mop::RELINK, 0, b"ck\0b")).errno, libc::EINVAL);
     }
 
     #[test]

@@ -294,9 +294,21 @@ impl Outputs {
         if self.rank.view.lookup(from).is_some() || self.rank.view.lookup(to).is_some() {
             return Err(libc::EROFS);
         }
-        // As the kernel: both parents are resolved (old, then new) before the entry.
+        // As the kernel: both parents are resolved (old, then new) before
+        // the entry; one directory (a temporary name renamed to its final
+        // one) is resolved once.
+        let same_dir = crate::outputs::names::parent(from).0 == crate::outputs::names::parent(to).0;
         let from = &self.real_entry(from)?;
-        let to = &self.real_entry(to)?;
+        let to = &if same_dir {
+            let mut p = crate::outputs::names::parent(from).0.to_vec();
+            if !p.is_empty() {
+                p.push(b'/');
+            }
+            p.extend_from_slice(crate::outputs::names::parent(to).1);
+            p
+        } else {
+            self.real_entry(to)?
+        };
         if self.rank.view.lookup(from).is_some() || self.rank.view.lookup(to).is_some() {
             return Err(libc::EROFS);
         }
@@ -355,7 +367,11 @@ impl Outputs {
                 return Err(e);
             }
         };
-        self.link(to, rec.kind(), true)?;
+        if same_dir {
+            self.relink(from, to, rec.kind())?;
+        } else {
+            self.link(to, rec.kind(), true)?;
+        }
         match self.meta_at(from, mop::DEL, rec.id, from.to_vec()) {
             Ok(_) | Err(libc::ENOENT) => {}
             Err(e) => return Err(e),
@@ -370,7 +386,9 @@ impl Outputs {
                 log::warn!("rank {}: rank {} did not rename output {}: errno {e}", self.rank.id.rank, rec.holder, rec.id);
             }
         }
-        self.link(from, wire::KIND_FILE, false)?;
+        if !same_dir {
+            self.link(from, wire::KIND_FILE, false)?;
+        }
         self.publish(Kind::Rename, from, to, false, replaced, Some(&rec));
         Ok(())
     }
