@@ -22,6 +22,7 @@ Writes bench/out/pydcp.md and bench/out/pydcp.json (goals).
 Usage: python3 bench/dcp_writer_bench.py [--quick]
 Environment (default / --quick): BENCH_PYDCP_TENSORS [48/16]
   BENCH_PYDCP_TENSOR_MB [4/1]  BENCH_PYDCP_N [10/4]  BENCH_PYDCP_FROZEN [0.75]  BENCH_DIR [/tmp]
+  BENCH_PYDCP_PROFILE [unset]: a file for rank 0's cProfile stats of its saves 2..N with the Writer
 A third scheme in the rotation, a StorageWriter that stores nothing, measures
 what dcp.save costs by itself here: the bound of any writer.
 """
@@ -102,7 +103,7 @@ g = torch.Generator().manual_seed(1000 + rank)
 sd = {f"r{rank}.layer{i:03d}.weight": torch.randn(n, generator=g) * 0.02 for i in range(mine)}
 frozen = int(round(cfg["frozen"] * mine))
 keys = list(sd)
-rows = []
+rows, profiles = [], []
 def slowest(x):
     t = torch.tensor([x], dtype=torch.float64)
     dist.all_reduce(t, op=dist.ReduceOp.MAX)
@@ -120,9 +121,17 @@ for k in range(cfg["ckpts"]):
     for scheme, w in order:
         os.sync()
         dist.barrier()
+        prof = None
+        if scheme == "fanstore" and rank == 0 and k and cfg.get("profile"):
+            import cProfile
+            prof = cProfile.Profile()
+            prof.enable()
         t0 = time.perf_counter()
         dcp.save(sd, storage_writer=w)
         row[scheme] = slowest(time.perf_counter() - t0)
+        if prof is not None:
+            prof.disable()
+            profiles.append(prof)
         if scheme == "fanstore":
             row["sent_as_parts"] = w.shards_sent
             row["prepare"] = slowest(w.seconds["prepare"])
@@ -140,6 +149,12 @@ for k in range(cfg["ckpts"]):
     b = hashlib.sha256(open(os.path.join(cfg["fs_dir"], name), "rb").read()).hexdigest()
     if a != b:
         bad.append(name)
+if profiles:
+    import pstats
+    st = pstats.Stats(profiles[0])
+    for pr in profiles[1:]:
+        st.add(pr)
+    st.dump_stats(cfg["profile"])
 dist.barrier()
 print(json.dumps({"rows": rows, "bad": bad, "stats": ft.stats()}))
 dist.destroy_process_group()
@@ -160,6 +175,7 @@ def main():
             fs_dir = f"{c.mount}/pydcp"
             subprocess.run([sys.executable, "-c", f"import os; os.makedirs({fs_dir!r})"], env=c.env(0), check=True)
             cfg = dict(tensors=TENSORS, tensor_mb=TENSOR_MB, ckpts=CKPTS, frozen=FROZEN, native_dir=str(native_dir),
+                       profile=E("BENCH_PYDCP_PROFILE", ""),
                        fs_dir=fs_dir, python=str(ROOT / "python"))
             with socket.socket() as s:
                 s.bind(("127.0.0.1", 0))

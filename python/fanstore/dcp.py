@@ -171,32 +171,61 @@ class Writer(FileSystemWriter):
     def _prepare(self, daemon, path, rel, storage_key, blobs, tensors, captured):
         """The shard's parts in a sealed memfd (what FileSystemWriter would
         write: the byte items, then each tensor's torch.save archive) and
-        each item's WriteResult."""
+        each item's WriteResult. As in `fanstore.torch.save`, the storages
+        whose counters moved are copied into their reserved room by the
+        CRC thread, in the same read as their CRC-32, beside the hashing
+        pass (not in a third pass after it)."""
         h = xxhash.xxh3_64()
-        parts, decisions, results = [], [], []
-        offset = 0
-
-        def result(wi, length):
-            return WriteResult(index=wi.index, size_in_bytes=length,
-                               storage_data=_StorageInfo(storage_key, offset, length, transform_descriptors=None))
-
-        for wi, b in blobs:
-            h.update(b)
-            parts.append(("glue", b))
-            results.append(result(wi, len(b)))
-            offset += len(b)
+        archives = []
+        reserve = [(len(b), True) for _wi, b in blobs]
         for (wi, _t), (records, seen) in zip(tensors, captured):
             ds = _ft._begin(records, seen, self.trust_version)
-            h, layout = _ft._read_storages(_ARCHIVE, records, ds, h)
-            parts += _ft._parts_of(layout, ds)
-            decisions += ds
-            results.append(result(wi, layout.length))
-            offset += layout.length
-        fd = _parts.parts_memfd(parts, offset, h.intdigest())
+            draft = _ft._layout(_ARCHIVE, records, ds, crcs=False)
+            archives.append((wi, records, ds, draft, len(reserve)))
+            reserve += [(len(seg), True) if isinstance(seg, bytes) else (seg.nbytes, ds[seg.key].likely_changed)
+                        for seg in draft.segments]
+        writer = _parts.PartsWriter(reserve)
+        try:
+            parts, decisions, results, written = [], [], [], set()
+            offset = 0
+
+            def result(wi, length):
+                return WriteResult(index=wi.index, size_in_bytes=length,
+                                   storage_data=_StorageInfo(storage_key, offset, length, transform_descriptors=None))
+
+            for wi, b in blobs:
+                h.update(b)
+                parts.append(("glue", b))
+                results.append(result(wi, len(b)))
+                offset += len(b)
+            for wi, records, ds, draft, base in archives:
+                h, layout = _ft._read_storages(_ARCHIVE, records, ds, h, into=(_Shifted(writer, base), draft))
+                if len(layout.segments) != len(draft.segments):
+                    raise _ft._NotHere("the archive's layout changed with its CRCs")  # (never expected)
+                written |= {base + i for i, seg in enumerate(draft.segments)
+                            if not isinstance(seg, bytes) and ds[seg.key].likely_changed}
+                parts += _ft._parts_of(layout, ds)
+                decisions += ds
+                results.append(result(wi, layout.length))
+                offset += layout.length
+            fd = writer.finish(parts, offset, h.intdigest(), written)
+        finally:
+            writer.close()
         for d in decisions:
             d.view = None
         mode = 0o666 & ~_ft._umask()
         return _ft._Prepared(os.fspath(path), rel, _daemon.OP_CKPT_PUT, fd, decisions, mode), results
+
+
+class _Shifted:
+    """A `_parts.PartsWriter` seen from one archive of a shard: its part
+    indexes start at `base`."""
+
+    def __init__(self, writer, base):
+        self.writer, self.base = writer, base
+
+    def write(self, index, data, at=0):
+        self.writer.write(self.base + index, data, at)
 
 
 class _MetadataInPlace:
