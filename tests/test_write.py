@@ -174,6 +174,26 @@ def test_a_stat_of_an_output_costs_one_round_trip_and_none_at_its_owner(cl):
         assert sorted(costs) == [(0, 0, 0), (1, 0, 1), (1, 0, 1), (1, 0, 1)], (i, costs)
 
 
+
+def test_a_rename_within_a_directory_costs_five_metadata_requests(cl):
+    """A rename of an output written on this node costs, counted over all
+    ranks: the directory's lookup, the record's, its PUT at the new name's
+    owner, the listing's change and the DEL at the old name's owner. Within
+    one directory (a temporary name renamed to its final one) the directory
+    is looked up once and its listing changes in one request (RELINK); to
+    another directory both are looked up and the listing of each changes.
+    Fails if a request is added to either."""
+    c, _src = cl
+    c.run_python(0, f"import os; os.makedirs('{MOUNT}/rn/a', exist_ok=True); os.makedirs('{MOUNT}/rn/b', exist_ok=True)")
+    for i in range(6):
+        c.run_python(0, f"open('{MOUNT}/rn/a/f{i}.tmp', 'w').write('x')")
+        within = counted(c, 0, f"import os; os.rename('{MOUNT}/rn/a/f{i}.tmp', '{MOUNT}/rn/a/f{i}')")
+        across = counted(c, 0, f"import os; os.rename('{MOUNT}/rn/a/f{i}', '{MOUNT}/rn/b/f{i}')")
+        assert (within[0] + within[1], within[2]) == (5, 1), (i, within)
+        assert (across[0] + across[1], across[2]) == (7, 1), (i, across)
+    listed = c.run_python(1, f"import os; print(sorted(os.listdir('{MOUNT}/rn/a')), len(os.listdir('{MOUNT}/rn/b')))").stdout.split("]")
+    assert listed[0] == "[" and listed[1].strip() == "6", listed
+
 def test_new_outputs_are_written_into_files_made_ahead(cl):
     """The lookup before a creation brings a file the daemon made ahead
     (STATUS files_ahead), the output is written into it and committed
