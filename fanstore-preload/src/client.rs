@@ -309,10 +309,10 @@ pub fn fetch(st: &State, node: u32) -> Result<c_int, c_int> {
 pub fn warm(st: &State, nodes: &[u32]) {
     let Some(&first) = nodes.first() else { return };
     let creds = creds();
-    let s = match take_pooled(creds) {
-        Some(s) => s,
+    let (s, ino) = match take_pooled(creds) {
+        Some(pooled) => pooled,
         None => match connect(st) {
-            Ok(s) => s,
+            Ok(s) => (s, inode(s)),
             Err(_) => return,
         },
     };
@@ -322,7 +322,7 @@ pub fn warm(st: &State, nodes: &[u32]) {
     // SAFETY: b is a live buffer of b.len() bytes; s is our connected socket.
     let sent = unsafe { libc::send(s, b.as_ptr().cast(), b.len(), libc::MSG_DONTWAIT | libc::MSG_NOSIGNAL) };
     if sent == b.len() as isize {
-        put_back(s, creds);
+        put_back(s, ino, creds);
     } else {
         close_fd(s);
     }
@@ -362,17 +362,17 @@ fn call_full(st: &State, req: &Request, send_fd: Option<c_int>) -> Result<Answer
     for attempt in 0..2 {
         let pooled = if attempt == 0 { take_pooled(creds) } else { None };
         let fresh = pooled.is_none();
-        let s = match pooled {
-            Some(s) => s,
-            None => connect(st).map_err(|e| (e, Vec::new(), None))?,
+        let (s, ino) = match pooled {
+            Some(pooled) => pooled,
+            None => connect(st).map(|s| (s, inode(s))).map_err(|e| (e, Vec::new(), None))?,
         };
         match exchange(st, s, req, send_fd) {
             Ok(a) => {
-                put_back(s, creds);
+                put_back(s, ino, creds);
                 return Ok(a);
             }
             Err(Fail::Errno(e, payload, fd)) => {
-                put_back(s, creds);
+                put_back(s, ino, creds);
                 return Err((e, payload, fd));
             }
             Err(Fail::Conn) => {
@@ -390,7 +390,9 @@ fn call_full(st: &State, req: &Request, send_fd: Option<c_int>) -> Result<Answer
 /// A pooled connection that is still ours (the program may have closed and
 /// reused its number: the inode tells), if the pool holds one, made with
 /// credentials `creds` (one made with others is closed).
-fn take_pooled(creds: u64) -> Option<c_int> {
+/// A pooled connection made with `creds`, with its socket inode (checked
+/// against the fd now: the program may have closed or replaced it).
+fn take_pooled(creds: u64) -> Option<(c_int, u64)> {
     let (fd, ino, made_with) = POOL.with(|p| {
         if p.n > 0 {
             p.n -= 1;
@@ -406,11 +408,14 @@ fn take_pooled(creds: u64) -> Option<c_int> {
         close_fd(fd);
         return None;
     }
-    Some(fd)
+    Some((fd, ino))
 }
 
-fn put_back(s: c_int, creds: u64) {
-    let ino = inode(s);
+/// Pools connection `s`, whose socket inode `ino` was checked when it was
+/// taken (or made) for this exchange: not looked up again after it (a
+/// program that closes or replaces the fd meanwhile is seen by
+/// [`forget_range`], or by the check at its next use).
+fn put_back(s: c_int, ino: u64, creds: u64) {
     let kept = ino != 0
         && POOL.with(|p| {
         if p.n < POOL_MAX {
