@@ -6,7 +6,9 @@ fraction in BENCH_PYCKPT_FROZEN, once with the default (every storage
 fingerprinted: safe against writes the version counters do not see) and
 once with `trust_version=True` (storages whose version counters did not
 move are not read at all); then 75% frozen with `background=True` (the
-call returns once the changed storages are copied into a sealed memfd).
+call returns once the changed storages are copied into a sealed memfd);
+then 75% frozen as safetensors files: `fanstore.safetensors.save_file`
+vs `safetensors.torch.save_file` (no goal of its own: measured).
 
 One process (without the preload library: fanstore.torch.save needs only
 the daemon's socket) holds the model and saves it alternately (the order
@@ -52,8 +54,10 @@ MB = 1e6
 WRITER = r"""
 import hashlib, json, os, sys, time
 sys.path.insert(0, sys.argv[2])
-import torch, fanstore.torch as ft
+import torch, fanstore.torch as ft, fanstore.safetensors as fst
+from safetensors.torch import save_file as st_save
 cfg = json.loads(sys.argv[1])
+ext = ".safetensors" if cfg["fmt"] == "safetensors" else ".pt"
 g = torch.Generator().manual_seed(cfg["seed"])
 dtype = getattr(torch, cfg["dtype"])
 n = int(cfg["tensor_mb"] * 2**20) // torch.tensor([], dtype=dtype).element_size()
@@ -67,7 +71,7 @@ for k in range(cfg["ckpts"]):
         with torch.no_grad():
             for name in keys[frozen:]:
                 sd[name].add_((torch.randn(n, generator=g) * (cfg["step"] * 0.02)).to(dtype))
-    name = f"ckpt-{k:02d}.pt"
+    name = f"ckpt-{k:02d}{ext}"
     order = [("native", os.path.join(cfg["native_dir"], name)), ("fanstore", os.path.join(cfg["fs_dir"], name))]
     if k % 2:
         order.reverse()
@@ -75,7 +79,11 @@ for k in range(cfg["ckpts"]):
     for scheme, path in order:
         os.sync()
         t0 = time.perf_counter()
-        if scheme == "native":
+        if scheme == "native" and cfg["fmt"] == "safetensors":
+            st_save(sd, path)
+        elif cfg["fmt"] == "safetensors":
+            fst.save_file(sd, path, trust_version=cfg["trust"])
+        elif scheme == "native":
             torch.save(sd, path)
         elif cfg["background"]:
             h = ft.save(sd, path, trust_version=cfg["trust"], background=True)
@@ -89,7 +97,7 @@ for k in range(cfg["ckpts"]):
             row["stored"] = time.perf_counter() - t0
     rows.append(row)
 changed = float((sd[keys[-1]] != first_last).float().mean()) if frozen < len(keys) else 0.0
-print(json.dumps({"rows": rows, "bytes": os.path.getsize(os.path.join(cfg["native_dir"], f"ckpt-{cfg['ckpts'] - 1:02d}.pt")),
+print(json.dumps({"rows": rows, "bytes": os.path.getsize(os.path.join(cfg["native_dir"], f"ckpt-{cfg['ckpts'] - 1:02d}{ext}")),
                   "stats": ft.stats(), "changed_elements": changed}))
 """
 
@@ -98,7 +106,7 @@ import hashlib, json, os, sys
 cfg = json.loads(sys.argv[1])
 bad = []
 for k in range(cfg["ckpts"]):
-    name = f"ckpt-{k:02d}.pt"
+    name = f"ckpt-{k:02d}" + (".safetensors" if cfg["fmt"] == "safetensors" else ".pt")
     a = hashlib.sha256(open(os.path.join(cfg["native_dir"], name), "rb").read()).hexdigest()
     b = hashlib.sha256(open(os.path.join(cfg["fs_dir"], name), "rb").read()).hexdigest()
     if a != b:
@@ -114,7 +122,7 @@ def run_py(env, code, *args):
     return json.loads(r.stdout.strip().splitlines()[-1])
 
 
-def series(frozen: float, trust: bool, background: bool, work: Path, dtype: str = "float32") -> dict:
+def series(frozen: float, trust: bool, background: bool, work: Path, dtype: str = "float32", fmt: str = "torch") -> dict:
     d = Daemon(tiny_dataset(work), work / "fs")
     try:
         native_dir = work / "native"
@@ -126,7 +134,7 @@ def series(frozen: float, trust: bool, background: bool, work: Path, dtype: str 
         # scale) would leave most elements as they were; 1e-2 changes most.
         step = 1e-3 if dtype == "float32" else 1e-2
         cfg = dict(seed=54, tensors=TENSORS, tensor_mb=TENSOR_MB, ckpts=CKPTS, frozen=frozen, trust=trust, background=background,
-                   native_dir=str(native_dir), fs_dir=fs_dir, dtype=dtype, step=step)
+                   native_dir=str(native_dir), fs_dir=fs_dir, dtype=dtype, step=step, fmt=fmt)
         # The writer needs no preload library (fanstore.torch.save talks to the
         # daemon's socket): without it, torch.save runs exactly as natively.
         plain = {k: v for k, v in env.items() if k != "LD_PRELOAD"}
@@ -137,7 +145,7 @@ def series(frozen: float, trust: bool, background: bool, work: Path, dtype: str 
         out["du_json"] = dd
         ls = json.loads(subprocess.run([str(BIN / "fanstore"), "--runtime-dir", str(d.runtime), "ckpt", "ls", "--json"],
                                        capture_output=True, text=True, check=True).stdout)
-        out["first"] = next((r for r in ls if r["path"].endswith("ckpt-00.pt")), None)
+        out["first"] = next((r for r in ls if r["path"].endswith("ckpt-00." + ("safetensors" if fmt == "safetensors" else "pt"))), None)
         out["native_disk"] = du(native_dir)
         out["store_disk"] = du(d.local / "rank-0" / "out" / "ckpt")
         return out
@@ -149,16 +157,17 @@ def main():
     OUT.mkdir(parents=True, exist_ok=True)
     base = Path(E("BENCH_DIR", "/tmp"))
     results = {}
-    configs = [(frozen, trust, False, "float32") for frozen in FROZEN for trust in (False, True)]
-    configs += [(FROZEN[0], False, True, "float32")]  # background=True: the call returns once the changed storages are copied
-    configs += [(FROZEN[0], False, False, "bfloat16")]
-    for frozen, trust, background, dtype in configs:
+    configs = [(frozen, trust, False, "float32", "torch") for frozen in FROZEN for trust in (False, True)]
+    configs += [(FROZEN[0], False, True, "float32", "torch")]  # background=True: the call returns once the changed storages are copied
+    configs += [(FROZEN[0], False, False, "bfloat16", "torch")]
+    configs += [(FROZEN[0], False, False, "float32", "safetensors")]
+    for frozen, trust, background, dtype, fmt in configs:
         with tempfile.TemporaryDirectory(dir=base, prefix="pyckpt-") as t:
-            results[(frozen, trust, background, dtype)] = series(frozen, trust, background, Path(t), dtype)
+            results[(frozen, trust, background, dtype, fmt)] = series(frozen, trust, background, Path(t), dtype, fmt)
     rows, goals = [], []
     logical = TENSORS * TENSOR_MB * 2**20
-    for (frozen, trust, background, dtype), r in results.items():
-        dt = "fp32" if dtype == "float32" else "bf16"
+    for (frozen, trust, background, dtype, fmt), r in results.items():
+        dt = ("fp32" if dtype == "float32" else "bf16") + (" safetensors" if fmt == "safetensors" else "")
         first = r["rows"][0]
         rest = r["rows"][1:] or r["rows"]
         nat, fs = median([x["native"] for x in rest]), median([x["fanstore"] for x in rest])
@@ -172,6 +181,11 @@ def main():
                      f"{nat * 1e3:.0f} ms", f"{fs * 1e3:.0f} ms", f"{stored * 1e3:.0f} ms", f"{logical / nat / MB:.0f} / {logical / fs / MB:.0f} MB/s",
                      f"**{ratio:.2f}x**", f"{fastest / fs:.2f}x", f"{r['native_disk'] / MB:.0f} MB / {r['store_disk'] / MB:.0f} MB ({storage:.1f}x)",
                      "yes" if ok else f"NO: {r['verify']['bad']}"])
+        if fmt == "safetensors":
+            goals.append((f"fanstore.safetensors.save_file, {frozen:.0%} frozen, {logical / MB:.0f} MB fp32, {CKPTS} saves",
+                          "measured (no goal set; torch.save's is 3x)",
+                          f"{ratio:.2f}x safetensors.torch.save_file (vs the fastest native save: {fastest / fs:.2f}x)", None if ok else False))
+            continue
         if background:
             goals.append((f"fanstore.torch.save(background=True), {frozen:.0%} frozen, {logical / MB:.0f} MB {dt}",
                           "the training loop waits <= 0.2x native torch.save", f"{fs / nat:.2f}x (vs the fastest native save: {fs / fastest:.2f}x)",
@@ -186,7 +200,7 @@ def main():
             fresh = f0["logical_bytes"] / max(f0["stored_new_bytes"], 1)
             goals.append((f"checkpoint store, a fresh bf16 checkpoint (random normal, std 0.02, {logical / MB:.0f} MB), no dedup possible",
                           ">= 1.5x lossless (ZipNN's published ratio for bf16 models)", f"{fresh:.2f}x", fresh >= 1.5))
-    md = ["## fanstore.torch.save vs torch.save (issue 54)", "",
+    md = ["## fanstore.torch.save vs torch.save, fanstore.safetensors.save_file vs safetensors' (issue 54)", "",
           f"A state dict of {TENSORS} float32 (or bfloat16) tensors of {TENSOR_MB:g} MiB, {CKPTS} saves, the unfrozen tensors "
           "stepped in place between saves (fp32: by 1e-3 of the weights' scale; bf16, whose 8-bit mantissa would round most "
           "such steps away: by 1e-2); torch.save to ext4 (page cache, no fsync) vs fanstore.torch.save "
@@ -195,17 +209,18 @@ def main():
           "`exact`: every FanStore checkpoint read back through the mount has the native file's sha256. "
           "Native torch.save of new files slows down as the series grows here (ext4 on a shared VM; the "
           "first saves are the fastest): the column against the fastest native save of the series is the "
-          "conservative ratio.", "",
+          "conservative ratio. The `safetensors` row: the same series written with safetensors.torch.save_file "
+          "vs fanstore.safetensors.save_file.", "",
           table(["frozen", "unchanged storages", "state dict", "first save native / fanstore", "native save", "fanstore save", "fanstore until stored",
                  "throughput native / fanstore", "fanstore / native", "fanstore / fastest native save", "storage native / store", "exact"], rows), ""]
-    for (frozen, trust, background, dtype), r in results.items():
-        md.append(f"- {frozen:.0%} frozen, {dtype}, {'trust_version' if trust else 'fingerprint'}{', background' if background else ''}: storages fingerprinted {r['stats']['fingerprinted']}, sent as references "
+    for (frozen, trust, background, dtype, fmt), r in results.items():
+        md.append(f"- {frozen:.0%} frozen, {dtype}{' safetensors' if fmt == 'safetensors' else ''}, {'trust_version' if trust else 'fingerprint'}{', background' if background else ''}: storages fingerprinted {r['stats']['fingerprinted']}, sent as references "
                   f"{r['stats']['referenced']}, sent as bytes {r['stats']['sent']}, trusted unread {r['stats']['trusted']}; "
                   f"elements of a stepped tensor changed over the series: {r.get('changed_elements', 0):.0%}"
                   + (f"; the first checkpoint stored {r['first']['logical_bytes'] / MB:.0f} MB as {r['first']['stored_new_bytes'] / MB:.0f} MB" if r.get("first") else "") + ".")
     md.append("")
     (OUT / "pyckpt.md").write_text("\n".join(md) + "\n")
-    (OUT / "pyckpt.json").write_text(json.dumps({"goals": goals, "runs": {f"{k[0]}:{k[3]}:{'trust' if k[1] else 'fingerprint'}{':background' if k[2] else ''}": v for k, v in results.items()}}))
+    (OUT / "pyckpt.json").write_text(json.dumps({"goals": goals, "runs": {f"{k[0]}:{k[3]}:{'trust' if k[1] else 'fingerprint'}{':background' if k[2] else ''}{':' + k[4] if k[4] != 'torch' else ''}": v for k, v in results.items()}}))
     print("\n".join(md))
 
 
