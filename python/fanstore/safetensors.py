@@ -41,7 +41,6 @@ from . import torch as _ft
 
 __all__ = ["save_file"]
 
-_CHUNK = 1 << 20
 
 
 def save_file(tensors, filename, metadata=None, *, trust_version=False):
@@ -148,14 +147,8 @@ def _prepare(path, rel, tensors, metadata, order, trust_version) -> "_ft._Prepar
     for name in order:
         t = tensors[name]
         d = _ft._TRACKER.begin(t.untyped_storage(), [t], trust_version)
-        fph = None if d.fp is not None else xxhash.xxh3_128()
         view = d.view
-        for off in range(0, view.nbytes, _CHUNK):
-            c = view[off:off + _CHUNK]
-            h.update(c)
-            if fph is not None:
-                fph.update(c)
-        _ft._TRACKER.finish(d, d.fp if fph is None else fph.intdigest(), None, need_crc=False)
+        _ft._TRACKER.finish(d, _ft._fingerprint_into(d, h), None, need_crc=False)
         parts.append(("ref", d.blake3, view.nbytes) if d.blake3 is not None else ("new", view))
         decisions.append(d)
         length += view.nbytes

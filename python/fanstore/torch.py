@@ -316,6 +316,20 @@ def _read_storages(archive, records, decisions, h=None, into=None):
                 f.exception()  # waits for the one running
 
 
+def _fingerprint_into(d, h) -> int:
+    """Adds storage `d`'s bytes to the whole-file hash `h` and returns its
+    fingerprint, in one read (the one its decision already holds, if its
+    version counters are trusted)."""
+    fph = None if d.fp is not None else xxhash.xxh3_128()
+    view = d.view
+    for off in range(0, view.nbytes, _CHUNK):
+        c = view[off:off + _CHUNK]
+        h.update(c)
+        if fph is not None:
+            fph.update(c)
+    return d.fp if fph is None else fph.intdigest()
+
+
 def _hash_storages(draft, archive, records, decisions, h, outer, prev, glue, crcs):
     for seg in draft.segments[:-1]:
         if isinstance(seg, bytes):
@@ -325,15 +339,9 @@ def _hash_storages(draft, archive, records, decisions, h, outer, prev, glue, crc
             glue.append(seg)
             continue
         d = decisions[seg.key]
-        fph = None if d.fp is not None else xxhash.xxh3_128()
-        view = d.view
-        for off in range(0, view.nbytes, _CHUNK):
-            c = view[off:off + _CHUNK]
-            h.update(c)
-            if fph is not None:
-                fph.update(c)
+        fp = _fingerprint_into(d, h)
         crc = crcs[seg.key].result() if seg.key in crcs else None
-        _TRACKER.finish(d, d.fp if fph is None else fph.intdigest(), crc)
+        _TRACKER.finish(d, fp, crc)
         prev = seg
     layout = _layout(archive, records, decisions)
     same = len(layout.segments) == len(draft.segments) and \

@@ -167,12 +167,8 @@ impl Outputs {
         if dir.is_empty() {
             return Ok((path.to_vec(), None));
         }
-        let (mut p, rec) = self.real_dir_rec(dir)?;
-        if !p.is_empty() {
-            p.push(b'/');
-        }
-        p.extend_from_slice(name);
-        Ok((p, rec))
+        let (p, rec) = self.real_dir_rec(dir)?;
+        Ok((join(&p, name), rec))
     }
 
     /// A name to be made at `path` (mkdir, symlink, mknod, link): its real
@@ -309,6 +305,17 @@ impl Outputs {
     }
 }
 
+/// `name` in directory `dir` ("" is the mount's root).
+pub(crate) fn join(dir: &[u8], name: &[u8]) -> Vec<u8> {
+    let mut p = Vec::with_capacity(dir.len() + 1 + name.len());
+    p.extend_from_slice(dir);
+    if !dir.is_empty() {
+        p.push(b'/');
+    }
+    p.extend_from_slice(name);
+    p
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -327,3 +334,4 @@ mod tests {
         assert_eq!(missing_in(b"x/y", 0), libc::ENOENT);
     }
 }
+

@@ -256,11 +256,6 @@ fn with_record(req: &Request, rec: &OutRecord, target: Option<&Vec<u8>>) -> Repl
 }
 
 impl MetaStore {
-    /// A name of `kind` was added to (`delta` 1) or removed from (-1)
-    /// directory `dir`'s listing: the directory's record (kept here with
-    /// its listing) changes as natively: mtime and ctime now, and its
-    /// count of subdirectories (a directory record's `size`: its
-    /// `st_nlink` is 2 more) when the name is a directory.
     /// Adds `name` (of `kind`) to the listing of `dir`.
     fn list_add(&mut self, dir: &[u8], name: &[u8], kind: u8) {
         if self.children.entry(dir.to_vec()).or_default().insert(name.to_vec(), kind).is_none() {
@@ -281,6 +276,11 @@ impl MetaStore {
         }
     }
 
+    /// A name of `kind` was added to (`delta` 1) or removed from (-1)
+    /// directory `dir`'s listing: the directory's record (kept here with
+    /// its listing) changes as natively: mtime and ctime now, and its
+    /// count of subdirectories (a directory record's `size`: its
+    /// `st_nlink` is 2 more) when the name is a directory.
     fn entry_changed(&mut self, dir: &[u8], kind: u8, delta: i64) {
         let now = crate::outputs::names::now_ns();
         self.recs.update(dir, |r| {

@@ -300,12 +300,7 @@ impl Outputs {
         let same_dir = crate::outputs::names::parent(from).0 == crate::outputs::names::parent(to).0;
         let from = &self.real_entry(from)?;
         let to = &if same_dir {
-            let mut p = crate::outputs::names::parent(from).0.to_vec();
-            if !p.is_empty() {
-                p.push(b'/');
-            }
-            p.extend_from_slice(crate::outputs::names::parent(to).1);
-            p
+            super::links::join(crate::outputs::names::parent(from).0, crate::outputs::names::parent(to).1)
         } else {
             self.real_entry(to)?
         };
