@@ -41,8 +41,9 @@ pub fn emit(args: fmt::Arguments) {
     let _ = w.write_fmt(args);
     w.buf[w.len] = b'\n';
     w.len += 1;
-    // SAFETY: the buffer is valid for `len` bytes; write(2) is not hooked.
-    unsafe { libc::write(2, w.buf.as_ptr().cast(), w.len) };
+    // Straight to the kernel: no hook, no lazy symbol lookup (this runs in
+    // signal handlers and fork children too).
+    crate::unhooked::syscall_unhooked(libc::SYS_write, [2, w.buf.as_ptr() as u64, w.len as u64, 0, 0, 0]);
 }
 
 /// Logs when FANSTORE_DEBUG is on.

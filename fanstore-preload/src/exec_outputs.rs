@@ -88,6 +88,13 @@ pub fn entries(exec: bool) -> Option<Vec<u8>> {
             }
             continue;
         }
+        // An fd still waiting for its copy (the exec hook copies them all
+        // first, except in a vfork child): passed on as the read-only fd it
+        // is, never as an output (the new image would commit the committed
+        // file itself).
+        if fd_table::is_lazy(fd) {
+            continue;
+        }
         let (Some((pid, excl, mode)), Some(n), Some((dev, ino))) = (crate::outputs::slot_info(idx), crate::outputs::path_into(idx, &mut path), file_id(fd)) else {
             continue;
         };

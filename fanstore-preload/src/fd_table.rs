@@ -9,7 +9,9 @@
 //! written, bits 0..32 its slot in [`crate::outputs`]; or, with bit 60 set,
 //! a committed output opened for reading, bits 0..12 its permission bits
 //! and `alias` the inode number stat of its path gives), bits 32..62 the
-//! getdents position of a directory fd, bit 61 of a file fd: a memfd this
+//! getdents position of a directory fd, bit 59 of an output being written:
+//! its fd is still the committed version's read-only file, copied at the
+//! first write ([`set_lazy`]), bit 61 of a file fd: a memfd this
 //! library filled whose pages may be reused after its close
 //! ([`crate::memfd_pool`]; never set on a dup), bits 0..32 the node id. `ino` holds
 //! the real inode seen by the first fstat (0: not seen yet) so that an entry
@@ -23,6 +25,7 @@ const KIND_SHIFT: u32 = 62;
 const POS_MASK: u64 = (1 << 30) - 1;
 const RECYCLE_BIT: u64 = 1 << 61;
 const COMMITTED_BIT: u64 = 1 << 60;
+const LAZY_BIT: u64 = 1 << 59;
 
 struct Entry {
     tag: AtomicU64,
@@ -33,6 +36,8 @@ struct Entry {
 
 static CHUNKS: [AtomicPtr<Entry>; NCHUNKS] = [const { AtomicPtr::new(std::ptr::null_mut()) }; NCHUNKS];
 static ANY: AtomicBool = AtomicBool::new(false);
+/// True once any fd was marked [`set_lazy`] in this process.
+static LAZY_EVER: AtomicBool = AtomicBool::new(false);
 /// The process whose memory this is: set at load and in every fork child
 /// ([`set_owner`]).
 static OWNER: AtomicI32 = AtomicI32::new(0);
@@ -197,6 +202,41 @@ pub fn alias(fd: i32) -> u64 {
     }
 }
 
+/// Marks output fd `fd` as not yet writable: the program opened a
+/// committed output O_RDWR and this fd is still a read-only one on its
+/// bytes, made a writable copy at its first write ([`crate::ops::lazy_copy`]).
+pub fn set_lazy(fd: i32) -> bool {
+    let Some(e) = slot(fd, false) else { return false };
+    LAZY_EVER.store(true, Ordering::Relaxed);
+    e.tag.fetch_update(Ordering::AcqRel, Ordering::Acquire, |t| (t >> KIND_SHIFT == 3 && t & COMMITTED_BIT == 0).then_some(t | LAZY_BIT)).is_ok()
+}
+
+/// Could any fd of this process be [`set_lazy`]? (One load: the gate of
+/// every write-like call.)
+#[inline]
+pub fn lazy_ever() -> bool {
+    LAZY_EVER.load(Ordering::Relaxed)
+}
+
+/// Is `fd` an output still waiting for its writable copy ([`set_lazy`])?
+#[inline]
+pub fn is_lazy(fd: i32) -> bool {
+    if !lazy_ever() {
+        return false;
+    }
+    slot(fd, false).is_some_and(|e| {
+        let t = e.tag.load(Ordering::Acquire);
+        t >> KIND_SHIFT == 3 && t & (COMMITTED_BIT | LAZY_BIT) == LAZY_BIT
+    })
+}
+
+/// `fd` now has its writable copy.
+pub fn clear_lazy(fd: i32) {
+    if let Some(e) = slot(fd, false) {
+        e.tag.fetch_and(!LAZY_BIT, Ordering::AcqRel);
+    }
+}
+
 /// Updates the getdents position of a tracked directory fd.
 pub fn set_pos(fd: i32, node: u32, pos: u32) {
     if let Some(e) = slot(fd, false) {
@@ -290,6 +330,23 @@ mod tests {
         assert_eq!(get(-1), None);
         assert_eq!(get(i32::MAX), None);
         assert!(!set(i32::MAX, Tracked::File(1)));
+    }
+
+    #[test]
+    fn a_lazy_mark_stays_on_its_output_fd() {
+        assert!(set(7100, Tracked::Output(12)));
+        assert!(!is_lazy(7100));
+        assert!(set_lazy(7100));
+        assert!(is_lazy(7100));
+        assert_eq!(get(7100), Some(Tracked::Output(12)), "the mark does not change what the fd is");
+        clear_lazy(7100);
+        assert!(!is_lazy(7100));
+        assert!(set(7101, Tracked::File(3)));
+        assert!(!set_lazy(7101), "only an output's fd can wait for its copy");
+        assert!(!is_lazy(7101));
+        assert!(set_lazy(7100));
+        set(7100, Tracked::File(1));
+        assert!(!is_lazy(7100), "a new tracking drops the mark");
     }
 
     #[test]

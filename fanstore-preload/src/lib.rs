@@ -106,6 +106,8 @@ static ON_LOAD: extern "C" fn() = on_load;
 /// Before fork: take every lock of the library, so the child never inherits
 /// one held by a thread that does not exist there.
 pub(crate) extern "C" fn fork_prepare() {
+    // First, with no lock of ours held: copies are made with them.
+    ops::lazy_copy::fork_prepare();
     state::fork_lock();
     client::fork_prepare();
     outputs::fork_prepare();
@@ -123,6 +125,7 @@ pub(crate) extern "C" fn fork_parent() {
     outputs::fork_release();
     client::fork_parent();
     state::fork_unlock();
+    ops::lazy_copy::fork_release();
 }
 
 /// In the child: drop the parent's daemon connections (reconnect lazily);
@@ -137,4 +140,5 @@ pub(crate) extern "C" fn fork_child() {
     outputs::fork_release();
     client::fork_child();
     state::fork_unlock();
+    ops::lazy_copy::fork_release();
 }

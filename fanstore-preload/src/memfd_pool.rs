@@ -167,7 +167,7 @@ pub fn written(bytes: &[u8]) -> Result<(c_int, u64), c_int> {
     while done < bytes.len() {
         let rest = &bytes[done..];
         // SAFETY: rest is a live buffer of rest.len() bytes; fd is our memfd.
-        let w = unsafe { libc::pwrite(fd, rest.as_ptr().cast(), rest.len(), done as libc::off_t) };
+        let w = unsafe { crate::real::pwrite(fd, rest.as_ptr().cast(), rest.len(), done as libc::off_t) };
         if w <= 0 {
             let e = if w < 0 { errno() } else { libc::EIO };
             if e == libc::EINTR {
@@ -188,7 +188,7 @@ fn fill_slot(s: &mut Slot, len: u64, write: impl FnOnce(&mut [u8]) -> Result<(),
     let n = len as usize;
     if s.size != len {
         // SAFETY: ftruncate of the pool's memfd.
-        if unsafe { libc::ftruncate(s.fd, len as libc::off_t) } != 0 {
+        if unsafe { crate::real::ftruncate(s.fd, len as libc::off_t) } != 0 {
             return Err(errno());
         }
         s.size = len;
@@ -206,7 +206,7 @@ fn fill_slot(s: &mut Slot, len: u64, write: impl FnOnce(&mut [u8]) -> Result<(),
         // SAFETY: a new shared mapping of our memfd (the pages past the
         // file's end are never touched).
         let m = unsafe {
-            libc::mmap(std::ptr::null_mut(), want, libc::PROT_READ | libc::PROT_WRITE, libc::MAP_SHARED, s.fd, 0)
+            crate::real::mmap(std::ptr::null_mut(), want, libc::PROT_READ | libc::PROT_WRITE, libc::MAP_SHARED, s.fd, 0)
         };
         if m == libc::MAP_FAILED {
             return Err(errno());

@@ -226,6 +226,45 @@ pub fn track(fd: c_int, path: &[u8], excl: bool, mode: u32) -> bool {
     true
 }
 
+/// Starts tracking `fd`, a read-only fd on the bytes of committed output
+/// `path` (checksum `sum`) that the program opened `O_RDWR`, as that output
+/// being written, marked lazy: its writable copy is made at its first
+/// write ([`crate::ops::lazy_copy`]), and a close before any commits
+/// nothing. False if the table is full.
+pub fn track_lazy(fd: c_int, path: &[u8], mode: u32, sum: u64) -> bool {
+    let pristine = Some(Pristine { size: -1, sum, mtime: (0, 0), mode });
+    let slot = Slot { path: path.to_vec(), excl: false, mode, refs: 1, unlinked: false, pid: pid(), late: false, file: (0, 0), owner: NO_OWNER, pristine, made_ahead: false };
+    let Some(idx) = take_slot(Box::new(slot)) else { return false };
+    if !fd_table::set(fd, Tracked::Output(idx as u32)) || !fd_table::set_lazy(fd) {
+        fd_table::clear(fd);
+        let s = TABLE.with(|t| t.slots[idx].take());
+        drop(s);
+        return false;
+    }
+    MAX_FD.fetch_max(fd, Ordering::Relaxed);
+    true
+}
+
+/// Lazy output `fd` (slot `idx`) is now its writable copy: the copy's
+/// identity, and the size and mtime its close compares ([`Slot::pristine`]).
+pub fn copied(idx: u32, fd: c_int) {
+    let file = file_id(fd);
+    let now = size_mtime(fd);
+    TABLE.with(|t| {
+        if let Some(Some(s)) = t.slots.get_mut(idx as usize) {
+            s.file = file;
+            match (now, s.pristine.as_mut()) {
+                (Some((size, mtime)), Some(p)) => (p.size, p.mtime) = (size, mtime),
+                _ => s.pristine = None,
+            }
+        }
+    });
+    if !EXIT_HOOK.swap(true, Ordering::Relaxed) {
+        // SAFETY: registering a plain extern "C" fn with no arguments.
+        unsafe { libc::atexit(at_exit) };
+    }
+}
+
 /// Tracks `fd` as output `path` created by process `creator`, inherited
 /// across an exec ([`crate::exec_outputs`]): None if the table is full.
 /// This process commits it at its last close: as its own if it created it
@@ -453,9 +492,11 @@ pub fn closing(fd: c_int, idx: u32) -> Option<c_int> {
     if is_foreign(idx) {
         return None;
     }
+    // Still the committed version's own file: nothing reached it.
+    let lazy = fd_table::is_lazy(fd);
     fd_table::clear(fd);
     let slot = release(idx)?;
-    if slot.unlinked {
+    if slot.unlinked || lazy {
         return None;
     }
     // (Loaded here if need be: a program exec'd with an output as its

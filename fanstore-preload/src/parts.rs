@@ -80,7 +80,7 @@ fn map(st: &State, p: u32, len: usize) -> Option<*mut u8> {
     let ok = unsafe { crate::real::fstat(fd, &mut sb) } == 0 && sb.st_size as u64 == len as u64;
     let addr = if ok {
         // SAFETY: a fresh read-only private mapping of `len` bytes of a file we hold open.
-        unsafe { libc::mmap(std::ptr::null_mut(), len, libc::PROT_READ, libc::MAP_SHARED, fd, 0) }
+        unsafe { crate::real::mmap(std::ptr::null_mut(), len, libc::PROT_READ, libc::MAP_SHARED, fd, 0) }
     } else {
         libc::MAP_FAILED
     };

@@ -50,7 +50,7 @@ pub fn claim(st: &State, rel: &[u8]) -> Result<(), c_int> {
             // SAFETY: getpid has no preconditions.
             let pid = format!("{}\n", unsafe { libc::getpid() });
             // SAFETY: writing our pid into the marker we just created.
-            unsafe { libc::write(fd, pid.as_ptr().cast(), pid.len()) };
+            unsafe { crate::real::write(fd, pid.as_ptr().cast(), pid.len()) };
             // SAFETY: closing the fd we opened.
             unsafe { crate::real::close(fd) };
             return Ok(());

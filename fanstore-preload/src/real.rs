@@ -215,6 +215,7 @@ originals! {
         fn fopen64(path: *const c_char, mode: *const c_char) -> *mut FILE;
         fn freopen(path: *const c_char, mode: *const c_char, stream: *mut FILE) -> *mut FILE;
         fn freopen64(path: *const c_char, mode: *const c_char, stream: *mut FILE) -> *mut FILE;
+        fn fdopen(fd: c_int, mode: *const c_char) -> *mut FILE;
         fn fclose(stream: *mut FILE) -> c_int;
     }
     stat {
@@ -414,6 +415,25 @@ originals! {
         fn sendfile64(out_fd: c_int, in_fd: c_int, offset: *mut off64_t, count: size_t) -> ssize_t;
         fn splice(fd_in: c_int, off_in: *mut loff_t, fd_out: c_int, off_out: *mut loff_t, len: size_t, flags: c_uint) -> ssize_t;
         fn vmsplice(fd: c_int, iov: *const libc::iovec, nr_segs: size_t, flags: c_uint) -> ssize_t;
+        fn copy_file_range(fd_in: c_int, off_in: *mut loff_t, fd_out: c_int, off_out: *mut loff_t, len: size_t, flags: c_uint) -> ssize_t;
+    }
+    bytes {
+        fn write(fd: c_int, buf: *const c_void, count: size_t) -> ssize_t;
+        fn pwrite(fd: c_int, buf: *const c_void, count: size_t, offset: off_t) -> ssize_t;
+        fn pwrite64(fd: c_int, buf: *const c_void, count: size_t, offset: off64_t) -> ssize_t;
+        fn writev(fd: c_int, iov: *const libc::iovec, iovcnt: c_int) -> ssize_t;
+        fn pwritev(fd: c_int, iov: *const libc::iovec, iovcnt: c_int, offset: off_t) -> ssize_t;
+        fn pwritev64(fd: c_int, iov: *const libc::iovec, iovcnt: c_int, offset: off64_t) -> ssize_t;
+        fn pwritev2(fd: c_int, iov: *const libc::iovec, iovcnt: c_int, offset: off_t, flags: c_int) -> ssize_t;
+        fn pwritev64v2(fd: c_int, iov: *const libc::iovec, iovcnt: c_int, offset: off64_t, flags: c_int) -> ssize_t;
+        fn ftruncate(fd: c_int, length: off_t) -> c_int;
+        fn ftruncate64(fd: c_int, length: off64_t) -> c_int;
+        fn fallocate(fd: c_int, mode: c_int, offset: off_t, len: off_t) -> c_int;
+        fn fallocate64(fd: c_int, mode: c_int, offset: off64_t, len: off64_t) -> c_int;
+        fn posix_fallocate(fd: c_int, offset: off_t, len: off_t) -> c_int;
+        fn posix_fallocate64(fd: c_int, offset: off64_t, len: off64_t) -> c_int;
+        fn mmap(addr: *mut c_void, len: size_t, prot: c_int, flags: c_int, fd: c_int, offset: off_t) -> *mut c_void;
+        fn mmap64(addr: *mut c_void, len: size_t, prot: c_int, flags: c_int, fd: c_int, offset: off64_t) -> *mut c_void;
     }
 }
 

@@ -226,7 +226,7 @@ fn load(cfg: &Config) -> Result<(State, Option<Vec<u8>>), String> {
     use std::os::fd::AsRawFd;
     // SAFETY: a fresh read-only shared mapping of a file we hold open; the
     // daemon publishes the index once and never modifies it in place.
-    let p = unsafe { libc::mmap(std::ptr::null_mut(), len, libc::PROT_READ, libc::MAP_SHARED, f.as_raw_fd(), 0) };
+    let p = unsafe { crate::real::mmap(std::ptr::null_mut(), len, libc::PROT_READ, libc::MAP_SHARED, f.as_raw_fd(), 0) };
     if p == libc::MAP_FAILED {
         return Err(format!("{}: mmap failed", ipath.display()));
     }
@@ -316,7 +316,7 @@ fn map_shared(path: &Path, what: &str, fallback: &str) -> Option<&'static [u8]> 
     }
     // SAFETY: a fresh read-only shared mapping of a file we hold open; the
     // daemon never resizes it and changes its bytes only atomically.
-    let m = unsafe { libc::mmap(std::ptr::null_mut(), len, libc::PROT_READ, libc::MAP_SHARED, f.as_raw_fd(), 0) };
+    let m = unsafe { crate::real::mmap(std::ptr::null_mut(), len, libc::PROT_READ, libc::MAP_SHARED, f.as_raw_fd(), 0) };
     if m == libc::MAP_FAILED {
         return None;
     }

@@ -434,7 +434,7 @@ mod tests {
         // SAFETY: a fresh anonymous mapping, unmapped at once: its address is
         // then (very likely) unmapped, which is all the test needs.
         unsafe {
-            let p = libc::mmap(std::ptr::null_mut(), 2 * PAGE, libc::PROT_READ | libc::PROT_WRITE, libc::MAP_PRIVATE | libc::MAP_ANONYMOUS, -1, 0);
+            let p = crate::real::mmap(std::ptr::null_mut(), 2 * PAGE, libc::PROT_READ | libc::PROT_WRITE, libc::MAP_PRIVATE | libc::MAP_ANONYMOUS, -1, 0);
             assert_ne!(p, libc::MAP_FAILED);
             libc::munmap(p, 2 * PAGE);
             p as *mut u8
@@ -471,7 +471,7 @@ mod tests {
     fn nul_scan_at_every_offset() {
         // SAFETY: a fresh one-page mapping, written and read only inside it, then unmapped.
         unsafe {
-            let p = libc::mmap(std::ptr::null_mut(), PAGE, libc::PROT_READ | libc::PROT_WRITE, libc::MAP_PRIVATE | libc::MAP_ANONYMOUS, -1, 0) as *mut u8;
+            let p = crate::real::mmap(std::ptr::null_mut(), PAGE, libc::PROT_READ | libc::PROT_WRITE, libc::MAP_PRIVATE | libc::MAP_ANONYMOUS, -1, 0) as *mut u8;
             assert_ne!(p as *mut c_void, libc::MAP_FAILED);
             std::ptr::write_bytes(p, b'x', PAGE);
             let (a, end) = (p as usize, p as usize + PAGE);
@@ -503,7 +503,7 @@ mod tests {
         install();
         // SAFETY: a fresh two-page mapping, its second page then unmapped.
         unsafe {
-            let p = libc::mmap(std::ptr::null_mut(), 2 * PAGE, libc::PROT_READ | libc::PROT_WRITE, libc::MAP_PRIVATE | libc::MAP_ANONYMOUS, -1, 0) as *mut u8;
+            let p = crate::real::mmap(std::ptr::null_mut(), 2 * PAGE, libc::PROT_READ | libc::PROT_WRITE, libc::MAP_PRIVATE | libc::MAP_ANONYMOUS, -1, 0) as *mut u8;
             assert_ne!(p as *mut c_void, libc::MAP_FAILED);
             libc::munmap(p.add(PAGE).cast(), PAGE);
             std::ptr::write_bytes(p, b'a', PAGE);

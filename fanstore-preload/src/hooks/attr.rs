@@ -22,7 +22,7 @@ crate::hooks! {
         path_hook("chmod", libc::AT_FDCWD, path, -1, |vp| write::setattr(vp, true, Attr::Mode(mode)), |p| real::chmod(p, mode))
     }
     fn fchmod(fd: c_int, mode: mode_t) -> c_int {
-        fd_hook("fchmod", fd, -1, |t| write::fchmod(t, mode), || real::fchmod(fd, mode))
+        fd_hook("fchmod", fd, -1, |t| write::fchmod(fd, t, mode), || real::fchmod(fd, mode))
     }
     fn fchmodat(dirfd: c_int, path: *const c_char, mode: mode_t, flags: c_int) -> c_int {
         let follow = flags & libc::AT_SYMLINK_NOFOLLOW == 0;
@@ -35,7 +35,7 @@ crate::hooks! {
         path_hook("lchown", libc::AT_FDCWD, path, -1, |vp| write::setattr(vp, false, Attr::Owner { uid, gid }), |p| real::lchown(p, uid, gid))
     }
     fn fchown(fd: c_int, uid: uid_t, gid: gid_t) -> c_int {
-        fd_hook("fchown", fd, -1, |t| write::fchown(t, uid, gid), || real::fchown(fd, uid, gid))
+        fd_hook("fchown", fd, -1, |t| write::fchown(fd, t, uid, gid), || real::fchown(fd, uid, gid))
     }
     fn fchownat(dirfd: c_int, path: *const c_char, uid: uid_t, gid: gid_t, flags: c_int) -> c_int {
         let follow = flags & libc::AT_SYMLINK_NOFOLLOW == 0;
@@ -82,7 +82,7 @@ crate::hooks! {
             return real::utimensat(dirfd, path, times, flags);
         }
         if path.is_null() {
-            return fd_hook("utimensat", dirfd, -1, write::fd_attr, || real::utimensat(dirfd, path, times, flags));
+            return fd_hook("utimensat", dirfd, -1, |t| write::fd_attr(dirfd, t), || real::utimensat(dirfd, path, times, flags));
         }
         let follow = flags & libc::AT_SYMLINK_NOFOLLOW == 0;
         path_hook("utimensat", dirfd, path, -1,
@@ -91,6 +91,6 @@ crate::hooks! {
             |p| real::utimensat(dirfd, p, times, flags))
     }
     fn futimens(fd: c_int, times: *const libc::timespec) -> c_int {
-        fd_hook("futimens", fd, -1, write::fd_attr, || real::futimens(fd, times))
+        fd_hook("futimens", fd, -1, |t| write::fd_attr(fd, t), || real::futimens(fd, times))
     }
 }

@@ -41,6 +41,8 @@ unsafe fn with_outputs<T>(envp: *const *const c_char, replaces: bool, exec: impl
     if crate::outputs::max_fd() < 0 {
         return exec(envp);
     }
+    // The new image gets writable copies: it cannot know a lazy fd.
+    crate::ops::lazy_copy::make_all_writable();
     let Some(var) = crate::guard::catch(|| crate::exec_outputs::entries(replaces), None) else { return exec(envp) };
     let mut env: Vec<*const c_char> = Vec::new();
     let mut p = envp;

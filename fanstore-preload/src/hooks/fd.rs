@@ -1,8 +1,11 @@
 //! close, close_range, closefrom, dup, dup2, dup3, fcntl(F_DUPFD*): the fd
 //! table follows the kernel's fd numbers. fcntl's lock commands act on a
-//! lock file for outputs (`crate::locks`).
+//! lock file for outputs (`crate::locks`). An output fd waiting for its
+//! copy gets it before it is duplicated, and F_GETFL reports its O_RDWR
+//! ([`crate::ops::lazy_copy`]).
 
 use crate::ops::fd::{after_dup, before_close, before_close_range, before_dup2, dir_seek};
+use crate::ops::lazy_copy;
 use crate::real;
 use libc::{c_int, c_uint, c_ulong, off_t};
 
@@ -13,11 +16,25 @@ fn fcntl_common(fd: c_int, cmd: c_int, arg: c_ulong, real: impl FnOnce(c_int, c_
     if crate::locks::is_lock_cmd(cmd) {
         return real(crate::locks::target(fd), cmd, arg);
     }
+    let dup = cmd == libc::F_DUPFD || cmd == libc::F_DUPFD_CLOEXEC;
+    if dup {
+        if let Err(e) = lazy_copy::before_write(fd) {
+            return fail(e);
+        }
+    }
     let r = real(fd, cmd, arg);
-    if cmd == libc::F_DUPFD || cmd == libc::F_DUPFD_CLOEXEC {
+    if dup {
         after_dup(fd, r);
+    } else if cmd == libc::F_GETFL {
+        return lazy_copy::status_flags(fd, r);
     }
     r
+}
+
+/// -1 with errno `e`.
+fn fail(e: c_int) -> c_int {
+    crate::errno::set_errno(e);
+    -1
 }
 
 /// lseek and lseek64: a virtual directory fd's position is ours; any other
@@ -53,11 +70,17 @@ crate::hooks! {
         real::closefrom(lowfd)
     }
     fn dup(fd: c_int) -> c_int {
+        if let Err(e) = lazy_copy::before_write(fd) {
+            return fail(e);
+        }
         let r = real::dup(fd);
         after_dup(fd, r);
         r
     }
     fn dup2(old: c_int, new: c_int) -> c_int {
+        if let Err(e) = lazy_copy::before_write(old) {
+            return fail(e);
+        }
         before_dup2(old, new);
         let r = real::dup2(old, new);
         if old != new {
@@ -66,6 +89,9 @@ crate::hooks! {
         r
     }
     fn dup3(old: c_int, new: c_int, flags: c_int) -> c_int {
+        if let Err(e) = lazy_copy::before_write(old) {
+            return fail(e);
+        }
         before_dup2(old, new);
         let r = real::dup3(old, new, flags);
         after_dup(old, r);

@@ -27,6 +27,7 @@ use libc::{c_char, c_int};
 use std::ffi::CStr;
 
 pub mod attr;
+pub mod bytes;
 pub mod cwd;
 pub mod dir;
 pub mod dlsym;
@@ -391,6 +392,7 @@ mod tests {
             ("umask", super::umask::NAMES),
             ("socket", super::socket::NAMES),
             ("zerocopy", super::zerocopy::NAMES),
+            ("bytes", super::bytes::NAMES),
         ];
         let want: Vec<(&str, Vec<&str>)> = files.iter().map(|(f, n)| (*f, n.to_vec())).collect();
         let got: Vec<(&str, Vec<&str>)> =

@@ -1,5 +1,8 @@
-//! fopen, freopen and fclose: streams on virtual files are libc's own, on
-//! the real fd [`crate::ops::stdio`] opens.
+//! fopen, freopen, fclose and fdopen: streams on virtual files are libc's
+//! own, on the real fd [`crate::ops::stdio`] opens. A stream writes
+//! through glibc's internal write, which no hook sees: fdopen for writing
+//! of an output fd waiting for its copy makes the copy first
+//! ([`crate::ops::lazy_copy`]).
 
 use super::{cstr, path_hook};
 use crate::fd_table;
@@ -58,6 +61,15 @@ crate::hooks! {
     }
     fn freopen64(path: *const c_char, mode: *const c_char, stream: *mut FILE) -> *mut FILE {
         freopen_common("freopen64", path, mode, stream, |p| real::freopen64(p, mode, stream))
+    }
+    fn fdopen(fd: c_int, mode: *const c_char) -> *mut FILE {
+        if fd_table::is_lazy(fd) && user_mem::cstr(mode) && stdio::writes(cstr(mode)) {
+            if let Err(e) = crate::ops::lazy_copy::make_writable(fd) {
+                crate::errno::set_errno(e);
+                return std::ptr::null_mut();
+            }
+        }
+        real::fdopen(fd, mode)
     }
     fn fclose(stream: *mut FILE) -> c_int {
         let mut err = None;

@@ -16,7 +16,7 @@ crate::hooks! {
         path_hook("lsetxattr", libc::AT_FDCWD, path, -1, |vp| write::modify(vp, false), |p| real::lsetxattr(p, name, value, size, flags))
     }
     fn fsetxattr(fd: c_int, name: *const c_char, value: *const c_void, size: size_t, flags: c_int) -> c_int {
-        let r = fd_hook("fsetxattr", fd, -1, write::fd_attr, || real::fsetxattr(fd, name, value, size, flags));
+        let r = fd_hook("fsetxattr", fd, -1, |t| write::fd_attr(fd, t), || real::fsetxattr(fd, name, value, size, flags));
         if r == 0 && crate::user_mem::cstr(name) {
             // SAFETY: name is a readable C string (probed).
             write::xattr_set(fd, unsafe { cbytes(name) });
@@ -30,6 +30,6 @@ crate::hooks! {
         path_hook("lremovexattr", libc::AT_FDCWD, path, -1, |vp| write::modify(vp, false), |p| real::lremovexattr(p, name))
     }
     fn fremovexattr(fd: c_int, name: *const c_char) -> c_int {
-        fd_hook("fremovexattr", fd, -1, write::fd_attr, || real::fremovexattr(fd, name))
+        fd_hook("fremovexattr", fd, -1, |t| write::fd_attr(fd, t), || real::fremovexattr(fd, name))
     }
 }

@@ -44,6 +44,67 @@ pub fn before_close(fd: c_int) -> Option<c_int> {
     err
 }
 
+/// copy_file_range between a tracked fd and another file system (the
+/// kernel's EXDEV): the copy made with read and write, each offset pointer
+/// used and advanced as the kernel would (null: the fd's own offset).
+/// None when neither fd is tracked (the caller keeps the kernel's EXDEV) or
+/// an offset pointer is bad (EFAULT is the kernel's too).
+pub fn copy_range_by_hand(fd_in: c_int, off_in: *mut libc::loff_t, fd_out: c_int, off_out: *mut libc::loff_t, len: usize) -> Option<isize> {
+    if fd_table::get(fd_in).is_none() && fd_table::get(fd_out).is_none() {
+        return None;
+    }
+    if (!off_in.is_null() && !crate::user_mem::writable_one(off_in)) || (!off_out.is_null() && !crate::user_mem::writable_one(off_out)) {
+        return None;
+    }
+    let mut buf = vec![0u8; len.clamp(1, 1 << 20)];
+    let mut done = 0usize;
+    while done < len {
+        let want = buf.len().min(len - done);
+        // SAFETY (block): buf is live for `want` bytes; the offset pointers
+        // were probed writable above.
+        let n = unsafe {
+            if off_in.is_null() {
+                libc::read(fd_in, buf.as_mut_ptr().cast(), want)
+            } else {
+                libc::pread(fd_in, buf.as_mut_ptr().cast(), want, *off_in)
+            }
+        };
+        if n <= 0 {
+            if n < 0 && done == 0 {
+                return Some(-1);
+            }
+            break;
+        }
+        let n = n as usize;
+        let mut put = 0usize;
+        while put < n {
+            // SAFETY (block): as above, the bytes just read.
+            let w = unsafe {
+                if off_out.is_null() {
+                    crate::real::write(fd_out, buf[put..n].as_ptr().cast(), n - put)
+                } else {
+                    crate::real::pwrite(fd_out, buf[put..n].as_ptr().cast(), n - put, *off_out + put as i64)
+                }
+            };
+            if w <= 0 {
+                return Some(if done + put == 0 { -1 } else { (done + put) as isize });
+            }
+            put += w as usize;
+        }
+        // SAFETY: the offset pointers were probed writable above.
+        unsafe {
+            if !off_in.is_null() {
+                *off_in += n as i64;
+            }
+            if !off_out.is_null() {
+                *off_out += n as i64;
+            }
+        }
+        done += n;
+    }
+    Some(done as isize)
+}
+
 /// `fd` goes to a call that may keep references to its pages after it
 /// returns (sendfile, splice): its memfd, if ours, is never reused.
 #[inline]

@@ -11,6 +11,7 @@ pub mod dir;
 pub mod dirstream;
 pub mod fd;
 pub mod inotify;
+pub mod lazy_copy;
 pub mod lock;
 pub mod meta;
 pub mod namespace;

@@ -15,8 +15,13 @@ use fanstore_core::wire::{self, op, OutRecord};
 use libc::c_int;
 
 /// The record of an output this process is still writing.
+/// (None for one whose fd still waits for its copy: its file is the
+/// committed version's, whose record says it all, identity included.)
 fn own_record(rel: &[u8]) -> Option<OutRecord> {
     let (fd, idx) = crate::outputs::open_slot_of(rel)?;
+    if crate::fd_table::is_lazy(fd) {
+        return None;
+    }
     // SAFETY: plain data, zero is valid.
     let mut s: libc::stat = unsafe { std::mem::zeroed() };
     // SAFETY: s is a valid out-pointer.

@@ -163,7 +163,10 @@ pub fn open(vp: &VPath, flags: c_int, mode: u32) -> Outcome<c_int> {
         Some(r) if write => {
             let keep = flags & libc::O_TRUNC == 0;
             let copied_from = (keep && r.holder != INPUT_HOLDER && r.sum != fanstore_core::wire::SUM_PENDING).then_some(r.sum);
-            create(vp, flags, mode_after_write(r.mode), keep, copied_from, bytes.take(), None).into()
+            match (copied_from, bytes.take()) {
+                (Some(sum), Some(src)) if copy_on_write(flags) => open_lazy(vp, flags, mode_after_write(r.mode), sum, src).into(),
+                (_, have) => create(vp, flags, mode_after_write(r.mode), keep, copied_from, have, None).into(),
+            }
         }
         Some(r) => open_committed(st, vp.rel, flags, &r, bytes.take()).into(),
         None if !creat => Outcome::Errno(libc::ENOENT),
@@ -174,6 +177,34 @@ pub fn open(vp: &VPath, flags: c_int, mode: u32) -> Outcome<c_int> {
             Err(e) => Outcome::Errno(e),
         },
     }
+}
+
+/// Is an open with `flags` of an existing committed output served by its
+/// read-only fd until the first write ([`super::lazy_copy`])? `O_RDWR`
+/// alone: O_TRUNC changes the file at once, O_APPEND and O_WRONLY are
+/// there to write, O_CREAT opens are left as they were (a shell's `<>`).
+fn copy_on_write(flags: c_int) -> bool {
+    flags & libc::O_ACCMODE == libc::O_RDWR && flags & (libc::O_CREAT | libc::O_TRUNC | libc::O_APPEND | libc::O_PATH) == 0
+}
+
+/// An `O_RDWR` open of committed output `vp` (checksum `sum`) whose
+/// lookup brought `src`, a read-only fd on its bytes: that fd, tracked as
+/// the output being written and marked lazy ([`super::lazy_copy`]).
+fn open_lazy(vp: &VPath, flags: c_int, mode: u32, sum: u64, src: c_int) -> Result<c_int, c_int> {
+    if flags & libc::O_CLOEXEC == 0 {
+        // SAFETY: fcntl on the fd we just received.
+        unsafe { crate::real::fcntl(src, libc::F_SETFD, 0) };
+    }
+    if flags & libc::O_NONBLOCK != 0 {
+        // SAFETY: as above.
+        unsafe { crate::real::fcntl(src, libc::F_SETFL, libc::O_NONBLOCK as libc::c_ulong) };
+    }
+    if !crate::outputs::track_lazy(src, vp.rel, mode, sum) {
+        // SAFETY: closing the fd we received, which nothing else knows.
+        unsafe { crate::real::close(src) };
+        return Err(libc::EMFILE);
+    }
+    Ok(src)
 }
 
 /// The mode a file keeps once a process writes it: as the kernel's
@@ -206,8 +237,11 @@ pub fn truncate(vp: &VPath, len: i64) -> Outcome<c_int> {
         return Outcome::Errno(libc::EINVAL);
     }
     if let Some(fd) = crate::outputs::open_fd_of(vp.rel) {
+        if let Err(e) = super::lazy_copy::before_write(fd) {
+            return Outcome::Errno(e);
+        }
         // SAFETY: ftruncate of our own output file.
-        return if unsafe { libc::ftruncate(fd, len) } == 0 { Outcome::Handled(0) } else { Outcome::Errno(errno()) };
+        return if unsafe { crate::real::ftruncate(fd, len) } == 0 { Outcome::Handled(0) } else { Outcome::Errno(errno()) };
     }
     match stat(vp.st, vp.rel) {
         Ok(r) if r.is_dir() => return Outcome::Errno(libc::EISDIR),
@@ -221,7 +255,7 @@ pub fn truncate(vp: &VPath, len: i64) -> Outcome<c_int> {
         Outcome::Passthrough => return Outcome::Errno(libc::EIO),
     };
     // SAFETY: ftruncate of the output file we just opened.
-    let cut = if unsafe { libc::ftruncate(fd, len) } == 0 { None } else { Some(errno()) };
+    let cut = if unsafe { crate::real::ftruncate(fd, len) } == 0 { None } else { Some(errno()) };
     let committed = match fd_table::get(fd) {
         Some(Tracked::Output(idx)) if cut.is_none() => crate::outputs::closing(fd, idx),
         Some(Tracked::Output(idx)) => {
@@ -244,6 +278,8 @@ pub fn truncate(vp: &VPath, len: i64) -> Outcome<c_int> {
 /// same file (through /proc/self/fd, with the caller's access mode, O_APPEND
 /// and O_TRUNC), tracked on the same slot, so the commit waits for its close.
 fn reopen_own(fd: c_int, idx: u32, flags: c_int) -> Result<c_int, c_int> {
+    // (Reopened as it is, a lazy fd's file would be the committed version's own.)
+    super::lazy_copy::make_writable(fd)?;
     let path = fanstore_core::runtime::proc_fd_path(fd as u32);
     let f = flags & (libc::O_ACCMODE | libc::O_APPEND | libc::O_TRUNC | libc::O_CLOEXEC | libc::O_NONBLOCK);
     // SAFETY: path is NUL-terminated.
@@ -299,6 +335,37 @@ fn small_copy(src: c_int, flags: c_int) -> bool {
     let mut s: libc::stat = unsafe { std::mem::zeroed() };
     // SAFETY: s is a valid out-pointer; fstat on any int is safe.
     unsafe { crate::real::fstat(src, &mut s) == 0 && s.st_size <= COPY_IN_MEMORY_MAX }
+}
+
+/// A new file for a writable copy of `size` committed bytes (close-on-exec):
+/// in memory up to [`COPY_IN_MEMORY_MAX`], as [`small_copy`] says.
+pub(super) fn new_copy_file(size: i64) -> c_int {
+    match crate::state::current() {
+        Some(st) if size > COPY_IN_MEMORY_MAX => new_output_file(st, libc::O_CLOEXEC),
+        _ => new_memory_file(libc::O_CLOEXEC),
+    }
+}
+
+/// Copies every byte of `src` (about `size` of them: read to its end) into
+/// `dst` at the same offsets, with pread and pwrite (no offset moves).
+pub(super) fn copy_bytes(src: c_int, dst: c_int, size: i64) -> Result<(), c_int> {
+    let mut buf = vec![0u8; crate::outputs::copy_buffer_len(size)];
+    let mut off: i64 = 0;
+    loop {
+        // SAFETY: buf is a live buffer of its length.
+        let n = unsafe { libc::pread(src, buf.as_mut_ptr().cast(), buf.len(), off) };
+        if n < 0 {
+            return Err(errno());
+        }
+        if n == 0 {
+            return Ok(());
+        }
+        // SAFETY: writing the n bytes just read.
+        if unsafe { crate::real::pwrite(dst, buf.as_ptr().cast(), n as usize, off) } != n {
+            return Err(libc::EIO);
+        }
+        off += n as i64;
+    }
 }
 
 /// A memfd for an output's bytes (sealable, as [`new_output_file`]'s fallback).
@@ -373,29 +440,12 @@ fn create(vp: &VPath, flags: c_int, mode: u32, keep: bool, copied_from: Option<u
         let mut s: libc::stat = unsafe { std::mem::zeroed() };
         // SAFETY: s is a valid out-pointer; fstat on any int is safe.
         let size = if unsafe { crate::real::fstat(src, &mut s) } == 0 { s.st_size } else { 1 << 20 };
-        let mut buf = vec![0u8; crate::outputs::copy_buffer_len(size)];
-        let mut off: i64 = 0;
-        loop {
-            // SAFETY: buf is a live buffer of its length.
-            let n = unsafe { libc::pread(src, buf.as_mut_ptr().cast(), buf.len(), off) };
-            if n < 0 {
-                // SAFETY: closing our own fd.
-                unsafe { crate::real::close(src) };
-                return fail(libc::EIO);
-            }
-            if n == 0 {
-                break;
-            }
-            // SAFETY: writing the n bytes just read.
-            if unsafe { libc::pwrite(fd, buf.as_ptr().cast(), n as usize, off) } != n {
-                // SAFETY: closing our own fd.
-                unsafe { crate::real::close(src) };
-                return fail(libc::EIO);
-            }
-            off += n as i64;
-        }
+        let copied = copy_bytes(src, fd, size);
         // SAFETY: closing our own fd.
         unsafe { crate::real::close(src) };
+        if copied.is_err() {
+            return fail(libc::EIO);
+        }
     }
     if flags & libc::O_APPEND != 0 {
         // SAFETY: fcntl on our own output file.

@@ -30,8 +30,15 @@ pub fn fopen(vp: &VPath, mode: Option<&CStr>) -> Outcome<*mut FILE> {
         Some(m) if matches!(fd_table::get(fd), Some(Tracked::Output(_))) => m,
         _ => c"r",
     };
+    // The stream writes through glibc's internal write, which no hook sees.
+    if let Err(e) = super::lazy_copy::before_write(fd) {
+        fd_table::clear(fd);
+        // SAFETY: closing the fd this call opened, which nothing else knows.
+        unsafe { crate::real::close(fd) };
+        return Outcome::Errno(e);
+    }
     // SAFETY: fd is the open fd just made; m is NUL-terminated.
-    let f = unsafe { libc::fdopen(fd, m.as_ptr()) };
+    let f = unsafe { crate::real::fdopen(fd, m.as_ptr()) };
     if f.is_null() {
         let e = errno();
         fd_table::clear(fd);
@@ -40,6 +47,11 @@ pub fn fopen(vp: &VPath, mode: Option<&CStr>) -> Outcome<*mut FILE> {
         return Outcome::Errno(e);
     }
     Outcome::Handled(f)
+}
+
+/// Does fopen mode `mode` open for writing ("w", "a", "r+", ...)?
+pub fn writes(mode: Option<&CStr>) -> bool {
+    mode.and_then(|m| open::fopen_flags(m.to_bytes())).is_some_and(super::open_base::wants_write)
 }
 
 /// Before freopen gives `stream` a new file: its old fd `old` is closed
@@ -63,6 +75,13 @@ pub unsafe fn freopen(vp: &VPath, mode: Option<&CStr>, stream: *mut FILE, node: 
         Outcome::Errno(e) => return Outcome::Errno(e),
         Outcome::Passthrough => return Outcome::Passthrough,
     };
+    // (Reopened as it is, a lazy fd's file would be the committed version's own.)
+    if let Err(e) = super::lazy_copy::before_write(fd) {
+        fd_table::clear(fd);
+        // SAFETY: closing the fd this call opened, which nothing else knows.
+        unsafe { crate::real::close(fd) };
+        return Outcome::Errno(e);
+    }
     *node = fd_table::get(fd);
     let mut p = *b"/proc/self/fd/\0\0\0\0\0\0\0\0\0\0\0\0";
     let s = fd.to_string();

@@ -272,34 +272,43 @@ pub fn link_paths(a: Option<&VPath>, b: Option<&VPath>) -> Outcome<c_int> {
 /// changed natively (one being written: its commit takes the mode and
 /// times; a committed one opened: its record stays as it is, as before
 /// such fds were tracked).
-pub fn fd_attr(t: Tracked) -> Outcome<c_int> {
+///
+/// An output fd still waiting for its copy ([`super::lazy_copy`]) gets it
+/// first: the change is the copy's, never the committed version's file.
+pub fn fd_attr(fd: c_int, t: Tracked) -> Outcome<c_int> {
     if super::out::is_output(t) {
-        return Outcome::Passthrough;
+        return match super::lazy_copy::before_write(fd) {
+            Ok(()) => Outcome::Passthrough,
+            Err(e) => Outcome::Errno(e),
+        };
     }
     Outcome::Errno(libc::EROFS)
 }
 
 /// fchmod of a tracked fd: an output being written changes natively and
 /// its commit registers the new mode (fstat shows it too); else [`fd_attr`].
-pub fn fchmod(t: Tracked, mode: u32) -> Outcome<c_int> {
+pub fn fchmod(fd: c_int, t: Tracked, mode: u32) -> Outcome<c_int> {
     match t {
         Tracked::Output(idx) => {
+            if let Err(e) = super::lazy_copy::before_write(fd) {
+                return Outcome::Errno(e);
+            }
             crate::outputs::set_mode(idx, mode);
             Outcome::Passthrough
         }
-        other => fd_attr(other),
+        other => fd_attr(fd, other),
     }
 }
 
 /// fchown of a tracked fd: an output being written keeps the new owner for
 /// its record ([`crate::outputs::set_owner`]); else [`fd_attr`].
-pub fn fchown(t: Tracked, uid: u32, gid: u32) -> Outcome<c_int> {
+pub fn fchown(fd: c_int, t: Tracked, uid: u32, gid: u32) -> Outcome<c_int> {
     match t {
-        Tracked::Output(idx) => match crate::outputs::set_owner(idx, uid, gid) {
+        Tracked::Output(idx) => match super::lazy_copy::before_write(fd).and_then(|()| crate::outputs::set_owner(idx, uid, gid)) {
             Ok(()) => Outcome::Handled(0),
             Err(e) => Outcome::Errno(e),
         },
-        other => fd_attr(other),
+        other => fd_attr(fd, other),
     }
 }
 

@@ -146,9 +146,16 @@ pub unsafe fn file_call(nr: i64, a: [u64; 6]) -> Option<i64> {
             // Issued by the caller as they are; only the page reuse of
             // crate::memfd_pool needs to know (hooks/zerocopy.rs).
             libc::SYS_sendfile | libc::SYS_splice => {
-                crate::ops::fd::pages_lent(i(if nr == libc::SYS_sendfile { 1 } else { 0 }));
-                return None;
+                let (from, to) = if nr == libc::SYS_sendfile { (1, 0) } else { (0, 2) };
+                crate::ops::fd::pages_lent(i(from));
+                return copied_first(i(to));
             }
+            // Issued by the caller as they are, once an output fd they
+            // change has its writable copy (crate::ops::lazy_copy).
+            libc::SYS_write | libc::SYS_pwrite64 | libc::SYS_writev | libc::SYS_pwritev | libc::SYS_pwritev2
+            | libc::SYS_ftruncate | libc::SYS_fallocate => return copied_first(i(0)),
+            libc::SYS_copy_file_range => return copied_first(i(2)),
+            libc::SYS_mmap if crate::hooks::bytes::maps_shared(i(3), i(4)) => return copied_first(i(4)),
             libc::SYS_vmsplice | libc::SYS_io_uring_setup => {
                 crate::memfd_pool::turn_off();
                 return None;
@@ -157,6 +164,15 @@ pub unsafe fn file_call(nr: i64, a: [u64; 6]) -> Option<i64> {
         }
     };
     Some(r)
+}
+
+/// A call that changes `fd`'s file, issued by the caller (None) once a
+/// lazy output fd has its copy; the copy's failure as -errno.
+fn copied_first(fd: c_int) -> Option<i64> {
+    match crate::ops::lazy_copy::before_write(fd) {
+        Ok(()) => None,
+        Err(e) => Some(-(e as i64)),
+    }
 }
 
 /// openat2: under the mount it is openat with how.flags and how.mode
