@@ -633,6 +633,34 @@ def test_an_output_opened_read_write_is_copied_at_its_first_write(cl, tmp_path):
     assert all(v[0] == "OK" for v in native.values()), native
 
 
+WHICH_FILE = r"""
+import json, os, sys
+p = os.path.join(sys.argv[1], "f")
+os.makedirs(sys.argv[1])
+with open(p, "w") as f:
+    f.write("0123456789")
+fd = os.open(p, os.O_RDWR)
+link = lambda: os.readlink(f"/proc/self/fd/{fd}")
+res = {"open": link(), "read": (os.read(fd, 4).decode(), link())}
+os.write(fd, b"x")
+res["written"] = link()
+os.close(fd)
+res["bytes"] = open(p).read()
+print(json.dumps(res))
+"""
+
+
+def test_an_output_opened_read_write_is_not_copied_until_written(cl):
+    """The copy an O_RDWR open of an output needs is made at the first
+    write, not before: the fd is the daemon's own file of the committed
+    version (its out/<id>) while it is only read, a memfd once written."""
+    r = run_json(cl, 0, WHICH_FILE, f"{MOUNT}/which")
+    assert "/out/" in r["open"] and not r["open"].startswith("/memfd:"), r
+    assert r["read"] == ["0123", r["open"]], r
+    assert r["written"].startswith("/memfd:fanstore-output"), r
+    assert r["bytes"] == "0123x56789"
+
+
 HARDLINKS = script(r"""
 import stat
 root = sys.argv[1]

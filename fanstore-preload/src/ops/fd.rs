@@ -19,8 +19,8 @@ pub fn before_close(fd: c_int) -> Option<c_int> {
             return None;
         }
         match t {
-            // A fork child's copy of its parent's output: the parent commits it.
-            Some(Tracked::Output(idx)) if crate::outputs::is_foreign(idx) => {}
+            // (A fork child's copy of its parent's output: `closing` leaves
+            // it to the parent.)
             Some(Tracked::Output(idx)) => {
                 let _g = crate::guard::Guard::enter();
                 err = crate::outputs::closing(fd, idx);
