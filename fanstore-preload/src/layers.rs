@@ -100,6 +100,7 @@ const OPS: &[(&str, OpsTier)] = &[
     ("open_base.rs", OpsTier::Shared),
     ("namespace.rs", OpsTier::OutNames),
     ("out.rs", OpsTier::OutBytes),
+    ("out_file.rs", OpsTier::OutBytes),
     ("lazy_copy.rs", OpsTier::OutBytes),
     ("special.rs", OpsTier::OutBytes),
     ("open.rs", OpsTier::Dispatch),

@@ -53,7 +53,8 @@ crate::hooks! {
             // Between an output's file (a memfd, or the daemon's disk) and
             // another file system the kernel refuses: copied here, as glibc
             // did before 2.30.
-            if let Some(n) = crate::ops::fd::copy_range_by_hand(fd_in, off_in, fd_out, off_out, len) {
+            // SAFETY: the caller's own offset pointers (probed there).
+            if let Some(n) = unsafe { crate::ops::fd::copy_range_by_hand(fd_in, off_in, fd_out, off_out, len) } {
                 return n;
             }
         }

@@ -49,7 +49,11 @@ pub fn before_close(fd: c_int) -> Option<c_int> {
 /// used and advanced as the kernel would (null: the fd's own offset).
 /// None when neither fd is tracked (the caller keeps the kernel's EXDEV) or
 /// an offset pointer is bad (EFAULT is the kernel's too).
-pub fn copy_range_by_hand(fd_in: c_int, off_in: *mut libc::loff_t, fd_out: c_int, off_out: *mut libc::loff_t, len: usize) -> Option<isize> {
+///
+/// # Safety
+/// `off_in` and `off_out` are null or the caller's copy_file_range
+/// offset pointers (probed before use).
+pub unsafe fn copy_range_by_hand(fd_in: c_int, off_in: *mut libc::loff_t, fd_out: c_int, off_out: *mut libc::loff_t, len: usize) -> Option<isize> {
     if fd_table::get(fd_in).is_none() && fd_table::get(fd_out).is_none() {
         return None;
     }

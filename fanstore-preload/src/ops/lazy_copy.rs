@@ -103,7 +103,7 @@ fn copy_now(fd: c_int) -> Result<(), c_int> {
     if unsafe { crate::real::fstat(fd, &mut s) } != 0 {
         return Err(errno());
     }
-    let new = super::out::new_copy_file(s.st_size);
+    let new = super::out_file::new_copy_file(s.st_size);
     if new < 0 {
         return Err(errno());
     }
@@ -112,7 +112,7 @@ fn copy_now(fd: c_int) -> Result<(), c_int> {
         unsafe { crate::real::close(new) };
         Err(e)
     };
-    if let Err(e) = super::out::copy_bytes(fd, new, s.st_size) {
+    if let Err(e) = super::out_file::copy_bytes(fd, new, s.st_size) {
         return fail(e);
     }
     // SAFETY (block): fcntl and lseek queries and settings on our two fds.

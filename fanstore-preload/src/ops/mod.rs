@@ -18,6 +18,7 @@ pub mod namespace;
 pub mod open;
 pub mod open_base;
 pub mod out;
+pub mod out_file;
 pub mod special;
 pub mod stat;
 pub mod stdio;

@@ -12,6 +12,7 @@ use crate::client;
 use crate::errno::errno;
 use crate::fd_table::{self, Tracked};
 use crate::state::State;
+use super::out_file::{copy_bytes, new_memory_file, new_output_file, COPY_IN_MEMORY_MAX};
 use fanstore_core::wire::{op, OutRecord};
 use libc::c_int;
 
@@ -296,30 +297,6 @@ fn reopen_own(fd: c_int, idx: u32, flags: c_int) -> Result<c_int, c_int> {
     Ok(nfd)
 }
 
-/// A new file for the bytes of an output: an unnamed file (O_TMPFILE) in
-/// the rank's local directory, so the program writes straight into the page
-/// cache of the disk the daemon keeps outputs on. At commit the daemon links
-/// it (--dedup off), or the checkpoint store keeps it as the hot copy it
-/// serves reads from (reads of a checkpoint right after its write then run
-/// as from a native file: measured 38-42 ms per 200 MiB against 62-66 ms
-/// from a memfd, whose pages come without huge folios here). A memfd where
-/// that file system has no O_TMPFILE.
-fn new_output_file(st: &State, flags: c_int) -> c_int {
-    let cloexec = flags & libc::O_CLOEXEC;
-    // SAFETY: tmp_dir is a NUL-terminated path; the result is checked.
-    let fd = unsafe { crate::real::open(st.tmp_dir.as_ptr(), libc::O_TMPFILE | libc::O_RDWR | cloexec, 0o600) };
-    if fd >= 0 {
-        return fd;
-    }
-    // Sealable: at commit the daemon seals it against writes when nothing
-    // maps it writable any more, and may then keep it as the store's hot
-    // copy of the checkpoint (reads served from it, no rebuild).
-    new_memory_file(flags)
-}
-
-/// Largest committed output whose O_RDWR copy is made in memory.
-const COPY_IN_MEMORY_MAX: i64 = 1 << 20;
-
 /// Is the copy an O_RDWR open of committed bytes `src` needs small, and
 /// the open unlikely to grow it much (not O_APPEND)? Then it is made in a
 /// memfd: making one costs about 4 µs, where an unnamed file on the local
@@ -335,44 +312,6 @@ fn small_copy(src: c_int, flags: c_int) -> bool {
     let mut s: libc::stat = unsafe { std::mem::zeroed() };
     // SAFETY: s is a valid out-pointer; fstat on any int is safe.
     unsafe { crate::real::fstat(src, &mut s) == 0 && s.st_size <= COPY_IN_MEMORY_MAX }
-}
-
-/// A new file for a writable copy of `size` committed bytes (close-on-exec):
-/// in memory up to [`COPY_IN_MEMORY_MAX`], as [`small_copy`] says.
-pub(super) fn new_copy_file(size: i64) -> c_int {
-    match crate::state::current() {
-        Some(st) if size > COPY_IN_MEMORY_MAX => new_output_file(st, libc::O_CLOEXEC),
-        _ => new_memory_file(libc::O_CLOEXEC),
-    }
-}
-
-/// Copies every byte of `src` (about `size` of them: read to its end) into
-/// `dst` at the same offsets, with pread and pwrite (no offset moves).
-pub(super) fn copy_bytes(src: c_int, dst: c_int, size: i64) -> Result<(), c_int> {
-    let mut buf = vec![0u8; crate::outputs::copy_buffer_len(size)];
-    let mut off: i64 = 0;
-    loop {
-        // SAFETY: buf is a live buffer of its length.
-        let n = unsafe { libc::pread(src, buf.as_mut_ptr().cast(), buf.len(), off) };
-        if n < 0 {
-            return Err(errno());
-        }
-        if n == 0 {
-            return Ok(());
-        }
-        // SAFETY: writing the n bytes just read.
-        if unsafe { crate::real::pwrite(dst, buf.as_ptr().cast(), n as usize, off) } != n {
-            return Err(libc::EIO);
-        }
-        off += n as i64;
-    }
-}
-
-/// A memfd for an output's bytes (sealable, as [`new_output_file`]'s fallback).
-fn new_memory_file(flags: c_int) -> c_int {
-    let mfd_flags = libc::MFD_ALLOW_SEALING | if flags & libc::O_CLOEXEC != 0 { libc::MFD_CLOEXEC } else { 0 };
-    // SAFETY: the name is a NUL-terminated literal.
-    unsafe { libc::memfd_create(c"fanstore-output".as_ptr(), mfd_flags) }
 }
 
 /// A new output file ([`new_output_file`]) tracked as output `vp.rel`;
