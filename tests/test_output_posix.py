@@ -599,6 +599,15 @@ def others_see_old(fd):
     os.write(fd, b"NEW")
     return open(J("others")).read()  # another open, read-only: the committed bytes until the close
 attempt("a write is not seen by a new open before the close", lambda: case("others", others_see_old))
+EXEC_INNER = ("import os, sys; fd = os.open(sys.argv[1], os.O_RDWR); os.read(fd, 2); os.set_inheritable(fd, True); "
+              "os.execv(sys.executable, [sys.executable, '-c', 'import os, sys; os.write(int(sys.argv[1]), bytes([69, 88]))', str(fd)])")
+def via_exec():
+    with open(J("exec"), "w") as f:
+        f.write("0123456789")
+    import subprocess
+    subprocess.run([sys.executable, "-c", EXEC_INNER, J("exec")], check=True)
+    return open(J("exec")).read()
+attempt("exec: the new image writes the inherited fd", via_exec)
 def only_read(fd):
     ino = os.stat(J("only")).st_ino, os.stat(J("only")).st_mtime_ns
     os.read(fd, 100)
@@ -621,7 +630,8 @@ def test_an_output_opened_read_write_is_copied_at_its_first_write(cl, tmp_path):
     changing a file through an fd (write, pwrite, writev, pwritev,
     ftruncate, posix_fallocate, fchmod, a raw syscall, a shared mmap, a
     dup, fdopen, fopen "r+", a fork child, sendfile and copy_file_range into
-    it) behaves as natively, with the offset it had; F_GETFL says O_RDWR;
+    it, an exec'd image writing it) behaves as natively, with the offset
+    it had; F_GETFL says O_RDWR;
     a file only read is not committed again."""
     native, ours = same_as_native(cl, COPY_ON_WRITE, tmp_path, "cow")
     # The script checks what it says (a run that only failed would compare equal).
@@ -629,6 +639,7 @@ def test_an_output_opened_read_write_is_copied_at_its_first_write(cl, tmp_path):
     assert native["dup shares the offset"] == ["OK", ["01D3456789", "345"]]
     assert native["mmap MAP_SHARED"] == ["OK", ["01234MM789", "01234MM789"]]
     assert native["fork: the child writes the shared description"] == ["OK", ["01CHILD789", 7]]
+    assert native["exec: the new image writes the inherited fd"] == ["OK", "01EX456789"]
     assert ours["only read: the same file after the close"] == ["OK", True]
     assert all(v[0] == "OK" for v in native.values()), native
 
