@@ -212,18 +212,33 @@ pub fn fork_release() {
 /// Starts tracking output file `fd` as output `path`. False if the table is full.
 pub fn track(fd: c_int, path: &[u8], excl: bool, mode: u32) -> bool {
     let file = file_id(fd);
-    let Some(idx) = take_slot(Box::new(Slot { path: path.to_vec(), excl, mode, refs: 1, unlinked: false, pid: pid(), late: false, file, owner: NO_OWNER, pristine: None, made_ahead: false })) else { return false };
+    let slot = Slot { path: path.to_vec(), excl, mode, refs: 1, unlinked: false, pid: pid(), late: false, file, owner: NO_OWNER, pristine: None, made_ahead: false };
+    if install(fd, slot).is_none() {
+        return false;
+    }
+    exit_hook();
+    true
+}
+
+/// Puts `slot` in the table with `fd` tracked on it: its index (None: the
+/// table is full, or the fd out of the fd table's range).
+fn install(fd: c_int, slot: Slot) -> Option<u32> {
+    let idx = take_slot(Box::new(slot))?;
     if !fd_table::set(fd, Tracked::Output(idx as u32)) {
         let s = TABLE.with(|t| t.slots[idx].take());
         drop(s);
-        return false;
+        return None;
     }
     MAX_FD.fetch_max(fd, Ordering::Relaxed);
+    Some(idx as u32)
+}
+
+/// Commits at exit what is still open (registered once).
+fn exit_hook() {
     if !EXIT_HOOK.swap(true, Ordering::Relaxed) {
         // SAFETY: registering a plain extern "C" fn with no arguments.
         unsafe { libc::atexit(at_exit) };
     }
-    true
 }
 
 /// Starts tracking `fd`, a read-only fd on the bytes of committed output
@@ -234,14 +249,13 @@ pub fn track(fd: c_int, path: &[u8], excl: bool, mode: u32) -> bool {
 pub fn track_lazy(fd: c_int, path: &[u8], mode: u32, sum: u64) -> bool {
     let pristine = Some(Pristine { size: -1, sum, mtime: (0, 0), mode });
     let slot = Slot { path: path.to_vec(), excl: false, mode, refs: 1, unlinked: false, pid: pid(), late: false, file: (0, 0), owner: NO_OWNER, pristine, made_ahead: false };
-    let Some(idx) = take_slot(Box::new(slot)) else { return false };
-    if !fd_table::set(fd, Tracked::Output(idx as u32)) || !fd_table::set_lazy(fd) {
+    let Some(idx) = install(fd, slot) else { return false };
+    if !fd_table::set_lazy(fd) {
         fd_table::clear(fd);
-        let s = TABLE.with(|t| t.slots[idx].take());
+        let s = TABLE.with(|t| t.slots[idx as usize].take());
         drop(s);
         return false;
     }
-    MAX_FD.fetch_max(fd, Ordering::Relaxed);
     true
 }
 
@@ -259,10 +273,7 @@ pub fn copied(idx: u32, fd: c_int) {
             }
         }
     });
-    if !EXIT_HOOK.swap(true, Ordering::Relaxed) {
-        // SAFETY: registering a plain extern "C" fn with no arguments.
-        unsafe { libc::atexit(at_exit) };
-    }
+    exit_hook();
 }
 
 /// Tracks `fd` as output `path` created by process `creator`, inherited
@@ -273,17 +284,8 @@ pub fn copied(idx: u32, fd: c_int) {
 pub fn adopt(fd: c_int, path: &[u8], excl: bool, mode: u32, creator: i32) -> Option<u32> {
     let late = creator != pid();
     let slot = Slot { path: path.to_vec(), excl: excl && !late, mode, refs: 1, unlinked: false, pid: pid(), late, file: file_id(fd), owner: NO_OWNER, pristine: None, made_ahead: false };
-    let idx = take_slot(Box::new(slot))? as u32;
-    if !fd_table::set(fd, Tracked::Output(idx)) {
-        let s = TABLE.with(|t| t.slots[idx as usize].take());
-        drop(s);
-        return None;
-    }
-    MAX_FD.fetch_max(fd, Ordering::Relaxed);
-    if !EXIT_HOOK.swap(true, Ordering::Relaxed) {
-        // SAFETY: registering a plain extern "C" fn with no arguments.
-        unsafe { libc::atexit(at_exit) };
-    }
+    let idx = install(fd, slot)?;
+    exit_hook();
     Some(idx)
 }
 

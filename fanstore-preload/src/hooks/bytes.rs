@@ -6,7 +6,6 @@
 //! unchanged, after one relaxed load (no fd was ever lazy) or one fd table
 //! lookup.
 
-use crate::errno::set_errno;
 use crate::ops::lazy_copy::before_write;
 use crate::real;
 use libc::{c_int, c_void, off64_t, off_t, size_t, ssize_t};
@@ -15,8 +14,7 @@ use libc::{c_int, c_void, off64_t, off_t, size_t, ssize_t};
 macro_rules! copied_or_fail {
     ($fd:expr) => {
         if let Err(e) = before_write($fd) {
-            set_errno(e);
-            return -1;
+            return super::fail(e);
         }
     };
 }
@@ -31,7 +29,7 @@ pub(crate) fn maps_shared(flags: c_int, fd: c_int) -> bool {
 fn mmap_common(flags: c_int, fd: c_int, real: impl FnOnce() -> *mut c_void) -> *mut c_void {
     if maps_shared(flags, fd) {
         if let Err(e) = before_write(fd) {
-            set_errno(e);
+            crate::errno::set_errno(e);
             return libc::MAP_FAILED;
         }
     }

@@ -5,6 +5,7 @@
 //! ([`crate::ops::lazy_copy`]).
 
 use crate::ops::fd::{after_dup, before_close, before_close_range, before_dup2, dir_seek};
+use super::fail;
 use crate::ops::lazy_copy;
 use crate::real;
 use libc::{c_int, c_uint, c_ulong, off_t};
@@ -29,12 +30,6 @@ fn fcntl_common(fd: c_int, cmd: c_int, arg: c_ulong, real: impl FnOnce(c_int, c_
         return lazy_copy::status_flags(fd, r);
     }
     r
-}
-
-/// -1 with errno `e`.
-fn fail(e: c_int) -> c_int {
-    crate::errno::set_errno(e);
-    -1
 }
 
 /// lseek and lseek64: a virtual directory fd's position is ours; any other

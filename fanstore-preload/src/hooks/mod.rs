@@ -157,6 +157,13 @@ unsafe fn path_slow<T>(
     }
 }
 
+/// A hook's failure: errno `e`, and -1 (of the hook's return type).
+#[inline]
+pub(crate) fn fail<T: From<i8>>(e: c_int) -> T {
+    set_errno(e);
+    T::from(-1)
+}
+
 fn until_nul(b: &[u8]) -> &[u8] {
     &b[..b.iter().position(|&c| c == 0).unwrap_or(b.len())]
 }

@@ -7,16 +7,11 @@
 //! output fd they write into that still waits for its copy gets it first
 //! (`crate::ops::lazy_copy`). The calls themselves are libc's, unchanged.
 
+use super::fail;
 use crate::ops::fd::pages_lent;
 use crate::ops::lazy_copy::before_write;
 use crate::real;
 use libc::{c_int, c_uint, loff_t, off64_t, off_t, size_t, ssize_t};
-
-/// -1 with errno `e`.
-fn fail(e: c_int) -> ssize_t {
-    crate::errno::set_errno(e);
-    -1
-}
 
 crate::hooks! {
     fn sendfile(out_fd: c_int, in_fd: c_int, offset: *mut off_t, count: size_t) -> ssize_t {
