@@ -41,6 +41,13 @@ const MAX_FALSE_ENDS: usize = 64;
 /// Splits a shard of concatenated torch.save archives; `None` unless the
 /// whole of `b` is two or more of them.
 pub(super) fn split(b: &[u8]) -> Option<Split> {
+    split_skipping(b, &[])
+}
+
+/// [`split`] of a shard whose ranges `zeros` (sorted, disjoint) the caller
+/// knows hold only zero bytes: the search for end records does not read
+/// them. The result is the same, since a signature holds no zero byte.
+pub(super) fn split_skipping(b: &[u8], zeros: &[Range<usize>]) -> Option<Split> {
     let mut units: Vec<(Range<usize>, UnitMeta)> = Vec::new();
     let mut start = 0;
     let mut items = 0usize;
@@ -50,7 +57,7 @@ pub(super) fn split(b: &[u8]) -> Option<Split> {
         if !b[start..].starts_with(LOCAL_SIG) {
             return None;
         }
-        let (end, archive) = next_archive(b, start, &finder, &mut false_ends)?;
+        let (end, archive) = next_archive(b, start, &finder, zeros, &mut false_ends)?;
         let alone = archive.unit_count() == 1;
         for p in archive.pieces {
             if let Piece::Unit(r, m) = p {
@@ -73,10 +80,9 @@ pub(super) fn split(b: &[u8]) -> Option<Split> {
 
 /// The first torch.save archive starting at `start`: its end and its split
 /// (offsets relative to `start`). Counts the end records it passes over.
-fn next_archive(b: &[u8], start: usize, finder: &memchr::memmem::Finder, false_ends: &mut usize) -> Option<(usize, Split)> {
+fn next_archive(b: &[u8], start: usize, finder: &memchr::memmem::Finder, zeros: &[Range<usize>], false_ends: &mut usize) -> Option<(usize, Split)> {
     let mut from = start;
-    while let Some(i) = finder.find(&b[from..]) {
-        let eocd = from + i;
+    while let Some(eocd) = find_outside(b, from, finder, zeros) {
         from = eocd + 1;
         if *false_ends > MAX_FALSE_ENDS {
             return None;
@@ -91,6 +97,23 @@ fn next_archive(b: &[u8], start: usize, finder: &memchr::memmem::Finder, false_e
             *false_ends -= 1;
             return Some((end, s));
         }
+    }
+    None
+}
+
+/// The first match of `finder` at or after `from` in `b`, searched
+/// between the ranges `zeros` (sorted, disjoint; bytes the caller knows are
+/// zero, where no signature can start or end: it holds no zero byte).
+fn find_outside(b: &[u8], from: usize, finder: &memchr::memmem::Finder, zeros: &[Range<usize>]) -> Option<usize> {
+    let mut at = from;
+    let mut k = zeros.partition_point(|z| z.end <= at);
+    while at < b.len() {
+        let stop = zeros.get(k).map_or(b.len(), |z| z.start.clamp(at, b.len()));
+        if let Some(i) = finder.find(&b[at..stop]) {
+            return Some(at + i);
+        }
+        at = zeros.get(k)?.end.max(at);
+        k += 1;
     }
     None
 }

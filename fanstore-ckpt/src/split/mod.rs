@@ -154,11 +154,23 @@ pub fn split(bytes: &[u8], cdc: &CdcParams) -> Split {
 
 /// The structured formats only: `None` when `bytes` is none of them (or is malformed).
 pub fn split_structured(bytes: &[u8]) -> Option<Split> {
+    split_structured_skipping(bytes, &[])
+}
+
+/// [`split_structured`] of a file whose ranges `zeros` hold only zero
+/// bytes, as the caller knows: the skeleton of a commit from parts, its
+/// units' ranges never written. The split is the same; the zero ranges are
+/// not read where a parser would only search them (a DCP shard's end
+/// records), so a skeleton's untouched pages are not faulted in. `zeros`
+/// not sorted and disjoint: they are all read.
+pub fn split_structured_skipping(bytes: &[u8], zeros: &[Range<usize>]) -> Option<Split> {
+    let sorted = zeros.windows(2).all(|w| w[0].end <= w[1].start) && zeros.iter().all(|z| z.start <= z.end);
+    let zeros = if sorted { zeros } else { &[] };
     if bytes.starts_with(npy::MAGIC) {
         return npy::split(bytes);
     }
     if bytes.starts_with(b"PK\x03\x04") {
-        return zip::split(bytes).or_else(|| dcp::split(bytes));
+        return zip::split(bytes).or_else(|| dcp::split_skipping(bytes, zeros));
     }
     safetensors::split(bytes)
 }
