@@ -587,3 +587,22 @@ def test_drained_restarted_and_exported_like_any_checkpoint(bins, tmp_path):
     import hashlib
     assert hashlib.sha256((plain / "py" / "drained-1.pt").read_bytes()).hexdigest() == want
     assert hashlib.sha256((plain / "py" / "drained-2.pt").read_bytes()).hexdigest() == r["new"]
+
+
+def test_the_crc_of_a_zip_record_is_zlibs_from_isal_where_it_is_a_dependency():
+    """Every changed tensor's CRC-32 goes into its zip record: ISA-L's must
+    give zlib's value, also carried across chunks, as `_crc_of` feeds it.
+    On x86-64 and aarch64 Linux the package depends on `isal` (ten times
+    zlib's speed here): a set-up that did not install it fails here."""
+    import platform
+    import zlib
+    sys.path.insert(0, str(ROOT / "python"))
+    from fanstore import _crc
+    data = os.urandom(3 << 20) + bytes(5000)
+    crc = 0
+    for off in range(0, len(data), 1 << 20):
+        crc = _crc.crc32(memoryview(data)[off:off + (1 << 20)], crc)
+    assert crc == zlib.crc32(data)
+    assert _crc.crc32(b"") == 0
+    if sys.platform == "linux" and platform.machine() in ("x86_64", "aarch64"):
+        assert _crc.crc32.__module__.startswith("isal"), _crc.crc32.__module__

@@ -24,8 +24,9 @@ over the actual bytes, so a wrong reference makes a read fail (EIO), never
 return other bytes.
 """
 import ctypes
-import zlib
 from collections import OrderedDict
+
+from ._crc import crc32
 
 
 def storage_view(storage) -> memoryview:
@@ -132,10 +133,10 @@ class Tracker:
             self.stats["referenced"] += 1
             d.crc, d.blake3 = known
             if d.crc is None and need_crc:
-                d.crc = crc if crc is not None else zlib.crc32(d.view)
+                d.crc = crc if crc is not None else crc32(d.view)
             return
         self.stats["sent"] += 1
-        d.crc = crc if crc is not None or not need_crc else zlib.crc32(d.view)
+        d.crc = crc if crc is not None or not need_crc else crc32(d.view)
 
     def learn(self, d: Decision, blake3: bytes):
         """The store holds `d`'s bytes as unit `blake3`."""

@@ -21,11 +21,11 @@ import os
 import pickle as _pickle
 import threading
 
-import zlib
 
 import xxhash
 
 from . import _daemon, _parts, _tracker, _zipwriter
+from ._crc import crc32
 
 _TRACKER = _tracker.Tracker()
 _CONN = None
@@ -280,7 +280,7 @@ def _crc_of(view, writer=None, index=0):
     crc = 0
     for off in range(0, view.nbytes, _CHUNK):
         c = view[off:off + _CHUNK]
-        crc = zlib.crc32(c, crc)
+        crc = crc32(c, crc)
         if writer is not None:
             writer.write(index, c, off)
     return crc
