@@ -151,6 +151,7 @@ pub mod placement;
 pub mod rank;
 pub mod rank_lock;
 pub mod server;
+pub mod spare_core;
 pub mod status;
 pub mod wake_cost;
 #[doc(hidden)]

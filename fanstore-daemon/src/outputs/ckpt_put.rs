@@ -12,7 +12,8 @@
 //! the new units hashed for the reply), so a refusal reaches the writer
 //! before anything is registered. The store commit itself (the new units
 //! encoded, the recipe, the catalog: ~150 ms per 50 MB changed here) runs
-//! after the reply, on the same connection, so the writer's next request
+//! after the reply, once the host has a core to spare or 250 ms passed
+//! ([`crate::spare_core`]), on the same connection, so the writer's next request
 //! waits for it: readers of the output wait until it is stored, and
 //! unlinks of other checkpoints are deferred until then
 //! (`Dedup::check_and_begin_parts`). A daemon killed in between loses that
@@ -60,6 +61,8 @@ impl PartsCommit {
         let started = std::thread::scope(|s| {
             let spawned = std::thread::Builder::new().name("fanstore-partcommit".into()).spawn_scoped(s, || {
                 crate::outputs::dedup::lower_this_thread();
+                let waited = crate::spare_core::wait(crate::spare_core::COMMIT_WAIT_MAX);
+                log::debug!("a checkpoint's store commit waited {:.1} ms for a spare core", waited.as_secs_f64() * 1e3);
                 if let Some(c) = take() {
                     c.run_here();
                 }
