@@ -114,11 +114,18 @@ for k in range(cfg["ckpts"]):
             for name in keys[frozen:]:
                 sd[name].add_(torch.randn(n, generator=g) * (1e-3 * 0.02))
     order = [("native", FileSystemWriter(os.path.join(cfg["native_dir"], f"ckpt-{k:02d}"), sync_files=False)),
+             ("rotated", FileSystemWriter(os.path.join(cfg["rotated_dir"], f"ckpt-{k:02d}"), sync_files=False)),
              ("fanstore", fanstore.dcp.Writer(os.path.join(cfg["fs_dir"], f"ckpt-{k:02d}"), sync_files=False)),
              ("null", NullWriter())]
-    order = order[k % 3:] + order[:k % 3]
+    order = order[k % 4:] + order[:k % 4]
     row = {"k": k}
     for scheme, w in order:
+        if scheme == "rotated" and k:
+            # A trainer keeping its last checkpoint only: the one before goes first (untimed).
+            before = os.path.join(cfg["rotated_dir"], f"ckpt-{k - 1:02d}")
+            os.remove(os.path.join(before, f"__{rank}_0.distcp"))
+            if rank == 0:
+                os.remove(os.path.join(before, ".metadata"))
         os.sync()
         dist.barrier()
         prof = None
@@ -172,9 +179,11 @@ def main():
         try:
             native_dir = work / "native"
             native_dir.mkdir()
+            rotated_dir = work / "rotated"
+            rotated_dir.mkdir()
             fs_dir = f"{c.mount}/pydcp"
             subprocess.run([sys.executable, "-c", f"import os; os.makedirs({fs_dir!r})"], env=c.env(0), check=True)
-            cfg = dict(tensors=TENSORS, tensor_mb=TENSOR_MB, ckpts=CKPTS, frozen=FROZEN, native_dir=str(native_dir),
+            cfg = dict(tensors=TENSORS, tensor_mb=TENSOR_MB, ckpts=CKPTS, frozen=FROZEN, native_dir=str(native_dir), rotated_dir=str(rotated_dir),
                        profile=E("BENCH_PYDCP_PROFILE", ""),
                        fs_dir=fs_dir, python=str(ROOT / "python"))
             with socket.socket() as s:
@@ -203,31 +212,34 @@ def main():
     nat, fs = median([r["native"] for r in rest]), median([r["fanstore"] for r in rest])
     null = median([r["null"] for r in rest])
     stored = median([r["stored"] for r in rest])
-    fastest = min(r["native"] for r in rows)
+    keep, nat = nat, median([r["rotated"] for r in rest])  # the goal's reference: see bench/ckpt_python.py's RESULTS text
+    fastest = min(min(r["native"], r["rotated"]) for r in rows)
     bad = [b for o in outs for b in o["bad"]]
     parts = sum(r.get("sent_as_parts", 0) for r in rows)
     logical = TENSORS * TENSOR_MB * 2**20
     ok = not bad
     table_rows = [[f"{FROZEN:.0%}", f"{RANKS}", f"{logical / MB:.0f} MB", f"{rows[0]['native'] * 1e3:.0f} / {rows[0]['fanstore'] * 1e3:.0f} ms",
-                   f"{nat * 1e3:.0f} ms", f"{fs * 1e3:.0f} ms", f"{stored * 1e3:.0f} ms",
-                   f"{logical / nat / MB:.0f} / {logical / fs / MB:.0f} MB/s", f"**{nat / fs:.2f}x**", f"{fastest / fs:.2f}x",
+                   f"{nat * 1e3:.0f} / {keep * 1e3:.0f} ms", f"{fs * 1e3:.0f} ms", f"{stored * 1e3:.0f} ms",
+                   f"{logical / nat / MB:.0f} / {logical / fs / MB:.0f} MB/s", f"**{nat / fs:.2f}x** / {keep / fs:.2f}x", f"{fastest / fs:.2f}x",
                    f"{native_disk / MB:.0f} MB / {store_disk / MB:.0f} MB ({native_disk / max(store_disk, 1):.1f}x)",
                    "yes" if ok else f"NO: {bad[:4]}"]]
     goals = [(f"DCP dcp.save with fanstore.dcp.Writer, {RANKS} ranks on {RANKS} nodes, {FROZEN:.0%} frozen, "
               f"{logical / MB:.0f} MB fp32, {CKPTS} saves",
-              ">= 3x DCP's FileSystemWriter (ext4, no fsync)",
-              f"{nat / fs:.2f}x (vs the fastest native save: {fastest / fs:.2f}x; the bound here, native over "
+              ">= 3x DCP's FileSystemWriter (ext4, no fsync; native rotating its checkpoints)",
+              f"{nat / fs:.2f}x (against native keeping its checkpoints: {keep / fs:.2f}x; the bound here, native over "
               f"dcp.save with a writer that stores nothing: {nat / null:.2f}x)", nat / fs >= 3.0 and ok)]
     stats = [o["stats"] for o in outs]
     md = ["## DCP: fanstore.dcp.Writer vs FileSystemWriter (issue 54)", "",
           f"{RANKS} ranks (gloo over loopback) on {RANKS} daemons of this machine, each saving its share of a "
           f"state dict of {TENSORS} float32 tensors of {TENSOR_MB:g} MiB with `dcp.save`, {CKPTS} saves, the "
           "unfrozen tensors stepped in place between saves; FileSystemWriter(sync_files=False) to ext4 vs "
-          "fanstore.dcp.Writer(sync_files=False) under the mount. The slowest rank's `dcp.save` call, saves "
+          "fanstore.dcp.Writer(sync_files=False) under the mount; native twice, keeping every checkpoint and "
+          "rotating (the shards of the one before removed first, untimed; the goal's reference, the faster: see "
+          "the torch.save section for why). The slowest rank's `dcp.save` call, saves "
           "2..N (medians), the first apart. `exact`: every rank's shard of every checkpoint, read back through "
           "the mount, has the native shard's sha256.", "",
-          table(["frozen", "ranks", "state dict", "first save native / fanstore", "native save", "fanstore save",
-                 "fanstore until stored", "throughput native / fanstore", "fanstore / native",
+          table(["frozen", "ranks", "state dict", "first save native / fanstore", "native save rotating / keeping", "fanstore save",
+                 "fanstore until stored", "throughput native (rotating) / fanstore", "fanstore / native rotating / keeping",
                  "fanstore / fastest native save", "storage native / stores", "exact"], table_rows), "",
           f"- Shards sent as parts by rank 0: {parts} of {CKPTS}; storages (all ranks) sent as references "
           f"{sum(s['referenced'] for s in stats)}, as bytes {sum(s['sent'] for s in stats)}.",
