@@ -606,3 +606,39 @@ def test_the_crc_of_a_zip_record_is_zlibs_from_isal_where_it_is_a_dependency():
     assert _crc.crc32(b"") == 0
     if sys.platform == "linux" and platform.machine() in ("x86_64", "aarch64"):
         assert _crc.crc32.__module__.startswith("isal"), _crc.crc32.__module__
+
+
+def test_the_next_saves_parts_go_into_pages_allocated_after_the_last_one():
+    """After a save the package allocates the pages of the next save's parts
+    memfd on a thread (a copy into allocated pages took 12-16 ms for 52 MB
+    here, into a new memfd 22-35 ms). The next parts writer gets that memfd,
+    cut to its size, its pages already there; a fresh memfd has none."""
+    import time
+    sys.path.insert(0, str(ROOT / "python"))
+    from fanstore import _parts
+    size = 8 << 20
+    fresh = _parts.PartsWriter([(size, True)])
+    try:
+        assert os.fstat(fresh.fd).st_blocks == 0
+    finally:
+        fresh.close()
+    _parts.prepare_spare(size + 4096)
+    deadline = time.monotonic() + 10
+    while _parts._SPARE["busy"] and time.monotonic() < deadline:
+        time.sleep(0.01)
+    w = _parts.PartsWriter([(size, True)])
+    try:
+        st = os.fstat(w.fd)
+        assert st.st_size == w.data_off + size
+        assert st.st_blocks * 512 >= size, st.st_blocks
+        w.write(0, b"x" * 4096, size - 4096)
+        fd = w.finish([("new", b"x" * size)], size, 0, {0})
+        os.close(fd)
+    finally:
+        w.close()
+    # Taken: the writer after it gets a fresh memfd again.
+    again = _parts.PartsWriter([(size, True)])
+    try:
+        assert os.fstat(again.fd).st_blocks == 0
+    finally:
+        again.close()

@@ -10,6 +10,7 @@ then the data section: glue bytes and new unit bytes.
 import fcntl
 import os
 import struct
+import threading
 
 import xxhash
 
@@ -33,6 +34,61 @@ def _memfd(name: str, size: int) -> int:
         os.close(fd)
         raise
     return fd
+
+
+#: A memfd whose pages were allocated after the last save, for the next
+#: one's parts (one per process): a save's copy of its changed tensors then
+#: only copies. Measured here, 52 MB into a new memfd 22-35 ms, into one
+#: whose pages are allocated 12-16 ms. It holds as many bytes as the last
+#: parts file, between saves.
+_SPARE = {"fd": None, "pid": 0, "busy": False}
+_SPARE_LOCK = threading.Lock()
+#: Parts files smaller than this get no spare (allocating is cheap).
+_SPARE_MIN = 1 << 20
+
+
+def _take_spare(size: int):
+    """The spare memfd cut or grown to `size` bytes, or None."""
+    with _SPARE_LOCK:
+        fd = _SPARE["fd"] if _SPARE["pid"] == os.getpid() else None
+        _SPARE["fd"] = None
+    if fd is None:
+        return None
+    try:
+        os.ftruncate(fd, size)
+    except OSError:
+        os.close(fd)
+        return None
+    return fd
+
+
+def prepare_spare(size: int) -> None:
+    """Allocates, on a thread, the pages of a memfd of `size` bytes for
+    the next save of this process (see `_SPARE`)."""
+    if size < _SPARE_MIN:
+        return
+    with _SPARE_LOCK:
+        if _SPARE["busy"] and _SPARE["pid"] == os.getpid():
+            return
+        _SPARE["busy"], _SPARE["pid"] = True, os.getpid()
+
+    def run():
+        fd = None
+        try:
+            fd = os.memfd_create("fanstore:parts", os.MFD_CLOEXEC | os.MFD_ALLOW_SEALING)
+            os.ftruncate(fd, size)
+            os.posix_fallocate(fd, 0, size)
+        except OSError:
+            if fd is not None:
+                os.close(fd)
+            fd = None
+        with _SPARE_LOCK:
+            old = _SPARE["fd"]
+            _SPARE.update(fd=fd, busy=False)
+        if old is not None:
+            os.close(old)
+
+    threading.Thread(target=run, name="fanstore-spare", daemon=True).start()
 
 
 def _pwrite_all(fd: int, data, off: int) -> None:
@@ -96,7 +152,8 @@ class PartsWriter:
             self.offsets.append(at if reserved else None)
             at += n if reserved else 0
         self.end = at
-        self.fd = _memfd("fanstore:parts", self.data_off + at)
+        spare = _take_spare(self.data_off + at)
+        self.fd = spare if spare is not None else _memfd("fanstore:parts", self.data_off + at)
 
     def write(self, index: int, data, at: int = 0) -> None:
         """Bytes `data` of part `index`, from `at` within it (pwrite: any thread)."""

@@ -385,6 +385,8 @@ def _send(conn, prep: _Prepared) -> bool:
     """Sends a prepared save; False when the store refused a reference
     (ESTALE: nothing was committed)."""
     err, n, _p, rfd = conn.call(prep.op, 0, prep.mode, prep.rel.encode("utf-8", "surrogateescape"), prep.fd)
+    if prep.op == _daemon.OP_CKPT_PUT:
+        _parts.prepare_spare(os.fstat(prep.fd).st_size)
     if err == 0:
         if prep.op == _daemon.OP_CKPT_PUT:
             _learn(prep.decisions, rfd, n)
