@@ -642,3 +642,11 @@ def test_the_next_saves_parts_go_into_pages_allocated_after_the_last_one():
         assert os.fstat(again.fd).st_blocks == 0
     finally:
         again.close()
+    # A safetensors save's parts file (written whole) takes the spare too.
+    _parts.prepare_spare(size)
+    deadline = time.monotonic() + 10
+    while _parts._SPARE["busy"] and time.monotonic() < deadline:
+        time.sleep(0.01)
+    assert _parts._SPARE["fd"] is not None
+    os.close(_parts.parts_memfd([("glue", b"y" * 100)], 100, 0))
+    assert _parts._SPARE["fd"] is None

@@ -47,19 +47,22 @@ _SPARE_LOCK = threading.Lock()
 _SPARE_MIN = 1 << 20
 
 
-def _take_spare(size: int):
-    """The spare memfd cut or grown to `size` bytes, or None."""
+def _parts_fd(size: int) -> int:
+    """A memfd of `size` bytes for a parts file: the spare (its pages
+    allocated, cut or grown to `size`) when this process has one, else a new one."""
     with _SPARE_LOCK:
-        fd = _SPARE["fd"] if _SPARE["pid"] == os.getpid() else None
+        fd, mine = _SPARE["fd"], _SPARE["pid"] == os.getpid()
         _SPARE["fd"] = None
-    if fd is None:
-        return None
-    try:
-        os.ftruncate(fd, size)
-    except OSError:
-        os.close(fd)
-        return None
-    return fd
+    if fd is not None and not mine:
+        os.close(fd)  # a forked child's copy of its parent's spare
+        fd = None
+    if fd is not None:
+        try:
+            os.ftruncate(fd, size)
+            return fd
+        except OSError:
+            os.close(fd)
+    return _memfd("fanstore:parts", size)
 
 
 def prepare_spare(size: int) -> None:
@@ -121,7 +124,7 @@ def parts_memfd(parts, file_len: int, file_xxh3: int) -> int:
     h = xxhash.xxh3_64()
     h.update(head)
     h.update(table)
-    fd = _memfd("fanstore:parts", data_off + data_len)
+    fd = _parts_fd(data_off + data_len)
     try:
         _pwrite_all(fd, head + struct.pack("<Q", h.intdigest()) + bytes(table), 0)
         at = data_off
@@ -152,8 +155,7 @@ class PartsWriter:
             self.offsets.append(at if reserved else None)
             at += n if reserved else 0
         self.end = at
-        spare = _take_spare(self.data_off + at)
-        self.fd = spare if spare is not None else _memfd("fanstore:parts", self.data_off + at)
+        self.fd = _parts_fd(self.data_off + at)
 
     def write(self, index: int, data, at: int = 0) -> None:
         """Bytes `data` of part `index`, from `at` within it (pwrite: any thread)."""

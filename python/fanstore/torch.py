@@ -21,7 +21,6 @@ import os
 import pickle as _pickle
 import threading
 
-
 import xxhash
 
 from . import _daemon, _parts, _tracker, _zipwriter
